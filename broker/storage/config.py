@@ -1,0 +1,158 @@
+"""Typed configuration of the storage engine: defaults, units and limits.
+
+Every size is in bytes and every duration carries its unit in its name. Values
+are validated when the object is built, so a bad config fails at start-up with a
+message naming the field, never later in the middle of a write.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.storage.errors import InvalidArgument
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+#: Hard upper bounds that no configuration may exceed (they size on-disk fields).
+MAX_QUEUES_PER_TOPIC_LIMIT = 1024
+MAX_CHUNK_CAPACITY_BYTES = 4 * GiB - 1
+MIN_CHUNK_CAPACITY_BYTES = 4 * KiB
+
+
+class FlushMode(enum.Enum):
+    """When appended data is made durable (fsync).
+
+    ``ASYNC``: an append returns once the records are in the OS page cache; a
+    background thread fsyncs every ``flush_interval_ms``. A machine crash loses at
+    most the last interval; a process crash (SIGKILL) loses nothing, because the
+    page cache survives the process. Readers see records as soon as they are written.
+
+    ``SYNC``: an append returns only after an fsync covering its records has
+    completed. Concurrent appenders share one fsync (group commit). Readers see a
+    record only once it is durable.
+    """
+
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+@dataclass(frozen=True)
+class MessageLimits:
+    """Size and count limits on what one append may carry."""
+
+    max_message_bytes: int = 4 * MiB
+    """Largest encoded record (value + key + tag + headers + framing)."""
+    max_key_bytes: int = 64 * KiB
+    max_tag_bytes: int = 255
+    """Tags are short labels for broker-side filtering; the record stores the length in a byte."""
+    max_headers: int = 64
+    """Headers per message."""
+    max_header_key_bytes: int = 255
+    max_batch_messages: int = 100_000
+    max_batch_bytes: int = 64 * MiB
+    """Sum of value/key/header bytes in one append call."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_message_bytes", "max_key_bytes", "max_batch_messages")
+        _positive(self, "max_batch_bytes", "max_headers", "max_header_key_bytes")
+        _at_most(self, "max_tag_bytes", 255)
+        _at_most(self, "max_header_key_bytes", 65_535)
+        _at_most(self, "max_headers", 65_535)
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """Which completed log chunks may be deleted. ``None`` disables a rule.
+
+    The active (last) chunk is never deleted. With ``keep_unconsumed`` a chunk is
+    kept while any consumer group's committed offset still points into it or
+    before it, even if the count or age rule would delete it.
+    """
+
+    max_chunks: int | None = 100
+    """Keep at most this many completed chunks (EQueue's default)."""
+    max_age_ms: int | None = 7 * 24 * 3600 * 1000
+    """Delete completed chunks sealed longer ago than this (7 days)."""
+    keep_unconsumed: bool = False
+    check_interval_ms: int = 60_000
+    """How often the background thread applies retention."""
+
+    def __post_init__(self) -> None:
+        if self.max_chunks is not None and self.max_chunks < 0:
+            raise InvalidArgument(f"retention.max_chunks must be >= 0, got {self.max_chunks}")
+        if self.max_age_ms is not None and self.max_age_ms < 0:
+            raise InvalidArgument(f"retention.max_age_ms must be >= 0, got {self.max_age_ms}")
+        _positive(self, "check_interval_ms")
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Configuration of one store (one data directory)."""
+
+    data_dir: Path
+    chunk_capacity_bytes: int = 256 * MiB
+    """Data bytes per message-log chunk (header and footer come on top). An
+    existing log keeps the capacity it was created with."""
+    index_entries_per_chunk: int = 1_000_000
+    """Queue-index entries per index chunk file (32 bytes each)."""
+    flush_mode: FlushMode = FlushMode.ASYNC
+    flush_interval_ms: int = 100
+    """Async mode: fsync period. Both modes: how often indexes and the checkpoint are synced."""
+    offsets_flush_interval_ms: int = 1_000
+    """Async mode: how often committed consumer offsets are persisted (sync mode
+    persists them before a commit returns)."""
+    default_queue_count: int = 4
+    max_queues_per_topic: int = 256
+    max_topics: int = 10_000
+    max_mapped_chunks: int = 4
+    """Memory bound: at most this many sealed log chunks stay memory-mapped for
+    reads (the active chunk is always mapped); older ones are read with pread."""
+    max_read_messages: int = 10_000
+    max_read_bytes: int = 64 * MiB
+    max_filter_scan: int = 100_000
+    """A tag-filtered read inspects at most this many index entries per call."""
+    limits: MessageLimits = field(default_factory=MessageLimits)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        mode: object = self.flush_mode
+        if not isinstance(mode, FlushMode):  # accept "sync"/"async" from config files
+            try:
+                object.__setattr__(self, "flush_mode", FlushMode(mode))
+            except ValueError:
+                raise InvalidArgument(
+                    f"flush_mode must be 'sync' or 'async', got {self.flush_mode!r}"
+                ) from None
+        if not MIN_CHUNK_CAPACITY_BYTES <= self.chunk_capacity_bytes <= MAX_CHUNK_CAPACITY_BYTES:
+            raise InvalidArgument(
+                f"chunk_capacity_bytes must be in [{MIN_CHUNK_CAPACITY_BYTES}, "
+                f"{MAX_CHUNK_CAPACITY_BYTES}], got {self.chunk_capacity_bytes}"
+            )
+        if self.limits.max_message_bytes > self.chunk_capacity_bytes:
+            raise InvalidArgument(
+                f"limits.max_message_bytes ({self.limits.max_message_bytes}) must not exceed "
+                f"chunk_capacity_bytes ({self.chunk_capacity_bytes}): records never span chunks"
+            )
+        _positive(self, "index_entries_per_chunk", "flush_interval_ms", "default_queue_count")
+        _positive(self, "offsets_flush_interval_ms", "max_topics", "max_mapped_chunks")
+        _positive(self, "max_read_messages", "max_read_bytes", "max_filter_scan")
+        _at_most(self, "max_queues_per_topic", MAX_QUEUES_PER_TOPIC_LIMIT)
+        _at_most(self, "default_queue_count", self.max_queues_per_topic)
+
+
+def _positive(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise InvalidArgument(f"{name} must be a positive integer, got {value!r}")
+
+
+def _at_most(obj: object, name: str, limit: int) -> None:
+    value = getattr(obj, name)
+    if not isinstance(value, int) or not 1 <= value <= limit:
+        raise InvalidArgument(f"{name} must be an integer in [1, {limit}], got {value!r}")

@@ -1,0 +1,71 @@
+"""The storage layer's exceptions.
+
+Every error the storage engine raises on purpose is a ``StorageError``. The
+server maps these classes to gRPC status codes in exactly one place; the storage
+layer itself knows nothing of gRPC::
+
+    StorageError                 base class; never raised directly
+    ├── InvalidArgument          the caller passed a bad value (the message names it)
+    │   └── InvalidName          a topic or group name outside the allowed charset/length
+    ├── LimitExceeded            a size or count limit was hit (message, batch, queues)
+    ├── NotFound                 a topic, queue or message that does not exist
+    ├── AlreadyExists            a topic that already exists
+    ├── PreconditionFailed       the operation is not allowed in the current state
+    ├── CorruptionError          on-disk data failed validation (names file and position)
+    ├── DiskFullError            the disk refused a write (ENOSPC/EDQUOT/EFBIG)
+    └── StoreClosed              the store was closed ("closed by you")
+
+Programmer errors (broken internal invariants) are ``AssertionError``s, not
+``StorageError``s.
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base class of every error the storage engine raises on purpose."""
+
+
+class InvalidArgument(StorageError):
+    """The caller passed a bad value; the message names the value."""
+
+
+class InvalidName(InvalidArgument):
+    """A topic or group name is empty, too long or uses forbidden characters."""
+
+
+class LimitExceeded(StorageError):
+    """A configured size or count limit was exceeded."""
+
+
+class NotFound(StorageError):
+    """A topic, queue or message does not exist."""
+
+
+class AlreadyExists(StorageError):
+    """The object to create exists already."""
+
+
+class PreconditionFailed(StorageError):
+    """The operation is not allowed in the object's current state."""
+
+
+class CorruptionError(StorageError):
+    """On-disk data failed validation.
+
+    ``path`` and ``position`` say where, so an operator can inspect the file.
+    """
+
+    def __init__(self, message: str, path: str = "", position: int = -1) -> None:
+        where = f" ({path} at byte {position})" if path else ""
+        super().__init__(f"{message}{where}")
+        self.path = path
+        self.position = position
+
+
+class DiskFullError(StorageError):
+    """The file system refused a write because it is full or a size limit was hit."""
+
+
+class StoreClosed(StorageError):
+    """The store was closed; no further operations are accepted."""

@@ -1,0 +1,340 @@
+"""The message log: one global append-only log split into fixed-capacity chunks.
+
+Files live in ``<data_dir>/log/`` named ``<chunk_number:09d>.chunk`` (format in
+``chunk.py``; record framing in ``record.py``). A record's global position is
+``chunk_number * capacity + local_offset``, where ``local_offset`` counts from
+the end of the chunk header. Records never span chunks: when an append does not
+fit, the active chunk is sealed (footer, truncate, fsync) and the next created.
+
+Memory: reads go through read-only memory maps, so recent data is served from
+the OS page cache without copies into Python buffers; only the active chunk and
+the ``max_mapped`` most recently read sealed chunks stay mapped. Writes use ``pwrite``, so a full
+disk surfaces as an ``OSError`` rather than a ``SIGBUS`` from a mapped page.
+
+Not thread-safe, except ``sync_target``/``fsync``: the store serialises the rest.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import mmap
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.storage.chunk import (
+    CHUNK_TYPE_LOG,
+    HEADER_SIZE,
+    ChunkHeader,
+    chunk_file_name,
+    create_chunk_file,
+    read_header,
+    read_sealed_footer,
+    seal_chunk_file,
+)
+from broker.storage.errors import CorruptionError
+from broker.storage.record import (
+    FLAG_BATCH_END,
+    RecordMeta,
+    StoredMessage,
+    check_frame,
+    decode_record,
+    read_meta,
+)
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".chunk"
+
+
+@dataclass
+class LogChunk:
+    number: int
+    path: Path
+    fd: int
+    capacity: int
+    data_size: int
+    """Bytes of data written (active chunk) or sealed (sealed chunk)."""
+    sealed_ms: int | None = None
+    mapped: mmap.mmap | None = field(default=None, repr=False)
+
+    @property
+    def sealed(self) -> bool:
+        return self.sealed_ms is not None
+
+    def buffer(self) -> mmap.mmap:
+        if self.mapped is None:
+            self.mapped = mmap.mmap(self.fd, 0, prot=mmap.PROT_READ)
+        return self.mapped
+
+    def unmap(self) -> None:
+        if self.mapped is not None:
+            self.mapped.close()
+            self.mapped = None
+
+    def close(self) -> None:
+        self.unmap()
+        os.close(self.fd)
+
+
+@dataclass(frozen=True)
+class TailRecovery:
+    """What recovery found at the end of the last chunk."""
+
+    scanned_records: int
+    truncated_bytes: int
+    reason: str
+    """Why scanning stopped (e.g. "zero length (end of written data)")."""
+
+
+class MessageLog:
+    def __init__(self, directory: Path, capacity: int, max_mapped: int) -> None:
+        self.directory = directory
+        self.capacity = capacity
+        self.max_mapped = max_mapped
+        self.chunks: list[LogChunk] = []
+        self._recent: collections.OrderedDict[int, LogChunk] = collections.OrderedDict()
+        self.tail: TailRecovery | None = None
+
+    # -- opening and recovery ----------------------------------------------------
+
+    def open(self) -> None:
+        """Open existing chunks, validating sealed ones and repairing the tail.
+
+        Sealed chunks are checked by header, footer and size only (cost per
+        chunk, not per message); the last chunk is scanned record by record and
+        cut after the last complete append (see ``record.py``).
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for tmp in self.directory.glob("*.tmp"):
+            log.warning("removing leftover temp chunk %s", tmp)
+            tmp.unlink()
+        paths = sorted(self.directory.glob("*" + LOG_SUFFIX))
+        for i, path in enumerate(paths):
+            chunk = self._open_chunk(path)
+            if i == 0 and chunk.capacity != self.capacity:
+                log.warning(
+                    "log was created with chunk capacity %d; ignoring the configured %d",
+                    chunk.capacity,
+                    self.capacity,
+                )
+                self.capacity = chunk.capacity
+            if self.chunks and chunk.number != self.chunks[-1].number + 1:
+                raise CorruptionError(
+                    f"log chunk {self.chunks[-1].number + 1} is missing", str(path)
+                )
+            if not chunk.sealed and i != len(paths) - 1:
+                raise CorruptionError("a log chunk before the last one is not sealed", str(path))
+            self.chunks.append(chunk)
+        if self.chunks and not self.chunks[-1].sealed:
+            self.tail = self._recover_tail(self.chunks[-1])
+        if not self.chunks or self.chunks[-1].sealed:
+            self._new_chunk(self.chunks[-1].number + 1 if self.chunks else 0)
+
+    def _open_chunk(self, path: Path) -> LogChunk:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            header = read_header(fd, str(path))
+            if header.chunk_type != CHUNK_TYPE_LOG:
+                raise CorruptionError(
+                    f"chunk type {header.chunk_type} is not a log chunk", str(path)
+                )
+            if str(path.name) != chunk_file_name(header.chunk_number, LOG_SUFFIX):
+                raise CorruptionError(
+                    f"header says chunk {header.chunk_number}, file name disagrees", str(path)
+                )
+            footer = read_sealed_footer(fd, str(path), header)
+        except BaseException:
+            os.close(fd)
+            raise
+        if footer is None:
+            return LogChunk(header.chunk_number, path, fd, header.capacity, 0)
+        return LogChunk(
+            header.chunk_number, path, fd, header.capacity, footer.data_size, footer.sealed_ms
+        )
+
+    def _recover_tail(self, chunk: LogChunk) -> TailRecovery:
+        buf = chunk.buffer()
+        end = HEADER_SIZE + chunk.capacity
+        pos = HEADER_SIZE
+        good_end = HEADER_SIZE  # end of the last record that closed an append
+        scanned = 0
+        while True:
+            verdict = check_frame(buf, pos, end)
+            if isinstance(verdict, str):
+                break
+            scanned += 1
+            if buf[pos + 5] & FLAG_BATCH_END:
+                good_end = pos + verdict
+            pos += verdict
+        reason = verdict if pos == good_end else "incomplete append after the last batch end"
+        written = _nonzero_extent(buf, good_end, end)
+        if written:
+            log.warning(
+                "log %s: discarding %d bytes after byte %d (%s)",
+                chunk.path,
+                written,
+                good_end,
+                reason,
+            )
+            self._cut(chunk, good_end - HEADER_SIZE)
+        chunk.data_size = good_end - HEADER_SIZE
+        return TailRecovery(scanned, written, reason)
+
+    def _cut(self, chunk: LogChunk, data_size: int) -> None:
+        """Zero everything in the active chunk after ``data_size`` bytes of data."""
+        chunk.unmap()
+        os.ftruncate(chunk.fd, HEADER_SIZE + data_size)
+        os.ftruncate(chunk.fd, HEADER_SIZE + chunk.capacity)
+        os.fsync(chunk.fd)
+        chunk.data_size = data_size
+
+    def truncate(self, position: int) -> None:
+        """Cut the log at ``position``, which must lie in the active chunk."""
+        chunk = self.active
+        assert self.start_of(chunk) <= position <= self.write_position
+        self._cut(chunk, position - self.start_of(chunk))
+
+    # -- positions -----------------------------------------------------------------
+
+    @property
+    def active(self) -> LogChunk:
+        return self.chunks[-1]
+
+    def start_of(self, chunk: LogChunk) -> int:
+        return chunk.number * self.capacity
+
+    @property
+    def start_position(self) -> int:
+        """Position of the first byte still in the log."""
+        return self.start_of(self.chunks[0])
+
+    @property
+    def write_position(self) -> int:
+        """Position the next record will be written at (in the active chunk)."""
+        return self.start_of(self.active) + self.active.data_size
+
+    def room(self) -> int:
+        return self.capacity - self.active.data_size
+
+    # -- writes --------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview) -> int:
+        """Write framed records at the write position; return that position."""
+        chunk = self.active
+        assert len(data) <= self.room(), "caller must roll the chunk first"
+        position = self.write_position
+        view = memoryview(data)
+        offset = HEADER_SIZE + chunk.data_size
+        while view:  # pwrite may write less than asked (signals, limits)
+            written = os.pwrite(chunk.fd, view, offset)
+            view = view[written:]
+            offset += written
+        chunk.data_size += len(data)
+        return position
+
+    def roll(self) -> None:
+        """Seal the active chunk and start the next one."""
+        chunk = self.active
+        chunk.unmap()  # the file shrinks below the mapped length
+        footer = seal_chunk_file(chunk.fd, chunk.data_size)
+        chunk.sealed_ms = footer.sealed_ms
+        self._new_chunk(chunk.number + 1)
+
+    def _new_chunk(self, number: int) -> None:
+        path = self.directory / chunk_file_name(number, LOG_SUFFIX)
+        header = ChunkHeader(CHUNK_TYPE_LOG, number, self.capacity, int(time.time() * 1000))
+        create_chunk_file(path, header)
+        self.chunks.append(LogChunk(number, path, os.open(path, os.O_RDWR), self.capacity, 0))
+
+    def sync_target(self) -> tuple[int, int]:
+        """(write position, fd of the active chunk): what an fsync now would cover."""
+        return self.write_position, self.active.fd
+
+    # -- reads ---------------------------------------------------------------------
+
+    def chunk_at(self, position: int) -> LogChunk:
+        index = position // self.capacity - self.chunks[0].number
+        if not 0 <= index < len(self.chunks):
+            raise CorruptionError(
+                f"log position {position} is not in any chunk", str(self.directory)
+            )
+        return self.chunks[index]
+
+    def read(self, position: int, size: int) -> StoredMessage:
+        """Decode the record of ``size`` bytes at ``position`` (sizes come from the index)."""
+        chunk = self.chunk_at(position)
+        local = HEADER_SIZE + position - self.start_of(chunk)
+        if local + size > HEADER_SIZE + chunk.data_size:
+            raise CorruptionError(
+                f"record at position {position} ({size} bytes) runs past the data end",
+                str(chunk.path),
+                local,
+            )
+        if chunk is not self.active:
+            self._touch(chunk)
+        return decode_record(chunk.buffer(), local, str(chunk.path), local)
+
+    def _touch(self, chunk: LogChunk) -> None:
+        """Count ``chunk`` among the mapped sealed chunks, unmapping the least recently used."""
+        if chunk.number in self._recent:
+            self._recent.move_to_end(chunk.number)
+            return
+        self._recent[chunk.number] = chunk
+        while len(self._recent) > self.max_mapped:
+            _, old = self._recent.popitem(last=False)
+            old.unmap()
+
+    def iter_records(self, start: int) -> Iterator[tuple[int, RecordMeta]]:
+        """(position, meta) of every record at or after ``start``, checksums verified.
+
+        A bad record in a sealed chunk raises ``CorruptionError``.
+        """
+        for chunk in self.chunks:
+            chunk_start = self.start_of(chunk)
+            if chunk_start + chunk.data_size <= start:
+                continue
+            buf = chunk.buffer()
+            end = HEADER_SIZE + chunk.data_size
+            pos = HEADER_SIZE + max(0, start - chunk_start)
+            while pos < end:
+                verdict = check_frame(buf, pos, end)
+                if isinstance(verdict, str):
+                    raise CorruptionError(f"invalid record: {verdict}", str(chunk.path), pos)
+                yield chunk_start + pos - HEADER_SIZE, read_meta(buf, pos)
+                pos += verdict
+            if chunk.sealed and chunk.number not in self._recent:
+                chunk.unmap()
+
+    # -- retention -----------------------------------------------------------------
+
+    def delete_oldest(self) -> LogChunk:
+        """Delete the oldest chunk (which must be sealed and not the active one)."""
+        chunk = self.chunks[0]
+        assert chunk.sealed and len(self.chunks) > 1
+        self.chunks.pop(0)
+        self._recent.pop(chunk.number, None)
+        chunk.close()
+        chunk.path.unlink()
+        return chunk
+
+    def close(self) -> None:
+        for chunk in self.chunks:
+            chunk.close()
+        self.chunks.clear()
+        self._recent.clear()
+
+
+def _nonzero_extent(buf: mmap.mmap, start: int, end: int) -> int:
+    """Bytes from ``start`` to the last non-zero byte before ``end`` (0 if all zero)."""
+    window = 1 << 20
+    last = start
+    for lo in range(start, end, window):
+        piece = buf[lo : min(lo + window, end)]
+        stripped = len(piece.rstrip(b"\x00"))
+        if stripped:
+            last = lo + stripped
+    return last - start

@@ -1,0 +1,50 @@
+"""Validation of topic and consumer-group names.
+
+Topic names become directory names under ``<data_dir>/index/``, so they are
+restricted to a charset that can never form a path component such as ``..``
+or contain a separator: ASCII letters, digits, ``.``, ``_`` and ``-``, starting
+with a letter or digit, at most ``MAX_NAME_LENGTH`` characters (Kafka's charset).
+Group names never touch the file system but follow the same rule so that they
+can be printed, logged and used in URLs without escaping.
+"""
+
+from __future__ import annotations
+
+import re
+
+from broker.storage.errors import InvalidName
+
+MAX_NAME_LENGTH = 128
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def validate_name(kind: str, name: object) -> str:
+    """Return ``name`` if it is a valid topic/group name, else raise ``InvalidName``.
+
+    ``kind`` ("topic" or "group") is used in the error message.
+    """
+    if not isinstance(name, str):
+        raise InvalidName(f"{kind} name must be a string, got {type(name).__name__}")
+    if not name:
+        raise InvalidName(f"{kind} name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidName(
+            f"{kind} name {name[:40]!r}... is {len(name)} characters; the limit is "
+            f"{MAX_NAME_LENGTH}"
+        )
+    if not _NAME_RE.fullmatch(name):
+        raise InvalidName(
+            f"{kind} name {name!r} is invalid: use ASCII letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def validate_topic(name: object) -> str:
+    """Validate a topic name (see module docstring)."""
+    return validate_name("topic", name)
+
+
+def validate_group(name: object) -> str:
+    """Validate a consumer-group name (see module docstring)."""
+    return validate_name("group", name)

@@ -1,0 +1,118 @@
+"""Consumer-group offsets: ``{group: {topic: {queue_id: next_offset}}}``.
+
+The stored value is the **next offset to consume** (the Kafka/RocketMQ
+convention, not EQueue's "last consumed"): a group that committed 10 for a
+queue has processed offsets 0..9 and resumes at 10. A queue with no entry has
+no committed progress.
+
+Persistence: ``<data_dir>/offsets.json`` written atomically with a ``.bak``
+copy (see ``atomic_file.py``). The store decides when to persist (every
+commit in sync flush mode, on an interval in async mode, and on close).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from broker.storage.atomic_file import load_json, save_json
+from broker.storage.errors import CorruptionError
+
+GroupOffsets = dict[str, dict[int, int]]
+"""{topic: {queue_id: next_offset}} of one group."""
+
+
+class OffsetStore:
+    """Thread-safe in-memory map with explicit persistence."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._groups: dict[str, GroupOffsets] = {}
+        self._version = 0
+        self._saved_version = 0
+        self._save_lock = threading.Lock()
+        self._load()
+
+    def _load(self) -> None:
+        document = load_json(self.path)
+        if document is None:
+            return
+        try:
+            self._groups = {
+                group: {
+                    topic: {int(q): int(off) for q, off in queues.items()}
+                    for topic, queues in topics.items()
+                }
+                for group, topics in document["groups"].items()
+            }
+        except (KeyError, AttributeError, TypeError, ValueError) as exc:
+            raise CorruptionError(
+                f"offsets file has an unexpected shape: {exc}", str(self.path)
+            ) from exc
+
+    def commit(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
+        with self._lock:
+            self._groups.setdefault(group, {}).setdefault(topic, {})[queue_id] = next_offset
+            self._version += 1
+
+    def get(self, group: str) -> GroupOffsets:
+        with self._lock:
+            return {t: dict(q) for t, q in self._groups.get(group, {}).items()}
+
+    def committed(self, group: str, topic: str, queue_id: int) -> int | None:
+        with self._lock:
+            return self._groups.get(group, {}).get(topic, {}).get(queue_id)
+
+    def groups(self) -> list[str]:
+        with self._lock:
+            return sorted(self._groups)
+
+    def min_committed(self, topic: str, queue_id: int) -> int | None:
+        """Lowest committed offset of any group on this queue (None if no group has one)."""
+        with self._lock:
+            values = [
+                topics[topic][queue_id]
+                for topics in self._groups.values()
+                if queue_id in topics.get(topic, {})
+            ]
+        return min(values) if values else None
+
+    def delete_group(self, group: str) -> bool:
+        with self._lock:
+            existed = self._groups.pop(group, None) is not None
+            self._version += 1
+        return existed
+
+    def forget(self, topic: str, queue_id: int | None = None) -> None:
+        """Drop every group's offsets for a deleted topic (or one of its queues)."""
+        with self._lock:
+            for topics in self._groups.values():
+                if queue_id is None:
+                    topics.pop(topic, None)
+                elif topic in topics:
+                    topics[topic].pop(queue_id, None)
+            self._version += 1
+
+    def persist(self) -> None:
+        """Write the current offsets if they changed since the last write.
+
+        Concurrent callers coalesce: whoever holds the save lock writes the
+        newest version, and a caller whose version is already saved returns.
+        """
+        with self._save_lock:
+            with self._lock:
+                version = self._version
+                if version == self._saved_version:
+                    return
+                document = {
+                    "groups": {
+                        group: {
+                            topic: {str(q): off for q, off in queues.items()}
+                            for topic, queues in topics.items()
+                        }
+                        for group, topics in self._groups.items()
+                    }
+                }
+            save_json(self.path, document)
+            self._saved_version = version

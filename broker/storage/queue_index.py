@@ -1,0 +1,228 @@
+"""The queue index: one chain of fixed-width index chunks per (topic, queue).
+
+On-disk format (little-endian; this module is the only place that knows it)::
+
+    index/<topic>/<queue_id>/<chunk_number:09d>.idx   (chunk.py header, type 2)
+
+    entry (ENTRY_SIZE = 32 bytes), queue offset N of chunk k lives at
+    byte HEADER_SIZE + (N - k * entries_per_chunk) * ENTRY_SIZE:
+        position_plus_one  u64   global log position of the record + 1
+        record_size        u32   bytes of the framed record in the log
+        tag_hash           u32   CRC32C of the tag's UTF-8 bytes, 0 if untagged
+        store_timestamp_ms i64   broker time the record was stored
+        reserved           8 bytes of zeros
+
+An all-zero entry means "empty": the +1 on the position keeps a record at log
+position 0 distinguishable from an unwritten slot. Entries carry the record size
+so a read can size its reply without touching the log, the tag hash so a tag
+filter can skip records without reading them, and the store time so a reader can
+seek by timestamp with a binary search over the index alone.
+
+The index is derived data: everything in it can be rebuilt from the message log
+(see ``store.py`` recovery), so index writes are not fsynced per append.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+
+from broker.storage.chunk import (
+    CHUNK_TYPE_INDEX,
+    HEADER_SIZE,
+    ChunkHeader,
+    chunk_file_name,
+    create_chunk_file,
+    read_header,
+)
+from broker.storage.errors import CorruptionError
+
+ENTRY = struct.Struct("<QIIq8x")
+ENTRY_SIZE = ENTRY.size
+INDEX_SUFFIX = ".idx"
+
+IndexEntry = tuple[int, int, int, int]
+"""(position_plus_one, record_size, tag_hash, store_timestamp_ms) as stored."""
+
+
+class QueueIndex:
+    """The index of one topic queue: maps queue offsets to log positions.
+
+    Not thread-safe: the store serialises access with its lock.
+    """
+
+    def __init__(self, directory: Path, entries_per_chunk: int) -> None:
+        self.directory = directory
+        self.entries_per_chunk = entries_per_chunk
+        self._fds: dict[int, int] = {}
+        self._dirty: set[int] = set()
+        self.end = 0
+        """Next queue offset to assign (one past the last entry)."""
+        self.earliest = 0
+        """Lowest offset whose record is still in the log (maintained by retention)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        numbers = self.chunk_numbers()
+        if numbers:
+            header = read_header(self._fd(numbers[0]), str(self._path(numbers[0])))
+            self.entries_per_chunk = header.capacity // ENTRY_SIZE
+            self.earliest = numbers[0] * self.entries_per_chunk
+
+    # -- files -----------------------------------------------------------------
+
+    def _path(self, number: int) -> Path:
+        return self.directory / chunk_file_name(number, INDEX_SUFFIX)
+
+    def chunk_numbers(self) -> list[int]:
+        for tmp in self.directory.glob("*.tmp"):
+            tmp.unlink()  # an index chunk whose creation was interrupted
+        return sorted(int(p.name[: -len(INDEX_SUFFIX)]) for p in self.directory.glob("*.idx"))
+
+    def _fd(self, number: int, create: bool = False) -> int:
+        fd = self._fds.get(number)
+        if fd is None:
+            path = self._path(number)
+            if not path.exists():
+                if not create:
+                    raise CorruptionError(f"index chunk {path} is missing", str(path))
+                capacity = self.entries_per_chunk * ENTRY_SIZE
+                header = ChunkHeader(
+                    CHUNK_TYPE_INDEX, number, capacity, int(time.time() * 1000), ENTRY_SIZE
+                )
+                create_chunk_file(path, header)
+            fd = os.open(path, os.O_RDWR)
+            self._fds[number] = fd
+        return fd
+
+    def _locate(self, offset: int) -> tuple[int, int]:
+        number, slot = divmod(offset, self.entries_per_chunk)
+        return number, HEADER_SIZE + slot * ENTRY_SIZE
+
+    # -- writes ------------------------------------------------------------------
+
+    def write(self, first_offset: int, entries: bytes | bytearray | memoryview) -> None:
+        """Write packed entries for offsets starting at ``first_offset``."""
+        view = memoryview(entries)
+        offset = first_offset
+        while view:
+            number, byte_pos = self._locate(offset)
+            room = (self.entries_per_chunk - offset % self.entries_per_chunk) * ENTRY_SIZE
+            piece = view[:room]
+            os.pwrite(self._fd(number, create=True), piece, byte_pos)
+            self._dirty.add(number)
+            offset += len(piece) // ENTRY_SIZE
+            view = view[room:]
+        self.end = max(self.end, offset)
+
+    def sync(self) -> None:
+        """fsync every chunk written since the last sync."""
+        for fd in self.take_dirty():
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def take_dirty(self) -> list[int]:
+        """Duplicates of the fds written since the last call, for fsync outside the
+        store lock (a duplicate stays valid even if the chunk is closed meanwhile).
+        The caller closes them."""
+        fds = [os.dup(self._fds[n]) for n in sorted(self._dirty) if n in self._fds]
+        self._dirty.clear()
+        return fds
+
+    # -- reads -------------------------------------------------------------------
+
+    def read(self, offset: int, count: int) -> list[IndexEntry]:
+        """Entries for ``[offset, offset + count)``, clipped to the chunk holding ``offset``."""
+        number, byte_pos = self._locate(offset)
+        count = min(count, self.entries_per_chunk - offset % self.entries_per_chunk)
+        data = os.pread(self._fd(number), count * ENTRY_SIZE, byte_pos)
+        return list(ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY_SIZE]))
+
+    def entry(self, offset: int) -> IndexEntry:
+        entries = self.read(offset, 1)
+        if not entries or entries[0][0] == 0:
+            raise CorruptionError(
+                f"index entry for offset {offset} is empty", str(self._path(offset)), offset
+            )
+        return entries[0]
+
+    def first_offset_where(self, lo: int, field: int, minimum: int) -> int:
+        """Smallest offset in ``[lo, end)`` whose entry ``field`` is >= ``minimum``.
+
+        Entries are non-decreasing in position (field 0) and store time (field 3)
+        along a queue, which makes a binary search valid. Returns ``end`` if none.
+        """
+        hi = self.end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.entry(mid)[field] >= minimum:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # -- recovery and retention --------------------------------------------------
+
+    def recover(self, keep_below_position: int) -> None:
+        """Set ``end`` from the files, dropping entries at or past ``keep_below_position``.
+
+        Entries for records before the checkpoint position were fsynced and are
+        trusted; later ones are zeroed here and rebuilt from the log by the store.
+        """
+        numbers = self.chunk_numbers()
+        self.end = self.earliest
+        for number in reversed(numbers):
+            fd = self._fd(number)
+            data = os.pread(fd, self.entries_per_chunk * ENTRY_SIZE, HEADER_SIZE)
+            used = len(data.rstrip(b"\x00"))
+            slots = (used + ENTRY_SIZE - 1) // ENTRY_SIZE
+            keep = slots
+            while keep > 0:
+                position = ENTRY.unpack_from(data, (keep - 1) * ENTRY_SIZE)[0] - 1
+                if 0 <= position < keep_below_position:
+                    break
+                keep -= 1
+            if keep < slots:
+                os.pwrite(fd, bytes((slots - keep) * ENTRY_SIZE), HEADER_SIZE + keep * ENTRY_SIZE)
+                self._dirty.add(number)
+            if keep > 0:
+                self.end = number * self.entries_per_chunk + keep
+                break
+        self.earliest = min(self.earliest, self.end)
+
+    def delete_chunks_below(self, log_start: int) -> int:
+        """Delete index chunks whose every entry points below ``log_start``; update
+        ``earliest``. Returns the number of chunks deleted."""
+        deleted = 0
+        numbers = self.chunk_numbers()
+        for number in numbers[:-1]:  # the chunk holding `end` is never deleted
+            last = (number + 1) * self.entries_per_chunk - 1
+            if last >= self.end or self.entry(last)[0] - 1 >= log_start:
+                break
+            self._close_chunk(number)
+            self._path(number).unlink()
+            deleted += 1
+        if self.end > self.earliest:
+            lo = max(self.earliest, self.chunk_numbers()[0] * self.entries_per_chunk)
+            self.earliest = self.first_offset_where(lo, 0, log_start + 1)
+        return deleted
+
+    def _close_chunk(self, number: int) -> None:
+        fd = self._fds.pop(number, None)
+        self._dirty.discard(number)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.sync()
+        for number in list(self._fds):
+            self._close_chunk(number)
+
+    def destroy(self) -> None:
+        """Close and delete every file of this index (topic deletion)."""
+        for number in list(self._fds):
+            self._close_chunk(number)
+        shutil.rmtree(self.directory, ignore_errors=True)

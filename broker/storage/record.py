@@ -1,0 +1,433 @@
+"""Message records: the framing and fields of one message in the message log.
+
+On-disk format (all integers little-endian; this module is the only place that
+reads or writes it)::
+
+    frame := body_length u32 | body | crc u32 | body_length u32
+
+    body  := version       u8    RECORD_VERSION
+             flags         u8    bit 0 HAS_KEY (a zero-length key is not "no key"),
+                                 bit 1 BATCH_END (last record of an atomic append)
+             queue_id      u16
+             queue_offset  u64
+             position      u64   global log position of this frame's first byte
+             producer_ms   i64   producer timestamp
+             store_ms      i64   broker timestamp at append
+             topic_length  u16
+             tag_length    u8
+             reserved      u8    0
+             key_length    u32
+             headers_length u32  bytes of the headers section
+             value_length  u32
+             topic | tag | key | headers | value      (the bytes, in this order)
+
+    headers := count u16, then count times: key_length u16 | key (UTF-8) |
+                                            value_length u32 | value
+
+``crc`` is the CRC32C of ``body``. The length suffix repeats the prefix so a
+torn or overwritten record is detected from either end. A frame is
+``body_length + 12`` bytes; records never span chunks.
+
+The store writes an append's records with BATCH_END on the last one only;
+recovery discards trailing records after the last BATCH_END, so an append is
+all-or-nothing across a crash.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from broker.storage.config import MessageLimits
+from broker.storage.errors import CorruptionError, InvalidArgument, LimitExceeded
+from broker.storage.queue_index import ENTRY, ENTRY_SIZE
+
+RECORD_VERSION = 1
+FLAG_HAS_KEY = 1
+FLAG_BATCH_END = 2
+
+HEADER = struct.Struct("<IBBHQQqqHBxIII")
+"""Length prefix plus the fixed part of the body."""
+TRAILER = struct.Struct("<II")
+_HEADER_COUNT = struct.Struct("<H")
+_HEADER_KEY_LEN = struct.Struct("<H")
+_HEADER_VALUE_LEN = struct.Struct("<I")
+_U32 = struct.Struct("<I")
+
+FIXED_BODY_SIZE = HEADER.size - 4
+FRAME_OVERHEAD = HEADER.size + TRAILER.size
+"""Bytes a frame adds to its variable-length fields."""
+MIN_BODY_SIZE = FIXED_BODY_SIZE
+_FLAGS_AT = 5
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageBatch:
+    """Messages to append to one queue, column by column.
+
+    Columns other than ``values`` are optional; when given they must have one
+    item per value. Column form lets the encoder walk plain sequences without
+    creating a Python object per message.
+    """
+
+    values: Sequence[bytes]
+    keys: Sequence[bytes | None] | None = None
+    tags: Sequence[str] | None = None
+    """Per-message tag; "" means untagged."""
+    headers: Sequence[Headers] | None = None
+    timestamps_ms: Sequence[int] | None = None
+    """Producer timestamps; default: the broker's store time."""
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One message as read back from the log."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    position: int
+    key: bytes | None
+    tag: str
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+    producer_timestamp_ms: int
+    store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMeta:
+    """The fixed fields of a record, read without copying its payload."""
+
+    flags: int
+    queue_id: int
+    queue_offset: int
+    position: int
+    store_timestamp_ms: int
+    topic: bytes
+    tag: bytes
+    frame_size: int
+
+
+# -- batch preparation ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """A validated batch with the optional columns normalised for the encoder."""
+
+    batch: MessageBatch
+    tags: Sequence[bytes] | None
+    headers: Sequence[bytes] | None
+    total_bytes: int
+    """Sum of the frame sizes of every record."""
+
+
+def encode_headers(headers: Headers) -> bytes:
+    parts = [_HEADER_COUNT.pack(len(headers))]
+    for key, value in headers:
+        raw_key = key.encode()
+        parts += (_HEADER_KEY_LEN.pack(len(raw_key)), raw_key, _HEADER_VALUE_LEN.pack(len(value)))
+        parts.append(bytes(value))
+    return b"".join(parts)
+
+
+def decode_headers(data: bytes) -> tuple[tuple[str, bytes], ...]:
+    if not data:
+        return ()
+    (count,) = _HEADER_COUNT.unpack_from(data)
+    pos = _HEADER_COUNT.size
+    out = []
+    for _ in range(count):
+        (key_len,) = _HEADER_KEY_LEN.unpack_from(data, pos)
+        pos += 2
+        key = data[pos : pos + key_len].decode()
+        pos += key_len
+        (value_len,) = _HEADER_VALUE_LEN.unpack_from(data, pos)
+        pos += 4
+        out.append((key, data[pos : pos + value_len]))
+        pos += value_len
+    return tuple(out)
+
+
+def prepare_batch(batch: MessageBatch, topic: bytes, limits: MessageLimits) -> PreparedBatch:
+    """Validate ``batch`` against ``limits``; raise before anything is written.
+
+    The common case (values and keys only) is checked with C-level aggregates
+    (``sum``/``max`` over ``map(len, ...)``), not a Python loop per message.
+    """
+    count = len(batch.values)
+    if count == 0:
+        raise InvalidArgument("a batch must hold at least one message")
+    if count > limits.max_batch_messages:
+        raise LimitExceeded(
+            f"batch of {count} messages exceeds max_batch_messages={limits.max_batch_messages}"
+        )
+    for name in ("keys", "tags", "headers", "timestamps_ms"):
+        column = getattr(batch, name)
+        if column is not None and len(column) != count:
+            raise InvalidArgument(f"batch column {name} has {len(column)} items, values {count}")
+    _check_types(batch)
+    value_bytes, max_value = _sum_max(batch.values)
+    key_bytes, max_key = _sum_max(k for k in batch.keys if k is not None) if batch.keys else (0, 0)
+    if max_key > limits.max_key_bytes:
+        raise LimitExceeded(
+            f"a key of {max_key} bytes exceeds max_key_bytes={limits.max_key_bytes}"
+        )
+    tags = _prepare_tags(batch.tags, limits) if batch.tags is not None else None
+    headers = _prepare_headers(batch.headers, limits) if batch.headers is not None else None
+    tag_bytes, max_tag = _sum_max(tags) if tags else (0, 0)
+    header_bytes, max_header = _sum_max(headers) if headers else (0, 0)
+    payload = value_bytes + key_bytes + tag_bytes + header_bytes
+    if payload > limits.max_batch_bytes:
+        raise LimitExceeded(
+            f"batch of {payload} bytes exceeds max_batch_bytes={limits.max_batch_bytes}"
+        )
+    fixed = FRAME_OVERHEAD + len(topic)
+    if fixed + max_value + max_key + max_tag + max_header > limits.max_message_bytes:
+        # The sum of maxima may come from different messages: check exactly.
+        _check_each_size(batch, tags, headers, fixed, limits.max_message_bytes)
+    return PreparedBatch(batch, tags, headers, count * fixed + payload)
+
+
+def _sum_max(items: Iterable[bytes]) -> tuple[int, int]:
+    lengths = list(map(len, items))
+    return (sum(lengths), max(lengths)) if lengths else (0, 0)
+
+
+def _check_types(batch: MessageBatch) -> None:
+    bad = next((v for v in batch.values if not isinstance(v, bytes | bytearray)), None)
+    if bad is not None:
+        raise InvalidArgument(f"message values must be bytes, got {type(bad).__name__}")
+    if batch.keys is not None:
+        badk = next((k for k in batch.keys if not isinstance(k, bytes | bytearray | None)), None)
+        if badk is not None:
+            raise InvalidArgument(f"message keys must be bytes or None, got {type(badk).__name__}")
+
+
+def _prepare_tags(tags: Sequence[str], limits: MessageLimits) -> list[bytes]:
+    out = []
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise InvalidArgument(f"tags must be strings, got {type(tag).__name__}")
+        raw = tag.encode()
+        if len(raw) > limits.max_tag_bytes:
+            raise LimitExceeded(
+                f"tag {tag[:40]!r} is {len(raw)} bytes; max_tag_bytes={limits.max_tag_bytes}"
+            )
+        out.append(raw)
+    return out
+
+
+def _prepare_headers(headers: Sequence[Headers], limits: MessageLimits) -> list[bytes]:
+    out = []
+    for message_headers in headers:
+        if len(message_headers) > limits.max_headers:
+            raise LimitExceeded(
+                f"{len(message_headers)} headers on one message; max_headers={limits.max_headers}"
+            )
+        for key, value in message_headers:
+            if not isinstance(key, str) or not isinstance(value, bytes | bytearray):
+                raise InvalidArgument(f"header {key!r}: keys must be str and values bytes")
+            if len(key.encode()) > limits.max_header_key_bytes:
+                raise LimitExceeded(
+                    f"header key {key[:40]!r} exceeds max_header_key_bytes="
+                    f"{limits.max_header_key_bytes}"
+                )
+        out.append(encode_headers(message_headers) if message_headers else b"")
+    return out
+
+
+def _check_each_size(
+    batch: MessageBatch,
+    tags: Sequence[bytes] | None,
+    headers: Sequence[bytes] | None,
+    fixed: int,
+    limit: int,
+) -> None:
+    for i, size in enumerate(frame_sizes(batch, tags, headers, fixed)):
+        if size > limit:
+            raise LimitExceeded(f"message {i} encodes to {size} bytes; max_message_bytes={limit}")
+
+
+def frame_sizes(
+    batch: MessageBatch, tags: Sequence[bytes] | None, headers: Sequence[bytes] | None, fixed: int
+) -> Iterator[int]:
+    """Frame size of every message (a Python loop: used only off the hot path)."""
+    keys = batch.keys if batch.keys is not None else itertools.repeat(None)
+    tag_it = tags if tags is not None else itertools.repeat(b"")
+    header_it = headers if headers is not None else itertools.repeat(b"")
+    for value, key, tag, header in zip(batch.values, keys, tag_it, header_it, strict=False):
+        yield fixed + len(value) + (len(key) if key is not None else 0) + len(tag) + len(header)
+
+
+# -- encoding ------------------------------------------------------------------
+
+
+def encode_records(
+    out: bytearray,
+    *,
+    position: int,
+    topic: bytes,
+    queue_id: int,
+    first_offset: int,
+    store_ms: int,
+    prepared: PreparedBatch,
+    start: int,
+    stop: int,
+    index_out: bytearray | memoryview,
+) -> int:
+    """Encode messages ``[start, stop)`` into ``out`` (from byte 0) and their index
+    entries into ``index_out``; return the number of bytes written to ``out``.
+
+    ``position`` is the global log position of ``out[0]``. The last record gets
+    the BATCH_END flag. This loop is the write hot path: it allocates no Python
+    object per message beyond loop integers; both buffers are pre-sized.
+    """
+    batch = prepared.batch
+    pack_header = HEADER.pack_into
+    pack_trailer = TRAILER.pack_into
+    pack_entry = ENTRY.pack_into
+    view = memoryview(out)
+    topic_len = len(topic)
+    fixed_body = FIXED_BODY_SIZE + topic_len
+    rng = range(start, stop)
+    keys = batch.keys if batch.keys is not None else itertools.repeat(None)
+    tags = prepared.tags if prepared.tags is not None else itertools.repeat(b"")
+    headers = prepared.headers if prepared.headers is not None else itertools.repeat(b"")
+    stamps = batch.timestamps_ms if batch.timestamps_ms is not None else itertools.repeat(store_ms)
+    columns = zip(
+        itertools.islice(batch.values, start, stop),
+        itertools.islice(keys, start, stop),
+        itertools.islice(tags, start, stop),
+        itertools.islice(headers, start, stop),
+        itertools.islice(stamps, start, stop),
+        strict=False,
+    )
+    pos = 0
+    entry_pos = 0
+    offset = first_offset
+    last = 0
+    for value, key, tag, hdrs, producer_ms in columns:
+        value_len = len(value)
+        tag_len = len(tag)
+        header_len = len(hdrs)
+        if key is None:
+            key_len = 0
+            flags = 0
+        else:
+            key_len = len(key)
+            flags = FLAG_HAS_KEY
+        body = fixed_body + tag_len + key_len + header_len + value_len
+        pack_header(
+            out, pos, body, RECORD_VERSION, flags, queue_id, offset, position + pos,
+            producer_ms, store_ms, topic_len, tag_len, key_len, header_len, value_len,
+        )  # fmt: skip
+        p = pos + HEADER.size
+        out[p : p + topic_len] = topic
+        p += topic_len
+        if tag_len:
+            out[p : p + tag_len] = tag
+            p += tag_len
+        if key_len:
+            out[p : p + key_len] = key  # type: ignore[assignment]  # not None: key_len > 0
+            p += key_len
+        if header_len:
+            out[p : p + header_len] = hdrs
+            p += header_len
+        out[p : p + value_len] = value
+        p += value_len
+        pack_trailer(out, p, crc32c(view[pos + 4 : p]), body)
+        pack_entry(
+            index_out, entry_pos, position + pos + 1, body + 12,
+            crc32c(tag) if tag_len else 0, store_ms,
+        )  # fmt: skip
+        last = pos
+        pos = p + 8
+        entry_pos += ENTRY_SIZE
+        offset += 1
+    assert offset - first_offset == len(rng), "batch columns shorter than values"
+    _set_batch_end(out, view, last)
+    view.release()
+    return pos
+
+
+def _set_batch_end(out: bytearray, view: memoryview, pos: int) -> None:
+    out[pos + _FLAGS_AT] |= FLAG_BATCH_END
+    (body,) = _U32.unpack_from(out, pos)
+    _U32.pack_into(out, pos + 4 + body, crc32c(view[pos + 4 : pos + 4 + body]))
+
+
+# -- decoding ------------------------------------------------------------------
+
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+
+
+def check_frame(buf: Buffer, pos: int, end: int) -> int | str:
+    """Validate the frame at ``pos`` (data ends at ``end``).
+
+    Returns the frame size, or a string saying why the frame is invalid. Used
+    by recovery, which stops at the first invalid frame.
+    """
+    if pos + HEADER.size > end:
+        return "frame header runs past the end of the data"
+    (body,) = _U32.unpack_from(buf, pos)
+    if body == 0:
+        return "zero length (end of written data)"
+    if body < MIN_BODY_SIZE or pos + body + 12 > end:
+        return f"bad length {body}"
+    crc: int
+    suffix: int
+    crc, suffix = TRAILER.unpack_from(buf, pos + 4 + body)
+    if suffix != body:
+        return f"length suffix {suffix} does not match prefix {body}"
+    if crc != crc32c(memoryview(buf)[pos + 4 : pos + 4 + body]):
+        return "checksum mismatch"
+    return int(body) + 12
+
+
+def read_meta(buf: Buffer, pos: int) -> RecordMeta:
+    """The fixed fields of the (already validated) frame at ``pos``."""
+    (body, _v, flags, queue_id, offset, position, _p, store_ms, topic_len, tag_len, *_r) = (
+        HEADER.unpack_from(buf, pos)
+    )
+    p = pos + HEADER.size
+    topic = bytes(buf[p : p + topic_len])
+    tag = bytes(buf[p + topic_len : p + topic_len + tag_len])
+    return RecordMeta(flags, queue_id, offset, position, store_ms, topic, tag, body + 12)
+
+
+def decode_record(buf: Buffer, pos: int, path: str = "", file_pos: int = -1) -> StoredMessage:
+    """Decode and verify the frame at ``pos``; raise ``CorruptionError`` if invalid."""
+    verdict = check_frame(buf, pos, len(buf))
+    if isinstance(verdict, str):
+        raise CorruptionError(f"invalid record: {verdict}", path, file_pos if path else pos)
+    (
+        _body, version, flags, queue_id, offset, position, producer_ms, store_ms,
+        topic_len, tag_len, key_len, header_len, value_len,
+    ) = HEADER.unpack_from(buf, pos)  # fmt: skip
+    if version != RECORD_VERSION:
+        raise CorruptionError(f"unsupported record version {version}", path, file_pos)
+    p = pos + HEADER.size
+    topic = bytes(buf[p : p + topic_len]).decode()
+    p += topic_len
+    tag = bytes(buf[p : p + tag_len]).decode()
+    p += tag_len
+    key = bytes(buf[p : p + key_len]) if flags & FLAG_HAS_KEY else None
+    p += key_len
+    headers = decode_headers(bytes(buf[p : p + header_len]))
+    p += header_len
+    value = bytes(buf[p : p + value_len])
+    return StoredMessage(
+        topic, queue_id, offset, position, key, tag, value, headers, producer_ms, store_ms
+    )

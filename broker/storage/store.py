@@ -1,0 +1,815 @@
+"""The store: topics and queues over one message log, with recovery and retention.
+
+Data directory layout::
+
+    <data_dir>/LOCK                       flock'ed while a store has it open
+    <data_dir>/log/<n:09d>.chunk          message log chunks (message_log.py)
+    <data_dir>/index/<topic>/<q>/<n>.idx  queue index chunks (queue_index.py)
+    <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py)
+    <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
+    <data_dir>/checkpoint.json[.bak]      log position below which every index
+                                          entry is fsynced
+
+Consistency: the log is the source of truth; indexes are derived. On open the
+store cuts the log after its last complete append, drops index entries at or
+after the checkpoint, and rebuilds them by scanning the log from the
+checkpoint, so the log and every index agree after any crash, and opening costs
+time proportional to the data written since the last checkpoint (about one
+flush interval), not to the size of the log.
+
+Durability (see ``FlushMode``): in sync mode an append returns after an fsync
+of its records (group commit), and readers see only durable records; in async
+mode appends are visible at once and fsynced every ``flush_interval_ms``.
+Committed offsets are persisted before a commit returns in sync mode.
+
+Thread safety: every public method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crc32c import crc32c
+
+from broker.storage.atomic_file import load_json, remove_temp_files, save_json
+from broker.storage.config import FlushMode, StorageConfig
+from broker.storage.errors import (
+    AlreadyExists,
+    CorruptionError,
+    DiskFullError,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    PreconditionFailed,
+    StorageError,
+    StoreClosed,
+)
+from broker.storage.flush import GroupCommit
+from broker.storage.message_log import MessageLog
+from broker.storage.names import validate_group, validate_topic
+from broker.storage.offsets import GroupOffsets, OffsetStore
+from broker.storage.queue_index import ENTRY, ENTRY_SIZE, QueueIndex
+from broker.storage.record import (
+    FRAME_OVERHEAD,
+    MessageBatch,
+    PreparedBatch,
+    StoredMessage,
+    encode_records,
+    frame_sizes,
+    prepare_batch,
+)
+from broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[str, int, int], None]
+"""Called with (topic, queue_id, visible_end) when new records become readable."""
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+class ReadStatus(enum.Enum):
+    OK = "ok"
+    """``offset`` was within [earliest, end]; ``messages`` may be empty at the end."""
+    OFFSET_TOO_SMALL = "offset_too_small"
+    """``offset`` is below the earliest retained offset; ``next_offset`` is the earliest."""
+    OFFSET_TOO_BIG = "offset_too_big"
+    """``offset`` is past the end; ``next_offset`` is the end."""
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    status: ReadStatus
+    messages: list[StoredMessage]
+    next_offset: int
+    """The offset to read next: after the last message returned or skipped by the
+    tag filter, or the corrected offset for an out-of-range request."""
+    earliest: int
+    end: int
+    """One past the last readable offset (durable in sync mode, written in async)."""
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    topic: str
+    queue_id: int
+    first_offset: int
+    count: int
+    entries: bytes = field(repr=False)
+    """The index entries written, one per message (see queue_index.py)."""
+
+    def positions(self) -> list[int]:
+        """Global log position of each message (the basis of message ids)."""
+        return [p - 1 for p in memoryview(self.entries).cast("Q")[:: ENTRY_SIZE // 8]]
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    topic: str
+    queue_id: int
+    earliest: int
+    end: int
+    producer_visible: bool
+    consumer_visible: bool
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    tail_records_scanned: int
+    tail_bytes_discarded: int
+    index_entries_rebuilt: int
+    records_of_deleted_topics: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    log_chunks_deleted: int
+    index_chunks_deleted: int
+    log_start_position: int
+
+
+@dataclass
+class _Queue:
+    topic: str
+    topic_bytes: bytes
+    queue_id: int
+    index: QueueIndex
+    visible_end: int = 0
+
+
+class Store:
+    """A message store rooted at ``config.data_dir``; opens and recovers on creation."""
+
+    def __init__(self, config: StorageConfig, background: bool = True) -> None:
+        self.config = config
+        self._lock = threading.RLock()
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._listeners: list[Listener] = []
+        self._pending: deque[tuple[int, _Queue, int]] = deque()
+        self._last_store_ms = 0
+        root = config.data_dir
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_data_dir(root)
+        try:
+            remove_temp_files(root)
+            self._log = MessageLog(
+                root / "log", config.chunk_capacity_bytes, config.max_mapped_chunks
+            )
+            self._topics = load_topics(root / "topics.json")
+            self._offsets = OffsetStore(root / "offsets.json")
+            self._queues: dict[tuple[str, int], _Queue] = {}
+            self.recovery = self._recover()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._commit = GroupCommit(self._sync_target, self._log.write_position)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
+            self._thread.start()
+
+    # -- recovery -------------------------------------------------------------------
+
+    def _recover(self) -> RecoveryReport:
+        started = time.monotonic()
+        self._log.open()
+        document = load_json(self.config.data_dir / "checkpoint.json") or {}
+        checkpoint = int(document.get("index_position", 0))
+        checkpoint = min(max(checkpoint, self._log.start_position), self._log.write_position)
+        for topic in self._topics.values():
+            for q in topic.queues:
+                self._open_queue(topic.name, q.queue_id).index.recover(checkpoint)
+        rebuilt, orphans = self._rebuild_indexes(checkpoint)
+        for queue in self._queues.values():
+            queue.index.delete_chunks_below(self._log.start_position)
+            queue.index.sync()
+            queue.visible_end = queue.index.end
+        self._checkpoint = self._log.write_position
+        self._save_checkpoint()
+        tail = self._log.tail
+        report = RecoveryReport(
+            tail.scanned_records if tail else 0,
+            tail.truncated_bytes if tail else 0,
+            rebuilt,
+            orphans,
+            time.monotonic() - started,
+        )
+        log.info("store opened: %s", report)
+        return report
+
+    def _rebuild_indexes(self, checkpoint: int) -> tuple[int, int]:
+        """Re-create index entries for every record at or after ``checkpoint``."""
+        rebuilt = orphans = 0
+        pending: dict[tuple[str, int], bytearray] = {}
+        expected = {key: q.index.end for key, q in self._queues.items()}
+        for position, meta in self._log.iter_records(checkpoint):
+            key = (meta.topic.decode(), meta.queue_id)
+            if key not in expected:
+                orphans += 1  # a deleted topic's records wait for retention
+                continue
+            if meta.queue_offset != expected[key]:
+                # Only stale bytes of a failed append can break the sequence: cut them.
+                log.warning(
+                    "record at %d has offset %d, expected %d for %s; cutting log there",
+                    position,
+                    meta.queue_offset,
+                    expected[key],
+                    key,
+                )
+                if position < self._log.start_of(self._log.active):
+                    raise CorruptionError(
+                        f"queue {key} offsets not contiguous at position {position}"
+                    )
+                self._log.truncate(position)
+                break
+            tag_hash = crc32c(meta.tag) if meta.tag else 0
+            pending.setdefault(key, bytearray()).extend(
+                ENTRY.pack(position + 1, meta.frame_size, tag_hash, meta.store_timestamp_ms)
+            )
+            expected[key] += 1
+            rebuilt += 1
+        for key, entries in pending.items():
+            queue = self._queues[key]
+            queue.index.write(queue.index.end, entries)
+        return rebuilt, orphans
+
+    def _open_queue(self, topic: str, queue_id: int) -> _Queue:
+        directory = self.config.data_dir / "index" / topic / str(queue_id)
+        queue = _Queue(
+            topic,
+            topic.encode(),
+            queue_id,
+            QueueIndex(directory, self.config.index_entries_per_chunk),
+        )
+        self._queues[(topic, queue_id)] = queue
+        return queue
+
+    # -- topics -----------------------------------------------------------------------
+
+    def create_topic(self, name: str, queue_count: int | None = None) -> TopicMeta:
+        validate_topic(name)
+        count = self.config.default_queue_count if queue_count is None else queue_count
+        self._check_queue_count(name, count)
+        with self._lock:
+            self._check_open()
+            if name in self._topics:
+                raise AlreadyExists(f"topic {name!r} already exists")
+            if len(self._topics) >= self.config.max_topics:
+                raise LimitExceeded(
+                    f"cannot create topic {name!r}: max_topics={self.config.max_topics}"
+                )
+            meta = TopicMeta(name, tuple(QueueMeta(i) for i in range(count)), _now_ms())
+            for q in meta.queues:
+                self._open_queue(name, q.queue_id)
+            self._topics[name] = meta
+            self._save_topics()
+            return meta
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic, its indexes and its groups' offsets. Its records stay in
+        the log until retention deletes their chunks; they are never readable again."""
+        self.flush()  # its unindexed records must be behind the checkpoint, or recovery
+        with self._lock:  # would re-index them into a new topic of the same name
+            self._topic(name)
+            for key in [k for k in self._queues if k[0] == name]:
+                self._queues.pop(key).index.destroy()
+            del self._topics[name]
+            self._save_topics()
+            self._offsets.forget(name)
+
+    def add_queues(self, name: str, count: int = 1) -> TopicMeta:
+        with self._lock:
+            meta = self._topic(name)
+            self._check_queue_count(name, len(meta.queues) + count)
+            next_id = max((q.queue_id for q in meta.queues), default=-1) + 1
+            for queue_id in range(next_id, next_id + count):
+                self._open_queue(name, queue_id)
+                meta = meta.with_queue(QueueMeta(queue_id))
+            self._topics[name] = meta
+            self._save_topics()
+            return meta
+
+    def set_queue_visibility(
+        self, topic: str, queue_id: int, producer: bool | None = None, consumer: bool | None = None
+    ) -> QueueMeta:
+        with self._lock:
+            meta = self._topic(topic)
+            current = self._queue_meta(meta, queue_id)
+            updated = QueueMeta(
+                queue_id,
+                current.producer_visible if producer is None else producer,
+                current.consumer_visible if consumer is None else consumer,
+            )
+            self._topics[topic] = meta.with_queue(updated)
+            self._save_topics()
+            return updated
+
+    def delete_queue(self, topic: str, queue_id: int) -> None:
+        """Delete a queue hidden from producers and consumers whose every message
+        has been consumed by every group that committed on it."""
+        with self._lock:
+            meta = self._topic(topic)
+            qmeta = self._queue_meta(meta, queue_id)
+            if qmeta.producer_visible or qmeta.consumer_visible:
+                raise PreconditionFailed(
+                    f"queue {topic}/{queue_id} must be hidden from producers and consumers first"
+                )
+            queue = self._queues[(topic, queue_id)]
+            low = self._offsets.min_committed(topic, queue_id)
+            if low is not None and low < queue.visible_end:
+                raise PreconditionFailed(
+                    f"queue {topic}/{queue_id} still has {queue.visible_end - low} "
+                    "unconsumed messages"
+                )
+            self._queues.pop((topic, queue_id)).index.destroy()
+            self._topics[topic] = meta.without_queue(queue_id)
+            self._save_topics()
+            self._offsets.forget(topic, queue_id)
+
+    def topics(self) -> list[TopicMeta]:
+        with self._lock:
+            return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def topic(self, name: str) -> TopicMeta:
+        with self._lock:
+            return self._topic(name)
+
+    def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
+        with self._lock:
+            qmeta = self._queue_meta(self._topic(topic), queue_id)
+            queue = self._queues[(topic, queue_id)]
+            return QueueInfo(
+                topic,
+                queue_id,
+                queue.index.earliest,
+                queue.visible_end,
+                qmeta.producer_visible,
+                qmeta.consumer_visible,
+            )
+
+    def _topic(self, name: str) -> TopicMeta:
+        self._check_open()
+        meta = self._topics.get(name)
+        if meta is None:
+            validate_topic(name)
+            raise NotFound(f"topic {name!r} does not exist")
+        return meta
+
+    def _queue_meta(self, meta: TopicMeta, queue_id: int) -> QueueMeta:
+        qmeta = meta.queue(queue_id) if isinstance(queue_id, int) else None
+        if qmeta is None:
+            raise NotFound(f"topic {meta.name!r} has no queue {queue_id!r}")
+        return qmeta
+
+    def _check_queue_count(self, name: str, count: int) -> None:
+        if not isinstance(count, int) or not 1 <= count <= self.config.max_queues_per_topic:
+            raise LimitExceeded(
+                f"topic {name!r}: queue count {count!r} outside [1, "
+                f"{self.config.max_queues_per_topic}] (max_queues_per_topic)"
+            )
+
+    def _save_topics(self) -> None:
+        save_topics(self.config.data_dir / "topics.json", self._topics)
+
+    # -- appends ----------------------------------------------------------------------
+
+    def append(self, topic: str, queue_id: int, batch: MessageBatch) -> AppendResult:
+        """Append ``batch`` to one queue at consecutive offsets, all or nothing.
+
+        Returns after the records are written (async) or durable (sync).
+        """
+        with self._lock:
+            meta = self._topic(topic)
+            if not self._queue_meta(meta, queue_id).producer_visible:
+                raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
+            queue = self._queues[(topic, queue_id)]
+        prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
+        with self._lock:
+            self._check_writable()
+            if self._queues.get((topic, queue_id)) is not queue:
+                raise NotFound(f"queue {topic}/{queue_id} was deleted")
+            result = self._write(queue, prepared)
+            end_position = self._log.write_position
+            if self.config.flush_mode is FlushMode.SYNC:
+                self._pending.append((end_position, queue, queue.index.end))
+            else:
+                queue.visible_end = queue.index.end
+        if self.config.flush_mode is FlushMode.SYNC:
+            self._commit.make_durable(end_position)
+            self._publish_durable()
+        else:
+            self._notify([(topic, queue_id, queue.visible_end)])
+        return result
+
+    def _write(self, queue: _Queue, prepared: PreparedBatch) -> AppendResult:
+        count = len(prepared.batch)
+        entries = bytearray(count * ENTRY_SIZE)
+        first_offset = queue.index.end
+        store_ms = self._last_store_ms = max(_now_ms(), self._last_store_ms)
+        if self._log.room() < prepared.total_bytes <= self._log.capacity:
+            self._log.roll()  # keep the append in one chunk, so it stays atomic
+        start = 0
+        fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
+        while start < count:
+            stop, size = self._fit(prepared, start, fixed)
+            if stop == start:
+                self._log.roll()
+                continue
+            self._write_piece(
+                queue, prepared, start=start, stop=stop, size=size,
+                first_offset=first_offset, store_ms=store_ms, entries=entries,
+            )  # fmt: skip
+            start = stop
+        return AppendResult(queue.topic, queue.queue_id, first_offset, count, bytes(entries))
+
+    def _fit(self, prepared: PreparedBatch, start: int, fixed: int) -> tuple[int, int]:
+        """How many messages from ``start`` fit in the active chunk, and their bytes."""
+        room = self._log.room()
+        if start == 0 and prepared.total_bytes <= room:
+            return len(prepared.batch), prepared.total_bytes
+        # Only a batch larger than a chunk gets here: it is split, one atomic piece
+        # per chunk. Sizing it needs a Python loop, which is fine off the hot path.
+        sizes = frame_sizes(prepared.batch, prepared.tags, prepared.headers, fixed)
+        used = 0
+        stop = start
+        for size in itertools.islice(sizes, start, None):
+            if used + size > room:
+                break
+            used += size
+            stop += 1
+        assert stop > start or room < self._log.capacity, "a record larger than a chunk"
+        return stop, used
+
+    def _write_piece(
+        self, queue: _Queue, prepared: PreparedBatch, *, start: int, stop: int, size: int,
+        first_offset: int, store_ms: int, entries: bytearray,
+    ) -> None:  # fmt: skip
+        out = bytearray(size)
+        entry_view = memoryview(entries)[start * ENTRY_SIZE : stop * ENTRY_SIZE]
+        position = self._log.write_position
+        written = encode_records(
+            out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
+            first_offset=first_offset + start, store_ms=store_ms, prepared=prepared,
+            start=start, stop=stop, index_out=entry_view,
+        )  # fmt: skip
+        assert written == size, (written, size)
+        try:
+            self._log.append(out)
+            queue.index.write(first_offset + start, entry_view)
+        except OSError as exc:
+            self._undo_write(position, exc)
+            if exc.errno in _DISK_FULL:
+                raise DiskFullError(f"disk full while appending to {queue.topic}: {exc}") from exc
+            raise StorageError(f"I/O error while appending to {queue.topic}: {exc}") from exc
+
+    def _undo_write(self, position: int, cause: OSError) -> None:
+        """Cut a failed append out of the log; if even that fails, stop accepting writes."""
+        try:
+            if self._log.write_position > position:
+                self._log.truncate(position)
+        except OSError as exc:
+            log.error("cannot undo a failed append (%s); store refuses writes until restart", exc)
+            self._failed = cause
+
+    def _sync_target(self) -> tuple[int, int]:
+        with self._lock:
+            return self._log.sync_target()
+
+    def _publish_durable(self) -> None:
+        durable = self._commit.durable
+        changed = []
+        with self._lock:
+            while self._pending and self._pending[0][0] <= durable:
+                _, queue, end = self._pending.popleft()
+                if end > queue.visible_end:
+                    queue.visible_end = end
+                    changed.append((queue.topic, queue.queue_id, end))
+        self._notify(changed)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Register ``listener(topic, queue_id, visible_end)`` for newly readable records.
+
+        Called on the appending (or flushing) thread, outside the store lock;
+        it must be quick and must not raise.
+        """
+        self._listeners.append(listener)
+
+    def _notify(self, changes: Iterable[tuple[str, int, int]]) -> None:
+        for topic, queue_id, end in changes:
+            for listener in self._listeners:
+                listener(topic, queue_id, end)
+
+    # -- reads -----------------------------------------------------------------------
+
+    def read(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 1 << 20,
+        tags: Iterable[str] | None = None,
+    ) -> ReadResult:
+        """Read up to ``max_messages``/``max_bytes`` from ``offset`` (at least one
+        message if any is available, even if larger than ``max_bytes``).
+
+        With ``tags``, only messages carrying one of them are returned; skipped
+        offsets still advance ``next_offset``.
+        """
+        self._check_read_limits(offset, max_messages, max_bytes)
+        wanted = frozenset(tags) if tags is not None else None
+        hashes = frozenset(crc32c(t.encode()) for t in wanted) if wanted else None
+        with self._lock:
+            self._queue_meta(self._topic(topic), queue_id)
+            queue = self._queues[(topic, queue_id)]
+            earliest, end = queue.index.earliest, queue.visible_end
+            if offset < earliest:
+                return ReadResult(ReadStatus.OFFSET_TOO_SMALL, [], earliest, earliest, end)
+            if offset > end:
+                return ReadResult(ReadStatus.OFFSET_TOO_BIG, [], end, earliest, end)
+            messages, next_offset = self._collect(
+                queue, offset=offset, end=end, max_messages=max_messages,
+                max_bytes=max_bytes, wanted=wanted, hashes=hashes,
+            )  # fmt: skip
+            return ReadResult(ReadStatus.OK, messages, next_offset, earliest, end)
+
+    def _collect(
+        self, queue: _Queue, *, offset: int, end: int, max_messages: int, max_bytes: int,
+        wanted: frozenset[str] | None, hashes: frozenset[int] | None,
+    ) -> tuple[list[StoredMessage], int]:  # fmt: skip
+        messages: list[StoredMessage] = []
+        total = 0
+        scan_end = min(
+            end, offset + (self.config.max_filter_scan if hashes is not None else max_messages)
+        )
+        cursor = offset
+        while cursor < scan_end:
+            for position_plus_one, size, tag_hash, _ts in queue.index.read(
+                cursor, scan_end - cursor
+            ):
+                if hashes is not None and tag_hash not in hashes:
+                    cursor += 1
+                    continue
+                if messages and total + size > max_bytes:
+                    return messages, cursor
+                message = self._log.read(position_plus_one - 1, size)
+                if message.queue_offset != cursor or message.topic != queue.topic:
+                    raise CorruptionError(
+                        f"index of {queue.topic}/{queue.queue_id} offset {cursor} points at a "
+                        f"record of {message.topic}/{message.queue_id} "
+                        f"offset {message.queue_offset}",
+                        str(queue.index.directory),
+                        cursor,
+                    )
+                cursor += 1
+                if wanted is not None and message.tag not in wanted:
+                    continue  # hash collision
+                messages.append(message)
+                total += size
+                if len(messages) >= max_messages:
+                    return messages, cursor
+        return messages, cursor
+
+    def _check_read_limits(self, offset: int, max_messages: int, max_bytes: int) -> None:
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgument(f"offset must be a non-negative integer, got {offset!r}")
+        if not 1 <= max_messages <= self.config.max_read_messages:
+            raise InvalidArgument(
+                f"max_messages {max_messages} outside [1, {self.config.max_read_messages}]"
+            )
+        if not 1 <= max_bytes <= self.config.max_read_bytes:
+            raise InvalidArgument(
+                f"max_bytes {max_bytes} outside [1, {self.config.max_read_bytes}]"
+            )
+
+    def read_at_position(self, position: int) -> StoredMessage:
+        """The message stored at a global log position (message ids carry it)."""
+        with self._lock:
+            self._check_open()
+            if not isinstance(position, int) or not (
+                self._log.start_position <= position < self._log.write_position
+            ):
+                raise NotFound(f"no message at log position {position!r}")
+            chunk = self._log.chunk_at(position)
+            size = min(
+                self.config.limits.max_message_bytes + 1024,
+                self._log.start_of(chunk) + chunk.data_size - position,
+            )
+            message = self._log.read(position, size)
+            queue = self._queues.get((message.topic, message.queue_id))
+            if queue is None or message.queue_offset >= queue.visible_end:
+                raise NotFound(f"no message at log position {position!r}")
+            return message
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First offset whose store time is >= ``timestamp_ms`` (the end if none)."""
+        with self._lock:
+            self._queue_meta(self._topic(topic), queue_id)
+            queue = self._queues[(topic, queue_id)]
+            found = queue.index.first_offset_where(queue.index.earliest, 3, timestamp_ms)
+            return min(found, queue.visible_end)
+
+    # -- consumer offsets --------------------------------------------------------------
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
+        """Record that ``group`` will next consume ``next_offset`` of the queue."""
+        validate_group(group)
+        with self._lock:
+            self._queue_meta(self._topic(topic), queue_id)
+            end = self._queues[(topic, queue_id)].visible_end
+            if not isinstance(next_offset, int) or not 0 <= next_offset <= end:
+                raise InvalidArgument(
+                    f"offset {next_offset!r} for {topic}/{queue_id} outside [0, {end}]"
+                )
+            self._offsets.commit(group, topic, queue_id, next_offset)
+        if self.config.flush_mode is FlushMode.SYNC:
+            self._offsets.persist()
+
+    def committed_offsets(self, group: str) -> GroupOffsets:
+        validate_group(group)
+        return self._offsets.get(group)
+
+    def groups(self) -> list[str]:
+        return self._offsets.groups()
+
+    def delete_group(self, group: str) -> None:
+        validate_group(group)
+        if not self._offsets.delete_group(group):
+            raise NotFound(f"group {group!r} has no committed offsets")
+        self._offsets.persist()
+
+    # -- durability and maintenance ----------------------------------------------------
+
+    def flush(self) -> None:
+        """Make everything written so far durable, and advance the index checkpoint."""
+        with self._lock:
+            self._check_open()
+            target = self._log.write_position
+            fds = [fd for q in self._queues.values() for fd in q.index.take_dirty()]
+        durable = self._commit.make_durable(target)
+        self._publish_durable()
+        try:
+            for fd in fds:
+                os.fsync(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        with self._lock:
+            if durable > self._checkpoint and not self._closed:
+                self._checkpoint = durable
+                self._save_checkpoint()
+        self._offsets.persist()
+
+    def _save_checkpoint(self) -> None:
+        save_json(self.config.data_dir / "checkpoint.json", {"index_position": self._checkpoint})
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Delete completed log chunks the retention rules allow, then the index
+        chunks that only point into deleted log chunks."""
+        rules = self.config.retention
+        now = _now_ms() if now_ms is None else now_ms
+        self.flush()
+        with self._lock:
+            needed = self._oldest_unconsumed_position() if rules.keep_unconsumed else None
+            deleted = 0
+            while len(self._log.chunks) > 1:
+                chunk = self._log.chunks[0]
+                sealed = len(self._log.chunks) - 1
+                by_count = rules.max_chunks is not None and sealed > rules.max_chunks
+                by_age = (
+                    rules.max_age_ms is not None
+                    and now - (chunk.sealed_ms or now) > rules.max_age_ms
+                )
+                if not (by_count or by_age):
+                    break
+                if needed is not None and self._log.start_of(chunk) + chunk.data_size > needed:
+                    break
+                self._log.delete_oldest()
+                deleted += 1
+            index_deleted = 0
+            if deleted:
+                for queue in self._queues.values():
+                    index_deleted += queue.index.delete_chunks_below(self._log.start_position)
+            return RetentionReport(deleted, index_deleted, self._log.start_position)
+
+    def _oldest_unconsumed_position(self) -> int:
+        """Lowest log position of a record some group committed on but has not consumed."""
+        needed = self._log.write_position
+        for (topic, queue_id), queue in self._queues.items():
+            low = self._offsets.min_committed(topic, queue_id)
+            if low is not None and max(low, queue.index.earliest) < queue.index.end:
+                needed = min(needed, queue.index.entry(max(low, queue.index.earliest))[0] - 1)
+        return needed
+
+    def _maintain(self) -> None:
+        interval = self.config.flush_interval_ms / 1000
+        next_offsets = next_retention = time.monotonic()
+        while not self._stop.wait(interval):
+            try:
+                self.flush()
+                now = time.monotonic()
+                if now >= next_offsets:
+                    self._offsets.persist()
+                    next_offsets = now + self.config.offsets_flush_interval_ms / 1000
+                if now >= next_retention:
+                    self.apply_retention()
+                    next_retention = now + self.config.retention.check_interval_ms / 1000
+            except StoreClosed:
+                return
+            except Exception:
+                log.exception("background flush/retention failed; retrying next interval")
+
+    # -- state -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "topics": len(self._topics),
+                "queues": len(self._queues),
+                "groups": len(self._offsets.groups()),
+                "log_chunks": len(self._log.chunks),
+                "log_start_position": self._log.start_position,
+                "log_write_position": self._log.write_position,
+                "durable_position": self._commit.durable,
+                "fsyncs": self._commit.fsyncs,
+            }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("the store is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise StorageError(
+                f"store refuses writes after an unrecoverable I/O error: {self._failed}"
+            )
+
+    def close(self) -> None:
+        """Flush everything, persist offsets, release the data directory."""
+        if self._closed:
+            return
+        self._stop_background()
+        self.flush()
+        with self._lock:
+            self._closed = True
+            for queue in self._queues.values():
+                queue.index.close()
+            self._log.close()
+            self._offsets.persist()
+            os.close(self._lock_fd)
+
+    def abandon(self) -> None:
+        """Drop the store without flushing anything, as a killed process would.
+
+        For fault-injection tests: what the OS has not been asked to fsync is
+        still in the page cache; tests that simulate a machine crash remove it.
+        """
+        self._stop_background()
+        with self._lock:
+            self._closed = True
+            for queue in self._queues.values():
+                for number in list(queue.index._fds):
+                    queue.index._close_chunk(number)
+            self._log.close()
+            os.close(self._lock_fd)
+
+    def _stop_background(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _lock_data_dir(root: Path) -> int:
+    fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PreconditionFailed(f"data directory {root} is in use by another store") from None
+    return fd
