@@ -200,9 +200,11 @@ def prepare_batch(batch: MessageBatch, topic: bytes, limits: MessageLimits) -> P
     return PreparedBatch(batch, tags, headers, count * fixed + payload)
 
 
-def _sum_max(items: Iterable[bytes]) -> tuple[int, int]:
-    lengths = list(map(len, items))
-    return (sum(lengths), max(lengths)) if lengths else (0, 0)
+def _sum_max(items: Sequence[bytes] | Iterable[bytes]) -> tuple[int, int]:
+    """Total and largest length, in C loops (no list of lengths is built)."""
+    if not isinstance(items, Sequence):
+        items = list(items)
+    return sum(map(len, items)), max(map(len, items), default=0)
 
 
 def _check_types(batch: MessageBatch) -> None:

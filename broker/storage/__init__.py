@@ -1,0 +1,54 @@
+"""The equeue storage engine: message log, queue indexes, offsets, retention.
+
+This package imports nothing from the server, the client or Spark.
+"""
+
+from broker.storage.config import FlushMode, MessageLimits, RetentionConfig, StorageConfig
+from broker.storage.errors import (
+    AlreadyExists,
+    CorruptionError,
+    DiskFullError,
+    InvalidArgument,
+    InvalidName,
+    LimitExceeded,
+    NotFound,
+    PreconditionFailed,
+    StorageError,
+    StoreClosed,
+)
+from broker.storage.record import MessageBatch, StoredMessage
+from broker.storage.store import (
+    AppendResult,
+    QueueInfo,
+    ReadResult,
+    ReadStatus,
+    RecoveryReport,
+    RetentionReport,
+    Store,
+)
+
+__all__ = [
+    "AlreadyExists",
+    "AppendResult",
+    "CorruptionError",
+    "DiskFullError",
+    "FlushMode",
+    "InvalidArgument",
+    "InvalidName",
+    "LimitExceeded",
+    "MessageBatch",
+    "MessageLimits",
+    "NotFound",
+    "PreconditionFailed",
+    "QueueInfo",
+    "ReadResult",
+    "ReadStatus",
+    "RecoveryReport",
+    "RetentionConfig",
+    "RetentionReport",
+    "StorageConfig",
+    "StorageError",
+    "Store",
+    "StoreClosed",
+    "StoredMessage",
+]

@@ -1,0 +1,48 @@
+"""Shared fixtures: small-chunk store configs in pytest's tmp dirs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.storage import MessageLimits, StorageConfig, Store
+
+KiB = 1024
+
+MakeConfig = Callable[..., StorageConfig]
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> MakeConfig:
+    """Build a ``StorageConfig`` with tiny chunks (so tests cross chunk boundaries)."""
+
+    def make(**overrides: Any) -> StorageConfig:
+        settings: dict[str, Any] = {
+            "data_dir": tmp_path / "data",
+            "chunk_capacity_bytes": 64 * KiB,
+            "index_entries_per_chunk": 64,
+            "flush_interval_ms": 20,
+            "limits": MessageLimits(max_message_bytes=16 * KiB, max_key_bytes=1 * KiB),
+        }
+        settings.update(overrides)
+        return StorageConfig(**settings)
+
+    return make
+
+
+@pytest.fixture
+def open_store(make_config: MakeConfig) -> Iterator[Callable[..., Store]]:
+    """Open stores (without the background thread unless asked); all closed at teardown."""
+    opened: list[Store] = []
+
+    def open_(config: StorageConfig | None = None, background: bool = False) -> Store:
+        store = Store(config or make_config(), background=background)
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()

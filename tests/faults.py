@@ -1,0 +1,78 @@
+"""Fault-injection helpers: byte surgery on data files and simulated crashes.
+
+A *process* crash (SIGKILL) loses nothing the process wrote: the bytes sit in
+the OS page cache. A *machine* crash loses whatever was not fsynced. These
+helpers model the machine crash by dropping exactly what the store had not
+synced, which is the worst case recovery must handle.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from broker.storage import Store
+from broker.storage.chunk import HEADER_SIZE
+from broker.storage.queue_index import ENTRY, ENTRY_SIZE
+
+
+def simulate_machine_crash(store: Store, *, drop_unsynced_index: bool = True) -> None:
+    """Abandon ``store`` and erase every byte it had not fsynced.
+
+    - Log: bytes of the active chunk at or after the group-commit durable
+      position are zeroed (sealed chunks were fsynced when sealed).
+    - Index: entries for records at or after the checkpoint position (the
+      last position whose index entries were fsynced) are zeroed.
+    - Offsets/topics/checkpoint files: written atomically with fsync, so what
+      is on disk is what survives.
+    """
+    log = store._log
+    durable = store._commit.durable
+    checkpoint = store._checkpoint
+    active = log.active
+    start = log.start_of(active)
+    path, capacity = active.path, active.capacity
+    index_dirs = [q.index.directory for q in store._queues.values()]
+    store.abandon()
+    keep = max(durable - start, 0)
+    with open(path, "r+b") as f:
+        f.truncate(HEADER_SIZE + keep)
+        f.truncate(HEADER_SIZE + capacity)
+    if drop_unsynced_index:
+        for directory in index_dirs:
+            for index_file in directory.glob("*.idx"):
+                _zero_entries_from(index_file, checkpoint)
+
+
+def _zero_entries_from(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    for at in range(HEADER_SIZE, len(data) - ENTRY_SIZE + 1, ENTRY_SIZE):
+        position_plus_one = ENTRY.unpack_from(data, at)[0]
+        if position_plus_one and position_plus_one - 1 >= position:
+            data[at : at + ENTRY_SIZE] = bytes(ENTRY_SIZE)
+    path.write_bytes(bytes(data))
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Invert every bit of the byte at ``offset``."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(1)
+        f.seek(offset)
+        f.write(bytes([old[0] ^ 0xFF]))
+
+
+def write_at(path: Path, offset: int, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+
+
+def log_chunks(data_dir: Path) -> list[Path]:
+    return sorted((data_dir / "log").glob("*.chunk"))
+
+
+def index_files(data_dir: Path, topic: str, queue_id: int) -> list[Path]:
+    return sorted((data_dir / "index" / topic / str(queue_id)).glob("*.idx"))

@@ -1,0 +1,170 @@
+"""Round-trip tests for every on-disk structure, each against its one encoder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.storage import CorruptionError, MessageBatch, MessageLimits
+from broker.storage.atomic_file import load_json, save_json
+from broker.storage.chunk import (
+    CHUNK_TYPE_INDEX,
+    CHUNK_TYPE_LOG,
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    ChunkFooter,
+    ChunkHeader,
+)
+from broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from broker.storage.record import (
+    FLAG_BATCH_END,
+    FLAG_HAS_KEY,
+    check_frame,
+    decode_headers,
+    decode_record,
+    encode_headers,
+    encode_records,
+    prepare_batch,
+    read_meta,
+)
+
+LIMITS = MessageLimits()
+
+
+def test_chunk_header_round_trip() -> None:
+    header = ChunkHeader(CHUNK_TYPE_INDEX, 42, 32_000, 1_700_000_000_000, 32)
+    data = header.encode()
+    assert len(data) == HEADER_SIZE
+    assert ChunkHeader.decode(data) == header
+
+
+def test_chunk_header_checksum_detects_flip() -> None:
+    data = bytearray(ChunkHeader(CHUNK_TYPE_LOG, 1, 4096, 5).encode())
+    data[20] ^= 1
+    with pytest.raises(CorruptionError, match="checksum"):
+        ChunkHeader.decode(bytes(data), "x.chunk")
+
+
+def test_chunk_footer_round_trip() -> None:
+    footer = ChunkFooter(123_456, 1_700_000_000_123)
+    data = footer.encode()
+    assert len(data) == FOOTER_SIZE
+    assert ChunkFooter.decode(data) == footer
+    with pytest.raises(CorruptionError, match="magic"):
+        ChunkFooter.decode(bytes(FOOTER_SIZE), "x.chunk", 99)
+
+
+def test_index_entry_round_trip() -> None:
+    entry = (2**40 + 1, 1234, 0xDEADBEEF, 1_700_000_000_000)
+    data = ENTRY.pack(*entry)
+    assert len(data) == ENTRY_SIZE == 32
+    assert ENTRY.unpack(data) == entry
+
+
+@given(st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=50)), max_size=10))
+def test_headers_round_trip(headers: list[tuple[str, bytes]]) -> None:
+    assert decode_headers(encode_headers(headers)) == tuple(headers)
+
+
+messages = st.lists(
+    st.tuples(
+        st.binary(max_size=300),
+        st.one_of(st.none(), st.binary(max_size=40)),
+        st.text(max_size=10),
+        st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=16)), max_size=3),
+        st.integers(min_value=0, max_value=2**62),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@given(messages, st.integers(min_value=0, max_value=2**40))
+def test_records_round_trip(
+    rows: list[tuple[bytes, bytes | None, str, list[tuple[str, bytes]], int]], position: int
+) -> None:
+    batch = MessageBatch(
+        values=[r[0] for r in rows],
+        keys=[r[1] for r in rows],
+        tags=[r[2] for r in rows],
+        headers=[r[3] for r in rows],
+        timestamps_ms=[r[4] for r in rows],
+    )
+    prepared = prepare_batch(batch, b"topic-1", LIMITS)
+    out = bytearray(prepared.total_bytes)
+    entries = bytearray(len(rows) * ENTRY_SIZE)
+    written = encode_records(
+        out,
+        position=position,
+        topic=b"topic-1",
+        queue_id=7,
+        first_offset=100,
+        store_ms=555,
+        prepared=prepared,
+        start=0,
+        stop=len(rows),
+        index_out=entries,
+    )
+    assert written == len(out)
+    pos = 0
+    for i, (value, key, tag, headers, produced) in enumerate(rows):
+        size = check_frame(out, pos, len(out))
+        assert isinstance(size, int)
+        message = decode_record(out, pos)
+        assert (message.value, message.key, message.tag) == (value, key, tag)
+        assert message.headers == tuple(headers)
+        assert (message.topic, message.queue_id, message.queue_offset) == ("topic-1", 7, 100 + i)
+        assert (message.position, message.producer_timestamp_ms) == (position + pos, produced)
+        assert message.store_timestamp_ms == 555
+        meta = read_meta(out, pos)
+        assert bool(meta.flags & FLAG_BATCH_END) == (i == len(rows) - 1)
+        assert bool(meta.flags & FLAG_HAS_KEY) == (key is not None)
+        entry = ENTRY.unpack_from(entries, i * ENTRY_SIZE)
+        assert entry[0] - 1 == position + pos and entry[1] == size and entry[3] == 555
+        assert (entry[2] == 0) == (tag == "")
+        pos += size
+
+
+def test_frame_checks_name_each_failure() -> None:
+    prepared = prepare_batch(MessageBatch([b"hello"]), b"t", LIMITS)
+    out = bytearray(prepared.total_bytes)
+    encode_records(
+        out,
+        position=0,
+        topic=b"t",
+        queue_id=0,
+        first_offset=0,
+        store_ms=1,
+        prepared=prepared,
+        start=0,
+        stop=1,
+        index_out=bytearray(ENTRY_SIZE),
+    )
+    assert check_frame(out, 0, len(out)) == len(out)
+    assert check_frame(bytes(len(out)), 0, len(out)) == "zero length (end of written data)"
+    assert check_frame(out, 0, len(out) - 1) == f"bad length {len(out) - 12}"
+    flipped = bytearray(out)
+    flipped[-14] ^= 0x40  # a value byte
+    assert check_frame(flipped, 0, len(out)) == "checksum mismatch"
+    suffix = bytearray(out)
+    suffix[-1] ^= 1
+    assert "does not match prefix" in str(check_frame(suffix, 0, len(out)))
+    with pytest.raises(CorruptionError, match="checksum mismatch"):
+        decode_record(flipped, 0)
+
+
+def test_atomic_json_round_trip_and_backup(tmp_path: Path) -> None:
+    path = tmp_path / "meta.json"
+    assert load_json(path) is None
+    save_json(path, {"v": 1})
+    save_json(path, {"v": 2})
+    assert load_json(path) == {"v": 2}
+    assert json.loads((tmp_path / "meta.json.bak").read_bytes()) == {"v": 1}
+    path.write_bytes(b"{not json")
+    assert load_json(path) == {"v": 1}
+    path.unlink()
+    assert load_json(path) == {"v": 1}
