@@ -107,7 +107,8 @@ class StorageConfig:
     persists them before a commit returns)."""
     default_queue_count: int = 4
     max_queues_per_topic: int = 256
-    max_topics: int = 10_000
+    max_topics: int = 1_000
+    """Each queue keeps its index chunk files open: budget about topics x queues fds."""
     max_mapped_chunks: int = 4
     """Memory bound: at most this many sealed log chunks stay memory-mapped for
     reads (the active chunk is always mapped); older ones are read with pread."""

@@ -112,9 +112,15 @@ class MessageLog:
         for tmp in self.directory.glob("*.tmp"):
             log.warning("removing leftover temp chunk %s", tmp)
             tmp.unlink()
-        paths = sorted(self.directory.glob("*" + LOG_SUFFIX))
+        try:
+            self._open_chunks(sorted(self.directory.glob("*" + LOG_SUFFIX)))
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_chunks(self, paths: list[Path]) -> None:
         for i, path in enumerate(paths):
-            chunk = self._open_chunk(path)
+            chunk = self._open_chunk(path, last=i == len(paths) - 1)
             if i == 0 and chunk.capacity != self.capacity:
                 log.warning(
                     "log was created with chunk capacity %d; ignoring the configured %d",
@@ -134,7 +140,7 @@ class MessageLog:
         if not self.chunks or self.chunks[-1].sealed:
             self._new_chunk(self.chunks[-1].number + 1 if self.chunks else 0)
 
-    def _open_chunk(self, path: Path) -> LogChunk:
+    def _open_chunk(self, path: Path, last: bool) -> LogChunk:
         fd = os.open(path, os.O_RDWR)
         try:
             header = read_header(fd, str(path))
@@ -146,7 +152,17 @@ class MessageLog:
                 raise CorruptionError(
                     f"header says chunk {header.chunk_number}, file name disagrees", str(path)
                 )
-            footer = read_sealed_footer(fd, str(path), header)
+            try:
+                footer = read_sealed_footer(fd, str(path), header)
+            except CorruptionError as exc:
+                if not last:
+                    raise
+                # The last chunk may have been cut short by a crash (while being
+                # sealed, or by an older release's tail repair): it is the active
+                # chunk, and the tail scan keeps whatever complete appends it holds.
+                log.warning("last log chunk has no valid footer (%s); scanning it", exc)
+                os.ftruncate(fd, HEADER_SIZE + header.capacity)
+                footer = None
         except BaseException:
             os.close(fd)
             raise
@@ -185,10 +201,17 @@ class MessageLog:
         return TailRecovery(scanned, written, reason)
 
     def _cut(self, chunk: LogChunk, data_size: int) -> None:
-        """Zero everything in the active chunk after ``data_size`` bytes of data."""
-        chunk.unmap()
-        os.ftruncate(chunk.fd, HEADER_SIZE + data_size)
-        os.ftruncate(chunk.fd, HEADER_SIZE + chunk.capacity)
+        """Zero everything in the active chunk after ``data_size`` bytes of data.
+
+        Zeros are written in place rather than shrinking and re-growing the file,
+        so a crash in the middle never leaves a chunk of the wrong size.
+        """
+        start = HEADER_SIZE + data_size
+        extent = _nonzero_extent(chunk.buffer(), start, HEADER_SIZE + chunk.capacity)
+        zeros = bytes(min(extent, 1 << 20))
+        offset = start
+        while offset < start + extent:
+            offset += os.pwrite(chunk.fd, zeros[: start + extent - offset], offset)
         os.fsync(chunk.fd)
         chunk.data_size = data_size
 

@@ -221,8 +221,12 @@ class QueueIndex:
         for number in list(self._fds):
             self._close_chunk(number)
 
-    def destroy(self) -> None:
-        """Close and delete every file of this index (topic deletion)."""
+    def release(self) -> None:
+        """Close every file without syncing."""
         for number in list(self._fds):
             self._close_chunk(number)
+
+    def destroy(self) -> None:
+        """Close and delete every file of this index (topic deletion)."""
+        self.release()
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -160,6 +160,7 @@ class Store:
         self._listeners: list[Listener] = []
         self._pending: deque[tuple[int, _Queue, int]] = deque()
         self._last_store_ms = 0
+        self._queues: dict[tuple[str, int], _Queue] = {}
         root = config.data_dir
         root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_data_dir(root)
@@ -170,10 +171,9 @@ class Store:
             )
             self._topics = load_topics(root / "topics.json")
             self._offsets = OffsetStore(root / "offsets.json")
-            self._queues: dict[tuple[str, int], _Queue] = {}
             self.recovery = self._recover()
         except BaseException:
-            os.close(self._lock_fd)
+            self._release_files()
             raise
         self._commit = GroupCommit(self._sync_target, self._log.write_position)
         self._stop = threading.Event()
@@ -198,6 +198,9 @@ class Store:
             queue.index.delete_chunks_below(self._log.start_position)
             queue.index.sync()
             queue.visible_end = queue.index.end
+        # The tail may hold data a killed process wrote but never fsynced: make it
+        # durable before the checkpoint claims everything below it is indexed.
+        os.fsync(self._log.sync_target()[1])
         self._checkpoint = self._log.write_position
         self._save_checkpoint()
         tail = self._log.tail
@@ -783,11 +786,15 @@ class Store:
         self._stop_background()
         with self._lock:
             self._closed = True
-            for queue in self._queues.values():
-                for number in list(queue.index._fds):
-                    queue.index._close_chunk(number)
+            self._release_files()
+
+    def _release_files(self) -> None:
+        """Close every file without flushing (failed open, abandon)."""
+        for queue in self._queues.values():
+            queue.index.release()
+        if hasattr(self, "_log"):
             self._log.close()
-            os.close(self._lock_fd)
+        os.close(self._lock_fd)
 
     def _stop_background(self) -> None:
         self._stop.set()
