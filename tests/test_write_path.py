@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +20,7 @@ from broker.storage.record import FRAME_OVERHEAD
 
 
 @pytest.mark.parametrize("count", [1_000, 10_000])
-def test_append_peak_memory_is_outputs_plus_a_constant(
-    tmp_path: os.PathLike[str], count: int
-) -> None:
+def test_append_peak_memory_is_outputs_plus_a_constant(tmp_path: Path, count: int) -> None:
     store = Store(StorageConfig(tmp_path, chunk_capacity_bytes=64 << 20), background=False)
     try:
         store.create_topic("t", 1)
