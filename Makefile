@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-stamp
 venv: $(STAMP)
 
 # Re-install whenever the package metadata changes.
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg setup.py pyproject.toml broker/storage/_codec.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'

@@ -135,7 +135,7 @@ def test_batch_larger_than_a_chunk_is_split_and_readable(open_store: OpenStore) 
         (MessageBatch([b"x"], keys=[b"k" * 1025]), LimitExceeded, "max_key_bytes=1024"),
         (MessageBatch([b"x"], tags=["t" * 256]), LimitExceeded, "max_tag_bytes=255"),
         (MessageBatch([b"x", b"y"], keys=[b"k"]), InvalidArgument, "keys has 1 items"),
-        (MessageBatch(["text"]), InvalidArgument, "values must be bytes, got str"),  # type: ignore[list-item]
+        (MessageBatch(["text"]), InvalidArgument, "value 0 must be bytes-like, got str"),  # type: ignore[list-item]
         (MessageBatch([b"x"] * 100_001), LimitExceeded, "max_batch_messages"),
         (MessageBatch([b"x"], headers=[[("h", "s")]]), InvalidArgument, "header 'h'"),  # type: ignore[list-item]
     ],
