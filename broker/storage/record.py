@@ -296,7 +296,7 @@ def frame_sizes(
 
 
 def encode_records(
-    out: bytearray,
+    out: bytearray | memoryview,
     *,
     position: int,
     topic: bytes,
@@ -330,7 +330,7 @@ def encode_records(
 
 
 def encode_records_py(
-    out: bytearray,
+    out: bytearray | memoryview,
     *,
     position: int,
     topic: bytes,
@@ -416,7 +416,7 @@ def encode_records_py(
     return pos
 
 
-def _set_batch_end(out: bytearray, view: memoryview, pos: int) -> None:
+def _set_batch_end(out: bytearray | memoryview, view: memoryview, pos: int) -> None:
     out[pos + _FLAGS_AT] |= FLAG_BATCH_END
     (body,) = _U32.unpack_from(out, pos)
     _U32.pack_into(out, pos + 4 + body, crc32c(view[pos + 4 : pos + 4 + body]))

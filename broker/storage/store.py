@@ -424,13 +424,13 @@ class Store:
         first_offset = queue.index.end
         store_ms = self._last_store_ms = max(_now_ms(), self._last_store_ms)
         if self._log.room() < prepared.total_bytes <= self._log.capacity:
-            self._log.roll()  # keep the append in one chunk, so it stays atomic
+            self._roll(queue.topic)  # keep the append in one chunk, so it stays atomic
         start = 0
         fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
         while start < count:
             stop, size = self._fit(prepared, start, fixed)
             if stop == start:
-                self._log.roll()
+                self._roll(queue.topic)
                 continue
             self._write_piece(
                 queue, prepared, start=start, stop=stop, size=size,
@@ -461,23 +461,32 @@ class Store:
         self, queue: _Queue, prepared: PreparedBatch, *, start: int, stop: int, size: int,
         first_offset: int, store_ms: int, entries: bytearray,
     ) -> None:  # fmt: skip
-        out = bytearray(size)
         entry_view = memoryview(entries)[start * ENTRY_SIZE : stop * ENTRY_SIZE]
-        position = self._log.write_position
-        written = encode_records(
-            out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
-            first_offset=first_offset + start, store_ms=store_ms, prepared=prepared,
-            start=start, stop=stop, index_out=entry_view,
-        )  # fmt: skip
-        assert written == size, (written, size)
+
+        def encode(out: memoryview, position: int) -> int:
+            return encode_records(
+                out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
+                first_offset=first_offset + start, store_ms=store_ms, prepared=prepared,
+                start=start, stop=stop, index_out=entry_view,
+            )  # fmt: skip
+
         try:
-            self._log.append(out)
+            position = self._log.append(size, encode)
+        except (TypeError, ValueError, OverflowError) as exc:  # e.g. a bad timestamp
+            raise InvalidArgument(f"bad message batch: {exc}") from None
+        except OSError as exc:
+            raise _io_error(queue.topic, exc) from exc
+        try:
             queue.index.write(first_offset + start, entry_view)
         except OSError as exc:
             self._undo_write(position, exc)
-            if exc.errno in _DISK_FULL:
-                raise DiskFullError(f"disk full while appending to {queue.topic}: {exc}") from exc
-            raise StorageError(f"I/O error while appending to {queue.topic}: {exc}") from exc
+            raise _io_error(queue.topic, exc) from exc
+
+    def _roll(self, topic: str) -> None:
+        try:
+            self._log.roll()
+        except OSError as exc:
+            raise _io_error(topic, exc) from exc
 
     def _undo_write(self, position: int, cause: OSError) -> None:
         """Cut a failed append out of the log; if even that fails, stop accepting writes."""
@@ -806,6 +815,12 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _io_error(topic: str, exc: OSError) -> StorageError:
+    if exc.errno in _DISK_FULL:
+        return DiskFullError(f"disk full while appending to {topic}: {exc}")
+    return StorageError(f"I/O error while appending to {topic}: {exc}")
 
 
 def _now_ms() -> int:
