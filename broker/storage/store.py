@@ -106,7 +106,7 @@ class AppendResult:
     queue_id: int
     first_offset: int
     count: int
-    entries: bytes = field(repr=False)
+    entries: bytes | bytearray = field(repr=False)
     """The index entries written, one per message (see queue_index.py)."""
 
     def positions(self) -> list[int]:
@@ -437,7 +437,7 @@ class Store:
                 first_offset=first_offset, store_ms=store_ms, entries=entries,
             )  # fmt: skip
             start = stop
-        return AppendResult(queue.topic, queue.queue_id, first_offset, count, bytes(entries))
+        return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
 
     def _fit(self, prepared: PreparedBatch, start: int, fixed: int) -> tuple[int, int]:
         """How many messages from ``start`` fit in the active chunk, and their bytes."""
