@@ -102,6 +102,8 @@ class StorageConfig:
     flush_mode: FlushMode = FlushMode.ASYNC
     flush_interval_ms: int = 100
     """Async mode: fsync period. Both modes: how often indexes and the checkpoint are synced."""
+    sync_timeout_ms: int = 30_000
+    """Sync mode: longest an append waits for its fsync before failing."""
     offsets_flush_interval_ms: int = 1_000
     """Async mode: how often committed consumer offsets are persisted (sync mode
     persists them before a commit returns)."""
@@ -141,6 +143,7 @@ class StorageConfig:
             )
         _positive(self, "index_entries_per_chunk", "flush_interval_ms", "default_queue_count")
         _positive(self, "offsets_flush_interval_ms", "max_topics", "max_mapped_chunks")
+        _positive(self, "sync_timeout_ms")
         _positive(self, "max_read_messages", "max_read_bytes", "max_filter_scan")
         _at_most(self, "max_queues_per_topic", MAX_QUEUES_PER_TOPIC_LIMIT)
         _at_most(self, "default_queue_count", self.max_queues_per_topic)

@@ -63,6 +63,8 @@ class LogChunk:
     """Bytes of data written (active chunk) or sealed (sealed chunk)."""
     sealed_ms: int | None = None
     mapped: mmap.mmap | None = field(default=None, repr=False)
+    populated: int = 0
+    """Pages below this file offset have been faulted in for writing."""
 
     @property
     def sealed(self) -> bool:
@@ -101,6 +103,8 @@ class MessageLog:
         self.capacity = capacity
         self.max_mapped = max_mapped
         self.chunks: list[LogChunk] = []
+        self.active: LogChunk
+        """The last chunk: the one appends go to (set by ``open``)."""
         self._recent: collections.OrderedDict[int, LogChunk] = collections.OrderedDict()
         self.tail: TailRecovery | None = None
 
@@ -141,7 +145,8 @@ class MessageLog:
                 raise CorruptionError("a log chunk before the last one is not sealed", str(path))
             self.chunks.append(chunk)
         if self.chunks and not self.chunks[-1].sealed:
-            self.tail = self._recover_tail(self.chunks[-1])
+            self.active = self.chunks[-1]
+            self.tail = self._recover_tail(self.active)
         if not self.chunks or self.chunks[-1].sealed:
             self._new_chunk(self.chunks[-1].number + 1 if self.chunks else 0)
 
@@ -234,10 +239,6 @@ class MessageLog:
 
     # -- positions -----------------------------------------------------------------
 
-    @property
-    def active(self) -> LogChunk:
-        return self.chunks[-1]
-
     def start_of(self, chunk: LogChunk) -> int:
         return chunk.number * self.capacity
 
@@ -270,7 +271,9 @@ class MessageLog:
         position = self.write_position
         start = HEADER_SIZE + chunk.data_size
         try:
-            _populate(chunk.buffer(), start, size)
+            if start + size > chunk.populated:
+                _populate(chunk.buffer(), max(start, chunk.populated), start + size)
+                chunk.populated = start + size
             with memoryview(chunk.buffer()) as whole, whole[start : start + size] as view:
                 written = encode(view, position)
             assert written == size, (written, size)
@@ -293,7 +296,8 @@ class MessageLog:
         path = self.directory / chunk_file_name(number, LOG_SUFFIX)
         header = ChunkHeader(CHUNK_TYPE_LOG, number, self.capacity, int(time.time() * 1000))
         create_chunk_file(path, header)
-        self.chunks.append(LogChunk(number, path, os.open(path, os.O_RDWR), self.capacity, 0))
+        self.active = LogChunk(number, path, os.open(path, os.O_RDWR), self.capacity, 0)
+        self.chunks.append(self.active)
 
     def sync_target(self) -> tuple[int, int]:
         """(write position, fd of the active chunk): what an fsync now would cover."""
@@ -380,8 +384,8 @@ class _Populate:
     supported = sys.platform == "linux"
 
 
-def _populate(buf: mmap.mmap, start: int, size: int) -> None:
-    """Fault in the pages about to be written with one system call.
+def _populate(buf: mmap.mmap, start: int, end: int) -> None:
+    """Fault in the pages of ``[start, end)`` about to be written, with one system call.
 
     Touching fresh pages of a file map one by one costs a trap each, which on
     a virtual machine made appends up to 10x slower; one madvise is cheap.
@@ -389,7 +393,7 @@ def _populate(buf: mmap.mmap, start: int, size: int) -> None:
     if not _Populate.supported:
         return
     lo = start & ~(mmap.PAGESIZE - 1)
-    length = (start + size - lo + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
+    length = (end - lo + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
     try:
         buf.madvise(_MADV_POPULATE_WRITE, lo, min(length, len(buf) - lo))
     except OSError:  # older kernel (EINVAL): fall back to faulting page by page

@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import errno
 import fcntl
+import functools
 import itertools
 import logging
 import os
@@ -55,7 +56,7 @@ from broker.storage.errors import (
     StorageError,
     StoreClosed,
 )
-from broker.storage.flush import GroupCommit
+from broker.storage.flush import GroupCommit, SyncCommitter
 from broker.storage.message_log import MessageLog
 from broker.storage.names import validate_group, validate_topic
 from broker.storage.offsets import GroupOffsets, OffsetStore
@@ -147,6 +148,8 @@ class _Queue:
     queue_id: int
     index: QueueIndex
     visible_end: int = 0
+    producer_visible: bool = True
+    """Cached from the topic metadata, for the append hot path."""
 
 
 class Store:
@@ -175,7 +178,12 @@ class Store:
         except BaseException:
             self._release_files()
             raise
-        self._commit = GroupCommit(self._sync_target, self._log.write_position)
+        self._commit = GroupCommit(
+            self._sync_target, self._log.write_position, self._publish_durable
+        )
+        self._committer: SyncCommitter | None = None
+        if config.flush_mode is FlushMode.SYNC:
+            self._committer = SyncCommitter(self._commit_round)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if background:
@@ -192,7 +200,9 @@ class Store:
         checkpoint = min(max(checkpoint, self._log.start_position), self._log.write_position)
         for topic in self._topics.values():
             for q in topic.queues:
-                self._open_queue(topic.name, q.queue_id).index.recover(checkpoint)
+                queue = self._open_queue(topic.name, q.queue_id)
+                queue.producer_visible = q.producer_visible
+                queue.index.recover(checkpoint)
         rebuilt, orphans = self._rebuild_indexes(checkpoint)
         for queue in self._queues.values():
             queue.index.delete_chunks_below(self._log.start_position)
@@ -319,6 +329,7 @@ class Store:
             )
             self._topics[topic] = meta.with_queue(updated)
             self._save_topics()
+            self._queues[(topic, queue_id)].producer_visible = updated.producer_visible
             return updated
 
     def delete_queue(self, topic: str, queue_id: int) -> None:
@@ -393,37 +404,71 @@ class Store:
     def append(self, topic: str, queue_id: int, batch: MessageBatch) -> AppendResult:
         """Append ``batch`` to one queue at consecutive offsets, all or nothing.
 
-        Returns after the records are written (async) or durable (sync).
+        Returns after the records are written (async) or durable (sync). In
+        sync mode the write itself runs on the committer thread, batched with
+        other appends into one fsync (see ``SyncCommitter``).
         """
-        with self._lock:
-            meta = self._topic(topic)
-            if not self._queue_meta(meta, queue_id).producer_visible:
-                raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
-            queue = self._queues[(topic, queue_id)]
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            with self._lock:
+                queue = self._writable_queue(topic, queue_id)  # raises the precise error
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
-        with self._lock:
-            self._check_writable()
-            if self._queues.get((topic, queue_id)) is not queue:
-                raise NotFound(f"queue {topic}/{queue_id} was deleted")
-            result = self._write(queue, prepared)
-            end_position = self._log.write_position
-            if self.config.flush_mode is FlushMode.SYNC:
-                self._pending.append((end_position, queue, queue.index.end))
-            else:
+        if self._committer is None:
+            with self._lock:
+                result = self._write(self._writable_queue(topic, queue_id), prepared)
                 queue.visible_end = queue.index.end
-        if self.config.flush_mode is FlushMode.SYNC:
-            self._commit.make_durable(end_position)
-            self._publish_durable()
-        else:
-            self._notify([(topic, queue_id, queue.visible_end)])
+            if self._listeners:
+                self._notify([(topic, queue_id, queue.visible_end)])
+            return result
+        self._check_open()
+        work = functools.partial(self._write_pending, topic, queue_id, prepared)
+        outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
+        assert isinstance(outcome, AppendResult)
+        return outcome
+
+    def _write_pending(self, topic: str, queue_id: int, prepared: PreparedBatch) -> AppendResult:
+        """Sync mode, on the committer thread: write; readable once the round is durable."""
+        queue = self._writable_queue(topic, queue_id)
+        result = self._write(queue, prepared)
+        self._pending.append((self._log.write_position, queue, queue.index.end))
         return result
+
+    def _commit_round(self, works: list[Callable[[], object]]) -> list[object]:
+        """Run a round of sync-mode appends, then fsync once for all of them."""
+        outcomes: list[object] = []
+        with self._lock:
+            for work in works:
+                try:
+                    outcomes.append(work())
+                except Exception as exc:
+                    outcomes.append(exc)
+            target = self._log.write_position
+        self._commit.make_durable(target)
+        return outcomes
+
+    def _writable_queue(self, topic: str, queue_id: int) -> _Queue:
+        self._check_writable()
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:  # find out why, for the error message
+            self._queue_meta(self._topic(topic), queue_id)
+            raise NotFound(f"queue {topic}/{queue_id} does not exist")
+        if not queue.producer_visible:
+            raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
+        return queue
 
     def _write(self, queue: _Queue, prepared: PreparedBatch) -> AppendResult:
         count = len(prepared.batch)
         entries = bytearray(count * ENTRY_SIZE)
         first_offset = queue.index.end
         store_ms = self._last_store_ms = max(_now_ms(), self._last_store_ms)
-        if self._log.room() < prepared.total_bytes <= self._log.capacity:
+        room = self._log.room()
+        if prepared.total_bytes <= room:  # the common case: one piece
+            self._write_piece(
+                queue, prepared, start=0, stop=count, size=prepared.total_bytes,
+                first_offset=first_offset, store_ms=store_ms, entries=entries,
+            )  # fmt: skip
+            return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
+        if prepared.total_bytes <= self._log.capacity:
             self._roll(queue.topic)  # keep the append in one chunk, so it stays atomic
         start = 0
         fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
@@ -501,8 +546,8 @@ class Store:
         with self._lock:
             return self._log.sync_target()
 
-    def _publish_durable(self) -> None:
-        durable = self._commit.durable
+    def _publish_durable(self, durable: int) -> None:
+        """Make records below ``durable`` (now fsynced) readable; sync mode."""
         changed = []
         with self._lock:
             while self._pending and self._pending[0][0] <= durable:
@@ -674,7 +719,6 @@ class Store:
             target = self._log.write_position
             fds = [fd for q in self._queues.values() for fd in q.index.take_dirty()]
         durable = self._commit.make_durable(target)
-        self._publish_durable()
         try:
             for fd in fds:
                 os.fsync(fd)
@@ -806,6 +850,8 @@ class Store:
         os.close(self._lock_fd)
 
     def _stop_background(self) -> None:
+        if self._committer is not None:
+            self._committer.close()  # finishes the appends already queued
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
