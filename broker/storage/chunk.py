@@ -22,9 +22,9 @@ reads or writes it)::
               zero padding up to byte 124
               footer_crc   u32     CRC32C of bytes [0, 124)
 
-An *active* log chunk is pre-sized to ``128 + capacity`` bytes (allocated with
-``posix_fallocate``), so that unused data reads as zeros and recovery can find
-the end of the data.
+An *active* log chunk is pre-sized to ``128 + capacity`` bytes (a sparse
+file), so that unused data reads as zeros and recovery can find the end of
+the data.
 Sealing writes the footer right after the data and truncates the file there,
 so a sealed chunk is exactly ``128 + data_size + 128`` bytes. Index chunks are
 never sealed: they are always ``128 + capacity`` bytes.
@@ -134,20 +134,13 @@ def create_chunk_file(path: Path, header: ChunkHeader) -> None:
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.pwrite(fd, header.encode(), 0)
-        preallocate(fd, HEADER_SIZE + header.capacity)
+        # Sparse: blocks are allocated as data is written; unwritten data reads as zeros.
+        os.ftruncate(fd, HEADER_SIZE + header.capacity)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
-
-
-def preallocate(fd: int, size: int) -> None:
-    """Reserve the blocks of a chunk file, so writes through a memory map can
-    never hit a full disk (which would kill the process with SIGBUS instead of
-    raising an error); unwritten data reads as zeros. A full disk shows up here,
-    as an ``OSError`` (ENOSPC), when a chunk is created."""
-    os.posix_fallocate(fd, 0, size)
 
 
 def read_header(fd: int, path: str) -> ChunkHeader:
