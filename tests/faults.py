@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from broker.storage import Store
-from broker.storage.chunk import HEADER_SIZE
+from broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE
 from broker.storage.queue_index import ENTRY, ENTRY_SIZE
 
 
@@ -37,7 +37,7 @@ def simulate_machine_crash(store: Store, *, drop_unsynced_index: bool = True) ->
     keep = max(durable - start, 0)
     with open(path, "r+b") as f:
         f.truncate(HEADER_SIZE + keep)
-        f.truncate(HEADER_SIZE + capacity)
+        f.truncate(HEADER_SIZE + capacity + FOOTER_SIZE)  # an active chunk's size
     if drop_unsynced_index:
         for directory in index_dirs:
             for index_file in directory.glob("*.idx"):

@@ -112,7 +112,7 @@ def append(store: Store, queue_id: int, label: str, count: int = 1, size: int = 
                 result.first_offset + i,
                 position_plus_one - 1,
                 frame_size,
-                entry,
+                bytes(entry),
                 keys[i],
                 tags[i],
                 values[i],
@@ -228,7 +228,7 @@ def test_truncated_tail(open_store: OpenStore) -> None:
     store = open_store(config)
     assert store.recovery.tail_records_scanned == len(kept)
     assert 0 < store.recovery.tail_bytes_discarded <= cut - file_offset(config, torn.position)
-    assert path.stat().st_size == HEADER_SIZE + config.chunk_capacity_bytes  # pre-sized again
+    assert path.stat().st_size == HEADER_SIZE + config.chunk_capacity_bytes + FOOTER_SIZE
     assert_queue_holds(store, 0, kept)
     more = append(store, 0, "e", 2)
     assert (more[0].offset, more[0].position) == (len(kept), torn.position)
@@ -252,7 +252,7 @@ def test_active_chunk_left_short_by_interrupted_cut(open_store: OpenStore) -> No
 
     store = open_store(config)
     assert store.recovery.tail_bytes_discarded == 0
-    assert path.stat().st_size == HEADER_SIZE + config.chunk_capacity_bytes
+    assert path.stat().st_size == HEADER_SIZE + config.chunk_capacity_bytes + FOOTER_SIZE
     assert_queue_holds(store, 0, kept)
     more = append(store, 0, "c")
     assert more[0].offset == len(kept)
@@ -435,7 +435,7 @@ def test_flipped_byte_in_completed_chunk(open_store: OpenStore) -> None:
     victim = sent[20]
     path = chunk_path(config, victim.position)
     assert path == chunks[0]
-    assert path.stat().st_size != HEADER_SIZE + config.chunk_capacity_bytes  # sealed
+    assert path.stat().st_size != HEADER_SIZE + config.chunk_capacity_bytes + FOOTER_SIZE  # sealed
     flip_byte(path, value_offset(config, victim) + 500)
 
     store = open_store(config)

@@ -89,6 +89,8 @@ def test_tag_filter_skips_records_and_always_advances(open_store: OpenStore) -> 
     assert either.next_offset == 7
     none = store.read("t", 0, 0, tags=["purple"])
     assert none.messages == [] and none.next_offset == 50  # a filtering consumer never stalls
+    with pytest.raises(InvalidArgument, match="at least one tag"):
+        store.read("t", 0, 0, tags=[])
 
 
 def test_out_of_range_offsets_get_typed_answers(make_config: MakeConfig) -> None:

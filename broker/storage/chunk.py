@@ -3,7 +3,9 @@
 On-disk format (all integers little-endian; this module is the only place that
 reads or writes it)::
 
-    chunk file := header(128) data(capacity) [footer(128)]
+    chunk file := header(128) data(capacity) room(128)     (log chunk, active; room zero)
+                | header(128) data(data_size) footer(128)  (log chunk, sealed)
+                | header(128) data(capacity)               (index chunk)
 
     header := magic "EQCHUNK1"     8 bytes
               version      u16     FORMAT_VERSION
@@ -22,12 +24,13 @@ reads or writes it)::
               zero padding up to byte 124
               footer_crc   u32     CRC32C of bytes [0, 124)
 
-An *active* log chunk is pre-sized to ``128 + capacity`` bytes (a sparse
-file), so that unused data reads as zeros and recovery can find the end of
-the data.
-Sealing writes the footer right after the data and truncates the file there,
-so a sealed chunk is exactly ``128 + data_size + 128`` bytes. Index chunks are
-never sealed: they are always ``128 + capacity`` bytes.
+An *active* log chunk is pre-sized to ``128 + capacity + 128`` bytes (a sparse
+file), so that unused data reads as zeros and recovery can find the end of the
+data; its last 128 bytes are the footer's room and stay zero. Sealing writes
+the footer right after the data and truncates the file there, so a sealed chunk
+is exactly ``128 + data_size + 128`` bytes. The two states share a size only
+when the chunk is full, and then the footer's room tells them apart (zeros vs.
+a valid footer). Index chunks are never sealed: always ``128 + capacity``.
 
 New chunks are created as ``<name>.tmp``, the header written and fsynced, then
 renamed into place, so a crash never leaves a chunk without a header.
@@ -128,6 +131,13 @@ def chunk_file_name(chunk_number: int, suffix: str) -> str:
     return f"{chunk_number:09d}{suffix}"
 
 
+def active_size(header: ChunkHeader) -> int:
+    """File size of an unsealed chunk: header, data capacity and, for log chunks,
+    the footer's room, which stays zero until sealing."""
+    footer_room = FOOTER_SIZE if header.chunk_type == CHUNK_TYPE_LOG else 0
+    return HEADER_SIZE + header.capacity + footer_room
+
+
 def create_chunk_file(path: Path, header: ChunkHeader) -> None:
     """Create a chunk with ``header`` and zeroed data, crash-safely (temp + fsync + rename)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -135,7 +145,7 @@ def create_chunk_file(path: Path, header: ChunkHeader) -> None:
     try:
         os.pwrite(fd, header.encode(), 0)
         # Sparse: blocks are allocated as data is written; unwritten data reads as zeros.
-        os.ftruncate(fd, HEADER_SIZE + header.capacity)
+        os.ftruncate(fd, active_size(header))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -157,17 +167,21 @@ def seal_chunk_file(fd: int, data_size: int, sealed_ms: int | None = None) -> Ch
 
 
 def read_sealed_footer(fd: int, path: str, header: ChunkHeader) -> ChunkFooter | None:
-    """Return the footer of a sealed chunk, or ``None`` if the chunk is not sealed.
+    """Return the footer of a sealed log chunk, or ``None`` if it is not sealed.
 
-    A file sized exactly ``header + capacity`` is an unsealed (active) chunk; any
-    other size must end in a valid footer whose data size matches the file size.
+    An unsealed chunk is ``active_size`` bytes and its last 128 bytes (the
+    footer's room, never written by records) are zero. A sealed chunk is
+    ``header + data_size + footer`` bytes, which equals ``active_size`` only when
+    the chunk is full, and then its last 128 bytes are a valid footer. Anything
+    else is corrupt.
     """
     size = os.fstat(fd).st_size
-    if size == HEADER_SIZE + header.capacity:
-        return None
     if size < HEADER_SIZE + FOOTER_SIZE:
         raise CorruptionError(f"chunk file is {size} bytes, too short for header and footer", path)
-    footer = ChunkFooter.decode(os.pread(fd, FOOTER_SIZE, size - FOOTER_SIZE), path, size)
+    tail = os.pread(fd, FOOTER_SIZE, size - FOOTER_SIZE)
+    if size == active_size(header) and tail == bytes(FOOTER_SIZE):
+        return None
+    footer = ChunkFooter.decode(tail, path, size - FOOTER_SIZE)
     if HEADER_SIZE + footer.data_size + FOOTER_SIZE != size:
         raise CorruptionError(
             f"footer says {footer.data_size} data bytes but the file is {size} bytes", path, size

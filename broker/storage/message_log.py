@@ -29,6 +29,7 @@ from broker.storage.chunk import (
     CHUNK_TYPE_LOG,
     HEADER_SIZE,
     ChunkHeader,
+    active_size,
     chunk_file_name,
     create_chunk_file,
     read_header,
@@ -167,7 +168,8 @@ class MessageLog:
                 # sealed, or by an older release's tail repair): it is the active
                 # chunk, and the tail scan keeps whatever complete appends it holds.
                 log.warning("last log chunk has no valid footer (%s); scanning it", exc)
-                os.ftruncate(fd, HEADER_SIZE + header.capacity)
+                os.ftruncate(fd, HEADER_SIZE + header.capacity)  # drop a torn footer
+                os.ftruncate(fd, active_size(header))  # and restore the zeroed room
                 footer = None
         except BaseException:
             os.close(fd)

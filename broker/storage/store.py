@@ -150,6 +150,8 @@ class _Queue:
     visible_end: int = 0
     producer_visible: bool = True
     """Cached from the topic metadata, for the append hot path."""
+    notified_end: int = 0
+    """Highest visible end announced to listeners."""
 
 
 class Store:
@@ -161,6 +163,7 @@ class Store:
         self._closed = False
         self._failed: BaseException | None = None
         self._listeners: list[Listener] = []
+        self._notify_lock = threading.Lock()
         self._pending: deque[tuple[int, _Queue, int]] = deque()
         self._last_store_ms = 0
         self._queues: dict[tuple[str, int], _Queue] = {}
@@ -207,7 +210,7 @@ class Store:
         for queue in self._queues.values():
             queue.index.delete_chunks_below(self._log.start_position)
             queue.index.sync()
-            queue.visible_end = queue.index.end
+            queue.visible_end = queue.notified_end = queue.index.end
         # The tail may hold data a killed process wrote but never fsynced: make it
         # durable before the checkpoint claims everything below it is indexed.
         os.fsync(self._log.sync_target()[1])
@@ -416,9 +419,9 @@ class Store:
         if self._committer is None:
             with self._lock:
                 result = self._write(self._writable_queue(topic, queue_id), prepared)
-                queue.visible_end = queue.index.end
+                queue.visible_end = end = queue.index.end
             if self._listeners:
-                self._notify([(topic, queue_id, queue.visible_end)])
+                self._notify([(queue, end)])
             return result
         self._check_open()
         work = functools.partial(self._write_pending, topic, queue_id, prepared)
@@ -554,8 +557,9 @@ class Store:
                 _, queue, end = self._pending.popleft()
                 if end > queue.visible_end:
                     queue.visible_end = end
-                    changed.append((queue.topic, queue.queue_id, end))
-        self._notify(changed)
+                    changed.append((queue, end))
+        if self._listeners:
+            self._notify(changed)
 
     def add_listener(self, listener: Listener) -> None:
         """Register ``listener(topic, queue_id, visible_end)`` for newly readable records.
@@ -565,10 +569,16 @@ class Store:
         """
         self._listeners.append(listener)
 
-    def _notify(self, changes: Iterable[tuple[str, int, int]]) -> None:
-        for topic, queue_id, end in changes:
-            for listener in self._listeners:
-                listener(topic, queue_id, end)
+    def _notify(self, changes: Iterable[tuple[_Queue, int]]) -> None:
+        # Appending threads race to get here: the notify lock plus the per-queue
+        # mark make every listener see each queue's ends strictly increasing.
+        with self._notify_lock:
+            for queue, end in changes:
+                if end <= queue.notified_end:
+                    continue
+                queue.notified_end = end
+                for listener in self._listeners:
+                    listener(queue.topic, queue.queue_id, end)
 
     # -- reads -----------------------------------------------------------------------
 
@@ -590,6 +600,8 @@ class Store:
         """
         self._check_read_limits(offset, max_messages, max_bytes)
         wanted = frozenset(tags) if tags is not None else None
+        if wanted is not None and not wanted:
+            raise InvalidArgument("tags must name at least one tag (None reads every message)")
         hashes = frozenset(crc32c(t.encode()) for t in wanted) if wanted else None
         with self._lock:
             self._queue_meta(self._topic(topic), queue_id)
