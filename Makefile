@@ -15,9 +15,13 @@ $(STAMP): setup.cfg setup.py pyproject.toml broker/storage/_codec.c
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+CFLAGS_CHECK = -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -fsyntax-only
+PY_INCLUDE = $(shell $(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(CC) $(CFLAGS_CHECK) -I$(PY_INCLUDE) broker/storage/_codec.c
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -320,8 +320,10 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_codec",
-                                    "C accelerator for broker.storage.record", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_codec", "C accelerator for broker.storage.record", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
 
 PyMODINIT_FUNC PyInit__codec(void) {
     crc_init();

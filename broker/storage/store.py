@@ -164,6 +164,7 @@ class Store:
         self._failed: BaseException | None = None
         self._listeners: list[Listener] = []
         self._notify_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
         self._pending: deque[tuple[int, _Queue, int]] = deque()
         self._last_store_ms = 0
         self._queues: dict[tuple[str, int], _Queue] = {}
@@ -730,16 +731,20 @@ class Store:
             self._check_open()
             target = self._log.write_position
             fds = [fd for q in self._queues.values() for fd in q.index.take_dirty()]
-        durable = self._commit.make_durable(target)
+        self._commit.make_durable(target)
         try:
             for fd in fds:
                 os.fsync(fd)
         finally:
             for fd in fds:
                 os.close(fd)
-        with self._lock:
-            if durable > self._checkpoint and not self._closed:
-                self._checkpoint = durable
+        # Every index entry of a record below `target` was written before the
+        # dirty index files were collected, and is now fsynced. (The durable log
+        # position may be further on, but entries beyond `target` are not synced.)
+        # The save runs outside the store lock: it costs several fsyncs.
+        with self._checkpoint_lock:
+            if target > self._checkpoint and not self._closed:
+                self._checkpoint = target
                 self._save_checkpoint()
         self._offsets.persist()
 
