@@ -260,6 +260,12 @@ def run_writers(count: int, work: Callable[[int], int]) -> tuple[int, float]:
     return sum(results), elapsed
 
 
+def quiesce() -> None:
+    """Write back every dirty page before a measurement, so that no scenario pays
+    for the previous one's writeback (the disk here is shared and noisy)."""
+    os.sync()
+
+
 def drop_file(path: Path) -> None:
     path.unlink(missing_ok=True)
 
@@ -372,9 +378,11 @@ def async_append_and_read(root: Path, payload: Payload, volumes: Volumes, table:
     cap = volumes.loop_cap_s
 
     raw_path = root / "raw-async.dat"
+    quiesce()
     raw_done, raw_s = raw_async_write(raw_path, payload.raw_batch, batches, cap)
     raw_rate = raw_done * BATCH / raw_s
 
+    quiesce()
     store = open_store(root / "async", FlushMode.ASYNC, 1)
     try:
         check_frame_size(store, payload.batch)
@@ -436,12 +444,14 @@ def sync_batches(root: Path, payload: Payload, volumes: Volumes, table: Table) -
     frame = frame_size(payload.size)
     batches = max(1, volumes.sync_bytes // len(payload.raw_batch))
     cap = volumes.loop_cap_s
+    quiesce()
     raw_done, raw_s = raw_fsync_per_write(root / "raw-sync.dat", payload.raw_batch, batches, cap)
     drop_file(root / "raw-sync.dat")
     raw_rate = raw_done * BATCH / raw_s
     baseline = "baseline: raw write+fsync per 1,000-msg batch, 1 writer"
     for writers in (1, 16):
         per_writer = max(1, batches // writers)
+        quiesce()
         appends, elapsed, fsyncs = sync_run(
             root / f"sync{writers}", payload.batch, writers, per_writer, cap
         )
@@ -457,11 +467,13 @@ def sync_singles(root: Path, payload: Payload, volumes: Volumes, table: Table) -
     frame = frame_size(payload.size)
     cap = volumes.loop_cap_s
     writes = volumes.single_appends_one_writer
+    quiesce()
     raw_done, raw_s = raw_fsync_per_write(root / "raw-single.dat", payload.raw_single, writes, cap)
     drop_file(root / "raw-single.dat")
     raw_rate = raw_done / raw_s
     baseline = "baseline: raw write+fsync per message, 1 writer"
     for writers, per_writer in ((1, writes), (16, volumes.single_appends_per_writer)):
+        quiesce()
         appends, elapsed, fsyncs = sync_run(
             root / f"single{writers}", payload.single, writers, per_writer, cap
         )
