@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck pytest bench demo clean
+.PHONY: venv test lint typecheck pytest bench demo proto clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,10 @@ pytest: $(STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+# Regenerate the gRPC code from protos/ (tests fail if it drifts).
+proto: $(STAMP)
+	$(BIN)/python protos/generate.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/storage_bench.py

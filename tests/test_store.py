@@ -23,7 +23,9 @@ from broker.storage import (
     StorageConfig,
     Store,
     StoreClosed,
+    StoredMessage,
 )
+from broker.storage.record import check_frame, decode_record
 from tests.conftest import MakeConfig
 
 OpenStore = Callable[..., Store]
@@ -403,3 +405,37 @@ def test_config_errors_name_the_field(
     settings.update(overrides)
     with pytest.raises(InvalidArgument, match=match):
         StorageConfig(**settings)  # type: ignore[arg-type]
+
+
+def decode_all(records: bytes) -> list[StoredMessage]:
+    out = []
+    pos = 0
+    while pos < len(records):
+        size = check_frame(records, pos, len(records))
+        assert isinstance(size, int), size
+        out.append(decode_record(records, pos))
+        pos += size
+    return out
+
+
+@pytest.mark.parametrize("tags", [None, ["b"], ["a", "c"]])
+def test_read_records_equals_read(open_store: OpenStore, tags: list[str] | None) -> None:
+    store = open_store()
+    store.create_topic("t", 2)
+    for round_ in range(40):  # interleaved queues: runs break between appends
+        for queue_id in (0, 1):
+            n = 7 + round_ % 5
+            store.append(
+                "t", queue_id, MessageBatch(values(n, 300, f"q{queue_id}r{round_}-"),
+                                            tags=["a", "b", "c"] * (n // 3) + ["a"] * (n % 3)),
+            )  # fmt: skip
+    for offset, max_messages, max_bytes in [(0, 1000, 1 << 20), (13, 50, 4000), (200, 3, 1)]:
+        raw = store.read_records("t", 1, offset, max_messages=max_messages,
+                                 max_bytes=max_bytes, tags=tags)  # fmt: skip
+        decoded = store.read("t", 1, offset, max_messages=max_messages,
+                             max_bytes=max_bytes, tags=tags)  # fmt: skip
+        assert raw.count == len(decoded.messages) > 0
+        assert decode_all(raw.records) == decoded.messages
+        assert (raw.next_offset, raw.end) == (decoded.next_offset, decoded.end)
+    low = store.read_records("t", 0, 10**6)
+    assert (low.status, low.next_offset, low.records) == (ReadStatus.OFFSET_TOO_BIG, low.end, b"")

@@ -39,6 +39,7 @@ from broker.storage.chunk import (
 from broker.storage.errors import CorruptionError
 from broker.storage.record import (
     FLAG_BATCH_END,
+    HEADER,
     RecordMeta,
     StoredMessage,
     check_frame,
@@ -323,6 +324,45 @@ class MessageLog:
         if chunk is not self.active:
             self._touch(chunk)
         return decode_record(chunk.buffer(), local, str(chunk.path), local)
+
+    def _data_view(self, position: int, size: int) -> tuple[LogChunk, int]:
+        """The chunk holding ``[position, position + size)`` and the local file offset."""
+        chunk = self.chunk_at(position)
+        local = HEADER_SIZE + position - self.start_of(chunk)
+        if local + size > HEADER_SIZE + chunk.data_size:
+            raise CorruptionError(
+                f"bytes [{position}, {position + size}) run past the data end",
+                str(chunk.path),
+                local,
+            )
+        if chunk is not self.active:
+            self._touch(chunk)
+        return chunk, local
+
+    def copy(self, start: int, end: int) -> memoryview:
+        """The stored bytes of ``[start, end)``, which must lie in one chunk (a view
+        to copy from at once: it is only valid until the log changes)."""
+        chunk, local = self._data_view(start, end - start)
+        return memoryview(chunk.buffer())[local : local + end - start]
+
+    def check_record(self, position: int, topic: bytes, queue_id: int, offset: int) -> None:
+        """Raise ``CorruptionError`` unless the record at ``position`` is (topic, queue, offset)."""
+        chunk, local = self._data_view(position, HEADER.size)
+        meta = read_meta(chunk.buffer(), local)
+        if (meta.topic, meta.queue_id, meta.queue_offset, meta.position) != (
+            topic, queue_id, offset, position,
+        ):  # fmt: skip
+            raise CorruptionError(
+                f"index points at a record of {meta.topic!r}/{meta.queue_id} offset "
+                f"{meta.queue_offset}, expected {topic!r}/{queue_id} offset {offset}",
+                str(chunk.path),
+                local,
+            )
+
+    def tag_at(self, position: int) -> bytes:
+        """The tag of the record at ``position``."""
+        chunk, local = self._data_view(position, HEADER.size)
+        return read_meta(chunk.buffer(), local).tag
 
     def _touch(self, chunk: LogChunk) -> None:
         """Count ``chunk`` among the mapped sealed chunks, unmapping the least recently used."""

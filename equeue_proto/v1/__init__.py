@@ -1,0 +1,1 @@
+"""equeue.v1: the broker contract, version 1."""

@@ -1,0 +1,384 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PullStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PULL_STATUS_UNSPECIFIED: _ClassVar[PullStatus]
+    PULL_STATUS_OK: _ClassVar[PullStatus]
+    PULL_STATUS_OFFSET_TOO_SMALL: _ClassVar[PullStatus]
+    PULL_STATUS_OFFSET_TOO_BIG: _ClassVar[PullStatus]
+PULL_STATUS_UNSPECIFIED: PullStatus
+PULL_STATUS_OK: PullStatus
+PULL_STATUS_OFFSET_TOO_SMALL: PullStatus
+PULL_STATUS_OFFSET_TOO_BIG: PullStatus
+
+class MessageColumns(_message.Message):
+    __slots__ = ("count", "values", "value_lengths", "keys", "key_lengths", "tags", "headers", "header_lengths", "timestamps_ms")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMPS_MS_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    values: bytes
+    value_lengths: _containers.RepeatedScalarFieldContainer[int]
+    keys: bytes
+    key_lengths: _containers.RepeatedScalarFieldContainer[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    headers: bytes
+    header_lengths: _containers.RepeatedScalarFieldContainer[int]
+    timestamps_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, count: _Optional[int] = ..., values: _Optional[bytes] = ..., value_lengths: _Optional[_Iterable[int]] = ..., keys: _Optional[bytes] = ..., key_lengths: _Optional[_Iterable[int]] = ..., tags: _Optional[_Iterable[str]] = ..., headers: _Optional[bytes] = ..., header_lengths: _Optional[_Iterable[int]] = ..., timestamps_ms: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProduceRequest(_message.Message):
+    __slots__ = ("topic", "messages", "queue_ids")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    messages: MessageColumns
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ProduceReply(_message.Message):
+    __slots__ = ("broker_id", "queue_ids", "offsets", "positions")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, broker_id: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_bytes", "tags", "max_wait_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    max_messages: int
+    max_bytes: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    max_wait_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
+
+class PullReply(_message.Message):
+    __slots__ = ("status", "records", "count", "next_offset", "earliest_offset", "end_offset", "broker_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    status: PullStatus
+    records: bytes
+    count: int
+    next_offset: int
+    earliest_offset: int
+    end_offset: int
+    broker_id: str
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., records: _Optional[bytes] = ..., count: _Optional[int] = ..., next_offset: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., broker_id: _Optional[str] = ...) -> None: ...
+
+class QueueOffset(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class CommitOffsetsRequest(_message.Message):
+    __slots__ = ("group", "offsets")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
+    def __init__(self, group: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
+
+class CommitOffsetsReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchOffsetsRequest(_message.Message):
+    __slots__ = ("group", "topic")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class FetchOffsetsReply(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("group", "consumer_id", "topics")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    consumer_id: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("consumer_ids", "topics")
+    CONSUMER_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    consumer_ids: _containers.RepeatedScalarFieldContainer[str]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicQueues]
+    def __init__(self, consumer_ids: _Optional[_Iterable[str]] = ..., topics: _Optional[_Iterable[_Union[TopicQueues, _Mapping]]] = ...) -> None: ...
+
+class TopicQueues(_message.Message):
+    __slots__ = ("topic", "queue_ids")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("name", "queue_count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queue_count: int
+    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteTopicReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsReply(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AddQueuesRequest(_message.Message):
+    __slots__ = ("name", "count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class SetQueueVisibilityRequest(_message.Message):
+    __slots__ = ("name", "queue_id", "producer_visible", "consumer_visible")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queue_id: int
+    producer_visible: bool
+    consumer_visible: bool
+    def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ..., producer_visible: _Optional[bool] = ..., consumer_visible: _Optional[bool] = ...) -> None: ...
+
+class DeleteQueueRequest(_message.Message):
+    __slots__ = ("name", "queue_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queue_id: int
+    def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class TopicInfo(_message.Message):
+    __slots__ = ("name", "queues", "created_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
+    created_ms: int
+    def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ...) -> None: ...
+
+class QueueInfo(_message.Message):
+    __slots__ = ("queue_id", "earliest_offset", "end_offset", "min_committed_offset", "backlog", "producer_visible", "consumer_visible")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    earliest_offset: int
+    end_offset: int
+    min_committed_offset: int
+    backlog: int
+    producer_visible: bool
+    consumer_visible: bool
+    def __init__(self, queue_id: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., min_committed_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., producer_visible: _Optional[bool] = ..., consumer_visible: _Optional[bool] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListGroupsReply(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DescribeGroupRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class GroupInfo(_message.Message):
+    __slots__ = ("group", "queues", "consumer_ids", "total_lag")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_LAG_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    queues: _containers.RepeatedCompositeFieldContainer[GroupQueue]
+    consumer_ids: _containers.RepeatedScalarFieldContainer[str]
+    total_lag: int
+    def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., consumer_ids: _Optional[_Iterable[str]] = ..., total_lag: _Optional[int] = ...) -> None: ...
+
+class GroupQueue(_message.Message):
+    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    committed_offset: int
+    end_offset: int
+    lag: int
+    consumer_id: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ...) -> None: ...
+
+class ResetOffsetsRequest(_message.Message):
+    __slots__ = ("group", "topic", "earliest", "latest", "timestamp_ms", "explicit")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPLICIT_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    earliest: bool
+    latest: bool
+    timestamp_ms: int
+    explicit: ExplicitOffsets
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., earliest: _Optional[bool] = ..., latest: _Optional[bool] = ..., timestamp_ms: _Optional[int] = ..., explicit: _Optional[_Union[ExplicitOffsets, _Mapping]] = ...) -> None: ...
+
+class ExplicitOffsets(_message.Message):
+    __slots__ = ("offsets",)
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.ScalarMap[int, int]
+    def __init__(self, offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class DeleteGroupRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class DeleteGroupReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetMessageRequest(_message.Message):
+    __slots__ = ("message_id", "address")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    address: QueueOffset
+    def __init__(self, message_id: _Optional[str] = ..., address: _Optional[_Union[QueueOffset, _Mapping]] = ...) -> None: ...
+
+class GetMessageReply(_message.Message):
+    __slots__ = ("record", "message_id")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    record: bytes
+    message_id: str
+    def __init__(self, record: _Optional[bytes] = ..., message_id: _Optional[str] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BrokerStats(_message.Message):
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_ON_DISK_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_RATE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_MODE_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    topics: int
+    queues: int
+    groups: int
+    total_backlog: int
+    chunk_count: int
+    bytes_on_disk: int
+    produce_rate: float
+    consume_rate: float
+    produced_total: int
+    consumed_total: int
+    flush_mode: str
+    uptime_s: float
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
