@@ -359,10 +359,14 @@ class MessageLog:
                 local,
             )
 
+    def meta_at(self, position: int) -> RecordMeta:
+        """The fixed fields of the record at ``position`` (checksum not verified)."""
+        chunk, local = self._data_view(position, HEADER.size)
+        return read_meta(chunk.buffer(), local)
+
     def tag_at(self, position: int) -> bytes:
         """The tag of the record at ``position``."""
-        chunk, local = self._data_view(position, HEADER.size)
-        return read_meta(chunk.buffer(), local).tag
+        return self.meta_at(position).tag
 
     def _touch(self, chunk: LogChunk) -> None:
         """Count ``chunk`` among the mapped sealed chunks, unmapping the least recently used."""

@@ -34,6 +34,7 @@ import functools
 import itertools
 import logging
 import os
+import struct
 import threading
 import time
 from collections import deque
@@ -764,30 +765,33 @@ class Store:
             )
 
     def read_at_position(self, position: int) -> StoredMessage:
-        """The message stored at a global log position (message ids carry it)."""
+        """The message stored at a global log position (message ids carry it).
+
+        ``NotFound`` unless a record of a live queue starts there (its queue's
+        index says so); ``CorruptionError`` if that record fails its checksum.
+        """
         with self._lock:
             self._check_open()
             if not isinstance(position, int) or not (
                 self._log.start_position <= position < self._log.write_position
             ):
                 raise NotFound(f"no message at log position {position!r}")
-            chunk = self._log.chunk_at(position)
-            size = min(
-                self.config.limits.max_message_bytes + 1024,
-                self._log.start_of(chunk) + chunk.data_size - position,
-            )
-            try:
-                message = self._log.read(position, size)
-            except CorruptionError:  # not the start of a record
-                raise NotFound(f"no message at log position {position!r}") from None
-            queue = self._queues.get((message.topic, message.queue_id))
-            if (
-                queue is None
-                or not queue.index.earliest <= message.queue_offset < queue.visible_end
-                or queue.index.entry(message.queue_offset)[0] - 1 != position
-            ):
+            size = self._indexed_size(position)
+            if size is None:
                 raise NotFound(f"no message at log position {position!r}")
-            return message
+            return self._log.read(position, size)
+
+    def _indexed_size(self, position: int) -> int | None:
+        """Size of the record at ``position`` if a queue's index points at it."""
+        try:
+            meta = self._log.meta_at(position)
+            queue = self._queues.get((meta.topic.decode(), meta.queue_id))
+        except (CorruptionError, UnicodeDecodeError, struct.error):
+            return None
+        if queue is None or not queue.index.earliest <= meta.queue_offset < queue.visible_end:
+            return None
+        position_plus_one, size, _tag, _ts = queue.index.entry(meta.queue_offset)
+        return size if position_plus_one - 1 == position else None
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """First offset whose store time is >= ``timestamp_ms`` (the end if none)."""
