@@ -793,6 +793,39 @@ class Store:
         position_plus_one, size, _tag, _ts = queue.index.entry(meta.queue_offset)
         return size if position_plus_one - 1 == position else None
 
+    def record_at(self, position: int) -> bytes:
+        """The stored bytes of the record at ``position`` (see ``read_at_position``)."""
+        with self._lock:
+            self._check_open()
+            size = None
+            if isinstance(position, int) and (
+                self._log.start_position <= position < self._log.write_position
+            ):
+                size = self._indexed_size(position)
+            if size is None:
+                raise NotFound(f"no message at log position {position!r}")
+            return bytes(self._log.copy(position, position + size))
+
+    def position_of(self, topic: str, queue_id: int, offset: int) -> int:
+        """Log position of a queue offset (``NotFound`` outside [earliest, end))."""
+        with self._lock:
+            self._queue_meta(self._topic(topic), queue_id)
+            queue = self._queues[(topic, queue_id)]
+            if not isinstance(offset, int) or not (
+                queue.index.earliest <= offset < queue.visible_end
+            ):
+                raise NotFound(
+                    f"{topic}/{queue_id} has no offset {offset!r} (retained: "
+                    f"[{queue.index.earliest}, {queue.visible_end}))"
+                )
+            return queue.index.entry(offset)[0] - 1
+
+    def visible_end(self, topic: str, queue_id: int) -> int:
+        """The queue's readable end, read without the lock (a snapshot, for long
+        polls that must not block); -1 if the queue does not exist."""
+        queue = self._queues.get((topic, queue_id))
+        return -1 if queue is None else queue.visible_end
+
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """First offset whose store time is >= ``timestamp_ms`` (the end if none)."""
         with self._lock:
@@ -805,17 +838,30 @@ class Store:
 
     def commit_offset(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
         """Record that ``group`` will next consume ``next_offset`` of the queue."""
+        self.commit_offsets(group, [(topic, queue_id, next_offset)])
+
+    def commit_offsets(self, group: str, offsets: Iterable[tuple[str, int, int]]) -> None:
+        """Commit several (topic, queue_id, next_offset) at once: all are checked
+        before any is recorded, and sync mode persists them with one write."""
         validate_group(group)
         with self._lock:
-            self._queue_meta(self._topic(topic), queue_id)
-            end = self._queues[(topic, queue_id)].visible_end
-            if not isinstance(next_offset, int) or not 0 <= next_offset <= end:
-                raise InvalidArgument(
-                    f"offset {next_offset!r} for {topic}/{queue_id} outside [0, {end}]"
-                )
-            self._offsets.commit(group, topic, queue_id, next_offset)
+            checked = []
+            for topic, queue_id, next_offset in offsets:
+                self._queue_meta(self._topic(topic), queue_id)
+                end = self._queues[(topic, queue_id)].visible_end
+                if not isinstance(next_offset, int) or not 0 <= next_offset <= end:
+                    raise InvalidArgument(
+                        f"offset {next_offset!r} for {topic}/{queue_id} outside [0, {end}]"
+                    )
+                checked.append((topic, queue_id, next_offset))
+            for topic, queue_id, next_offset in checked:
+                self._offsets.commit(group, topic, queue_id, next_offset)
         if self.config.flush_mode is FlushMode.SYNC:
             self._offsets.persist()
+
+    def min_committed(self, topic: str, queue_id: int) -> int | None:
+        """Lowest offset any group committed on the queue (None if none did)."""
+        return self._offsets.min_committed(topic, queue_id)
 
     def committed_offsets(self, group: str) -> GroupOffsets:
         validate_group(group)

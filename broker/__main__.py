@@ -1,0 +1,5 @@
+"""``python -m broker``: run the broker (same as ``equeue-broker``)."""
+
+from broker.server.app import main
+
+main()

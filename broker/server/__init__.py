@@ -1,0 +1,1 @@
+"""The equeue broker: a gRPC server (grpc.aio) over the storage engine."""

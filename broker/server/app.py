@@ -1,0 +1,127 @@
+"""Starting and stopping the broker: ``create_server`` and ``serve``.
+
+``serve`` prints exactly one line, ``equeue broker listening on HOST:PORT``, to
+stdout once the port accepts requests (scripts and tests wait for it), and
+shuts down cleanly on SIGTERM/SIGINT: new requests get UNAVAILABLE, in-flight
+ones get ``shutdown_grace_s`` to finish, then the store flushes everything
+and persists consumer offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from broker.server.config import BrokerConfig
+from broker.server.groups import ConsumerRegistry
+from broker.server.longpoll import PullWaiters
+from broker.server.service import AdminService, BrokerService, BrokerState
+from broker.storage import Store
+from broker.storage.atomic_file import load_json, save_json
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+log = logging.getLogger("equeue.broker")
+
+
+def broker_id_for(data_dir: Path) -> str:
+    """The broker's identity: random at the first start, then kept in the data dir."""
+    path = data_dir / "broker.json"
+    document = load_json(path)
+    if isinstance(document, dict) and isinstance(document.get("broker_id"), str):
+        return str(document["broker_id"])
+    broker_id = secrets.token_hex(4)
+    save_json(path, {"broker_id": broker_id})
+    return broker_id
+
+
+async def create_server(
+    config: BrokerConfig, store: Store
+) -> tuple[grpc.aio.Server, int, BrokerState]:
+    """A started server on ``config.host:config.port`` (0 = any free port)."""
+    options = [
+        ("grpc.max_receive_message_length", config.max_request_bytes),
+        ("grpc.max_send_message_length", config.max_request_bytes),
+    ]
+    server = grpc.aio.server(options=options)
+    state = BrokerState(
+        config=config,
+        store=store,
+        broker_id=broker_id_for(config.data_dir),
+        executor=ThreadPoolExecutor(config.store_threads, thread_name_prefix="equeue-store"),
+        waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
+        consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000),
+    )
+    store.add_listener(state.waiters.notify_threadsafe)
+    pb_grpc.add_BrokerServicer_to_server(BrokerService(state), server)
+    pb_grpc.add_AdminServicer_to_server(AdminService(state), server)
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [
+        pb.DESCRIPTOR.services_by_name["Broker"].full_name,
+        pb.DESCRIPTOR.services_by_name["Admin"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    ]
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise OSError(f"cannot listen on {config.host}:{config.port}")
+    await server.start()
+    for name in ("", *names[:2]):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, state
+
+
+async def serve(config: BrokerConfig) -> None:
+    store = Store(config.storage())
+    try:
+        server, port, state = await create_server(config, store)
+    except BaseException:
+        store.close()
+        raise
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "broker %s started: data_dir=%s flush=%s recovery=%s",
+        state.broker_id, config.data_dir, config.flush, store.recovery,
+    )  # fmt: skip
+    sys.stdout.write(f"equeue broker listening on {config.host}:{port}\n")
+    sys.stdout.flush()
+    await stop.wait()
+    log.info("shutting down")
+    state.shutting_down = True
+    await server.stop(config.shutdown_grace_s)
+    state.executor.shutdown(wait=True)
+    store.close()
+    log.info("stopped cleanly")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``equeue-broker`` console script."""
+    from broker.server.config import parse_args
+
+    config = parse_args(argv)
+    logging.basicConfig(
+        level=config.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        raise SystemExit(1) from None
+    os._exit(0)  # grpc's threads are done; skip interpreter teardown races

@@ -1,0 +1,70 @@
+"""Server-side errors and THE mapping from domain errors to gRPC status codes.
+
+Every handler runs inside ``grpc_status``; nothing else in the server picks a
+status code. Exceptions that are not ``StorageError``s are bugs: they are
+logged with their traceback and answered with INTERNAL, never allowed to take
+the server down.
+
+Server-only errors extend the storage hierarchy::
+
+    StorageError
+    ├── InvalidArgument ── BadRequest      a malformed request field
+    ├── LimitExceeded   ── TooManyPulls    the parked-pull limit
+    └── ShuttingDown                       the broker is stopping
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from broker.storage.errors import (
+    AlreadyExists,
+    CorruptionError,
+    DiskFullError,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    PreconditionFailed,
+    StorageError,
+    StoreClosed,
+)
+
+log = logging.getLogger(__name__)
+
+
+class BadRequest(InvalidArgument):
+    """A request field is missing, malformed or inconsistent."""
+
+
+class TooManyPulls(LimitExceeded):
+    """Too many pulls are parked already."""
+
+
+class ShuttingDown(StorageError):
+    """The broker is shutting down."""
+
+
+_CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (DiskFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (PreconditionFailed, grpc.StatusCode.FAILED_PRECONDITION),
+    (CorruptionError, grpc.StatusCode.DATA_LOSS),
+    (StoreClosed, grpc.StatusCode.UNAVAILABLE),
+    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a failed request is answered with."""
+    if isinstance(exc, StorageError):
+        for cls, code in _CODES:
+            if isinstance(exc, cls):
+                return code, str(exc)
+        return grpc.StatusCode.UNAVAILABLE, f"storage error: {exc}"
+    log.error("unexpected error serving a request", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"

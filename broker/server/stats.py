@@ -1,0 +1,45 @@
+"""Produce/consume counters per queue and broker-wide rates over the last minute."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+WINDOW_S = 60
+
+
+class Counters:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        self.produced: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.consumed: collections.Counter[tuple[str, int]] = collections.Counter()
+        self._seconds: collections.deque[tuple[int, int, int]] = collections.deque()
+
+    def add(self, topic: str, queue_id: int, produced: int = 0, consumed: int = 0) -> None:
+        second = int(time.monotonic())
+        with self._lock:
+            if produced:
+                self.produced[(topic, queue_id)] += produced
+            if consumed:
+                self.consumed[(topic, queue_id)] += consumed
+            if self._seconds and self._seconds[-1][0] == second:
+                _, p, c = self._seconds[-1]
+                self._seconds[-1] = (second, p + produced, c + consumed)
+            else:
+                self._seconds.append((second, produced, consumed))
+            while self._seconds and self._seconds[0][0] <= second - WINDOW_S:
+                self._seconds.popleft()
+
+    def rates(self) -> tuple[float, float]:
+        """(produced, consumed) messages per second over the last minute."""
+        now = time.monotonic()
+        span = max(1.0, min(WINDOW_S, now - self.started))
+        with self._lock:
+            recent = [s for s in self._seconds if s[0] > int(now) - WINDOW_S]
+        return sum(s[1] for s in recent) / span, sum(s[2] for s in recent) / span
+
+    def totals(self) -> tuple[int, int]:
+        with self._lock:
+            return sum(self.produced.values()), sum(self.consumed.values())

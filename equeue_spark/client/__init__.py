@@ -1,0 +1,43 @@
+"""The equeue Python client: ``Producer``, ``Consumer`` and ``Admin``.
+
+Spark-free: importing it never imports pyspark. Every call has a deadline, and
+failures raise the ``EqueueError`` tree of ``errors.py``.
+"""
+
+from equeue_spark.client.admin import Admin
+from equeue_spark.client.connection import ClientConfig, default_broker
+from equeue_spark.client.consumer import Consumer
+from equeue_spark.client.errors import (
+    AlreadyExistsError,
+    BrokerError,
+    BrokerUnavailable,
+    DataLossError,
+    DeadlineExceeded,
+    EqueueError,
+    InvalidRequest,
+    LimitError,
+    NotFoundError,
+    PreconditionError,
+)
+from equeue_spark.client.producer import Producer, SendResult
+from equeue_spark.client.records import Message
+
+__all__ = [
+    "Admin",
+    "AlreadyExistsError",
+    "BrokerError",
+    "BrokerUnavailable",
+    "ClientConfig",
+    "Consumer",
+    "DataLossError",
+    "DeadlineExceeded",
+    "EqueueError",
+    "InvalidRequest",
+    "LimitError",
+    "Message",
+    "NotFoundError",
+    "PreconditionError",
+    "Producer",
+    "SendResult",
+    "default_broker",
+]

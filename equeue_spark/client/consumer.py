@@ -1,0 +1,289 @@
+"""``Consumer``: pull messages with long polling, alone or in a consumer group.
+
+Two ways to say what to read:
+
+- ``assign(topic, queue_ids)``: exactly those queues, no group membership.
+- ``Consumer(..., group=..., topics=[...])``: membership in a consumer group.
+  A heartbeat thread tells the broker the consumer is alive (every
+  ``heartbeat_interval_s``); each heartbeat reply lists the group's live
+  members, from which every member computes the same average allocation
+  (``equeue_proto.protocol.allocate_average``). When the allocation changes,
+  the consumer commits the positions of the queues it gives up, then starts
+  the new ones at the group's committed offsets (or ``start``).
+
+``poll`` returns messages and advances the positions; ``commit`` stores the
+positions on the broker as the group's next offsets to consume. Messages
+returned by ``poll`` count as consumed once committed; a consumer that stops
+without committing leaves them to be consumed again (at-least-once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import grpc
+
+from equeue_proto.protocol import allocate_average
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.errors import EqueueError, InvalidRequest, from_rpc_error
+from equeue_spark.client.records import Message, decode_records
+
+log = logging.getLogger(__name__)
+
+Start = Literal["earliest", "latest", "group"]
+QueueKey = tuple[str, int]
+
+
+class Consumer:
+    """Read messages::
+
+    with Consumer("127.0.0.1:5000", group="billing", topics=["orders"]) as c:
+        while True:
+            for message in c.poll(timeout_s=1.0):
+                handle(message)
+            c.commit()
+    """
+
+    def __init__(
+        self,
+        broker: str = "",
+        *,
+        group: str | None = None,
+        topics: Sequence[str] = (),
+        start: Start = "group",
+        config: ClientConfig | None = None,
+        max_messages: int = 1000,
+        max_bytes: int = 1 << 20,
+        max_wait_ms: int = 1000,
+        tags: Sequence[str] = (),
+        heartbeat_interval_s: float = 1.0,
+        consumer_id: str | None = None,
+    ) -> None:
+        if start not in ("earliest", "latest", "group"):
+            raise ValueError(f"start must be earliest, latest or group, got {start!r}")
+        if topics and group is None:
+            raise ValueError("subscribing to topics needs a group; use assign() without one")
+        self._conn = Connection(config or ClientConfig(broker=broker))
+        self.group = group
+        self.topics = list(topics)
+        self.start = start
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.max_wait_ms = max_wait_ms
+        self.tags = list(tags)
+        self.consumer_id = consumer_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        )
+        self._lock = threading.Lock()
+        self._positions: dict[QueueKey, int] = {}
+        self._committed: dict[QueueKey, int] = {}
+        self._members: list[str] = []
+        self._closed = threading.Event()
+        self._heartbeats: threading.Thread | None = None
+        if self.topics:
+            self._heartbeat()  # join before the first poll
+            self._heartbeats = threading.Thread(
+                target=self._heartbeat_loop,
+                args=(heartbeat_interval_s,),
+                name="equeue-heartbeat",
+                daemon=True,
+            )
+            self._heartbeats.start()
+
+    # -- what to read ---------------------------------------------------------------
+
+    def assign(self, topic: str, queue_ids: Iterable[int]) -> None:
+        """Read exactly these queues (adds to the current assignment)."""
+        with self._lock:
+            for queue_id in queue_ids:
+                key = (topic, queue_id)
+                if key not in self._positions:
+                    self._positions[key] = self._start_offset(key)
+
+    def assignment(self) -> list[QueueKey]:
+        with self._lock:
+            return sorted(self._positions)
+
+    def members(self) -> list[str]:
+        """The group's live consumers, as of the last heartbeat."""
+        with self._lock:
+            return list(self._members)
+
+    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+        """Continue the queue at ``offset``."""
+        with self._lock:
+            if (topic, queue_id) not in self._positions:
+                raise InvalidRequest(f"{topic}/{queue_id} is not assigned to this consumer")
+            self._positions[(topic, queue_id)] = offset
+
+    def position(self, topic: str, queue_id: int) -> int:
+        with self._lock:
+            return self._positions[(topic, queue_id)]
+
+    def _start_offset(self, key: QueueKey) -> int:
+        topic, queue_id = key
+        if self.start == "group" and self.group is not None:
+            reply = self._conn.call(
+                self._conn.broker.FetchOffsets,
+                pb.FetchOffsetsRequest(group=self.group, topic=topic),
+            )
+            for entry in reply.offsets:
+                if entry.queue_id == queue_id:
+                    self._committed[key] = entry.offset
+                    return entry.offset
+        # No committed offset: pull from 0; the broker answers with the earliest or
+        # end, which poll() adopts ("latest" asks for the end straight away).
+        if self.start == "latest":
+            return self._end_of(topic, queue_id)
+        return 0
+
+    def _end_of(self, topic: str, queue_id: int) -> int:
+        request = pb.PullRequest(topic=topic, queue_id=queue_id, offset=2**62, max_messages=1)
+        reply = self._conn.call(self._conn.broker.Pull, request)
+        return reply.end_offset
+
+    # -- group membership --------------------------------------------------------------
+
+    def _heartbeat_loop(self, interval_s: float) -> None:
+        while not self._closed.wait(interval_s):
+            try:
+                self._heartbeat()
+            except EqueueError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def _heartbeat(self) -> None:
+        assert self.group is not None
+        request = pb.HeartbeatRequest(
+            group=self.group, consumer_id=self.consumer_id, topics=self.topics
+        )
+        reply = self._conn.call(self._conn.broker.Heartbeat, request)
+        wanted: set[QueueKey] = set()
+        for topic_queues in reply.topics:
+            mine = allocate_average(list(topic_queues.queue_ids), list(reply.consumer_ids))
+            wanted.update((topic_queues.topic, q) for q in mine.get(self.consumer_id, []))
+        with self._lock:
+            self._members = list(reply.consumer_ids)
+            current = set(self._positions)
+        if wanted != current:
+            self._rebalance(current - wanted, wanted - current)
+
+    def _rebalance(self, revoked: set[QueueKey], added: set[QueueKey]) -> None:
+        """Give up ``revoked`` (committing where we got to) and start ``added``."""
+        if revoked:
+            with self._lock:
+                positions = {k: self._positions.pop(k) for k in revoked}
+            self._commit_positions(positions)
+        starts = {key: self._start_offset(key) for key in sorted(added)}
+        with self._lock:
+            self._positions.update(starts)
+        log.info("consumer %s: assignment now %s", self.consumer_id, self.assignment())
+
+    # -- reading -----------------------------------------------------------------------
+
+    def poll(self, timeout_s: float = 1.0) -> list[Message]:
+        """Messages from the assigned queues, waiting up to ``timeout_s`` for some.
+
+        One long-polling pull per queue runs concurrently; the call returns as
+        soon as any queue has messages (or the timeout passes).
+        """
+        with self._lock:
+            positions = dict(self._positions)
+        if not positions:
+            self._closed.wait(min(timeout_s, 0.1))  # nothing assigned (yet)
+            return []
+        wait_ms = max(0, min(self.max_wait_ms, int(timeout_s * 1000)))
+        pending = {key: self._pull_async(key, offset, wait_ms) for key, offset in positions.items()}
+        finished = threading.Event()
+        for call in pending.values():
+            call.add_done_callback(lambda _call: finished.set())
+        deadline = time.monotonic() + timeout_s + self._conn.config.timeout_s
+        messages: list[Message] = []
+        try:
+            while pending and not messages and time.monotonic() < deadline:
+                ready = [key for key, call in pending.items() if call.done()]
+                if not ready:
+                    finished.wait(max(0.0, deadline - time.monotonic()))
+                    finished.clear()
+                    continue
+                for key in ready:
+                    messages += self._take(key, pending.pop(key), positions[key])
+        finally:
+            for call in pending.values():
+                call.cancel()
+        return messages
+
+    def _pull_async(self, key: QueueKey, offset: int, wait_ms: int) -> grpc.Future[pb.PullReply]:
+        request = pb.PullRequest(
+            topic=key[0],
+            queue_id=key[1],
+            offset=offset,
+            max_messages=self.max_messages,
+            max_bytes=self.max_bytes,
+            tags=self.tags,
+            max_wait_ms=wait_ms,
+        )
+        timeout = self._conn.config.timeout_s + wait_ms / 1000
+        return self._conn.broker.Pull.future(request, timeout=timeout)
+
+    def _take(self, key: QueueKey, call: grpc.Future[pb.PullReply], position: int) -> list[Message]:
+        """The messages of one finished pull; advance the queue's position."""
+        try:
+            reply = call.result()
+        except grpc.RpcError as exc:
+            error = from_rpc_error(exc)
+            if error.retriable:
+                return []  # the next poll asks again
+            raise error from exc
+        with self._lock:
+            if self._positions.get(key) != position:
+                return []  # revoked or sought meanwhile: drop the reply
+            if reply.status == pb.PULL_STATUS_OFFSET_TOO_SMALL:
+                log.warning(
+                    "%s/%d: offset %d was deleted by retention; skipping to %d",
+                    key[0], key[1], position, reply.next_offset,
+                )  # fmt: skip
+            self._positions[key] = reply.next_offset
+        return decode_records(reply.records, reply.broker_id) if reply.count else []
+
+    # -- progress ----------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Store the positions as the group's next offsets to consume."""
+        with self._lock:
+            positions = dict(self._positions)
+        self._commit_positions(positions)
+
+    def _commit_positions(self, positions: dict[QueueKey, int]) -> None:
+        if self.group is None:
+            raise InvalidRequest("commit needs a group")
+        changed = {k: v for k, v in positions.items() if self._committed.get(k) != v}
+        if not changed:
+            return
+        request = pb.CommitOffsetsRequest(group=self.group)
+        for (topic, queue_id), offset in sorted(changed.items()):
+            request.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
+        self._conn.call(self._conn.broker.CommitOffsets, request)
+        self._committed.update(changed)
+
+    def close(self) -> None:
+        """Stop heartbeating (the group rebalances after the broker's timeout)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._heartbeats is not None:
+            self._heartbeats.join(timeout=self._conn.config.timeout_s)
+        self._conn.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

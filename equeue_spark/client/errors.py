@@ -1,0 +1,94 @@
+"""The client's exceptions, mapped from gRPC status codes in exactly one place.
+
+::
+
+    EqueueError                  base class
+    ├── InvalidRequest           INVALID_ARGUMENT: a bad value (the message names it)
+    ├── NotFoundError            NOT_FOUND: topic, queue, group or message missing
+    ├── AlreadyExistsError       ALREADY_EXISTS
+    ├── PreconditionError        FAILED_PRECONDITION: not allowed in the current state
+    ├── LimitError               RESOURCE_EXHAUSTED: a limit or back-pressure
+    ├── BrokerUnavailable        UNAVAILABLE: broker down or shutting down (retriable)
+    ├── DeadlineExceeded         DEADLINE_EXCEEDED: the call's deadline passed (retriable)
+    ├── DataLossError            DATA_LOSS: corruption on the broker, or a record that
+    │                            fails its checksum on arrival
+    └── BrokerError              anything else (INTERNAL, UNKNOWN, ...)
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class EqueueError(Exception):
+    """Base class of every client error. ``code`` is the gRPC status, if any."""
+
+    retriable = False
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class InvalidRequest(EqueueError):
+    """The broker rejected a value (INVALID_ARGUMENT)."""
+
+
+class NotFoundError(EqueueError):
+    """A topic, queue, group or message does not exist (NOT_FOUND)."""
+
+
+class AlreadyExistsError(EqueueError):
+    """The object to create exists already (ALREADY_EXISTS)."""
+
+
+class PreconditionError(EqueueError):
+    """Not allowed in the current state (FAILED_PRECONDITION)."""
+
+
+class LimitError(EqueueError):
+    """A size/count limit or back-pressure (RESOURCE_EXHAUSTED)."""
+
+
+class BrokerUnavailable(EqueueError):
+    """The broker cannot be reached or is shutting down (UNAVAILABLE)."""
+
+    retriable = True
+
+
+class DeadlineExceeded(EqueueError):
+    """The call did not finish before its deadline (DEADLINE_EXCEEDED)."""
+
+    retriable = True
+
+
+class DataLossError(EqueueError):
+    """Corrupt data on the broker (DATA_LOSS) or in a received record."""
+
+
+class BrokerError(EqueueError):
+    """Any other failure (INTERNAL, UNKNOWN, ...)."""
+
+
+_BY_CODE: dict[grpc.StatusCode, type[EqueueError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidRequest,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: PreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: LimitError,
+    grpc.StatusCode.UNAVAILABLE: BrokerUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.DATA_LOSS: DataLossError,
+}
+
+
+def from_rpc_error(exc: grpc.RpcError) -> EqueueError:
+    """The client exception for a failed call (raise it ``from`` the RpcError)."""
+    # Failed calls raise an object that is both RpcError and Call (code/details).
+    code_of = getattr(exc, "code", None)
+    code: grpc.StatusCode = code_of() if callable(code_of) else grpc.StatusCode.UNKNOWN
+    details_of = getattr(exc, "details", None)
+    details = details_of() if callable(details_of) else str(exc)
+    cls = _BY_CODE.get(code, BrokerError)
+    return cls(f"{details} ({code.name})", code)

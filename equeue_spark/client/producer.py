@@ -1,0 +1,213 @@
+"""``Producer``: send messages in batches, in column form.
+
+``send_batch`` sends one request now. ``send`` buffers messages per topic and
+sends a batch when ``batch_size`` messages or ``max_batch_bytes`` have
+accumulated, when ``linger_ms`` has passed since the first buffered message
+(a background thread), or on ``flush``/``close``; it returns a
+``concurrent.futures.Future`` per message.
+
+Routing happens on the broker: an explicit ``queue_id``, else the key's hash,
+else round robin per request. Retries on UNAVAILABLE may duplicate a batch
+whose first attempt was applied but not acknowledged: at-least-once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from broker.storage.record import encode_headers
+from equeue_proto.protocol import format_message_id
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.connection import ClientConfig, Connection
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    topic: str
+    queue_id: int
+    offset: int
+    message_id: str
+
+
+@dataclass
+class _Pending:
+    values: list[bytes] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    headers: list[Headers] = field(default_factory=list)
+    queue_ids: list[int] = field(default_factory=list)
+    futures: list[Future[SendResult]] = field(default_factory=list)
+    nbytes: int = 0
+    since: float = 0.0
+
+
+def build_request(
+    topic: str,
+    values: Sequence[bytes],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    tags: Sequence[str] | None = None,
+    headers: Sequence[Headers] | None = None,
+    queue_ids: Sequence[int | None] | None = None,
+    timestamps_ms: Sequence[int] | None = None,
+) -> pb.ProduceRequest:
+    """A ProduceRequest in column form (one blob per column, packed lengths)."""
+    columns = pb.MessageColumns(count=len(values), values=b"".join(values))
+    columns.value_lengths.extend(map(len, values))
+    if keys is not None and any(k is not None for k in keys):
+        columns.keys = b"".join(k for k in keys if k is not None)
+        columns.key_lengths.extend(-1 if k is None else len(k) for k in keys)
+    if tags is not None and any(tags):
+        columns.tags.extend(tags)
+    if headers is not None and any(headers):
+        encoded = [encode_headers(h) if h else b"" for h in headers]
+        columns.headers = b"".join(encoded)
+        columns.header_lengths.extend(map(len, encoded))
+    if timestamps_ms is not None:
+        columns.timestamps_ms.extend(timestamps_ms)
+    request = pb.ProduceRequest(topic=topic, messages=columns)
+    if queue_ids is not None and any(q is not None for q in queue_ids):
+        request.queue_ids.extend(-1 if q is None else q for q in queue_ids)
+    return request
+
+
+class Producer:
+    """Send messages to a broker::
+
+    with Producer("127.0.0.1:5000", linger_ms=5) as producer:
+        producer.send("orders", b"...", key=b"customer-7")
+        results = producer.send_batch("orders", [b"a", b"b"])
+    """
+
+    def __init__(
+        self,
+        broker: str = "",
+        *,
+        config: ClientConfig | None = None,
+        batch_size: int = 1000,
+        max_batch_bytes: int = 16 << 20,
+        linger_ms: int = 0,
+    ) -> None:
+        if batch_size < 1 or max_batch_bytes < 1 or linger_ms < 0:
+            raise ValueError("batch_size and max_batch_bytes must be >= 1, linger_ms >= 0")
+        self._conn = Connection(config or ClientConfig(broker=broker))
+        self.batch_size = batch_size
+        self.max_batch_bytes = max_batch_bytes
+        self.linger_ms = linger_ms
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Pending] = {}
+        self._closed = threading.Event()
+        self._lingerer: threading.Thread | None = None
+        if linger_ms > 0:
+            self._lingerer = threading.Thread(
+                target=self._linger, name="equeue-linger", daemon=True
+            )
+            self._lingerer.start()
+
+    def send_batch(
+        self,
+        topic: str,
+        values: Sequence[bytes],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        tags: Sequence[str] | None = None,
+        headers: Sequence[Headers] | None = None,
+        queue_ids: Sequence[int | None] | None = None,
+        timestamps_ms: Sequence[int] | None = None,
+    ) -> list[SendResult]:
+        """Send ``values`` (and the optional columns) in one request, now."""
+        request = build_request(
+            topic, values, keys=keys, tags=tags, headers=headers, queue_ids=queue_ids,
+            timestamps_ms=timestamps_ms,
+        )  # fmt: skip
+        reply = self._conn.call(self._conn.broker.Produce, request)
+        return [
+            SendResult(topic, q, o, format_message_id(reply.broker_id, p))
+            for q, o, p in zip(reply.queue_ids, reply.offsets, reply.positions, strict=True)
+        ]
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        tag: str = "",
+        headers: Headers = (),
+        queue_id: int | None = None,
+    ) -> Future[SendResult]:
+        """Buffer one message; its future completes when its batch is acknowledged."""
+        if self._closed.is_set():
+            raise RuntimeError("producer is closed")
+        future: Future[SendResult] = Future()
+        with self._lock:
+            pending = self._pending.setdefault(topic, _Pending(since=time.monotonic()))
+            pending.values.append(value)
+            pending.keys.append(key)
+            pending.tags.append(tag)
+            pending.headers.append(headers)
+            pending.queue_ids.append(-1 if queue_id is None else queue_id)
+            pending.futures.append(future)
+            pending.nbytes += len(value) + (len(key) if key else 0)
+            full = len(pending.values) >= self.batch_size or pending.nbytes >= self.max_batch_bytes
+            ready = self._pending.pop(topic) if full or self.linger_ms == 0 else None
+        if ready is not None:
+            self._send_pending(topic, ready)
+        return future
+
+    def _send_pending(self, topic: str, pending: _Pending) -> None:
+        try:
+            results = self.send_batch(
+                topic,
+                pending.values,
+                keys=pending.keys,
+                tags=pending.tags,
+                headers=pending.headers,
+                queue_ids=[None if q < 0 else q for q in pending.queue_ids],
+            )
+        except Exception as exc:  # every waiting future learns why
+            for future in pending.futures:
+                future.set_exception(exc)
+            return
+        for future, result in zip(pending.futures, results, strict=True):
+            future.set_result(result)
+
+    def flush(self) -> None:
+        """Send everything buffered and wait for the acknowledgements."""
+        with self._lock:
+            ready = list(self._pending.items())
+            self._pending.clear()
+        for topic, pending in ready:
+            self._send_pending(topic, pending)
+
+    def _linger(self) -> None:
+        interval = self.linger_ms / 1000
+        while not self._closed.wait(interval / 2):
+            now = time.monotonic()
+            with self._lock:
+                due = [t for t, p in self._pending.items() if now - p.since >= interval]
+                ready = [(t, self._pending.pop(t)) for t in due]
+            for topic, pending in ready:
+                self._send_pending(topic, pending)
+
+    def close(self) -> None:
+        """Flush, stop the linger thread and close the channel."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._lingerer is not None:
+            self._lingerer.join(timeout=self._conn.config.timeout_s)
+        self.flush()
+        self._conn.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
