@@ -34,19 +34,8 @@ def decode_records(records: bytes, broker_id: str) -> list[Message]:
         if isinstance(size, str):
             raise DataLossError(f"received a damaged record at byte {pos}: {size}")
         m = decode_record(records, pos)
-        out.append(
-            Message(
-                m.topic,
-                m.queue_id,
-                m.queue_offset,
-                m.key,
-                m.value,
-                m.tag,
-                m.headers,
-                m.producer_timestamp_ms,
-                m.store_timestamp_ms,
-                format_message_id(broker_id, m.position),
-            )  # fmt: skip
-        )
+        message_id = format_message_id(broker_id, m.position)
+        fields = (m.topic, m.queue_id, m.queue_offset, m.key, m.value, m.tag, m.headers)
+        out.append(Message(*fields, m.producer_timestamp_ms, m.store_timestamp_ms, message_id))
         pos += size
     return out
