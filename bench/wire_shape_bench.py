@@ -18,22 +18,36 @@ Produce (client -> broker): the client builds the request from Python lists
 turns it into the ``MessageBatch`` columns the store appends.
 
 Pull (broker -> client): the broker reads 1,000 stored records of one queue
-from a log buffer (A, B: ``decode_record`` per frame, which is what
-``Store.read`` does today, giving ``StoredMessage`` objects; C: one slice per
-frame, located by its index entry, joined), builds the reply and serializes
-it; the client parses it and extracts either ``(key, value, offset)`` per
-message or the values as one column (C and B: the blob plus offsets into it,
-no per-message bytes objects; A cannot avoid them).
+from a log buffer, builds the reply and serializes it; the client parses it
+and extracts either ``(key, value, offset)`` per message or the values as one
+column (B, C: the blob plus offsets into it, no per-message bytes objects; A
+cannot avoid them). How the broker reads the log:
+
+* A, B, B': ``decode_record`` per frame (CRC checked, a ``StoredMessage``
+  each), which is what ``Store.read`` does today.
+* A*, B*: one ``HEADER.unpack_from`` and a few slices per frame, straight into
+  columns (a possible cheaper store read API; no CRC check).
+* C: one slice per frame, located by its index entry, joined; no decoding.
+
+C's client decodes frames with one ``struct.unpack_from`` per header (plus,
+in a second variant, the CRC32C of each frame checked; in a third, every frame
+through ``decode_record``).
 
 Every step is timed separately inside each iteration (fresh objects each
 time); a row reports the median over runs of each step's mean, in
-microseconds per message, and the serialized size in bytes per message. Each
-pipeline's output is checked against the input once before it is timed.
+microseconds per message, the broker's and the client's sums, and the
+serialized size in bytes per message. "vs A" divides a row's total by shape
+A's for the same data (and, for pulls, the same client form). Each pipeline's
+output is checked against the input once before it is timed. glibc's malloc
+is told to keep freed memory (see ``pin_malloc``; ``--default-malloc`` to
+leave it alone) so the ~1 MB buffers of a 1 KiB batch do not page-fault anew
+at random.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import importlib
 import importlib.util
@@ -51,11 +65,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from crc32c import crc32c
+
 from broker.storage import MessageBatch, MessageLimits, StoredMessage
 from broker.storage.queue_index import ENTRY, ENTRY_SIZE
 from broker.storage.record import (
     ENCODER,
     HEADER,
+    TRAILER,
     decode_record,
     encode_records,
     prepare_batch,
@@ -109,6 +126,29 @@ def protobuf_backend() -> tuple[str, str]:
     return str(api.Type()), version
 
 
+# -- allocator -------------------------------------------------------------------
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+
+
+def pin_malloc() -> bool:
+    """Keep glibc from returning big freed buffers to the OS (True if it applied).
+
+    By default glibc serves ~1 MB buffers (a 1 KiB batch) with mmap or trims
+    them from the heap on free, so each new one page-faults afresh; whether it
+    does depends on the allocator's history, which made the 1 KiB steps jump
+    between two levels from one pipeline to the next. Pinned, every step costs
+    its CPU work (copies included) and nothing else.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, 256 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30))
+
+
 # -- data ------------------------------------------------------------------------
 
 
@@ -120,11 +160,10 @@ class Dataset:
     keys: list[bytes | None]
     tags: list[str] | None
     timestamps_ms: list[int]
-    log: bytearray
+    log: bytes
     """The stored frames of these messages, as the log holds them."""
     entries: list[tuple[int, int]]
     """(position in ``log``, frame size) per message, from the index entries."""
-    stored: list[StoredMessage]
 
     @property
     def label(self) -> str:
@@ -146,12 +185,11 @@ def make_dataset(value_size: int, tagged: bool) -> Dataset:
         start=0, stop=COUNT, index_out=index,
     )  # fmt: skip
     assert written == len(log)
-    entries = []
+    entries: list[tuple[int, int]] = []
     for i in range(COUNT):
         position_plus_one, size, _tag_hash, _store_ms = ENTRY.unpack_from(index, i * ENTRY_SIZE)
         entries.append((position_plus_one - 1 - LOG_POSITION, size))
-    stored = [decode_record(log, pos) for pos, _ in entries]
-    return Dataset(value_size, tagged, values, keys, tags, stamps, log, entries, stored)
+    return Dataset(value_size, tagged, values, keys, tags, stamps, bytes(log), entries)
 
 
 # -- produce: A ----------------------------------------------------------------
@@ -281,6 +319,52 @@ def read_frames(ds: Dataset) -> bytes:
         view.release()
 
 
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A read as columns taken straight from the frames (a possible store API)."""
+
+    offsets: list[int]
+    keys: list[bytes | None]
+    key_lengths: list[int]
+    """-1 for no key."""
+    values: list[bytes]
+    value_lengths: list[int]
+    tags: list[bytes]
+    """UTF-8 tags (empty: untagged)."""
+    producer_ms: list[int]
+    store_ms: list[int]
+
+
+def read_columns(ds: Dataset) -> Columns:
+    """One HEADER.unpack_from and a few bytes slices per frame; no CRC check, no
+    StoredMessage. (memoryview slices instead of bytes: slower at both sizes.)"""
+    buf = ds.log
+    unpack = HEADER.unpack_from
+    fixed = HEADER.size
+    cols = Columns([], [], [], [], [], [], [], [])
+    for pos, _size in ds.entries:
+        (
+            _body, _version, flags, _queue, offset, _position, producer_ms, store_ms,
+            topic_len, tag_len, key_len, headers_len, value_len,
+        ) = unpack(buf, pos)  # fmt: skip
+        p = pos + fixed + topic_len
+        cols.tags.append(buf[p : p + tag_len])
+        p += tag_len
+        if flags & 1:
+            cols.keys.append(buf[p : p + key_len])
+            cols.key_lengths.append(key_len)
+        else:
+            cols.keys.append(None)
+            cols.key_lengths.append(-1)
+        p += key_len + headers_len
+        cols.values.append(buf[p : p + value_len])
+        cols.value_lengths.append(value_len)
+        cols.offsets.append(offset)
+        cols.producer_ms.append(producer_ms)
+        cols.store_ms.append(store_ms)
+    return cols
+
+
 # -- pull: A -------------------------------------------------------------------
 
 
@@ -291,6 +375,20 @@ def pull_build_a(pb: ModuleType, messages: list[StoredMessage]) -> Message:
         add(
             queue_offset=m.queue_offset, key=m.key, value=m.value, tag=m.tag,
             timestamp_ms=m.producer_timestamp_ms, store_timestamp_ms=m.store_timestamp_ms,
+        )  # fmt: skip
+    return reply
+
+
+def pull_build_a_columns(pb: ModuleType, cols: Columns) -> Message:
+    reply = pb.PullReplyA(next_offset=cols.offsets[-1] + 1)
+    add = reply.messages.add
+    for offset, key, value, tag, producer_ms, store_ms in zip(
+        cols.offsets, cols.keys, cols.values, cols.tags, cols.producer_ms, cols.store_ms,
+        strict=True,
+    ):  # fmt: skip
+        add(
+            queue_offset=offset, key=key, value=value, tag=tag.decode(),
+            timestamp_ms=producer_ms, store_timestamp_ms=store_ms,
         )  # fmt: skip
     return reply
 
@@ -325,6 +423,18 @@ def pull_build_b(pb: ModuleType, messages: list[StoredMessage], tag_blob: bool) 
             reply.tag_lengths.extend(map(len, encoded))
         else:
             reply.tags.extend(tags)
+    return reply
+
+
+def pull_build_b_columns(pb: ModuleType, cols: Columns) -> Message:
+    reply = pb.PullReplyB(
+        next_offset=cols.offsets[-1] + 1, queue_offsets=cols.offsets,
+        values=b"".join(cols.values), value_lengths=cols.value_lengths,
+        keys=b"".join([k for k in cols.keys if k is not None]), key_lengths=cols.key_lengths,
+        timestamps_ms=cols.producer_ms, store_timestamps_ms=cols.store_ms,
+    )  # fmt: skip
+    if any(cols.tags):
+        reply.tags.extend([t.decode() for t in cols.tags])
     return reply
 
 
@@ -382,6 +492,29 @@ def pull_tuples_c_struct(reply: Message) -> list[tuple[bytes | None, bytes, int]
         key = blob[key_at : key_at + key_len] if flags & 1 else None
         out.append((key, blob[value_at : value_at + value_len], offset))
         pos += body + 12
+    return out
+
+
+def pull_tuples_c_crc(reply: Message) -> list[tuple[bytes | None, bytes, int]]:
+    """As pull_tuples_c_struct, plus each frame's CRC32C and length suffix checked."""
+    blob: bytes = reply.records
+    view = memoryview(blob)
+    unpack = _TUPLE_FIELDS.unpack_from
+    trailer = TRAILER.unpack_from
+    fixed = HEADER.size
+    out: list[tuple[bytes | None, bytes, int]] = []
+    pos = 0
+    end = len(blob)
+    while pos < end:
+        body, flags, offset, topic_len, tag_len, key_len, headers_len, value_len = unpack(blob, pos)
+        if trailer(blob, pos + 4 + body) != (crc32c(view[pos + 4 : pos + 4 + body]), body):
+            raise ValueError(f"corrupt record at byte {pos} of the reply")
+        key_at = pos + fixed + topic_len + tag_len
+        value_at = key_at + key_len + headers_len
+        key = blob[key_at : key_at + key_len] if flags & 1 else None
+        out.append((key, blob[value_at : value_at + value_len], offset))
+        pos += body + 12
+    view.release()
     return out
 
 
@@ -511,21 +644,28 @@ def produce_pipelines(pb: ModuleType, ds: Dataset) -> list[Pipeline]:
 
 def pull_pipelines(pb: ModuleType, ds: Dataset) -> list[Pipeline]:
     next_offset = FIRST_OFFSET + COUNT
+    a_client: list[tuple[str, Step]] = [("tuples", pull_tuples_a), ("column", pull_column_a)]
+    b_client: list[tuple[str, Step]] = [("tuples", pull_tuples_b), ("column", pull_column_b)]
     shapes: list[tuple[str, Step, Step, Any, list[tuple[str, Step]]]] = [
-        ("A", lambda _: read_stored(ds), lambda ms: pull_build_a(pb, ms), pb.PullReplyA,
-         [("tuples", pull_tuples_a), ("column", pull_column_a)]),
-        ("B", lambda _: read_stored(ds), lambda ms: pull_build_b(pb, ms, False), pb.PullReplyB,
-         [("tuples", pull_tuples_b), ("column", pull_column_b)]),
+        ("A", lambda _: read_stored(ds), lambda ms: pull_build_a(pb, ms),
+         pb.PullReplyA, a_client),
+        ("A*", lambda _: read_columns(ds), lambda c: pull_build_a_columns(pb, c),
+         pb.PullReplyA, a_client),
+        ("B", lambda _: read_stored(ds), lambda ms: pull_build_b(pb, ms, False),
+         pb.PullReplyB, b_client),
+        ("B*", lambda _: read_columns(ds), lambda c: pull_build_b_columns(pb, c),
+         pb.PullReplyB, b_client),
     ]  # fmt: skip
     if ds.tagged:
         shapes.append(
             ("B'", lambda _: read_stored(ds), lambda ms: pull_build_b(pb, ms, True),
-             pb.PullReplyB, [("tuples", pull_tuples_b), ("column", pull_column_b)])
+             pb.PullReplyB, b_client)
         )  # fmt: skip
     shapes.append(
         ("C", lambda _: read_frames(ds), lambda f: pull_build_c(pb, f, next_offset),
-         pb.PullReplyC, [("tuples", pull_tuples_c_struct), ("tuples via decode_record",
-                         pull_tuples_c_decode), ("column", pull_column_c)])
+         pb.PullReplyC, [("tuples", pull_tuples_c_struct), ("tuples + crc", pull_tuples_c_crc),
+                         ("tuples via decode_record", pull_tuples_c_decode),
+                         ("column", pull_column_c)])
     )  # fmt: skip
     out = []
     for shape, read, build, cls, branches in shapes:
@@ -560,20 +700,24 @@ def fmt(us: float) -> str:
 
 def produce_table(results: list[tuple[Dataset, Pipeline, Timing]]) -> list[str]:
     lines = [
-        "| shape | value | tags | client build | client serialize | broker parse "
-        "| broker -> MessageBatch | total µs/msg | vs A | wire B/msg |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| shape | value | tags | client build | client serialize | **client Σ** "
+        "| broker parse | broker -> MessageBatch | **broker Σ** | **total** | vs A "
+        "| wire B/msg |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     base: dict[tuple[int, bool], float] = {}
     for ds, pipeline, timing in results:
         t = timing.us_per_message
-        total = t["build"] + t["serialize"] + t["parse"] + t["to batch"]
+        client = t["build"] + t["serialize"]
+        broker = t["parse"] + t["to batch"]
+        total = client + broker
         base.setdefault((ds.value_size, ds.tagged), total)
         ratio = total / base[(ds.value_size, ds.tagged)]
         lines.append(
             f"| {pipeline.shape} | {ds.label} | {'yes' if ds.tagged else 'no'} "
-            f"| {fmt(t['build'])} | {fmt(t['serialize'])} | {fmt(t['parse'])} "
-            f"| {fmt(t['to batch'])} | **{fmt(total)}** | {ratio:.2f} "
+            f"| {fmt(t['build'])} | {fmt(t['serialize'])} | **{fmt(client)}** "
+            f"| {fmt(t['parse'])} | {fmt(t['to batch'])} | **{fmt(broker)}** "
+            f"| **{fmt(total)}** | {ratio:.2f} "
             f"| {timing.wire_bytes / COUNT:.1f} |"
         )
     return lines
@@ -582,28 +726,31 @@ def produce_table(results: list[tuple[Dataset, Pipeline, Timing]]) -> list[str]:
 def pull_table(results: list[tuple[Dataset, Pipeline, Timing]]) -> list[str]:
     lines = [
         "| shape | client gets | value | tags | broker read log | broker build "
-        "| broker serialize | client parse | client extract | total µs/msg | vs A "
-        "| wire B/msg |",
-        "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| broker serialize | **broker Σ** | client parse | client extract | **client Σ** "
+        "| **total** | vs A | wire B/msg |",
+        "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     base: dict[tuple[int, bool, str], float] = {}
     for ds, pipeline, timing in results:
         t = timing.us_per_message
-        shared = t["read"] + t["build"] + t["serialize"] + t["parse"]
+        broker = t["read"] + t["build"] + t["serialize"]
         for name, _ in pipeline.branches:
-            total = shared + t[name]
+            client = t["parse"] + t[name]
+            total = broker + client
             kind = "column" if name == "column" else "tuples"
             base.setdefault((ds.value_size, ds.tagged, kind), total)
             ratio = total / base[(ds.value_size, ds.tagged, kind)]
             gets = {
                 "tuples": "(key, value, offset)",
+                "tuples + crc": "(key, value, offset), CRC checked",
                 "tuples via decode_record": "(key, value, offset) via decode_record",
                 "column": "values column",
             }[name]
             lines.append(
                 f"| {pipeline.shape} | {gets} | {ds.label} | {'yes' if ds.tagged else 'no'} "
                 f"| {fmt(t['read'])} | {fmt(t['build'])} | {fmt(t['serialize'])} "
-                f"| {fmt(t['parse'])} | {fmt(t[name])} | **{fmt(total)}** | {ratio:.2f} "
+                f"| **{fmt(broker)}** | {fmt(t['parse'])} | {fmt(t[name])} | **{fmt(client)}** "
+                f"| **{fmt(total)}** | {ratio:.2f} "
                 f"| {timing.wire_bytes / COUNT:.1f} |"
             )
     return lines
@@ -612,14 +759,19 @@ def pull_table(results: list[tuple[Dataset, Pipeline, Timing]]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="few short runs: a smoke run")
+    parser.add_argument(
+        "--default-malloc", action="store_true", help="leave glibc's mmap/trim thresholds alone"
+    )
     args = parser.parse_args(argv)
+    pinned = False if args.default_malloc else pin_malloc()
     runs, run_seconds, max_iterations = (3, 0.01, 20) if args.quick else (7, 0.12, 200)
     backend, version = protobuf_backend()
     started = time.perf_counter()
     print(
         f"protobuf {version}, backend {backend}; Python {platform.python_version()}; "
         f"record encoder {ENCODER}; {COUNT} messages per batch, {KEY_SIZE}-byte keys; "
-        f"median of {runs} runs of up to {max_iterations} iterations",
+        f"median of {runs} runs of up to {max_iterations} iterations; "
+        f"malloc {'pinned (no mmap/trim)' if pinned else 'default'}",
         flush=True,
     )
     if backend == "python":

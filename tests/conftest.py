@@ -1,4 +1,4 @@
-"""Shared fixtures: small-chunk store configs in pytest's tmp dirs."""
+"""Shared fixtures: small-chunk store configs, real broker processes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from broker.storage import MessageLimits, StorageConfig, Store
+from tests.broker_process import BrokerProcess
 
 KiB = 1024
 
@@ -46,3 +47,25 @@ def open_store(make_config: MakeConfig) -> Iterator[Callable[..., Store]]:
     yield open_
     for store in opened:
         store.close()
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """Start real broker processes (``factory(*flags)``); all stopped at teardown."""
+    started: list[BrokerProcess] = []
+
+    def start(*args: str, data_dir: Path | None = None) -> BrokerProcess:
+        broker = BrokerProcess(data_dir or tmp_path / f"broker{len(started)}", *args)
+        broker.start()
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.kill()
+
+
+@pytest.fixture
+def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
+    """One running broker with default settings (async flush)."""
+    return broker_factory()

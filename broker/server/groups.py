@@ -35,8 +35,8 @@ class ConsumerRegistry:
         """Record a heartbeat; return the group's live consumer ids, sorted."""
         now = self._clock()
         with self._lock:
+            self._expire(group, self._groups.get(group, {}), now)
             members = self._groups.setdefault(group, {})
-            self._expire(group, members, now)
             if consumer_id not in members and len(members) >= MAX_CONSUMERS_PER_GROUP:
                 raise LimitExceeded(f"group {group!r} has {len(members)} consumers already")
             members[consumer_id] = _Member(now, topics)

@@ -4,6 +4,9 @@ Two ways to say what to read:
 
 - ``assign(topic, queue_ids)``: exactly those queues, no group membership.
 - ``Consumer(..., group=..., topics=[...])``: membership in a consumer group.
+  A queue starts at the group's committed offset; ``start`` ("earliest",
+  "latest"; "group" means earliest) only decides where a queue the group
+  never committed on begins, like Kafka's ``auto.offset.reset``.
   A heartbeat thread tells the broker the consumer is alive (every
   ``heartbeat_interval_s``); each heartbeat reply lists the group's live
   members, from which every member computes the same average allocation
@@ -130,7 +133,7 @@ class Consumer:
 
     def _start_offset(self, key: QueueKey) -> int:
         topic, queue_id = key
-        if self.start == "group" and self.group is not None:
+        if self.group is not None:  # the group's progress comes first, as in Kafka
             reply = self._conn.call(
                 self._conn.broker.FetchOffsets,
                 pb.FetchOffsetsRequest(group=self.group, topic=topic),
@@ -139,8 +142,8 @@ class Consumer:
                 if entry.queue_id == queue_id:
                     self._committed[key] = entry.offset
                     return entry.offset
-        # No committed offset: pull from 0; the broker answers with the earliest or
-        # end, which poll() adopts ("latest" asks for the end straight away).
+        # No committed offset: `start` decides (Kafka's auto.offset.reset). Offset 0
+        # gets the earliest retained one from the broker's first pull answer.
         if self.start == "latest":
             return self._end_of(topic, queue_id)
         return 0
