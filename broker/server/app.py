@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from broker.server.config import BrokerConfig
 from broker.server.groups import ConsumerRegistry
+from broker.server.logs import configure as configure_logging
 from broker.server.longpoll import PullWaiters
 from broker.server.service import AdminService, BrokerService, BrokerState
 from broker.storage import Store
@@ -95,8 +96,10 @@ async def serve(config: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info(
-        "broker %s started: data_dir=%s flush=%s recovery=%s",
-        state.broker_id, config.data_dir, config.flush, store.recovery,
+        "broker %s started on %s:%d", state.broker_id, config.host, port,
+        extra={"broker_id": state.broker_id, "port": port, "data_dir": str(config.data_dir),
+               "flush": config.flush, "recovery_s": store.recovery.seconds,
+               "rebuilt_index_entries": store.recovery.index_entries_rebuilt},
     )  # fmt: skip
     sys.stdout.write(f"equeue broker listening on {config.host}:{port}\n")
     sys.stdout.flush()
@@ -114,11 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     from broker.server.config import parse_args
 
     config = parse_args(argv)
-    logging.basicConfig(
-        level=config.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(config.log_level, config.log_format)
     try:
         asyncio.run(serve(config))
     except OSError as exc:

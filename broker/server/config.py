@@ -47,6 +47,8 @@ class BrokerConfig:
     """Threads for blocking storage calls (sync appends wait for fsync in them)."""
     shutdown_grace_s: float = 5.0
     log_level: str = "INFO"
+    log_format: str = "text"
+    """"text" or "json" (one JSON object per line)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -105,6 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     parser.add_argument("--max-parked-pulls", type=int)
     parser.add_argument("--consumer-timeout-ms", type=int)
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", choices=["text", "json"])
     args = vars(parser.parse_args(argv))
     settings: dict[str, Any] = {}
     config_file = args.pop("config")

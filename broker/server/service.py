@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,7 @@ from equeue_proto.protocol import allocate_average, format_message_id, parse_mes
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
+log = logging.getLogger("equeue.broker")
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -359,7 +361,8 @@ class AdminService(pb_grpc.AdminServicer):
     @rpc
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.TopicInfo:
         def create() -> pb.TopicInfo:
-            self.s.store.create_topic(request.name, request.queue_count or None)
+            meta = self.s.store.create_topic(request.name, request.queue_count or None)
+            log.info("topic created", extra={"topic": meta.name, "queues": len(meta.queues)})
             return self._topic_info(request.name)
 
         return await self.s.call(create)
@@ -369,6 +372,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.DeleteTopicRequest, context: Any
     ) -> pb.DeleteTopicReply:
         await self.s.call(self.s.store.delete_topic, request.name)
+        log.info("topic deleted", extra={"topic": request.name})
         return pb.DeleteTopicReply()
 
     @rpc
