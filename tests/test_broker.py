@@ -394,3 +394,25 @@ def test_sigterm_shuts_down_cleanly(broker_factory: StartBroker, tmp_path: Path)
     restarted = broker_factory(data_dir=data_dir)
     with Admin(restarted.address) as admin:
         assert sum(q.end_offset for q in admin.describe_topic("kept").queues) == 2
+
+
+def test_producer_lingers_and_batches(broker: BrokerProcess) -> None:
+    with Producer(broker.address, linger_ms=20, batch_size=50) as producer:
+        futures = [producer.send("linger", b"m%d" % i, key=b"k") for i in range(120)]
+        results = [f.result(timeout=10) for f in futures]
+    assert [r.offset for r in results] == list(range(120))  # one key: one queue, in order
+    assert len({r.queue_id for r in results}) == 1
+
+
+def test_consumer_seek_and_assign_without_group(broker: BrokerProcess) -> None:
+    with Producer(broker.address) as producer:
+        producer.send_batch("seek", [b"v%d" % i for i in range(10)], queue_ids=[0] * 10)
+    with Consumer(broker.address) as consumer:
+        consumer.assign("seek", [0])
+        first = consumer.poll(2.0)
+        assert [m.offset for m in first] == list(range(10))
+        consumer.seek("seek", 0, 7)
+        assert [m.value for m in consumer.poll(2.0)] == [b"v7", b"v8", b"v9"]
+        assert consumer.position("seek", 0) == 10
+        with pytest.raises(InvalidRequest, match="commit needs a group"):
+            consumer.commit()
