@@ -540,7 +540,12 @@ class AdminService(pb_grpc.AdminServicer):
                 backlog += sum(q.backlog for q in self._topic_info(topic.name).queues)
             produce_rate, consume_rate = self.s.counters.rates()
             produced, consumed = self.s.counters.totals()
+            counters = [
+                pb.QueueCounters(topic=t, queue_id=q, produced=p, consumed=c)
+                for t, q, p, c in self.s.counters.per_queue()
+            ]
             return pb.BrokerStats(
+                queue_counters=counters,
                 broker_id=self.s.broker_id,
                 topics=raw["topics"],
                 queues=raw["queues"],

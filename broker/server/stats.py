@@ -40,6 +40,12 @@ class Counters:
             recent = [s for s in self._seconds if s[0] > int(now) - WINDOW_S]
         return sum(s[1] for s in recent) / span, sum(s[2] for s in recent) / span
 
+    def per_queue(self) -> list[tuple[str, int, int, int]]:
+        """(topic, queue_id, produced, consumed), sorted."""
+        with self._lock:
+            keys = sorted(set(self.produced) | set(self.consumed))
+            return [(t, q, self.produced[(t, q)], self.consumed[(t, q)]) for t, q in keys]
+
     def totals(self) -> tuple[int, int]:
         with self._lock:
             return sum(self.produced.values()), sum(self.consumed.values())

@@ -354,7 +354,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -368,6 +368,7 @@ class BrokerStats(_message.Message):
     CONSUMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     FLUSH_MODE_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNTERS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -381,4 +382,17 @@ class BrokerStats(_message.Message):
     consumed_total: int
     flush_mode: str
     uptime_s: float
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    queue_counters: _containers.RepeatedCompositeFieldContainer[QueueCounters]
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ...) -> None: ...
+
+class QueueCounters(_message.Message):
+    __slots__ = ("topic", "queue_id", "produced", "consumed")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCED_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    produced: int
+    consumed: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., produced: _Optional[int] = ..., consumed: _Optional[int] = ...) -> None: ...
