@@ -302,6 +302,99 @@ done:
     return result;
 }
 
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t get64(const uint8_t *p) {
+    return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32);
+}
+
+/* decode_frames(buf) -> list of (topic, queue_id, offset, position, key, value, tag,
+ *                               headers, producer_ms, store_ms)
+ * Every frame's lengths and CRC32C are verified; a bad frame raises ValueError
+ * naming its byte offset. headers is the encoded headers section (bytes). */
+static PyObject *decode_frames(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    if (!PyArg_ParseTuple(args, "y*", &in)) return NULL;
+    const uint8_t *base = (const uint8_t *)in.buf;
+    Py_ssize_t end = in.len, pos = 0;
+    PyObject *out = PyList_New(0);
+    PyObject *last_topic = NULL; /* frames of one pull share a topic: reuse the str */
+    const uint8_t *last_topic_ptr = NULL;
+    Py_ssize_t last_topic_len = -1;
+    if (out == NULL) goto fail;
+    while (pos < end) {
+        if (pos + HEADER_SIZE + TRAILER_SIZE > end) {
+            PyErr_Format(PyExc_ValueError, "truncated record at byte %zd", pos);
+            goto fail;
+        }
+        const uint8_t *r = base + pos;
+        uint32_t body = get32(r);
+        if (body < HEADER_SIZE - 4 || pos + (Py_ssize_t)body + 12 > end) {
+            PyErr_Format(PyExc_ValueError, "bad record length %u at byte %zd", body, pos);
+            goto fail;
+        }
+        uint32_t crc = get32(r + 4 + body), suffix = get32(r + 8 + body);
+        if (suffix != body || crc != crc32c(r + 4, body)) {
+            PyErr_Format(PyExc_ValueError, "record at byte %zd fails its checksum", pos);
+            goto fail;
+        }
+        uint8_t flags = r[5];
+        uint16_t topic_len = get16(r + 40);
+        uint8_t tag_len = r[42];
+        uint32_t key_len = get32(r + 44), hdr_len = get32(r + 48), value_len = get32(r + 52);
+        if ((uint64_t)HEADER_SIZE - 4 + topic_len + tag_len + key_len + hdr_len + value_len != body) {
+            PyErr_Format(PyExc_ValueError, "record at byte %zd has inconsistent lengths", pos);
+            goto fail;
+        }
+        const uint8_t *p = r + HEADER_SIZE;
+        if (last_topic == NULL || last_topic_len != topic_len ||
+            memcmp(last_topic_ptr, p, topic_len) != 0) {
+            Py_XDECREF(last_topic);
+            last_topic = PyUnicode_DecodeUTF8((const char *)p, topic_len, "strict");
+            if (last_topic == NULL) goto fail;
+            last_topic_ptr = p;
+            last_topic_len = topic_len;
+        }
+        p += topic_len;
+        PyObject *tag = PyUnicode_DecodeUTF8((const char *)p, tag_len, "strict");
+        p += tag_len;
+        PyObject *key;
+        if (flags & FLAG_HAS_KEY) {
+            key = PyBytes_FromStringAndSize((const char *)p, key_len);
+        } else {
+            key = Py_None;
+            Py_INCREF(key);
+        }
+        p += key_len;
+        PyObject *headers = PyBytes_FromStringAndSize((const char *)p, hdr_len);
+        p += hdr_len;
+        PyObject *value = PyBytes_FromStringAndSize((const char *)p, value_len);
+        PyObject *item = NULL;
+        if (tag && key && headers && value) {
+            item = Py_BuildValue("(OHKKOOOOLL)", last_topic, get16(r + 6),
+                                 (unsigned long long)get64(r + 8),
+                                 (unsigned long long)get64(r + 16), key, value, tag, headers,
+                                 (long long)get64(r + 24), (long long)get64(r + 32));
+        }
+        Py_XDECREF(tag); Py_XDECREF(key); Py_XDECREF(headers); Py_XDECREF(value);
+        if (item == NULL) goto fail;
+        int failed = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (failed) goto fail;
+        pos += (Py_ssize_t)body + 12;
+    }
+    Py_XDECREF(last_topic);
+    PyBuffer_Release(&in);
+    return out;
+fail:
+    Py_XDECREF(last_topic);
+    Py_XDECREF(out);
+    PyBuffer_Release(&in);
+    return NULL;
+}
+
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
@@ -316,6 +409,9 @@ static PyMethodDef methods[] = {
      "tags, headers, timestamps_ms, start, stop, index_out) -> bytes written"},
     {"measure_batch", measure_batch, METH_VARARGS,
      "measure_batch(values, keys, tags, headers, fixed) -> (total, max_frame, max_key, max_value)"},
+    {"decode_frames", decode_frames, METH_VARARGS,
+     "decode_frames(records) -> [(topic, queue_id, offset, position, key, value, tag, headers, "
+     "producer_ms, store_ms)], every checksum verified"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data) -> int (CRC-32C, Castagnoli)"},
     {NULL, NULL, 0, NULL},
 };

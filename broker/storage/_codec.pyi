@@ -28,3 +28,6 @@ def measure_batch(
     headers: Sequence[bytes] | None,
     fixed: int,
 ) -> tuple[int, int, int, int]: ...
+def decode_frames(
+    records: ReadableBuffer,
+) -> list[tuple[str, int, int, int, bytes | None, bytes, str, bytes, int, int]]: ...

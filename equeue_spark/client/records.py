@@ -1,12 +1,27 @@
-"""Messages as the client sees them, decoded from the broker's record format."""
+"""Messages as the client sees them, decoded from the broker's record format.
+
+Pull replies carry records exactly as the broker stores them (record.py);
+every record's checksum is verified here, so corruption anywhere between the
+broker's disk and this process is caught. The C accelerator decodes a reply in
+one call; without it the pure-Python decoder of record.py is used.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.storage.record import check_frame, decode_record
+from broker.storage.record import check_frame, decode_headers, decode_record
 from equeue_proto.protocol import format_message_id
 from equeue_spark.client.errors import DataLossError
+
+Frame = tuple[str, int, int, int, bytes | None, bytes, str, bytes, int, int]
+
+_decode_c: Callable[[bytes], list[Frame]] | None
+try:
+    from broker.storage._codec import decode_frames as _decode_c
+except ImportError:  # built without a C compiler
+    _decode_c = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,11 +36,31 @@ class Message:
     timestamp_ms: int
     """Producer timestamp (the broker's store time when the producer gave none)."""
     store_timestamp_ms: int
-    message_id: str
+    position: int
+    """Global log position on its broker."""
+    broker_id: str
+
+    @property
+    def message_id(self) -> str:
+        """``<broker_id>-<position>``: fetch it again with ``Admin.get_message``."""
+        return format_message_id(self.broker_id, self.position)
 
 
 def decode_records(records: bytes, broker_id: str) -> list[Message]:
     """Every record of a pull reply, checksums verified (``DataLossError`` if not)."""
+    if _decode_c is None:
+        return _decode_py(records, broker_id)
+    try:
+        frames = _decode_c(records)
+    except ValueError as exc:
+        raise DataLossError(f"received a damaged record: {exc}") from None
+    return [
+        Message(t, q, o, k, v, tag, decode_headers(h) if h else (), pms, sms, pos, broker_id)
+        for t, q, o, pos, k, v, tag, h, pms, sms in frames
+    ]
+
+
+def _decode_py(records: bytes, broker_id: str) -> list[Message]:
     out = []
     pos = 0
     end = len(records)
@@ -34,8 +69,9 @@ def decode_records(records: bytes, broker_id: str) -> list[Message]:
         if isinstance(size, str):
             raise DataLossError(f"received a damaged record at byte {pos}: {size}")
         m = decode_record(records, pos)
-        message_id = format_message_id(broker_id, m.position)
         fields = (m.topic, m.queue_id, m.queue_offset, m.key, m.value, m.tag, m.headers)
-        out.append(Message(*fields, m.producer_timestamp_ms, m.store_timestamp_ms, message_id))
+        out.append(
+            Message(*fields, m.producer_timestamp_ms, m.store_timestamp_ms, m.position, broker_id)
+        )
         pos += size
     return out
