@@ -42,6 +42,15 @@ class ConsumerRegistry:
             members[consumer_id] = _Member(now, topics)
             return sorted(members)
 
+    def leave(self, group: str, consumer_id: str) -> list[str]:
+        """Drop a consumer that is closing; return the remaining members."""
+        now = self._clock()
+        with self._lock:
+            members = self._groups.get(group, {})
+            members.pop(consumer_id, None)
+            self._expire(group, members, now)
+            return sorted(members)
+
     def live(self, group: str, topic: str | None = None) -> list[str]:
         """Live consumers of a group (subscribed to ``topic`` if given), sorted."""
         now = self._clock()

@@ -249,6 +249,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                 f"{len(request.topics)} topics; the limit is {MAX_TOPICS_PER_CONSUMER}"
             )
         topics = [validate_topic(t) for t in request.topics]
+        if request.leave:
+            members = self.s.consumers.leave(request.group, request.consumer_id)
+            return pb.HeartbeatReply(consumer_ids=members)
         members = self.s.consumers.heartbeat(request.group, request.consumer_id, frozenset(topics))
         reply = pb.HeartbeatReply(consumer_ids=members)
         for topic in topics:

@@ -135,14 +135,16 @@ class FetchOffsetsReply(_message.Message):
     def __init__(self, offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("group", "consumer_id", "topics")
+    __slots__ = ("group", "consumer_id", "topics", "leave")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
     group: str
     consumer_id: str
     topics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
+    leave: bool
+    def __init__(self, group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., leave: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("consumer_ids", "topics")
