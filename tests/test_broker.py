@@ -419,3 +419,19 @@ def test_consumer_seek_and_assign_without_group(broker: BrokerProcess) -> None:
         assert consumer.position("seek", 0) == 10
         with pytest.raises(InvalidRequest, match="commit needs a group"):
             consumer.commit()
+
+
+def test_poll_waits_instead_of_spinning_when_the_broker_is_gone(
+    broker_factory: StartBroker,
+) -> None:
+    broker = broker_factory()
+    with Producer(broker.address) as producer:
+        producer.send_batch("gone", [b"x"], queue_ids=[0])
+    config = ClientConfig(broker=broker.address, timeout_s=2, retries=0)
+    with Consumer(config=config) as consumer:
+        consumer.assign("gone", [0])
+        assert len(consumer.poll(2.0)) == 1
+        broker.kill()
+        started = time.monotonic()
+        assert consumer.poll(0.5) == []
+        assert time.monotonic() - started >= 0.45  # waited out its timeout

@@ -209,6 +209,8 @@ class Consumer:
             call.add_done_callback(lambda _call: finished.set())
         deadline = time.monotonic() + timeout_s + self._conn.config.timeout_s
         messages: list[Message] = []
+        started = time.monotonic()
+        failures = 0
         try:
             while pending and not messages and time.monotonic() < deadline:
                 ready = [key for key, call in pending.items() if call.done()]
@@ -217,10 +219,14 @@ class Consumer:
                     finished.clear()
                     continue
                 for key in ready:
-                    messages += self._take(key, pending.pop(key), positions[key])
+                    taken = self._take(key, pending.pop(key), positions[key])
+                    failures += taken is None
+                    messages += taken or []
         finally:
             for call in pending.values():
                 call.cancel()
+        if failures == len(positions):  # broker unreachable: wait, do not spin
+            self._closed.wait(max(0.0, timeout_s - (time.monotonic() - started)))
         return messages
 
     def _pull_async(self, key: QueueKey, offset: int, wait_ms: int) -> grpc.Future[pb.PullReply]:
@@ -236,14 +242,18 @@ class Consumer:
         timeout = self._conn.config.timeout_s + wait_ms / 1000
         return self._conn.broker.Pull.future(request, timeout=timeout)
 
-    def _take(self, key: QueueKey, call: grpc.Future[pb.PullReply], position: int) -> list[Message]:
-        """The messages of one finished pull; advance the queue's position."""
+    def _take(
+        self, key: QueueKey, call: grpc.Future[pb.PullReply], position: int
+    ) -> list[Message] | None:
+        """The messages of one finished pull (advancing the queue's position), or
+        None if it failed in a way worth retrying (the next poll asks again)."""
         try:
             reply = call.result()
         except grpc.RpcError as exc:
             error = from_rpc_error(exc)
             if error.retriable:
-                return []  # the next poll asks again
+                log.warning("pull of %s/%d failed: %s", key[0], key[1], error)
+                return None
             raise error from exc
         with self._lock:
             if self._positions.get(key) != position:
@@ -277,13 +287,26 @@ class Consumer:
         self._committed.update(changed)
 
     def close(self) -> None:
-        """Stop heartbeating (the group rebalances after the broker's timeout)."""
+        """Leave the group (its other members take over the queues) and disconnect.
+
+        Positions are not committed here: call ``commit`` first if they should be.
+        """
         if self._closed.is_set():
             return
         self._closed.set()
         if self._heartbeats is not None:
             self._heartbeats.join(timeout=self._conn.config.timeout_s)
+            self._leave()
         self._conn.close()
+
+    def _leave(self) -> None:
+        """Tell the broker at once, so the others take over our queues now."""
+        assert self.group is not None
+        request = pb.HeartbeatRequest(group=self.group, consumer_id=self.consumer_id, leave=True)
+        try:
+            self._conn.call(self._conn.broker.Heartbeat, request, timeout_s=2.0, retry=False)
+        except EqueueError as exc:  # the broker drops us after its timeout anyway
+            log.warning("could not leave group %s: %s", self.group, exc)
 
     def __enter__(self) -> Consumer:
         return self
