@@ -924,9 +924,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tags", metavar="A|B", help="only messages with one of these tags")
     p.add_argument(
         "--consumer-id", metavar="ID",
-        help="member id in the group (default: host-pid-random). The broker keeps a "
-        "stopped member for its consumer timeout (30 s by default), sharing the queues "
-        "with it; reusing the previous run's id takes its place at once",
+        help="member id in the group (default: host-pid-random). A run leaves the group "
+        "when it ends; a run that was killed stays a member until the broker's consumer "
+        "timeout (30 s by default) unless a new run reuses its id",
     )  # fmt: skip
 
     # groups
