@@ -235,17 +235,23 @@ def test_c_frame_decoder_matches_python_reference(
         out, position=position, topic=b"topic", queue_id=5, first_offset=3, store_ms=9,
         prepared=prepared, start=0, stop=len(rows), index_out=bytearray(len(rows) * ENTRY_SIZE),
     )  # fmt: skip
-    frames = decode_frames(bytes(out))
+    frames = decode_frames(bytes(out), Row, "b1")
     pos = 0
     for frame in frames:
         m = decode_record(out, pos)
+        assert type(frame) is Row
         assert frame == (
-            m.topic, m.queue_id, m.queue_offset, m.position, m.key, m.value, m.tag,
-            encode_headers(m.headers) if m.headers else b"",
-            m.producer_timestamp_ms, m.store_timestamp_ms,
+            m.topic, m.queue_id, m.queue_offset, m.key, m.value, m.tag, m.headers,
+            m.producer_timestamp_ms, m.store_timestamp_ms, m.position, "b1",
         )  # fmt: skip
         pos += int(check_frame(out, pos, len(out)))
     assert len(frames) == len(rows)
     out[len(out) // 2] ^= 0x10
     with pytest.raises(ValueError, match=r"byte \d+"):
-        decode_frames(bytes(out))
+        decode_frames(bytes(out), Row, "b1")
+
+
+class Row(tuple[object, ...]):
+    """A tuple subclass for decode_frames to build (the client passes its Message)."""
+
+    __slots__ = ()

@@ -71,6 +71,17 @@ class BrokerState:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
+    def inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a short storage call on the event loop itself.
+
+        For work that never waits on the disk (reads from the page cache,
+        async-mode appends): a hop to the thread pool costs more than the
+        call, and the GIL serialises the two anyway.
+        """
+        if self.shutting_down:
+            raise ShuttingDown("the broker is shutting down")
+        return fn(*args, **kwargs)
+
     def next_round_robin(self, topic: str) -> int:
         return next(self._round_robin.setdefault(topic, itertools.count()))
 
@@ -103,7 +114,9 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @rpc
     async def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceReply:
-        return await self.s.call(self._produce, request)
+        if self.s.config.flush == "sync":  # waits for its fsync: off the event loop
+            return await self.s.call(self._produce, request)
+        return self.s.inline(self._produce, request)
 
     def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply:
         store = self.s.store
@@ -189,7 +202,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             self.s.store.read_records, topic, queue_id,
             max_messages=max_messages, max_bytes=max_bytes, tags=tags,
         )  # fmt: skip
-        result = await self.s.call(read, request.offset)
+        result = self.s.inline(read, request.offset)
         if (
             result.status is ReadStatus.OK
             and result.count == 0
@@ -203,7 +216,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 lambda: self.s.store.visible_end(topic, queue_id),
             )
             if arrived:
-                result = await self.s.call(read, result.next_offset)
+                result = self.s.inline(read, result.next_offset)
         if result.count:
             self.s.counters.add(topic, queue_id, consumed=result.count)
         return pb.PullReply(

@@ -310,13 +310,54 @@ static inline uint64_t get64(const uint8_t *p) {
     return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32);
 }
 
-/* decode_frames(buf) -> list of (topic, queue_id, offset, position, key, value, tag,
- *                               headers, producer_ms, store_ms)
+/* Headers section (record.py): u16 count, then u16 key length, key (UTF-8),
+ * u32 value length, value. Returns a tuple of (str, bytes) pairs. */
+static PyObject *decode_headers_c(const uint8_t *p, Py_ssize_t len) {
+    if (len == 0) return PyTuple_New(0);
+    if (len < 2) goto bad;
+    uint16_t count = get16(p);
+    Py_ssize_t at = 2;
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) return NULL;
+    for (uint16_t i = 0; i < count; i++) {
+        if (at + 2 > len) { Py_DECREF(out); goto bad; }
+        uint16_t klen = get16(p + at);
+        at += 2;
+        if (at + klen + 4 > len) { Py_DECREF(out); goto bad; }
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)p + at, klen, "strict");
+        at += klen;
+        uint32_t vlen = get32(p + at);
+        at += 4;
+        if (key == NULL || at + (Py_ssize_t)vlen > len) { Py_XDECREF(key); Py_DECREF(out); goto bad; }
+        PyObject *pair = Py_BuildValue("(Ny#)", key, (const char *)p + at, (Py_ssize_t)vlen);
+        at += vlen;
+        if (pair == NULL) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, i, pair);
+    }
+    return out;
+bad:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "malformed headers section");
+    return NULL;
+}
+
+#define MESSAGE_FIELDS 11
+
+/* decode_frames(records, cls, broker_id) -> list of cls instances
+ * cls is a tuple subclass with 11 fields: (topic, queue_id, offset, key, value, tag,
+ * headers, producer_ms, store_ms, position, broker_id) -- the client's Message.
  * Every frame's lengths and CRC32C are verified; a bad frame raises ValueError
- * naming its byte offset. headers is the encoded headers section (bytes). */
+ * naming its byte offset. Building the instances here, not in Python, is what
+ * makes a decoded pull cheap. */
 static PyObject *decode_frames(PyObject *self, PyObject *args) {
     Py_buffer in;
-    if (!PyArg_ParseTuple(args, "y*", &in)) return NULL;
+    PyTypeObject *cls;
+    PyObject *broker_id;
+    if (!PyArg_ParseTuple(args, "y*O!U", &in, &PyType_Type, &cls, &broker_id)) return NULL;
+    if (!PyType_IsSubtype(cls, &PyTuple_Type)) {
+        PyBuffer_Release(&in);
+        PyErr_SetString(PyExc_TypeError, "cls must be a tuple subclass");
+        return NULL;
+    }
     const uint8_t *base = (const uint8_t *)in.buf;
     Py_ssize_t end = in.len, pos = 0;
     PyObject *out = PyList_New(0);
@@ -358,28 +399,39 @@ static PyObject *decode_frames(PyObject *self, PyObject *args) {
             last_topic_len = topic_len;
         }
         p += topic_len;
-        PyObject *tag = PyUnicode_DecodeUTF8((const char *)p, tag_len, "strict");
+        PyObject *item = cls->tp_alloc(cls, MESSAGE_FIELDS);
+        if (item == NULL) goto fail;
+        PyObject *fields[MESSAGE_FIELDS];
+        fields[0] = last_topic;
+        Py_INCREF(last_topic);
+        fields[1] = PyLong_FromUnsignedLong(get16(r + 6));
+        fields[2] = PyLong_FromUnsignedLongLong(get64(r + 8));
+        fields[5] = PyUnicode_DecodeUTF8((const char *)p, tag_len, "strict");
         p += tag_len;
-        PyObject *key;
         if (flags & FLAG_HAS_KEY) {
-            key = PyBytes_FromStringAndSize((const char *)p, key_len);
+            fields[3] = PyBytes_FromStringAndSize((const char *)p, key_len);
         } else {
-            key = Py_None;
-            Py_INCREF(key);
+            fields[3] = Py_None;
+            Py_INCREF(Py_None);
         }
         p += key_len;
-        PyObject *headers = PyBytes_FromStringAndSize((const char *)p, hdr_len);
+        fields[6] = decode_headers_c(p, hdr_len);
         p += hdr_len;
-        PyObject *value = PyBytes_FromStringAndSize((const char *)p, value_len);
-        PyObject *item = NULL;
-        if (tag && key && headers && value) {
-            item = Py_BuildValue("(OHKKOOOOLL)", last_topic, get16(r + 6),
-                                 (unsigned long long)get64(r + 8),
-                                 (unsigned long long)get64(r + 16), key, value, tag, headers,
-                                 (long long)get64(r + 24), (long long)get64(r + 32));
+        fields[4] = PyBytes_FromStringAndSize((const char *)p, value_len);
+        fields[7] = PyLong_FromLongLong((long long)get64(r + 24));
+        fields[8] = PyLong_FromLongLong((long long)get64(r + 32));
+        fields[9] = PyLong_FromUnsignedLongLong(get64(r + 16));
+        fields[10] = broker_id;
+        Py_INCREF(broker_id);
+        int ok = 1;
+        for (int f = 0; f < MESSAGE_FIELDS; f++) {
+            if (fields[f] == NULL) ok = 0;
+            PyTuple_SET_ITEM(item, f, fields[f]); /* NULLs are fine: dealloc skips them */
         }
-        Py_XDECREF(tag); Py_XDECREF(key); Py_XDECREF(headers); Py_XDECREF(value);
-        if (item == NULL) goto fail;
+        if (!ok) {
+            Py_DECREF(item);
+            goto fail;
+        }
         int failed = PyList_Append(out, item);
         Py_DECREF(item);
         if (failed) goto fail;
@@ -410,8 +462,8 @@ static PyMethodDef methods[] = {
     {"measure_batch", measure_batch, METH_VARARGS,
      "measure_batch(values, keys, tags, headers, fixed) -> (total, max_frame, max_key, max_value)"},
     {"decode_frames", decode_frames, METH_VARARGS,
-     "decode_frames(records) -> [(topic, queue_id, offset, position, key, value, tag, headers, "
-     "producer_ms, store_ms)], every checksum verified"},
+     "decode_frames(records, cls, broker_id) -> [cls(topic, queue_id, offset, key, value, tag, "
+     "headers, producer_ms, store_ms, position, broker_id)], every checksum verified"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data) -> int (CRC-32C, Castagnoli)"},
     {NULL, NULL, 0, NULL},
 };

@@ -1,6 +1,9 @@
 from collections.abc import Sequence
+from typing import TypeVar
 
 from _typeshed import ReadableBuffer, WriteableBuffer
+
+_T = TypeVar("_T", bound=tuple[object, ...])
 
 HARDWARE_CRC: int
 
@@ -28,6 +31,4 @@ def measure_batch(
     headers: Sequence[bytes] | None,
     fixed: int,
 ) -> tuple[int, int, int, int]: ...
-def decode_frames(
-    records: ReadableBuffer,
-) -> list[tuple[str, int, int, int, bytes | None, bytes, str, bytes, int, int]]: ...
+def decode_frames(records: ReadableBuffer, cls: type[_T], broker_id: str) -> list[_T]: ...

@@ -9,23 +9,16 @@ one call; without it the pure-Python decoder of record.py is used.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
-from broker.storage.record import check_frame, decode_headers, decode_record
+from broker.storage.record import check_frame, decode_record
 from equeue_proto.protocol import format_message_id
 from equeue_spark.client.errors import DataLossError
 
-Frame = tuple[str, int, int, int, bytes | None, bytes, str, bytes, int, int]
 
-_decode_c: Callable[[bytes], list[Frame]] | None
-try:
-    from broker.storage._codec import decode_frames as _decode_c
-except ImportError:  # built without a C compiler
-    _decode_c = None
+class Message(NamedTuple):
+    """One message. A named tuple: the C decoder builds these directly."""
 
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass costs 5x more to build
-class Message:
     topic: str
     queue_id: int
     offset: int
@@ -46,18 +39,21 @@ class Message:
         return format_message_id(self.broker_id, self.position)
 
 
+_decode_c: Callable[[bytes, type[Message], str], list[Message]] | None
+try:
+    from broker.storage._codec import decode_frames as _decode_c
+except ImportError:  # built without a C compiler
+    _decode_c = None
+
+
 def decode_records(records: bytes, broker_id: str) -> list[Message]:
     """Every record of a pull reply, checksums verified (``DataLossError`` if not)."""
     if _decode_c is None:
         return _decode_py(records, broker_id)
     try:
-        frames = _decode_c(records)
+        return _decode_c(records, Message, broker_id)
     except ValueError as exc:
         raise DataLossError(f"received a damaged record: {exc}") from None
-    return [
-        Message(t, q, o, k, v, tag, decode_headers(h) if h else (), pms, sms, pos, broker_id)
-        for t, q, o, pos, k, v, tag, h, pms, sms in frames
-    ]
 
 
 def _decode_py(records: bytes, broker_id: str) -> list[Message]:
