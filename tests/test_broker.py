@@ -24,6 +24,7 @@ from equeue_spark.client import (
     NotFoundError,
     PreconditionError,
     Producer,
+    SendResult,
 )
 from equeue_spark.client.records import decode_records
 from tests.broker_process import BrokerProcess
@@ -57,7 +58,7 @@ def test_produce_pull_round_trip_over_many_queues(
 ) -> None:
     with Admin(broker.address) as admin, Producer(broker.address) as producer:
         admin.create_topic("wide", queues=16)
-        sent = []
+        sent: list[SendResult] = []
         for round_ in range(5):
             values = [f"r{round_}-m{i}".encode() for i in range(64)]
             sent += producer.send_batch("wide", values, queue_ids=[i % 16 for i in range(64)])
@@ -80,7 +81,7 @@ def test_key_routing_is_stable(broker: BrokerProcess) -> None:
         first = producer.send_batch("routed", [b"x"] * 200, keys=keys)
         second = producer.send_batch("routed", [b"y"] * 200, keys=keys)
     by_key: dict[bytes, set[int]] = {}
-    for key, result in zip(keys + keys, first + second, strict=True):
+    for key, result in zip(keys + keys, [*first, *second], strict=True):
         by_key.setdefault(key, set()).add(result.queue_id)
     assert all(len(queues) == 1 for queues in by_key.values())
     assert len({q for queues in by_key.values() for q in queues}) > 1  # spread over queues

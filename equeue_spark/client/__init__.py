@@ -19,7 +19,7 @@ from equeue_spark.client.errors import (
     NotFoundError,
     PreconditionError,
 )
-from equeue_spark.client.producer import Producer, SendResult
+from equeue_spark.client.producer import Producer, SendResult, SendResults
 from equeue_spark.client.records import Message
 
 __all__ = [
@@ -39,5 +39,6 @@ __all__ = [
     "PreconditionError",
     "Producer",
     "SendResult",
+    "SendResults",
     "default_broker",
 ]

@@ -18,11 +18,13 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import overload
 
 from broker.storage.record import encode_headers
 from equeue_proto.protocol import format_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.errors import BrokerError
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -40,6 +42,51 @@ class SendResult:
     def message_id(self) -> str:
         """``<broker_id>-<position>``: fetch it again with ``Admin.get_message``."""
         return format_message_id(self.broker_id, self.position)
+
+
+class SendResults(Sequence[SendResult]):
+    """The acknowledgements of one ``send_batch``, in request order.
+
+    A view over the reply's columns: a ``SendResult`` is built only for the
+    items a caller looks at, so acknowledging a batch costs nothing per message.
+    """
+
+    __slots__ = ("_broker_id", "_offsets", "_positions", "_queue_ids", "_topic")
+
+    def __init__(self, topic: str, reply: pb.ProduceReply) -> None:
+        self._topic = topic
+        self._broker_id = reply.broker_id
+        self._queue_ids = reply.queue_ids
+        self._offsets = reply.offsets
+        self._positions = reply.positions
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[SendResult]: ...
+    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return SendResult(
+            self._topic,
+            self._queue_ids[index],
+            self._offsets[index],
+            self._positions[index],
+            self._broker_id,
+        )
+
+    @property
+    def offsets(self) -> Sequence[int]:
+        """Queue offset of each message (no per-message objects)."""
+        return self._offsets
+
+    @property
+    def queue_ids(self) -> Sequence[int]:
+        """Queue of each message."""
+        return self._queue_ids
 
 
 @dataclass
@@ -127,18 +174,16 @@ class Producer:
         headers: Sequence[Headers] | None = None,
         queue_ids: Sequence[int | None] | None = None,
         timestamps_ms: Sequence[int] | None = None,
-    ) -> list[SendResult]:
+    ) -> SendResults:
         """Send ``values`` (and the optional columns) in one request, now."""
         request = build_request(
             topic, values, keys=keys, tags=tags, headers=headers, queue_ids=queue_ids,
             timestamps_ms=timestamps_ms,
         )  # fmt: skip
         reply = self._conn.call(self._conn.broker.Produce, request)
-        broker_id = reply.broker_id
-        return [
-            SendResult(topic, q, o, p, broker_id)
-            for q, o, p in zip(reply.queue_ids, reply.offsets, reply.positions, strict=True)
-        ]
+        if not len(reply.offsets) == len(reply.queue_ids) == len(reply.positions) == len(values):
+            raise BrokerError(f"broker acknowledged {len(reply.offsets)} of {len(values)} messages")
+        return SendResults(topic, reply)
 
     def send(
         self,
