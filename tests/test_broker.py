@@ -25,6 +25,7 @@ from equeue_spark.client import (
     PreconditionError,
     Producer,
     SendResult,
+    read_range,
 )
 from equeue_spark.client.records import decode_records
 from tests.broker_process import BrokerProcess
@@ -436,3 +437,18 @@ def test_poll_waits_instead_of_spinning_when_the_broker_is_gone(
         started = time.monotonic()
         assert consumer.poll(0.5) == []
         assert time.monotonic() - started >= 0.45  # waited out its timeout
+
+
+def test_pull_stream_reads_a_range_in_batches(broker: BrokerProcess) -> None:
+    with Producer(broker.address) as producer:
+        for round_ in range(5):
+            values = [b"r%d-%d" % (round_, i) for i in range(400)]
+            producer.send_batch("bulk", values, queue_ids=[0] * 400)
+    batches = list(read_range("bulk", 0, 150, broker=broker.address, batch_messages=300))
+    offsets = [m.offset for batch in batches for m in batch]
+    assert offsets == list(range(150, 2000))
+    assert [len(b) for b in batches] == [300] * 6 + [50]
+    bounded = [m.offset for b in read_range("bulk", 0, 10, 20, broker=broker.address) for m in b]
+    assert bounded == list(range(10, 20))
+    with pytest.raises(NotFoundError, match="'nope'"):
+        list(read_range("nope", 0, 0, broker=broker.address))

@@ -13,7 +13,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,7 @@ from broker.server.errors import BadRequest, ShuttingDown, status_for
 from broker.server.groups import MAX_TOPICS_PER_CONSUMER, ConsumerRegistry
 from broker.server.longpoll import PullWaiters
 from broker.server.stats import Counters
-from broker.storage import MessageBatch, NotFound, ReadStatus, Store
+from broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult, Store
 from broker.storage.errors import AlreadyExists, InvalidArgument
 from broker.storage.names import validate_group, validate_topic
 from broker.storage.record import decode_headers
@@ -42,6 +42,8 @@ T = TypeVar("T")
 MAX_CONSUMER_ID = 256
 DEFAULT_PULL_MESSAGES = 1000
 DEFAULT_PULL_BYTES = 1 << 20
+MAX_STREAM_BATCHES = 1_000_000
+"""Bound on the replies of one PullStream (each carries at least one record)."""
 
 _PULL_STATUS = {
     ReadStatus.OK: pb.PULL_STATUS_OK,
@@ -219,15 +221,40 @@ class BrokerService(pb_grpc.BrokerServicer):
                 result = self.s.inline(read, result.next_offset)
         if result.count:
             self.s.counters.add(topic, queue_id, consumed=result.count)
-        return pb.PullReply(
-            status=_PULL_STATUS[result.status],
-            records=result.records,
-            count=result.count,
-            next_offset=result.next_offset,
-            earliest_offset=result.earliest,
-            end_offset=result.end,
-            broker_id=self.s.broker_id,
-        )
+        return _pull_reply(result, self.s.broker_id)
+
+    async def PullStream(
+        self, request: pb.PullStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.PullReply]:
+        try:
+            store = self.s.store
+            batch = request.batch_messages or DEFAULT_PULL_MESSAGES
+            read = functools.partial(
+                store.read_records, request.topic, request.queue_id,
+                max_bytes=request.batch_bytes or DEFAULT_PULL_BYTES,
+                tags=list(request.tags) or None,
+            )  # fmt: skip
+            offset = request.offset
+            stop = request.end_offset or store.visible_end(request.topic, request.queue_id)
+            if stop < 0:  # no such queue: let the read raise the precise error
+                read(offset, max_messages=1)
+            for _ in range(MAX_STREAM_BATCHES):
+                if offset >= stop:
+                    return
+                result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
+                if result.count:
+                    self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
+                yield _pull_reply(result, self.s.broker_id)
+                if result.status is not ReadStatus.OK or result.next_offset >= result.end:
+                    return
+                offset = result.next_offset
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # see errors.py
+            code, message = status_for(exc)
+        else:
+            return
+        await context.abort(code, message)
 
     @rpc
     async def CommitOffsets(
@@ -275,6 +302,18 @@ class BrokerService(pb_grpc.BrokerServicer):
                 queue_ids = []
             reply.topics.add(topic=topic, queue_ids=queue_ids)
         return reply
+
+
+def _pull_reply(result: RecordsResult, broker_id: str) -> pb.PullReply:
+    return pb.PullReply(
+        status=_PULL_STATUS[result.status],
+        records=result.records,
+        count=result.count,
+        next_offset=result.next_offset,
+        earliest_offset=result.earliest,
+        end_offset=result.end,
+        broker_id=broker_id,
+    )
 
 
 def decode_columns(columns: pb.MessageColumns) -> MessageBatch:

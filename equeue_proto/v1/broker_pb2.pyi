@@ -80,6 +80,24 @@ class PullRequest(_message.Message):
     max_wait_ms: int
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
 
+class PullStreamRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset", "end_offset", "batch_messages", "batch_bytes", "tags")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BATCH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    end_offset: int
+    batch_messages: int
+    batch_bytes: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., batch_messages: _Optional[int] = ..., batch_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class PullReply(_message.Message):
     __slots__ = ("status", "records", "count", "next_offset", "earliest_offset", "end_offset", "broker_id")
     STATUS_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class BrokerStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.PullReply.FromString,
                 _registered_method=True)
+        self.PullStream = channel.unary_stream(
+                '/equeue.v1.Broker/PullStream',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.PullStreamRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.PullReply.FromString,
+                _registered_method=True)
         self.CommitOffsets = channel.unary_unary(
                 '/equeue.v1.Broker/CommitOffsets',
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.CommitOffsetsRequest.SerializeToString,
@@ -94,6 +99,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullStream(self, request, context):
+        """Bulk read: stream a queue from an offset, one PullReply per batch, up to
+        an end offset (default: the queue's end when the call starts), then
+        finish. Saves a round trip per batch when catching up on a backlog.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CommitOffsets(self, request, context):
         """Record a consumer group's progress: the next offset to consume per queue.
         """
@@ -127,6 +141,11 @@ def add_BrokerServicer_to_server(servicer, server):
             'Pull': grpc.unary_unary_rpc_method_handler(
                     servicer.Pull,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.PullRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.PullReply.SerializeToString,
+            ),
+            'PullStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullStream,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.PullStreamRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.PullReply.SerializeToString,
             ),
             'CommitOffsets': grpc.unary_unary_rpc_method_handler(
@@ -203,6 +222,33 @@ class Broker:
             target,
             '/equeue.v1.Broker/Pull',
             equeue__proto_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.PullReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/equeue.v1.Broker/PullStream',
+            equeue__proto_dot_v1_dot_broker__pb2.PullStreamRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.PullReply.FromString,
             options,
             channel_credentials,

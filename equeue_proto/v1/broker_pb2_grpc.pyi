@@ -78,6 +78,11 @@ class BrokerStub:
     queue and max_wait_ms > 0, the request is parked and answered as soon as
     new records arrive or the wait ends.
     """
+    PullStream: _grpc.UnaryStreamMultiCallable[_broker_pb2.PullStreamRequest, _broker_pb2.PullReply]
+    """Bulk read: stream a queue from an offset, one PullReply per batch, up to
+    an end offset (default: the queue's end when the call starts), then
+    finish. Saves a round trip per batch when catching up on a backlog.
+    """
     CommitOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CommitOffsetsRequest, _broker_pb2.CommitOffsetsReply]
     """Record a consumer group's progress: the next offset to consume per queue."""
     FetchOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.FetchOffsetsRequest, _broker_pb2.FetchOffsetsReply]
@@ -108,6 +113,11 @@ class BrokerAsyncStub(BrokerStub):
     """Read a queue from an offset. When nothing is available at the end of the
     queue and max_wait_ms > 0, the request is parked and answered as soon as
     new records arrive or the wait ends.
+    """
+    PullStream: _aio.UnaryStreamMultiCallable[_broker_pb2.PullStreamRequest, _broker_pb2.PullReply]  # type: ignore[assignment]
+    """Bulk read: stream a queue from an offset, one PullReply per batch, up to
+    an end offset (default: the queue's end when the call starts), then
+    finish. Saves a round trip per batch when catching up on a backlog.
     """
     CommitOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.CommitOffsetsRequest, _broker_pb2.CommitOffsetsReply]  # type: ignore[assignment]
     """Record a consumer group's progress: the next offset to consume per queue."""
@@ -148,6 +158,17 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         """Read a queue from an offset. When nothing is available at the end of the
         queue and max_wait_ms > 0, the request is parked and answered as soon as
         new records arrive or the wait ends.
+        """
+
+    @_abc_1.abstractmethod
+    def PullStream(
+        self,
+        request: _broker_pb2.PullStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broker_pb2.PullReply], _abc.AsyncIterator[_broker_pb2.PullReply]]:
+        """Bulk read: stream a queue from an offset, one PullReply per batch, up to
+        an end offset (default: the queue's end when the call starts), then
+        finish. Saves a round trip per batch when catching up on a backlog.
         """
 
     @_abc_1.abstractmethod

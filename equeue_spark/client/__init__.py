@@ -20,6 +20,7 @@ from equeue_spark.client.errors import (
     PreconditionError,
 )
 from equeue_spark.client.producer import Producer, SendResult, SendResults
+from equeue_spark.client.reader import read_range
 from equeue_spark.client.records import Message
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "SendResult",
     "SendResults",
     "default_broker",
+    "read_range",
 ]
