@@ -130,6 +130,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise BadRequest(f"topic {request.topic!r} has no producer-visible queue")
         targets = self._route(request, batch, visible)
         reply = pb.ProduceReply(broker_id=self.s.broker_id)
+        if isinstance(targets, int):  # the common case: the whole batch went to one queue
+            result = store.append(request.topic, targets, batch)
+            self.s.counters.add(request.topic, targets, produced=result.count)
+            reply.queue_ids.extend([targets] * count)
+            reply.offsets.extend(range(result.first_offset, result.first_offset + count))
+            reply.positions.extend(result.positions())
+            return reply
         queue_ids = [0] * count
         offsets = [0] * count
         positions = [0] * count
