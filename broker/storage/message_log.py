@@ -313,16 +313,7 @@ class MessageLog:
 
     def read(self, position: int, size: int) -> StoredMessage:
         """Decode the record of ``size`` bytes at ``position`` (sizes come from the index)."""
-        chunk = self.chunk_at(position)
-        local = HEADER_SIZE + position - self.start_of(chunk)
-        if local + size > HEADER_SIZE + chunk.data_size:
-            raise CorruptionError(
-                f"record at position {position} ({size} bytes) runs past the data end",
-                str(chunk.path),
-                local,
-            )
-        if chunk is not self.active:
-            self._touch(chunk)
+        chunk, local = self._data_view(position, size)
         return decode_record(chunk.buffer(), local, str(chunk.path), local)
 
     def _data_view(self, position: int, size: int) -> tuple[LogChunk, int]:

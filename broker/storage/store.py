@@ -618,13 +618,9 @@ class Store:
         wanted = frozenset(t.decode() for ts in by_hash.values() for t in ts) if by_hash else None
         hashes = frozenset(by_hash) if by_hash else None
         with self._lock:
-            self._queue_meta(self._topic(topic), queue_id)
-            queue = self._queues[(topic, queue_id)]
-            earliest, end = queue.index.earliest, queue.visible_end
-            if offset < earliest:
-                return ReadResult(ReadStatus.OFFSET_TOO_SMALL, [], earliest, earliest, end)
-            if offset > end:
-                return ReadResult(ReadStatus.OFFSET_TOO_BIG, [], end, earliest, end)
+            queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
+            if status is not ReadStatus.OK:
+                return ReadResult(status, [], corrected, earliest, end)
             messages, next_offset = self._collect(
                 queue, offset=offset, end=end, max_messages=max_messages,
                 max_bytes=max_bytes, wanted=wanted, hashes=hashes,
@@ -650,18 +646,29 @@ class Store:
         self._check_read_limits(offset, max_messages, max_bytes)
         wanted = self._tag_filter(tags)
         with self._lock:
-            self._queue_meta(self._topic(topic), queue_id)
-            queue = self._queues[(topic, queue_id)]
-            earliest, end = queue.index.earliest, queue.visible_end
-            if offset < earliest:
-                return RecordsResult(ReadStatus.OFFSET_TOO_SMALL, b"", 0, earliest, earliest, end)
-            if offset > end:
-                return RecordsResult(ReadStatus.OFFSET_TOO_BIG, b"", 0, end, earliest, end)
+            queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
+            if status is not ReadStatus.OK:
+                return RecordsResult(status, b"", 0, corrected, earliest, end)
             records, count, next_offset = self._collect_raw(
                 queue, offset=offset, end=end, max_messages=max_messages,
                 max_bytes=max_bytes, wanted=wanted,
             )  # fmt: skip
             return RecordsResult(ReadStatus.OK, records, count, next_offset, earliest, end)
+
+    def _locate(
+        self, topic: str, queue_id: int, offset: int
+    ) -> tuple[_Queue, int, int, ReadStatus, int]:
+        """(queue, earliest, end, status, offset to report) of a read (lock held).
+
+        Out-of-range offsets are answered with the earliest or the end."""
+        self._queue_meta(self._topic(topic), queue_id)
+        queue = self._queues[(topic, queue_id)]
+        earliest, end = queue.index.earliest, queue.visible_end
+        if offset < earliest:
+            return queue, earliest, end, ReadStatus.OFFSET_TOO_SMALL, earliest
+        if offset > end:
+            return queue, earliest, end, ReadStatus.OFFSET_TOO_BIG, end
+        return queue, earliest, end, ReadStatus.OK, offset
 
     def _tag_filter(self, tags: Iterable[str] | None) -> dict[int, frozenset[bytes]] | None:
         """{tag hash: tag strings with that hash} for a tag-filtered read, else None."""
