@@ -39,7 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/storage_bench.py
 
 demo: $(STAMP)
-	$(BIN)/python examples/storage_quickstart.py
+	$(BIN)/python examples/broker_quickstart.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

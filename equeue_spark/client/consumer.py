@@ -222,6 +222,10 @@ class Consumer:
                     taken = self._take(key, pending.pop(key), positions[key])
                     failures += taken is None
                     messages += taken or []
+            # Keep replies that arrived meanwhile rather than cancel them and
+            # pull the same records again on the next poll.
+            for key in [key for key, call in pending.items() if call.done()]:
+                messages += self._take(key, pending.pop(key), positions[key]) or []
         finally:
             for call in pending.values():
                 call.cancel()
