@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -292,6 +292,10 @@ def run_equeue(root: Path, plan: Plan, results: Results, servers: list[ServerPro
                     stored, sample = equeue_produce(producer, topic, size, plan)
                     method = f"Producer.send_batch, {BATCH:,}/request, {QUEUES} queues"
                     results.add((EQUEUE, "produce", size, flush), method, sample)
+                    admin.create_topic(f"{topic}-stream", queues=QUEUES)
+                    sample = equeue_produce_stream(producer, f"{topic}-stream", size, plan)
+                    method = f"Producer.send_batches: ProduceStream, {BATCH:,}/request, pipelined"
+                    results.add((EQUEUE, "produce (stream)", size, flush), method, sample)
                     admin.create_topic(f"{topic}-raw", queues=QUEUES)
                     sample = equeue_produce_raw(conn, f"{topic}-raw", size, plan)
                     method = (
@@ -324,6 +328,24 @@ def equeue_produce(producer: Producer, topic: str, size: int, plan: Plan) -> tup
     producer.send_batch(topic, values)  # warm-up: channel, first chunk, page faults
     sample = timed_batches(plan, size * BATCH, lambda _n: producer.send_batch(topic, values))
     return BATCH + sample.messages, sample
+
+
+def equeue_produce_stream(producer: Producer, topic: str, size: int, plan: Plan) -> Sample:
+    """The same batches, pipelined on one ProduceStream call."""
+    values = values_for(size)
+    max_batches = max(1, plan.produce_max_bytes // (size * BATCH))
+    start = time.perf_counter()
+    deadline = start + plan.produce_s
+
+    def batches() -> Iterator[list[bytes]]:
+        for _ in range(max_batches):
+            if time.perf_counter() >= deadline:
+                return
+            yield values
+
+    sent = sum(len(r) for r in producer.send_batches(topic, batches()))
+    elapsed = time.perf_counter() - start
+    return Sample(sent, elapsed, sent * size)
 
 
 def equeue_produce_raw(conn: Connection, topic: str, size: int, plan: Plan) -> Sample:
@@ -731,7 +753,10 @@ def throughput_table(results: Results) -> str:
         "|---|---|---|---|---:|---:|---:|---|",
     ]
     systems = [EQUEUE, REDIS, NATS]
-    workloads = ["produce", "produce (raw)", "pull", "pull (stream)", "pull (raw)", "pull (XRANGE)"]
+    workloads = [
+        "produce", "produce (stream)", "produce (raw)",
+        "pull", "pull (stream)", "pull (raw)", "pull (XRANGE)",
+    ]  # fmt: skip
     rows = sorted(
         results.rows.values(),
         key=lambda r: (
@@ -788,6 +813,14 @@ def targets(results: Results) -> list[str]:
     checks = [
         ("produce", "async", "produce", PRODUCE_TARGET, "Redis XADD (appendfsync everysec)"),
         ("produce", "sync", "produce", PRODUCE_TARGET, "Redis XADD (appendfsync always)"),
+        (
+            "produce (stream)",
+            "async",
+            "produce",
+            PRODUCE_TARGET,
+            "Redis XADD (appendfsync everysec)",
+        ),
+        ("produce (stream)", "sync", "produce", PRODUCE_TARGET, "Redis XADD (appendfsync always)"),
         ("pull", "async", "pull", PULL_TARGET, "Redis XREADGROUP+XACK"),
         ("pull (stream)", "async", "pull", PULL_TARGET, "Redis XREADGROUP+XACK"),
     ]

@@ -452,3 +452,23 @@ def test_pull_stream_reads_a_range_in_batches(broker: BrokerProcess) -> None:
     assert bounded == list(range(10, 20))
     with pytest.raises(NotFoundError, match="'nope'"):
         list(read_range("nope", 0, 0, broker=broker.address))
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_produce_stream_pipelines_batches_in_order(broker_factory: StartBroker, flush: str) -> None:
+    broker = broker_factory("--flush", flush)
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic("piped", queues=1)
+        batches = [[b"b%d-m%d" % (b, m) for m in range(100)] for b in range(20)]
+        results = list(producer.send_batches("piped", batches))
+        assert [len(r) for r in results] == [100] * 20
+        assert [o for r in results for o in r.offsets] == list(range(2000))
+        assert admin.get_message(results[7][3].message_id).value == b"b7-m3"
+
+        too_big = [[b"ok"], [b"ok"], [b"x" * 5_000_000], [b"never sent"]]
+        acked = []
+        with pytest.raises(LimitError, match="max_message_bytes"):
+            for result in producer.send_batches("piped", too_big):
+                acked.append(result)
+        assert len(acked) == 2
+        assert admin.describe_topic("piped").queues[0].end_offset == 2002

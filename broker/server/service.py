@@ -120,6 +120,29 @@ class BrokerService(pb_grpc.BrokerServicer):
             return await self.s.call(self._produce, request)
         return self.s.inline(self._produce, request)
 
+    async def ProduceStream(
+        self,
+        requests: AsyncIterator[pb.ProduceRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.ProduceReply]:
+        try:
+            count = 0
+            async for request in requests:
+                count += 1
+                if count > MAX_STREAM_BATCHES:
+                    raise BadRequest(f"more than {MAX_STREAM_BATCHES} requests on one stream")
+                if self.s.config.flush == "sync":
+                    yield await self.s.call(self._produce, request)
+                else:
+                    yield self.s.inline(self._produce, request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # see errors.py
+            code, message = status_for(exc)
+        else:
+            return
+        await context.abort(code, message)
+
     def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply:
         store = self.s.store
         batch = decode_columns(request.messages)

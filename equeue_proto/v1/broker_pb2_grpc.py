@@ -44,6 +44,11 @@ class BrokerStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ProduceReply.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/equeue.v1.Broker/ProduceStream',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ProduceReply.FromString,
+                _registered_method=True)
         self.Pull = channel.unary_unary(
                 '/equeue.v1.Broker/Pull',
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
@@ -85,6 +90,16 @@ class BrokerServicer:
         else round robin. All messages of one queue in one request are appended
         atomically at consecutive offsets. Replies after the broker's flush mode
         is honoured (sync: fsynced; async: written).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """Pipelined produce: the client streams ProduceRequests and the broker
+        answers each with a ProduceReply, in order, on the reply stream. Saves a
+        round trip per batch when a producer has many batches to send. The first
+        failing request ends the stream with its status (earlier replies stand).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,6 +150,11 @@ def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.ProduceReply.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.ProduceReply.SerializeToString,
             ),
@@ -194,6 +214,33 @@ class Broker:
             request,
             target,
             '/equeue.v1.Broker/Produce',
+            equeue__proto_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.ProduceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/equeue.v1.Broker/ProduceStream',
             equeue__proto_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.ProduceReply.FromString,
             options,

@@ -73,6 +73,12 @@ class BrokerStub:
     atomically at consecutive offsets. Replies after the broker's flush mode
     is honoured (sync: fsynced; async: written).
     """
+    ProduceStream: _grpc.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceReply]
+    """Pipelined produce: the client streams ProduceRequests and the broker
+    answers each with a ProduceReply, in order, on the reply stream. Saves a
+    round trip per batch when a producer has many batches to send. The first
+    failing request ends the stream with its status (earlier replies stand).
+    """
     Pull: _grpc.UnaryUnaryMultiCallable[_broker_pb2.PullRequest, _broker_pb2.PullReply]
     """Read a queue from an offset. When nothing is available at the end of the
     queue and max_wait_ms > 0, the request is parked and answered as soon as
@@ -108,6 +114,12 @@ class BrokerAsyncStub(BrokerStub):
     else round robin. All messages of one queue in one request are appended
     atomically at consecutive offsets. Replies after the broker's flush mode
     is honoured (sync: fsynced; async: written).
+    """
+    ProduceStream: _aio.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceReply]  # type: ignore[assignment]
+    """Pipelined produce: the client streams ProduceRequests and the broker
+    answers each with a ProduceReply, in order, on the reply stream. Saves a
+    round trip per batch when a producer has many batches to send. The first
+    failing request ends the stream with its status (earlier replies stand).
     """
     Pull: _aio.UnaryUnaryMultiCallable[_broker_pb2.PullRequest, _broker_pb2.PullReply]  # type: ignore[assignment]
     """Read a queue from an offset. When nothing is available at the end of the
@@ -147,6 +159,18 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         else round robin. All messages of one queue in one request are appended
         atomically at consecutive offsets. Replies after the broker's flush mode
         is honoured (sync: fsynced; async: written).
+        """
+
+    @_abc_1.abstractmethod
+    def ProduceStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broker_pb2.ProduceRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broker_pb2.ProduceReply], _abc.AsyncIterator[_broker_pb2.ProduceReply]]:
+        """Pipelined produce: the client streams ProduceRequests and the broker
+        answers each with a ProduceReply, in order, on the reply stream. Saves a
+        round trip per batch when a producer has many batches to send. The first
+        failing request ends the stream with its status (earlier replies stand).
         """
 
     @_abc_1.abstractmethod

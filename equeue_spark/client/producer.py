@@ -13,18 +13,22 @@ whose first attempt was applied but not acknowledged: at-least-once.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import overload
+
+import grpc
 
 from broker.storage.record import encode_headers
 from equeue_proto.protocol import format_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import BrokerError
+from equeue_spark.client.errors import BrokerError, from_rpc_error
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -184,6 +188,42 @@ class Producer:
         if not len(reply.offsets) == len(reply.queue_ids) == len(reply.positions) == len(values):
             raise BrokerError(f"broker acknowledged {len(reply.offsets)} of {len(values)} messages")
         return SendResults(topic, reply)
+
+    def send_batches(
+        self,
+        topic: str,
+        batches: Iterable[Sequence[bytes]],
+        *,
+        keys: Iterable[Sequence[bytes | None] | None] | None = None,
+    ) -> Iterator[SendResults]:
+        """Send many batches pipelined on one ``ProduceStream`` call.
+
+        Yields one ``SendResults`` per batch, in order, as acknowledgements
+        arrive; the next batches are already on their way meanwhile. Each
+        batch is appended atomically, as with ``send_batch``. The first
+        failure raises (earlier batches stand; later ones were not appended).
+        Not retried: a stream may have been partly applied.
+        """
+        key_columns: Iterator[Sequence[bytes | None] | None] = (
+            iter(keys) if keys is not None else itertools.repeat(None)
+        )
+        sizes: collections.deque[int] = collections.deque()
+
+        def requests() -> Iterator[pb.ProduceRequest]:
+            for values in batches:
+                sizes.append(len(values))
+                yield build_request(topic, values, keys=next(key_columns))
+
+        try:
+            replies = self._conn.broker.ProduceStream(
+                requests(), timeout=self._conn.config.timeout_s * 10
+            )
+            for reply in replies:
+                if len(reply.offsets) != sizes.popleft():
+                    raise BrokerError("broker acknowledged a different number of messages")
+                yield SendResults(topic, reply)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from exc
 
     def send(
         self,
