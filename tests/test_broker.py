@@ -402,10 +402,18 @@ def test_sigterm_shuts_down_cleanly(broker_factory: StartBroker, tmp_path: Path)
 
 
 def test_producer_lingers_and_batches(broker: BrokerProcess) -> None:
-    with Producer(broker.address, linger_ms=20, batch_size=50) as producer:
-        futures = [producer.send("linger", b"m%d" % i, key=b"k") for i in range(120)]
-        results = [f.result(timeout=10) for f in futures]
-    assert [r.offset for r in results] == list(range(120))  # one key: one queue, in order
+    # Pauses in the middle of batches let the 1 ms linger thread cut partial
+    # batches while the caller cuts full ones: whichever thread sends, one
+    # key's messages must keep their order. (The pauses shape the load; they
+    # synchronise nothing.)
+    with Producer(broker.address, linger_ms=1, batch_size=50) as producer:
+        futures = []
+        for i in range(2000):
+            futures.append(producer.send("linger", b"m%d" % i, key=b"k"))
+            if i % 37 == 0:
+                time.sleep(0.001)
+        results = [f.result(timeout=30) for f in futures]
+    assert [r.offset for r in results] == list(range(2000))  # one key: one queue, in order
     assert len({r.queue_id for r in results}) == 1
 
 

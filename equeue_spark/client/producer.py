@@ -14,10 +14,11 @@ whose first attempt was applied but not acknowledged: at-least-once.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import overload
@@ -135,6 +136,10 @@ def build_request(
     return request
 
 
+def _older_than(cutoff: float, _topic: str, pending: _Pending) -> bool:
+    return pending.since <= cutoff
+
+
 class Producer:
     """Send messages to a broker::
 
@@ -159,6 +164,9 @@ class Producer:
         self.max_batch_bytes = max_batch_bytes
         self.linger_ms = linger_ms
         self._lock = threading.Lock()
+        """Guards the buffers."""
+        self._send_lock = threading.Lock()
+        """Held while batches are cut and sent (taken before ``_lock``)."""
         self._pending: dict[str, _Pending] = {}
         self._closed = threading.Event()
         self._lingerer: threading.Thread | None = None
@@ -249,10 +257,24 @@ class Producer:
             pending.futures.append(future)
             pending.nbytes += len(value) + (len(key) if key else 0)
             full = len(pending.values) >= self.batch_size or pending.nbytes >= self.max_batch_bytes
-            ready = self._pending.pop(topic) if full or self.linger_ms == 0 else None
-        if ready is not None:
-            self._send_pending(topic, ready)
+        if full or self.linger_ms == 0:
+            self._send_due(lambda _topic, _pending: _topic == topic)
         return future
+
+    def _send_due(self, due: Callable[[str, _Pending], bool]) -> None:
+        """Cut the batches ``due`` selects and send them, one at a time.
+
+        Cutting and sending happen under one lock, so batches leave in the
+        order they were cut, whichever thread (caller or linger) sends them:
+        messages of one topic keep their order on the broker.
+        """
+        with self._send_lock:
+            with self._lock:
+                ready = [
+                    (t, self._pending.pop(t)) for t, p in list(self._pending.items()) if due(t, p)
+                ]
+            for topic, pending in ready:
+                self._send_pending(topic, pending)
 
     def _send_pending(self, topic: str, pending: _Pending) -> None:
         try:
@@ -273,21 +295,13 @@ class Producer:
 
     def flush(self) -> None:
         """Send everything buffered and wait for the acknowledgements."""
-        with self._lock:
-            ready = list(self._pending.items())
-            self._pending.clear()
-        for topic, pending in ready:
-            self._send_pending(topic, pending)
+        self._send_due(lambda _topic, _pending: True)
 
     def _linger(self) -> None:
         interval = self.linger_ms / 1000
         while not self._closed.wait(interval / 2):
-            now = time.monotonic()
-            with self._lock:
-                due = [t for t, p in self._pending.items() if now - p.since >= interval]
-                ready = [(t, self._pending.pop(t)) for t in due]
-            for topic, pending in ready:
-                self._send_pending(topic, pending)
+            cutoff = time.monotonic() - interval
+            self._send_due(functools.partial(_older_than, cutoff))
 
     def close(self) -> None:
         """Flush, stop the linger thread and close the channel."""
