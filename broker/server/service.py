@@ -107,6 +107,30 @@ def rpc(method: Handler) -> Handler:
     return wrapper
 
 
+StreamHandler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
+
+
+def rpc_stream(method: StreamHandler) -> StreamHandler:
+    """``rpc`` for handlers that stream replies: replies already sent stand,
+    and the first failure ends the stream with its status."""
+
+    @functools.wraps(method)
+    async def wrapper(
+        self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        try:
+            async for reply in method(self, request, context):
+                yield reply
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every error becomes a status; see errors.py
+            code, message = status_for(exc)
+        await context.abort(code, message)
+
+    return wrapper
+
+
 # -- the data path ------------------------------------------------------------------
 
 
@@ -120,28 +144,21 @@ class BrokerService(pb_grpc.BrokerServicer):
             return await self.s.call(self._produce, request)
         return self.s.inline(self._produce, request)
 
+    @rpc_stream
     async def ProduceStream(
         self,
         requests: AsyncIterator[pb.ProduceRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.ProduceReply]:
-        try:
-            count = 0
-            async for request in requests:
-                count += 1
-                if count > MAX_STREAM_BATCHES:
-                    raise BadRequest(f"more than {MAX_STREAM_BATCHES} requests on one stream")
-                if self.s.config.flush == "sync":
-                    yield await self.s.call(self._produce, request)
-                else:
-                    yield self.s.inline(self._produce, request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # see errors.py
-            code, message = status_for(exc)
-        else:
-            return
-        await context.abort(code, message)
+        count = 0
+        async for request in requests:
+            count += 1
+            if count > MAX_STREAM_BATCHES:
+                raise BadRequest(f"more than {MAX_STREAM_BATCHES} requests on one stream")
+            if self.s.config.flush == "sync":
+                yield await self.s.call(self._produce, request)
+            else:
+                yield self.s.inline(self._produce, request)
 
     def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply:
         store = self.s.store
@@ -253,38 +270,31 @@ class BrokerService(pb_grpc.BrokerServicer):
             self.s.counters.add(topic, queue_id, consumed=result.count)
         return _pull_reply(result, self.s.broker_id)
 
+    @rpc_stream
     async def PullStream(
         self, request: pb.PullStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.PullReply]:
-        try:
-            store = self.s.store
-            batch = request.batch_messages or DEFAULT_PULL_MESSAGES
-            read = functools.partial(
-                store.read_records, request.topic, request.queue_id,
-                max_bytes=request.batch_bytes or DEFAULT_PULL_BYTES,
-                tags=list(request.tags) or None,
-            )  # fmt: skip
-            offset = request.offset
-            stop = request.end_offset or store.visible_end(request.topic, request.queue_id)
-            if stop < 0:  # no such queue: let the read raise the precise error
-                read(offset, max_messages=1)
-            for _ in range(MAX_STREAM_BATCHES):
-                if offset >= stop:
-                    return
-                result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
-                if result.count:
-                    self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
-                yield _pull_reply(result, self.s.broker_id)
-                if result.status is not ReadStatus.OK or result.next_offset >= result.end:
-                    return
-                offset = result.next_offset
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # see errors.py
-            code, message = status_for(exc)
-        else:
-            return
-        await context.abort(code, message)
+        store = self.s.store
+        batch = request.batch_messages or DEFAULT_PULL_MESSAGES
+        read = functools.partial(
+            store.read_records, request.topic, request.queue_id,
+            max_bytes=request.batch_bytes or DEFAULT_PULL_BYTES,
+            tags=list(request.tags) or None,
+        )  # fmt: skip
+        offset = request.offset
+        stop = request.end_offset or store.visible_end(request.topic, request.queue_id)
+        if stop < 0:  # no such queue: let the read raise the precise error
+            read(offset, max_messages=1)
+        for _ in range(MAX_STREAM_BATCHES):
+            if offset >= stop:
+                return
+            result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
+            if result.count:
+                self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
+            yield _pull_reply(result, self.s.broker_id)
+            if result.status is not ReadStatus.OK or result.next_offset >= result.end:
+                return
+            offset = result.next_offset
 
     @rpc
     async def CommitOffsets(
