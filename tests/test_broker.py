@@ -319,6 +319,35 @@ def test_every_admin_rpc(broker: BrokerProcess) -> None:
         assert admin.list_topics() == []
 
 
+def test_offset_lookups_and_group_commits(broker: BrokerProcess) -> None:
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic("look", queues=2)
+        producer.send_batch("look", [b"a" * 10, b"b" * 500, b"c"], queue_ids=[1, 1, 1])
+        before = time.time_ns() // 1_000_000
+        queues = admin.list_offsets("look")
+        assert [(q.queue_id, q.earliest_offset, q.end_offset) for q in queues] == [
+            (0, 0, 0),
+            (1, 0, 3),
+        ]
+        assert all(q.timestamp_offset == -1 and q.consumer_visible for q in queues)
+        assert [q.timestamp_offset for q in admin.list_offsets("look", 0)] == [0, 0]
+        assert [q.timestamp_offset for q in admin.list_offsets("look", before + 60_000)] == [0, 3]
+
+        stop, size = admin.offset_for_bytes("look", 1, 0, 3, 100)
+        assert stop == 1 and 10 < size < 100
+        assert admin.offset_for_bytes("look", 1, 0, 3, 10**6)[0] == 3
+        with pytest.raises(InvalidRequest, match="start offset 7"):
+            admin.offset_for_bytes("look", 1, 7, 9, 100)
+        with pytest.raises(NotFoundError):
+            admin.list_offsets("nope")
+
+        admin.commit_offsets("spark", {("look", 1): 2, ("look", 0): 0})
+        assert admin.fetch_offsets("spark") == {("look", 0): 0, ("look", 1): 2}
+        assert admin.describe_group("spark").total_lag == 1
+        with pytest.raises(InvalidRequest, match="offset 9"):
+            admin.commit_offsets("spark", {("look", 1): 9})
+
+
 @pytest.mark.parametrize(
     ("request_", "code", "fragment"),
     [

@@ -338,6 +338,35 @@ def test_offset_for_timestamp_uses_store_time(open_store: OpenStore) -> None:
     assert store.offset_for_timestamp("t", 0, first) == 0
 
 
+def test_offset_for_bytes_follows_record_sizes(open_store: OpenStore) -> None:
+    store = open_store()
+    store.create_topic("t", 1)
+    store.append("t", 0, MessageBatch([b"x" * n for n in (10, 200, 30, 40)]))
+    sizes = [len(store.record_at(store.position_of("t", 0, i))) for i in range(4)]
+    assert store.offset_for_bytes("t", 0, 0, 4, sizes[0]) == (1, sizes[0])
+    # A budget smaller than one record still moves one record.
+    assert store.offset_for_bytes("t", 0, 1, 4, 1) == (2, sizes[1])
+    assert store.offset_for_bytes("t", 0, 0, 4, sum(sizes[:3]) + 5) == (3, sum(sizes[:3]))
+    assert store.offset_for_bytes("t", 0, 0, 99, 10**9) == (4, sum(sizes))
+    assert store.offset_for_bytes("t", 0, 4, 4, 10) == (4, 0)
+    assert store.offset_for_bytes("t", 0, 2, 1, 10**9) == (2, 0)
+    with pytest.raises(InvalidArgument, match="start offset 5"):
+        store.offset_for_bytes("t", 0, 5, 9, 10)
+    with pytest.raises(InvalidArgument, match="max_bytes"):
+        store.offset_for_bytes("t", 0, 0, 9, 0)
+
+
+def test_offset_for_bytes_spans_index_chunks(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    store = open_store(make_config(index_entries_per_chunk=16))
+    store.create_topic("t", 1)
+    store.append("t", 0, MessageBatch(values(100)))
+    size = len(store.record_at(store.position_of("t", 0, 0)))
+    assert store.offset_for_bytes("t", 0, 3, 100, size * 40) == (43, size * 40)
+    assert store.offset_for_bytes("t", 0, 3, 100, size * 40 + size - 1) == (43, size * 40)
+
+
 def test_message_by_position(open_store: OpenStore) -> None:
     store = open_store()
     store.create_topic("t", 2)

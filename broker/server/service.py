@@ -343,6 +343,45 @@ class BrokerService(pb_grpc.BrokerServicer):
             reply.topics.add(topic=topic, queue_ids=queue_ids)
         return reply
 
+    @rpc
+    async def ListOffsets(
+        self, request: pb.ListOffsetsRequest, context: Any
+    ) -> pb.ListOffsetsReply:
+        store = self.s.store
+        timestamp = request.timestamp_ms if request.HasField("timestamp_ms") else None
+
+        def list_() -> pb.ListOffsetsReply:
+            reply = pb.ListOffsetsReply()
+            for q in store.topic(request.topic).queues:
+                info = store.queue_info(request.topic, q.queue_id)
+                found = -1
+                if timestamp is not None:
+                    found = store.offset_for_timestamp(request.topic, q.queue_id, timestamp)
+                reply.queues.add(
+                    queue_id=q.queue_id,
+                    earliest_offset=info.earliest,
+                    end_offset=info.end,
+                    timestamp_offset=found,
+                    consumer_visible=q.consumer_visible,
+                )
+            return reply
+
+        return await self.s.call(list_)
+
+    @rpc
+    async def OffsetForBytes(
+        self, request: pb.OffsetForBytesRequest, context: Any
+    ) -> pb.OffsetForBytesReply:
+        end, size = await self.s.call(
+            self.s.store.offset_for_bytes,
+            request.topic,
+            request.queue_id,
+            request.start_offset,
+            request.end_offset,
+            request.max_bytes,
+        )
+        return pb.OffsetForBytesReply(end_offset=end, bytes=size)
+
 
 def _pull_reply(result: RecordsResult, broker_id: str) -> pb.PullReply:
     return pb.PullReply(

@@ -27,6 +27,7 @@ Thread safety: every public method may be called from any thread.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import errno
 import fcntl
@@ -840,6 +841,43 @@ class Store:
             queue = self._queues[(topic, queue_id)]
             found = queue.index.first_offset_where(queue.index.earliest, 3, timestamp_ms)
             return min(found, queue.visible_end)
+
+    def offset_for_bytes(
+        self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
+    ) -> tuple[int, int]:
+        """Where a byte budget read from ``start`` stops: ``(stop, bytes)`` with
+        ``stop`` the largest offset <= ``end`` (clipped to the readable end) such
+        that the records of ``[start, stop)`` total at most ``max_bytes`` stored
+        bytes, but at least one record past ``start`` when there is one, so a
+        budget smaller than a record still makes progress.
+
+        Sizes come from the index alone (no log reads).
+        """
+        if max_bytes < 1:
+            raise InvalidArgument(f"max_bytes must be at least 1, got {max_bytes}")
+        with self._lock:
+            self._queue_meta(self._topic(topic), queue_id)
+            queue = self._queues[(topic, queue_id)]
+            earliest, visible = queue.index.earliest, queue.visible_end
+            if not earliest <= start <= visible:
+                raise InvalidArgument(
+                    f"start offset {start} for {topic}/{queue_id} outside [{earliest}, {visible}]"
+                )
+            end = min(max(end, start), visible)
+            offset, total = start, 0
+            while offset < end:  # bounded: every round consumes >= 1 entry
+                sizes = queue.index.record_sizes(offset, min(end - offset, 65_536))
+                if not sizes:
+                    break
+                # sums[k] = bytes of [start, offset + k): a C-speed prefix sum + bisect.
+                sums = list(itertools.accumulate(sizes, initial=total))
+                taken = bisect.bisect_right(sums, max_bytes) - 1
+                if offset == start:
+                    taken = max(taken, 1)
+                if taken < len(sizes):
+                    return offset + taken, sums[taken]
+                offset, total = offset + len(sizes), sums[-1]
+            return offset, total
 
     # -- consumer offsets --------------------------------------------------------------
 

@@ -180,6 +180,56 @@ class TopicQueues(_message.Message):
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, topic: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ListOffsetsRequest(_message.Message):
+    __slots__ = ("topic", "timestamp_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class QueueOffsets(_message.Message):
+    __slots__ = ("queue_id", "earliest_offset", "end_offset", "timestamp_offset", "consumer_visible")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    earliest_offset: int
+    end_offset: int
+    timestamp_offset: int
+    consumer_visible: bool
+    def __init__(self, queue_id: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., timestamp_offset: _Optional[int] = ..., consumer_visible: _Optional[bool] = ...) -> None: ...
+
+class ListOffsetsReply(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueOffsets]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueOffsets, _Mapping]]] = ...) -> None: ...
+
+class OffsetForBytesRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "start_offset", "end_offset", "max_bytes")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    start_offset: int
+    end_offset: int
+    max_bytes: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class OffsetForBytesReply(_message.Message):
+    __slots__ = ("end_offset", "bytes")
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    end_offset: int
+    bytes: int
+    def __init__(self, end_offset: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
 class CreateTopicRequest(_message.Message):
     __slots__ = ("name", "queue_count")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,16 @@ class BrokerStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.ListOffsets = channel.unary_unary(
+                '/equeue.v1.Broker/ListOffsets',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.ListOffsetsRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ListOffsetsReply.FromString,
+                _registered_method=True)
+        self.OffsetForBytes = channel.unary_unary(
+                '/equeue.v1.Broker/OffsetForBytes',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesReply.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -145,6 +155,23 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListOffsets(self, request, context):
+        """The offsets of every queue of a topic: earliest and readable end, and,
+        when asked, the first offset stored at or after a timestamp. What a
+        reader (e.g. the Spark source) plans its ranges from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetForBytes(self, request, context):
+        """Where a byte budget read from an offset ends, from the queue index alone:
+        what byte-based rate limits (Spark's maxBytesPerTrigger) are built on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +209,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.HeartbeatRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'ListOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOffsets,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ListOffsetsRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.ListOffsetsReply.SerializeToString,
+            ),
+            'OffsetForBytes': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetForBytes,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -378,6 +415,60 @@ class Broker:
             '/equeue.v1.Broker/Heartbeat',
             equeue__proto_dot_v1_dot_broker__pb2.HeartbeatRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Broker/ListOffsets',
+            equeue__proto_dot_v1_dot_broker__pb2.ListOffsetsRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.ListOffsetsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetForBytes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Broker/OffsetForBytes',
+            equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesReply.FromString,
             options,
             channel_credentials,
             insecure,

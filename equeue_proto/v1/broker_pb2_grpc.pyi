@@ -97,6 +97,15 @@ class BrokerStub:
     """A consumer's liveness signal (send about every second). The reply lists
     the group's live members so each consumer can compute its queues.
     """
+    ListOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListOffsetsRequest, _broker_pb2.ListOffsetsReply]
+    """The offsets of every queue of a topic: earliest and readable end, and,
+    when asked, the first offset stored at or after a timestamp. What a
+    reader (e.g. the Spark source) plans its ranges from.
+    """
+    OffsetForBytes: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetForBytesRequest, _broker_pb2.OffsetForBytesReply]
+    """Where a byte budget read from an offset ends, from the queue index alone:
+    what byte-based rate limits (Spark's maxBytesPerTrigger) are built on.
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -138,6 +147,15 @@ class BrokerAsyncStub(BrokerStub):
     Heartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatReply]  # type: ignore[assignment]
     """A consumer's liveness signal (send about every second). The reply lists
     the group's live members so each consumer can compute its queues.
+    """
+    ListOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListOffsetsRequest, _broker_pb2.ListOffsetsReply]  # type: ignore[assignment]
+    """The offsets of every queue of a topic: earliest and readable end, and,
+    when asked, the first offset stored at or after a timestamp. What a
+    reader (e.g. the Spark source) plans its ranges from.
+    """
+    OffsetForBytes: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetForBytesRequest, _broker_pb2.OffsetForBytesReply]  # type: ignore[assignment]
+    """Where a byte budget read from an offset ends, from the queue index alone:
+    what byte-based rate limits (Spark's maxBytesPerTrigger) are built on.
     """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -219,6 +237,27 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.HeartbeatReply, _abc.Awaitable[_broker_pb2.HeartbeatReply]]:
         """A consumer's liveness signal (send about every second). The reply lists
         the group's live members so each consumer can compute its queues.
+        """
+
+    @_abc_1.abstractmethod
+    def ListOffsets(
+        self,
+        request: _broker_pb2.ListOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListOffsetsReply, _abc.Awaitable[_broker_pb2.ListOffsetsReply]]:
+        """The offsets of every queue of a topic: earliest and readable end, and,
+        when asked, the first offset stored at or after a timestamp. What a
+        reader (e.g. the Spark source) plans its ranges from.
+        """
+
+    @_abc_1.abstractmethod
+    def OffsetForBytes(
+        self,
+        request: _broker_pb2.OffsetForBytesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.OffsetForBytesReply, _abc.Awaitable[_broker_pb2.OffsetForBytesReply]]:
+        """Where a byte budget read from an offset ends, from the queue index alone:
+        what byte-based rate limits (Spark's maxBytesPerTrigger) are built on.
         """
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -115,6 +115,38 @@ class Admin:
         (message,) = decode_records(reply.record, broker_id)
         return message
 
+    def list_offsets(self, topic: str, timestamp_ms: int | None = None) -> list[pb.QueueOffsets]:
+        """Every queue's earliest and end offsets (and, given ``timestamp_ms``,
+        the first offset stored at or after it), by queue id."""
+        request = pb.ListOffsetsRequest(topic=topic, timestamp_ms=timestamp_ms)
+        return list(self._conn.call(self._conn.broker.ListOffsets, request).queues)
+
+    def offset_for_bytes(
+        self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
+    ) -> tuple[int, int]:
+        """``(stop, bytes)``: how far ``max_bytes`` of stored records from
+        ``start`` reach, not past ``end`` (at least one record when there is one)."""
+        request = pb.OffsetForBytesRequest(
+            topic=topic, queue_id=queue_id, start_offset=start, end_offset=end, max_bytes=max_bytes
+        )
+        reply = self._conn.call(self._conn.broker.OffsetForBytes, request)
+        return reply.end_offset, reply.bytes
+
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Record ``group``'s progress, ``{(topic, queue_id): next offset}``,
+        without joining the group (what a Spark query does for its group)."""
+        request = pb.CommitOffsetsRequest(group=group)
+        for (topic, queue_id), offset in sorted(offsets.items()):
+            request.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
+        self._conn.call(self._conn.broker.CommitOffsets, request)
+
+    def fetch_offsets(self, group: str, topic: str = "") -> dict[tuple[str, int], int]:
+        """``group``'s committed offsets, ``{(topic, queue_id): next offset}``
+        (only ``topic``'s when given)."""
+        request = pb.FetchOffsetsRequest(group=group, topic=topic)
+        reply = self._conn.call(self._conn.broker.FetchOffsets, request)
+        return {(o.topic, o.queue_id): o.offset for o in reply.offsets}
+
     def stats(self) -> pb.BrokerStats:
         return self._conn.call(self._stub.GetStats, pb.GetStatsRequest())
 
