@@ -12,7 +12,8 @@ venv: $(STAMP)
 $(STAMP): setup.cfg setup.py pyproject.toml broker/storage/_codec.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# compat mode puts the checkout on sys.path, so Spark's scan for pyspark_* modules sees it.
+	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 CFLAGS_CHECK = -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -fsyntax-only

@@ -69,3 +69,14 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
     """One running broker with default settings (async flush)."""
     return broker_factory()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the whole run (starting one takes seconds)."""
+    pytest.importorskip("pyspark")
+    from tests.spark_support import local_session
+
+    session = local_session()
+    yield session
+    session.stop()

@@ -31,6 +31,7 @@ class BrokerConfig:
     retention_max_chunks: int | None = 100
     retention_max_age_hours: float | None = 168.0
     retention_keep_unconsumed: bool = False
+    retention_check_interval_ms: int = 60_000
     auto_create_topics: bool = True
     default_queues: int = 4
     max_queues_per_topic: int = 256
@@ -78,6 +79,7 @@ class BrokerConfig:
                 max_chunks=self.retention_max_chunks,
                 max_age_ms=None if age is None else int(age * 3_600_000),
                 keep_unconsumed=self.retention_keep_unconsumed,
+                check_interval_ms=self.retention_check_interval_ms,
             ),
         )
 
@@ -101,6 +103,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
         action=argparse.BooleanOptionalAction,
         help="keep chunks a consumer group has not consumed yet",
     )
+    parser.add_argument("--retention-check-interval-ms", type=int, help="how often to apply it")
     parser.add_argument("--auto-create-topics", action=argparse.BooleanOptionalAction)
     parser.add_argument("--default-queues", type=int)
     parser.add_argument("--max-wait-ms", type=int, help="longest a pull may be parked")

@@ -1,5 +1,7 @@
 /*
- * C accelerator for the record encoder of broker/storage/record.py.
+ * C accelerator for the record encoder of broker/storage/record.py, and the
+ * client's pull-reply decoders (decode_frames for equeue_spark/client/records.py,
+ * decode_columns for equeue_spark/client/columns.py).
  *
  * The record format is specified in record.py (and the index entry in
  * queue_index.py); this file implements exactly the same encoding, and
@@ -447,6 +449,402 @@ fail:
     return NULL;
 }
 
+/* ---- columnar decode ------------------------------------------------------ */
+
+/* Strict UTF-8 check, the same acceptance as Python's "strict" decoder
+ * (Unicode Table 3-7: no overlongs, no surrogates, nothing above U+10FFFF). */
+static int utf8_valid(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        while (i + 8 <= n) { /* ASCII fast path */
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (w & 0x8080808080808080ull) break;
+            i += 8;
+        }
+        if (i >= n) break;
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+        } else if (c < 0xC2) {
+            return 0;
+        } else if (c < 0xE0) {
+            if (n - i < 2 || (s[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+        } else if (c < 0xF0) {
+            if (n - i < 3) return 0;
+            uint8_t c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return 0;
+            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F)) return 0;
+            i += 3;
+        } else if (c < 0xF5) {
+            if (n - i < 4) return 0;
+            uint8_t c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80)
+                return 0;
+            if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F)) return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Output stores: the column buffers are little-endian whatever the host. */
+static inline void out32(uint8_t *p, int32_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &v, 4);
+#else
+    put32(p, (uint32_t)v);
+#endif
+}
+static inline void out64(uint8_t *p, int64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &v, 8);
+#else
+    put64(p, (uint64_t)v);
+#endif
+}
+
+#define MAX_BLOB 0x7FFFFFFFLL  /* Arrow (non-large) offsets are int32 */
+#define US_PER_MS 1000LL
+
+/* Totals of one pull reply, from the validating first pass. */
+typedef struct {
+    Py_ssize_t n, key_nulls;
+    long long topics, keys, values, tags, headers, header_keys, header_values;
+} col_sizes_t;
+
+/* Walk a headers section (layout in record.py), adding to the totals. The
+ * section must parse exactly; returns NULL or why it does not. */
+static const char *scan_headers(const uint8_t *p, uint32_t len, col_sizes_t *sz) {
+    if (len == 0) return NULL;
+    if (len < 2) return "malformed headers section";
+    uint16_t count = get16(p);
+    uint64_t at = 2;
+    for (uint16_t i = 0; i < count; i++) {
+        if (at + 2 > len) return "malformed headers section";
+        uint16_t klen = get16(p + at);
+        at += 2;
+        if (at + klen + 4 > len) return "malformed headers section";
+        if (!utf8_valid(p + at, klen)) return "header key is not valid UTF-8";
+        at += klen;
+        uint32_t vlen = get32(p + at);
+        at += 4;
+        if (at + vlen > len) return "malformed headers section";
+        at += vlen;
+        sz->header_keys += klen;
+        sz->header_values += vlen;
+    }
+    if (at != len) return "malformed headers section";
+    sz->headers += count;
+    return NULL;
+}
+
+/* First pass: validate every frame exactly as record.check_frame does, plus
+ * the version, the field lengths, UTF-8 of topic / tag / header keys, the
+ * headers layout and the timestamp range; sum the column sizes. Raises
+ * ValueError (damaged data) or OverflowError (a value the columns cannot
+ * hold), naming the record's byte position. */
+static int scan_columns(const uint8_t *base, Py_ssize_t end, col_sizes_t *sz) {
+    const uint8_t *good_topic = NULL; /* a pull shares one topic: check it once */
+    uint16_t good_topic_len = 0;
+    Py_ssize_t pos = 0;
+    memset(sz, 0, sizeof *sz);
+    while (pos < end) {
+        const uint8_t *r = base + pos;
+        if (end - pos < HEADER_SIZE) {
+            PyErr_Format(PyExc_ValueError,
+                         "record at byte %zd: frame header runs past the end of the data", pos);
+            return -1;
+        }
+        uint32_t body = get32(r);
+        if (body == 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "record at byte %zd: zero length (end of written data)", pos);
+            return -1;
+        }
+        if (body < HEADER_SIZE - 4 || (long long)body + 12 > (long long)(end - pos)) {
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: bad length %u", pos, body);
+            return -1;
+        }
+        uint32_t crc = get32(r + 4 + body), suffix = get32(r + 8 + body);
+        if (suffix != body) {
+            PyErr_Format(PyExc_ValueError,
+                         "record at byte %zd: length suffix %u does not match prefix %u", pos,
+                         suffix, body);
+            return -1;
+        }
+        if (crc != crc32c(r + 4, body)) {
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: checksum mismatch", pos);
+            return -1;
+        }
+        if (r[4] != RECORD_VERSION) {
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: unsupported record version %u",
+                         pos, (unsigned)r[4]);
+            return -1;
+        }
+        uint16_t topic_len = get16(r + 40);
+        uint8_t tag_len = r[42];
+        uint32_t key_len = get32(r + 44), hdr_len = get32(r + 48), value_len = get32(r + 52);
+        if ((uint64_t)HEADER_SIZE - 4 + topic_len + tag_len + key_len + hdr_len + value_len !=
+            body) {
+            PyErr_Format(PyExc_ValueError,
+                         "record at byte %zd: field lengths do not add up to the body length",
+                         pos);
+            return -1;
+        }
+        int64_t producer_ms = (int64_t)get64(r + 24);
+        if (producer_ms > INT64_MAX / US_PER_MS || producer_ms < INT64_MIN / US_PER_MS) {
+            PyErr_Format(PyExc_OverflowError,
+                         "record at byte %zd: producer timestamp %lld ms is out of range "
+                         "for microseconds",
+                         pos, (long long)producer_ms);
+            return -1;
+        }
+        const uint8_t *p = r + HEADER_SIZE;
+        if (good_topic == NULL || topic_len != good_topic_len ||
+            memcmp(good_topic, p, topic_len) != 0) {
+            if (!utf8_valid(p, topic_len)) {
+                PyErr_Format(PyExc_ValueError, "record at byte %zd: topic is not valid UTF-8",
+                             pos);
+                return -1;
+            }
+            good_topic = p;
+            good_topic_len = topic_len;
+        }
+        p += topic_len;
+        if (!utf8_valid(p, tag_len)) {
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: tag is not valid UTF-8", pos);
+            return -1;
+        }
+        p += tag_len + key_len;
+        const char *why = scan_headers(p, hdr_len, sz);
+        if (why != NULL) {
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: %s", pos, why);
+            return -1;
+        }
+        sz->topics += topic_len;
+        sz->tags += tag_len;
+        sz->values += value_len;
+        if (r[5] & FLAG_HAS_KEY)
+            sz->keys += key_len;
+        else
+            sz->key_nulls++;
+        sz->n++;
+        pos += (Py_ssize_t)body + 12;
+    }
+    return 0;
+}
+
+static int check_blob(const char *name, long long size) {
+    if (size <= MAX_BLOB) return 0;
+    PyErr_Format(PyExc_OverflowError,
+                 "records too large for 32-bit offsets: %s total %lld bytes", name, size);
+    return -1;
+}
+
+enum {
+    C_COUNT, C_TOPIC_OFFSETS, C_TOPICS, C_QUEUE_IDS, C_OFFSETS, C_TIMESTAMPS_US,
+    C_KEY_OFFSETS, C_KEYS, C_KEY_VALIDITY, C_KEY_NULLS, C_VALUE_OFFSETS, C_VALUES,
+    C_TAG_OFFSETS, C_TAGS, C_ID_OFFSETS, C_IDS, C_HEADER_LIST_OFFSETS,
+    C_HEADER_KEY_OFFSETS, C_HEADER_KEYS, C_HEADER_VALUE_OFFSETS, C_HEADER_VALUES,
+    C_FIELDS
+};
+
+static const char hex_digits[] = "0123456789abcdef";
+
+/* decode_columns(records, broker_id, want_headers) -> tuple of C_FIELDS items:
+ * the columns of client/columns.py's RecordColumns (Arrow buffer layout, all
+ * little-endian). Two passes: scan_columns validates and sizes, then every
+ * buffer is allocated once at its final size and filled; no Python object is
+ * created per record. */
+static PyObject *decode_columns(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    PyObject *broker_obj;
+    int want_headers;
+    if (!PyArg_ParseTuple(args, "y*Up", &in, &broker_obj, &want_headers)) return NULL;
+    PyObject *items[C_FIELDS] = {NULL};
+    PyObject *result = NULL;
+    const uint8_t *base = (const uint8_t *)in.buf;
+    Py_ssize_t broker_len;
+    const char *broker = PyUnicode_AsUTF8AndSize(broker_obj, &broker_len);
+    if (broker == NULL) goto done;
+    col_sizes_t sz;
+    if (scan_columns(base, in.len, &sz) < 0) goto done;
+    Py_ssize_t n = sz.n;
+    long long id_len = (long long)broker_len + 1 + 16;
+    if (check_blob("topics", sz.topics) < 0 || check_blob("keys", sz.keys) < 0 ||
+        check_blob("values", sz.values) < 0 || check_blob("tags", sz.tags) < 0 ||
+        check_blob("ids", id_len * n) < 0)
+        goto done;
+    if (want_headers &&
+        (check_blob("header keys", sz.header_keys) < 0 ||
+         check_blob("header values", sz.header_values) < 0))
+        goto done;
+    if (want_headers && sz.headers > MAX_BLOB) { /* list offsets count headers */
+        PyErr_Format(PyExc_OverflowError, "records too large for 32-bit offsets: %lld headers",
+                     sz.headers);
+        goto done;
+    }
+
+#define ALLOC(slot, size)                                                          \
+    do {                                                                           \
+        items[slot] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(size));         \
+        if (items[slot] == NULL) goto done;                                        \
+    } while (0)
+#define BUF(slot) ((uint8_t *)PyBytes_AS_STRING(items[slot]))
+    Py_ssize_t offsets_size = 4 * (n + 1);
+    ALLOC(C_TOPIC_OFFSETS, offsets_size);
+    ALLOC(C_TOPICS, sz.topics);
+    ALLOC(C_QUEUE_IDS, 4 * n);
+    ALLOC(C_OFFSETS, 8 * n);
+    ALLOC(C_TIMESTAMPS_US, 8 * n);
+    ALLOC(C_KEY_OFFSETS, offsets_size);
+    ALLOC(C_KEYS, sz.keys);
+    ALLOC(C_VALUE_OFFSETS, offsets_size);
+    ALLOC(C_VALUES, sz.values);
+    ALLOC(C_TAG_OFFSETS, offsets_size);
+    ALLOC(C_TAGS, sz.tags);
+    ALLOC(C_ID_OFFSETS, offsets_size);
+    ALLOC(C_IDS, id_len * n);
+    if (want_headers) {
+        ALLOC(C_HEADER_LIST_OFFSETS, offsets_size);
+        ALLOC(C_HEADER_KEY_OFFSETS, 4 * (sz.headers + 1));
+        ALLOC(C_HEADER_KEYS, sz.header_keys);
+        ALLOC(C_HEADER_VALUE_OFFSETS, 4 * (sz.headers + 1));
+        ALLOC(C_HEADER_VALUES, sz.header_values);
+    } else {
+        ALLOC(C_HEADER_LIST_OFFSETS, 0);
+        ALLOC(C_HEADER_KEY_OFFSETS, 0);
+        ALLOC(C_HEADER_KEYS, 0);
+        ALLOC(C_HEADER_VALUE_OFFSETS, 0);
+        ALLOC(C_HEADER_VALUES, 0);
+    }
+    uint8_t *validity = NULL;
+    if (sz.key_nulls > 0) {
+        ALLOC(C_KEY_VALIDITY, (n + 7) / 8);
+        validity = BUF(C_KEY_VALIDITY);
+        memset(validity, 0, (size_t)(n + 7) / 8);
+    } else {
+        items[C_KEY_VALIDITY] = Py_None;
+        Py_INCREF(Py_None);
+    }
+    items[C_COUNT] = PyLong_FromSsize_t(n);
+    items[C_KEY_NULLS] = PyLong_FromSsize_t(sz.key_nulls);
+    if (items[C_COUNT] == NULL || items[C_KEY_NULLS] == NULL) goto done;
+
+    uint8_t *topic_off = BUF(C_TOPIC_OFFSETS), *topics = BUF(C_TOPICS);
+    uint8_t *queue_ids = BUF(C_QUEUE_IDS), *offsets = BUF(C_OFFSETS);
+    uint8_t *stamps = BUF(C_TIMESTAMPS_US);
+    uint8_t *key_off = BUF(C_KEY_OFFSETS), *keys = BUF(C_KEYS);
+    uint8_t *value_off = BUF(C_VALUE_OFFSETS), *values = BUF(C_VALUES);
+    uint8_t *tag_off = BUF(C_TAG_OFFSETS), *tags = BUF(C_TAGS);
+    uint8_t *id_off = BUF(C_ID_OFFSETS), *ids = BUF(C_IDS);
+    uint8_t *hl_off = BUF(C_HEADER_LIST_OFFSETS);
+    uint8_t *hk_off = BUF(C_HEADER_KEY_OFFSETS), *hkeys = BUF(C_HEADER_KEYS);
+    uint8_t *hv_off = BUF(C_HEADER_VALUE_OFFSETS), *hvalues = BUF(C_HEADER_VALUES);
+#undef BUF
+#undef ALLOC
+    /* Running ends of each blob; all fit in int32 (checked above). */
+    int32_t topic_at = 0, key_at = 0, value_at = 0, tag_at = 0, id_at = 0;
+    int32_t header_at = 0, hkey_at = 0, hvalue_at = 0;
+    out32(topic_off, 0);
+    out32(key_off, 0);
+    out32(value_off, 0);
+    out32(tag_off, 0);
+    out32(id_off, 0);
+    if (want_headers) {
+        out32(hl_off, 0);
+        out32(hk_off, 0);
+        out32(hv_off, 0);
+    }
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *r = base + pos;
+        uint32_t body = get32(r);
+        uint16_t topic_len = get16(r + 40);
+        uint8_t tag_len = r[42];
+        uint32_t key_len = get32(r + 44), hdr_len = get32(r + 48), value_len = get32(r + 52);
+        const uint8_t *p = r + HEADER_SIZE;
+
+        out32(queue_ids + 4 * i, (int32_t)get16(r + 6));
+        out64(offsets + 8 * i, (int64_t)get64(r + 8));
+        out64(stamps + 8 * i, (int64_t)get64(r + 24) * US_PER_MS); /* range checked */
+
+        memcpy(topics + topic_at, p, topic_len);
+        topic_at += topic_len;
+        out32(topic_off + 4 * (i + 1), topic_at);
+        p += topic_len;
+
+        memcpy(tags + tag_at, p, tag_len);
+        tag_at += tag_len;
+        out32(tag_off + 4 * (i + 1), tag_at);
+        p += tag_len;
+
+        if (r[5] & FLAG_HAS_KEY) {
+            memcpy(keys + key_at, p, key_len);
+            key_at += (int32_t)key_len;
+            if (validity != NULL) validity[i >> 3] |= (uint8_t)(1u << (i & 7));
+        }
+        out32(key_off + 4 * (i + 1), key_at);
+        p += key_len;
+
+        if (want_headers) {
+            if (hdr_len != 0) { /* layout validated by scan_headers */
+                uint16_t count = get16(p);
+                const uint8_t *h = p + 2;
+                for (uint16_t k = 0; k < count; k++) {
+                    uint16_t klen = get16(h);
+                    memcpy(hkeys + hkey_at, h + 2, klen);
+                    hkey_at += klen;
+                    h += 2 + klen;
+                    uint32_t vlen = get32(h);
+                    memcpy(hvalues + hvalue_at, h + 4, vlen);
+                    hvalue_at += (int32_t)vlen;
+                    h += 4 + vlen;
+                    header_at++;
+                    out32(hk_off + 4 * header_at, hkey_at);
+                    out32(hv_off + 4 * header_at, hvalue_at);
+                }
+            }
+            out32(hl_off + 4 * (i + 1), header_at);
+        }
+        p += hdr_len;
+
+        memcpy(values + value_at, p, value_len);
+        value_at += (int32_t)value_len;
+        out32(value_off + 4 * (i + 1), value_at);
+
+        /* format_message_id: "<broker_id>-<position as 16 lowercase hex digits>" */
+        uint8_t *id = ids + id_at;
+        memcpy(id, broker, (size_t)broker_len);
+        id += broker_len;
+        *id++ = '-';
+        uint64_t position = get64(r + 16);
+        for (int d = 15; d >= 0; d--) {
+            id[d] = (uint8_t)hex_digits[position & 0xF];
+            position >>= 4;
+        }
+        id_at += (int32_t)id_len;
+        out32(id_off + 4 * (i + 1), id_at);
+
+        pos += (Py_ssize_t)body + 12;
+    }
+
+    result = PyTuple_New(C_FIELDS);
+    if (result == NULL) goto done;
+    for (int f = 0; f < C_FIELDS; f++) {
+        PyTuple_SET_ITEM(result, f, items[f]); /* steals */
+        items[f] = NULL;
+    }
+done:
+    for (int f = 0; f < C_FIELDS; f++) Py_XDECREF(items[f]);
+    PyBuffer_Release(&in);
+    return result;
+}
+
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
@@ -464,6 +862,9 @@ static PyMethodDef methods[] = {
     {"decode_frames", decode_frames, METH_VARARGS,
      "decode_frames(records, cls, broker_id) -> [cls(topic, queue_id, offset, key, value, tag, "
      "headers, producer_ms, store_ms, position, broker_id)], every checksum verified"},
+    {"decode_columns", decode_columns, METH_VARARGS,
+     "decode_columns(records, broker_id, want_headers) -> tuple of RecordColumns fields "
+     "(Arrow buffers, little-endian), every checksum verified"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data) -> int (CRC-32C, Castagnoli)"},
     {NULL, NULL, 0, NULL},
 };

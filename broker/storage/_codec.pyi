@@ -32,3 +32,28 @@ def measure_batch(
     fixed: int,
 ) -> tuple[int, int, int, int]: ...
 def decode_frames(records: ReadableBuffer, cls: type[_T], broker_id: str) -> list[_T]: ...
+def decode_columns(
+    records: ReadableBuffer, broker_id: str, want_headers: bool
+) -> tuple[
+    int,  # count
+    bytes,  # topic_offsets
+    bytes,  # topics
+    bytes,  # queue_ids
+    bytes,  # offsets
+    bytes,  # timestamps_us
+    bytes,  # key_offsets
+    bytes,  # keys
+    bytes | None,  # key_validity
+    int,  # key_nulls
+    bytes,  # value_offsets
+    bytes,  # values
+    bytes,  # tag_offsets
+    bytes,  # tags
+    bytes,  # id_offsets
+    bytes,  # ids
+    bytes,  # header_list_offsets
+    bytes,  # header_key_offsets
+    bytes,  # header_keys
+    bytes,  # header_value_offsets
+    bytes,  # header_values
+]: ...

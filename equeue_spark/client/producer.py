@@ -68,6 +68,10 @@ class SendResults(Sequence[SendResult]):
     def __len__(self) -> int:
         return len(self._offsets)
 
+    @property
+    def topic(self) -> str:
+        return self._topic
+
     @overload
     def __getitem__(self, index: int) -> SendResult: ...
     @overload
@@ -215,21 +219,28 @@ class Producer:
         key_columns: Iterator[Sequence[bytes | None] | None] = (
             iter(keys) if keys is not None else itertools.repeat(None)
         )
-        sizes: collections.deque[int] = collections.deque()
+        requests = (build_request(topic, values, keys=next(key_columns)) for values in batches)
+        return self.send_requests(requests)
 
-        def requests() -> Iterator[pb.ProduceRequest]:
-            for values in batches:
-                sizes.append(len(values))
-                yield build_request(topic, values, keys=next(key_columns))
+    def send_requests(self, requests: Iterable[pb.ProduceRequest]) -> Iterator[SendResults]:
+        """``send_batches`` for requests built by the caller (e.g. straight from
+        Arrow buffers by the Spark writer): pipelined on one ``ProduceStream``."""
+        sent: collections.deque[pb.ProduceRequest] = collections.deque()
+
+        def tracked() -> Iterator[pb.ProduceRequest]:
+            for request in requests:
+                sent.append(request)
+                yield request
 
         try:
             replies = self._conn.broker.ProduceStream(
-                requests(), timeout=self._conn.config.timeout_s * 10
+                tracked(), timeout=self._conn.config.timeout_s * 10
             )
             for reply in replies:
-                if len(reply.offsets) != sizes.popleft():
+                request = sent.popleft()
+                if len(reply.offsets) != request.messages.count:
                     raise BrokerError("broker acknowledged a different number of messages")
-                yield SendResults(topic, reply)
+                yield SendResults(request.topic, reply)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from exc
 

@@ -1,0 +1,87 @@
+"""The read schema, and Arrow record batches built straight from record bytes.
+
+A pull reply carries records in the broker's format; ``client.columns`` turns a
+run of them into column buffers (in C), and this module wraps those buffers as
+Arrow arrays with ``Array.from_buffers``: no Python object per record.
+
+Spark checks a returned batch's Arrow schema against the declared one exactly
+(types and nullability), so the batch schema is derived from the Spark schema
+with pyspark's own converter.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from equeue_spark.client.columns import RecordColumns
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+READ_SCHEMA = (
+    "key binary, value binary, topic string, queue int, offset long, "
+    "timestamp timestamp, tag string, message_id string"
+)
+HEADERS_COLUMN = "headers array<struct<key:string,value:binary>>"
+
+
+def read_schema(include_headers: bool) -> str:
+    """The DDL of the source's fixed schema (``headers`` only when asked)."""
+    return f"{READ_SCHEMA}, {HEADERS_COLUMN}" if include_headers else READ_SCHEMA
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Spark expects for ``schema`` (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def _buf(data: bytes) -> pa.Buffer:
+    return pa.py_buffer(data)
+
+
+def _varlen(kind: pa.DataType, n: int, offsets: bytes, data: bytes) -> pa.Array:
+    return pa.Array.from_buffers(kind, n, [None, _buf(offsets), _buf(data)])
+
+
+def _fixed(kind: pa.DataType, n: int, data: bytes) -> pa.Array:
+    return pa.Array.from_buffers(kind, n, [None, _buf(data)])
+
+
+def to_record_batch(cols: RecordColumns, schema: pa.Schema) -> pa.RecordBatch:
+    """One Arrow batch of the records decoded into ``cols``, with ``schema``."""
+    n = cols.count
+    validity = None if cols.key_validity is None else _buf(cols.key_validity)
+    keys = pa.Array.from_buffers(
+        pa.binary(), n, [validity, _buf(cols.key_offsets), _buf(cols.keys)], cols.key_nulls
+    )
+    arrays = [
+        keys,
+        _varlen(pa.binary(), n, cols.value_offsets, cols.values),
+        _varlen(pa.string(), n, cols.topic_offsets, cols.topics),
+        _fixed(pa.int32(), n, cols.queue_ids),
+        _fixed(pa.int64(), n, cols.offsets),
+        _fixed(schema.field("timestamp").type, n, cols.timestamps_us),
+        _varlen(pa.string(), n, cols.tag_offsets, cols.tags),
+        _varlen(pa.string(), n, cols.id_offsets, cols.ids),
+    ]
+    if schema.get_field_index("headers") >= 0:
+        arrays.append(_headers(cols, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _headers(cols: RecordColumns, kind: pa.ListType) -> pa.Array:
+    m = (len(cols.header_key_offsets) // 4) - 1
+    struct_type = kind.value_type
+    entries = pa.StructArray.from_arrays(
+        [
+            _varlen(pa.string(), m, cols.header_key_offsets, cols.header_keys),
+            _varlen(pa.binary(), m, cols.header_value_offsets, cols.header_values),
+        ],
+        fields=list(struct_type),
+    )
+    offsets = _buf(cols.header_list_offsets)
+    return pa.Array.from_buffers(kind, cols.count, [None, offsets], children=[entries])

@@ -1,0 +1,73 @@
+"""Source offsets: ``{topic: {queue_id: next offset}}`` and the arithmetic on them.
+
+Spark stores a source's offsets as JSON and decides "is there new data?" by
+comparing the JSON *text* of two offsets, so the encoding must be canonical:
+topics sorted, queue ids sorted numerically, nothing else in the object.
+Example: ``{"orders": {"0": 120, "1": 98}}`` (queue ids are JSON keys, so strings).
+
+Pyspark-free: the planning logic is tested without a Spark session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+QueueKey = tuple[str, int]
+"""(topic, queue id)"""
+Offsets = dict[QueueKey, int]
+"""Next offset to read per queue (exclusive end of what was read)."""
+
+
+def to_json(offsets: Mapping[QueueKey, int]) -> dict[str, dict[str, int]]:
+    """The canonical JSON-able form (sorted topics, numerically sorted queues)."""
+    out: dict[str, dict[str, int]] = {}
+    for topic, queue in sorted(offsets):
+        out.setdefault(topic, {})[str(queue)] = offsets[(topic, queue)]
+    return out
+
+
+def from_json(data: Mapping[str, Mapping[str, int]]) -> Offsets:
+    """Parse what ``to_json`` produced (as Spark hands it back from its checkpoint)."""
+    return {(topic, int(q)): int(o) for topic, queues in data.items() for q, o in queues.items()}
+
+
+def rate_limit(limit: int, starts: Mapping[QueueKey, int], ends: Offsets) -> Offsets:
+    """Cap the total records of ``[starts, ends)`` at about ``limit``, split over
+    queues in proportion to their backlog, as Kafka's ``maxOffsetsPerTrigger``
+    does: a queue's share is rounded down, but never to zero, so a small queue
+    is not starved by a big one (the total may exceed ``limit`` by that rounding).
+    """
+    sizes = {key: end - starts.get(key, end) for key, end in ends.items()}
+    total = sum(size for size in sizes.values() if size > 0)
+    if total <= limit:
+        return dict(ends)
+    capped = dict(ends)
+    for key, size in sizes.items():
+        if size > 0:
+            share = max(limit * size // total, 1)
+            capped[key] = min(ends[key], starts[key] + share)
+    return capped
+
+
+def split_budget(budget: int, starts: Mapping[QueueKey, int], ends: Offsets) -> dict[QueueKey, int]:
+    """Split a byte budget over the queues with records in ``[starts, ends)``, in
+    proportion to their record backlog (each gets at least 1 byte)."""
+    sizes = {key: end - starts.get(key, end) for key, end in ends.items()}
+    total = sum(size for size in sizes.values() if size > 0)
+    return {
+        key: max(budget * size // total, 1) for key, size in sizes.items() if size > 0 and total
+    }
+
+
+def backlog(starts: Mapping[QueueKey, int], ends: Mapping[QueueKey, int]) -> int:
+    """Records between two offsets (queues missing from ``starts`` count from ``ends``)."""
+    return sum(max(end - starts.get(key, end), 0) for key, end in ends.items())
+
+
+def split_range(start: int, end: int, max_records: int | None) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into pieces of at most ``max_records`` (one Spark task each)."""
+    if end <= start:
+        return []
+    if not max_records:
+        return [(start, end)]
+    return [(lo, min(lo + max_records, end)) for lo in range(start, end, max_records)]

@@ -1,0 +1,277 @@
+"""The connector's options: parsed once, typed, validated, with defaults and limits.
+
+Spark hands a data source its options with lower-cased keys and string values.
+Everything is checked when the query starts (``ReadOptions.parse`` /
+``WriteOptions.parse``): an unknown option or a bad value raises
+``InvalidOption`` naming the option and the value, instead of failing a task
+later. The README's option table documents the same names and defaults.
+
+Pyspark-free, so it can be tested without a Spark session.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from equeue_spark.client.connection import ClientConfig
+from equeue_spark.spark.errors import InvalidOption
+
+EARLIEST = -2
+"""Offset sentinel in ``startingOffsets``/``endingOffsets`` JSON: the earliest retained."""
+LATEST = -1
+"""Offset sentinel: the queue's end."""
+
+MAX_TOPICS = 1000
+MAX_TIMEOUT_MS = 3_600_000
+MAX_WRITE_BATCH = 10_000
+"""Rows per produce call; the broker's default batch limit."""
+MAX_TRIGGER_DELAY_MS = 7 * 24 * 3_600_000
+
+_SPARK_KEYS = frozenset({"path", "checkpointlocation", "queryname"})
+"""Keys Spark itself may add to a source's or sink's options; ignored."""
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+StartSpec = str | dict[str, dict[int, int]]
+"""``"earliest"``, ``"latest"``, ``"group"``, or ``{topic: {queue: offset or sentinel}}``."""
+
+
+def _bad(name: str, value: str, why: str) -> InvalidOption:
+    return InvalidOption(f"option {name}={value!r}: {why}")
+
+
+class _Options:
+    """Typed access to the raw option map, recording which keys were used."""
+
+    def __init__(self, raw: Mapping[str, str], names: dict[str, str]) -> None:
+        self.raw = {k.lower(): v for k, v in raw.items()}
+        self.names = names  # lower-case key -> documented spelling
+        unknown = sorted(set(self.raw) - set(names) - _SPARK_KEYS)
+        if unknown:
+            known = ", ".join(sorted(names.values()))
+            raise InvalidOption(
+                f"unknown option {unknown[0]!r} (value {self.raw[unknown[0]]!r}); "
+                f"the equeue source knows: {known}"
+            )
+
+    def text(self, key: str, default: str = "") -> str:
+        return self.raw.get(key, default).strip()
+
+    def has(self, key: str) -> bool:
+        return key in self.raw and self.raw[key].strip() != ""
+
+    def integer(self, key: str, default: int, low: int, high: int) -> int:
+        if not self.has(key):
+            return default
+        value = self.raw[key]
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise _bad(self.names[key], value, "not an integer") from None
+        if not low <= number <= high:
+            raise _bad(self.names[key], value, f"must be between {low} and {high}")
+        return number
+
+    def flag(self, key: str, default: bool) -> bool:
+        if not self.has(key):
+            return default
+        value = self.raw[key].strip().lower()
+        if value not in ("true", "false"):
+            raise _bad(self.names[key], self.raw[key], "must be true or false")
+        return value == "true"
+
+    def duration_ms(self, key: str, default: int, high: int) -> int:
+        if not self.has(key):
+            return default
+        value = self.raw[key]
+        match = _DURATION.match(value)
+        if not match:
+            raise _bad(self.names[key], value, "not a duration like 500ms, 30s, 15m, 1h")
+        millis = int(match.group(1)) * _UNIT_MS[(match.group(2) or "ms").lower()]
+        if millis > high:
+            raise _bad(self.names[key], value, f"longer than the limit of {high} ms")
+        return millis
+
+
+_READ_NAMES = [
+    "broker", "topic", "topicPattern", "group", "startingOffsets", "groupFallback",
+    "startingTimestamp", "endingOffsets", "endingTimestamp", "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger", "maxTriggerDelay", "maxBytesPerTrigger",
+    "maxRecordsPerPartition", "tags", "includeHeaders", "failOnDataLoss", "timeoutMs",
+]  # fmt: skip
+_WRITE_NAMES = ["broker", "topic", "timeoutMs", "batchSize"]
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Options of ``spark.read`` / ``spark.readStream`` ``.format("equeue")``."""
+
+    broker: str
+    """host:port of the broker; default ``$EQUEUE_BROKER`` or 127.0.0.1:5000."""
+    topics: tuple[str, ...] = ()
+    """Topics to read (option ``topic``, comma-separated)."""
+    topic_pattern: re.Pattern[str] | None = None
+    """Regex over topic names (option ``topicPattern``), re-evaluated every micro-batch."""
+    group: str = ""
+    """Consumer group whose progress the query commits on the broker."""
+    starting: StartSpec = "latest"
+    """Where a new query starts (option ``startingOffsets``)."""
+    group_fallback: str = "earliest"
+    """With ``startingOffsets=group``: where queues the group never committed start."""
+    starting_timestamp_ms: int | None = None
+    ending: StartSpec = "latest"
+    """Batch only: where the read stops (exclusive)."""
+    ending_timestamp_ms: int | None = None
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
+    max_bytes_per_trigger: int | None = None
+    max_records_per_partition: int | None = None
+    tags: tuple[str, ...] = ()
+    include_headers: bool = False
+    fail_on_data_loss: bool = True
+    timeout_ms: int = 30_000
+    """Deadline of every broker call made by the driver and by read tasks."""
+
+    @property
+    def client(self) -> ClientConfig:
+        return ClientConfig(broker=self.broker, timeout_s=self.timeout_ms / 1000)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+        o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
+        topics, pattern = _parse_topics(o)
+        kwargs: dict[str, Any] = {"broker": o.text("broker"), "topics": topics}
+        kwargs["topic_pattern"] = pattern
+        kwargs["group"] = o.text("group")
+        kwargs["starting"] = _parse_offsets(o, "startingoffsets", streaming, topics, pattern)
+        if kwargs["starting"] == "group" and not kwargs["group"]:
+            raise _bad("startingOffsets", "group", "needs the group option")
+        fallback = o.text("groupfallback", "earliest").lower()
+        if fallback not in ("earliest", "latest"):
+            raise _bad("groupFallback", fallback, "must be earliest or latest")
+        kwargs["group_fallback"] = fallback
+        if o.has("startingtimestamp"):
+            if o.has("startingoffsets"):
+                raise _bad("startingTimestamp", o.text("startingtimestamp"),
+                           "give startingOffsets or startingTimestamp, not both")  # fmt: skip
+            kwargs["starting_timestamp_ms"] = o.integer("startingtimestamp", 0, 0, 2**62)
+        for key in ("endingoffsets", "endingtimestamp"):
+            if streaming and o.has(key):
+                raise _bad(o.names[key], o.text(key), "only batch reads take it")
+        kwargs["ending"] = _parse_offsets(o, "endingoffsets", False, topics, pattern, end=True)
+        if o.has("endingtimestamp"):
+            kwargs["ending_timestamp_ms"] = o.integer("endingtimestamp", 0, 0, 2**62)
+        for key, attr in (
+            ("maxoffsetspertrigger", "max_offsets_per_trigger"),
+            ("minoffsetspertrigger", "min_offsets_per_trigger"),
+            ("maxbytespertrigger", "max_bytes_per_trigger"),
+            ("maxrecordsperpartition", "max_records_per_partition"),
+        ):
+            if o.has(key):
+                kwargs[attr] = o.integer(key, 0, 1, 2**62)
+        kwargs["max_trigger_delay_ms"] = o.duration_ms(
+            "maxtriggerdelay", 15 * 60_000, MAX_TRIGGER_DELAY_MS
+        )
+        if o.has("tags"):
+            tags = tuple(t.strip() for t in o.text("tags").split("|"))
+            if any(not t for t in tags):
+                raise _bad("tags", o.text("tags"), "an empty tag; write tags as a|b|c")
+            kwargs["tags"] = tags
+        kwargs["include_headers"] = o.flag("includeheaders", False)
+        kwargs["fail_on_data_loss"] = o.flag("failondataloss", True)
+        kwargs["timeout_ms"] = o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS)
+        return cls(**kwargs)
+
+
+def _parse_topics(o: _Options) -> tuple[tuple[str, ...], re.Pattern[str] | None]:
+    if o.has("topic") == o.has("topicpattern"):
+        raise InvalidOption(
+            "give exactly one of the options topic (a name or a comma list) and "
+            f"topicPattern (a regex); got topic={o.raw.get('topic')!r}, "
+            f"topicPattern={o.raw.get('topicpattern')!r}"
+        )
+    if o.has("topicpattern"):
+        text = o.text("topicpattern")
+        try:
+            return (), re.compile(text)
+        except re.error as exc:
+            raise _bad("topicPattern", text, f"not a regular expression ({exc})") from None
+    topics = tuple(t.strip() for t in o.text("topic").split(","))
+    if any(not t for t in topics):
+        raise _bad("topic", o.text("topic"), "an empty topic name in the list")
+    if len(set(topics)) != len(topics) or len(topics) > MAX_TOPICS:
+        raise _bad("topic", o.text("topic"), f"names must be distinct, at most {MAX_TOPICS}")
+    return topics, None
+
+
+def _parse_offsets(
+    o: _Options,
+    key: str,
+    streaming: bool,
+    topics: tuple[str, ...],
+    pattern: re.Pattern[str] | None,
+    *,
+    end: bool = False,
+) -> StartSpec:
+    """``earliest`` | ``latest`` | ``group`` | JSON ``{"topic": {"0": 12, "1": -2}}``."""
+    name = o.names[key]
+    default = "latest" if (streaming or end) else "earliest"
+    text = o.text(key, default)
+    words = ("latest",) if end else ("earliest", "latest", "group")
+    if text.lower() in words:
+        return text.lower()
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise _bad(name, text, f"must be {', '.join(words)} or a JSON object") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise _bad(name, text, 'must be a JSON object like {"topic": {"0": 12, "1": -2}}')
+    spec: dict[str, dict[int, int]] = {}
+    for topic, queues in parsed.items():
+        subscribed = topic in topics or (pattern is not None and pattern.fullmatch(topic))
+        if not subscribed:
+            raise _bad(name, text, f"topic {topic!r} is not one the query reads")
+        if not isinstance(queues, dict):
+            raise _bad(name, text, f"topic {topic!r} must map queue ids to offsets")
+        spec[topic] = {}
+        for queue, offset in queues.items():
+            lowest = LATEST if end else EARLIEST
+            if not (isinstance(queue, str) and queue.isdigit()):
+                raise _bad(name, text, f"queue id {queue!r} of {topic!r} is not a number")
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < lowest:
+                raise _bad(name, text, f"offset {offset!r} of {topic}/{queue} must be an "
+                                       f"integer >= {lowest}")  # fmt: skip
+            spec[topic][int(queue)] = offset
+    return spec
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Options of ``df.write`` / ``df.writeStream`` ``.format("equeue")``."""
+
+    broker: str
+    topic: str = ""
+    """Overrides the ``topic`` column; one of the two is required."""
+    batch_size: int = 5000
+    """Rows per produce call (1 to 10,000)."""
+    timeout_ms: int = 30_000
+
+    @property
+    def client(self) -> ClientConfig:
+        return ClientConfig(broker=self.broker, timeout_s=self.timeout_ms / 1000)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> WriteOptions:
+        o = _Options(raw, {n.lower(): n for n in _WRITE_NAMES})
+        return cls(
+            broker=o.text("broker"),
+            topic=o.text("topic"),
+            batch_size=o.integer("batchsize", 5000, 1, MAX_WRITE_BATCH),
+            timeout_ms=o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS),
+        )

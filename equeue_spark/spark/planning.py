@@ -1,0 +1,186 @@
+"""Driver-side planning: which queues a query reads, where it starts and stops,
+how ranges become Spark partitions, and committing group progress.
+
+Every broker call here goes through ``Admin`` and so has a deadline (the
+``timeoutMs`` option): a dead broker fails the query's planning with a clear
+error instead of hanging the driver. Pyspark-free.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.admin import Admin
+from equeue_spark.client.errors import EqueueError, NotFoundError
+from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
+from equeue_spark.spark.offsets import Offsets, QueueKey, split_range
+from equeue_spark.spark.options import EARLIEST, LATEST, ReadOptions, StartSpec
+from equeue_spark.spark.read_task import QueueRange
+
+log = logging.getLogger("equeue.spark")
+
+Queues = dict[QueueKey, pb.QueueOffsets]
+
+
+class Planner:
+    """Talks to the broker for one query (lives in the driver's source process)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._admin: Admin | None = None
+        self._committed: Offsets = {}
+
+    @property
+    def admin(self) -> Admin:
+        if self._admin is None:
+            self._admin = Admin(config=self.options.client)
+        return self._admin
+
+    def close(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+
+    # -- what there is to read -----------------------------------------------------
+
+    def topics(self) -> list[str]:
+        """The topics the query reads now (a pattern is matched against the broker's)."""
+        pattern = self.options.topic_pattern
+        if pattern is None:
+            return list(self.options.topics)
+        return sorted(t.name for t in self.admin.list_topics() if pattern.fullmatch(t.name))
+
+    def queues(self, timestamp_ms: int | None = None) -> Queues:
+        """Offsets of every consumer-visible queue of the query's topics.
+
+        A named topic that does not exist yet simply has no queues (the query
+        waits for it), as Kafka's ``subscribe`` does.
+        """
+        found: Queues = {}
+        for topic in self.topics():
+            try:
+                listed = self.admin.list_offsets(topic, timestamp_ms)
+            except NotFoundError:
+                continue
+            for q in listed:
+                if q.consumer_visible:
+                    found[(topic, q.queue_id)] = q
+        return found
+
+    # -- start and end offsets ------------------------------------------------------
+
+    def resolve(self, spec: StartSpec, timestamp_ms: int | None, *, end: bool) -> Offsets:
+        """Offsets for a ``startingOffsets``/``endingOffsets`` spec or a timestamp."""
+        queues = self.queues(timestamp_ms)
+        if timestamp_ms is not None:
+            return {key: q.timestamp_offset for key, q in queues.items()}
+        if spec == "group":
+            return self._group_offsets(queues)
+        fallback = LATEST if (end or spec == "latest") else EARLIEST
+        given = spec if isinstance(spec, dict) else {}
+        for topic, by_queue in given.items():
+            for queue_id in by_queue:
+                if (topic, queue_id) not in queues:
+                    raise InvalidOption(
+                        f"option {'endingOffsets' if end else 'startingOffsets'} names "
+                        f"{topic}/{queue_id}, which does not exist"
+                    )
+        offsets = {}
+        for key, q in queues.items():
+            wanted = given.get(key[0], {}).get(key[1], fallback)
+            offsets[key] = _pick(q, wanted)
+        return offsets
+
+    def _group_offsets(self, queues: Queues) -> Offsets:
+        """The group's committed offsets; ``groupFallback`` where it has none."""
+        committed = self.admin.fetch_offsets(self.options.group)
+        fallback = EARLIEST if self.options.group_fallback == "earliest" else LATEST
+        offsets = {}
+        for key, q in queues.items():
+            start = committed.get(key)
+            offsets[key] = _pick(q, fallback) if start is None else start
+        return offsets
+
+    # -- partitions -------------------------------------------------------------------
+
+    def ranges(self, starts: Mapping[QueueKey, int], ends: Offsets) -> list[QueueRange]:
+        """Spark partitions for ``[starts, ends)``: one per queue range, cut by
+        ``maxRecordsPerPartition``. Queues new since ``starts`` start at their
+        earliest offset; starts below the earliest are data loss."""
+        opts = self.options
+        ranges = []
+        current = self.queues() if self._needs_earliest(starts, ends) else {}
+        for key in sorted(ends):
+            end = ends[key]
+            start = starts.get(key)
+            q = current.get(key)
+            if start is None:
+                start = q.earliest_offset if q is not None else end
+            elif q is not None and start < q.earliest_offset:
+                start = self._lost(key, start, q.earliest_offset, end)
+            elif start > end:  # the queue went backwards: recreated, or data lost
+                start = self._lost(key, start, q.earliest_offset if q else 0, end, behind=True)
+            for lo, hi in split_range(start, end, opts.max_records_per_partition):
+                ranges.append(
+                    QueueRange(
+                        topic=key[0],
+                        queue_id=key[1],
+                        start=lo,
+                        end=hi,
+                        broker=opts.broker,
+                        timeout_ms=opts.timeout_ms,
+                        tags=opts.tags,
+                        fail_on_data_loss=opts.fail_on_data_loss,
+                    )
+                )
+        return ranges
+
+    @staticmethod
+    def _needs_earliest(starts: Mapping[QueueKey, int], ends: Offsets) -> bool:
+        return any(starts.get(k, -1) != e for k, e in ends.items())
+
+    def _lost(
+        self, key: QueueKey, start: int, earliest: int, end: int, behind: bool = False
+    ) -> int:
+        topic, queue_id = key
+        if behind:
+            why = f"the queue now ends at {end}, below the query's offset {start}"
+        else:
+            why = f"offsets [{start}, {earliest}) were removed by retention"
+        if self.options.fail_on_data_loss:
+            raise OffsetsLostError(
+                f"{topic}/{queue_id}: {why}; set failOnDataLoss=false to skip lost records"
+            )
+        log.warning("%s/%d: %s; continuing from %d", topic, queue_id, why, earliest)
+        return min(earliest, end)
+
+    # -- group progress ------------------------------------------------------------------
+
+    def commit(self, offsets: Offsets) -> None:
+        """Commit the query's progress to its group (if any), skipping repeats.
+
+        Best effort: a failure is logged, not raised, because Spark's checkpoint,
+        not the group, is what a restarted query resumes from.
+        """
+        group = self.options.group
+        changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
+        if not group or not changed:
+            return
+        try:
+            self.admin.commit_offsets(group, changed)
+        except EqueueError as exc:
+            log.warning("could not commit group %r progress: %s", group, exc)
+            return
+        self._committed.update(changed)
+
+
+def _pick(q: pb.QueueOffsets, wanted: int) -> int:
+    """A concrete offset for a sentinel; explicit offsets past the end are
+    clamped to it (one below the earliest is left for the data-loss check)."""
+    if wanted == EARLIEST:
+        return q.earliest_offset
+    if wanted == LATEST:
+        return q.end_offset
+    return min(wanted, q.end_offset)

@@ -1,0 +1,131 @@
+"""What a Spark read task does: stream one queue range and yield Arrow batches.
+
+Runs on an executor, in a Python worker that shares nothing with the driver:
+everything it needs travels in the picklable ``QueueRange``; it opens its own
+channel and closes it when the range is read. Replies of the server-streaming
+``PullStream`` RPC are gathered into batches of about ``ROWS_PER_BATCH`` records
+and decoded in one C call each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.columns import decode_columns
+from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.reader import stream_replies
+from equeue_spark.spark.arrow import to_record_batch
+from equeue_spark.spark.errors import OffsetsLostError
+
+log = logging.getLogger("equeue.spark")
+
+ROWS_PER_BATCH = 32_768
+BYTES_PER_BATCH = 8 << 20
+REPLY_MESSAGES = 10_000
+REPLY_BYTES = 4 << 20
+MAX_STREAMS = 10_000
+"""Bound on PullStream calls for one range (each one makes progress)."""
+
+
+@dataclass(frozen=True)
+class QueueRange:
+    """One Spark input partition: ``[start, end)`` of one queue."""
+
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+    broker: str
+    timeout_ms: int
+    tags: tuple[str, ...] = ()
+    fail_on_data_loss: bool = True
+
+
+def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The records of ``part`` as Arrow batches of ``schema``, in offset order."""
+    want_headers = schema.get_field_index("headers") >= 0
+    config = ClientConfig(broker=part.broker, timeout_s=part.timeout_ms / 1000)
+    pending: list[bytes] = []
+    rows = size = 0
+    broker_id = ""
+    with Connection(config) as conn:
+        for reply in _replies(conn, part):
+            broker_id = reply.broker_id
+            if not reply.count:
+                continue
+            pending.append(reply.records)
+            rows += reply.count
+            size += len(reply.records)
+            if rows >= ROWS_PER_BATCH or size >= BYTES_PER_BATCH:
+                yield _batch(pending, broker_id, want_headers, schema)
+                pending, rows, size = [], 0, 0
+    if pending:
+        yield _batch(pending, broker_id, want_headers, schema)
+
+
+def _batch(
+    pending: list[bytes], broker_id: str, headers: bool, schema: pa.Schema
+) -> pa.RecordBatch:
+    records = pending[0] if len(pending) == 1 else b"".join(pending)
+    return to_record_batch(decode_columns(records, broker_id, headers), schema)
+
+
+def _replies(conn: Connection, part: QueueRange) -> Iterator[pb.PullReply]:
+    """PullStream replies covering ``[start, end)``, re-streaming if a stream
+    ends early, and applying the data-loss policy when the start is gone."""
+    offset = part.start
+    for _ in range(MAX_STREAMS):
+        if offset >= part.end:
+            return
+        last = None
+        for reply in stream_replies(
+            conn, part.topic, part.queue_id, offset, part.end,
+            batch_messages=REPLY_MESSAGES, batch_bytes=REPLY_BYTES, tags=part.tags,
+        ):  # fmt: skip
+            last = reply
+            if reply.status == pb.PULL_STATUS_OFFSET_TOO_SMALL:
+                break
+            if reply.status == pb.PULL_STATUS_OFFSET_TOO_BIG:
+                break
+            yield reply
+        if last is None:
+            raise OffsetsLostError(f"{part.topic}/{part.queue_id}: empty reply stream at {offset}")
+        if last.status == pb.PULL_STATUS_OFFSET_TOO_SMALL:
+            offset = _skip_lost(part, offset, last.earliest_offset)
+        elif last.end_offset < part.end and last.next_offset >= last.end_offset:
+            _short_queue(part, last.end_offset)
+            return
+        else:
+            offset = last.next_offset
+    raise OffsetsLostError(
+        f"{part.topic}/{part.queue_id}: no progress reading [{part.start}, {part.end})"
+    )
+
+
+def _short_queue(part: QueueRange, end: int) -> None:
+    """The queue ends before the planned range does: records the query was
+    promised are gone (a crash in async flush mode, or a recreated topic)."""
+    where = f"{part.topic}/{part.queue_id}: the query planned offsets up to {part.end}"
+    if part.fail_on_data_loss:
+        raise OffsetsLostError(
+            f"{where}, but the queue ends at {end} (the broker lost unflushed data, or the "
+            "topic was recreated); set failOnDataLoss=false to go on without them"
+        )
+    log.warning("%s, but the queue ends at %d: %d records lost", where, end, part.end - end)
+
+
+def _skip_lost(part: QueueRange, offset: int, earliest: int) -> int:
+    where = f"{part.topic}/{part.queue_id} offsets [{offset}, {min(earliest, part.end)})"
+    if part.fail_on_data_loss:
+        raise OffsetsLostError(
+            f"{where} were removed by retention before the query read them; "
+            "set failOnDataLoss=false to skip lost records instead of failing"
+        )
+    log.warning("skipping %s: removed by retention (%d records lost)", where,
+                min(earliest, part.end) - offset)  # fmt: skip
+    return earliest

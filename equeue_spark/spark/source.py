@@ -1,0 +1,282 @@
+"""The ``equeue`` Spark data source: batch and streaming reads and writes.
+
+Spark's Python Data Source API calls these classes; the work is done by the
+pyspark-free modules beside this one (options, planning, read_task,
+write_task). Process model (see docs/spark.md): the stream reader's planning
+methods run in one long-lived Python process on the driver, so the reader may
+keep a broker connection there; ``read`` and ``write`` run in executor
+workers and must rebuild everything from their (pickled) arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from equeue_spark.spark.arrow import arrow_schema, read_schema
+from equeue_spark.spark.errors import InvalidOption
+from equeue_spark.spark.offsets import (
+    Offsets,
+    backlog,
+    from_json,
+    rate_limit,
+    split_budget,
+    to_json,
+)
+from equeue_spark.spark.options import ReadOptions, WriteOptions
+from equeue_spark.spark.planning import Planner
+from equeue_spark.spark.read_task import QueueRange, read_range
+from equeue_spark.spark.write_task import WriteSummary, check_schema, write_batches
+
+log = logging.getLogger("equeue.spark")
+
+
+class EqueueDataSource(DataSource):
+    """``format("equeue")``: read topics as rows, write rows into topics."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "equeue"
+
+    def schema(self) -> str:
+        include = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
+        return read_schema(include)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return EqueueBatchReader(ReadOptions.parse(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return EqueueStreamReader(ReadOptions.parse(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> EqueueWriter:
+        if overwrite:
+            raise InvalidOption("save mode overwrite: topics are append-only; use mode('append')")
+        return EqueueWriter(_write_options(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> EqueueStreamWriter:
+        return EqueueStreamWriter(_write_options(self.options, schema))
+
+
+def _write_options(raw: Any, schema: StructType) -> WriteOptions:
+    options = WriteOptions.parse(raw)
+    check_schema({f.name: f.dataType.simpleString() for f in schema.fields}, options.topic)
+    return options
+
+
+class EqueuePartition(InputPartition):
+    """A Spark input partition holding one ``QueueRange`` (its ``value``)."""
+
+    def __init__(self, queue_range: QueueRange) -> None:
+        super().__init__(queue_range)
+
+
+def _read(partition: InputPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
+    return read_range(partition.value, arrow_schema(schema))
+
+
+# -- batch reads -------------------------------------------------------------------
+
+
+class EqueueBatchReader(DataSourceReader):
+    """``spark.read``: the records between startingOffsets and endingOffsets."""
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        o = self.options
+        planner = Planner(o)
+        try:
+            starts = planner.resolve(o.starting, o.starting_timestamp_ms, end=False)
+            ends = planner.resolve(o.ending, o.ending_timestamp_ms, end=True)
+            # An end before the start is an empty range, not data loss.
+            ends = {k: max(e, starts.get(k, e)) for k, e in ends.items()}
+            ranges = planner.ranges(starts, ends)
+        finally:
+            planner.close()
+        return [EqueuePartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(partition, self.schema)
+
+
+# -- streaming reads -----------------------------------------------------------------
+
+
+class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream``: micro-batches over growing queues, with admission
+    control, Trigger.AvailableNow, and the query's progress committed to its
+    consumer group on the broker."""
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._planner: Planner | None = None
+        self._target: Offsets | None = None
+        self._last_batch = time.monotonic()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get the options and schema, never the driver's connection.
+        return {"options": self.options, "schema": self.schema}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"], state["schema"])  # type: ignore[misc]
+
+    @property
+    def planner(self) -> Planner:
+        if self._planner is None:
+            self._planner = Planner(self.options)
+        return self._planner
+
+    def initialOffset(self) -> dict[str, Any]:
+        o = self.options
+        return to_json(self.planner.resolve(o.starting, o.starting_timestamp_ms, end=False))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        o = self.options
+        if o.max_offsets_per_trigger:
+            return ReadMaxRows(o.max_offsets_per_trigger)
+        if o.max_bytes_per_trigger:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_offsets_per_trigger:
+            return ReadMinRows(o.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {k: q.end_offset for k, q in self.planner.queues().items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        starts = from_json(start)
+        # ``start`` is the end of the last completed batch: committing it here,
+        # not only in commit() (which Spark calls one batch late, and never for
+        # an AvailableNow run's last batch), keeps the group's lag current.
+        self.planner.commit(starts)
+        queues = self.planner.queues()
+        ends = {k: q.end_offset for k, q in queues.items()}
+        if self._target is not None:  # AvailableNow: nothing that arrived later
+            ends = {k: min(e, self._target[k]) for k, e in ends.items() if k in self._target}
+        full = {k: starts.get(k, queues[k].earliest_offset) for k in ends}
+        if not isinstance(limit, ReadAllAvailable):
+            admitted = self._admit(full, ends, limit)
+            if admitted is None:
+                return start
+            ends = admitted
+        if ends != starts:
+            self._last_batch = time.monotonic()
+        return to_json(ends)
+
+    def _admit(self, starts: Offsets, ends: Offsets, limit: ReadLimit) -> Offsets | None:
+        """Apply the option limits and the engine's: None means "wait"."""
+        o = self.options
+        max_rows = _smallest(o.max_offsets_per_trigger, getattr(limit, "max_rows", None))
+        max_bytes = _smallest(o.max_bytes_per_trigger, getattr(limit, "max_bytes", None))
+        min_rows = o.min_offsets_per_trigger or getattr(limit, "min_rows", None)
+        if min_rows and self._target is None:  # AvailableNow must not wait
+            waited_ms = (time.monotonic() - self._last_batch) * 1000
+            if backlog(starts, ends) < min_rows and waited_ms < o.max_trigger_delay_ms:
+                return None
+        if max_rows:
+            ends = rate_limit(max_rows, starts, ends)
+        if max_bytes:
+            ends = self._bytes_limit(max_bytes, starts, ends)
+        return ends
+
+    def _bytes_limit(self, budget: int, starts: Offsets, ends: Offsets) -> Offsets:
+        queues = self.planner.queues()
+        capped = dict(ends)
+        for key, share in split_budget(budget, starts, ends).items():
+            q = queues.get(key)
+            if q is None:
+                continue
+            begin = max(starts[key], q.earliest_offset)
+            capped[key], _ = self.planner.admin.offset_for_bytes(
+                key[0], key[1], begin, ends[key], share
+            )
+        return capped
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return to_json({k: q.end_offset for k, q in self.planner.queues().items()})
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        ranges = self.planner.ranges(from_json(start), from_json(end))
+        return [EqueuePartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(partition, self.schema)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self.planner.commit(from_json(end))
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+
+
+def _smallest(*limits: int | None) -> int | None:
+    given = [x for x in limits if x]
+    return min(given) if given else None
+
+
+# -- writes --------------------------------------------------------------------------
+
+
+class WriteResult(WriterCommitMessage):
+    """A task's commit message: rows and offset ranges it produced."""
+
+    def __init__(self, summary: WriteSummary) -> None:
+        self.summary = summary
+
+
+class EqueueWriter(DataSourceArrowWriter):
+    """``df.write``: append every row to its topic (at-least-once)."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        return WriteResult(write_batches(self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        rows = sum(m.summary.rows for m in messages if isinstance(m, WriteResult))
+        log.info("equeue batch write committed: %d rows from %d tasks", rows, len(messages))
+
+
+class EqueueStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream``: each micro-batch's rows appended to topics (at-least-once)."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        return WriteResult(write_batches(self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        rows = sum(m.summary.rows for m in messages if isinstance(m, WriteResult))
+        log.info("equeue batch %d committed: %d rows", batchId, rows)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # At-least-once: what failed tasks appended stays; the batch is retried.
+        log.warning("equeue batch %d aborted; its retry may duplicate rows", batchId)

@@ -1,0 +1,416 @@
+"""The Spark connector against a real broker process and a real local SparkSession."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.errors import PySparkException
+from pyspark.errors.exceptions.captured import CapturedException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import spark_partition_id
+from pyspark.sql.streaming.query import StreamingQuery
+
+from equeue_spark.client import Admin, Producer
+from tests.broker_process import BrokerProcess
+from tests.spark_support import wait_for
+
+SparkError = (PySparkException, CapturedException)
+_names = itertools.count()
+
+
+def produce(
+    address: str,
+    topic: str,
+    values: list[bytes],
+    keys: list[bytes | None] | None = None,
+    tags: list[str] | None = None,
+    queues: int = 0,
+) -> None:
+    """Send ``values``; with ``queues``, message i goes to queue i % queues."""
+    queue_ids = [i % queues for i in range(len(values))] if queues else None
+    with Producer(address) as producer:
+        for lo in range(0, len(values), 1000):
+            producer.send_batch(
+                topic,
+                values[lo : lo + 1000],
+                keys=None if keys is None else keys[lo : lo + 1000],
+                tags=None if tags is None else tags[lo : lo + 1000],
+                queue_ids=None if queue_ids is None else queue_ids[lo : lo + 1000],
+            )
+
+
+def reader(spark: SparkSession, broker: BrokerProcess, **options: Any) -> Any:
+    stream = options.pop("stream", False)
+    source = spark.readStream if stream else spark.read
+    source = source.format("equeue").option("broker", broker.address)
+    for key, value in options.items():
+        source = source.option(key, str(value))
+    return source
+
+
+def available_now(
+    df: DataFrame, checkpoint: Path, sink: Path, timeout_s: int = 120
+) -> StreamingQuery:
+    """Run ``df`` to a parquet sink with Trigger.AvailableNow until it ends."""
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(timeout_s), "AvailableNow query did not finish in time"
+    assert query.exception() is None
+    return query
+
+
+def rows_of(spark: SparkSession, sink: Path) -> list[Any]:
+    return spark.read.parquet(str(sink)).collect() if sink.exists() else []
+
+
+@pytest.fixture
+def memory_query(spark: SparkSession) -> Iterator[Callable[..., tuple[StreamingQuery, str]]]:
+    """Start streaming queries into memory tables; all stopped at teardown."""
+    started: list[StreamingQuery] = []
+
+    def start(df: DataFrame, **trigger: Any) -> tuple[StreamingQuery, str]:
+        name = f"mem{next(_names)}"
+        writer = df.writeStream.format("memory").queryName(name)
+        query = writer.trigger(**(trigger or {"processingTime": "200 milliseconds"})).start()
+        started.append(query)
+        return query, name
+
+    yield start
+    for query in started:
+        query.stop()
+
+
+def count_of(spark: SparkSession, table: str) -> int:
+    return int(spark.sql(f"select count(*) from {table}").collect()[0][0])
+
+
+# -- batch reads and writes ---------------------------------------------------------
+
+
+def test_write_then_read_round_trip(spark: SparkSession, broker: BrokerProcess) -> None:
+    rows = [(f"k{i % 37}", f"value-{i}") for i in range(3000)]
+    df = spark.createDataFrame(rows, "key string, value string")
+    df.write.format("equeue").option("broker", broker.address).option("topic", "rt").mode(
+        "append"
+    ).save()
+
+    read = reader(spark, broker, topic="rt").load().collect()
+    assert len(read) == 3000
+    assert collections.Counter((r.key, r.value) for r in read) == collections.Counter(
+        (k.encode(), v.encode()) for k, v in rows
+    )
+    queues_by_key = collections.defaultdict(set)
+    for r in read:
+        queues_by_key[r.key].add(r.queue)
+    assert all(len(q) == 1 for q in queues_by_key.values())  # one queue per key
+    by_queue = collections.defaultdict(list)
+    for r in read:
+        by_queue[r.queue].append(r.offset)
+    assert len(by_queue) == 4
+    for offsets in by_queue.values():
+        assert sorted(offsets) == list(range(len(offsets)))  # contiguous from 0
+    assert {r.topic for r in read} == {"rt"} and all(r.message_id for r in read)
+    with Admin(broker.address) as admin:
+        message = admin.get_message(read[0].message_id)
+    assert (message.value, message.offset) == (read[0].value, read[0].offset)
+
+
+def test_batch_offsets_timestamps_and_partition_split(
+    spark: SparkSession, broker: BrokerProcess
+) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("bo", queues=2)
+    produce(broker.address, "bo", [b"%d" % i for i in range(100)], queues=2)  # 50 each
+    starting = '{"bo": {"0": 10, "1": -2}}'
+    ending = '{"bo": {"0": 20, "1": -1}}'
+    df = reader(spark, broker, topic="bo", startingOffsets=starting, endingOffsets=ending,
+                maxRecordsPerPartition=7).load()  # fmt: skip
+    partition_ids = df.select(spark_partition_id().alias("p")).distinct().count()
+    assert partition_ids == 2 + 8  # ceil(10/7) + ceil(50/7)
+    got = df.collect()
+    assert sorted(r.offset for r in got if r.queue == 0) == list(range(10, 20))
+    assert sorted(r.offset for r in got if r.queue == 1) == list(range(50))
+
+    with Admin(broker.address) as admin:
+        cutoff = 1 + max(admin.get_message_at("bo", q, 49).store_timestamp_ms for q in (0, 1))
+    wait_for("the clock to pass the last store time", lambda: time.time() * 1000 > cutoff + 1)
+    produce(broker.address, "bo", [b"late-%d" % i for i in range(6)], queues=2)
+    late = reader(spark, broker, topic="bo", startingTimestamp=cutoff).load().collect()
+    assert sorted(r.value for r in late) == sorted(b"late-%d" % i for i in range(6))
+    early = reader(spark, broker, topic="bo", endingTimestamp=cutoff).load().count()
+    assert early == 100
+
+
+def test_write_columns_headers_tags_and_queues(spark: SparkSession, broker: BrokerProcess) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("cols", queues=3)
+    df = spark.createDataFrame(
+        [
+            (b"v1", None, "cols", 2, "red", [("h", b"x"), ("n", b"")]),
+            (b"v2", b"k", "ignored", None, None, []),
+            (b"v3", b"", None, 0, "blue", None),
+        ],
+        "value binary, key binary, topic string, queue int, tag string, "
+        "headers array<struct<key:string,value:binary>>",
+    )
+    df.write.format("equeue").option("broker", broker.address).option("topic", "cols").mode(
+        "append"
+    ).save()
+    got = {
+        r.value: r
+        for r in reader(spark, broker, topic="cols", includeHeaders="true").load().collect()
+    }
+    assert got[b"v1"].key is None and got[b"v1"].queue == 2 and got[b"v1"].tag == "red"
+    assert [(h.key, h.value) for h in got[b"v1"].headers] == [("h", b"x"), ("n", b"")]
+    assert got[b"v2"].key == b"k" and got[b"v2"].tag == "" and got[b"v2"].headers == []
+    assert got[b"v3"].key == b"" and got[b"v3"].queue == 0 and got[b"v3"].tag == "blue"
+
+    tagged = reader(spark, broker, topic="cols", tags="red|blue").load().collect()
+    assert sorted(r.value for r in tagged) == [b"v1", b"v3"]
+
+
+def test_tag_filter_skips_long_runs(spark: SparkSession, broker: BrokerProcess) -> None:
+    values = [b"%d" % i for i in range(5000)]
+    tags = ["keep" if i % 1000 == 999 else "skip" for i in range(5000)]
+    with Admin(broker.address) as admin:
+        admin.create_topic("tags", queues=1)
+    produce(broker.address, "tags", values, tags=tags)
+    got = reader(spark, broker, topic="tags", tags="keep").load().collect()
+    assert sorted(r.offset for r in got) == [999, 1999, 2999, 3999, 4999]
+    assert {r.tag for r in got} == {"keep"}
+
+
+def test_write_rejects_bad_input(spark: SparkSession, broker: BrokerProcess) -> None:
+    df = spark.createDataFrame([("v",)], "value string")
+
+    def writer() -> Any:
+        return df.write.format("equeue").option("broker", broker.address).mode("append")
+
+    with pytest.raises(SparkError, match="no topic"):
+        writer().save()
+    with pytest.raises(SparkError, match="overwrite"):
+        writer().option("topic", "t").mode("overwrite").save()
+    numbers = spark.createDataFrame([(1,)], "value int")
+    with pytest.raises(SparkError, match="column value has type int"):
+        numbers.write.format("equeue").option("broker", broker.address).option("topic", "t").mode(
+            "append"
+        ).save()
+    with pytest.raises(SparkError, match="batchSize"):
+        writer().option("topic", "t").option("batchSize", "0").save()
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"topic": "t", "bogus": "1"}, "unknown option 'bogus'"),
+        ({"topic": "t", "maxOffsetsPerTrigger": "ten"}, "maxOffsetsPerTrigger='ten'"),
+        ({"topic": "t", "topicPattern": "t.*"}, "exactly one of"),
+        ({"topic": "t", "startingOffsets": "middle"}, "startingOffsets='middle'"),
+        ({"topic": "t", "startingOffsets": '{"other": {"0": 1}}'}, "'other' is not one"),
+        ({"topic": "t", "startingOffsets": "group"}, "needs the group option"),
+        ({"topic": "t", "endingOffsets": "latest"}, "only batch reads"),
+        ({"topic": "t", "failOnDataLoss": "maybe"}, "failOnDataLoss='maybe'"),
+        ({"topic": "t", "maxTriggerDelay": "soon"}, "maxTriggerDelay='soon'"),
+        ({"topicPattern": "(unclosed"}, "not a regular expression"),
+    ],
+)
+def test_option_errors_name_the_option(
+    spark: SparkSession, broker: BrokerProcess, options: dict[str, str], fragment: str
+) -> None:
+    df = reader(spark, broker, stream=True, **options).load()
+    query = df.writeStream.format("noop").start()
+    with pytest.raises(SparkError, match=fragment.replace("(", r"\(")):
+        query.awaitTermination(60)
+    query.stop()
+
+
+# -- streaming ----------------------------------------------------------------------
+
+
+def test_available_now_in_several_batches_then_lag_zero(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    produce(
+        broker.address,
+        "an",
+        [b"%d" % i for i in range(1000)],
+        keys=[b"%d" % i for i in range(1000)],
+    )
+    df = reader(spark, broker, stream=True, topic="an", startingOffsets="earliest",
+                maxOffsetsPerTrigger=300, group="an-group").load()  # fmt: skip
+    query = available_now(df, tmp_path / "ck", tmp_path / "out")
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == 1000 and len(sizes) >= 4 and max(sizes) <= 304
+    assert len({(r.queue, r.offset) for r in rows_of(spark, tmp_path / "out")}) == 1000
+    with Admin(broker.address) as admin:
+        group = admin.describe_group("an-group")
+    assert group.total_lag == 0 and sum(q.committed_offset for q in group.queues) == 1000
+
+
+def test_restart_from_checkpoint_no_gap_no_duplicate(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    produce(broker.address, "rs", [b"a%d" % i for i in range(700)])
+    stream = reader(spark, broker, stream=True, topic="rs", startingOffsets="earliest",
+                    maxOffsetsPerTrigger=250)  # fmt: skip
+    available_now(stream.load(), ck, out)
+    produce(broker.address, "rs", [b"b%d" % i for i in range(500)])
+    # The restarted query's startingOffsets would skip everything: the checkpoint wins.
+    restarted = reader(spark, broker, stream=True, topic="rs", startingOffsets="latest",
+                       maxOffsetsPerTrigger=250)  # fmt: skip
+    available_now(restarted.load(), ck, out)
+    rows = rows_of(spark, out)
+    assert len(rows) == 1200
+    assert len({(r.queue, r.offset) for r in rows}) == 1200
+    assert sorted(r.value for r in rows) == sorted(
+        [b"a%d" % i for i in range(700)] + [b"b%d" % i for i in range(500)]
+    )
+
+
+def test_continuous_query_commits_group_lag_zero_when_idle(
+    spark: SparkSession,
+    broker: BrokerProcess,
+    memory_query: Callable[..., tuple[StreamingQuery, str]],
+) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("idle", queues=3)
+    df = reader(spark, broker, stream=True, topic="idle", group="live",
+                maxOffsetsPerTrigger=400).load()  # fmt: skip
+    query, table = memory_query(df)
+    wait_for("the query's first batch", lambda: query.lastProgress)
+    produce(broker.address, "idle", [b"%d" % i for i in range(1500)])
+    wait_for("all rows in the sink", lambda: count_of(spark, table) == 1500)
+    with Admin(broker.address) as admin:
+        wait_for("group lag 0 on the broker", lambda: admin.describe_group("live").total_lag == 0)
+        assert sum(q.committed_offset for q in admin.describe_group("live").queues) == 1500
+    progress = query.lastProgress
+    assert progress is not None and progress.sources[0].latestOffset is not None
+
+
+def test_starting_offsets_group_with_fallback(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("grp", queues=2)
+        produce(broker.address, "grp", [b"%d" % i for i in range(40)], queues=2)
+        admin.commit_offsets("resume", {("grp", 0): 15})  # queue 1: never committed
+    df = reader(
+        spark, broker, stream=True, topic="grp", startingOffsets="group", group="resume"
+    ).load()
+    available_now(df, tmp_path / "ck", tmp_path / "out")
+    rows = rows_of(spark, tmp_path / "out")
+    assert sorted(r.offset for r in rows if r.queue == 0) == list(range(15, 20))
+    assert sorted(r.offset for r in rows if r.queue == 1) == list(range(20))  # earliest
+    latest = reader(spark, broker, stream=True, topic="grp", startingOffsets="group", group="fresh",
+                    groupFallback="latest").load()  # fmt: skip
+    available_now(latest, tmp_path / "ck2", tmp_path / "out2")
+    assert rows_of(spark, tmp_path / "out2") == []
+
+
+def test_streaming_tag_filter_and_headers(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    produce(broker.address, "st", [b"%d" % i for i in range(300)], tags=["a", "b", "c"] * 100)
+    df = reader(spark, broker, stream=True, topic="st", startingOffsets="earliest", tags="a|c",
+                includeHeaders="true").load()  # fmt: skip
+    available_now(df, tmp_path / "ck", tmp_path / "out")
+    rows = rows_of(spark, tmp_path / "out")
+    assert len(rows) == 200 and {r.tag for r in rows} == {"a", "c"}
+
+
+def test_topic_pattern_picks_up_new_topics(
+    spark: SparkSession,
+    broker: BrokerProcess,
+    memory_query: Callable[..., tuple[StreamingQuery, str]],
+) -> None:
+    produce(broker.address, "pat-1", [b"one"] * 10)
+    df = reader(
+        spark, broker, stream=True, topicPattern="pat-.*", startingOffsets="earliest"
+    ).load()
+    _, table = memory_query(df)
+    wait_for("pat-1's rows", lambda: count_of(spark, table) == 10)
+    produce(broker.address, "pat-2", [b"two"] * 7)
+    produce(broker.address, "other", [b"no"] * 5)
+    wait_for("pat-2's rows", lambda: count_of(spark, table) == 17)
+    topics = collections.Counter(r.topic for r in spark.sql(f"select topic from {table}").collect())
+    assert topics == {"pat-1": 10, "pat-2": 7}
+
+
+def test_min_offsets_waits_for_enough_rows(
+    spark: SparkSession,
+    broker: BrokerProcess,
+    memory_query: Callable[..., tuple[StreamingQuery, str]],
+) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("minrows", queues=1)
+    df = reader(spark, broker, stream=True, topic="minrows", minOffsetsPerTrigger=100,
+                maxTriggerDelay="10m").load()  # fmt: skip
+    query, table = memory_query(df)
+    wait_for("the query to start", lambda: query.lastProgress)
+    produce(broker.address, "minrows", [b"x"] * 60)
+    # Several triggers pass without a batch: fewer rows than minOffsetsPerTrigger.
+    wait_for("three more triggers", lambda: len(query.recentProgress) >= 4)
+    assert count_of(spark, table) == 0
+    produce(broker.address, "minrows", [b"y"] * 50)
+    wait_for("one batch of all 110 rows", lambda: count_of(spark, table) == 110)
+
+
+def test_max_bytes_per_trigger_limits_batches(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("bytes", queues=2)
+    produce(broker.address, "bytes", [b"x" * 1000] * 200)
+    df = reader(spark, broker, stream=True, topic="bytes", startingOffsets="earliest",
+                maxBytesPerTrigger=50_000).load()  # fmt: skip
+    query = available_now(df, tmp_path / "ck", tmp_path / "out")
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == 200 and len(sizes) >= 4 and max(sizes) <= 50
+
+
+def test_fail_on_data_loss_both_ways(
+    spark: SparkSession, broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    broker = broker_factory("--chunk-size", "65536", "--max-message-bytes", "16384",
+                            "--retention-max-chunks", "2",
+                            "--retention-check-interval-ms", "100")  # fmt: skip
+    with Admin(broker.address) as admin:
+        admin.create_topic("lossy", queues=1)
+        produce(broker.address, "lossy", [b"early"] * 10)
+        first = reader(spark, broker, stream=True, topic="lossy", startingOffsets="earliest")
+        available_now(first.load(), tmp_path / "ck", tmp_path / "out")
+        produce(broker.address, "lossy", [b"z" * 1000] * 1000)  # ~16 chunks
+        earliest = wait_for(
+            "retention to remove the query's next offsets",
+            lambda: (
+                admin.list_offsets("lossy")[0].earliest_offset > 10
+                and admin.list_offsets("lossy")[0].earliest_offset
+            ),
+        )
+    strict = reader(spark, broker, stream=True, topic="lossy").load()
+    query = strict.writeStream.format("parquet").option("path", str(tmp_path / "out")).option(
+        "checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()  # fmt: skip
+    with pytest.raises(SparkError, match=r"lossy/0: offsets \[10, \d+\) were removed by retention"):
+        query.awaitTermination(120)
+
+    lenient = reader(spark, broker, stream=True, topic="lossy", failOnDataLoss="false")
+    available_now(lenient.load(), tmp_path / "ck", tmp_path / "out")
+    rows = rows_of(spark, tmp_path / "out")
+    later = [r.offset for r in rows if r.offset >= 10]
+    assert min(later) >= earliest and max(later) == 1009  # skipped the lost, read the rest
+    assert len(later) == len(set(later)) == 1010 - min(later)
