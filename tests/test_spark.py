@@ -31,6 +31,7 @@ def produce(
     address: str,
     topic: str,
     values: list[bytes],
+    *,
     keys: list[bytes | None] | None = None,
     tags: list[str] | None = None,
     queues: int = 0,
@@ -414,3 +415,11 @@ def test_fail_on_data_loss_both_ways(
     later = [r.offset for r in rows if r.offset >= 10]
     assert min(later) >= earliest and max(later) == 1009  # skipped the lost, read the rest
     assert len(later) == len(set(later)) == 1010 - min(later)
+
+
+def test_explicit_registration_works_too(spark: SparkSession, broker: BrokerProcess) -> None:
+    from equeue_spark.spark import EqueueDataSource
+
+    spark.dataSource.register(EqueueDataSource)
+    produce(broker.address, "reg", [b"x"] * 5)
+    assert reader(spark, broker, topic="reg").load().count() == 5

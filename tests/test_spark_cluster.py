@@ -1,0 +1,109 @@
+"""The connector on a Spark standalone cluster: master and worker started with
+pyspark's ``bin/spark-class``, executors in their own JVM and Python processes,
+and the driver in a separate Python process (tests/cluster_job.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from equeue_spark.client import Admin
+from tests.broker_process import BrokerProcess
+
+pyspark = pytest.importorskip("pyspark")
+
+SPARK_HOME = Path(pyspark.__file__).parent
+MASTER_READY = re.compile(r"Starting Spark master at (spark://\S+)")
+WORKER_READY = re.compile(r"Successfully registered with master")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+        "SPARK_LOG_DIR": str(tmp_path / "logs"),
+        "PYSPARK_PYTHON": sys.executable,
+    }
+
+
+def _start(
+    args: list[str], env: dict[str, str], ready: re.Pattern[str], log: Path, timeout_s: float = 90
+) -> tuple[subprocess.Popen[bytes], re.Match[str]]:
+    """Start a Spark daemon in the foreground, logging to ``log`` (a pipe could
+    fill up and stall it), and wait (bounded) for its ready line there."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-class"), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        match = ready.search(log.read_text(errors="replace"))
+        if match:
+            return process, match
+        time.sleep(0.2)
+    process.kill()
+    process.wait(30)
+    tail = log.read_text(errors="replace")[-3000:]
+    raise AssertionError(f"{args[0]} not ready in {timeout_s}s:\n{tail}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[str]:
+    env = _env(tmp_path)
+    master, found = _start(
+        ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+         "--webui-port", "0"],
+        env, MASTER_READY, tmp_path / "master.log",
+    )  # fmt: skip
+    url = found.group(1)
+    processes = [master]
+    try:
+        worker, _ = _start(
+            ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--port", "0",
+             "--webui-port", "0", "--cores", "2", "--memory", "2g"],
+            env, WORKER_READY, tmp_path / "worker.log",
+        )  # fmt: skip
+        processes.append(worker)
+        yield url
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(30)
+
+
+def test_standalone_cluster_write_read_stream(
+    cluster: str, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    job = subprocess.run(
+        [sys.executable, "-m", "tests.cluster_job", cluster, broker.address, str(tmp_path / "ck")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(tmp_path),
+        cwd=Path(__file__).parent.parent,
+        check=False,
+    )
+    assert job.returncode == 0, job.stderr[-5000:]
+    result = json.loads(job.stdout.strip().splitlines()[-1])
+    assert result["total"] == result["distinct_positions"] == result["distinct_values"] == 2000
+    assert result["driver_pid"] not in result["task_pids"]  # tasks ran in executors
+    assert result["finished"] and result["streamed"] == 2000 and result["batches"] >= 3
+    with Admin(broker.address) as admin:
+        assert admin.describe_group("cluster").total_lag == 0

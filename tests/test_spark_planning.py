@@ -1,0 +1,77 @@
+"""The connector's pyspark-free logic: option parsing and offset arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from equeue_spark.spark.errors import InvalidOption
+from equeue_spark.spark.offsets import from_json, rate_limit, split_budget, split_range, to_json
+from equeue_spark.spark.options import EARLIEST, ReadOptions, WriteOptions
+
+
+def test_offsets_json_is_canonical() -> None:
+    offsets = {("b", 10): 5, ("a", 2): 1, ("b", 9): 7, ("a", 10): 3}
+    text = json.dumps(to_json(offsets))
+    # Spark compares offsets as JSON text: order must not depend on insertion.
+    assert text == '{"a": {"2": 1, "10": 3}, "b": {"9": 7, "10": 5}}'
+    assert json.dumps(to_json(dict(reversed(offsets.items())))) == text
+    assert from_json(json.loads(text)) == offsets
+
+
+def test_rate_limit_is_proportional_and_never_starves() -> None:
+    starts = {("t", 0): 0, ("t", 1): 100, ("t", 2): 7}
+    ends = {("t", 0): 1000, ("t", 1): 103, ("t", 2): 7}
+    capped = rate_limit(100, starts, ends)
+    assert capped[("t", 0)] == 0 + 100 * 1000 // 1003
+    assert capped[("t", 1)] == 101  # a share below one record still gets one
+    assert capped[("t", 2)] == 7
+    assert rate_limit(5000, starts, ends) == ends
+
+
+def test_budget_and_range_splits() -> None:
+    starts = {("t", 0): 0, ("t", 1): 0}
+    assert split_budget(1000, starts, {("t", 0): 30, ("t", 1): 10}) == {
+        ("t", 0): 750,
+        ("t", 1): 250,
+    }
+    assert split_range(5, 20, 7) == [(5, 12), (12, 19), (19, 20)]
+    assert split_range(5, 5, 7) == [] and split_range(0, 9, None) == [(0, 9)]
+
+
+def test_read_options_defaults_and_parsing() -> None:
+    streaming = ReadOptions.parse({"topic": "a, b"}, streaming=True)
+    assert streaming.topics == ("a", "b") and streaming.starting == "latest"
+    assert streaming.fail_on_data_loss and streaming.max_trigger_delay_ms == 15 * 60_000
+    batch = ReadOptions.parse({"TOPIC": "a", "maxtriggerdelay": "30s"}, streaming=False)
+    assert batch.starting == "earliest" and batch.max_trigger_delay_ms == 30_000
+    spec = ReadOptions.parse({"topic": "a", "startingoffsets": '{"a": {"0": -2, "3": 9}}'},
+                             streaming=True).starting  # fmt: skip
+    assert spec == {"a": {0: EARLIEST, 3: 9}}
+    tags = ReadOptions.parse({"topicpattern": "x.*", "tags": "a | b"}, streaming=True)
+    assert tags.tags == ("a", "b") and tags.topic_pattern is not None
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"topic": "a", "timeoutms": "0"}, "timeoutMs='0': must be between 1"),
+        ({"topic": "a", "startingoffsets": '{"a": {"x": 1}}'}, "queue id 'x'"),
+        ({"topic": "a", "startingoffsets": '{"a": {"0": -3}}'}, "offset -3 of a/0"),
+        ({"topic": "a", "startingoffsets": "[1]"}, "must be a JSON object"),
+        ({"topic": "a,,b"}, "an empty topic name"),
+        ({"topic": "a", "tags": "a||b"}, "an empty tag"),
+        ({"topic": "a", "startingtimestamp": "1", "startingoffsets": "earliest"}, "not both"),
+        ({"topic": "a", "groupfallback": "middle"}, "groupFallback='middle'"),
+    ],
+)
+def test_read_option_errors(options: dict[str, str], fragment: str) -> None:
+    with pytest.raises(InvalidOption, match=fragment.replace("[", r"\[")):
+        ReadOptions.parse(options, streaming=True)
+
+
+def test_write_options() -> None:
+    assert WriteOptions.parse({"topic": "t", "batchsize": "100"}).batch_size == 100
+    with pytest.raises(InvalidOption, match="unknown option 'startingoffsets'"):
+        WriteOptions.parse({"topic": "t", "startingoffsets": "earliest"})
