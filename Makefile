@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck pytest bench demo proto clean
+.PHONY: venv test lint typecheck pytest bench bench-spark demo proto clean
 
 venv: $(STAMP)
 
@@ -39,8 +39,12 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/storage_bench.py
 
+bench-spark: $(STAMP)
+	$(BIN)/python bench/spark_bench.py
+
+# Spark's Python workers must run this interpreter (the examples set PYSPARK_PYTHON).
 demo: $(STAMP)
-	$(BIN)/python examples/broker_quickstart.py
+	$(BIN)/python examples/streaming_demo.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
