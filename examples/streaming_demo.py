@@ -201,7 +201,7 @@ def run(broker: BrokerHandle, spark: SparkSession, admin: Admin, checkpoint: str
 
 def main() -> None:
     with example_broker(__doc__) as broker:
-        say(f"broker ready at {broker.address}; starting Spark (local[2])")
+        say("starting Spark (local[2])")
         with (
             local_spark("equeue-demo") as spark,
             tempfile.TemporaryDirectory(prefix="equeue-demo-checkpoint-") as checkpoint,
