@@ -1,7 +1,8 @@
 """Spark connector benchmark: reads beside a from-memory ceiling, writes beside the client.
 
-Run ``python bench/spark_bench.py`` (about 5 minutes here; ``--quick`` for a
-smoke run of about a minute; ``--repeat N`` reports medians of N runs;
+Run ``python bench/spark_bench.py`` (about 3 minutes here, 5 with
+``--repeat 3``; ``--quick`` for a smoke run of under 2 minutes, mostly Spark's
+start and warm-up; ``--repeat N`` reports medians of N runs;
 ``--sizes 100,1024`` picks the value sizes). It starts one broker (async flush)
 on 127.0.0.1 in a temporary directory under /tmp and one local Spark session
 (``local[2]``, as tests/spark_support.py builds it, plus 4 GB of driver memory
@@ -32,7 +33,7 @@ so 1,000,000 at 1 KiB):
   Arrow from the worker to the JVM, rows into the sink). Target: read >= 0.7x
   the ceiling.
 * batch write: ``spark.range(N)`` as ``key`` = ``cast(id as string)`` and
-  ``value`` = N bytes (a hex digest repeated, cast to binary), cached and
+  ``value`` = the size in bytes (a hex digest repeated, cast to binary), cached and
   materialized before timing, then ``df.write.format("equeue")`` into a fresh
   topic of 4 queues with ``batchSize=10000`` (2 tasks: ``local[2]``);
   rows/s. Baseline: the client in this process, ``Producer.send_batches`` of
@@ -44,7 +45,10 @@ read task alone (``read_task.read_range`` over one 250,000-row partition),
 the ``PullStream`` transfer alone (replies counted, not decoded), decoding
 alone (``decode_columns`` + ``to_record_batch`` over the same replies), the
 ceiling's batch generation alone; and, for both Spark queries, the time inside
-micro-batches (``triggerExecution``) against the wall clock.
+micro-batches (``triggerExecution``) against the wall clock. A third table
+gives the CPU seconds each component used during each timed measurement (the
+JVM, the Python workers, the broker, this process; sampled from /proc, Linux
+only): on a machine this small, where the time goes.
 """
 
 from __future__ import annotations
@@ -330,9 +334,14 @@ class Diagnostic:
     rows: int
     seconds: list[float] = field(default_factory=list)
     note: str = ""
+    """Shown beside the rate; ``{}`` in it stands for the median of ``asides``."""
+    asides: list[float] = field(default_factory=list)
 
     def rate(self) -> float:
         return self.rows / statistics.median(self.seconds)
+
+    def note_text(self) -> str:
+        return self.note.format(statistics.median(self.asides)) if self.asides else self.note
 
 
 @dataclass
@@ -353,10 +362,22 @@ class Results:
     def add(self, scenario: str, size: int, rows: int, target: float) -> Row:
         return self.rows.setdefault((scenario, size), Row(scenario, size, rows, target))
 
-    def diag(self, what: str, size: int, rows: int, seconds: float, note: str = "") -> None:
+    def diag(
+        self,
+        what: str,
+        size: int,
+        rows: int,
+        seconds: float,
+        note: str = "",
+        *,
+        aside: float | None = None,
+    ) -> None:
         d = self.diagnostics.setdefault((what, size), Diagnostic(what, size, rows, note=note))
         d.seconds.append(seconds)
-        progress(f"  diag {what:48} {size_label(size):6} {rows / seconds:12,.0f} rows/s {note}")
+        if aside is not None:
+            d.asides.append(aside)
+        shown = note.format(aside) if aside is not None else note
+        progress(f"  diag {what:48} {size_label(size):6} {rows / seconds:12,.0f} rows/s {shown}")
 
 
 def size_label(size: int) -> str:
@@ -790,7 +811,8 @@ def read_query(
         size,
         count,
         q.batch_ms / 1000,
-        f"(wall - batches = {q.seconds - q.batch_ms / 1000:.2f} s)",
+        "(wall - batches = {:.2f} s)",
+        aside=q.seconds - q.batch_ms / 1000,
     )
     progress(
         f"{size_label(size)} run {run + 1}: read {fmt:15} {count / q.seconds:12,.0f} rows/s "
@@ -828,7 +850,7 @@ def main_table(results: Results) -> str:
 def diagnostics_table(results: Results) -> str:
     lines = ["| measurement | size | rows | rows/s | note |", "|---|---|---:|---:|---|"]
     for d in sorted(results.diagnostics.values(), key=lambda d: d.size):
-        note = d.note
+        note = d.note_text()
         if len(d.seconds) > 1:
             note = f"{note} median of {len(d.seconds)}".strip()
         cells = [d.what, size_label(d.size), f"{d.rows:,}", f"{d.rate():,.0f}", note or NA]
