@@ -94,6 +94,7 @@ from equeue_spark.client.reader import stream_replies
 from equeue_spark.spark import read_task
 from equeue_spark.spark.arrow import arrow_schema, read_schema, to_record_batch
 from tests.broker_process import BrokerProcess
+from tests.spark_support import local_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -650,24 +651,9 @@ def _struct(ddl: str) -> StructType:
 
 
 def spark_session() -> SparkSession:
-    """tests/spark_support.local_session's settings, plus driver memory for the cache."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("equeue-spark-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.memory", "4g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    """The tests' local session, plus driver memory for the cached write input."""
+    conf = {"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}
+    session = local_session("equeue-spark-bench", **conf)
     session.sparkContext.setLogLevel("ERROR")
     return session
 

@@ -14,14 +14,18 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def local_session(app: str = "equeue-tests") -> SparkSession:
-    """A real local SparkSession whose Python workers run this interpreter."""
+def local_session(app: str = "equeue-tests", **conf: str) -> SparkSession:
+    """A real local SparkSession whose Python workers run this interpreter
+    (``conf``: extra Spark settings, e.g. ``{"spark.driver.memory": "4g"}``)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
     return (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")

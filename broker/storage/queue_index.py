@@ -136,20 +136,22 @@ class QueueIndex:
 
     # -- reads -------------------------------------------------------------------
 
+    def _read_raw(self, offset: int, count: int) -> bytes:
+        """Whole entries for ``[offset, offset + count)``, clipped to the chunk
+        holding ``offset`` (and to what the file holds)."""
+        number, byte_pos = self._locate(offset)
+        count = min(count, self.entries_per_chunk - offset % self.entries_per_chunk)
+        data = os.pread(self._fd(number), count * ENTRY_SIZE, byte_pos)
+        return data[: len(data) - len(data) % ENTRY_SIZE]
+
     def read(self, offset: int, count: int) -> list[IndexEntry]:
         """Entries for ``[offset, offset + count)``, clipped to the chunk holding ``offset``."""
-        number, byte_pos = self._locate(offset)
-        count = min(count, self.entries_per_chunk - offset % self.entries_per_chunk)
-        data = os.pread(self._fd(number), count * ENTRY_SIZE, byte_pos)
-        return list(ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY_SIZE]))
+        return list(ENTRY.iter_unpack(self._read_raw(offset, count)))
 
     def record_sizes(self, offset: int, count: int) -> list[int]:
-        """Record sizes for ``[offset, offset + count)``, clipped to the chunk
-        holding ``offset``: one pread and a strided slice, no per-entry unpack."""
-        number, byte_pos = self._locate(offset)
-        count = min(count, self.entries_per_chunk - offset % self.entries_per_chunk)
-        data = os.pread(self._fd(number), count * ENTRY_SIZE, byte_pos)
-        words = memoryview(data[: len(data) - len(data) % ENTRY_SIZE]).cast("I")
+        """Record sizes for ``[offset, offset + count)``, clipped like ``read``:
+        a strided slice of the raw entries, no per-entry unpack."""
+        words = memoryview(self._read_raw(offset, count)).cast("I")
         return words[_SIZE_WORD :: ENTRY_SIZE // 4].tolist()
 
     def entry(self, offset: int) -> IndexEntry:

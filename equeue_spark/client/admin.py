@@ -13,6 +13,14 @@ from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.records import Message, decode_records
 
 
+def commit_offsets(conn: Connection, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+    """The one place a CommitOffsets request is built (Admin and Consumer use it)."""
+    request = pb.CommitOffsetsRequest(group=group)
+    for (topic, queue_id), offset in sorted(offsets.items()):
+        request.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
+    conn.call(conn.broker.CommitOffsets, request)
+
+
 class Admin:
     """Administer a broker::
 
@@ -135,10 +143,7 @@ class Admin:
     def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Record ``group``'s progress, ``{(topic, queue_id): next offset}``,
         without joining the group (what a Spark query does for its group)."""
-        request = pb.CommitOffsetsRequest(group=group)
-        for (topic, queue_id), offset in sorted(offsets.items()):
-            request.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
-        self._conn.call(self._conn.broker.CommitOffsets, request)
+        commit_offsets(self._conn, group, offsets)
 
     def fetch_offsets(self, group: str, topic: str = "") -> dict[tuple[str, int], int]:
         """``group``'s committed offsets, ``{(topic, queue_id): next offset}``

@@ -35,6 +35,7 @@ import grpc
 
 from equeue_proto.protocol import allocate_average
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.admin import commit_offsets
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import EqueueError, InvalidRequest, from_rpc_error
 from equeue_spark.client.records import Message, decode_records
@@ -284,10 +285,7 @@ class Consumer:
         changed = {k: v for k, v in positions.items() if self._committed.get(k) != v}
         if not changed:
             return
-        request = pb.CommitOffsetsRequest(group=self.group)
-        for (topic, queue_id), offset in sorted(changed.items()):
-            request.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
-        self._conn.call(self._conn.broker.CommitOffsets, request)
+        commit_offsets(self._conn, self.group, changed)
         self._committed.update(changed)
 
     def close(self) -> None:

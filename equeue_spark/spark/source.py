@@ -46,7 +46,7 @@ from equeue_spark.spark.offsets import (
     to_json,
 )
 from equeue_spark.spark.options import ReadOptions, WriteOptions
-from equeue_spark.spark.planning import Planner
+from equeue_spark.spark.planning import Planner, Queues
 from equeue_spark.spark.read_task import QueueRange, read_range
 from equeue_spark.spark.write_task import WriteSummary, check_schema, write_batches
 
@@ -180,7 +180,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ends = {k: min(e, self._target[k]) for k, e in ends.items() if k in self._target}
         full = {k: starts.get(k, queues[k].earliest_offset) for k in ends}
         if not isinstance(limit, ReadAllAvailable):
-            admitted = self._admit(full, ends, limit)
+            admitted = self._admit(full, ends, limit, queues)
             if admitted is None:
                 return start
             ends = admitted
@@ -188,7 +188,9 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._last_batch = time.monotonic()
         return to_json(ends)
 
-    def _admit(self, starts: Offsets, ends: Offsets, limit: ReadLimit) -> Offsets | None:
+    def _admit(
+        self, starts: Offsets, ends: Offsets, limit: ReadLimit, queues: Queues
+    ) -> Offsets | None:
         """Apply the option limits and the engine's: None means "wait"."""
         o = self.options
         max_rows = _smallest(o.max_offsets_per_trigger, getattr(limit, "max_rows", None))
@@ -201,11 +203,10 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if max_rows:
             ends = rate_limit(max_rows, starts, ends)
         if max_bytes:
-            ends = self._bytes_limit(max_bytes, starts, ends)
+            ends = self._bytes_limit(max_bytes, starts, ends, queues)
         return ends
 
-    def _bytes_limit(self, budget: int, starts: Offsets, ends: Offsets) -> Offsets:
-        queues = self.planner.queues()
+    def _bytes_limit(self, budget: int, starts: Offsets, ends: Offsets, queues: Queues) -> Offsets:
         capped = dict(ends)
         for key, share in split_budget(budget, starts, ends).items():
             q = queues.get(key)

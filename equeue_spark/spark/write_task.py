@@ -20,8 +20,8 @@ headers, when present, are converted row by row. Requests are pipelined on one
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,18 +36,9 @@ COLUMNS = ("value", "key", "topic", "queue", "tag", "headers", "timestamp")
 
 @dataclass
 class WriteSummary:
-    """What one task wrote: rows per (topic, queue) and the offset range."""
+    """What one task wrote."""
 
     rows: int = 0
-    queues: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
-    """(topic, queue) -> (first offset, last offset + 1) written by the task."""
-
-    def add(self, topic: str, queue_ids: Iterable[int], offsets: Iterable[int]) -> None:
-        for queue_id, offset in zip(queue_ids, offsets, strict=True):
-            key = (topic, queue_id)
-            lo, hi = self.queues.get(key, (offset, offset + 1))
-            self.queues[key] = (min(lo, offset), max(hi, offset + 1))
-            self.rows += 1
 
 
 def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteSummary:
@@ -55,7 +46,7 @@ def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> W
     summary = WriteSummary()
     with Producer(config=options.client) as producer:
         for results in producer.send_requests(_requests(options, batches)):
-            summary.add(results.topic, results.queue_ids, results.offsets)
+            summary.rows += len(results)
     return summary
 
 
