@@ -15,7 +15,8 @@ T = TypeVar("T")
 
 
 def local_session(app: str = "equeue-tests", **conf: str) -> SparkSession:
-    """A real local SparkSession whose Python workers run this interpreter
+    """A real local SparkSession (2 cores, a failed task retried once, as on a
+    cluster) whose Python workers run this interpreter
     (``conf``: extra Spark settings, e.g. ``{"spark.driver.memory": "4g"}``)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -25,7 +26,7 @@ def local_session(app: str = "equeue-tests", **conf: str) -> SparkSession:
     for key, value in conf.items():
         builder = builder.config(key, value)
     return (
-        builder.master("local[2]")
+        builder.master("local[2,2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")

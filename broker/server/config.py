@@ -12,7 +12,13 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from broker.storage.config import FlushMode, MessageLimits, RetentionConfig, StorageConfig
+from broker.storage.config import (
+    FlushMode,
+    MessageLimits,
+    RetentionConfig,
+    StorageConfig,
+    TransactionConfig,
+)
 from broker.storage.errors import InvalidArgument
 
 MiB = 1024 * 1024
@@ -42,6 +48,11 @@ class BrokerConfig:
     max_pull_bytes: int = 64 * MiB
     max_request_bytes: int = 80 * MiB
     """gRPC message size limit, both directions (a full batch plus framing)."""
+    transaction_timeout_ms: int = 15 * 60_000
+    """An open transaction without a write for this long is aborted."""
+    max_open_transactions: int = 10_000
+    max_transaction_bytes: int = 1024 * MiB
+    """Staged bytes per transaction."""
     consumer_timeout_ms: int = 30_000
     """A consumer without a heartbeat for this long leaves its group."""
     store_threads: int = 64
@@ -75,6 +86,11 @@ class BrokerConfig:
             max_read_messages=self.max_pull_messages,
             max_read_bytes=self.max_pull_bytes,
             limits=MessageLimits(max_message_bytes=self.max_message_bytes),
+            transactions=TransactionConfig(
+                timeout_ms=self.transaction_timeout_ms,
+                max_open=self.max_open_transactions,
+                max_bytes=self.max_transaction_bytes,
+            ),
             retention=RetentionConfig(
                 max_chunks=self.retention_max_chunks,
                 max_age_ms=None if age is None else int(age * 3_600_000),
@@ -109,6 +125,11 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     parser.add_argument("--max-wait-ms", type=int, help="longest a pull may be parked")
     parser.add_argument("--max-parked-pulls", type=int)
     parser.add_argument("--consumer-timeout-ms", type=int)
+    parser.add_argument(
+        "--transaction-timeout-ms", type=int, help="abort transactions idle this long"
+    )
+    parser.add_argument("--max-open-transactions", type=int)
+    parser.add_argument("--max-transaction-bytes", type=int, help="staged bytes per transaction")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])
     args = vars(parser.parse_args(argv))

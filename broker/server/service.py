@@ -170,6 +170,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise BadRequest(f"topic {request.topic!r} has no producer-visible queue")
         targets = self._route(request, batch, visible)
         reply = pb.ProduceReply(broker_id=self.s.broker_id)
+        if request.transaction_id:
+            return self._stage(request, batch, targets, reply)
         if isinstance(targets, int):  # the common case: the whole batch went to one queue
             result = store.append(request.topic, targets, batch)
             self.s.counters.add(request.topic, targets, produced=result.count)
@@ -193,6 +195,57 @@ class BrokerService(pb_grpc.BrokerServicer):
         reply.offsets.extend(offsets)
         reply.positions.extend(positions)
         return reply
+
+    def _stage(
+        self,
+        request: pb.ProduceRequest,
+        batch: MessageBatch,
+        targets: list[int] | int,
+        reply: pb.ProduceReply,
+    ) -> pb.ProduceReply:
+        """A produce request with a transaction id: stage, do not append."""
+        count = len(batch)
+        parts = [
+            (queue_id, batch if indexes is None else _take(batch, indexes))
+            for queue_id, indexes in _group_by_queue(targets, count)
+        ]
+        total = self.s.store.transactions.stage(request.transaction_id, request.topic, parts)
+        reply.queue_ids.extend([targets] * count if isinstance(targets, int) else targets)
+        reply.transaction_messages = total
+        return reply
+
+    @rpc
+    async def CommitTransactions(
+        self, request: pb.CommitTransactionsRequest, context: Any
+    ) -> pb.CommitTransactionsReply:
+        refs = [(t.transaction_id, t.expected_messages) for t in request.transactions]
+        result = await self.s.call(
+            self.s.store.transactions.commit,
+            refs,
+            sink=request.sink,
+            batch_id=request.batch_id,
+            abort_prefix=request.abort_prefix,
+        )
+        reply = pb.CommitTransactionsReply(
+            already_committed=result.already_committed, aborted=result.aborted
+        )
+        for q in result.queues:
+            self.s.counters.add(q.topic, q.queue_id, produced=q.count)
+            reply.queues.add(
+                topic=q.topic, queue_id=q.queue_id, first_offset=q.first_offset, count=q.count
+            )
+        return reply
+
+    @rpc
+    async def AbortTransactions(
+        self, request: pb.AbortTransactionsRequest, context: Any
+    ) -> pb.AbortTransactionsReply:
+        if not request.transaction_ids and not request.prefix:
+            raise BadRequest("name transaction_ids or a prefix to abort")
+        aborted = await self.s.call(
+            self.s.store.transactions.abort, list(request.transaction_ids), request.prefix
+        )
+        return pb.AbortTransactionsReply(aborted=aborted)
 
     def _topic_for_produce(self, topic: str) -> Any:
         store = self.s.store
@@ -693,9 +746,32 @@ class AdminService(pb_grpc.AdminServicer):
                 consumed_total=consumed,
                 flush_mode=self.s.config.flush,
                 uptime_s=time.monotonic() - self.s.counters.started,
+                open_transactions=raw["open_transactions"],
+                staged_bytes=raw["staged_bytes"],
             )
 
         return await self.s.call(stats)
+
+    @rpc
+    async def ListTransactions(
+        self, request: pb.ListTransactionsRequest, context: Any
+    ) -> pb.ListTransactionsReply:
+        def list_() -> pb.ListTransactionsReply:
+            transactions = self.s.store.transactions
+            reply = pb.ListTransactionsReply()
+            for t in transactions.list_open(request.prefix):
+                info = reply.transactions.add(
+                    transaction_id=t.txn_id, created_ms=t.created_ms,
+                    last_write_ms=t.last_write_ms, messages=t.messages, bytes=t.bytes,
+                    committing=t.committing,
+                )  # fmt: skip
+                for (topic, queue_id), count in sorted(t.queues.items()):
+                    info.queues.add(topic=topic, queue_id=queue_id, count=count)
+            for sink in transactions.sinks():
+                reply.sinks.add(sink=sink.sink, batch_id=sink.batch_id, updated_ms=sink.updated_ms)
+            return reply
+
+        return await self.s.call(list_)
 
 
 def _disk_usage(root: Path) -> int:

@@ -90,6 +90,28 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class TransactionConfig:
+    """Limits of staged transactions (see transactions.py)."""
+
+    timeout_ms: int = 15 * 60_000
+    """An open transaction not written to or committed for this long is aborted."""
+    max_open: int = 10_000
+    """Open transactions at once (each holds one open file)."""
+    max_bytes: int = 1024 * MiB
+    """Staged bytes per transaction."""
+    max_per_commit: int = 10_000
+    """Transactions one commit call may name."""
+    max_sinks: int = 10_000
+    """Sinks whose last committed batch is remembered (oldest forgotten first)."""
+    sink_ttl_ms: int = 7 * 24 * 3600 * 1000
+    """A sink not committed to for this long is forgotten (7 days)."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "timeout_ms", "max_open", "max_bytes", "max_per_commit", "max_sinks")
+        _positive(self, "sink_ttl_ms")
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     """Configuration of one store (one data directory)."""
 
@@ -120,6 +142,7 @@ class StorageConfig:
     """A tag-filtered read inspects at most this many index entries per call."""
     limits: MessageLimits = field(default_factory=MessageLimits)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    transactions: TransactionConfig = field(default_factory=TransactionConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))

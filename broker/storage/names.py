@@ -40,6 +40,24 @@ def validate_name(kind: str, name: object) -> str:
     return name
 
 
+MAX_TRANSACTION_ID_LENGTH = 255
+_TRANSACTION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]*")
+
+
+def validate_transaction_id(txn_id: object, kind: str = "transaction id") -> str:
+    """Validate a transaction id (or, with ``kind``, a sink id or id prefix):
+    like a topic name, up to 255 characters, ``:`` and ``@`` also allowed so
+    ids can be built from parts. Stage files are named by a hash, never by it."""
+    if not isinstance(txn_id, str) or not txn_id:
+        raise InvalidName(f"{kind} must be a non-empty string, got {txn_id!r}")
+    if len(txn_id) > MAX_TRANSACTION_ID_LENGTH or not _TRANSACTION_ID_RE.fullmatch(txn_id):
+        raise InvalidName(
+            f"{kind} {txn_id[:80]!r} is invalid: up to {MAX_TRANSACTION_ID_LENGTH} ASCII "
+            "letters, digits, '.', '_', '-', ':' and '@', starting with a letter or digit"
+        )
+    return txn_id
+
+
 def validate_topic(name: object) -> str:
     """Validate a topic name (see module docstring)."""
     return validate_name("topic", name)

@@ -9,6 +9,7 @@ Data directory layout::
     <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
     <data_dir>/checkpoint.json[.bak]      log position below which every index
                                           entry is fsynced
+    <data_dir>/txn/                       staged transactions (transactions.py)
 
 Consistency: the log is the source of truth; indexes are derived. On open the
 store cuts the log after its last complete append, drops index entries at or
@@ -39,7 +40,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,7 @@ from broker.storage.record import (
     prepare_batch,
 )
 from broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
+from broker.storage.transactions import Transactions
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,8 @@ class Store:
         self._pending: deque[tuple[int, _Queue, int]] = deque()
         self._last_store_ms = 0
         self._queues: dict[tuple[str, int], _Queue] = {}
+        self._blocked: set[tuple[str, int]] = set()
+        """Queues an interrupted transaction commit must finish first."""
         root = config.data_dir
         root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_data_dir(root)
@@ -205,6 +209,13 @@ class Store:
             self._committer = SyncCommitter(self._commit_round)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        try:  # rolls forward commits a crash interrupted, so before anyone reads
+            self.transactions = Transactions(self, root / "txn", config.transactions)
+        except BaseException:
+            if self._committer is not None:
+                self._committer.close()
+            self._release_files()
+            raise
         if background:
             self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
             self._thread.start()
@@ -445,6 +456,71 @@ class Store:
         assert isinstance(outcome, AppendResult)
         return outcome
 
+    def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
+        """Check ``batch`` as ``append`` would, without writing it (for staging)."""
+        with self._lock:
+            queue = self._writable_queue(topic, queue_id)
+        return prepare_batch(batch, queue.topic_bytes, self.config.limits)
+
+    def append_atomically(
+        self,
+        queues: Sequence[tuple[str, int]],
+        decide: Callable[[dict[tuple[str, int], int]], None],
+        batches: Callable[[], Iterable[tuple[str, int, PreparedBatch]]],
+        resume: bool = False,
+    ) -> dict[tuple[str, int], int]:
+        """Append prepared batches to several queues as one unit; return each
+        queue's first new offset.
+
+        No other append runs in between, and readers see the new records of
+        every queue at once. First every queue is checked writable, then
+        ``decide(first offsets)`` runs (the transaction layer makes its commit
+        decision durable there), then every batch from ``batches()`` is written.
+        An error after ``decide`` leaves a prefix written (and readable): the
+        caller rolls the rest forward from its decision; until a call with
+        ``resume`` succeeds, those queues refuse other appends (which would
+        break the roll-forward's arithmetic).
+        """
+        keys = list(dict.fromkeys(queues))
+
+        def work() -> dict[tuple[str, int], int]:
+            targets = {key: self._writable_queue(*key, resuming=resume) for key in keys}
+            firsts = {key: queue.index.end for key, queue in targets.items()}
+            decide(firsts)
+            try:
+                for topic, queue_id, prepared in batches():
+                    queue = targets.get((topic, queue_id))
+                    if queue is None:
+                        raise InvalidArgument(f"queue {topic}/{queue_id} was not declared")
+                    self._write(queue, prepared)
+                self._blocked.difference_update(keys)
+            except BaseException:
+                self._blocked.update(keys)
+                raise
+            finally:
+                if self._committer is not None:
+                    position = self._log.write_position
+                    self._pending.extend((position, q, q.index.end) for q in targets.values())
+                else:
+                    for q in targets.values():
+                        q.visible_end = q.index.end
+            return firsts
+
+        if self._committer is None:
+            with self._lock:
+                try:
+                    return work()
+                finally:
+                    if self._listeners:
+                        self._notify([(q, q.visible_end) for q in self._queues_of(keys)])
+        self._check_open()
+        outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
+        assert isinstance(outcome, dict)
+        return outcome
+
+    def _queues_of(self, keys: Iterable[tuple[str, int]]) -> list[_Queue]:
+        return [q for q in map(self._queues.get, keys) if q is not None]
+
     def _write_pending(self, topic: str, queue_id: int, prepared: PreparedBatch) -> AppendResult:
         """Sync mode, on the committer thread: write; readable once the round is durable."""
         queue = self._writable_queue(topic, queue_id)
@@ -465,12 +541,17 @@ class Store:
         self._commit.make_durable(target)
         return outcomes
 
-    def _writable_queue(self, topic: str, queue_id: int) -> _Queue:
+    def _writable_queue(self, topic: str, queue_id: int, resuming: bool = False) -> _Queue:
         self._check_writable()
         queue = self._queues.get((topic, queue_id))
         if queue is None:  # find out why, for the error message
             self._queue_meta(self._topic(topic), queue_id)
             raise NotFound(f"queue {topic}/{queue_id} does not exist")
+        if self._blocked and not resuming and (topic, queue_id) in self._blocked:
+            raise StorageError(
+                f"queue {topic}/{queue_id} takes no appends until an interrupted "
+                "transaction commit is completed (retried in the background)"
+            )
         if not queue.producer_visible:
             raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
         return queue
@@ -997,6 +1078,7 @@ class Store:
                 if now >= next_offsets:
                     self._offsets.persist()
                     next_offsets = now + self.config.offsets_flush_interval_ms / 1000
+                self.transactions.expire()
                 if now >= next_retention:
                     self.apply_retention()
                     next_retention = now + self.config.retention.check_interval_ms / 1000
@@ -1018,6 +1100,7 @@ class Store:
                 "log_write_position": self._log.write_position,
                 "durable_position": self._commit.durable,
                 "fsyncs": self._commit.fsyncs,
+                **self.transactions.stats(),
             }
 
     def _check_open(self) -> None:
@@ -1037,6 +1120,7 @@ class Store:
             return
         self._stop_background()
         self.flush()
+        self.transactions.close()
         with self._lock:
             self._closed = True
             for queue in self._queues.values():
@@ -1052,6 +1136,7 @@ class Store:
         still in the page cache; tests that simulate a machine crash remove it.
         """
         self._stop_background()
+        self.transactions.close()
         with self._lock:
             self._closed = True
             self._release_files()

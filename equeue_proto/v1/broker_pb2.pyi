@@ -41,26 +41,86 @@ class MessageColumns(_message.Message):
     def __init__(self, count: _Optional[int] = ..., values: _Optional[bytes] = ..., value_lengths: _Optional[_Iterable[int]] = ..., keys: _Optional[bytes] = ..., key_lengths: _Optional[_Iterable[int]] = ..., tags: _Optional[_Iterable[str]] = ..., headers: _Optional[bytes] = ..., header_lengths: _Optional[_Iterable[int]] = ..., timestamps_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("topic", "messages", "queue_ids")
+    __slots__ = ("topic", "messages", "queue_ids", "transaction_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     messages: MessageColumns
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    transaction_id: str
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ..., transaction_id: _Optional[str] = ...) -> None: ...
 
 class ProduceReply(_message.Message):
-    __slots__ = ("broker_id", "queue_ids", "offsets", "positions")
+    __slots__ = ("broker_id", "queue_ids", "offsets", "positions", "transaction_messages")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     positions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, broker_id: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
+    transaction_messages: int
+    def __init__(self, broker_id: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., transaction_messages: _Optional[int] = ...) -> None: ...
+
+class TransactionRef(_message.Message):
+    __slots__ = ("transaction_id", "expected_messages")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    expected_messages: int
+    def __init__(self, transaction_id: _Optional[str] = ..., expected_messages: _Optional[int] = ...) -> None: ...
+
+class CommitTransactionsRequest(_message.Message):
+    __slots__ = ("transactions", "sink", "batch_id", "abort_prefix")
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    SINK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ABORT_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[TransactionRef]
+    sink: str
+    batch_id: int
+    abort_prefix: str
+    def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionRef, _Mapping]]] = ..., sink: _Optional[str] = ..., batch_id: _Optional[int] = ..., abort_prefix: _Optional[str] = ...) -> None: ...
+
+class CommittedQueue(_message.Message):
+    __slots__ = ("topic", "queue_id", "first_offset", "count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    first_offset: int
+    count: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., first_offset: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class CommitTransactionsReply(_message.Message):
+    __slots__ = ("already_committed", "queues", "aborted")
+    ALREADY_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    already_committed: bool
+    queues: _containers.RepeatedCompositeFieldContainer[CommittedQueue]
+    aborted: int
+    def __init__(self, already_committed: _Optional[bool] = ..., queues: _Optional[_Iterable[_Union[CommittedQueue, _Mapping]]] = ..., aborted: _Optional[int] = ...) -> None: ...
+
+class AbortTransactionsRequest(_message.Message):
+    __slots__ = ("transaction_ids", "prefix")
+    TRANSACTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    transaction_ids: _containers.RepeatedScalarFieldContainer[str]
+    prefix: str
+    def __init__(self, transaction_ids: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ...) -> None: ...
+
+class AbortTransactionsReply(_message.Message):
+    __slots__ = ("aborted",)
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    aborted: int
+    def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_bytes", "tags", "max_wait_ms")
@@ -424,7 +484,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -439,6 +499,8 @@ class BrokerStats(_message.Message):
     FLUSH_MODE_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -453,7 +515,9 @@ class BrokerStats(_message.Message):
     flush_mode: str
     uptime_s: float
     queue_counters: _containers.RepeatedCompositeFieldContainer[QueueCounters]
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ...) -> None: ...
+    open_transactions: int
+    staged_bytes: int
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ...) -> None: ...
 
 class QueueCounters(_message.Message):
     __slots__ = ("topic", "queue_id", "produced", "consumed")
@@ -466,3 +530,45 @@ class QueueCounters(_message.Message):
     produced: int
     consumed: int
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., produced: _Optional[int] = ..., consumed: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ("prefix",)
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    def __init__(self, prefix: _Optional[str] = ...) -> None: ...
+
+class TransactionInfo(_message.Message):
+    __slots__ = ("transaction_id", "created_ms", "last_write_ms", "messages", "bytes", "committing", "queues")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_WRITE_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMMITTING_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    created_ms: int
+    last_write_ms: int
+    messages: int
+    bytes: int
+    committing: bool
+    queues: _containers.RepeatedCompositeFieldContainer[CommittedQueue]
+    def __init__(self, transaction_id: _Optional[str] = ..., created_ms: _Optional[int] = ..., last_write_ms: _Optional[int] = ..., messages: _Optional[int] = ..., bytes: _Optional[int] = ..., committing: _Optional[bool] = ..., queues: _Optional[_Iterable[_Union[CommittedQueue, _Mapping]]] = ...) -> None: ...
+
+class SinkInfo(_message.Message):
+    __slots__ = ("sink", "batch_id", "updated_ms")
+    SINK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    sink: str
+    batch_id: int
+    updated_ms: int
+    def __init__(self, sink: _Optional[str] = ..., batch_id: _Optional[int] = ..., updated_ms: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsReply(_message.Message):
+    __slots__ = ("transactions", "sinks")
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    SINKS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[TransactionInfo]
+    sinks: _containers.RepeatedCompositeFieldContainer[SinkInfo]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ..., sinks: _Optional[_Iterable[_Union[SinkInfo, _Mapping]]] = ...) -> None: ...

@@ -84,6 +84,16 @@ class BrokerStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesReply.FromString,
                 _registered_method=True)
+        self.CommitTransactions = channel.unary_unary(
+                '/equeue.v1.Broker/CommitTransactions',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.CommitTransactionsRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.CommitTransactionsReply.FromString,
+                _registered_method=True)
+        self.AbortTransactions = channel.unary_unary(
+                '/equeue.v1.Broker/AbortTransactions',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsReply.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -172,6 +182,24 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitTransactions(self, request, context):
+        """Make staged transactions visible, all at once (see "Transactions" above),
+        then abort the other open transactions whose id starts with abort_prefix.
+        NOT_FOUND if a transaction is not open; FAILED_PRECONDITION if one holds
+        a different number of messages than expected, or the sink committed a
+        later batch already.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortTransactions(self, request, context):
+        """Discard open transactions, by id or id prefix. Unknown ids are ignored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +247,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.OffsetForBytes,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.OffsetForBytesReply.SerializeToString,
+            ),
+            'CommitTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitTransactions,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.CommitTransactionsRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.CommitTransactionsReply.SerializeToString,
+            ),
+            'AbortTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransactions,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +517,60 @@ class Broker:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def CommitTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Broker/CommitTransactions',
+            equeue__proto_dot_v1_dot_broker__pb2.CommitTransactionsRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.CommitTransactionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Broker/AbortTransactions',
+            equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class AdminStub:
     """---------------------------------------------------------------------------
@@ -558,6 +650,11 @@ class AdminStub:
                 '/equeue.v1.Admin/GetStats',
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/equeue.v1.Admin/ListTransactions',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsReply.FromString,
                 _registered_method=True)
 
 
@@ -661,6 +758,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTransactions(self, request, context):
+        """Open transactions (optionally those whose id starts with a prefix) and
+        every sink's last committed batch. Abort one with Broker.AbortTransactions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -728,6 +833,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.GetStatsRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1086,6 +1196,33 @@ class Admin:
             '/equeue.v1.Admin/GetStats',
             equeue__proto_dot_v1_dot_broker__pb2.GetStatsRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/ListTransactions',
+            equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsReply.FromString,
             options,
             channel_credentials,
             insecure,

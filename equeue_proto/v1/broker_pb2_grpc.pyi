@@ -27,6 +27,16 @@ full), UNAVAILABLE (the broker is shutting down), INTERNAL (corruption).
 Offsets. A queue offset counts the messages of one queue from 0. A group's
 committed offset is the NEXT offset the group will consume.
 
+Transactions. A ProduceRequest with a transaction_id stages its messages:
+they are stored but belong to no queue yet, so no pull sees them.
+CommitTransactions appends every message of the named transactions to its
+queue atomically (readers see all of them or none, also across a broker
+crash) and only then gives them offsets, so aborted messages never take an
+offset and the offsets readers see stay contiguous. A commit may name a
+sink and a batch id: the broker remembers each sink's last committed batch,
+which makes a replayed commit a no-op (exactly-once writers, e.g. the Spark
+sink, rely on it).
+
 Regenerate the Python code with `make proto`; a test fails when the
 checked-in code differs from a fresh generation.
 """
@@ -106,6 +116,15 @@ class BrokerStub:
     """Where a byte budget read from an offset ends, from the queue index alone:
     what byte-based rate limits (Spark's maxBytesPerTrigger) are built on.
     """
+    CommitTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CommitTransactionsRequest, _broker_pb2.CommitTransactionsReply]
+    """Make staged transactions visible, all at once (see "Transactions" above),
+    then abort the other open transactions whose id starts with abort_prefix.
+    NOT_FOUND if a transaction is not open; FAILED_PRECONDITION if one holds
+    a different number of messages than expected, or the sink committed a
+    later batch already.
+    """
+    AbortTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AbortTransactionsRequest, _broker_pb2.AbortTransactionsReply]
+    """Discard open transactions, by id or id prefix. Unknown ids are ignored."""
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -157,6 +176,15 @@ class BrokerAsyncStub(BrokerStub):
     """Where a byte budget read from an offset ends, from the queue index alone:
     what byte-based rate limits (Spark's maxBytesPerTrigger) are built on.
     """
+    CommitTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CommitTransactionsRequest, _broker_pb2.CommitTransactionsReply]  # type: ignore[assignment]
+    """Make staged transactions visible, all at once (see "Transactions" above),
+    then abort the other open transactions whose id starts with abort_prefix.
+    NOT_FOUND if a transaction is not open; FAILED_PRECONDITION if one holds
+    a different number of messages than expected, or the sink committed a
+    later batch already.
+    """
+    AbortTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.AbortTransactionsRequest, _broker_pb2.AbortTransactionsReply]  # type: ignore[assignment]
+    """Discard open transactions, by id or id prefix. Unknown ids are ignored."""
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -260,6 +288,27 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         what byte-based rate limits (Spark's maxBytesPerTrigger) are built on.
         """
 
+    @_abc_1.abstractmethod
+    def CommitTransactions(
+        self,
+        request: _broker_pb2.CommitTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.CommitTransactionsReply, _abc.Awaitable[_broker_pb2.CommitTransactionsReply]]:
+        """Make staged transactions visible, all at once (see "Transactions" above),
+        then abort the other open transactions whose id starts with abort_prefix.
+        NOT_FOUND if a transaction is not open; FAILED_PRECONDITION if one holds
+        a different number of messages than expected, or the sink committed a
+        later batch already.
+        """
+
+    @_abc_1.abstractmethod
+    def AbortTransactions(
+        self,
+        request: _broker_pb2.AbortTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AbortTransactionsReply, _abc.Awaitable[_broker_pb2.AbortTransactionsReply]]:
+        """Discard open transactions, by id or id prefix. Unknown ids are ignored."""
+
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class AdminStub:
@@ -302,6 +351,10 @@ class AdminStub:
     """Fetch one message by id or by (topic, queue, offset)."""
     GetStats: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetStatsRequest, _broker_pb2.BrokerStats]
     """Broker-wide statistics."""
+    ListTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListTransactionsRequest, _broker_pb2.ListTransactionsReply]
+    """Open transactions (optionally those whose id starts with a prefix) and
+    every sink's last committed batch. Abort one with Broker.AbortTransactions.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -341,6 +394,10 @@ class AdminAsyncStub(AdminStub):
     """Fetch one message by id or by (topic, queue, offset)."""
     GetStats: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetStatsRequest, _broker_pb2.BrokerStats]  # type: ignore[assignment]
     """Broker-wide statistics."""
+    ListTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListTransactionsRequest, _broker_pb2.ListTransactionsReply]  # type: ignore[assignment]
+    """Open transactions (optionally those whose id starts with a prefix) and
+    every sink's last committed batch. Abort one with Broker.AbortTransactions.
+    """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -455,5 +512,15 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.BrokerStats, _abc.Awaitable[_broker_pb2.BrokerStats]]:
         """Broker-wide statistics."""
+
+    @_abc_1.abstractmethod
+    def ListTransactions(
+        self,
+        request: _broker_pb2.ListTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListTransactionsReply, _abc.Awaitable[_broker_pb2.ListTransactionsReply]]:
+        """Open transactions (optionally those whose id starts with a prefix) and
+        every sink's last committed batch. Abort one with Broker.AbortTransactions.
+        """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

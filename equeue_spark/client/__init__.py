@@ -22,6 +22,7 @@ from equeue_spark.client.errors import (
 from equeue_spark.client.producer import Producer, SendResult, SendResults
 from equeue_spark.client.reader import read_range
 from equeue_spark.client.records import Message
+from equeue_spark.client.transactions import CommitOutcome, Transaction
 
 __all__ = [
     "Admin",
@@ -29,6 +30,7 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailable",
     "ClientConfig",
+    "CommitOutcome",
     "Consumer",
     "DataLossError",
     "DeadlineExceeded",
@@ -41,6 +43,7 @@ __all__ = [
     "Producer",
     "SendResult",
     "SendResults",
+    "Transaction",
     "default_broker",
     "read_range",
 ]

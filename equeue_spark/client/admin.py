@@ -6,11 +6,12 @@ whose fields are documented in the ``.proto``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.records import Message, decode_records
+from equeue_spark.client.transactions import abort_transactions
 
 
 def commit_offsets(conn: Connection, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
@@ -151,6 +152,16 @@ class Admin:
         request = pb.FetchOffsetsRequest(group=group, topic=topic)
         reply = self._conn.call(self._conn.broker.FetchOffsets, request)
         return {(o.topic, o.queue_id): o.offset for o in reply.offsets}
+
+    def list_transactions(self, prefix: str = "") -> pb.ListTransactionsReply:
+        """Open transactions (ids starting with ``prefix``) and sinks' progress."""
+        return self._conn.call(
+            self._stub.ListTransactions, pb.ListTransactionsRequest(prefix=prefix)
+        )
+
+    def abort_transactions(self, ids: Sequence[str] = (), prefix: str = "") -> int:
+        """Abort open transactions by id or id prefix; return how many."""
+        return abort_transactions(self._conn, ids, prefix)
 
     def stats(self) -> pb.BrokerStats:
         return self._conn.call(self._stub.GetStats, pb.GetStatsRequest())

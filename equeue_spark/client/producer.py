@@ -30,6 +30,7 @@ from equeue_proto.protocol import format_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import BrokerError, from_rpc_error
+from equeue_spark.client.transactions import Transaction
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -66,7 +67,7 @@ class SendResults(Sequence[SendResult]):
         self._positions = reply.positions
 
     def __len__(self) -> int:
-        return len(self._offsets)
+        return len(self._queue_ids)
 
     @property
     def topic(self) -> str:
@@ -79,17 +80,19 @@ class SendResults(Sequence[SendResult]):
     def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
+        staged = not self._offsets
         return SendResult(
             self._topic,
             self._queue_ids[index],
-            self._offsets[index],
-            self._positions[index],
+            -1 if staged else self._offsets[index],
+            -1 if staged else self._positions[index],
             self._broker_id,
         )
 
     @property
     def offsets(self) -> Sequence[int]:
-        """Queue offset of each message (no per-message objects)."""
+        """Queue offset of each message (no per-message objects); empty for
+        staged messages, which get offsets when their transaction commits."""
         return self._offsets
 
     @property
@@ -138,6 +141,15 @@ def build_request(
     if queue_ids is not None and any(q is not None for q in queue_ids):
         request.queue_ids.extend(-1 if q is None else q for q in queue_ids)
     return request
+
+
+def _check_acknowledged(request: pb.ProduceRequest, reply: pb.ProduceReply) -> None:
+    count = request.messages.count
+    located = len(reply.offsets) == len(reply.positions) == count
+    if request.transaction_id:  # staged: offsets come at commit
+        located = not reply.offsets and not reply.positions
+    if len(reply.queue_ids) != count or not located:
+        raise BrokerError(f"broker acknowledged {len(reply.queue_ids)} of {count} messages")
 
 
 def _older_than(cutoff: float, _topic: str, pending: _Pending) -> bool:
@@ -190,16 +202,25 @@ class Producer:
         headers: Sequence[Headers] | None = None,
         queue_ids: Sequence[int | None] | None = None,
         timestamps_ms: Sequence[int] | None = None,
+        transaction_id: str = "",
     ) -> SendResults:
-        """Send ``values`` (and the optional columns) in one request, now."""
+        """Send ``values`` (and the optional columns) in one request, now.
+
+        With ``transaction_id`` the messages are staged (see ``transaction``),
+        and the call is not retried.
+        """
         request = build_request(
             topic, values, keys=keys, tags=tags, headers=headers, queue_ids=queue_ids,
             timestamps_ms=timestamps_ms,
         )  # fmt: skip
-        reply = self._conn.call(self._conn.broker.Produce, request)
-        if not len(reply.offsets) == len(reply.queue_ids) == len(reply.positions) == len(values):
-            raise BrokerError(f"broker acknowledged {len(reply.offsets)} of {len(values)} messages")
+        request.transaction_id = transaction_id
+        reply = self._conn.call(self._conn.broker.Produce, request, retry=not transaction_id)
+        _check_acknowledged(request, reply)
         return SendResults(topic, reply)
+
+    def transaction(self, txn_id: str) -> Transaction:
+        """A transaction staged through this producer (see transactions.py)."""
+        return Transaction(self, txn_id, self._conn)
 
     def send_batches(
         self,
@@ -238,8 +259,7 @@ class Producer:
             )
             for reply in replies:
                 request = sent.popleft()
-                if len(reply.offsets) != request.messages.count:
-                    raise BrokerError("broker acknowledged a different number of messages")
+                _check_acknowledged(request, reply)
                 yield SendResults(request.topic, reply)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from exc

@@ -104,7 +104,9 @@ _READ_NAMES = [
     "minOffsetsPerTrigger", "maxTriggerDelay", "maxBytesPerTrigger",
     "maxRecordsPerPartition", "tags", "includeHeaders", "failOnDataLoss", "timeoutMs",
 ]  # fmt: skip
-_WRITE_NAMES = ["broker", "topic", "timeoutMs", "batchSize"]
+_WRITE_NAMES = ["broker", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId"]
+DELIVERIES = ("exactly_once", "at_least_once")
+_SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -261,10 +263,20 @@ class WriteOptions:
     batch_size: int = 5000
     """Rows per produce call (1 to 10,000)."""
     timeout_ms: int = 30_000
+    delivery: str = "exactly_once"
+    """``exactly_once``: rows are staged in broker transactions and committed
+    with the batch/job; ``at_least_once``: appended directly (task retries
+    may duplicate)."""
+    transactional_id: str = ""
+    """Sink identity for exactly-once streaming writes; default: the query id."""
 
     @property
     def client(self) -> ClientConfig:
         return ClientConfig(broker=self.broker, timeout_s=self.timeout_ms / 1000)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.delivery == "exactly_once"
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> WriteOptions:
@@ -274,4 +286,24 @@ class WriteOptions:
             topic=o.text("topic"),
             batch_size=o.integer("batchsize", 5000, 1, MAX_WRITE_BATCH),
             timeout_ms=o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS),
+            delivery=_delivery(o),
+            transactional_id=_transactional_id(o),
         )
+
+
+def _delivery(o: _Options) -> str:
+    value = o.text("delivery", "exactly_once").lower()
+    if value not in DELIVERIES:
+        raise _bad("delivery", o.raw["delivery"], f"must be one of {', '.join(DELIVERIES)}")
+    return value
+
+
+def _transactional_id(o: _Options) -> str:
+    value = o.text("transactionalid")
+    if value and not _SINK_ID.fullmatch(value):
+        raise _bad(
+            "transactionalId", value,
+            "use up to 128 ASCII letters, digits, '.', '_', '-' and '@', "
+            "starting with a letter or digit",
+        )  # fmt: skip
+    return value

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -35,6 +37,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from equeue_spark.client.connection import Connection
+from equeue_spark.client.transactions import abort_transactions, commit_transactions
 from equeue_spark.spark.arrow import arrow_schema, read_schema
 from equeue_spark.spark.errors import InvalidOption
 from equeue_spark.spark.offsets import (
@@ -48,7 +52,13 @@ from equeue_spark.spark.offsets import (
 from equeue_spark.spark.options import ReadOptions, WriteOptions
 from equeue_spark.spark.planning import Planner, Queues
 from equeue_spark.spark.read_task import QueueRange, read_range
-from equeue_spark.spark.write_task import WriteSummary, check_schema, write_batches
+from equeue_spark.spark.write_task import (
+    WriteSummary,
+    check_schema,
+    transaction_id,
+    transaction_prefix,
+    write_batches,
+)
 
 log = logging.getLogger("equeue.spark")
 
@@ -245,39 +255,140 @@ def _smallest(*limits: int | None) -> int | None:
 
 
 class WriteResult(WriterCommitMessage):
-    """A task's commit message: rows and offset ranges it produced."""
+    """A task's commit message: what it wrote, and in which transaction."""
 
     def __init__(self, summary: WriteSummary) -> None:
         self.summary = summary
 
 
+def _summaries(messages: Sequence[WriterCommitMessage | None]) -> list[WriteSummary]:
+    return [m.summary for m in messages if isinstance(m, WriteResult)]
+
+
+def _task() -> tuple[int, int, TaskContext]:
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("the equeue writer must run inside a Spark task")
+    return context.partitionId(), context.attemptNumber(), context
+
+
 class EqueueWriter(DataSourceArrowWriter):
-    """``df.write``: append every row to its topic (at-least-once)."""
+    """``df.write``: append every row to its topic.
+
+    Exactly-once (default): each task attempt stages its rows in its own
+    transaction; the job commit commits the successful attempts' transactions
+    at once and aborts every other one of this job (failed, speculative).
+    """
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
+        self.job = f"spark-write-{uuid.uuid4().hex}"
+        """Made on the driver, pickled to every task: names this job's transactions."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
-        return WriteResult(write_batches(self.options, iterator))
+        txn = ""
+        if self.options.exactly_once:
+            partition, attempt, _ = _task()
+            txn = transaction_id(self.job, partition, attempt)
+        return WriteResult(write_batches(self.options, iterator, txn))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        rows = sum(m.summary.rows for m in messages if isinstance(m, WriteResult))
+        summaries = _summaries(messages)
+        rows = sum(s.rows for s in summaries)
+        if self.options.exactly_once:
+            refs = [(s.transaction, s.rows) for s in summaries if s.rows]
+            with Connection(self.options.client) as conn:
+                outcome = commit_transactions(
+                    conn, refs, sink=self.job, batch_id=0,
+                    abort_prefix=transaction_prefix(self.job),
+                )  # fmt: skip
+            log.info(
+                "equeue write %s committed: %d rows in %d transactions (%d others aborted)",
+                self.job, rows, len(refs), outcome.aborted,
+            )  # fmt: skip
+            return
         log.info("equeue batch write committed: %d rows from %d tasks", rows, len(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.options.exactly_once:
+            with Connection(self.options.client) as conn:
+                aborted = abort_transactions(conn, prefix=transaction_prefix(self.job))
+            log.warning("equeue write %s aborted: %d transactions discarded", self.job, aborted)
+        else:
+            log.warning("equeue batch write aborted; rows already appended stay")
 
 
 class EqueueStreamWriter(DataSourceStreamArrowWriter):
-    """``df.writeStream``: each micro-batch's rows appended to topics (at-least-once)."""
+    """``df.writeStream``: each micro-batch's rows appended to topics.
+
+    Exactly-once (default): tasks stage; ``commit(batchId)`` commits the
+    batch's transactions under the sink id (the query id, or the
+    ``transactionalId`` option) and batch id. The broker remembers each sink's
+    last batch, so a batch Spark replays after a crash that came after the
+    broker commit is not written twice.
+    """
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
+        self.run = uuid.uuid4().hex[:12]
+        """Distinguishes this driver run's transactions from a crashed run's."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
-        return WriteResult(write_batches(self.options, iterator))
+        if not self.options.exactly_once:
+            return WriteResult(write_batches(self.options, iterator))
+        partition, attempt, context = _task()
+        batch = context.getLocalProperty(BATCH_ID_PROPERTY)
+        sink = self.options.transactional_id or _query_sink(context)
+        if batch is None:
+            raise InvalidOption(
+                f"delivery=exactly_once: no {BATCH_ID_PROPERTY} in the task; "
+                "use delivery=at_least_once outside streaming queries"
+            )
+        write = transaction_prefix(sink, int(batch)) + self.run
+        summary = write_batches(self.options, iterator, transaction_id(write, partition, attempt))
+        summary.sink = sink
+        return WriteResult(summary)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        rows = sum(m.summary.rows for m in messages if isinstance(m, WriteResult))
-        log.info("equeue batch %d committed: %d rows", batchId, rows)
+        summaries = _summaries(messages)
+        rows = sum(s.rows for s in summaries)
+        sink = next((s.sink for s in summaries if s.sink), "")
+        if not self.options.exactly_once or not sink:
+            log.info("equeue batch %d committed: %d rows", batchId, rows)
+            return
+        refs = [(s.transaction, s.rows) for s in summaries if s.rows]
+        with Connection(self.options.client) as conn:
+            outcome = commit_transactions(
+                conn, refs, sink=sink, batch_id=batchId,
+                abort_prefix=transaction_prefix(sink, batchId),
+            )  # fmt: skip
+        if outcome.already_committed:
+            log.warning(
+                "equeue sink %s: batch %d was committed before (a replay); its %d rows "
+                "were discarded", sink, batchId, rows,
+            )  # fmt: skip
+        else:
+            log.info("equeue sink %s batch %d committed: %d rows", sink, batchId, rows)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        # At-least-once: what failed tasks appended stays; the batch is retried.
-        log.warning("equeue batch %d aborted; its retry may duplicate rows", batchId)
+        sink = next((s.sink for s in _summaries(messages) if s.sink), "")
+        if not self.options.exactly_once:
+            log.warning("equeue batch %d aborted; its retry may duplicate rows", batchId)
+            return
+        if sink:
+            with Connection(self.options.client) as conn:
+                abort_transactions(conn, prefix=transaction_prefix(sink, batchId))
+        log.warning("equeue batch %d aborted; its staged rows were discarded", batchId)
+
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def _query_sink(context: TaskContext) -> str:
+    query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
+    if not query_id:
+        raise InvalidOption(
+            f"delivery=exactly_once: no {QUERY_ID_PROPERTY} in the task; set transactionalId"
+        )
+    return f"query-{query_id}"

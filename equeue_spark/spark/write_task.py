@@ -15,10 +15,16 @@ The value and key columns go into the request as Arrow's own buffers (one
 blob plus lengths), so the common case does no per-row Python work; tags and
 headers, when present, are converted row by row. Requests are pipelined on one
 ``ProduceStream`` per task. Pyspark-free.
+
+Exactly-once delivery (the default): a task stages its rows in one broker
+transaction whose id names the write, the partition and the attempt (see
+``transaction_id``); the driver commits the transactions of the successful
+attempts together and aborts the rest by id prefix (see source.py).
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,9 +33,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.client.errors import InvalidRequest
+from equeue_spark.client.errors import EqueueError, InvalidRequest
 from equeue_spark.client.producer import Producer
+from equeue_spark.client.transactions import Transaction
 from equeue_spark.spark.options import WriteOptions
+
+log = logging.getLogger("equeue.spark")
 
 COLUMNS = ("value", "key", "topic", "queue", "tag", "headers", "timestamp")
 
@@ -39,15 +48,52 @@ class WriteSummary:
     """What one task wrote."""
 
     rows: int = 0
+    transaction: str = ""
+    """The transaction holding the rows (exactly-once), else empty."""
+    sink: str = ""
+    """The sink the transaction belongs to (streaming exactly-once)."""
 
 
-def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteSummary:
-    """Produce every row of ``batches``; return what was written."""
-    summary = WriteSummary()
+def transaction_id(write: str, partition: int, attempt: int) -> str:
+    """A task attempt's transaction: ``<write>:<partition>:<attempt>``, where
+    ``write`` is ``transaction_prefix(...)`` without its final colon."""
+    return f"{write}:{partition}:{attempt}"
+
+
+def transaction_prefix(sink: str, batch_id: int | None = None) -> str:
+    """What every transaction of a batch job (``batch_id`` None) or of one
+    streaming micro-batch starts with; commits abort leftovers by it."""
+    return f"{sink}:" if batch_id is None else f"{sink}:{batch_id}:"
+
+
+def write_batches(
+    options: WriteOptions, batches: Iterator[pa.RecordBatch], txn_id: str = ""
+) -> WriteSummary:
+    """Produce every row of ``batches`` - staged in transaction ``txn_id`` if
+    given; return what was written."""
+    summary = WriteSummary(transaction=txn_id)
     with Producer(config=options.client) as producer:
-        for results in producer.send_requests(_requests(options, batches)):
-            summary.rows += len(results)
+        if not txn_id:
+            for results in producer.send_requests(_requests(options, batches)):
+                summary.rows += len(results)
+            return summary
+        txn = producer.transaction(txn_id)
+        try:
+            for results in txn.send_requests(_requests(options, batches)):
+                summary.rows += len(results)
+        except BaseException:
+            _abort_quietly(txn)
+            raise
     return summary
+
+
+def _abort_quietly(txn: Transaction) -> None:
+    """Best effort: the driver's commit (by prefix) or the broker's timeout
+    aborts the transaction anyway if this fails."""
+    try:
+        txn.abort()
+    except EqueueError as exc:
+        log.warning("could not abort transaction %s: %s", txn.id, exc)
 
 
 def _requests(
