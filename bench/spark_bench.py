@@ -32,13 +32,18 @@ so 1,000,000 at 1 KiB):
   what is left is Spark's own cost of running a Python source (planning,
   Arrow from the worker to the JVM, rows into the sink). Target: read >= 0.7x
   the ceiling.
+* exactly-once write: the batch write below with ``delivery=exactly_once`` (each
+  task stages into a broker transaction, the job commit makes all visible)
+  against the same write with ``delivery=at_least_once``, alternating which
+  runs first. Target: exactly-once >= 0.7x at-least-once.
 * batch write: ``spark.range(N)`` as ``key`` = ``cast(id as string)`` and
   ``value`` = the size in bytes (a hex digest repeated, cast to binary), cached and
   materialized before timing, then ``df.write.format("equeue")`` into a fresh
   topic of 4 queues with ``batchSize=10000`` (2 tasks: ``local[2]``);
   rows/s. Baseline: the client in this process, ``Producer.send_batches`` of
   10,000-message batches of the same sizes with keys (values and keys
-  prebuilt), into a fresh topic. Target: write >= 0.5x the produce rate.
+  prebuilt), into a fresh topic. Target: write (``delivery=at_least_once``)
+  >= 0.5x the produce rate.
 
 A second table (diagnostics) splits the read path, one process, no Spark: the
 read task alone (``read_task.read_range`` over one 250,000-row partition),
@@ -108,6 +113,8 @@ KEY_WIDTH = 10
 """Keys of the read topics: the message number as 10 decimal digits."""
 READ_TARGET = 0.7
 WRITE_TARGET = 0.5
+EXACTLY_TARGET = 0.7
+DELIVERIES = ("exactly_once", "at_least_once")
 CEILING = "equeue_ceiling"
 QUERY_TIMEOUT_S = 900
 RPC_TIMEOUT_S = 120.0
@@ -701,12 +708,15 @@ def write_frame(spark: SparkSession, size: int, count: int) -> DataFrame:
     return df
 
 
-def spark_write(admin: Admin, df: DataFrame, address: str, topic: str, count: int) -> float:
+def spark_write(
+    admin: Admin, df: DataFrame, address: str, topic: str, count: int, *, delivery: str
+) -> float:
     admin.create_topic(topic, queues=QUEUES)
     writer = (
         df.write.format("equeue")
         .option("broker", address)
         .option("topic", topic)
+        .option("delivery", delivery)
         .option("batchSize", str(WRITE_BATCH))
         .option("timeoutMs", str(int(RPC_TIMEOUT_S * 1000)))
         .mode("append")
@@ -746,7 +756,8 @@ def warm_up(b: Bench, rows: int) -> None:
     )
     run_query(b.spark, CEILING, spec.options(), b.root / "ck-warmup-ceiling")
     df = write_frame(b.spark, 100, rows)
-    spark_write(b.admin, df, b.address, "warmup-write", rows)
+    for delivery in DELIVERIES:
+        spark_write(b.admin, df, b.address, f"warmup-{delivery}", rows, delivery=delivery)
     df.unpersist()
     progress(f"warm-up done in {time.perf_counter() - began:.1f} s")
 
@@ -761,20 +772,29 @@ def run_size(b: Bench, size: int, count: int, repeat: int) -> None:
     sizes, broker_id = measure_read_task(b.address, topic, size, partition_rows, b.results)
     spec = CeilingSpec(per_queue, QUEUES, size, sizes[0], TRIGGER_ROWS, topic, broker_id)
     read = b.results.add("streaming read", size, count, READ_TARGET)
-    write = b.results.add("batch write", size, count, WRITE_TARGET)
+    write = b.results.add("batch write (at-least-once)", size, count, WRITE_TARGET)
+    exactly = b.results.add("exactly-once write vs at-least-once", size, count, EXACTLY_TARGET)
     df = write_frame(b.spark, size, count)
     for run in range(repeat):
         order = ["equeue", CEILING] if run % 2 == 0 else [CEILING, "equeue"]
         for fmt in order:
             read_query(b, fmt, size=size, count=count, run=run, spec=spec, row=read)
-        with b.cpu.measure("batch write, Spark", size):
-            ours = spark_write(b.admin, df, b.address, f"spark-write-{size}-{run}", count)
+        rates = {}
+        for delivery in DELIVERIES if run % 2 == 0 else DELIVERIES[::-1]:
+            with b.cpu.measure(f"batch write, Spark {delivery}", size):
+                topic = f"spark-write-{delivery}-{size}-{run}"
+                rates[delivery] = spark_write(
+                    b.admin, df, b.address, topic, count, delivery=delivery
+                )
         with b.cpu.measure("batch write, client send_batches", size, poll=False):
             base = client_produce(b.admin, b.producer, f"client-write-{size}-{run}", size, count)
-        write.ours.append(ours)
+        write.ours.append(rates["at_least_once"])
         write.base.append(base)
+        exactly.ours.append(rates["exactly_once"])
+        exactly.base.append(rates["at_least_once"])
         progress(
-            f"{label} run {run + 1}: write Spark {ours:12,.0f} rows/s, client {base:12,.0f} rows/s"
+            f"{label} run {run + 1}: write Spark exactly-once {rates['exactly_once']:12,.0f}, "
+            f"at-least-once {rates['at_least_once']:12,.0f}, client {base:12,.0f} rows/s"
         )
     df.unpersist()
 
@@ -814,7 +834,8 @@ def main_table(results: Results) -> str:
         "| scenario | size | rows | equeue rows/s | baseline rows/s | ratio | target | met? |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
-    order = sorted(results.rows.values(), key=lambda r: (r.scenario != "streaming read", r.size))
+    kinds = ["streaming read", "batch write (at-least-once)", "exactly-once write vs at-least-once"]
+    order = sorted(results.rows.values(), key=lambda r: (kinds.index(r.scenario), r.size))
     for row in order:
         if not row.ours or not row.base:
             continue
@@ -921,7 +942,8 @@ def main(argv: list[str] | None = None) -> None:
         "\nBaselines: streaming read = the `equeue_ceiling` Python source in the same Spark "
         "(same schema, partitions, micro-batches and Arrow batch sizes, built in memory); "
         f"batch write = `Producer.send_batches` of {PRODUCE_BATCH:,}-message batches from "
-        f"this process. Reads: `maxOffsetsPerTrigger={TRIGGER_ROWS:,}`, "
+        "this process; exactly-once write = the same Spark write with "
+        "`delivery=at_least_once`. Reads: `maxOffsetsPerTrigger={TRIGGER_ROWS:,}`, "
         f"Trigger.AvailableNow, noop sink, {QUEUES} queues; writes: `batchSize={WRITE_BATCH:,}`, "
         "2 tasks, keys `str(id)`."
     )

@@ -643,6 +643,51 @@ def cmd_groups_delete(args: argparse.Namespace, ui: Output) -> None:
 
 
 # ---------------------------------------------------------------------------------
+# transactions
+# ---------------------------------------------------------------------------------
+
+
+def cmd_transactions_list(args: argparse.Namespace, ui: Output) -> None:
+    with _admin(args) as admin:
+        listing = admin.list_transactions(args.prefix or "")
+    if ui.json:
+        ui.document(proto_dict(listing))
+        return
+    rows = [
+        (
+            t.transaction_id,
+            t.messages,
+            format_bytes(t.bytes),
+            ", ".join(f"{q.topic}/{q.queue_id}" for q in t.queues),
+            format_time(t.created_ms),
+            format_time(t.last_write_ms),
+            "committing" if t.committing else "open",
+        )
+        for t in listing.transactions
+    ]
+    if rows:
+        headers = ("TRANSACTION", "MESSAGES", "BYTES", "QUEUES", "CREATED", "LAST WRITE", "STATE")
+        ui.line(format_table(headers, rows))
+    else:
+        ui.line("no open transactions")
+    if listing.sinks:
+        ui.line()
+        sinks = [(s.sink, s.batch_id, format_time(s.updated_ms)) for s in listing.sinks]
+        ui.line(format_table(("SINK", "LAST BATCH", "COMMITTED"), sinks))
+
+
+def cmd_transactions_abort(args: argparse.Namespace, ui: Output) -> None:
+    if not args.ids and not args.prefix:
+        raise UsageError("give transaction IDs or --prefix")
+    with _admin(args) as admin:
+        aborted = admin.abort_transactions(args.ids, args.prefix or "")
+    if ui.json:
+        ui.document({"aborted": aborted})
+    else:
+        ui.line(f"aborted {aborted} transaction{'' if aborted == 1 else 's'}")
+
+
+# ---------------------------------------------------------------------------------
 # message, stats
 # ---------------------------------------------------------------------------------
 
@@ -707,6 +752,10 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
                 ("consumed total", s.consumed_total),
                 ("flush mode", s.flush_mode),
                 ("uptime", format_duration(s.uptime_s)),
+                (
+                    "transactions",
+                    f"{s.open_transactions} open, {format_bytes(s.staged_bytes)} staged",
+                ),
             ]
         )
     )
@@ -950,6 +999,17 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p = leaf(groups, "delete", "forget a group's committed offsets", cmd_groups_delete)
     p.add_argument("group", metavar="G")
+
+    # transactions
+    txns = branch("transactions", "list and abort open (staged, uncommitted) transactions")
+    p = leaf(
+        txns, "list", "open transactions and every sink's last committed batch",
+        cmd_transactions_list,
+    )  # fmt: skip
+    p.add_argument("--prefix", metavar="P", help="only transactions whose id starts with P")
+    p = leaf(txns, "abort", "discard open transactions", cmd_transactions_abort)
+    p.add_argument("ids", nargs="*", metavar="ID", help="transaction ids")
+    p.add_argument("--prefix", metavar="P", help="also every transaction whose id starts with P")
 
     # message
     message = branch("message", "fetch one message")

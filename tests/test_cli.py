@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from equeue_spark.cli import format_table, main
+from equeue_spark.client import Producer
 
 READY_TIMEOUT_S = 30.0
 EQUEUE_SCRIPT = Path(sys.executable).parent / "equeue"
@@ -373,6 +374,24 @@ def test_stats(cli: Cli) -> None:
     human = cli("stats")
     assert human.out.startswith(f"broker id       {stats['broker_id']}\n")
     assert "flush mode      async" in human.out
+
+
+def test_transactions_list_and_abort(cli: Cli, broker: str) -> None:
+    with Producer(broker) as producer:
+        producer.send_batch("cli-tx", [b"a", b"b"], queue_ids=[0, 1], transaction_id="cli:job:0")
+        producer.send_batch("cli-tx", [b"c"], queue_ids=[0], transaction_id="cli:job:1")
+    listing = cli("transactions", "list", "--prefix", "cli:", "--json").json()
+    assert [(t["transaction_id"], t["messages"]) for t in listing["transactions"]] == [
+        ("cli:job:0", 2),
+        ("cli:job:1", 1),
+    ]
+    human = cli("transactions", "list", "--prefix", "cli:").out
+    assert "cli:job:0" in human and "cli-tx/0, cli-tx/1" in human
+    assert cli("stats").out.count("2 open") == 1
+    assert cli("transactions", "abort", "cli:job:0").out == "aborted 1 transaction\n"
+    assert cli("transactions", "abort", "--prefix", "cli:", "--json").json() == {"aborted": 1}
+    assert cli("transactions", "list", "--prefix", "cli:").out == "no open transactions\n"
+    assert cli("transactions", "abort").code == 2
 
 
 # ---------------------------------------------------------------------------------

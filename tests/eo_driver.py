@@ -1,0 +1,53 @@
+"""A Spark driver for the exactly-once kill test (run as a subprocess).
+
+``python -m tests.eo_driver BROKER CHECKPOINT SOURCE TARGET [--available-now]``
+copies topic SOURCE to topic TARGET with a streaming query (exactly-once sink,
+the default). It prints ``query started`` once the query runs, then runs until
+it is killed; with ``--available-now`` it copies what is there and exits 0.
+A failed query (e.g. the broker went away) exits 1.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tests.spark_support import local_session
+
+
+def main() -> int:
+    broker, checkpoint, source, target = sys.argv[1:5]
+    available_now = "--available-now" in sys.argv[5:]
+    spark = local_session("equeue-eo-kill-driver")
+    spark.sparkContext.setLogLevel("ERROR")
+    stream = (
+        spark.readStream.format("equeue")
+        .option("broker", broker)
+        .option("topic", source)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "20000")
+        .load()
+    )
+    writer = (
+        stream.select("key", "value")
+        .writeStream.format("equeue")
+        .option("broker", broker)
+        .option("topic", target)
+        .option("checkpointLocation", checkpoint)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime="500 milliseconds")
+    query = writer.start()
+    print("query started", flush=True)
+    query.awaitTermination()
+    return 0 if query.exception() is None else 1
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except Exception as exc:  # a failed query: the harness restarts us
+        print(f"query failed: {exc}"[:2000], file=sys.stderr, flush=True)
+        code = 1
+    sys.exit(code)

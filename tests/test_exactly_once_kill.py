@@ -1,0 +1,190 @@
+"""The kill test: a streaming copy stays exactly-once while its driver is SIGKILLed.
+
+A query copies topic A to topic B (exactly-once sink, the default) while a
+producer writes 200,000 keyed messages into A. The driver process group (the
+Python driver, its JVM and its Python workers) is SIGKILLed at random moments
+and restarted from its checkpoint; once, the broker (sync flush) is SIGKILLed
+and restarted instead. Finally an AvailableNow run copies the rest, and B must
+hold every message of A exactly once: equal multisets of (key, value).
+
+The seed is printed; set ``EQUEUE_KILL_SEED`` to replay a run's kill moments.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+import contextlib
+
+from equeue_spark.client import Admin, EqueueError, Producer, read_range
+from tests.broker_process import BrokerProcess
+
+MESSAGES = 200_000
+BATCH = 2_000
+QUEUES = 4
+KILLS = 6
+"""Driver kills; the broker is killed in one more cycle."""
+BROKER_KILL_CYCLE = 3
+
+
+class Broker:
+    """The current broker address, which changes when it is restarted."""
+
+    def __init__(self, process: BrokerProcess) -> None:
+        self.process = process
+        self.changed = threading.Condition()
+
+    @property
+    def address(self) -> str:
+        return self.process.address
+
+    def replace(self, process: BrokerProcess) -> None:
+        with self.changed:
+            self.process = process
+            self.changed.notify_all()
+
+    def wait_for_change(self, old: str, timeout_s: float) -> str:
+        with self.changed:
+            self.changed.wait_for(lambda: self.address != old, timeout=timeout_s)
+            return self.address
+
+
+def produce_paced(broker: Broker, done: threading.Event, errors: list[BaseException]) -> None:
+    """Produce MESSAGES keyed messages into A, about one batch per 0.4 s, riding
+    out the broker restart (a retried batch may be duplicated in A: the check
+    compares B with what A holds, not with what was sent)."""
+    pace = threading.Event()  # never set: wait() is the pacing delay
+    try:
+        for start in range(0, MESSAGES, BATCH):
+            keys = [b"key-%d" % (i % 997) for i in range(start, start + BATCH)]
+            values = [b"value-%d" % i for i in range(start, start + BATCH)]
+            for _attempt in range(5):
+                address = broker.address
+                try:
+                    with Producer(address) as producer:
+                        producer.send_batch("A", values, keys=keys)  # type: ignore[arg-type]
+                    break
+                except EqueueError:
+                    broker.wait_for_change(address, timeout_s=60)
+            else:
+                raise AssertionError(f"batch at {start} not produced after 5 attempts")
+            pace.wait(0.4)
+    except BaseException as exc:
+        errors.append(exc)
+    finally:
+        done.set()
+
+
+def start_driver(broker: str, checkpoint: Path, log: Path, *args: str) -> subprocess.Popen[str]:
+    with open(log, "a") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.eo_driver", broker, str(checkpoint), "A", "B", *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,  # its own process group: JVM and workers die with it
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )
+
+
+def wait_started(driver: subprocess.Popen[str], timeout_s: float = 180) -> None:
+    assert driver.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(driver.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if selector.select(timeout=1.0):
+                line = driver.stdout.readline()
+                if line.startswith("query started"):
+                    return
+                if not line:
+                    break
+            elif driver.poll() is not None:
+                break
+    raise AssertionError(f"driver did not start its query (exit code {driver.poll()})")
+
+
+def kill_group(driver: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=60)
+    if driver.stdout is not None:
+        driver.stdout.close()
+
+
+def topic_contents(address: str, topic: str) -> collections.Counter[tuple[bytes | None, bytes]]:
+    return collections.Counter(
+        (m.key, m.value)
+        for q in range(QUEUES)
+        for batch in read_range(topic, q, 0, broker=address, batch_messages=5_000)
+        for m in batch
+    )
+
+
+def test_copy_survives_driver_and_broker_kills_exactly_once(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("EQUEUE_KILL_SEED", random.randrange(1 << 30)))
+    print(f"kill test seed {seed}")
+    rng = random.Random(seed)
+    data_dir, checkpoint, log = tmp_path / "broker", tmp_path / "ck", tmp_path / "driver.log"
+    broker = Broker(broker_factory("--flush", "sync", data_dir=data_dir))
+    with Admin(broker.address) as admin:
+        admin.create_topic("A", queues=QUEUES)
+        admin.create_topic("B", queues=QUEUES)
+
+    produced, errors = threading.Event(), []
+    producer = threading.Thread(target=produce_paced, args=(broker, produced, errors))
+    producer.start()
+    kill_moments = []
+    for cycle in range(KILLS + 1):
+        driver = start_driver(broker.address, checkpoint, log)
+        try:
+            wait_started(driver)
+            delay = rng.uniform(0.5, 8.0)
+            kill_moments.append(round(delay, 1))
+            time.sleep(delay)  # the random moment itself, not a synchronisation
+            if cycle == BROKER_KILL_CYCLE:
+                broker.process.kill()
+                broker.replace(broker_factory("--flush", "sync", data_dir=data_dir))
+        finally:
+            kill_group(driver)
+    print(f"killed at {kill_moments} s after each start")
+    producer.join(timeout=300)
+    assert produced.is_set() and not errors, errors
+
+    final = start_driver(broker.address, checkpoint, log, "--available-now")
+    try:
+        assert final.wait(timeout=600) == 0, f"final AvailableNow run failed; see {log}"
+    finally:
+        kill_group(final)
+
+    source = topic_contents(broker.address, "A")
+    copied = topic_contents(broker.address, "B")
+    sent = {(b"key-%d" % (i % 997), b"value-%d" % i) for i in range(MESSAGES)}
+    assert sent <= set(source), "the producer's acknowledged messages are not all in A"
+    missing, extra = source - copied, copied - source
+    assert not missing and not extra, (
+        f"B differs from A: {sum(missing.values())} missing, {sum(extra.values())} extra"
+    )
+    with Admin(broker.address) as admin:
+        assert list(admin.list_transactions().transactions) == []
+    logs = "".join(p.read_text() for p in tmp_path.glob("broker*.log"))
+    print(
+        f"A holds {sum(source.values())} messages, B {sum(copied.values())}; broker saw "
+        f"{logs.count('was committed before')} replayed batches"
+    )
