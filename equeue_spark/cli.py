@@ -2,7 +2,9 @@
 
 ::
 
-    equeue [--broker HOST:PORT] [--timeout-s S] [--retries N] [--json] COMMAND ...
+    equeue [--broker HOST:PORT] [--timeout-s S] [--retries N] [--json]
+           [--token-file PATH] [--tls] [--tls-ca PATH] [--tls-cert PATH --tls-key PATH]
+           COMMAND ...
 
     topics   create | list | describe | delete | add-queue | set-visibility | delete-queue
     produce  TOPIC            lines of stdin (or --file) as messages
@@ -31,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from google.protobuf.message import Message as ProtoMessage
@@ -242,11 +245,27 @@ def _admin(args: argparse.Namespace) -> Admin:
 
 
 def _config(args: argparse.Namespace) -> ClientConfig:
-    return ClientConfig(
+    token = None  # None: the client falls back to $EQUEUE_TOKEN
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file: {exc.strerror}") from None
+    config = ClientConfig(
         broker=args.broker or default_broker(),
         timeout_s=args.timeout_s or DEFAULT_TIMEOUT_S,
         retries=DEFAULT_RETRIES if args.retries is None else args.retries,
+        token=token,
+        tls=True if args.tls else None,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
+    try:
+        config.credentials()  # unreadable TLS files: a usage error, not a traceback
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return config
 
 
 def _show_topic(ui: Output, info: pb.TopicInfo, headline: str | None = None) -> None:
@@ -847,6 +866,26 @@ def _add_common(parser: argparse.ArgumentParser, *, top: bool) -> None:
         default=default(None),
         help=f"extra attempts when the broker is unavailable (default {DEFAULT_RETRIES})",
     )
+    parser.add_argument(
+        "--token-file",
+        metavar="PATH",
+        default=default(None),
+        help="file holding the access token (default: $EQUEUE_TOKEN; never on the command line)",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        default=default(False),
+        help="connect with TLS, trusting the system's CAs (implied by --tls-ca)",
+    )
+    for flag, env, what in (
+        ("--tls-ca", "EQUEUE_TLS_CA", "PEM CA that signed the broker's certificate"),
+        ("--tls-cert", "EQUEUE_TLS_CERT", "PEM client certificate, for mutual TLS"),
+        ("--tls-key", "EQUEUE_TLS_KEY", "PEM key of --tls-cert"),
+    ):
+        parser.add_argument(
+            flag, metavar="PATH", default=default(None), help=f"{what} (default: ${env})"
+        )
     parser.add_argument(
         "--json",
         action="store_true",

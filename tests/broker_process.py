@@ -52,14 +52,16 @@ class BrokerProcess:
         return self._wait(timeout_s)
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
             self.process.kill()
-            self._wait(30.0)
+        self._wait(30.0)
 
     def _wait(self, timeout_s: float) -> int:
         assert self.process is not None
         code = self.process.wait(timeout_s)
-        if self.process.stdout is not None:
+        if self.process.stdout is not None and not self.process.stdout.closed:
             self.process.stdout.close()
         return code
 

@@ -43,6 +43,7 @@ from equeue_spark.client.connection import Connection
 from equeue_spark.client.transactions import commit_transactions
 from tests.broker_process import BrokerProcess
 from tests.conftest import MakeConfig
+from tests.spark_support import wait_for
 from tests.test_store import read_all
 
 OpenStore = Callable[..., Store]
@@ -381,3 +382,19 @@ def test_open_transaction_survives_broker_sigkill_in_sync_mode(
     commit_transactions(conn, [("t", 2)])
     assert values_of(second.address, "tx", 0) == [b"s1", b"s2"]
     conn.close()
+
+
+def test_broker_aborts_idle_transactions_after_its_timeout(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory("--transaction-timeout-ms", "300", "--flush-interval-ms", "20")
+    with Producer(broker.address) as producer, Admin(broker.address) as admin:
+        producer.send_batch("tx", [b"x"], transaction_id="forgotten")
+        assert len(admin.list_transactions().transactions) == 1
+        wait_for(
+            "the idle transaction to be aborted",
+            lambda: not admin.list_transactions().transactions,
+            30,
+        )
+        with pytest.raises(PreconditionError, match="'forgotten' was aborted already"):
+            producer.send_batch("tx", [b"y"], transaction_id="forgotten")

@@ -22,12 +22,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from broker.server.auth import AuthInterceptor, TokenTable
 from broker.server.config import BrokerConfig
 from broker.server.groups import ConsumerRegistry
 from broker.server.logs import configure as configure_logging
 from broker.server.longpoll import PullWaiters
 from broker.server.service import AdminService, BrokerService, BrokerState
-from broker.storage import Store
+from broker.storage import StorageError, Store
 from broker.storage.atomic_file import load_json, save_json
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -54,7 +55,9 @@ async def create_server(
         ("grpc.max_receive_message_length", config.max_request_bytes),
         ("grpc.max_send_message_length", config.max_request_bytes),
     ]
-    server = grpc.aio.server(options=options)
+    tokens = load_tokens(config)
+    interceptors = [AuthInterceptor(tokens)] if tokens is not None else []
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     state = BrokerState(
         config=config,
         store=store,
@@ -63,6 +66,7 @@ async def create_server(
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000),
     )
+    state.auth_tokens = 0 if tokens is None else len(tokens)
     store.add_listener(state.waiters.notify_threadsafe)
     pb_grpc.add_BrokerServicer_to_server(BrokerService(state), server)
     pb_grpc.add_AdminServicer_to_server(AdminService(state), server)
@@ -75,13 +79,47 @@ async def create_server(
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    address = f"{config.host}:{config.port}"
+    credentials = server_credentials(config)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"cannot listen on {config.host}:{config.port}")
     await server.start()
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, state
+
+
+TOKENS_ENV = "EQUEUE_BROKER_TOKENS"
+
+
+def load_tokens(config: BrokerConfig) -> TokenTable | None:
+    """The token table from ``tokens_file`` or ``$EQUEUE_BROKER_TOKENS``; None: no auth."""
+    if config.tokens_file is not None:
+        try:
+            text = config.tokens_file.read_text()
+        except OSError as exc:
+            raise OSError(f"cannot read tokens file: {exc}") from None
+        return TokenTable.parse(text, str(config.tokens_file))
+    inline = os.environ.get(TOKENS_ENV)
+    return TokenTable.parse(inline, f"${TOKENS_ENV}") if inline else None
+
+
+def server_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    try:
+        chain = config.tls_cert.read_bytes()
+        key = config.tls_key.read_bytes()
+        client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+    except OSError as exc:
+        raise OSError(f"cannot read TLS files: {exc}") from None
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 async def serve(config: BrokerConfig) -> None:
@@ -99,6 +137,7 @@ async def serve(config: BrokerConfig) -> None:
         "broker %s started on %s:%d", state.broker_id, config.host, port,
         extra={"broker_id": state.broker_id, "port": port, "data_dir": str(config.data_dir),
                "flush": config.flush, "recovery_s": store.recovery.seconds,
+               "tls": config.tls_cert is not None, "auth_tokens": state.auth_tokens,
                "rebuilt_index_entries": store.recovery.index_entries_rebuilt},
     )  # fmt: skip
     sys.stdout.write(f"equeue broker listening on {config.host}:{port}\n")
@@ -120,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(config.log_level, config.log_format)
     try:
         asyncio.run(serve(config))
-    except OSError as exc:
+    except (OSError, StorageError) as exc:
         log.error("cannot start: %s", exc)
         raise SystemExit(1) from None
     os._exit(0)  # grpc's threads are done; skip interpreter teardown races

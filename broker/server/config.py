@@ -57,6 +57,14 @@ class BrokerConfig:
     """A consumer without a heartbeat for this long leaves its group."""
     store_threads: int = 64
     """Threads for blocking storage calls (sync appends wait for fsync in them)."""
+    tls_cert: Path | None = None
+    """PEM server certificate (chain): serve TLS instead of plaintext."""
+    tls_key: Path | None = None
+    """PEM private key of ``tls_cert``."""
+    tls_client_ca: Path | None = None
+    """PEM CA bundle: require client certificates signed by it (mutual TLS)."""
+    tokens_file: Path | None = None
+    """TOML token list (auth.py); also ``$EQUEUE_BROKER_TOKENS``. None: no auth."""
     shutdown_grace_s: float = 5.0
     log_level: str = "INFO"
     log_format: str = "text"
@@ -72,6 +80,13 @@ class BrokerConfig:
                      "consumer_timeout_ms", "store_threads", "max_request_bytes"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("give both tls_cert and tls_key, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidArgument("tls_client_ca needs tls_cert and tls_key")
         self.storage()  # validates the storage settings too
 
     def storage(self) -> StorageConfig:
@@ -130,6 +145,15 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     )
     parser.add_argument("--max-open-transactions", type=int)
     parser.add_argument("--max-transaction-bytes", type=int, help="staged bytes per transaction")
+    parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve TLS")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed"
+    )
+    parser.add_argument(
+        "--tokens-file", type=Path,
+        help="TOML list of access tokens (else $EQUEUE_BROKER_TOKENS; neither: no auth)",
+    )  # fmt: skip
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])
     args = vars(parser.parse_args(argv))

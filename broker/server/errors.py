@@ -10,7 +10,9 @@ Server-only errors extend the storage hierarchy::
     StorageError
     ├── InvalidArgument ── BadRequest      a malformed request field
     ├── LimitExceeded   ── TooManyPulls    the parked-pull limit
-    └── ShuttingDown                       the broker is stopping
+    ├── ShuttingDown                       the broker is stopping
+    ├── Unauthenticated                    no valid token (auth.py)
+    └── PermissionDenied                   the token lacks a role or topic (auth.py)
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ class ShuttingDown(StorageError):
     """The broker is shutting down."""
 
 
+class Unauthenticated(StorageError):
+    """The call carries no token the broker knows."""
+
+
+class PermissionDenied(StorageError):
+    """The call's token lacks the role or the topic it needs."""
+
+
 _CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -56,6 +66,8 @@ _CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
     (CorruptionError, grpc.StatusCode.DATA_LOSS),
     (StoreClosed, grpc.StatusCode.UNAVAILABLE),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 ]
 
 

@@ -64,6 +64,8 @@ class BrokerState:
     consumers: ConsumerRegistry
     counters: Counters = field(default_factory=Counters)
     shutting_down: bool = False
+    auth_tokens: int = 0
+    """Tokens the broker accepts; 0: no authentication."""
     _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

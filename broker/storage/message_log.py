@@ -115,7 +115,7 @@ class MessageLog:
         chunk, not per message); the last chunk is scanned record by record and
         cut after the last complete append (see ``record.py``).
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         for tmp in self.directory.glob("*.tmp"):
             log.warning("removing leftover temp chunk %s", tmp)
             tmp.unlink()

@@ -65,7 +65,7 @@ class QueueIndex:
         """Next queue offset to assign (one past the last entry)."""
         self.earliest = 0
         """Lowest offset whose record is still in the log (maintained by retention)."""
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         numbers = self.chunk_numbers()
         if numbers:
             header = read_header(self._fd(numbers[0]), str(self._path(numbers[0])))

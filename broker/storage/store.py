@@ -188,7 +188,7 @@ class Store:
         self._blocked: set[tuple[str, int]] = set()
         """Queues an interrupted transaction commit must finish first."""
         root = config.data_dir
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)  # data is private to the broker
         self._lock_fd = _lock_data_dir(root)
         try:
             remove_temp_files(root)

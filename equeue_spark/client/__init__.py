@@ -9,6 +9,7 @@ from equeue_spark.client.connection import ClientConfig, default_broker
 from equeue_spark.client.consumer import Consumer
 from equeue_spark.client.errors import (
     AlreadyExistsError,
+    AuthenticationError,
     BrokerError,
     BrokerUnavailable,
     DataLossError,
@@ -17,6 +18,7 @@ from equeue_spark.client.errors import (
     InvalidRequest,
     LimitError,
     NotFoundError,
+    PermissionDeniedError,
     PreconditionError,
 )
 from equeue_spark.client.producer import Producer, SendResult, SendResults
@@ -27,6 +29,7 @@ from equeue_spark.client.transactions import CommitOutcome, Transaction
 __all__ = [
     "Admin",
     "AlreadyExistsError",
+    "AuthenticationError",
     "BrokerError",
     "BrokerUnavailable",
     "ClientConfig",
@@ -39,6 +42,7 @@ __all__ = [
     "LimitError",
     "Message",
     "NotFoundError",
+    "PermissionDeniedError",
     "PreconditionError",
     "Producer",
     "SendResult",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -18,6 +19,10 @@ T = TypeVar("T")
 
 DEFAULT_BROKER = "127.0.0.1:5000"
 BROKER_ENV = "EQUEUE_BROKER"
+TOKEN_ENV = "EQUEUE_TOKEN"
+TLS_CA_ENV = "EQUEUE_TLS_CA"
+TLS_CERT_ENV = "EQUEUE_TLS_CERT"
+TLS_KEY_ENV = "EQUEUE_TLS_KEY"
 MAX_MESSAGE_BYTES = 80 * 1024 * 1024
 
 
@@ -39,12 +44,41 @@ class ClientConfig:
     backoff_s: float = 0.1
     """First retry delay; doubles each attempt, with jitter, up to ``max_backoff_s``."""
     max_backoff_s: float = 2.0
+    token: str | None = field(default=None, repr=False)
+    """Access token sent with every call; None means ``$EQUEUE_TOKEN`` (if set)."""
+    tls: bool | None = None
+    """Use TLS; None means "if a CA is given" (``tls_ca`` or ``$EQUEUE_TLS_CA``)."""
+    tls_ca: str | None = None
+    """PEM file of the CA that signed the broker's certificate; None means
+    ``$EQUEUE_TLS_CA``, and "" the system's roots."""
+    tls_cert: str | None = None
+    """PEM client certificate for mutual TLS (else ``$EQUEUE_TLS_CERT``)."""
+    tls_key: str | None = field(default=None, repr=False)
+    """PEM private key of ``tls_cert`` (else ``$EQUEUE_TLS_KEY``)."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
+
+    def resolved_token(self) -> str:
+        return os.environ.get(TOKEN_ENV, "") if self.token is None else self.token
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        """Channel credentials for TLS, or None for plaintext."""
+        ca = os.environ.get(TLS_CA_ENV) if self.tls_ca is None else self.tls_ca
+        cert = os.environ.get(TLS_CERT_ENV) if self.tls_cert is None else self.tls_cert
+        key = os.environ.get(TLS_KEY_ENV) if self.tls_key is None else self.tls_key
+        if not (self.tls if self.tls is not None else bool(ca)):
+            return None
+        if bool(cert) != bool(key):
+            raise ValueError("give both a TLS client certificate and its key, or neither")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(ca, "TLS CA"),
+            private_key=_read(key, "TLS client key"),
+            certificate_chain=_read(cert, "TLS client certificate"),
+        )
 
     @property
     def target(self) -> str:
@@ -56,15 +90,22 @@ class Connection:
 
     def __init__(self, config: ClientConfig | None = None) -> None:
         self.config = config or ClientConfig()
-        self.channel = grpc.insecure_channel(
-            self.config.target,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        credentials = self.config.credentials()
+        if credentials is None:
+            self.channel = grpc.insecure_channel(self.config.target, options=options)
+        else:
+            self.channel = grpc.secure_channel(self.config.target, credentials, options=options)
+        token = self.config.resolved_token()
+        # The raw channel is kept for close(); calls go through the token interceptor.
+        calls = (
+            grpc.intercept_channel(self.channel, TokenInterceptor(token)) if token else self.channel
         )
-        self.broker = pb_grpc.BrokerStub(self.channel)
-        self.admin = pb_grpc.AdminStub(self.channel)
+        self.broker = pb_grpc.BrokerStub(calls)
+        self.admin = pb_grpc.AdminStub(calls)
 
     def call(
         self,
@@ -102,6 +143,63 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} {path!r}: {exc.strerror}") from None
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,
+):
+    """``grpc.ClientCallDetails`` with fields (the grpc class has none to copy)."""
+
+
+class TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
+):
+    """Adds ``authorization: Bearer <token>`` to every call (the broker's auth.py)."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def __repr__(self) -> str:
+        return "TokenInterceptor(<token>)"
+
+    def _with_token(self, details: Any) -> _CallDetails:
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            (*(details.metadata or ()), *self._metadata),
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
 
 
 __all__ = ["ClientConfig", "Connection", "EqueueError", "default_broker"]

@@ -12,6 +12,8 @@
     ├── DeadlineExceeded         DEADLINE_EXCEEDED: the call's deadline passed (retriable)
     ├── DataLossError            DATA_LOSS: corruption on the broker, or a record that
     │                            fails its checksum on arrival
+    ├── AuthenticationError      UNAUTHENTICATED: no token, or one the broker does not know
+    ├── PermissionDeniedError    PERMISSION_DENIED: the token lacks the role or topic
     └── BrokerError              anything else (INTERNAL, UNKNOWN, ...)
 """
 
@@ -66,6 +68,14 @@ class DataLossError(EqueueError):
     """Corrupt data on the broker (DATA_LOSS) or in a received record."""
 
 
+class AuthenticationError(EqueueError):
+    """The call carried no token, or one the broker does not know (UNAUTHENTICATED)."""
+
+
+class PermissionDeniedError(EqueueError):
+    """The token lacks the role or the topic the call needs (PERMISSION_DENIED)."""
+
+
 class BrokerError(EqueueError):
     """Any other failure (INTERNAL, UNKNOWN, ...)."""
 
@@ -80,6 +90,8 @@ _BY_CODE: dict[grpc.StatusCode, type[EqueueError]] = {
     grpc.StatusCode.UNAVAILABLE: BrokerUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.DATA_LOSS: DataLossError,
+    grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from equeue_spark.client.connection import ClientConfig
@@ -103,10 +103,44 @@ _READ_NAMES = [
     "startingTimestamp", "endingOffsets", "endingTimestamp", "maxOffsetsPerTrigger",
     "minOffsetsPerTrigger", "maxTriggerDelay", "maxBytesPerTrigger",
     "maxRecordsPerPartition", "tags", "includeHeaders", "failOnDataLoss", "timeoutMs",
+    "token", "tlsCa", "tlsCert", "tlsKey",
 ]  # fmt: skip
-_WRITE_NAMES = ["broker", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId"]
+_WRITE_NAMES = [
+    "broker", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId",
+    "token", "tlsCa", "tlsCert", "tlsKey",
+]  # fmt: skip
 DELIVERIES = ("exactly_once", "at_least_once")
 _SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
+
+
+@dataclass(frozen=True)
+class Security:
+    """How to reach a broker that requires TLS or a token (the same for reads and
+    writes). Unset fields fall back to the client's environment variables
+    (``$EQUEUE_TOKEN``, ``$EQUEUE_TLS_CA``, ...) where the task runs."""
+
+    token: str | None = field(default=None, repr=False)
+    """Option ``token`` (Spark redacts option values named like it in plans and UIs)."""
+    tls_ca: str | None = None
+    """Option ``tlsCa``: PEM file of the CA that signed the broker's certificate,
+    readable at this path on the driver and every executor."""
+    tls_cert: str | None = None
+    tls_key: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def parse(cls, o: _Options) -> Security:
+        def get(key: str) -> str | None:
+            return o.text(key) if o.has(key) else None
+
+        if o.has("tlscert") != o.has("tlskey"):
+            raise _bad("tlsCert", o.text("tlscert"), "give tlsCert and tlsKey together")
+        return cls(get("token"), get("tlsca"), get("tlscert"), get("tlskey"))
+
+    def client(self, broker: str, timeout_ms: int) -> ClientConfig:
+        return ClientConfig(
+            broker=broker, timeout_s=timeout_ms / 1000, token=self.token,
+            tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -139,10 +173,11 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     timeout_ms: int = 30_000
     """Deadline of every broker call made by the driver and by read tasks."""
+    security: Security = field(default_factory=Security)
 
     @property
     def client(self) -> ClientConfig:
-        return ClientConfig(broker=self.broker, timeout_s=self.timeout_ms / 1000)
+        return self.security.client(self.broker, self.timeout_ms)
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -188,6 +223,7 @@ class ReadOptions:
         kwargs["include_headers"] = o.flag("includeheaders", False)
         kwargs["fail_on_data_loss"] = o.flag("failondataloss", True)
         kwargs["timeout_ms"] = o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS)
+        kwargs["security"] = Security.parse(o)
         return cls(**kwargs)
 
 
@@ -269,10 +305,11 @@ class WriteOptions:
     may duplicate)."""
     transactional_id: str = ""
     """Sink identity for exactly-once streaming writes; default: the query id."""
+    security: Security = field(default_factory=Security)
 
     @property
     def client(self) -> ClientConfig:
-        return ClientConfig(broker=self.broker, timeout_s=self.timeout_ms / 1000)
+        return self.security.client(self.broker, self.timeout_ms)
 
     @property
     def exactly_once(self) -> bool:
@@ -288,6 +325,7 @@ class WriteOptions:
             timeout_ms=o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS),
             delivery=_delivery(o),
             transactional_id=_transactional_id(o),
+            security=Security.parse(o),
         )
 
 

@@ -133,6 +133,7 @@ class Planner:
                         timeout_ms=opts.timeout_ms,
                         tags=opts.tags,
                         fail_on_data_loss=opts.fail_on_data_loss,
+                        security=opts.security,
                     )
                 )
         return ranges

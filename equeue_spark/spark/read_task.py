@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.columns import decode_columns
-from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.connection import Connection
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.spark.arrow import to_record_batch
 from equeue_spark.spark.errors import OffsetsLostError
+from equeue_spark.spark.options import Security
 
 log = logging.getLogger("equeue.spark")
 
@@ -45,12 +46,13 @@ class QueueRange:
     timeout_ms: int
     tags: tuple[str, ...] = ()
     fail_on_data_loss: bool = True
+    security: Security = field(default_factory=Security)
 
 
 def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The records of ``part`` as Arrow batches of ``schema``, in offset order."""
     want_headers = schema.get_field_index("headers") >= 0
-    config = ClientConfig(broker=part.broker, timeout_s=part.timeout_ms / 1000)
+    config = part.security.client(part.broker, part.timeout_ms)
     pending: list[bytes] = []
     rows = size = 0
     broker_id = ""

@@ -1,0 +1,291 @@
+"""Token authentication and role/topic authorization (off unless tokens are configured).
+
+Tokens come from a TOML document: the file given with ``--tokens-file``, or the
+text of ``$EQUEUE_BROKER_TOKENS``::
+
+    [[tokens]]
+    name = "etl"                      # what logs and errors show; never the secret
+    sha256 = "9f86d081884c7d65..."    # hex SHA-256 of the secret (or: secret = "...")
+    roles = ["produce", "consume"]    # any of admin, produce, consume
+    topics = ["orders*", "audit"]     # optional fnmatch patterns; default: every topic
+
+Clients send the secret as ``authorization: Bearer <secret>`` metadata. A call
+without a known secret gets UNAUTHENTICATED; one whose token lacks the role the
+method needs, or names a topic outside the token's patterns, gets
+PERMISSION_DENIED. Roles: ``consume`` covers the Broker service's read side
+(Pull, PullStream, offsets, heartbeats, ListOffsets, OffsetForBytes);
+``produce`` its write side (Produce, ProduceStream, CommitTransactions,
+AbortTransactions); ``admin`` the Admin service and, being the operator's role,
+everything else. Topic patterns restrict ``produce`` and ``consume`` calls
+(checked on every request of a stream); the transaction calls name no topic,
+their messages were checked when staged. Health checks need no token (probes);
+server reflection needs a valid one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import tomllib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from broker.server.errors import BadRequest, PermissionDenied, Unauthenticated, status_for
+from equeue_proto.v1 import broker_pb2 as pb
+
+MethodHandler = Any
+"""A ``grpc.RpcMethodHandler`` of an aio server (grpc-stubs types only sync ones)."""
+ROLES = ("admin", "produce", "consume")
+MAX_TOKENS = 10_000
+_BROKER = "/equeue.v1.Broker/"
+_ADMIN = "/equeue.v1.Admin/"
+_OPEN = "/grpc.health.v1.Health/"
+METHOD_ROLES = {
+    **{_BROKER + m: "produce" for m in (
+        "Produce", "ProduceStream", "CommitTransactions", "AbortTransactions",
+    )},
+    **{_BROKER + m: "consume" for m in (
+        "Pull", "PullStream", "CommitOffsets", "FetchOffsets", "Heartbeat", "ListOffsets",
+        "OffsetForBytes",
+    )},
+}  # fmt: skip
+"""The role each Broker method needs; every Admin method needs ``admin``."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a valid token speaks for."""
+
+    name: str
+    roles: frozenset[str]
+    topics: tuple[str, ...] | None
+    """fnmatch patterns; None = every topic."""
+
+    def may(self, role: str) -> bool:
+        return role in self.roles or "admin" in self.roles
+
+    def may_use_topic(self, topic: str) -> bool:
+        return self.topics is None or any(fnmatch.fnmatchcase(topic, p) for p in self.topics)
+
+
+class TokenTable:
+    """Secrets (by SHA-256) to principals."""
+
+    def __init__(self, principals: dict[str, Principal]) -> None:
+        self._by_digest = principals
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> TokenTable:
+        """Parse a tokens document; ``BadRequest`` naming ``source`` and the entry."""
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise BadRequest(f"{source}: not valid TOML: {exc}") from None
+        entries = document.get("tokens")
+        unknown = sorted(set(document) - {"tokens"})
+        if unknown or not isinstance(entries, list) or not entries:
+            raise BadRequest(f"{source}: expected one or more [[tokens]] tables only")
+        if len(entries) > MAX_TOKENS:
+            raise BadRequest(f"{source}: {len(entries)} tokens; the limit is {MAX_TOKENS}")
+        principals: dict[str, Principal] = {}
+        for n, entry in enumerate(entries):
+            digest, principal = _parse_entry(entry, f"{source}: token {n + 1}")
+            if digest in principals:
+                raise BadRequest(f"{source}: token {principal.name!r} repeats another's secret")
+            principals[digest] = principal
+        return cls(principals)
+
+    def lookup(self, secret: str) -> Principal | None:
+        # Looked up by digest: what an attacker varies (the secret) is not what
+        # the dict compares, so response times say nothing about a near miss.
+        return self._by_digest.get(hashlib.sha256(secret.encode()).hexdigest())
+
+
+def _parse_entry(entry: Any, where: str) -> tuple[str, Principal]:
+    if not isinstance(entry, dict):
+        raise BadRequest(f"{where}: not a table")
+    unknown = sorted(set(entry) - {"name", "sha256", "secret", "roles", "topics"})
+    if unknown:
+        raise BadRequest(f"{where}: unknown keys {', '.join(unknown)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{where}: give a name")
+    secret, digest = entry.get("secret"), entry.get("sha256")
+    if (secret is None) == (digest is None):
+        raise BadRequest(f"{where} ({name!r}): give exactly one of secret and sha256")
+    if secret is not None:
+        if not isinstance(secret, str) or len(secret) < 16:
+            raise BadRequest(f"{where} ({name!r}): a secret needs at least 16 characters")
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+    elif not isinstance(digest, str) or len(digest) != 64 or not _is_hex(digest):
+        raise BadRequest(f"{where} ({name!r}): sha256 must be 64 hex digits")
+    roles = entry.get("roles")
+    if not isinstance(roles, list) or not roles or not set(roles) <= set(ROLES):
+        raise BadRequest(f"{where} ({name!r}): roles must be a list from {', '.join(ROLES)}")
+    topics = entry.get("topics")
+    if topics is not None and (
+        not isinstance(topics, list) or not all(isinstance(t, str) and t for t in topics)
+    ):
+        raise BadRequest(f"{where} ({name!r}): topics must be a list of patterns")
+    return digest.lower(), Principal(
+        name, frozenset(roles), None if topics is None else tuple(topics)
+    )
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
+
+
+def bearer(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer ") :]
+    return None
+
+
+def topics_of(request: Any) -> list[str]:
+    """The topics a produce/consume request addresses."""
+    if isinstance(request, pb.CommitOffsetsRequest):
+        return [o.topic for o in request.offsets]
+    if isinstance(request, pb.HeartbeatRequest):
+        return list(request.topics)
+    if isinstance(request, pb.FetchOffsetsRequest) and not request.topic:
+        raise PermissionDenied("a topic-scoped token must name the topic of FetchOffsets")
+    topic = getattr(request, "topic", None)
+    return [topic] if isinstance(topic, str) else []
+
+
+def check_topics(principal: Principal, request: Any) -> None:
+    for topic in topics_of(request):
+        if not principal.may_use_topic(topic):
+            raise PermissionDenied(f"token {principal.name!r} may not use topic {topic!r}")
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Authenticates every call (see the module doc) before its handler runs."""
+
+    def __init__(self, tokens: TokenTable) -> None:
+        self.tokens = tokens
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[MethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> MethodHandler:
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or method.startswith(_OPEN):
+            return handler
+        secret = bearer(details.invocation_metadata)
+        principal = self.tokens.lookup(secret) if secret else None
+        if principal is None:
+            return _refuse(handler, Unauthenticated("missing or unknown token"))
+        role = "admin" if method.startswith(_ADMIN) else METHOD_ROLES.get(method)
+        if role is not None and not principal.may(role):
+            name = method.rsplit("/", 1)[-1]
+            return _refuse(
+                handler,
+                PermissionDenied(f"token {principal.name!r} lacks role {role!r} for {name}"),
+            )
+        if principal.topics is not None and role in ("produce", "consume"):
+            return _checking_topics(handler, principal)
+        return handler
+
+
+def _refuse(handler: MethodHandler, error: Exception) -> MethodHandler:
+    """A handler of the same shape that answers with ``error``'s status."""
+    code, message = status_for(error)
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(code, message)
+
+    async def streaming(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        nothing: Any
+        for nothing in ():  # a yield makes this an async generator, as the handler must be
+            yield nothing
+        await context.abort(code, message)
+
+    return _same_shape(handler, unary, streaming)
+
+
+def _checking_topics(handler: MethodHandler, principal: Principal) -> MethodHandler:
+    """``handler`` with every request's topics checked against ``principal``."""
+
+    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            check_topics(principal, request)
+            yield request
+
+    async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
+        await context.abort(*status_for(exc))
+
+    if handler.request_streaming:
+        inner = handler.stream_unary or handler.stream_stream
+
+        if handler.response_streaming:
+
+            async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+                async for reply in inner(checked(requests), context):
+                    yield reply
+
+            return _same_shape(handler, None, stream_stream)
+
+        async def stream_unary(requests: Any, context: Any) -> Any:
+            return await inner(checked(requests), context)
+
+        return _same_shape(handler, stream_unary, None)
+
+    inner = handler.unary_unary or handler.unary_stream
+
+    if handler.response_streaming:
+
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                check_topics(principal, request)
+            except PermissionDenied as exc:
+                await abort(context, exc)
+            async for reply in inner(request, context):
+                yield reply
+
+        return _same_shape(handler, None, unary_stream)
+
+    async def unary_unary(request: Any, context: Any) -> Any:
+        try:
+            check_topics(principal, request)
+        except PermissionDenied as exc:
+            await abort(context, exc)
+        return await inner(request, context)
+
+    return _same_shape(handler, unary_unary, None)
+
+
+def _same_shape(
+    handler: MethodHandler, unary_response: Any, streaming_response: Any
+) -> MethodHandler:
+    """A method handler like ``handler`` (same streaming kinds and serializers)
+    running ``unary_response`` or ``streaming_response``."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    behaviour = streaming_response if handler.response_streaming else unary_response
+    return make(
+        behaviour,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
