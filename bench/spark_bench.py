@@ -943,7 +943,7 @@ def main(argv: list[str] | None = None) -> None:
         "(same schema, partitions, micro-batches and Arrow batch sizes, built in memory); "
         f"batch write = `Producer.send_batches` of {PRODUCE_BATCH:,}-message batches from "
         "this process; exactly-once write = the same Spark write with "
-        "`delivery=at_least_once`. Reads: `maxOffsetsPerTrigger={TRIGGER_ROWS:,}`, "
+        f"`delivery=at_least_once`. Reads: `maxOffsetsPerTrigger={TRIGGER_ROWS:,}`, "
         f"Trigger.AvailableNow, noop sink, {QUEUES} queues; writes: `batchSize={WRITE_BATCH:,}`, "
         "2 tasks, keys `str(id)`."
     )

@@ -76,7 +76,7 @@ def produce_paced(broker: Broker, done: threading.Event, errors: list[BaseExcept
                 address = broker.address
                 try:
                     with Producer(address) as producer:
-                        producer.send_batch("A", values, keys=keys)  # type: ignore[arg-type]
+                        producer.send_batch("A", values, keys=keys)
                     break
                 except EqueueError:
                     broker.wait_for_change(address, timeout_s=60)
@@ -147,7 +147,7 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
         admin.create_topic("A", queues=QUEUES)
         admin.create_topic("B", queues=QUEUES)
 
-    produced, errors = threading.Event(), []
+    produced, errors = threading.Event(), list[BaseException]()
     producer = threading.Thread(target=produce_paced, args=(broker, produced, errors))
     producer.start()
     kill_moments = []

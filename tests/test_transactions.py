@@ -6,9 +6,11 @@ flushed, as a killed process) and by failing an append part-way.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,9 +23,16 @@ from broker.storage import (
     PreconditionFailed,
     StorageError,
     Store,
+    record,
 )
 from broker.storage.config import MessageLimits, TransactionConfig
-from broker.storage.record import PreparedBatch, prepare_batch
+from broker.storage.queue_index import ENTRY_SIZE
+from broker.storage.record import (
+    decode_record,
+    encode_records,
+    prepare_batch,
+    rebase_records,
+)
 from broker.storage.staging import (
     StageFile,
     decode_body,
@@ -64,7 +73,7 @@ def staged_values(store: Store, queue_id: int = 0) -> list[bytes]:
 # -- the stage file format ---------------------------------------------------------
 
 
-def test_stage_entry_round_trips_every_column() -> None:
+def test_stage_entry_round_trips_and_rebases_to_appended_bytes(open_store: OpenStore) -> None:
     b = MessageBatch(
         [b"v0", b"", b"v2" * 100],
         keys=[b"k0", None, b""],
@@ -72,23 +81,47 @@ def test_stage_entry_round_trips_every_column() -> None:
         headers=[[("h", b"1")], [], [("x", b""), ("y", b"yy")]],
         timestamps_ms=[1, 2, 3],
     )
-    prepared = prepare_batch(b, T.encode(), MessageLimits())
-    entry = encode_entry(T, 7, prepared)
+    store = open_store()
+    store.create_topic(T, 8)
+    prepared = store.prepare(T, 7, b)
+    entry = encode_entry(T, 7, prepared, staged_ms=5)
     staged = decode_body(memoryview(entry)[8:])
-    assert (staged.topic, staged.queue_id) == (T, 7)
-    got = staged.prepared
-    assert [bytes(v) for v in got.batch.values] == list(b.values)
-    assert [None if k is None else bytes(k) for k in got.batch.keys or []] == list(b.keys or [])
-    assert got.tags == prepared.tags and got.headers == prepared.headers
-    assert got.batch.timestamps_ms == [1, 2, 3]
-    assert got.total_bytes == prepared.total_bytes
+    assert (staged.topic, staged.queue_id, staged.records.count) == (T, 7, 3)
+    # Rebased at a position and offset, the records equal what a plain append encodes there.
+    direct = bytearray(prepared.total_bytes)
+    direct_index = bytearray(3 * ENTRY_SIZE)
+    encode_records(
+        direct, position=4096, topic=T.encode(), queue_id=7, first_offset=40, store_ms=99,
+        prepared=prepared, start=0, stop=3, index_out=direct_index,
+    )  # fmt: skip
+    rebased_index = bytearray(3 * ENTRY_SIZE)
+    rebased = bytearray(prepared.total_bytes)
+    written = rebase_records(
+        rebased, staged.records, position=4096, first_offset=40, store_ms=99,
+        index_out=rebased_index,
+    )  # fmt: skip
+    assert written == len(direct) and rebased == direct and rebased_index == direct_index
+    python = bytearray(prepared.total_bytes)
+    python_index = bytearray(3 * ENTRY_SIZE)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(record, "_rebase_c", None)  # the pure-Python reference
+        rebase_records(
+            python, staged.records, position=4096, first_offset=40, store_ms=99,
+            index_out=python_index,
+        )  # fmt: skip
+    assert python == direct and python_index == direct_index
+    starts = [0, *itertools.accumulate(staged.records.frame_sizes())][:3]
+    messages = [decode_record(rebased, pos) for pos in starts]
+    assert [(m.queue_offset, m.value, m.key, m.tag) for m in messages] == [
+        (40, b"v0", b"k0", "a"), (41, b"", None, ""), (42, b"v2" * 100, b"", "ccc"),
+    ]  # fmt: skip
 
 
 def test_stage_file_cuts_a_torn_last_entry(tmp_path: Path) -> None:
     limits = MessageLimits()
     stage = StageFile.create(tmp_path, "txn-1", 123)
     entries = [
-        encode_entry(T, 0, prepare_batch(batch(str(i), 3), T.encode(), limits)) for i in range(3)
+        encode_entry(T, 0, prepare_batch(batch(str(i), 3), T.encode(), limits), 1) for i in range(3)
     ]
     stage.append(entries)
     stage.close()
@@ -100,9 +133,7 @@ def test_stage_file_cuts_a_torn_last_entry(tmp_path: Path) -> None:
     assert reopened.txn_id == "txn-1" and reopened.created_ms == 123
     assert counts == [(T, 0, 3), (T, 0, 3)]
     assert path.stat().st_size == size - len(entries[-1])
-    assert [bytes(v) for s in reopened.batches() for v in s.prepared.batch.values] == [
-        b"0-0", b"0-1", b"0-2", b"1-0", b"1-1", b"1-2",
-    ]  # fmt: skip
+    assert [s.records.count for s in reopened.batches()] == [3, 3]
     reopened.close()
 
 
@@ -260,19 +291,19 @@ class _Boom(Exception):
 
 
 def _failing_after(store: Store, appends: int) -> Iterator[None]:
-    """Make the store's ``_write`` raise after ``appends`` successful calls."""
-    original = store._write
+    """Make the store's appends of committed records raise after ``appends`` pieces."""
+    original = store._write_rebased
     calls = [0]
 
-    def write(queue: object, prepared: PreparedBatch) -> object:
+    def write(*args: Any) -> None:
         calls[0] += 1
         if calls[0] > appends:
             raise StorageError("injected I/O error")
-        return original(queue, prepared)  # type: ignore[arg-type]
+        original(*args)
 
-    store._write = write  # type: ignore[method-assign,assignment]
+    store._write_rebased = write  # type: ignore[method-assign,assignment]
     yield
-    store._write = original  # type: ignore[method-assign]
+    store._write_rebased = original  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("mode", [FlushMode.ASYNC, FlushMode.SYNC], ids=["async", "sync"])

@@ -255,6 +255,76 @@ done:
     return result;
 }
 
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t get64(const uint8_t *p) {
+    return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32);
+}
+
+/* rebase_records(out, src, position, first_offset, store_ms, count, index_out) -> bytes
+ * Copy ``count`` encoded records from ``src`` (staged with placeholder offsets,
+ * see broker/storage/staging.py) into ``out``, giving them queue offsets from
+ * ``first_offset``, log positions from ``position`` and ``store_ms``, the
+ * BATCH_END flag on the last one only, fresh checksums, and their index
+ * entries in ``index_out``. Every other byte is copied as is. */
+static PyObject *rebase_records(PyObject *self, PyObject *args) {
+    Py_buffer out, src, index_out;
+    long long position, first_offset, store_ms;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "w*y*LLLnw*", &out, &src, &position, &first_offset, &store_ms,
+                          &count, &index_out))
+        return NULL;
+    PyObject *result = NULL;
+    if (count < 0 || index_out.len < count * ENTRY_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "bad count or index buffer too small");
+        goto done;
+    }
+    const uint8_t *in = (const uint8_t *)src.buf;
+    uint8_t *base = (uint8_t *)out.buf;
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (pos + HEADER_SIZE + 8 > src.len) {
+            PyErr_Format(PyExc_ValueError, "staged record %zd is cut short", i);
+            goto done;
+        }
+        uint32_t body = get32(in + pos);
+        Py_ssize_t frame = (Py_ssize_t)body + 12;
+        if (body < HEADER_SIZE - 4 || pos + frame > src.len || pos + frame > out.len) {
+            PyErr_Format(PyExc_ValueError, "staged record %zd overruns its buffer", i);
+            goto done;
+        }
+        uint8_t *r = base + pos;
+        memcpy(r, in + pos, (size_t)frame);
+        uint8_t flags = (uint8_t)(r[5] & ~FLAG_BATCH_END);
+        put8(r + 5, (uint8_t)(flags | (i == count - 1 ? FLAG_BATCH_END : 0)));
+        put64(r + 8, (uint64_t)(first_offset + i));
+        put64(r + 16, (uint64_t)(position + pos));
+        put64(r + 32, (uint64_t)store_ms);
+        put32(r + 4 + body, crc32c(r + 4, (size_t)body));
+        uint16_t topic_len = get16(r + 40);
+        uint8_t tag_len = r[42];
+        if ((Py_ssize_t)HEADER_SIZE + topic_len + tag_len > frame - 8) {
+            PyErr_Format(PyExc_ValueError, "staged record %zd has bad field lengths", i);
+            goto done;
+        }
+        uint8_t *e = (uint8_t *)index_out.buf + i * ENTRY_SIZE;
+        put64(e, (uint64_t)(position + pos + 1));
+        put32(e + 8, (uint32_t)frame);
+        put32(e + 12, tag_len ? crc32c(r + HEADER_SIZE + topic_len, tag_len) : 0);
+        put64(e + 16, (uint64_t)store_ms);
+        memset(e + 24, 0, 8);
+        pos += frame;
+    }
+    result = PyLong_FromSsize_t(pos);
+done:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&index_out);
+    return result;
+}
+
 /* measure_batch(values, keys, tags, headers, fixed) -> (total, max_frame, max_key, max_value)
  * Frame sizes of a batch in one C pass, raising TypeError for items that are
  * not bytes-like (None is allowed for keys). ``fixed`` is the per-record
@@ -302,14 +372,6 @@ static PyObject *measure_batch(PyObject *self, PyObject *args) {
 done:
     Py_XDECREF(values); Py_XDECREF(keys); Py_XDECREF(tags); Py_XDECREF(headers);
     return result;
-}
-
-static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static inline uint64_t get64(const uint8_t *p) {
-    return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32);
 }
 
 /* Headers section (record.py): u16 count, then u16 key length, key (UTF-8),
@@ -857,6 +919,9 @@ static PyMethodDef methods[] = {
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(out, position, topic, queue_id, first_offset, store_ms, values, keys, "
      "tags, headers, timestamps_ms, start, stop, index_out) -> bytes written"},
+    {"rebase_records", rebase_records, METH_VARARGS,
+     "rebase_records(out, src, position, first_offset, store_ms, count, index_out) -> bytes "
+     "written"},
     {"measure_batch", measure_batch, METH_VARARGS,
      "measure_batch(values, keys, tags, headers, fixed) -> (total, max_frame, max_key, max_value)"},
     {"decode_frames", decode_frames, METH_VARARGS,

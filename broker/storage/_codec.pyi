@@ -23,6 +23,15 @@ def encode_records(
     stop: int,
     index_out: WriteableBuffer,
 ) -> int: ...
+def rebase_records(
+    out: WriteableBuffer,
+    src: ReadableBuffer,
+    position: int,
+    first_offset: int,
+    store_ms: int,
+    count: int,
+    index_out: WriteableBuffer,
+) -> int: ...
 def crc32c(data: ReadableBuffer) -> int: ...
 def measure_batch(
     values: Sequence[bytes],

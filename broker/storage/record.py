@@ -49,12 +49,14 @@ from broker.storage.errors import CorruptionError, InvalidArgument, LimitExceede
 from broker.storage.queue_index import ENTRY, ENTRY_SIZE
 
 _encode_c: Callable[..., int] | None
+_rebase_c: Callable[..., int] | None
 try:
     from broker.storage._codec import encode_records as _encode_c
+    from broker.storage._codec import rebase_records as _rebase_c
 except ImportError:  # built without a C compiler
-    _encode_c = None
+    _encode_c = _rebase_c = None
 if os.environ.get("EQUEUE_PURE_PYTHON"):
-    _encode_c = None
+    _encode_c = _rebase_c = None
 ENCODER = "python" if _encode_c is None else "c"
 """Which record encoder is in use: "c" (the _codec extension) or "python"."""
 
@@ -69,6 +71,9 @@ _HEADER_COUNT = struct.Struct("<H")
 _HEADER_KEY_LEN = struct.Struct("<H")
 _HEADER_VALUE_LEN = struct.Struct("<I")
 _U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
+_U64 = struct.Struct("<Q")
+_OFFSETS = struct.Struct("<QQ")
 
 FIXED_BODY_SIZE = HEADER.size - 4
 FRAME_OVERHEAD = HEADER.size + TRAILER.size
@@ -412,6 +417,81 @@ def encode_records_py(
         offset += 1
     assert offset - first_offset == len(rng), "batch columns shorter than values"
     _set_batch_end(out, view, last)
+    view.release()
+    return pos
+
+
+# -- rebasing (transactions) ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """Records encoded ahead of their append (a staged transaction's, see
+    staging.py): offsets, positions and store time are placeholders that
+    ``rebase_records`` replaces when they are appended."""
+
+    frames: bytes | memoryview
+    count: int
+
+    @property
+    def total_bytes(self) -> int:
+        return len(self.frames)
+
+    def frame_sizes(self) -> Iterator[int]:
+        """Size of each frame (a Python loop: off the hot path)."""
+        pos = 0
+        for _ in range(self.count):
+            (body,) = _U32.unpack_from(self.frames, pos)
+            pos += body + 12
+            yield body + 12
+
+    def split(self, count: int) -> tuple[EncodedBatch, EncodedBatch]:
+        """The first ``count`` records and the rest."""
+        size = sum(itertools.islice(self.frame_sizes(), count))
+        view = memoryview(self.frames)
+        return EncodedBatch(view[:size], count), EncodedBatch(view[size:], self.count - count)
+
+
+def rebase_records(
+    out: bytearray | memoryview,
+    batch: EncodedBatch,
+    *,
+    position: int,
+    first_offset: int,
+    store_ms: int,
+    index_out: bytearray | memoryview,
+) -> int:
+    """Copy ``batch``'s records into ``out`` with queue offsets from
+    ``first_offset``, log positions from ``position``, ``store_ms``, BATCH_END
+    on the last record only and fresh checksums; write their index entries to
+    ``index_out``; return the bytes written. C when built, else Python."""
+    if _rebase_c is not None:
+        return _rebase_c(
+            out, batch.frames, position, first_offset, store_ms, batch.count, index_out
+        )
+    view = memoryview(out)
+    src = memoryview(batch.frames)
+    pos = 0
+    for i in range(batch.count):
+        (body,) = _U32.unpack_from(src, pos)
+        frame = body + 12
+        if pos + frame > len(src) or pos + frame > len(view):
+            raise ValueError(f"staged record {i} overruns its buffer")
+        view[pos : pos + frame] = src[pos : pos + frame]
+        flags = (view[pos + _FLAGS_AT] & ~FLAG_BATCH_END) | (
+            FLAG_BATCH_END if i == batch.count - 1 else 0
+        )
+        view[pos + _FLAGS_AT] = flags
+        _OFFSETS.pack_into(out, pos + 8, first_offset + i, position + pos)
+        _U64.pack_into(out, pos + 32, store_ms)
+        _U32.pack_into(out, pos + 4 + body, crc32c(view[pos + 4 : pos + 4 + body]))
+        topic_len, tag_len = _U16.unpack_from(out, pos + 40)[0], view[pos + 42]
+        tag_at = pos + HEADER.size + topic_len
+        ENTRY.pack_into(
+            index_out, i * ENTRY_SIZE, position + pos + 1, frame,
+            crc32c(view[tag_at : tag_at + tag_len]) if tag_len else 0, store_ms,
+        )  # fmt: skip
+        pos += frame
     view.release()
     return pos
 

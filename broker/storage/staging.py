@@ -6,33 +6,25 @@ Each open transaction has one append-only file ``<data_dir>/txn/<name>.stage``,
 place that reads or writes the format (integers little-endian)::
 
     file    := header entry*
-    header  := magic b"EQTX" | version u8 (1) | reserved u8 u8 u8
+    header  := magic b"EQTX" | version u8 (2) | reserved u8 u8 u8
                | created_ms i64 | id_length u16 | id (ASCII)
     entry   := body_length u32 | crc u32 (CRC32C of body) | body
-    body    := topic_length u16 | queue_id u32 | count u32 | flags u8
-               | total_bytes u64                the frames' size in the log
-               | topic (UTF-8)
-               | value_lengths u32[count]
-               | key_lengths   i32[count]       if flags & HAS_KEYS (-1 = no key)
-               | tag_lengths   u8[count]        if flags & HAS_TAGS
-               | header_lengths u32[count]      if flags & HAS_HEADERS
-               | timestamps_ms i64[count]       if flags & HAS_TIMESTAMPS
-               | values | keys | tags | headers (each column's bytes, concatenated)
+    body    := topic_length u16 | queue_id u32 | count u32 | topic (UTF-8)
+               | count records in the record format of record.py
 
-An entry holds one validated batch for one queue, with tags and headers already
-in their record encoding (``PreparedBatch``), so a commit appends it to the log
-without checking it again. Reading stops at the first entry that is short or
-fails its checksum (a write torn by a crash); ``StageFile.open`` cuts it off.
+An entry holds one checked batch for one queue, already encoded as the log
+will hold it except for the queue offsets, log positions and store time
+(placeholders: 0, 0, staging time), so a commit only copies the records and
+patches those fields (``record.rebase_records``, in C). Reading stops at the
+first entry that is short or fails its checksum (a write torn by a crash);
+``StageFile.open`` cuts it off.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import struct
-import sys
-from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,19 +32,17 @@ from pathlib import Path
 from crc32c import crc32c
 
 from broker.storage.errors import CorruptionError
-from broker.storage.record import MessageBatch, PreparedBatch
+from broker.storage.queue_index import ENTRY_SIZE
+from broker.storage.record import EncodedBatch, PreparedBatch, encode_records
 
 MAGIC = b"EQTX"
-VERSION = 1
+VERSION = 2
 SUFFIX = ".stage"
 HEADER = struct.Struct("<4sB3xqH")
 ENTRY = struct.Struct("<II")
-BODY = struct.Struct("<HIIBQ")
-HAS_KEYS, HAS_TAGS, HAS_HEADERS, HAS_TIMESTAMPS = 1, 2, 4, 8
+BODY = struct.Struct("<HII")
 MAX_ENTRY_BYTES = 1 << 31
 """An entry is one produce batch; the batch limits keep it far below this."""
-
-assert sys.byteorder == "little", "array('I') columns are written as little-endian"
 
 
 def file_name(txn_id: str) -> str:
@@ -61,78 +51,41 @@ def file_name(txn_id: str) -> str:
 
 @dataclass(frozen=True)
 class StagedBatch:
-    """One entry: a prepared batch and the queue it is for."""
+    """One entry: encoded records and the queue they are for."""
 
     topic: str
     queue_id: int
-    prepared: PreparedBatch
+    records: EncodedBatch
 
 
-def encode_entry(topic: str, queue_id: int, prepared: PreparedBatch) -> bytes:
-    """The bytes of one entry (length and checksum included)."""
-    batch = prepared.batch
-    count = len(batch.values)
-    flags = 0
-    topic_bytes = topic.encode()
-    parts: list[bytes | array[int]] = [b"", topic_bytes, array("I", map(len, batch.values))]
-    blobs: list[bytes] = [b"".join(batch.values)]
-    if batch.keys is not None:
-        flags |= HAS_KEYS
-        parts.append(array("i", (-1 if k is None else len(k) for k in batch.keys)))
-        blobs.append(b"".join(k for k in batch.keys if k is not None))
-    if prepared.tags is not None:
-        flags |= HAS_TAGS
-        parts.append(array("B", map(len, prepared.tags)))
-        blobs.append(b"".join(prepared.tags))
-    if prepared.headers is not None:
-        flags |= HAS_HEADERS
-        parts.append(array("I", map(len, prepared.headers)))
-        blobs.append(b"".join(prepared.headers))
-    if batch.timestamps_ms is not None:
-        flags |= HAS_TIMESTAMPS
-        parts.append(array("q", batch.timestamps_ms))
-    parts[0] = BODY.pack(len(topic_bytes), queue_id, count, flags, prepared.total_bytes)
-    body = b"".join([*parts, *blobs])
-    return ENTRY.pack(len(body), crc32c(body)) + body
+def encode_entry(topic: str, queue_id: int, prepared: PreparedBatch, staged_ms: int) -> bytearray:
+    """The bytes of one entry (length and checksum included), built in one buffer."""
+    raw_topic = topic.encode()
+    count = len(prepared.batch)
+    start = ENTRY.size + BODY.size + len(raw_topic)
+    entry = bytearray(start + prepared.total_bytes)
+    BODY.pack_into(entry, ENTRY.size, len(raw_topic), queue_id, count)
+    entry[ENTRY.size + BODY.size : start] = raw_topic
+    with memoryview(entry) as view:
+        written = encode_records(
+            view[start:], position=0, topic=raw_topic, queue_id=queue_id, first_offset=0,
+            store_ms=staged_ms, prepared=prepared, start=0, stop=count,
+            index_out=bytearray(count * ENTRY_SIZE),
+        )  # fmt: skip
+        assert written == prepared.total_bytes
+        ENTRY.pack_into(entry, 0, len(entry) - ENTRY.size, crc32c(view[ENTRY.size :]))
+    return entry
 
 
 def decode_body(body: memoryview) -> StagedBatch:
     """The batch of an entry's body (checksum already verified)."""
-    topic_length, queue_id, count, flags, total = BODY.unpack_from(body)
-    pos = BODY.size
-    topic = bytes(body[pos : pos + topic_length]).decode()
-    pos += topic_length
-
-    def column(code: str, width: int) -> array[int]:
-        nonlocal pos
-        out = array(code)
-        out.frombytes(body[pos : pos + count * width])
-        pos += count * width
-        return out
-
-    value_lengths = column("I", 4)
-    key_lengths = column("i", 4) if flags & HAS_KEYS else None
-    tag_lengths = column("B", 1) if flags & HAS_TAGS else None
-    header_lengths = column("I", 4) if flags & HAS_HEADERS else None
-    stamps = column("q", 8).tolist() if flags & HAS_TIMESTAMPS else None
-
-    def split(lengths: Sequence[int]) -> list[memoryview]:
-        nonlocal pos
-        ends = list(itertools.accumulate(lengths, initial=pos))
-        pos = ends[-1]
-        return [body[a:b] for a, b in itertools.pairwise(ends)]
-
-    values = split(value_lengths)
-    keys: list[memoryview | None] | None = None
-    if key_lengths is not None:
-        present = iter(split([n for n in key_lengths if n >= 0]))
-        keys = [None if n < 0 else next(present) for n in key_lengths]
-    tags = [bytes(t) for t in split(tag_lengths)] if tag_lengths is not None else None
-    headers = [bytes(h) for h in split(header_lengths)] if header_lengths is not None else None
-    if pos != len(body):
-        raise ValueError(f"entry body has {len(body) - pos} bytes after its columns")
-    batch = MessageBatch(values, keys, timestamps_ms=stamps)  # type: ignore[arg-type]
-    return StagedBatch(topic, queue_id, PreparedBatch(batch, tags, headers, total))
+    topic_length, queue_id, count = BODY.unpack_from(body)
+    start = BODY.size + topic_length
+    topic = bytes(body[BODY.size : start]).decode()
+    records = EncodedBatch(body[start:], count)
+    if sum(records.frame_sizes()) != len(records.frames):
+        raise ValueError(f"entry holds {len(records.frames)} bytes, not {count} whole records")
+    return StagedBatch(topic, queue_id, records)
 
 
 def encode_header(txn_id: str, created_ms: int) -> bytes:
@@ -178,7 +131,7 @@ class StageFile:
             end = start
             for entry_end, batch in stage._entries(start, strict=False):
                 end = entry_end
-                counts.append((batch.topic, batch.queue_id, len(batch.prepared.batch)))
+                counts.append((batch.topic, batch.queue_id, batch.records.count))
             if end < size:
                 os.ftruncate(fd, end)
                 stage.size = end
@@ -187,17 +140,19 @@ class StageFile:
             raise
         return stage, counts
 
-    def append(self, entries: Sequence[bytes]) -> None:
+    def append(self, entries: Sequence[bytes | bytearray]) -> None:
         """Append whole entries; on failure the file is cut back to its old size."""
-        data = b"".join(entries)
+        total = sum(map(len, entries))
         try:
-            _write_all(self._fd, data, self.size)
+            written = os.pwritev(self._fd, entries, self.size) if entries else 0
+            if written < total:  # rare: finish the short write from where it stopped
+                _write_all(self._fd, b"".join(entries)[written:], self.size + written)
         except OSError:
             try:
                 os.ftruncate(self._fd, self.size)
             finally:
                 raise
-        self.size += len(data)
+        self.size += total
 
     def batches(self) -> Iterator[StagedBatch]:
         """Every staged batch, in staging order, read one entry at a time."""
@@ -255,7 +210,7 @@ def _parse_header(data: bytes, path: Path) -> tuple[str, int, int]:
     return txn_id, created_ms, end
 
 
-def _write_all(fd: int, data: bytes, offset: int = 0) -> None:
+def _write_all(fd: int, data: bytes | bytearray, offset: int = 0) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)

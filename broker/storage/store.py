@@ -66,12 +66,14 @@ from broker.storage.offsets import GroupOffsets, OffsetStore
 from broker.storage.queue_index import ENTRY, ENTRY_SIZE, QueueIndex
 from broker.storage.record import (
     FRAME_OVERHEAD,
+    EncodedBatch,
     MessageBatch,
     PreparedBatch,
     StoredMessage,
     encode_records,
     frame_sizes,
     prepare_batch,
+    rebase_records,
 )
 from broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
 from broker.storage.transactions import Transactions
@@ -466,7 +468,7 @@ class Store:
         self,
         queues: Sequence[tuple[str, int]],
         decide: Callable[[dict[tuple[str, int], int]], None],
-        batches: Callable[[], Iterable[tuple[str, int, PreparedBatch]]],
+        batches: Callable[[], Iterable[tuple[str, int, PreparedBatch | EncodedBatch]]],
         resume: bool = False,
     ) -> dict[tuple[str, int], int]:
         """Append prepared batches to several queues as one unit; return each
@@ -488,11 +490,14 @@ class Store:
             firsts = {key: queue.index.end for key, queue in targets.items()}
             decide(firsts)
             try:
-                for topic, queue_id, prepared in batches():
+                for topic, queue_id, batch in batches():
                     queue = targets.get((topic, queue_id))
                     if queue is None:
                         raise InvalidArgument(f"queue {topic}/{queue_id} was not declared")
-                    self._write(queue, prepared)
+                    if isinstance(batch, EncodedBatch):
+                        self._write_encoded(queue, batch)
+                    else:
+                        self._write(queue, batch)
                 self._blocked.difference_update(keys)
             except BaseException:
                 self._blocked.update(keys)
@@ -583,6 +588,57 @@ class Store:
             )  # fmt: skip
             start = stop
         return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
+
+    def _write_encoded(self, queue: _Queue, batch: EncodedBatch) -> None:
+        """Append records encoded ahead (a transaction's), one atomic piece per chunk."""
+        first_offset = queue.index.end
+        store_ms = self._last_store_ms = max(_now_ms(), self._last_store_ms)
+        if batch.total_bytes > self._log.room() and batch.total_bytes <= self._log.capacity:
+            self._roll(queue.topic)  # keep it in one chunk, so it stays atomic
+        rest = batch
+        for _ in range(rest.count + 1):  # every round writes >= 1 record or rolls once
+            if rest.count == 0:
+                return
+            piece = rest
+            if rest.total_bytes > self._log.room():
+                fits, room = 0, self._log.room()
+                for size in rest.frame_sizes():
+                    if size > room:
+                        break
+                    room -= size
+                    fits += 1
+                if fits == 0:
+                    self._roll(queue.topic)
+                    continue
+                piece, rest = rest.split(fits)
+            else:
+                rest = EncodedBatch(b"", 0)
+            self._write_rebased(queue, piece, first_offset, store_ms)
+            first_offset += piece.count
+        raise AssertionError("an encoded batch did not fit in empty chunks")
+
+    def _write_rebased(
+        self, queue: _Queue, batch: EncodedBatch, first_offset: int, store_ms: int
+    ) -> None:
+        entries = bytearray(batch.count * ENTRY_SIZE)
+
+        def encode(out: memoryview, position: int) -> int:
+            return rebase_records(
+                out, batch, position=position, first_offset=first_offset,
+                store_ms=store_ms, index_out=entries,
+            )  # fmt: skip
+
+        try:
+            position = self._log.append(batch.total_bytes, encode)
+        except ValueError as exc:
+            raise CorruptionError(f"staged records of {queue.topic}: {exc}") from None
+        except OSError as exc:
+            raise _io_error(queue.topic, exc) from exc
+        try:
+            queue.index.write(first_offset, entries)
+        except OSError as exc:
+            self._undo_write(position, exc)
+            raise _io_error(queue.topic, exc) from exc
 
     def _fit(self, prepared: PreparedBatch, start: int, fixed: int) -> tuple[int, int]:
         """How many messages from ``start`` fit in the active chunk, and their bytes."""

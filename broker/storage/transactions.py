@@ -47,7 +47,6 @@ the commit's records are written, whatever the store's flush mode.
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import threading
 import time
@@ -68,7 +67,7 @@ from broker.storage.errors import (
     StorageError,
 )
 from broker.storage.names import validate_transaction_id
-from broker.storage.record import FRAME_OVERHEAD, MessageBatch, PreparedBatch, frame_sizes
+from broker.storage.record import EncodedBatch, MessageBatch
 from broker.storage.staging import SUFFIX, StageFile, encode_entry
 
 if TYPE_CHECKING:
@@ -168,9 +167,10 @@ class Transactions:
         validate_transaction_id(txn_id)
         entries = []
         counts = []
+        staged_ms = _now_ms()
         for queue_id, batch in parts:
             prepared = self._store.prepare(topic, queue_id, batch)
-            entries.append(encode_entry(topic, queue_id, prepared))
+            entries.append(encode_entry(topic, queue_id, prepared, staged_ms))
             counts.append((queue_id, len(batch)))
         size = sum(map(len, entries))
         if size > self.config.max_bytes:  # before an empty transaction is created
@@ -332,10 +332,10 @@ class Transactions:
             save_json(path, decision)
             decided = True
 
-        def batches() -> Iterator[tuple[str, int, PreparedBatch]]:
+        def batches() -> Iterator[tuple[str, int, EncodedBatch]]:
             for txn in txns:
                 for staged in txn.stage.batches():
-                    yield staged.topic, staged.queue_id, staged.prepared
+                    yield staged.topic, staged.queue_id, staged.records
 
         try:
             firsts = self._store.append_atomically(list(counts), decide, batches)
@@ -525,7 +525,7 @@ class Transactions:
 
 def _remaining(
     txns: Sequence[_Txn], done: dict[QueueKey, int]
-) -> Iterator[tuple[str, int, PreparedBatch]]:
+) -> Iterator[tuple[str, int, EncodedBatch]]:
     """The staged batches of ``done``'s queues, minus the first ``done[queue]``
     messages of each (those are in the log already)."""
     skip = dict(done)
@@ -534,28 +534,14 @@ def _remaining(
             key = (staged.topic, staged.queue_id)
             if key not in skip:
                 continue
-            prepared = staged.prepared
-            count = len(prepared.batch)
-            if skip[key] >= count:
-                skip[key] -= count
+            records = staged.records
+            if skip[key] >= records.count:
+                skip[key] -= records.count
                 continue
             if skip[key]:
-                prepared = _tail(prepared, skip[key], staged.topic)
+                _, records = records.split(skip[key])
                 skip[key] = 0
-            yield staged.topic, staged.queue_id, prepared
-
-
-def _tail(prepared: PreparedBatch, start: int, topic: str) -> PreparedBatch:
-    """Messages ``[start:]`` of a prepared batch."""
-
-    def cut(column: Sequence[Any] | None) -> Any:
-        return None if column is None else list(itertools.islice(column, start, None))
-
-    b = prepared.batch
-    batch = MessageBatch(cut(b.values), cut(b.keys), None, None, cut(b.timestamps_ms))
-    tags, headers = cut(prepared.tags), cut(prepared.headers)
-    total = sum(frame_sizes(batch, tags, headers, FRAME_OVERHEAD + len(topic.encode())))
-    return PreparedBatch(batch, tags, headers, total)
+            yield staged.topic, staged.queue_id, records
 
 
 def _io_error(doing: str, exc: OSError) -> StorageError:
