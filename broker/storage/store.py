@@ -476,8 +476,10 @@ class Store:
 
         No other append runs in between, and readers see the new records of
         every queue at once. First every queue is checked writable, then
-        ``decide(first offsets)`` runs (the transaction layer makes its commit
-        decision durable there), then every batch from ``batches()`` is written.
+        ``decide(first offsets)`` runs with each queue's current end (the
+        transaction layer makes its commit decision durable there, or measures
+        what a roll-forward still has to append), then every batch from
+        ``batches()`` is written.
         An error after ``decide`` leaves a prefix written (and readable): the
         caller rolls the rest forward from its decision; until a call with
         ``resume`` succeeds, those queues refuse other appends (which would
@@ -519,7 +521,10 @@ class Store:
                     if self._listeners:
                         self._notify([(q, q.visible_end) for q in self._queues_of(keys)])
         self._check_open()
-        outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
+        # A commit waits for its own appends however large (bounded: an hour);
+        # a roll-forward measures what is appended inside ``work``, so a retry
+        # after a timeout cannot append anything twice.
+        outcome = self._committer.submit(work, max(self.config.sync_timeout_ms / 1000, 3600))
         assert isinstance(outcome, dict)
         return outcome
 
@@ -557,7 +562,7 @@ class Store:
                 f"queue {topic}/{queue_id} takes no appends until an interrupted "
                 "transaction commit is completed (retried in the background)"
             )
-        if not queue.producer_visible:
+        if not queue.producer_visible and not resuming:  # a decided commit still completes
             raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
         return queue
 

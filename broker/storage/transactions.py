@@ -377,26 +377,35 @@ class Transactions:
     def _roll_forward(self, decision: dict[str, Any], path: Path) -> None:
         """Append what a decided commit has not appended yet (see module doc)."""
         txns = [self._open.get(txn_id) for txn_id in decision["txns"]]
-        done: dict[QueueKey, int] = {}
+        wanted: dict[QueueKey, tuple[int, int]] = {}
         for topic, queue_id, first, count in decision["queues"]:
             try:
-                end = self._store.queue_info(topic, queue_id).end
+                self._store.queue_info(topic, queue_id)
             except NotFound:
                 log.error("commit %s: queue %s/%d is gone; skipping it", path.name, topic, queue_id)
                 continue
-            applied = min(max(end - first, 0), count)
-            if applied < count:
-                done[(topic, queue_id)] = applied
-        if done:
+            wanted[(topic, queue_id)] = (first, count)
+        done: dict[QueueKey, int] = {}
+
+        def measure(ends: dict[QueueKey, int]) -> None:
+            # Under the append lock, after every earlier append: what is in the
+            # log now is exactly what this commit appended before it stopped.
+            for key, end in ends.items():
+                first, count = wanted[key]
+                applied = min(max(end - first, 0), count)
+                if applied < count:
+                    done[key] = applied
+
+        live = [t for t in txns if t is not None]
+        if len(live) < len(txns):
             missing = [i for i, t in zip(decision["txns"], txns, strict=True) if t is None]
-            if missing:
-                log.error("commit %s: stage files of %s are gone", path.name, missing)
-            live = [t for t in txns if t is not None]
-            self._store.append_atomically(
-                list(done), lambda firsts: None, lambda: _remaining(live, done), resume=True
-            )
+            log.error("commit %s: stage files of %s are gone", path.name, missing)
+        self._store.append_atomically(
+            list(wanted), measure, lambda: _remaining(live, done), resume=True
+        )
+        if done:
             log.warning("commit %s rolled forward on %d queues", path.name, len(done))
-        self._finish(decision, path, [t for t in txns if t is not None])
+        self._finish(decision, path, live)
 
     # -- abort and expiry ------------------------------------------------------------
 
