@@ -48,3 +48,21 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Hardening: the long runs of tests/test_crash_loop.py, test_fuzz.py and test_load.py.
+.PHONY: crash-loop fuzz load
+CRASH_CYCLES ?= 50
+FUZZ_REQUESTS ?= 10000
+LOAD_SECONDS ?= 600
+
+# SIGKILL under load, restart, verify; sync mode (nothing acked may be lost), then
+# async mode with a simulated power loss after each kill (loss only in the last flush window).
+crash-loop: $(STAMP)
+	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --mode sync
+	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --mode async --machine-crash
+
+fuzz: $(STAMP)
+	$(BIN)/python bench/fuzz_broker.py --requests $(FUZZ_REQUESTS)
+
+load: $(STAMP)
+	$(BIN)/python bench/load_broker.py --seconds $(LOAD_SECONDS)

@@ -1,0 +1,425 @@
+"""Shared pieces of the hardening harnesses (crash loop, disk faults, fuzzer, load).
+
+- ``Broker``: a real ``python -m broker`` process on 127.0.0.1 with any flags,
+  started by reading its one ready line (bounded wait), SIGKILLed or
+  SIGTERMed, with its peak RSS read from ``/proc``.
+- ``pull_queue``: a whole queue read back through the broker's ``Pull`` RPC,
+  every record's checksum verified by the client decoder.
+- ``layout_violations``: what in a data directory is outside its documented layout.
+- ``check_store``: open a stopped broker's data directory with ``Store`` and
+  check that every queue index agrees with the message log.
+- ``table``: the markdown tables the bench scripts print.
+
+Nothing here is imported by the broker or the client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from broker.storage import MessageLimits, StorageConfig, Store
+from broker.storage.chunk import HEADER_SIZE, ChunkHeader
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_spark.client.records import Message, decode_records
+
+REPO = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+READY_PREFIX = "equeue broker listening on "
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+PULL_BATCH = 10_000
+"""The broker's default ``--max-pull-messages``: the most one Pull returns."""
+
+
+class Broker:
+    """One broker process; ``start`` may be called again after ``kill``/``stop``.
+
+    ``module`` is what ``python -m`` runs (``tests.faulty_broker`` wraps the
+    broker in a fault-injecting file layer). stderr goes to ``log_path``,
+    appended across restarts.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *flags: str,
+        module: str = "broker",
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.flags = list(flags)
+        self.module = module
+        self.env = dict(env or {})
+        self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.start_seconds = 0.0
+        """Seconds from spawning the process to its ready line (the last start)."""
+        self._log_offset = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """Start the process without waiting for it to be ready."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError("the broker is still running")
+        command = [
+            sys.executable, "-m", self.module, "--data-dir", str(self.data_dir),
+            "--host", HOST, "--port", "0", *self.flags,
+        ]  # fmt: skip
+        pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **self.env}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
+            self.process = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                env=env,
+            )
+        return self.process
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        """Start the broker; return ``host:port`` once it prints its ready line."""
+        started = time.monotonic()
+        process = self.spawn()
+        line = _read_line(process, timeout_s)
+        if not line.startswith(READY_PREFIX):
+            self.kill()
+            raise RuntimeError(f"broker did not start: {line!r}\n{self.log_tail()}")
+        self.start_seconds = time.monotonic() - started
+        self.address = line[len(READY_PREFIX) :].strip()
+        return self.address
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; waits for the process to be gone."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.kill()
+        self._reap(STOP_TIMEOUT_S)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (SIGKILL if it does not exit in time); the exit code."""
+        assert self.process is not None, "not started"
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self._reap(timeout_s)
+
+    def _reap(self, timeout_s: float) -> int:
+        assert self.process is not None
+        code = self.process.wait(timeout_s)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return code
+
+    def proc_status(self) -> dict[str, str]:
+        """``/proc/<pid>/status`` as a dict (empty once the process is gone)."""
+        try:
+            text = Path(f"/proc/{self.pid}/status").read_text()
+        except OSError:
+            return {}
+        return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+    def peak_rss_bytes(self) -> int:
+        """VmHWM: the most resident memory the process has had so far."""
+        return _kib(self.proc_status().get("VmHWM", "0 kB"))
+
+    def rss_bytes(self) -> int:
+        return _kib(self.proc_status().get("VmRSS", "0 kB"))
+
+    def ignores_signal(self, signum: int) -> bool:
+        mask = int(self.proc_status().get("SigIgn", "0"), 16)
+        return bool(mask & (1 << (signum - 1)))
+
+    def log_since_start(self) -> str:
+        """What the broker logged since its last start."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_since_start().splitlines()[-lines:])
+
+    def recovery_seconds(self) -> float | None:
+        """The store's own recovery time at the last start (needs ``--log-format json``)."""
+        for line in self.log_since_start().splitlines():
+            if '"recovery_s"' not in line:
+                continue
+            try:
+                value = json.loads(line).get("recovery_s")
+            except ValueError:
+                continue
+            if isinstance(value, int | float):
+                return float(value)
+        return None
+
+
+def _kib(value: str) -> int:
+    return int(value.split(maxsplit=1)[0]) * 1024
+
+
+def _read_line(process: subprocess.Popen[bytes], timeout_s: float) -> str:
+    stdout = process.stdout
+    assert stdout is not None
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if selector.select(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
+                return stdout.readline().decode(errors="replace")
+            if process.poll() is not None:
+                return f"<exited with {process.returncode}>"
+    return "<no ready line in time>"
+
+
+# -- reading back ---------------------------------------------------------------------
+
+
+def pull_queue(
+    stub: pb_grpc.BrokerStub, topic: str, queue_id: int, start: int = 0, timeout_s: float = 30.0
+) -> tuple[list[Message], pb.PullReply]:
+    """Every record of a queue from ``start`` to its end (as of the first reply),
+    via ``Pull``; also the first reply (earliest and end offsets)."""
+    out: list[Message] = []
+    offset = start
+    first: pb.PullReply | None = None
+    for _ in range(1_000_000):  # bounded: every round returns >= 1 record or ends
+        reply = stub.Pull(
+            pb.PullRequest(
+                topic=topic, queue_id=queue_id, offset=offset, max_messages=PULL_BATCH,
+                max_bytes=64 << 20,
+            ),
+            timeout=timeout_s,
+        )  # fmt: skip
+        if first is None:
+            first = reply
+        if reply.status != pb.PULL_STATUS_OK:
+            raise AssertionError(f"{topic}/{queue_id} offset {offset}: pull status {reply.status}")
+        out += decode_records(reply.records, reply.broker_id)
+        if reply.count == 0 or reply.next_offset >= first.end_offset:
+            return out, first
+        offset = reply.next_offset
+    raise AssertionError("pull loop did not reach the end")
+
+
+def status_of(exc: grpc.RpcError) -> grpc.StatusCode:
+    code = getattr(exc, "code", None)
+    return code() if callable(code) else grpc.StatusCode.UNKNOWN
+
+
+def details_of(exc: grpc.RpcError) -> str:
+    details = getattr(exc, "details", None)
+    return str(details()) if callable(details) else str(exc)
+
+
+# -- the data directory -----------------------------------------------------------------
+
+NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_TOP_LEVEL_FILES = {
+    "LOCK",
+    *(f"{name}{suffix}" for name in ("topics", "offsets", "checkpoint", "broker")
+      for suffix in (".json", ".json.bak")),
+}  # fmt: skip
+_LOG_FILE = re.compile(r"\d{9}\.chunk")
+_INDEX_FILE = re.compile(r"\d{9}\.idx")
+_NAME = re.compile(NAME)
+_TXN_FILE = re.compile(r"[0-9a-f]{32}\.stage|commit-\d{12,}\.json|sinks\.json(\.bak)?")
+"""``txn/``: stage files (SHA-256 prefix of the id), commit decisions, sink batches."""
+
+
+def layout_violations(data_dir: Path, *, allow_temp: bool = False) -> list[str]:
+    """Paths under ``data_dir`` outside the layout of ``broker/storage/store.py``
+    (and of ``transactions.py`` for ``txn/``).
+
+    ``allow_temp``: also accept ``*.tmp`` (a save or chunk creation in progress).
+    """
+    bad: list[str] = []
+    for path in sorted(data_dir.rglob("*")):
+        parts = path.relative_to(data_dir).parts
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            bad.append(f"{path} (not a plain file or directory)")
+            continue
+        if allow_temp and path.name.endswith(".tmp") and path.is_file():
+            continue
+        if _layout_ok(parts, path.is_dir()):
+            continue
+        bad.append(str(path))
+    return bad
+
+
+def _layout_ok(parts: tuple[str, ...], is_dir: bool) -> bool:
+    if len(parts) == 1:
+        return (parts[0] in ("log", "index", "txn") and is_dir) or (
+            parts[0] in _TOP_LEVEL_FILES and not is_dir
+        )
+    if parts[0] == "txn":
+        return len(parts) == 2 and not is_dir and bool(_TXN_FILE.fullmatch(parts[1]))
+    if parts[0] == "log":
+        return len(parts) == 2 and not is_dir and bool(_LOG_FILE.fullmatch(parts[1]))
+    if parts[0] == "index":
+        if not _NAME.fullmatch(parts[1]):
+            return False
+        if len(parts) == 2:
+            return is_dir
+        if not parts[2].isdigit() or str(int(parts[2])) != parts[2]:
+            return False
+        if len(parts) == 3:
+            return is_dir
+        return len(parts) == 4 and not is_dir and bool(_INDEX_FILE.fullmatch(parts[3]))
+    return False
+
+
+@dataclass
+class StoreCheck:
+    """What ``check_store`` found."""
+
+    messages: dict[tuple[str, int], list[tuple[int, bytes]]] = field(default_factory=dict)
+    """(topic, queue) -> [(offset, value)] of every retained record, via the index."""
+    log_records: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreCheck:
+    """Open a stopped broker's data directory and check index/log agreement.
+
+    For every queue of ``topics`` (default: all): each offset in [earliest, end)
+    reads back through the index (``Store.read`` verifies that the record the
+    index points at carries that topic, queue and offset), and the same record is
+    found at its log position. Then the log is scanned from its start: every
+    record of a live queue must be exactly the one its queue's index points at
+    for its offset, and every index entry must be matched by one log record.
+    """
+    result = StoreCheck()
+    capacity = _log_capacity(data_dir)
+    config = StorageConfig(
+        data_dir,
+        chunk_capacity_bytes=capacity,
+        limits=MessageLimits(max_message_bytes=min(capacity, MessageLimits.max_message_bytes)),
+    )
+    with Store(config, background=False) as store:
+        wanted = {t.name for t in store.topics()} if topics is None else set(topics)
+        ends: dict[tuple[str, int], tuple[int, int]] = {}
+        for meta in store.topics():
+            if meta.name not in wanted:
+                continue
+            for q in meta.queues:
+                info = store.queue_info(meta.name, q.queue_id)
+                ends[(meta.name, q.queue_id)] = (info.earliest, info.end)
+                got: list[tuple[int, bytes]] = []
+                offset = info.earliest
+                for _ in range(info.end - info.earliest + 1):
+                    if offset >= info.end:
+                        break
+                    read = store.read(meta.name, q.queue_id, offset, max_messages=PULL_BATCH)
+                    for m in read.messages:
+                        again = store.read_at_position(m.position)
+                        if again != m:
+                            result.problems.append(
+                                f"{meta.name}/{q.queue_id}@{m.queue_offset}: position "
+                                f"{m.position} holds a different record"
+                            )
+                        got.append((m.queue_offset, m.value))
+                    offset = read.next_offset
+                if [o for o, _v in got] != list(range(info.earliest, info.end)):
+                    result.problems.append(
+                        f"{meta.name}/{q.queue_id}: offsets read are not "
+                        f"[{info.earliest}, {info.end})"
+                    )
+                result.messages[(meta.name, q.queue_id)] = got
+        # The other direction: every log record of a live queue is indexed.
+        log = getattr(store, "_log", None)
+        if log is None or not hasattr(log, "iter_records"):
+            result.problems.append("cannot scan the log: Store._log.iter_records is gone")
+            return result
+        seen: dict[tuple[str, int], int] = {}
+        for position, meta_record in log.iter_records(log.start_position):
+            key = (meta_record.topic.decode(), meta_record.queue_id)
+            if key not in ends:
+                continue
+            result.log_records += 1
+            seen[key] = seen.get(key, 0) + 1
+            earliest, end = ends[key]
+            if not earliest <= meta_record.queue_offset < end:
+                result.problems.append(
+                    f"log record at {position} is {key} offset {meta_record.queue_offset}, "
+                    f"outside the index's [{earliest}, {end})"
+                )
+                continue
+            indexed = store.position_of(key[0], key[1], meta_record.queue_offset)
+            if indexed != position:
+                result.problems.append(
+                    f"log record at {position} is {key} offset {meta_record.queue_offset}, "
+                    f"but the index points at {indexed}"
+                )
+        for key, (earliest, end) in ends.items():
+            if seen.get(key, 0) != end - earliest:
+                result.problems.append(
+                    f"{key}: {seen.get(key, 0)} log records for {end - earliest} index entries"
+                )
+    return result
+
+
+def _log_capacity(data_dir: Path) -> int:
+    """The chunk capacity the log was created with (the default if there is no log)."""
+    chunks = sorted((data_dir / "log").glob("*.chunk"))
+    if not chunks:
+        return StorageConfig(data_dir).chunk_capacity_bytes
+    with open(chunks[0], "rb") as f:
+        return ChunkHeader.decode(f.read(HEADER_SIZE), str(chunks[0])).capacity
+
+
+# -- output -----------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A markdown table; columns whose every cell is a number are right-aligned."""
+    body = [[_cell(v) for v in row] for row in rows]
+    align = ["---:" if _numeric_column(body, i) else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _numeric_column(body: list[list[str]], i: int) -> bool:
+    return bool(body) and all(re.fullmatch(r"-?[\d,]+(\.\d+)?( ms| s| MiB)?|-", r[i]) for r in body)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return str(value)
