@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import struct
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -56,7 +55,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench._harness import Broker, details_of, layout_violations, pull_queue, status_of, table
-from broker.storage.record import decode_headers, encode_headers
+from broker.storage.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -515,54 +514,7 @@ class Fuzzer:
 # -- known bugs: recognised precisely, so that nothing else hides behind them ----------------
 
 
-def _undecodable(call: Call) -> bool:
-    cls = call.rpc.request_class
-    for payload in call.payloads:
-        try:
-            cls.FromString(payload)
-        except DecodeError:
-            return True
-    return False
-
-
-def _bad_headers(call: Call) -> bool:
-    if call.rpc.request.full_name != pb.ProduceRequest.DESCRIPTOR.full_name:
-        return False
-    for payload in call.payloads:
-        try:
-            request = pb.ProduceRequest.FromString(payload)
-        except DecodeError:
-            continue
-        c = request.messages
-        if not c.header_lengths or sum(c.header_lengths) != len(c.headers):
-            continue
-        start = 0
-        for n in c.header_lengths:
-            try:
-                decode_headers(c.headers[start : start + n])
-            except struct.error:
-                return True
-            except (ValueError, IndexError):
-                pass
-            start += n
-    return False
-
-
-KNOWN_BUGS: dict[str, tuple[str, Callable[[Outcome], bool]]] = {
-    "undecodable request": (
-        "a request that does not parse as its message type (corrupt wire format, invalid "
-        "UTF-8 in a string field) is answered UNKNOWN (unary RPCs: grpc's own 'Unexpected "
-        "<class DecodeError>') or INTERNAL (ProduceStream: 'internal error: DecodeError'), "
-        "not INVALID_ARGUMENT",
-        lambda o: o.code in (Code.UNKNOWN, Code.INTERNAL) and _undecodable(o.call),
-    ),
-    "truncated produce headers": (
-        "Produce/ProduceStream with header bytes too short for the counts they declare "
-        "(e.g. header_lengths=[1], headers=b'\\x01') is answered INTERNAL 'internal error: "
-        "error': decode_columns does not catch struct.error",
-        lambda o: o.code is Code.INTERNAL and "error: error" in o.details and _bad_headers(o.call),
-    ),
-}
+KNOWN_BUGS: dict[str, tuple[str, Callable[[Outcome], bool]]] = {}
 """name -> (description, recogniser). Remove an entry once the broker is fixed
 (``tests/test_fuzz.py`` pins each with an xfail(strict=True) repro)."""
 

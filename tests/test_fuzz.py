@@ -6,10 +6,10 @@ status code; the broker must stay up; afterwards a produce/pull round trip
 works, the broker stops cleanly, and the data directory holds nothing outside
 its documented layout (nor was anything created beside it).
 
-Known bugs are recognised precisely by ``fuzz_broker.KNOWN_BUGS`` (so that
-nothing else hides behind them) and pinned below by xfail(strict=True)
-repros: when one is fixed, its repro XPASSes, and its ``KNOWN_BUGS`` entry
-should go too.
+Bugs the fuzzer found (undecodable requests and truncated headers answered
+UNKNOWN/INTERNAL) are fixed; their repros below guard against regressions.
+A bug found later can be excused precisely with a ``fuzz_broker.KNOWN_BUGS``
+entry (so that nothing else hides behind it) plus an xfail(strict=True) repro.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from bench.fuzz_broker import (
     RPCS,
     Call,
     Fuzzer,
-    Outcome,
     Rpc,
     call_strategy,
     describe,
@@ -88,7 +87,7 @@ def test_raw_bytes_get_defined_statuses(broker: Broker, fuzzer: Fuzzer, rpc: Rpc
     run_fuzz(fuzzer, broker, rpc, 6, raw_share=1.0)
 
 
-# -- known bugs ------------------------------------------------------------------------------
+# -- fixed bugs ------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -97,7 +96,6 @@ def channel(broker: Broker) -> Iterator[grpc.Channel]:
         yield channel
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: " + fuzz_broker.KNOWN_BUGS["undecodable request"][0])
 @pytest.mark.parametrize(
     ("path", "payload"),
     [
@@ -118,9 +116,6 @@ def test_undecodable_request_is_invalid_argument(
     assert status_of(failure.value) is grpc.StatusCode.INVALID_ARGUMENT, details_of(failure.value)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BUG: " + fuzz_broker.KNOWN_BUGS["truncated produce headers"][0]
-)
 @pytest.mark.parametrize("headers", [b"\x01", b"\x01\x00\x05", b"\x01\x00\x01\x00a\x00"])
 def test_truncated_produce_headers_are_invalid_argument(
     channel: grpc.Channel, headers: bytes
@@ -164,27 +159,3 @@ def test_the_layout_check_flags_what_is_outside_the_layout(tmp_path: Path) -> No
     assert found.isdisjoint(good)
     assert set(bad) <= found
     assert layout_violations(tmp_path / "index" / "fz0") != []  # not a data dir at all
-
-
-def test_known_bugs_are_recognised_precisely() -> None:
-    """Self-check: only the exact known failures are excused, nothing beside them."""
-    pull = next(r for r in RPCS if r.name == "Broker/Pull")
-    produce = next(r for r in RPCS if r.name == "Broker/Produce")
-    valid = pb.PullRequest(topic="fz0").SerializeToString()
-    internal, unknown = grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN
-
-    def outcome(rpc: Rpc, payload: bytes, code: grpc.StatusCode, details: str) -> Outcome:
-        return Outcome(Call(rpc, (payload,), raw=True), code, details, 0)
-
-    assert known_bug(outcome(pull, b"\xff\xff", unknown, "DecodeError")) == "undecodable request"
-    assert known_bug(outcome(pull, valid, unknown, "DecodeError")) is None
-    assert known_bug(outcome(pull, valid, internal, "internal error: error")) is None
-    columns = pb.MessageColumns(
-        count=1, values=b"x", value_lengths=[1], headers=b"\x01", header_lengths=[1]
-    )
-    bad_headers = pb.ProduceRequest(topic="t", messages=columns).SerializeToString()
-    good = pb.ProduceRequest(topic="t", messages=pb.MessageColumns(count=1)).SerializeToString()
-    bug = "truncated produce headers"
-    assert known_bug(outcome(produce, bad_headers, internal, "internal error: error")) == bug
-    assert known_bug(outcome(produce, good, internal, "internal error: error")) is None
-    assert known_bug(outcome(produce, bad_headers, internal, "internal error: KeyError")) is None

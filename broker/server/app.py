@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from broker.server.auth import AuthInterceptor, TokenTable
 from broker.server.config import BrokerConfig
 from broker.server.groups import ConsumerRegistry
+from broker.server.handlers import DecodeGuard
 from broker.server.logs import configure as configure_logging
 from broker.server.longpoll import PullWaiters
 from broker.server.service import AdminService, BrokerService, BrokerState
@@ -56,7 +57,10 @@ async def create_server(
         ("grpc.max_send_message_length", config.max_request_bytes),
     ]
     tokens = load_tokens(config)
-    interceptors = [AuthInterceptor(tokens)] if tokens is not None else []
+    # Outermost first: authenticate, then decode (auth checks decoded requests).
+    interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]  # type: ignore[type-arg]
+    if tokens is not None:
+        interceptors.insert(0, AuthInterceptor(tokens))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     state = BrokerState(
         config=config,

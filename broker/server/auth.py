@@ -25,6 +25,7 @@ server reflection needs a valid one.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,10 +35,9 @@ from typing import Any
 import grpc
 
 from broker.server.errors import BadRequest, PermissionDenied, Unauthenticated, status_for
+from broker.server.handlers import MethodHandler, rebuild, wrap_requests
 from equeue_proto.v1 import broker_pb2 as pb
 
-MethodHandler = Any
-"""A ``grpc.RpcMethodHandler`` of an aio server (grpc-stubs types only sync ones)."""
 ROLES = ("admin", "produce", "consume")
 MAX_TOKENS = 10_000
 _BROKER = "/equeue.v1.Broker/"
@@ -198,12 +198,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 PermissionDenied(f"token {principal.name!r} lacks role {role!r} for {name}"),
             )
         if principal.topics is not None and role in ("produce", "consume"):
-            return _checking_topics(handler, principal)
+            return wrap_requests(handler, functools.partial(check_topics, principal))
         return handler
 
 
 def _refuse(handler: MethodHandler, error: Exception) -> MethodHandler:
-    """A handler of the same shape that answers with ``error``'s status."""
+    """A handler of the same kind that answers with ``error``'s status."""
     code, message = status_for(error)
 
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -217,75 +217,4 @@ def _refuse(handler: MethodHandler, error: Exception) -> MethodHandler:
             yield nothing
         await context.abort(code, message)
 
-    return _same_shape(handler, unary, streaming)
-
-
-def _checking_topics(handler: MethodHandler, principal: Principal) -> MethodHandler:
-    """``handler`` with every request's topics checked against ``principal``."""
-
-    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for request in requests:
-            check_topics(principal, request)
-            yield request
-
-    async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
-        await context.abort(*status_for(exc))
-
-    if handler.request_streaming:
-        inner = handler.stream_unary or handler.stream_stream
-
-        if handler.response_streaming:
-
-            async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-                async for reply in inner(checked(requests), context):
-                    yield reply
-
-            return _same_shape(handler, None, stream_stream)
-
-        async def stream_unary(requests: Any, context: Any) -> Any:
-            return await inner(checked(requests), context)
-
-        return _same_shape(handler, stream_unary, None)
-
-    inner = handler.unary_unary or handler.unary_stream
-
-    if handler.response_streaming:
-
-        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            try:
-                check_topics(principal, request)
-            except PermissionDenied as exc:
-                await abort(context, exc)
-            async for reply in inner(request, context):
-                yield reply
-
-        return _same_shape(handler, None, unary_stream)
-
-    async def unary_unary(request: Any, context: Any) -> Any:
-        try:
-            check_topics(principal, request)
-        except PermissionDenied as exc:
-            await abort(context, exc)
-        return await inner(request, context)
-
-    return _same_shape(handler, unary_unary, None)
-
-
-def _same_shape(
-    handler: MethodHandler, unary_response: Any, streaming_response: Any
-) -> MethodHandler:
-    """A method handler like ``handler`` (same streaming kinds and serializers)
-    running ``unary_response`` or ``streaming_response``."""
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    behaviour = streaming_response if handler.response_streaming else unary_response
-    return make(
-        behaviour,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return rebuild(handler, unary, streaming)

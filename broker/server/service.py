@@ -12,6 +12,7 @@ import functools
 import itertools
 import logging
 import os
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -479,7 +480,7 @@ def decode_columns(columns: pb.MessageColumns) -> MessageBatch:
         raw = _split("headers", columns.headers, list(columns.header_lengths), count)
         try:
             headers = [decode_headers(bytes(h)) for h in raw]
-        except (ValueError, IndexError, UnicodeDecodeError) as exc:  # struct.error is ValueError
+        except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
             raise BadRequest(f"malformed headers: {exc}") from None
     stamps = list(columns.timestamps_ms) or None
     if stamps is not None and len(stamps) != count:

@@ -159,6 +159,8 @@ def encode_headers(headers: Headers) -> bytes:
 
 
 def decode_headers(data: bytes) -> tuple[tuple[str, bytes], ...]:
+    """The headers section of a record; ``ValueError`` (or ``struct.error``,
+    ``UnicodeDecodeError``) if it is cut short, too long, or not UTF-8."""
     if not data:
         return ()
     (count,) = _HEADER_COUNT.unpack_from(data)
@@ -171,8 +173,12 @@ def decode_headers(data: bytes) -> tuple[tuple[str, bytes], ...]:
         pos += key_len
         (value_len,) = _HEADER_VALUE_LEN.unpack_from(data, pos)
         pos += 4
+        if pos + value_len > len(data):
+            raise ValueError(f"header {key!r} declares {value_len} bytes; {len(data) - pos} left")
         out.append((key, data[pos : pos + value_len]))
         pos += value_len
+    if pos != len(data):
+        raise ValueError(f"{len(data) - pos} bytes after the last header")
     return tuple(out)
 
 

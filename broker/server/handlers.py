@@ -1,0 +1,135 @@
+"""Wrapping gRPC method handlers in interceptors: request decoding that cannot
+fail silently (``DecodeGuard``) and rebuilding a handler around new behaviour
+(``rebuild``, which the auth interceptor uses too).
+
+grpc decodes a request before any handler runs; when that fails it answers
+UNKNOWN (unary calls) or the handler sees an exception of grpc's own. The
+guard decodes instead, turning a request that does not parse as its message
+type (corrupt wire format, invalid UTF-8 in a string field) into INVALID_ARGUMENT
+through ``errors.status_for``, like every other bad value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from broker.server.errors import BadRequest, status_for
+
+MethodHandler = Any
+"""A ``grpc.RpcMethodHandler`` of an aio server (grpc-stubs types only sync ones)."""
+
+
+def rebuild(
+    handler: MethodHandler,
+    unary_response: Any = None,
+    streaming_response: Any = None,
+    request_deserializer: Callable[[bytes], Any] | None = None,
+) -> MethodHandler:
+    """A method handler of ``handler``'s kind and serializers running the given
+    behaviour (``unary_response`` or ``streaming_response``, as the kind needs)."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        streaming_response if handler.response_streaming else unary_response,
+        request_deserializer=request_deserializer or handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def wrap_requests(
+    handler: MethodHandler,
+    check: Callable[[Any], None],
+    request_deserializer: Callable[[bytes], Any] | None = None,
+) -> MethodHandler:
+    """``handler`` with ``check(request)`` run on every request before the
+    handler sees it; an exception from ``check`` ends the call with its status."""
+
+    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            check(request)  # raised inside the servicer's stream: rpc_stream maps it
+            yield request
+
+    if handler.request_streaming:
+        inner = handler.stream_unary or handler.stream_stream
+        if handler.response_streaming:
+
+            async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+                async for reply in inner(checked(requests), context):
+                    yield reply
+
+            return rebuild(handler, None, stream_stream, request_deserializer)
+
+        async def stream_unary(requests: Any, context: Any) -> Any:
+            return await inner(checked(requests), context)
+
+        return rebuild(handler, stream_unary, None, request_deserializer)
+
+    inner = handler.unary_unary or handler.unary_stream
+
+    async def refuse(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
+        await context.abort(*status_for(exc))
+
+    if handler.response_streaming:
+
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                check(request)
+            except Exception as exc:  # every error becomes a status; see errors.py
+                await refuse(context, exc)
+            async for reply in inner(request, context):
+                yield reply
+
+        return rebuild(handler, None, unary_stream, request_deserializer)
+
+    async def unary_unary(request: Any, context: Any) -> Any:
+        try:
+            check(request)
+        except Exception as exc:  # every error becomes a status; see errors.py
+            await refuse(context, exc)
+        return await inner(request, context)
+
+    return rebuild(handler, unary_unary, None, request_deserializer)
+
+
+class Undecodable:
+    """What the guard's decoder returns for bytes that do not parse."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _safe(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, or anything a decoder may raise
+            return Undecodable(f"{type(exc).__name__}: {exc}"[:200])
+
+    return decode
+
+
+def _reject_undecodable(request: Any) -> None:
+    if isinstance(request, Undecodable):
+        raise BadRequest(f"request does not parse as its message type ({request.why})")
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Answers requests that do not decode with INVALID_ARGUMENT (module doc)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[MethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> MethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        return wrap_requests(handler, _reject_undecodable, _safe(handler.request_deserializer))
