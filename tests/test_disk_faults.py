@@ -17,8 +17,11 @@ acknowledged is damaged (read back through the broker, then with ``Store``
 after a stop: index and log agree), failed appends consume no offsets, and
 writes resume once space returns.
 
-Two behaviours are wrong today and marked ``xfail(strict=True)``; the report
-of the hardening issue has their repros.
+A failed fsync is the exception to "writes resume": in sync mode the round
+it covered is cut out of the log (its producers were told it failed) and the
+broker refuses writes until it is restarted, because after a failed fsync the
+kernel may have dropped the pages and report success next time; in async mode
+the background fsync logs the failure and retries.
 """
 
 from __future__ import annotations
@@ -264,13 +267,6 @@ def test_async_background_fsync_eio_keeps_serving(
     resume_and_check(client, broker.data_dir)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: in sync mode a failing log fsync (EIO) answers INTERNAL 'internal error: "
-    "OSError' (SyncCommitter passes the raw OSError on), and the records of the failed "
-    "append become readable after the next successful fsync (and after a restart): a "
-    "producer told 'failed' finds its message in the queue (a retry duplicates it).",
-)
 def test_sync_fsync_eio_is_unavailable_and_not_applied(
     start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
 ) -> None:
@@ -299,12 +295,6 @@ def test_sync_fsync_eio_is_unavailable_and_not_applied(
     ), details_of(failure.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ENOSPC while saving topics.json/offsets.json answers INTERNAL 'internal "
-    "error: OSError' (CreateTopic, auto-creating Produce, sync-mode CommitOffsets): "
-    "save_json's OSError is not mapped to DiskFullError.",
-)
 def test_metadata_enospc_is_resource_exhausted(
     start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
 ) -> None:
@@ -331,13 +321,6 @@ def test_metadata_enospc_is_resource_exhausted(
     assert all(code is grpc.StatusCode.RESOURCE_EXHAUSTED for code, _ in codes.values()), codes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (acknowledged data lost in sync mode): when saving topics.json fails "
-    "(ENOSPC), CreateTopic fails but the topic stays in memory; produces to it are then "
-    "acknowledged, and after a SIGKILL the topic and every acknowledged message are gone "
-    "(recovery counts them as records of deleted topics).",
-)
 def test_acked_messages_survive_a_failed_topic_metadata_save(
     start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
 ) -> None:

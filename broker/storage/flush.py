@@ -23,7 +23,13 @@ SyncTarget = Callable[[], tuple[int, int]]
 
 
 class GroupCommit:
-    def __init__(self, target: SyncTarget, durable: int, on_durable: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        target: SyncTarget,
+        durable: int,
+        on_durable: Callable[[int], None],
+        sticky_errors: bool = False,
+    ) -> None:
         self._target = target
         self._on_durable = on_durable
         self._cond = threading.Condition()
@@ -31,11 +37,18 @@ class GroupCommit:
         self.durable = durable
         """Every log byte below this position has been fsynced."""
         self.fsyncs = 0
+        self.sticky_errors = sticky_errors
+        """After a failed fsync, fail every later call too: Linux may drop the
+        dirty pages of a failed fsync and report success next time, so a later
+        "success" proves nothing (sync mode; async mode logs and retries)."""
+        self.error: OSError | None = None
 
     def make_durable(self, position: int) -> int:
         """Return once ``position`` is durable; return the durable position."""
         with self._cond:
             while self.durable < position:
+                if self.error is not None and self.sticky_errors:
+                    raise self.error
                 if self._leader:
                     self._cond.wait(timeout=1.0)  # re-check; the leader always notifies
                     continue
@@ -47,6 +60,9 @@ class GroupCommit:
                     # Publish before waking the waiters, so that each of them can
                     # return at once instead of taking more locks on the way out.
                     self._on_durable(covered)
+                except OSError as exc:
+                    self.error = exc
+                    raise
                 finally:
                     self._cond.acquire()
                     self._leader = False

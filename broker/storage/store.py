@@ -204,7 +204,10 @@ class Store:
             self._release_files()
             raise
         self._commit = GroupCommit(
-            self._sync_target, self._log.write_position, self._publish_durable
+            self._sync_target,
+            self._log.write_position,
+            self._publish_durable,
+            sticky_errors=config.flush_mode is FlushMode.SYNC,
         )
         self._committer: SyncCommitter | None = None
         if config.flush_mode is FlushMode.SYNC:
@@ -305,6 +308,10 @@ class Store:
 
     # -- topics -----------------------------------------------------------------------
 
+    # Every metadata change is saved to topics.json before memory changes: if the
+    # save fails (disk full), the broker goes on as if the call never happened,
+    # rather than accepting appends to a topic a restart would not know.
+
     def create_topic(self, name: str, queue_count: int | None = None) -> TopicMeta:
         validate_topic(name)
         count = self.config.default_queue_count if queue_count is None else queue_count
@@ -318,10 +325,9 @@ class Store:
                     f"cannot create topic {name!r}: max_topics={self.config.max_topics}"
                 )
             meta = TopicMeta(name, tuple(QueueMeta(i) for i in range(count)), _now_ms())
-            for q in meta.queues:
-                self._open_queue(name, q.queue_id)
-            self._topics[name] = meta
-            self._save_topics()
+            before = self._topics
+            self._save_topics({**before, name: meta})
+            self._open_queues(name, [q.queue_id for q in meta.queues], before)
             return meta
 
     def delete_topic(self, name: str) -> None:
@@ -330,10 +336,9 @@ class Store:
         self.flush()  # its unindexed records must be behind the checkpoint, or recovery
         with self._lock:  # would re-index them into a new topic of the same name
             self._topic(name)
+            self._save_topics({k: v for k, v in self._topics.items() if k != name})
             for key in [k for k in self._queues if k[0] == name]:
                 self._queues.pop(key).index.destroy()
-            del self._topics[name]
-            self._save_topics()
             self._offsets.forget(name)
 
     def add_queues(self, name: str, count: int = 1) -> TopicMeta:
@@ -341,11 +346,12 @@ class Store:
             meta = self._topic(name)
             self._check_queue_count(name, len(meta.queues) + count)
             next_id = max((q.queue_id for q in meta.queues), default=-1) + 1
-            for queue_id in range(next_id, next_id + count):
-                self._open_queue(name, queue_id)
+            new_ids = range(next_id, next_id + count)
+            for queue_id in new_ids:
                 meta = meta.with_queue(QueueMeta(queue_id))
-            self._topics[name] = meta
-            self._save_topics()
+            before = self._topics
+            self._save_topics({**before, name: meta})
+            self._open_queues(name, list(new_ids), before)
             return meta
 
     def set_queue_visibility(
@@ -359,8 +365,7 @@ class Store:
                 current.producer_visible if producer is None else producer,
                 current.consumer_visible if consumer is None else consumer,
             )
-            self._topics[topic] = meta.with_queue(updated)
-            self._save_topics()
+            self._save_topics({**self._topics, topic: meta.with_queue(updated)})
             self._queues[(topic, queue_id)].producer_visible = updated.producer_visible
             return updated
 
@@ -381,9 +386,8 @@ class Store:
                     f"queue {topic}/{queue_id} still has {queue.visible_end - low} "
                     "unconsumed messages"
                 )
+            self._save_topics({**self._topics, topic: meta.without_queue(queue_id)})
             self._queues.pop((topic, queue_id)).index.destroy()
-            self._topics[topic] = meta.without_queue(queue_id)
-            self._save_topics()
             self._offsets.forget(topic, queue_id)
 
     def topics(self) -> list[TopicMeta]:
@@ -428,8 +432,26 @@ class Store:
                 f"{self.config.max_queues_per_topic}] (max_queues_per_topic)"
             )
 
-    def _save_topics(self) -> None:
-        save_topics(self.config.data_dir / "topics.json", self._topics)
+    def _open_queues(self, topic: str, queue_ids: list[int], before: dict[str, TopicMeta]) -> None:
+        """Open new queues' indexes; if that fails, put the metadata back (lock held)."""
+        try:
+            for queue_id in queue_ids:
+                self._open_queue(topic, queue_id)
+        except OSError as exc:
+            for queue_id in queue_ids:
+                queue = self._queues.pop((topic, queue_id), None)
+                if queue is not None:
+                    queue.index.release()
+            self._save_topics(before)
+            raise _io_error(f"the index of {topic}", exc) from exc
+
+    def _save_topics(self, topics: dict[str, TopicMeta]) -> None:
+        """Persist ``topics``, then make them the store's (lock held)."""
+        try:
+            save_topics(self.config.data_dir / "topics.json", topics)
+        except OSError as exc:
+            raise _io_error("topics.json", exc) from exc
+        self._topics = topics
 
     # -- appends ----------------------------------------------------------------------
 
@@ -542,14 +564,34 @@ class Store:
         """Run a round of sync-mode appends, then fsync once for all of them."""
         outcomes: list[object] = []
         with self._lock:
+            start = self._log.write_position
             for work in works:
                 try:
                     outcomes.append(work())
                 except Exception as exc:
                     outcomes.append(exc)
             target = self._log.write_position
-        self._commit.make_durable(target)
+        try:
+            self._commit.make_durable(target)
+        except OSError as exc:
+            self._abandon_round(start, exc)
+            raise _io_error("the message log (fsync)", exc) from exc
         return outcomes
+
+    def _abandon_round(self, start: int, cause: OSError) -> None:
+        """Sync mode, the round's fsync failed: its appends were not made durable,
+        so they must never become readable, now or after a restart. Cut them out
+        of the log and refuse writes until a restart (after a failed fsync the
+        kernel's view of the file cannot be trusted; recovery rebuilds it)."""
+        with self._lock:
+            self._failed = cause
+            self._pending = deque(p for p in self._pending if p[0] <= start)
+            try:
+                if self._log.start_of(self._log.active) <= start < self._log.write_position:
+                    self._log.truncate(start)
+            except OSError as exc:
+                log.error("cannot cut a failed round out of the log: %s", exc)
+        log.error("fsync failed (%s); the store refuses writes until restarted", cause)
 
     def _writable_queue(self, topic: str, queue_id: int, resuming: bool = False) -> _Queue:
         self._check_writable()
@@ -1044,7 +1086,13 @@ class Store:
             for topic, queue_id, next_offset in checked:
                 self._offsets.commit(group, topic, queue_id, next_offset)
         if self.config.flush_mode is FlushMode.SYNC:
+            self._persist_offsets()
+
+    def _persist_offsets(self) -> None:
+        try:
             self._offsets.persist()
+        except OSError as exc:
+            raise _io_error("offsets.json", exc) from exc
 
     def min_committed(self, topic: str, queue_id: int) -> int | None:
         """Lowest offset any group committed on the queue (None if none did)."""
@@ -1061,7 +1109,7 @@ class Store:
         validate_group(group)
         if not self._offsets.delete_group(group):
             raise NotFound(f"group {group!r} has no committed offsets")
-        self._offsets.persist()
+        self._persist_offsets()
 
     # -- durability and maintenance ----------------------------------------------------
 
@@ -1071,10 +1119,15 @@ class Store:
             self._check_open()
             target = self._log.write_position
             fds = [fd for q in self._queues.values() for fd in q.index.take_dirty()]
-        self._commit.make_durable(target)
         try:
+            self._commit.make_durable(target)
             for fd in fds:
                 os.fsync(fd)
+        except OSError as exc:
+            if self.config.flush_mode is FlushMode.SYNC:
+                with self._lock:
+                    self._failed = self._failed or exc
+            raise _io_error("the message log or an index (fsync)", exc) from exc
         finally:
             for fd in fds:
                 os.close(fd)
@@ -1132,6 +1185,7 @@ class Store:
     def _maintain(self) -> None:
         interval = self.config.flush_interval_ms / 1000
         next_offsets = next_retention = time.monotonic()
+        last_error = ""
         while not self._stop.wait(interval):
             try:
                 self.flush()
@@ -1145,8 +1199,14 @@ class Store:
                     next_retention = now + self.config.retention.check_interval_ms / 1000
             except StoreClosed:
                 return
+            except StorageError as exc:  # logged once per distinct failure, not per interval
+                if str(exc) != last_error:
+                    log.error("background flush/retention failed (retrying): %s", exc)
+                    last_error = str(exc)
             except Exception:
                 log.exception("background flush/retention failed; retrying next interval")
+            else:
+                last_error = ""
 
     # -- state -------------------------------------------------------------------------
 
@@ -1224,10 +1284,11 @@ class Store:
         self.close()
 
 
-def _io_error(topic: str, exc: OSError) -> StorageError:
+def _io_error(what: str, exc: OSError) -> StorageError:
+    """The storage error for an OSError while writing ``what`` (a topic or a file)."""
     if exc.errno in _DISK_FULL:
-        return DiskFullError(f"disk full while appending to {topic}: {exc}")
-    return StorageError(f"I/O error while appending to {topic}: {exc}")
+        return DiskFullError(f"disk full while writing {what}: {exc}")
+    return StorageError(f"I/O error while writing {what}: {exc}")
 
 
 def _now_ms() -> int:
