@@ -117,16 +117,6 @@ def test_restart_after_a_kill_is_fast_with_many_queues(tmp_path: Path) -> None:
         broker.kill()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (async mode, power loss): offsets.json is persisted with commits of records "
-    "not yet fsynced (commits are checked against the written end, and the background "
-    "thread persists offsets after its flush), so after a power loss a group's committed "
-    "offset can lie past the recovered end of its queue; messages produced after the "
-    "restart at offsets [end, committed) are then skipped by that group. Seen in the crash "
-    "loop (--mode async --machine-crash); fix e.g. by clamping offsets to each queue's end "
-    "on open, or persisting only offsets below the checkpoint.",
-)
 def test_committed_offsets_stay_within_the_log_after_a_power_loss(tmp_path: Path) -> None:
     config = StorageConfig(
         tmp_path / "data",

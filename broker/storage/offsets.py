@@ -78,6 +78,22 @@ class OffsetStore:
             ]
         return min(values) if values else None
 
+    def clamp(self, ends: dict[tuple[str, int], int]) -> list[tuple[str, str, int, int, int]]:
+        """Lower every committed offset above its queue's end to the end;
+        return (group, topic, queue, was, now) for each one lowered."""
+        lowered = []
+        with self._lock:
+            for group, topics in self._groups.items():
+                for topic, queues in topics.items():
+                    for queue_id, offset in queues.items():
+                        end = ends.get((topic, queue_id))
+                        if end is not None and offset > end:
+                            queues[queue_id] = end
+                            lowered.append((group, topic, queue_id, offset, end))
+            if lowered:
+                self._version += 1
+        return lowered
+
     def delete_group(self, group: str) -> bool:
         with self._lock:
             existed = self._groups.pop(group, None) is not None

@@ -243,6 +243,15 @@ class Store:
             queue.index.delete_chunks_below(self._log.start_position)
             queue.index.sync()
             queue.visible_end = queue.notified_end = queue.index.end
+        # Async mode persists offsets of records that a power loss can take with it
+        # (a consumer may commit what it read before the fsync): a group's offset
+        # past its queue's end would make it skip the next messages written there.
+        ends = {key: q.visible_end for key, q in self._queues.items()}
+        for group, name, queue_id, was, now in self._offsets.clamp(ends):
+            log.warning(
+                "group %s: committed offset %d of %s/%d is past the end after recovery; "
+                "lowered to %d", group, was, name, queue_id, now,
+            )  # fmt: skip
         # The tail may hold data a killed process wrote but never fsynced: make it
         # durable before the checkpoint claims everything below it is indexed.
         os.fsync(self._log.sync_target()[1])
