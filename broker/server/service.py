@@ -485,6 +485,8 @@ def decode_columns(columns: pb.MessageColumns) -> MessageBatch:
     stamps = list(columns.timestamps_ms) or None
     if stamps is not None and len(stamps) != count:
         raise BadRequest(f"timestamps_ms has {len(stamps)} entries for {count} messages")
+    if stamps is not None and min(stamps) < 0:
+        raise BadRequest(f"timestamps_ms holds {min(stamps)}; timestamps are ms since the epoch")
     return MessageBatch(values, keys, tags, headers, stamps)  # type: ignore[arg-type]
 
 
