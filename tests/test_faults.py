@@ -8,6 +8,7 @@ and asserts exactly which messages survive, at which offsets, with which bytes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -19,6 +20,7 @@ import pytest
 
 from broker.storage import (
     CorruptionError,
+    DiskFullError,
     FlushMode,
     MessageBatch,
     PreconditionFailed,
@@ -29,7 +31,7 @@ from broker.storage import (
 )
 from broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_name
 from broker.storage.message_log import LOG_SUFFIX
-from broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX
+from broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX, QueueIndex
 from tests.conftest import MakeConfig
 from tests.faults import flip_byte, index_files, log_chunks, simulate_machine_crash, write_at
 
@@ -416,6 +418,102 @@ def test_garbage_after_zero_gap(open_store: OpenStore) -> None:
     assert_queue_holds(store, 0, kept + more)
 
 
+@pytest.fixture(params=["holes reported", "no hole reporting"])
+def hole_reporting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run a test as is, then as on a file system that cannot report holes
+    (``SEEK_DATA`` unavailable: recovery reads whole chunks, as it must then)."""
+    if request.param == "no hole reporting":
+        monkeypatch.delattr(os, "SEEK_DATA", raising=False)
+        return False
+    return True
+
+
+def test_garbage_far_after_tail_past_unwritten_space(
+    open_store: OpenStore, hole_reporting: bool
+) -> None:
+    """Non-zero bytes in the middle and at the very end of the active chunk's data,
+    with unwritten (sparse) space between: recovery reads only the written parts
+    of the chunk, from the end back, and still finds and zeroes all of them."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    kept = append(store, 0, "a", 3)
+    store.close()
+    config = store.config
+    path = chunk_path(config, kept[-1].position)
+    tail = end_offset(config, kept[-1])
+    data_end = HEADER_SIZE + config.chunk_capacity_bytes
+    for i, at in enumerate([tail + 20_000, data_end - 200]):
+        write_at(path, at, payload("garbage", i, 200))
+
+    store = open_store(config)
+    assert store.recovery.tail_bytes_discarded == data_end - tail
+    rest = data_end + FOOTER_SIZE - tail  # with the footer's room
+    assert read_at(path, tail, rest) == bytes(rest)
+    assert path.stat().st_size == data_end + FOOTER_SIZE
+    assert_queue_holds(store, 0, kept)
+    more = append(store, 0, "b", 2)
+    assert more[0].position == kept[-1].position + kept[-1].frame_size
+    store = reopen(open_store, store)
+    assert store.recovery.tail_bytes_discarded == 0
+    assert_queue_holds(store, 0, kept + more)
+
+
+def test_failed_appends_leave_nothing_after_the_log_end(
+    open_store: OpenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Disk full. An append whose log write is cut short leaves bytes after the data
+    end; the next append overwrites only their start; a later append whose index
+    write fails is undone. The undo zeroes everything written after the new end
+    (known from the writes, not found by scanning the chunk), the leftovers of the
+    first failure included, so a restart finds nothing to discard."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    kept = append(store, 0, "a", 2)
+    config = store.config
+    path = chunk_path(config, kept[-1].position)
+    log_fd = store._log.active.fd
+    pwrite = os.pwrite
+    log_writes: list[int] = []
+
+    def short_then_full(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+        if fd != log_fd:
+            return pwrite(fd, data, offset)
+        log_writes.append(offset)
+        if len(log_writes) == 1:
+            with memoryview(data) as view:
+                return pwrite(fd, view[: len(view) // 2], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", short_then_full)
+    with pytest.raises(DiskFullError):
+        append(store, 0, "big", 10, size=1000)
+    monkeypatch.undo()
+    assert len(log_writes) == 2
+    leftover = read_at(path, end_offset(config, kept[-1]), 4000)
+    assert leftover.count(0) < len(leftover) // 4, "the short write left bytes after the end"
+
+    kept += append(store, 0, "b")  # overwrites the start of the leftovers
+
+    def index_full(self: QueueIndex, offset: int, entries: bytes | bytearray | memoryview) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(QueueIndex, "write", index_full)
+    with pytest.raises(DiskFullError):
+        append(store, 0, "c", 3)
+    monkeypatch.undo()
+    tail = end_offset(config, kept[-1])
+    data_end = HEADER_SIZE + config.chunk_capacity_bytes
+    assert read_at(path, tail, data_end - tail) == bytes(data_end - tail)
+    assert_queue_holds(store, 0, kept)
+    more = append(store, 0, "d", 2)
+    assert more[0].position == kept[-1].position + kept[-1].frame_size
+    store.abandon()
+
+    store = open_store(config)
+    assert store.recovery.tail_bytes_discarded == 0
+    assert_queue_holds(store, 0, kept + more)
+
+
 # -- sealed chunks -----------------------------------------------------------------
 
 
@@ -562,6 +660,44 @@ def test_index_ahead_of_log(open_store: OpenStore) -> None:
     store = reopen(open_store, store)
     assert_queue_holds(store, 0, survivors[0] + more0)
     assert_queue_holds(store, 1, survivors[1] + more1)
+
+
+def test_stale_index_entries_far_past_the_end(
+    open_store: OpenStore, make_config: MakeConfig, hole_reporting: bool
+) -> None:
+    """Non-zero entries far past a queue's end, after unwritten (sparse) parts of
+    its index chunk (pages of a lost append's entries that reached the disk, or
+    garbage): recovery reads only the written parts of the chunk, from the end
+    back, and zeroes them, or a later recovery, once the checkpoint had passed
+    the positions they name, would take them for entries."""
+    store = open_store(make_config(index_entries_per_chunk=4096))
+    store.create_topic(TOPIC, 2)
+    sent0 = append(store, 0, "a", 5)
+    sent1 = append(store, 1, "b", 2)
+    store.flush()
+    sent0 += append(store, 0, "c", 3)
+    config = store.config
+    store.abandon()
+    last = sent0[-1].position
+    stale = {1000: last + 10_000, 4095: last + 20_000}
+    for slot, position in stale.items():
+        write_at(
+            index_files(config.data_dir, TOPIC, 0)[0],
+            HEADER_SIZE + slot * ENTRY_SIZE,
+            ENTRY.pack(position + 1, 100, 0, 0),
+        )
+
+    store = open_store(config)
+    assert store.recovery.index_entries_rebuilt == 3
+    for slot in stale:
+        assert index_entry(config, 0, slot) == bytes(ENTRY_SIZE)
+    assert_queue_holds(store, 0, sent0)
+    assert_queue_holds(store, 1, sent1)
+    more = append(store, 0, "d", 2)
+    assert more[0].offset == len(sent0)
+    store = reopen(open_store, store)
+    assert_queue_holds(store, 0, sent0 + more)
+    assert_queue_holds(store, 1, sent1)
 
 
 # -- leftovers and metadata files ------------------------------------------------------

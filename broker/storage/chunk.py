@@ -32,15 +32,22 @@ is exactly ``128 + data_size + 128`` bytes. The two states share a size only
 when the chunk is full, and then the footer's room tells them apart (zeros vs.
 a valid footer). Index chunks are never sealed: always ``128 + capacity``.
 
+Recovery finds where the written data of a chunk ends by reading only the parts
+of the file that are not holes (``read_backwards``: ``SEEK_DATA``/``SEEK_HOLE``),
+so its cost follows what was written, not the capacity. A file system without
+hole reporting reports the whole file as data: still correct, only slower.
+
 New chunks are created as ``<name>.tmp``, the header written and fsynced, then
 renamed into place, so a crash never leaves a chunk without a header.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,3 +198,56 @@ def read_sealed_footer(fd: int, path: str, header: ChunkHeader) -> ChunkFooter |
             f"footer data size {footer.data_size} exceeds capacity {header.capacity}", path, size
         )
     return footer
+
+
+def data_extents(fd: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The parts ``[lo, hi)`` of ``[start, end)`` that are not holes, in order.
+
+    Holes read as zeros. Uses ``SEEK_DATA``/``SEEK_HOLE``, which also count data
+    still in the page cache; where they are unavailable the whole range is data.
+    """
+    seek_data = getattr(os, "SEEK_DATA", None)
+    seek_hole = getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None:
+        return [(start, end)] if start < end else []
+    extents: list[tuple[int, int]] = []
+    pos = start
+    while pos < end:
+        try:
+            lo = os.lseek(fd, pos, seek_data)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data at or after pos
+                break
+            if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # not supported here
+                extents.append((pos, end))
+                break
+            raise
+        if lo >= end:
+            break
+        hi = min(os.lseek(fd, lo, seek_hole), end)
+        extents.append((lo, hi))
+        pos = hi
+    return extents
+
+
+_FIRST_WINDOW = 4096
+_MAX_WINDOW = 1 << 20
+
+
+def read_backwards(fd: int, start: int, end: int, unit: int = 1) -> Iterator[tuple[int, bytes]]:
+    """``(file offset, bytes)`` windows covering the non-hole parts of ``[start, end)``,
+    the last bytes first; holes are skipped unread (they are zeros).
+
+    Window bounds fall on multiples of ``unit`` counted from ``start``. Windows
+    start at 4 KiB and double up to 1 MiB, so a caller that stops at the first
+    non-zero window it meets usually reads a few KiB.
+    """
+    window = _FIRST_WINDOW
+    for data_start, data_end in reversed(data_extents(fd, start, end)):
+        lo = start + (data_start - start) // unit * unit
+        hi = min(end, start + -(-(data_end - start) // unit) * unit)
+        while hi > lo:
+            size = min(window, hi - lo) // unit * unit or min(unit, hi - lo)
+            hi -= size
+            yield hi, os.pread(fd, size, hi)
+            window = min(window * 2, _MAX_WINDOW)

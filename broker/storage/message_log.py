@@ -32,6 +32,7 @@ from broker.storage.chunk import (
     active_size,
     chunk_file_name,
     create_chunk_file,
+    read_backwards,
     read_header,
     read_sealed_footer,
     seal_chunk_file,
@@ -62,6 +63,10 @@ class LogChunk:
     """Bytes of data written (active chunk) or sealed (sealed chunk)."""
     sealed_ms: int | None = None
     mapped: mmap.mmap | None = field(default=None, repr=False)
+    written_end: int = HEADER_SIZE
+    """Active chunk: file offset past the last byte written since recovery zeroed
+    the tail (at least ``HEADER_SIZE + data_size``); the data after it is zero.
+    Bounds what ``MessageLog._cut`` must zero without scanning the chunk."""
 
     @property
     def sealed(self) -> bool:
@@ -92,6 +97,9 @@ class TailRecovery:
     truncated_bytes: int
     reason: str
     """Why scanning stopped (e.g. "zero length (end of written data)")."""
+    scanned_bytes: int = 0
+    """Bytes read: the records up to the first invalid frame, then the written
+    (non-hole) parts of the chunk after the last complete append."""
 
 
 class MessageLog:
@@ -196,7 +204,19 @@ class MessageLog:
                 good_end = pos + verdict
             pos += verdict
         reason = verdict if pos == good_end else "incomplete append after the last batch end"
-        written = _nonzero_extent(buf, good_end, end)
+        # Anything non-zero after good_end (a torn append, garbage, pages of an
+        # append that reached the disk while earlier ones did not) must be zeroed,
+        # or a later append ending where stale records begin would resurrect them.
+        # The chunk is sparse: only its written parts are read, from the end back.
+        written = 0
+        scanned_bytes = pos - HEADER_SIZE
+        for offset, data in read_backwards(chunk.fd, good_end, end):
+            scanned_bytes += len(data)
+            nonzero = len(data.rstrip(b"\x00"))
+            if nonzero:
+                written = offset + nonzero - good_end
+                break
+        chunk.written_end = good_end + written
         if written:
             log.warning(
                 "log %s: discarding %d bytes after byte %d (%s)",
@@ -207,19 +227,21 @@ class MessageLog:
             )
             self._cut(chunk, good_end - HEADER_SIZE)
         chunk.data_size = good_end - HEADER_SIZE
-        return TailRecovery(scanned, written, reason)
+        return TailRecovery(scanned, written, reason, scanned_bytes)
 
     def _cut(self, chunk: LogChunk, data_size: int) -> None:
         """Zero everything in the active chunk after ``data_size`` bytes of data.
 
-        Zeros are written in place rather than shrinking and re-growing the file,
-        so a crash in the middle never leaves a chunk of the wrong size.
+        Only ``[start, written_end)`` can be non-zero, so only that is written:
+        the cost of undoing a failed append is its size, not the chunk's. Zeros
+        are written in place rather than shrinking and re-growing the file, so a
+        crash in the middle never leaves a chunk of the wrong size.
         """
         start = HEADER_SIZE + data_size
-        extent = _nonzero_extent(chunk.buffer(), start, HEADER_SIZE + chunk.capacity)
-        self._zero(chunk, start, extent)
+        self._zero(chunk, start, max(chunk.written_end - start, 0))
         os.fsync(chunk.fd)
         chunk.data_size = data_size
+        chunk.written_end = start
 
     @staticmethod
     def _zero(chunk: LogChunk, start: int, size: int) -> None:
@@ -278,6 +300,8 @@ class MessageLog:
             done = 0
             while done < size:  # pwrite may write less than asked
                 done += os.pwrite(chunk.fd, view[done:], offset + done)
+                # What a failed append leaves after the data end, for _cut to zero.
+                chunk.written_end = max(chunk.written_end, offset + done)
         chunk.data_size += size
         return position
 
@@ -411,15 +435,3 @@ class MessageLog:
 
 _SCRATCH_LIMIT = 16 << 20
 """Largest append encoding buffer kept for reuse; larger appends get a temporary one."""
-
-
-def _nonzero_extent(buf: mmap.mmap, start: int, end: int) -> int:
-    """Bytes from ``start`` to the last non-zero byte before ``end`` (0 if all zero)."""
-    window = 1 << 20
-    last = start
-    for lo in range(start, end, window):
-        piece = buf[lo : min(lo + window, end)]
-        stripped = len(piece.rstrip(b"\x00"))
-        if stripped:
-            last = lo + stripped
-    return last - start

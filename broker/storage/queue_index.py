@@ -24,6 +24,7 @@ The index is derived data: everything in it can be rebuilt from the message log
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
@@ -36,12 +37,15 @@ from broker.storage.chunk import (
     ChunkHeader,
     chunk_file_name,
     create_chunk_file,
+    read_backwards,
     read_header,
 )
 from broker.storage.errors import CorruptionError
 
 ENTRY = struct.Struct("<QIIq8x")
 ENTRY_SIZE = ENTRY.size
+_POSITION = struct.Struct("<Q")
+"""An entry's first field, ``position_plus_one``."""
 _SIZE_WORD = 2
 """Index of ``record_size`` among an entry's 32-bit words (after the u64 position)."""
 INDEX_SUFFIX = ".idx"
@@ -105,18 +109,34 @@ class QueueIndex:
     # -- writes ------------------------------------------------------------------
 
     def write(self, first_offset: int, entries: bytes | bytearray | memoryview) -> None:
-        """Write packed entries for offsets starting at ``first_offset``."""
+        """Write packed entries for offsets starting at ``first_offset``.
+
+        All or nothing: if a write fails part-way, the entries already written
+        are zeroed again (best effort) so none is left past ``end`` to be taken
+        for a real one by a later recovery.
+        """
         view = memoryview(entries)
+        try:
+            self._write_all(first_offset, view)
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._write_all(first_offset, memoryview(bytes(len(view))))
+            raise
+        self.end = max(self.end, first_offset + len(view) // ENTRY_SIZE)
+
+    def _write_all(self, first_offset: int, view: memoryview) -> None:
         offset = first_offset
         while view:
             number, byte_pos = self._locate(offset)
             room = (self.entries_per_chunk - offset % self.entries_per_chunk) * ENTRY_SIZE
             piece = view[:room]
-            os.pwrite(self._fd(number, create=True), piece, byte_pos)
+            fd = self._fd(number, create=True)
+            done = 0
+            while done < len(piece):  # pwrite may write less than asked
+                done += os.pwrite(fd, piece[done:], byte_pos + done)
             self._dirty.add(number)
             offset += len(piece) // ENTRY_SIZE
             view = view[room:]
-        self.end = max(self.end, offset)
 
     def sync(self) -> None:
         """fsync every chunk written since the last sync."""
@@ -179,25 +199,22 @@ class QueueIndex:
 
     # -- recovery and retention --------------------------------------------------
 
-    def recover(self, keep_below_position: int) -> None:
+    def recover(self, keep_below_position: int) -> int:
         """Set ``end`` from the files, dropping entries at or past ``keep_below_position``.
 
         Entries for records before the checkpoint position were fsynced and are
         trusted; later ones are zeroed here and rebuilt from the log by the store.
+        Only the tail of the last chunk is read: its written parts, from the last
+        non-zero entry back to the last one kept (``_find_end``). Returns the
+        number of bytes read.
         """
         numbers = self.chunk_numbers()
         self.end = self.earliest
+        scanned = 0
         for number in reversed(numbers):
             fd = self._fd(number)
-            data = os.pread(fd, self.entries_per_chunk * ENTRY_SIZE, HEADER_SIZE)
-            used = len(data.rstrip(b"\x00"))
-            slots = (used + ENTRY_SIZE - 1) // ENTRY_SIZE
-            keep = slots
-            while keep > 0:
-                position = ENTRY.unpack_from(data, (keep - 1) * ENTRY_SIZE)[0] - 1
-                if 0 <= position < keep_below_position:
-                    break
-                keep -= 1
+            keep, slots, read = self._find_end(fd, keep_below_position)
+            scanned += read
             if keep < slots:
                 os.pwrite(fd, bytes((slots - keep) * ENTRY_SIZE), HEADER_SIZE + keep * ENTRY_SIZE)
                 self._dirty.add(number)
@@ -205,6 +222,34 @@ class QueueIndex:
                 self.end = number * self.entries_per_chunk + keep
                 break
         self.earliest = min(self.earliest, self.end)
+        return scanned
+
+    def _find_end(self, fd: int, keep_below_position: int) -> tuple[int, int, int]:
+        """(kept, used, bytes read) for one chunk: ``used`` slots run up to its
+        last non-zero byte, ``kept`` slots up to the last entry (searching back
+        from there) that names a record before ``keep_below_position``.
+
+        The answer of a scan of the whole chunk, from reading only its written
+        parts from the end back (holes are skipped unread): the entries after
+        the checkpoint, plus the rest of their block, not the chunk's capacity.
+        """
+        used: int | None = None
+        read = 0
+        data_end = HEADER_SIZE + self.entries_per_chunk * ENTRY_SIZE
+        for offset, data in read_backwards(fd, HEADER_SIZE, data_end, ENTRY_SIZE):
+            read += len(data)
+            nonzero = len(data.rstrip(b"\x00"))
+            if not nonzero:
+                continue
+            first_slot = (offset - HEADER_SIZE) // ENTRY_SIZE
+            slots = (nonzero + ENTRY_SIZE - 1) // ENTRY_SIZE
+            if used is None:
+                used = first_slot + slots
+            for slot in range(slots - 1, -1, -1):
+                position = _POSITION.unpack_from(data, slot * ENTRY_SIZE)[0] - 1
+                if 0 <= position < keep_below_position:
+                    return first_slot + slot + 1, used, read
+        return 0, used or 0, read
 
     def delete_chunks_below(self, log_start: int) -> int:
         """Delete index chunks whose every entry points below ``log_start``; update

@@ -151,6 +151,8 @@ class RecoveryReport:
     index_entries_rebuilt: int
     records_of_deleted_topics: int
     seconds: float
+    bytes_scanned: int
+    """Bytes read to find where the log's last chunk and each queue index end."""
 
 
 @dataclass(frozen=True)
@@ -233,11 +235,12 @@ class Store:
         document = load_json(self.config.data_dir / "checkpoint.json") or {}
         checkpoint = int(document.get("index_position", 0))
         checkpoint = min(max(checkpoint, self._log.start_position), self._log.write_position)
+        scanned = self._log.tail.scanned_bytes if self._log.tail else 0
         for topic in self._topics.values():
             for q in topic.queues:
                 queue = self._open_queue(topic.name, q.queue_id)
                 queue.producer_visible = q.producer_visible
-                queue.index.recover(checkpoint)
+                scanned += queue.index.recover(checkpoint)
         rebuilt, orphans = self._rebuild_indexes(checkpoint)
         for queue in self._queues.values():
             queue.index.delete_chunks_below(self._log.start_position)
@@ -264,6 +267,7 @@ class Store:
             rebuilt,
             orphans,
             time.monotonic() - started,
+            scanned,
         )
         log.info("store opened: %s", report)
         return report
