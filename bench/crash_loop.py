@@ -33,10 +33,9 @@ sample):
   offset or in doubt, and no id appears twice (no duplicates);
 - the group's committed offsets are within the queues and (sync mode) never
   below an acknowledged commit: they never move backwards. Async mode persists
-  offsets every second, so a regression there is counted, not failed; and
-  after a simulated power loss a committed offset past the recovered end is
-  counted too: a known bug (offsets are persisted for records not yet fsynced),
-  pinned by ``tests/test_crash_loop.py``.
+  offsets every second, so a regression there is counted, not failed. A
+  committed offset past the recovered end is a failure in every mode (after a
+  power loss, recovery lowers offsets persisted for records that were lost).
 
 Some cycles (``--startup-kill-share``) also kill a broker while it starts,
 i.e. during recovery, before the restart that is verified.
@@ -132,7 +131,7 @@ class CycleResult:
     duplicated: int = 0
     commit_regressions: int = 0
     commits_past_end: int = 0
-    """Machine-crash mode: committed offsets beyond the recovered end (a known bug)."""
+    """Committed offsets beyond the recovered end (a failure; recovery clamps them)."""
     startup_kills: int = 0
     start_s: float = 0.0
     """Spawn to ready line of the restart that verified this cycle."""
@@ -695,8 +694,7 @@ class CrashLoop:
                 continue
             if now > ends[q]:
                 outcome.commits_past_end += 1
-                if not config.machine_crash:  # machine crash: a known bug, counted only
-                    outcome.problems.append(f"queue {q}: committed offset {now} > end {ends[q]}")
+                outcome.problems.append(f"queue {q}: committed offset {now} > end {ends[q]}")
             if now > max(attempted.get(q, 0), self.committed.get(q, 0)):
                 outcome.problems.append(f"queue {q}: committed offset {now} was never sent")
             floor = max(self.commit_floor.get(q, 0), self.committed.get(q, 0))
@@ -769,7 +767,7 @@ def summary(result: CrashLoopResult) -> str:
         rows.insert(4, ["oldest lost ack before the kill, s",
                         f"{max((c.oldest_loss_s for c in cycles), default=0.0):.3f}"])  # fmt: skip
         rows.insert(5, ["unsynced log bytes dropped", result.total("dropped_bytes")])
-        rows.insert(6, ["committed offsets past the recovered end (known bug)",
+        rows.insert(6, ["committed offsets past the recovered end",
                         result.total("commits_past_end")])  # fmt: skip
     return table(("figure", "value"), rows)
 
