@@ -30,6 +30,8 @@ from equeue_spark.client import (
     Producer,
     read_range,
 )
+from equeue_spark.client.connection import Connection
+from equeue_spark.client.transactions import abort_transactions, commit_transactions
 from tests.broker_process import BrokerProcess
 
 StartBroker = Callable[..., BrokerProcess]
@@ -279,3 +281,24 @@ def test_spark_connector_passes_token_and_tls(
     assert sorted(r.value for r in rows) == [b"s1", b"s2"]
     with pytest.raises(Exception, match="PERMISSION_DENIED"):
         frame.write.format("equeue").mode("append").options(**common, token=READER).save()
+
+
+def test_tokens_cannot_touch_each_others_transactions(
+    broker_factory: StartBroker, tokens_file: Path
+) -> None:
+    broker = broker_factory("--tokens-file", str(tokens_file))
+    etl, orders = fast(broker.address, token=ETL), fast(broker.address, token=ORDERS)
+    with Producer(config=etl) as producer:
+        producer.send_batch("orders", [b"etl-staged"], queue_ids=[0], transaction_id="job:1")
+    with Producer(config=orders) as producer:
+        producer.send_batch("orders", [b"mine"], queue_ids=[0], transaction_id="job:1")
+    with Connection(orders) as conn:  # same id, another token: its own transaction only
+        assert abort_transactions(conn, prefix="job") == 1
+        commit_transactions(conn, [], sink="query-x", batch_id=10**9)  # fences only itself
+    with Admin(config=fast(broker.address, token=ADMIN)) as admin:
+        listing = admin.list_transactions()
+    assert [t.transaction_id for t in listing.transactions] == ["etl@job:1"]
+    assert [(s.sink, s.batch_id) for s in listing.sinks] == [("orders-writer@query-x", 10**9)]
+    with Connection(etl) as conn:
+        commit_transactions(conn, [("job:1", 1)], sink="query-x", batch_id=0)
+    assert [m.value for b in read_range("orders", 0, 0, config=etl) for m in b] == [b"etl-staged"]

@@ -429,3 +429,18 @@ def test_broker_aborts_idle_transactions_after_its_timeout(
         )
         with pytest.raises(PreconditionError, match="'forgotten' was aborted already"):
             producer.send_batch("tx", [b"y"], transaction_id="forgotten")
+
+
+def test_a_stage_file_torn_at_creation_is_removed_at_open(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    config = make_config()
+    store = open_store(config)
+    store.create_topic(T, 1)
+    store.transactions.stage("kept", T, [(0, batch("k", 2))])
+    store.abandon()
+    torn = config.data_dir / "txn" / file_name("torn")
+    torn.write_bytes(b"EQ")  # killed between creating the file and writing its header
+    store = open_store(config)
+    assert [t.txn_id for t in store.transactions.list_open()] == ["kept"]
+    assert not torn.exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import secrets
 import signal
 import sys
@@ -155,12 +156,27 @@ async def serve(config: BrokerConfig) -> None:
     log.info("stopped cleanly")
 
 
+def _raise_file_limit() -> None:
+    """Raise the soft open-files limit to the hard one: every queue keeps its
+    index files open and every open transaction its stage file, and the usual
+    soft default of 1,024 would make appends fail with EMFILE long before the
+    configured limits (max_topics, max_open_transactions) are reached."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d: %s", soft, exc)
+
+
 def main(argv: list[str] | None = None) -> None:
     """The ``equeue-broker`` console script."""
     from broker.server.config import parse_args
 
     config = parse_args(argv)
     configure_logging(config.log_level, config.log_format)
+    _raise_file_limit()
     try:
         asyncio.run(serve(config))
     except (OSError, StorageError) as exc:

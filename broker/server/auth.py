@@ -18,8 +18,10 @@ PERMISSION_DENIED. Roles: ``consume`` covers the Broker service's read side
 AbortTransactions); ``admin`` the Admin service and, being the operator's role,
 everything else. Topic patterns restrict ``produce`` and ``consume`` calls
 (checked on every request of a stream); the transaction calls name no topic,
-their messages were checked when staged. Health checks need no token (probes);
-server reflection needs a valid one.
+their messages were checked when staged, and the transaction ids, sinks and
+prefixes of a non-admin token are put in its own namespace (``<name>@``), so
+tokens cannot touch each other's transactions. Health checks need no token
+(probes); server reflection needs a valid one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import hashlib
+import re
 import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +42,8 @@ from broker.server.handlers import MethodHandler, rebuild, wrap_requests
 from equeue_proto.v1 import broker_pb2 as pb
 
 ROLES = ("admin", "produce", "consume")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""Token names: they prefix the token's transaction ids (``namespace_transactions``)."""
 MAX_TOKENS = 10_000
 _BROKER = "/equeue.v1.Broker/"
 _ADMIN = "/equeue.v1.Admin/"
@@ -114,8 +119,8 @@ def _parse_entry(entry: Any, where: str) -> tuple[str, Principal]:
     if unknown:
         raise BadRequest(f"{where}: unknown keys {', '.join(unknown)}")
     name = entry.get("name")
-    if not isinstance(name, str) or not name:
-        raise BadRequest(f"{where}: give a name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise BadRequest(f"{where}: give a name of 1-64 ASCII letters, digits, '.', '_', '-'")
     secret, digest = entry.get("secret"), entry.get("sha256")
     if (secret is None) == (digest is None):
         raise BadRequest(f"{where} ({name!r}): give exactly one of secret and sha256")
@@ -165,6 +170,33 @@ def topics_of(request: Any) -> list[str]:
     return [topic] if isinstance(topic, str) else []
 
 
+_TRANSACTION_METHODS = {
+    _BROKER + m for m in ("Produce", "ProduceStream", "CommitTransactions", "AbortTransactions")
+}
+
+
+def namespace_transactions(principal: Principal, request: Any) -> None:
+    """Put the token's name in front of every transaction id, sink and abort
+    prefix a non-admin token sends (``<name>@<id>``), so one token's writers
+    cannot commit, abort or fence another's; an admin token sees and uses the
+    full ids."""
+    mine = f"{principal.name}@"
+    if isinstance(request, pb.ProduceRequest):
+        if request.transaction_id:
+            request.transaction_id = mine + request.transaction_id
+    elif isinstance(request, pb.CommitTransactionsRequest):
+        for ref in request.transactions:
+            ref.transaction_id = mine + ref.transaction_id
+        if request.sink:
+            request.sink = mine + request.sink
+        if request.abort_prefix:
+            request.abort_prefix = mine + request.abort_prefix
+    elif isinstance(request, pb.AbortTransactionsRequest):
+        request.transaction_ids[:] = [mine + t for t in request.transaction_ids]
+        if request.prefix:
+            request.prefix = mine + request.prefix
+
+
 def check_topics(principal: Principal, request: Any) -> None:
     for topic in topics_of(request):
         if not principal.may_use_topic(topic):
@@ -197,9 +229,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 handler,
                 PermissionDenied(f"token {principal.name!r} lacks role {role!r} for {name}"),
             )
+        checks: list[Callable[[Any], None]] = []
         if principal.topics is not None and role in ("produce", "consume"):
-            return wrap_requests(handler, functools.partial(check_topics, principal))
-        return handler
+            checks.append(functools.partial(check_topics, principal))
+        if method in _TRANSACTION_METHODS and "admin" not in principal.roles:
+            checks.append(functools.partial(namespace_transactions, principal))
+        if not checks:
+            return handler
+
+        def check_all(request: Any) -> None:
+            for check in checks:
+                check(request)
+
+        return wrap_requests(handler, check_all)
 
 
 def _refuse(handler: MethodHandler, error: Exception) -> MethodHandler:

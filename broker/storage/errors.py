@@ -21,6 +21,8 @@ Programmer errors (broken internal invariants) are ``AssertionError``s, not
 
 from __future__ import annotations
 
+import errno
+
 
 class StorageError(Exception):
     """Base class of every error the storage engine raises on purpose."""
@@ -69,3 +71,14 @@ class DiskFullError(StorageError):
 
 class StoreClosed(StorageError):
     """The store was closed; no further operations are accepted."""
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def io_error(what: str, exc: OSError) -> StorageError:
+    """The storage error for an OSError while writing ``what``: ``DiskFullError``
+    for a full disk or a size limit, else ``StorageError``."""
+    if exc.errno in _DISK_FULL:
+        return DiskFullError(f"disk full while writing {what}: {exc}")
+    return StorageError(f"I/O error while writing {what}: {exc}")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import errno
 import fcntl
 import functools
 import itertools
@@ -51,13 +50,13 @@ from broker.storage.config import FlushMode, StorageConfig
 from broker.storage.errors import (
     AlreadyExists,
     CorruptionError,
-    DiskFullError,
     InvalidArgument,
     LimitExceeded,
     NotFound,
     PreconditionFailed,
     StorageError,
     StoreClosed,
+    io_error,
 )
 from broker.storage.flush import GroupCommit, SyncCommitter
 from broker.storage.message_log import MessageLog
@@ -82,8 +81,6 @@ log = logging.getLogger(__name__)
 
 Listener = Callable[[str, int, int], None]
 """Called with (topic, queue_id, visible_end) when new records become readable."""
-
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 class ReadStatus(enum.Enum):
@@ -456,14 +453,14 @@ class Store:
                 if queue is not None:
                     queue.index.release()
             self._save_topics(before)
-            raise _io_error(f"the index of {topic}", exc) from exc
+            raise io_error(f"the index of {topic}", exc) from exc
 
     def _save_topics(self, topics: dict[str, TopicMeta]) -> None:
         """Persist ``topics``, then make them the store's (lock held)."""
         try:
             save_topics(self.config.data_dir / "topics.json", topics)
         except OSError as exc:
-            raise _io_error("topics.json", exc) from exc
+            raise io_error("topics.json", exc) from exc
         self._topics = topics
 
     # -- appends ----------------------------------------------------------------------
@@ -503,11 +500,11 @@ class Store:
         self,
         queues: Sequence[tuple[str, int]],
         decide: Callable[[dict[tuple[str, int], int]], None],
-        batches: Callable[[], Iterable[tuple[str, int, PreparedBatch | EncodedBatch]]],
+        batches: Callable[[], Iterable[tuple[str, int, EncodedBatch]]],
         resume: bool = False,
     ) -> dict[tuple[str, int], int]:
-        """Append prepared batches to several queues as one unit; return each
-        queue's first new offset.
+        """Append encoded batches (``record.EncodedBatch``) to several queues as
+        one unit; return each queue's first new offset.
 
         No other append runs in between, and readers see the new records of
         every queue at once. First every queue is checked writable, then
@@ -531,10 +528,7 @@ class Store:
                     queue = targets.get((topic, queue_id))
                     if queue is None:
                         raise InvalidArgument(f"queue {topic}/{queue_id} was not declared")
-                    if isinstance(batch, EncodedBatch):
-                        self._write_encoded(queue, batch)
-                    else:
-                        self._write(queue, batch)
+                    self._write_encoded(queue, batch)
                 self._blocked.difference_update(keys)
             except BaseException:
                 self._blocked.update(keys)
@@ -563,6 +557,11 @@ class Store:
         assert isinstance(outcome, dict)
         return outcome
 
+    def unblock(self, topic: str, queue_id: int) -> None:
+        """Let a queue take appends again (its interrupted commit is resolved)."""
+        with self._lock:
+            self._blocked.discard((topic, queue_id))
+
     def _queues_of(self, keys: Iterable[tuple[str, int]]) -> list[_Queue]:
         return [q for q in map(self._queues.get, keys) if q is not None]
 
@@ -588,7 +587,7 @@ class Store:
             self._commit.make_durable(target)
         except OSError as exc:
             self._abandon_round(start, exc)
-            raise _io_error("the message log (fsync)", exc) from exc
+            raise io_error("the message log (fsync)", exc) from exc
         return outcomes
 
     def _abandon_round(self, start: int, cause: OSError) -> None:
@@ -693,12 +692,12 @@ class Store:
         except ValueError as exc:
             raise CorruptionError(f"staged records of {queue.topic}: {exc}") from None
         except OSError as exc:
-            raise _io_error(queue.topic, exc) from exc
+            raise io_error(queue.topic, exc) from exc
         try:
             queue.index.write(first_offset, entries)
         except OSError as exc:
             self._undo_write(position, exc)
-            raise _io_error(queue.topic, exc) from exc
+            raise io_error(queue.topic, exc) from exc
 
     def _fit(self, prepared: PreparedBatch, start: int, fixed: int) -> tuple[int, int]:
         """How many messages from ``start`` fit in the active chunk, and their bytes."""
@@ -736,18 +735,18 @@ class Store:
         except (TypeError, ValueError, OverflowError) as exc:  # e.g. a bad timestamp
             raise InvalidArgument(f"bad message batch: {exc}") from None
         except OSError as exc:
-            raise _io_error(queue.topic, exc) from exc
+            raise io_error(queue.topic, exc) from exc
         try:
             queue.index.write(first_offset + start, entry_view)
         except OSError as exc:
             self._undo_write(position, exc)
-            raise _io_error(queue.topic, exc) from exc
+            raise io_error(queue.topic, exc) from exc
 
     def _roll(self, topic: str) -> None:
         try:
             self._log.roll()
         except OSError as exc:
-            raise _io_error(topic, exc) from exc
+            raise io_error(topic, exc) from exc
 
     def _undo_write(self, position: int, cause: OSError) -> None:
         """Cut a failed append out of the log; if even that fails, stop accepting writes."""
@@ -1105,7 +1104,7 @@ class Store:
         try:
             self._offsets.persist()
         except OSError as exc:
-            raise _io_error("offsets.json", exc) from exc
+            raise io_error("offsets.json", exc) from exc
 
     def min_committed(self, topic: str, queue_id: int) -> int | None:
         """Lowest offset any group committed on the queue (None if none did)."""
@@ -1140,7 +1139,7 @@ class Store:
             if self.config.flush_mode is FlushMode.SYNC:
                 with self._lock:
                     self._failed = self._failed or exc
-            raise _io_error("the message log or an index (fsync)", exc) from exc
+            raise io_error("the message log or an index (fsync)", exc) from exc
         finally:
             for fd in fds:
                 os.close(fd)
@@ -1196,30 +1195,40 @@ class Store:
         return needed
 
     def _maintain(self) -> None:
+        """The background thread: flush, persist offsets, expire transactions,
+        apply retention. Each step runs even if another failed (retention and
+        expiry free the disk space whose lack may be why a flush fails)."""
         interval = self.config.flush_interval_ms / 1000
-        next_offsets = next_retention = time.monotonic()
-        last_error = ""
+        due = {"offsets": time.monotonic(), "retention": time.monotonic()}
+        periods = {
+            "offsets": self.config.offsets_flush_interval_ms / 1000,
+            "retention": self.config.retention.check_interval_ms / 1000,
+        }
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("flush", self.flush),
+            ("offsets", self._persist_offsets),
+            ("transactions", self.transactions.expire),
+            ("retention", self.apply_retention),
+        ]
+        errors: dict[str, str] = {}
         while not self._stop.wait(interval):
-            try:
-                self.flush()
+            for name, step in steps:
                 now = time.monotonic()
-                if now >= next_offsets:
-                    self._offsets.persist()
-                    next_offsets = now + self.config.offsets_flush_interval_ms / 1000
-                self.transactions.expire()
-                if now >= next_retention:
-                    self.apply_retention()
-                    next_retention = now + self.config.retention.check_interval_ms / 1000
-            except StoreClosed:
-                return
-            except StorageError as exc:  # logged once per distinct failure, not per interval
-                if str(exc) != last_error:
-                    log.error("background flush/retention failed (retrying): %s", exc)
-                    last_error = str(exc)
-            except Exception:
-                log.exception("background flush/retention failed; retrying next interval")
-            else:
-                last_error = ""
+                if name in due and now < due[name]:
+                    continue
+                try:
+                    step()
+                except StoreClosed:
+                    return
+                except Exception as exc:  # logged once per distinct failure, not per interval
+                    if errors.get(name) != str(exc):
+                        log.error("background %s failed (retrying): %s", name, exc,
+                                  exc_info=not isinstance(exc, StorageError))  # fmt: skip
+                        errors[name] = str(exc)
+                    continue
+                errors.pop(name, None)
+                if name in due:
+                    due[name] = now + periods[name]
 
     # -- state -------------------------------------------------------------------------
 
@@ -1295,13 +1304,6 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _io_error(what: str, exc: OSError) -> StorageError:
-    """The storage error for an OSError while writing ``what`` (a topic or a file)."""
-    if exc.errno in _DISK_FULL:
-        return DiskFullError(f"disk full while writing {what}: {exc}")
-    return StorageError(f"I/O error while writing {what}: {exc}")
 
 
 def _now_ms() -> int:

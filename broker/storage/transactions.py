@@ -46,7 +46,7 @@ the commit's records are written, whatever the store's flush mode.
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import logging
 import threading
 import time
@@ -60,11 +60,11 @@ from broker.storage.atomic_file import load_json, remove_temp_files, save_json
 from broker.storage.config import TransactionConfig
 from broker.storage.errors import (
     CorruptionError,
-    DiskFullError,
     LimitExceeded,
     NotFound,
     PreconditionFailed,
     StorageError,
+    io_error,
 )
 from broker.storage.names import validate_transaction_id
 from broker.storage.record import EncodedBatch, MessageBatch
@@ -190,7 +190,7 @@ class Transactions:
             try:
                 txn.stage.append(entries)
             except OSError as exc:
-                raise _io_error(f"staging transaction {txn_id!r}", exc) from exc
+                raise io_error(f"staging transaction {txn_id!r}", exc) from exc
             for queue_id, count in counts:
                 txn.add(topic, queue_id, count)
             txn.bytes += size
@@ -214,7 +214,7 @@ class Transactions:
             try:
                 stage = StageFile.create(self._dir, txn_id, now)
             except OSError as exc:
-                raise _io_error(f"creating transaction {txn_id!r}", exc) from exc
+                raise io_error(f"creating transaction {txn_id!r}", exc) from exc
             txn = self._open[txn_id] = _Txn(stage, now)
             return txn
 
@@ -246,12 +246,16 @@ class Transactions:
                 return CommitResult(True, (), aborted)
             txns = self._claim(refs)
             try:
-                for txn in txns:
-                    with txn.lock:
+                for txn, (txn_id, expected) in zip(txns, refs, strict=True):
+                    with txn.lock:  # waits for a stage call that passed its check before the claim
+                        _check_count(txn, txn_id, expected)
                         txn.stage.sync()
             except OSError as exc:
                 self._unclaim(txns)
-                raise _io_error("syncing staged messages", exc) from exc
+                raise io_error("syncing staged messages", exc) from exc
+            except BaseException:
+                self._unclaim(txns)
+                raise
             queues = self._apply_new(txns, sink, batch_id)
         aborted = self._abort_where([], abort_prefix) if abort_prefix else 0
         return CommitResult(False, queues, aborted)
@@ -298,11 +302,7 @@ class Transactions:
                     raise NotFound(f"transaction {txn_id!r} is not open{why}")
                 if txn.committing:
                     raise PreconditionFailed(f"transaction {txn_id!r} is being committed")
-                if expected >= 0 and txn.messages != expected:
-                    raise PreconditionFailed(
-                        f"transaction {txn_id!r} holds {txn.messages} staged messages; "
-                        f"the writer staged {expected}"
-                    )
+                _check_count(txn, txn_id, expected)
                 txns.append(txn)
             for txn in txns:
                 txn.committing = True
@@ -324,13 +324,23 @@ class Transactions:
             "sink": sink,
             "batch": batch_id,
         }
-        decided = False
+        gate = threading.Lock()
+        started = cancelled = durable = False
 
         def decide(firsts: dict[QueueKey, int]) -> None:
-            nonlocal decided
+            nonlocal started, durable
+            with gate:  # a caller that gave up waiting must not be committed behind its back
+                if cancelled:
+                    raise StorageError("the commit timed out before it started; nothing appended")
+                started = True
             decision["queues"] = [[t, q, firsts[(t, q)], n] for (t, q), n in counts.items()]
-            save_json(path, decision)
-            decided = True
+            try:
+                save_json(path, decision)
+            except OSError as exc:  # no decision: no append may follow (recovery must not find one)
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
+                raise io_error("saving a commit decision", exc) from exc
+            durable = True
 
         def batches() -> Iterator[tuple[str, int, EncodedBatch]]:
             for txn in txns:
@@ -339,20 +349,37 @@ class Transactions:
 
         try:
             firsts = self._store.append_atomically(list(counts), decide, batches)
+        except TimeoutError:
+            with gate:
+                cancelled = not started
+            if cancelled:
+                self._unclaim(txns)
+            else:  # it runs later: the retry, queued behind it, completes or undoes it
+                self._pending[path] = decision
+            raise StorageError("the commit did not finish in time; retry it") from None
         except BaseException:
-            if not decided:
+            if not durable:
                 self._unclaim(txns)
             else:
                 self._pending[path] = decision
                 log.exception("commit %s failed part-way; it will be rolled forward", path.name)
             raise
-        self._finish(decision, path, txns)
+        self._complete(decision, path, txns)
         return tuple(CommittedQueue(t, q, firsts[(t, q)], n) for (t, q), n in counts.items())
+
+    def _complete(self, decision: dict[str, Any], path: Path, txns: Sequence[_Txn]) -> None:
+        """``_finish``, or, if that fails (disk full), a pending decision retried later."""
+        try:
+            self._finish(decision, path, txns)
+        except OSError as exc:
+            self._pending[path] = decision
+            raise io_error("completing a commit (it will be retried)", exc) from exc
 
     def _finish(self, decision: dict[str, Any], path: Path, txns: Sequence[_Txn]) -> None:
         """Step 4: the commit is complete; forget what made it recoverable."""
         sink = decision["sink"]
-        if sink:
+        last = self._sinks.get(sink)
+        if sink and (last is None or decision["batch"] > last.batch_id):  # never backwards
             self._sinks[sink] = SinkProgress(sink, decision["batch"], _now_ms())
             self._save_sinks()
         with self._lock:
@@ -383,6 +410,7 @@ class Transactions:
                 self._store.queue_info(topic, queue_id)
             except NotFound:
                 log.error("commit %s: queue %s/%d is gone; skipping it", path.name, topic, queue_id)
+                self._store.unblock(topic, queue_id)  # a topic made again must take appends
                 continue
             wanted[(topic, queue_id)] = (first, count)
         done: dict[QueueKey, int] = {}
@@ -390,6 +418,8 @@ class Transactions:
         def measure(ends: dict[QueueKey, int]) -> None:
             # Under the append lock, after every earlier append: what is in the
             # log now is exactly what this commit appended before it stopped.
+            if not path.exists():  # never decided (a timed-out commit that then failed)
+                raise _Undecided()
             for key, end in ends.items():
                 first, count = wanted[key]
                 applied = min(max(end - first, 0), count)
@@ -400,12 +430,17 @@ class Transactions:
         if len(live) < len(txns):
             missing = [i for i, t in zip(decision["txns"], txns, strict=True) if t is None]
             log.error("commit %s: stage files of %s are gone", path.name, missing)
-        self._store.append_atomically(
-            list(wanted), measure, lambda: _remaining(live, done), resume=True
-        )
+        try:
+            self._store.append_atomically(
+                list(wanted), measure, lambda: _remaining(live, done), resume=True
+            )
+        except _Undecided:
+            self._pending.pop(path, None)
+            self._unclaim(live)
+            return
         if done:
             log.warning("commit %s rolled forward on %d queues", path.name, len(done))
-        self._finish(decision, path, live)
+        self._complete(decision, path, live)
 
     # -- abort and expiry ------------------------------------------------------------
 
@@ -513,7 +548,12 @@ class Transactions:
 
     def _recover(self) -> None:
         for path in sorted(self._dir.glob("*" + SUFFIX)):
-            stage, counts = StageFile.open(path)
+            try:
+                stage, counts = StageFile.open(path)
+            except CorruptionError as exc:  # a crash while creating it: nothing was staged
+                log.warning("removing a stage file without a whole header: %s", exc)
+                path.unlink()
+                continue
             txn = _Txn(stage, max(stage.created_ms, int(path.stat().st_mtime * 1000)))
             for topic, queue_id, count in counts:
                 txn.add(topic, queue_id, count)
@@ -530,6 +570,18 @@ class Transactions:
                 "transactions: %d open, %d commits completed after a restart",
                 len(self._open), len(decisions),
             )  # fmt: skip
+
+
+class _Undecided(Exception):
+    """A pending decision that never reached the disk: nothing of it was appended."""
+
+
+def _check_count(txn: _Txn, txn_id: str, expected: int) -> None:
+    if expected >= 0 and txn.messages != expected:
+        raise PreconditionFailed(
+            f"transaction {txn_id!r} holds {txn.messages} staged messages; "
+            f"the writer staged {expected}"
+        )
 
 
 def _remaining(
@@ -551,12 +603,6 @@ def _remaining(
                 _, records = records.split(skip[key])
                 skip[key] = 0
             yield staged.topic, staged.queue_id, records
-
-
-def _io_error(doing: str, exc: OSError) -> StorageError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return DiskFullError(f"disk full while {doing}: {exc}")
-    return StorageError(f"I/O error while {doing}: {exc}")
 
 
 def _now_ms() -> int:

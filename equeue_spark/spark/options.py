@@ -41,6 +41,9 @@ StartSpec = str | dict[str, dict[int, int]]
 """``"earliest"``, ``"latest"``, ``"group"``, or ``{topic: {queue: offset or sentinel}}``."""
 
 
+_SECRET_KEY = re.compile(r"(?i)token|secret|password|key")
+
+
 def _bad(name: str, value: str, why: str) -> InvalidOption:
     return InvalidOption(f"option {name}={value!r}: {why}")
 
@@ -54,9 +57,10 @@ class _Options:
         unknown = sorted(set(self.raw) - set(names) - _SPARK_KEYS)
         if unknown:
             known = ", ".join(sorted(names.values()))
+            secret = _SECRET_KEY.search(unknown[0])  # a misspelled token must not be echoed
+            value = "<redacted>" if secret else repr(self.raw[unknown[0]])
             raise InvalidOption(
-                f"unknown option {unknown[0]!r} (value {self.raw[unknown[0]]!r}); "
-                f"the equeue source knows: {known}"
+                f"unknown option {unknown[0]!r} (value {value}); the equeue source knows: {known}"
             )
 
     def text(self, key: str, default: str = "") -> str:

@@ -266,10 +266,13 @@ def _summaries(messages: Sequence[WriterCommitMessage | None]) -> list[WriteSumm
 
 
 def _task() -> tuple[int, int, TaskContext]:
+    """(partition, attempt, context). The attempt is Spark's task attempt id,
+    unique in the application: ``attemptNumber`` restarts at 0 when a stage is
+    retried, and two attempts must never share a transaction."""
     context = TaskContext.get()
     if context is None:
         raise RuntimeError("the equeue writer must run inside a Spark task")
-    return context.partitionId(), context.attemptNumber(), context
+    return context.partitionId(), context.taskAttemptId(), context
 
 
 class EqueueWriter(DataSourceArrowWriter):
@@ -297,11 +300,8 @@ class EqueueWriter(DataSourceArrowWriter):
         rows = sum(s.rows for s in summaries)
         if self.options.exactly_once:
             refs = [(s.transaction, s.rows) for s in summaries if s.rows]
-            with Connection(self.options.client) as conn:
-                outcome = commit_transactions(
-                    conn, refs, sink=self.job, batch_id=0,
-                    abort_prefix=transaction_prefix(self.job),
-                )  # fmt: skip
+            with Connection(self.options.client) as conn:  # no sink: a job is never replayed
+                outcome = commit_transactions(conn, refs, abort_prefix=transaction_prefix(self.job))
             log.info(
                 "equeue write %s committed: %d rows in %d transactions (%d others aborted)",
                 self.job, rows, len(refs), outcome.aborted,
