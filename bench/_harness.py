@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -34,10 +33,10 @@ from broker.storage.chunk import HEADER_SIZE, ChunkHeader
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import Message, decode_records
+from tests.broker_process import READY_PREFIX, read_ready_line
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
-READY_PREFIX = "equeue broker listening on "
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 PULL_BATCH = 10_000
@@ -103,7 +102,7 @@ class Broker:
         """Start the broker; return ``host:port`` once it prints its ready line."""
         started = time.monotonic()
         process = self.spawn()
-        line = _read_line(process, timeout_s)
+        line = read_ready_line(process, timeout_s)
         if not line.startswith(READY_PREFIX):
             self.kill()
             raise RuntimeError(f"broker did not start: {line!r}\n{self.log_tail()}")
@@ -187,23 +186,6 @@ class Broker:
 
 def _kib(value: str) -> int:
     return int(value.split(maxsplit=1)[0]) * 1024
-
-
-def _read_line(process: subprocess.Popen[bytes], timeout_s: float) -> str:
-    stdout = process.stdout
-    assert stdout is not None
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if selector.select(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
-                return stdout.readline().decode(errors="replace")
-            if process.poll() is not None:
-                return f"<exited with {process.returncode}>"
-    return "<no ready line in time>"
-
-
-# -- reading back ---------------------------------------------------------------------
 
 
 def pull_queue(

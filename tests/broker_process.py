@@ -38,7 +38,7 @@ class BrokerProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         assert self.process.stdout is not None
-        line = _readline(self.process, timeout_s)
+        line = read_ready_line(self.process, timeout_s)
         if not line.startswith(READY_PREFIX):
             self.kill()
             raise RuntimeError(f"broker did not start: {line!r}")
@@ -66,14 +66,20 @@ class BrokerProcess:
         return code
 
 
-def _readline(process: subprocess.Popen[str], timeout_s: float) -> str:
-    assert process.stdout is not None
+def read_ready_line(
+    process: subprocess.Popen[str] | subprocess.Popen[bytes], timeout_s: float
+) -> str:
+    """The broker's first stdout line (text or binary pipe), waiting at most
+    ``timeout_s``; a placeholder saying why if there is none."""
+    stdout = process.stdout
+    assert stdout is not None
     deadline = time.monotonic() + timeout_s
     with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
+        selector.register(stdout, selectors.EVENT_READ)
         while time.monotonic() < deadline:
-            if selector.select(timeout=max(0.0, deadline - time.monotonic())):
-                return process.stdout.readline()
+            if selector.select(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
+                line = stdout.readline()
+                return line.decode(errors="replace") if isinstance(line, bytes) else line
             if process.poll() is not None:
                 return f"<exited with {process.returncode}>"
     return "<no ready line in time>"

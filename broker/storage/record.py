@@ -451,6 +451,13 @@ class EncodedBatch:
             pos += body + 12
             yield body + 12
 
+    def slice(self, start: int, stop: int) -> EncodedBatch:
+        """Records ``[start, stop)`` (the batch itself when that is all of it)."""
+        if start == 0 and stop == self.count:
+            return self
+        head, _ = self.split(stop)
+        return head.split(start)[1]
+
     def split(self, count: int) -> tuple[EncodedBatch, EncodedBatch]:
         """The first ``count`` records and the rest."""
         size = sum(itertools.islice(self.frame_sizes(), count))

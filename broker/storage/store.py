@@ -39,7 +39,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -625,56 +625,70 @@ class Store:
         entries = bytearray(count * ENTRY_SIZE)
         first_offset = queue.index.end
         store_ms = self._last_store_ms = max(_now_ms(), self._last_store_ms)
-        room = self._log.room()
-        if prepared.total_bytes <= room:  # the common case: one piece
-            self._write_piece(
-                queue, prepared, start=0, stop=count, size=prepared.total_bytes,
-                first_offset=first_offset, store_ms=store_ms, entries=entries,
-            )  # fmt: skip
-            return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
-        if prepared.total_bytes <= self._log.capacity:
-            self._roll(queue.topic)  # keep the append in one chunk, so it stays atomic
-        start = 0
         fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
-        while start < count:
-            stop, size = self._fit(prepared, start, fixed)
-            if stop == start:
-                self._roll(queue.topic)
-                continue
+
+        def sizes(start: int) -> Iterator[int]:
+            all_sizes = frame_sizes(prepared.batch, prepared.tags, prepared.headers, fixed)
+            return itertools.islice(all_sizes, start, None)
+
+        def write(start: int, stop: int, size: int) -> None:
             self._write_piece(
                 queue, prepared, start=start, stop=stop, size=size,
                 first_offset=first_offset, store_ms=store_ms, entries=entries,
             )  # fmt: skip
-            start = stop
+
+        self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
         return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
 
     def _write_encoded(self, queue: _Queue, batch: EncodedBatch) -> None:
-        """Append records encoded ahead (a transaction's), one atomic piece per chunk."""
+        """Append records encoded ahead (a transaction's)."""
         first_offset = queue.index.end
         store_ms = self._last_store_ms = max(_now_ms(), self._last_store_ms)
-        if batch.total_bytes > self._log.room() and batch.total_bytes <= self._log.capacity:
-            self._roll(queue.topic)  # keep it in one chunk, so it stays atomic
-        rest = batch
-        for _ in range(rest.count + 1):  # every round writes >= 1 record or rolls once
-            if rest.count == 0:
-                return
-            piece = rest
-            if rest.total_bytes > self._log.room():
-                fits, room = 0, self._log.room()
-                for size in rest.frame_sizes():
-                    if size > room:
-                        break
-                    room -= size
-                    fits += 1
-                if fits == 0:
-                    self._roll(queue.topic)
-                    continue
-                piece, rest = rest.split(fits)
-            else:
-                rest = EncodedBatch(b"", 0)
-            self._write_rebased(queue, piece, first_offset, store_ms)
-            first_offset += piece.count
-        raise AssertionError("an encoded batch did not fit in empty chunks")
+
+        def sizes(start: int) -> Iterator[int]:
+            return itertools.islice(batch.frame_sizes(), start, None)
+
+        def write(start: int, stop: int, size: int) -> None:
+            piece = batch.slice(start, stop)
+            assert piece.total_bytes == size
+            self._write_rebased(queue, piece, first_offset + start, store_ms)
+
+        self._write_in_pieces(queue.topic, batch.total_bytes, batch.count, sizes, write)
+
+    def _write_in_pieces(
+        self,
+        topic: str,
+        total: int,
+        count: int,
+        sizes: Callable[[int], Iterator[int]],
+        write: Callable[[int, int, int], None],
+    ) -> None:
+        """How every append is laid out: in one piece when it fits the active
+        chunk, else in one piece at the start of a new chunk, else (larger than
+        a chunk) split at record boundaries, one atomic piece per chunk.
+        ``write(start, stop, bytes)`` writes records ``[start, stop)``;
+        ``sizes(start)`` gives frame sizes from ``start`` (a Python loop, only
+        for appends larger than a chunk)."""
+        if total > self._log.room() and total <= self._log.capacity:
+            self._roll(topic)  # keep the append in one chunk, so it stays atomic
+        if total <= self._log.room():  # the common case
+            write(0, count, total)
+            return
+        start = 0
+        while start < count:
+            room = self._log.room()
+            stop, used = start, 0
+            for size in sizes(start):
+                if used + size > room:
+                    break
+                used += size
+                stop += 1
+            if stop == start:
+                assert room < self._log.capacity, "a record larger than a chunk"
+                self._roll(topic)
+                continue
+            write(start, stop, used)
+            start = stop
 
     def _write_rebased(
         self, queue: _Queue, batch: EncodedBatch, first_offset: int, store_ms: int
@@ -698,24 +712,6 @@ class Store:
         except OSError as exc:
             self._undo_write(position, exc)
             raise io_error(queue.topic, exc) from exc
-
-    def _fit(self, prepared: PreparedBatch, start: int, fixed: int) -> tuple[int, int]:
-        """How many messages from ``start`` fit in the active chunk, and their bytes."""
-        room = self._log.room()
-        if start == 0 and prepared.total_bytes <= room:
-            return len(prepared.batch), prepared.total_bytes
-        # Only a batch larger than a chunk gets here: it is split, one atomic piece
-        # per chunk. Sizing it needs a Python loop, which is fine off the hot path.
-        sizes = frame_sizes(prepared.batch, prepared.tags, prepared.headers, fixed)
-        used = 0
-        stop = start
-        for size in itertools.islice(sizes, start, None):
-            if used + size > room:
-                break
-            used += size
-            stop += 1
-        assert stop > start or room < self._log.capacity, "a record larger than a chunk"
-        return stop, used
 
     def _write_piece(
         self, queue: _Queue, prepared: PreparedBatch, *, start: int, stop: int, size: int,
