@@ -317,6 +317,11 @@ static PyObject *rebase_records(PyObject *self, PyObject *args) {
         memset(e + 24, 0, 8);
         pos += frame;
     }
+    if (pos != src.len) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes after the %zd staged records", src.len - pos,
+                     count);
+        goto done;
+    }
     result = PyLong_FromSsize_t(pos);
 done:
     PyBuffer_Release(&out);

@@ -477,7 +477,8 @@ def rebase_records(
     """Copy ``batch``'s records into ``out`` with queue offsets from
     ``first_offset``, log positions from ``position``, ``store_ms``, BATCH_END
     on the last record only and fresh checksums; write their index entries to
-    ``index_out``; return the bytes written. C when built, else Python."""
+    ``index_out``; return the bytes written. ``ValueError`` if the frames do
+    not exactly fill ``batch.frames``. C when built, else Python."""
     if _rebase_c is not None:
         return _rebase_c(
             out, batch.frames, position, first_offset, store_ms, batch.count, index_out
@@ -506,6 +507,8 @@ def rebase_records(
         )  # fmt: skip
         pos += frame
     view.release()
+    if pos != len(src):
+        raise ValueError(f"{len(src) - pos} bytes after the {batch.count} staged records")
     return pos
 
 
