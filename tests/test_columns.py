@@ -261,6 +261,30 @@ def test_accepts_any_contiguous_buffer() -> None:
     assert decode_both(memoryview(padded)[4:-4]) == expected
 
 
+def test_pieces_decode_as_their_concatenation() -> None:
+    """A list of buffers (several replies' records) decodes like the joined
+    bytes, and errors name positions in the concatenation."""
+    rows: list[Row] = [(bytes([i]) * i, str(i).encode(), "t", [], i) for i in range(30)]
+    parts = [encode([("t", q, rows[q * 10 : (q + 1) * 10])]) for q in range(3)]
+    joined = b"".join(parts)
+    expected = decode_both(joined)
+    views = [memoryview(p) for p in parts]
+    assert decode_columns(views, "b1", True) == expected
+    assert decode_columns([], "b1", True) == decode_both(b"")
+    damaged = bytearray(parts[2])
+    damaged[len(damaged) // 2] ^= 0x10
+    pieces_error = error_of_pieces([parts[0], parts[1], bytes(damaged)])
+    assert str(pieces_error) == str(error_of(parts[0] + parts[1] + bytes(damaged)))
+    at = int(str(pieces_error).split("record at byte ")[1].split(":")[0])
+    assert len(parts[0]) + len(parts[1]) < at < len(joined)
+
+
+def error_of_pieces(pieces: list[bytes]) -> Exception:
+    with pytest.raises(DataLossError) as info:
+        decode_columns(pieces, "b1", True)
+    return info.value
+
+
 # -- errors --------------------------------------------------------------------
 
 

@@ -20,7 +20,14 @@ from broker.storage.chunk import (
     ChunkFooter,
     ChunkHeader,
 )
-from broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from broker.storage.queue_index import (
+    ENTRY,
+    ENTRY_SIZE,
+    RUNS_DONE,
+    RUNS_EMPTY,
+    RUNS_LIMIT,
+    index_runs_py,
+)
 from broker.storage.record import (
     FLAG_BATCH_END,
     FLAG_HAS_KEY,
@@ -255,3 +262,56 @@ class Row(tuple[object, ...]):
     """A tuple subclass for decode_frames to build (the client passes its Message)."""
 
     __slots__ = ()
+
+
+index_entries = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=3 * 4096),  # position + 1 (0: an empty entry)
+        st.integers(min_value=1, max_value=700),  # record size
+    ),
+    max_size=40,
+)
+
+
+@given(
+    index_entries,
+    st.integers(min_value=1, max_value=50),
+    st.integers(min_value=1, max_value=5000),
+    st.integers(min_value=0, max_value=3),
+    st.booleans(),
+)
+def test_c_index_runs_matches_python_reference(
+    rows: list[tuple[int, int]], max_messages: int, max_bytes: int, count: int, contiguous: bool
+) -> None:
+    """The pull planner: same runs, counts and stop reason in C and Python,
+    over scattered or back-to-back records crossing 4,096-byte chunks."""
+    if record.ENCODER != "c":
+        pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
+    from broker.storage._codec import index_runs
+
+    if contiguous:  # records back to back from the first position, like one append
+        start = rows[0][0] if rows else 1
+        packed = []
+        for _, size in rows:
+            packed.append((start, size))
+            start += size
+        rows = packed
+    entries = b"".join(ENTRY.pack(p, s, 0, 0) for p, s in rows)
+    args = (entries, 4096, max_messages, max_bytes, count, count * 10)
+    assert index_runs(*args) == index_runs_py(*args)
+
+
+def test_index_runs_splits_at_gaps_chunk_starts_and_limits() -> None:
+    sizes = [(1, 100), (101, 100), (301, 50), (4097, 10), (4107, 10)]  # position + 1
+    entries = b"".join(ENTRY.pack(p, s, 0, 0) for p, s in sizes)
+    runs, taken, count, total, stop = index_runs_py(entries, 4096, 100, 10**6, 0, 0)
+    # a gap after 200, and a new chunk at 4096 even though 4096 follows nothing
+    assert runs == [(0, 200, 0), (300, 350, 2), (4096, 4116, 3)]
+    assert (taken, count, total, stop) == (5, 5, 270, RUNS_DONE)
+    assert index_runs_py(entries, 4096, 2, 10**6, 0, 0)[1:] == (2, 2, 200, RUNS_LIMIT)
+    # the byte limit stops before the record that would pass it, but a read's
+    # first record is always taken
+    assert index_runs_py(entries, 4096, 100, 150, 0, 0)[1:] == (1, 1, 100, RUNS_LIMIT)
+    assert index_runs_py(entries, 4096, 100, 50, 0, 0)[1:] == (1, 1, 100, RUNS_LIMIT)
+    hole = entries[:ENTRY_SIZE] + bytes(ENTRY_SIZE) + entries[ENTRY_SIZE:]
+    assert index_runs_py(hole, 4096, 100, 10**6, 0, 0)[1:] == (1, 1, 100, RUNS_EMPTY)

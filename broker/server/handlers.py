@@ -1,6 +1,7 @@
 """Wrapping gRPC method handlers in interceptors: request decoding that cannot
 fail silently (``DecodeGuard``) and rebuilding a handler around new behaviour
-(``rebuild``, which the auth interceptor uses too).
+(``rebuild``, which the auth interceptor uses too). A rebuilt handler also lets
+replies the servicer encoded itself (``bytes``, see wire.py) past the serializer.
 
 grpc decodes a request before any handler runs; when that fails it answers
 UNKNOWN (unary calls) or the handler sees an exception of grpc's own. The
@@ -40,8 +41,20 @@ def rebuild(
     return make(
         streaming_response if handler.response_streaming else unary_response,
         request_deserializer=request_deserializer or handler.request_deserializer,
-        response_serializer=handler.response_serializer,
+        response_serializer=_pre_encoded_or(handler.response_serializer),
     )
+
+
+def _pre_encoded_or(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """``serializer``, except that ``bytes`` (a reply already in wire format) pass as they are."""
+    if serializer is None or getattr(serializer, "passes_bytes", False):
+        return serializer
+
+    def serialize(reply: Any) -> bytes:
+        return reply if type(reply) is bytes else serializer(reply)
+
+    serialize.passes_bytes = True  # type: ignore[attr-defined]
+    return serialize
 
 
 def wrap_requests(

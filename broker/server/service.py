@@ -28,7 +28,8 @@ from broker.server.errors import BadRequest, ShuttingDown, status_for
 from broker.server.groups import MAX_TOPICS_PER_CONSUMER, ConsumerRegistry
 from broker.server.longpoll import PullWaiters
 from broker.server.stats import Counters
-from broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult, Store
+from broker.server.wire import pull_reply_framer
+from broker.storage import MessageBatch, NotFound, ReadStatus, Store
 from broker.storage.errors import AlreadyExists, InvalidArgument
 from broker.storage.names import validate_group, validate_topic
 from broker.storage.record import decode_headers
@@ -140,6 +141,7 @@ def rpc_stream(method: StreamHandler) -> StreamHandler:
 class BrokerService(pb_grpc.BrokerServicer):
     def __init__(self, state: BrokerState) -> None:
         self.s = state
+        self.pull_framer = pull_reply_framer(state.broker_id, _PULL_STATUS)
 
     @rpc
     async def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceReply:
@@ -293,7 +295,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         return first if all(t == first for t in targets) else targets
 
     @rpc
-    async def Pull(self, request: pb.PullRequest, context: Any) -> pb.PullReply:
+    async def Pull(self, request: pb.PullRequest, context: Any) -> bytes:
+        """Replies with PullReply wire bytes built around the records (wire.py)."""
         config = self.s.config
         max_messages = request.max_messages or DEFAULT_PULL_MESSAGES
         max_bytes = request.max_bytes or DEFAULT_PULL_BYTES
@@ -305,7 +308,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         topic, queue_id = request.topic, request.queue_id
         read = functools.partial(
             self.s.store.read_records, topic, queue_id,
-            max_messages=max_messages, max_bytes=max_bytes, tags=tags,
+            max_messages=max_messages, max_bytes=max_bytes, tags=tags, frame=self.pull_framer,
         )  # fmt: skip
         result = self.s.inline(read, request.offset)
         if (
@@ -324,18 +327,19 @@ class BrokerService(pb_grpc.BrokerServicer):
                 result = self.s.inline(read, result.next_offset)
         if result.count:
             self.s.counters.add(topic, queue_id, consumed=result.count)
-        return _pull_reply(result, self.s.broker_id)
+        return result.records
 
     @rpc_stream
     async def PullStream(
         self, request: pb.PullStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.PullReply]:
+    ) -> AsyncIterator[bytes]:
+        """Streams PullReply wire bytes, like ``Pull``."""
         store = self.s.store
         batch = request.batch_messages or DEFAULT_PULL_MESSAGES
         read = functools.partial(
             store.read_records, request.topic, request.queue_id,
             max_bytes=request.batch_bytes or DEFAULT_PULL_BYTES,
-            tags=list(request.tags) or None,
+            tags=list(request.tags) or None, frame=self.pull_framer,
         )  # fmt: skip
         offset = request.offset
         stop = request.end_offset or store.visible_end(request.topic, request.queue_id)
@@ -347,7 +351,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
             if result.count:
                 self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
-            yield _pull_reply(result, self.s.broker_id)
+            yield result.records
             if result.status is not ReadStatus.OK or result.next_offset >= result.end:
                 return
             offset = result.next_offset
@@ -437,18 +441,6 @@ class BrokerService(pb_grpc.BrokerServicer):
             request.max_bytes,
         )
         return pb.OffsetForBytesReply(end_offset=end, bytes=size)
-
-
-def _pull_reply(result: RecordsResult, broker_id: str) -> pb.PullReply:
-    return pb.PullReply(
-        status=_PULL_STATUS[result.status],
-        records=result.records,
-        count=result.count,
-        next_offset=result.next_offset,
-        earliest_offset=result.earliest,
-        end_offset=result.end,
-        broker_id=broker_id,
-    )
 
 
 def decode_columns(columns: pb.MessageColumns) -> MessageBatch:

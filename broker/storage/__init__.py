@@ -19,6 +19,7 @@ from broker.storage.errors import (
 from broker.storage.record import MessageBatch, StoredMessage
 from broker.storage.store import (
     AppendResult,
+    Framer,
     QueueInfo,
     ReadResult,
     ReadStatus,
@@ -34,6 +35,7 @@ __all__ = [
     "CorruptionError",
     "DiskFullError",
     "FlushMode",
+    "Framer",
     "InvalidArgument",
     "InvalidName",
     "LimitExceeded",

@@ -614,42 +614,41 @@ static const char *scan_headers(const uint8_t *p, uint32_t len, col_sizes_t *sz)
  * headers layout and the timestamp range; sum the column sizes. Raises
  * ValueError (damaged data) or OverflowError (a value the columns cannot
  * hold), naming the record's byte position. */
-static int scan_columns(const uint8_t *base, Py_ssize_t end, col_sizes_t *sz) {
+static int scan_columns(const uint8_t *base, Py_ssize_t end, Py_ssize_t at, col_sizes_t *sz) {
     const uint8_t *good_topic = NULL; /* a pull shares one topic: check it once */
     uint16_t good_topic_len = 0;
     Py_ssize_t pos = 0;
-    memset(sz, 0, sizeof *sz);
     while (pos < end) {
         const uint8_t *r = base + pos;
         if (end - pos < HEADER_SIZE) {
             PyErr_Format(PyExc_ValueError,
-                         "record at byte %zd: frame header runs past the end of the data", pos);
+                         "record at byte %zd: frame header runs past the end of the data", at + pos);
             return -1;
         }
         uint32_t body = get32(r);
         if (body == 0) {
             PyErr_Format(PyExc_ValueError,
-                         "record at byte %zd: zero length (end of written data)", pos);
+                         "record at byte %zd: zero length (end of written data)", at + pos);
             return -1;
         }
         if (body < HEADER_SIZE - 4 || (long long)body + 12 > (long long)(end - pos)) {
-            PyErr_Format(PyExc_ValueError, "record at byte %zd: bad length %u", pos, body);
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: bad length %u", at + pos, body);
             return -1;
         }
         uint32_t crc = get32(r + 4 + body), suffix = get32(r + 8 + body);
         if (suffix != body) {
             PyErr_Format(PyExc_ValueError,
-                         "record at byte %zd: length suffix %u does not match prefix %u", pos,
+                         "record at byte %zd: length suffix %u does not match prefix %u", at + pos,
                          suffix, body);
             return -1;
         }
         if (crc != crc32c(r + 4, body)) {
-            PyErr_Format(PyExc_ValueError, "record at byte %zd: checksum mismatch", pos);
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: checksum mismatch", at + pos);
             return -1;
         }
         if (r[4] != RECORD_VERSION) {
             PyErr_Format(PyExc_ValueError, "record at byte %zd: unsupported record version %u",
-                         pos, (unsigned)r[4]);
+                         at + pos, (unsigned)r[4]);
             return -1;
         }
         uint16_t topic_len = get16(r + 40);
@@ -659,7 +658,7 @@ static int scan_columns(const uint8_t *base, Py_ssize_t end, col_sizes_t *sz) {
             body) {
             PyErr_Format(PyExc_ValueError,
                          "record at byte %zd: field lengths do not add up to the body length",
-                         pos);
+                         at + pos);
             return -1;
         }
         int64_t producer_ms = (int64_t)get64(r + 24);
@@ -667,7 +666,7 @@ static int scan_columns(const uint8_t *base, Py_ssize_t end, col_sizes_t *sz) {
             PyErr_Format(PyExc_OverflowError,
                          "record at byte %zd: producer timestamp %lld ms is out of range "
                          "for microseconds",
-                         pos, (long long)producer_ms);
+                         at + pos, (long long)producer_ms);
             return -1;
         }
         const uint8_t *p = r + HEADER_SIZE;
@@ -675,7 +674,7 @@ static int scan_columns(const uint8_t *base, Py_ssize_t end, col_sizes_t *sz) {
             memcmp(good_topic, p, topic_len) != 0) {
             if (!utf8_valid(p, topic_len)) {
                 PyErr_Format(PyExc_ValueError, "record at byte %zd: topic is not valid UTF-8",
-                             pos);
+                             at + pos);
                 return -1;
             }
             good_topic = p;
@@ -683,13 +682,13 @@ static int scan_columns(const uint8_t *base, Py_ssize_t end, col_sizes_t *sz) {
         }
         p += topic_len;
         if (!utf8_valid(p, tag_len)) {
-            PyErr_Format(PyExc_ValueError, "record at byte %zd: tag is not valid UTF-8", pos);
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: tag is not valid UTF-8", at + pos);
             return -1;
         }
         p += tag_len + key_len;
         const char *why = scan_headers(p, hdr_len, sz);
         if (why != NULL) {
-            PyErr_Format(PyExc_ValueError, "record at byte %zd: %s", pos, why);
+            PyErr_Format(PyExc_ValueError, "record at byte %zd: %s", at + pos, why);
             return -1;
         }
         sz->topics += topic_len;
@@ -722,24 +721,49 @@ enum {
 
 static const char hex_digits[] = "0123456789abcdef";
 
-/* decode_columns(records, broker_id, want_headers) -> tuple of C_FIELDS items:
+/* decode_columns(records, broker_id, want_headers) -> tuple of C_FIELDS items
+ * (records: a buffer, or a list of buffers read as their concatenation):
  * the columns of client/columns.py's RecordColumns (Arrow buffer layout, all
  * little-endian). Two passes: scan_columns validates and sizes, then every
  * buffer is allocated once at its final size and filled; no Python object is
  * created per record. */
 static PyObject *decode_columns(PyObject *self, PyObject *args) {
-    Py_buffer in;
-    PyObject *broker_obj;
+    PyObject *records_obj, *broker_obj;
     int want_headers;
-    if (!PyArg_ParseTuple(args, "y*Up", &in, &broker_obj, &want_headers)) return NULL;
+    if (!PyArg_ParseTuple(args, "OUp", &records_obj, &broker_obj, &want_headers)) return NULL;
     PyObject *items[C_FIELDS] = {NULL};
     PyObject *result = NULL;
-    const uint8_t *base = (const uint8_t *)in.buf;
+    /* records: one buffer, or a list of buffers decoded as if concatenated
+     * (a task's gathered replies, without joining them first). */
+    PyObject *seq = NULL;
+    Py_buffer *pieces = NULL;
+    Py_ssize_t n_pieces = 0, held = 0;
+    if (PyList_Check(records_obj)) {
+        seq = records_obj;
+        Py_INCREF(seq);
+        n_pieces = PyList_GET_SIZE(seq);
+    } else {
+        n_pieces = 1;
+    }
+    pieces = PyMem_Calloc((size_t)(n_pieces > 0 ? n_pieces : 1), sizeof(Py_buffer));
+    if (pieces == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < n_pieces; held++) {
+        PyObject *item = seq != NULL ? PyList_GET_ITEM(seq, held) : records_obj;
+        if (PyObject_GetBuffer(item, &pieces[held], PyBUF_SIMPLE) < 0) goto done;
+    }
     Py_ssize_t broker_len;
     const char *broker = PyUnicode_AsUTF8AndSize(broker_obj, &broker_len);
     if (broker == NULL) goto done;
     col_sizes_t sz;
-    if (scan_columns(base, in.len, &sz) < 0) goto done;
+    memset(&sz, 0, sizeof sz);
+    Py_ssize_t at = 0;
+    for (Py_ssize_t k = 0; k < n_pieces; k++) {
+        if (scan_columns((const uint8_t *)pieces[k].buf, pieces[k].len, at, &sz) < 0) goto done;
+        at += pieces[k].len;
+    }
     Py_ssize_t n = sz.n;
     long long id_len = (long long)broker_len + 1 + 16;
     if (check_blob("topics", sz.topics) < 0 || check_blob("keys", sz.keys) < 0 ||
@@ -827,8 +851,10 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
         out32(hk_off, 0);
         out32(hv_off, 0);
     }
-    Py_ssize_t pos = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t i = 0;
+    for (Py_ssize_t k = 0; k < n_pieces; k++) {
+      const uint8_t *base = (const uint8_t *)pieces[k].buf;
+      for (Py_ssize_t pos = 0; pos < pieces[k].len; i++) { /* sizes validated by the scan */
         const uint8_t *r = base + pos;
         uint32_t body = get32(r);
         uint16_t topic_len = get16(r + 40);
@@ -898,6 +924,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
         out32(id_off + 4 * (i + 1), id_at);
 
         pos += (Py_ssize_t)body + 12;
+      }
     }
 
     result = PyTuple_New(C_FIELDS);
@@ -908,7 +935,9 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
     }
 done:
     for (int f = 0; f < C_FIELDS; f++) Py_XDECREF(items[f]);
-    PyBuffer_Release(&in);
+    for (Py_ssize_t k = 0; k < held; k++) PyBuffer_Release(&pieces[k]);
+    PyMem_Free(pieces);
+    Py_XDECREF(seq);
     return result;
 }
 
@@ -918,6 +947,80 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     uint32_t c = crc32c((const uint8_t *)data.buf, (size_t)data.len);
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLong(c);
+}
+
+
+static int append_run(PyObject *runs, long long start, long long end, Py_ssize_t first) {
+    PyObject *run = Py_BuildValue("(LLn)", start, end, first);
+    if (run == NULL) return -1;
+    int rc = PyList_Append(runs, run);
+    Py_DECREF(run);
+    return rc;
+}
+
+/* index_runs(entries, capacity, max_messages, max_bytes, count, total)
+ *     -> (runs, taken, count, total, stop)
+ *
+ * The planning half of an unfiltered pull, over raw queue-index entries (the
+ * 32-byte format of queue_index.py: u64 position + 1, u32 record size, ...).
+ * Entries are taken in order until `count` reaches max_messages or the next
+ * record would push `total` past max_bytes (the first record of a read is
+ * always taken). Records that lie back to back in one log chunk form a run:
+ * runs is a list of (start, end, first entry), and a pull copies each run
+ * with one slice. stop is 0 when every entry was taken, 1 at a limit and 2 at
+ * an empty entry (position 0: a hole the caller reports as corruption).
+ * Mirrors queue_index.index_runs, the Python reference. */
+static PyObject *index_runs(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    long long capacity, max_messages, max_bytes, count, total;
+    if (!PyArg_ParseTuple(args, "y*LLLLL", &in, &capacity, &max_messages, &max_bytes, &count,
+                          &total))
+        return NULL;
+    if (capacity <= 0) {
+        PyBuffer_Release(&in);
+        PyErr_Format(PyExc_ValueError, "capacity must be positive, not %lld", capacity);
+        return NULL;
+    }
+    const uint8_t *base = (const uint8_t *)in.buf;
+    Py_ssize_t n = in.len / 32, i = 0;
+    long long run_start = -1, run_end = -1;
+    Py_ssize_t run_first = 0;
+    int stop = 0;
+    PyObject *runs = PyList_New(0);
+    if (runs == NULL) goto fail;
+    for (; i < n; i++) {
+        if (count >= max_messages) {
+            stop = 1;
+            break;
+        }
+        uint64_t position_plus_one = get64(base + i * 32);
+        long long size = (long long)get32(base + i * 32 + 8);
+        if (position_plus_one == 0) {
+            stop = 2;
+            break;
+        }
+        if (count > 0 && total + size > max_bytes) {
+            stop = 1;
+            break;
+        }
+        long long position = (long long)(position_plus_one - 1);
+        if (position != run_end || position % capacity == 0) {
+            if (run_end > run_start && append_run(runs, run_start, run_end, run_first) < 0)
+                goto fail;
+            run_start = run_end = position;
+            run_first = i;
+        }
+        run_end += size;
+        count++;
+        total += size;
+    }
+    if (run_end > run_start && append_run(runs, run_start, run_end, run_first) < 0) goto fail;
+    PyBuffer_Release(&in);
+    return Py_BuildValue("(NnLLi)", runs, i, count, total, stop);
+fail:
+    Py_XDECREF(runs);
+    PyBuffer_Release(&in);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -935,6 +1038,9 @@ static PyMethodDef methods[] = {
     {"decode_columns", decode_columns, METH_VARARGS,
      "decode_columns(records, broker_id, want_headers) -> tuple of RecordColumns fields "
      "(Arrow buffers, little-endian), every checksum verified"},
+    {"index_runs", index_runs, METH_VARARGS,
+     "index_runs(entries, capacity, max_messages, max_bytes, count, total) -> (runs, taken, "
+     "count, total, stop)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data) -> int (CRC-32C, Castagnoli)"},
     {NULL, NULL, 0, NULL},
 };

@@ -33,6 +33,14 @@ def rebase_records(
     index_out: WriteableBuffer,
 ) -> int: ...
 def crc32c(data: ReadableBuffer) -> int: ...
+def index_runs(
+    entries: ReadableBuffer,
+    capacity: int,
+    max_messages: int,
+    max_bytes: int,
+    count: int,
+    total: int,
+) -> tuple[list[tuple[int, int, int]], int, int, int, int]: ...
 def measure_batch(
     values: Sequence[bytes],
     keys: Sequence[bytes | None] | None,
@@ -42,7 +50,7 @@ def measure_batch(
 ) -> tuple[int, int, int, int]: ...
 def decode_frames(records: ReadableBuffer, cls: type[_T], broker_id: str) -> list[_T]: ...
 def decode_columns(
-    records: ReadableBuffer, broker_id: str, want_headers: bool
+    records: ReadableBuffer | list[ReadableBuffer], broker_id: str, want_headers: bool
 ) -> tuple[
     int,  # count
     bytes,  # topic_offsets

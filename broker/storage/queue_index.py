@@ -30,6 +30,7 @@ import shutil
 import struct
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from broker.storage.chunk import (
     CHUNK_TYPE_INDEX,
@@ -42,6 +43,9 @@ from broker.storage.chunk import (
 )
 from broker.storage.errors import CorruptionError
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
 ENTRY = struct.Struct("<QIIq8x")
 ENTRY_SIZE = ENTRY.size
 _POSITION = struct.Struct("<Q")
@@ -52,6 +56,65 @@ INDEX_SUFFIX = ".idx"
 
 IndexEntry = tuple[int, int, int, int]
 """(position_plus_one, record_size, tag_hash, store_timestamp_ms) as stored."""
+
+Run = tuple[int, int, int]
+"""(start, end, first entry): log bytes of records lying back to back in one chunk."""
+
+RUNS_DONE, RUNS_LIMIT, RUNS_EMPTY = 0, 1, 2
+"""Why ``index_runs`` stopped: every entry taken, a limit reached, an empty entry."""
+
+
+def index_runs_py(  # noqa: PLR0917 (positional, like the C function it mirrors)
+    entries: ReadableBuffer,
+    capacity: int,
+    max_messages: int,
+    max_bytes: int,
+    count: int,
+    total: int,
+) -> tuple[list[Run], int, int, int, int]:
+    """Plan an unfiltered pull over raw entries: (runs, taken, count, total, stop).
+
+    Entries are taken in order until ``count`` reaches ``max_messages`` or the
+    next record would push ``total`` past ``max_bytes`` (a read's first record
+    is always taken). Records back to back in one log chunk (of ``capacity``
+    bytes) form one run, copied with one slice. The reference for
+    ``_codec.index_runs``, which the store uses when built.
+    """
+    runs: list[Run] = []
+    run_start = run_end = -1
+    run_first = taken = 0
+    stop = RUNS_DONE
+    for taken, (position_plus_one, size, _tag, _ts) in enumerate(ENTRY.iter_unpack(entries)):
+        if count >= max_messages or (position_plus_one and count and total + size > max_bytes):
+            stop = RUNS_LIMIT
+            break
+        if position_plus_one == 0:
+            stop = RUNS_EMPTY
+            break
+        position = position_plus_one - 1
+        if position != run_end or position % capacity == 0:
+            if run_end > run_start:
+                runs.append((run_start, run_end, run_first))
+            run_start = run_end = position
+            run_first = taken
+        run_end += size
+        count += 1
+        total += size
+    else:
+        taken = memoryview(entries).nbytes // ENTRY_SIZE
+    if run_end > run_start:
+        runs.append((run_start, run_end, run_first))
+    return runs, taken, count, total, stop
+
+
+try:
+    from broker.storage import _codec
+
+    index_runs = _codec.index_runs
+except ImportError:  # built without a C compiler
+    index_runs = index_runs_py
+if os.environ.get("EQUEUE_PURE_PYTHON"):  # run the reference (tests of the fallback)
+    index_runs = index_runs_py
 
 
 class QueueIndex:
@@ -156,7 +219,7 @@ class QueueIndex:
 
     # -- reads -------------------------------------------------------------------
 
-    def _read_raw(self, offset: int, count: int) -> bytes:
+    def read_raw(self, offset: int, count: int) -> bytes:
         """Whole entries for ``[offset, offset + count)``, clipped to the chunk
         holding ``offset`` (and to what the file holds)."""
         number, byte_pos = self._locate(offset)
@@ -166,12 +229,12 @@ class QueueIndex:
 
     def read(self, offset: int, count: int) -> list[IndexEntry]:
         """Entries for ``[offset, offset + count)``, clipped to the chunk holding ``offset``."""
-        return list(ENTRY.iter_unpack(self._read_raw(offset, count)))
+        return list(ENTRY.iter_unpack(self.read_raw(offset, count)))
 
     def record_sizes(self, offset: int, count: int) -> list[int]:
         """Record sizes for ``[offset, offset + count)``, clipped like ``read``:
         a strided slice of the raw entries, no per-entry unpack."""
-        words = memoryview(self._read_raw(offset, count)).cast("I")
+        words = memoryview(self.read_raw(offset, count)).cast("I")
         return words[_SIZE_WORD :: ENTRY_SIZE // 4].tolist()
 
     def entry(self, offset: int) -> IndexEntry:

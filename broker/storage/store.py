@@ -29,6 +29,7 @@ Thread safety: every public method may be called from any thread.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import enum
 import fcntl
 import functools
@@ -62,7 +63,14 @@ from broker.storage.flush import GroupCommit, SyncCommitter
 from broker.storage.message_log import MessageLog
 from broker.storage.names import validate_group, validate_topic
 from broker.storage.offsets import GroupOffsets, OffsetStore
-from broker.storage.queue_index import ENTRY, ENTRY_SIZE, QueueIndex
+from broker.storage.queue_index import (
+    ENTRY,
+    ENTRY_SIZE,
+    RUNS_EMPTY,
+    RUNS_LIMIT,
+    QueueIndex,
+    index_runs,
+)
 from broker.storage.record import (
     FRAME_OVERHEAD,
     EncodedBatch,
@@ -115,6 +123,16 @@ class RecordsResult:
     next_offset: int
     earliest: int
     end: int
+    nbytes: int = 0
+    """Bytes of the records alone (``records`` may also hold a frame's prefix and suffix)."""
+
+
+Piece = bytes | bytearray | memoryview
+"""Part of a read's records: a view of a log map, or a copy of one."""
+
+Framer = Callable[[RecordsResult], tuple[bytes, bytes]]
+"""(prefix, suffix) to join around a read's records in the same copy (see
+``Store.read_records``); called with the read's result, ``records`` still empty."""
 
 
 @dataclass(frozen=True)
@@ -829,24 +847,40 @@ class Store:
         max_messages: int = 1000,
         max_bytes: int = 1 << 20,
         tags: Iterable[str] | None = None,
+        frame: Framer | None = None,
     ) -> RecordsResult:
         """Like ``read``, but return the records as stored (the record format of
         ``record.py``, concatenated) instead of decoding them.
 
         Records appended together lie next to each other in the log, so this
         copies whole runs: no Python object per message. It serves pulls.
+
+        With ``frame``, ``records`` is ``prefix + records + suffix`` for the
+        (prefix, suffix) that ``frame`` returns for the read: one copy from the
+        log builds a caller's whole reply (the broker's pre-encoded PullReply).
         """
         self._check_read_limits(offset, max_messages, max_bytes)
         wanted = self._tag_filter(tags)
         with self._lock:
             queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
             if status is not ReadStatus.OK:
-                return RecordsResult(status, b"", 0, corrected, earliest, end)
-            records, count, next_offset = self._collect_raw(
-                queue, offset=offset, end=end, max_messages=max_messages,
-                max_bytes=max_bytes, wanted=wanted,
-            )  # fmt: skip
-            return RecordsResult(ReadStatus.OK, records, count, next_offset, earliest, end)
+                pieces: list[Piece] = []
+                count, nbytes, next_offset = 0, 0, corrected
+            elif wanted is None:
+                pieces, count, nbytes, next_offset = self._collect_runs(
+                    queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
+                )
+            else:
+                pieces, count, nbytes, next_offset = self._collect_filtered(
+                    queue, offset=offset, end=end, max_messages=max_messages,
+                    max_bytes=max_bytes, wanted=wanted,
+                )  # fmt: skip
+            result = RecordsResult(status, b"", count, next_offset, earliest, end, nbytes)
+            if frame is not None:
+                prefix, suffix = frame(result)
+                pieces = [prefix, *pieces, suffix]
+            # One copy out of the maps, made while the lock keeps them mapped.
+            return dataclasses.replace(result, records=b"".join(pieces))
 
     def _locate(
         self, topic: str, queue_id: int, offset: int
@@ -875,25 +909,59 @@ class Store:
             by_hash.setdefault(crc32c(tag), set()).add(tag)
         return {h: frozenset(v) for h, v in by_hash.items()}
 
-    def _collect_raw(
+    def _collect_runs(
+        self, queue: _Queue, *, offset: int, end: int, max_messages: int, max_bytes: int
+    ) -> tuple[list[Piece], int, int, int]:
+        """(pieces, count, bytes, next offset) of an unfiltered read: the index
+        is planned into runs of adjacent records (``index_runs``, in C), and
+        each run becomes one view of the log; no per-record Python work."""
+        pieces: list[Piece] = []
+        count = total = 0
+        cursor = offset
+        scan_end = min(end, offset + max_messages)
+        capacity = self._log.capacity
+        mapped_chunk = -1
+        while cursor < scan_end and count < max_messages:
+            entries = queue.index.read_raw(cursor, scan_end - cursor)
+            runs, taken, count, total, stop = index_runs(
+                entries, capacity, max_messages, max_bytes, count, total
+            )
+            for start, stop_at, first in runs:
+                if start // capacity != mapped_chunk and pieces:
+                    # Touching another chunk may unmap an older one, which
+                    # must not have views alive: copy what we hold first.
+                    pieces = [bytes(p) for p in pieces]
+                mapped_chunk = start // capacity
+                self._log.check_record(start, queue.topic_bytes, queue.queue_id, cursor + first)
+                pieces.append(self._log.copy(start, stop_at))
+            cursor += taken
+            if stop == RUNS_EMPTY:
+                raise CorruptionError(
+                    f"index entry for offset {cursor} of {queue.topic}/{queue.queue_id} is empty"
+                )
+            if stop == RUNS_LIMIT or not entries:
+                break
+        return pieces, count, total, cursor
+
+    def _collect_filtered(
         self, queue: _Queue, *, offset: int, end: int, max_messages: int, max_bytes: int,
-        wanted: dict[int, frozenset[bytes]] | None,
-    ) -> tuple[bytes, int, int]:  # fmt: skip
+        wanted: dict[int, frozenset[bytes]],
+    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+        """``_collect_runs`` for a tag-filtered read: entry by entry, as skipped
+        records break runs (scans at most ``max_filter_scan`` entries)."""
         out = bytearray()
         count = total = 0
         run_start = run_end = -1
-        limit = self.config.max_filter_scan if wanted is not None else max_messages
-        scan_end = min(end, offset + limit)
+        scan_end = min(end, offset + self.config.max_filter_scan)
         cursor = offset
         capacity = self._log.capacity
         while cursor < scan_end and count < max_messages:
-            for position_plus_one, size, tag_hash, _ts in queue.index.read(
-                cursor, scan_end - cursor
-            ):
+            entries = queue.index.read(cursor, scan_end - cursor)
+            if not entries:
+                break
+            for position_plus_one, size, tag_hash, _ts in entries:
                 position = position_plus_one - 1
-                if wanted is not None and (
-                    tag_hash not in wanted or self._log.tag_at(position) not in wanted[tag_hash]
-                ):
+                if tag_hash not in wanted or self._log.tag_at(position) not in wanted[tag_hash]:
                     cursor += 1
                     continue
                 if count and total + size > max_bytes:
@@ -913,7 +981,7 @@ class Store:
                     break
         if run_end > run_start:
             out += self._log.copy(run_start, run_end)
-        return bytes(out), count, cursor
+        return [out], count, total, cursor
 
     def _collect(
         self, queue: _Queue, *, offset: int, end: int, max_messages: int, max_bytes: int,

@@ -34,8 +34,8 @@ import os
 import struct
 import sys
 from array import array
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, cast
 
 from broker.storage.record import (
     FIXED_BODY_SIZE,
@@ -81,7 +81,7 @@ class RecordColumns(NamedTuple):
     header_values: bytes
 
 
-_decode_c: Callable[[Buffer, str, bool], tuple[Any, ...]] | None
+_decode_c: Callable[..., tuple[Any, ...]] | None
 try:
     from broker.storage._codec import decode_columns as _decode_c
 except ImportError:  # built without a C compiler
@@ -95,8 +95,13 @@ MAX_BLOB_BYTES = 2**31 - 1
 """Largest column blob: Arrow ``string``/``binary`` offsets are int32."""
 
 
-def decode_columns(records: Buffer, broker_id: str, want_headers: bool) -> RecordColumns:
+def decode_columns(
+    records: Buffer | Sequence[Buffer], broker_id: str, want_headers: bool
+) -> RecordColumns:
     """The records of a pull reply as column buffers, checksums verified.
+
+    ``records`` may be a list of buffers (several replies' records), decoded
+    as their concatenation without joining them first.
 
     Raises ``DataLossError`` for a damaged record (the message names its byte
     position), and ``LimitError`` when a column would exceed 32-bit offsets or
@@ -104,8 +109,10 @@ def decode_columns(records: Buffer, broker_id: str, want_headers: bool) -> Recor
     clamped). Either way no buffer is allocated before the whole reply is
     validated.
     """
+    if isinstance(records, (list, tuple)):
+        records = list(records) if _decode_c is not None else b"".join(records)
     if _decode_c is None:
-        return decode_columns_py(records, broker_id, want_headers)
+        return decode_columns_py(cast("Buffer", records), broker_id, want_headers)
     try:
         return RecordColumns._make(_decode_c(records, broker_id, want_headers))
     except OverflowError as exc:

@@ -12,8 +12,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.errors import EqueueError, from_rpc_error
+from equeue_spark.client.wire import PullReply, parse_pull_reply
 
 T = TypeVar("T")
 
@@ -106,6 +108,20 @@ class Connection:
         )
         self.broker = pb_grpc.BrokerStub(calls)
         self.admin = pb_grpc.AdminStub(calls)
+        # Pulls decode their replies with wire.py: the records stay in the
+        # received message instead of being copied out by protobuf.
+        self.pull: grpc.UnaryUnaryMultiCallable[pb.PullRequest, PullReply] = calls.unary_unary(
+            "/equeue.v1.Broker/Pull",
+            request_serializer=pb.PullRequest.SerializeToString,
+            response_deserializer=parse_pull_reply,
+        )
+        self.pull_stream: grpc.UnaryStreamMultiCallable[pb.PullStreamRequest, PullReply] = (
+            calls.unary_stream(
+                "/equeue.v1.Broker/PullStream",
+                request_serializer=pb.PullStreamRequest.SerializeToString,
+                response_deserializer=parse_pull_reply,
+            )
+        )
 
     def call(
         self,

@@ -39,6 +39,7 @@ from equeue_spark.client.admin import commit_offsets
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import EqueueError, InvalidRequest, from_rpc_error
 from equeue_spark.client.records import Message, decode_records
+from equeue_spark.client.wire import PullReply
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class Consumer:
             self._closed.wait(max(0.0, timeout_s - (time.monotonic() - started)))
         return messages
 
-    def _pull_async(self, key: QueueKey, offset: int, wait_ms: int) -> grpc.Future[pb.PullReply]:
+    def _pull_async(self, key: QueueKey, offset: int, wait_ms: int) -> grpc.Future[PullReply]:
         request = pb.PullRequest(
             topic=key[0],
             queue_id=key[1],
@@ -245,10 +246,10 @@ class Consumer:
             max_wait_ms=wait_ms,
         )
         timeout = self._conn.config.timeout_s + wait_ms / 1000
-        return self._conn.broker.Pull.future(request, timeout=timeout)
+        return self._conn.pull.future(request, timeout=timeout)
 
     def _take(
-        self, key: QueueKey, call: grpc.Future[pb.PullReply], position: int
+        self, key: QueueKey, call: grpc.Future[PullReply], position: int
     ) -> list[Message] | None:
         """The messages of one finished pull (advancing the queue's position), or
         None if it failed in a way worth retrying (the next poll asks again)."""

@@ -14,6 +14,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import from_rpc_error
 from equeue_spark.client.records import Message, decode_records
+from equeue_spark.client.wire import PullReply
 
 
 def stream_replies(
@@ -26,9 +27,10 @@ def stream_replies(
     batch_messages: int = 1000,
     batch_bytes: int = 1 << 20,
     tags: Sequence[str] = (),
-) -> Iterator[pb.PullReply]:
+) -> Iterator[PullReply]:
     """The raw replies of a PullStream over ``[start, end)`` (``end`` 0: the
-    queue's end when the call starts). The deadline covers the whole stream."""
+    queue's end when the call starts). The deadline covers the whole stream.
+    Each reply's ``records`` is a view of the received message (wire.py)."""
     request = pb.PullStreamRequest(
         topic=topic,
         queue_id=queue_id,
@@ -39,7 +41,7 @@ def stream_replies(
         tags=tags,
     )
     try:
-        yield from conn.broker.PullStream(request, timeout=conn.config.timeout_s)
+        yield from conn.pull_stream(request, timeout=conn.config.timeout_s)
     except grpc.RpcError as exc:
         raise from_rpc_error(exc) from exc
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from broker.storage.record import check_frame, decode_record
+from broker.storage.record import Buffer, check_frame, decode_record
 from equeue_proto.protocol import format_message_id
 from equeue_spark.client.errors import DataLossError
 
@@ -39,14 +39,14 @@ class Message(NamedTuple):
         return format_message_id(self.broker_id, self.position)
 
 
-_decode_c: Callable[[bytes, type[Message], str], list[Message]] | None
+_decode_c: Callable[[Buffer, type[Message], str], list[Message]] | None
 try:
     from broker.storage._codec import decode_frames as _decode_c
 except ImportError:  # built without a C compiler
     _decode_c = None
 
 
-def decode_records(records: bytes, broker_id: str) -> list[Message]:
+def decode_records(records: Buffer, broker_id: str) -> list[Message]:
     """Every record of a pull reply, checksums verified (``DataLossError`` if not)."""
     if _decode_c is None:
         return _decode_py(records, broker_id)
@@ -56,7 +56,7 @@ def decode_records(records: bytes, broker_id: str) -> list[Message]:
         raise DataLossError(f"received a damaged record: {exc}") from None
 
 
-def _decode_py(records: bytes, broker_id: str) -> list[Message]:
+def _decode_py(records: Buffer, broker_id: str) -> list[Message]:
     out = []
     pos = 0
     end = len(records)

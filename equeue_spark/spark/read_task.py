@@ -19,6 +19,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.reader import stream_replies
+from equeue_spark.client.wire import PullReply
 from equeue_spark.spark.arrow import to_record_batch
 from equeue_spark.spark.errors import OffsetsLostError
 from equeue_spark.spark.options import Security
@@ -53,7 +54,7 @@ def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The records of ``part`` as Arrow batches of ``schema``, in offset order."""
     want_headers = schema.get_field_index("headers") >= 0
     config = part.security.client(part.broker, part.timeout_ms)
-    pending: list[bytes] = []
+    pending: list[memoryview] = []
     rows = size = 0
     broker_id = ""
     with Connection(config) as conn:
@@ -72,13 +73,13 @@ def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
 
 
 def _batch(
-    pending: list[bytes], broker_id: str, headers: bool, schema: pa.Schema
+    pending: list[memoryview], broker_id: str, headers: bool, schema: pa.Schema
 ) -> pa.RecordBatch:
-    records = pending[0] if len(pending) == 1 else b"".join(pending)
-    return to_record_batch(decode_columns(records, broker_id, headers), schema)
+    """One Arrow batch from several replies' records, decoded in place (no join)."""
+    return to_record_batch(decode_columns(pending, broker_id, headers), schema)
 
 
-def _replies(conn: Connection, part: QueueRange) -> Iterator[pb.PullReply]:
+def _replies(conn: Connection, part: QueueRange) -> Iterator[PullReply]:
     """PullStream replies covering ``[start, end)``, re-streaming if a stream
     ends early, and applying the data-loss policy when the start is gone."""
     offset = part.start
