@@ -375,7 +375,7 @@ def equeue_pull(
                 max_messages=BATCH,
                 max_bytes=PULL_MAX_BYTES,
             )
-            reply = conn.broker.Pull(request, timeout=RPC_TIMEOUT_S)
+            reply = conn.pull(request, timeout=RPC_TIMEOUT_S)
             if reply.count == 0:
                 break
             if decode:

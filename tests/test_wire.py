@@ -3,13 +3,17 @@ client (equeue_spark/client/wire.py) without protobuf, each held to protobuf."""
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.server.service import _PULL_STATUS
-from broker.server.wire import pull_reply_framer, varint
-from broker.storage import ReadStatus, RecordsResult
+from broker.server.wire import _split_py, _varints_py, produce_reply, pull_reply_framer, varint
+from broker.storage import ReadStatus, RecordsResult, record
+from broker.storage.queue_index import ENTRY
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import DataLossError
 from equeue_spark.client.wire import PullReply, parse_pull_reply
@@ -96,3 +100,61 @@ def test_client_decoder_skips_unknown_fields_and_refuses_truncation() -> None:
             parse_pull_reply(data[:cut] if cut != 1 else data[:-4])
     with pytest.raises(DataLossError, match="wire type 3"):
         parse_pull_reply(varint(5 << 3 | 3))
+
+
+@given(
+    st.integers(min_value=0, max_value=2**32 - 1),
+    st.integers(min_value=0, max_value=2**62),
+    st.lists(st.integers(min_value=0, max_value=2**62), max_size=50),
+    st.text(max_size=10),
+)
+def test_produce_reply_is_byte_identical_to_protobuf(
+    queue_id: int, first_offset: int, positions: list[int], broker_id: str
+) -> None:
+    entries = b"".join(ENTRY.pack(p + 1, 100, 0, 0) for p in positions)
+    count = len(positions)
+    expected = pb.ProduceReply(
+        broker_id=broker_id,
+        queue_ids=[queue_id] * count,
+        offsets=range(first_offset, first_offset + count),
+        positions=positions,
+    )
+    assert produce_reply(broker_id, queue_id, first_offset, entries) == (
+        expected.SerializeToString()
+    )
+
+
+@given(
+    st.lists(st.integers(min_value=-(2**62), max_value=2**62), min_size=1, max_size=20),
+    st.integers(min_value=0, max_value=3),
+    st.integers(min_value=-(2**40), max_value=2**40),
+    st.integers(min_value=-3, max_value=3),
+)
+def test_c_varints_match_python_reference(
+    values: list[int], stride: int, add: int, step: int
+) -> None:
+    if record.ENCODER != "c":
+        pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
+    from broker.storage._codec import varints
+
+    data = array("q", values).tobytes()
+    count = len(values) if stride == 1 else (len(values) - 1) // max(stride, 1) + 1
+    assert varints(data, count, stride, add, step) == _varints_py(data, count, stride, add, step)
+    with pytest.raises(ValueError, match="do not fit"):
+        varints(data, len(values) + 1, 1, 0, 0)
+
+
+def test_split_blob_errors_name_the_numbers() -> None:
+    splitters = [_split_py] + ([_codec_split()] if record.ENCODER == "c" else [])
+    for split in splitters:
+        assert [bytes(p) for p in split(b"abcdef", [1, 0, 5])] == [b"a", b"", b"bcdef"]
+        with pytest.raises(ValueError, match="length 1 is -2"):
+            split(b"abc", [5, -2])
+        with pytest.raises(ValueError, match="lengths sum to 4 but the blob has 3 bytes"):
+            split(b"abc", [1, 3])
+
+
+def _codec_split() -> Callable[[bytes, list[int]], list[bytes]]:
+    from broker.storage._codec import split_blob
+
+    return split_blob

@@ -12,7 +12,6 @@ import functools
 import itertools
 import logging
 import os
-import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,11 +27,10 @@ from broker.server.errors import BadRequest, ShuttingDown, status_for
 from broker.server.groups import MAX_TOPICS_PER_CONSUMER, ConsumerRegistry
 from broker.server.longpoll import PullWaiters
 from broker.server.stats import Counters
-from broker.server.wire import pull_reply_framer
+from broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from broker.storage import MessageBatch, NotFound, ReadStatus, Store
 from broker.storage.errors import AlreadyExists, InvalidArgument
 from broker.storage.names import validate_group, validate_topic
-from broker.storage.record import decode_headers
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -144,7 +142,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.pull_framer = pull_reply_framer(state.broker_id, _PULL_STATUS)
 
     @rpc
-    async def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceReply:
+    async def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceReply | bytes:
         if self.s.config.flush == "sync":  # waits for its fsync: off the event loop
             return await self.s.call(self._produce, request)
         return self.s.inline(self._produce, request)
@@ -154,7 +152,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self,
         requests: AsyncIterator[pb.ProduceRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[pb.ProduceReply]:
+    ) -> AsyncIterator[pb.ProduceReply | bytes]:
         count = 0
         async for request in requests:
             count += 1
@@ -165,7 +163,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             else:
                 yield self.s.inline(self._produce, request)
 
-    def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply:
+    def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
+        """The reply, pre-encoded (wire.py) when the batch went to one queue."""
         store = self.s.store
         batch = decode_columns(request.messages)
         count = len(batch)
@@ -180,10 +179,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         if isinstance(targets, int):  # the common case: the whole batch went to one queue
             result = store.append(request.topic, targets, batch)
             self.s.counters.add(request.topic, targets, produced=result.count)
-            reply.queue_ids.extend([targets] * count)
-            reply.offsets.extend(range(result.first_offset, result.first_offset + count))
-            reply.positions.extend(result.positions())
-            return reply
+            return produce_reply(self.s.broker_id, targets, result.first_offset, result.entries)
         queue_ids = [0] * count
         offsets = [0] * count
         positions = [0] * count
@@ -441,57 +437,6 @@ class BrokerService(pb_grpc.BrokerServicer):
             request.max_bytes,
         )
         return pb.OffsetForBytesReply(end_offset=end, bytes=size)
-
-
-def decode_columns(columns: pb.MessageColumns) -> MessageBatch:
-    """A storage batch from the wire's columns, checking every length.
-
-    Values and keys become memoryview slices of the request's blobs (no copy).
-    """
-    count = columns.count
-    if count == 0:
-        raise BadRequest("a produce request must carry at least one message")
-    values = _split("values", columns.values, list(columns.value_lengths), count)
-    keys: list[memoryview | None] | None = None
-    if columns.key_lengths:
-        lengths = list(columns.key_lengths)
-        if len(lengths) != count:
-            raise BadRequest(f"key_lengths has {len(lengths)} entries for {count} messages")
-        if min(lengths) < -1:
-            raise BadRequest(f"key_lengths holds {min(lengths)}; -1 means no key")
-        present = _split("keys", columns.keys, [n for n in lengths if n >= 0], None)
-        it = iter(present)
-        keys = [None if n < 0 else next(it) for n in lengths]
-    elif columns.keys:
-        raise BadRequest("keys given without key_lengths")
-    tags = list(columns.tags) or None
-    if tags is not None and len(tags) != count:
-        raise BadRequest(f"tags has {len(tags)} entries for {count} messages")
-    headers = None
-    if columns.header_lengths:
-        raw = _split("headers", columns.headers, list(columns.header_lengths), count)
-        try:
-            headers = [decode_headers(bytes(h)) for h in raw]
-        except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
-            raise BadRequest(f"malformed headers: {exc}") from None
-    stamps = list(columns.timestamps_ms) or None
-    if stamps is not None and len(stamps) != count:
-        raise BadRequest(f"timestamps_ms has {len(stamps)} entries for {count} messages")
-    if stamps is not None and min(stamps) < 0:
-        raise BadRequest(f"timestamps_ms holds {min(stamps)}; timestamps are ms since the epoch")
-    return MessageBatch(values, keys, tags, headers, stamps)  # type: ignore[arg-type]
-
-
-def _split(name: str, blob: bytes, lengths: list[int], count: int | None) -> list[memoryview]:
-    if count is not None and len(lengths) != count:
-        raise BadRequest(f"{name[:-1]}_lengths has {len(lengths)} entries for {count} messages")
-    if sum(lengths) != len(blob):
-        raise BadRequest(
-            f"{name[:-1]}_lengths sum to {sum(lengths)} but {name} has {len(blob)} bytes"
-        )
-    view = memoryview(blob)
-    ends = list(itertools.accumulate(lengths))
-    return [view[end - n : end] for end, n in zip(ends, lengths, strict=True)]
 
 
 def _group_by_queue(targets: list[int] | int, count: int) -> list[tuple[int, list[int] | None]]:

@@ -1023,6 +1023,98 @@ fail:
     return NULL;
 }
 
+
+/* split_blob(blob, lengths) -> [bytes]: the pieces of a produce request's
+ * column blob (values or keys) as bytes objects, one per length. bytes, not
+ * memoryview slices: a slice is a GC-tracked object holding the blob, a small
+ * copy is cheaper than both at message sizes. ValueError (with the numbers)
+ * if a length is negative or the lengths do not add up to the blob's size;
+ * nothing is built then. */
+static PyObject *split_blob(PyObject *self, PyObject *args) {
+    Py_buffer blob;
+    PyObject *lengths_obj;
+    if (!PyArg_ParseTuple(args, "y*O", &blob, &lengths_obj)) return NULL;
+    PyObject *lengths = PySequence_Fast(lengths_obj, "lengths must be a sequence");
+    PyObject *out = NULL;
+    if (lengths == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(lengths);
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long len = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(lengths, i));
+        if (len == -1 && PyErr_Occurred()) goto done;
+        if (len < 0) {
+            PyErr_Format(PyExc_ValueError, "length %zd is %lld", i, len);
+            goto done;
+        }
+        if (len > (long long)1 << 40) { /* keeps the sum from overflowing */
+            PyErr_Format(PyExc_ValueError, "length %zd is %lld", i, len);
+            goto done;
+        }
+        total += len;
+    }
+    if (total != (long long)blob.len) {
+        PyErr_Format(PyExc_ValueError, "lengths sum to %lld but the blob has %zd bytes", total,
+                     blob.len);
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    const char *at = (const char *)blob.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len = (Py_ssize_t)PyLong_AsLongLong(PySequence_Fast_GET_ITEM(lengths, i));
+        PyObject *piece = PyBytes_FromStringAndSize(at, len);
+        if (piece == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, piece);
+        at += len;
+    }
+done:
+    Py_XDECREF(lengths);
+    PyBuffer_Release(&blob);
+    return out;
+}
+
+/* varints(values, count, stride, add, step) -> bytes: the payload of a packed
+ * repeated int64 protobuf field whose element i is
+ * values[i * stride] + add + i * step (values: int64s, native order). One
+ * function covers a reply's columns: stride 0 repeats one value (the queue
+ * of a single-queue batch), step 1 counts up (its offsets), stride 4 walks
+ * index entries (their positions, add -1). Negative results take ten bytes,
+ * as protobuf encodes them. */
+static PyObject *varints(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t count, stride;
+    long long add, step;
+    if (!PyArg_ParseTuple(args, "y*nnLL", &in, &count, &stride, &add, &step)) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t words = in.len / 8;
+    if (count < 0 || stride < 0 || (count > 0 && (count - 1) * stride >= words)) {
+        PyErr_Format(PyExc_ValueError, "%zd values of stride %zd do not fit in %zd int64s",
+                     count, stride, words);
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, count * 10);
+    if (out == NULL) goto done;
+    uint8_t *w = (uint8_t *)PyBytes_AS_STRING(out), *start = w;
+    const uint8_t *base = (const uint8_t *)in.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t v;
+        memcpy(&v, base + 8 * i * stride, 8);
+        uint64_t u = (uint64_t)v + (uint64_t)add + (uint64_t)i * (uint64_t)step;
+        while (u > 0x7F) {
+            *w++ = (uint8_t)((u & 0x7F) | 0x80);
+            u >>= 7;
+        }
+        *w++ = (uint8_t)u;
+    }
+    if (_PyBytes_Resize(&out, w - start) < 0) out = NULL;
+done:
+    PyBuffer_Release(&in);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(out, position, topic, queue_id, first_offset, store_ms, values, keys, "
@@ -1041,6 +1133,9 @@ static PyMethodDef methods[] = {
     {"index_runs", index_runs, METH_VARARGS,
      "index_runs(entries, capacity, max_messages, max_bytes, count, total) -> (runs, taken, "
      "count, total, stop)"},
+    {"split_blob", split_blob, METH_VARARGS, "split_blob(blob, lengths) -> [bytes]"},
+    {"varints", varints, METH_VARARGS,
+     "varints(values, count, stride, add, step) -> packed int64 varint payload"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data) -> int (CRC-32C, Castagnoli)"},
     {NULL, NULL, 0, NULL},
 };
