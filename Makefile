@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck pytest bench bench-spark demo proto clean
+.PHONY: venv test lint typecheck pytest bench bench-spark bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,12 @@ bench: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(BIN)/python bench/spark_bench.py
+
+# Against Redis Streams and NATS JetStream, when their servers are installed
+# (apt-get install redis-server nats-server).
+bench-broker: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]' --config-settings editable_mode=compat
+	$(BIN)/python bench/broker_bench.py --repeat 3
 
 # Spark's Python workers must run this interpreter (the examples set PYSPARK_PYTHON).
 demo: $(STAMP)
