@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from equeue_spark.spark.errors import InvalidOption
+from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
 from equeue_spark.spark.offsets import from_json, rate_limit, split_budget, split_range, to_json
 from equeue_spark.spark.options import EARLIEST, ReadOptions, WriteOptions
 
@@ -75,3 +77,27 @@ def test_write_options() -> None:
     assert WriteOptions.parse({"topic": "t", "batchsize": "100"}).batch_size == 100
     with pytest.raises(InvalidOption, match="unknown option 'startingoffsets'"):
         WriteOptions.parse({"topic": "t", "startingoffsets": "earliest"})
+
+
+def test_read_ahead_keeps_order_raises_errors_and_stops() -> None:
+    """The read task's read-ahead thread: items in order, the iterator's error
+    raised in the consumer after the items before it, and a consumer leaving
+    early stops the thread (it would otherwise block on its full queue)."""
+    from equeue_spark.spark.read_task import ReadAhead
+
+    def failing() -> Iterator[Any]:
+        yield from range(5)
+        raise OffsetsLostError("gone")
+
+    ahead: ReadAhead[Any] = ReadAhead(2)
+    got: list[Any] = []
+    with pytest.raises(OffsetsLostError, match="gone"):
+        got.extend(ahead.run(failing()))
+    ahead.stop()
+    assert got == [0, 1, 2, 3, 4]
+
+    endless: ReadAhead[int] = ReadAhead(2)
+    items = endless.run(iter(range(10**9)))
+    assert [next(items) for _ in range(3)] == [0, 1, 2]
+    endless.stop()
+    assert endless._thread is not None and not endless._thread.is_alive()

@@ -10,8 +10,11 @@ and decoded in one C call each.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar, cast
 
 import pyarrow as pa
 
@@ -33,6 +36,11 @@ REPLY_BYTES = 1 << 20
 """Small replies stream faster (bench/spark_bench.py: 1.7x over 10k/4 MiB at 1 KiB)."""
 MAX_STREAMS = 10_000
 """Bound on PullStream calls for one range (each one makes progress)."""
+PREFETCH_REPLIES = 16
+"""Replies read ahead of the decoder (at most about 16 MiB: replies are <= REPLY_BYTES
+unless one record is larger)."""
+POLL_S = 0.1
+STOP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -57,19 +65,86 @@ def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     pending: list[memoryview] = []
     rows = size = 0
     broker_id = ""
-    with Connection(config) as conn:
-        for reply in _replies(conn, part):
-            broker_id = reply.broker_id
-            if not reply.count:
-                continue
-            pending.append(reply.records)
-            rows += reply.count
-            size += len(reply.records)
-            if rows >= ROWS_PER_BATCH or size >= BYTES_PER_BATCH:
-                yield _batch(pending, broker_id, want_headers, schema)
-                pending, rows, size = [], 0, 0
+    ahead: ReadAhead[PullReply] = ReadAhead(PREFETCH_REPLIES)
+    try:
+        with Connection(config) as conn:
+            for reply in ahead.run(_replies(conn, part)):
+                broker_id = reply.broker_id
+                if not reply.count:
+                    continue
+                pending.append(reply.records)
+                rows += reply.count
+                size += len(reply.records)
+                if rows >= ROWS_PER_BATCH or size >= BYTES_PER_BATCH:
+                    yield _batch(pending, broker_id, want_headers, schema)
+                    pending, rows, size = [], 0, 0
+    finally:
+        ahead.stop()  # after the channel closed: that cancels a stream still running
     if pending:
         yield _batch(pending, broker_id, want_headers, schema)
+
+
+T = TypeVar("T")
+
+
+class ReadAhead(Generic[T]):
+    """Runs an iterator (of replies) on its own thread, up to ``depth`` items ahead.
+
+    While the task decodes a batch and Spark ships it to the JVM, the stream
+    keeps arriving instead of stalling on HTTP/2 flow control; gRPC waits for
+    the network with the GIL released, so the two overlap. Errors of the
+    iterator are raised in the consumer, in order. ``stop`` (after closing the
+    channel, which ends a blocked stream) joins the thread, bounded.
+    """
+
+    _END = object()
+
+    def __init__(self, depth: int) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run(self, replies: Iterator[T]) -> Iterator[T]:
+        self._thread = threading.Thread(
+            target=self._pump, args=(replies,), name="equeue-read-ahead", daemon=True
+        )
+        self._thread.start()
+        while True:
+            try:
+                item = self._queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the read-ahead thread ended without a result") from None
+                continue
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield cast("T", item)
+
+    def _pump(self, replies: Iterator[T]) -> None:
+        item: object = self._END
+        try:
+            for reply in replies:
+                if not self._put(reply):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            item = exc
+        self._put(item)
+
+    def _put(self, item: object) -> bool:
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=STOP_TIMEOUT_S)
 
 
 def _batch(
