@@ -778,14 +778,17 @@ def run_size(b: Bench, size: int, count: int, repeat: int) -> None:
     for run in range(repeat):
         order = ["equeue", CEILING] if run % 2 == 0 else [CEILING, "equeue"]
         for fmt in order:
+            settle_disk()
             read_query(b, fmt, size=size, count=count, run=run, spec=spec, row=read)
         rates = {}
         for delivery in DELIVERIES if run % 2 == 0 else DELIVERIES[::-1]:
+            settle_disk()
             with b.cpu.measure(f"batch write, Spark {delivery}", size):
                 topic = f"spark-write-{delivery}-{size}-{run}"
                 rates[delivery] = spark_write(
                     b.admin, df, b.address, topic, count, delivery=delivery
                 )
+        settle_disk()
         with b.cpu.measure("batch write, client send_batches", size, poll=False):
             base = client_produce(b.admin, b.producer, f"client-write-{size}-{run}", size, count)
         write.ours.append(rates["at_least_once"])
@@ -797,6 +800,13 @@ def run_size(b: Bench, size: int, count: int, repeat: int) -> None:
             f"at-least-once {rates['at_least_once']:12,.0f}, client {base:12,.0f} rows/s"
         )
     df.unpersist()
+
+
+def settle_disk() -> None:
+    """Write back every dirty page before a timed step (``os.sync``), so that no
+    step pays for the writeback of the gigabyte the step before it wrote;
+    otherwise whichever of a pair runs first after a write measures slower."""
+    os.sync()
 
 
 def read_query(
