@@ -32,15 +32,12 @@ replies = st.tuples(
 )
 
 
-@given(replies)
-def test_framed_reply_is_byte_identical_to_protobuf(
-    reply: tuple[ReadStatus, bytes, int, int, int, int, str],
-) -> None:
+Reply = tuple[ReadStatus, bytes, int, int, int, int, str]
+
+
+def proto_reply(reply: Reply) -> pb.PullReply:
     status, records, count, next_offset, earliest, end, broker_id = reply
-    result = RecordsResult(status, b"", count, next_offset, earliest, end, len(records))
-    prefix, suffix = pull_reply_framer(broker_id, _PULL_STATUS)(result)
-    wire = prefix + records + suffix
-    expected = pb.PullReply(
+    return pb.PullReply(
         status=_PULL_STATUS[status],
         records=records,
         count=count,
@@ -49,6 +46,17 @@ def test_framed_reply_is_byte_identical_to_protobuf(
         end_offset=end,
         broker_id=broker_id,
     )
+
+
+@given(replies)
+def test_framed_reply_is_byte_identical_to_protobuf(
+    reply: tuple[ReadStatus, bytes, int, int, int, int, str],
+) -> None:
+    status, records, count, next_offset, earliest, end, broker_id = reply
+    result = RecordsResult(status, b"", count, next_offset, earliest, end, len(records))
+    prefix, suffix = pull_reply_framer(broker_id, _PULL_STATUS)(result)
+    wire = prefix + records + suffix
+    expected = proto_reply(reply)
     assert wire == expected.SerializeToString()
     assert pb.PullReply.FromString(wire) == expected
 
@@ -65,15 +73,7 @@ def test_client_decoder_reads_what_protobuf_writes(
     reply: tuple[ReadStatus, bytes, int, int, int, int, str],
 ) -> None:
     status, records, count, next_offset, earliest, end, broker_id = reply
-    message = pb.PullReply(
-        status=_PULL_STATUS[status],
-        records=records,
-        count=count,
-        next_offset=next_offset,
-        earliest_offset=earliest,
-        end_offset=end,
-        broker_id=broker_id,
-    )
+    message = proto_reply(reply)
     data = message.SerializeToString()
     parsed = parse_pull_reply(data)
     assert parsed == PullReply(
