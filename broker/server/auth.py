@@ -170,9 +170,8 @@ def topics_of(request: Any) -> list[str]:
     return [topic] if isinstance(topic, str) else []
 
 
-_TRANSACTION_METHODS = {
-    _BROKER + m for m in ("Produce", "ProduceStream", "CommitTransactions", "AbortTransactions")
-}
+_TRANSACTION_METHODS = frozenset(m for m, role in METHOD_ROLES.items() if role == "produce")
+"""Methods carrying transaction ids: exactly the produce-role ones."""
 
 
 def namespace_transactions(principal: Principal, request: Any) -> None:

@@ -135,14 +135,27 @@ def _reject_undecodable(request: Any) -> None:
 
 
 class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Answers requests that do not decode with INVALID_ARGUMENT (module doc)."""
+    """Answers requests that do not decode with INVALID_ARGUMENT (module doc).
+
+    ``create_server`` always installs it, innermost, so every servicer method
+    goes through ``rebuild`` and may return pre-encoded replies. A method's
+    wrapped handler is built once and reused (the call path is hot).
+    """
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, MethodHandler] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[MethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> MethodHandler:
+        wrapped = self._wrapped.get(details.method)
+        if wrapped is not None:
+            return wrapped
         handler = await continuation(details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        return wrap_requests(handler, _reject_undecodable, _safe(handler.request_deserializer))
+        wrapped = wrap_requests(handler, _reject_undecodable, _safe(handler.request_deserializer))
+        self._wrapped[details.method] = wrapped  # one per registered method: bounded
+        return wrapped

@@ -173,13 +173,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         if not visible:
             raise BadRequest(f"topic {request.topic!r} has no producer-visible queue")
         targets = self._route(request, batch, visible)
-        reply = pb.ProduceReply(broker_id=self.s.broker_id)
         if request.transaction_id:
-            return self._stage(request, batch, targets, reply)
+            return self._stage(request, batch, targets)
         if isinstance(targets, int):  # the common case: the whole batch went to one queue
             result = store.append(request.topic, targets, batch)
             self.s.counters.add(request.topic, targets, produced=result.count)
             return produce_reply(self.s.broker_id, targets, result.first_offset, result.entries)
+        reply = pb.ProduceReply(broker_id=self.s.broker_id)
         queue_ids = [0] * count
         offsets = [0] * count
         positions = [0] * count
@@ -202,9 +202,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         request: pb.ProduceRequest,
         batch: MessageBatch,
         targets: list[int] | int,
-        reply: pb.ProduceReply,
     ) -> pb.ProduceReply:
         """A produce request with a transaction id: stage, do not append."""
+        reply = pb.ProduceReply(broker_id=self.s.broker_id)
         count = len(batch)
         parts = [
             (queue_id, batch if indexes is None else _take(batch, indexes))

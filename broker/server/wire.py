@@ -15,12 +15,12 @@ Servicers return these bytes; ``handlers.rebuild`` lets pre-encoded replies
 through gRPC's serializer untouched. They are exactly what protobuf's
 ``SerializeToString()`` gives (the proto3 encoding: fields in number order,
 zero values omitted, repeated numbers packed); tests hold the two equal, so
-the ``.proto`` stays the contract. The field numbers below must follow
-``protos/equeue_proto/v1/broker.proto``.
+the ``.proto`` stays the contract. Field numbers come from the generated code.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import struct
@@ -34,10 +34,6 @@ from broker.storage.record import decode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 
 _VARINT, _LENGTH = 0, 2
-_STATUS, _RECORDS, _COUNT, _NEXT, _EARLIEST, _END, _BROKER_ID = 1, 2, 3, 4, 5, 6, 7
-"""PullReply's field numbers."""
-_P_BROKER_ID, _P_QUEUE_IDS, _P_OFFSETS, _P_POSITIONS = 1, 2, 3, 4
-"""ProduceReply's field numbers."""
 _UINT64 = (1 << 64) - 1
 _ENTRY_WORDS = ENTRY_SIZE // 8
 """Index entries in 64-bit words; an entry's first word is its position + 1."""
@@ -88,12 +84,34 @@ def _key(field: int, wire_type: int) -> bytes:
     return varint(field << 3 | wire_type)
 
 
-def _int_field(field: int, value: int) -> bytes:
-    return _key(field, _VARINT) + varint(value) if value else b""
+# Field keys (number and wire type), from the generated code's field numbers.
+_PULL = pb.PullReply
+_STATUS = _key(_PULL.STATUS_FIELD_NUMBER, _VARINT)
+_RECORDS = _key(_PULL.RECORDS_FIELD_NUMBER, _LENGTH)
+_COUNT = _key(_PULL.COUNT_FIELD_NUMBER, _VARINT)
+_NEXT = _key(_PULL.NEXT_OFFSET_FIELD_NUMBER, _VARINT)
+_EARLIEST = _key(_PULL.EARLIEST_OFFSET_FIELD_NUMBER, _VARINT)
+_END = _key(_PULL.END_OFFSET_FIELD_NUMBER, _VARINT)
+_BROKER_ID = _key(_PULL.BROKER_ID_FIELD_NUMBER, _LENGTH)
+_PRODUCE = pb.ProduceReply
+_P_BROKER_ID = _key(_PRODUCE.BROKER_ID_FIELD_NUMBER, _LENGTH)
+_P_QUEUE_IDS = _key(_PRODUCE.QUEUE_IDS_FIELD_NUMBER, _LENGTH)
+_P_OFFSETS = _key(_PRODUCE.OFFSETS_FIELD_NUMBER, _LENGTH)
+_P_POSITIONS = _key(_PRODUCE.POSITIONS_FIELD_NUMBER, _LENGTH)
 
 
-def _bytes_field(field: int, value: bytes) -> bytes:
-    return _key(field, _LENGTH) + varint(len(value)) + value if value else b""
+def _int_field(key: bytes, value: int) -> bytes:
+    return key + varint(value) if value else b""
+
+
+def _bytes_field(key: bytes, value: bytes) -> bytes:
+    return key + varint(len(value)) + value if value else b""
+
+
+@functools.lru_cache(maxsize=4)
+def _broker_id_field(key: bytes, broker_id: str) -> bytes:
+    """The broker id field: the same in every reply, encoded once."""
+    return _bytes_field(key, broker_id.encode())
 
 
 def pull_reply_framer(broker_id: str, status_numbers: Mapping[ReadStatus, int]) -> Framer:
@@ -101,16 +119,12 @@ def pull_reply_framer(broker_id: str, status_numbers: Mapping[ReadStatus, int]) 
 
     ``status_numbers`` maps the store's read status to the PullStatus enum number.
     """
-    encoded_id = broker_id.encode()
-    id_field = (
-        _key(_BROKER_ID, _LENGTH) + varint(len(encoded_id)) + encoded_id if encoded_id else b""
-    )
-    records_key = _key(_RECORDS, _LENGTH)
+    id_field = _broker_id_field(_BROKER_ID, broker_id)
 
     def frame(result: RecordsResult) -> tuple[bytes, bytes]:
         prefix = _int_field(_STATUS, status_numbers[result.status])
         if result.nbytes:
-            prefix += records_key + varint(result.nbytes)
+            prefix += _RECORDS + varint(result.nbytes)
         suffix = b"".join((
             _int_field(_COUNT, result.count),
             _int_field(_NEXT, result.next_offset),
@@ -132,7 +146,7 @@ def produce_reply(
     count = len(entries) // ENTRY_SIZE
     one = array("q", [queue_id, first_offset]).tobytes()
     return b"".join((
-        _bytes_field(_P_BROKER_ID, broker_id.encode()),
+        _broker_id_field(_P_BROKER_ID, broker_id),
         _bytes_field(_P_QUEUE_IDS, _varints(one, count, 0, 0, 0)),
         _bytes_field(_P_OFFSETS, _varints(one[8:], count, 0, 0, 1)),
         _bytes_field(_P_POSITIONS, _varints(entries, count, _ENTRY_WORDS, -1, 0)),

@@ -133,6 +133,15 @@ class ChunkFooter:
         return cls(data_size, sealed_ms)
 
 
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """``os.pwrite`` all of ``data`` at ``offset`` (pwrite may write less than
+    asked); the storage's one loop for writes in place (log, index, stage files)."""
+    with memoryview(data) as view:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], offset + done)
+
+
 def chunk_file_name(chunk_number: int, suffix: str) -> str:
     """``000000042.chunk``: zero-padded so that names sort in chunk order."""
     return f"{chunk_number:09d}{suffix}"

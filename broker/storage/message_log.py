@@ -32,6 +32,7 @@ from broker.storage.chunk import (
     active_size,
     chunk_file_name,
     create_chunk_file,
+    pwrite_all,
     read_backwards,
     read_header,
     read_sealed_footer,
@@ -297,11 +298,10 @@ class MessageLog:
             written = encode(view, position)
             assert written == size, (written, size)
             offset = HEADER_SIZE + chunk.data_size
-            done = 0
-            while done < size:  # pwrite may write less than asked
-                done += os.pwrite(chunk.fd, view[done:], offset + done)
-                # What a failed append leaves after the data end, for _cut to zero.
-                chunk.written_end = max(chunk.written_end, offset + done)
+            # What a failed append may leave after the data end, for _cut to
+            # zero (zeroing bytes never written is harmless).
+            chunk.written_end = max(chunk.written_end, offset + size)
+            pwrite_all(chunk.fd, view, offset)
         chunk.data_size += size
         return position
 

@@ -38,6 +38,7 @@ from broker.storage.chunk import (
     ChunkHeader,
     chunk_file_name,
     create_chunk_file,
+    pwrite_all,
     read_backwards,
     read_header,
 )
@@ -193,10 +194,7 @@ class QueueIndex:
             number, byte_pos = self._locate(offset)
             room = (self.entries_per_chunk - offset % self.entries_per_chunk) * ENTRY_SIZE
             piece = view[:room]
-            fd = self._fd(number, create=True)
-            done = 0
-            while done < len(piece):  # pwrite may write less than asked
-                done += os.pwrite(fd, piece[done:], byte_pos + done)
+            pwrite_all(self._fd(number, create=True), piece, byte_pos)
             self._dirty.add(number)
             offset += len(piece) // ENTRY_SIZE
             view = view[room:]

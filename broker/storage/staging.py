@@ -31,6 +31,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from broker.storage.chunk import pwrite_all
 from broker.storage.errors import CorruptionError
 from broker.storage.queue_index import ENTRY_SIZE
 from broker.storage.record import EncodedBatch, PreparedBatch, encode_records
@@ -109,7 +110,7 @@ class StageFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         header = encode_header(txn_id, created_ms)
         try:
-            _write_all(fd, header)
+            pwrite_all(fd, header, 0)
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -146,7 +147,7 @@ class StageFile:
         try:
             written = os.pwritev(self._fd, entries, self.size) if entries else 0
             if written < total:  # rare: finish the short write from where it stopped
-                _write_all(self._fd, b"".join(entries)[written:], self.size + written)
+                pwrite_all(self._fd, b"".join(entries)[written:], self.size + written)
         except OSError:
             try:
                 os.ftruncate(self._fd, self.size)
@@ -208,11 +209,3 @@ def _parse_header(data: bytes, path: Path) -> tuple[str, int, int]:
     if len(txn_id) != id_length:
         raise CorruptionError("stage file header is cut short", str(path), HEADER.size)
     return txn_id, created_ms, end
-
-
-def _write_all(fd: int, data: bytes | bytearray, offset: int = 0) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written

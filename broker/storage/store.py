@@ -719,17 +719,10 @@ class Store:
                 store_ms=store_ms, index_out=entries,
             )  # fmt: skip
 
-        try:
-            position = self._log.append(batch.total_bytes, encode)
-        except ValueError as exc:
-            raise CorruptionError(f"staged records of {queue.topic}: {exc}") from None
-        except OSError as exc:
-            raise io_error(queue.topic, exc) from exc
-        try:
-            queue.index.write(first_offset, entries)
-        except OSError as exc:
-            self._undo_write(position, exc)
-            raise io_error(queue.topic, exc) from exc
+        def bad(exc: Exception) -> Exception:
+            return CorruptionError(f"staged records of {queue.topic}: {exc}")
+
+        self._append_indexed(queue, batch.total_bytes, encode, first_offset, entries, bad)
 
     def _write_piece(
         self, queue: _Queue, prepared: PreparedBatch, *, start: int, stop: int, size: int,
@@ -744,14 +737,31 @@ class Store:
                 start=start, stop=stop, index_out=entry_view,
             )  # fmt: skip
 
+        def bad(exc: Exception) -> Exception:  # e.g. a bad timestamp
+            return InvalidArgument(f"bad message batch: {exc}")
+
+        self._append_indexed(queue, size, encode, first_offset + start, entry_view, bad)
+
+    def _append_indexed(  # noqa: PLR0917 (private, called in two places)
+        self,
+        queue: _Queue,
+        size: int,
+        encode: Callable[[memoryview, int], int],
+        first_offset: int,
+        entries: bytearray | memoryview,
+        bad_input: Callable[[Exception], Exception],
+    ) -> None:
+        """Append ``size`` bytes that ``encode`` writes, then their index
+        ``entries``; an index write that fails undoes the log write. An encoder
+        refusing its input raises ``bad_input(exc)``; I/O errors raise ``io_error``."""
         try:
             position = self._log.append(size, encode)
-        except (TypeError, ValueError, OverflowError) as exc:  # e.g. a bad timestamp
-            raise InvalidArgument(f"bad message batch: {exc}") from None
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise bad_input(exc) from None
         except OSError as exc:
             raise io_error(queue.topic, exc) from exc
         try:
-            queue.index.write(first_offset + start, entry_view)
+            queue.index.write(first_offset, entries)
         except OSError as exc:
             self._undo_write(position, exc)
             raise io_error(queue.topic, exc) from exc

@@ -150,6 +150,8 @@ class Transactions:
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._pending: dict[Path, dict[str, Any]] = {}
         """Decisions whose appends failed part-way: rolled forward later."""
+        self._seq = 0
+        """Number of the last commit decision file (set by recovery; names sort by it)."""
         directory.mkdir(mode=0o700, exist_ok=True)
         remove_temp_files(directory)
         self._sinks = self._load_sinks()
@@ -318,7 +320,8 @@ class Transactions:
         for txn in txns:
             for key, count in txn.queues.items():
                 counts[key] = counts.get(key, 0) + count
-        path = self._dir / f"commit-{self._next_seq():012d}.json"
+        self._seq += 1  # under the commit lock
+        path = self._dir / f"commit-{self._seq:012d}.json"
         decision: dict[str, Any] = {
             "txns": [t.stage.txn_id for t in txns],
             "sink": sink,
@@ -390,10 +393,6 @@ class Transactions:
         path.unlink(missing_ok=True)
         path.with_name(path.name + ".bak").unlink(missing_ok=True)
         self._pending.pop(path, None)
-
-    def _next_seq(self) -> int:
-        seqs = [int(p.stem.split("-")[1]) for p in self._dir.glob("commit-*.json")]
-        return max(seqs, default=0) + 1
 
     # -- roll-forward ----------------------------------------------------------------
 
@@ -560,6 +559,7 @@ class Transactions:
             txn.bytes = stage.size
             self._open[stage.txn_id] = txn
         decisions = sorted(self._dir.glob("commit-*.json"))
+        self._seq = max((int(p.stem.split("-")[1]) for p in decisions), default=0)
         for path in decisions:
             decision = load_json(path)
             if not isinstance(decision, dict) or "queues" not in decision:

@@ -113,6 +113,12 @@ class _Pending:
     since: float = 0.0
 
 
+def header_section(headers: Headers | None) -> bytes:
+    """One message's headers as a produce request carries them (the record
+    format's headers section; no headers at all is empty)."""
+    return encode_headers(headers) if headers else b""
+
+
 def build_request(
     topic: str,
     values: Sequence[bytes],
@@ -132,7 +138,7 @@ def build_request(
     if tags is not None and any(tags):
         columns.tags.extend(tags)
     if headers is not None and any(headers):
-        encoded = [encode_headers(h) if h else b"" for h in headers]
+        encoded = [header_section(h) for h in headers]
         columns.headers = b"".join(encoded)
         columns.header_lengths.extend(map(len, encoded))
     if timestamps_ms is not None:

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import DataLossError
 
-_STATUS, _RECORDS, _COUNT, _NEXT, _EARLIEST, _END, _BROKER_ID = 1, 2, 3, 4, 5, 6, 7
-"""PullReply's field numbers in protos/equeue_proto/v1/broker.proto."""
+_STATUS = pb.PullReply.STATUS_FIELD_NUMBER
+_RECORDS = pb.PullReply.RECORDS_FIELD_NUMBER
+_COUNT = pb.PullReply.COUNT_FIELD_NUMBER
+_NEXT = pb.PullReply.NEXT_OFFSET_FIELD_NUMBER
+_EARLIEST = pb.PullReply.EARLIEST_OFFSET_FIELD_NUMBER
+_END = pb.PullReply.END_OFFSET_FIELD_NUMBER
+_BROKER_ID = pb.PullReply.BROKER_ID_FIELD_NUMBER
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 _INT64_SIGN = 1 << 63
 _UINT64 = 1 << 64

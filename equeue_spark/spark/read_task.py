@@ -167,9 +167,7 @@ def _replies(conn: Connection, part: QueueRange) -> Iterator[PullReply]:
             batch_messages=REPLY_MESSAGES, batch_bytes=REPLY_BYTES, tags=part.tags,
         ):  # fmt: skip
             last = reply
-            if reply.status == pb.PULL_STATUS_OFFSET_TOO_SMALL:
-                break
-            if reply.status == pb.PULL_STATUS_OFFSET_TOO_BIG:
+            if reply.status in (pb.PULL_STATUS_OFFSET_TOO_SMALL, pb.PULL_STATUS_OFFSET_TOO_BIG):
                 break
             yield reply
         if last is None:

@@ -25,7 +25,6 @@ attempts together and aborts the rest by id prefix (see source.py).
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -34,13 +33,11 @@ import pyarrow.compute as pc
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import EqueueError, InvalidRequest
-from equeue_spark.client.producer import Producer
+from equeue_spark.client.producer import Producer, header_section
 from equeue_spark.client.transactions import Transaction
 from equeue_spark.spark.options import WriteOptions
 
 log = logging.getLogger("equeue.spark")
-
-COLUMNS = ("value", "key", "topic", "queue", "tag", "headers", "timestamp")
 
 
 @dataclass
@@ -163,27 +160,20 @@ def build_produce(topic: str, batch: pa.RecordBatch) -> pb.ProduceRequest:
     return request
 
 
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-
-
 def _encode_headers(headers: list[dict[str, object]] | None) -> bytes:
-    """One message's headers in the record format (u16 count, then u16 key
-    length, key, u32 value length, value per header)."""
+    """One message's headers (a Spark array of key/value structs) in the
+    record format; none at all is the empty section."""
     if not headers:
         return b""
-    parts = [_U16.pack(len(headers))]
-    for header in headers:
-        key = str(header["key"] or "").encode()
-        value = header["value"]
-        if isinstance(value, str):
-            data = value.encode()
-        elif isinstance(value, bytes | bytearray | memoryview):
-            data = bytes(value)
-        else:  # null header value
-            data = b""
-        parts += [_U16.pack(len(key)), key, _U32.pack(len(data)), data]
-    return b"".join(parts)
+    return header_section([(str(h["key"] or ""), _header_value(h["value"])) for h in headers])
+
+
+def _header_value(value: object) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return b""  # a null header value
 
 
 def check_schema(fields: dict[str, str], topic_option: str) -> None:
