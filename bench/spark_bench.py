@@ -45,6 +45,11 @@ so 1,000,000 at 1 KiB):
   prebuilt), into a fresh topic. Target: write (``delivery=at_least_once``)
   >= 0.5x the produce rate.
 
+Before the timed runs of each size: one small untimed query of each kind and
+one small write of each delivery at that size, then one untimed full-size read
+of each source. Before every timed step: ``os.sync()`` and a full GC of the
+driver JVM. Timed pairs alternate which runs first.
+
 A second table (diagnostics) splits the read path, one process, no Spark: the
 read task alone (``read_task.read_range`` over one 250,000-row partition),
 the ``PullStream`` transfer alone (replies counted, not decoded), decoding
@@ -504,6 +509,13 @@ class CpuMeter:
         row.walls.append(wall)
         row.uses.append(use)
 
+    def last(self, what: str, size: int) -> str:
+        """The latest measurement of ``what``, as "component seconds" pairs."""
+        row = self.rows.get((what, size))
+        if row is None:
+            return "not sampled"
+        return ", ".join(f"{k} {v:.2f}" for k, v in row.uses[-1].items())
+
     def table(self) -> str:
         cores = os.cpu_count() or 1
         head = " | ".join(f"{k} s" for k in COMPONENTS)
@@ -745,50 +757,64 @@ class Bench:
     cpu: CpuMeter
 
 
-def warm_up(b: Bench, rows: int) -> None:
-    """One small query of each kind, untimed: JIT, Python workers, first connections."""
+def warm_up(b: Bench, rows: int, size: int) -> None:
+    """One small query of each kind at ``size``, untimed: JIT for rows of this
+    width, Python workers, first connections. Per size, because the first query
+    at a new width was the slow one of every benchmark (its JIT and buffers)."""
     began = time.perf_counter()
-    fill_topic(b.admin, b.producer, "warmup", 100, rows)
-    options = equeue_read_options(b.address, "warmup")
-    run_query(b.spark, "equeue", options, b.root / "ck-warmup-equeue")
+    topic = f"warmup-{size}"
+    fill_topic(b.admin, b.producer, topic, size, rows)
+    options = equeue_read_options(b.address, topic)
+    run_query(b.spark, "equeue", options, b.root / f"ck-warmup-equeue-{size}")
     spec = CeilingSpec(
-        rows // QUEUES, QUEUES, 100, read_task.ROWS_PER_BATCH, TRIGGER_ROWS, "warmup", "warmup"
+        rows // QUEUES, QUEUES, size, read_task.ROWS_PER_BATCH, TRIGGER_ROWS, topic, topic
     )
-    run_query(b.spark, CEILING, spec.options(), b.root / "ck-warmup-ceiling")
-    df = write_frame(b.spark, 100, rows)
+    run_query(b.spark, CEILING, spec.options(), b.root / f"ck-warmup-ceiling-{size}")
+    df = write_frame(b.spark, size, rows)
     for delivery in DELIVERIES:
-        spark_write(b.admin, df, b.address, f"warmup-{delivery}", rows, delivery=delivery)
+        spark_write(b.admin, df, b.address, f"{topic}-{delivery}", rows, delivery=delivery)
     df.unpersist()
-    progress(f"warm-up done in {time.perf_counter() - began:.1f} s")
+    progress(f"{size_label(size)}: warm-up done in {time.perf_counter() - began:.1f} s")
 
 
-def run_size(b: Bench, size: int, count: int, repeat: int) -> None:
+def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
     label = size_label(size)
+    warm_up(b, warmup, size)
     topic = f"read-{size}"
     seconds = fill_topic(b.admin, b.producer, topic, size, count)
     progress(f"{label}: {count:,} messages produced in {seconds:.1f} s ({count / seconds:,.0f}/s)")
     per_queue = count // QUEUES
     partition_rows = min(per_queue, TRIGGER_ROWS // QUEUES)
+    settle(b.spark)
     sizes, broker_id = measure_read_task(b.address, topic, size, partition_rows, b.results)
     spec = CeilingSpec(per_queue, QUEUES, size, sizes[0], TRIGGER_ROWS, topic, broker_id)
     read = b.results.add("streaming read", size, count, READ_TARGET)
     write = b.results.add("batch write (at-least-once)", size, count, WRITE_TARGET)
     exactly = b.results.add("exactly-once write vs at-least-once", size, count, EXACTLY_TARGET)
     df = write_frame(b.spark, size, count)
+    # Untimed, at full size: the first full-size query of a run was the slow one
+    # of every benchmark (0.51-0.57x at 1 KiB; its JVM used 5.2-5.5 CPU seconds,
+    # 1.4-1.9 in the same query later), even after the small warm-up.
+    for fmt in ("equeue", CEILING):
+        settle(b.spark)
+        options = equeue_read_options(b.address, topic) if fmt == "equeue" else spec.options()
+        began = time.perf_counter()
+        run_query(b.spark, fmt, options, b.root / f"ck-{size}-warm-{fmt}")
+        progress(f"{label}: untimed full-size read {fmt} in {time.perf_counter() - began:.1f} s")
     for run in range(repeat):
         order = ["equeue", CEILING] if run % 2 == 0 else [CEILING, "equeue"]
         for fmt in order:
-            settle_disk()
+            settle(b.spark)
             read_query(b, fmt, size=size, count=count, run=run, spec=spec, row=read)
         rates = {}
         for delivery in DELIVERIES if run % 2 == 0 else DELIVERIES[::-1]:
-            settle_disk()
+            settle(b.spark)
             with b.cpu.measure(f"batch write, Spark {delivery}", size):
                 topic = f"spark-write-{delivery}-{size}-{run}"
                 rates[delivery] = spark_write(
                     b.admin, df, b.address, topic, count, delivery=delivery
                 )
-        settle_disk()
+        settle(b.spark)
         with b.cpu.measure("batch write, client send_batches", size, poll=False):
             base = client_produce(b.admin, b.producer, f"client-write-{size}-{run}", size, count)
         write.ours.append(rates["at_least_once"])
@@ -802,11 +828,15 @@ def run_size(b: Bench, size: int, count: int, repeat: int) -> None:
     df.unpersist()
 
 
-def settle_disk() -> None:
-    """Write back every dirty page before a timed step (``os.sync``), so that no
-    step pays for the writeback of the gigabyte the step before it wrote;
-    otherwise whichever of a pair runs first after a write measures slower."""
+def settle(spark: SparkSession) -> None:
+    """Before a timed step: write back every dirty page (``os.sync``) and
+    collect the driver JVM's garbage (``System.gc``), so that no step pays for
+    the writeback or the heap (the cached write input is 1 GB at 1 KiB) of the
+    step before it."""
     os.sync()
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.System.gc()
 
 
 def read_query(
@@ -832,7 +862,7 @@ def read_query(
     )
     progress(
         f"{size_label(size)} run {run + 1}: read {fmt:15} {count / q.seconds:12,.0f} rows/s "
-        f"({q.seconds:.2f} s)"
+        f"({q.seconds:.2f} s; CPU s {b.cpu.last(f'streaming read, {fmt}', size)})"
     )
 
 
@@ -935,9 +965,8 @@ def main(argv: list[str] | None = None) -> None:
             assert broker.process is not None
             meter = CpuMeter(broker.process.pid)
             bench = Bench(spark, admin, producer, address, root, results, meter)
-            warm_up(bench, plan.warmup)
             for size in sizes:
-                run_size(bench, size, messages_for(size, messages), args.repeat)
+                run_size(bench, size, messages_for(size, messages), args.repeat, plan.warmup)
     finally:
         if spark is not None:
             spark.stop()

@@ -32,6 +32,7 @@ from broker.server.longpoll import PullWaiters
 from broker.server.service import AdminService, BrokerService, BrokerState
 from broker.storage import StorageError, Store
 from broker.storage.atomic_file import load_json, save_json
+from equeue_proto.allocator import tune_malloc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     configure_logging(config.log_level, config.log_format)
     _raise_file_limit()
+    tune_malloc()
     try:
         asyncio.run(serve(config))
     except (OSError, StorageError) as exc:

@@ -18,6 +18,7 @@ from typing import Generic, TypeVar, cast
 
 import pyarrow as pa
 
+from equeue_proto.allocator import tune_malloc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
@@ -60,6 +61,7 @@ class QueueRange:
 
 def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The records of ``part`` as Arrow batches of ``schema``, in offset order."""
+    tune_malloc()  # per-reply megabytes reused instead of mapped afresh (allocator.py)
     want_headers = schema.get_field_index("headers") >= 0
     config = part.security.client(part.broker, part.timeout_ms)
     pending: list[memoryview] = []
