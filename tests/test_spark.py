@@ -242,6 +242,42 @@ def test_option_errors_name_the_option(
 # -- streaming ----------------------------------------------------------------------
 
 
+def test_one_offsets_listing_per_trigger(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """latestOffset lists the queues; reportLatestOffset and partitions, which
+    Spark calls right after it, reuse that listing instead of asking again."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import StructType
+
+    from equeue_spark.spark.options import ReadOptions
+    from equeue_spark.spark.source import EqueueStreamReader
+
+    with Admin(broker.address) as admin:
+        admin.create_topic("listing", queues=3)
+    produce(broker.address, "listing", [b"%d" % i for i in range(30)], queues=3)
+    options = {"broker": broker.address, "topic": "listing", "startingOffsets": "earliest"}
+    source = EqueueStreamReader(ReadOptions.parse(options, streaming=True), StructType())
+    try:
+        start = source.initialOffset()
+        admin = source.planner.admin
+        listings: list[str] = []
+        real = admin.list_offsets
+
+        def counted(topic: str, timestamp_ms: int | None = None) -> Any:
+            listings.append(topic)
+            return real(topic, timestamp_ms)
+
+        monkeypatch.setattr(admin, "list_offsets", counted)
+        end = source.latestOffset(start, ReadAllAvailable())
+        assert source.reportLatestOffset() == end
+        ranges = [p.value for p in source.partitions(start, end)]
+    finally:
+        source.stop()
+    assert listings == ["listing"]
+    assert sorted((r.queue_id, r.start, r.end) for r in ranges) == [(q, 0, 10) for q in range(3)]
+
+
 def test_available_now_in_several_batches_then_lag_zero(
     spark: SparkSession, broker: BrokerProcess, tmp_path: Path
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
 from equeue_spark.spark.offsets import from_json, rate_limit, split_budget, split_range, to_json
-from equeue_spark.spark.options import EARLIEST, ReadOptions, WriteOptions
+from equeue_spark.spark.options import EARLIEST, ReadOptions, WriteOptions, headers_requested
 
 
 def test_offsets_json_is_canonical() -> None:
@@ -71,6 +71,17 @@ def test_read_options_defaults_and_parsing() -> None:
 def test_read_option_errors(options: dict[str, str], fragment: str) -> None:
     with pytest.raises(InvalidOption, match=fragment.replace("[", r"\[")):
         ReadOptions.parse(options, streaming=True)
+
+
+def test_headers_requested_parses_as_read_options_do() -> None:
+    """The schema (asked for before any reader) and ReadOptions agree on includeHeaders."""
+    assert headers_requested({"IncludeHeaders": " TRUE "}) is True
+    assert headers_requested({"includeHeaders": "false"}) is False
+    assert headers_requested({"topic": "t"}) is False
+    with pytest.raises(InvalidOption, match="includeHeaders='yes': must be true or false"):
+        headers_requested({"includeheaders": "yes"})
+    with pytest.raises(InvalidOption, match="includeHeaders='yes'"):
+        ReadOptions.parse({"topic": "a", "includeheaders": "yes"}, streaming=True)
 
 
 def test_write_options() -> None:

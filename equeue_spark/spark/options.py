@@ -84,10 +84,7 @@ class _Options:
     def flag(self, key: str, default: bool) -> bool:
         if not self.has(key):
             return default
-        value = self.raw[key].strip().lower()
-        if value not in ("true", "false"):
-            raise _bad(self.names[key], self.raw[key], "must be true or false")
-        return value == "true"
+        return _flag(self.names[key], self.raw[key])
 
     def duration_ms(self, key: str, default: int, high: int) -> int:
         if not self.has(key):
@@ -229,6 +226,22 @@ class ReadOptions:
         kwargs["timeout_ms"] = o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS)
         kwargs["security"] = Security.parse(o)
         return cls(**kwargs)
+
+
+def _flag(name: str, value: str) -> bool:
+    word = value.strip().lower()
+    if word not in ("true", "false"):
+        raise _bad(name, value, "must be true or false")
+    return word == "true"
+
+
+def headers_requested(raw: Mapping[str, str]) -> bool:
+    """``includeHeaders`` alone, parsed as ``ReadOptions`` parses it: Spark asks
+    the source for its schema before it builds a reader."""
+    for key, value in raw.items():
+        if key.lower() == "includeheaders" and value.strip():
+            return _flag("includeHeaders", value)
+    return False
 
 
 def _parse_topics(o: _Options) -> tuple[tuple[str, ...], re.Pattern[str] | None]:

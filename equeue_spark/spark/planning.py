@@ -105,13 +105,21 @@ class Planner:
 
     # -- partitions -------------------------------------------------------------------
 
-    def ranges(self, starts: Mapping[QueueKey, int], ends: Offsets) -> list[QueueRange]:
+    def ranges(
+        self, starts: Mapping[QueueKey, int], ends: Offsets, listed: Queues | None = None
+    ) -> list[QueueRange]:
         """Spark partitions for ``[starts, ends)``: one per queue range, cut by
         ``maxRecordsPerPartition``. Queues new since ``starts`` start at their
-        earliest offset; starts below the earliest are data loss."""
+        earliest offset; starts below the earliest are data loss.
+
+        ``listed``: a listing of the queues already made for this batch (a
+        moment old is fine: earliest offsets only grow, and a read task that
+        meets offsets removed since applies the same data-loss policy)."""
         opts = self.options
         ranges = []
-        current = self.queues() if self._needs_earliest(starts, ends) else {}
+        current: Queues = {}
+        if self._needs_earliest(starts, ends):
+            current = self.queues() if listed is None else listed
         for key in sorted(ends):
             end = ends[key]
             start = starts.get(key)

@@ -49,7 +49,7 @@ from equeue_spark.spark.offsets import (
     split_budget,
     to_json,
 )
-from equeue_spark.spark.options import ReadOptions, WriteOptions
+from equeue_spark.spark.options import ReadOptions, WriteOptions, headers_requested
 from equeue_spark.spark.planning import Planner, Queues
 from equeue_spark.spark.read_task import QueueRange, read_range
 from equeue_spark.spark.write_task import (
@@ -71,8 +71,7 @@ class EqueueDataSource(DataSource):
         return "equeue"
 
     def schema(self) -> str:
-        include = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
-        return read_schema(include)
+        return read_schema(headers_requested(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return EqueueBatchReader(ReadOptions.parse(self.options, streaming=False), schema)
@@ -147,6 +146,9 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planner: Planner | None = None
         self._target: Offsets | None = None
         self._last_batch = time.monotonic()
+        self._listed: Queues | None = None
+        """The queues as latestOffset listed them; Spark calls reportLatestOffset
+        and partitions right after it, and they reuse it (one listing per trigger)."""
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options and schema, never the driver's connection.
@@ -184,7 +186,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # not only in commit() (which Spark calls one batch late, and never for
         # an AvailableNow run's last batch), keeps the group's lag current.
         self.planner.commit(starts)
-        queues = self.planner.queues()
+        queues = self._listed = self.planner.queues()
         ends = {k: q.end_offset for k, q in queues.items()}
         if self._target is not None:  # AvailableNow: nothing that arrived later
             ends = {k: min(e, self._target[k]) for k, e in ends.items() if k in self._target}
@@ -229,10 +231,13 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return capped
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        return to_json({k: q.end_offset for k, q in self.planner.queues().items()})
+        queues = self.planner.queues() if self._listed is None else self._listed
+        return to_json({k: q.end_offset for k, q in queues.items()})
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        ranges = self.planner.ranges(from_json(start), from_json(end))
+        # A restarted query's first partitions() (a batch replayed from the
+        # checkpoint) comes before any latestOffset: then the planner lists.
+        ranges = self.planner.ranges(from_json(start), from_json(end), self._listed)
         return [EqueuePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
