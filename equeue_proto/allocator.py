@@ -7,8 +7,8 @@ glibc serves blocks that large with ``mmap`` and returns them with
 ``munmap``/``madvise`` on free, so every reply lands in fresh pages that the
 kernel zeroes and maps again, one page fault per 4 KiB. Measured with ``perf``
 on a 1 GB ``PullStream`` of 1 KiB records: page-fault work was about a quarter
-of the receiving process's CPU, and these settings cut that process's CPU by
-about a third.
+of the receiving process's CPU, and these settings cut that process's CPU
+from 1.15 s to 0.54 s per GB (the broker's from 0.70 s to 0.60 s).
 
 ``tune_malloc`` fixes the mmap threshold (blocks below it come from the heap
 and are reused) and raises the trim threshold (free memory kept at the top of
