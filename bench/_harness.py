@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from broker.storage.chunk import HEADER_SIZE, ChunkHeader
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import Message, decode_records
-from tests.broker_process import READY_PREFIX, read_ready_line
+from tests.broker_process import READY_PREFIX, read_ready_line, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -124,13 +123,7 @@ class Broker:
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM (SIGKILL if it does not exit in time); the exit code."""
         assert self.process is not None, "not started"
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        return self._reap(timeout_s)
+        return stop_process(self.process, timeout_s)
 
     def _reap(self, timeout_s: float) -> int:
         assert self.process is not None

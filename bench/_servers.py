@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,8 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.broker_process import READY_PREFIX, read_ready_line, stop_process
+
 HOST = "127.0.0.1"
-READY_PREFIX = "equeue broker listening on "
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 REPO = Path(__file__).resolve().parent.parent
@@ -86,16 +85,7 @@ class ServerProcess:
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM, then SIGKILL after ``timeout_s``; the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout_s)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        return self.process.returncode
+        return stop_process(self.process, timeout_s)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -103,20 +93,6 @@ class ServerProcess:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
-
-
-def _read_ready_line(server: ServerProcess, timeout_s: float) -> str:
-    stdout = server.process.stdout
-    assert stdout is not None
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if selector.select(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
-                return stdout.readline().decode(errors="replace")
-            if not server.alive():
-                return f"<exited with {server.process.returncode}>"
-    return "<no ready line in time>"
 
 
 def start_equeue(data_dir: Path, flush: str) -> tuple[ServerProcess, str]:
@@ -135,7 +111,7 @@ def start_equeue(data_dir: Path, flush: str) -> tuple[ServerProcess, str]:
         pipe_stdout=True,
         env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath},
     )
-    line = _read_ready_line(server, START_TIMEOUT_S)
+    line = read_ready_line(server.process, START_TIMEOUT_S)
     if not line.startswith(READY_PREFIX):
         server.stop()
         raise RuntimeError(f"equeue broker did not start: {line!r}\n{server.log_tail()}")

@@ -797,9 +797,8 @@ def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
     # 1.4-1.9 in the same query later), even after the small warm-up.
     for fmt in ("equeue", CEILING):
         settle(b.spark)
-        options = equeue_read_options(b.address, topic) if fmt == "equeue" else spec.options()
         began = time.perf_counter()
-        run_query(b.spark, fmt, options, b.root / f"ck-{size}-warm-{fmt}")
+        run_query(b.spark, fmt, source_options(b, fmt, spec), b.root / f"ck-{size}-warm-{fmt}")
         progress(f"{label}: untimed full-size read {fmt} in {time.perf_counter() - began:.1f} s")
     for run in range(repeat):
         order = ["equeue", CEILING] if run % 2 == 0 else [CEILING, "equeue"]
@@ -839,12 +838,17 @@ def settle(spark: SparkSession) -> None:
     jvm.System.gc()
 
 
+def source_options(b: Bench, fmt: str, spec: CeilingSpec) -> dict[str, str]:
+    """The read options of ``fmt`` (equeue or the ceiling) over the topic ``spec`` describes."""
+    return equeue_read_options(b.address, spec.topic) if fmt == "equeue" else spec.options()
+
+
 def read_query(
     b: Bench, fmt: str, *, size: int, count: int, run: int, spec: CeilingSpec, row: Row
 ) -> None:
     """One timed streaming read, equeue or the ceiling, recorded in ``row``."""
     checkpoint = b.root / f"ck-{size}-{run}-{fmt}"
-    options = equeue_read_options(b.address, spec.topic) if fmt == "equeue" else spec.options()
+    options = source_options(b, fmt, spec)
     what = "Spark query, equeue" if fmt == "equeue" else "Spark query, ceiling"
     with b.cpu.measure(f"streaming read, {fmt}", size):
         q = run_query(b.spark, fmt, options, checkpoint)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 READY_PREFIX = "equeue broker listening on "
 
@@ -83,3 +84,18 @@ def read_ready_line(
             if process.poll() is not None:
                 return f"<exited with {process.returncode}>"
     return "<no ready line in time>"
+
+
+def stop_process(process: subprocess.Popen[Any], timeout_s: float) -> int:
+    """SIGTERM, then SIGKILL if it has not exited after ``timeout_s``; the exit
+    code, once the process is reaped and its stdout pipe (if any) closed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    code = process.wait(timeout_s)
+    if process.stdout is not None and not process.stdout.closed:
+        process.stdout.close()
+    return code
