@@ -8,13 +8,28 @@ STAMP   = $(VENV)/.installed-stamp
 
 venv: $(STAMP)
 
-# Re-install whenever the package metadata changes.
-$(STAMP): setup.cfg setup.py pyproject.toml broker/storage/_codec.c
-	$(PYTHON) -m venv $(VENV)
+# The editable install is a link tree (editable_mode=strict): broker/ appears
+# as equeue_broker, and pyspark_equeue.py sits in a real directory on sys.path,
+# where Spark's scan for pyspark_* modules finds it. A link tree does not see new
+# or removed modules, so it is rebuilt whenever the list of source files changes.
+MODULES := $(sort $(shell find broker equeue_spark equeue_proto -name '*.py' -o -name '*.c' -o -name '*.pyi' 2>/dev/null))
+MODULE_LIST = $(VENV)/.module-list
+
+$(MODULE_LIST): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(MODULES)' | cmp -s - $@ 2>/dev/null || echo '$(MODULES)' > $@
+
+# Re-install whenever the package metadata, the C codec or the module list changes.
+$(STAMP): setup.cfg setup.py pyproject.toml equeue_proto/_codec.c $(MODULE_LIST)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# compat mode puts the checkout on sys.path, so Spark's scan for pyspark_* modules sees it.
-	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
+	# The distribution was called "equeue" before 0.2 (PyPI's equeue is another project).
+	$(BIN)/python -m pip uninstall --quiet --yes equeue 2>/dev/null || true
+	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
 	touch $(STAMP)
+
+.PHONY: FORCE
+FORCE:
 
 CFLAGS_CHECK = -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -fsyntax-only
 PY_INCLUDE = $(shell $(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])")
@@ -22,9 +37,11 @@ PY_INCLUDE = $(shell $(BIN)/python -c "import sysconfig; print(sysconfig.get_pat
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(CC) $(CFLAGS_CHECK) -I$(PY_INCLUDE) broker/storage/_codec.c
+	$(CC) $(CFLAGS_CHECK) -I$(PY_INCLUDE) equeue_proto/_codec.c
 
+# mypy knows no package_dir mapping: it checks broker/ as equeue_broker through a symlink.
 typecheck: $(STAMP)
+	mkdir -p build/typecheck && ln -sfn ../../broker build/typecheck/equeue_broker
 	$(BIN)/mypy
 
 pytest: $(STAMP)
@@ -45,7 +62,7 @@ bench-spark: $(STAMP)
 # Against Redis Streams and NATS JetStream, when their servers are installed
 # (apt-get install redis-server nats-server).
 bench-broker: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python bench/broker_bench.py --repeat 3
 
 # Spark's Python workers must run this interpreter (the examples set PYSPARK_PYTHON).

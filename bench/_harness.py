@@ -27,8 +27,8 @@ from pathlib import Path
 
 import grpc
 
-from broker.storage import MessageLimits, StorageConfig, Store
-from broker.storage.chunk import HEADER_SIZE, ChunkHeader
+from equeue_broker.storage import MessageLimits, StorageConfig, Store
+from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import Message, decode_records

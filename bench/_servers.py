@@ -99,7 +99,7 @@ def start_equeue(data_dir: Path, flush: str) -> tuple[ServerProcess, str]:
     """``python -m broker --data-dir DIR --port 0 --flush FLUSH``; (process, host:port)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, "-m", "broker", "--data-dir", str(data_dir), "--host", HOST,
+        sys.executable, "-m", "equeue_broker", "--data-dir", str(data_dir), "--host", HOST,
         "--port", "0", "--flush", flush, "--log-level", "WARNING",
     ]  # fmt: skip
     # `-m broker` must resolve to this checkout whatever the working directory.

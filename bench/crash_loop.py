@@ -67,8 +67,8 @@ from crc32c import crc32c
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench._harness import Broker, check_store, details_of, pull_queue, status_of, table
-from broker.storage.chunk import HEADER_SIZE, ChunkHeader, active_size
-from broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader, active_size
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
 from equeue_proto.protocol import format_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc

@@ -55,7 +55,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench._harness import Broker, details_of, layout_violations, pull_queue, status_of, table
-from broker.storage.record import encode_headers
+from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 

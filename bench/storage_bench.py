@@ -42,9 +42,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.storage import FlushMode, MessageBatch, StorageConfig, Store
-from broker.storage.queue_index import ENTRY_SIZE
-from broker.storage.record import FRAME_OVERHEAD
+from equeue_broker.storage import FlushMode, MessageBatch, StorageConfig, Store
+from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_proto.record import FRAME_OVERHEAD
 
 TOPIC = "bench"
 BATCH = 1_000

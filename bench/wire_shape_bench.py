@@ -67,16 +67,11 @@ from typing import Any
 
 from crc32c import crc32c
 
-from broker.storage import MessageBatch, MessageLimits, StoredMessage
-from broker.storage.queue_index import ENTRY, ENTRY_SIZE
-from broker.storage.record import (
-    ENCODER,
-    HEADER,
-    TRAILER,
-    decode_record,
-    encode_records,
-    prepare_batch,
-)
+from equeue_broker.storage import MessageBatch, MessageLimits, StoredMessage
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.record import encode_records, prepare_batch
+from equeue_proto.accel import IMPLEMENTATION as ENCODER
+from equeue_proto.record import HEADER, TRAILER, decode_record
 
 COUNT = 1_000
 SIZES = (100, 1024)

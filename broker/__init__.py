@@ -1,3 +1,10 @@
-"""equeue: a persistent message queue broker following the EQueue/RocketMQ design."""
+"""equeue's broker (import name ``equeue_broker``; the folder is ``broker/``):
+a persistent message queue following the EQueue/RocketMQ design.
 
-__version__ = "0.1.0"
+Layers: ``storage`` (the engine; imports only the contract ``equeue_proto``)
+<- ``server`` (gRPC). ``testing`` starts real broker processes for tests.
+"""
+
+from equeue_proto import __version__
+
+__all__ = ["__version__"]

@@ -1,5 +1,5 @@
-"""``python -m broker``: run the broker (same as ``equeue-broker``)."""
+"""``python -m equeue_broker``: run the broker (same as ``equeue-broker``)."""
 
-from broker.server.app import main
+from equeue_broker.server.app import main
 
 main()

@@ -1,3 +1,5 @@
 """equeue client and Spark connector (client modules never import pyspark)."""
 
-__version__ = "0.1.0"
+from equeue_proto import __version__
+
+__all__ = ["__version__"]

@@ -47,7 +47,7 @@ _RUN_ID = secrets.token_hex(3)
 def start_broker(data_dir: str, *flags: str) -> tuple[subprocess.Popen[str], str]:
     """Start ``python -m broker`` on a free port; return the process and ``host:port``."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--data-dir", data_dir, "--port", "0", *flags],
+        [sys.executable, "-m", "equeue_broker", "--data-dir", data_dir, "--port", "0", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from broker.storage import FlushMode, MessageBatch, StorageConfig, Store
+from equeue_broker.storage import FlushMode, MessageBatch, StorageConfig, Store
 
 
 def main() -> None:

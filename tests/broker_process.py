@@ -28,7 +28,15 @@ class BrokerProcess:
 
     def start(self, timeout_s: float = 30.0) -> str:
         """Start the broker; return ``host:port`` once it is listening."""
-        command = [sys.executable, "-m", "broker", "--data-dir", str(self.data_dir), "--port", "0"]
+        command = [
+            sys.executable,
+            "-m",
+            "equeue_broker",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            "0",
+        ]
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         with open(self.log_path, "a") as log:  # the child keeps its own copy of the fd
             self.process = subprocess.Popen(

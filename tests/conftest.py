@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker.storage import MessageLimits, StorageConfig, Store
+from equeue_broker.storage import MessageLimits, StorageConfig, Store
 from tests.broker_process import BrokerProcess
 
 KiB = 1024

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from broker.storage import Store
-from broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE
-from broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage import Store
+from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
 
 
 def simulate_machine_crash(store: Store, *, drop_unsynced_index: bool = True) -> None:

@@ -90,7 +90,7 @@ def main() -> None:
         raise SystemExit(f"set ${FAULT_ENV} to the fault file's path")
     argv = sys.argv[1:]
     install(os.path.realpath(fault_file), _data_dir(argv))
-    from broker.server.app import main as broker_main
+    from equeue_broker.server.app import main as broker_main
 
     broker_main(argv)
 

@@ -69,7 +69,15 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_path = root / "broker.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "broker", "--data-dir", str(root / "data"), "--port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "equeue_broker",
+                "--data-dir",
+                str(root / "data"),
+                "--port",
+                "0",
+            ],
             stdout=subprocess.PIPE,
             stderr=log,
         )

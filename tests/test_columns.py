@@ -16,16 +16,15 @@ from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.storage import MessageBatch, MessageLimits
-from broker.storage.queue_index import ENTRY_SIZE
-from broker.storage.record import (
+from equeue_broker.storage import MessageBatch, MessageLimits
+from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.record import encode_records, prepare_batch
+from equeue_proto.record import (
     FIXED_BODY_SIZE,
     FLAG_HAS_KEY,
     HEADER,
     RECORD_VERSION,
     encode_headers,
-    encode_records,
-    prepare_batch,
 )
 from equeue_spark.client import columns
 from equeue_spark.client.columns import RecordColumns, decode_columns, decode_columns_py

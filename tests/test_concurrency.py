@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker.storage import (
+from equeue_broker.storage import (
     AppendResult,
     FlushMode,
     MessageBatch,

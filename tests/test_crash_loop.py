@@ -18,8 +18,8 @@ import pytest
 
 from bench import crash_loop
 from bench.crash_loop import CrashLoopConfig, CrashLoopResult, summary
-from broker.storage import FlushMode, MessageBatch, MessageLimits, StorageConfig, Store
-from broker.storage.queue_index import ENTRY
+from equeue_broker.storage import FlushMode, MessageBatch, MessageLimits, StorageConfig, Store
+from equeue_broker.storage.queue_index import ENTRY
 from tests.faults import simulate_machine_crash
 
 KiB = 1024

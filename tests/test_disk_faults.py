@@ -41,7 +41,7 @@ import grpc
 import pytest
 
 from bench._harness import Broker, check_store, details_of, pull_queue, status_of
-from broker.storage.chunk import HEADER_SIZE
+from equeue_broker.storage.chunk import HEADER_SIZE
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.faulty_broker import FAULT_ENV
@@ -137,7 +137,7 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., tuple[Broker, Client]
             data_dir or tmp_path / "data",
             "--chunk-size", str(CHUNK), "--max-message-bytes", str(CHUNK // 4),
             "--log-level", "WARNING", *flags,
-            module="tests.faulty_broker" if faulty else "broker",
+            module="tests.faulty_broker" if faulty else "equeue_broker",
             env=env,
             log_path=tmp_path / "broker.log",
         )  # fmt: skip

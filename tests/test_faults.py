@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import (
+from equeue_broker.storage import (
     CorruptionError,
     DiskFullError,
     FlushMode,
@@ -29,9 +29,9 @@ from broker.storage import (
     Store,
     StoredMessage,
 )
-from broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_name
-from broker.storage.message_log import LOG_SUFFIX
-from broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX, QueueIndex
+from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_name
+from equeue_broker.storage.message_log import LOG_SUFFIX
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX, QueueIndex
 from tests.conftest import MakeConfig
 from tests.faults import flip_byte, index_files, log_chunks, simulate_machine_crash, write_at
 

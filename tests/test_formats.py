@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.storage import CorruptionError, MessageBatch, MessageLimits, record
-from broker.storage.atomic_file import load_json, save_json
-from broker.storage.chunk import (
+from equeue_broker.storage import CorruptionError, MessageBatch, MessageLimits, record
+from equeue_broker.storage.atomic_file import load_json, save_json
+from equeue_broker.storage.chunk import (
     CHUNK_TYPE_INDEX,
     CHUNK_TYPE_LOG,
     FOOTER_SIZE,
@@ -20,7 +20,7 @@ from broker.storage.chunk import (
     ChunkFooter,
     ChunkHeader,
 )
-from broker.storage.queue_index import (
+from equeue_broker.storage.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     RUNS_DONE,
@@ -28,15 +28,16 @@ from broker.storage.queue_index import (
     RUNS_LIMIT,
     index_runs_py,
 )
-from broker.storage.record import (
+from equeue_broker.storage.record import encode_records, prepare_batch
+from equeue_proto import accel
+from equeue_proto.record import (
     FLAG_BATCH_END,
     FLAG_HAS_KEY,
+    RecordError,
     check_frame,
     decode_headers,
     decode_record,
     encode_headers,
-    encode_records,
-    prepare_batch,
     read_meta,
 )
 
@@ -161,7 +162,7 @@ def test_frame_checks_name_each_failure() -> None:
     suffix = bytearray(out)
     suffix[-1] ^= 1
     assert "does not match prefix" in str(check_frame(suffix, 0, len(out)))
-    with pytest.raises(CorruptionError, match="checksum mismatch"):
+    with pytest.raises(RecordError, match="at byte 0: checksum mismatch"):
         decode_record(flipped, 0)
 
 
@@ -184,7 +185,7 @@ def test_c_encoder_matches_python_reference(
     position: int,
     data: st.DataObject,
 ) -> None:
-    if record.ENCODER != "c":
+    if accel.IMPLEMENTATION != "c":
         pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
     start = data.draw(st.integers(min_value=0, max_value=len(rows) - 1))
     batch = MessageBatch(
@@ -218,16 +219,16 @@ def test_c_encoder_matches_python_reference(
 def test_c_accelerator_is_built() -> None:
     """CI must exercise the C encoder; EQUEUE_PURE_PYTHON=1 runs the reference."""
     expected = "python" if os.environ.get("EQUEUE_PURE_PYTHON") else "c"
-    assert expected == record.ENCODER
+    assert expected == accel.IMPLEMENTATION
 
 
 @given(messages, st.integers(min_value=0, max_value=2**40))
 def test_c_frame_decoder_matches_python_reference(
     rows: list[tuple[bytes, bytes | None, str, list[tuple[str, bytes]], int]], position: int
 ) -> None:
-    if record.ENCODER != "c":
+    if accel.IMPLEMENTATION != "c":
         pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
-    from broker.storage._codec import decode_frames
+    from equeue_proto._codec import decode_frames
 
     batch = MessageBatch(
         values=[r[0] for r in rows],
@@ -285,9 +286,9 @@ def test_c_index_runs_matches_python_reference(
 ) -> None:
     """The pull planner: same runs, counts and stop reason in C and Python,
     over scattered or back-to-back records crossing 4,096-byte chunks."""
-    if record.ENCODER != "c":
+    if accel.IMPLEMENTATION != "c":
         pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
-    from broker.storage._codec import index_runs
+    from equeue_proto._codec import index_runs
 
     if contiguous:  # records back to back from the first position, like one append
         start = rows[0][0] if rows else 1

@@ -10,6 +10,8 @@ from pkgutil import iter_modules
 
 import pytest
 
+from equeue_proto import __version__
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -29,7 +31,23 @@ def test_install_ships_the_spark_hook(installed: Path) -> None:
     # Spark registers DefaultSource of every top-level ``pyspark_*`` module it finds.
     assert "pyspark_equeue" in [m.name for m in iter_modules([str(installed)])]
     assert (installed / "equeue_spark" / "spark" / "source.py").is_file()
-    assert list((installed / "broker" / "storage").glob("_codec*.so"))
+    assert list((installed / "equeue_proto").glob("_codec*.so"))
+
+
+def test_install_names_are_our_own(installed: Path) -> None:
+    # PyPI's "broker" and "equeue" are other projects: nothing of ours may take their names.
+    top_level = sorted(p.name for p in installed.iterdir() if not p.name.endswith(".dist-info"))
+    assert "broker" not in top_level and "equeue" not in top_level
+    assert {"equeue_broker", "equeue_spark", "equeue_proto", "pyspark_equeue.py"} <= set(top_level)
+    assert [p.name for p in installed.glob("*.dist-info")] == [f"equeue_mq-{__version__}.dist-info"]
+
+
+def test_version_lives_in_one_place(installed: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "equeue_broker", "--version"], env={"PYTHONPATH": str(installed)},
+        cwd=installed, capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    assert out.stdout.strip() == f"equeue-broker {__version__}"
 
 
 def test_hook_names_the_source_equeue(installed: Path) -> None:
@@ -44,7 +62,7 @@ def test_hook_names_the_source_equeue(installed: Path) -> None:
 
 def test_client_never_imports_pyspark(installed: Path) -> None:
     probe = (
-        "import sys, equeue_spark.client, broker.server.app; "
+        "import sys, equeue_spark.client, equeue_broker.server.app; "
         "print(sorted(m for m in sys.modules if m.startswith(('pyspark', 'pyarrow'))))"
     )
     out = subprocess.run(

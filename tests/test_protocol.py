@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.server.config import BrokerConfig, parse_args
-from broker.server.logs import JsonFormatter
-from broker.storage import InvalidArgument
+from equeue_broker.server.config import BrokerConfig, parse_args
+from equeue_broker.server.logs import JsonFormatter
+from equeue_broker.storage import InvalidArgument
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
 
 

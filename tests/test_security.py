@@ -17,8 +17,8 @@ import pytest
 import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from broker.server.auth import TokenTable
-from broker.server.errors import BadRequest
+from equeue_broker.server.auth import TokenTable
+from equeue_broker.server.errors import BadRequest
 from equeue_spark.cli import main as cli_main
 from equeue_spark.client import (
     Admin,

@@ -41,7 +41,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from broker.storage import (
+from equeue_broker.storage import (
     FlushMode,
     InvalidArgument,
     MessageBatch,
@@ -53,7 +53,7 @@ from broker.storage import (
     Store,
     StoredMessage,
 )
-from broker.storage.record import FRAME_OVERHEAD, encode_headers
+from equeue_proto.record import FRAME_OVERHEAD, encode_headers
 from tests.faults import simulate_machine_crash
 
 KiB = 1024

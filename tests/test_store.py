@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import (
+from equeue_broker.storage import (
     AlreadyExists,
     FlushMode,
     InvalidArgument,
@@ -25,7 +25,7 @@ from broker.storage import (
     StoreClosed,
     StoredMessage,
 )
-from broker.storage.record import check_frame, decode_record
+from equeue_proto.record import check_frame, decode_record
 from tests.conftest import MakeConfig
 
 OpenStore = Callable[..., Store]

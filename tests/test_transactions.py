@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker.storage import (
+from equeue_broker.storage import (
     FlushMode,
     InvalidName,
     LimitExceeded,
@@ -25,20 +25,16 @@ from broker.storage import (
     Store,
     record,
 )
-from broker.storage.config import MessageLimits, TransactionConfig
-from broker.storage.queue_index import ENTRY_SIZE
-from broker.storage.record import (
-    decode_record,
-    encode_records,
-    prepare_batch,
-    rebase_records,
-)
-from broker.storage.staging import (
+from equeue_broker.storage.config import MessageLimits, TransactionConfig
+from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.record import encode_records, prepare_batch, rebase_records
+from equeue_broker.storage.staging import (
     StageFile,
     decode_body,
     encode_entry,
     file_name,
 )
+from equeue_proto.record import decode_record
 from equeue_spark.client import (
     Admin,
     ClientConfig,

@@ -10,10 +10,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.server.service import _PULL_STATUS
-from broker.server.wire import _split_py, _varints_py, produce_reply, pull_reply_framer, varint
-from broker.storage import ReadStatus, RecordsResult, record
-from broker.storage.queue_index import ENTRY
+from equeue_broker.server.service import _PULL_STATUS
+from equeue_broker.server.wire import (
+    _split_py,
+    _varints_py,
+    produce_reply,
+    pull_reply_framer,
+    varint,
+)
+from equeue_broker.storage import ReadStatus, RecordsResult
+from equeue_broker.storage.queue_index import ENTRY
+from equeue_proto import accel
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import DataLossError
 from equeue_spark.client.wire import PullReply, parse_pull_reply
@@ -133,9 +140,9 @@ def test_produce_reply_is_byte_identical_to_protobuf(
 def test_c_varints_match_python_reference(
     values: list[int], stride: int, add: int, step: int
 ) -> None:
-    if record.ENCODER != "c":
+    if accel.IMPLEMENTATION != "c":
         pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
-    from broker.storage._codec import varints
+    from equeue_proto._codec import varints
 
     data = array("q", values).tobytes()
     count = len(values) if stride == 1 else (len(values) - 1) // max(stride, 1) + 1
@@ -145,7 +152,7 @@ def test_c_varints_match_python_reference(
 
 
 def test_split_blob_errors_name_the_numbers() -> None:
-    splitters = [_split_py] + ([_codec_split()] if record.ENCODER == "c" else [])
+    splitters = [_split_py] + ([_codec_split()] if accel.IMPLEMENTATION == "c" else [])
     for split in splitters:
         assert [bytes(p) for p in split(b"abcdef", [1, 0, 5])] == [b"a", b"", b"bcdef"]
         with pytest.raises(ValueError, match="length 1 is -2"):
@@ -155,6 +162,6 @@ def test_split_blob_errors_name_the_numbers() -> None:
 
 
 def _codec_split() -> Callable[[bytes, list[int]], list[bytes]]:
-    from broker.storage._codec import split_blob
+    from equeue_proto._codec import split_blob
 
     return split_blob

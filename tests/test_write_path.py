@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import MessageBatch, StorageConfig, Store, record
-from broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage import MessageBatch, StorageConfig, Store
+from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_proto import accel
 
 
-@pytest.mark.skipif(record.ENCODER != "c", reason="the bound holds for the C encoder only")
+@pytest.mark.skipif(accel.IMPLEMENTATION != "c", reason="the bound holds for the C encoder only")
 @pytest.mark.parametrize("count", [1_000, 10_000])
 def test_append_peak_memory_is_outputs_plus_a_constant(tmp_path: Path, count: int) -> None:
     store = Store(StorageConfig(tmp_path, chunk_capacity_bytes=64 << 20), background=False)

@@ -23,15 +23,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from broker.server.auth import AuthInterceptor, TokenTable
-from broker.server.config import BrokerConfig
-from broker.server.groups import ConsumerRegistry
-from broker.server.handlers import DecodeGuard
-from broker.server.logs import configure as configure_logging
-from broker.server.longpoll import PullWaiters
-from broker.server.service import AdminService, BrokerService, BrokerState
-from broker.storage import StorageError, Store
-from broker.storage.atomic_file import load_json, save_json
+from equeue_broker.server.auth import AuthInterceptor, TokenTable
+from equeue_broker.server.config import BrokerConfig
+from equeue_broker.server.groups import ConsumerRegistry
+from equeue_broker.server.handlers import DecodeGuard
+from equeue_broker.server.logs import configure as configure_logging
+from equeue_broker.server.longpoll import PullWaiters
+from equeue_broker.server.service import AdminService, BrokerService, BrokerState
+from equeue_broker.storage import StorageError, Store
+from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_proto.allocator import tune_malloc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -173,7 +173,7 @@ def _raise_file_limit() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The ``equeue-broker`` console script."""
-    from broker.server.config import parse_args
+    from equeue_broker.server.config import parse_args
 
     config = parse_args(argv)
     configure_logging(config.log_level, config.log_format)

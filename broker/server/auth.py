@@ -37,8 +37,8 @@ from typing import Any
 
 import grpc
 
-from broker.server.errors import BadRequest, PermissionDenied, Unauthenticated, status_for
-from broker.server.handlers import MethodHandler, rebuild, wrap_requests
+from equeue_broker.server.errors import BadRequest, PermissionDenied, Unauthenticated, status_for
+from equeue_broker.server.handlers import MethodHandler, rebuild, wrap_requests
 from equeue_proto.v1 import broker_pb2 as pb
 
 ROLES = ("admin", "produce", "consume")

@@ -12,14 +12,15 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from broker.storage.config import (
+from equeue_broker.storage.config import (
     FlushMode,
     MessageLimits,
     RetentionConfig,
     StorageConfig,
     TransactionConfig,
 )
-from broker.storage.errors import InvalidArgument
+from equeue_broker.storage.errors import InvalidArgument
+from equeue_proto import __version__
 
 MiB = 1024 * 1024
 
@@ -119,6 +120,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     parser = argparse.ArgumentParser(
         prog="equeue-broker", description="Run an equeue message broker."
     )
+    parser.add_argument("--version", action="version", version=f"equeue-broker {__version__}")
     parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--host")

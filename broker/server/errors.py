@@ -21,7 +21,7 @@ import logging
 
 import grpc
 
-from broker.storage.errors import (
+from equeue_broker.storage.errors import (
     AlreadyExists,
     CorruptionError,
     DiskFullError,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.storage.errors import LimitExceeded
+from equeue_broker.storage.errors import LimitExceeded
 
 MAX_CONSUMERS_PER_GROUP = 1024
 MAX_TOPICS_PER_CONSUMER = 1024

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from broker.server.errors import BadRequest, status_for
+from equeue_broker.server.errors import BadRequest, status_for
 
 MethodHandler = Any
 """A ``grpc.RpcMethodHandler`` of an aio server (grpc-stubs types only sync ones)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from broker.server.errors import TooManyPulls
+from equeue_broker.server.errors import TooManyPulls
 
 QueueKey = tuple[str, int]
 

@@ -22,15 +22,15 @@ from typing import Any, ParamSpec, TypeVar
 import grpc
 from crc32c import crc32c
 
-from broker.server.config import BrokerConfig
-from broker.server.errors import BadRequest, ShuttingDown, status_for
-from broker.server.groups import MAX_TOPICS_PER_CONSUMER, ConsumerRegistry
-from broker.server.longpoll import PullWaiters
-from broker.server.stats import Counters
-from broker.server.wire import decode_columns, produce_reply, pull_reply_framer
-from broker.storage import MessageBatch, NotFound, ReadStatus, Store
-from broker.storage.errors import AlreadyExists, InvalidArgument
-from broker.storage.names import validate_group, validate_topic
+from equeue_broker.server.config import BrokerConfig
+from equeue_broker.server.errors import BadRequest, ShuttingDown, status_for
+from equeue_broker.server.groups import MAX_TOPICS_PER_CONSUMER, ConsumerRegistry
+from equeue_broker.server.longpoll import PullWaiters
+from equeue_broker.server.stats import Counters
+from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
+from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, Store
+from equeue_broker.storage.errors import AlreadyExists, InvalidArgument
+from equeue_broker.storage.names import validate_group, validate_topic
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import struct
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from broker.server.errors import BadRequest
-from broker.storage import Framer, MessageBatch, ReadStatus, RecordsResult
-from broker.storage.queue_index import ENTRY_SIZE
-from broker.storage.record import decode_headers
+from equeue_broker.server.errors import BadRequest
+from equeue_broker.storage import Framer, MessageBatch, ReadStatus, RecordsResult
+from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_proto.accel import CODEC
+from equeue_proto.record import decode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 
 _VARINT, _LENGTH = 0, 2
@@ -59,13 +59,9 @@ def _split_py(blob: bytes, lengths: Sequence[int]) -> list[bytes] | list[memoryv
 
 _varints: Callable[[bytes | bytearray, int, int, int, int], bytes]
 _split_blob: Callable[[bytes, Sequence[int]], list[bytes] | list[memoryview]]
-try:
-    from broker.storage import _codec
-
-    _varints, _split_blob = _codec.varints, _codec.split_blob
-except ImportError:  # built without a C compiler
-    _varints, _split_blob = _varints_py, _split_py
-if os.environ.get("EQUEUE_PURE_PYTHON"):
+if CODEC is not None:
+    _varints, _split_blob = CODEC.varints, CODEC.split_blob
+else:
     _varints, _split_blob = _varints_py, _split_py
 
 

@@ -3,8 +3,8 @@
 This package imports nothing from the server, the client or Spark.
 """
 
-from broker.storage.config import FlushMode, MessageLimits, RetentionConfig, StorageConfig
-from broker.storage.errors import (
+from equeue_broker.storage.config import FlushMode, MessageLimits, RetentionConfig, StorageConfig
+from equeue_broker.storage.errors import (
     AlreadyExists,
     CorruptionError,
     DiskFullError,
@@ -16,8 +16,8 @@ from broker.storage.errors import (
     StorageError,
     StoreClosed,
 )
-from broker.storage.record import MessageBatch, StoredMessage
-from broker.storage.store import (
+from equeue_broker.storage.record import MessageBatch
+from equeue_broker.storage.store import (
     AppendResult,
     Framer,
     QueueInfo,
@@ -28,6 +28,7 @@ from broker.storage.store import (
     RetentionReport,
     Store,
 )
+from equeue_proto.record import StoredMessage
 
 __all__ = [
     "AlreadyExists",

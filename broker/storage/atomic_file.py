@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from broker.storage.errors import CorruptionError
+from equeue_broker.storage.errors import CorruptionError
 
 log = logging.getLogger(__name__)
 

@@ -53,8 +53,8 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from broker.storage.atomic_file import fsync_dir
-from broker.storage.errors import CorruptionError
+from equeue_broker.storage.atomic_file import fsync_dir
+from equeue_broker.storage.errors import CorruptionError
 
 FORMAT_VERSION = 1
 HEADER_SIZE = 128

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.storage.errors import InvalidArgument
+from equeue_broker.storage.errors import InvalidArgument
 
 KiB = 1024
 MiB = 1024 * KiB

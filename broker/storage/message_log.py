@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.storage.chunk import (
+from equeue_broker.storage.chunk import (
     CHUNK_TYPE_LOG,
     HEADER_SIZE,
     ChunkHeader,
@@ -38,10 +38,11 @@ from broker.storage.chunk import (
     read_sealed_footer,
     seal_chunk_file,
 )
-from broker.storage.errors import CorruptionError
-from broker.storage.record import (
+from equeue_broker.storage.errors import CorruptionError
+from equeue_proto.record import (
     FLAG_BATCH_END,
     HEADER,
+    RecordError,
     RecordMeta,
     StoredMessage,
     check_frame,
@@ -338,7 +339,10 @@ class MessageLog:
     def read(self, position: int, size: int) -> StoredMessage:
         """Decode the record of ``size`` bytes at ``position`` (sizes come from the index)."""
         chunk, local = self._data_view(position, size)
-        return decode_record(chunk.buffer(), local, str(chunk.path), local)
+        try:
+            return decode_record(chunk.buffer(), local)
+        except RecordError as exc:
+            raise CorruptionError(f"invalid record: {exc.reason}", str(chunk.path), local) from None
 
     def _data_view(self, position: int, size: int) -> tuple[LogChunk, int]:
         """The chunk holding ``[position, position + size)`` and the local file offset."""

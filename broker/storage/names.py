@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from broker.storage.errors import InvalidName
+from equeue_broker.storage.errors import InvalidName
 
 MAX_NAME_LENGTH = 128
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

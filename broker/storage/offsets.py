@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from broker.storage.atomic_file import load_json, save_json
-from broker.storage.errors import CorruptionError
+from equeue_broker.storage.atomic_file import load_json, save_json
+from equeue_broker.storage.errors import CorruptionError
 
 GroupOffsets = dict[str, dict[int, int]]
 """{topic: {queue_id: next_offset}} of one group."""

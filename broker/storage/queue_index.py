@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from broker.storage.chunk import (
+from equeue_broker.storage.chunk import (
     CHUNK_TYPE_INDEX,
     HEADER_SIZE,
     ChunkHeader,
@@ -42,16 +42,21 @@ from broker.storage.chunk import (
     read_backwards,
     read_header,
 )
-from broker.storage.errors import CorruptionError
+from equeue_broker.storage.errors import CorruptionError
+from equeue_proto.accel import CODEC, check_layout
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 ENTRY = struct.Struct("<QIIq8x")
 ENTRY_SIZE = ENTRY.size
+_AT_SIZE = struct.calcsize("<Q")
+_AT_TAG_HASH = struct.calcsize("<QI")
+_AT_STORE_MS = struct.calcsize("<QII")
+_AT_RESERVED = struct.calcsize("<QIIq")
 _POSITION = struct.Struct("<Q")
 """An entry's first field, ``position_plus_one``."""
-_SIZE_WORD = 2
+_SIZE_WORD = _AT_SIZE // 4
 """Index of ``record_size`` among an entry's 32-bit words (after the u64 position)."""
 INDEX_SUFFIX = ".idx"
 
@@ -108,14 +113,13 @@ def index_runs_py(  # noqa: PLR0917 (positional, like the C function it mirrors)
     return runs, taken, count, total, stop
 
 
-try:
-    from broker.storage import _codec
-
-    index_runs = _codec.index_runs
-except ImportError:  # built without a C compiler
-    index_runs = index_runs_py
-if os.environ.get("EQUEUE_PURE_PYTHON"):  # run the reference (tests of the fallback)
-    index_runs = index_runs_py
+index_runs = CODEC.index_runs if CODEC else index_runs_py
+if CODEC is not None:  # the C encoder writes entries too: its layout must be this one
+    check_layout(
+        CODEC.LAYOUT,
+        {"ENTRY_SIZE": ENTRY_SIZE, "ENTRY_AT_SIZE": _AT_SIZE, "ENTRY_AT_TAG_HASH": _AT_TAG_HASH,
+         "ENTRY_AT_STORE_MS": _AT_STORE_MS, "ENTRY_AT_RESERVED": _AT_RESERVED},
+    )  # fmt: skip
 
 
 class QueueIndex:

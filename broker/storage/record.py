@@ -1,87 +1,51 @@
-"""Message records: the framing and fields of one message in the message log.
+"""Encoding message records into the log (the storage side of the record format).
 
-On-disk format (all integers little-endian; this module is the only place that
-reads or writes it)::
-
-    frame := body_length u32 | body | crc u32 | body_length u32
-
-    body  := version       u8    RECORD_VERSION
-             flags         u8    bit 0 HAS_KEY (a zero-length key is not "no key"),
-                                 bit 1 BATCH_END (last record of an atomic append)
-             queue_id      u16
-             queue_offset  u64
-             position      u64   global log position of this frame's first byte
-             producer_ms   i64   producer timestamp
-             store_ms      i64   broker timestamp at append
-             topic_length  u16
-             tag_length    u8
-             reserved      u8    0
-             key_length    u32
-             headers_length u32  bytes of the headers section
-             value_length  u32
-             topic | tag | key | headers | value      (the bytes, in this order)
-
-    headers := count u16, then count times: key_length u16 | key (UTF-8) |
-                                            value_length u32 | value
-
-``crc`` is the CRC32C of ``body``. The length suffix repeats the prefix so a
-torn or overwritten record is detected from either end. A frame is
-``body_length + 12`` bytes; records never span chunks.
-
-The store writes an append's records with BATCH_END on the last one only;
-recovery discards trailing records after the last BATCH_END, so an append is
-all-or-nothing across a crash.
+The format itself (grammar, constants, frame checks, decoding) is part of the
+wire contract and lives in ``equeue_proto.record``; this module validates
+batches against the broker's limits, encodes them (in C when built, see
+``equeue_proto.accel``) with their index entries, and rebases staged records.
 """
 
 from __future__ import annotations
 
 import itertools
-import mmap
-import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from broker.storage.config import MessageLimits
-from broker.storage.errors import CorruptionError, InvalidArgument, LimitExceeded
-from broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.config import MessageLimits
+from equeue_broker.storage.errors import InvalidArgument, LimitExceeded
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_proto.accel import CODEC
+from equeue_proto.record import (
+    AT_BODY,
+    AT_FLAGS,
+    AT_QUEUE_OFFSET,
+    AT_STORE_MS,
+    AT_TAG_LEN,
+    AT_TOPIC_LEN,
+    BODY_TO_FRAME,
+    FIXED_BODY_SIZE,
+    FLAG_BATCH_END,
+    FLAG_HAS_KEY,
+    FRAME_OVERHEAD,
+    HEADER,
+    RECORD_VERSION,
+    TRAILER,
+    Headers,
+    body_length,
+    encode_headers,
+)
 
-_encode_c: Callable[..., int] | None
-_rebase_c: Callable[..., int] | None
-try:
-    from broker.storage._codec import encode_records as _encode_c
-    from broker.storage._codec import rebase_records as _rebase_c
-except ImportError:  # built without a C compiler
-    _encode_c = _rebase_c = None
-if os.environ.get("EQUEUE_PURE_PYTHON"):
-    _encode_c = _rebase_c = None
-ENCODER = "python" if _encode_c is None else "c"
-"""Which record encoder is in use: "c" (the _codec extension) or "python"."""
-
-RECORD_VERSION = 1
-FLAG_HAS_KEY = 1
-FLAG_BATCH_END = 2
-
-HEADER = struct.Struct("<IBBHQQqqHBxIII")
-"""Length prefix plus the fixed part of the body."""
-TRAILER = struct.Struct("<II")
-_HEADER_COUNT = struct.Struct("<H")
-_HEADER_KEY_LEN = struct.Struct("<H")
-_HEADER_VALUE_LEN = struct.Struct("<I")
+_encode_c: Callable[..., int] | None = CODEC.encode_records if CODEC else None
+_rebase_c: Callable[..., int] | None = CODEC.rebase_records if CODEC else None
 _U32 = struct.Struct("<I")
-_U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
+_U16 = struct.Struct("<H")
 _OFFSETS = struct.Struct("<QQ")
-
-FIXED_BODY_SIZE = HEADER.size - 4
-FRAME_OVERHEAD = HEADER.size + TRAILER.size
-"""Bytes a frame adds to its variable-length fields."""
-MIN_BODY_SIZE = FIXED_BODY_SIZE
-_FLAGS_AT = 5
-
-Headers = Sequence[tuple[str, bytes]]
+"""queue_offset and position, adjacent in the header."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,36 +69,6 @@ class MessageBatch:
         return len(self.values)
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One message as read back from the log."""
-
-    topic: str
-    queue_id: int
-    queue_offset: int
-    position: int
-    key: bytes | None
-    tag: str
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...]
-    producer_timestamp_ms: int
-    store_timestamp_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecordMeta:
-    """The fixed fields of a record, read without copying its payload."""
-
-    flags: int
-    queue_id: int
-    queue_offset: int
-    position: int
-    store_timestamp_ms: int
-    topic: bytes
-    tag: bytes
-    frame_size: int
-
-
 # -- batch preparation ---------------------------------------------------------
 
 
@@ -147,39 +81,6 @@ class PreparedBatch:
     headers: Sequence[bytes] | None
     total_bytes: int
     """Sum of the frame sizes of every record."""
-
-
-def encode_headers(headers: Headers) -> bytes:
-    parts = [_HEADER_COUNT.pack(len(headers))]
-    for key, value in headers:
-        raw_key = key.encode()
-        parts += (_HEADER_KEY_LEN.pack(len(raw_key)), raw_key, _HEADER_VALUE_LEN.pack(len(value)))
-        parts.append(bytes(value))
-    return b"".join(parts)
-
-
-def decode_headers(data: bytes) -> tuple[tuple[str, bytes], ...]:
-    """The headers section of a record; ``ValueError`` (or ``struct.error``,
-    ``UnicodeDecodeError``) if it is cut short, too long, or not UTF-8."""
-    if not data:
-        return ()
-    (count,) = _HEADER_COUNT.unpack_from(data)
-    pos = _HEADER_COUNT.size
-    out = []
-    for _ in range(count):
-        (key_len,) = _HEADER_KEY_LEN.unpack_from(data, pos)
-        pos += 2
-        key = data[pos : pos + key_len].decode()
-        pos += key_len
-        (value_len,) = _HEADER_VALUE_LEN.unpack_from(data, pos)
-        pos += 4
-        if pos + value_len > len(data):
-            raise ValueError(f"header {key!r} declares {value_len} bytes; {len(data) - pos} left")
-        out.append((key, data[pos : pos + value_len]))
-        pos += value_len
-    if pos != len(data):
-        raise ValueError(f"{len(data) - pos} bytes after the last header")
-    return tuple(out)
 
 
 def prepare_batch(batch: MessageBatch, topic: bytes, limits: MessageLimits) -> PreparedBatch:
@@ -250,13 +151,7 @@ _measure: Callable[
     [Sequence[bytes], Sequence[bytes | None] | None, Sequence[bytes] | None,
      Sequence[bytes] | None, int],
     tuple[int, int, int, int],
-]  # fmt: skip
-try:
-    from broker.storage._codec import measure_batch as _measure
-except ImportError:
-    _measure = _measure_py
-if os.environ.get("EQUEUE_PURE_PYTHON"):
-    _measure = _measure_py
+] = CODEC.measure_batch if CODEC else _measure_py  # fmt: skip
 
 
 def _prepare_tags(tags: Sequence[str], limits: MessageLimits) -> list[bytes]:
@@ -324,7 +219,7 @@ def encode_records(
 
     ``position`` is the global log position of ``out[0]``. The last record gets
     the BATCH_END flag. Uses the C accelerator when it is built (see
-    ``ENCODER``), else the pure-Python reference encoder; both produce the same
+    ``equeue_proto.accel``), else the pure-Python reference encoder; both produce the same
     bytes.
     """
     if _encode_c is None:
@@ -412,13 +307,13 @@ def encode_records_py(
             p += header_len
         out[p : p + value_len] = value
         p += value_len
-        pack_trailer(out, p, crc32c(view[pos + 4 : p]), body)
+        pack_trailer(out, p, crc32c(view[pos + AT_BODY : p]), body)
         pack_entry(
-            index_out, entry_pos, position + pos + 1, body + 12,
+            index_out, entry_pos, position + pos + 1, body + BODY_TO_FRAME,
             crc32c(tag) if tag_len else 0, store_ms,
         )  # fmt: skip
         last = pos
-        pos = p + 8
+        pos = p + TRAILER.size
         entry_pos += ENTRY_SIZE
         offset += 1
     assert offset - first_offset == len(rng), "batch columns shorter than values"
@@ -447,9 +342,9 @@ class EncodedBatch:
         """Size of each frame (a Python loop: off the hot path)."""
         pos = 0
         for _ in range(self.count):
-            (body,) = _U32.unpack_from(self.frames, pos)
-            pos += body + 12
-            yield body + 12
+            frame = body_length(self.frames, pos) + BODY_TO_FRAME
+            pos += frame
+            yield frame
 
     def slice(self, start: int, stop: int) -> EncodedBatch:
         """Records ``[start, stop)`` (the batch itself when that is all of it)."""
@@ -487,19 +382,20 @@ def rebase_records(
     src = memoryview(batch.frames)
     pos = 0
     for i in range(batch.count):
-        (body,) = _U32.unpack_from(src, pos)
-        frame = body + 12
+        body = body_length(src, pos)
+        frame = body + BODY_TO_FRAME
         if pos + frame > len(src) or pos + frame > len(view):
             raise ValueError(f"staged record {i} overruns its buffer")
         view[pos : pos + frame] = src[pos : pos + frame]
-        flags = (view[pos + _FLAGS_AT] & ~FLAG_BATCH_END) | (
+        flags = (view[pos + AT_FLAGS] & ~FLAG_BATCH_END) | (
             FLAG_BATCH_END if i == batch.count - 1 else 0
         )
-        view[pos + _FLAGS_AT] = flags
-        _OFFSETS.pack_into(out, pos + 8, first_offset + i, position + pos)
-        _U64.pack_into(out, pos + 32, store_ms)
-        _U32.pack_into(out, pos + 4 + body, crc32c(view[pos + 4 : pos + 4 + body]))
-        topic_len, tag_len = _U16.unpack_from(out, pos + 40)[0], view[pos + 42]
+        view[pos + AT_FLAGS] = flags
+        _OFFSETS.pack_into(out, pos + AT_QUEUE_OFFSET, first_offset + i, position + pos)
+        _U64.pack_into(out, pos + AT_STORE_MS, store_ms)
+        body_at = pos + AT_BODY
+        _U32.pack_into(out, body_at + body, crc32c(view[body_at : body_at + body]))
+        topic_len, tag_len = _U16.unpack_from(out, pos + AT_TOPIC_LEN)[0], view[pos + AT_TAG_LEN]
         tag_at = pos + HEADER.size + topic_len
         ENTRY.pack_into(
             index_out, i * ENTRY_SIZE, position + pos + 1, frame,
@@ -513,71 +409,6 @@ def rebase_records(
 
 
 def _set_batch_end(out: bytearray | memoryview, view: memoryview, pos: int) -> None:
-    out[pos + _FLAGS_AT] |= FLAG_BATCH_END
-    (body,) = _U32.unpack_from(out, pos)
-    _U32.pack_into(out, pos + 4 + body, crc32c(view[pos + 4 : pos + 4 + body]))
-
-
-# -- decoding ------------------------------------------------------------------
-
-Buffer = bytes | bytearray | memoryview | mmap.mmap
-
-
-def check_frame(buf: Buffer, pos: int, end: int) -> int | str:
-    """Validate the frame at ``pos`` (data ends at ``end``).
-
-    Returns the frame size, or a string saying why the frame is invalid. Used
-    by recovery, which stops at the first invalid frame.
-    """
-    if pos + HEADER.size > end:
-        return "frame header runs past the end of the data"
-    (body,) = _U32.unpack_from(buf, pos)
-    if body == 0:
-        return "zero length (end of written data)"
-    if body < MIN_BODY_SIZE or pos + body + 12 > end:
-        return f"bad length {body}"
-    crc: int
-    suffix: int
-    crc, suffix = TRAILER.unpack_from(buf, pos + 4 + body)
-    if suffix != body:
-        return f"length suffix {suffix} does not match prefix {body}"
-    if crc != crc32c(memoryview(buf)[pos + 4 : pos + 4 + body]):
-        return "checksum mismatch"
-    return int(body) + 12
-
-
-def read_meta(buf: Buffer, pos: int) -> RecordMeta:
-    """The fixed fields of the (already validated) frame at ``pos``."""
-    (body, _v, flags, queue_id, offset, position, _p, store_ms, topic_len, tag_len, *_r) = (
-        HEADER.unpack_from(buf, pos)
-    )
-    p = pos + HEADER.size
-    topic = bytes(buf[p : p + topic_len])
-    tag = bytes(buf[p + topic_len : p + topic_len + tag_len])
-    return RecordMeta(flags, queue_id, offset, position, store_ms, topic, tag, body + 12)
-
-
-def decode_record(buf: Buffer, pos: int, path: str = "", file_pos: int = -1) -> StoredMessage:
-    """Decode and verify the frame at ``pos``; raise ``CorruptionError`` if invalid."""
-    verdict = check_frame(buf, pos, len(buf))
-    if isinstance(verdict, str):
-        raise CorruptionError(f"invalid record: {verdict}", path, file_pos if path else pos)
-    (
-        _body, version, flags, queue_id, offset, position, producer_ms, store_ms,
-        topic_len, tag_len, key_len, header_len, value_len,
-    ) = HEADER.unpack_from(buf, pos)  # fmt: skip
-    if version != RECORD_VERSION:
-        raise CorruptionError(f"unsupported record version {version}", path, file_pos)
-    p = pos + HEADER.size
-    topic = bytes(buf[p : p + topic_len]).decode()
-    p += topic_len
-    tag = bytes(buf[p : p + tag_len]).decode()
-    p += tag_len
-    key = bytes(buf[p : p + key_len]) if flags & FLAG_HAS_KEY else None
-    p += key_len
-    headers = decode_headers(bytes(buf[p : p + header_len]))
-    p += header_len
-    value = bytes(buf[p : p + value_len])
-    return StoredMessage(
-        topic, queue_id, offset, position, key, tag, value, headers, producer_ms, store_ms
-    )
+    out[pos + AT_FLAGS] |= FLAG_BATCH_END
+    body = body_length(out, pos)
+    _U32.pack_into(out, pos + AT_BODY + body, crc32c(view[pos + AT_BODY : pos + AT_BODY + body]))

@@ -31,10 +31,10 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from broker.storage.chunk import pwrite_all
-from broker.storage.errors import CorruptionError
-from broker.storage.queue_index import ENTRY_SIZE
-from broker.storage.record import EncodedBatch, PreparedBatch, encode_records
+from equeue_broker.storage.chunk import pwrite_all
+from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.record import EncodedBatch, PreparedBatch, encode_records
 
 MAGIC = b"EQTX"
 VERSION = 2

@@ -46,9 +46,9 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from broker.storage.atomic_file import load_json, remove_temp_files, save_json
-from broker.storage.config import FlushMode, StorageConfig
-from broker.storage.errors import (
+from equeue_broker.storage.atomic_file import load_json, remove_temp_files, save_json
+from equeue_broker.storage.config import FlushMode, StorageConfig
+from equeue_broker.storage.errors import (
     AlreadyExists,
     CorruptionError,
     InvalidArgument,
@@ -59,11 +59,11 @@ from broker.storage.errors import (
     StoreClosed,
     io_error,
 )
-from broker.storage.flush import GroupCommit, SyncCommitter
-from broker.storage.message_log import MessageLog
-from broker.storage.names import validate_group, validate_topic
-from broker.storage.offsets import GroupOffsets, OffsetStore
-from broker.storage.queue_index import (
+from equeue_broker.storage.flush import GroupCommit, SyncCommitter
+from equeue_broker.storage.message_log import MessageLog
+from equeue_broker.storage.names import validate_group, validate_topic
+from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
+from equeue_broker.storage.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     RUNS_EMPTY,
@@ -71,19 +71,18 @@ from broker.storage.queue_index import (
     QueueIndex,
     index_runs,
 )
-from broker.storage.record import (
-    FRAME_OVERHEAD,
+from equeue_broker.storage.record import (
     EncodedBatch,
     MessageBatch,
     PreparedBatch,
-    StoredMessage,
     encode_records,
     frame_sizes,
     prepare_batch,
     rebase_records,
 )
-from broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
-from broker.storage.transactions import Transactions
+from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
+from equeue_broker.storage.transactions import Transactions
+from equeue_proto.record import FRAME_OVERHEAD, StoredMessage
 
 log = logging.getLogger(__name__)
 

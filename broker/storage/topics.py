@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from broker.storage.atomic_file import load_json, save_json
-from broker.storage.errors import CorruptionError
+from equeue_broker.storage.atomic_file import load_json, save_json
+from equeue_broker.storage.errors import CorruptionError
 
 
 @dataclass(frozen=True)

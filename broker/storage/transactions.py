@@ -56,9 +56,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.storage.atomic_file import load_json, remove_temp_files, save_json
-from broker.storage.config import TransactionConfig
-from broker.storage.errors import (
+from equeue_broker.storage.atomic_file import load_json, remove_temp_files, save_json
+from equeue_broker.storage.config import TransactionConfig
+from equeue_broker.storage.errors import (
     CorruptionError,
     LimitExceeded,
     NotFound,
@@ -66,12 +66,12 @@ from broker.storage.errors import (
     StorageError,
     io_error,
 )
-from broker.storage.names import validate_transaction_id
-from broker.storage.record import EncodedBatch, MessageBatch
-from broker.storage.staging import SUFFIX, StageFile, encode_entry
+from equeue_broker.storage.names import validate_transaction_id
+from equeue_broker.storage.record import EncodedBatch, MessageBatch
+from equeue_broker.storage.staging import SUFFIX, StageFile, encode_entry
 
 if TYPE_CHECKING:
-    from broker.storage.store import Store
+    from equeue_broker.storage.store import Store
 
 log = logging.getLogger(__name__)
 

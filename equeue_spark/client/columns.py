@@ -24,20 +24,21 @@ little-endian, and the Arrow arrays they make (n records, m headers in all)::
 
 Offsets buffers hold n + 1 (or m + 1) int32s starting at 0. The header
 buffers are all ``b""`` unless headers were asked for. The C accelerator
-(``broker.storage._codec``) does this in one call; without it, or with
+(``equeue_proto._codec``) does this in one call; without it, or with
 ``EQUEUE_PURE_PYTHON`` set, ``decode_columns_py`` makes the same bytes.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
-from broker.storage.record import (
+from equeue_proto.accel import CODEC, IMPLEMENTATION
+from equeue_proto.protocol import MESSAGE_ID_HEX_DIGITS, format_message_id
+from equeue_proto.record import (
     FIXED_BODY_SIZE,
     FLAG_HAS_KEY,
     HEADER,
@@ -45,7 +46,6 @@ from broker.storage.record import (
     Buffer,
     check_frame,
 )
-from equeue_proto.protocol import MESSAGE_ID_HEX_DIGITS, format_message_id
 from equeue_spark.client.errors import DataLossError, LimitError
 
 
@@ -81,14 +81,8 @@ class RecordColumns(NamedTuple):
     header_values: bytes
 
 
-_decode_c: Callable[..., tuple[Any, ...]] | None
-try:
-    from broker.storage._codec import decode_columns as _decode_c
-except ImportError:  # built without a C compiler
-    _decode_c = None
-if os.environ.get("EQUEUE_PURE_PYTHON"):
-    _decode_c = None
-DECODER = "python" if _decode_c is None else "c"
+_decode_c: Callable[..., tuple[Any, ...]] | None = CODEC.decode_columns if CODEC else None
+DECODER = IMPLEMENTATION
 """Which column decoder is in use: "c" (the _codec extension) or "python"."""
 
 MAX_BLOB_BYTES = 2**31 - 1

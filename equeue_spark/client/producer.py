@@ -25,8 +25,8 @@ from typing import overload
 
 import grpc
 
-from broker.storage.record import encode_headers
 from equeue_proto.protocol import format_message_id
+from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import BrokerError, from_rpc_error

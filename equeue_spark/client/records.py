@@ -1,9 +1,10 @@
 """Messages as the client sees them, decoded from the broker's record format.
 
-Pull replies carry records exactly as the broker stores them (record.py);
+Pull replies carry records exactly as the broker stores them (``equeue_proto.record``);
 every record's checksum is verified here, so corruption anywhere between the
 broker's disk and this process is caught. The C accelerator decodes a reply in
-one call; without it the pure-Python decoder of record.py is used.
+one call; without it (or with ``EQUEUE_PURE_PYTHON`` set) the pure-Python
+decoder of ``equeue_proto.record`` is used.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from broker.storage.record import Buffer, check_frame, decode_record
+from equeue_proto.accel import CODEC
 from equeue_proto.protocol import format_message_id
+from equeue_proto.record import Buffer, check_frame, decode_record
 from equeue_spark.client.errors import DataLossError
 
 
@@ -39,11 +41,9 @@ class Message(NamedTuple):
         return format_message_id(self.broker_id, self.position)
 
 
-_decode_c: Callable[[Buffer, type[Message], str], list[Message]] | None
-try:
-    from broker.storage._codec import decode_frames as _decode_c
-except ImportError:  # built without a C compiler
-    _decode_c = None
+_decode_c: Callable[[Buffer, type[Message], str], list[Message]] | None = (
+    CODEC.decode_frames if CODEC else None
+)
 
 
 def decode_records(records: Buffer, broker_id: str) -> list[Message]:

@@ -1,13 +1,18 @@
 /*
- * C accelerator for the record encoder of broker/storage/record.py, and the
- * client's pull-reply decoders (decode_frames for equeue_spark/client/records.py,
- * decode_columns for equeue_spark/client/columns.py).
+ * C accelerator for the equeue record format: the broker's record encoder and
+ * rebase (equeue_broker/storage/record.py), its pull planner (index_runs) and
+ * wire helpers (split_blob, varints), and the client's pull-reply decoders
+ * (decode_frames for equeue_spark/client/records.py, decode_columns for
+ * equeue_spark/client/columns.py).
  *
- * The record format is specified in record.py (and the index entry in
- * queue_index.py); this file implements exactly the same encoding, and
- * tests/test_formats.py checks byte-for-byte equality against the pure-Python
- * encoder on generated batches. Why C: a per-message Python loop costs about
- * 1.5 us per message, four times a raw page-cache write of a 1 KiB message.
+ * The record format is specified in equeue_proto/record.py (and the index entry
+ * in the storage's queue_index.py); this file implements exactly the same
+ * encoding, exports its layout constants (LAYOUT, asserted at import by
+ * equeue_proto/accel.py), and tests/test_formats.py checks byte-for-byte
+ * equality against the pure-Python encoder on generated batches. Why C: a
+ * per-message Python loop costs about 1.5 us per message, four times a raw
+ * page-cache write of a 1 KiB message. It lives in the contract package because
+ * the client decodes the same frames the broker writes.
  *
  * CRC32C uses the SSE4.2 crc32 instruction when the CPU has it (checked at
  * import), else a slicing-by-8 table.
@@ -92,14 +97,36 @@ static inline void put64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* Layout constants; they mirror record.py's HEADER / TRAILER and
- * queue_index.py's ENTRY (checked at import by record.py). */
-#define HEADER_SIZE 56
-#define TRAILER_SIZE 8
-#define ENTRY_SIZE 32
+/* Layout constants. They mirror equeue_proto/record.py's HEADER / TRAILER and
+ * the storage's queue_index.py ENTRY; the module exports them (LAYOUT) and the
+ * Python side asserts them at import (equeue_proto/accel.py), so a change on one
+ * side only fails loudly. */
+#define HEADER_SIZE 56 /* length prefix + fixed body fields */
+#define TRAILER_SIZE 8 /* crc u32 | length suffix u32 */
 #define RECORD_VERSION 1
 #define FLAG_HAS_KEY 1
 #define FLAG_BATCH_END 2
+/* Byte offsets of the fields in a frame, from its first byte. */
+#define AT_BODY 4 /* the checksummed body starts after the length prefix */
+#define AT_VERSION 4
+#define AT_FLAGS 5
+#define AT_QUEUE_ID 6
+#define AT_QUEUE_OFFSET 8
+#define AT_POSITION 16
+#define AT_PRODUCER_MS 24
+#define AT_STORE_MS 32
+#define AT_TOPIC_LEN 40
+#define AT_TAG_LEN 42
+#define AT_RESERVED 43
+#define AT_KEY_LEN 44
+#define AT_HEADERS_LEN 48
+#define AT_VALUE_LEN 52
+/* The queue index entry (storage format, written beside each encoded record). */
+#define ENTRY_SIZE 32
+#define ENTRY_AT_SIZE 8
+#define ENTRY_AT_TAG_HASH 12
+#define ENTRY_AT_STORE_MS 16
+#define ENTRY_AT_RESERVED 24
 
 /* A borrowed view of a bytes-like item: bytes directly, else the buffer protocol. */
 typedef struct {
@@ -212,34 +239,34 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         uint8_t *r = base + pos;
         uint8_t flags = (uint8_t)((have_key ? FLAG_HAS_KEY : 0) | (i == stop - 1 ? FLAG_BATCH_END : 0));
         put32(r, (uint32_t)body);
-        put8(r + 4, RECORD_VERSION);
-        put8(r + 5, flags);
-        put16(r + 6, (uint16_t)queue_id);
-        put64(r + 8, (uint64_t)(first_offset + (i - start)));
-        put64(r + 16, (uint64_t)(position + pos));
-        put64(r + 24, (uint64_t)producer_ms);
-        put64(r + 32, (uint64_t)store_ms);
-        put16(r + 40, (uint16_t)topic_len);
-        put8(r + 42, (uint8_t)tag.len);
-        put8(r + 43, 0);
-        put32(r + 44, (uint32_t)key.len);
-        put32(r + 48, (uint32_t)hdrs.len);
-        put32(r + 52, (uint32_t)value.len);
+        put8(r + AT_VERSION, RECORD_VERSION);
+        put8(r + AT_FLAGS, flags);
+        put16(r + AT_QUEUE_ID, (uint16_t)queue_id);
+        put64(r + AT_QUEUE_OFFSET, (uint64_t)(first_offset + (i - start)));
+        put64(r + AT_POSITION, (uint64_t)(position + pos));
+        put64(r + AT_PRODUCER_MS, (uint64_t)producer_ms);
+        put64(r + AT_STORE_MS, (uint64_t)store_ms);
+        put16(r + AT_TOPIC_LEN, (uint16_t)topic_len);
+        put8(r + AT_TAG_LEN, (uint8_t)tag.len);
+        put8(r + AT_RESERVED, 0);
+        put32(r + AT_KEY_LEN, (uint32_t)key.len);
+        put32(r + AT_HEADERS_LEN, (uint32_t)hdrs.len);
+        put32(r + AT_VALUE_LEN, (uint32_t)value.len);
         uint8_t *p = r + HEADER_SIZE;
         memcpy(p, topic, topic_len); p += topic_len;
         if (tag.len) { memcpy(p, tag.ptr, tag.len); p += tag.len; }
         if (key.len) { memcpy(p, key.ptr, key.len); p += key.len; }
         if (hdrs.len) { memcpy(p, hdrs.ptr, hdrs.len); p += hdrs.len; }
         memcpy(p, value.ptr, value.len); p += value.len;
-        put32(p, crc32c(r + 4, (size_t)body));
+        put32(p, crc32c(r + AT_BODY, (size_t)body));
         put32(p + 4, (uint32_t)body);
 
         uint8_t *e = entry + (i - start) * ENTRY_SIZE;
         put64(e, (uint64_t)(position + pos + 1));
-        put32(e + 8, (uint32_t)frame);
-        put32(e + 12, tag.len ? crc32c(tag.ptr, (size_t)tag.len) : 0);
-        put64(e + 16, (uint64_t)store_ms);
-        memset(e + 24, 0, 8);
+        put32(e + ENTRY_AT_SIZE, (uint32_t)frame);
+        put32(e + ENTRY_AT_TAG_HASH, tag.len ? crc32c(tag.ptr, (size_t)tag.len) : 0);
+        put64(e + ENTRY_AT_STORE_MS, (uint64_t)store_ms);
+        memset(e + ENTRY_AT_RESERVED, 0, 8);
         pos += frame;
         item_release(&value); item_release(&key); item_release(&tag); item_release(&hdrs);
         continue;
@@ -298,12 +325,12 @@ static PyObject *rebase_records(PyObject *self, PyObject *args) {
         uint8_t *r = base + pos;
         memcpy(r, in + pos, (size_t)frame);
         uint8_t flags = (uint8_t)(r[5] & ~FLAG_BATCH_END);
-        put8(r + 5, (uint8_t)(flags | (i == count - 1 ? FLAG_BATCH_END : 0)));
-        put64(r + 8, (uint64_t)(first_offset + i));
-        put64(r + 16, (uint64_t)(position + pos));
-        put64(r + 32, (uint64_t)store_ms);
-        put32(r + 4 + body, crc32c(r + 4, (size_t)body));
-        uint16_t topic_len = get16(r + 40);
+        put8(r + AT_FLAGS, (uint8_t)(flags | (i == count - 1 ? FLAG_BATCH_END : 0)));
+        put64(r + AT_QUEUE_OFFSET, (uint64_t)(first_offset + i));
+        put64(r + AT_POSITION, (uint64_t)(position + pos));
+        put64(r + AT_STORE_MS, (uint64_t)store_ms);
+        put32(r + AT_BODY + body, crc32c(r + AT_BODY, (size_t)body));
+        uint16_t topic_len = get16(r + AT_TOPIC_LEN);
         uint8_t tag_len = r[42];
         if ((Py_ssize_t)HEADER_SIZE + topic_len + tag_len > frame - 8) {
             PyErr_Format(PyExc_ValueError, "staged record %zd has bad field lengths", i);
@@ -311,10 +338,10 @@ static PyObject *rebase_records(PyObject *self, PyObject *args) {
         }
         uint8_t *e = (uint8_t *)index_out.buf + i * ENTRY_SIZE;
         put64(e, (uint64_t)(position + pos + 1));
-        put32(e + 8, (uint32_t)frame);
-        put32(e + 12, tag_len ? crc32c(r + HEADER_SIZE + topic_len, tag_len) : 0);
-        put64(e + 16, (uint64_t)store_ms);
-        memset(e + 24, 0, 8);
+        put32(e + ENTRY_AT_SIZE, (uint32_t)frame);
+        put32(e + ENTRY_AT_TAG_HASH, tag_len ? crc32c(r + HEADER_SIZE + topic_len, tag_len) : 0);
+        put64(e + ENTRY_AT_STORE_MS, (uint64_t)store_ms);
+        memset(e + ENTRY_AT_RESERVED, 0, 8);
         pos += frame;
     }
     if (pos != src.len) {
@@ -445,15 +472,15 @@ static PyObject *decode_frames(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_ValueError, "bad record length %u at byte %zd", body, pos);
             goto fail;
         }
-        uint32_t crc = get32(r + 4 + body), suffix = get32(r + 8 + body);
-        if (suffix != body || crc != crc32c(r + 4, body)) {
+        uint32_t crc = get32(r + AT_BODY + body), suffix = get32(r + AT_BODY + 4 + body);
+        if (suffix != body || crc != crc32c(r + AT_BODY, body)) {
             PyErr_Format(PyExc_ValueError, "record at byte %zd fails its checksum", pos);
             goto fail;
         }
         uint8_t flags = r[5];
-        uint16_t topic_len = get16(r + 40);
+        uint16_t topic_len = get16(r + AT_TOPIC_LEN);
         uint8_t tag_len = r[42];
-        uint32_t key_len = get32(r + 44), hdr_len = get32(r + 48), value_len = get32(r + 52);
+        uint32_t key_len = get32(r + AT_KEY_LEN), hdr_len = get32(r + AT_HEADERS_LEN), value_len = get32(r + AT_VALUE_LEN);
         if ((uint64_t)HEADER_SIZE - 4 + topic_len + tag_len + key_len + hdr_len + value_len != body) {
             PyErr_Format(PyExc_ValueError, "record at byte %zd has inconsistent lengths", pos);
             goto fail;
@@ -473,8 +500,8 @@ static PyObject *decode_frames(PyObject *self, PyObject *args) {
         PyObject *fields[MESSAGE_FIELDS];
         fields[0] = last_topic;
         Py_INCREF(last_topic);
-        fields[1] = PyLong_FromUnsignedLong(get16(r + 6));
-        fields[2] = PyLong_FromUnsignedLongLong(get64(r + 8));
+        fields[1] = PyLong_FromUnsignedLong(get16(r + AT_QUEUE_ID));
+        fields[2] = PyLong_FromUnsignedLongLong(get64(r + AT_QUEUE_OFFSET));
         fields[5] = PyUnicode_DecodeUTF8((const char *)p, tag_len, "strict");
         p += tag_len;
         if (flags & FLAG_HAS_KEY) {
@@ -487,9 +514,9 @@ static PyObject *decode_frames(PyObject *self, PyObject *args) {
         fields[6] = decode_headers_c(p, hdr_len);
         p += hdr_len;
         fields[4] = PyBytes_FromStringAndSize((const char *)p, value_len);
-        fields[7] = PyLong_FromLongLong((long long)get64(r + 24));
-        fields[8] = PyLong_FromLongLong((long long)get64(r + 32));
-        fields[9] = PyLong_FromUnsignedLongLong(get64(r + 16));
+        fields[7] = PyLong_FromLongLong((long long)get64(r + AT_PRODUCER_MS));
+        fields[8] = PyLong_FromLongLong((long long)get64(r + AT_STORE_MS));
+        fields[9] = PyLong_FromUnsignedLongLong(get64(r + AT_POSITION));
         fields[10] = broker_id;
         Py_INCREF(broker_id);
         int ok = 1;
@@ -635,14 +662,14 @@ static int scan_columns(const uint8_t *base, Py_ssize_t end, Py_ssize_t at, col_
             PyErr_Format(PyExc_ValueError, "record at byte %zd: bad length %u", at + pos, body);
             return -1;
         }
-        uint32_t crc = get32(r + 4 + body), suffix = get32(r + 8 + body);
+        uint32_t crc = get32(r + AT_BODY + body), suffix = get32(r + AT_BODY + 4 + body);
         if (suffix != body) {
             PyErr_Format(PyExc_ValueError,
                          "record at byte %zd: length suffix %u does not match prefix %u", at + pos,
                          suffix, body);
             return -1;
         }
-        if (crc != crc32c(r + 4, body)) {
+        if (crc != crc32c(r + AT_BODY, body)) {
             PyErr_Format(PyExc_ValueError, "record at byte %zd: checksum mismatch", at + pos);
             return -1;
         }
@@ -651,9 +678,9 @@ static int scan_columns(const uint8_t *base, Py_ssize_t end, Py_ssize_t at, col_
                          at + pos, (unsigned)r[4]);
             return -1;
         }
-        uint16_t topic_len = get16(r + 40);
+        uint16_t topic_len = get16(r + AT_TOPIC_LEN);
         uint8_t tag_len = r[42];
-        uint32_t key_len = get32(r + 44), hdr_len = get32(r + 48), value_len = get32(r + 52);
+        uint32_t key_len = get32(r + AT_KEY_LEN), hdr_len = get32(r + AT_HEADERS_LEN), value_len = get32(r + AT_VALUE_LEN);
         if ((uint64_t)HEADER_SIZE - 4 + topic_len + tag_len + key_len + hdr_len + value_len !=
             body) {
             PyErr_Format(PyExc_ValueError,
@@ -661,7 +688,7 @@ static int scan_columns(const uint8_t *base, Py_ssize_t end, Py_ssize_t at, col_
                          at + pos);
             return -1;
         }
-        int64_t producer_ms = (int64_t)get64(r + 24);
+        int64_t producer_ms = (int64_t)get64(r + AT_PRODUCER_MS);
         if (producer_ms > INT64_MAX / US_PER_MS || producer_ms < INT64_MIN / US_PER_MS) {
             PyErr_Format(PyExc_OverflowError,
                          "record at byte %zd: producer timestamp %lld ms is out of range "
@@ -857,14 +884,14 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
       for (Py_ssize_t pos = 0; pos < pieces[k].len; i++) { /* sizes validated by the scan */
         const uint8_t *r = base + pos;
         uint32_t body = get32(r);
-        uint16_t topic_len = get16(r + 40);
+        uint16_t topic_len = get16(r + AT_TOPIC_LEN);
         uint8_t tag_len = r[42];
-        uint32_t key_len = get32(r + 44), hdr_len = get32(r + 48), value_len = get32(r + 52);
+        uint32_t key_len = get32(r + AT_KEY_LEN), hdr_len = get32(r + AT_HEADERS_LEN), value_len = get32(r + AT_VALUE_LEN);
         const uint8_t *p = r + HEADER_SIZE;
 
-        out32(queue_ids + 4 * i, (int32_t)get16(r + 6));
-        out64(offsets + 8 * i, (int64_t)get64(r + 8));
-        out64(stamps + 8 * i, (int64_t)get64(r + 24) * US_PER_MS); /* range checked */
+        out32(queue_ids + 4 * i, (int32_t)get16(r + AT_QUEUE_ID));
+        out64(offsets + 8 * i, (int64_t)get64(r + AT_QUEUE_OFFSET));
+        out64(stamps + 8 * i, (int64_t)get64(r + AT_PRODUCER_MS) * US_PER_MS); /* range checked */
 
         memcpy(topics + topic_at, p, topic_len);
         topic_at += topic_len;
@@ -915,7 +942,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
         memcpy(id, broker, (size_t)broker_len);
         id += broker_len;
         *id++ = '-';
-        uint64_t position = get64(r + 16);
+        uint64_t position = get64(r + AT_POSITION);
         for (int d = 15; d >= 0; d--) {
             id[d] = (uint8_t)hex_digits[position & 0xF];
             position >>= 4;
@@ -993,8 +1020,8 @@ static PyObject *index_runs(PyObject *self, PyObject *args) {
             stop = 1;
             break;
         }
-        uint64_t position_plus_one = get64(base + i * 32);
-        long long size = (long long)get32(base + i * 32 + 8);
+        uint64_t position_plus_one = get64(base + i * ENTRY_SIZE);
+        long long size = (long long)get32(base + i * ENTRY_SIZE + ENTRY_AT_SIZE);
         if (position_plus_one == 0) {
             stop = 2;
             break;
@@ -1141,13 +1168,46 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_codec", "C accelerator for broker.storage.record", -1, methods,
+    PyModuleDef_HEAD_INIT, "_codec", "C accelerator for the equeue record format (equeue_proto.record)", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__codec(void) {
     crc_init();
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL) PyModule_AddIntConstant(m, "HARDWARE_CRC", have_hw_crc);
+    if (m == NULL) return NULL;
+    static const struct { const char *name; long value; } layout[] = {
+        {"HEADER_SIZE", HEADER_SIZE},       {"TRAILER_SIZE", TRAILER_SIZE},
+        {"RECORD_VERSION", RECORD_VERSION}, {"FLAG_HAS_KEY", FLAG_HAS_KEY},
+        {"FLAG_BATCH_END", FLAG_BATCH_END}, {"AT_BODY", AT_BODY},
+        {"AT_VERSION", AT_VERSION},         {"AT_FLAGS", AT_FLAGS},
+        {"AT_QUEUE_ID", AT_QUEUE_ID},       {"AT_QUEUE_OFFSET", AT_QUEUE_OFFSET},
+        {"AT_POSITION", AT_POSITION},       {"AT_PRODUCER_MS", AT_PRODUCER_MS},
+        {"AT_STORE_MS", AT_STORE_MS},       {"AT_TOPIC_LEN", AT_TOPIC_LEN},
+        {"AT_TAG_LEN", AT_TAG_LEN},         {"AT_RESERVED", AT_RESERVED},
+        {"AT_KEY_LEN", AT_KEY_LEN},         {"AT_HEADERS_LEN", AT_HEADERS_LEN},
+        {"AT_VALUE_LEN", AT_VALUE_LEN},     {"ENTRY_SIZE", ENTRY_SIZE},
+        {"ENTRY_AT_SIZE", ENTRY_AT_SIZE},   {"ENTRY_AT_TAG_HASH", ENTRY_AT_TAG_HASH},
+        {"ENTRY_AT_STORE_MS", ENTRY_AT_STORE_MS}, {"ENTRY_AT_RESERVED", ENTRY_AT_RESERVED},
+    };
+    PyObject *dict = PyDict_New();
+    if (dict == NULL) goto fail;
+    for (size_t i = 0; i < sizeof layout / sizeof layout[0]; i++) {
+        PyObject *v = PyLong_FromLong(layout[i].value);
+        if (v == NULL || PyDict_SetItemString(dict, layout[i].name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(dict);
+            goto fail;
+        }
+        Py_DECREF(v);
+    }
+    if (PyModule_AddObject(m, "LAYOUT", dict) < 0) {
+        Py_DECREF(dict);
+        goto fail;
+    }
+    if (PyModule_AddIntConstant(m, "HARDWARE_CRC", have_hw_crc) < 0) goto fail;
     return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
 }

@@ -6,6 +6,8 @@ from _typeshed import ReadableBuffer, WriteableBuffer
 _T = TypeVar("_T", bound=tuple[object, ...])
 
 HARDWARE_CRC: int
+LAYOUT: dict[str, int]
+"""The layout constants of the record and index-entry formats (asserted by accel.py)."""
 
 def encode_records(
     out: WriteableBuffer,
