@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv test lint typecheck pytest bench bench-spark bench-broker demo proto clean
+.PHONY: venv test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -44,10 +44,22 @@ typecheck: $(STAMP)
 	mkdir -p build/typecheck && ln -sfn ../../broker build/typecheck/equeue_broker
 	$(BIN)/mypy
 
+# The codec, wire, storage and broker tests again on the pure-Python paths (the C
+# accelerator's reference implementations, used where it is not built).
+PURE_PYTHON_TESTS = tests/test_formats.py tests/test_columns.py tests/test_wire.py \
+	tests/test_store.py tests/test_recovery.py tests/test_broker.py
+
 pytest: $(STAMP)
 	$(BIN)/pytest
+	EQUEUE_PURE_PYTHON=1 $(BIN)/pytest -q $(PURE_PYTHON_TESTS)
+
+# Everything but the tests marked slow (Spark, cluster, kill, hardening): under 2 minutes.
+pytest-fast: $(STAMP)
+	$(BIN)/pytest -m "not slow"
 
 test: lint typecheck pytest
+
+test-fast: lint typecheck pytest-fast
 
 # Regenerate the gRPC code from protos/ (tests fail if it drifts).
 proto: $(STAMP)
@@ -70,7 +82,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/streaming_demo.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache
 
 # Hardening: the long runs of tests/test_crash_loop.py, test_fuzz.py and test_load.py.
 .PHONY: crash-loop fuzz load

@@ -1,8 +1,7 @@
 """Shared pieces of the hardening harnesses (crash loop, disk faults, fuzzer, load).
 
-- ``Broker``: a real ``python -m broker`` process on 127.0.0.1 with any flags,
-  started by reading its one ready line (bounded wait), SIGKILLed or
-  SIGTERMed, with its peak RSS read from ``/proc``.
+- ``recovery_seconds``: the store's recovery time at a broker's last start
+  (the broker processes themselves come from ``equeue_broker.testing``).
 - ``pull_queue``: a whole queue read back through the broker's ``Pull`` RPC,
   every record's checksum verified by the client decoder.
 - ``layout_violations``: what in a data directory is outside its documented layout.
@@ -16,11 +15,7 @@ Nothing here is imported by the broker or the client.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,156 +24,27 @@ import grpc
 
 from equeue_broker.storage import MessageLimits, StorageConfig, Store
 from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import Message, decode_records
-from tests.broker_process import READY_PREFIX, read_ready_line, stop_process
 
-REPO = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
 PULL_BATCH = 10_000
 """The broker's default ``--max-pull-messages``: the most one Pull returns."""
 
 
-class Broker:
-    """One broker process; ``start`` may be called again after ``kill``/``stop``.
-
-    ``module`` is what ``python -m`` runs (``tests.faulty_broker`` wraps the
-    broker in a fault-injecting file layer). stderr goes to ``log_path``,
-    appended across restarts.
-    """
-
-    def __init__(
-        self,
-        data_dir: Path,
-        *flags: str,
-        module: str = "broker",
-        env: dict[str, str] | None = None,
-        log_path: Path | None = None,
-    ) -> None:
-        self.data_dir = data_dir
-        self.flags = list(flags)
-        self.module = module
-        self.env = dict(env or {})
-        self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.address = ""
-        self.start_seconds = 0.0
-        """Seconds from spawning the process to its ready line (the last start)."""
-        self._log_offset = 0
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "not started"
-        return self.process.pid
-
-    def spawn(self) -> subprocess.Popen[bytes]:
-        """Start the process without waiting for it to be ready."""
-        if self.process is not None and self.process.poll() is None:
-            raise RuntimeError("the broker is still running")
-        command = [
-            sys.executable, "-m", self.module, "--data-dir", str(self.data_dir),
-            "--host", HOST, "--port", "0", *self.flags,
-        ]  # fmt: skip
-        pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **self.env}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
-            self.process = subprocess.Popen(
-                command,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO,
-                env=env,
-            )
-        return self.process
-
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
-        """Start the broker; return ``host:port`` once it prints its ready line."""
-        started = time.monotonic()
-        process = self.spawn()
-        line = read_ready_line(process, timeout_s)
-        if not line.startswith(READY_PREFIX):
-            self.kill()
-            raise RuntimeError(f"broker did not start: {line!r}\n{self.log_tail()}")
-        self.start_seconds = time.monotonic() - started
-        self.address = line[len(READY_PREFIX) :].strip()
-        return self.address
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would; waits for the process to be gone."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.kill()
-        self._reap(STOP_TIMEOUT_S)
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM (SIGKILL if it does not exit in time); the exit code."""
-        assert self.process is not None, "not started"
-        return stop_process(self.process, timeout_s)
-
-    def _reap(self, timeout_s: float) -> int:
-        assert self.process is not None
-        code = self.process.wait(timeout_s)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        return code
-
-    def proc_status(self) -> dict[str, str]:
-        """``/proc/<pid>/status`` as a dict (empty once the process is gone)."""
+def recovery_seconds(broker: BrokerProcess) -> float | None:
+    """The store's own recovery time at the broker's last start (needs ``--log-format json``)."""
+    for line in broker.log_since_start().splitlines():
+        if '"recovery_s"' not in line:
+            continue
         try:
-            text = Path(f"/proc/{self.pid}/status").read_text()
-        except OSError:
-            return {}
-        return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
-
-    def peak_rss_bytes(self) -> int:
-        """VmHWM: the most resident memory the process has had so far."""
-        return _kib(self.proc_status().get("VmHWM", "0 kB"))
-
-    def rss_bytes(self) -> int:
-        return _kib(self.proc_status().get("VmRSS", "0 kB"))
-
-    def ignores_signal(self, signum: int) -> bool:
-        mask = int(self.proc_status().get("SigIgn", "0"), 16)
-        return bool(mask & (1 << (signum - 1)))
-
-    def log_since_start(self) -> str:
-        """What the broker logged since its last start."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._log_offset)
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_since_start().splitlines()[-lines:])
-
-    def recovery_seconds(self) -> float | None:
-        """The store's own recovery time at the last start (needs ``--log-format json``)."""
-        for line in self.log_since_start().splitlines():
-            if '"recovery_s"' not in line:
-                continue
-            try:
-                value = json.loads(line).get("recovery_s")
-            except ValueError:
-                continue
-            if isinstance(value, int | float):
-                return float(value)
-        return None
-
-
-def _kib(value: str) -> int:
-    return int(value.split(maxsplit=1)[0]) * 1024
+            value = json.loads(line).get("recovery_s")
+        except ValueError:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+    return None
 
 
 def pull_queue(

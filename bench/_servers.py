@@ -13,17 +13,16 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Union
 
-from tests.broker_process import READY_PREFIX, read_ready_line, stop_process
+from equeue_broker.testing import BrokerProcess, stop_process
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
-REPO = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -50,6 +49,10 @@ def wait_until(ready: Callable[[], bool], what: str, timeout_s: float = START_TI
 def tcp_accepts(port: int) -> bool:
     with socket.create_connection((HOST, port), timeout=1.0):
         return True
+
+
+Server = Union["ServerProcess", BrokerProcess]
+"""Anything the benchmark started and must stop."""
 
 
 class ServerProcess:
@@ -95,27 +98,14 @@ class ServerProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def start_equeue(data_dir: Path, flush: str) -> tuple[ServerProcess, str]:
-    """``python -m broker --data-dir DIR --port 0 --flush FLUSH``; (process, host:port)."""
+def start_equeue(data_dir: Path, flush: str) -> tuple[BrokerProcess, str]:
+    """An equeue broker (``--flush FLUSH``) over ``data_dir``; (process, host:port)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable, "-m", "equeue_broker", "--data-dir", str(data_dir), "--host", HOST,
-        "--port", "0", "--flush", flush, "--log-level", "WARNING",
-    ]  # fmt: skip
-    # `-m broker` must resolve to this checkout whatever the working directory.
-    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    server = ServerProcess(
-        f"equeue-{flush}",
-        command,
-        data_dir.parent / f"equeue-{flush}.log",
-        pipe_stdout=True,
-        env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath},
-    )
-    line = read_ready_line(server.process, START_TIMEOUT_S)
-    if not line.startswith(READY_PREFIX):
-        server.stop()
-        raise RuntimeError(f"equeue broker did not start: {line!r}\n{server.log_tail()}")
-    return server, line[len(READY_PREFIX) :].strip()
+    broker = BrokerProcess(
+        data_dir, "--flush", flush, "--log-level", "WARNING",
+        log_path=data_dir.parent / f"equeue-{flush}.log",
+    )  # fmt: skip
+    return broker, broker.start(START_TIMEOUT_S)
 
 
 def start_redis(work_dir: Path, appendfsync: str) -> tuple[ServerProcess, int] | None:

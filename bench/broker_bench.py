@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a 
 
 from bench._servers import (
     HOST,
-    ServerProcess,
+    Server,
     server_version,
     start_equeue,
     start_nats,
@@ -279,7 +279,7 @@ def wait_for(done: Callable[[], bool], timeout_s: float) -> None:
 # -- equeue ------------------------------------------------------------------------------------
 
 
-def run_equeue(root: Path, plan: Plan, results: Results, servers: list[ServerProcess]) -> None:
+def run_equeue(root: Path, plan: Plan, results: Results, servers: list[Server]) -> None:
     for flush in ("async", "sync"):
         server, address = start_equeue(root / f"equeue-{flush}" / "data", flush)
         servers.append(server)
@@ -462,7 +462,7 @@ def equeue_latency(admin: Admin, producer: Producer, address: str, plan: Plan) -
 # -- Redis Streams -----------------------------------------------------------------------------
 
 
-def run_redis(root: Path, plan: Plan, results: Results, servers: list[ServerProcess]) -> bool:
+def run_redis(root: Path, plan: Plan, results: Results, servers: list[Server]) -> bool:
     import redis
 
     for flush, appendfsync in (("async", "everysec"), ("sync", "always")):
@@ -627,7 +627,7 @@ def redis_latency(port: int, plan: Plan) -> list[float]:
 # -- NATS JetStream ----------------------------------------------------------------------------
 
 
-def run_nats(root: Path, plan: Plan, results: Results, servers: list[ServerProcess]) -> bool:
+def run_nats(root: Path, plan: Plan, results: Results, servers: list[Server]) -> bool:
     started = start_nats(root / "nats")
     if started is None:
         return False
@@ -899,7 +899,7 @@ def main(argv: list[str] | None = None) -> None:
     results = Results()
     began = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="equeue-broker-bench-", dir="/tmp"))
-    servers: list[ServerProcess] = []
+    servers: list[Server] = []
     try:
         for run in range(args.repeat):
             progress(f"-- run {run + 1} of {args.repeat} ({root})")

@@ -66,9 +66,10 @@ from crc32c import crc32c
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
-from bench._harness import Broker, check_store, details_of, pull_queue, status_of, table
+from bench._harness import check_store, details_of, pull_queue, recovery_seconds, status_of, table
 from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader, active_size
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.protocol import format_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -458,7 +459,7 @@ class CrashLoop:
             "--retention-max-chunks", "-1", "--retention-max-age-hours", "-1",
             "--log-format", "json", "--log-level", "INFO",
         ]  # fmt: skip
-        self.broker = Broker(work_dir / "data", *flags, log_path=work_dir / "broker.log")
+        self.broker = BrokerProcess(work_dir / "data", *flags, log_path=work_dir / "broker.log")
         self.known: dict[int, array[int]] = {q: array("Q") for q in range(config.queues)}
         """Fingerprint of every record per queue, as the last restart read them."""
         self.committed: dict[int, int] = {}
@@ -489,7 +490,7 @@ class CrashLoop:
                 try:  # a broker that cannot restart or serve ends the loop, reported
                     address = self.broker.start()
                     outcome.start_s = self.broker.start_seconds
-                    outcome.recovery_s = self.broker.recovery_seconds()
+                    outcome.recovery_s = recovery_seconds(self.broker)
                     started = time.monotonic()
                     self._verify(address, number, logs, kill_at, outcome)
                 except Exception as exc:

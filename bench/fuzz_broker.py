@@ -54,7 +54,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
-from bench._harness import Broker, details_of, layout_violations, pull_queue, status_of, table
+from bench._harness import details_of, layout_violations, pull_queue, status_of, table
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -578,7 +579,7 @@ def round_trip(address: str, topic: str = "after-the-fuzz") -> None:
         assert [m.value for m in messages] == values
 
 
-def check_after(broker: Broker) -> list[str]:
+def check_after(broker: BrokerProcess) -> list[str]:
     """Alive, round trip, clean stop, nothing outside the layout (or the data dir)."""
     problems: list[str] = []
     if not broker.alive():
@@ -648,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="equeue-fuzz-") as tmp:
-        broker = Broker(Path(tmp) / "data", "--flush", args.flush, *BROKER_FLAGS)
+        broker = BrokerProcess(Path(tmp) / "data", "--flush", args.flush, *BROKER_FLAGS)
         broker.start()
         try:
             prepare(broker.address)

@@ -45,7 +45,8 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
-from bench._harness import Broker, details_of, status_of, table
+from bench._harness import details_of, status_of, table
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import decode_records
@@ -250,7 +251,7 @@ def percentiles(values: list[int] | array[int]) -> dict[str, float]:
             "max": ordered[-1] / 1e6}  # fmt: skip
 
 
-async def _run(broker: Broker, config: LoadConfig, result: LoadResult) -> None:
+async def _run(broker: BrokerProcess, config: LoadConfig, result: LoadResult) -> None:
     consumers = Consumers(config)
     channels = [
         grpc.aio.insecure_channel(broker.address)
@@ -338,7 +339,7 @@ def run(config: LoadConfig, work_dir: Path | None = None) -> LoadResult:
         with tempfile.TemporaryDirectory(prefix="equeue-load-") as tmp:
             return run(config, Path(tmp))
     result = LoadResult(config)
-    broker = Broker(
+    broker = BrokerProcess(
         work_dir / "data", "--flush", config.flush, "--max-wait-ms", str(config.max_wait_ms),
         "--log-level", "WARNING",
     )  # fmt: skip

@@ -95,6 +95,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer
 from equeue_spark.client.columns import decode_columns
@@ -103,8 +104,7 @@ from equeue_spark.client.producer import build_request
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.spark import read_task
 from equeue_spark.spark.arrow import arrow_schema, read_schema, to_record_batch
-from tests.broker_process import BrokerProcess
-from tests.spark_support import local_session
+from equeue_spark.spark.testing import local_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

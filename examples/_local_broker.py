@@ -1,28 +1,23 @@
 """Shared by the examples: a broker to talk to, embedded or given on the command line.
 
-``local_broker()`` starts a real ``python -m broker`` process on a free port
-with a temporary data directory, waits (bounded) for its ready line, and stops
-it with SIGTERM at the end; the data directory is removed. ``example_broker()``
-does the same unless the example was run with ``--broker HOST:PORT``, in which
-case it uses that broker and leaves it running.
+``embedded_broker()`` starts a real broker process on a free port with a
+temporary data directory (the shipped harness ``equeue_broker.testing``: a
+bounded wait for its ready line, SIGTERM at the end); the data directory is
+removed. ``example_broker()`` does the same unless the example was run with
+``--broker HOST:PORT``, in which case it uses that broker and leaves it running.
 """
 
 from __future__ import annotations
 
 import argparse
 import secrets
-import selectors
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
-READY = "equeue broker listening on "
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
+from equeue_broker.testing import BrokerProcess
 
 
 @dataclass(frozen=True)
@@ -44,57 +39,17 @@ class BrokerHandle:
 _RUN_ID = secrets.token_hex(3)
 
 
-def start_broker(data_dir: str, *flags: str) -> tuple[subprocess.Popen[str], str]:
-    """Start ``python -m broker`` on a free port; return the process and ``host:port``."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "equeue_broker", "--data-dir", data_dir, "--port", "0", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    deadline = time.monotonic() + START_TIMEOUT_S
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while not selector.select(timeout=0.2):
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                process.wait(STOP_TIMEOUT_S)
-                raise SystemExit(f"the broker did not start within {START_TIMEOUT_S:.0f} s")
-    line = process.stdout.readline()
-    if not line.startswith(READY):
-        process.kill()
-        process.wait(STOP_TIMEOUT_S)
-        raise SystemExit(f"unexpected broker output: {line!r}")
-    return process, line[len(READY) :].strip()
-
-
-def stop_broker(process: subprocess.Popen[str]) -> int:
-    """SIGTERM (a clean shutdown: flush, persist group offsets); the exit code."""
-    process.terminate()
-    try:
-        code = process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        code = process.wait(STOP_TIMEOUT_S)
-    if process.stdout is not None:
-        process.stdout.close()
-    return code
-
-
 @contextmanager
-def local_broker(*flags: str, quiet: bool = False) -> Iterator[str]:
-    """An embedded broker for the duration of the ``with`` block; yields ``host:port``."""
+def embedded_broker(*flags: str) -> Iterator[str]:
+    """A broker for the duration of the ``with`` block; yields ``host:port``."""
     with tempfile.TemporaryDirectory(prefix="equeue-example-") as data_dir:
-        process, address = start_broker(data_dir, *flags)
-        if not quiet:
-            print(f"started a local broker at {address} (data in {data_dir})")
+        broker = BrokerProcess(Path(data_dir) / "data", *flags)
+        address = broker.start()
+        print(f"started a local broker at {address} (data in {data_dir})")
         try:
             yield address
         finally:
-            code = stop_broker(process)
-            if not quiet:
-                print(f"broker stopped cleanly (exit {code})")
+            print(f"broker stopped cleanly (exit {broker.stop()})")
 
 
 def parse_broker_arg(description: str | None) -> str | None:
@@ -119,5 +74,5 @@ def example_broker(description: str | None, *flags: str) -> Iterator[BrokerHandl
         print(f"using the broker at {address}; names get the suffix -{_RUN_ID}")
         yield BrokerHandle(address, embedded=False)
         return
-    with local_broker(*flags) as started:
+    with embedded_broker(*flags) as started:
         yield BrokerHandle(started, embedded=True)

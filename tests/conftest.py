@@ -1,4 +1,4 @@
-"""Shared fixtures: small-chunk store configs, real broker processes."""
+"""Shared fixtures: small-chunk store configs, real broker processes, one SparkSession."""
 
 from __future__ import annotations
 
@@ -9,9 +9,17 @@ from typing import Any
 import pytest
 
 from equeue_broker.storage import MessageLimits, StorageConfig, Store
-from tests.broker_process import BrokerProcess
+from equeue_broker.testing import BrokerProcess
 
 KiB = 1024
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that needs a SparkSession is slow (``make test-fast`` skips them),
+    wherever it lives; whole modules of slow tests say so with ``pytestmark``."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 MakeConfig = Callable[..., StorageConfig]
 
@@ -75,7 +83,7 @@ def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole run (starting one takes seconds)."""
     pytest.importorskip("pyspark")
-    from tests.spark_support import local_session
+    from equeue_spark.spark.testing import local_session
 
     session = local_session()
     yield session

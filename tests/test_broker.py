@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client import (
@@ -28,7 +29,6 @@ from equeue_spark.client import (
     read_range,
 )
 from equeue_spark.client.records import decode_records
-from tests.broker_process import BrokerProcess
 
 StartBroker = Callable[..., BrokerProcess]
 

@@ -1,6 +1,6 @@
 """The ``equeue`` command-line tool against a real broker process.
 
-One broker (``python -m broker --port 0``) serves the module; commands run
+One broker (``equeue_broker.testing.BrokerProcess``) serves the module; commands run
 in-process through ``main([...])`` with capsys, and a few through the installed
 ``equeue`` console script and ``python -m equeue_spark.cli``. Every test uses
 its own topic and group names, so the order of the tests does not matter.
@@ -9,11 +9,9 @@ its own topic and group names, so the order of the tests does not matter.
 from __future__ import annotations
 
 import json
-import queue
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from equeue_broker.testing import BrokerProcess
 from equeue_spark.cli import format_table, main
 from equeue_spark.client import Producer
 
-READY_TIMEOUT_S = 30.0
 EQUEUE_SCRIPT = Path(sys.executable).parent / "equeue"
 
 
@@ -47,57 +45,17 @@ class Result:
 Cli = Callable[..., Result]
 
 
-def _ready_line(process: subprocess.Popen[bytes], timeout_s: float) -> str:
-    """The broker's first stdout line, waiting at most ``timeout_s``."""
-    assert process.stdout is not None
-    stdout = process.stdout
-    lines: queue.Queue[bytes] = queue.Queue()
-    reader = threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True)
-    reader.start()
-    try:
-        line = lines.get(timeout=timeout_s)
-    except queue.Empty:
-        raise AssertionError(f"broker not ready after {timeout_s} s") from None
-    reader.join(timeout=timeout_s)
-    return line.decode()
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``HOST:PORT`` of a broker process shared by the module's tests."""
-    root = tmp_path_factory.mktemp("cli-broker")
-    log_path = root / "broker.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "equeue_broker",
-                "--data-dir",
-                str(root / "data"),
-                "--port",
-                "0",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-        )
-        try:
-            line = _ready_line(process, READY_TIMEOUT_S)
-            prefix = "equeue broker listening on "
-            assert line.startswith(prefix), (line, log_path.read_text())
-            yield line[len(prefix) :].strip()
-        finally:
-            process.terminate()
-            try:
-                code = process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=30)
-                raise
-            finally:
-                assert process.stdout is not None
-                process.stdout.close()
-    assert code == 0, log_path.read_text()
+    """``HOST:PORT`` of a broker process shared by the module's tests; it must
+    shut down cleanly (exit 0) at the end."""
+    process = BrokerProcess(tmp_path_factory.mktemp("cli-broker") / "data")
+    process.start()
+    try:
+        yield process.address
+    finally:
+        code = process.stop()
+    assert code == 0, process.log_tail()
 
 
 @pytest.fixture

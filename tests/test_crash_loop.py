@@ -20,7 +20,9 @@ from bench import crash_loop
 from bench.crash_loop import CrashLoopConfig, CrashLoopResult, summary
 from equeue_broker.storage import FlushMode, MessageBatch, MessageLimits, StorageConfig, Store
 from equeue_broker.storage.queue_index import ENTRY
-from tests.faults import simulate_machine_crash
+from tests.support.faults import simulate_machine_crash
+
+pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 KiB = 1024
 

@@ -8,7 +8,7 @@ Three ways to make writes fail, from the most real to the most precise:
 - ``RLIMIT_FSIZE`` lowered on the running broker with ``prlimit`` (EFBIG
   from the kernel; CPython ignores SIGXFSZ, which is checked too), raised
   again for "space returns";
-- the fault-injecting file layer of ``tests/faulty_broker.py`` (ENOSPC or EIO
+- the fault-injecting file layer of ``tests/support/faulty_broker.py`` (ENOSPC or EIO
   from ``pwrite``/``write``/``fsync`` on chosen files, switched by a file).
 
 In each case: producers get RESOURCE_EXHAUSTED (disk full) or UNAVAILABLE
@@ -40,12 +40,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench._harness import Broker, check_store, details_of, pull_queue, status_of
+from bench._harness import check_store, details_of, pull_queue, status_of
 from equeue_broker.storage.chunk import HEADER_SIZE
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
-from tests.faulty_broker import FAULT_ENV
+from tests.support.faulty_broker import FAULT_ENV
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
+
+REPO = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024
 CHUNK = 1 * MiB
 TOPIC = "disk"
@@ -60,7 +64,7 @@ MAX_FILL_ROUNDS = 2_000
 class Client:
     """Raw stubs on one channel, plus every acknowledged message."""
 
-    broker: Broker
+    broker: BrokerProcess
     channel: grpc.Channel
     stub: pb_grpc.BrokerStub
     admin: pb_grpc.AdminStub
@@ -118,28 +122,29 @@ class Client:
         self.channel.close()
 
 
-def connect(broker: Broker) -> Client:
+def connect(broker: BrokerProcess) -> Client:
     channel = grpc.insecure_channel(broker.address)
     return Client(broker, channel, pb_grpc.BrokerStub(channel), pb_grpc.AdminStub(channel))
 
 
 @pytest.fixture
-def start_broker(tmp_path: Path) -> Iterator[Callable[..., tuple[Broker, Client]]]:
+def start_broker(tmp_path: Path) -> Iterator[Callable[..., tuple[BrokerProcess, Client]]]:
     """Start a broker (``start(*flags, data_dir=..., faulty=False)``) with topic
     ``disk`` of two queues; every broker is killed at teardown."""
-    started: list[tuple[Broker, Client]] = []
+    started: list[tuple[BrokerProcess, Client]] = []
 
     def start(
         *flags: str, data_dir: Path | None = None, faulty: bool = False
-    ) -> tuple[Broker, Client]:
+    ) -> tuple[BrokerProcess, Client]:
         env = {FAULT_ENV: str(tmp_path / "fault.json")} if faulty else {}
-        broker = Broker(
+        broker = BrokerProcess(
             data_dir or tmp_path / "data",
             "--chunk-size", str(CHUNK), "--max-message-bytes", str(CHUNK // 4),
             "--log-level", "WARNING", *flags,
-            module="tests.faulty_broker" if faulty else "equeue_broker",
+            module="tests.support.faulty_broker" if faulty else "equeue_broker",
             env=env,
             log_path=tmp_path / "broker.log",
+            cwd=REPO,  # where ``-m tests.support.faulty_broker`` resolves
         )  # fmt: skip
         broker.start()
         client = connect(broker)
@@ -193,7 +198,7 @@ def resume_and_check(client: Client, data_dir: Path) -> None:
 
 @pytest.mark.parametrize("flush", ["sync", "async"])
 def test_log_write_enospc_is_resource_exhausted_and_recovers(
-    start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path, flush: str
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path, flush: str
 ) -> None:
     broker, client = start_broker("--flush", flush, faulty=True)
     client.produce(client.next_values(), 0)
@@ -211,7 +216,7 @@ def test_log_write_enospc_is_resource_exhausted_and_recovers(
 
 
 def test_log_write_eio_is_unavailable_and_recovers(
-    start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path
 ) -> None:
     broker, client = start_broker("--flush", "sync", faulty=True)
     set_fault(tmp_path, pwrite="EIO", under="log")
@@ -225,7 +230,7 @@ def test_log_write_eio_is_unavailable_and_recovers(
 
 
 def test_index_write_enospc_undoes_the_log_write(
-    start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path
 ) -> None:
     """The record reached the log but its index entry did not: the append is cut
     out of the log again, so it neither shows up later nor survives a restart."""
@@ -248,7 +253,7 @@ def test_index_write_enospc_undoes_the_log_write(
 
 
 def test_async_background_fsync_eio_keeps_serving(
-    start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path
 ) -> None:
     """Async mode fsyncs in the background: a failing fsync is logged and retried;
     producers and consumers are not affected."""
@@ -268,7 +273,7 @@ def test_async_background_fsync_eio_keeps_serving(
 
 
 def test_sync_fsync_eio_is_unavailable_and_not_applied(
-    start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path
 ) -> None:
     broker, client = start_broker("--flush", "sync", faulty=True)
     end = client.end(0)
@@ -296,7 +301,7 @@ def test_sync_fsync_eio_is_unavailable_and_not_applied(
 
 
 def test_metadata_enospc_is_resource_exhausted(
-    start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path
 ) -> None:
     broker, client = start_broker("--flush", "sync", faulty=True)
     set_fault(tmp_path, write="ENOSPC")
@@ -322,7 +327,7 @@ def test_metadata_enospc_is_resource_exhausted(
 
 
 def test_acked_messages_survive_a_failed_topic_metadata_save(
-    start_broker: Callable[..., tuple[Broker, Client]], tmp_path: Path
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path
 ) -> None:
     broker, client = start_broker("--flush", "sync", faulty=True)
     set_fault(tmp_path, write="ENOSPC")
@@ -351,7 +356,7 @@ def test_acked_messages_survive_a_failed_topic_metadata_save(
 
 @pytest.mark.parametrize("flush", ["sync", "async"])
 def test_file_size_limit_efbig_is_resource_exhausted_and_recovers(
-    start_broker: Callable[..., tuple[Broker, Client]], flush: str
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], flush: str
 ) -> None:
     """RLIMIT_FSIZE lowered on the live broker: log writes past it fail with EFBIG
     (the process ignores SIGXFSZ, so it is not killed); raising it resumes writes."""
@@ -413,7 +418,7 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_full_filesystem_enospc_is_resource_exhausted_and_recovers(
-    small_tmpfs: Path, start_broker: Callable[..., tuple[Broker, Client]]
+    small_tmpfs: Path, start_broker: Callable[..., tuple[BrokerProcess, Client]]
 ) -> None:  # small_tmpfs first: torn down last, after the broker is gone
     """A real full file system: ENOSPC, short writes, chunk rolls that cannot
     create the next chunk; growing the file system resumes writes."""

@@ -30,8 +30,10 @@ pytest.importorskip("pyspark")
 
 import contextlib
 
+from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import Admin, EqueueError, Producer, read_range
-from tests.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 MESSAGES = 200_000
 BATCH = 2_000
@@ -39,6 +41,15 @@ QUEUES = 4
 KILLS = 6
 """Driver kills; the broker is killed in one more cycle."""
 BROKER_KILL_CYCLE = 3
+START_S = 180.0
+"""Budget for a driver to start its query (a JVM start on a loaded machine)."""
+STOP_S = 60.0
+MAX_KILL_DELAY_S = 8.0
+PRODUCE_S = 300.0
+FINAL_RUN_S = 600.0
+TIMEOUT_S = (KILLS + 1) * (START_S + MAX_KILL_DELAY_S + STOP_S) + PRODUCE_S + FINAL_RUN_S + STOP_S
+"""The test's own pytest timeout: above the sum of its internal budgets, so a slow
+machine fails one of those (with its message), never the global timeout."""
 
 
 class Broker:
@@ -92,7 +103,16 @@ def produce_paced(broker: Broker, done: threading.Event, errors: list[BaseExcept
 def start_driver(broker: str, checkpoint: Path, log: Path, *args: str) -> subprocess.Popen[str]:
     with open(log, "a") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.eo_driver", broker, str(checkpoint), "A", "B", *args],
+            [
+                sys.executable,
+                "-m",
+                "tests.support.eo_driver",
+                broker,
+                str(checkpoint),
+                "A",
+                "B",
+                *args,
+            ],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -101,7 +121,7 @@ def start_driver(broker: str, checkpoint: Path, log: Path, *args: str) -> subpro
         )
 
 
-def wait_started(driver: subprocess.Popen[str], timeout_s: float = 180) -> None:
+def wait_started(driver: subprocess.Popen[str], timeout_s: float = START_S) -> None:
     assert driver.stdout is not None
     with selectors.DefaultSelector() as selector:
         selector.register(driver.stdout, selectors.EVENT_READ)
@@ -121,7 +141,7 @@ def wait_started(driver: subprocess.Popen[str], timeout_s: float = 180) -> None:
 def kill_group(driver: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait(timeout=60)
+    driver.wait(timeout=STOP_S)
     if driver.stdout is not None:
         driver.stdout.close()
 
@@ -135,6 +155,7 @@ def topic_contents(address: str, topic: str) -> collections.Counter[tuple[bytes 
     )
 
 
+@pytest.mark.timeout(TIMEOUT_S)
 def test_copy_survives_driver_and_broker_kills_exactly_once(
     broker_factory: Callable[..., BrokerProcess], tmp_path: Path
 ) -> None:
@@ -155,7 +176,7 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
         driver = start_driver(broker.address, checkpoint, log)
         try:
             wait_started(driver)
-            delay = rng.uniform(0.5, 8.0)
+            delay = rng.uniform(0.5, MAX_KILL_DELAY_S)
             kill_moments.append(round(delay, 1))
             time.sleep(delay)  # the random moment itself, not a synchronisation
             if cycle == BROKER_KILL_CYCLE:
@@ -164,12 +185,12 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
         finally:
             kill_group(driver)
     print(f"killed at {kill_moments} s after each start")
-    producer.join(timeout=300)
+    producer.join(timeout=PRODUCE_S)
     assert produced.is_set() and not errors, errors
 
     final = start_driver(broker.address, checkpoint, log, "--available-now")
     try:
-        assert final.wait(timeout=600) == 0, f"final AvailableNow run failed; see {log}"
+        assert final.wait(timeout=FINAL_RUN_S) == 0, f"final AvailableNow run failed; see {log}"
     finally:
         kill_group(final)
 

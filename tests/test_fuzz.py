@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from bench import fuzz_broker
-from bench._harness import Broker, details_of, layout_violations, status_of
+from bench._harness import details_of, layout_violations, status_of
 from bench.fuzz_broker import (
     DEFINED,
     RPCS,
@@ -33,8 +33,11 @@ from bench.fuzz_broker import (
     describe,
     known_bug,
 )
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 FUZZ_SETTINGS = settings(
     derandomize=True,
@@ -45,9 +48,9 @@ FUZZ_SETTINGS = settings(
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     root = tmp_path_factory.mktemp("fuzz")
-    broker = Broker(root / "data", *fuzz_broker.BROKER_FLAGS)
+    broker = BrokerProcess(root / "data", *fuzz_broker.BROKER_FLAGS)
     broker.start()
     fuzz_broker.prepare(broker.address)
     yield broker
@@ -55,19 +58,21 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 
 
 @pytest.fixture
-def fuzzer(broker: Broker) -> Iterator[Fuzzer]:
+def fuzzer(broker: BrokerProcess) -> Iterator[Fuzzer]:
     fuzzer = Fuzzer(broker.address)
     yield fuzzer
     fuzzer.close()
 
 
-def check(fuzzer: Fuzzer, broker: Broker, call: Call) -> None:
+def check(fuzzer: Fuzzer, broker: BrokerProcess, call: Call) -> None:
     outcome = fuzzer.send(call)
     assert broker.alive(), f"the broker died on {describe(outcome)}:\n{broker.log_tail()}"
     assert outcome.code in DEFINED or known_bug(outcome), describe(outcome)
 
 
-def run_fuzz(fuzzer: Fuzzer, broker: Broker, rpc: Rpc, examples: int, raw_share: float) -> None:
+def run_fuzz(
+    fuzzer: Fuzzer, broker: BrokerProcess, rpc: Rpc, examples: int, raw_share: float
+) -> None:
     @settings(FUZZ_SETTINGS, max_examples=examples)
     @given(call_strategy([rpc], raw_share))
     def fuzz(call: Call) -> None:
@@ -78,12 +83,14 @@ def run_fuzz(fuzzer: Fuzzer, broker: Broker, rpc: Rpc, examples: int, raw_share:
 
 
 @pytest.mark.parametrize("rpc", RPCS, ids=lambda rpc: rpc.name)
-def test_typed_requests_get_defined_statuses(broker: Broker, fuzzer: Fuzzer, rpc: Rpc) -> None:
+def test_typed_requests_get_defined_statuses(
+    broker: BrokerProcess, fuzzer: Fuzzer, rpc: Rpc
+) -> None:
     run_fuzz(fuzzer, broker, rpc, 15, raw_share=0.0)
 
 
 @pytest.mark.parametrize("rpc", RPCS, ids=lambda rpc: rpc.name)
-def test_raw_bytes_get_defined_statuses(broker: Broker, fuzzer: Fuzzer, rpc: Rpc) -> None:
+def test_raw_bytes_get_defined_statuses(broker: BrokerProcess, fuzzer: Fuzzer, rpc: Rpc) -> None:
     run_fuzz(fuzzer, broker, rpc, 6, raw_share=1.0)
 
 
@@ -91,7 +98,7 @@ def test_raw_bytes_get_defined_statuses(broker: Broker, fuzzer: Fuzzer, rpc: Rpc
 
 
 @pytest.fixture
-def channel(broker: Broker) -> Iterator[grpc.Channel]:
+def channel(broker: BrokerProcess) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(broker.address) as channel:
         yield channel
 
@@ -99,10 +106,10 @@ def channel(broker: Broker) -> Iterator[grpc.Channel]:
 @pytest.mark.parametrize(
     ("path", "payload"),
     [
-        ("/equeue.v1.Broker/Pull", b"\xff\xff\xff"),  # corrupt wire format
-        ("/equeue.v1.Broker/Pull", b"\x0a\x03\xff\xfe\xfd"),  # topic: invalid UTF-8
+        ("/equeue.v1.BrokerProcess/Pull", b"\xff\xff\xff"),  # corrupt wire format
+        ("/equeue.v1.BrokerProcess/Pull", b"\x0a\x03\xff\xfe\xfd"),  # topic: invalid UTF-8
         ("/equeue.v1.Admin/CreateTopic", b"\x0a\x01\x80"),
-        ("/equeue.v1.Broker/ProduceStream", b"\x0a\x03\xff\xfe\xfd"),
+        ("/equeue.v1.BrokerProcess/ProduceStream", b"\x0a\x03\xff\xfe\xfd"),
     ],
 )
 def test_undecodable_request_is_invalid_argument(
@@ -132,7 +139,7 @@ def test_truncated_produce_headers_are_invalid_argument(
 # -- afterwards --------------------------------------------------------------------------------
 
 
-def test_after_the_fuzz_round_trip_works_and_data_dir_is_clean(broker: Broker) -> None:
+def test_after_the_fuzz_round_trip_works_and_data_dir_is_clean(broker: BrokerProcess) -> None:
     """Runs last (the broker is stopped here), after the fuzz tests above."""
     assert fuzz_broker.check_after(broker) == []
     data_dir: Path = broker.data_dir

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import load_broker
 from bench.load_broker import LoadConfig
+
+pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 MiB = 1 << 20
 RSS_BOUND = 512 * MiB

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from equeue_broker.server.auth import TokenTable
 from equeue_broker.server.errors import BadRequest
+from equeue_broker.testing import BrokerProcess
 from equeue_spark.cli import main as cli_main
 from equeue_spark.client import (
     Admin,
@@ -32,7 +33,6 @@ from equeue_spark.client import (
 )
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.transactions import abort_transactions, commit_transactions
-from tests.broker_process import BrokerProcess
 
 StartBroker = Callable[..., BrokerProcess]
 

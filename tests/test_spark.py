@@ -19,9 +19,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import spark_partition_id
 from pyspark.sql.streaming.query import StreamingQuery
 
+from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import Admin, Producer
-from tests.broker_process import BrokerProcess
-from tests.spark_support import wait_for
+from tests.support.waits import wait_for
+
+pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 SparkError = (PySparkException, CapturedException)
 _names = itertools.count()

@@ -1,6 +1,6 @@
 """The connector on a Spark standalone cluster: master and worker started with
 pyspark's ``bin/spark-class``, executors in their own JVM and Python processes,
-and the driver in a separate Python process (tests/cluster_job.py)."""
+and the driver in a separate Python process (tests/support/cluster_job.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import Admin
-from tests.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -92,7 +94,14 @@ def test_standalone_cluster_write_read_stream(
     cluster: str, broker: BrokerProcess, tmp_path: Path
 ) -> None:
     job = subprocess.run(
-        [sys.executable, "-m", "tests.cluster_job", cluster, broker.address, str(tmp_path / "ck")],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.cluster_job",
+            cluster,
+            broker.address,
+            str(tmp_path / "ck"),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

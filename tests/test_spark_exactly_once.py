@@ -21,10 +21,12 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
+from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import Admin, read_range
-from tests.broker_process import BrokerProcess
-from tests.spark_support import wait_for
+from tests.support.waits import wait_for
 from tests.test_spark import SparkError, produce, reader
+
+pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 ROWS = 6_000
 

@@ -54,7 +54,7 @@ from equeue_broker.storage import (
     StoredMessage,
 )
 from equeue_proto.record import FRAME_OVERHEAD, encode_headers
-from tests.faults import simulate_machine_crash
+from tests.support.faults import simulate_machine_crash
 
 KiB = 1024
 QUEUES: tuple[tuple[str, int], ...] = (("orders", 0), ("orders", 1), ("audit.log", 0))

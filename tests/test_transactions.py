@@ -34,6 +34,7 @@ from equeue_broker.storage.staging import (
     encode_entry,
     file_name,
 )
+from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import decode_record
 from equeue_spark.client import (
     Admin,
@@ -46,9 +47,8 @@ from equeue_spark.client import (
 )
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.transactions import commit_transactions
-from tests.broker_process import BrokerProcess
 from tests.conftest import MakeConfig
-from tests.spark_support import wait_for
+from tests.support.waits import wait_for
 from tests.test_store import read_all
 
 OpenStore = Callable[..., Store]

@@ -1,6 +1,6 @@
 """A Spark driver program for the standalone-cluster test (run as a subprocess).
 
-``python -m tests.cluster_job MASTER_URL BROKER CHECKPOINT_DIR`` writes rows into
+``python -m tests.support.cluster_job MASTER_URL BROKER CHECKPOINT_DIR`` writes rows into
 a topic, reads them back in batch and with a streaming AvailableNow query
 committing a group, and prints one JSON line of what it saw, including the
 process ids that ran the read tasks (to prove they were not the driver).

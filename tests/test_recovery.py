@@ -33,7 +33,13 @@ from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_nam
 from equeue_broker.storage.message_log import LOG_SUFFIX
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX, QueueIndex
 from tests.conftest import MakeConfig
-from tests.faults import flip_byte, index_files, log_chunks, simulate_machine_crash, write_at
+from tests.support.faults import (
+    flip_byte,
+    index_files,
+    log_chunks,
+    simulate_machine_crash,
+    write_at,
+)
 
 OpenStore = Callable[..., Store]
 

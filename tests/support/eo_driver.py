@@ -1,6 +1,6 @@
 """A Spark driver for the exactly-once kill test (run as a subprocess).
 
-``python -m tests.eo_driver BROKER CHECKPOINT SOURCE TARGET [--available-now]``
+``python -m tests.support.eo_driver BROKER CHECKPOINT SOURCE TARGET [--available-now]``
 copies topic SOURCE to topic TARGET with a streaming query (exactly-once sink,
 the default). It prints ``query started`` once the query runs, then runs until
 it is killed; with ``--available-now`` it copies what is there and exits 0.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.spark_support import local_session
+from equeue_spark.spark.testing import local_session
 
 
 def main() -> int:

@@ -1,4 +1,5 @@
-"""``python -m tests.faulty_broker <broker flags>``: the broker behind a fault-injecting file layer.
+"""``python -m tests.support.faulty_broker <flags>``: the broker behind a fault-injecting
+file layer.
 
 The broker runs unchanged; before it starts, ``os.pwrite``, ``os.write``,
 ``os.fsync`` and ``os.ftruncate`` are wrapped so that calls on files inside the
@@ -38,7 +39,7 @@ def _data_dir(argv: list[str]) -> str:
             return os.path.realpath(argv[i + 1])
         if arg.startswith("--data-dir="):
             return os.path.realpath(arg.split("=", 1)[1])
-    raise SystemExit("tests.faulty_broker needs --data-dir")
+    raise SystemExit("tests.support.faulty_broker needs --data-dir")
 
 
 def install(fault_file: str, data_dir: str) -> None:
