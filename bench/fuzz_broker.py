@@ -55,6 +55,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench._harness import details_of, layout_violations, pull_queue, status_of, table
+from equeue_broker.server.wire import varint
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
@@ -369,16 +370,6 @@ def mutate(how: str, request: pb.ProduceRequest, draw: st.DrawFn) -> None:
 # -- raw payloads --------------------------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def invalid_utf8(descriptor: Descriptor) -> st.SearchStrategy[bytes]:
     """A request whose string field (or a string in a nested message) is not UTF-8."""
     strings = [f for f in descriptor.fields if f.type == FieldDescriptor.TYPE_STRING]
@@ -389,7 +380,7 @@ def invalid_utf8(descriptor: Descriptor) -> st.SearchStrategy[bytes]:
     def build(draw: st.DrawFn) -> bytes:
         f = draw(st.sampled_from(strings))
         bad = draw(st.sampled_from([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"fz0\xfe", b"\x80"]))
-        return _varint(f.number << 3 | 2) + _varint(len(bad)) + bad
+        return varint(f.number << 3 | 2) + varint(len(bad)) + bad
 
     return build()
 

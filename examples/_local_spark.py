@@ -2,20 +2,22 @@
 
 The ``equeue`` format needs no registration: pyspark finds the connector
 through the ``pyspark_equeue`` module installed with the package. What this
-module adds is only for a pleasant local run: Python workers use this
-interpreter, everything binds to 127.0.0.1, two shuffle partitions on a
-laptop, and Spark logs only errors (no startup banner, no progress bars).
+module adds is only for a pleasant local run: the shipped
+``equeue_spark.spark.testing.local_session`` (Python workers use this
+interpreter, everything binds to 127.0.0.1, two shuffle partitions), with
+Spark logging only errors (no startup banner, no progress bars).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from equeue_spark.spark.testing import local_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,26 +40,17 @@ logger.spark.level = error
 @contextmanager
 def local_spark(app: str) -> Iterator[SparkSession]:
     """A local[2] SparkSession for the ``with`` block; stopped at the end."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
     with tempfile.TemporaryDirectory(prefix="equeue-spark-") as tmp:
         log_config = Path(tmp) / "log4j2.properties"
         log_config.write_text(_LOG4J2)
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName(app)
-            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log_config}")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.sql.streaming.stopTimeout", "30s")
-            .getOrCreate()
+        spark = local_session(
+            app,
+            master="local[2]",
+            **{
+                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}",
+                "spark.ui.showConsoleProgress": "false",
+            },
         )
         spark.sparkContext.setLogLevel("ERROR")
         try:

@@ -21,6 +21,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
 
+
 MakeConfig = Callable[..., StorageConfig]
 
 

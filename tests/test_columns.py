@@ -16,9 +16,7 @@ from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-from equeue_broker.storage import MessageBatch, MessageLimits
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.record import encode_records, prepare_batch
+from equeue_broker.storage import MessageLimits
 from equeue_proto.record import (
     FIXED_BODY_SIZE,
     FLAG_HAS_KEY,
@@ -30,6 +28,7 @@ from equeue_spark.client import columns
 from equeue_spark.client.columns import RecordColumns, decode_columns, decode_columns_py
 from equeue_spark.client.errors import DataLossError, LimitError
 from equeue_spark.client.records import Message, _decode_py, decode_records
+from tests.support.records import encode_rows
 
 LIMITS = MessageLimits()
 Row = tuple[bytes, bytes | None, str, list[tuple[str, bytes]], int]
@@ -43,21 +42,11 @@ def encode(batches: list[Batch], position: int = 0, first_offset: int = 100) -> 
     """The records of ``batches`` as a pull reply holds them, from the real encoder."""
     out = bytearray()
     for topic, queue_id, rows in batches:
-        batch = MessageBatch(
-            values=[r[0] for r in rows],
-            keys=[r[1] for r in rows],
-            tags=[r[2] for r in rows],
-            headers=[r[3] for r in rows],
-            timestamps_ms=[r[4] for r in rows],
-        )
-        prepared = prepare_batch(batch, topic.encode(), LIMITS)
-        buf = bytearray(prepared.total_bytes)
-        written = encode_records(
-            buf, position=position + len(out), topic=topic.encode(), queue_id=queue_id,
-            first_offset=first_offset, store_ms=555, prepared=prepared, start=0,
-            stop=len(rows), index_out=bytearray(len(rows) * ENTRY_SIZE),
+        records, _ = encode_rows(
+            rows, topic=topic, queue_id=queue_id, position=position + len(out),
+            first_offset=first_offset,
         )  # fmt: skip
-        out += buf[:written]
+        out += records
     return bytes(out)
 
 

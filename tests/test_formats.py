@@ -28,7 +28,7 @@ from equeue_broker.storage.queue_index import (
     RUNS_LIMIT,
     index_runs_py,
 )
-from equeue_broker.storage.record import encode_records, prepare_batch
+from equeue_broker.storage.record import prepare_batch
 from equeue_proto import accel
 from equeue_proto.record import (
     FLAG_BATCH_END,
@@ -40,6 +40,7 @@ from equeue_proto.record import (
     encode_headers,
     read_meta,
 )
+from tests.support.records import batch_of, encode_prepared, encode_rows
 
 LIMITS = MessageLimits()
 
@@ -96,29 +97,8 @@ messages = st.lists(
 def test_records_round_trip(
     rows: list[tuple[bytes, bytes | None, str, list[tuple[str, bytes]], int]], position: int
 ) -> None:
-    batch = MessageBatch(
-        values=[r[0] for r in rows],
-        keys=[r[1] for r in rows],
-        tags=[r[2] for r in rows],
-        headers=[r[3] for r in rows],
-        timestamps_ms=[r[4] for r in rows],
-    )
-    prepared = prepare_batch(batch, b"topic-1", LIMITS)
-    out = bytearray(prepared.total_bytes)
-    entries = bytearray(len(rows) * ENTRY_SIZE)
-    written = encode_records(
-        out,
-        position=position,
-        topic=b"topic-1",
-        queue_id=7,
-        first_offset=100,
-        store_ms=555,
-        prepared=prepared,
-        start=0,
-        stop=len(rows),
-        index_out=entries,
-    )
-    assert written == len(out)
+    out, entries = encode_rows(rows, queue_id=7, position=position, first_offset=100)
+    assert len(out) == prepare_batch(batch_of(rows), b"topic-1", LIMITS).total_bytes
     pos = 0
     for i, (value, key, tag, headers, produced) in enumerate(rows):
         size = check_frame(out, pos, len(out))
@@ -139,20 +119,7 @@ def test_records_round_trip(
 
 
 def test_frame_checks_name_each_failure() -> None:
-    prepared = prepare_batch(MessageBatch([b"hello"]), b"t", LIMITS)
-    out = bytearray(prepared.total_bytes)
-    encode_records(
-        out,
-        position=0,
-        topic=b"t",
-        queue_id=0,
-        first_offset=0,
-        store_ms=1,
-        prepared=prepared,
-        start=0,
-        stop=1,
-        index_out=bytearray(ENTRY_SIZE),
-    )
+    out, _ = encode_rows([(b"hello", None, "", [], 0)], topic="t")
     assert check_frame(out, 0, len(out)) == len(out)
     assert check_frame(bytes(len(out)), 0, len(out)) == "zero length (end of written data)"
     assert check_frame(out, 0, len(out) - 1) == f"bad length {len(out) - 12}"
@@ -196,23 +163,19 @@ def test_c_encoder_matches_python_reference(
         timestamps_ms=[r[4] for r in rows] if data.draw(st.booleans()) else None,
     )
     prepared = prepare_batch(batch, b"topic", LIMITS)
-    outputs = []
-    for encode in (record.encode_records, record.encode_records_py):
-        out = bytearray(prepared.total_bytes)
-        entries = bytearray(len(rows) * ENTRY_SIZE)
-        written = encode(
-            out,
-            position=position,
+    outputs = [
+        encode_prepared(
+            prepared,
             topic=b"topic",
             queue_id=3,
+            position=position,
             first_offset=9,
             store_ms=77,
-            prepared=prepared,
             start=start,
-            stop=len(rows),
-            index_out=entries,
+            encoder=encode,
         )
-        outputs.append((bytes(out[:written]), bytes(entries)))
+        for encode in (record.encode_records, record.encode_records_py)
+    ]
     assert outputs[0] == outputs[1]
 
 

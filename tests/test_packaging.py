@@ -3,8 +3,11 @@ extension, and a client that works without pyspark."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from pkgutil import iter_modules
 
@@ -70,3 +73,76 @@ def test_client_never_imports_pyspark(installed: Path) -> None:
         capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip
     assert out.stdout.strip() == "[]"
+
+
+def test_editable_install_maps_broker_to_equeue_broker() -> None:
+    """``make``'s editable install (a link tree) answers to our names only, and
+    Spark's scan for ``pyspark_*`` modules (pkgutil) sees the hook."""
+    probe = (
+        "import importlib.util, json, pkgutil, equeue_broker; print(json.dumps(["
+        "equeue_broker.__file__, importlib.util.find_spec('broker') is None, "
+        "[m.name for m in pkgutil.iter_modules() if m.name == 'pyspark_equeue']]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, check=True,
+        timeout=120,
+    )  # fmt: skip
+    path, no_broker, hooks = json.loads(out.stdout)
+    assert Path(path).name == "__init__.py" and Path(path).resolve() == ROOT / "broker/__init__.py"
+    assert no_broker and hooks == ["pyspark_equeue"]
+
+
+WHEEL_JOB = """
+import importlib.util, sys
+import equeue_broker, equeue_spark
+from equeue_broker.testing import local_broker
+from equeue_spark.spark.testing import local_session
+
+assert importlib.util.find_spec("broker") is None, "a top-level broker package is installed"
+print("from", equeue_broker.__file__, equeue_spark.__file__)
+with local_broker() as broker:
+    spark = local_session("wheel-check", master="local[1]")
+    rows = spark.createDataFrame([("a",), ("b",)], "value string")
+    rows.write.format("equeue").option("broker", broker.address).option("topic", "w").mode(
+        "append"
+    ).save()
+    read = spark.read.format("equeue").option("broker", broker.address).option("topic", "w")
+    print("values", sorted(r.value.decode() for r in read.load().collect()))
+    spark.stop()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_wheel_in_a_clean_venv_serves_format_equeue(tmp_path: Path) -> None:
+    """The built wheel, alone in a fresh venv (its dependencies visible, not this
+    checkout nor its editable install): no top-level ``broker``, and Spark finds
+    ``format("equeue")`` without a register call, in the driver and its workers."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path / "dist"), str(ROOT)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("equeue_mq-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    site = next(venv.glob("lib/python3*/site-packages"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+         str(wheel)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    # Dependencies (pyspark, grpc, ...) from this venv's site-packages, added as a
+    # plain path: .pth files in it (the editable install's) are not processed.
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = venv / "bin" / "python"
+    out = subprocess.run(
+        [str(python), "-c", WHEEL_JOB], cwd=tmp_path, capture_output=True, text=True, timeout=500,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"from {site}/equeue_broker/__init__.py {site}/equeue_spark/__init__.py" in out.stdout
+    assert "values ['a', 'b']" in out.stdout

@@ -27,7 +27,7 @@ from equeue_broker.storage import (
 )
 from equeue_broker.storage.config import MessageLimits, TransactionConfig
 from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.record import encode_records, prepare_batch, rebase_records
+from equeue_broker.storage.record import prepare_batch, rebase_records
 from equeue_broker.storage.staging import (
     StageFile,
     decode_body,
@@ -48,6 +48,7 @@ from equeue_spark.client import (
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.transactions import commit_transactions
 from tests.conftest import MakeConfig
+from tests.support.records import encode_prepared
 from tests.support.waits import wait_for
 from tests.test_store import read_all
 
@@ -84,12 +85,9 @@ def test_stage_entry_round_trips_and_rebases_to_appended_bytes(open_store: OpenS
     staged = decode_body(memoryview(entry)[8:])
     assert (staged.topic, staged.queue_id, staged.records.count) == (T, 7, 3)
     # Rebased at a position and offset, the records equal what a plain append encodes there.
-    direct = bytearray(prepared.total_bytes)
-    direct_index = bytearray(3 * ENTRY_SIZE)
-    encode_records(
-        direct, position=4096, topic=T.encode(), queue_id=7, first_offset=40, store_ms=99,
-        prepared=prepared, start=0, stop=3, index_out=direct_index,
-    )  # fmt: skip
+    direct, direct_index = encode_prepared(
+        prepared, topic=T.encode(), queue_id=7, position=4096, first_offset=40, store_ms=99
+    )
     rebased_index = bytearray(3 * ENTRY_SIZE)
     rebased = bytearray(prepared.total_bytes)
     written = rebase_records(
