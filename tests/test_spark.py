@@ -225,7 +225,6 @@ def test_write_rejects_bad_input(spark: SparkSession, broker: BrokerProcess) -> 
         ({"topic": "t", "startingOffsets": "middle"}, "startingOffsets='middle'"),
         ({"topic": "t", "startingOffsets": '{"other": {"0": 1}}'}, "'other' is not one"),
         ({"topic": "t", "startingOffsets": "group"}, "needs the group option"),
-        ({"topic": "t", "endingOffsets": "latest"}, "only batch reads"),
         ({"topic": "t", "failOnDataLoss": "maybe"}, "failOnDataLoss='maybe'"),
         ({"topic": "t", "maxTriggerDelay": "soon"}, "maxTriggerDelay='soon'"),
         ({"topicPattern": "(unclosed"}, "not a regular expression"),
@@ -234,14 +233,54 @@ def test_write_rejects_bad_input(spark: SparkSession, broker: BrokerProcess) -> 
 def test_option_errors_name_the_option(
     spark: SparkSession, broker: BrokerProcess, options: dict[str, str], fragment: str
 ) -> None:
-    df = reader(spark, broker, stream=True, **options).load()
-    query = df.writeStream.format("noop").start()
+    """A stream's bad option fails its load(), as a batch read's does (not start())."""
     with pytest.raises(SparkError, match=fragment.replace("(", r"\(")):
-        query.awaitTermination(60)
-    query.stop()
+        reader(spark, broker, stream=True, **options).load()
+
+
+def test_ending_offsets_in_a_stream_fail_at_start(
+    spark: SparkSession, broker: BrokerProcess
+) -> None:
+    """The one check load() cannot make: Spark's schema call does not say whether
+    the read is a stream, and endingOffsets is valid for batch reads."""
+    df = reader(spark, broker, stream=True, topic="t", endingOffsets="latest").load()
+    with pytest.raises(SparkError, match="only batch reads take it"):
+        df.writeStream.format("noop").start().awaitTermination(60)
+
+
+def test_batch_read_with_nothing_to_read_returns_no_rows(
+    spark: SparkSession, broker: BrokerProcess
+) -> None:
+    """Spark runs one task with InputPartition(None) when a read plans no
+    partitions: an empty topic, a caught-up group, startingOffsets=latest."""
+    with Admin(broker.address) as admin:
+        admin.create_topic("empty", queues=2)
+        admin.create_topic("caught", queues=2)
+        produce(broker.address, "caught", [b"%d" % i for i in range(10)], queues=2)
+        admin.commit_offsets("done", {("caught", 0): 5, ("caught", 1): 5})
+    reads = [
+        reader(spark, broker, topic="empty"),
+        reader(spark, broker, topic="caught", startingOffsets="group", group="done"),
+        reader(spark, broker, topic="caught", startingOffsets="latest"),
+    ]
+    assert [r.load().count() for r in reads] == [0, 0, 0]
+    assert reader(spark, broker, topic="caught").load().count() == 10
 
 
 # -- streaming ----------------------------------------------------------------------
+
+
+def test_streaming_json_start_leaves_unnamed_queues_at_latest(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Queues a startingOffsets JSON leaves out take the stream's default (latest)."""
+    with Admin(broker.address) as admin:
+        admin.create_topic("json", queues=2)
+    produce(broker.address, "json", [b"%d" % i for i in range(20)], queues=2)
+    df = reader(spark, broker, stream=True, topic="json", startingOffsets='{"json": {"0": 3}}')
+    available_now(df.load(), tmp_path / "ck", tmp_path / "out")
+    rows = rows_of(spark, tmp_path / "out")
+    assert sorted((r.queue, r.offset) for r in rows) == [(0, o) for o in range(3, 10)]
 
 
 def test_one_offsets_listing_per_trigger(

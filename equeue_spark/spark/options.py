@@ -175,6 +175,8 @@ class ReadOptions:
     timeout_ms: int = 30_000
     """Deadline of every broker call made by the driver and by read tasks."""
     security: Security = field(default_factory=Security)
+    streaming: bool = False
+    """A ``readStream`` (defaults differ: a stream starts at the latest offsets)."""
 
     @property
     def client(self) -> ClientConfig:
@@ -185,6 +187,7 @@ class ReadOptions:
         o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
         topics, pattern = _parse_topics(o)
         kwargs: dict[str, Any] = {"broker": o.text("broker"), "topics": topics}
+        kwargs["streaming"] = streaming
         kwargs["topic_pattern"] = pattern
         kwargs["group"] = o.text("group")
         kwargs["starting"] = _parse_offsets(o, "startingoffsets", streaming, topics, pattern)

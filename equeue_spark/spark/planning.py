@@ -78,7 +78,7 @@ class Planner:
             return {key: q.timestamp_offset for key, q in queues.items()}
         if spec == "group":
             return self._group_offsets(queues)
-        fallback = LATEST if (end or spec == "latest") else EARLIEST
+        fallback = self._default_offset(spec, end)
         given = spec if isinstance(spec, dict) else {}
         for topic, by_queue in given.items():
             for queue_id in by_queue:
@@ -92,6 +92,16 @@ class Planner:
             wanted = given.get(key[0], {}).get(key[1], fallback)
             offsets[key] = _pick(q, wanted)
         return offsets
+
+    def _default_offset(self, spec: StartSpec, end: bool) -> int:
+        """Where a queue starts (or ends) that the spec does not name: a JSON
+        spec leaves the queues it omits at the mode's default, like Kafka's
+        (latest for streams, earliest for batch reads; ends are always latest)."""
+        if end or spec == "latest":
+            return LATEST
+        if spec == "earliest":
+            return EARLIEST
+        return LATEST if self.options.streaming else EARLIEST
 
     def _group_offsets(self, queues: Queues) -> Offsets:
         """The group's committed offsets; ``groupFallback`` where it has none."""

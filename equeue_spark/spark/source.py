@@ -71,6 +71,10 @@ class EqueueDataSource(DataSource):
         return "equeue"
 
     def schema(self) -> str:
+        # Spark asks for the schema at load() (reads only; writes never call it):
+        # validating the read options here reports a bad option at load(), for
+        # streams too, instead of at start().
+        _check_read_options(self.options)
         return read_schema(headers_requested(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -88,6 +92,14 @@ class EqueueDataSource(DataSource):
         return EqueueStreamWriter(_write_options(self.options, schema))
 
 
+def _check_read_options(raw: Any) -> None:
+    """``InvalidOption`` for any option a read of either kind rejects; the
+    batch/stream-specific checks (an ending offset in a stream) wait for the
+    reader, which knows which it is."""
+    batch_only = any(k.lower() in ("endingoffsets", "endingtimestamp") for k in raw)
+    ReadOptions.parse(raw, streaming=not batch_only)
+
+
 def _write_options(raw: Any, schema: StructType) -> WriteOptions:
     options = WriteOptions.parse(raw)
     check_schema({f.name: f.dataType.simpleString() for f in schema.fields}, options.topic)
@@ -102,6 +114,10 @@ class EqueuePartition(InputPartition):
 
 
 def _read(partition: InputPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
+    if partition.value is None:
+        # Spark runs one task with InputPartition(None) when partitions() is
+        # empty (nothing to read): it reads nothing.
+        return iter(())
     return read_range(partition.value, arrow_schema(schema))
 
 
