@@ -9,8 +9,18 @@ modules that depend on that state but never on this module: recovery.py runs
 at open, log_writer.py places an append in the log, reads.py serves ``read``
 and the lookups (the store delegates), retention.py deletes expired chunks,
 and transactions.py reaches the store only through its ``TransactionStore``
-protocol. The values the calls return are in results.py; the data directory's
-layout is in docs/storage.md.
+protocol. The values the calls return are in results.py.
+
+Data directory layout::
+
+    <data_dir>/LOCK                       flock'ed while a store has it open
+    <data_dir>/log/<n:09d>.chunk          message log chunks (message_log.py)
+    <data_dir>/index/<topic>/<q>/<n>.idx  queue index chunks (queue_index.py)
+    <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py)
+    <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
+    <data_dir>/checkpoint.json[.bak]      log position below which every index
+                                          entry is fsynced (recovery.py)
+    <data_dir>/txn/                       staged transactions (transactions.py)
 
 Durability (see ``FlushMode``): in sync mode an append returns after an fsync
 of its records (group commit), and readers see only durable records; in async
