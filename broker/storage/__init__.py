@@ -17,7 +17,7 @@ from equeue_broker.storage.errors import (
     StoreClosed,
 )
 from equeue_broker.storage.record import MessageBatch
-from equeue_broker.storage.store import (
+from equeue_broker.storage.results import (
     AppendResult,
     Framer,
     QueueInfo,
@@ -26,8 +26,8 @@ from equeue_broker.storage.store import (
     RecordsResult,
     RecoveryReport,
     RetentionReport,
-    Store,
 )
+from equeue_broker.storage.store import Store
 from equeue_proto.record import StoredMessage
 
 __all__ = [

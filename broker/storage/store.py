@@ -1,4 +1,15 @@
-"""The store: topics and queues over one message log, with recovery and retention.
+"""The store: one data directory's lock, write paths, admin and lifecycle.
+
+``Store`` owns the store lock and the state every part of the engine shares
+(the message log, the queues, topics and group offsets). It keeps the write
+paths (``append``, the sync-mode group-commit rounds, and
+``append_atomically`` for transactions), topic, queue and group-offset admin,
+and opening, flushing, the maintenance thread and closing. The rest lives in
+modules that depend on that state but never on this module: recovery.py runs
+at open, log_writer.py places an append in the log, reads.py serves ``read``
+and the lookups (the store delegates), retention.py deletes expired chunks,
+and transactions.py reaches the store only through its ``TransactionStore``
+protocol. The values the calls return are in results.py.
 
 Data directory layout::
 
@@ -8,49 +19,38 @@ Data directory layout::
     <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py)
     <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
     <data_dir>/checkpoint.json[.bak]      log position below which every index
-                                          entry is fsynced
+                                          entry is fsynced (recovery.py)
     <data_dir>/txn/                       staged transactions (transactions.py)
-
-Consistency: the log is the source of truth; indexes are derived. On open the
-store cuts the log after its last complete append, drops index entries at or
-after the checkpoint, and rebuilds them by scanning the log from the
-checkpoint, so the log and every index agree after any crash, and opening costs
-time proportional to the data written since the last checkpoint (about one
-flush interval), not to the size of the log.
 
 Durability (see ``FlushMode``): in sync mode an append returns after an fsync
 of its records (group commit), and readers see only durable records; in async
 mode appends are visible at once and fsynced every ``flush_interval_ms``.
 Committed offsets are persisted before a commit returns in sync mode.
 
-Thread safety: every public method may be called from any thread.
+Thread safety: every public method may be called from any thread. ``_lock``
+(reentrant) guards the log, the queues and the topics: a private method that
+says "lock held" must be called with it held, as must the helpers of
+log_writer.py, retention.py and the private methods of reads.py. Listeners are
+called outside it, under ``_notify_lock``; ``_checkpoint_lock`` orders
+checkpoint saves.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
-import enum
 import fcntl
 import functools
-import itertools
 import logging
 import os
-import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from crc32c import crc32c
-
-from equeue_broker.storage.atomic_file import load_json, remove_temp_files, save_json
+from equeue_broker.storage.atomic_file import remove_temp_files
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.errors import (
     AlreadyExists,
-    CorruptionError,
     InvalidArgument,
     LimitExceeded,
     NotFound,
@@ -60,133 +60,36 @@ from equeue_broker.storage.errors import (
     io_error,
 )
 from equeue_broker.storage.flush import GroupCommit, SyncCommitter
+from equeue_broker.storage.log_writer import LogWriter
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.names import validate_group, validate_topic
 from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
-from equeue_broker.storage.queue_index import (
-    ENTRY,
-    ENTRY_SIZE,
-    RUNS_EMPTY,
-    RUNS_LIMIT,
-    QueueIndex,
-    index_runs,
-)
+from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
+from equeue_broker.storage.reads import Reads
 from equeue_broker.storage.record import (
     EncodedBatch,
     MessageBatch,
     PreparedBatch,
-    encode_records,
-    frame_sizes,
     prepare_batch,
-    rebase_records,
 )
+from equeue_broker.storage.recovery import recover, save_checkpoint
+from equeue_broker.storage.results import (
+    AppendResult,
+    Framer,
+    QueueInfo,
+    ReadResult,
+    RecordsResult,
+    RetentionReport,
+)
+from equeue_broker.storage.retention import delete_expired
 from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
 from equeue_broker.storage.transactions import Transactions
-from equeue_proto.record import FRAME_OVERHEAD, StoredMessage
+from equeue_proto.record import StoredMessage
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str, int, int], None]
 """Called with (topic, queue_id, visible_end) when new records become readable."""
-
-
-class ReadStatus(enum.Enum):
-    OK = "ok"
-    """``offset`` was within [earliest, end]; ``messages`` may be empty at the end."""
-    OFFSET_TOO_SMALL = "offset_too_small"
-    """``offset`` is below the earliest retained offset; ``next_offset`` is the earliest."""
-    OFFSET_TOO_BIG = "offset_too_big"
-    """``offset`` is past the end; ``next_offset`` is the end."""
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    status: ReadStatus
-    messages: list[StoredMessage]
-    next_offset: int
-    """The offset to read next: after the last message returned or skipped by the
-    tag filter, or the corrected offset for an out-of-range request."""
-    earliest: int
-    end: int
-    """One past the last readable offset (durable in sync mode, written in async)."""
-
-
-@dataclass(frozen=True)
-class RecordsResult:
-    """A read whose records stay in the stored record format (see ``read_records``)."""
-
-    status: ReadStatus
-    records: bytes = field(repr=False)
-    """``count`` records, each ``u32 len | body | u32 crc | u32 len`` (record.py)."""
-    count: int
-    next_offset: int
-    earliest: int
-    end: int
-    nbytes: int = 0
-    """Bytes of the records alone (``records`` may also hold a frame's prefix and suffix)."""
-
-
-Piece = bytes | bytearray | memoryview
-"""Part of a read's records: a view of a log map, or a copy of one."""
-
-Framer = Callable[[RecordsResult], tuple[bytes, bytes]]
-"""(prefix, suffix) to join around a read's records in the same copy (see
-``Store.read_records``); called with the read's result, ``records`` still empty."""
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    topic: str
-    queue_id: int
-    first_offset: int
-    count: int
-    entries: bytes | bytearray = field(repr=False)
-    """The index entries written, one per message (see queue_index.py)."""
-
-    def positions(self) -> list[int]:
-        """Global log position of each message (the basis of message ids)."""
-        return [p - 1 for p in memoryview(self.entries).cast("Q")[:: ENTRY_SIZE // 8]]
-
-
-@dataclass(frozen=True)
-class QueueInfo:
-    topic: str
-    queue_id: int
-    earliest: int
-    end: int
-    producer_visible: bool
-    consumer_visible: bool
-
-
-@dataclass(frozen=True)
-class RecoveryReport:
-    tail_records_scanned: int
-    tail_bytes_discarded: int
-    index_entries_rebuilt: int
-    records_of_deleted_topics: int
-    seconds: float
-    bytes_scanned: int
-    """Bytes read to find where the log's last chunk and each queue index end."""
-
-
-@dataclass(frozen=True)
-class RetentionReport:
-    log_chunks_deleted: int
-    index_chunks_deleted: int
-    log_start_position: int
-
-
-@dataclass
-class _Queue:
-    topic: str
-    topic_bytes: bytes
-    queue_id: int
-    index: QueueIndex
-    visible_end: int = 0
-    producer_visible: bool = True
-    """Cached from the topic metadata, for the append hot path."""
-    notified_end: int = 0
-    """Highest visible end announced to listeners."""
 
 
 class Store:
@@ -200,10 +103,9 @@ class Store:
         self._listeners: list[Listener] = []
         self._notify_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
-        self._pending: deque[tuple[int, _Queue, int]] = deque()
-        self._last_store_ms = 0
-        self._queues: dict[tuple[str, int], _Queue] = {}
-        self._blocked: set[tuple[str, int]] = set()
+        self._pending: deque[tuple[int, QueueState, int]] = deque()
+        self._queues: dict[QueueKey, QueueState] = {}
+        self._blocked: set[QueueKey] = set()
         """Queues an interrupted transaction commit must finish first."""
         root = config.data_dir
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # data is private to the broker
@@ -215,10 +117,16 @@ class Store:
             )
             self._topics = load_topics(root / "topics.json")
             self._offsets = OffsetStore(root / "offsets.json")
-            self.recovery = self._recover()
+            self.recovery, self._checkpoint = recover(
+                config, self._log, self._topics.values(), self._offsets, self._queues
+            )
         except BaseException:
             self._release_files()
             raise
+        self._writer = LogWriter(self._log, self._fail)
+        self._reads = Reads(
+            config, self._lock, self._log, self._queues, self._live_queue, self._check_open
+        )
         self._commit = GroupCommit(
             self._sync_target,
             self._log.write_position,
@@ -241,94 +149,10 @@ class Store:
             self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
             self._thread.start()
 
-    # -- recovery -------------------------------------------------------------------
-
-    def _recover(self) -> RecoveryReport:
-        started = time.monotonic()
-        self._log.open()
-        document = load_json(self.config.data_dir / "checkpoint.json") or {}
-        checkpoint = int(document.get("index_position", 0))
-        checkpoint = min(max(checkpoint, self._log.start_position), self._log.write_position)
-        scanned = self._log.tail.scanned_bytes if self._log.tail else 0
-        for topic in self._topics.values():
-            for q in topic.queues:
-                queue = self._open_queue(topic.name, q.queue_id)
-                queue.producer_visible = q.producer_visible
-                scanned += queue.index.recover(checkpoint)
-        rebuilt, orphans = self._rebuild_indexes(checkpoint)
-        for queue in self._queues.values():
-            queue.index.delete_chunks_below(self._log.start_position)
-            queue.index.sync()
-            queue.visible_end = queue.notified_end = queue.index.end
-        # Async mode persists offsets of records that a power loss can take with it
-        # (a consumer may commit what it read before the fsync): a group's offset
-        # past its queue's end would make it skip the next messages written there.
-        ends = {key: q.visible_end for key, q in self._queues.items()}
-        for group, name, queue_id, was, now in self._offsets.clamp(ends):
-            log.warning(
-                "group %s: committed offset %d of %s/%d is past the end after recovery; "
-                "lowered to %d", group, was, name, queue_id, now,
-            )  # fmt: skip
-        # The tail may hold data a killed process wrote but never fsynced: make it
-        # durable before the checkpoint claims everything below it is indexed.
-        os.fsync(self._log.sync_target()[1])
-        self._checkpoint = self._log.write_position
-        self._save_checkpoint()
-        tail = self._log.tail
-        report = RecoveryReport(
-            tail.scanned_records if tail else 0,
-            tail.truncated_bytes if tail else 0,
-            rebuilt,
-            orphans,
-            time.monotonic() - started,
-            scanned,
-        )
-        log.info("store opened: %s", report)
-        return report
-
-    def _rebuild_indexes(self, checkpoint: int) -> tuple[int, int]:
-        """Re-create index entries for every record at or after ``checkpoint``."""
-        rebuilt = orphans = 0
-        pending: dict[tuple[str, int], bytearray] = {}
-        expected = {key: q.index.end for key, q in self._queues.items()}
-        for position, meta in self._log.iter_records(checkpoint):
-            key = (meta.topic.decode(), meta.queue_id)
-            if key not in expected:
-                orphans += 1  # a deleted topic's records wait for retention
-                continue
-            if meta.queue_offset != expected[key]:
-                # Only stale bytes of a failed append can break the sequence: cut them.
-                log.warning(
-                    "record at %d has offset %d, expected %d for %s; cutting log there",
-                    position,
-                    meta.queue_offset,
-                    expected[key],
-                    key,
-                )
-                if position < self._log.start_of(self._log.active):
-                    raise CorruptionError(
-                        f"queue {key} offsets not contiguous at position {position}"
-                    )
-                self._log.truncate(position)
-                break
-            tag_hash = crc32c(meta.tag) if meta.tag else 0
-            pending.setdefault(key, bytearray()).extend(
-                ENTRY.pack(position + 1, meta.frame_size, tag_hash, meta.store_timestamp_ms)
-            )
-            expected[key] += 1
-            rebuilt += 1
-        for key, entries in pending.items():
-            queue = self._queues[key]
-            queue.index.write(queue.index.end, entries)
-        return rebuilt, orphans
-
-    def _open_queue(self, topic: str, queue_id: int) -> _Queue:
-        directory = self.config.data_dir / "index" / topic / str(queue_id)
-        queue = _Queue(
-            topic,
-            topic.encode(),
-            queue_id,
-            QueueIndex(directory, self.config.index_entries_per_chunk),
+    def _open_queue(self, topic: str, queue_id: int) -> QueueState:
+        """Open a new queue's index and make the queue the store's (lock held)."""
+        queue = open_queue(
+            self.config.data_dir, self.config.index_entries_per_chunk, topic, queue_id
         )
         self._queues[(topic, queue_id)] = queue
         return queue
@@ -439,12 +263,18 @@ class Store:
             )
 
     def _topic(self, name: str) -> TopicMeta:
+        """The topic's metadata, if the store is open and the topic exists (lock held)."""
         self._check_open()
         meta = self._topics.get(name)
         if meta is None:
             validate_topic(name)
             raise NotFound(f"topic {name!r} does not exist")
         return meta
+
+    def _live_queue(self, topic: str, queue_id: int) -> QueueState:
+        """The queue, if the store is open and the topic and queue exist (lock held)."""
+        self._queue_meta(self._topic(topic), queue_id)
+        return self._queues[(topic, queue_id)]
 
     def _queue_meta(self, meta: TopicMeta, queue_id: int) -> QueueMeta:
         qmeta = meta.queue(queue_id) if isinstance(queue_id, int) else None
@@ -496,7 +326,7 @@ class Store:
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
         if self._committer is None:
             with self._lock:
-                result = self._write(self._writable_queue(topic, queue_id), prepared)
+                result = self._writer.write(self._writable_queue(topic, queue_id), prepared)
                 queue.visible_end = end = queue.index.end
             if self._listeners:
                 self._notify([(queue, end)])
@@ -515,11 +345,11 @@ class Store:
 
     def append_atomically(
         self,
-        queues: Sequence[tuple[str, int]],
-        decide: Callable[[dict[tuple[str, int], int]], None],
+        queues: Sequence[QueueKey],
+        decide: Callable[[dict[QueueKey, int]], None],
         batches: Callable[[], Iterable[tuple[str, int, EncodedBatch]]],
         resume: bool = False,
-    ) -> dict[tuple[str, int], int]:
+    ) -> dict[QueueKey, int]:
         """Append encoded batches (``record.EncodedBatch``) to several queues as
         one unit; return each queue's first new offset.
 
@@ -536,7 +366,7 @@ class Store:
         """
         keys = list(dict.fromkeys(queues))
 
-        def work() -> dict[tuple[str, int], int]:
+        def work() -> dict[QueueKey, int]:
             targets = {key: self._writable_queue(*key, resuming=resume) for key in keys}
             firsts = {key: queue.index.end for key, queue in targets.items()}
             decide(firsts)
@@ -545,7 +375,7 @@ class Store:
                     queue = targets.get((topic, queue_id))
                     if queue is None:
                         raise InvalidArgument(f"queue {topic}/{queue_id} was not declared")
-                    self._write_encoded(queue, batch)
+                    self._writer.write_encoded(queue, batch, self._write_rebased)
                 self._blocked.difference_update(keys)
             except BaseException:
                 self._blocked.update(keys)
@@ -579,13 +409,15 @@ class Store:
         with self._lock:
             self._blocked.discard((topic, queue_id))
 
-    def _queues_of(self, keys: Iterable[tuple[str, int]]) -> list[_Queue]:
+    def _queues_of(self, keys: Iterable[QueueKey]) -> list[QueueState]:
+        """The queues of ``keys`` that still exist (lock held)."""
         return [q for q in map(self._queues.get, keys) if q is not None]
 
     def _write_pending(self, topic: str, queue_id: int, prepared: PreparedBatch) -> AppendResult:
-        """Sync mode, on the committer thread: write; readable once the round is durable."""
+        """Sync mode, on the committer thread inside a round (lock held): write;
+        readable once the round is durable."""
         queue = self._writable_queue(topic, queue_id)
-        result = self._write(queue, prepared)
+        result = self._writer.write(queue, prepared)
         self._pending.append((self._log.write_position, queue, queue.index.end))
         return result
 
@@ -613,7 +445,7 @@ class Store:
         of the log and refuse writes until a restart (after a failed fsync the
         kernel's view of the file cannot be trusted; recovery rebuilds it)."""
         with self._lock:
-            self._failed = cause
+            self._fail(cause)
             self._pending = deque(p for p in self._pending if p[0] <= start)
             try:
                 if self._log.start_of(self._log.active) <= start < self._log.write_position:
@@ -622,7 +454,9 @@ class Store:
                 log.error("cannot cut a failed round out of the log: %s", exc)
         log.error("fsync failed (%s); the store refuses writes until restarted", cause)
 
-    def _writable_queue(self, topic: str, queue_id: int, resuming: bool = False) -> _Queue:
+    def _writable_queue(self, topic: str, queue_id: int, resuming: bool = False) -> QueueState:
+        """The queue, if it takes appends now (lock held); ``resuming`` lets an
+        interrupted commit's roll-forward past its block and hidden queues."""
         self._check_writable()
         queue = self._queues.get((topic, queue_id))
         if queue is None:  # find out why, for the error message
@@ -637,148 +471,12 @@ class Store:
             raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
         return queue
 
-    def _write(self, queue: _Queue, prepared: PreparedBatch) -> AppendResult:
-        count = len(prepared.batch)
-        entries = bytearray(count * ENTRY_SIZE)
-        first_offset = queue.index.end
-        store_ms = self._last_store_ms = max(_now_ms(), self._last_store_ms)
-        fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
-
-        def sizes(start: int) -> Iterator[int]:
-            all_sizes = frame_sizes(prepared.batch, prepared.tags, prepared.headers, fixed)
-            return itertools.islice(all_sizes, start, None)
-
-        def write(start: int, stop: int, size: int) -> None:
-            self._write_piece(
-                queue, prepared, start=start, stop=stop, size=size,
-                first_offset=first_offset, store_ms=store_ms, entries=entries,
-            )  # fmt: skip
-
-        self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
-        return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
-
-    def _write_encoded(self, queue: _Queue, batch: EncodedBatch) -> None:
-        """Append records encoded ahead (a transaction's)."""
-        first_offset = queue.index.end
-        store_ms = self._last_store_ms = max(_now_ms(), self._last_store_ms)
-
-        def sizes(start: int) -> Iterator[int]:
-            return itertools.islice(batch.frame_sizes(), start, None)
-
-        def write(start: int, stop: int, size: int) -> None:
-            piece = batch.slice(start, stop)
-            assert piece.total_bytes == size
-            self._write_rebased(queue, piece, first_offset + start, store_ms)
-
-        self._write_in_pieces(queue.topic, batch.total_bytes, batch.count, sizes, write)
-
-    def _write_in_pieces(
-        self,
-        topic: str,
-        total: int,
-        count: int,
-        sizes: Callable[[int], Iterator[int]],
-        write: Callable[[int, int, int], None],
-    ) -> None:
-        """How every append is laid out: in one piece when it fits the active
-        chunk, else in one piece at the start of a new chunk, else (larger than
-        a chunk) split at record boundaries, one atomic piece per chunk.
-        ``write(start, stop, bytes)`` writes records ``[start, stop)``;
-        ``sizes(start)`` gives frame sizes from ``start`` (a Python loop, only
-        for appends larger than a chunk)."""
-        if total > self._log.room() and total <= self._log.capacity:
-            self._roll(topic)  # keep the append in one chunk, so it stays atomic
-        if total <= self._log.room():  # the common case
-            write(0, count, total)
-            return
-        start = 0
-        while start < count:
-            room = self._log.room()
-            stop, used = start, 0
-            for size in sizes(start):
-                if used + size > room:
-                    break
-                used += size
-                stop += 1
-            if stop == start:
-                assert room < self._log.capacity, "a record larger than a chunk"
-                self._roll(topic)
-                continue
-            write(start, stop, used)
-            start = stop
-
     def _write_rebased(
-        self, queue: _Queue, batch: EncodedBatch, first_offset: int, store_ms: int
+        self, queue: QueueState, batch: EncodedBatch, first_offset: int, store_ms: int
     ) -> None:
-        entries = bytearray(batch.count * ENTRY_SIZE)
-
-        def encode(out: memoryview, position: int) -> int:
-            return rebase_records(
-                out, batch, position=position, first_offset=first_offset,
-                store_ms=store_ms, index_out=entries,
-            )  # fmt: skip
-
-        def bad(exc: Exception) -> Exception:
-            return CorruptionError(f"staged records of {queue.topic}: {exc}")
-
-        self._append_indexed(queue, batch.total_bytes, encode, first_offset, entries, bad)
-
-    def _write_piece(
-        self, queue: _Queue, prepared: PreparedBatch, *, start: int, stop: int, size: int,
-        first_offset: int, store_ms: int, entries: bytearray,
-    ) -> None:  # fmt: skip
-        entry_view = memoryview(entries)[start * ENTRY_SIZE : stop * ENTRY_SIZE]
-
-        def encode(out: memoryview, position: int) -> int:
-            return encode_records(
-                out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
-                first_offset=first_offset + start, store_ms=store_ms, prepared=prepared,
-                start=start, stop=stop, index_out=entry_view,
-            )  # fmt: skip
-
-        def bad(exc: Exception) -> Exception:  # e.g. a bad timestamp
-            return InvalidArgument(f"bad message batch: {exc}")
-
-        self._append_indexed(queue, size, encode, first_offset + start, entry_view, bad)
-
-    def _append_indexed(  # noqa: PLR0917 (private, called in two places)
-        self,
-        queue: _Queue,
-        size: int,
-        encode: Callable[[memoryview, int], int],
-        first_offset: int,
-        entries: bytearray | memoryview,
-        bad_input: Callable[[Exception], Exception],
-    ) -> None:
-        """Append ``size`` bytes that ``encode`` writes, then their index
-        ``entries``; an index write that fails undoes the log write. An encoder
-        refusing its input raises ``bad_input(exc)``; I/O errors raise ``io_error``."""
-        try:
-            position = self._log.append(size, encode)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise bad_input(exc) from None
-        except OSError as exc:
-            raise io_error(queue.topic, exc) from exc
-        try:
-            queue.index.write(first_offset, entries)
-        except OSError as exc:
-            self._undo_write(position, exc)
-            raise io_error(queue.topic, exc) from exc
-
-    def _roll(self, topic: str) -> None:
-        try:
-            self._log.roll()
-        except OSError as exc:
-            raise io_error(topic, exc) from exc
-
-    def _undo_write(self, position: int, cause: OSError) -> None:
-        """Cut a failed append out of the log; if even that fails, stop accepting writes."""
-        try:
-            if self._log.write_position > position:
-                self._log.truncate(position)
-        except OSError as exc:
-            log.error("cannot undo a failed append (%s); store refuses writes until restart", exc)
-            self._failed = cause
+        """One piece of a transaction's records (lock held). Called through the
+        store, so that fault-injection tests can make it fail part-way."""
+        self._writer.write_rebased(queue, batch, first_offset, store_ms)
 
     def _sync_target(self) -> tuple[int, int]:
         with self._lock:
@@ -804,7 +502,7 @@ class Store:
         """
         self._listeners.append(listener)
 
-    def _notify(self, changes: Iterable[tuple[_Queue, int]]) -> None:
+    def _notify(self, changes: Iterable[tuple[QueueState, int]]) -> None:
         # Appending threads race to get here: the notify lock plus the per-queue
         # mark make every listener see each queue's ends strictly increasing.
         with self._notify_lock:
@@ -815,7 +513,7 @@ class Store:
                 for listener in self._listeners:
                     listener(queue.topic, queue.queue_id, end)
 
-    # -- reads -----------------------------------------------------------------------
+    # -- reads: reads.py documents and implements them ----------------------------------
 
     def read(
         self,
@@ -827,25 +525,10 @@ class Store:
         max_bytes: int = 1 << 20,
         tags: Iterable[str] | None = None,
     ) -> ReadResult:
-        """Read up to ``max_messages``/``max_bytes`` from ``offset`` (at least one
-        message if any is available, even if larger than ``max_bytes``).
-
-        With ``tags``, only messages carrying one of them are returned; skipped
-        offsets still advance ``next_offset``.
-        """
-        self._check_read_limits(offset, max_messages, max_bytes)
-        by_hash = self._tag_filter(tags)
-        wanted = frozenset(t.decode() for ts in by_hash.values() for t in ts) if by_hash else None
-        hashes = frozenset(by_hash) if by_hash else None
-        with self._lock:
-            queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
-            if status is not ReadStatus.OK:
-                return ReadResult(status, [], corrected, earliest, end)
-            messages, next_offset = self._collect(
-                queue, offset=offset, end=end, max_messages=max_messages,
-                max_bytes=max_bytes, wanted=wanted, hashes=hashes,
-            )  # fmt: skip
-            return ReadResult(ReadStatus.OK, messages, next_offset, earliest, end)
+        """Messages of a queue from ``offset`` (see ``Reads.read``)."""
+        return self._reads.read(
+            topic, queue_id, offset, max_messages=max_messages, max_bytes=max_bytes, tags=tags
+        )
 
     def read_records(
         self,
@@ -858,295 +541,37 @@ class Store:
         tags: Iterable[str] | None = None,
         frame: Framer | None = None,
     ) -> RecordsResult:
-        """Like ``read``, but return the records as stored (the record format of
-        ``record.py``, concatenated) instead of decoding them.
-
-        Records appended together lie next to each other in the log, so this
-        copies whole runs: no Python object per message. It serves pulls.
-
-        With ``frame``, ``records`` is ``prefix + records + suffix`` for the
-        (prefix, suffix) that ``frame`` returns for the read: one copy from the
-        log builds a caller's whole reply (the broker's pre-encoded PullReply).
-        """
-        self._check_read_limits(offset, max_messages, max_bytes)
-        wanted = self._tag_filter(tags)
-        with self._lock:
-            queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
-            if status is not ReadStatus.OK:
-                pieces: list[Piece] = []
-                count, nbytes, next_offset = 0, 0, corrected
-            elif wanted is None:
-                pieces, count, nbytes, next_offset = self._collect_runs(
-                    queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
-                )
-            else:
-                pieces, count, nbytes, next_offset = self._collect_filtered(
-                    queue, offset=offset, end=end, max_messages=max_messages,
-                    max_bytes=max_bytes, wanted=wanted,
-                )  # fmt: skip
-            result = RecordsResult(status, b"", count, next_offset, earliest, end, nbytes)
-            if frame is not None:
-                prefix, suffix = frame(result)
-                pieces = [prefix, *pieces, suffix]
-            # One copy out of the maps, made while the lock keeps them mapped.
-            return dataclasses.replace(result, records=b"".join(pieces))
-
-    def _locate(
-        self, topic: str, queue_id: int, offset: int
-    ) -> tuple[_Queue, int, int, ReadStatus, int]:
-        """(queue, earliest, end, status, offset to report) of a read (lock held).
-
-        Out-of-range offsets are answered with the earliest or the end."""
-        self._queue_meta(self._topic(topic), queue_id)
-        queue = self._queues[(topic, queue_id)]
-        earliest, end = queue.index.earliest, queue.visible_end
-        if offset < earliest:
-            return queue, earliest, end, ReadStatus.OFFSET_TOO_SMALL, earliest
-        if offset > end:
-            return queue, earliest, end, ReadStatus.OFFSET_TOO_BIG, end
-        return queue, earliest, end, ReadStatus.OK, offset
-
-    def _tag_filter(self, tags: Iterable[str] | None) -> dict[int, frozenset[bytes]] | None:
-        """{tag hash: tag strings with that hash} for a tag-filtered read, else None."""
-        if tags is None:
-            return None
-        encoded = frozenset(t.encode() for t in tags)
-        if not encoded:
-            raise InvalidArgument("tags must name at least one tag (None reads every message)")
-        by_hash: dict[int, set[bytes]] = {}
-        for tag in encoded:
-            by_hash.setdefault(crc32c(tag), set()).add(tag)
-        return {h: frozenset(v) for h, v in by_hash.items()}
-
-    def _collect_runs(
-        self, queue: _Queue, *, offset: int, end: int, max_messages: int, max_bytes: int
-    ) -> tuple[list[Piece], int, int, int]:
-        """(pieces, count, bytes, next offset) of an unfiltered read: the index
-        is planned into runs of adjacent records (``index_runs``, in C), and
-        each run becomes one view of the log; no per-record Python work."""
-        pieces: list[Piece] = []
-        count = total = 0
-        cursor = offset
-        scan_end = min(end, offset + max_messages)
-        capacity = self._log.capacity
-        mapped_chunk = -1
-        while cursor < scan_end and count < max_messages:
-            entries = queue.index.read_raw(cursor, scan_end - cursor)
-            runs, taken, count, total, stop = index_runs(
-                entries, capacity, max_messages, max_bytes, count, total
-            )
-            for start, stop_at, first in runs:
-                if start // capacity != mapped_chunk and pieces:
-                    # Touching another chunk may unmap an older one, which
-                    # must not have views alive: copy what we hold first.
-                    pieces = [bytes(p) for p in pieces]
-                mapped_chunk = start // capacity
-                self._log.check_record(start, queue.topic_bytes, queue.queue_id, cursor + first)
-                pieces.append(self._log.copy(start, stop_at))
-            cursor += taken
-            if stop == RUNS_EMPTY:
-                raise CorruptionError(
-                    f"index entry for offset {cursor} of {queue.topic}/{queue.queue_id} is empty"
-                )
-            if stop == RUNS_LIMIT or not entries:
-                break
-        return pieces, count, total, cursor
-
-    def _collect_filtered(
-        self, queue: _Queue, *, offset: int, end: int, max_messages: int, max_bytes: int,
-        wanted: dict[int, frozenset[bytes]],
-    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
-        """``_collect_runs`` for a tag-filtered read: entry by entry, as skipped
-        records break runs (scans at most ``max_filter_scan`` entries)."""
-        out = bytearray()
-        count = total = 0
-        run_start = run_end = -1
-        scan_end = min(end, offset + self.config.max_filter_scan)
-        cursor = offset
-        capacity = self._log.capacity
-        while cursor < scan_end and count < max_messages:
-            entries = queue.index.read(cursor, scan_end - cursor)
-            if not entries:
-                break
-            for position_plus_one, size, tag_hash, _ts in entries:
-                position = position_plus_one - 1
-                if tag_hash not in wanted or self._log.tag_at(position) not in wanted[tag_hash]:
-                    cursor += 1
-                    continue
-                if count and total + size > max_bytes:
-                    scan_end = cursor  # stop both loops
-                    break
-                if position != run_end or position % capacity == 0:  # a new run
-                    if run_end > run_start:
-                        out += self._log.copy(run_start, run_end)
-                    self._log.check_record(position, queue.topic_bytes, queue.queue_id, cursor)
-                    run_start = position
-                    run_end = position
-                run_end += size
-                count += 1
-                total += size
-                cursor += 1
-                if count >= max_messages:
-                    break
-        if run_end > run_start:
-            out += self._log.copy(run_start, run_end)
-        return [out], count, total, cursor
-
-    def _collect(
-        self, queue: _Queue, *, offset: int, end: int, max_messages: int, max_bytes: int,
-        wanted: frozenset[str] | None, hashes: frozenset[int] | None,
-    ) -> tuple[list[StoredMessage], int]:  # fmt: skip
-        messages: list[StoredMessage] = []
-        total = 0
-        scan_end = min(
-            end, offset + (self.config.max_filter_scan if hashes is not None else max_messages)
-        )
-        cursor = offset
-        while cursor < scan_end:
-            for position_plus_one, size, tag_hash, _ts in queue.index.read(
-                cursor, scan_end - cursor
-            ):
-                if hashes is not None and tag_hash not in hashes:
-                    cursor += 1
-                    continue
-                if messages and total + size > max_bytes:
-                    return messages, cursor
-                message = self._log.read(position_plus_one - 1, size)
-                if message.queue_offset != cursor or message.topic != queue.topic:
-                    raise CorruptionError(
-                        f"index of {queue.topic}/{queue.queue_id} offset {cursor} points at a "
-                        f"record of {message.topic}/{message.queue_id} "
-                        f"offset {message.queue_offset}",
-                        str(queue.index.directory),
-                        cursor,
-                    )
-                cursor += 1
-                if wanted is not None and message.tag not in wanted:
-                    continue  # hash collision
-                messages.append(message)
-                total += size
-                if len(messages) >= max_messages:
-                    return messages, cursor
-        return messages, cursor
-
-    def _check_read_limits(self, offset: int, max_messages: int, max_bytes: int) -> None:
-        if not isinstance(offset, int) or offset < 0:
-            raise InvalidArgument(f"offset must be a non-negative integer, got {offset!r}")
-        if not 1 <= max_messages <= self.config.max_read_messages:
-            raise InvalidArgument(
-                f"max_messages {max_messages} outside [1, {self.config.max_read_messages}]"
-            )
-        if not 1 <= max_bytes <= self.config.max_read_bytes:
-            raise InvalidArgument(
-                f"max_bytes {max_bytes} outside [1, {self.config.max_read_bytes}]"
-            )
+        """Records of a queue as stored, for pulls (see ``Reads.read_records``)."""
+        return self._reads.read_records(
+            topic, queue_id, offset, max_messages=max_messages, max_bytes=max_bytes,
+            tags=tags, frame=frame,
+        )  # fmt: skip
 
     def read_at_position(self, position: int) -> StoredMessage:
-        """The message stored at a global log position (message ids carry it).
-
-        ``NotFound`` unless a record of a live queue starts there (its queue's
-        index says so); ``CorruptionError`` if that record fails its checksum.
-        """
-        with self._lock:
-            self._check_open()
-            if not isinstance(position, int) or not (
-                self._log.start_position <= position < self._log.write_position
-            ):
-                raise NotFound(f"no message at log position {position!r}")
-            size = self._indexed_size(position)
-            if size is None:
-                raise NotFound(f"no message at log position {position!r}")
-            return self._log.read(position, size)
-
-    def _indexed_size(self, position: int) -> int | None:
-        """Size of the record at ``position`` if a queue's index points at it."""
-        try:
-            meta = self._log.meta_at(position)
-            queue = self._queues.get((meta.topic.decode(), meta.queue_id))
-        except (CorruptionError, UnicodeDecodeError, struct.error):
-            return None
-        if queue is None or not queue.index.earliest <= meta.queue_offset < queue.visible_end:
-            return None
-        position_plus_one, size, _tag, _ts = queue.index.entry(meta.queue_offset)
-        return size if position_plus_one - 1 == position else None
+        """The message at a global log position (see ``Reads.read_at_position``)."""
+        return self._reads.read_at_position(position)
 
     def record_at(self, position: int) -> bytes:
-        """The stored bytes of the record at ``position`` (see ``read_at_position``)."""
-        with self._lock:
-            self._check_open()
-            size = None
-            if isinstance(position, int) and (
-                self._log.start_position <= position < self._log.write_position
-            ):
-                size = self._indexed_size(position)
-            if size is None:
-                raise NotFound(f"no message at log position {position!r}")
-            return bytes(self._log.copy(position, position + size))
+        """The stored record at a global log position (see ``Reads.record_at``)."""
+        return self._reads.record_at(position)
 
     def position_of(self, topic: str, queue_id: int, offset: int) -> int:
-        """Log position of a queue offset (``NotFound`` outside [earliest, end))."""
-        with self._lock:
-            self._queue_meta(self._topic(topic), queue_id)
-            queue = self._queues[(topic, queue_id)]
-            if not isinstance(offset, int) or not (
-                queue.index.earliest <= offset < queue.visible_end
-            ):
-                raise NotFound(
-                    f"{topic}/{queue_id} has no offset {offset!r} (retained: "
-                    f"[{queue.index.earliest}, {queue.visible_end}))"
-                )
-            return queue.index.entry(offset)[0] - 1
+        """Log position of a queue offset (see ``Reads.position_of``)."""
+        return self._reads.position_of(topic, queue_id, offset)
 
     def visible_end(self, topic: str, queue_id: int) -> int:
-        """The queue's readable end, read without the lock (a snapshot, for long
-        polls that must not block); -1 if the queue does not exist."""
-        queue = self._queues.get((topic, queue_id))
-        return -1 if queue is None else queue.visible_end
+        """A queue's readable end, without the lock (see ``Reads.visible_end``)."""
+        return self._reads.visible_end(topic, queue_id)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        """First offset whose store time is >= ``timestamp_ms`` (the end if none)."""
-        with self._lock:
-            self._queue_meta(self._topic(topic), queue_id)
-            queue = self._queues[(topic, queue_id)]
-            found = queue.index.first_offset_where(queue.index.earliest, 3, timestamp_ms)
-            return min(found, queue.visible_end)
+        """First offset stored at or after a time (see ``Reads.offset_for_timestamp``)."""
+        return self._reads.offset_for_timestamp(topic, queue_id, timestamp_ms)
 
     def offset_for_bytes(
         self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
     ) -> tuple[int, int]:
-        """Where a byte budget read from ``start`` stops: ``(stop, bytes)`` with
-        ``stop`` the largest offset <= ``end`` (clipped to the readable end) such
-        that the records of ``[start, stop)`` total at most ``max_bytes`` stored
-        bytes, but at least one record past ``start`` when there is one, so a
-        budget smaller than a record still makes progress.
-
-        Sizes come from the index alone (no log reads).
-        """
-        if max_bytes < 1:
-            raise InvalidArgument(f"max_bytes must be at least 1, got {max_bytes}")
-        with self._lock:
-            self._queue_meta(self._topic(topic), queue_id)
-            queue = self._queues[(topic, queue_id)]
-            earliest, visible = queue.index.earliest, queue.visible_end
-            if not earliest <= start <= visible:
-                raise InvalidArgument(
-                    f"start offset {start} for {topic}/{queue_id} outside [{earliest}, {visible}]"
-                )
-            end = min(max(end, start), visible)
-            offset, total = start, 0
-            while offset < end:  # bounded: every round consumes >= 1 entry
-                sizes = queue.index.record_sizes(offset, min(end - offset, 65_536))
-                if not sizes:
-                    break
-                # sums[k] = bytes of [start, offset + k): a C-speed prefix sum + bisect.
-                sums = list(itertools.accumulate(sizes, initial=total))
-                taken = bisect.bisect_right(sums, max_bytes) - 1
-                if offset == start:
-                    taken = max(taken, 1)
-                if taken < len(sizes):
-                    return offset + taken, sums[taken]
-                offset, total = offset + len(sizes), sums[-1]
-            return offset, total
+        """Where a byte budget read from ``start`` stops (see ``Reads.offset_for_bytes``)."""
+        return self._reads.offset_for_bytes(topic, queue_id, start, end, max_bytes)
 
     # -- consumer offsets --------------------------------------------------------------
 
@@ -1161,8 +586,7 @@ class Store:
         with self._lock:
             checked = []
             for topic, queue_id, next_offset in offsets:
-                self._queue_meta(self._topic(topic), queue_id)
-                end = self._queues[(topic, queue_id)].visible_end
+                end = self._live_queue(topic, queue_id).visible_end
                 if not isinstance(next_offset, int) or not 0 <= next_offset <= end:
                     raise InvalidArgument(
                         f"offset {next_offset!r} for {topic}/{queue_id} outside [0, {end}]"
@@ -1223,49 +647,18 @@ class Store:
         with self._checkpoint_lock:
             if target > self._checkpoint and not self._closed:
                 self._checkpoint = target
-                self._save_checkpoint()
+                save_checkpoint(self.config.data_dir, target)
         self._offsets.persist()
-
-    def _save_checkpoint(self) -> None:
-        save_json(self.config.data_dir / "checkpoint.json", {"index_position": self._checkpoint})
 
     def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Delete completed log chunks the retention rules allow, then the index
-        chunks that only point into deleted log chunks."""
-        rules = self.config.retention
+        chunks that only point into deleted log chunks (retention.py)."""
         now = _now_ms() if now_ms is None else now_ms
         self.flush()
         with self._lock:
-            needed = self._oldest_unconsumed_position() if rules.keep_unconsumed else None
-            deleted = 0
-            while len(self._log.chunks) > 1:
-                chunk = self._log.chunks[0]
-                sealed = len(self._log.chunks) - 1
-                by_count = rules.max_chunks is not None and sealed > rules.max_chunks
-                by_age = (
-                    rules.max_age_ms is not None
-                    and now - (chunk.sealed_ms or now) > rules.max_age_ms
-                )
-                if not (by_count or by_age):
-                    break
-                if needed is not None and self._log.start_of(chunk) + chunk.data_size > needed:
-                    break
-                self._log.delete_oldest()
-                deleted += 1
-            index_deleted = 0
-            if deleted:
-                for queue in self._queues.values():
-                    index_deleted += queue.index.delete_chunks_below(self._log.start_position)
-            return RetentionReport(deleted, index_deleted, self._log.start_position)
-
-    def _oldest_unconsumed_position(self) -> int:
-        """Lowest log position of a record some group committed on but has not consumed."""
-        needed = self._log.write_position
-        for (topic, queue_id), queue in self._queues.items():
-            low = self._offsets.min_committed(topic, queue_id)
-            if low is not None and max(low, queue.index.earliest) < queue.index.end:
-                needed = min(needed, queue.index.entry(max(low, queue.index.earliest))[0] - 1)
-        return needed
+            return delete_expired(
+                self.config.retention, self._log, self._queues, self._offsets, now
+            )
 
     def _maintain(self) -> None:
         """The background thread: flush, persist offsets, expire transactions,
@@ -1322,6 +715,11 @@ class Store:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed("the store is closed")
+
+    def _fail(self, cause: BaseException) -> None:
+        """Refuse writes until a restart: the log on disk may no longer be what
+        the store believes it is; recovery at the next open rebuilds it (lock held)."""
+        self._failed = cause
 
     def _check_writable(self) -> None:
         self._check_open()

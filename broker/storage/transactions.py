@@ -51,10 +51,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from equeue_broker.storage.atomic_file import load_json, remove_temp_files, save_json
 from equeue_broker.storage.config import TransactionConfig
@@ -67,15 +67,13 @@ from equeue_broker.storage.errors import (
     io_error,
 )
 from equeue_broker.storage.names import validate_transaction_id
-from equeue_broker.storage.record import EncodedBatch, MessageBatch
+from equeue_broker.storage.queue_state import QueueKey
+from equeue_broker.storage.record import EncodedBatch, MessageBatch, PreparedBatch
+from equeue_broker.storage.results import QueueInfo
 from equeue_broker.storage.staging import SUFFIX, StageFile, encode_entry
-
-if TYPE_CHECKING:
-    from equeue_broker.storage.store import Store
 
 log = logging.getLogger(__name__)
 
-QueueKey = tuple[str, int]
 MAX_REMEMBERED_ENDINGS = 100_000
 """Ended transaction ids remembered, to refuse staging into them again."""
 
@@ -116,6 +114,38 @@ class SinkProgress:
     updated_ms: int
 
 
+class TransactionStore(Protocol):
+    """What transactions need of the store; ``Store`` provides it.
+
+    A protocol, not an import of ``store.py``: the store creates its
+    ``Transactions`` and so imports this module, and this keeps the dependency
+    one way.
+    """
+
+    def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
+        """Check ``batch`` as an append to the queue would, without writing it."""
+        ...
+
+    def append_atomically(
+        self,
+        queues: Sequence[QueueKey],
+        decide: Callable[[dict[QueueKey, int]], None],
+        batches: Callable[[], Iterable[tuple[str, int, EncodedBatch]]],
+        resume: bool = False,
+    ) -> dict[QueueKey, int]:
+        """Append ``batches()`` to ``queues`` as one unit, after ``decide(first
+        offsets)`` ran under the append lock (see ``Store.append_atomically``)."""
+        ...
+
+    def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
+        """The queue's state; ``NotFound`` if it does not exist."""
+        ...
+
+    def unblock(self, topic: str, queue_id: int) -> None:
+        """Let a queue take appends again (its interrupted commit is resolved)."""
+        ...
+
+
 class _Txn:
     """An open transaction. ``lock`` serialises writes to its stage file."""
 
@@ -138,7 +168,7 @@ class _Txn:
 class Transactions:
     """The open transactions of one store (``Store.transactions``)."""
 
-    def __init__(self, store: Store, directory: Path, config: TransactionConfig) -> None:
+    def __init__(self, store: TransactionStore, directory: Path, config: TransactionConfig) -> None:
         self._store = store
         self._dir = directory
         self.config = config

@@ -1,0 +1,208 @@
+"""Placing an append in the log: records into chunks, entries into the queue's index.
+
+The store's write paths (``Store.append``, the sync-mode rounds and
+``Store.append_atomically``) decide *when* an append runs and when readers see
+it; ``LogWriter`` does the writing itself, the same way for every path: it
+keeps an append in one chunk when it can (so a crash keeps all of it or none),
+splits one larger than a chunk into one atomic piece per chunk, encodes each
+piece straight into the log (C when built), writes its index entries, and cuts
+the piece out of the log again if its index write fails.
+
+Locking: every method must be called with the store lock held (the store calls
+them from its append paths, which hold it); that lock is what makes the log
+position an append gets, and its queue's end offset, its alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from equeue_broker.storage.errors import CorruptionError, InvalidArgument, io_error
+from equeue_broker.storage.message_log import MessageLog
+from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.queue_state import QueueState
+from equeue_broker.storage.record import (
+    EncodedBatch,
+    PreparedBatch,
+    encode_records,
+    frame_sizes,
+    rebase_records,
+)
+from equeue_broker.storage.results import AppendResult
+from equeue_proto.record import FRAME_OVERHEAD
+
+log = logging.getLogger(__name__)
+
+PieceWriter = Callable[[QueueState, EncodedBatch, int, int], None]
+"""Writes one piece of encoded records: (queue, records, first offset, store time)."""
+
+
+class LogWriter:
+    """Writes appends into ``message_log`` and their queues' indexes (lock held)."""
+
+    def __init__(
+        self, message_log: MessageLog, on_unrecoverable: Callable[[OSError], None]
+    ) -> None:
+        """``on_unrecoverable(cause)`` is called when a failed append cannot even
+        be cut out of the log again: the store must refuse writes from then on."""
+        self._log = message_log
+        self._on_unrecoverable = on_unrecoverable
+        self._last_store_ms = 0
+
+    def _next_store_ms(self) -> int:
+        # The clock, but never backwards: a queue's store times must not decrease,
+        # as finding an offset by time is a binary search over them.
+        self._last_store_ms = max(int(time.time() * 1000), self._last_store_ms)
+        return self._last_store_ms
+
+    def write(self, queue: QueueState, prepared: PreparedBatch) -> AppendResult:
+        """Append a checked batch at the end of ``queue``."""
+        count = len(prepared.batch)
+        entries = bytearray(count * ENTRY_SIZE)
+        first_offset = queue.index.end
+        store_ms = self._next_store_ms()
+        fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
+
+        def sizes(start: int) -> Iterator[int]:
+            all_sizes = frame_sizes(prepared.batch, prepared.tags, prepared.headers, fixed)
+            return itertools.islice(all_sizes, start, None)
+
+        def write(start: int, stop: int, size: int) -> None:
+            self._write_piece(
+                queue, prepared, start=start, stop=stop, size=size,
+                first_offset=first_offset, store_ms=store_ms, entries=entries,
+            )  # fmt: skip
+
+        self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
+        return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
+
+    def write_encoded(
+        self, queue: QueueState, batch: EncodedBatch, write_piece: PieceWriter | None = None
+    ) -> None:
+        """Append records encoded ahead (a transaction's) at the end of ``queue``,
+        each piece through ``write_piece`` (default ``write_rebased``)."""
+        first_offset = queue.index.end
+        store_ms = self._next_store_ms()
+        piece_writer = self.write_rebased if write_piece is None else write_piece
+
+        def sizes(start: int) -> Iterator[int]:
+            return itertools.islice(batch.frame_sizes(), start, None)
+
+        def write(start: int, stop: int, size: int) -> None:
+            piece = batch.slice(start, stop)
+            assert piece.total_bytes == size
+            piece_writer(queue, piece, first_offset + start, store_ms)
+
+        self._write_in_pieces(queue.topic, batch.total_bytes, batch.count, sizes, write)
+
+    def _write_in_pieces(
+        self,
+        topic: str,
+        total: int,
+        count: int,
+        sizes: Callable[[int], Iterator[int]],
+        write: Callable[[int, int, int], None],
+    ) -> None:
+        """How every append is laid out: in one piece when it fits the active
+        chunk, else in one piece at the start of a new chunk, else (larger than
+        a chunk) split at record boundaries, one atomic piece per chunk.
+        ``write(start, stop, bytes)`` writes records ``[start, stop)``;
+        ``sizes(start)`` gives frame sizes from ``start`` (a Python loop, only
+        for appends larger than a chunk)."""
+        if total > self._log.room() and total <= self._log.capacity:
+            self._roll(topic)  # keep the append in one chunk, so it stays atomic
+        if total <= self._log.room():  # the common case
+            write(0, count, total)
+            return
+        start = 0
+        while start < count:
+            room = self._log.room()
+            stop, used = start, 0
+            for size in sizes(start):
+                if used + size > room:
+                    break
+                used += size
+                stop += 1
+            if stop == start:
+                assert room < self._log.capacity, "a record larger than a chunk"
+                self._roll(topic)
+                continue
+            write(start, stop, used)
+            start = stop
+
+    def write_rebased(
+        self, queue: QueueState, batch: EncodedBatch, first_offset: int, store_ms: int
+    ) -> None:
+        """Write one piece of encoded records, given their offsets and store time."""
+        entries = bytearray(batch.count * ENTRY_SIZE)
+
+        def encode(out: memoryview, position: int) -> int:
+            return rebase_records(
+                out, batch, position=position, first_offset=first_offset,
+                store_ms=store_ms, index_out=entries,
+            )  # fmt: skip
+
+        def bad(exc: Exception) -> Exception:
+            return CorruptionError(f"staged records of {queue.topic}: {exc}")
+
+        self._append_indexed(queue, batch.total_bytes, encode, first_offset, entries, bad)
+
+    def _write_piece(
+        self, queue: QueueState, prepared: PreparedBatch, *, start: int, stop: int, size: int,
+        first_offset: int, store_ms: int, entries: bytearray,
+    ) -> None:  # fmt: skip
+        entry_view = memoryview(entries)[start * ENTRY_SIZE : stop * ENTRY_SIZE]
+
+        def encode(out: memoryview, position: int) -> int:
+            return encode_records(
+                out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
+                first_offset=first_offset + start, store_ms=store_ms, prepared=prepared,
+                start=start, stop=stop, index_out=entry_view,
+            )  # fmt: skip
+
+        def bad(exc: Exception) -> Exception:  # e.g. a bad timestamp
+            return InvalidArgument(f"bad message batch: {exc}")
+
+        self._append_indexed(queue, size, encode, first_offset + start, entry_view, bad)
+
+    def _append_indexed(  # noqa: PLR0917 (private, called in two places)
+        self,
+        queue: QueueState,
+        size: int,
+        encode: Callable[[memoryview, int], int],
+        first_offset: int,
+        entries: bytearray | memoryview,
+        bad_input: Callable[[Exception], Exception],
+    ) -> None:
+        """Append ``size`` bytes that ``encode`` writes, then their index
+        ``entries``; an index write that fails undoes the log write. An encoder
+        refusing its input raises ``bad_input(exc)``; I/O errors raise ``io_error``."""
+        try:
+            position = self._log.append(size, encode)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise bad_input(exc) from None
+        except OSError as exc:
+            raise io_error(queue.topic, exc) from exc
+        try:
+            queue.index.write(first_offset, entries)
+        except OSError as exc:
+            self._undo_write(position, exc)
+            raise io_error(queue.topic, exc) from exc
+
+    def _roll(self, topic: str) -> None:
+        try:
+            self._log.roll()
+        except OSError as exc:
+            raise io_error(topic, exc) from exc
+
+    def _undo_write(self, position: int, cause: OSError) -> None:
+        """Cut a failed append out of the log; if even that fails, stop accepting writes."""
+        try:
+            if self._log.write_position > position:
+                self._log.truncate(position)
+        except OSError as exc:
+            log.error("cannot undo a failed append (%s); store refuses writes until restart", exc)
+            self._on_unrecoverable(cause)

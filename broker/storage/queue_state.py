@@ -1,0 +1,36 @@
+"""The in-memory state of one open queue: its index and how far readers may go.
+
+The store, recovery, reads and retention all work on these; they live here,
+below all of them, so that none of those modules has to import another for it.
+A ``QueueState`` is guarded by the store lock: change its fields only with the
+lock held (``visible_end`` alone is also read without it, as a snapshot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from equeue_broker.storage.queue_index import QueueIndex
+
+QueueKey = tuple[str, int]
+"""(topic, queue id)."""
+
+
+@dataclass
+class QueueState:
+    topic: str
+    topic_bytes: bytes
+    queue_id: int
+    index: QueueIndex
+    visible_end: int = 0
+    producer_visible: bool = True
+    """Cached from the topic metadata, for the append hot path."""
+    notified_end: int = 0
+    """Highest visible end announced to listeners."""
+
+
+def open_queue(data_dir: Path, entries_per_chunk: int, topic: str, queue_id: int) -> QueueState:
+    """Open (creating if need be) the index of ``topic``/``queue_id`` under ``data_dir``."""
+    directory = data_dir / "index" / topic / str(queue_id)
+    return QueueState(topic, topic.encode(), queue_id, QueueIndex(directory, entries_per_chunk))

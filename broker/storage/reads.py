@@ -1,0 +1,392 @@
+"""Reads: messages and stored records of a queue, and lookups by position, time or size.
+
+``Store.read``, ``read_records``, ``read_at_position``, ``record_at``,
+``position_of``, ``visible_end``, ``offset_for_timestamp`` and
+``offset_for_bytes`` delegate to ``Reads``. Reads only look at state the write
+path and admin keep up to date (the log, the queues' indexes and readable
+ends), so this module depends on that state and never on the store itself,
+which owns and creates a ``Reads``.
+
+Locking: every public method of ``Reads`` takes the store lock itself, except
+``visible_end`` (a lock-free snapshot for long polls). Every method whose name
+starts with ``_`` must be called with the store lock held: the lock is what
+keeps the log's memory maps, and the views of them a read returns, alive.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import struct
+import threading
+from collections.abc import Callable, Iterable
+
+from crc32c import crc32c
+
+from equeue_broker.storage.config import StorageConfig
+from equeue_broker.storage.errors import CorruptionError, InvalidArgument, NotFound
+from equeue_broker.storage.message_log import MessageLog
+from equeue_broker.storage.queue_index import RUNS_EMPTY, RUNS_LIMIT, index_runs
+from equeue_broker.storage.queue_state import QueueKey, QueueState
+from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
+from equeue_proto.record import StoredMessage
+
+TagFilter = dict[int, frozenset[bytes]]
+"""{tag hash: tag strings with that hash} of a tag-filtered read."""
+
+
+class Reads:
+    """The read paths over a store's log and queues (see the module docstring)."""
+
+    def __init__(  # noqa: PLR0917 (built in one place, by the store)
+        self,
+        config: StorageConfig,
+        lock: threading.RLock,
+        message_log: MessageLog,
+        queues: dict[QueueKey, QueueState],
+        lookup: Callable[[str, int], QueueState],
+        check_open: Callable[[], None],
+    ) -> None:
+        """``queues`` is the store's own dictionary (read, never changed here);
+        ``lookup(topic, queue_id)`` returns a live queue or raises ``NotFound``
+        or ``StoreClosed``, and ``check_open()`` raises ``StoreClosed``; both
+        are called with the store lock held."""
+        self._config = config
+        self._lock = lock
+        self._log = message_log
+        self._queues = queues
+        self._lookup = lookup
+        self._check_open = check_open
+
+    def read(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 1 << 20,
+        tags: Iterable[str] | None = None,
+    ) -> ReadResult:
+        """Read up to ``max_messages``/``max_bytes`` from ``offset`` (at least one
+        message if any is available, even if larger than ``max_bytes``).
+
+        With ``tags``, only messages carrying one of them are returned; skipped
+        offsets still advance ``next_offset``.
+        """
+        self._check_read_limits(offset, max_messages, max_bytes)
+        by_hash = tag_filter(tags)
+        wanted = frozenset(t.decode() for ts in by_hash.values() for t in ts) if by_hash else None
+        hashes = frozenset(by_hash) if by_hash else None
+        with self._lock:
+            queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
+            if status is not ReadStatus.OK:
+                return ReadResult(status, [], corrected, earliest, end)
+            messages, next_offset = self._collect(
+                queue, offset=offset, end=end, max_messages=max_messages,
+                max_bytes=max_bytes, wanted=wanted, hashes=hashes,
+            )  # fmt: skip
+            return ReadResult(ReadStatus.OK, messages, next_offset, earliest, end)
+
+    def read_records(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 1 << 20,
+        tags: Iterable[str] | None = None,
+        frame: Framer | None = None,
+    ) -> RecordsResult:
+        """Like ``read``, but return the records as stored (the record format of
+        ``record.py``, concatenated) instead of decoding them.
+
+        Records appended together lie next to each other in the log, so this
+        copies whole runs: no Python object per message. It serves pulls.
+
+        With ``frame``, ``records`` is ``prefix + records + suffix`` for the
+        (prefix, suffix) that ``frame`` returns for the read: one copy from the
+        log builds a caller's whole reply (the broker's pre-encoded PullReply).
+        """
+        self._check_read_limits(offset, max_messages, max_bytes)
+        wanted = tag_filter(tags)
+        with self._lock:
+            queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
+            if status is not ReadStatus.OK:
+                pieces: list[Piece] = []
+                count, nbytes, next_offset = 0, 0, corrected
+            elif wanted is None:
+                pieces, count, nbytes, next_offset = self._collect_runs(
+                    queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
+                )
+            else:
+                pieces, count, nbytes, next_offset = self._collect_filtered(
+                    queue, offset=offset, end=end, max_messages=max_messages,
+                    max_bytes=max_bytes, wanted=wanted,
+                )  # fmt: skip
+            result = RecordsResult(status, b"", count, next_offset, earliest, end, nbytes)
+            if frame is not None:
+                prefix, suffix = frame(result)
+                pieces = [prefix, *pieces, suffix]
+            # One copy out of the maps, made while the lock keeps them mapped.
+            return dataclasses.replace(result, records=b"".join(pieces))
+
+    def _locate(
+        self, topic: str, queue_id: int, offset: int
+    ) -> tuple[QueueState, int, int, ReadStatus, int]:
+        """(queue, earliest, end, status, offset to report) of a read (lock held).
+
+        Out-of-range offsets are answered with the earliest or the end."""
+        queue = self._lookup(topic, queue_id)
+        earliest, end = queue.index.earliest, queue.visible_end
+        if offset < earliest:
+            return queue, earliest, end, ReadStatus.OFFSET_TOO_SMALL, earliest
+        if offset > end:
+            return queue, earliest, end, ReadStatus.OFFSET_TOO_BIG, end
+        return queue, earliest, end, ReadStatus.OK, offset
+
+    def _collect_runs(
+        self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int
+    ) -> tuple[list[Piece], int, int, int]:
+        """(pieces, count, bytes, next offset) of an unfiltered read (lock held):
+        the index is planned into runs of adjacent records (``index_runs``, in C),
+        and each run becomes one view of the log; no per-record Python work."""
+        pieces: list[Piece] = []
+        count = total = 0
+        cursor = offset
+        scan_end = min(end, offset + max_messages)
+        capacity = self._log.capacity
+        mapped_chunk = -1
+        while cursor < scan_end and count < max_messages:
+            entries = queue.index.read_raw(cursor, scan_end - cursor)
+            runs, taken, count, total, stop = index_runs(
+                entries, capacity, max_messages, max_bytes, count, total
+            )
+            for start, stop_at, first in runs:
+                if start // capacity != mapped_chunk and pieces:
+                    # Touching another chunk may unmap an older one, which
+                    # must not have views alive: copy what we hold first.
+                    pieces = [bytes(p) for p in pieces]
+                mapped_chunk = start // capacity
+                self._log.check_record(start, queue.topic_bytes, queue.queue_id, cursor + first)
+                pieces.append(self._log.copy(start, stop_at))
+            cursor += taken
+            if stop == RUNS_EMPTY:
+                raise CorruptionError(
+                    f"index entry for offset {cursor} of {queue.topic}/{queue.queue_id} is empty"
+                )
+            if stop == RUNS_LIMIT or not entries:
+                break
+        return pieces, count, total, cursor
+
+    def _collect_filtered(
+        self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
+        wanted: TagFilter,
+    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+        """``_collect_runs`` for a tag-filtered read: entry by entry, as skipped
+        records break runs (scans at most ``max_filter_scan`` entries; lock held)."""
+        out = bytearray()
+        count = total = 0
+        run_start = run_end = -1
+        scan_end = min(end, offset + self._config.max_filter_scan)
+        cursor = offset
+        capacity = self._log.capacity
+        while cursor < scan_end and count < max_messages:
+            entries = queue.index.read(cursor, scan_end - cursor)
+            if not entries:
+                break
+            for position_plus_one, size, tag_hash, _ts in entries:
+                position = position_plus_one - 1
+                if tag_hash not in wanted or self._log.tag_at(position) not in wanted[tag_hash]:
+                    cursor += 1
+                    continue
+                if count and total + size > max_bytes:
+                    scan_end = cursor  # stop both loops
+                    break
+                if position != run_end or position % capacity == 0:  # a new run
+                    if run_end > run_start:
+                        out += self._log.copy(run_start, run_end)
+                    self._log.check_record(position, queue.topic_bytes, queue.queue_id, cursor)
+                    run_start = position
+                    run_end = position
+                run_end += size
+                count += 1
+                total += size
+                cursor += 1
+                if count >= max_messages:
+                    break
+        if run_end > run_start:
+            out += self._log.copy(run_start, run_end)
+        return [out], count, total, cursor
+
+    def _collect(
+        self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
+        wanted: frozenset[str] | None, hashes: frozenset[int] | None,
+    ) -> tuple[list[StoredMessage], int]:  # fmt: skip
+        """(messages, next offset) of a decoding read (lock held)."""
+        messages: list[StoredMessage] = []
+        total = 0
+        scan_end = min(
+            end, offset + (self._config.max_filter_scan if hashes is not None else max_messages)
+        )
+        cursor = offset
+        while cursor < scan_end:
+            for position_plus_one, size, tag_hash, _ts in queue.index.read(
+                cursor, scan_end - cursor
+            ):
+                if hashes is not None and tag_hash not in hashes:
+                    cursor += 1
+                    continue
+                if messages and total + size > max_bytes:
+                    return messages, cursor
+                message = self._log.read(position_plus_one - 1, size)
+                if message.queue_offset != cursor or message.topic != queue.topic:
+                    raise CorruptionError(
+                        f"index of {queue.topic}/{queue.queue_id} offset {cursor} points at a "
+                        f"record of {message.topic}/{message.queue_id} "
+                        f"offset {message.queue_offset}",
+                        str(queue.index.directory),
+                        cursor,
+                    )
+                cursor += 1
+                if wanted is not None and message.tag not in wanted:
+                    continue  # hash collision
+                messages.append(message)
+                total += size
+                if len(messages) >= max_messages:
+                    return messages, cursor
+        return messages, cursor
+
+    def _check_read_limits(self, offset: int, max_messages: int, max_bytes: int) -> None:
+        # Needs no lock: it looks at the arguments and the configuration only.
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgument(f"offset must be a non-negative integer, got {offset!r}")
+        if not 1 <= max_messages <= self._config.max_read_messages:
+            raise InvalidArgument(
+                f"max_messages {max_messages} outside [1, {self._config.max_read_messages}]"
+            )
+        if not 1 <= max_bytes <= self._config.max_read_bytes:
+            raise InvalidArgument(
+                f"max_bytes {max_bytes} outside [1, {self._config.max_read_bytes}]"
+            )
+
+    # -- lookups by position, offset, time or size --------------------------------------
+
+    def read_at_position(self, position: int) -> StoredMessage:
+        """The message stored at a global log position (message ids carry it).
+
+        ``NotFound`` unless a record of a live queue starts there (its queue's
+        index says so); ``CorruptionError`` if that record fails its checksum.
+        """
+        with self._lock:
+            self._check_open()
+            if not isinstance(position, int) or not (
+                self._log.start_position <= position < self._log.write_position
+            ):
+                raise NotFound(f"no message at log position {position!r}")
+            size = self._indexed_size(position)
+            if size is None:
+                raise NotFound(f"no message at log position {position!r}")
+            return self._log.read(position, size)
+
+    def _indexed_size(self, position: int) -> int | None:
+        """Size of the record at ``position`` if a queue's index points at it (lock held)."""
+        try:
+            meta = self._log.meta_at(position)
+            queue = self._queues.get((meta.topic.decode(), meta.queue_id))
+        except (CorruptionError, UnicodeDecodeError, struct.error):
+            return None
+        if queue is None or not queue.index.earliest <= meta.queue_offset < queue.visible_end:
+            return None
+        position_plus_one, size, _tag, _ts = queue.index.entry(meta.queue_offset)
+        return size if position_plus_one - 1 == position else None
+
+    def record_at(self, position: int) -> bytes:
+        """The stored bytes of the record at ``position`` (see ``read_at_position``)."""
+        with self._lock:
+            self._check_open()
+            size = None
+            if isinstance(position, int) and (
+                self._log.start_position <= position < self._log.write_position
+            ):
+                size = self._indexed_size(position)
+            if size is None:
+                raise NotFound(f"no message at log position {position!r}")
+            return bytes(self._log.copy(position, position + size))
+
+    def position_of(self, topic: str, queue_id: int, offset: int) -> int:
+        """Log position of a queue offset (``NotFound`` outside [earliest, end))."""
+        with self._lock:
+            queue = self._lookup(topic, queue_id)
+            if not isinstance(offset, int) or not (
+                queue.index.earliest <= offset < queue.visible_end
+            ):
+                raise NotFound(
+                    f"{topic}/{queue_id} has no offset {offset!r} (retained: "
+                    f"[{queue.index.earliest}, {queue.visible_end}))"
+                )
+            return queue.index.entry(offset)[0] - 1
+
+    def visible_end(self, topic: str, queue_id: int) -> int:
+        """The queue's readable end, read without the lock (a snapshot, for long
+        polls that must not block); -1 if the queue does not exist."""
+        queue = self._queues.get((topic, queue_id))
+        return -1 if queue is None else queue.visible_end
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First offset whose store time is >= ``timestamp_ms`` (the end if none)."""
+        with self._lock:
+            queue = self._lookup(topic, queue_id)
+            found = queue.index.first_offset_where(queue.index.earliest, 3, timestamp_ms)
+            return min(found, queue.visible_end)
+
+    def offset_for_bytes(
+        self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
+    ) -> tuple[int, int]:
+        """Where a byte budget read from ``start`` stops: ``(stop, bytes)`` with
+        ``stop`` the largest offset <= ``end`` (clipped to the readable end) such
+        that the records of ``[start, stop)`` total at most ``max_bytes`` stored
+        bytes, but at least one record past ``start`` when there is one, so a
+        budget smaller than a record still makes progress.
+
+        Sizes come from the index alone (no log reads).
+        """
+        if max_bytes < 1:
+            raise InvalidArgument(f"max_bytes must be at least 1, got {max_bytes}")
+        with self._lock:
+            queue = self._lookup(topic, queue_id)
+            earliest, visible = queue.index.earliest, queue.visible_end
+            if not earliest <= start <= visible:
+                raise InvalidArgument(
+                    f"start offset {start} for {topic}/{queue_id} outside [{earliest}, {visible}]"
+                )
+            end = min(max(end, start), visible)
+            offset, total = start, 0
+            while offset < end:  # bounded: every round consumes >= 1 entry
+                sizes = queue.index.record_sizes(offset, min(end - offset, 65_536))
+                if not sizes:
+                    break
+                # sums[k] = bytes of [start, offset + k): a C-speed prefix sum + bisect.
+                sums = list(itertools.accumulate(sizes, initial=total))
+                taken = bisect.bisect_right(sums, max_bytes) - 1
+                if offset == start:
+                    taken = max(taken, 1)
+                if taken < len(sizes):
+                    return offset + taken, sums[taken]
+                offset, total = offset + len(sizes), sums[-1]
+            return offset, total
+
+
+def tag_filter(tags: Iterable[str] | None) -> TagFilter | None:
+    """{tag hash: tag strings with that hash} for a tag-filtered read, else None."""
+    if tags is None:
+        return None
+    encoded = frozenset(t.encode() for t in tags)
+    if not encoded:
+        raise InvalidArgument("tags must name at least one tag (None reads every message)")
+    by_hash: dict[int, set[bytes]] = {}
+    for tag in encoded:
+        by_hash.setdefault(crc32c(tag), set()).add(tag)
+    return {h: frozenset(v) for h, v in by_hash.items()}

@@ -1,0 +1,151 @@
+"""Recovery at open: make the log and every queue index agree after any crash.
+
+The log is the source of truth; indexes are derived. ``recover`` cuts the log
+after its last complete append (``MessageLog.open``), drops index entries at or
+after the checkpoint and rebuilds them by scanning the log from there, lowers
+committed offsets a power loss left past their queue's end, and writes a new
+checkpoint. Opening therefore costs time in proportion to what was written
+since the last checkpoint (about one flush interval), not to the log's size.
+
+This module also owns ``checkpoint.json`` (the log position below which every
+index entry is fsynced): recovery is what trusts it, so its format is here,
+and the store's flush advances it with ``save_checkpoint``.
+
+Everything here runs inside ``Store.__init__``, before the store is shared
+with any other thread, so none of it takes the store lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from crc32c import crc32c
+
+from equeue_broker.storage.atomic_file import load_json, save_json
+from equeue_broker.storage.config import StorageConfig
+from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.message_log import MessageLog
+from equeue_broker.storage.offsets import OffsetStore
+from equeue_broker.storage.queue_index import ENTRY
+from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
+from equeue_broker.storage.results import RecoveryReport
+from equeue_broker.storage.topics import TopicMeta
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+def load_checkpoint(data_dir: Path) -> int:
+    """The saved checkpoint position (0 when there is none yet)."""
+    document = load_json(data_dir / CHECKPOINT_FILE) or {}
+    return int(document.get("index_position", 0))
+
+
+def save_checkpoint(data_dir: Path, position: int) -> None:
+    """Persist ``position``: every index entry of a record below it is fsynced."""
+    save_json(data_dir / CHECKPOINT_FILE, {"index_position": position})
+
+
+def recover(
+    config: StorageConfig,
+    message_log: MessageLog,
+    topics: Iterable[TopicMeta],
+    offsets: OffsetStore,
+    queues: dict[QueueKey, QueueState],
+) -> tuple[RecoveryReport, int]:
+    """Open ``message_log`` and the index of every queue of ``topics``, repair
+    them, and return the report and the new checkpoint position.
+
+    Each queue is put into ``queues`` as soon as it is open, so that a caller
+    whose open fails part-way can still release every file opened so far.
+    """
+    started = time.monotonic()
+    message_log.open()
+    checkpoint = load_checkpoint(config.data_dir)
+    checkpoint = min(max(checkpoint, message_log.start_position), message_log.write_position)
+    scanned = message_log.tail.scanned_bytes if message_log.tail else 0
+    for topic in topics:
+        for q in topic.queues:
+            queue = open_queue(
+                config.data_dir, config.index_entries_per_chunk, topic.name, q.queue_id
+            )
+            queues[(topic.name, q.queue_id)] = queue
+            queue.producer_visible = q.producer_visible
+            scanned += queue.index.recover(checkpoint)
+    rebuilt, orphans = rebuild_indexes(message_log, queues, checkpoint)
+    for queue in queues.values():
+        queue.index.delete_chunks_below(message_log.start_position)
+        queue.index.sync()
+        queue.visible_end = queue.notified_end = queue.index.end
+    _clamp_offsets(offsets, queues)
+    # The tail may hold data a killed process wrote but never fsynced: make it
+    # durable before the checkpoint claims everything below it is indexed.
+    os.fsync(message_log.sync_target()[1])
+    checkpoint = message_log.write_position
+    save_checkpoint(config.data_dir, checkpoint)
+    tail = message_log.tail
+    report = RecoveryReport(
+        tail.scanned_records if tail else 0,
+        tail.truncated_bytes if tail else 0,
+        rebuilt,
+        orphans,
+        time.monotonic() - started,
+        scanned,
+    )
+    log.info("store opened: %s", report)
+    return report, checkpoint
+
+
+def rebuild_indexes(
+    message_log: MessageLog, queues: dict[QueueKey, QueueState], checkpoint: int
+) -> tuple[int, int]:
+    """Re-create index entries for every record at or after ``checkpoint``;
+    return (entries rebuilt, records of deleted topics skipped)."""
+    rebuilt = orphans = 0
+    pending: dict[QueueKey, bytearray] = {}
+    expected = {key: q.index.end for key, q in queues.items()}
+    for position, meta in message_log.iter_records(checkpoint):
+        key = (meta.topic.decode(), meta.queue_id)
+        if key not in expected:
+            orphans += 1  # a deleted topic's records wait for retention
+            continue
+        if meta.queue_offset != expected[key]:
+            # Only stale bytes of a failed append can break the sequence: cut them.
+            log.warning(
+                "record at %d has offset %d, expected %d for %s; cutting log there",
+                position,
+                meta.queue_offset,
+                expected[key],
+                key,
+            )
+            if position < message_log.start_of(message_log.active):
+                raise CorruptionError(f"queue {key} offsets not contiguous at position {position}")
+            message_log.truncate(position)
+            break
+        tag_hash = crc32c(meta.tag) if meta.tag else 0
+        pending.setdefault(key, bytearray()).extend(
+            ENTRY.pack(position + 1, meta.frame_size, tag_hash, meta.store_timestamp_ms)
+        )
+        expected[key] += 1
+        rebuilt += 1
+    for key, entries in pending.items():
+        queue = queues[key]
+        queue.index.write(queue.index.end, entries)
+    return rebuilt, orphans
+
+
+def _clamp_offsets(offsets: OffsetStore, queues: dict[QueueKey, QueueState]) -> None:
+    # Async mode persists offsets of records that a power loss can take with it
+    # (a consumer may commit what it read before the fsync): a group's offset
+    # past its queue's end would make it skip the next messages written there.
+    ends = {key: q.visible_end for key, q in queues.items()}
+    for group, name, queue_id, was, now in offsets.clamp(ends):
+        log.warning(
+            "group %s: committed offset %d of %s/%d is past the end after recovery; "
+            "lowered to %d", group, was, name, queue_id, now,
+        )  # fmt: skip
