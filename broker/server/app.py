@@ -29,7 +29,9 @@ from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
-from equeue_broker.server.service import AdminService, BrokerService, BrokerState
+from equeue_broker.server.service_admin import AdminService
+from equeue_broker.server.service_base import BrokerState
+from equeue_broker.server.service_data import BrokerService
 from equeue_broker.storage import StorageError, Store
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_proto.allocator import tune_malloc
