@@ -21,6 +21,7 @@ from equeue_broker.server.groups import MAX_TOPICS_PER_CONSUMER
 from equeue_broker.server.service_base import BrokerState, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus
+from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists
 from equeue_broker.storage.names import validate_group, validate_topic
 from equeue_proto.v1 import broker_pb2 as pb
@@ -43,10 +44,12 @@ class BrokerService(pb_grpc.BrokerServicer):
     def __init__(self, state: BrokerState) -> None:
         self.s = state
         self.pull_framer = pull_reply_framer(state.broker_id, _PULL_STATUS)
+        # A sync-mode append waits for its fsync, so it runs off the event loop.
+        self.sync_appends = state.config.storage.flush_mode is FlushMode.SYNC
 
     @rpc
     async def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceReply | bytes:
-        if self.s.config.flush == "sync":  # waits for its fsync: off the event loop
+        if self.sync_appends:
             return await self.s.call(self._produce, request)
         return self.s.inline(self._produce, request)
 
@@ -61,7 +64,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             count += 1
             if count > MAX_STREAM_BATCHES:
                 raise BadRequest(f"more than {MAX_STREAM_BATCHES} requests on one stream")
-            if self.s.config.flush == "sync":
+            if self.sync_appends:
                 yield await self.s.call(self._produce, request)
             else:
                 yield self.s.inline(self._produce, request)
