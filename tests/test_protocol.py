@@ -46,9 +46,9 @@ def test_flags_override_the_config_file(tmp_path: Path) -> None:
     config_file = tmp_path / "broker.toml"
     config_file.write_text('flush = "sync"\ndefault-queues = 8\nport = 7000\n')
     config = parse_args(["--config", str(config_file), "--port", "0", "--data-dir", str(tmp_path)])
-    assert (config.flush, config.default_queues, config.port) == ("sync", 8, 0)
-    assert config.storage().flush_mode.value == "sync"
-    assert parse_args(["--retention-max-chunks", "-1"]).retention_max_chunks is None
+    assert [config.setting(k) for k in ("flush", "default_queues", "port")] == ["sync", 8, 0]
+    assert config.storage.flush_mode.value == "sync"
+    assert parse_args(["--retention-max-chunks", "-1"]).storage.retention.max_chunks is None
 
 
 def test_bad_settings_are_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,7 +60,7 @@ def test_bad_settings_are_rejected(tmp_path: Path, capsys: pytest.CaptureFixture
         parse_args(["--port", "70000"])
     assert "port must be in [0, 65535], got 70000" in capsys.readouterr().err
     with pytest.raises(InvalidArgument, match="chunk_capacity_bytes"):
-        BrokerConfig(chunk_size=10)
+        BrokerConfig.from_settings({"chunk_size": 10})
 
 
 def test_json_log_lines_carry_extra_fields() -> None:

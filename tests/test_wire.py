@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from equeue_broker.server.service import _PULL_STATUS
+from equeue_broker.server.service_data import _PULL_STATUS
 from equeue_broker.server.wire import (
     _split_py,
     _varints_py,

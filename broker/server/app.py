@@ -29,7 +29,9 @@ from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
-from equeue_broker.server.service import AdminService, BrokerService, BrokerState
+from equeue_broker.server.service_admin import AdminService
+from equeue_broker.server.service_base import BrokerState
+from equeue_broker.server.service_data import BrokerService
 from equeue_broker.storage import StorageError, Store
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_proto.allocator import tune_malloc
@@ -67,7 +69,7 @@ async def create_server(
     state = BrokerState(
         config=config,
         store=store,
-        broker_id=broker_id_for(config.data_dir),
+        broker_id=broker_id_for(config.storage.data_dir),
         executor=ThreadPoolExecutor(config.store_threads, thread_name_prefix="equeue-store"),
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000),
@@ -129,7 +131,7 @@ def server_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
 
 
 async def serve(config: BrokerConfig) -> None:
-    store = Store(config.storage())
+    store = Store(config.storage)
     try:
         server, port, state = await create_server(config, store)
     except BaseException:
@@ -141,8 +143,9 @@ async def serve(config: BrokerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     log.info(
         "broker %s started on %s:%d", state.broker_id, config.host, port,
-        extra={"broker_id": state.broker_id, "port": port, "data_dir": str(config.data_dir),
-               "flush": config.flush, "recovery_s": store.recovery.seconds,
+        extra={"broker_id": state.broker_id, "port": port,
+               "data_dir": str(config.storage.data_dir),
+               "flush": config.storage.flush_mode.value, "recovery_s": store.recovery.seconds,
                "tls": config.tls_cert is not None, "auth_tokens": state.auth_tokens,
                "rebuilt_index_entries": store.recovery.index_entries_rebuilt},
     )  # fmt: skip

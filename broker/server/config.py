@@ -1,62 +1,56 @@
-"""Broker configuration: command-line flags, an optional TOML file, defaults, limits.
+"""Broker configuration: the settings table, command-line flags, the TOML file.
 
 Precedence: flags > config file > defaults. Every duration carries its unit.
+
+``BrokerConfig`` holds the server's own settings and nests the store's
+``StorageConfig``, which stays the one source of every storage default, unit
+and check. ``SETTINGS`` names each setting the way operators do: its TOML key
+(``chunk_size`` or ``chunk-size``) and its flag (``--chunk-size``), which are a
+documented interface and keep their historical names and units; for a storage
+setting the table says which ``StorageConfig`` field it sets and how the unit
+converts (``retention_max_age_hours`` sets ``retention.max_age_ms``). Flags,
+the file parser, ``--help`` and docs/equeue-broker.toml's test all read it.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
+import re
 import tomllib
-from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, get_type_hints
 
-from equeue_broker.storage.config import (
-    FlushMode,
-    MessageLimits,
-    RetentionConfig,
-    StorageConfig,
-    TransactionConfig,
-)
+from equeue_broker.storage.config import UNIT, GiB, KiB, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
 from equeue_proto import __version__
 
-MiB = 1024 * 1024
+T = TypeVar("T")
+
+DEFAULT_DATA_DIR = Path("equeue-data")
+"""The one storage default the server owns: ``StorageConfig.data_dir`` has none."""
 
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    data_dir: Path = Path("equeue-data")
+    """The server's settings; the store's are in ``storage``."""
+
+    storage: StorageConfig = field(default_factory=lambda: StorageConfig(DEFAULT_DATA_DIR))
     host: str = "127.0.0.1"
     port: int = 5000
     """0 picks a free port (printed in the ready line)."""
-    flush: str = "async"
-    flush_interval_ms: int = 100
-    chunk_size: int = 256 * MiB
-    max_message_bytes: int = 4 * MiB
-    retention_max_chunks: int | None = 100
-    retention_max_age_hours: float | None = 168.0
-    retention_keep_unconsumed: bool = False
-    retention_check_interval_ms: int = 60_000
     auto_create_topics: bool = True
-    default_queues: int = 4
-    max_queues_per_topic: int = 256
-    max_wait_ms: int = 60_000
+    max_wait_ms: int = field(default=60_000, metadata={UNIT: "ms"})
     """Longest a pull may be parked."""
-    max_parked_pulls: int = 10_000
-    max_pull_messages: int = 10_000
-    max_pull_bytes: int = 64 * MiB
-    max_request_bytes: int = 80 * MiB
+    max_parked_pulls: int = field(default=10_000, metadata={UNIT: "pulls"})
+    max_request_bytes: int = field(default=80 * MiB, metadata={UNIT: "bytes"})
     """gRPC message size limit, both directions (a full batch plus framing)."""
-    transaction_timeout_ms: int = 15 * 60_000
-    """An open transaction without a write for this long is aborted."""
-    max_open_transactions: int = 10_000
-    max_transaction_bytes: int = 1024 * MiB
-    """Staged bytes per transaction."""
-    consumer_timeout_ms: int = 30_000
+    consumer_timeout_ms: int = field(default=30_000, metadata={UNIT: "ms"})
     """A consumer without a heartbeat for this long leaves its group."""
-    store_threads: int = 64
+    store_threads: int = field(default=64, metadata={UNIT: "threads"})
     """Threads for blocking storage calls (sync appends wait for fsync in them)."""
     tls_cert: Path | None = None
     """PEM server certificate (chain): serve TLS instead of plaintext."""
@@ -66,19 +60,17 @@ class BrokerConfig:
     """PEM CA bundle: require client certificates signed by it (mutual TLS)."""
     tokens_file: Path | None = None
     """TOML token list (auth.py); also ``$EQUEUE_BROKER_TOKENS``. None: no auth."""
-    shutdown_grace_s: float = 5.0
+    shutdown_grace_s: float = field(default=5.0, metadata={UNIT: "s"})
+    """What in-flight requests get to finish after SIGTERM."""
     log_level: str = "INFO"
     log_format: str = "text"
     """"text" or "json" (one JSON object per line)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "data_dir", Path(self.data_dir))
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"port must be in [0, 65535], got {self.port}")
-        if self.flush not in ("sync", "async"):
-            raise InvalidArgument(f"flush must be 'sync' or 'async', got {self.flush!r}")
-        for name in ("max_wait_ms", "max_parked_pulls", "max_pull_messages", "max_pull_bytes",
-                     "consumer_timeout_ms", "store_threads", "max_request_bytes"):  # fmt: skip
+        for name in ("max_wait_ms", "max_parked_pulls", "consumer_timeout_ms", "store_threads",
+                     "max_request_bytes"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file"):
@@ -88,98 +80,321 @@ class BrokerConfig:
             raise InvalidArgument("give both tls_cert and tls_key, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise InvalidArgument("tls_client_ca needs tls_cert and tls_key")
-        self.storage()  # validates the storage settings too
 
-    def storage(self) -> StorageConfig:
-        age = self.retention_max_age_hours
-        return StorageConfig(
-            data_dir=self.data_dir,
-            chunk_capacity_bytes=self.chunk_size,
-            flush_mode=FlushMode(self.flush),
-            flush_interval_ms=self.flush_interval_ms,
-            default_queue_count=self.default_queues,
-            max_queues_per_topic=self.max_queues_per_topic,
-            max_read_messages=self.max_pull_messages,
-            max_read_bytes=self.max_pull_bytes,
-            limits=MessageLimits(max_message_bytes=self.max_message_bytes),
-            transactions=TransactionConfig(
-                timeout_ms=self.transaction_timeout_ms,
-                max_open=self.max_open_transactions,
-                max_bytes=self.max_transaction_bytes,
-            ),
-            retention=RetentionConfig(
-                max_chunks=self.retention_max_chunks,
-                max_age_ms=None if age is None else int(age * 3_600_000),
-                keep_unconsumed=self.retention_keep_unconsumed,
-                check_interval_ms=self.retention_check_interval_ms,
-            ),
-        )
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> BrokerConfig:
+        """A config from settings named and measured as in ``SETTINGS``
+        (``{"chunk_size": 1 << 20, "retention_max_age_hours": 24}``); the
+        rest keep their defaults."""
+        unknown = sorted(set(settings) - set(BY_KEY))
+        if unknown:
+            raise InvalidArgument(f"unknown settings: {', '.join(unknown)}")
+        server: dict[str, Any] = {}
+        storage: dict[tuple[str, ...], Any] = {("data_dir",): DEFAULT_DATA_DIR}
+        for key, value in settings.items():
+            setting = BY_KEY[key]
+            if setting.target:
+                storage[setting.path] = setting.to_target(value)
+            else:
+                server[key] = value
+        try:
+            built = _build(StorageConfig, storage)
+        except InvalidArgument as exc:
+            raise InvalidArgument(_name_settings(str(exc))) from None
+        return cls(storage=built, **server)
+
+    def setting(self, key: str) -> Any:
+        """The value of setting ``key`` as operators give it (its key's unit)."""
+        setting = BY_KEY[key]
+        if not setting.target:
+            return getattr(self, key)
+        value: Any = self.storage
+        for name in setting.path:
+            value = getattr(value, name)
+        return setting.from_target(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as operators name it: a TOML key and, mostly, a flag."""
+
+    key: str
+    """The TOML key (``-`` or ``_``); the flag is ``--`` and the key with ``-``."""
+    help: str
+    target: str = ""
+    """The ``StorageConfig`` field it sets, dotted (``retention.max_age_ms``);
+    empty: the ``BrokerConfig`` field named ``key``."""
+    unit: str = ""
+    """The key's unit where it differs from the field's (then ``per_unit``
+    converts); empty: the field's ``UNIT`` metadata."""
+    per_unit: int = 1
+    """Target units per unit of the key (3,600,000 ms per hour)."""
+    minus_one_is_none: bool = False
+    """-1 means None (no limit): TOML has no null."""
+    choices: tuple[str, ...] = ()
+    flag: bool = True
+    """False: only the config file takes it (as before this table existed)."""
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.target.split("."))
+
+    @property
+    def flag_name(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    def _field(self) -> tuple[Any, str]:
+        """The dataclass owning the field this setting sets, and the field's name."""
+        owner: Any = StorageConfig if self.target else BrokerConfig
+        names = self.path if self.target else (self.key,)
+        for name in names[:-1]:
+            owner = get_type_hints(owner)[name]
+        return owner, names[-1]
+
+    def kind(self) -> Any:
+        """The type of the field it sets, without ``None``."""
+        owner, name = self._field()
+        hint = get_type_hints(owner)[name]
+        if isinstance(hint, types.UnionType):
+            (hint,) = [h for h in hint.__args__ if h is not type(None)]
+        return hint
+
+    def unit_name(self) -> str:
+        if self.unit:
+            return self.unit
+        owner, name = self._field()
+        (target,) = [f for f in fields(owner) if f.name == name]
+        return str(target.metadata.get(UNIT, ""))
+
+    def to_target(self, value: Any) -> Any:
+        """A value in the key's unit as the target field takes it."""
+        if value is None or (self.minus_one_is_none and value == -1):
+            return None
+        # Enum values ("sync") go through as they are: StorageConfig converts
+        # and checks them, and its error then names the setting (_name_settings).
+        if self.per_unit != 1:
+            return int(value * self.per_unit)
+        return value
+
+    def from_target(self, value: Any) -> Any:
+        """``to_target`` reversed: the value in the key's unit."""
+        if value is None:
+            return -1 if self.minus_one_is_none else None
+        if isinstance(value, enum.Enum):
+            return value.value
+        if self.per_unit != 1:
+            return value / self.per_unit
+        return value
+
+    def default(self) -> Any:
+        return BrokerConfig().setting(self.key)
+
+    def describe_default(self) -> str:
+        """The default as --help and docs/equeue-broker.toml show it."""
+        value = self.default()
+        if value is None:
+            return "unset"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return f"{value:g}"
+        if self.unit_name() == "bytes" and value >= KiB and value % KiB == 0:
+            return f"{value} = {_binary(value)}"
+        return str(value)
+
+    def unit_and_default(self) -> str:
+        unit = self.unit_name()
+        return f"{unit + '; ' if unit else ''}default {self.describe_default()}"
+
+    def help_text(self) -> str:
+        return f"{self.help} ({self.unit_and_default()})"
+
+
+# Flag order is the order --help has always listed them in.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("data_dir", "directory of the message log, indexes and offsets", target="data_dir"),
+    Setting("host", "address to listen on; 0.0.0.0 for every interface"),
+    Setting("port", "0 = pick a free port"),
+    Setting(
+        "flush",
+        "sync: fsync before acking an append; async: every flush interval",
+        target="flush_mode",
+    ),
+    Setting(
+        "flush_interval_ms",
+        "async fsync period; index and checkpoint sync period",
+        target="flush_interval_ms",
+    ),
+    Setting("chunk_size", "message log chunk capacity", target="chunk_capacity_bytes"),
+    Setting("max_message_bytes", "largest encoded record", target="limits.max_message_bytes"),
+    Setting(
+        "retention_max_chunks",
+        "completed chunks to keep; -1 = no count limit",
+        target="retention.max_chunks",
+        minus_one_is_none=True,
+    ),
+    Setting(
+        "retention_max_age_hours",
+        "delete chunks sealed longer ago; -1 = no age limit",
+        target="retention.max_age_ms",
+        unit="hours",
+        per_unit=3_600_000,
+        minus_one_is_none=True,
+    ),
+    Setting(
+        "retention_keep_unconsumed",
+        "keep chunks a consumer group has not consumed yet",
+        target="retention.keep_unconsumed",
+    ),
+    Setting(
+        "retention_check_interval_ms", "how often to apply it", target="retention.check_interval_ms"
+    ),
+    Setting("auto_create_topics", "create a topic on its first produce"),
+    Setting(
+        "default_queues", "queues of a topic created without a count", target="default_queue_count"
+    ),
+    Setting(
+        "max_queues_per_topic",
+        "most queues a topic may have",
+        target="max_queues_per_topic",
+        flag=False,
+    ),
+    Setting("max_wait_ms", "longest a pull may be parked"),
+    Setting("max_parked_pulls", "pulls parked at once"),
+    Setting(
+        "max_pull_messages",
+        "most messages one pull returns",
+        target="max_read_messages",
+        flag=False,
+    ),
+    Setting(
+        "max_pull_bytes", "most record bytes one pull returns", target="max_read_bytes", flag=False
+    ),
+    Setting("max_request_bytes", "gRPC message size limit, both directions", flag=False),
+    Setting(
+        "consumer_timeout_ms",
+        "a consumer without a heartbeat this long leaves its group",
+    ),
+    Setting(
+        "transaction_timeout_ms",
+        "abort transactions idle this long",
+        target="transactions.timeout_ms",
+    ),
+    Setting("max_open_transactions", "open transactions at once", target="transactions.max_open"),
+    Setting(
+        "max_transaction_bytes", "staged bytes per transaction", target="transactions.max_bytes"
+    ),
+    Setting("store_threads", "threads for blocking storage calls", flag=False),
+    Setting("tls_cert", "PEM certificate: serve TLS"),
+    Setting("tls_key", "PEM private key of --tls-cert"),
+    Setting("tls_client_ca", "PEM CA: require client certificates it signed"),
+    Setting(
+        "tokens_file", "TOML list of access tokens; unset: $EQUEUE_BROKER_TOKENS, else no auth"
+    ),
+    Setting("shutdown_grace_s", "time in-flight requests get on SIGTERM", flag=False),
+    Setting("log_level", "log threshold", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
+    Setting("log_format", "json: one JSON object per line", choices=("text", "json")),
+)
+BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
-    parser = argparse.ArgumentParser(
-        prog="equeue-broker", description="Run an equeue message broker."
-    )
-    parser.add_argument("--version", action="version", version=f"equeue-broker {__version__}")
-    parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
-    parser.add_argument("--data-dir", type=Path)
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int, help="0 = pick a free port (default 5000)")
-    parser.add_argument("--flush", choices=["sync", "async"])
-    parser.add_argument("--flush-interval-ms", type=int)
-    parser.add_argument("--chunk-size", type=int, help="message log chunk capacity, bytes")
-    parser.add_argument("--max-message-bytes", type=int)
-    parser.add_argument("--retention-max-chunks", type=int, help="-1 = no count limit")
-    parser.add_argument("--retention-max-age-hours", type=float, help="-1 = no age limit")
-    parser.add_argument(
-        "--retention-keep-unconsumed",
-        action=argparse.BooleanOptionalAction,
-        help="keep chunks a consumer group has not consumed yet",
-    )
-    parser.add_argument("--retention-check-interval-ms", type=int, help="how often to apply it")
-    parser.add_argument("--auto-create-topics", action=argparse.BooleanOptionalAction)
-    parser.add_argument("--default-queues", type=int)
-    parser.add_argument("--max-wait-ms", type=int, help="longest a pull may be parked")
-    parser.add_argument("--max-parked-pulls", type=int)
-    parser.add_argument("--consumer-timeout-ms", type=int)
-    parser.add_argument(
-        "--transaction-timeout-ms", type=int, help="abort transactions idle this long"
-    )
-    parser.add_argument("--max-open-transactions", type=int)
-    parser.add_argument("--max-transaction-bytes", type=int, help="staged bytes per transaction")
-    parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve TLS")
-    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    parser.add_argument(
-        "--tls-client-ca", type=Path, help="PEM CA: require client certificates it signed"
-    )
-    parser.add_argument(
-        "--tokens-file", type=Path,
-        help="TOML list of access tokens (else $EQUEUE_BROKER_TOKENS; neither: no auth)",
-    )  # fmt: skip
-    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    parser.add_argument("--log-format", choices=["text", "json"])
+    parser = build_parser()
     args = vars(parser.parse_args(argv))
     settings: dict[str, Any] = {}
     config_file = args.pop("config")
     if config_file is not None:
         settings.update(_load_file(config_file))
     settings.update({k: v for k, v in args.items() if v is not None})
-    for name in ("retention_max_chunks", "retention_max_age_hours"):
-        if settings.get(name) == -1:
-            settings[name] = None
     try:
-        return replace(BrokerConfig(), **settings)
+        return BrokerConfig.from_settings(settings)
     except InvalidArgument as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per setting that has one; the others are listed in the epilog."""
+    file_only = [
+        f"{s.key.replace('_', '-')} ({s.unit_and_default()})" for s in SETTINGS if not s.flag
+    ]
+    parser = argparse.ArgumentParser(
+        prog="equeue-broker",
+        description="Run an equeue message broker.",
+        epilog="Settings only the --config file takes: " + ", ".join(file_only) + ".",
+    )
+    parser.add_argument("--version", action="version", version=f"equeue-broker {__version__}")
+    parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
+    for setting in SETTINGS:
+        if not setting.flag:
+            continue
+        # Every default stays None here: None means "not given", so the file's
+        # value, then BrokerConfig's (the single source), applies.
+        options: dict[str, Any] = {"help": setting.help_text()}
+        kind = setting.kind()
+        if setting.choices:
+            options["choices"] = list(setting.choices)
+        elif kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+            options["choices"] = [m.value for m in kind]
+        elif setting.per_unit != 1:  # a coarser unit than the field's: fractions allowed
+            options["type"] = float
+        elif kind is not str:
+            options["type"] = kind
+        parser.add_argument(setting.flag_name, **options)
+    return parser
+
+
 def _load_file(path: Path) -> dict[str, Any]:
-    known = {f.name for f in fields(BrokerConfig)}
     with open(path, "rb") as f:
         document = tomllib.load(f)
     settings = {key.replace("-", "_"): value for key, value in document.items()}
-    unknown = sorted(set(settings) - known)
+    unknown = sorted(set(settings) - set(BY_KEY))
     if unknown:
         raise SystemExit(f"equeue-broker: unknown settings in {path}: {', '.join(unknown)}")
     return settings
+
+
+def _build(cls: type[T], values: Mapping[tuple[str, ...], Any]) -> T:
+    """``cls`` with the fields at the given paths set; nested dataclasses built
+    from their own defaults plus the values under them."""
+    kwargs = {path[0]: value for path, value in values.items() if len(path) == 1}
+    hints = get_type_hints(cls)
+    for head in {path[0] for path in values if len(path) > 1}:
+        inner = {path[1:]: v for path, v in values.items() if len(path) > 1 and path[0] == head}
+        kwargs[head] = _build(hints[head], inner)
+    return cls(**kwargs)
+
+
+def _name_settings(message: str) -> str:
+    """A storage error names storage fields: add the settings that set them."""
+    keys = [
+        s.key
+        for s in SETTINGS
+        if s.target and s.key != s.path[-1] and re.search(rf"\b{s.path[-1]}\b", message)
+    ]
+    return f"{message} (from setting {' and '.join(keys)})" if keys else message
+
+
+def _binary(size: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} bytes"
+
+
+def _check_table() -> None:
+    """Fail at import, not when a flag is first used, if the table and the
+    dataclasses disagree."""
+    server = {f.name for f in fields(BrokerConfig)} - {"storage"}
+    missing = server - {s.key for s in SETTINGS if not s.target}
+    if missing or len(BY_KEY) != len(SETTINGS):
+        raise RuntimeError(f"SETTINGS lacks {sorted(missing)} or repeats a key")
+    for setting in SETTINGS:
+        setting.kind()  # a KeyError names a target field that does not exist
+        if setting.per_unit != 1 and not setting.unit:
+            raise RuntimeError(f"{setting.key}: a converted setting needs its own unit")
+
+
+_check_table()

@@ -1,9 +1,9 @@
 """Server-side errors and THE mapping from domain errors to gRPC status codes.
 
-Every handler runs inside ``grpc_status``; nothing else in the server picks a
-status code. Exceptions that are not ``StorageError``s are bugs: they are
-logged with their traceback and answered with INTERNAL, never allowed to take
-the server down.
+Every handler runs inside ``rpc`` or ``rpc_stream`` (service_base.py), which
+call ``status_for``; nothing else in the server picks a status code.
+Exceptions that are not ``StorageError``s are bugs: they are logged with their
+traceback and answered with INTERNAL, never allowed to take the server down.
 
 Server-only errors extend the storage hierarchy::
 

@@ -17,6 +17,11 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
+UNIT = "unit"
+"""Key of a field's unit in its dataclass metadata: ``bytes``, ``ms`` or what a
+count counts. Read it with ``dataclasses.fields``; the broker's ``--help`` and
+sample config show it next to each default."""
+
 #: Hard upper bounds that no configuration may exceed (they size on-disk fields).
 MAX_QUEUES_PER_TOPIC_LIMIT = 1024
 MAX_CHUNK_CAPACITY_BYTES = 4 * GiB - 1
@@ -44,16 +49,16 @@ class FlushMode(enum.Enum):
 class MessageLimits:
     """Size and count limits on what one append may carry."""
 
-    max_message_bytes: int = 4 * MiB
+    max_message_bytes: int = field(default=4 * MiB, metadata={UNIT: "bytes"})
     """Largest encoded record (value + key + tag + headers + framing)."""
-    max_key_bytes: int = 64 * KiB
-    max_tag_bytes: int = 255
+    max_key_bytes: int = field(default=64 * KiB, metadata={UNIT: "bytes"})
+    max_tag_bytes: int = field(default=255, metadata={UNIT: "bytes"})
     """Tags are short labels for broker-side filtering; the record stores the length in a byte."""
-    max_headers: int = 64
+    max_headers: int = field(default=64, metadata={UNIT: "headers"})
     """Headers per message."""
-    max_header_key_bytes: int = 255
-    max_batch_messages: int = 100_000
-    max_batch_bytes: int = 64 * MiB
+    max_header_key_bytes: int = field(default=255, metadata={UNIT: "bytes"})
+    max_batch_messages: int = field(default=100_000, metadata={UNIT: "messages"})
+    max_batch_bytes: int = field(default=64 * MiB, metadata={UNIT: "bytes"})
     """Sum of value/key/header bytes in one append call."""
 
     def __post_init__(self) -> None:
@@ -73,12 +78,12 @@ class RetentionConfig:
     before it, even if the count or age rule would delete it.
     """
 
-    max_chunks: int | None = 100
+    max_chunks: int | None = field(default=100, metadata={UNIT: "chunks"})
     """Keep at most this many completed chunks (EQueue's default)."""
-    max_age_ms: int | None = 7 * 24 * 3600 * 1000
+    max_age_ms: int | None = field(default=7 * 24 * 3600 * 1000, metadata={UNIT: "ms"})
     """Delete completed chunks sealed longer ago than this (7 days)."""
     keep_unconsumed: bool = False
-    check_interval_ms: int = 60_000
+    check_interval_ms: int = field(default=60_000, metadata={UNIT: "ms"})
     """How often the background thread applies retention."""
 
     def __post_init__(self) -> None:
@@ -93,17 +98,17 @@ class RetentionConfig:
 class TransactionConfig:
     """Limits of staged transactions (see transactions.py)."""
 
-    timeout_ms: int = 15 * 60_000
+    timeout_ms: int = field(default=15 * 60_000, metadata={UNIT: "ms"})
     """An open transaction not written to or committed for this long is aborted."""
-    max_open: int = 10_000
+    max_open: int = field(default=10_000, metadata={UNIT: "transactions"})
     """Open transactions at once (each holds one open file)."""
-    max_bytes: int = 1024 * MiB
+    max_bytes: int = field(default=1024 * MiB, metadata={UNIT: "bytes"})
     """Staged bytes per transaction."""
-    max_per_commit: int = 10_000
+    max_per_commit: int = field(default=10_000, metadata={UNIT: "transactions"})
     """Transactions one commit call may name."""
-    max_sinks: int = 10_000
+    max_sinks: int = field(default=10_000, metadata={UNIT: "sinks"})
     """Sinks whose last committed batch is remembered (oldest forgotten first)."""
-    sink_ttl_ms: int = 7 * 24 * 3600 * 1000
+    sink_ttl_ms: int = field(default=7 * 24 * 3600 * 1000, metadata={UNIT: "ms"})
     """A sink not committed to for this long is forgotten (7 days)."""
 
     def __post_init__(self) -> None:
@@ -116,29 +121,29 @@ class StorageConfig:
     """Configuration of one store (one data directory)."""
 
     data_dir: Path
-    chunk_capacity_bytes: int = 256 * MiB
+    chunk_capacity_bytes: int = field(default=256 * MiB, metadata={UNIT: "bytes"})
     """Data bytes per message-log chunk (header and footer come on top). An
     existing log keeps the capacity it was created with."""
-    index_entries_per_chunk: int = 1_000_000
+    index_entries_per_chunk: int = field(default=1_000_000, metadata={UNIT: "entries"})
     """Queue-index entries per index chunk file (32 bytes each)."""
     flush_mode: FlushMode = FlushMode.ASYNC
-    flush_interval_ms: int = 100
+    flush_interval_ms: int = field(default=100, metadata={UNIT: "ms"})
     """Async mode: fsync period. Both modes: how often indexes and the checkpoint are synced."""
-    sync_timeout_ms: int = 30_000
+    sync_timeout_ms: int = field(default=30_000, metadata={UNIT: "ms"})
     """Sync mode: longest an append waits for its fsync before failing."""
-    offsets_flush_interval_ms: int = 1_000
+    offsets_flush_interval_ms: int = field(default=1_000, metadata={UNIT: "ms"})
     """Async mode: how often committed consumer offsets are persisted (sync mode
     persists them before a commit returns)."""
-    default_queue_count: int = 4
-    max_queues_per_topic: int = 256
-    max_topics: int = 1_000
+    default_queue_count: int = field(default=4, metadata={UNIT: "queues"})
+    max_queues_per_topic: int = field(default=256, metadata={UNIT: "queues"})
+    max_topics: int = field(default=1_000, metadata={UNIT: "topics"})
     """Each queue keeps its index chunk files open: budget about topics x queues fds."""
-    max_mapped_chunks: int = 4
+    max_mapped_chunks: int = field(default=4, metadata={UNIT: "chunks"})
     """Memory bound: at most this many sealed log chunks stay memory-mapped for
     reads (the active chunk is always mapped); older ones are read with pread."""
-    max_read_messages: int = 10_000
-    max_read_bytes: int = 64 * MiB
-    max_filter_scan: int = 100_000
+    max_read_messages: int = field(default=10_000, metadata={UNIT: "messages"})
+    max_read_bytes: int = field(default=64 * MiB, metadata={UNIT: "bytes"})
+    max_filter_scan: int = field(default=100_000, metadata={UNIT: "entries"})
     """A tag-filtered read inspects at most this many index entries per call."""
     limits: MessageLimits = field(default_factory=MessageLimits)
     retention: RetentionConfig = field(default_factory=RetentionConfig)

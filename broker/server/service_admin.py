@@ -1,0 +1,287 @@
+"""The administration servicer (``Admin``): topics, queues, groups, offsets
+resets, single messages, statistics and open transactions.
+
+Every handler runs its storage work on the thread pool (``BrokerState.call``):
+these calls walk topics and queues and are not latency-critical.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.service_base import BrokerState, rpc
+from equeue_broker.storage import NotFound
+from equeue_broker.storage.names import validate_group
+from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+log = logging.getLogger("equeue.broker")
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(self, state: BrokerState) -> None:
+        self.s = state
+
+    def _topic_info(self, name: str) -> pb.TopicInfo:
+        store = self.s.store
+        meta = store.topic(name)
+        info = pb.TopicInfo(name=name, created_ms=meta.created_ms)
+        for q in meta.queues:
+            queue = store.queue_info(name, q.queue_id)
+            low = store.min_committed(name, q.queue_id)
+            info.queues.add(
+                queue_id=q.queue_id,
+                earliest_offset=queue.earliest,
+                end_offset=queue.end,
+                min_committed_offset=-1 if low is None else low,
+                backlog=queue.end - (queue.earliest if low is None else max(low, queue.earliest)),
+                producer_visible=q.producer_visible,
+                consumer_visible=q.consumer_visible,
+            )
+        return info
+
+    @rpc
+    async def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.TopicInfo:
+        def create() -> pb.TopicInfo:
+            meta = self.s.store.create_topic(request.name, request.queue_count or None)
+            log.info("topic created", extra={"topic": meta.name, "queues": len(meta.queues)})
+            return self._topic_info(request.name)
+
+        return await self.s.call(create)
+
+    @rpc
+    async def DeleteTopic(
+        self, request: pb.DeleteTopicRequest, context: Any
+    ) -> pb.DeleteTopicReply:
+        await self.s.call(self.s.store.delete_topic, request.name)
+        log.info("topic deleted", extra={"topic": request.name})
+        return pb.DeleteTopicReply()
+
+    @rpc
+    async def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsReply:
+        def list_() -> pb.ListTopicsReply:
+            names = [t.name for t in self.s.store.topics()]
+            return pb.ListTopicsReply(topics=[self._topic_info(n) for n in names])
+
+        return await self.s.call(list_)
+
+    @rpc
+    async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: Any) -> pb.TopicInfo:
+        return await self.s.call(self._topic_info, request.name)
+
+    @rpc
+    async def AddQueues(self, request: pb.AddQueuesRequest, context: Any) -> pb.TopicInfo:
+        def add() -> pb.TopicInfo:
+            if request.count < 1:
+                raise BadRequest(f"count must be at least 1, got {request.count}")
+            self.s.store.add_queues(request.name, request.count)
+            return self._topic_info(request.name)
+
+        return await self.s.call(add)
+
+    @rpc
+    async def SetQueueVisibility(
+        self, request: pb.SetQueueVisibilityRequest, context: Any
+    ) -> pb.TopicInfo:
+        def set_() -> pb.TopicInfo:
+            self.s.store.set_queue_visibility(
+                request.name,
+                request.queue_id,
+                producer=request.producer_visible if request.HasField("producer_visible") else None,
+                consumer=request.consumer_visible if request.HasField("consumer_visible") else None,
+            )
+            return self._topic_info(request.name)
+
+        return await self.s.call(set_)
+
+    @rpc
+    async def DeleteQueue(self, request: pb.DeleteQueueRequest, context: Any) -> pb.TopicInfo:
+        def delete() -> pb.TopicInfo:
+            self.s.store.delete_queue(request.name, request.queue_id)
+            return self._topic_info(request.name)
+
+        return await self.s.call(delete)
+
+    @rpc
+    async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
+        groups = set(self.s.store.groups()) | set(self.s.consumers.groups())
+        return pb.ListGroupsReply(groups=sorted(groups))
+
+    @rpc
+    async def DescribeGroup(self, request: pb.DescribeGroupRequest, context: Any) -> pb.GroupInfo:
+        return await self.s.call(self._group_info, request.group)
+
+    def _group_info(self, group: str) -> pb.GroupInfo:
+        store = self.s.store
+        validate_group(group)
+        committed = store.committed_offsets(group)
+        live = self.s.consumers.live(group)
+        if not committed and not live:
+            raise NotFound(f"group {group!r} has no committed offsets and no live consumers")
+        info = pb.GroupInfo(group=group, consumer_ids=live)
+        topics = sorted(set(committed) | self.s.consumers.topics(group))
+        for topic in topics:
+            try:
+                meta = store.topic(topic)
+            except NotFound:
+                continue
+            visible = [q.queue_id for q in meta.queues if q.consumer_visible]
+            owners = {
+                queue_id: consumer
+                for consumer, queues in allocate_average(
+                    visible, self.s.consumers.live(group, topic)
+                ).items()
+                for queue_id in queues
+            }
+            for q in meta.queues:
+                queue = store.queue_info(topic, q.queue_id)
+                offset = committed.get(topic, {}).get(q.queue_id)
+                lag = queue.end - (
+                    queue.earliest if offset is None else max(offset, queue.earliest)
+                )
+                info.queues.add(
+                    topic=topic,
+                    queue_id=q.queue_id,
+                    committed_offset=-1 if offset is None else offset,
+                    end_offset=queue.end,
+                    lag=lag,
+                    consumer_id=owners.get(q.queue_id, ""),
+                )
+                info.total_lag += lag
+        return info
+
+    @rpc
+    async def ResetOffsets(self, request: pb.ResetOffsetsRequest, context: Any) -> pb.GroupInfo:
+        def reset() -> pb.GroupInfo:
+            store = self.s.store
+            meta = store.topic(request.topic)
+            target = request.WhichOneof("target")
+            if target is None:
+                raise BadRequest("give one of earliest, latest, timestamp_ms, explicit")
+            entries = []
+            for q in meta.queues:
+                info = store.queue_info(request.topic, q.queue_id)
+                if target == "earliest":
+                    entries.append((request.topic, q.queue_id, info.earliest))
+                elif target == "latest":
+                    entries.append((request.topic, q.queue_id, info.end))
+                elif target == "timestamp_ms":
+                    offset = store.offset_for_timestamp(
+                        request.topic, q.queue_id, request.timestamp_ms
+                    )
+                    entries.append((request.topic, q.queue_id, offset))
+            if target == "explicit":
+                for queue_id, offset in sorted(request.explicit.offsets.items()):
+                    if offset < 0:
+                        raise BadRequest(f"offset {offset} for queue {queue_id} is negative")
+                    entries.append((request.topic, queue_id, offset))
+            store.commit_offsets(request.group, entries)
+            return self._group_info(request.group)
+
+        return await self.s.call(reset)
+
+    @rpc
+    async def DeleteGroup(
+        self, request: pb.DeleteGroupRequest, context: Any
+    ) -> pb.DeleteGroupReply:
+        await self.s.call(self.s.store.delete_group, request.group)
+        self.s.consumers.forget(request.group)
+        return pb.DeleteGroupReply()
+
+    @rpc
+    async def GetMessage(self, request: pb.GetMessageRequest, context: Any) -> pb.GetMessageReply:
+        def get() -> pb.GetMessageReply:
+            store = self.s.store
+            which = request.WhichOneof("key")
+            if which == "message_id":
+                try:
+                    broker_id, position = parse_message_id(request.message_id)
+                except ValueError as exc:
+                    raise BadRequest(str(exc)) from None
+                if broker_id != self.s.broker_id:
+                    raise NotFound(f"message {request.message_id!r} is from broker {broker_id!r}")
+            elif which == "address":
+                a = request.address
+                position = store.position_of(a.topic, a.queue_id, a.offset)
+            else:
+                raise BadRequest("give message_id or address")
+            record = store.record_at(position)
+            return pb.GetMessageReply(
+                record=record, message_id=format_message_id(self.s.broker_id, position)
+            )
+
+        return await self.s.call(get)
+
+    @rpc
+    async def GetStats(self, request: pb.GetStatsRequest, context: Any) -> pb.BrokerStats:
+        def stats() -> pb.BrokerStats:
+            store = self.s.store
+            raw = store.stats()
+            backlog = 0
+            for topic in store.topics():
+                backlog += sum(q.backlog for q in self._topic_info(topic.name).queues)
+            produce_rate, consume_rate = self.s.counters.rates()
+            produced, consumed = self.s.counters.totals()
+            counters = [
+                pb.QueueCounters(topic=t, queue_id=q, produced=p, consumed=c)
+                for t, q, p, c in self.s.counters.per_queue()
+            ]
+            return pb.BrokerStats(
+                queue_counters=counters,
+                broker_id=self.s.broker_id,
+                topics=raw["topics"],
+                queues=raw["queues"],
+                groups=len(set(store.groups()) | set(self.s.consumers.groups())),
+                total_backlog=backlog,
+                chunk_count=raw["log_chunks"],
+                bytes_on_disk=_disk_usage(self.s.config.storage.data_dir),
+                produce_rate=produce_rate,
+                consume_rate=consume_rate,
+                produced_total=produced,
+                consumed_total=consumed,
+                flush_mode=self.s.config.storage.flush_mode.value,
+                uptime_s=time.monotonic() - self.s.counters.started,
+                open_transactions=raw["open_transactions"],
+                staged_bytes=raw["staged_bytes"],
+            )
+
+        return await self.s.call(stats)
+
+    @rpc
+    async def ListTransactions(
+        self, request: pb.ListTransactionsRequest, context: Any
+    ) -> pb.ListTransactionsReply:
+        def list_() -> pb.ListTransactionsReply:
+            transactions = self.s.store.transactions
+            reply = pb.ListTransactionsReply()
+            for t in transactions.list_open(request.prefix):
+                info = reply.transactions.add(
+                    transaction_id=t.txn_id, created_ms=t.created_ms,
+                    last_write_ms=t.last_write_ms, messages=t.messages, bytes=t.bytes,
+                    committing=t.committing,
+                )  # fmt: skip
+                for (topic, queue_id), count in sorted(t.queues.items()):
+                    info.queues.add(topic=topic, queue_id=queue_id, count=count)
+            for sink in transactions.sinks():
+                reply.sinks.add(sink=sink.sink, batch_id=sink.batch_id, updated_ms=sink.updated_ms)
+            return reply
+
+        return await self.s.call(list_)
+
+
+def _disk_usage(root: Path) -> int:
+    """Bytes allocated to files under ``root`` (sparse chunks count what they use)."""
+    total = 0
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(directory, name)).st_blocks * 512
+            except FileNotFoundError:  # deleted by retention meanwhile
+                continue
+    return total

@@ -1,0 +1,113 @@
+"""What the two servicers share: the broker state and the ``rpc`` wrappers.
+
+``BrokerState`` holds what every handler needs (config, store, thread pool,
+parked pulls, consumer groups, counters) and decides where a storage call
+runs: blocking calls on the thread pool (sync-mode appends wait there for
+their fsync), short ones inline on the event loop.
+
+``rpc`` and ``rpc_stream`` wrap every handler so that a failure becomes the
+status ``errors.status_for`` picks; this module maps nothing itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import grpc
+
+from equeue_broker.server.config import BrokerConfig
+from equeue_broker.server.errors import ShuttingDown, status_for
+from equeue_broker.server.groups import ConsumerRegistry
+from equeue_broker.server.longpoll import PullWaiters
+from equeue_broker.server.stats import Counters
+from equeue_broker.storage import Store
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass
+class BrokerState:
+    """What both servicers share."""
+
+    config: BrokerConfig
+    store: Store
+    broker_id: str
+    executor: ThreadPoolExecutor
+    waiters: PullWaiters
+    consumers: ConsumerRegistry
+    counters: Counters = field(default_factory=Counters)
+    shutting_down: bool = False
+    auth_tokens: int = 0
+    """Tokens the broker accepts; 0: no authentication."""
+    _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a blocking storage call on the thread pool."""
+        if self.shutting_down:
+            raise ShuttingDown("the broker is shutting down")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a short storage call on the event loop itself.
+
+        For work that never waits on the disk (reads from the page cache,
+        async-mode appends): a hop to the thread pool costs more than the
+        call, and the GIL serialises the two anyway.
+        """
+        if self.shutting_down:
+            raise ShuttingDown("the broker is shutting down")
+        return fn(*args, **kwargs)
+
+    def next_round_robin(self, topic: str) -> int:
+        return next(self._round_robin.setdefault(topic, itertools.count()))
+
+
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
+def rpc(method: Handler) -> Handler:
+    """Answer every failure with the status code ``status_for`` picks."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await method(self, request, context)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every error becomes a status; see errors.py
+            code, message = status_for(exc)
+        await context.abort(code, message)
+
+    return wrapper
+
+
+StreamHandler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
+
+
+def rpc_stream(method: StreamHandler) -> StreamHandler:
+    """``rpc`` for handlers that stream replies: replies already sent stand,
+    and the first failure ends the stream with its status."""
+
+    @functools.wraps(method)
+    async def wrapper(
+        self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        try:
+            async for reply in method(self, request, context):
+                yield reply
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every error becomes a status; see errors.py
+            code, message = status_for(exc)
+        await context.abort(code, message)
+
+    return wrapper

@@ -1,0 +1,368 @@
+"""The data-plane servicer (``Broker``): produce, pull, streams, commits,
+offsets, heartbeats and transactions.
+
+A thin translation between the contract and the store: requests are
+validated and routed here (``_route``: explicit queue, key hash or round
+robin), the storage calls run through ``BrokerState`` and the replies that
+carry records are pre-encoded by wire.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+from crc32c import crc32c
+
+from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.groups import MAX_TOPICS_PER_CONSUMER
+from equeue_broker.server.service_base import BrokerState, rpc, rpc_stream
+from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
+from equeue_broker.storage import MessageBatch, NotFound, ReadStatus
+from equeue_broker.storage.config import FlushMode
+from equeue_broker.storage.errors import AlreadyExists
+from equeue_broker.storage.names import validate_group, validate_topic
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+MAX_CONSUMER_ID = 256
+DEFAULT_PULL_MESSAGES = 1000
+DEFAULT_PULL_BYTES = 1 << 20
+MAX_STREAM_BATCHES = 1_000_000
+"""Bound on the replies of one PullStream (each carries at least one record)."""
+
+_PULL_STATUS = {
+    ReadStatus.OK: pb.PULL_STATUS_OK,
+    ReadStatus.OFFSET_TOO_SMALL: pb.PULL_STATUS_OFFSET_TOO_SMALL,
+    ReadStatus.OFFSET_TOO_BIG: pb.PULL_STATUS_OFFSET_TOO_BIG,
+}
+
+
+class BrokerService(pb_grpc.BrokerServicer):
+    def __init__(self, state: BrokerState) -> None:
+        self.s = state
+        self.pull_framer = pull_reply_framer(state.broker_id, _PULL_STATUS)
+        # A sync-mode append waits for its fsync, so it runs off the event loop.
+        self.sync_appends = state.config.storage.flush_mode is FlushMode.SYNC
+
+    @rpc
+    async def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceReply | bytes:
+        if self.sync_appends:
+            return await self.s.call(self._produce, request)
+        return self.s.inline(self._produce, request)
+
+    @rpc_stream
+    async def ProduceStream(
+        self,
+        requests: AsyncIterator[pb.ProduceRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.ProduceReply | bytes]:
+        count = 0
+        async for request in requests:
+            count += 1
+            if count > MAX_STREAM_BATCHES:
+                raise BadRequest(f"more than {MAX_STREAM_BATCHES} requests on one stream")
+            if self.sync_appends:
+                yield await self.s.call(self._produce, request)
+            else:
+                yield self.s.inline(self._produce, request)
+
+    def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
+        """The reply, pre-encoded (wire.py) when the batch went to one queue."""
+        store = self.s.store
+        batch = decode_columns(request.messages)
+        count = len(batch)
+        meta = self._topic_for_produce(request.topic)
+        visible = [q.queue_id for q in meta.queues if q.producer_visible]
+        if not visible:
+            raise BadRequest(f"topic {request.topic!r} has no producer-visible queue")
+        targets = self._route(request, batch, visible)
+        if request.transaction_id:
+            return self._stage(request, batch, targets)
+        if isinstance(targets, int):  # the common case: the whole batch went to one queue
+            result = store.append(request.topic, targets, batch)
+            self.s.counters.add(request.topic, targets, produced=result.count)
+            return produce_reply(self.s.broker_id, targets, result.first_offset, result.entries)
+        reply = pb.ProduceReply(broker_id=self.s.broker_id)
+        queue_ids = [0] * count
+        offsets = [0] * count
+        positions = [0] * count
+        for queue_id, indexes in _group_by_queue(targets, count):
+            sub = batch if indexes is None else _take(batch, indexes)
+            result = store.append(request.topic, queue_id, sub)
+            self.s.counters.add(request.topic, queue_id, produced=result.count)
+            where = range(count) if indexes is None else indexes
+            for n, (i, position) in enumerate(zip(where, result.positions(), strict=True)):
+                queue_ids[i] = queue_id
+                offsets[i] = result.first_offset + n
+                positions[i] = position
+        reply.queue_ids.extend(queue_ids)
+        reply.offsets.extend(offsets)
+        reply.positions.extend(positions)
+        return reply
+
+    def _stage(
+        self,
+        request: pb.ProduceRequest,
+        batch: MessageBatch,
+        targets: list[int] | int,
+    ) -> pb.ProduceReply:
+        """A produce request with a transaction id: stage, do not append."""
+        reply = pb.ProduceReply(broker_id=self.s.broker_id)
+        count = len(batch)
+        parts = [
+            (queue_id, batch if indexes is None else _take(batch, indexes))
+            for queue_id, indexes in _group_by_queue(targets, count)
+        ]
+        total = self.s.store.transactions.stage(request.transaction_id, request.topic, parts)
+        reply.queue_ids.extend([targets] * count if isinstance(targets, int) else targets)
+        reply.transaction_messages = total
+        return reply
+
+    @rpc
+    async def CommitTransactions(
+        self, request: pb.CommitTransactionsRequest, context: Any
+    ) -> pb.CommitTransactionsReply:
+        refs = [(t.transaction_id, t.expected_messages) for t in request.transactions]
+        result = await self.s.call(
+            self.s.store.transactions.commit,
+            refs,
+            sink=request.sink,
+            batch_id=request.batch_id,
+            abort_prefix=request.abort_prefix,
+        )
+        reply = pb.CommitTransactionsReply(
+            already_committed=result.already_committed, aborted=result.aborted
+        )
+        for q in result.queues:
+            self.s.counters.add(q.topic, q.queue_id, produced=q.count)
+            reply.queues.add(
+                topic=q.topic, queue_id=q.queue_id, first_offset=q.first_offset, count=q.count
+            )
+        return reply
+
+    @rpc
+    async def AbortTransactions(
+        self, request: pb.AbortTransactionsRequest, context: Any
+    ) -> pb.AbortTransactionsReply:
+        if not request.transaction_ids and not request.prefix:
+            raise BadRequest("name transaction_ids or a prefix to abort")
+        aborted = await self.s.call(
+            self.s.store.transactions.abort, list(request.transaction_ids), request.prefix
+        )
+        return pb.AbortTransactionsReply(aborted=aborted)
+
+    def _topic_for_produce(self, topic: str) -> Any:
+        store = self.s.store
+        validate_topic(topic)
+        try:
+            return store.topic(topic)
+        except NotFound:
+            if not self.s.config.auto_create_topics:
+                raise
+        try:
+            return store.create_topic(topic)
+        except AlreadyExists:  # another request created it meanwhile
+            return store.topic(topic)
+
+    def _route(
+        self, request: pb.ProduceRequest, batch: MessageBatch, visible: list[int]
+    ) -> list[int] | int:
+        """The queue of each message, or one queue for all of them.
+
+        Explicit queue id, else hash of the key (CRC32C) modulo the producer-
+        visible queues, else round robin by request (keyless messages of one
+        request stay together, as Kafka's sticky partitioner keeps a batch).
+        """
+        count = len(batch)
+        explicit = list(request.queue_ids)
+        if explicit and len(explicit) != count:
+            raise BadRequest(f"queue_ids has {len(explicit)} entries for {count} messages")
+        keys = batch.keys
+        if not explicit and keys is None:
+            return visible[self.s.next_round_robin(request.topic) % len(visible)]
+        sticky = visible[self.s.next_round_robin(request.topic) % len(visible)]
+        targets = []
+        for i in range(count):
+            queue_id = explicit[i] if explicit else -1
+            if queue_id < -1:
+                raise BadRequest(f"queue_ids[{i}] is {queue_id}; use -1 to route by key")
+            if queue_id == -1:
+                key = keys[i] if keys is not None else None
+                queue_id = sticky if key is None else visible[crc32c(key) % len(visible)]
+            targets.append(queue_id)
+        first = targets[0]
+        return first if all(t == first for t in targets) else targets
+
+    @rpc
+    async def Pull(self, request: pb.PullRequest, context: Any) -> bytes:
+        """Replies with PullReply wire bytes built around the records (wire.py)."""
+        config = self.s.config
+        max_messages = request.max_messages or DEFAULT_PULL_MESSAGES
+        max_bytes = request.max_bytes or DEFAULT_PULL_BYTES
+        if request.max_wait_ms > config.max_wait_ms:
+            raise BadRequest(
+                f"max_wait_ms {request.max_wait_ms} exceeds the broker's limit {config.max_wait_ms}"
+            )
+        tags = list(request.tags) or None
+        topic, queue_id = request.topic, request.queue_id
+        read = functools.partial(
+            self.s.store.read_records, topic, queue_id,
+            max_messages=max_messages, max_bytes=max_bytes, tags=tags, frame=self.pull_framer,
+        )  # fmt: skip
+        result = self.s.inline(read, request.offset)
+        if (
+            result.status is ReadStatus.OK
+            and result.count == 0
+            and request.max_wait_ms > 0
+            and result.next_offset >= result.end
+        ):
+            arrived = await self.s.waiters.wait(
+                (topic, queue_id),
+                result.end,
+                request.max_wait_ms / 1000,
+                lambda: self.s.store.visible_end(topic, queue_id),
+            )
+            if arrived:
+                result = self.s.inline(read, result.next_offset)
+        if result.count:
+            self.s.counters.add(topic, queue_id, consumed=result.count)
+        return result.records
+
+    @rpc_stream
+    async def PullStream(
+        self, request: pb.PullStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        """Streams PullReply wire bytes, like ``Pull``."""
+        store = self.s.store
+        batch = request.batch_messages or DEFAULT_PULL_MESSAGES
+        read = functools.partial(
+            store.read_records, request.topic, request.queue_id,
+            max_bytes=request.batch_bytes or DEFAULT_PULL_BYTES,
+            tags=list(request.tags) or None, frame=self.pull_framer,
+        )  # fmt: skip
+        offset = request.offset
+        stop = request.end_offset or store.visible_end(request.topic, request.queue_id)
+        if stop < 0:  # no such queue: let the read raise the precise error
+            read(offset, max_messages=1)
+        for _ in range(MAX_STREAM_BATCHES):
+            if offset >= stop:
+                return
+            result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
+            if result.count:
+                self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
+            yield result.records
+            if result.status is not ReadStatus.OK or result.next_offset >= result.end:
+                return
+            offset = result.next_offset
+
+    @rpc
+    async def CommitOffsets(
+        self, request: pb.CommitOffsetsRequest, context: Any
+    ) -> pb.CommitOffsetsReply:
+        entries = [(o.topic, o.queue_id, o.offset) for o in request.offsets]
+        if not entries:
+            raise BadRequest("offsets must not be empty")
+        await self.s.call(self.s.store.commit_offsets, request.group, entries)
+        return pb.CommitOffsetsReply()
+
+    @rpc
+    async def FetchOffsets(
+        self, request: pb.FetchOffsetsRequest, context: Any
+    ) -> pb.FetchOffsetsReply:
+        committed = await self.s.call(self.s.store.committed_offsets, request.group)
+        reply = pb.FetchOffsetsReply()
+        for topic in sorted(committed):
+            if request.topic and topic != request.topic:
+                continue
+            for queue_id, offset in sorted(committed[topic].items()):
+                reply.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
+        return reply
+
+    @rpc
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
+        validate_group(request.group)
+        if not 0 < len(request.consumer_id) <= MAX_CONSUMER_ID:
+            raise BadRequest(f"consumer_id must be 1 to {MAX_CONSUMER_ID} characters")
+        if len(request.topics) > MAX_TOPICS_PER_CONSUMER:
+            raise BadRequest(
+                f"{len(request.topics)} topics; the limit is {MAX_TOPICS_PER_CONSUMER}"
+            )
+        topics = [validate_topic(t) for t in request.topics]
+        if request.leave:
+            members = self.s.consumers.leave(request.group, request.consumer_id)
+            return pb.HeartbeatReply(consumer_ids=members)
+        members = self.s.consumers.heartbeat(request.group, request.consumer_id, frozenset(topics))
+        reply = pb.HeartbeatReply(consumer_ids=members)
+        for topic in topics:
+            try:
+                meta = self.s.store.topic(topic)
+                queue_ids = [q.queue_id for q in meta.queues if q.consumer_visible]
+            except NotFound:
+                queue_ids = []
+            reply.topics.add(topic=topic, queue_ids=queue_ids)
+        return reply
+
+    @rpc
+    async def ListOffsets(
+        self, request: pb.ListOffsetsRequest, context: Any
+    ) -> pb.ListOffsetsReply:
+        store = self.s.store
+        timestamp = request.timestamp_ms if request.HasField("timestamp_ms") else None
+
+        def list_() -> pb.ListOffsetsReply:
+            reply = pb.ListOffsetsReply()
+            for q in store.topic(request.topic).queues:
+                info = store.queue_info(request.topic, q.queue_id)
+                found = -1
+                if timestamp is not None:
+                    found = store.offset_for_timestamp(request.topic, q.queue_id, timestamp)
+                reply.queues.add(
+                    queue_id=q.queue_id,
+                    earliest_offset=info.earliest,
+                    end_offset=info.end,
+                    timestamp_offset=found,
+                    consumer_visible=q.consumer_visible,
+                )
+            return reply
+
+        return await self.s.call(list_)
+
+    @rpc
+    async def OffsetForBytes(
+        self, request: pb.OffsetForBytesRequest, context: Any
+    ) -> pb.OffsetForBytesReply:
+        end, size = await self.s.call(
+            self.s.store.offset_for_bytes,
+            request.topic,
+            request.queue_id,
+            request.start_offset,
+            request.end_offset,
+            request.max_bytes,
+        )
+        return pb.OffsetForBytesReply(end_offset=end, bytes=size)
+
+
+def _group_by_queue(targets: list[int] | int, count: int) -> list[tuple[int, list[int] | None]]:
+    """[(queue, message indexes)]; indexes None means every message."""
+    if isinstance(targets, int):
+        return [(targets, None)]
+    groups: dict[int, list[int]] = {}
+    for i, queue_id in enumerate(targets):
+        groups.setdefault(queue_id, []).append(i)
+    return sorted(groups.items())
+
+
+def _take(batch: MessageBatch, indexes: Sequence[int]) -> MessageBatch:
+    def pick(column: Sequence[Any] | None) -> list[Any] | None:
+        return None if column is None else [column[i] for i in indexes]
+
+    return MessageBatch(
+        [batch.values[i] for i in indexes],
+        pick(batch.keys),
+        pick(batch.tags),
+        pick(batch.headers),
+        pick(batch.timestamps_ms),
+    )

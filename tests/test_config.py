@@ -1,0 +1,148 @@
+"""The broker's settings: docs/equeue-broker.toml, flags, units and defaults.
+
+The sample config file is loaded through the real parser and must name every
+setting with its unit and default, so it cannot fall behind the broker. The
+flag and key names are a documented interface (users, an external test suite):
+they are pinned here.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from equeue_broker.server.config import (
+    BY_KEY,
+    DEFAULT_DATA_DIR,
+    SETTINGS,
+    BrokerConfig,
+    parse_args,
+)
+from equeue_broker.storage.config import FlushMode, StorageConfig
+
+SAMPLE = Path(__file__).resolve().parent.parent / "docs" / "equeue-broker.toml"
+ASSIGNMENT = re.compile(r"^(# )?([a-z][a-z0-9_-]*) = (.+)$")
+
+FLAGS = [
+    "--data-dir", "--host", "--port", "--flush", "--flush-interval-ms", "--chunk-size",
+    "--max-message-bytes", "--retention-max-chunks", "--retention-max-age-hours",
+    "--retention-keep-unconsumed", "--retention-check-interval-ms", "--auto-create-topics",
+    "--default-queues", "--max-wait-ms", "--max-parked-pulls", "--consumer-timeout-ms",
+    "--transaction-timeout-ms", "--max-open-transactions", "--max-transaction-bytes",
+    "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
+]  # fmt: skip
+FILE_ONLY = [
+    "max_queues_per_topic", "max_pull_messages", "max_pull_bytes", "max_request_bytes",
+    "store_threads", "shutdown_grace_s",
+]  # fmt: skip
+
+
+def documented() -> dict[str, tuple[bool, str]]:
+    """Setting key (underscores) -> (set in the file, the comment block above it).
+
+    A setting is named by ``key = value`` or, left at its default, by
+    ``# key = value``; its comment block is the ``#`` lines right above it.
+    """
+    found: dict[str, tuple[bool, str]] = {}
+    block: list[str] = []
+    for line in SAMPLE.read_text().splitlines():
+        match = ASSIGNMENT.match(line)
+        if match and match[2].replace("-", "_") in BY_KEY:
+            key = match[2].replace("-", "_")
+            assert key not in found, f"{key} appears twice"
+            found[key] = (match[1] is None, " ".join(block))
+            block = []
+        elif line.startswith("#"):
+            block.append(line.lstrip("# "))
+        else:
+            block = []
+    return found
+
+
+def test_sample_config_parses_through_the_real_parser() -> None:
+    config = parse_args(["--config", str(SAMPLE)])
+    document = tomllib.loads(SAMPLE.read_text())
+    assert document, "the sample sets nothing"
+    for key, value in document.items():
+        parsed = config.setting(key.replace("-", "_"))
+        assert (str(parsed) if isinstance(parsed, Path) else parsed) == value, key
+    assert config.storage.data_dir == Path("/var/lib/equeue")
+
+
+def test_sample_config_names_every_setting() -> None:
+    names = set(documented())
+    assert names == set(BY_KEY), (
+        f"missing from docs/equeue-broker.toml: {sorted(set(BY_KEY) - names)}"
+    )
+    server = {f.name for f in fields(BrokerConfig)} - {"storage"}
+    assert server <= names
+
+
+def test_sample_config_states_each_unit_and_default() -> None:
+    for key, (_, comment) in documented().items():
+        setting = BY_KEY[key]
+        assert f"Default: {setting.describe_default()}." in comment, key
+        if setting.unit_name():
+            assert f"Unit: {setting.unit_name()}." in comment, key
+        else:
+            assert "Unit:" not in comment, key
+
+
+def test_commented_out_settings_parse_when_uncommented(tmp_path: Path) -> None:
+    text = SAMPLE.read_text()
+    commented = {k for k, (active, _) in documented().items() if not active}
+    assert commented == {"tls_cert", "tls_key", "tls_client_ca", "tokens_file"}
+    uncommented = tmp_path / "broker.toml"
+    uncommented.write_text(re.sub(r"^# ([a-z-]+ = )", r"\1", text, flags=re.M))
+    config = parse_args(["--config", str(uncommented)])
+    assert config.tls_cert == Path("/etc/equeue/tls/broker.crt")
+    assert config.tokens_file == Path("/etc/equeue/tokens.toml")
+
+
+def test_flags_and_keys_are_unchanged() -> None:
+    assert [s.flag_name for s in SETTINGS if s.flag] == FLAGS
+    assert [s.key for s in SETTINGS if not s.flag] == FILE_ONLY
+    assert {f[2:].replace("-", "_") for f in FLAGS} | set(FILE_ONLY) == set(BY_KEY)
+
+
+def test_storage_defaults_come_from_storage_config() -> None:
+    assert BrokerConfig().storage == StorageConfig(DEFAULT_DATA_DIR)
+    default = StorageConfig(DEFAULT_DATA_DIR)
+    assert BY_KEY["chunk_size"].default() == default.chunk_capacity_bytes
+    assert BY_KEY["max_pull_bytes"].default() == default.max_read_bytes
+    assert default.retention.max_age_ms is not None
+    assert BY_KEY["retention_max_age_hours"].default() == default.retention.max_age_ms / 3_600_000
+    assert BY_KEY["flush"].default() == default.flush_mode.value
+
+
+def test_units_convert_both_ways(tmp_path: Path) -> None:
+    config = parse_args(["--retention-max-age-hours", "0.5", "--flush", "sync"])
+    assert config.storage.retention.max_age_ms == 1_800_000
+    assert config.setting("retention_max_age_hours") == 0.5
+    assert config.storage.flush_mode is FlushMode.SYNC
+    unlimited = parse_args(["--retention-max-age-hours", "-1"])
+    assert unlimited.storage.retention.max_age_ms is None
+    assert unlimited.setting("retention_max_age_hours") == -1
+    config_file = tmp_path / "broker.toml"
+    config_file.write_text("max_pull_messages = 50\nmax-transaction-bytes = 4096\n")
+    config = parse_args(["--config", str(config_file)])
+    assert config.storage.max_read_messages == 50
+    assert config.storage.transactions.max_bytes == 4096
+
+
+def test_storage_errors_name_the_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--transaction-timeout-ms", "0"])
+    assert "(from setting transaction_timeout_ms)" in capsys.readouterr().err
+
+
+def test_help_shows_each_default_and_unit(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    for setting in SETTINGS:
+        assert f"({setting.unit_and_default()})" in text, setting.key
