@@ -64,7 +64,128 @@ log = logging.getLogger("equeue.spark")
 
 
 class EqueueDataSource(DataSource):
-    """``format("equeue")``: read topics as rows, write rows into topics."""
+    """``format("equeue")``: read topics as rows, write rows into topics.
+
+    Batch and streaming reads (``spark.read``, ``spark.readStream``) and writes
+    (``df.write``, ``df.writeStream``) against an equeue broker. Spark finds the
+    source without registration through the top-level module ``pyspark_equeue``;
+    ``spark.dataSource.register(EqueueDataSource)`` works too. Spark's Python
+    workers must run an interpreter that has ``equeue-mq`` installed
+    (``PYSPARK_PYTHON``).
+
+    Name: ``equeue``
+
+    Read schema: ``key binary, value binary, topic string, queue int, offset long,
+    timestamp timestamp, tag string, message_id string``, plus ``headers
+    array<struct<key:string,value:binary>>`` with ``includeHeaders``. Write columns:
+    ``value`` (binary or string, required), ``key``, ``topic``, ``queue``, ``tag``,
+    ``headers``, ``timestamp``; other columns are ignored.
+
+    Options
+    -------
+    broker : str, default ``$EQUEUE_BROKER``, else ``127.0.0.1:5000``
+        Broker address, ``host:port``. Reads and writes.
+    topic : str
+        Reads: one topic or a comma list (exactly one of ``topic`` and
+        ``topicPattern``). Writes: the topic of every row (overrides the column).
+    topicPattern : str
+        Reads only. Regex matched against whole topic names before every
+        micro-batch; new topics and queues start at their earliest offset.
+    group : str
+        Reads only. Consumer group whose progress the query commits on the broker.
+    startingOffsets : str, default ``latest`` (streaming), ``earliest`` (batch)
+        Reads only. ``earliest``, ``latest``, ``group``, or JSON
+        ``{"topic": {"0": 12, "1": -2}}`` (-2 earliest, -1 latest). A restarted
+        query resumes from its checkpoint instead.
+    groupFallback : str, default ``earliest``
+        Reads only. With ``startingOffsets=group``: where queues the group never
+        committed start (``earliest`` or ``latest``).
+    startingTimestamp : int
+        Reads only. Ms since the epoch: start every queue at its first record
+        stored at or after it (instead of ``startingOffsets``).
+    endingOffsets : str, default ``latest``
+        Batch reads only. ``latest`` or JSON as above (-1 latest); exclusive.
+    endingTimestamp : int
+        Batch reads only. Stop every queue before its first record stored at or
+        after this time (ms since the epoch).
+    maxOffsetsPerTrigger : int, default none
+        Reads only. At most this many offsets per micro-batch, split over queues
+        by backlog.
+    minOffsetsPerTrigger : int, default none
+        Reads only. Wait for this many new offsets before a micro-batch ...
+    maxTriggerDelay : str, default ``15m``
+        Reads only. ... but not longer than this (``500ms``, ``30s``, ``1h``, ``1d``).
+    maxBytesPerTrigger : int, default none
+        Reads only. At most about this many stored bytes per micro-batch.
+    maxRecordsPerPartition : int, default none
+        Reads only. Split a queue's range into tasks of at most this many offsets
+        (default: one task per queue).
+    tags : str, default all
+        Reads only. Tag filter applied on the broker, ``a|b``.
+    includeHeaders : bool, default ``false``
+        Reads only. Add the ``headers`` column.
+    failOnDataLoss : bool, default ``true``
+        Reads only. Fail when records still to read are gone (retention, a
+        recreated topic); ``false`` skips them and logs how many.
+    timeoutMs : int, default ``30000``
+        Deadline of every broker call, on the driver and in tasks. Reads and writes.
+    batchSize : int, default ``5000``
+        Writes only. Rows per produce request (1 to 10,000).
+    delivery : str, default ``exactly_once``
+        Writes only. ``exactly_once`` (broker transactions) or ``at_least_once``.
+    transactionalId : str, default the query id
+        Writes only. Streaming exactly-once: the sink identity the broker keys
+        replays by.
+    token : str, default ``$EQUEUE_TOKEN``
+        Access token for a broker with authentication (redacted by Spark).
+        Reads and writes.
+    tlsCa : str, default ``$EQUEUE_TLS_CA``
+        PEM CA file of the broker's certificate (turns TLS on), readable on the
+        driver and every executor. Reads and writes.
+    tlsCert : str, default ``$EQUEUE_TLS_CERT``
+        PEM client certificate for mutual TLS, with ``tlsKey``. Reads and writes.
+    tlsKey : str, default ``$EQUEUE_TLS_KEY``
+        PEM private key of ``tlsCert``. Reads and writes.
+
+    Notes
+    -----
+    Every option is checked when the query starts: an unknown option or a bad
+    value fails it with ``InvalidOption`` naming the option and the value.
+    docs/spark.md is the full reference (offsets, group progress, delivery).
+
+    Examples
+    --------
+    Batch read of everything in a topic:
+
+    >>> df = (
+    ...     spark.read.format("equeue")
+    ...     .option("broker", "127.0.0.1:5000")
+    ...     .option("topic", "orders")
+    ...     .load()
+    ... )
+
+    Streaming read, at most 100,000 records per micro-batch, progress committed
+    to consumer group ``etl``:
+
+    >>> stream = (
+    ...     spark.readStream.format("equeue")
+    ...     .option("broker", "127.0.0.1:5000")
+    ...     .option("topic", "orders")
+    ...     .option("group", "etl")
+    ...     .option("maxOffsetsPerTrigger", 100_000)
+    ...     .load()
+    ... )
+
+    Write, batch and streaming (exactly-once by default):
+
+    >>> df.write.format("equeue").mode("append").option("topic", "orders-copy").save()
+    >>> query = (
+    ...     stream.writeStream.format("equeue")
+    ...     .option("topic", "orders-copy")
+    ...     .option("checkpointLocation", "/tmp/ck/orders-copy")
+    ...     .start()
+    ... )
+    """
 
     @classmethod
     def name(cls) -> str:
