@@ -5,6 +5,7 @@ failures raise the ``EqueueError`` tree of ``errors.py``.
 """
 
 from equeue_spark.client.admin import Admin
+from equeue_spark.client.batches import SendResult, SendResults
 from equeue_spark.client.connection import ClientConfig, default_broker
 from equeue_spark.client.consumer import Consumer
 from equeue_spark.client.errors import (
@@ -21,7 +22,7 @@ from equeue_spark.client.errors import (
     PermissionDeniedError,
     PreconditionError,
 )
-from equeue_spark.client.producer import Producer, SendResult, SendResults
+from equeue_spark.client.producer import Producer
 from equeue_spark.client.reader import read_range
 from equeue_spark.client.records import Message
 from equeue_spark.client.transactions import CommitOutcome, Transaction

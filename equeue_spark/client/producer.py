@@ -13,7 +13,6 @@ whose first attempt was applied but not acknowledged: at-least-once.
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import threading
@@ -21,141 +20,54 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import overload
 
-import grpc
-
-from equeue_proto.protocol import format_message_id
-from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.batches import (
+    BatchColumns,
+    Headers,
+    SendResult,
+    SendResults,
+    build_request,
+    header_section,
+    send_request,
+    stream_requests,
+)
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import BrokerError, from_rpc_error
 from equeue_spark.client.transactions import Transaction
 
-Headers = Sequence[tuple[str, bytes]]
-
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass costs 5x more to build
-class SendResult:
-    topic: str
-    queue_id: int
-    offset: int
-    position: int
-    """Global log position on its broker."""
-    broker_id: str
-
-    @property
-    def message_id(self) -> str:
-        """``<broker_id>-<position>``: fetch it again with ``Admin.get_message``."""
-        return format_message_id(self.broker_id, self.position)
-
-
-class SendResults(Sequence[SendResult]):
-    """The acknowledgements of one ``send_batch``, in request order.
-
-    A view over the reply's columns: a ``SendResult`` is built only for the
-    items a caller looks at, so acknowledging a batch costs nothing per message.
-    """
-
-    __slots__ = ("_broker_id", "_offsets", "_positions", "_queue_ids", "_topic")
-
-    def __init__(self, topic: str, reply: pb.ProduceReply) -> None:
-        self._topic = topic
-        self._broker_id = reply.broker_id
-        self._queue_ids = reply.queue_ids
-        self._offsets = reply.offsets
-        self._positions = reply.positions
-
-    def __len__(self) -> int:
-        return len(self._queue_ids)
-
-    @property
-    def topic(self) -> str:
-        return self._topic
-
-    @overload
-    def __getitem__(self, index: int) -> SendResult: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[SendResult]: ...
-    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        staged = not self._offsets
-        return SendResult(
-            self._topic,
-            self._queue_ids[index],
-            -1 if staged else self._offsets[index],
-            -1 if staged else self._positions[index],
-            self._broker_id,
-        )
-
-    @property
-    def offsets(self) -> Sequence[int]:
-        """Queue offset of each message (no per-message objects); empty for
-        staged messages, which get offsets when their transaction commits."""
-        return self._offsets
-
-    @property
-    def queue_ids(self) -> Sequence[int]:
-        """Queue of each message."""
-        return self._queue_ids
+# Defined in batches.py (shared with transactions.py), importable from here as before.
+__all__ = [
+    "Headers",
+    "Producer",
+    "SendResult",
+    "SendResults",
+    "build_request",
+    "header_section",
+]
 
 
 @dataclass
 class _Pending:
+    """The messages ``send`` buffered for one topic, column by column."""
+
     values: list[bytes] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
     headers: list[Headers] = field(default_factory=list)
     queue_ids: list[int] = field(default_factory=list)
+    """-1: no explicit queue."""
     futures: list[Future[SendResult]] = field(default_factory=list)
     nbytes: int = 0
     since: float = 0.0
 
-
-def header_section(headers: Headers | None) -> bytes:
-    """One message's headers as a produce request carries them (the record
-    format's headers section; no headers at all is empty)."""
-    return encode_headers(headers) if headers else b""
-
-
-def build_request(
-    topic: str,
-    values: Sequence[bytes],
-    *,
-    keys: Sequence[bytes | None] | None = None,
-    tags: Sequence[str] | None = None,
-    headers: Sequence[Headers] | None = None,
-    queue_ids: Sequence[int | None] | None = None,
-    timestamps_ms: Sequence[int] | None = None,
-) -> pb.ProduceRequest:
-    """A ProduceRequest in column form (one blob per column, packed lengths)."""
-    columns = pb.MessageColumns(count=len(values), values=b"".join(values))
-    columns.value_lengths.extend(map(len, values))
-    if keys is not None and any(k is not None for k in keys):
-        columns.keys = b"".join(k for k in keys if k is not None)
-        columns.key_lengths.extend(-1 if k is None else len(k) for k in keys)
-    if tags is not None and any(tags):
-        columns.tags.extend(tags)
-    if headers is not None and any(headers):
-        encoded = [header_section(h) for h in headers]
-        columns.headers = b"".join(encoded)
-        columns.header_lengths.extend(map(len, encoded))
-    if timestamps_ms is not None:
-        columns.timestamps_ms.extend(timestamps_ms)
-    request = pb.ProduceRequest(topic=topic, messages=columns)
-    if queue_ids is not None and any(q is not None for q in queue_ids):
-        request.queue_ids.extend(-1 if q is None else q for q in queue_ids)
-    return request
-
-
-def _check_acknowledged(request: pb.ProduceRequest, reply: pb.ProduceReply) -> None:
-    count = request.messages.count
-    located = len(reply.offsets) == len(reply.positions) == count
-    if request.transaction_id:  # staged: offsets come at commit
-        located = not reply.offsets and not reply.positions
-    if len(reply.queue_ids) != count or not located:
-        raise BrokerError(f"broker acknowledged {len(reply.queue_ids)} of {count} messages")
+    def columns(self) -> BatchColumns:
+        return BatchColumns(
+            self.values,
+            keys=self.keys,
+            tags=self.tags,
+            headers=self.headers,
+            queue_ids=[None if q < 0 else q for q in self.queue_ids],
+        )
 
 
 def _older_than(cutoff: float, _topic: str, pending: _Pending) -> bool:
@@ -215,18 +127,12 @@ class Producer:
         With ``transaction_id`` the messages are staged (see ``transaction``),
         and the call is not retried.
         """
-        request = build_request(
-            topic, values, keys=keys, tags=tags, headers=headers, queue_ids=queue_ids,
-            timestamps_ms=timestamps_ms,
-        )  # fmt: skip
-        request.transaction_id = transaction_id
-        reply = self._conn.call(self._conn.broker.Produce, request, retry=not transaction_id)
-        _check_acknowledged(request, reply)
-        return SendResults(topic, reply)
+        columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
+        return send_request(self._conn, columns.request(topic, transaction_id))
 
     def transaction(self, txn_id: str) -> Transaction:
         """A transaction staged through this producer (see transactions.py)."""
-        return Transaction(self, txn_id, self._conn)
+        return Transaction(self._conn, txn_id)
 
     def send_batches(
         self,
@@ -252,23 +158,7 @@ class Producer:
     def send_requests(self, requests: Iterable[pb.ProduceRequest]) -> Iterator[SendResults]:
         """``send_batches`` for requests built by the caller (e.g. straight from
         Arrow buffers by the Spark writer): pipelined on one ``ProduceStream``."""
-        sent: collections.deque[pb.ProduceRequest] = collections.deque()
-
-        def tracked() -> Iterator[pb.ProduceRequest]:
-            for request in requests:
-                sent.append(request)
-                yield request
-
-        try:
-            replies = self._conn.broker.ProduceStream(
-                tracked(), timeout=self._conn.config.timeout_s * 10
-            )
-            for reply in replies:
-                request = sent.popleft()
-                _check_acknowledged(request, reply)
-                yield SendResults(request.topic, reply)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from exc
+        return stream_requests(self._conn, requests)
 
     def send(
         self,
@@ -315,14 +205,7 @@ class Producer:
 
     def _send_pending(self, topic: str, pending: _Pending) -> None:
         try:
-            results = self.send_batch(
-                topic,
-                pending.values,
-                keys=pending.keys,
-                tags=pending.tags,
-                headers=pending.headers,
-                queue_ids=[None if q < 0 else q for q in pending.queue_ids],
-            )
+            results = send_request(self._conn, pending.columns().request(topic))
         except Exception as exc:  # every waiting future learns why
             for future in pending.futures:
                 future.set_exception(exc)

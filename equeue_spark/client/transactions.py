@@ -14,20 +14,26 @@ name a ``sink`` and a ``batch_id``: the broker remembers each sink's last
 committed batch, so committing a batch twice (a writer replaying its work
 after a crash) commits it once. ``commit_transactions`` and
 ``abort_transactions`` are the one place those requests are built.
+
+A transaction stages through its producer's connection with the senders of
+batches.py, so this module does not import producer.py (which imports it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.batches import (
+    BatchColumns,
+    Headers,
+    SendResults,
+    send_request,
+    stream_requests,
+)
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.errors import PreconditionError
-
-if TYPE_CHECKING:
-    from equeue_spark.client.producer import Headers, Producer, SendResults
 
 COMMIT_TIMEOUT_FACTOR = 10
 """A commit appends a whole transaction: it gets this many call deadlines."""
@@ -85,8 +91,7 @@ class Transaction:
     ``commit`` checks the broker holds exactly the messages acknowledged here.
     """
 
-    def __init__(self, producer: Producer, txn_id: str, conn: Connection) -> None:
-        self.producer = producer
+    def __init__(self, conn: Connection, txn_id: str) -> None:
         self.id = txn_id
         self._conn = conn
         self.messages = 0
@@ -106,10 +111,8 @@ class Transaction:
     ) -> SendResults:
         """Stage one batch; results carry queue ids but no offsets yet."""
         self._check_open()
-        results = self.producer.send_batch(
-            topic, values, keys=keys, tags=tags, headers=headers, queue_ids=queue_ids,
-            timestamps_ms=timestamps_ms, transaction_id=self.id,
-        )  # fmt: skip
+        columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
+        results = send_request(self._conn, columns.request(topic, self.id))
         self.messages += len(results)
         return results
 
@@ -122,7 +125,7 @@ class Transaction:
                 request.transaction_id = self.id
                 yield request
 
-        for results in self.producer.send_requests(staged()):
+        for results in stream_requests(self._conn, staged()):
             self.messages += len(results)
             yield results
 

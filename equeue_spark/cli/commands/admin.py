@@ -1,0 +1,87 @@
+"""``equeue message get`` and ``equeue stats``: one message, and the broker's statistics."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from equeue_spark.cli.common import UsageError, admin_client
+from equeue_spark.cli.formatting import (
+    Output,
+    format_bytes,
+    format_duration,
+    format_pairs,
+    format_time,
+    message_dict,
+    one_line,
+    proto_dict,
+)
+
+
+def cmd_message_get(args: argparse.Namespace, ui: Output) -> None:
+    address = (args.topic, args.queue, args.offset)
+    if args.id is not None and any(a is not None for a in address):
+        raise UsageError("give a message ID or --topic/--queue/--offset, not both")
+    if args.id is None and any(a is None for a in address):
+        raise UsageError("give a message ID, or all of --topic, --queue and --offset")
+    with admin_client(args) as admin:
+        if args.id is not None:
+            m = admin.get_message(args.id)
+        else:
+            m = admin.get_message_at(args.topic, args.queue, args.offset)
+    if args.raw:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(m.value)
+        sys.stdout.buffer.flush()
+    elif ui.json:
+        ui.document(message_dict(m))
+    else:
+        headers = ", ".join(f"{name}={one_line(value)}" for name, value in m.headers)
+        ui.line(
+            format_pairs(
+                [
+                    ("message id", m.message_id),
+                    ("topic", m.topic),
+                    ("queue", m.queue_id),
+                    ("offset", m.offset),
+                    ("key", None if m.key is None else one_line(m.key)),
+                    ("tag", m.tag or None),
+                    ("timestamp", f"{format_time(m.timestamp_ms)} ({m.timestamp_ms} ms)"),
+                    ("stored", f"{format_time(m.store_timestamp_ms)} ({m.store_timestamp_ms} ms)"),
+                    ("headers", headers or None),
+                    ("size", f"{len(m.value)} bytes"),
+                    ("value", one_line(m.value)),
+                ]
+            )
+        )
+
+
+def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        s = admin.stats()
+    if ui.json:
+        ui.document(proto_dict(s))
+        return
+    ui.line(
+        format_pairs(
+            [
+                ("broker id", s.broker_id),
+                ("topics", s.topics),
+                ("queues", s.queues),
+                ("groups", s.groups),
+                ("total backlog", s.total_backlog),
+                ("log chunks", s.chunk_count),
+                ("bytes on disk", f"{format_bytes(s.bytes_on_disk)} ({s.bytes_on_disk} bytes)"),
+                ("produce rate", f"{s.produce_rate:.1f} msg/s (last minute)"),
+                ("consume rate", f"{s.consume_rate:.1f} msg/s (last minute)"),
+                ("produced total", s.produced_total),
+                ("consumed total", s.consumed_total),
+                ("flush mode", s.flush_mode),
+                ("uptime", format_duration(s.uptime_s)),
+                (
+                    "transactions",
+                    f"{s.open_transactions} open, {format_bytes(s.staged_bytes)} staged",
+                ),
+            ]
+        )
+    )

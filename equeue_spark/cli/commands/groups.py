@@ -1,0 +1,99 @@
+"""``equeue groups``: list, describe, reset and delete consumer groups."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.cli.common import admin_client
+from equeue_spark.cli.formatting import Output, format_pairs, format_table, format_time, proto_dict
+from equeue_spark.client.errors import EqueueError
+
+
+def _show_group(ui: Output, info: pb.GroupInfo, headline: str | None = None) -> None:
+    if ui.json:
+        ui.document(proto_dict(info))
+        return
+    if headline:
+        ui.line(headline)
+    ui.line(f"group {info.group}")
+    rows = [
+        (
+            q.topic,
+            q.queue_id,
+            None if q.committed_offset < 0 else q.committed_offset,
+            q.end_offset,
+            q.lag,
+            q.consumer_id or None,
+        )
+        for q in info.queues
+    ]
+    ui.line(format_table(("TOPIC", "QUEUE", "COMMITTED", "END", "LAG", "CONSUMER"), rows))
+    ui.line()
+    consumers = ", ".join(info.consumer_ids) or "none"
+    ui.line(format_pairs([("total lag", info.total_lag), ("live consumers", consumers)]))
+
+
+def cmd_groups_list(args: argparse.Namespace, ui: Output) -> None:
+    rows: list[dict[str, Any]] = []
+    with admin_client(args) as admin:
+        for group in admin.list_groups():
+            try:
+                info = admin.describe_group(group)
+            except EqueueError:  # deleted meanwhile, or its offsets just expired
+                rows.append({"group": group, "topics": [], "total_lag": None, "consumers": None})
+                continue
+            topics = sorted({q.topic for q in info.queues})
+            consumers = len(info.consumer_ids)
+            rows.append(
+                {
+                    "group": group,
+                    "topics": topics,
+                    "total_lag": info.total_lag,
+                    "consumers": consumers,
+                }
+            )
+    if ui.json:
+        ui.document({"groups": rows})
+    elif not rows:
+        ui.line("no groups")
+    else:
+        table = [
+            (r["group"], ", ".join(r["topics"]) or None, r["total_lag"], r["consumers"])
+            for r in rows
+        ]
+        ui.line(format_table(("GROUP", "TOPICS", "TOTAL LAG", "CONSUMERS"), table))
+
+
+def cmd_groups_describe(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        info = admin.describe_group(args.group)
+    _show_group(ui, info)
+
+
+def cmd_groups_reset(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        if args.to_earliest:
+            info = admin.reset_offsets(args.group, args.topic, to="earliest")
+            where = "the earliest offsets"
+        elif args.to_latest:
+            info = admin.reset_offsets(args.group, args.topic, to="latest")
+            where = "the latest offsets"
+        elif args.to_timestamp is not None:
+            info = admin.reset_offsets(args.group, args.topic, timestamp_ms=args.to_timestamp)
+            where = f"timestamp {format_time(args.to_timestamp)}"
+        else:
+            offsets = dict(args.to_offset)
+            info = admin.reset_offsets(args.group, args.topic, offsets=offsets)
+            where = ", ".join(f"queue {q} offset {o}" for q, o in sorted(offsets.items()))
+    _show_group(ui, info, f"reset group {args.group} on topic {args.topic} to {where}")
+
+
+def cmd_groups_delete(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        admin.delete_group(args.group)
+    if ui.json:
+        ui.document({"group": args.group, "deleted": True})
+    else:
+        ui.line(f"deleted group {args.group}")

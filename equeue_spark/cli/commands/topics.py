@@ -1,0 +1,97 @@
+"""``equeue topics``: create, list, describe and delete topics and their queues."""
+
+from __future__ import annotations
+
+import argparse
+
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.cli.common import UsageError, admin_client
+from equeue_spark.cli.formatting import Output, format_table, format_time, proto_dict
+
+
+def _show_topic(ui: Output, info: pb.TopicInfo, headline: str | None = None) -> None:
+    if ui.json:
+        ui.document(proto_dict(info))
+        return
+    if headline:
+        ui.line(headline)
+    ui.line(f"topic {info.name}  created {format_time(info.created_ms)}  queues {len(info.queues)}")
+    rows = [
+        (
+            q.queue_id,
+            q.earliest_offset,
+            q.end_offset,
+            None if q.min_committed_offset < 0 else q.min_committed_offset,
+            q.backlog,
+            q.producer_visible,
+            q.consumer_visible,
+        )
+        for q in info.queues
+    ]
+    headers = ("QUEUE", "EARLIEST", "END", "MIN COMMITTED", "BACKLOG", "PRODUCER", "CONSUMER")
+    ui.line(format_table(headers, rows))
+
+
+def cmd_topics_create(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        info = admin.create_topic(args.name, queues=args.queues)
+    _show_topic(ui, info, f"created topic {info.name} with {len(info.queues)} queues")
+
+
+def cmd_topics_list(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        topics = admin.list_topics()
+    if ui.json:
+        ui.document({"topics": [proto_dict(t) for t in topics]})
+        return
+    if not topics:
+        ui.line("no topics")
+        return
+    rows = [
+        (
+            t.name,
+            len(t.queues),
+            sum(q.end_offset - q.earliest_offset for q in t.queues),
+            sum(q.backlog for q in t.queues),
+            format_time(t.created_ms),
+        )
+        for t in topics
+    ]
+    ui.line(format_table(("TOPIC", "QUEUES", "MESSAGES", "BACKLOG", "CREATED"), rows))
+
+
+def cmd_topics_describe(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        info = admin.describe_topic(args.name)
+    _show_topic(ui, info)
+
+
+def cmd_topics_delete(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        admin.delete_topic(args.name)
+    if ui.json:
+        ui.document({"topic": args.name, "deleted": True})
+    else:
+        ui.line(f"deleted topic {args.name}")
+
+
+def cmd_topics_add_queue(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        info = admin.add_queues(args.name, args.count)
+    _show_topic(ui, info, f"added {args.count} queue(s) to topic {info.name}")
+
+
+def cmd_topics_set_visibility(args: argparse.Namespace, ui: Output) -> None:
+    if args.producer is None and args.consumer is None:
+        raise UsageError("give --producer on|off and/or --consumer on|off")
+    with admin_client(args) as admin:
+        info = admin.set_queue_visibility(
+            args.name, args.queue, producer=args.producer, consumer=args.consumer
+        )
+    _show_topic(ui, info, f"set visibility of queue {args.queue} of topic {info.name}")
+
+
+def cmd_topics_delete_queue(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        info = admin.delete_queue(args.name, args.queue)
+    _show_topic(ui, info, f"deleted queue {args.queue} of topic {info.name}")

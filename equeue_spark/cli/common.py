@@ -1,0 +1,65 @@
+"""What every ``equeue`` command shares: the defaults, the two failures a
+command may raise (``CliError``, exit 1; ``UsageError``, exit 2), the handler
+signature, and the client configuration built from the common options.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from equeue_spark.cli.formatting import Output
+from equeue_spark.client.admin import Admin
+from equeue_spark.client.connection import ClientConfig, default_broker
+
+PROG = "equeue"
+DEFAULT_TIMEOUT_S = 10.0
+"""Deadline of each call to the broker (``--timeout-s``)."""
+DEFAULT_RETRIES = 2
+"""Extra attempts on UNAVAILABLE / DEADLINE_EXCEEDED: few, so a dead broker fails fast."""
+DEFAULT_BATCH = 1000
+"""Messages per produce request (``--batch-size``)."""
+DEFAULT_CONSUME_TIMEOUT_S = 10.0
+"""``consume --max N`` without ``--timeout`` stops after this long without a message."""
+
+Handler = Callable[[argparse.Namespace, Output], None]
+"""A command: its parsed arguments, and where to write."""
+
+
+class CliError(Exception):
+    """A failure to report as ``equeue: <message>`` with exit code 1."""
+
+
+class UsageError(Exception):
+    """Arguments argparse accepted but that do not go together (exit code 2)."""
+
+
+def client_config(args: argparse.Namespace) -> ClientConfig:
+    """The client configuration the common options (and their defaults) describe."""
+    token = None  # None: the client falls back to $EQUEUE_TOKEN
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file: {exc.strerror}") from None
+    config = ClientConfig(
+        broker=args.broker or default_broker(),
+        timeout_s=args.timeout_s or DEFAULT_TIMEOUT_S,
+        retries=DEFAULT_RETRIES if args.retries is None else args.retries,
+        token=token,
+        tls=True if args.tls else None,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+    try:
+        config.credentials()  # unreadable TLS files: a usage error, not a traceback
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return config
+
+
+def admin_client(args: argparse.Namespace) -> Admin:
+    """An ``Admin`` configured by the common options."""
+    return Admin(config=client_config(args))

@@ -1,0 +1,48 @@
+"""Arguments of ``equeue topics``: create, list, describe, delete, add-queue,
+set-visibility and delete-queue."""
+
+from __future__ import annotations
+
+from equeue_spark.cli.arguments import Commands, non_negative_int, on_off, positive_int
+from equeue_spark.cli.commands.topics import (
+    cmd_topics_add_queue,
+    cmd_topics_create,
+    cmd_topics_delete,
+    cmd_topics_delete_queue,
+    cmd_topics_describe,
+    cmd_topics_list,
+    cmd_topics_set_visibility,
+)
+
+DESCRIBE_DESCRIPTION = (
+    "Per queue: id, earliest and end offsets, lowest committed offset of any group,\n"
+    "backlog, and whether producers and consumers see it."
+)
+
+
+def add_topics(commands: Commands) -> None:
+    topics = commands.group("topics", "create, list, describe and delete topics and their queues")
+    p = topics.command("create", "create a topic", cmd_topics_create)
+    p.add_argument("name", metavar="NAME")
+    queues_help = "number of queues (default: the broker's default)"
+    p.add_argument("--queues", type=positive_int, default=0, metavar="N", help=queues_help)
+    topics.command("list", "list topics", cmd_topics_list)
+    describe_help = "show a topic's queues"
+    p = topics.command("describe", describe_help, cmd_topics_describe, DESCRIBE_DESCRIPTION)
+    p.add_argument("name", metavar="NAME")
+    delete_help = "delete a topic, its messages and its offsets"
+    p = topics.command("delete", delete_help, cmd_topics_delete)
+    p.add_argument("name", metavar="NAME")
+    p = topics.command("add-queue", "add queues to a topic", cmd_topics_add_queue)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--count", type=positive_int, default=1, metavar="N", help="default 1")
+    visibility_help = "hide a queue from producers and/or consumers, or show it"
+    p = topics.command("set-visibility", visibility_help, cmd_topics_set_visibility)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("queue", type=non_negative_int, metavar="QUEUE")
+    p.add_argument("--producer", type=on_off, metavar="on|off")
+    p.add_argument("--consumer", type=on_off, metavar="on|off")
+    delete_queue_help = "delete a queue (hidden from both sides, fully consumed)"
+    p = topics.command("delete-queue", delete_queue_help, cmd_topics_delete_queue)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("queue", type=non_negative_int, metavar="QUEUE")

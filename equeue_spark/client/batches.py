@@ -1,0 +1,206 @@
+"""A batch of messages on the wire: its columns, its ProduceRequest, its acknowledgements.
+
+``Producer`` and ``Transaction`` both send batches; this module is what they
+share, so neither imports the other for it (producer.py imports
+transactions.py, never the reverse):
+
+* ``BatchColumns``: one batch's message columns, the one home of the optional
+  column keywords (``keys``, ``tags``, ``headers``, ``queue_ids``,
+  ``timestamps_ms``); ``build_request`` makes a ``ProduceRequest`` of them.
+* ``send_request`` / ``stream_requests``: one request on a ``Produce`` call,
+  or many pipelined on one ``ProduceStream``, checked against their replies.
+* ``SendResult`` / ``SendResults``: the acknowledgements.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
+
+import grpc
+
+from equeue_proto.protocol import format_message_id
+from equeue_proto.record import encode_headers
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.connection import Connection
+from equeue_spark.client.errors import BrokerError, from_rpc_error
+
+Headers = Sequence[tuple[str, bytes]]
+
+STREAM_TIMEOUT_FACTOR = 10
+"""A ``ProduceStream`` carries many batches: it gets this many call deadlines."""
+
+
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs 5x more to build
+class SendResult:
+    topic: str
+    queue_id: int
+    offset: int
+    position: int
+    """Global log position on its broker."""
+    broker_id: str
+
+    @property
+    def message_id(self) -> str:
+        """``<broker_id>-<position>``: fetch it again with ``Admin.get_message``."""
+        return format_message_id(self.broker_id, self.position)
+
+
+class SendResults(Sequence[SendResult]):
+    """The acknowledgements of one ``send_batch``, in request order.
+
+    A view over the reply's columns: a ``SendResult`` is built only for the
+    items a caller looks at, so acknowledging a batch costs nothing per message.
+    """
+
+    __slots__ = ("_broker_id", "_offsets", "_positions", "_queue_ids", "_topic")
+
+    def __init__(self, topic: str, reply: pb.ProduceReply) -> None:
+        self._topic = topic
+        self._broker_id = reply.broker_id
+        self._queue_ids = reply.queue_ids
+        self._offsets = reply.offsets
+        self._positions = reply.positions
+
+    def __len__(self) -> int:
+        return len(self._queue_ids)
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[SendResult]: ...
+    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        staged = not self._offsets
+        return SendResult(
+            self._topic,
+            self._queue_ids[index],
+            -1 if staged else self._offsets[index],
+            -1 if staged else self._positions[index],
+            self._broker_id,
+        )
+
+    @property
+    def offsets(self) -> Sequence[int]:
+        """Queue offset of each message (no per-message objects); empty for
+        staged messages, which get offsets when their transaction commits."""
+        return self._offsets
+
+    @property
+    def queue_ids(self) -> Sequence[int]:
+        """Queue of each message."""
+        return self._queue_ids
+
+
+def header_section(headers: Headers | None) -> bytes:
+    """One message's headers as a produce request carries them (the record
+    format's headers section; no headers at all is empty)."""
+    return encode_headers(headers) if headers else b""
+
+
+# Frozen: built once per batch (not per message), and never changed after.
+@dataclass(frozen=True, slots=True)
+class BatchColumns:
+    """One batch's messages in column form: ``values`` and the optional columns,
+    each None or one item per value (a None key or queue id: none for that message).
+
+    The fields are in the order of ``send_batch``'s keywords, so the public
+    signatures that take them hand them over in one positional call.
+    """
+
+    values: Sequence[bytes]
+    keys: Sequence[bytes | None] | None = None
+    tags: Sequence[str] | None = None
+    headers: Sequence[Headers] | None = None
+    queue_ids: Sequence[int | None] | None = None
+    timestamps_ms: Sequence[int] | None = None
+
+    def request(self, topic: str, transaction_id: str = "") -> pb.ProduceRequest:
+        """A ProduceRequest in column form (one blob per column, packed lengths)."""
+        values, keys, headers, queue_ids = self.values, self.keys, self.headers, self.queue_ids
+        columns = pb.MessageColumns(count=len(values), values=b"".join(values))
+        columns.value_lengths.extend(map(len, values))
+        if keys is not None and any(k is not None for k in keys):
+            columns.keys = b"".join(k for k in keys if k is not None)
+            columns.key_lengths.extend(-1 if k is None else len(k) for k in keys)
+        if self.tags is not None and any(self.tags):
+            columns.tags.extend(self.tags)
+        if headers is not None and any(headers):
+            encoded = [header_section(h) for h in headers]
+            columns.headers = b"".join(encoded)
+            columns.header_lengths.extend(map(len, encoded))
+        if self.timestamps_ms is not None:
+            columns.timestamps_ms.extend(self.timestamps_ms)
+        request = pb.ProduceRequest(topic=topic, messages=columns)
+        if queue_ids is not None and any(q is not None for q in queue_ids):
+            request.queue_ids.extend(-1 if q is None else q for q in queue_ids)
+        request.transaction_id = transaction_id
+        return request
+
+
+def build_request(
+    topic: str,
+    values: Sequence[bytes],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    tags: Sequence[str] | None = None,
+    headers: Sequence[Headers] | None = None,
+    queue_ids: Sequence[int | None] | None = None,
+    timestamps_ms: Sequence[int] | None = None,
+) -> pb.ProduceRequest:
+    """A ProduceRequest in column form (one blob per column, packed lengths)."""
+    columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
+    return columns.request(topic)
+
+
+def send_request(conn: Connection, request: pb.ProduceRequest) -> SendResults:
+    """Send one request on a ``Produce`` call and check its acknowledgement.
+
+    A staged request (``transaction_id`` set) is not retried: a failed attempt
+    may or may not have been staged, and staging it twice would double it.
+    """
+    reply = conn.call(conn.broker.Produce, request, retry=not request.transaction_id)
+    _check_acknowledged(request, reply)
+    return SendResults(request.topic, reply)
+
+
+def stream_requests(
+    conn: Connection, requests: Iterable[pb.ProduceRequest]
+) -> Iterator[SendResults]:
+    """Send ``requests`` pipelined on one ``ProduceStream`` call; yield each
+    one's acknowledgements in order. Not retried: a stream may have been partly
+    applied."""
+    sent: collections.deque[pb.ProduceRequest] = collections.deque()
+
+    def tracked() -> Iterator[pb.ProduceRequest]:
+        for request in requests:
+            sent.append(request)
+            yield request
+
+    try:
+        replies = conn.broker.ProduceStream(
+            tracked(), timeout=conn.config.timeout_s * STREAM_TIMEOUT_FACTOR
+        )
+        for reply in replies:
+            request = sent.popleft()
+            _check_acknowledged(request, reply)
+            yield SendResults(request.topic, reply)
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from exc
+
+
+def _check_acknowledged(request: pb.ProduceRequest, reply: pb.ProduceReply) -> None:
+    """Raise ``BrokerError`` unless ``reply`` accounts for every message of ``request``."""
+    count = request.messages.count
+    located = len(reply.offsets) == len(reply.positions) == count
+    if request.transaction_id:  # staged: offsets come at commit
+        located = not reply.offsets and not reply.positions
+    if len(reply.queue_ids) != count or not located:
+        raise BrokerError(f"broker acknowledged {len(reply.queue_ids)} of {count} messages")
