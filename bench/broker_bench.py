@@ -78,8 +78,8 @@ from bench._servers import (
 )
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer
+from equeue_spark.client.batches import build_request
 from equeue_spark.client.connection import Connection
-from equeue_spark.client.producer import build_request
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.records import decode_records
 

@@ -98,9 +98,9 @@ from pyspark.sql.types import StructType
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer
+from equeue_spark.client.batches import build_request
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
-from equeue_spark.client.producer import build_request
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.spark import read_task
 from equeue_spark.spark.arrow import arrow_schema, read_schema, to_record_batch

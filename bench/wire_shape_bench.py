@@ -11,7 +11,7 @@ short tag per message (producer timestamps always present):
   packed lengths; tags as ``repeated string``; timestamps packed. B' is B with
   the tags as a UTF-8 blob + lengths.
 * C, "raw records" (pull replies only): one ``bytes`` field holding the log's
-  record frames (broker/storage/record.py) as stored.
+  record frames (equeue_proto/record.py) as stored.
 
 Produce (client -> broker): the client builds the request from Python lists
 (values, keys, tags, timestamps) and serializes it; the broker parses it and

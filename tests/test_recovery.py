@@ -2,7 +2,7 @@
 
 In the style of leveldb's ``log_test.cc``: each test builds a store in a tmp dir,
 appends known messages, closes (or abandons) it, performs byte surgery on its
-files with the tiny helpers below or those of ``tests/faults.py``, reopens it
+files with the tiny helpers below or those of ``tests/support/faults.py``, reopens it
 and asserts exactly which messages survive, at which offsets, with which bytes.
 """
 

@@ -28,22 +28,13 @@ from equeue_spark.client.batches import (
     SendResult,
     SendResults,
     build_request,
-    header_section,
     send_request,
     stream_requests,
 )
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.transactions import Transaction
 
-# Defined in batches.py (shared with transactions.py), importable from here as before.
-__all__ = [
-    "Headers",
-    "Producer",
-    "SendResult",
-    "SendResults",
-    "build_request",
-    "header_section",
-]
+__all__ = ["Producer"]
 
 
 @dataclass

@@ -32,8 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.batches import header_section
 from equeue_spark.client.errors import EqueueError, InvalidRequest
-from equeue_spark.client.producer import Producer, header_section
+from equeue_spark.client.producer import Producer
 from equeue_spark.client.transactions import Transaction
 from equeue_spark.spark.options import WriteOptions
 
