@@ -31,6 +31,21 @@ $(STAMP): setup.cfg setup.py pyproject.toml equeue_proto/_codec.c $(MODULE_LIST)
 .PHONY: FORCE
 FORCE:
 
+# The demo needs the connector only (pyspark, pyarrow, pandas), not the lint,
+# type-check and test tools; a venv that has the dev install already is reused.
+DEMO_STAMP = $(VENV)/.demo-stamp
+
+$(DEMO_STAMP): setup.cfg setup.py pyproject.toml equeue_proto/_codec.c $(MODULE_LIST)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	if [ $(STAMP) -nt $(MODULE_LIST) ] && [ $(STAMP) -nt setup.cfg ]; then \
+		echo "reusing the dev install in $(VENV)"; \
+	else \
+		$(BIN)/python -m pip install --quiet --upgrade pip && \
+		$(BIN)/python -m pip uninstall --quiet --yes equeue 2>/dev/null; \
+		$(BIN)/python -m pip install --quiet -e '.[spark]' --config-settings editable_mode=strict; \
+	fi
+	touch $@
+
 CFLAGS_CHECK = -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -fsyntax-only
 PY_INCLUDE = $(shell $(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 
@@ -78,7 +93,7 @@ bench-broker: $(STAMP)
 	$(BIN)/python bench/broker_bench.py --repeat 3
 
 # Spark's Python workers must run this interpreter (the examples set PYSPARK_PYTHON).
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/streaming_demo.py
 
 clean:

@@ -201,7 +201,7 @@ def run(broker: BrokerHandle, spark: SparkSession, admin: Admin, checkpoint: str
 
 def main() -> None:
     with example_broker(__doc__) as broker:
-        say("starting Spark (local[2])")
+        say("starting Spark (local[2]): a JVM and its Python workers, 10 to 30 s")
         with (
             local_spark("equeue-demo") as spark,
             tempfile.TemporaryDirectory(prefix="equeue-demo-checkpoint-") as checkpoint,

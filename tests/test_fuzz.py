@@ -106,10 +106,10 @@ def channel(broker: BrokerProcess) -> Iterator[grpc.Channel]:
 @pytest.mark.parametrize(
     ("path", "payload"),
     [
-        ("/equeue.v1.BrokerProcess/Pull", b"\xff\xff\xff"),  # corrupt wire format
-        ("/equeue.v1.BrokerProcess/Pull", b"\x0a\x03\xff\xfe\xfd"),  # topic: invalid UTF-8
+        ("/equeue.v1.Broker/Pull", b"\xff\xff\xff"),  # corrupt wire format
+        ("/equeue.v1.Broker/Pull", b"\x0a\x03\xff\xfe\xfd"),  # topic: invalid UTF-8
         ("/equeue.v1.Admin/CreateTopic", b"\x0a\x01\x80"),
-        ("/equeue.v1.BrokerProcess/ProduceStream", b"\x0a\x03\xff\xfe\xfd"),
+        ("/equeue.v1.Broker/ProduceStream", b"\x0a\x03\xff\xfe\xfd"),
     ],
 )
 def test_undecodable_request_is_invalid_argument(
