@@ -25,7 +25,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
          "--target", str(target), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+        check=True, capture_output=True, timeout=200,  # under the 300 s default test timeout
     )  # fmt: skip
     return target
 
@@ -113,7 +113,7 @@ with local_broker() as broker:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(200 + 60 + 120 + 300 + 60)  # above the sum of the steps' budgets
 def test_wheel_in_a_clean_venv_serves_format_equeue(tmp_path: Path) -> None:
     """The built wheel, alone in a fresh venv (its dependencies visible, not this
     checkout nor its editable install): no top-level ``broker``, and Spark finds
@@ -121,25 +121,25 @@ def test_wheel_in_a_clean_venv_serves_format_equeue(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "--wheel-dir", str(tmp_path / "dist"), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+        check=True, capture_output=True, timeout=200,
     )  # fmt: skip
     (wheel,) = (tmp_path / "dist").glob("equeue_mq-*.whl")
     venv = tmp_path / "venv"
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60
     )
     site = next(venv.glob("lib/python3*/site-packages"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
          str(wheel)],
-        check=True, capture_output=True, timeout=300,
+        check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     # Dependencies (pyspark, grpc, ...) from this venv's site-packages, added as a
     # plain path: .pth files in it (the editable install's) are not processed.
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     python = venv / "bin" / "python"
     out = subprocess.run(
-        [str(python), "-c", WHEEL_JOB], cwd=tmp_path, capture_output=True, text=True, timeout=500,
+        [str(python), "-c", WHEEL_JOB], cwd=tmp_path, capture_output=True, text=True, timeout=300,
         check=False,
         env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
     )  # fmt: skip

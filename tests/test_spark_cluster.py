@@ -90,6 +90,11 @@ def cluster(tmp_path: Path) -> Iterator[str]:
                 process.wait(30)
 
 
+JOB_S = 600
+"""The driver job's budget; the master's and worker's starts have 90 s each (fixture)."""
+
+
+@pytest.mark.timeout(JOB_S + 2 * 90 + 120)
 def test_standalone_cluster_write_read_stream(
     cluster: str, broker: BrokerProcess, tmp_path: Path
 ) -> None:
@@ -104,7 +109,7 @@ def test_standalone_cluster_write_read_stream(
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=JOB_S,
         env=_env(tmp_path),
         cwd=Path(__file__).parent.parent,
         check=False,
