@@ -159,6 +159,7 @@ class _GroupRun:
         self.doubles: list[str] = []
         self.errors: list[BaseException] = []
         self.workers: dict[str, tuple[Consumer, threading.Event, threading.Thread]] = {}
+        self.marks: dict[str, int] = {}
 
     def join(self, name: str) -> Consumer:
         consumer = Consumer(
@@ -197,6 +198,12 @@ class _GroupRun:
     def consumed_by(self, name: str) -> int:
         with self.lock:
             return sum(1 for v in self.seen.values() if v == name)
+
+    def consumed_more(self, name: str, count: int) -> bool:
+        """True once ``name`` consumed ``count`` more messages than at the first call."""
+        now = self.consumed_by(name)
+        start = self.marks.setdefault(name, now)
+        return now >= start + count
 
     def settled(self, queues: int) -> bool:
         """Every queue held by exactly one live member, all members agreeing."""
@@ -237,8 +244,7 @@ def test_group_rebalances_1_3_2_without_double_consumption(
             run.join(names[2])
             wait_for("three members sharing the queues", lambda: run.settled(6))
             for name in names:
-                before = run.consumed_by(name)
-                wait_for(f"{name} consuming", lambda n=name, b=before: run.consumed_by(n) > b + 20)
+                wait_for(f"{name} consuming", functools.partial(run.consumed_more, name, 20))
             run.leave(names[2])  # leaves the group at once
             wait_for("two members sharing the queues", lambda: run.settled(6))
             mark = len(run.seen)

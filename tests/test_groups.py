@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -33,8 +34,8 @@ class Member:
             request.released.add(topic=topic, queue_ids=queue_ids)
         reply = self.stub.Heartbeat(request, timeout=10)
         self.session = reply.session
-        (topic,) = reply.topics
-        return {"owned": list(topic.owned_queue_ids), "revoked": list(topic.revoked_queue_ids)}
+        (queues,) = reply.topics
+        return {"owned": list(queues.owned_queue_ids), "revoked": list(queues.revoked_queue_ids)}
 
     def pull(self, queue_id: int, session: int | None = None) -> pb.PullReply:
         request = pb.PullRequest(
@@ -62,11 +63,10 @@ def refused(call: Callable[[], object], *words: str) -> None:
     """``call`` fails with FAILED_PRECONDITION and a message naming ``words``."""
     with pytest.raises(grpc.RpcError) as caught:
         call()
-    error = caught.value
-    assert isinstance(error, grpc.Call)
+    error: Any = caught.value  # a failed call is both an RpcError and a grpc.Call
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
     for word in words:
-        assert word in (error.details() or ""), error.details()
+        assert word in error.details(), error.details()
 
 
 def test_a_non_owners_pull_and_commit_are_refused(

@@ -102,26 +102,31 @@ class ConsumerRegistry:
             for key in released:
                 if state.locks.get(key) == consumer_id:
                     del state.locks[key]
-            # A topic the member no longer subscribes to is no longer read by it.
-            for key in [
-                k for k, h in state.locks.items() if h == consumer_id and k[0] not in queues
-            ]:
-                del state.locks[key]
-            owned, revoked = {}, {}
-            for topic, queue_ids in queues.items():
-                owned[topic], revoked[topic] = self._grant(
-                    group, state, consumer_id, topic, queue_ids
-                )
-            return Membership(member.session, sorted(state.members), owned, revoked)
+            owned = {t: self._grant(group, state, consumer_id, t, q) for t, q in queues.items()}
+            keep = {(t, q) for t, queue_ids in owned.items() for q in queue_ids}
+            revoked: dict[str, list[int]] = {topic: [] for topic in queues}
+            for key, holder in list(state.locks.items()):
+                if holder != consumer_id or key in keep:
+                    continue
+                if key[0] in queues:
+                    revoked[key[0]].append(key[1])
+                else:  # a topic it no longer subscribes to is no longer read by it
+                    del state.locks[key]
+            return Membership(
+                member.session,
+                sorted(state.members),
+                owned,
+                {topic: sorted(queue_ids) for topic, queue_ids in revoked.items()},
+            )
 
     def _grant(
         self, group: str, state: _Group, consumer_id: str, topic: str, queue_ids: Sequence[int]
-    ) -> tuple[list[int], list[int]]:
-        """(owned, revoked) queues of ``topic`` for the caller, taking free locks."""
+    ) -> list[int]:
+        """The queues of ``topic`` allocated to the caller whose lock it holds,
+        taking the free ones."""
         subscribers = [c for c, m in state.members.items() if topic in m.topics]
-        mine = set(allocate_average(queue_ids, subscribers).get(consumer_id, []))
         owned = []
-        for queue_id in sorted(mine):
+        for queue_id in allocate_average(queue_ids, subscribers).get(consumer_id, []):
             holder = state.locks.get((topic, queue_id))
             if holder is None:
                 if len(state.locks) >= MAX_LOCKS_PER_GROUP:
@@ -132,12 +137,7 @@ class ConsumerRegistry:
             if holder == consumer_id:
                 owned.append(queue_id)
             # else: its holder gives it up after its next heartbeat; we take it then.
-        revoked = sorted(
-            q
-            for (t, q), h in state.locks.items()
-            if t == topic and h == consumer_id and q not in mine
-        )
-        return owned, revoked
+        return owned
 
     def check_owner(
         self, group: str, consumer_id: str, session: int, keys: Iterable[QueueKey]

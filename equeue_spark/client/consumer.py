@@ -232,7 +232,18 @@ class Consumer:
         with self._commit_lock:
             with self._lock:
                 positions = {k: self._positions.pop(k) for k in keys if k in self._positions}
-            self._commit_positions({k: v for k, v in positions.items() if k in commit})
+                session = self._session
+            try:
+                self._commit_positions({k: v for k, v in positions.items() if k in commit})
+            except EqueueError:
+                # Not committed: keep reading them (and holding their locks) rather
+                # than let their next owner start before where we got to. The next
+                # heartbeat tries again.
+                with self._lock:
+                    if self._session == session:
+                        for key, position in positions.items():
+                            self._positions.setdefault(key, position)
+                raise
             for key in keys:  # whoever reads it next may move the group's offset
                 self._committed.pop(key, None)
 
