@@ -234,7 +234,8 @@ class Consumer:
                 positions = {k: self._positions.pop(k) for k in keys if k in self._positions}
                 session = self._session
             try:
-                self._commit_positions({k: v for k, v in positions.items() if k in commit})
+                held = {k: v for k, v in positions.items() if k in commit}
+                self._commit_positions(held, session)
             except EqueueError:
                 # Not committed: keep reading them (and holding their locks) rather
                 # than let their next owner start before where we got to. The next
@@ -354,17 +355,18 @@ class Consumer:
         with self._commit_lock:
             with self._lock:
                 positions = dict(self._positions)
-            self._commit_positions(positions)
+                session = self._session
+            self._commit_positions(positions, session)
 
-    def _commit_positions(self, positions: dict[QueueKey, int]) -> None:
-        """Commit (holding ``_commit_lock``) what changed since the last commit."""
+    def _commit_positions(self, positions: dict[QueueKey, int], session: int) -> None:
+        """Commit (holding ``_commit_lock``) what changed since the last commit;
+        ``positions`` were read under membership ``session`` and are committed
+        as that membership, never a later one."""
         if self.group is None:
             raise InvalidRequest("commit needs a group")
         changed = {k: v for k, v in positions.items() if self._committed.get(k) != v}
         if not changed:
             return
-        with self._lock:
-            session = self._session
         if not session:  # not a member (assign()): a commit from outside the group
             commit_offsets(self._conn, self.group, changed)
             self._committed.update(changed)
