@@ -178,3 +178,36 @@ def test_locks_expire_when_a_member_stops_heartbeating(broker_factory: StartBrok
                 assert sorted((m.queue_id, m.offset) for m in got) == [(q, 1) for q in range(4)]
             refused(lambda: dying.pull(0), "'dying'")  # its membership is gone
             assert dying.heartbeat()["owned"] == [0, 1, 2, 3]  # joins again; the other left
+
+
+def test_a_member_that_joins_again_forgets_what_it_read_before(
+    broker_factory: StartBroker,
+) -> None:
+    """The session fence: a member that expired and joins again must not go on
+    from its old positions, even when the broker grants it the same queues,
+    or it would read again what another member consumed meanwhile."""
+    broker = broker_factory("--consumer-timeout-ms", "1000")
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic("t", queues=2)
+        producer.send_batch("t", [b"x"] * 4, queue_ids=[0, 1, 0, 1])
+        consumer = Consumer(
+            broker.address, group="g", topics=["t"], start="earliest",
+            heartbeat_interval_s=3600, consumer_id="sleepy",
+        )  # fmt: skip
+        with consumer, grpc.insecure_channel(broker.address) as channel:
+            assert [consumer.position("t", q) for q in (0, 1)] == [0, 0]
+            other = Member(pb_grpc.BrokerStub(channel), "other")
+            wait_for("the other member taking over", lambda: other.heartbeat()["owned"] == [0, 1])
+            for queue_id in (0, 1):
+                assert other.pull(queue_id).count == 2
+                other.commit(queue_id, 2)
+            other.stub.Heartbeat(
+                pb.HeartbeatRequest(group="g", consumer_id="other", leave=True), timeout=10
+            )
+            # Its heartbeat thread sleeps for an hour: beat once by hand, as it
+            # would on waking. The queues are free, so it gets them both back...
+            consumer._heartbeat()
+            assert consumer.assignment() == [("t", 0), ("t", 1)]
+            # ...but starts at the group's offsets, not at its old positions.
+            assert [consumer.position("t", q) for q in (0, 1)] == [2, 2]
+            assert consumer.poll(0.2) == []
