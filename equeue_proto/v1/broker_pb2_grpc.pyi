@@ -19,7 +19,8 @@ measured this against `repeated Message`; the README has the numbers.
 Errors. Failures are gRPC status codes with a message naming the bad value:
 INVALID_ARGUMENT (bad names, offsets, sizes, empty batches), NOT_FOUND
 (topic, queue, group, message), ALREADY_EXISTS, FAILED_PRECONDITION (e.g.
-deleting a visible queue, producing to a hidden one), OUT_OF_RANGE (not
+deleting a visible queue, producing to a hidden one, a group member pulling
+or committing a queue it does not hold), OUT_OF_RANGE (not
 used by Pull, which answers out-of-range offsets in its reply),
 RESOURCE_EXHAUSTED (size and count limits, too many parked pulls, disk
 full), UNAVAILABLE (the broker is shutting down), INTERNAL (corruption).
