@@ -32,8 +32,9 @@ def allocate_average(queue_ids: Sequence[int], consumer_ids: Sequence[str]) -> d
     """EQueue's average allocation: consumers (sorted) get contiguous ranges of
     the queues (sorted); the first ``len(queues) % len(consumers)`` get one more.
 
-    Every member computes the same answer from the same heartbeat reply, so a
-    group agrees on who reads what without a coordinator.
+    The broker computes it over a topic's live subscribers at each heartbeat
+    and grants the queues as locks (broker/server/groups.py); DescribeGroup
+    reports it as each queue's owner.
     """
     queues = sorted(queue_ids)
     consumers = sorted(consumer_ids)

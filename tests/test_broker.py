@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from equeue_spark.client import (
     read_range,
 )
 from equeue_spark.client.records import decode_records
+from tests.support.waits import wait_for
 
 StartBroker = Callable[..., BrokerProcess]
 
@@ -146,72 +148,118 @@ def test_tag_filter_skips_a_long_run_and_advances(
     assert none.count == 0 and none.next_offset == 5001  # skipped, not stuck at 0
 
 
-def _converged(consumers: list[Consumer], queues: int) -> bool:
-    owned = [q for c in consumers for q in c.assignment()]
-    members = {tuple(c.members()) for c in consumers}
-    return len(owned) == queues == len(set(owned)) and len(members) == 1
+class _GroupRun:
+    """Consumers of one group, each polling and committing in its own thread,
+    recording which member got each (queue, offset)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.lock = threading.Lock()
+        self.seen: dict[tuple[int, int], str] = {}
+        self.doubles: list[str] = []
+        self.errors: list[BaseException] = []
+        self.workers: dict[str, tuple[Consumer, threading.Event, threading.Thread]] = {}
+        self.marks: dict[str, int] = {}
+
+    def join(self, name: str) -> Consumer:
+        consumer = Consumer(
+            self.address, group="workers", topics=["jobs"], start="earliest",
+            heartbeat_interval_s=0.2, consumer_id=name, max_wait_ms=100,
+        )  # fmt: skip
+        stop = threading.Event()
+        thread = threading.Thread(target=self._work, args=(consumer, stop), name=name)
+        self.workers[name] = (consumer, stop, thread)
+        thread.start()
+        return consumer
+
+    def _work(self, consumer: Consumer, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                for m in consumer.poll(0.1):
+                    key = (m.queue_id, m.offset)
+                    with self.lock:
+                        if key in self.seen:
+                            self.doubles.append(
+                                f"{key}: {self.seen[key]} and {consumer.consumer_id}"
+                            )
+                        self.seen.setdefault(key, consumer.consumer_id)
+                consumer.commit()  # everything polled is committed before leaving
+        except BaseException as exc:  # reported by the test thread
+            self.errors.append(exc)
+        finally:
+            consumer.close()
+
+    def leave(self, name: str) -> None:
+        _, stop, thread = self.workers.pop(name)
+        stop.set()
+        thread.join(30)
+        assert not thread.is_alive()
+
+    def consumed_by(self, name: str) -> int:
+        with self.lock:
+            return sum(1 for v in self.seen.values() if v == name)
+
+    def consumed_more(self, name: str, count: int) -> bool:
+        """True once ``name`` consumed ``count`` more messages than at the first call."""
+        now = self.consumed_by(name)
+        start = self.marks.setdefault(name, now)
+        return now >= start + count
+
+    def settled(self, queues: int) -> bool:
+        """Every queue held by exactly one live member, all members agreeing."""
+        consumers = [c for c, _, _ in self.workers.values()]
+        owned = [q for c in consumers for q in c.assignment()]
+        members = {tuple(c.members()) for c in consumers}
+        return len(owned) == queues == len(set(owned)) and members == {tuple(sorted(self.workers))}
 
 
-def _drain(consumers: list[Consumer], seen: dict[tuple[int, int], str], total: int) -> None:
-    deadline = time.monotonic() + 30
-    while len(seen) < total and time.monotonic() < deadline:
-        for consumer in consumers:
-            for m in consumer.poll(0.05):
-                key = (m.queue_id, m.offset)
-                assert key not in seen, f"{key} consumed by {seen[key]} and {consumer.consumer_id}"
-                seen[key] = consumer.consumer_id
-            consumer.commit()
-    assert len(seen) == total
-
-
-def _wait_converged(consumers: list[Consumer], queues: int) -> None:
-    deadline = time.monotonic() + 30
-    while not _converged(consumers, queues):
-        assert time.monotonic() < deadline, [c.assignment() for c in consumers]
-        for consumer in consumers:
-            consumer.poll(0.05)
-
-
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_group_rebalances_1_3_2_without_double_consumption(
-    broker_factory: StartBroker,
+    broker_factory: StartBroker, seed: int
 ) -> None:
+    """Members join and leave while a producer keeps producing: the broker hands
+    each queue to one member at a time, so no message reaches two members."""
     broker = broker_factory()  # default 30 s consumer timeout: leaving must be explicit
-    address = broker.address
-    options = {"group": "workers", "topics": ["jobs"], "start": "earliest"}
-
-    def consumer(name: str) -> Consumer:
-        return Consumer(address, heartbeat_interval_s=0.2, consumer_id=name, **options)  # type: ignore[arg-type]
-
-    seen: dict[tuple[int, int], str] = {}
-    with Admin(address) as admin, Producer(address) as producer:
+    rng = random.Random(seed)
+    # The seed orders the members (who sorts first gets the bigger ranges) and the batches.
+    names = [f"c{n}" for n in rng.sample(range(1, 10), 3)]
+    produced = [0]
+    stop_producing = threading.Event()
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
         admin.create_topic("jobs", queues=6)
 
-        def produce_round(n: int) -> None:
-            producer.send_batch("jobs", [b"job"] * n, queue_ids=[i % 6 for i in range(n)])
+        def produce() -> None:
+            while not stop_producing.wait(0.002):  # a steady trickle, not a backlog
+                n = rng.randint(1, 12)
+                producer.send_batch("jobs", [b"job"] * n, queue_ids=[i % 6 for i in range(n)])
+                produced[0] += n
 
-        first = consumer("c1")
-        produce_round(60)
-        _drain([first], seen, 60)
-        assert len(first.assignment()) == 6
-
-        second, third = consumer("c2"), consumer("c3")
-        crowd = [first, second, third]
-        _wait_converged(crowd, 6)
-        assert sorted(len(c.assignment()) for c in crowd) == [2, 2, 2]
-        produce_round(60)
-        _drain(crowd, seen, 120)
-
-        third.close()  # leaves the group at once
-        pair = [first, second]
-        _wait_converged(pair, 6)
-        assert sorted(len(c.assignment()) for c in pair) == [3, 3]
-        produce_round(60)
-        _drain(pair, seen, 180)
-        for c in pair:
-            c.close()
-        group = admin.describe_group("workers")
-        assert group.total_lag == 0
-        assert {v for v in seen.values()} == {"c1", "c2", "c3"}
+        writer = threading.Thread(target=produce)
+        writer.start()
+        run = _GroupRun(broker.address)
+        try:
+            run.join(names[0])
+            wait_for("the first member consuming", lambda: run.consumed_by(names[0]) > 100)
+            run.join(names[1])
+            run.join(names[2])
+            wait_for("three members sharing the queues", lambda: run.settled(6))
+            for name in names:
+                wait_for(f"{name} consuming", functools.partial(run.consumed_more, name, 20))
+            run.leave(names[2])  # leaves the group at once
+            wait_for("two members sharing the queues", lambda: run.settled(6))
+            mark = len(run.seen)
+            wait_for("the pair consuming", lambda: len(run.seen) > mark + 100)
+        finally:
+            stop_producing.set()
+            writer.join(30)
+        wait_for("everything consumed", lambda: len(run.seen) >= produced[0])
+        for name in list(run.workers):
+            run.leave(name)
+        assert not run.errors, run.errors
+        assert run.doubles == []
+        assert len(run.seen) == produced[0]
+        assert admin.describe_group("workers").total_lag == 0
+        assert set(run.seen.values()) == set(names)
 
 
 def test_sigkill_mid_produce_in_sync_mode_loses_nothing_acknowledged(

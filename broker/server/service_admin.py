@@ -181,6 +181,8 @@ class AdminService(pb_grpc.AdminServicer):
                     if offset < 0:
                         raise BadRequest(f"offset {offset} for queue {queue_id} is negative")
                     entries.append((request.topic, queue_id, offset))
+            # Like any commit from outside the group: not under a live member's feet.
+            self.s.consumers.check_unheld(request.group, [(t, q) for t, q, _ in entries])
             store.commit_offsets(request.group, entries)
             return self._group_info(request.group)
 

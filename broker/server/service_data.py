@@ -10,14 +10,14 @@ carry records are pre-encoded by wire.py.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 from crc32c import crc32c
 
 from equeue_broker.server.errors import BadRequest
-from equeue_broker.server.groups import MAX_TOPICS_PER_CONSUMER
+from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP, MAX_TOPICS_PER_CONSUMER
 from equeue_broker.server.service_base import BrokerState, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus
@@ -208,6 +208,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         tags = list(request.tags) or None
         topic, queue_id = request.topic, request.queue_id
+        owner_check = self._owner_check(request)
+        owner_check()
         read = functools.partial(
             self.s.store.read_records, topic, queue_id,
             max_messages=max_messages, max_bytes=max_bytes, tags=tags, frame=self.pull_framer,
@@ -226,6 +228,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 lambda: self.s.store.visible_end(topic, queue_id),
             )
             if arrived:
+                owner_check()  # the queue may have changed hands while we waited
                 result = self.s.inline(read, result.next_offset)
         if result.count:
             self.s.counters.add(topic, queue_id, consumed=result.count)
@@ -265,6 +268,12 @@ class BrokerService(pb_grpc.BrokerServicer):
         entries = [(o.topic, o.queue_id, o.offset) for o in request.offsets]
         if not entries:
             raise BadRequest("offsets must not be empty")
+        validate_group(request.group)
+        keys = [(topic, queue_id) for topic, queue_id, _ in entries]
+        if request.consumer_id:
+            self.s.consumers.check_owner(request.group, request.consumer_id, request.session, keys)
+        else:
+            self.s.consumers.check_unheld(request.group, keys)
         await self.s.call(self.s.store.commit_offsets, request.group, entries)
         return pb.CommitOffsetsReply()
 
@@ -294,16 +303,36 @@ class BrokerService(pb_grpc.BrokerServicer):
         if request.leave:
             members = self.s.consumers.leave(request.group, request.consumer_id)
             return pb.HeartbeatReply(consumer_ids=members)
-        members = self.s.consumers.heartbeat(request.group, request.consumer_id, frozenset(topics))
-        reply = pb.HeartbeatReply(consumer_ids=members)
+        released = [(r.topic, q) for r in request.released for q in r.queue_ids]
+        if len(released) > MAX_LOCKS_PER_GROUP:
+            raise BadRequest(f"{len(released)} released queues; the limit is {MAX_LOCKS_PER_GROUP}")
+        queues: dict[str, list[int]] = {}
         for topic in topics:
             try:
                 meta = self.s.store.topic(topic)
-                queue_ids = [q.queue_id for q in meta.queues if q.consumer_visible]
+                queues[topic] = [q.queue_id for q in meta.queues if q.consumer_visible]
             except NotFound:
-                queue_ids = []
-            reply.topics.add(topic=topic, queue_ids=queue_ids)
+                queues[topic] = []
+        joined = self.s.consumers.heartbeat(request.group, request.consumer_id, queues, released)
+        reply = pb.HeartbeatReply(consumer_ids=joined.members, session=joined.session)
+        for topic in topics:
+            reply.topics.add(
+                topic=topic,
+                queue_ids=queues[topic],
+                owned_queue_ids=joined.owned[topic],
+                revoked_queue_ids=joined.revoked[topic],
+            )
         return reply
+
+    def _owner_check(self, request: pb.PullRequest) -> Callable[[], None]:
+        """What a pull must pass before each read: a member's pull needs the
+        queue's lock (groups.py); a plain read (no consumer_id) needs nothing."""
+        if not request.consumer_id:
+            return lambda: None
+        validate_group(request.group)
+        check = self.s.consumers.check_owner
+        key = [(request.topic, request.queue_id)]
+        return functools.partial(check, request.group, request.consumer_id, request.session, key)
 
     @rpc
     async def ListOffsets(

@@ -123,7 +123,7 @@ class AbortTransactionsReply(_message.Message):
     def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_bytes", "tags", "max_wait_ms")
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_bytes", "tags", "max_wait_ms", "group", "consumer_id", "session")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,9 @@ class PullRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
@@ -138,7 +141,10 @@ class PullRequest(_message.Message):
     max_bytes: int
     tags: _containers.RepeatedScalarFieldContainer[str]
     max_wait_ms: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
+    group: str
+    consumer_id: str
+    session: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_wait_ms: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., session: _Optional[int] = ...) -> None: ...
 
 class PullStreamRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "offset", "end_offset", "batch_messages", "batch_bytes", "tags")
@@ -187,12 +193,16 @@ class QueueOffset(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class CommitOffsetsRequest(_message.Message):
-    __slots__ = ("group", "offsets")
+    __slots__ = ("group", "offsets", "consumer_id", "session")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     group: str
     offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
-    def __init__(self, group: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
+    consumer_id: str
+    session: int
+    def __init__(self, group: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ..., consumer_id: _Optional[str] = ..., session: _Optional[int] = ...) -> None: ...
 
 class CommitOffsetsReply(_message.Message):
     __slots__ = ()
@@ -213,32 +223,40 @@ class FetchOffsetsReply(_message.Message):
     def __init__(self, offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("group", "consumer_id", "topics", "leave")
+    __slots__ = ("group", "consumer_id", "topics", "leave", "released")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     LEAVE_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     group: str
     consumer_id: str
     topics: _containers.RepeatedScalarFieldContainer[str]
     leave: bool
-    def __init__(self, group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., leave: _Optional[bool] = ...) -> None: ...
+    released: _containers.RepeatedCompositeFieldContainer[TopicQueues]
+    def __init__(self, group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., leave: _Optional[bool] = ..., released: _Optional[_Iterable[_Union[TopicQueues, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("consumer_ids", "topics")
+    __slots__ = ("consumer_ids", "topics", "session")
     CONSUMER_IDS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     consumer_ids: _containers.RepeatedScalarFieldContainer[str]
     topics: _containers.RepeatedCompositeFieldContainer[TopicQueues]
-    def __init__(self, consumer_ids: _Optional[_Iterable[str]] = ..., topics: _Optional[_Iterable[_Union[TopicQueues, _Mapping]]] = ...) -> None: ...
+    session: int
+    def __init__(self, consumer_ids: _Optional[_Iterable[str]] = ..., topics: _Optional[_Iterable[_Union[TopicQueues, _Mapping]]] = ..., session: _Optional[int] = ...) -> None: ...
 
 class TopicQueues(_message.Message):
-    __slots__ = ("topic", "queue_ids")
+    __slots__ = ("topic", "queue_ids", "owned_queue_ids", "revoked_queue_ids")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    OWNED_QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, topic: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    owned_queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    revoked_queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ..., owned_queue_ids: _Optional[_Iterable[int]] = ..., revoked_queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListOffsetsRequest(_message.Message):
     __slots__ = ("topic", "timestamp_ms")

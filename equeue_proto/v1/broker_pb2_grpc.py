@@ -145,6 +145,8 @@ class BrokerServicer:
 
     def CommitOffsets(self, request, context):
         """Record a consumer group's progress: the next offset to consume per queue.
+        A member must hold every named queue (see "Queue ownership"); a commit
+        without member identity must name no queue a live member holds.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -159,7 +161,8 @@ class BrokerServicer:
 
     def Heartbeat(self, request, context):
         """A consumer's liveness signal (send about every second). The reply lists
-        the group's live members so each consumer can compute its queues.
+        the group's live members and, per topic, the queues the caller holds and
+        those it must give up (see "Queue ownership").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

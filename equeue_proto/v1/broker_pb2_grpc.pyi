@@ -19,13 +19,43 @@ measured this against `repeated Message`; the README has the numbers.
 Errors. Failures are gRPC status codes with a message naming the bad value:
 INVALID_ARGUMENT (bad names, offsets, sizes, empty batches), NOT_FOUND
 (topic, queue, group, message), ALREADY_EXISTS, FAILED_PRECONDITION (e.g.
-deleting a visible queue, producing to a hidden one), OUT_OF_RANGE (not
+deleting a visible queue, producing to a hidden one, a group member pulling
+or committing a queue it does not hold), OUT_OF_RANGE (not
 used by Pull, which answers out-of-range offsets in its reply),
 RESOURCE_EXHAUSTED (size and count limits, too many parked pulls, disk
 full), UNAVAILABLE (the broker is shutting down), INTERNAL (corruption).
 
 Offsets. A queue offset counts the messages of one queue from 0. A group's
 committed offset is the NEXT offset the group will consume.
+
+Queue ownership. The broker hands each queue of a consumer group to at
+most one member at a time (RocketMQ's queue lock, fenced like Kafka's
+generations), so no message is given to two members of a group:
+- A member joins with its first Heartbeat and gets a `session` (a number
+  unique to this membership: a member that expires, is deleted with its
+  group or meets a restarted broker joins again with a new one, and every
+  queue it read before is then no longer its own).
+- Each heartbeat, the broker computes the average allocation of every
+  subscribed topic's consumer-visible queues over the topic's live
+  subscribers and grants the caller the lock of each queue allocated to it
+  that no other live member holds (`owned_queue_ids`). A queue allocated to
+  another member stays locked by its holder, who is told to give it up
+  (`revoked_queue_ids`): it stops pulling, commits its progress, then
+  releases the lock (HeartbeatRequest.released); only then is the queue
+  granted to its new owner, who starts at the committed offset.
+- A Pull or CommitOffsets carrying a member identity (consumer_id and
+  session) is refused with FAILED_PRECONDITION unless that membership
+  holds the queue's lock: the client takes it as "rebalance in progress"
+  and drops the queue.
+- Locks live as long as their holder's membership: a member without a
+  heartbeat for the broker's consumer timeout expires and its queues can be
+  granted to the others (whose progress starts at the last commit: messages
+  it pulled but did not commit are delivered again, at-least-once).
+- A commit without member identity (administration, the Spark source's
+  group progress, resets) is accepted for queues no live member holds and
+  refused with FAILED_PRECONDITION for a queue a live member holds: it
+  would move the offset under the member's feet.
+Each broker enforces ownership of its own queues only.
 
 Transactions. A ProduceRequest with a transaction_id stages its messages:
 they are stored but belong to no queue yet, so no pull sees them.
@@ -100,12 +130,16 @@ class BrokerStub:
     finish. Saves a round trip per batch when catching up on a backlog.
     """
     CommitOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CommitOffsetsRequest, _broker_pb2.CommitOffsetsReply]
-    """Record a consumer group's progress: the next offset to consume per queue."""
+    """Record a consumer group's progress: the next offset to consume per queue.
+    A member must hold every named queue (see "Queue ownership"); a commit
+    without member identity must name no queue a live member holds.
+    """
     FetchOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.FetchOffsetsRequest, _broker_pb2.FetchOffsetsReply]
     """Read a consumer group's committed offsets."""
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatReply]
     """A consumer's liveness signal (send about every second). The reply lists
-    the group's live members so each consumer can compute its queues.
+    the group's live members and, per topic, the queues the caller holds and
+    those it must give up (see "Queue ownership").
     """
     ListOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListOffsetsRequest, _broker_pb2.ListOffsetsReply]
     """The offsets of every queue of a topic: earliest and readable end, and,
@@ -160,12 +194,16 @@ class BrokerAsyncStub(BrokerStub):
     finish. Saves a round trip per batch when catching up on a backlog.
     """
     CommitOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.CommitOffsetsRequest, _broker_pb2.CommitOffsetsReply]  # type: ignore[assignment]
-    """Record a consumer group's progress: the next offset to consume per queue."""
+    """Record a consumer group's progress: the next offset to consume per queue.
+    A member must hold every named queue (see "Queue ownership"); a commit
+    without member identity must name no queue a live member holds.
+    """
     FetchOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.FetchOffsetsRequest, _broker_pb2.FetchOffsetsReply]  # type: ignore[assignment]
     """Read a consumer group's committed offsets."""
     Heartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.HeartbeatRequest, _broker_pb2.HeartbeatReply]  # type: ignore[assignment]
     """A consumer's liveness signal (send about every second). The reply lists
-    the group's live members so each consumer can compute its queues.
+    the group's live members and, per topic, the queues the caller holds and
+    those it must give up (see "Queue ownership").
     """
     ListOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListOffsetsRequest, _broker_pb2.ListOffsetsReply]  # type: ignore[assignment]
     """The offsets of every queue of a topic: earliest and readable end, and,
@@ -247,7 +285,10 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.CommitOffsetsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.CommitOffsetsReply, _abc.Awaitable[_broker_pb2.CommitOffsetsReply]]:
-        """Record a consumer group's progress: the next offset to consume per queue."""
+        """Record a consumer group's progress: the next offset to consume per queue.
+        A member must hold every named queue (see "Queue ownership"); a commit
+        without member identity must name no queue a live member holds.
+        """
 
     @_abc_1.abstractmethod
     def FetchOffsets(
@@ -264,7 +305,8 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.HeartbeatReply, _abc.Awaitable[_broker_pb2.HeartbeatReply]]:
         """A consumer's liveness signal (send about every second). The reply lists
-        the group's live members so each consumer can compute its queues.
+        the group's live members and, per topic, the queues the caller holds and
+        those it must give up (see "Queue ownership").
         """
 
     @_abc_1.abstractmethod

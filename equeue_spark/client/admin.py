@@ -14,9 +14,20 @@ from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.transactions import abort_transactions
 
 
-def commit_offsets(conn: Connection, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
-    """The one place a CommitOffsets request is built (Admin and Consumer use it)."""
+def commit_offsets(
+    conn: Connection,
+    group: str,
+    offsets: Mapping[tuple[str, int], int],
+    member: tuple[str, int] | None = None,
+) -> None:
+    """The one place a CommitOffsets request is built (Admin and Consumer use it).
+
+    ``member`` is a group member's (consumer_id, session): the broker then
+    requires it to hold every queue. Without it the commit comes from outside
+    the group and is refused for queues a live member holds."""
     request = pb.CommitOffsetsRequest(group=group)
+    if member is not None:
+        request.consumer_id, request.session = member
     for (topic, queue_id), offset in sorted(offsets.items()):
         request.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
     conn.call(conn.broker.CommitOffsets, request)

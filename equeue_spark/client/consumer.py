@@ -8,11 +8,15 @@ Two ways to say what to read:
   "latest"; "group" means earliest) only decides where a queue the group
   never committed on begins, like Kafka's ``auto.offset.reset``.
   A heartbeat thread tells the broker the consumer is alive (every
-  ``heartbeat_interval_s``); each heartbeat reply lists the group's live
-  members, from which every member computes the same average allocation
-  (``equeue_proto.protocol.allocate_average``). When the allocation changes,
-  the consumer commits the positions of the queues it gives up, then starts
-  the new ones at the group's committed offsets (or ``start``).
+  ``heartbeat_interval_s``). The broker owns the assignment: it allocates
+  queues (``equeue_proto.protocol.allocate_average``) and hands each queue
+  to one member at a time as a lock (see "Queue ownership" in broker.proto).
+  Each heartbeat reply says which queues this consumer holds (it starts them
+  at the group's committed offsets, or ``start``) and which it must give up
+  (it stops pulling them, commits their positions, then releases them, so
+  their new owner starts where it stopped). Pulls and commits carry the
+  membership; the broker refuses them on a queue the consumer no longer
+  holds, which the consumer takes as a rebalance: it drops the queue.
 
 ``poll`` returns messages and advances the positions; ``commit`` stores the
 positions on the broker as the group's next offsets to consume. Messages
@@ -33,11 +37,15 @@ from typing import Literal
 
 import grpc
 
-from equeue_proto.protocol import allocate_average
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import commit_offsets
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import EqueueError, InvalidRequest, from_rpc_error
+from equeue_spark.client.errors import (
+    EqueueError,
+    InvalidRequest,
+    PreconditionError,
+    from_rpc_error,
+)
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.wire import PullReply
 
@@ -91,6 +99,10 @@ class Consumer:
         self._positions: dict[QueueKey, int] = {}
         self._committed: dict[QueueKey, int] = {}
         self._members: list[str] = []
+        self._session = 0
+        """The broker's id for our membership (HeartbeatReply.session); 0: not a member."""
+        self._commit_lock = threading.Lock()
+        """Commits one at a time: a late commit must not undo a rebalance's commit."""
         self._closed = threading.Event()
         self._heartbeats: threading.Thread | None = None
         if self.topics:
@@ -165,31 +177,76 @@ class Consumer:
                 log.warning("heartbeat failed: %s", exc)
 
     def _heartbeat(self) -> None:
+        """Heartbeat and follow the reply; what we gave up is released on a second
+        heartbeat at once (which may grant us queues others released)."""
+        released: list[QueueKey] = []
+        for _ in range(2):
+            released = self._follow(self._send_heartbeat(released))
+            if not released:
+                return
+        # Still something to release: the next tick's reply lists it again.
+
+    def _send_heartbeat(self, released: list[QueueKey]) -> pb.HeartbeatReply:
         assert self.group is not None
         request = pb.HeartbeatRequest(
             group=self.group, consumer_id=self.consumer_id, topics=self.topics
         )
-        reply = self._conn.call(self._conn.broker.Heartbeat, request)
-        wanted: set[QueueKey] = set()
-        for topic_queues in reply.topics:
-            mine = allocate_average(list(topic_queues.queue_ids), list(reply.consumer_ids))
-            wanted.update((topic_queues.topic, q) for q in mine.get(self.consumer_id, []))
+        by_topic: dict[str, list[int]] = {}
+        for topic, queue_id in released:
+            by_topic.setdefault(topic, []).append(queue_id)
+        for topic, queue_ids in sorted(by_topic.items()):
+            request.released.add(topic=topic, queue_ids=sorted(queue_ids))
+        reply: pb.HeartbeatReply = self._conn.call(self._conn.broker.Heartbeat, request)
+        return reply
+
+    def _follow(self, reply: pb.HeartbeatReply) -> list[QueueKey]:
+        """Read what the broker says we hold; give up the rest (committing the
+        revoked queues first). Returns the revoked queues, to release."""
+        owned: set[QueueKey] = set()
+        revoked: set[QueueKey] = set()
+        for tq in reply.topics:
+            owned.update((tq.topic, q) for q in tq.owned_queue_ids)
+            revoked.update((tq.topic, q) for q in tq.revoked_queue_ids)
         with self._lock:
             self._members = list(reply.consumer_ids)
+            if reply.session != self._session:
+                # A new membership (we expired, or the broker restarted): what we
+                # read under the old one may have gone to others since. Start over.
+                self._positions.clear()
+                self._committed.clear()
+                self._session = reply.session
             current = set(self._positions)
-        if wanted != current:
-            self._rebalance(current - wanted, wanted - current)
-
-    def _rebalance(self, revoked: set[QueueKey], added: set[QueueKey]) -> None:
-        """Give up ``revoked`` (committing where we got to) and start ``added``."""
-        if revoked:
+        if current - owned:
+            self._give_up(current - owned, commit=revoked)
+        added = owned - current
+        if added:
+            starts = {key: self._start_offset(key) for key in sorted(added)}
             with self._lock:
-                positions = {k: self._positions.pop(k) for k in revoked}
-            self._commit_positions(positions)
-        starts = {key: self._start_offset(key) for key in sorted(added)}
-        with self._lock:
-            self._positions.update(starts)
-        log.info("consumer %s: assignment now %s", self.consumer_id, self.assignment())
+                self._positions.update(starts)
+        if added or current - owned:
+            log.info("consumer %s: assignment now %s", self.consumer_id, self.assignment())
+        return sorted(revoked)
+
+    def _give_up(self, keys: set[QueueKey], commit: set[QueueKey]) -> None:
+        """Stop reading ``keys``; commit where we got to on those we still hold."""
+        with self._commit_lock:
+            with self._lock:
+                positions = {k: self._positions.pop(k) for k in keys if k in self._positions}
+                session = self._session
+            try:
+                held = {k: v for k, v in positions.items() if k in commit}
+                self._commit_positions(held, session)
+            except EqueueError:
+                # Not committed: keep reading them (and holding their locks) rather
+                # than let their next owner start before where we got to. The next
+                # heartbeat tries again.
+                with self._lock:
+                    if self._session == session:
+                        for key, position in positions.items():
+                            self._positions.setdefault(key, position)
+                raise
+            for key in keys:  # whoever reads it next may move the group's offset
+                self._committed.pop(key, None)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -201,11 +258,15 @@ class Consumer:
         """
         with self._lock:
             positions = dict(self._positions)
+            session = self._session
         if not positions:
             self._closed.wait(min(timeout_s, 0.1))  # nothing assigned (yet)
             return []
         wait_ms = max(0, min(self.max_wait_ms, int(timeout_s * 1000)))
-        pending = {key: self._pull_async(key, offset, wait_ms) for key, offset in positions.items()}
+        pending = {
+            key: self._pull_async(key, offset, wait_ms, session)
+            for key, offset in positions.items()
+        }
         finished = threading.Event()
         for call in pending.values():
             call.add_done_callback(lambda _call: finished.set())
@@ -221,13 +282,13 @@ class Consumer:
                     finished.clear()
                     continue
                 for key in ready:
-                    taken = self._take(key, pending.pop(key), positions[key])
+                    taken = self._take(key, pending.pop(key), positions[key], session)
                     failures += taken is None
                     messages += taken or []
             # Keep replies that arrived meanwhile rather than cancel them and
             # pull the same records again on the next poll.
             for key in [key for key, call in pending.items() if call.done()]:
-                messages += self._take(key, pending.pop(key), positions[key]) or []
+                messages += self._take(key, pending.pop(key), positions[key], session) or []
         finally:
             for call in pending.values():
                 call.cancel()
@@ -235,7 +296,9 @@ class Consumer:
             self._closed.wait(max(0.0, timeout_s - (time.monotonic() - started)))
         return messages
 
-    def _pull_async(self, key: QueueKey, offset: int, wait_ms: int) -> grpc.Future[PullReply]:
+    def _pull_async(
+        self, key: QueueKey, offset: int, wait_ms: int, session: int
+    ) -> grpc.Future[PullReply]:
         request = pb.PullRequest(
             topic=key[0],
             queue_id=key[1],
@@ -245,11 +308,15 @@ class Consumer:
             tags=self.tags,
             max_wait_ms=wait_ms,
         )
+        if session and self.group is not None:  # a member's pull: must hold the queue
+            request.group, request.consumer_id, request.session = (
+                self.group, self.consumer_id, session,
+            )  # fmt: skip
         timeout = self._conn.config.timeout_s + wait_ms / 1000
         return self._conn.pull.future(request, timeout=timeout)
 
     def _take(
-        self, key: QueueKey, call: grpc.Future[PullReply], position: int
+        self, key: QueueKey, call: grpc.Future[PullReply], position: int, session: int
     ) -> list[Message] | None:
         """The messages of one finished pull (advancing the queue's position), or
         None if it failed in a way worth retrying (the next poll asks again)."""
@@ -260,9 +327,15 @@ class Consumer:
             if error.retriable:
                 log.warning("pull of %s/%d failed: %s", key[0], key[1], error)
                 return None
+            if session and isinstance(error, PreconditionError):
+                # Not ours any more: a rebalance is under way. The heartbeat
+                # gives it back if the broker grants it to us again.
+                log.info("consumer %s: dropping %s/%d: %s", self.consumer_id, *key, error)
+                self._drop({key: position}, session)
+                return []
             raise error from exc
         with self._lock:
-            if self._positions.get(key) != position:
+            if self._positions.get(key) != position or self._session != session:
                 return []  # revoked or sought meanwhile: drop the reply
             if reply.status == pb.PULL_STATUS_OFFSET_TOO_SMALL:
                 log.warning(
@@ -275,19 +348,53 @@ class Consumer:
     # -- progress ----------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Store the positions as the group's next offsets to consume."""
-        with self._lock:
-            positions = dict(self._positions)
-        self._commit_positions(positions)
+        """Store the positions as the group's next offsets to consume.
 
-    def _commit_positions(self, positions: dict[QueueKey, int]) -> None:
+        A member commits only the queues it still holds: a queue the broker
+        handed to another member meanwhile is dropped, without an error."""
+        with self._commit_lock:
+            with self._lock:
+                positions = dict(self._positions)
+                session = self._session
+            self._commit_positions(positions, session)
+
+    def _commit_positions(self, positions: dict[QueueKey, int], session: int) -> None:
+        """Commit (holding ``_commit_lock``) what changed since the last commit;
+        ``positions`` were read under membership ``session`` and are committed
+        as that membership, never a later one."""
         if self.group is None:
             raise InvalidRequest("commit needs a group")
         changed = {k: v for k, v in positions.items() if self._committed.get(k) != v}
         if not changed:
             return
-        commit_offsets(self._conn, self.group, changed)
-        self._committed.update(changed)
+        if not session:  # not a member (assign()): a commit from outside the group
+            commit_offsets(self._conn, self.group, changed)
+            self._committed.update(changed)
+            return
+        member = (self.consumer_id, session)
+        try:
+            commit_offsets(self._conn, self.group, changed, member)
+            self._committed.update(changed)
+            return
+        except PreconditionError:
+            pass  # some queue changed hands: find which, commit the others
+        for key, offset in changed.items():
+            try:
+                commit_offsets(self._conn, self.group, {key: offset}, member)
+                self._committed[key] = offset
+            except PreconditionError as exc:
+                log.info("consumer %s: dropping %s/%d: %s", self.consumer_id, *key, exc)
+                self._drop({key: offset}, session)
+
+    def _drop(self, positions: dict[QueueKey, int], session: int) -> None:
+        """Stop reading queues we no longer hold, unless they were restarted meanwhile."""
+        with self._lock:
+            if self._session != session:
+                return
+            for key, position in positions.items():
+                if self._positions.get(key) == position:
+                    del self._positions[key]
+                    self._committed.pop(key, None)
 
     def close(self) -> None:
         """Leave the group (its other members take over the queues) and disconnect.
