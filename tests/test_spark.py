@@ -303,13 +303,13 @@ def test_one_offsets_listing_per_trigger(
         start = source.initialOffset()
         admin = source.planner.admin
         listings: list[str] = []
-        real = admin.list_offsets
+        real = admin.list_topic_offsets
 
         def counted(topic: str, timestamp_ms: int | None = None) -> Any:
             listings.append(topic)
             return real(topic, timestamp_ms)
 
-        monkeypatch.setattr(admin, "list_offsets", counted)
+        monkeypatch.setattr(admin, "list_topic_offsets", counted)
         end = source.latestOffset(start, ReadAllAvailable())
         assert source.reportLatestOffset() == end
         ranges = [p.value for p in source.partitions(start, end)]
@@ -492,6 +492,77 @@ def test_fail_on_data_loss_both_ways(
     later = [r.offset for r in rows if r.offset >= 10]
     assert min(later) >= earliest and max(later) == 1009  # skipped the lost, read the rest
     assert len(later) == len(set(later)) == 1010 - min(later)
+
+
+def test_recreated_topic_under_a_checkpoint_fails_or_is_read_from_earliest(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("reborn", queues=2)
+        produce(broker.address, "reborn", [b"old-%d" % i for i in range(10)], queues=2)
+        first = reader(spark, broker, stream=True, topic="reborn", startingOffsets="earliest")
+        available_now(first.load(), tmp_path / "ck", tmp_path / "out")
+        old = admin.describe_topic("reborn").incarnation
+        admin.delete_topic("reborn")
+        new = admin.create_topic("reborn", queues=2).incarnation
+    # Past the checkpoint's offsets (5 per queue): read from there, the new
+    # topic's first 5 records of each queue would be skipped without a word.
+    new_values = [b"new-%d" % i for i in range(30)]
+    produce(broker.address, "reborn", new_values, queues=2)
+
+    strict = reader(spark, broker, stream=True, topic="reborn").load()
+    query = strict.writeStream.format("parquet").option("path", str(tmp_path / "out")).option(
+        "checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()  # fmt: skip
+    with pytest.raises(
+        SparkError, match=rf"topic reborn was deleted .* incarnation {old}, .* incarnation {new};"
+    ):
+        query.awaitTermination(120)
+
+    lenient = reader(spark, broker, stream=True, topic="reborn", failOnDataLoss="false")
+    available_now(lenient.load(), tmp_path / "ck", tmp_path / "out")
+    read = sorted(r.value for r in rows_of(spark, tmp_path / "out"))
+    assert read == sorted([b"old-%d" % i for i in range(10)] + new_values)
+
+
+def test_replayed_batch_of_a_recreated_topic_fails_or_is_skipped(broker: BrokerProcess) -> None:
+    """A restarted query replays its last planned batch (partitions before any
+    latestOffset): if the topic was recreated since, that batch's offsets are
+    the old topic's."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import StructType
+
+    from equeue_spark.spark.errors import OffsetsLostError
+    from equeue_spark.spark.options import ReadOptions
+    from equeue_spark.spark.source import EqueueStreamReader
+
+    def source(**options: str) -> EqueueStreamReader:
+        options = {"broker": broker.address, "topic": "replay", **options}
+        return EqueueStreamReader(ReadOptions.parse(options, streaming=True), StructType())
+
+    with Admin(broker.address) as admin:
+        admin.create_topic("replay", queues=1)
+    produce(broker.address, "replay", [b"old"] * 5)
+    first = source(startingOffsets="earliest")
+    start = first.initialOffset()
+    end = first.latestOffset(start, ReadAllAvailable())
+    first.stop()
+    with Admin(broker.address) as admin:
+        admin.delete_topic("replay")
+        admin.create_topic("replay", queues=1)
+    produce(broker.address, "replay", [b"new"] * 8)
+
+    strict = source()
+    with pytest.raises(OffsetsLostError, match="topic replay was deleted and created again"):
+        strict.partitions(start, end)
+    strict.stop()
+    lenient = source(failOnDataLoss="false")
+    try:
+        assert lenient.partitions(start, end) == []  # the old topic's records are gone
+        after = lenient.latestOffset(end, ReadAllAvailable())
+        ranges = [p.value for p in lenient.partitions(end, after)]
+    finally:
+        lenient.stop()
+    assert [(r.queue_id, r.start, r.end) for r in ranges] == [(0, 0, 8)]
 
 
 def test_explicit_registration_works_too(spark: SparkSession, broker: BrokerProcess) -> None:
