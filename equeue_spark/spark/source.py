@@ -127,7 +127,8 @@ class EqueueDataSource(DataSource):
         Reads only. Add the ``headers`` column.
     failOnDataLoss : bool, default ``true``
         Reads only. Fail when records still to read are gone (retention, a
-        recreated topic); ``false`` skips them and logs how many.
+        recreated topic); ``false`` skips them and logs how many, and reads a
+        recreated topic (a new incarnation) from its earliest offset.
     timeoutMs : int, default ``30000``
         Deadline of every broker call, on the driver and in tasks. Reads and writes.
     batchSize : int, default ``5000``
