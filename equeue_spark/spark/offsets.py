@@ -58,6 +58,12 @@ def incarnations(data: Mapping[str, Mapping[str, int]]) -> Incarnations:
     return {topic: int(q[INCARNATION]) for topic, q in data.items() if q.get(INCARNATION)}
 
 
+def recreated_topics(before: Mapping[str, int], now: Mapping[str, int]) -> set[str]:
+    """Topics deleted and created again between two listings: their
+    incarnations are known in both and differ."""
+    return {t for t, i in before.items() if i and now.get(t, i) != i}
+
+
 def rate_limit(limit: int, starts: Mapping[QueueKey, int], ends: Offsets) -> Offsets:
     """Cap the total records of ``[starts, ends)`` at about ``limit``, split over
     queues in proportion to their backlog, as Kafka's ``maxOffsetsPerTrigger``

@@ -16,7 +16,13 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import Admin
 from equeue_spark.client.errors import EqueueError, NotFoundError
 from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
-from equeue_spark.spark.offsets import Incarnations, Offsets, QueueKey, split_range
+from equeue_spark.spark.offsets import (
+    Incarnations,
+    Offsets,
+    QueueKey,
+    recreated_topics,
+    split_range,
+)
 from equeue_spark.spark.options import EARLIEST, LATEST, ReadOptions, StartSpec
 from equeue_spark.spark.read_task import QueueRange
 
@@ -207,11 +213,11 @@ class Planner:
         return kept_starts, {k: o for k, o in ends.items() if k[0] not in gone}
 
     def recreated(self, before: Incarnations, now: Incarnations, then: str = "") -> set[str]:
-        """Topics deleted and created again between two listings: their
-        incarnations are known in both and differ. ``OffsetsLostError`` for
-        the first with failOnDataLoss; else the set, with a warning each
-        (saying what happens ``then``; none when empty)."""
-        topics = {t for t, i in before.items() if i and now.get(t, i) != i}
+        """Topics deleted and created again between two listings
+        (``recreated_topics``): ``OffsetsLostError`` for the first with
+        failOnDataLoss; else the set, with a warning each (saying what happens
+        ``then``; none when empty)."""
+        topics = recreated_topics(before, now)
         for topic in sorted(topics):
             why = (
                 f"topic {topic} was deleted and created again: the query's offsets are "

@@ -47,6 +47,7 @@ from equeue_spark.spark.offsets import (
     from_json,
     incarnations,
     rate_limit,
+    recreated_topics,
     split_budget,
     to_json,
 )
@@ -394,7 +395,11 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _read(partition, self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
-        self.planner.commit(from_json(end))
+        offsets = from_json(end)
+        if self._listed is not None:  # Spark commits one batch late: the topic may be new
+            stale = recreated_topics(incarnations(end), self._listed.incarnations)
+            offsets = {k: o for k, o in offsets.items() if k[0] not in stale}
+        self.planner.commit(offsets)
 
     def stop(self) -> None:
         if self._planner is not None:
