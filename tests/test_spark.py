@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -522,6 +523,32 @@ def test_recreated_topic_under_a_checkpoint_fails_or_is_read_from_earliest(
     available_now(lenient.load(), tmp_path / "ck", tmp_path / "out")
     read = sorted(r.value for r in rows_of(spark, tmp_path / "out"))
     assert read == sorted([b"old-%d" % i for i in range(10)] + new_values)
+
+
+def test_checkpoint_without_incarnations_resumes_and_adopts_the_current_one(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Offsets written before incarnations existed: the query resumes where it
+    was, with failOnDataLoss=true, and records the topic's incarnation."""
+    produce(broker.address, "legacy", [b"a-%d" % i for i in range(10)])
+    first = reader(spark, broker, stream=True, topic="legacy", startingOffsets="earliest")
+    available_now(first.load(), tmp_path / "ck", tmp_path / "out")
+    logged = sorted((tmp_path / "ck" / "offsets").glob("[0-9]*"))
+    assert logged
+    for path in logged:  # as the previous version wrote them
+        text = path.read_text()
+        assert '"incarnation": ' in text
+        path.write_text(re.sub(r', "incarnation": \d+', "", text))
+    produce(broker.address, "legacy", [b"b-%d" % i for i in range(5)])
+
+    again = reader(spark, broker, stream=True, topic="legacy")
+    available_now(again.load(), tmp_path / "ck", tmp_path / "out")
+    read = sorted(r.value for r in rows_of(spark, tmp_path / "out"))
+    assert read == sorted([b"a-%d" % i for i in range(10)] + [b"b-%d" % i for i in range(5)])
+    with Admin(broker.address) as admin:
+        incarnation = admin.describe_topic("legacy").incarnation
+    latest = max((tmp_path / "ck" / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
+    assert f'"incarnation": {incarnation}' in latest.read_text()
 
 
 def test_replayed_batch_of_a_recreated_topic_fails_or_is_skipped(broker: BrokerProcess) -> None:
