@@ -478,6 +478,26 @@ def test_sigterm_shuts_down_cleanly(broker_factory: StartBroker, tmp_path: Path)
         assert sum(q.end_offset for q in admin.describe_topic("kept").queues) == 2
 
 
+def test_incarnation_is_kept_across_restarts_and_new_on_recreate(
+    broker_factory: StartBroker, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "incarnation"
+    broker = broker_factory(data_dir=data_dir)
+    with Admin(broker.address) as admin:
+        created = admin.create_topic("born", queues=2).incarnation
+        assert created > 0 and admin.describe_topic("born").incarnation == created
+        listed = admin.list_topic_offsets("born")
+        assert listed.incarnation == created and len(listed.queues) == 2
+    assert broker.stop() == 0
+    broker = broker_factory(data_dir=data_dir)
+    with Admin(broker.address) as admin:
+        assert [t.incarnation for t in admin.list_topics()] == [created]
+        admin.delete_topic("born")
+        reborn = admin.create_topic("born", queues=2).incarnation
+        assert reborn not in (0, created)
+        assert admin.list_topic_offsets("born").incarnation == reborn
+
+
 def test_producer_lingers_and_batches(broker: BrokerProcess) -> None:
     # Pauses in the middle of batches let the 1 ms linger thread cut partial
     # batches while the caller cuts full ones: whichever thread sends, one

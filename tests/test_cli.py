@@ -124,6 +124,10 @@ def test_topics_lifecycle(cli: Cli) -> None:
         ["1", "0", "0", "-", "0", "yes", "yes"],
     ]
 
+    incarnation = cli("topics", "describe", "cli-topics", "--json").json()["incarnation"]
+    assert isinstance(incarnation, int) and incarnation > 0
+    assert described.out.splitlines()[0].endswith(f"  incarnation {incarnation}")
+
     info = cli("topics", "add-queue", "cli-topics", "--count", "2", "--json").json()
     assert [q["queue_id"] for q in info["queues"]] == [0, 1, 2, 3]
 

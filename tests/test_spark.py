@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -303,13 +304,13 @@ def test_one_offsets_listing_per_trigger(
         start = source.initialOffset()
         admin = source.planner.admin
         listings: list[str] = []
-        real = admin.list_offsets
+        real = admin.list_topic_offsets
 
         def counted(topic: str, timestamp_ms: int | None = None) -> Any:
             listings.append(topic)
             return real(topic, timestamp_ms)
 
-        monkeypatch.setattr(admin, "list_offsets", counted)
+        monkeypatch.setattr(admin, "list_topic_offsets", counted)
         end = source.latestOffset(start, ReadAllAvailable())
         assert source.reportLatestOffset() == end
         ranges = [p.value for p in source.partitions(start, end)]
@@ -492,6 +493,134 @@ def test_fail_on_data_loss_both_ways(
     later = [r.offset for r in rows if r.offset >= 10]
     assert min(later) >= earliest and max(later) == 1009  # skipped the lost, read the rest
     assert len(later) == len(set(later)) == 1010 - min(later)
+
+
+def test_recreated_topic_under_a_checkpoint_fails_or_is_read_from_earliest(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("reborn", queues=2)
+        produce(broker.address, "reborn", [b"old-%d" % i for i in range(10)], queues=2)
+        first = reader(spark, broker, stream=True, topic="reborn", startingOffsets="earliest")
+        available_now(first.load(), tmp_path / "ck", tmp_path / "out")
+        old = admin.describe_topic("reborn").incarnation
+        admin.delete_topic("reborn")
+        new = admin.create_topic("reborn", queues=2).incarnation
+    # Past the checkpoint's offsets (5 per queue): read from there, the new
+    # topic's first 5 records of each queue would be skipped without a word.
+    new_values = [b"new-%d" % i for i in range(30)]
+    produce(broker.address, "reborn", new_values, queues=2)
+
+    strict = reader(spark, broker, stream=True, topic="reborn").load()
+    query = strict.writeStream.format("parquet").option("path", str(tmp_path / "out")).option(
+        "checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()  # fmt: skip
+    with pytest.raises(
+        SparkError, match=rf"topic reborn was deleted .* incarnation {old}, .* incarnation {new};"
+    ):
+        query.awaitTermination(120)
+
+    lenient = reader(spark, broker, stream=True, topic="reborn", failOnDataLoss="false")
+    available_now(lenient.load(), tmp_path / "ck", tmp_path / "out")
+    read = sorted(r.value for r in rows_of(spark, tmp_path / "out"))
+    assert read == sorted([b"old-%d" % i for i in range(10)] + new_values)
+
+
+def test_checkpoint_without_incarnations_resumes_and_adopts_the_current_one(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Offsets written before incarnations existed: the query resumes where it
+    was, with failOnDataLoss=true, and records the topic's incarnation."""
+    produce(broker.address, "legacy", [b"a-%d" % i for i in range(10)])
+    first = reader(spark, broker, stream=True, topic="legacy", startingOffsets="earliest")
+    available_now(first.load(), tmp_path / "ck", tmp_path / "out")
+    logged = sorted((tmp_path / "ck" / "offsets").glob("[0-9]*"))
+    assert logged
+    for path in logged:  # as the previous version wrote them
+        text = path.read_text()
+        assert '"incarnation": ' in text
+        path.write_text(re.sub(r', "incarnation": \d+', "", text))
+    produce(broker.address, "legacy", [b"b-%d" % i for i in range(5)])
+
+    again = reader(spark, broker, stream=True, topic="legacy")
+    available_now(again.load(), tmp_path / "ck", tmp_path / "out")
+    read = sorted(r.value for r in rows_of(spark, tmp_path / "out"))
+    assert read == sorted([b"a-%d" % i for i in range(10)] + [b"b-%d" % i for i in range(5)])
+    with Admin(broker.address) as admin:
+        incarnation = admin.describe_topic("legacy").incarnation
+    latest = max((tmp_path / "ck" / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
+    assert f'"incarnation": {incarnation}' in latest.read_text()
+
+
+def test_replayed_batch_of_a_recreated_topic_fails_or_is_skipped(broker: BrokerProcess) -> None:
+    """A restarted query replays its last planned batch (partitions before any
+    latestOffset): if the topic was recreated since, that batch's offsets are
+    the old topic's."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import StructType
+
+    from equeue_spark.spark.errors import OffsetsLostError
+    from equeue_spark.spark.options import ReadOptions
+    from equeue_spark.spark.source import EqueueStreamReader
+
+    def source(**options: str) -> EqueueStreamReader:
+        options = {"broker": broker.address, "topic": "replay", **options}
+        return EqueueStreamReader(ReadOptions.parse(options, streaming=True), StructType())
+
+    with Admin(broker.address) as admin:
+        admin.create_topic("replay", queues=1)
+    produce(broker.address, "replay", [b"old"] * 5)
+    first = source(startingOffsets="earliest")
+    start = first.initialOffset()
+    end = first.latestOffset(start, ReadAllAvailable())
+    first.stop()
+    with Admin(broker.address) as admin:
+        admin.delete_topic("replay")
+        admin.create_topic("replay", queues=1)
+    produce(broker.address, "replay", [b"new"] * 8)
+
+    strict = source()
+    with pytest.raises(OffsetsLostError, match="topic replay was deleted and created again"):
+        strict.partitions(start, end)
+    strict.stop()
+    lenient = source(failOnDataLoss="false")
+    try:
+        assert lenient.partitions(start, end) == []  # the old topic's records are gone
+        after = lenient.latestOffset(end, ReadAllAvailable())
+        ranges = [p.value for p in lenient.partitions(end, after)]
+    finally:
+        lenient.stop()
+    assert [(r.queue_id, r.start, r.end) for r in ranges] == [(0, 0, 8)]
+
+
+def test_progress_in_a_recreated_topic_is_not_committed_to_the_group(
+    broker: BrokerProcess,
+) -> None:
+    """Spark's commit() brings a batch's end one trigger late: if the topic was
+    recreated meanwhile, those offsets are the old topic's, not the group's
+    progress in the new one."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import StructType
+
+    from equeue_spark.spark.options import ReadOptions
+    from equeue_spark.spark.source import EqueueStreamReader
+
+    with Admin(broker.address) as admin:
+        admin.create_topic("regroup", queues=1)
+        produce(broker.address, "regroup", [b"old"] * 5)
+        options = {"broker": broker.address, "topic": "regroup", "group": "etl",
+                   "startingOffsets": "earliest", "failOnDataLoss": "false"}  # fmt: skip
+        source = EqueueStreamReader(ReadOptions.parse(options, streaming=True), StructType())
+        try:
+            start = source.initialOffset()
+            end = source.latestOffset(start, ReadAllAvailable())
+            admin.delete_topic("regroup")
+            admin.create_topic("regroup", queues=1)
+            produce(broker.address, "regroup", [b"new"] * 8)
+            source.latestOffset(end, ReadAllAvailable())  # the next trigger
+            source.commit(end)
+        finally:
+            source.stop()
+        assert admin.fetch_offsets("etl", "regroup") == {}
 
 
 def test_explicit_registration_works_too(spark: SparkSession, broker: BrokerProcess) -> None:

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
-from equeue_spark.spark.offsets import from_json, rate_limit, split_budget, split_range, to_json
+from equeue_spark.spark.offsets import (
+    from_json,
+    incarnations,
+    rate_limit,
+    split_budget,
+    split_range,
+    to_json,
+)
 from equeue_spark.spark.options import EARLIEST, ReadOptions, WriteOptions, headers_requested
 
 
@@ -20,6 +27,17 @@ def test_offsets_json_is_canonical() -> None:
     assert text == '{"a": {"2": 1, "10": 3}, "b": {"9": 7, "10": 5}}'
     assert json.dumps(to_json(dict(reversed(offsets.items())))) == text
     assert from_json(json.loads(text)) == offsets
+
+
+def test_offsets_json_carries_incarnations_and_reads_old_offsets() -> None:
+    offsets = {("b", 10): 5, ("a", 2): 1, ("b", 9): 7}
+    text = json.dumps(to_json(offsets, {"b": 2**63 - 1, "a": 0, "gone": 4}))
+    # After the queues, only for topics with offsets and a known incarnation.
+    assert text == '{"a": {"2": 1}, "b": {"9": 7, "10": 5, "incarnation": 9223372036854775807}}'
+    assert from_json(json.loads(text)) == offsets
+    assert incarnations(json.loads(text)) == {"b": 2**63 - 1}
+    old = json.loads('{"a": {"2": 1}, "b": {"9": 7, "10": 5}}')  # before incarnations
+    assert from_json(old) == offsets and incarnations(old) == {}
 
 
 def test_rate_limit_is_proportional_and_never_starves() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -239,6 +240,56 @@ def test_deleted_topic_records_never_come_back(make_config: MakeConfig) -> None:
     try:
         assert read_all(store, "t", 0) == values(3, tag="new")
         assert store.recovery.index_entries_rebuilt == 0
+    finally:
+        store.close()
+
+
+def test_topic_incarnation_survives_restart_and_changes_on_recreate(
+    make_config: MakeConfig,
+) -> None:
+    config = make_config()
+    store = Store(config, background=False)
+    first = store.create_topic("t", 1).incarnation
+    assert 0 < first < 2**63
+    assert store.add_queues("t", 1).incarnation == first  # later changes keep it
+    store.close()
+    store = Store(config, background=False)
+    assert store.topic("t").incarnation == first
+    store.delete_topic("t")
+    second = store.create_topic("t", 1).incarnation
+    assert second != first
+    store.close()
+    store = Store(config, background=False)
+    try:
+        assert store.topic("t").incarnation == second
+    finally:
+        store.close()
+
+
+def test_topics_saved_without_incarnations_get_one_at_load_for_good(
+    make_config: MakeConfig,
+) -> None:
+    """A data directory from a broker without incarnations: each topic is given
+    one at open, saved at once, so the next open finds the same."""
+    config = make_config()
+    store = Store(config, background=False)
+    store.create_topic("old", 2)
+    store.close()
+    topics_file = config.data_dir / "topics.json"
+    document = json.loads(topics_file.read_text())
+    del document["topics"]["old"]["incarnation"]
+    topics_file.write_text(json.dumps(document))
+    (config.data_dir / "topics.json.bak").unlink(missing_ok=True)
+
+    store = Store(config, background=False)
+    assigned = store.topic("old").incarnation
+    store.close()
+    assert assigned > 0
+    assert json.loads(topics_file.read_text())["topics"]["old"]["incarnation"] == assigned
+    store = Store(config, background=False)
+    try:
+        assert store.topic("old").incarnation == assigned
+        assert [q.queue_id for q in store.topic("old").queues] == [0, 1]
     finally:
         store.close()
 

@@ -31,7 +31,7 @@ class AdminService(pb_grpc.AdminServicer):
     def _topic_info(self, name: str) -> pb.TopicInfo:
         store = self.s.store
         meta = store.topic(name)
-        info = pb.TopicInfo(name=name, created_ms=meta.created_ms)
+        info = pb.TopicInfo(name=name, created_ms=meta.created_ms, incarnation=meta.incarnation)
         for q in meta.queues:
             queue = store.queue_info(name, q.queue_id)
             low = store.min_committed(name, q.queue_id)

@@ -342,8 +342,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         timestamp = request.timestamp_ms if request.HasField("timestamp_ms") else None
 
         def list_() -> pb.ListOffsetsReply:
-            reply = pb.ListOffsetsReply()
-            for q in store.topic(request.topic).queues:
+            meta = store.topic(request.topic)
+            reply = pb.ListOffsetsReply(incarnation=meta.incarnation)
+            for q in meta.queues:
                 info = store.queue_info(request.topic, q.queue_id)
                 found = -1
                 if timestamp is not None:

@@ -5,10 +5,17 @@ producer-visible queue receives new messages, a consumer-visible queue is
 handed to consumers. Hiding a queue from producers and waiting until every
 group has consumed it makes it safe to delete. The file is rewritten
 atomically (with a ``.bak`` copy) before any admin change returns.
+
+Each topic also has an *incarnation*: a random non-zero 63-bit id drawn when the
+topic is created. A topic deleted and created again under the same name gets a
+new one, so a reader holding offsets of the old topic (a Spark checkpoint) can
+tell that they do not apply to the new one. Files written before incarnations
+existed get one per topic at load, saved at once so it never changes again.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,12 +31,20 @@ class QueueMeta:
     consumer_visible: bool = True
 
 
+def new_incarnation() -> int:
+    """A fresh incarnation: random, non-zero (0 means "unknown" on the wire),
+    below 2**63 so it fits a signed 64-bit integer (Java's long, JSON readers)."""
+    return secrets.randbelow(2**63 - 1) + 1
+
+
 @dataclass(frozen=True)
 class TopicMeta:
     name: str
     queues: tuple[QueueMeta, ...]
     created_ms: int
     extra: dict[str, Any] = field(default_factory=dict)
+    incarnation: int = field(default_factory=new_incarnation)
+    """Drawn at creation (the default); kept by every later change of the topic."""
 
     def queue(self, queue_id: int) -> QueueMeta | None:
         return next((q for q in self.queues if q.queue_id == queue_id), None)
@@ -43,9 +58,19 @@ class TopicMeta:
 
 
 def load_topics(path: Path) -> dict[str, TopicMeta]:
+    """The topics saved in ``path``. Topics saved without an incarnation (by a
+    broker that had none) are given one, and the file is saved again before
+    this returns: an incarnation must not change across restarts."""
     document = load_json(path)
     if document is None:
         return {}
+    topics = _parse_topics(document, path)
+    if any("incarnation" not in entry for entry in document["topics"].values()):
+        save_topics(path, topics)
+    return topics
+
+
+def _parse_topics(document: Any, path: Path) -> dict[str, TopicMeta]:
     try:
         return {
             name: TopicMeta(
@@ -56,11 +81,21 @@ def load_topics(path: Path) -> dict[str, TopicMeta]:
                 ),
                 int(entry["created_ms"]),
                 dict(entry.get("extra", {})),
+                _incarnation(entry),
             )
             for name, entry in document["topics"].items()
         }
     except (KeyError, AttributeError, TypeError, ValueError) as exc:
         raise CorruptionError(f"topics file has an unexpected shape: {exc}", str(path)) from exc
+
+
+def _incarnation(entry: dict[str, Any]) -> int:
+    if "incarnation" not in entry:
+        return new_incarnation()
+    value = int(entry["incarnation"])
+    if not 0 < value < 2**63:
+        raise ValueError(f"incarnation {value} outside [1, 2**63)")
+    return value
 
 
 def save_topics(path: Path, topics: dict[str, TopicMeta]) -> None:
@@ -79,6 +114,7 @@ def save_topics(path: Path, topics: dict[str, TopicMeta]) -> None:
                     ],
                     "created_ms": t.created_ms,
                     "extra": t.extra,
+                    "incarnation": t.incarnation,
                 }
                 for t in topics.values()
             }

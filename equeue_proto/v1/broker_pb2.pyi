@@ -281,10 +281,12 @@ class QueueOffsets(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., timestamp_offset: _Optional[int] = ..., consumer_visible: _Optional[bool] = ...) -> None: ...
 
 class ListOffsetsReply(_message.Message):
-    __slots__ = ("queues",)
+    __slots__ = ("queues", "incarnation")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueOffsets]
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueOffsets, _Mapping]]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueOffsets, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class OffsetForBytesRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "start_offset", "end_offset", "max_bytes")
@@ -371,14 +373,16 @@ class DeleteQueueRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
-    __slots__ = ("name", "queues", "created_ms")
+    __slots__ = ("name", "queues", "created_ms", "incarnation")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
     created_ms: int
-    def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
     __slots__ = ("queue_id", "earliest_offset", "end_offset", "min_committed_offset", "backlog", "producer_visible", "consumer_visible")

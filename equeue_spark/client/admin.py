@@ -138,8 +138,15 @@ class Admin:
     def list_offsets(self, topic: str, timestamp_ms: int | None = None) -> list[pb.QueueOffsets]:
         """Every queue's earliest and end offsets (and, given ``timestamp_ms``,
         the first offset stored at or after it), by queue id."""
+        return list(self.list_topic_offsets(topic, timestamp_ms).queues)
+
+    def list_topic_offsets(
+        self, topic: str, timestamp_ms: int | None = None
+    ) -> pb.ListOffsetsReply:
+        """``list_offsets`` with the topic's ``incarnation`` beside the ``queues``
+        (both from one call, so the offsets are known to be that incarnation's)."""
         request = pb.ListOffsetsRequest(topic=topic, timestamp_ms=timestamp_ms)
-        return list(self._conn.call(self._conn.broker.ListOffsets, request).queues)
+        return self._conn.call(self._conn.broker.ListOffsets, request)
 
     def offset_for_bytes(
         self, topic: str, queue_id: int, start: int, end: int, max_bytes: int

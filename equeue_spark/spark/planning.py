@@ -10,18 +10,34 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import Admin
 from equeue_spark.client.errors import EqueueError, NotFoundError
 from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
-from equeue_spark.spark.offsets import Offsets, QueueKey, split_range
+from equeue_spark.spark.offsets import (
+    Incarnations,
+    Offsets,
+    QueueKey,
+    recreated_topics,
+    split_range,
+)
 from equeue_spark.spark.options import EARLIEST, LATEST, ReadOptions, StartSpec
 from equeue_spark.spark.read_task import QueueRange
 
 log = logging.getLogger("equeue.spark")
 
 Queues = dict[QueueKey, pb.QueueOffsets]
+
+
+@dataclass
+class Listing:
+    """One look at the query's topics: the offsets of their consumer-visible
+    queues and, from the same broker replies, each topic's incarnation."""
+
+    queues: Queues = field(default_factory=dict)
+    incarnations: Incarnations = field(default_factory=dict)
 
 
 class Planner:
@@ -53,27 +69,42 @@ class Planner:
         return sorted(t.name for t in self.admin.list_topics() if pattern.fullmatch(t.name))
 
     def queues(self, timestamp_ms: int | None = None) -> Queues:
-        """Offsets of every consumer-visible queue of the query's topics.
+        """Offsets of every consumer-visible queue of the query's topics."""
+        return self.listing(timestamp_ms).queues
+
+    def listing(self, timestamp_ms: int | None = None) -> Listing:
+        """Offsets of every consumer-visible queue of the query's topics, and
+        the topics' incarnations (one broker call per topic).
 
         A named topic that does not exist yet simply has no queues (the query
         waits for it), as Kafka's ``subscribe`` does.
         """
-        found: Queues = {}
+        found = Listing()
         for topic in self.topics():
             try:
-                listed = self.admin.list_offsets(topic, timestamp_ms)
+                listed = self.admin.list_topic_offsets(topic, timestamp_ms)
             except NotFoundError:
                 continue
-            for q in listed:
+            if listed.incarnation:
+                found.incarnations[topic] = listed.incarnation
+            for q in listed.queues:
                 if q.consumer_visible:
-                    found[(topic, q.queue_id)] = q
+                    found.queues[(topic, q.queue_id)] = q
         return found
 
     # -- start and end offsets ------------------------------------------------------
 
-    def resolve(self, spec: StartSpec, timestamp_ms: int | None, *, end: bool) -> Offsets:
-        """Offsets for a ``startingOffsets``/``endingOffsets`` spec or a timestamp."""
-        queues = self.queues(timestamp_ms)
+    def resolve(
+        self,
+        spec: StartSpec,
+        timestamp_ms: int | None,
+        *,
+        end: bool,
+        listing: Listing | None = None,
+    ) -> Offsets:
+        """Offsets for a ``startingOffsets``/``endingOffsets`` spec or a timestamp
+        (in ``listing``, made with ``timestamp_ms``, when given)."""
+        queues = (listing or self.listing(timestamp_ms)).queues
         if timestamp_ms is not None:
             return {key: q.timestamp_offset for key, q in queues.items()}
         if spec == "group":
@@ -116,24 +147,32 @@ class Planner:
     # -- partitions -------------------------------------------------------------------
 
     def ranges(
-        self, starts: Mapping[QueueKey, int], ends: Offsets, listed: Queues | None = None
+        self,
+        starts: Mapping[QueueKey, int],
+        ends: Offsets,
+        listed: Listing | None = None,
+        incarnations: tuple[Incarnations, Incarnations] | None = None,
     ) -> list[QueueRange]:
         """Spark partitions for ``[starts, ends)``: one per queue range, cut by
         ``maxRecordsPerPartition``. Queues new since ``starts`` start at their
-        earliest offset; starts below the earliest are data loss.
+        earliest offset; starts below the earliest are data loss, and so are
+        the starts of a topic recreated since (``incarnations``: the topics'
+        at ``starts`` and at ``ends``, when the offsets carry them).
 
         ``listed``: a listing of the queues already made for this batch (a
         moment old is fine: earliest offsets only grow, and a read task that
         meets offsets removed since applies the same data-loss policy)."""
         opts = self.options
         ranges = []
-        current: Queues = {}
+        current = Listing()
         if self._needs_earliest(starts, ends):
-            current = self.queues() if listed is None else listed
+            current = self.listing() if listed is None else listed
+            if incarnations is not None:
+                starts, ends = self._recreated_ranges(starts, ends, incarnations, current)
         for key in sorted(ends):
             end = ends[key]
             start = starts.get(key)
-            q = current.get(key)
+            q = current.queues.get(key)
             if start is None:
                 start = q.earliest_offset if q is not None else end
             elif q is not None and start < q.earliest_offset:
@@ -155,6 +194,43 @@ class Planner:
                     )
                 )
         return ranges
+
+    def _recreated_ranges(
+        self,
+        starts: Mapping[QueueKey, int],
+        ends: Offsets,
+        incarnations: tuple[Incarnations, Incarnations],
+        current: Listing,
+    ) -> tuple[Offsets, Offsets]:
+        """``starts`` without the topics recreated between the two offsets (so
+        they start at the new topic's earliest), and ``ends`` without the
+        topics recreated since ``ends`` were listed (a batch replayed from the
+        checkpoint: its records are gone with the old topic)."""
+        at_start, at_end = incarnations
+        reset = self.recreated(at_start, at_end, "reading the new topic from its earliest offset")
+        gone = self.recreated(at_end, current.incarnations, "skipping this batch's records")
+        kept_starts = {k: o for k, o in starts.items() if k[0] not in reset}
+        return kept_starts, {k: o for k, o in ends.items() if k[0] not in gone}
+
+    def recreated(self, before: Incarnations, now: Incarnations, then: str = "") -> set[str]:
+        """Topics deleted and created again between two listings
+        (``recreated_topics``): ``OffsetsLostError`` for the first with
+        failOnDataLoss; else the set, with a warning each (saying what happens
+        ``then``; none when empty)."""
+        topics = recreated_topics(before, now)
+        for topic in sorted(topics):
+            why = (
+                f"topic {topic} was deleted and created again: the query's offsets are "
+                f"of its incarnation {before[topic]}, the topic is now incarnation {now[topic]}"
+            )
+            if self.options.fail_on_data_loss:
+                raise OffsetsLostError(
+                    f"{why}; set failOnDataLoss=false to read the new topic from its "
+                    "earliest offset"
+                )
+            if then:
+                log.warning("%s; %s", why, then)
+        return topics
 
     @staticmethod
     def _needs_earliest(starts: Mapping[QueueKey, int], ends: Offsets) -> bool:

@@ -45,12 +45,14 @@ from equeue_spark.spark.offsets import (
     Offsets,
     backlog,
     from_json,
+    incarnations,
     rate_limit,
+    recreated_topics,
     split_budget,
     to_json,
 )
 from equeue_spark.spark.options import ReadOptions, WriteOptions, headers_requested
-from equeue_spark.spark.planning import Planner, Queues
+from equeue_spark.spark.planning import Listing, Planner, Queues
 from equeue_spark.spark.read_task import QueueRange, read_range
 from equeue_spark.spark.write_task import (
     WriteSummary,
@@ -126,7 +128,8 @@ class EqueueDataSource(DataSource):
         Reads only. Add the ``headers`` column.
     failOnDataLoss : bool, default ``true``
         Reads only. Fail when records still to read are gone (retention, a
-        recreated topic); ``false`` skips them and logs how many.
+        recreated topic); ``false`` skips them and logs how many, and reads a
+        recreated topic (a new incarnation) from its earliest offset.
     timeoutMs : int, default ``30000``
         Deadline of every broker call, on the driver and in tasks. Reads and writes.
     batchSize : int, default ``5000``
@@ -283,7 +286,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planner: Planner | None = None
         self._target: Offsets | None = None
         self._last_batch = time.monotonic()
-        self._listed: Queues | None = None
+        self._listed: Listing | None = None
         """The queues as latestOffset listed them; Spark calls reportLatestOffset
         and partitions right after it, and they reuse it (one listing per trigger)."""
 
@@ -302,7 +305,11 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, Any]:
         o = self.options
-        return to_json(self.planner.resolve(o.starting, o.starting_timestamp_ms, end=False))
+        listing = self.planner.listing(o.starting_timestamp_ms)
+        offsets = self.planner.resolve(
+            o.starting, o.starting_timestamp_ms, end=False, listing=listing
+        )
+        return to_json(offsets, listing.incarnations)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         o = self.options
@@ -318,12 +325,17 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {k: q.end_offset for k, q in self.planner.queues().items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        starts = from_json(start)
+        listing = self._listed = self.planner.listing()
+        queues = listing.queues
+        # A topic recreated since ``start`` fails the query here (failOnDataLoss),
+        # before Spark logs a batch; else it is read from its earliest offset
+        # (partitions() warns), so its old offsets are neither limits nor progress.
+        recreated = self.planner.recreated(incarnations(start), listing.incarnations)
+        starts = {k: o for k, o in from_json(start).items() if k[0] not in recreated}
         # ``start`` is the end of the last completed batch: committing it here,
         # not only in commit() (which Spark calls one batch late, and never for
         # an AvailableNow run's last batch), keeps the group's lag current.
         self.planner.commit(starts)
-        queues = self._listed = self.planner.queues()
         ends = {k: q.end_offset for k, q in queues.items()}
         if self._target is not None:  # AvailableNow: nothing that arrived later
             ends = {k: min(e, self._target[k]) for k, e in ends.items() if k in self._target}
@@ -335,7 +347,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ends = admitted
         if ends != starts:
             self._last_batch = time.monotonic()
-        return to_json(ends)
+        return to_json(ends, listing.incarnations)
 
     def _admit(
         self, starts: Offsets, ends: Offsets, limit: ReadLimit, queues: Queues
@@ -368,20 +380,26 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return capped
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        queues = self.planner.queues() if self._listed is None else self._listed
-        return to_json({k: q.end_offset for k, q in queues.items()})
+        listing = self.planner.listing() if self._listed is None else self._listed
+        return to_json({k: q.end_offset for k, q in listing.queues.items()}, listing.incarnations)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         # A restarted query's first partitions() (a batch replayed from the
         # checkpoint) comes before any latestOffset: then the planner lists.
-        ranges = self.planner.ranges(from_json(start), from_json(end), self._listed)
+        ranges = self.planner.ranges(
+            from_json(start), from_json(end), self._listed, (incarnations(start), incarnations(end))
+        )
         return [EqueuePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
-        self.planner.commit(from_json(end))
+        offsets = from_json(end)
+        if self._listed is not None:  # Spark commits one batch late: the topic may be new
+            stale = recreated_topics(incarnations(end), self._listed.incarnations)
+            offsets = {k: o for k, o in offsets.items() if k[0] not in stale}
+        self.planner.commit(offsets)
 
     def stop(self) -> None:
         if self._planner is not None:

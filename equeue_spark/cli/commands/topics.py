@@ -15,7 +15,10 @@ def _show_topic(ui: Output, info: pb.TopicInfo, headline: str | None = None) -> 
         return
     if headline:
         ui.line(headline)
-    ui.line(f"topic {info.name}  created {format_time(info.created_ms)}  queues {len(info.queues)}")
+    ui.line(
+        f"topic {info.name}  created {format_time(info.created_ms)}  queues {len(info.queues)}"
+        f"  incarnation {info.incarnation}"
+    )
     rows = [
         (
             q.queue_id,

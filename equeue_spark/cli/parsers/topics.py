@@ -15,8 +15,9 @@ from equeue_spark.cli.commands.topics import (
 )
 
 DESCRIBE_DESCRIPTION = (
-    "Per queue: id, earliest and end offsets, lowest committed offset of any group,\n"
-    "backlog, and whether producers and consumers see it."
+    "The topic's creation time, queue count and incarnation (a new id each time the\n"
+    "name is created again). Per queue: id, earliest and end offsets, lowest committed\n"
+    "offset of any group, backlog, and whether producers and consumers see it."
 )
 
 
