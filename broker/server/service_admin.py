@@ -182,6 +182,8 @@ class AdminService(pb_grpc.AdminServicer):
                         raise BadRequest(f"offset {offset} for queue {queue_id} is negative")
                     entries.append((request.topic, queue_id, offset))
             store.commit_offsets(request.group, entries)
+            fields = {"group": request.group, "topic": request.topic, "to": target}
+            log.info("offsets reset", extra=fields)
             return self._group_info(request.group)
 
         return await self.s.call(reset)
@@ -192,6 +194,7 @@ class AdminService(pb_grpc.AdminServicer):
     ) -> pb.DeleteGroupReply:
         await self.s.call(self.s.store.delete_group, request.group)
         self.s.consumers.forget(request.group)
+        log.info("group deleted", extra={"group": request.group})
         return pb.DeleteGroupReply()
 
     @rpc
