@@ -102,8 +102,9 @@ def test_a_recreated_queue_id_starts_its_counters_at_zero(broker: BrokerProcess)
     with Admin(broker.address) as admin, Producer(broker.address) as producer:
         admin.create_topic("requeued", queues=2)
         producer.send_batch("requeued", [b"1", b"2"], queue_ids=[1, 1])
+        _consume(broker.address, "g", "requeued", 1, 2)
         _hide(admin, "requeued", 1)
-        admin.delete_queue("requeued", 1, force=True)
+        admin.delete_queue("requeued", 1)
         admin.add_queues("requeued", 1)  # takes id 1 again
         stats = admin.stats()
         assert [(c.topic, c.queue_id) for c in stats.queue_counters] == []
