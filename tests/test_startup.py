@@ -5,6 +5,7 @@ they are about; DEBUG is the broker's, not gRPC's). Real broker processes."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import socket
@@ -70,10 +71,29 @@ def test_a_second_broker_on_a_live_brokers_port_refuses_to_start(
             assert [t.name for t in admin.list_topics()] == ["only-on-the-first"]
 
 
-def _config(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "broker.toml"
-    path.write_text(text)
-    return str(path)
+def test_grpc_itself_does_not_join_a_shareable_port(tmp_path: Path) -> None:
+    """The backstop behind the address check (which may race): the gRPC server
+    is told not to set SO_REUSEPORT, so it cannot join even a listener that
+    allows sharing. In-process: only ``create_server`` binds without the check."""
+    from equeue_broker.server.app import create_server
+    from equeue_broker.server.config import BrokerConfig
+    from equeue_broker.server.startup import CannotBind
+    from equeue_broker.storage import Store
+
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind((HOST, 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        settings = {"data_dir": str(tmp_path / "data"), "host": HOST, "port": port}
+        config = BrokerConfig.from_settings(settings)
+        store = Store(config.storage)
+        try:
+            expected = f"cannot listen on {HOST}:{port}: Address already in use"
+            with pytest.raises(CannotBind, match=expected):
+                asyncio.run(create_server(config, store))
+        finally:
+            store.close()
 
 
 @pytest.mark.parametrize(
