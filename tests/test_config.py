@@ -34,6 +34,7 @@ FLAGS = [
     "--default-queues", "--max-wait-ms", "--max-parked-pulls", "--consumer-timeout-ms",
     "--transaction-timeout-ms", "--max-open-transactions", "--max-transaction-bytes",
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
+    "--library-log-level",
 ]  # fmt: skip
 FILE_ONLY = [
     "max_queues_per_topic", "max_pull_messages", "max_pull_bytes", "max_request_bytes",
@@ -146,3 +147,15 @@ def test_help_shows_each_default_and_unit(capsys: pytest.CaptureFixture[str]) ->
     text = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
     for setting in SETTINGS:
         assert f"({setting.unit_and_default()})" in text, setting.key
+
+
+def test_help_explains_the_data_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    options = text[text.index("options:") :]  # past the usage line
+    described = options[options.index("--data-dir DATA_DIR") : options.index("--host HOST")]
+    assert "message log" in described and "consumer offsets" in described
+    assert "created if missing" in described
+    assert "relative path is taken from the working directory" in described
+    assert "(default equeue-data)" in described

@@ -32,6 +32,7 @@ from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.service_data import BrokerService
+from equeue_broker.server.startup import CannotBind, ExitCode, check_bindable
 from equeue_broker.storage import StorageError, Store
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_proto.allocator import tune_malloc
@@ -59,6 +60,9 @@ async def create_server(
     options = [
         ("grpc.max_receive_message_length", config.max_request_bytes),
         ("grpc.max_send_message_length", config.max_request_bytes),
+        # gRPC sets SO_REUSEPORT by default: a second broker on a live broker's
+        # port would start, and clients would reach either at random.
+        ("grpc.so_reuseport", 0),
     ]
     tokens = load_tokens(config)
     # Outermost first: authenticate, then decode (auth checks decoded requests).
@@ -89,12 +93,16 @@ async def create_server(
     reflection.enable_server_reflection(names, server)
     address = f"{config.host}:{config.port}"
     credentials = server_credentials(config)
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
-    if port == 0:
-        raise OSError(f"cannot listen on {config.host}:{config.port}")
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:  # grpc >= 1.50: "Failed to bind"; older versions return 0
+        port = 0
+    if port == 0:  # serve() checked the address: something took it meanwhile
+        check_bindable(config.host, config.port)
+        raise CannotBind(config.host, config.port, "gRPC could not bind it")
     await server.start()
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -131,6 +139,9 @@ def server_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
 
 
 async def serve(config: BrokerConfig) -> None:
+    # Before opening the store: recovery may take a while, and a second broker
+    # on a live one's port must not touch anything.
+    check_bindable(config.host, config.port)
     store = Store(config.storage)
     try:
         server, port, state = await create_server(config, store)
@@ -178,13 +189,16 @@ def main(argv: list[str] | None = None) -> None:
     """The ``equeue-broker`` console script."""
     from equeue_broker.server.config import parse_args
 
-    config = parse_args(argv)
-    configure_logging(config.log_level, config.log_format)
+    config = parse_args(argv)  # exits with ExitCode.USAGE on a bad flag or file
+    configure_logging(config.log_level, config.log_format, config.library_log_level)
     _raise_file_limit()
     tune_malloc()
     try:
         asyncio.run(serve(config))
+    except CannotBind as exc:
+        log.error("cannot start: %s", exc)
+        raise SystemExit(ExitCode.CANNOT_BIND) from None
     except (OSError, StorageError) as exc:
         log.error("cannot start: %s", exc)
-        raise SystemExit(1) from None
-    os._exit(0)  # grpc's threads are done; skip interpreter teardown races
+        raise SystemExit(ExitCode.CANNOT_START) from None
+    os._exit(ExitCode.OK)  # grpc's threads are done; skip interpreter teardown races

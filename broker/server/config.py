@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 import re
 import tomllib
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, NoReturn, TypeVar, get_type_hints
 
 from equeue_broker.storage.config import UNIT, GiB, KiB, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
@@ -65,6 +66,8 @@ class BrokerConfig:
     log_level: str = "INFO"
     log_format: str = "text"
     """"text" or "json" (one JSON object per line)."""
+    library_log_level: str = "WARNING"
+    """Threshold of gRPC's and asyncio's loggers (never below ``log_level``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -212,7 +215,13 @@ class Setting:
 
 # Flag order is the order --help has always listed them in.
 SETTINGS: tuple[Setting, ...] = (
-    Setting("data_dir", "directory of the message log, indexes and offsets", target="data_dir"),
+    Setting(
+        "data_dir",
+        "directory of the message log, queue indexes, consumer offsets and staged"
+        " transactions; created if missing; a relative path is taken from the working"
+        " directory; one broker per directory",
+        target="data_dir",
+    ),
     Setting("host", "address to listen on; 0.0.0.0 for every interface"),
     Setting("port", "0 = pick a free port"),
     Setting(
@@ -294,23 +303,38 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown_grace_s", "time in-flight requests get on SIGTERM", flag=False),
     Setting("log_level", "log threshold", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     Setting("log_format", "json: one JSON object per line", choices=("text", "json")),
+    Setting(
+        "library_log_level",
+        "log threshold of gRPC and asyncio, never below --log-level",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+    ),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
+    """The config from flags and the ``--config`` file; a bad flag, file or
+    value exits with code 2 and one line on stderr (startup.py)."""
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     settings: dict[str, Any] = {}
     config_file = args.pop("config")
-    if config_file is not None:
-        settings.update(_load_file(config_file))
-    settings.update({k: v for k, v in args.items() if v is not None})
     try:
+        if config_file is not None:
+            settings.update(_load_file(config_file))
+        settings.update({k: v for k, v in args.items() if v is not None})
         return BrokerConfig.from_settings(settings)
     except InvalidArgument as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line: the broker's usage text is 20 lines long and
+    would bury the one that names the problem."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     file_only = [
         f"{s.key.replace('_', '-')} ({s.unit_and_default()})" for s in SETTINGS if not s.flag
     ]
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="equeue-broker",
         description="Run an equeue message broker.",
         epilog="Settings only the --config file takes: " + ", ".join(file_only) + ".",
@@ -347,13 +371,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_file(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        document = tomllib.load(f)
+    """The settings in a TOML config file; ``InvalidArgument`` naming the file
+    (and the key and value) if it cannot be read or holds a bad setting."""
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgument(f"config file {path} is not valid TOML: {exc}") from None
     settings = {key.replace("-", "_"): value for key, value in document.items()}
     unknown = sorted(set(settings) - set(BY_KEY))
     if unknown:
-        raise SystemExit(f"equeue-broker: unknown settings in {path}: {', '.join(unknown)}")
+        raise InvalidArgument(f"unknown settings in {path}: {', '.join(unknown)}")
+    for key, value in settings.items():
+        expected = _expected(BY_KEY[key], value)
+        if expected:
+            shown = json.dumps(value) if isinstance(value, str | int | float | bool) else value
+            raise InvalidArgument(f"config file {path}: {key} = {shown}: expected {expected}")
     return settings
+
+
+def _expected(setting: Setting, value: Any) -> str:
+    """What the setting takes, if ``value`` (as TOML gave it) is not that; else ""."""
+    kind = setting.kind()
+    choices = setting.choices
+    if not choices and isinstance(kind, type) and issubclass(kind, enum.Enum):
+        choices = tuple(str(m.value) for m in kind)
+    if choices:
+        return "" if value in choices else "one of " + ", ".join(f'"{c}"' for c in choices)
+    if kind is bool:
+        return "" if isinstance(value, bool) else "true or false"
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is float or setting.per_unit != 1:
+        return "" if number else "a number"
+    if kind is int:
+        return "" if number and isinstance(value, int) else "an integer"
+    if kind in (str, Path):
+        return "" if isinstance(value, str) else "a string"
+    return ""
 
 
 def _build(cls: type[T], values: Mapping[tuple[str, ...], Any]) -> T:

@@ -60,6 +60,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.DeleteTopicRequest, context: Any
     ) -> pb.DeleteTopicReply:
         await self.s.call(self.s.store.delete_topic, request.name)
+        self.s.counters.forget(request.name)
         log.info("topic deleted", extra={"topic": request.name})
         return pb.DeleteTopicReply()
 
@@ -103,7 +104,12 @@ class AdminService(pb_grpc.AdminServicer):
     @rpc
     async def DeleteQueue(self, request: pb.DeleteQueueRequest, context: Any) -> pb.TopicInfo:
         def delete() -> pb.TopicInfo:
-            self.s.store.delete_queue(request.name, request.queue_id)
+            dropped = self.s.store.delete_queue(request.name, request.queue_id, request.force)
+            self.s.counters.forget(request.name, request.queue_id)
+            fields = {"topic": request.name, "queue": request.queue_id, "dropped": dropped}
+            # Dropping unconsumed messages is data loss an operator asked for:
+            # say so louder than a routine delete.
+            log.log(logging.WARNING if dropped else logging.INFO, "queue deleted", extra=fields)
             return self._topic_info(request.name)
 
         return await self.s.call(delete)
@@ -184,6 +190,8 @@ class AdminService(pb_grpc.AdminServicer):
             # Like any commit from outside the group: not under a live member's feet.
             self.s.consumers.check_unheld(request.group, [(t, q) for t, q, _ in entries])
             store.commit_offsets(request.group, entries)
+            fields = {"group": request.group, "topic": request.topic, "to": target}
+            log.info("offsets reset", extra=fields)
             return self._group_info(request.group)
 
         return await self.s.call(reset)
@@ -194,6 +202,7 @@ class AdminService(pb_grpc.AdminServicer):
     ) -> pb.DeleteGroupReply:
         await self.s.call(self.s.store.delete_group, request.group)
         self.s.consumers.forget(request.group)
+        log.info("group deleted", extra={"group": request.group})
         return pb.DeleteGroupReply()
 
     @rpc
@@ -226,13 +235,18 @@ class AdminService(pb_grpc.AdminServicer):
             store = self.s.store
             raw = store.stats()
             backlog = 0
+            queues: set[tuple[str, int]] = set()
             for topic in store.topics():
                 backlog += sum(q.backlog for q in self._topic_info(topic.name).queues)
+                queues.update((topic.name, q.queue_id) for q in topic.queues)
             produce_rate, consume_rate = self.s.counters.rates()
             produced, consumed = self.s.counters.totals()
+            # Only existing queues: a produce or pull still in flight when its
+            # topic was deleted may count after DeleteTopic made it forget.
             counters = [
                 pb.QueueCounters(topic=t, queue_id=q, produced=p, consumed=c)
                 for t, q, p, c in self.s.counters.per_queue()
+                if (t, q) in queues
             ]
             return pb.BrokerStats(
                 queue_counters=counters,

@@ -16,10 +16,15 @@ class Counters:
         self.produced: collections.Counter[tuple[str, int]] = collections.Counter()
         self.consumed: collections.Counter[tuple[str, int]] = collections.Counter()
         self._seconds: collections.deque[tuple[int, int, int]] = collections.deque()
+        # Kept apart from the per-queue counters, which forget deleted topics.
+        self._produced_total = 0
+        self._consumed_total = 0
 
     def add(self, topic: str, queue_id: int, produced: int = 0, consumed: int = 0) -> None:
         second = int(time.monotonic())
         with self._lock:
+            self._produced_total += produced
+            self._consumed_total += consumed
             if produced:
                 self.produced[(topic, queue_id)] += produced
             if consumed:
@@ -31,6 +36,15 @@ class Counters:
                 self._seconds.append((second, produced, consumed))
             while self._seconds and self._seconds[0][0] <= second - WINDOW_S:
                 self._seconds.popleft()
+
+    def forget(self, topic: str, queue_id: int | None = None) -> None:
+        """Drop a deleted topic's (or queue's) counters: a topic or queue created
+        later under the same name or id starts at zero. The broker-wide totals
+        and rates keep counting what it did (they are since the broker started)."""
+        with self._lock:
+            for counter in (self.produced, self.consumed):
+                for key in [k for k in counter if k[0] == topic and queue_id in (None, k[1])]:
+                    del counter[key]
 
     def rates(self) -> tuple[float, float]:
         """(produced, consumed) messages per second over the last minute."""
@@ -48,4 +62,4 @@ class Counters:
 
     def totals(self) -> tuple[int, int]:
         with self._lock:
-            return sum(self.produced.values()), sum(self.consumed.values())
+            return self._produced_total, self._consumed_total

@@ -78,6 +78,20 @@ class OffsetStore:
             ]
         return min(values) if values else None
 
+    def unconsumed(self, topic: str, queue_id: int, earliest: int, end: int) -> int:
+        """Messages of the queue (``earliest`` to ``end``) that some group has
+        not consumed: every group that committed on the topic counts, those
+        without an entry for this queue as having consumed none of it, and
+        when no group committed on the topic every message is unconsumed."""
+        with self._lock:
+            lows = [queues.get(queue_id, 0) for queues in self._topic_queues(topic)]
+        low = min(lows) if lows else earliest
+        return max(0, end - max(low, earliest))
+
+    def _topic_queues(self, topic: str) -> list[dict[int, int]]:
+        """Each group's offsets on ``topic`` (lock held)."""
+        return [topics[topic] for topics in self._groups.values() if topic in topics]
+
     def clamp(self, ends: dict[tuple[str, int], int]) -> list[tuple[str, str, int, int, int]]:
         """Lower every committed offset above its queue's end to the end;
         return (group, topic, queue, was, now) for each one lowered."""

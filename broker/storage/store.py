@@ -220,9 +220,10 @@ class Store:
             self._queues[(topic, queue_id)].producer_visible = updated.producer_visible
             return updated
 
-    def delete_queue(self, topic: str, queue_id: int) -> None:
-        """Delete a queue hidden from producers and consumers whose every message
-        has been consumed by every group that committed on it."""
+    def delete_queue(self, topic: str, queue_id: int, force: bool = False) -> int:
+        """Delete a queue hidden from producers and consumers; unless ``force``,
+        only if every group that committed on the topic consumed all of it, or
+        it is empty. The number of unconsumed messages it dropped."""
         with self._lock:
             meta = self._topic(topic)
             qmeta = self._queue_meta(meta, queue_id)
@@ -231,15 +232,17 @@ class Store:
                     f"queue {topic}/{queue_id} must be hidden from producers and consumers first"
                 )
             queue = self._queues[(topic, queue_id)]
-            low = self._offsets.min_committed(topic, queue_id)
-            if low is not None and low < queue.visible_end:
+            index = queue.index
+            unread = self._offsets.unconsumed(topic, queue_id, index.earliest, queue.visible_end)
+            if unread and not force:
                 raise PreconditionFailed(
-                    f"queue {topic}/{queue_id} still has {queue.visible_end - low} "
-                    "unconsumed messages"
+                    f"queue {topic}/{queue_id} still has {unread} unconsumed messages; consume "
+                    "them with every group first, or delete it with force (--force) to drop them"
                 )
             self._save_topics({**self._topics, topic: meta.without_queue(queue_id)})
             self._queues.pop((topic, queue_id)).index.destroy()
             self._offsets.forget(topic, queue_id)
+            return unread
 
     def topics(self) -> list[TopicMeta]:
         with self._lock:

@@ -365,12 +365,14 @@ class SetQueueVisibilityRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ..., producer_visible: _Optional[bool] = ..., consumer_visible: _Optional[bool] = ...) -> None: ...
 
 class DeleteQueueRequest(_message.Message):
-    __slots__ = ("name", "queue_id")
+    __slots__ = ("name", "queue_id", "force")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_id: int
-    def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
     __slots__ = ("name", "queues", "created_ms", "incarnation")

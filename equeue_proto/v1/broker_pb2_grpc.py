@@ -712,7 +712,9 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteQueue(self, request, context):
-        """Delete a queue hidden from producers and consumers and fully consumed.
+        """Delete a queue hidden from producers and consumers and fully consumed
+        (every group that committed on the topic consumed all of it, or it is
+        empty); FAILED_PRECONDITION otherwise, unless forced.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

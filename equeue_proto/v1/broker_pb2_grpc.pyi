@@ -378,7 +378,10 @@ class AdminStub:
     SetQueueVisibility: _grpc.UnaryUnaryMultiCallable[_broker_pb2.SetQueueVisibilityRequest, _broker_pb2.TopicInfo]
     """Hide a queue from producers and/or consumers, or show it again."""
     DeleteQueue: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteQueueRequest, _broker_pb2.TopicInfo]
-    """Delete a queue hidden from producers and consumers and fully consumed."""
+    """Delete a queue hidden from producers and consumers and fully consumed
+    (every group that committed on the topic consumed all of it, or it is
+    empty); FAILED_PRECONDITION otherwise, unless forced.
+    """
     ListGroups: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListGroupsRequest, _broker_pb2.ListGroupsReply]
     """List consumer groups with committed offsets or live members."""
     DescribeGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.GroupInfo]
@@ -421,7 +424,10 @@ class AdminAsyncStub(AdminStub):
     SetQueueVisibility: _aio.UnaryUnaryMultiCallable[_broker_pb2.SetQueueVisibilityRequest, _broker_pb2.TopicInfo]  # type: ignore[assignment]
     """Hide a queue from producers and/or consumers, or show it again."""
     DeleteQueue: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteQueueRequest, _broker_pb2.TopicInfo]  # type: ignore[assignment]
-    """Delete a queue hidden from producers and consumers and fully consumed."""
+    """Delete a queue hidden from producers and consumers and fully consumed
+    (every group that committed on the topic consumed all of it, or it is
+    empty); FAILED_PRECONDITION otherwise, unless forced.
+    """
     ListGroups: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListGroupsRequest, _broker_pb2.ListGroupsReply]  # type: ignore[assignment]
     """List consumer groups with committed offsets or live members."""
     DescribeGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.GroupInfo]  # type: ignore[assignment]
@@ -503,7 +509,10 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DeleteQueueRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.TopicInfo, _abc.Awaitable[_broker_pb2.TopicInfo]]:
-        """Delete a queue hidden from producers and consumers and fully consumed."""
+        """Delete a queue hidden from producers and consumers and fully consumed
+        (every group that committed on the topic consumed all of it, or it is
+        empty); FAILED_PRECONDITION otherwise, unless forced.
+        """
 
     @_abc_1.abstractmethod
     def ListGroups(

@@ -79,8 +79,12 @@ class Admin:
             request.consumer_visible = consumer
         return self._conn.call(self._stub.SetQueueVisibility, request)
 
-    def delete_queue(self, name: str, queue_id: int) -> pb.TopicInfo:
-        request = pb.DeleteQueueRequest(name=name, queue_id=queue_id)
+    def delete_queue(self, name: str, queue_id: int, force: bool = False) -> pb.TopicInfo:
+        """Delete a queue hidden from producers and consumers. Unless ``force``,
+        ``PreconditionError`` if some group that committed on the topic has not
+        consumed all of it, or no group committed and it is not empty; with
+        ``force`` its unconsumed messages are dropped."""
+        request = pb.DeleteQueueRequest(name=name, queue_id=queue_id, force=force)
         return self._conn.call(self._stub.DeleteQueue, request, retry=False)
 
     def list_groups(self) -> list[str]:

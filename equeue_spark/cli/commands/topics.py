@@ -96,5 +96,5 @@ def cmd_topics_set_visibility(args: argparse.Namespace, ui: Output) -> None:
 
 def cmd_topics_delete_queue(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
-        info = admin.delete_queue(args.name, args.queue)
+        info = admin.delete_queue(args.name, args.queue, force=args.force)
     _show_topic(ui, info, f"deleted queue {args.queue} of topic {info.name}")

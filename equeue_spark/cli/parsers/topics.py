@@ -47,3 +47,5 @@ def add_topics(commands: Commands) -> None:
     p = topics.command("delete-queue", delete_queue_help, cmd_topics_delete_queue)
     p.add_argument("name", metavar="NAME")
     p.add_argument("queue", type=non_negative_int, metavar="QUEUE")
+    force_help = "delete it even if a group has not consumed all of it: drops those messages"
+    p.add_argument("--force", action="store_true", help=force_help)
