@@ -409,7 +409,12 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - began
     mode = "quick" if args.quick else "full"
-    print(f"\n## Spark connector ({mode}, repeat {args.repeat}, {elapsed:.0f} s)\n")
+    print_report(results, meter, f"{mode}, repeat {args.repeat}, {elapsed:.0f} s")
+
+
+def print_report(results: Results, meter: CpuMeter | None, run: str) -> None:
+    """The tables on stdout; ``run`` describes the run (mode, repeats, duration)."""
+    print(f"\n## Spark connector ({run})\n")
     print(main_table(results))
     print(
         "\nBaselines: streaming read = the `equeue_ceiling` Python source in the same Spark "
