@@ -49,33 +49,45 @@ rate, both medians of this run's repeats.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.metadata
 import math
 import os
-import random
 import shutil
 import statistics
-import struct
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
-from bench._servers import (
-    HOST,
-    Server,
-    server_version,
-    start_equeue,
-    start_nats,
-    start_redis,
+from bench._broker_measure import (
+    BATCH,
+    DRAIN_TIMEOUT_S,
+    EQUEUE,
+    FULL,
+    LONG_POLL_MS,
+    NATS,
+    PULL_MAX_BYTES,
+    QUEUES,
+    QUICK,
+    REDIS,
+    RPC_TIMEOUT_S,
+    SIZES,
+    Plan,
+    Results,
+    Sample,
+    age_ms,
+    pace,
+    timed_batches,
+    values_for,
+    wait_for,
 )
+from bench._measure import progress, size_label
+from bench._redis_nats import run_nats, run_redis
+from bench._servers import Server, server_version, start_equeue
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer
 from equeue_spark.client.batches import build_request
@@ -83,197 +95,9 @@ from equeue_spark.client.connection import Connection
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.records import decode_records
 
-if TYPE_CHECKING:  # imported where used, so that a missing client only skips its system
-    import nats.js
-    import redis
-
-SIZES = (100, 1024)
-BATCH = 1_000
-QUEUES = 4
-PULL_MAX_BYTES = 8 << 20
-"""Pull byte limit, high enough that max_messages=1000 is what bounds a pull."""
-LONG_POLL_MS = 1_000
-RPC_TIMEOUT_S = 60.0
-DRAIN_TIMEOUT_S = 10.0
-"""After the last latency send, how long the consumer may take to see everything."""
-STAMP = struct.Struct(">q")
-LATENCY_SIZE = 100
 PRODUCE_TARGET = 5.0
 PULL_TARGET = 10.0
 NA = "-"
-
-EQUEUE = "equeue"
-REDIS = "Redis Streams"
-NATS = "NATS JetStream"
-
-
-@dataclass(frozen=True)
-class Plan:
-    produce_s: float
-    """Each produce scenario runs this long ..."""
-    produce_max_bytes: int
-    """... or until it has sent this many value bytes (a memory bound for Redis)."""
-    pull_s: float
-    """A pull scenario stops after this long even if it has not read everything."""
-    latency_s: float
-    latency_rate: int
-    latency_warmup: int
-
-
-FULL = Plan(5.0, 300_000_000, 5.0, 5.0, 200, 20)
-QUICK = Plan(0.5, 20_000_000, 0.5, 0.75, 200, 5)
-
-
-# -- results -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sample:
-    messages: int
-    seconds: float
-    value_bytes: int
-    capped: bool = False
-    """Stopped by the time cap before reading everything."""
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mbps(self) -> float:
-        return self.value_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
-
-
-@dataclass
-class Row:
-    system: str
-    workload: str
-    size: int
-    flush: str
-    method: str
-    versus: str | None
-    """The equeue workload this row's ratio is taken against (None: no ratio)."""
-    samples: list[Sample] = field(default_factory=list)
-
-    def rate(self) -> float:
-        return statistics.median(s.rate for s in self.samples)
-
-    def mbps(self) -> float:
-        return statistics.median(s.mbps for s in self.samples)
-
-
-@dataclass
-class LatencyRow:
-    system: str
-    flush: str
-    method: str
-    runs: list[list[float]] = field(default_factory=list)
-    """Per run: latencies in ms."""
-
-    def stat(self, q: float) -> float:
-        return statistics.median(percentile(run, q) for run in self.runs)
-
-
-RowKey = tuple[str, str, int, str]
-
-
-class Results:
-    def __init__(self) -> None:
-        self.rows: dict[RowKey, Row] = {}
-        self.latency: dict[tuple[str, str], LatencyRow] = {}
-        self.notes: list[str] = []
-
-    def add(self, key: RowKey, method: str, sample: Sample, versus: str | None = None) -> None:
-        system, workload, size, flush = key
-        row = self.rows.setdefault(key, Row(system, workload, size, flush, method, versus))
-        row.samples.append(sample)
-        capped = " (time-capped)" if sample.capped else ""
-        progress(
-            f"{system:15} {workload:14} {size_label(size):6} {flush:5} "
-            f"{sample.rate:12,.0f} msgs/s {sample.mbps:8.1f} MB/s "
-            f"({sample.messages:,} msgs in {sample.seconds:.2f} s){capped}"
-        )
-
-    def add_latency(self, system: str, flush: str, method: str, run: list[float]) -> None:
-        row = self.latency.setdefault((system, flush), LatencyRow(system, flush, method))
-        row.runs.append(run)
-        progress(
-            f"{system:15} latency        {flush:5} n={len(run)} "
-            f"p50={percentile(run, 0.5):.2f} ms p99={percentile(run, 0.99):.2f} ms"
-        )
-
-    def row(self, system: str, workload: str, size: int, flush: str) -> Row | None:
-        return self.rows.get((system, workload, size, flush))
-
-    def ratio(self, row: Row) -> float | None:
-        """equeue's rate on the comparable workload over this row's rate."""
-        if row.versus is None:
-            return None
-        ours = self.row(EQUEUE, row.versus, row.size, row.flush)
-        if ours is None or row.rate() == 0:
-            return None
-        return ours.rate() / row.rate()
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in (0, 1])."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def size_label(size: int) -> str:
-    return f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} B"
-
-
-def progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def values_for(size: int) -> list[bytes]:
-    rng = random.Random(size)
-    return [rng.randbytes(size) for _ in range(BATCH)]
-
-
-def stamped(size: int) -> bytes:
-    """A value whose first 8 bytes are the current perf_counter_ns."""
-    return STAMP.pack(time.perf_counter_ns()) + bytes(size - STAMP.size)
-
-
-def age_ms(value: bytes, now_ns: int) -> float:
-    sent_ns: int = STAMP.unpack_from(value)[0]
-    return (now_ns - sent_ns) / 1e6
-
-
-def pace(total: int, rate: int, send: Callable[[bytes], object]) -> None:
-    """Call ``send`` with a fresh stamped value ``total`` times at ``rate``/s."""
-    start = time.perf_counter()
-    for i in range(total):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        send(stamped(LATENCY_SIZE))
-
-
-def timed_batches(plan: Plan, batch_bytes: int, send_batch: Callable[[int], object]) -> Sample:
-    """Call ``send_batch(n)`` (n = 0, 1, ...) for ``plan.produce_s`` seconds or
-    until ``plan.produce_max_bytes`` are sent; the produce sample."""
-    max_batches = max(1, plan.produce_max_bytes // batch_bytes)
-    sent = 0
-    start = time.perf_counter()
-    deadline = start + plan.produce_s
-    while sent < max_batches and time.perf_counter() < deadline:
-        send_batch(sent)
-        sent += 1
-    elapsed = time.perf_counter() - start
-    return Sample(sent * BATCH, elapsed, sent * batch_bytes)
-
-
-def wait_for(done: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 # -- equeue ------------------------------------------------------------------------------------
@@ -456,287 +280,6 @@ def equeue_latency(admin: Admin, producer: Producer, address: str, plan: Plan) -
             thread.join(RPC_TIMEOUT_S + LONG_POLL_MS / 1000)
     if errors:
         raise errors[0]
-    return latencies[plan.latency_warmup :]
-
-
-# -- Redis Streams -----------------------------------------------------------------------------
-
-
-def run_redis(root: Path, plan: Plan, results: Results, servers: list[Server]) -> bool:
-    import redis
-
-    for flush, appendfsync in (("async", "everysec"), ("sync", "always")):
-        started = start_redis(root / f"redis-{appendfsync}", appendfsync)
-        if started is None:
-            return False
-        server, port = started
-        servers.append(server)
-        with redis.Redis(host=HOST, port=port, socket_timeout=RPC_TIMEOUT_S) as client:
-            for size in SIZES:
-                streams = [f"bench-{size}:{q}" for q in range(QUEUES)]
-                stored, sample = redis_produce(client, streams, size, plan)
-                method = f"XADD x{BATCH:,} pipelined, {QUEUES} streams (appendfsync {appendfsync})"
-                results.add((REDIS, "produce", size, flush), method, sample, versus="produce")
-                if flush != "async":
-                    continue
-                sample = redis_pull_group(client, streams, size, stored, plan)
-                method = "XREADGROUP COUNT 1000 + previous XACK, one round trip"
-                results.add((REDIS, "pull", size, flush), method, sample, versus="pull")
-                sample = redis_pull_range(client, streams, size, stored, plan)
-                method = "XRANGE COUNT 1000, exclusive start"
-                results.add((REDIS, "pull (XRANGE)", size, flush), method, sample, versus="pull")
-            run = redis_latency(port, plan)
-            method = f"XREAD BLOCK {LONG_POLL_MS} in a thread; XADD of 1"
-            results.add_latency(REDIS, flush, method, run)
-        server.stop()
-    return True
-
-
-Entry = tuple[bytes, dict[bytes, bytes]]
-
-
-def range_entries(reply: object) -> list[Entry]:
-    """XRANGE's reply: [(id, {field: value})] (bytes, as the client was not told to decode)."""
-    return cast("list[Entry]", reply or [])
-
-
-def stream_entries(reply: object) -> list[Entry]:
-    """The entries of a one-stream XREAD/XREADGROUP reply (RESP2: [[name, entries]];
-    RESP3: {name: [entries]}); empty when the read found nothing."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return range_entries(next(iter(reply.values())))
-    return range_entries(cast("list[list[object]]", reply)[0][1])
-
-
-def redis_produce(
-    client: redis.Redis, streams: list[str], size: int, plan: Plan
-) -> tuple[int, Sample]:
-    values = values_for(size)
-
-    def send_batch(n: int) -> None:
-        stream = streams[n % len(streams)]
-        pipe = client.pipeline(transaction=False)
-        for value in values:
-            pipe.xadd(stream, {b"v": value})
-        pipe.execute()
-
-    send_batch(len(streams) - 1)  # warm-up; the measured batches start at stream 0
-    sample = timed_batches(plan, size * BATCH, send_batch)
-    return BATCH + sample.messages, sample
-
-
-def redis_pull_group(
-    client: redis.Redis, streams: list[str], size: int, stored: int, plan: Plan
-) -> Sample:
-    group = "bench"
-    for stream in streams:
-        client.xgroup_create(stream, group, id="0")
-    count = 0
-    capped = False
-    start = time.perf_counter()
-    deadline = start + plan.pull_s
-    for stream in streams:
-        unacked: list[bytes] = []
-        while not capped:
-            pipe = client.pipeline(transaction=False)
-            if unacked:
-                pipe.xack(stream, group, *unacked)
-            pipe.xreadgroup(group, "consumer-1", {stream: ">"}, count=BATCH)
-            entries = stream_entries(pipe.execute()[-1])
-            if not entries:
-                break  # the previous batch was acked in this round trip
-            count += len(entries)
-            unacked = [entry_id for entry_id, _fields in entries]
-            capped = time.perf_counter() >= deadline
-    elapsed = time.perf_counter() - start
-    if not capped and count != stored:
-        raise RuntimeError(f"Redis XREADGROUP read {count:,} messages of {stored:,} stored")
-    return Sample(count, elapsed, count * size, capped)
-
-
-def redis_pull_range(
-    client: redis.Redis, streams: list[str], size: int, stored: int, plan: Plan
-) -> Sample:
-    count = 0
-    capped = False
-    start = time.perf_counter()
-    deadline = start + plan.pull_s
-    for stream in streams:
-        low: bytes = b"-"
-        while not capped:
-            entries = range_entries(client.xrange(stream, min=low, max=b"+", count=BATCH))
-            if not entries:
-                break
-            count += len(entries)
-            low = b"(" + entries[-1][0]
-            capped = time.perf_counter() >= deadline
-    elapsed = time.perf_counter() - start
-    if not capped and count != stored:
-        raise RuntimeError(f"Redis XRANGE read {count:,} messages of {stored:,} stored")
-    return Sample(count, elapsed, count * size, capped)
-
-
-def redis_latency(port: int, plan: Plan) -> list[float]:
-    import redis
-
-    stream = "latency"
-    total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
-    latencies: list[float] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-    timeout = RPC_TIMEOUT_S + LONG_POLL_MS / 1000
-
-    def consume(client: redis.Redis) -> None:
-        last: bytes = b"0-0"
-        try:
-            while not stop.is_set():
-                reply = client.xread({stream: last}, count=BATCH, block=LONG_POLL_MS)
-                entries = stream_entries(reply)
-                if not entries:
-                    continue
-                now = time.perf_counter_ns()
-                latencies.extend(age_ms(fields[b"v"], now) for _id, fields in entries)
-                last = entries[-1][0]
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-
-    with (
-        redis.Redis(host=HOST, port=port, socket_timeout=timeout) as consumer,
-        redis.Redis(host=HOST, port=port, socket_timeout=timeout) as producer,
-    ):
-        consumer.ping()
-        producer.ping()
-        thread = threading.Thread(
-            target=consume, args=(consumer,), name="latency-consumer", daemon=True
-        )
-        thread.start()
-        time.sleep(0.1)  # let the first XREAD block
-        try:
-            pace(total, plan.latency_rate, lambda value: producer.xadd(stream, {b"v": value}))
-            wait_for(lambda: len(latencies) >= total or bool(errors), DRAIN_TIMEOUT_S)
-        finally:
-            stop.set()
-            thread.join(timeout)
-    if errors:
-        raise errors[0]
-    return latencies[plan.latency_warmup :]
-
-
-# -- NATS JetStream ----------------------------------------------------------------------------
-
-
-def run_nats(root: Path, plan: Plan, results: Results, servers: list[Server]) -> bool:
-    started = start_nats(root / "nats")
-    if started is None:
-        return False
-    server, port = started
-    servers.append(server)
-    asyncio.run(nats_workloads(port, plan, results))
-    server.stop()
-    return True
-
-
-async def nats_workloads(port: int, plan: Plan, results: Results) -> None:
-    import nats
-    from nats.js.api import StorageType
-
-    nc = await nats.connect(f"nats://{HOST}:{port}", connect_timeout=5, max_reconnect_attempts=0)
-    try:
-        js = nc.jetstream(timeout=RPC_TIMEOUT_S)
-        for attempt in range(100):  # JetStream may need a moment after the port opens
-            try:
-                await js.account_info()
-                break
-            except Exception:
-                if attempt == 99:
-                    raise
-                await asyncio.sleep(0.05)
-        for size in SIZES:
-            name, subject = f"bench-{size}", f"bench.{size}"
-            await js.add_stream(name=name, subjects=[subject], storage=StorageType.FILE)
-            stored, sample = await nats_produce(js, subject, size, plan)
-            method = f"publish_async x{BATCH:,}, then await the {BATCH:,} acks"
-            results.add((NATS, "produce", size, "async"), method, sample, versus="produce")
-            sample = await nats_pull(js, name, subject, size, stored=stored, plan=plan)
-            method = "pull consumer fetch(1000), ack policy all, ack last"
-            results.add((NATS, "pull", size, "async"), method, sample, versus="pull")
-        run = await nats_latency(js, plan)
-        method = "push consumer (ack none), same event loop; js.publish of 1"
-        results.add_latency(NATS, "async", method, run)
-    finally:
-        await nc.close()
-
-
-async def nats_produce(
-    js: nats.js.JetStreamContext, subject: str, size: int, plan: Plan
-) -> tuple[int, Sample]:
-    values = values_for(size)
-
-    async def send_batch() -> None:
-        futures = [await js.publish_async(subject, value) for value in values]
-        await asyncio.gather(*futures)
-
-    await send_batch()  # warm-up
-    max_batches = max(1, plan.produce_max_bytes // (size * BATCH))
-    sent = 0
-    start = time.perf_counter()
-    deadline = start + plan.produce_s
-    while sent < max_batches and time.perf_counter() < deadline:
-        await send_batch()
-        sent += 1
-    elapsed = time.perf_counter() - start
-    return BATCH * (sent + 1), Sample(sent * BATCH, elapsed, sent * BATCH * size)
-
-
-async def nats_pull(
-    js: nats.js.JetStreamContext, stream: str, subject: str, size: int, *, stored: int, plan: Plan
-) -> Sample:
-    from nats.js.api import AckPolicy, ConsumerConfig
-
-    config = ConsumerConfig(ack_policy=AckPolicy.ALL, max_ack_pending=100_000)
-    sub = await js.pull_subscribe(subject, durable="bench", stream=stream, config=config)
-    count = 0
-    capped = False
-    start = time.perf_counter()
-    deadline = start + plan.pull_s
-    # Stop at the known count: a fetch past the end would wait out its timeout.
-    while count < stored and not capped:
-        messages = await sub.fetch(BATCH, timeout=RPC_TIMEOUT_S)
-        count += len(messages)
-        await messages[-1].ack()
-        capped = time.perf_counter() >= deadline
-    elapsed = time.perf_counter() - start
-    await sub.unsubscribe()
-    return Sample(count, elapsed, count * size, capped and count < stored)
-
-
-async def nats_latency(js: nats.js.JetStreamContext, plan: Plan) -> list[float]:
-    from nats.aio.msg import Msg
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
-
-    name, subject = "latency", "latency.1"
-    await js.add_stream(name=name, subjects=[subject], storage=StorageType.FILE)
-    total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
-    latencies: list[float] = []
-
-    async def on_message(msg: Msg) -> None:
-        latencies.append(age_ms(msg.data, time.perf_counter_ns()))
-
-    config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.NEW)
-    sub = await js.subscribe(subject, stream=name, cb=on_message, manual_ack=True, config=config)
-    await asyncio.sleep(0.1)
-    start = time.perf_counter()
-    for i in range(total):
-        delay = start + i / plan.latency_rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await js.publish(subject, stamped(LATENCY_SIZE))
-    deadline = time.monotonic() + DRAIN_TIMEOUT_S
-    while len(latencies) < total and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    await sub.unsubscribe()
     return latencies[plan.latency_warmup :]
 
 

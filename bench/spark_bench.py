@@ -64,67 +64,61 @@ only): on a machine this small, where the time goes.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import importlib.metadata
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench`, `tests` as packages
 
-import numpy as np
-import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceStreamReader,
-    InputPartition,
-)
-from pyspark.sql.streaming.datasource import (
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import StructType
 
+from bench._measure import CpuMeter, progress, size_label
+from bench._spark_ceiling import (
+    CeilingRange,
+    CeilingSource,
+    CeilingSpec,
+    ceiling_batches,
+    template_batch,
+)
+from bench._spark_results import Results, Row, diagnostics_table, main_table
+from bench._spark_setup import (
+    CEILING,
+    PRODUCE_BATCH,
+    QUEUES,
+    RPC_TIMEOUT_S,
+    TRIGGER_ROWS,
+    WRITE_BATCH,
+    client_produce,
+    equeue_read_options,
+    fill_topic,
+    run_query,
+    settle,
+    spark_session,
+    spark_write,
+    write_frame,
+)
 from equeue_broker.testing import BrokerProcess
-from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer
-from equeue_spark.client.batches import build_request
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.spark import read_task
 from equeue_spark.spark.arrow import arrow_schema, read_schema, to_record_batch
-from equeue_spark.spark.testing import local_session
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 SIZES = (100, 1024)
-QUEUES = 4
-PRODUCE_BATCH = 10_000
-TRIGGER_ROWS = 1_000_000
-WRITE_BATCH = 10_000
-KEY_WIDTH = 10
-"""Keys of the read topics: the message number as 10 decimal digits."""
 READ_TARGET = 0.7
 WRITE_TARGET = 0.5
 EXACTLY_TARGET = 0.7
 DELIVERIES = ("exactly_once", "at_least_once")
-CEILING = "equeue_ceiling"
-QUERY_TIMEOUT_S = 900
-RPC_TIMEOUT_S = 120.0
-HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-NA = "-"
 
 
 @dataclass(frozen=True)
@@ -145,446 +139,6 @@ def messages_for(size: int, messages: int) -> int:
     n = messages if size <= 512 else messages * 512 // size
     unit = PRODUCE_BATCH * QUEUES
     return max(unit, n // unit * unit)
-
-
-# -- the ceiling: a Python data source yielding the read task's batches from memory ----------
-
-
-@dataclass(frozen=True)
-class CeilingSpec:
-    """What the ceiling source serves: ``rows_per_queue`` rows in each of ``queues``."""
-
-    rows_per_queue: int
-    queues: int
-    value_size: int
-    batch_rows: int
-    """Rows per Arrow batch, as the real read task yields them."""
-    max_per_trigger: int
-    topic: str
-    broker_id: str
-
-    @classmethod
-    def parse(cls, options: dict[str, str]) -> CeilingSpec:
-        o = {k.lower(): v for k, v in options.items()}
-        return cls(
-            rows_per_queue=int(o["rowsperqueue"]),
-            queues=int(o["queues"]),
-            value_size=int(o["valuesize"]),
-            batch_rows=int(o["batchrows"]),
-            max_per_trigger=int(o["maxoffsetspertrigger"]),
-            topic=o["topic"],
-            broker_id=o["brokerid"],
-        )
-
-    def options(self) -> dict[str, str]:
-        return {
-            "rowsPerQueue": str(self.rows_per_queue),
-            "queues": str(self.queues),
-            "valueSize": str(self.value_size),
-            "batchRows": str(self.batch_rows),
-            "maxOffsetsPerTrigger": str(self.max_per_trigger),
-            "topic": self.topic,
-            "brokerId": self.broker_id,
-        }
-
-
-@dataclass(frozen=True)
-class CeilingRange:
-    spec: CeilingSpec
-    queue_id: int
-    start: int
-    end: int
-
-
-class CeilingPartition(InputPartition):
-    def __init__(self, part: CeilingRange) -> None:
-        super().__init__(part)
-
-
-class CeilingSource(DataSource):
-    """``format("equeue_ceiling")``: the equeue schema, offsets and batches, from memory."""
-
-    @classmethod
-    def name(cls) -> str:
-        return CEILING
-
-    def schema(self) -> str:
-        return read_schema(False)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
-        return CeilingStreamReader(CeilingSpec.parse(dict(self.options)), schema)
-
-
-class CeilingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets ``{queue: next row}``; admission as the equeue source's
-    ``maxOffsetsPerTrigger`` (equal backlogs: an equal share per queue)."""
-
-    def __init__(self, spec: CeilingSpec, schema: StructType) -> None:
-        self.spec = spec
-        self.schema = schema
-
-    def initialOffset(self) -> dict[str, int]:  # noqa: N802
-        return {str(q): 0 for q in range(self.spec.queues)}
-
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
-        return ReadMaxRows(self.spec.max_per_trigger)
-
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
-        pass  # the data never grows
-
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
-        s = self.spec
-        share = s.rows_per_queue
-        if isinstance(limit, ReadMaxRows):
-            share = max(min(limit.max_rows, s.max_per_trigger) // s.queues, 1)
-        return {q: min(int(o) + share, s.rows_per_queue) for q, o in start.items()}
-
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        return [
-            CeilingPartition(CeilingRange(self.spec, int(q), int(start[q]), int(end[q])))
-            for q in sorted(end, key=int)
-            if int(end[q]) > int(start[q])
-        ]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return ceiling_batches(partition.value, arrow_schema(self.schema))
-
-    def commit(self, end: dict[str, int]) -> None:
-        pass
-
-
-def _digits(numbers: np.ndarray[Any, Any], width: int, base: int) -> np.ndarray[Any, Any]:
-    """Fixed-width ASCII digits of ``numbers`` (one row of ``width`` bytes each)."""
-    powers = np.int64(base) ** np.arange(width - 1, -1, -1, dtype=np.int64)
-    digits = (numbers[:, None] // powers) % base
-    out: np.ndarray[Any, Any] = HEX[digits]
-    return out
-
-
-def _fixed_width(rows: np.ndarray[Any, Any]) -> tuple[pa.Buffer, pa.Buffer]:
-    """(offsets, data) of a string/binary column whose items are the rows of ``rows``."""
-    n, width = rows.shape
-    offsets = np.arange(n + 1, dtype=np.int32) * np.int32(width)
-    return pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(rows))
-
-
-TEMPLATES: dict[tuple[int, int, str, str, int, str], pa.RecordBatch] = {}
-"""Ceiling template batches, per Python worker process (Spark reuses workers)."""
-
-
-def ceiling_batches(part: CeilingRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The rows ``[start, end)`` of one ceiling queue as Arrow batches of
-    ``batch_rows``: slices of one template batch per shape, built on first use
-    in this process and kept, so that a task costs Spark's work and nothing else."""
-    s = part.spec
-    key = (s.value_size, s.batch_rows, s.topic, s.broker_id, part.queue_id, str(schema))
-    template = TEMPLATES.get(key)
-    if template is None:
-        template = TEMPLATES[key] = template_batch(s, part.queue_id, schema)
-    for lo in range(part.start, part.end, s.batch_rows):
-        n = min(s.batch_rows, part.end - lo)
-        yield template if n == template.num_rows else template.slice(0, n)
-
-
-def template_batch(s: CeilingSpec, queue_id: int, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch_rows`` rows shaped as the read task's: 10-digit keys, random
-    values, the topic, queue, offsets 0.., a timestamp, empty tags, message ids."""
-    n = s.batch_rows
-    offsets = np.arange(n, dtype=np.int64)
-    key_offsets, keys = _fixed_width(_digits(offsets * QUEUES + queue_id, KEY_WIDTH, 10))
-    values = pa.py_buffer(np.random.default_rng(queue_id).bytes(n * s.value_size))
-    value_offsets = pa.py_buffer(np.arange(n + 1, dtype=np.int32) * np.int32(s.value_size))
-    topic = np.frombuffer(s.topic.encode(), dtype=np.uint8)
-    topic_offsets, topics = _fixed_width(np.broadcast_to(topic, (n, topic.size)))
-    prefix = np.frombuffer(f"{s.broker_id}-".encode(), dtype=np.uint8)
-    positions = offsets * (s.value_size + 80) + queue_id
-    ids = np.concatenate(
-        [np.broadcast_to(prefix, (n, prefix.size)), _digits(positions, 16, 16)], axis=1
-    )
-    id_offsets, id_data = _fixed_width(ids)
-    queues = pa.py_buffer(np.full(n, queue_id, dtype=np.int32))
-    stamps = pa.py_buffer(np.full(n, time.time_ns() // 1000, dtype=np.int64))
-    no_tags = pa.py_buffer(np.zeros(n + 1, dtype=np.int32))
-    arrays = [
-        pa.Array.from_buffers(pa.binary(), n, [None, key_offsets, keys]),
-        pa.Array.from_buffers(pa.binary(), n, [None, value_offsets, values]),
-        pa.Array.from_buffers(pa.string(), n, [None, topic_offsets, topics]),
-        pa.Array.from_buffers(pa.int32(), n, [None, queues]),
-        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
-        pa.Array.from_buffers(schema.field("timestamp").type, n, [None, stamps]),
-        pa.Array.from_buffers(pa.string(), n, [None, no_tags, pa.py_buffer(b"")]),
-        pa.Array.from_buffers(pa.string(), n, [None, id_offsets, id_data]),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-# -- results -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Row:
-    scenario: str
-    size: int
-    rows: int
-    target: float
-    ours: list[float] = field(default_factory=list)
-    base: list[float] = field(default_factory=list)
-
-    def ours_rate(self) -> float:
-        return statistics.median(self.ours)
-
-    def base_rate(self) -> float:
-        return statistics.median(self.base)
-
-    def ratio(self) -> float:
-        return self.ours_rate() / self.base_rate()
-
-
-@dataclass
-class Diagnostic:
-    what: str
-    size: int
-    rows: int
-    seconds: list[float] = field(default_factory=list)
-    note: str = ""
-    """Shown beside the rate; ``{}`` in it stands for the median of ``asides``."""
-    asides: list[float] = field(default_factory=list)
-
-    def rate(self) -> float:
-        return self.rows / statistics.median(self.seconds)
-
-    def note_text(self) -> str:
-        return self.note.format(statistics.median(self.asides)) if self.asides else self.note
-
-
-@dataclass
-class QueryRun:
-    rows: int
-    seconds: float
-    batch_ms: float
-    """Sum of the micro-batches' triggerExecution durations."""
-    batches: int
-
-
-class Results:
-    def __init__(self) -> None:
-        self.rows: dict[tuple[str, int], Row] = {}
-        self.diagnostics: dict[tuple[str, int], Diagnostic] = {}
-        self.notes: list[str] = []
-
-    def add(self, scenario: str, size: int, rows: int, target: float) -> Row:
-        return self.rows.setdefault((scenario, size), Row(scenario, size, rows, target))
-
-    def diag(
-        self,
-        what: str,
-        size: int,
-        rows: int,
-        seconds: float,
-        note: str = "",
-        *,
-        aside: float | None = None,
-    ) -> None:
-        d = self.diagnostics.setdefault((what, size), Diagnostic(what, size, rows, note=note))
-        d.seconds.append(seconds)
-        if aside is not None:
-            d.asides.append(aside)
-        shown = note.format(aside) if aside is not None else note
-        progress(f"  diag {what:48} {size_label(size):6} {rows / seconds:12,.0f} rows/s {shown}")
-
-
-def size_label(size: int) -> str:
-    return f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} B"
-
-
-def progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-# -- CPU by component ------------------------------------------------------------------------------
-
-COMPONENTS = ("JVM", "Python workers", "broker", "bench process")
-
-
-def cpu_sample(broker_pid: int) -> dict[int, tuple[str, float]]:
-    """pid -> (component, CPU seconds so far: user + system, own) of this process
-    and its descendants; {} without Linux's /proc.
-
-    The JVM is the ``java`` descendant; Python workers are the Python processes
-    below it (pyspark daemons, task workers, the streaming sources' planners);
-    the broker is ``broker_pid``; the bench process is this one (the client
-    baseline, and the driver's py4j calls).
-    """
-    tick = os.sysconf("SC_CLK_TCK")
-    procs: dict[int, tuple[int, str, float]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return {}
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path("/proc", entry, "stat").read_text()
-        except OSError:  # exited meanwhile
-            continue
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        procs[int(entry)] = (int(fields[1]), comm, cpu)
-    me = os.getpid()
-    found: dict[int, tuple[str, float]] = {}
-    for pid, (_, comm, cpu) in procs.items():
-        chain = [pid]
-        while chain[-1] in procs and chain[-1] not in (me, 0, 1):
-            chain.append(procs[chain[-1]][0])
-        if chain[-1] != me:
-            continue  # not ours
-        if pid == broker_pid:
-            found[pid] = ("broker", cpu)
-        elif comm == "java":
-            found[pid] = ("JVM", cpu)
-        elif any(procs[p][1] == "java" for p in chain if p in procs):
-            found[pid] = ("Python workers", cpu)
-        elif pid == me:
-            found[pid] = ("bench process", cpu)
-    return found
-
-
-@dataclass
-class CpuUse:
-    what: str
-    size: int
-    walls: list[float] = field(default_factory=list)
-    uses: list[dict[str, float]] = field(default_factory=list)
-
-
-class CpuMeter:
-    """``with meter.measure(what, size):`` records CPU seconds by component.
-
-    With ``poll`` the processes are sampled every 100 ms, so that a Python
-    worker that exits before the end still counts (up to its last sample).
-    """
-
-    def __init__(self, broker_pid: int) -> None:
-        self.broker_pid = broker_pid
-        self.rows: dict[tuple[str, int], CpuUse] = {}
-
-    @contextlib.contextmanager
-    def measure(self, what: str, size: int, *, poll: bool = True) -> Iterator[None]:
-        # pid -> (component, CPU at the start (0 if started since), latest CPU)
-        seen: dict[int, tuple[str, float, float]] = {
-            pid: (kind, cpu, cpu) for pid, (kind, cpu) in cpu_sample(self.broker_pid).items()
-        }
-
-        def merge() -> None:
-            for pid, (kind, cpu) in cpu_sample(self.broker_pid).items():
-                first = seen[pid][1] if pid in seen else 0.0
-                seen[pid] = (kind, first, cpu)
-
-        stop = threading.Event()
-
-        def sampler() -> None:
-            while not stop.wait(0.1):
-                merge()
-
-        thread = threading.Thread(target=sampler, name="cpu-sampler", daemon=True)
-        if seen and poll:
-            thread.start()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            wall = time.perf_counter() - start
-            stop.set()
-            if thread.is_alive():
-                thread.join()
-        if not seen:
-            return
-        merge()
-        use = dict.fromkeys(COMPONENTS, 0.0)
-        for kind, first, last in seen.values():
-            use[kind] += last - first
-        row = self.rows.setdefault((what, size), CpuUse(what, size))
-        row.walls.append(wall)
-        row.uses.append(use)
-
-    def last(self, what: str, size: int) -> str:
-        """The latest measurement of ``what``, as "component seconds" pairs."""
-        row = self.rows.get((what, size))
-        if row is None:
-            return "not sampled"
-        return ", ".join(f"{k} {v:.2f}" for k, v in row.uses[-1].items())
-
-    def table(self) -> str:
-        cores = os.cpu_count() or 1
-        head = " | ".join(f"{k} s" for k in COMPONENTS)
-        lines = [
-            f"| measurement | size | wall s | {head} | CPU / ({cores} cores x wall) |",
-            "|---|---|---:|" + "---:|" * (len(COMPONENTS) + 1),
-        ]
-        for row in sorted(self.rows.values(), key=lambda r: r.size):
-            wall = statistics.median(row.walls)
-            use = {k: statistics.median(u[k] for u in row.uses) for k in COMPONENTS}
-            cells = [
-                row.what,
-                size_label(row.size),
-                f"{wall:.2f}",
-                *(f"{use[k]:.2f}" for k in COMPONENTS),
-                f"{sum(use.values()) / (cores * wall):.0%}",
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join(lines)
-
-
-# -- broker side -------------------------------------------------------------------------------
-
-
-def random_values(size: int) -> list[bytes]:
-    rng = np.random.default_rng(size)
-    blob = rng.bytes(size * PRODUCE_BATCH)
-    return [blob[i * size : (i + 1) * size] for i in range(PRODUCE_BATCH)]
-
-
-def fill_topic(admin: Admin, producer: Producer, topic: str, size: int, count: int) -> float:
-    """Produce ``count`` messages (10-byte keys), batch i to queue i % QUEUES;
-    the seconds it took."""
-    admin.create_topic(topic, queues=QUEUES)
-    values = random_values(size)
-
-    def requests() -> Iterator[pb.ProduceRequest]:
-        for b in range(count // PRODUCE_BATCH):
-            first = b * PRODUCE_BATCH
-            keys = [b"%010d" % (first + i) for i in range(PRODUCE_BATCH)]
-            queue = [b % QUEUES] * PRODUCE_BATCH
-            yield build_request(topic, values, keys=keys, queue_ids=queue)
-
-    start = time.perf_counter()
-    sent = sum(len(r) for r in producer.send_requests(requests()))
-    elapsed = time.perf_counter() - start
-    if sent != count:
-        raise RuntimeError(f"{topic}: produced {sent} of {count}")
-    return elapsed
-
-
-def stored(admin: Admin, topic: str) -> int:
-    return sum(q.end_offset - q.earliest_offset for q in admin.list_offsets(topic))
-
-
-def client_produce(admin: Admin, producer: Producer, topic: str, size: int, count: int) -> float:
-    """The write baseline: ``send_batches`` of 10,000 prebuilt messages with
-    ``str(i)`` keys, as the Spark write sends; rows/s."""
-    admin.create_topic(topic, queues=QUEUES)
-    values = random_values(size)
-    keys = [str(i).encode() for i in range(count)]
-    key_batches = [keys[i : i + PRODUCE_BATCH] for i in range(0, count, PRODUCE_BATCH)]
-    batches = [values[: len(k)] for k in key_batches]
-    start = time.perf_counter()
-    sent = sum(len(r) for r in producer.send_batches(topic, batches, keys=key_batches))
-    elapsed = time.perf_counter() - start
-    if sent != count or stored(admin, topic) != count:
-        raise RuntimeError(f"{topic}: produced {sent} of {count}")
-    return count / elapsed
 
 
 # -- read task in isolation ----------------------------------------------------------------------
@@ -664,81 +218,6 @@ def _struct(ddl: str) -> StructType:
     parsed = StructType.fromDDL(ddl)  # needs the running Spark session's JVM
     assert isinstance(parsed, StructType)
     return parsed
-
-
-# -- Spark -------------------------------------------------------------------------------------
-
-
-def spark_session() -> SparkSession:
-    """The tests' local session, plus driver memory for the cached write input."""
-    conf = {"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}
-    session = local_session("equeue-spark-bench", **conf)
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
-def run_query(spark: SparkSession, fmt: str, options: dict[str, str], checkpoint: Path) -> QueryRun:
-    """An AvailableNow query from ``fmt`` into the noop sink, timed from start() to its end."""
-    reader = spark.readStream.format(fmt)
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    df = reader.load()
-    writer = df.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
-    start = time.perf_counter()
-    query = writer.trigger(availableNow=True).start()
-    finished = query.awaitTermination(QUERY_TIMEOUT_S)
-    elapsed = time.perf_counter() - start
-    if not finished:
-        query.stop()
-        raise RuntimeError(f"{fmt} query did not finish in {QUERY_TIMEOUT_S} s")
-    error = query.exception()
-    if error is not None:
-        raise RuntimeError(f"{fmt} query failed: {error}")
-    done = [p for p in query.recentProgress if p.numInputRows]
-    rows = sum(p.numInputRows for p in done)
-    batch_ms = sum(float(p.durationMs.get("triggerExecution", 0)) for p in query.recentProgress)
-    return QueryRun(rows, elapsed, batch_ms, len(done))
-
-
-def equeue_read_options(address: str, topic: str) -> dict[str, str]:
-    return {
-        "broker": address,
-        "topic": topic,
-        "startingOffsets": "earliest",
-        "maxOffsetsPerTrigger": str(TRIGGER_ROWS),
-        "timeoutMs": str(int(RPC_TIMEOUT_S * 1000)),
-    }
-
-
-def write_frame(spark: SparkSession, size: int, count: int) -> DataFrame:
-    """``count`` rows of (key = str(id), value = ``size`` bytes), cached and materialized."""
-    hex_digest = "sha2(cast(id as string), 256)"  # 64 hex digits
-    value = f"cast(substring(repeat({hex_digest}, {-(-size // 64)}), 1, {size}) as binary)"
-    df = spark.range(count).selectExpr("cast(id as string) as key", f"{value} as value").cache()
-    if df.count() != count:
-        raise RuntimeError("write input: wrong row count")
-    return df
-
-
-def spark_write(
-    admin: Admin, df: DataFrame, address: str, topic: str, count: int, *, delivery: str
-) -> float:
-    admin.create_topic(topic, queues=QUEUES)
-    writer = (
-        df.write.format("equeue")
-        .option("broker", address)
-        .option("topic", topic)
-        .option("delivery", delivery)
-        .option("batchSize", str(WRITE_BATCH))
-        .option("timeoutMs", str(int(RPC_TIMEOUT_S * 1000)))
-        .mode("append")
-    )
-    start = time.perf_counter()
-    writer.save()
-    elapsed = time.perf_counter() - start
-    if (got := stored(admin, topic)) != count:
-        raise RuntimeError(f"{topic}: Spark wrote {got} of {count}")
-    return count / elapsed
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -827,17 +306,6 @@ def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
     df.unpersist()
 
 
-def settle(spark: SparkSession) -> None:
-    """Before a timed step: write back every dirty page (``os.sync``) and
-    collect the driver JVM's garbage (``System.gc``), so that no step pays for
-    the writeback or the heap (the cached write input is 1 GB at 1 KiB) of the
-    step before it."""
-    os.sync()
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    jvm.System.gc()
-
-
 def source_options(b: Bench, fmt: str, spec: CeilingSpec) -> dict[str, str]:
     """The read options of ``fmt`` (equeue or the ceiling) over the topic ``spec`` describes."""
     return equeue_read_options(b.address, spec.topic) if fmt == "equeue" else spec.options()
@@ -871,42 +339,6 @@ def read_query(
 
 
 # -- report ------------------------------------------------------------------------------------
-
-
-def main_table(results: Results) -> str:
-    lines = [
-        "| scenario | size | rows | equeue rows/s | baseline rows/s | ratio | target | met? |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
-    ]
-    kinds = ["streaming read", "batch write (at-least-once)", "exactly-once write vs at-least-once"]
-    order = sorted(results.rows.values(), key=lambda r: (kinds.index(r.scenario), r.size))
-    for row in order:
-        if not row.ours or not row.base:
-            continue
-        ratio = row.ratio()
-        cells = [
-            row.scenario,
-            size_label(row.size),
-            f"{row.rows:,}",
-            f"{row.ours_rate():,.0f}",
-            f"{row.base_rate():,.0f}",
-            f"{ratio:.2f}x",
-            f">= {row.target:g}x",
-            "yes" if ratio >= row.target else "NO",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def diagnostics_table(results: Results) -> str:
-    lines = ["| measurement | size | rows | rows/s | note |", "|---|---|---:|---:|---|"]
-    for d in sorted(results.diagnostics.values(), key=lambda d: d.size):
-        note = d.note_text()
-        if len(d.seconds) > 1:
-            note = f"{note} median of {len(d.seconds)}".strip()
-        cells = [d.what, size_label(d.size), f"{d.rows:,}", f"{d.rate():,.0f}", note or NA]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def versions() -> str:
@@ -949,10 +381,6 @@ def main(argv: list[str] | None = None) -> None:
     plan = QUICK if args.quick else FULL
     messages = args.messages or plan.messages
 
-    # The ceiling source by reference (bench.spark_bench), so Python workers import it
-    # instead of unpickling a copy of __main__'s classes.
-    ceiling_source: type[DataSource] = importlib.import_module("bench.spark_bench").CeilingSource
-
     results = Results()
     began = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="equeue-spark-bench-", dir="/tmp"))
@@ -963,7 +391,9 @@ def main(argv: list[str] | None = None) -> None:
         address = broker.start()
         progress(f"broker on {address}, data in {root}")
         spark = spark_session()
-        spark.dataSource.register(ceiling_source)
+        # The ceiling source by reference (bench._spark_ceiling, a module of its own), so
+        # Python workers import it instead of unpickling a copy of __main__'s classes.
+        spark.dataSource.register(CeilingSource)
         config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
         with Admin(config=config) as admin, Producer(config=config) as producer:
             assert broker.process is not None
@@ -979,7 +409,12 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - began
     mode = "quick" if args.quick else "full"
-    print(f"\n## Spark connector ({mode}, repeat {args.repeat}, {elapsed:.0f} s)\n")
+    print_report(results, meter, f"{mode}, repeat {args.repeat}, {elapsed:.0f} s")
+
+
+def print_report(results: Results, meter: CpuMeter | None, run: str) -> None:
+    """The tables on stdout; ``run`` describes the run (mode, repeats, duration)."""
+    print(f"\n## Spark connector ({run})\n")
     print(main_table(results))
     print(
         "\nBaselines: streaming read = the `equeue_ceiling` Python source in the same Spark "

@@ -1,9 +1,14 @@
 """Fault injection on real files: damage a store's files, reopen, check what survives.
 
 In the style of leveldb's ``log_test.cc``: each test builds a store in a tmp dir,
-appends known messages, closes (or abandons) it, performs byte surgery on its
-files with the tiny helpers below or those of ``tests/support/faults.py``, reopens it
-and asserts exactly which messages survive, at which offsets, with which bytes.
+appends known messages (``tests/support/sent.py``), closes (or abandons) it,
+performs byte surgery on its files with the helpers of ``tests/support/faults.py``,
+reopens it and asserts exactly which messages survive, at which offsets, with
+which bytes.
+
+This module: the message log (its tail, sealed chunks) and the queue indexes
+out of step with it. Metadata files and leftovers: ``test_recovery_files.py``;
+simulated machine and process crashes: ``test_recovery_crash.py``.
 """
 
 from __future__ import annotations
@@ -11,9 +16,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,201 +24,38 @@ from equeue_broker.storage import (
     CorruptionError,
     DiskFullError,
     FlushMode,
-    MessageBatch,
-    PreconditionFailed,
     ReadStatus,
-    StorageConfig,
     Store,
-    StoredMessage,
 )
-from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_name
-from equeue_broker.storage.message_log import LOG_SUFFIX
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX, QueueIndex
+from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, QueueIndex
 from tests.conftest import MakeConfig
 from tests.support.faults import (
+    chunk_path,
+    end_offset,
+    file_offset,
     flip_byte,
+    index_entry,
     index_files,
     log_chunks,
+    read_at,
     simulate_machine_crash,
+    value_offset,
     write_at,
+    zero_from,
+    zero_index_entry,
 )
-
-OpenStore = Callable[..., Store]
-
-TOPIC = "faults"
-TRAILER_SIZE = 8
-"""crc u32 | body_length u32 at the end of every frame (record.py)."""
-
-Shape = tuple[str, int, int, int, bytes | None, str, bytes, tuple[tuple[str, bytes], ...]]
-"""Everything a reader can observe of one message, for exact comparisons."""
-
-
-# -- what was sent ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sent:
-    """One acknowledged message: what was appended and where the store put it."""
-
-    queue_id: int
-    offset: int
-    position: int
-    frame_size: int
-    entry: bytes
-    """The 32-byte index entry the append returned."""
-    key: bytes | None
-    tag: str
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...]
-
-    def shape(self) -> Shape:
-        return (
-            TOPIC,
-            self.queue_id,
-            self.offset,
-            self.position,
-            self.key,
-            self.tag,
-            self.value,
-            self.headers,
-        )
-
-
-def shape(message: StoredMessage) -> Shape:
-    return (
-        message.topic,
-        message.queue_id,
-        message.queue_offset,
-        message.position,
-        message.key,
-        message.tag,
-        message.value,
-        message.headers,
-    )
-
-
-def payload(label: str, index: int, size: int) -> bytes:
-    """Deterministic bytes with no zero byte, so a cut inside a value is exact."""
-    return random.Random(f"{label}/{index}").randbytes(size).replace(b"\x00", b"\x01")
-
-
-def append(store: Store, queue_id: int, label: str, count: int = 1, size: int = 100) -> list[Sent]:
-    """Append ``count`` messages (keys, tags and headers on some) as one batch."""
-    values = [payload(label, i, size) for i in range(count)]
-    keys = [f"{label}-k{i}".encode() if i % 2 == 0 else None for i in range(count)]
-    tags = ["even" if i % 2 == 0 else "" for i in range(count)]
-    headers = [(("label", label.encode()), ("i", str(i).encode())) for i in range(count)]
-    result = store.append(
-        TOPIC, queue_id, MessageBatch(values, keys=keys, tags=tags, headers=headers)
-    )
-    assert result.count == count
-    sent = []
-    for i in range(count):
-        entry = result.entries[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE]
-        position_plus_one, frame_size, _tag_hash, _store_ms = ENTRY.unpack(entry)
-        sent.append(
-            Sent(
-                queue_id,
-                result.first_offset + i,
-                position_plus_one - 1,
-                frame_size,
-                bytes(entry),
-                keys[i],
-                tags[i],
-                values[i],
-                headers[i],
-            )
-        )
-    return sent
-
-
-# -- what can be read -------------------------------------------------------------
-
-
-def read_queue(store: Store, queue_id: int = 0, start: int = 0) -> list[StoredMessage]:
-    out: list[StoredMessage] = []
-    offset = start
-    for _ in range(10_000):
-        result = store.read(TOPIC, queue_id, offset, max_messages=1000)
-        assert result.status is ReadStatus.OK, result
-        if not result.messages:
-            assert result.next_offset == result.end
-            return out
-        out += result.messages
-        offset = result.next_offset
-    raise AssertionError("read loop did not reach the end")
-
-
-def assert_queue_holds(store: Store, queue_id: int, sent: list[Sent]) -> None:
-    """The queue holds exactly ``sent``, at offsets 0..n-1, byte for byte."""
-    assert [s.offset for s in sent] == list(range(len(sent)))
-    info = store.queue_info(TOPIC, queue_id)
-    assert (info.earliest, info.end) == (0, len(sent))
-    assert [shape(m) for m in read_queue(store, queue_id)] == [s.shape() for s in sent]
-
-
-def reopen(open_store: OpenStore, store: Store) -> Store:
-    store.close()
-    return open_store(store.config)
-
-
-# -- byte surgery ------------------------------------------------------------------
-
-
-def chunk_path(config: StorageConfig, position: int) -> Path:
-    number = position // config.chunk_capacity_bytes
-    return config.data_dir / "log" / chunk_file_name(number, LOG_SUFFIX)
-
-
-def file_offset(config: StorageConfig, position: int) -> int:
-    """Byte offset, inside its chunk file, of the log byte at global ``position``."""
-    return HEADER_SIZE + position % config.chunk_capacity_bytes
-
-
-def value_offset(config: StorageConfig, message: Sent) -> int:
-    """Byte offset of the first value byte of ``message`` in its chunk file."""
-    frame_end = file_offset(config, message.position) + message.frame_size
-    return frame_end - TRAILER_SIZE - len(message.value)
-
-
-def end_offset(config: StorageConfig, message: Sent) -> int:
-    """Byte offset just past the frame of ``message`` in its chunk file."""
-    return file_offset(config, message.position) + message.frame_size
-
-
-def read_at(path: Path, offset: int, size: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
-
-
-def zero_from(path: Path, offset: int) -> None:
-    """Zero ``path`` from ``offset`` to its end, keeping its size: what a machine
-    crash leaves of a pre-sized file whose last pages never reached the disk."""
-    size = path.stat().st_size
-    with open(path, "r+b") as f:
-        f.truncate(offset)
-        f.truncate(size)
-
-
-def garble(path: Path) -> None:
-    """Overwrite a small file with zeros of the same length (a crash on a file
-    system that persisted the size but not the data)."""
-    path.write_bytes(bytes(path.stat().st_size))
-
-
-def index_entry(config: StorageConfig, queue_id: int, offset: int) -> bytes:
-    number, slot = divmod(offset, config.index_entries_per_chunk)
-    path = index_files(config.data_dir, TOPIC, queue_id)[number]
-    assert path.name == chunk_file_name(number, INDEX_SUFFIX)
-    return read_at(path, HEADER_SIZE + slot * ENTRY_SIZE, ENTRY_SIZE)
-
-
-def zero_index_entry(config: StorageConfig, queue_id: int, offset: int) -> None:
-    number, slot = divmod(offset, config.index_entries_per_chunk)
-    path = index_files(config.data_dir, TOPIC, queue_id)[number]
-    write_at(path, HEADER_SIZE + slot * ENTRY_SIZE, bytes(ENTRY_SIZE))
-
+from tests.support.sent import (
+    TOPIC,
+    OpenStore,
+    Sent,
+    append,
+    assert_queue_holds,
+    payload,
+    read_queue,
+    reopen,
+    shape,
+)
 
 # -- the message log's tail ----------------------------------------------------------
 
@@ -560,6 +399,38 @@ def test_flipped_byte_in_completed_chunk(open_store: OpenStore) -> None:
     assert shape(store.read_at_position(sent[21].position)) == sent[21].shape()
 
 
+def test_sealed_chunk_footer_size_mismatch_is_reported(open_store: OpenStore) -> None:
+    """A sealed chunk cut short (its footer lost) is reported, naming the file,
+    rather than silently treated as data."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    for round_ in range(8):
+        append(store, 0, f"r{round_}", 10, size=1000)
+    store.close()
+    sealed = log_chunks(store.config.data_dir)[0]
+    os.truncate(sealed, sealed.stat().st_size - FOOTER_SIZE // 2)
+    with pytest.raises(CorruptionError) as caught:
+        Store(store.config, background=False)
+    assert caught.value.path == str(sealed)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_failed_open_releases_file_descriptors(open_store: OpenStore) -> None:
+    """An open that fails on a damaged chunk closes every file it had opened."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    for round_ in range(16):
+        append(store, 0, f"r{round_}", 10, size=1000)
+    store.close()
+    chunks = log_chunks(store.config.data_dir)
+    assert len(chunks) >= 3
+    os.truncate(chunks[1], chunks[1].stat().st_size - FOOTER_SIZE // 2)
+    fds_before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(CorruptionError):
+        Store(store.config, background=False)
+    assert sorted(os.listdir("/proc/self/fd")) == fds_before
+
+
 # -- log and index out of step -------------------------------------------------------
 
 
@@ -704,316 +575,3 @@ def test_stale_index_entries_far_past_the_end(
     store = reopen(open_store, store)
     assert_queue_holds(store, 0, sent0 + more)
     assert_queue_holds(store, 1, sent1)
-
-
-# -- leftovers and metadata files ------------------------------------------------------
-
-
-def test_leftover_temp_chunk(open_store: OpenStore) -> None:
-    """Temp files of interrupted chunk creations and metadata saves are removed."""
-    store = open_store()
-    store.create_topic(TOPIC, 1)
-    sent = append(store, 0, "a", 3)
-    store.close()
-    data = store.config.data_dir
-    leftovers = [
-        data / "log" / (chunk_file_name(1, LOG_SUFFIX) + ".tmp"),
-        data / "index" / TOPIC / "0" / (chunk_file_name(1, INDEX_SUFFIX) + ".tmp"),
-        data / "topics.json.tmp",
-        data / "offsets.json.tmp",
-        data / "checkpoint.json.tmp",
-    ]
-    for path in leftovers[:2]:
-        path.write_bytes(payload("tmp", 0, 4096))
-    ghost = {"topics": {"ghost": {"queues": [], "created_ms": 0, "extra": {}}}}
-    leftovers[2].write_text(json.dumps(ghost))
-    leftovers[3].write_text(json.dumps({"groups": {"g": {TOPIC: {"0": 1}}}}))
-    leftovers[4].write_text(json.dumps({"index_position": 0}))
-
-    store = open_store(store.config)
-    assert [p for p in leftovers if p.exists()] == []
-    assert [t.name for t in store.topics()] == [TOPIC]
-    assert store.groups() == []
-    assert store.recovery.index_entries_rebuilt == 0
-    assert_queue_holds(store, 0, sent)
-    more = append(store, 0, "b", 2)
-    store = reopen(open_store, store)
-    assert_queue_holds(store, 0, sent + more)
-
-
-def commit_twice(open_store: OpenStore, make_config: MakeConfig) -> StorageConfig:
-    """A closed store whose offsets.json holds round 2 and offsets.json.bak round 1."""
-    store = open_store(make_config(flush_mode=FlushMode.SYNC))  # a commit persists
-    store.create_topic(TOPIC, 2)
-    append(store, 0, "a", 10)
-    append(store, 1, "b", 10)
-    store.commit_offset("g", TOPIC, 0, 3)
-    store.commit_offset("g", TOPIC, 1, 4)
-    store.commit_offset("g", TOPIC, 0, 7)
-    store.close()
-    data = store.config.data_dir
-    assert json.loads((data / "offsets.json").read_text())["groups"]["g"][TOPIC]["0"] == 7
-    assert json.loads((data / "offsets.json.bak").read_text())["groups"]["g"][TOPIC]["0"] == 3
-    return store.config
-
-
-def test_missing_offsets_file_uses_backup(open_store: OpenStore, make_config: MakeConfig) -> None:
-    config = commit_twice(open_store, make_config)
-    (config.data_dir / "offsets.json").unlink()
-    store = open_store(config)
-    assert store.committed_offsets("g") == {TOPIC: {0: 3, 1: 4}}
-
-
-def test_corrupt_offsets_file_uses_backup(open_store: OpenStore, make_config: MakeConfig) -> None:
-    config = commit_twice(open_store, make_config)
-    garble(config.data_dir / "offsets.json")
-    store = open_store(config)
-    assert store.committed_offsets("g") == {TOPIC: {0: 3, 1: 4}}
-    store.commit_offset("g", TOPIC, 0, 9)
-    store = reopen(open_store, store)
-    assert store.committed_offsets("g") == {TOPIC: {0: 9, 1: 4}}
-
-
-def test_corrupt_offsets_file_and_backup(open_store: OpenStore, make_config: MakeConfig) -> None:
-    config = commit_twice(open_store, make_config)
-    main = config.data_dir / "offsets.json"
-    garble(main)
-    backup = config.data_dir / "offsets.json.bak"
-    backup.write_bytes(backup.read_bytes()[:10])
-    with pytest.raises(CorruptionError) as caught:
-        Store(config, background=False)
-    assert caught.value.path == str(main)
-    assert str(main) in str(caught.value)
-    # The failed open released the data directory.
-    main.unlink()
-    backup.unlink()
-    store = open_store(config)
-    assert store.groups() == []
-
-
-def topics_twice(open_store: OpenStore) -> tuple[StorageConfig, list[Sent]]:
-    """A closed store whose topics.json hides queue 1 from producers, and whose
-    topics.json.bak is the previous save, with queue 1 visible."""
-    store = open_store()
-    store.create_topic(TOPIC, 2)
-    store.set_queue_visibility(TOPIC, 1, producer=False)
-    sent = append(store, 0, "a", 4)
-    store.close()
-    data = store.config.data_dir
-    assert json.loads((data / "topics.json").read_text())["topics"][TOPIC]["queues"][1] == {
-        "id": 1,
-        "producer": False,
-        "consumer": True,
-    }
-    assert (data / "topics.json.bak").exists()
-    return store.config, sent
-
-
-def test_corrupt_topics_file_uses_backup(open_store: OpenStore) -> None:
-    config, sent = topics_twice(open_store)
-    garble(config.data_dir / "topics.json")
-    store = open_store(config)
-    assert [t.name for t in store.topics()] == [TOPIC]
-    assert store.queue_info(TOPIC, 1).producer_visible  # the previous round
-    assert_queue_holds(store, 0, sent)
-    more = append(store, 1, "b")
-    assert more[0].offset == 0
-
-
-def test_corrupt_topics_file_and_backup(open_store: OpenStore) -> None:
-    config, _ = topics_twice(open_store)
-    main = config.data_dir / "topics.json"
-    garble(main)
-    garble(config.data_dir / "topics.json.bak")
-    with pytest.raises(CorruptionError) as caught:
-        Store(config, background=False)
-    assert caught.value.path == str(main)
-    assert str(main) in str(caught.value)
-
-
-# -- machine and process crashes --------------------------------------------------------
-
-
-def test_machine_crash_sync_mode_keeps_acknowledged(
-    open_store: OpenStore, make_config: MakeConfig
-) -> None:
-    """Sync mode: every append that returned is durable, across sealed chunks."""
-    store = open_store(make_config(flush_mode=FlushMode.SYNC))
-    store.create_topic(TOPIC, 2)
-    sent: dict[int, list[Sent]] = {0: [], 1: []}
-    for round_ in range(24):
-        queue_id = round_ % 2
-        sent[queue_id] += append(store, queue_id, f"r{round_}", 1 + round_ % 5, size=900)
-    config = store.config
-    assert len(log_chunks(config.data_dir)) >= 2
-    simulate_machine_crash(store)
-
-    store = open_store(config)
-    assert store.recovery.index_entries_rebuilt == len(sent[0]) + len(sent[1])
-    assert_queue_holds(store, 0, sent[0])
-    assert_queue_holds(store, 1, sent[1])
-    more = append(store, 0, "x", 2)
-    assert more[0].offset == len(sent[0])
-    store = reopen(open_store, store)
-    assert_queue_holds(store, 0, sent[0] + more)
-    assert_queue_holds(store, 1, sent[1])
-
-
-def crash_async(
-    open_store: OpenStore, *, drop_unsynced_index: bool
-) -> tuple[StorageConfig, dict[int, list[Sent]], dict[int, list[Sent]]]:
-    """Async mode: flushed appends, then unflushed ones, then a machine crash.
-
-    The unflushed appends cross into a new chunk: those that stayed in the
-    sealed chunk were fsynced by the seal, those in the new active chunk are
-    lost. Returns (config, flushed, unflushed) by queue.
-    """
-    store = open_store()
-    store.create_topic(TOPIC, 2)
-    flushed: dict[int, list[Sent]] = {0: [], 1: []}
-    unflushed: dict[int, list[Sent]] = {0: [], 1: []}
-    for round_ in range(8):
-        flushed[round_ % 2] += append(store, round_ % 2, f"a{round_}", 3, size=800)
-    store.flush()
-    for round_ in range(24):
-        unflushed[round_ % 2] += append(store, round_ % 2, f"b{round_}", 3, size=800)
-    config = store.config
-    assert len(log_chunks(config.data_dir)) == 2
-    simulate_machine_crash(store, drop_unsynced_index=drop_unsynced_index)
-    return config, flushed, unflushed
-
-
-def check_after_async_crash(
-    store: Store,
-    open_store: OpenStore,
-    flushed: dict[int, list[Sent]],
-    unflushed: dict[int, list[Sent]],
-) -> None:
-    capacity = store.config.chunk_capacity_bytes
-    for queue_id in (0, 1):
-        messages = read_queue(store, queue_id)
-        end = store.queue_info(TOPIC, queue_id).end
-        assert end == len(messages) >= len(flushed[queue_id])
-        assert [m.queue_offset for m in messages] == list(range(end))
-        # What survives is a prefix of what was appended, byte for byte.
-        written = flushed[queue_id] + unflushed[queue_id]
-        assert [shape(m) for m in messages] == [s.shape() for s in written[:end]]
-        # Exactly what was fsynced survives: the flushed appends and the
-        # unflushed ones that a seal made durable.
-        assert [s for s in written if s.position < capacity] == written[:end]
-        assert 0 < end - len(flushed[queue_id]) < len(unflushed[queue_id])
-    survivors = {q: (flushed[q] + unflushed[q])[: store.queue_info(TOPIC, q).end] for q in (0, 1)}
-    more = {q: append(store, q, f"c{q}", 2) for q in (0, 1)}
-    for queue_id in (0, 1):
-        assert more[queue_id][0].offset == len(survivors[queue_id])
-        assert more[queue_id][0].position >= capacity
-        assert_queue_holds(store, queue_id, survivors[queue_id] + more[queue_id])
-    store = reopen(open_store, store)
-    for queue_id in (0, 1):
-        assert_queue_holds(store, queue_id, survivors[queue_id] + more[queue_id])
-
-
-def test_machine_crash_async_mode_loses_only_unflushed(open_store: OpenStore) -> None:
-    config, flushed, unflushed = crash_async(open_store, drop_unsynced_index=True)
-    store = open_store(config)
-    assert store.recovery.tail_bytes_discarded == 0
-    check_after_async_crash(store, open_store, flushed, unflushed)
-
-
-def test_machine_crash_async_mode_index_outlives_log(open_store: OpenStore) -> None:
-    """As above, but the unsynced index pages reached the disk and the log's did
-    not: index entries of lost records must not resurrect them."""
-    config, flushed, unflushed = crash_async(open_store, drop_unsynced_index=False)
-    store = open_store(config)
-    check_after_async_crash(store, open_store, flushed, unflushed)
-
-
-def test_process_crash_async_mode_loses_nothing(open_store: OpenStore) -> None:
-    """A killed process loses nothing it wrote: the page cache survives it. The
-    index entries past the checkpoint are rebuilt from the log."""
-    store = open_store()
-    store.create_topic(TOPIC, 2)
-    sent0 = append(store, 0, "a", 5) + append(store, 0, "b", 2)
-    sent1 = append(store, 1, "c", 3)
-    config = store.config
-    store.abandon()
-
-    store = open_store(config)
-    assert store.recovery.tail_bytes_discarded == 0
-    assert store.recovery.index_entries_rebuilt == len(sent0) + len(sent1)
-    assert_queue_holds(store, 0, sent0)
-    assert_queue_holds(store, 1, sent1)
-
-
-# -- exclusive access -----------------------------------------------------------------------
-
-
-def test_second_store_on_same_data_dir_fails(open_store: OpenStore) -> None:
-    store = open_store()
-    store.create_topic(TOPIC, 1)
-    sent = append(store, 0, "a", 2)
-    leftover = store.config.data_dir / "topics.json.tmp"
-    leftover.write_text("{}")
-    with pytest.raises(PreconditionFailed):
-        Store(store.config, background=False)
-    assert leftover.exists()  # the refused store touched nothing
-    with pytest.raises(PreconditionFailed):  # and did not release the first one's lock
-        Store(store.config, background=False)
-    sent += append(store, 0, "b")
-    assert_queue_holds(store, 0, sent)
-    store = reopen(open_store, store)  # closing released the directory
-    assert_queue_holds(store, 0, sent)
-
-
-def test_sealed_chunk_footer_size_mismatch_is_reported(open_store: OpenStore) -> None:
-    """A sealed chunk cut short (its footer lost) is reported, naming the file,
-    rather than silently treated as data."""
-    store = open_store()
-    store.create_topic(TOPIC, 1)
-    for round_ in range(8):
-        append(store, 0, f"r{round_}", 10, size=1000)
-    store.close()
-    sealed = log_chunks(store.config.data_dir)[0]
-    os.truncate(sealed, sealed.stat().st_size - FOOTER_SIZE // 2)
-    with pytest.raises(CorruptionError) as caught:
-        Store(store.config, background=False)
-    assert caught.value.path == str(sealed)
-
-
-def test_corrupt_checkpoint_file_uses_backup(open_store: OpenStore) -> None:
-    """The checkpoint falls back to the previous one, which only costs a longer
-    index rebuild."""
-    store = open_store()
-    store.create_topic(TOPIC, 2)
-    sent0 = append(store, 0, "a", 4)
-    store.flush()
-    later = append(store, 1, "b", 3) + append(store, 0, "c", 2)
-    store.flush()
-    store.close()
-    data = store.config.data_dir
-    assert json.loads((data / "checkpoint.json.bak").read_text()) == {
-        "index_position": later[0].position
-    }
-    garble(data / "checkpoint.json")
-
-    store = open_store(store.config)
-    assert store.recovery.index_entries_rebuilt == len(later)
-    assert_queue_holds(store, 0, sent0 + [s for s in later if s.queue_id == 0])
-    assert_queue_holds(store, 1, [s for s in later if s.queue_id == 1])
-
-
-@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
-def test_failed_open_releases_file_descriptors(open_store: OpenStore) -> None:
-    """An open that fails on a damaged chunk closes every file it had opened."""
-    store = open_store()
-    store.create_topic(TOPIC, 1)
-    for round_ in range(16):
-        append(store, 0, f"r{round_}", 10, size=1000)
-    store.close()
-    chunks = log_chunks(store.config.data_dir)
-    assert len(chunks) >= 3
-    os.truncate(chunks[1], chunks[1].stat().st_size - FOOTER_SIZE // 2)
-    fds_before = sorted(os.listdir("/proc/self/fd"))
-    with pytest.raises(CorruptionError):
-        Store(store.config, background=False)
-    assert sorted(os.listdir("/proc/self/fd")) == fds_before

@@ -11,9 +11,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from equeue_broker.storage import Store
-from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage import StorageConfig, Store
+from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_name
+from equeue_broker.storage.message_log import LOG_SUFFIX
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX
+from tests.support.sent import TOPIC, Sent
+
+TRAILER_SIZE = 8
+"""crc u32 | body_length u32 at the end of every frame (record.py)."""
 
 
 def simulate_machine_crash(store: Store, *, drop_unsynced_index: bool = True) -> None:
@@ -76,3 +81,64 @@ def log_chunks(data_dir: Path) -> list[Path]:
 
 def index_files(data_dir: Path, topic: str, queue_id: int) -> list[Path]:
     return sorted((data_dir / "index" / topic / str(queue_id)).glob("*.idx"))
+
+
+# -- byte surgery on a store's files (messages from tests/support/sent.py) ----------
+
+
+def chunk_path(config: StorageConfig, position: int) -> Path:
+    """The log chunk file that holds global ``position``."""
+    number = position // config.chunk_capacity_bytes
+    return config.data_dir / "log" / chunk_file_name(number, LOG_SUFFIX)
+
+
+def file_offset(config: StorageConfig, position: int) -> int:
+    """Byte offset, inside its chunk file, of the log byte at global ``position``."""
+    return HEADER_SIZE + position % config.chunk_capacity_bytes
+
+
+def value_offset(config: StorageConfig, message: Sent) -> int:
+    """Byte offset of the first value byte of ``message`` in its chunk file."""
+    frame_end = file_offset(config, message.position) + message.frame_size
+    return frame_end - TRAILER_SIZE - len(message.value)
+
+
+def end_offset(config: StorageConfig, message: Sent) -> int:
+    """Byte offset just past the frame of ``message`` in its chunk file."""
+    return file_offset(config, message.position) + message.frame_size
+
+
+def read_at(path: Path, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
+def zero_from(path: Path, offset: int) -> None:
+    """Zero ``path`` from ``offset`` to its end, keeping its size: what a machine
+    crash leaves of a pre-sized file whose last pages never reached the disk."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(offset)
+        f.truncate(size)
+
+
+def garble(path: Path) -> None:
+    """Overwrite a small file with zeros of the same length (a crash on a file
+    system that persisted the size but not the data)."""
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def index_entry(config: StorageConfig, queue_id: int, offset: int) -> bytes:
+    """The index entry of ``offset`` in queue ``queue_id`` of ``TOPIC``, from its file."""
+    number, slot = divmod(offset, config.index_entries_per_chunk)
+    path = index_files(config.data_dir, TOPIC, queue_id)[number]
+    assert path.name == chunk_file_name(number, INDEX_SUFFIX)
+    return read_at(path, HEADER_SIZE + slot * ENTRY_SIZE, ENTRY_SIZE)
+
+
+def zero_index_entry(config: StorageConfig, queue_id: int, offset: int) -> None:
+    """Zero the index entry of ``offset`` in queue ``queue_id`` of ``TOPIC``, in its file."""
+    number, slot = divmod(offset, config.index_entries_per_chunk)
+    path = index_files(config.data_dir, TOPIC, queue_id)[number]
+    write_at(path, HEADER_SIZE + slot * ENTRY_SIZE, bytes(ENTRY_SIZE))
