@@ -176,13 +176,23 @@ def stream_requests(
 ) -> Iterator[SendResults]:
     """Send ``requests`` pipelined on one ``ProduceStream`` call; yield each
     one's acknowledgements in order. Not retried: a stream may have been partly
-    applied."""
+    applied.
+
+    An exception raised while producing ``requests`` (a bad row in a batch
+    being built) is re-raised here as itself, after the requests already sent
+    are acknowledged: gRPC runs the iterator on its own thread and would only
+    report ``Exception iterating requests! (UNKNOWN)``.
+    """
     sent: collections.deque[pb.ProduceRequest] = collections.deque()
+    failure: list[Exception] = []
 
     def tracked() -> Iterator[pb.ProduceRequest]:
-        for request in requests:
-            sent.append(request)
-            yield request
+        try:
+            for request in requests:
+                sent.append(request)
+                yield request
+        except Exception as exc:  # kept for the caller; the stream just ends here
+            failure.append(exc)
 
     try:
         replies = conn.broker.ProduceStream(
@@ -193,7 +203,11 @@ def stream_requests(
             _check_acknowledged(request, reply)
             yield SendResults(request.topic, reply)
     except grpc.RpcError as exc:
+        if failure:  # the stream failed because its requests did: that is the cause
+            raise failure[0] from exc
         raise from_rpc_error(exc) from exc
+    if failure:
+        raise failure[0]
 
 
 def _check_acknowledged(request: pb.ProduceRequest, reply: pb.ProduceReply) -> None:
