@@ -26,10 +26,12 @@ def test_send_batches_reraises_the_iterators_exception(broker: BrokerProcess) ->
     with Admin(broker.address) as admin:
         admin.create_topic("s", queues=1)
     acknowledged = []
-    with Producer(broker.address) as producer:
-        with pytest.raises(BadBatch, match="batch 2 has a null value in row 7"):
-            for results in producer.send_batches("s", one_good_batch_then_raise()):
-                acknowledged.append(len(results))
+    with (
+        Producer(broker.address) as producer,
+        pytest.raises(BadBatch, match="batch 2 has a null value in row 7"),
+    ):
+        for results in producer.send_batches("s", one_good_batch_then_raise()):
+            acknowledged.append(len(results))
     assert acknowledged == [2]  # the batch sent before the failure stands
     with Admin(broker.address) as admin:
         assert admin.get_message_at("s", 0, 1).value == b"second"
@@ -38,12 +40,14 @@ def test_send_batches_reraises_the_iterators_exception(broker: BrokerProcess) ->
 def test_transaction_stream_reraises_and_aborts(broker: BrokerProcess) -> None:
     with Admin(broker.address) as admin:
         admin.create_topic("t", queues=1)
-    with Producer(broker.address) as producer:
-        staged = []
-        with pytest.raises(BadBatch, match="batch 2 has a null value"):
-            with producer.transaction("txn-1") as txn:
-                for results in txn.send_requests(requests_then_raise()):
-                    staged.append(len(results))
+    staged = []
+    with (
+        Producer(broker.address) as producer,
+        pytest.raises(BadBatch, match="batch 2 has a null value"),
+        producer.transaction("txn-1") as txn,
+    ):
+        for results in txn.send_requests(requests_then_raise()):
+            staged.append(len(results))
     assert staged == [1]
     with Admin(broker.address) as admin:
         assert list(admin.list_transactions().transactions) == []  # aborted on the way out
