@@ -224,6 +224,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         if (stamps != NULL) {
             producer_ms = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(stamps, i));
             if (producer_ms == -1 && PyErr_Occurred()) goto fail_item;
+            if (producer_ms < 0) producer_ms = store_ms; /* none given (BROKER_TIME) */
         }
         if (tag.len > 255 || topic_len > 65535 || key.len > 0xFFFFFFFFLL ||
             value.len > 0xFFFFFFFFLL || hdrs.len > 0xFFFFFFFFLL) {

@@ -10,6 +10,11 @@ from collections.abc import Sequence
 
 MESSAGE_ID_HEX_DIGITS = 16
 
+BROKER_TIME = -1
+"""A message timestamp of -1 in a produce request: "none given", stamp the
+message with the broker's store time (as an empty ``timestamps_ms`` column
+does for a whole batch). Lets one batch mix given and missing timestamps."""
+
 
 def format_message_id(broker_id: str, position: int) -> str:
     """``<broker_id>-<log position as 16 hex digits>``: a message id names the

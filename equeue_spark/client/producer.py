@@ -110,7 +110,7 @@ class Producer:
         tags: Sequence[str] | None = None,
         headers: Sequence[Headers] | None = None,
         queue_ids: Sequence[int | None] | None = None,
-        timestamps_ms: Sequence[int] | None = None,
+        timestamps_ms: Sequence[int | None] | None = None,
         transaction_id: str = "",
     ) -> SendResults:
         """Send ``values`` (and the optional columns) in one request, now.

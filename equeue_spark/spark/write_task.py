@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from equeue_proto.protocol import BROKER_TIME
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.batches import header_section
 from equeue_spark.client.errors import EqueueError, InvalidRequest
@@ -170,7 +171,8 @@ def build_produce(topic: str, batch: pa.RecordBatch) -> pb.ProduceRequest:
         stamps = batch.column("timestamp")
         if pa.types.is_timestamp(stamps.type):
             stamps = stamps.cast(pa.timestamp("ms", tz=stamps.type.tz)).cast(pa.int64())
-        cols.timestamps_ms.extend(stamps.fill_null(0).to_pylist())
+        # A null timestamp asks for the broker's store time (BROKER_TIME), not 1970.
+        cols.timestamps_ms.extend(stamps.fill_null(BROKER_TIME).to_pylist())
     request = pb.ProduceRequest(topic=topic, messages=cols)
     if "queue" in names:
         request.queue_ids.extend(batch.column("queue").fill_null(-1).to_pylist())
