@@ -6,7 +6,8 @@ accumulated, when ``linger_ms`` has passed since the first buffered message
 (a background thread), or on ``flush``/``close``; it returns a
 ``concurrent.futures.Future`` per message.
 
-Routing happens on the broker: an explicit ``queue_id``, else the key's hash,
+Routing happens on the broker: an explicit ``queue_id``, else the key's hash
+(Kafka's murmur2 partitioner, ``equeue_proto.protocol.key_queue``),
 else round robin per request. Retries on UNAVAILABLE may duplicate a batch
 whose first attempt was applied but not acknowledged: at-least-once.
 """
