@@ -68,3 +68,15 @@ def test_null_timestamp_is_the_store_time(spark: SparkSession, broker: BrokerPro
             # Staged (exactly-once, the default): stamped when the broker staged
             # it; store time is when the write committed.
             assert before_ms <= message.timestamp_ms <= message.store_timestamp_ms <= after_ms
+
+
+def test_bad_broker_option_fails_at_once_naming_it(spark: SparkSession) -> None:
+    """Checked on the driver before any task or call (it used to dial port 443,
+    or a wrapped port, and fail late)."""
+    df = spark.createDataFrame([("v",)], "value string")
+    writer = df.write.format("equeue").option("topic", "t").mode("append")
+    with pytest.raises(SparkError, match=r"option broker='127.0.0.1': has no port"):
+        writer.option("broker", "127.0.0.1").save()
+    reader = spark.read.format("equeue").option("topic", "t")
+    with pytest.raises(SparkError, match=r"option broker='a:1,b:2': is not one address"):
+        reader.option("broker", "a:1,b:2").load()
