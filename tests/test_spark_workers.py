@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("pyspark")  # the package equeue_spark.spark imports it
+
 from equeue_spark.spark.workers import warn_about_worker_python, worker_python_problem
 
 
