@@ -224,6 +224,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         if (stamps != NULL) {
             producer_ms = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(stamps, i));
             if (producer_ms == -1 && PyErr_Occurred()) goto fail_item;
+            if (producer_ms < 0) producer_ms = store_ms; /* none given (BROKER_TIME) */
         }
         if (tag.len > 255 || topic_len > 65535 || key.len > 0xFFFFFFFFLL ||
             value.len > 0xFFFFFFFFLL || hdrs.len > 0xFFFFFFFFLL) {
@@ -976,6 +977,33 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* murmur2(data) -> int: Kafka's Utils.murmur2 (seed 0x9747b28c), as a signed
+ * 32-bit int like Java's. Key routing (equeue_proto.protocol.key_queue) hashes
+ * every keyed message with it; protocol.murmur2_py is the reference. */
+static PyObject *py_murmur2(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    const uint8_t *p = (const uint8_t *)data.buf;
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)data.len;
+    Py_ssize_t tail = data.len & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < tail; i += 4) {
+        uint32_t k = get32(p + i) * m;
+        k ^= k >> 24;
+        k *= m;
+        h = (h * m) ^ k;
+    }
+    switch (data.len & 3) {
+    case 3: h ^= (uint32_t)p[tail + 2] << 16; /* fall through */
+    case 2: h ^= (uint32_t)p[tail + 1] << 8;  /* fall through */
+    case 1: h ^= p[tail]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    PyBuffer_Release(&data);
+    return PyLong_FromLong((long)(int32_t)h);
+}
 
 static int append_run(PyObject *runs, long long start, long long end, Py_ssize_t first) {
     PyObject *run = Py_BuildValue("(LLn)", start, end, first);
@@ -1164,6 +1192,8 @@ static PyMethodDef methods[] = {
     {"varints", varints, METH_VARARGS,
      "varints(values, count, stride, add, step) -> packed int64 varint payload"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data) -> int (CRC-32C, Castagnoli)"},
+    {"murmur2", py_murmur2, METH_VARARGS,
+     "murmur2(data) -> int (Kafka's Utils.murmur2, signed 32-bit)"},
     {NULL, NULL, 0, NULL},
 };
 

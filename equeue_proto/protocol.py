@@ -6,9 +6,17 @@ copy without either importing the other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
+
+from equeue_proto.accel import CODEC
 
 MESSAGE_ID_HEX_DIGITS = 16
+
+BROKER_TIME = -1
+"""A message timestamp of -1 in a produce request: "none given", stamp the
+message with the broker's store time (as an empty ``timestamps_ms`` column
+does for a whole batch). Lets one batch mix given and missing timestamps."""
 
 
 def format_message_id(broker_id: str, position: int) -> str:
@@ -48,3 +56,48 @@ def allocate_average(queue_ids: Sequence[int], consumer_ids: Sequence[str]) -> d
         out[consumer] = queues[start : start + size]
         start += size
     return out
+
+
+# -- key routing -------------------------------------------------------------------
+
+_MURMUR_SEED = 0x9747B28C
+_MURMUR_M = 0x5BD1E995
+_U32 = 0xFFFFFFFF
+
+
+def murmur2_py(data: bytes | memoryview) -> int:
+    """Kafka's ``Utils.murmur2`` of ``data`` (seed 0x9747b28c), a signed 32-bit
+    int as Java returns it; the reference for the C ``_codec.murmur2``.
+
+    Java's int arithmetic wraps at 32 bits: here every product is masked.
+    """
+    length = len(data)
+    h = (_MURMUR_SEED ^ length) & _U32
+    tail = length & ~3
+    for (word,) in struct.iter_unpack("<I", data[:tail]):
+        k = (word * _MURMUR_M) & _U32
+        k ^= k >> 24
+        k = (k * _MURMUR_M) & _U32
+        h = ((h * _MURMUR_M) & _U32) ^ k
+    rest = length & 3
+    if rest:  # Java's switch falls through: 3 takes bytes 2, 1 and 0
+        if rest == 3:
+            h ^= data[tail + 2] << 16
+        if rest >= 2:
+            h ^= data[tail + 1] << 8
+        h = ((h ^ data[tail]) * _MURMUR_M) & _U32
+    h ^= h >> 13
+    h = (h * _MURMUR_M) & _U32
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+murmur2: Callable[[bytes | memoryview], int] = murmur2_py if CODEC is None else CODEC.murmur2
+"""Kafka's ``Utils.murmur2`` (in C when the accelerator is built)."""
+
+
+def key_queue(key: bytes | memoryview, queue_count: int) -> int:
+    """The queue index a key routes to among ``queue_count`` queues: Kafka's
+    default partitioner (``toPositive(murmur2(key)) % count``), so a key lands
+    on the queue number a Kafka partition of the same count would have."""
+    return (murmur2(key) & 0x7FFFFFFF) % queue_count

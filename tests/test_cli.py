@@ -22,7 +22,7 @@ import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.cli import format_table, main
-from equeue_spark.client import Producer
+from equeue_spark.client import Consumer, Producer
 
 EQUEUE_SCRIPT = Path(sys.executable).parent / "equeue"
 
@@ -226,7 +226,26 @@ def test_consume_escapes_undecodable_bytes(cli: Cli, tmp_path: Path) -> None:
         "queue=0 offset=1 value=\\xff\\xfeok",
     ]
     lines = cli("consume", "cli-bytes", "--max", "2", "--json").json_lines()
-    assert [m["value"] for m in lines] == ["café", "\\xff\\xfeok"]
+    assert [m["value"] for m in lines] == ["café", {"base64": "//5vaw=="}]  # b"\xff\xfeok"
+
+
+def test_json_bytes_are_text_or_marked_base64(cli: Cli, broker: str) -> None:
+    """``--json`` keeps bytes unambiguous: the text b"\\xff" (4 characters)
+    and the byte b"\xff" used to print alike; now only valid UTF-8 is a string."""
+    with Producer(broker) as producer:
+        results = producer.send_batch(
+            "cli-json-bytes",
+            [b"\\xff", b"\xff", b'{"base64": "x"}'],
+            keys=[b"k\x00\xfe", b"plain", None],
+            headers=[[("h", b"\x80")], [("h", b"text")], []],
+            queue_ids=[0, 0, 0],
+        )
+    lines = cli("consume", "cli-json-bytes", "--max", "3", "--json").json_lines()
+    assert [m["value"] for m in lines] == ["\\xff", {"base64": "/w=="}, '{"base64": "x"}']
+    assert [m["key"] for m in lines] == [{"base64": "awD+"}, "plain", None]
+    assert [m["headers"] for m in lines] == [[["h", {"base64": "gA=="}]], [["h", "text"]], []]
+    got = cli("message", "get", results[1].message_id, "--json").json()
+    assert (got["value"], got["key"]) == ({"base64": "/w=="}, "plain")
 
 
 def test_consume_with_group_commits_and_reset(cli: Cli, tmp_path: Path) -> None:
@@ -276,6 +295,28 @@ def test_consume_with_group_commits_and_reset(cli: Cli, tmp_path: Path) -> None:
     assert (deleted.code, deleted.out) == (0, "deleted group cli-g\n")
     gone = cli("groups", "describe", "cli-g")
     assert gone.code == 1 and "NOT_FOUND" in gone.err
+
+
+def test_groups_reset_and_delete_refuse_live_members_without_force(cli: Cli, broker: str) -> None:
+    with Producer(broker) as producer:
+        producer.send_batch("cli-live", [b"a", b"b"], queue_ids=[0, 0])
+    with Consumer(broker, group="cli-live-g", topics=["cli-live"], consumer_id="member-1"):
+        reset = ("groups", "reset", "cli-live-g", "--topic", "cli-live", "--to-earliest")
+        refused = cli(*reset)
+        assert refused.code == 1 and refused.out == ""
+        assert "group cli-live-g has 1 live member (member-1)" in refused.err
+        assert "--force" in refused.err and "Traceback" not in refused.err
+        forced = cli(*reset, "--force")
+        # --force skips the CLI's check; a broker that fences queues its live
+        # members hold may still refuse, with its own FAILED_PRECONDITION.
+        assert forced.code == 0 or "FAILED_PRECONDITION" in forced.err, forced.err
+        assert "--force" not in forced.err
+        refused = cli("groups", "delete", "cli-live-g")
+        assert refused.code == 1 and "1 live member" in refused.err and "--force" in refused.err
+        forced = cli("groups", "delete", "cli-live-g", "--force")
+        assert (forced.code, forced.out) == (0, "deleted group cli-live-g\n")
+    # No members: no --force needed (a group never seen by the broker either)
+    assert cli("groups", "reset", "never-seen", "--topic", "cli-live", "--to-latest").code == 0
 
 
 def test_consume_timeout_and_start_positions(cli: Cli, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
-from crc32c import crc32c
 
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP, MAX_TOPICS_PER_CONSUMER
@@ -24,6 +23,7 @@ from equeue_broker.storage import MessageBatch, NotFound, ReadStatus
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists
 from equeue_broker.storage.names import validate_group, validate_topic
+from equeue_proto.protocol import key_queue
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -172,9 +172,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> list[int] | int:
         """The queue of each message, or one queue for all of them.
 
-        Explicit queue id, else hash of the key (CRC32C) modulo the producer-
-        visible queues, else round robin by request (keyless messages of one
-        request stay together, as Kafka's sticky partitioner keeps a batch).
+        Explicit queue id, else the key's queue among the producer-visible
+        queues (``key_queue``: Kafka's murmur2 partitioner), else round robin
+        by request (keyless messages of one request stay together, as Kafka's
+        sticky partitioner keeps a batch).
         """
         count = len(batch)
         explicit = list(request.queue_ids)
@@ -191,7 +192,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 raise BadRequest(f"queue_ids[{i}] is {queue_id}; use -1 to route by key")
             if queue_id == -1:
                 key = keys[i] if keys is not None else None
-                queue_id = sticky if key is None else visible[crc32c(key) % len(visible)]
+                queue_id = sticky if key is None else visible[key_queue(key, len(visible))]
             targets.append(queue_id)
         first = targets[0]
         return first if all(t == first for t in targets) else targets

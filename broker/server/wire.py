@@ -30,6 +30,7 @@ from equeue_broker.server.errors import BadRequest
 from equeue_broker.storage import Framer, MessageBatch, ReadStatus, RecordsResult
 from equeue_broker.storage.queue_index import ENTRY_SIZE
 from equeue_proto.accel import CODEC
+from equeue_proto.protocol import BROKER_TIME
 from equeue_proto.record import decode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 
@@ -183,8 +184,11 @@ def decode_columns(columns: pb.MessageColumns) -> MessageBatch:
     stamps = list(columns.timestamps_ms) or None
     if stamps is not None and len(stamps) != count:
         raise BadRequest(f"timestamps_ms has {len(stamps)} entries for {count} messages")
-    if stamps is not None and min(stamps) < 0:
-        raise BadRequest(f"timestamps_ms holds {min(stamps)}; timestamps are ms since the epoch")
+    if stamps is not None and min(stamps) < BROKER_TIME:
+        raise BadRequest(
+            f"timestamps_ms holds {min(stamps)}; timestamps are ms since the epoch, "
+            f"or {BROKER_TIME} for the broker's time"
+        )
     return MessageBatch(values, keys, tags, headers, stamps)  # type: ignore[arg-type]
 
 

@@ -63,7 +63,8 @@ class MessageBatch:
     """Per-message tag; "" means untagged."""
     headers: Sequence[Headers] | None = None
     timestamps_ms: Sequence[int] | None = None
-    """Producer timestamps; default: the broker's store time."""
+    """Producer timestamps; default: the broker's store time (also for an
+    item < 0, e.g. ``BROKER_TIME``: a message that came without one)."""
 
     def __len__(self) -> int:
         return len(self.values)
@@ -291,7 +292,8 @@ def _columns(
     keys = batch.keys if batch.keys is not None else itertools.repeat(None)
     tags = prepared.tags if prepared.tags is not None else itertools.repeat(b"")
     headers = prepared.headers if prepared.headers is not None else itertools.repeat(b"")
-    stamps = batch.timestamps_ms if batch.timestamps_ms is not None else itertools.repeat(store_ms)
+    given = batch.timestamps_ms
+    stamps = itertools.repeat(store_ms) if given is None else _or_store_time(given, store_ms)
     # Not strict: a short column ends the zip early, which the caller's count check reports.
     return zip(
         itertools.islice(batch.values, start, stop),
@@ -301,6 +303,11 @@ def _columns(
         itertools.islice(stamps, start, stop),
         strict=False,
     )
+
+
+def _or_store_time(stamps: Sequence[int], store_ms: int) -> Iterator[int]:
+    """``stamps`` with each negative item (none given) replaced by ``store_ms``."""
+    return (store_ms if stamp < 0 else stamp for stamp in stamps)
 
 
 def _copy_fields(  # noqa: PLR0917 (the record's variable fields, in their order)

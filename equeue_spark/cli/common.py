@@ -11,7 +11,12 @@ from pathlib import Path
 
 from equeue_spark.cli.formatting import Output
 from equeue_spark.client.admin import Admin
-from equeue_spark.client.connection import ClientConfig, default_broker
+from equeue_spark.client.connection import (
+    ClientConfig,
+    check_address,
+    resolve_address,
+)
+from equeue_spark.client.errors import InvalidAddress
 
 PROG = "equeue"
 DEFAULT_TIMEOUT_S = 10.0
@@ -44,7 +49,7 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
         except OSError as exc:
             raise UsageError(f"cannot read --token-file: {exc.strerror}") from None
     config = ClientConfig(
-        broker=args.broker or default_broker(),
+        broker=broker_address(args),
         timeout_s=args.timeout_s or DEFAULT_TIMEOUT_S,
         retries=DEFAULT_RETRIES if args.retries is None else args.retries,
         token=token,
@@ -58,6 +63,16 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return config
+
+
+def broker_address(args: argparse.Namespace) -> str:
+    """``--broker``, else ``$EQUEUE_BROKER``, else the default: checked at
+    once, a bad one a usage error naming where it came from."""
+    address, source = (args.broker, "--broker") if args.broker else resolve_address()
+    try:
+        return check_address(address, source)
+    except InvalidAddress as exc:
+        raise UsageError(str(exc)) from None
 
 
 def admin_client(args: argparse.Namespace) -> Admin:

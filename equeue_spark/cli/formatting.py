@@ -7,6 +7,7 @@ Every command writes through an ``Output``; nothing here talks to a broker.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from collections.abc import Iterable, Sequence
@@ -67,6 +68,16 @@ def text_of(data: bytes) -> str:
     return data.decode("utf-8", errors="backslashreplace")
 
 
+def json_bytes(data: bytes) -> str | dict[str, str]:
+    """Bytes in a JSON document, unambiguously: the text itself when they are
+    valid UTF-8, else ``{"base64": "..."}`` (escaping would make the bytes
+    ``\xff`` and the text ``\xff`` print alike)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
 def one_line(data: bytes) -> str:
     """``text_of`` with line breaks escaped, so a message prints on one line."""
     return text_of(data).replace("\r", "\\r").replace("\n", "\\n")
@@ -124,23 +135,24 @@ def _json_value(value: object) -> object:
     if isinstance(value, ProtoMessage):
         return proto_dict(value)
     if isinstance(value, bytes):
-        return text_of(value)
+        return json_bytes(value)
     return value
 
 
 def message_dict(m: Message) -> dict[str, Any]:
-    """A message as JSON: key/value/headers as text (undecodable bytes escaped)."""
+    """A message as JSON: key, value and header values as text, or as
+    ``{"base64": ...}`` where they are not UTF-8 (``json_bytes``)."""
     return {
         "message_id": m.message_id,
         "topic": m.topic,
         "queue_id": m.queue_id,
         "offset": m.offset,
-        "key": None if m.key is None else text_of(m.key),
+        "key": None if m.key is None else json_bytes(m.key),
         "tag": m.tag,
-        "headers": [[name, text_of(value)] for name, value in m.headers],
+        "headers": [[name, json_bytes(value)] for name, value in m.headers],
         "timestamp_ms": m.timestamp_ms,
         "store_timestamp_ms": m.store_timestamp_ms,
-        "value": text_of(m.value),
+        "value": json_bytes(m.value),
     }
 
 

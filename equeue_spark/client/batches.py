@@ -21,7 +21,7 @@ from typing import overload
 
 import grpc
 
-from equeue_proto.protocol import format_message_id
+from equeue_proto.protocol import BROKER_TIME, format_message_id
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import Connection
@@ -109,7 +109,8 @@ def header_section(headers: Headers | None) -> bytes:
 @dataclass(frozen=True, slots=True)
 class BatchColumns:
     """One batch's messages in column form: ``values`` and the optional columns,
-    each None or one item per value (a None key or queue id: none for that message).
+    each None or one item per value (a None key, queue id or timestamp: none
+    for that message; a message without a timestamp gets the broker's store time).
 
     The fields are in the order of ``send_batch``'s keywords, so the public
     signatures that take them hand them over in one positional call.
@@ -120,7 +121,7 @@ class BatchColumns:
     tags: Sequence[str] | None = None
     headers: Sequence[Headers] | None = None
     queue_ids: Sequence[int | None] | None = None
-    timestamps_ms: Sequence[int] | None = None
+    timestamps_ms: Sequence[int | None] | None = None
 
     def request(self, topic: str, transaction_id: str = "") -> pb.ProduceRequest:
         """A ProduceRequest in column form (one blob per column, packed lengths)."""
@@ -137,7 +138,9 @@ class BatchColumns:
             columns.headers = b"".join(encoded)
             columns.header_lengths.extend(map(len, encoded))
         if self.timestamps_ms is not None:
-            columns.timestamps_ms.extend(self.timestamps_ms)
+            columns.timestamps_ms.extend(
+                BROKER_TIME if t is None else t for t in self.timestamps_ms
+            )
         request = pb.ProduceRequest(topic=topic, messages=columns)
         if queue_ids is not None and any(q is not None for q in queue_ids):
             request.queue_ids.extend(-1 if q is None else q for q in queue_ids)
@@ -153,7 +156,7 @@ def build_request(
     tags: Sequence[str] | None = None,
     headers: Sequence[Headers] | None = None,
     queue_ids: Sequence[int | None] | None = None,
-    timestamps_ms: Sequence[int] | None = None,
+    timestamps_ms: Sequence[int | None] | None = None,
 ) -> pb.ProduceRequest:
     """A ProduceRequest in column form (one blob per column, packed lengths)."""
     columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
@@ -176,13 +179,23 @@ def stream_requests(
 ) -> Iterator[SendResults]:
     """Send ``requests`` pipelined on one ``ProduceStream`` call; yield each
     one's acknowledgements in order. Not retried: a stream may have been partly
-    applied."""
+    applied.
+
+    An exception raised while producing ``requests`` (a bad row in a batch
+    being built) is re-raised here as itself, after the requests already sent
+    are acknowledged: gRPC runs the iterator on its own thread and would only
+    report ``Exception iterating requests! (UNKNOWN)``.
+    """
     sent: collections.deque[pb.ProduceRequest] = collections.deque()
+    failure: list[Exception] = []
 
     def tracked() -> Iterator[pb.ProduceRequest]:
-        for request in requests:
-            sent.append(request)
-            yield request
+        try:
+            for request in requests:
+                sent.append(request)
+                yield request
+        except Exception as exc:  # kept for the caller; the stream just ends here
+            failure.append(exc)
 
     try:
         replies = conn.broker.ProduceStream(
@@ -193,7 +206,11 @@ def stream_requests(
             _check_acknowledged(request, reply)
             yield SendResults(request.topic, reply)
     except grpc.RpcError as exc:
+        if failure:  # the stream failed because its requests did: that is the cause
+            raise failure[0] from exc
         raise from_rpc_error(exc) from exc
+    if failure:
+        raise failure[0]
 
 
 def _check_acknowledged(request: pb.ProduceRequest, reply: pb.ProduceReply) -> None:

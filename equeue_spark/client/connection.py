@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import ipaddress
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ import grpc
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
-from equeue_spark.client.errors import EqueueError, from_rpc_error
+from equeue_spark.client.errors import EqueueError, InvalidAddress, from_rpc_error
 from equeue_spark.client.wire import PullReply, parse_pull_reply
 
 T = TypeVar("T")
@@ -31,6 +33,59 @@ MAX_MESSAGE_BYTES = 80 * 1024 * 1024
 def default_broker() -> str:
     """``$EQUEUE_BROKER``, else 127.0.0.1:5000."""
     return os.environ.get(BROKER_ENV, DEFAULT_BROKER)
+
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")
+
+
+def check_address(address: str, source: str = "broker address") -> str:
+    """``address`` without surrounding blanks if it is one ``HOST:PORT``
+    (``[IPv6]:PORT`` for IPv6), else ``InvalidAddress`` naming ``source`` and
+    the value. The one check of the client, the CLI and the Spark connector:
+    gRPC would dial port 443 for a missing port, wrap ``:99999`` to 34463 and
+    fail a comma-separated list late with a DNS error.
+    """
+    text = address.strip()
+
+    def bad(why: str) -> InvalidAddress:
+        reason = f"{why}; give one HOST:PORT, e.g. 127.0.0.1:5000"
+        return InvalidAddress(f"{source} {address!r} {reason}", address, reason)
+
+    if not text:
+        raise bad("is empty")
+    if "," in text or any(c.isspace() for c in text):
+        raise bad("is not one address (equeue connects to one broker)")
+    if text.startswith("["):  # [IPv6]:port
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise bad("has no port after the bracketed host")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise bad(f"has {host!r} in brackets, which is not an IPv6 address") from None
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            raise bad("has no port")
+        if ":" in host:
+            raise bad("has more than one ':' (write an IPv6 host in brackets, e.g. [::1]:5000)")
+        if not _HOSTNAME.fullmatch(host):
+            raise bad("has no host" if not host else f"has host {host!r}, not a host name or IP")
+    if not (port.isascii() and port.isdigit()):
+        raise bad(f"has port {port!r}, not a number")
+    if not 1 <= int(port) <= 65535:
+        raise bad(f"has port {port}, outside 1-65535")
+    return text
+
+
+def resolve_address(broker: str = "") -> tuple[str, str]:
+    """(address, where it came from) for a broker setting, empty meaning the
+    default: ``$EQUEUE_BROKER``, else 127.0.0.1:5000."""
+    if broker:
+        return broker, "broker address"
+    if BROKER_ENV in os.environ:
+        return os.environ[BROKER_ENV], f"${BROKER_ENV}"
+    return DEFAULT_BROKER, "default broker address"
 
 
 @dataclass(frozen=True)
@@ -59,6 +114,7 @@ class ClientConfig:
     """PEM private key of ``tls_cert`` (else ``$EQUEUE_TLS_KEY``)."""
 
     def __post_init__(self) -> None:
+        check_address(*resolve_address(self.broker))  # at once, not at the first call
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.retries < 0:
@@ -84,7 +140,7 @@ class ClientConfig:
 
     @property
     def target(self) -> str:
-        return self.broker or default_broker()
+        return check_address(*resolve_address(self.broker))
 
 
 class Connection:
@@ -218,4 +274,11 @@ class TokenInterceptor(
         return continuation(self._with_token(details), requests)
 
 
-__all__ = ["ClientConfig", "Connection", "EqueueError", "default_broker"]
+__all__ = [
+    "ClientConfig",
+    "Connection",
+    "EqueueError",
+    "check_address",
+    "default_broker",
+    "resolve_address",
+]

@@ -14,7 +14,9 @@
     │                            fails its checksum on arrival
     ├── AuthenticationError      UNAUTHENTICATED: no token, or one the broker does not know
     ├── PermissionDeniedError    PERMISSION_DENIED: the token lacks the role or topic
-    └── BrokerError              anything else (INTERNAL, UNKNOWN, ...)
+    ├── BrokerError              anything else (INTERNAL, UNKNOWN, ...)
+    └── InvalidAddress           a malformed broker address, refused before dialling
+                                 (also a ValueError)
 """
 
 from __future__ import annotations
@@ -78,6 +80,16 @@ class PermissionDeniedError(EqueueError):
 
 class BrokerError(EqueueError):
     """Any other failure (INTERNAL, UNKNOWN, ...)."""
+
+
+class InvalidAddress(EqueueError, ValueError):
+    """A broker address that is not one ``HOST:PORT`` (no call was made)."""
+
+    def __init__(self, message: str, address: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.address = address
+        self.reason = reason
+        """What is wrong, and what to give instead (the message without the source)."""
 
 
 _BY_CODE: dict[grpc.StatusCode, type[EqueueError]] = {

@@ -6,7 +6,8 @@ accumulated, when ``linger_ms`` has passed since the first buffered message
 (a background thread), or on ``flush``/``close``; it returns a
 ``concurrent.futures.Future`` per message.
 
-Routing happens on the broker: an explicit ``queue_id``, else the key's hash,
+Routing happens on the broker: an explicit ``queue_id``, else the key's hash
+(Kafka's murmur2 partitioner, ``equeue_proto.protocol.key_queue``),
 else round robin per request. Retries on UNAVAILABLE may duplicate a batch
 whose first attempt was applied but not acknowledged: at-least-once.
 """
@@ -110,7 +111,7 @@ class Producer:
         tags: Sequence[str] | None = None,
         headers: Sequence[Headers] | None = None,
         queue_ids: Sequence[int | None] | None = None,
-        timestamps_ms: Sequence[int] | None = None,
+        timestamps_ms: Sequence[int | None] | None = None,
         transaction_id: str = "",
     ) -> SendResults:
         """Send ``values`` (and the optional columns) in one request, now.

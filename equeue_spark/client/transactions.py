@@ -107,7 +107,7 @@ class Transaction:
         tags: Sequence[str] | None = None,
         headers: Sequence[Headers] | None = None,
         queue_ids: Sequence[int | None] | None = None,
-        timestamps_ms: Sequence[int] | None = None,
+        timestamps_ms: Sequence[int | None] | None = None,
     ) -> SendResults:
         """Stage one batch; results carry queue ids but no offsets yet."""
         self._check_open()

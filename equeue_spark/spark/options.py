@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from equeue_spark.client.connection import ClientConfig
+from equeue_spark.client.connection import ClientConfig, check_address, resolve_address
+from equeue_spark.client.errors import InvalidAddress
 from equeue_spark.spark.errors import InvalidOption
 
 EARLIEST = -2
@@ -187,7 +188,7 @@ class ReadOptions:
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
         topics, pattern = _parse_topics(o)
-        kwargs: dict[str, Any] = {"broker": o.text("broker"), "topics": topics}
+        kwargs: dict[str, Any] = {"broker": _broker(o), "topics": topics}
         kwargs["streaming"] = streaming
         kwargs["topic_pattern"] = pattern
         kwargs["group"] = o.text("group")
@@ -340,7 +341,7 @@ class WriteOptions:
     def parse(cls, raw: Mapping[str, str]) -> WriteOptions:
         o = _Options(raw, {n.lower(): n for n in _WRITE_NAMES})
         return cls(
-            broker=o.text("broker"),
+            broker=_broker(o),
             topic=o.text("topic"),
             batch_size=o.integer("batchsize", 5000, 1, MAX_WRITE_BATCH),
             timeout_ms=o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS),
@@ -348,6 +349,19 @@ class WriteOptions:
             transactional_id=_transactional_id(o),
             security=Security.parse(o),
         )
+
+
+def _broker(o: _Options) -> str:
+    """Option ``broker``, checked now (else the driver's ``$EQUEUE_BROKER`` or
+    the default, checked too): one ``HOST:PORT``."""
+    address, source = resolve_address(o.text("broker"))
+    try:
+        check_address(address, source)
+    except InvalidAddress as exc:
+        if source == "broker address":
+            raise _bad("broker", address, exc.reason) from None
+        raise InvalidOption(f"no broker option, and {exc}") from None
+    return o.text("broker")
 
 
 def _delivery(o: _Options) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -54,6 +54,7 @@ from equeue_spark.spark.offsets import (
 from equeue_spark.spark.options import ReadOptions, WriteOptions, headers_requested
 from equeue_spark.spark.planning import Listing, Planner, Queues
 from equeue_spark.spark.read_task import QueueRange, read_range
+from equeue_spark.spark.workers import warn_about_worker_python
 from equeue_spark.spark.write_task import (
     WriteSummary,
     check_schema,
@@ -189,6 +190,10 @@ class EqueueDataSource(DataSource):
     ...     .start()
     ... )
     """
+
+    def __init__(self, options: MutableMapping[str, str]) -> None:
+        super().__init__(options)
+        warn_about_worker_python()  # once per process; tasks would fail far from the cause
 
     @classmethod
     def name(cls) -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from equeue_proto.protocol import BROKER_TIME
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.batches import header_section
 from equeue_spark.client.errors import EqueueError, InvalidRequest
@@ -99,10 +100,24 @@ def _requests(
 ) -> Iterator[pb.ProduceRequest]:
     size = options.batch_size
     for batch in batches:
+        _check_values(batch)
         for start in range(0, batch.num_rows, size):
             piece = batch.slice(start, size)
             for topic, rows in _by_topic(options, piece):
                 yield build_produce(topic, rows)
+
+
+def _check_values(batch: pa.RecordBatch) -> None:
+    """Refuse null values before anything of ``batch`` is sent, counting them
+    over the whole Arrow batch (not one request's slice of it)."""
+    if "value" not in batch.schema.names:
+        raise InvalidRequest("the DataFrame has no value column")
+    nulls = batch.column("value").null_count
+    if nulls:
+        raise InvalidRequest(
+            f"the value column is null in {nulls} of {batch.num_rows} rows; every message "
+            "needs a value: drop or fill those rows first, e.g. df.na.drop(subset=['value'])"
+        )
 
 
 def _by_topic(options: WriteOptions, batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -137,7 +152,9 @@ def build_produce(topic: str, batch: pa.RecordBatch) -> pb.ProduceRequest:
     n = batch.num_rows
     values = batch.column("value")
     if values.null_count:
-        raise InvalidRequest(f"the value column is null in {values.null_count} rows of {topic!r}")
+        raise InvalidRequest(
+            f"the value column is null in {values.null_count} of {n} rows for {topic!r}"
+        )
     blob, lengths = _blob(values)
     cols = pb.MessageColumns(count=n, values=blob, value_lengths=lengths.to_pylist())
     if "key" in names:
@@ -154,7 +171,8 @@ def build_produce(topic: str, batch: pa.RecordBatch) -> pb.ProduceRequest:
         stamps = batch.column("timestamp")
         if pa.types.is_timestamp(stamps.type):
             stamps = stamps.cast(pa.timestamp("ms", tz=stamps.type.tz)).cast(pa.int64())
-        cols.timestamps_ms.extend(stamps.fill_null(0).to_pylist())
+        # A null timestamp asks for the broker's store time (BROKER_TIME), not 1970.
+        cols.timestamps_ms.extend(stamps.fill_null(BROKER_TIME).to_pylist())
     request = pb.ProduceRequest(topic=topic, messages=cols)
     if "queue" in names:
         request.queue_ids.extend(batch.column("queue").fill_null(-1).to_pylist())

@@ -6,9 +6,10 @@ import argparse
 from typing import Any
 
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.cli.common import admin_client
+from equeue_spark.cli.common import CliError, admin_client
 from equeue_spark.cli.formatting import Output, format_pairs, format_table, format_time, proto_dict
-from equeue_spark.client.errors import EqueueError
+from equeue_spark.client.admin import Admin
+from equeue_spark.client.errors import EqueueError, NotFoundError
 
 
 def _show_group(ui: Output, info: pb.GroupInfo, headline: str | None = None) -> None:
@@ -72,8 +73,26 @@ def cmd_groups_describe(args: argparse.Namespace, ui: Output) -> None:
     _show_group(ui, info)
 
 
+def _refuse_live_members(admin: Admin, args: argparse.Namespace, action: str) -> None:
+    """Without ``--force``, refuse to change a group that has live members:
+    they would go on committing their own positions over the change."""
+    if args.force:
+        return
+    try:
+        members = list(admin.describe_group(args.group).consumer_ids)
+    except NotFoundError:  # no such group yet: nobody to disturb
+        return
+    if members:
+        count = f"{len(members)} live member{'s' if len(members) != 1 else ''}"
+        raise CliError(
+            f"group {args.group} has {count} ({', '.join(sorted(members))}); stop them "
+            f"first, or give --force to {action} anyway (they may commit over it)"
+        )
+
+
 def cmd_groups_reset(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
+        _refuse_live_members(admin, args, "reset it")
         if args.to_earliest:
             info = admin.reset_offsets(args.group, args.topic, to="earliest")
             where = "the earliest offsets"
@@ -92,6 +111,7 @@ def cmd_groups_reset(args: argparse.Namespace, ui: Output) -> None:
 
 def cmd_groups_delete(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
+        _refuse_live_members(admin, args, "delete it")
         admin.delete_group(args.group)
     if ui.json:
         ui.document({"group": args.group, "deleted": True})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from equeue_spark.cli.arguments import Commands, non_negative_int, queue_offset
 from equeue_spark.cli.commands.groups import (
     cmd_groups_delete,
@@ -38,5 +40,15 @@ def add_groups(commands: Commands) -> None:
         metavar="QUEUE=OFFSET",
         help="explicit next offsets (queues not given are unchanged)",
     )
+    _add_force(p, "reset")
     p = groups.command("delete", "forget a group's committed offsets", cmd_groups_delete)
     p.add_argument("group", metavar="G")
+    _add_force(p, "delete")
+
+
+def _add_force(parser: argparse.ArgumentParser, action: str) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help=f"{action} even if the group has live members (they may commit over it)",
+    )

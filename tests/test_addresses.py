@@ -1,0 +1,73 @@
+"""Broker addresses are checked before anything is dialled, by one function
+(``check_address``) that the client, the CLI and the Spark connector share."""
+
+from __future__ import annotations
+
+import pytest
+
+from equeue_broker.testing import BrokerProcess
+from equeue_spark.cli.app import main
+from equeue_spark.client import Admin, ClientConfig, Producer
+from equeue_spark.client.connection import check_address
+from equeue_spark.client.errors import InvalidAddress
+
+BAD = [
+    ("127.0.0.1", "has no port"),  # gRPC would dial port 443
+    ("127.0.0.1:99999", "has port 99999, outside 1-65535"),  # gRPC would wrap it to 34463
+    (":99999", "has no host"),
+    ("a:5000,b:5000", "is not one address"),  # gRPC would fail late, with a DNS error
+    ("broker 5000", "is not one address"),
+    ("host:http", "has port 'http', not a number"),
+    ("::1:5000", "write an IPv6 host in brackets"),
+    ("[nope]:5000", "not an IPv6 address"),
+    ("", "is empty"),
+]
+
+
+@pytest.mark.parametrize(("address", "why"), BAD)
+def test_client_refuses_a_bad_address_naming_it(address: str, why: str) -> None:
+    with pytest.raises(InvalidAddress, match=why) as caught:
+        check_address(address)
+    assert repr(address) in str(caught.value) and "HOST:PORT" in str(caught.value)
+    if address:  # "" means the default in ClientConfig
+        with pytest.raises(InvalidAddress, match=why):
+            ClientConfig(broker=address)
+        with pytest.raises(ValueError, match=why):  # InvalidAddress is a ValueError too
+            Producer(address)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:5000", "localhost:1", "[::1]:65535", " h_1.x:80 "])
+def test_good_addresses_pass(address: str) -> None:
+    assert check_address(address) == address.strip()
+
+
+def test_bad_environment_default_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EQUEUE_BROKER", "10.0.0.1")
+    with pytest.raises(InvalidAddress, match=r"\$EQUEUE_BROKER '10.0.0.1' has no port"):
+        ClientConfig()
+    assert ClientConfig(broker="127.0.0.1:5000").target == "127.0.0.1:5000"  # given wins
+
+
+def test_a_good_address_still_connects(broker: BrokerProcess) -> None:
+    with Admin(f"  {broker.address} ") as admin:
+        assert admin.list_topics() is not None
+
+
+@pytest.mark.parametrize(("address", "why"), BAD[:4])
+def test_cli_broker_flag_is_a_usage_error(
+    address: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["topics", "list", "--broker", address, "--timeout-s", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--broker {address!r} {why}" in err and "Traceback" not in err
+
+
+def test_cli_environment_broker_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("EQUEUE_BROKER", "a:1,b:2")
+    code = main(["topics", "list", "--timeout-s", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "$EQUEUE_BROKER 'a:1,b:2' is not one address" in err
