@@ -22,7 +22,7 @@ import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.cli import format_table, main
-from equeue_spark.client import Consumer, Producer
+from equeue_spark.client import Admin, Consumer, Producer
 
 EQUEUE_SCRIPT = Path(sys.executable).parent / "equeue"
 
@@ -300,6 +300,8 @@ def test_consume_with_group_commits_and_reset(cli: Cli, tmp_path: Path) -> None:
 def test_groups_reset_and_delete_refuse_live_members_without_force(cli: Cli, broker: str) -> None:
     with Producer(broker) as producer:
         producer.send_batch("cli-live", [b"a", b"b"], queue_ids=[0, 0])
+    with Admin(broker) as admin:  # committed progress, so the group exists to delete
+        admin.commit_offsets("cli-live-g", {("cli-live", 0): 1})
     with Consumer(broker, group="cli-live-g", topics=["cli-live"], consumer_id="member-1"):
         reset = ("groups", "reset", "cli-live-g", "--topic", "cli-live", "--to-earliest")
         refused = cli(*reset)
