@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
+from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.handlers import DecodeGuard
@@ -32,7 +33,7 @@ from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.service_data import BrokerService
-from equeue_broker.server.startup import CannotBind, ExitCode, check_bindable
+from equeue_broker.server.startup import BadConfig, CannotBind, ExitCode, check_bindable
 from equeue_broker.storage import StorageError, Store
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_proto.allocator import tune_malloc
@@ -78,7 +79,7 @@ async def create_server(
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000),
     )
-    state.auth_tokens = 0 if tokens is None else len(tokens)
+    state.tokens = tokens
     store.add_listener(state.waiters.notify_threadsafe)
     pb_grpc.add_BrokerServicer_to_server(BrokerService(state), server)
     pb_grpc.add_AdminServicer_to_server(AdminService(state), server)
@@ -119,9 +120,15 @@ def load_tokens(config: BrokerConfig) -> TokenTable | None:
             text = config.tokens_file.read_text()
         except OSError as exc:
             raise OSError(f"cannot read tokens file: {exc}") from None
-        return TokenTable.parse(text, str(config.tokens_file))
-    inline = os.environ.get(TOKENS_ENV)
-    return TokenTable.parse(inline, f"${TOKENS_ENV}") if inline else None
+        source = str(config.tokens_file)
+    else:
+        text, source = os.environ.get(TOKENS_ENV, ""), f"${TOKENS_ENV}"
+        if not text:
+            return None
+    try:
+        return TokenTable.parse(text, source)
+    except BadRequest as exc:  # a config error like a bad flag: exit code 2
+        raise BadConfig(str(exc)) from None
 
 
 def server_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
@@ -198,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     except CannotBind as exc:
         log.error("cannot start: %s", exc)
         raise SystemExit(ExitCode.CANNOT_BIND) from None
+    except BadConfig as exc:
+        log.error("cannot start: %s", exc)
+        raise SystemExit(ExitCode.USAGE) from None
     except (OSError, StorageError) as exc:
         log.error("cannot start: %s", exc)
         raise SystemExit(ExitCode.CANNOT_START) from None
