@@ -18,6 +18,7 @@ import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import EllipsisType
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -55,9 +56,10 @@ def broker_id_for(data_dir: Path) -> str:
 
 
 async def create_server(
-    config: BrokerConfig, store: Store
+    config: BrokerConfig, store: Store, tokens: TokenTable | None | EllipsisType = ...
 ) -> tuple[grpc.aio.Server, int, BrokerState]:
-    """A started server on ``config.host:config.port`` (0 = any free port)."""
+    """A started server on ``config.host:config.port`` (0 = any free port),
+    accepting ``tokens`` (None: no authentication; by default those the config names)."""
     options = [
         ("grpc.max_receive_message_length", config.max_request_bytes),
         ("grpc.max_send_message_length", config.max_request_bytes),
@@ -65,7 +67,8 @@ async def create_server(
         # port would start, and clients would reach either at random.
         ("grpc.so_reuseport", 0),
     ]
-    tokens = load_tokens(config)
+    if isinstance(tokens, EllipsisType):
+        tokens = load_tokens(config)
     # Outermost first: authenticate, then decode (auth checks decoded requests).
     interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]  # type: ignore[type-arg]
     if tokens is not None:
@@ -149,9 +152,10 @@ async def serve(config: BrokerConfig) -> None:
     # Before opening the store: recovery may take a while, and a second broker
     # on a live one's port must not touch anything.
     check_bindable(config.host, config.port)
+    tokens = load_tokens(config)  # a bad tokens file is a config error: the data stays untouched
     store = Store(config.storage)
     try:
-        server, port, state = await create_server(config, store)
+        server, port, state = await create_server(config, store, tokens)
     except BaseException:
         store.close()
         raise
