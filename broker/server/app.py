@@ -25,8 +25,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
-from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.config import BrokerConfig
+from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.logs import configure as configure_logging
@@ -56,7 +56,7 @@ def broker_id_for(data_dir: Path) -> str:
 
 
 async def create_server(
-    config: BrokerConfig, store: Store, tokens: TokenTable | None | EllipsisType = ...
+    config: BrokerConfig, store: Store, tokens: TokenTable | EllipsisType | None = ...
 ) -> tuple[grpc.aio.Server, int, BrokerState]:
     """A started server on ``config.host:config.port`` (0 = any free port),
     accepting ``tokens`` (None: no authentication; by default those the config names)."""

@@ -76,9 +76,7 @@ class AdminService(pb_grpc.AdminServicer):
         groups = sorted(set(self.s.store.groups()) | set(self.s.consumers.groups()))
         if scope is None:
             return groups
-        return [
-            g for g in groups if all(scope.may_use_topic(t) for t in self.s.group_topics(g))
-        ]
+        return [g for g in groups if all(scope.may_use_topic(t) for t in self.s.group_topics(g))]
 
     @rpc
     async def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsReply:
