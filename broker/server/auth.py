@@ -4,7 +4,7 @@ Tokens come from a TOML document: the file given with ``--tokens-file``, or the
 text of ``$EQUEUE_BROKER_TOKENS``::
 
     [[tokens]]
-    name = "etl"                      # what logs and errors show; never the secret
+    name = "etl"                      # unique; what logs and errors show, never the secret
     sha256 = "9f86d081884c7d65..."    # hex SHA-256 of the secret (or: secret = "...")
     roles = ["produce", "consume"]    # any of admin, produce, consume
     topics = ["orders*", "audit"]     # optional fnmatch patterns; default: every topic
@@ -16,12 +16,17 @@ PERMISSION_DENIED. Roles: ``consume`` covers the Broker service's read side
 (Pull, PullStream, offsets, heartbeats, ListOffsets, OffsetForBytes);
 ``produce`` its write side (Produce, ProduceStream, CommitTransactions,
 AbortTransactions); ``admin`` the Admin service and, being the operator's role,
-everything else. Topic patterns restrict ``produce`` and ``consume`` calls
-(checked on every request of a stream); the transaction calls name no topic,
-their messages were checked when staged, and the transaction ids, sinks and
-prefixes of a non-admin token are put in its own namespace (``<name>@``), so
-tokens cannot touch each other's transactions. Health checks need no token
-(probes); server reflection needs a valid one.
+everything else. Topic patterns restrict every call of every role, admin
+included: the interceptor checks the topics a request names (on every request
+of a stream, ``topics_of``); what a call reaches without naming it is checked
+by its handler with ``scoped``: a consumer group's topics (every group call
+needs a token covering all of them, ``BrokerState.check_group``), the topic of
+a message fetched by id, and the listings, cut to the token's topics. The
+transaction calls name no topic, their messages were checked when staged, and
+the transaction ids, sinks and prefixes of any token but an admin one for
+every topic are put in its own namespace (``<name>@``), so tokens cannot
+touch each other's transactions. Health checks need no token (probes);
+server reflection needs a valid one.
 """
 
 from __future__ import annotations
