@@ -20,6 +20,7 @@ from equeue_broker.testing import BrokerProcess
 from equeue_proto.protocol import MAX_CONSUMER_ID, consumer_id_problem, default_consumer_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_spark.cli import main as cli_main
 from equeue_spark.client import Admin, ClientConfig, Consumer, PermissionDeniedError, Producer
 from tests.test_startup import one_line, run_broker
 
@@ -202,7 +203,9 @@ def test_two_tokens_with_one_name_stop_the_broker_from_starting(tmp_path: Path) 
     assert str(path) in line and "'etl' is already taken" in line, line
 
 
-def test_consumer_ids_are_short_and_printable(broker: BrokerProcess) -> None:
+def test_consumer_ids_are_short_and_printable(
+    broker: BrokerProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
     default = default_consumer_id("host name/with\tévil\nchars" * 9, 123, "abcdef")
     assert consumer_id_problem(default) is None and default.endswith("-123-abcdef")
     with grpc.insecure_channel(broker.address) as channel:
@@ -222,6 +225,9 @@ def test_consumer_ids_are_short_and_printable(broker: BrokerProcess) -> None:
         assert isinstance(ok, pb.HeartbeatReply) and ok.consumer_ids == ["a" * MAX_CONSUMER_ID]
     with pytest.raises(ValueError, match="consumer_id 'x y'"):
         Consumer(config=fast(broker, ETL), group="g", topics=["t"], consumer_id="x y")
+    command = ["--broker", broker.address, "consume", "t", "--group", "g", "--consumer-id"]
+    assert cli_main([*command, "x y"]) == 2  # refused before connecting
+    assert "--consumer-id: consumer_id 'x y'" in capsys.readouterr().err
     with Consumer(config=fast(broker, ETL), group="g2", topics=["t"]) as consumer:
         consumer.poll(timeout_s=0.1)  # joins with the default id
         with Admin(config=fast(broker, OPS)) as ops:
