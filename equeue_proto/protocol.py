@@ -6,12 +6,35 @@ copy without either importing the other.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable, Sequence
 
 from equeue_proto.accel import CODEC
 
 MESSAGE_ID_HEX_DIGITS = 16
+MAX_CONSUMER_ID = 128
+_CONSUMER_ID = re.compile(r"[A-Za-z0-9._:@/-]+")
+_NOT_CONSUMER_ID = re.compile(r"[^A-Za-z0-9._:@/-]")
+
+
+def consumer_id_problem(consumer_id: str) -> str | None:
+    """Why the broker refuses a consumer id, or None. Consumer ids are shown by
+    DescribeGroup, the CLI and logs, so they are short and printable as they are:
+    1-128 ASCII letters, digits and ``. _ : @ / -``."""
+    if 0 < len(consumer_id) <= MAX_CONSUMER_ID and _CONSUMER_ID.fullmatch(consumer_id):
+        return None
+    shown = repr(consumer_id[:64]) + ("..." if len(consumer_id) > 64 else "")
+    return (
+        f"consumer_id {shown} ({len(consumer_id)} characters) is invalid: give 1 to "
+        f"{MAX_CONSUMER_ID} ASCII letters, digits, '.', '_', ':', '@', '/' or '-'"
+    )
+
+
+def default_consumer_id(hostname: str, pid: int, suffix: str) -> str:
+    """``<host>-<pid>-<suffix>``, made valid whatever the host name holds."""
+    host = _NOT_CONSUMER_ID.sub("_", hostname)[:64] or "host"
+    return f"{host}-{pid}-{suffix}"[:MAX_CONSUMER_ID]
 
 BROKER_TIME = -1
 """A message timestamp of -1 in a produce request: "none given", stamp the

@@ -18,6 +18,7 @@ import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import EllipsisType
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -25,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
 from equeue_broker.server.config import BrokerConfig
+from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.logs import configure as configure_logging
@@ -32,7 +34,7 @@ from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.service_data import BrokerService
-from equeue_broker.server.startup import CannotBind, ExitCode, check_bindable
+from equeue_broker.server.startup import BadConfig, CannotBind, ExitCode, check_bindable
 from equeue_broker.storage import StorageError, Store
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_proto.allocator import tune_malloc
@@ -54,9 +56,10 @@ def broker_id_for(data_dir: Path) -> str:
 
 
 async def create_server(
-    config: BrokerConfig, store: Store
+    config: BrokerConfig, store: Store, tokens: TokenTable | EllipsisType | None = ...
 ) -> tuple[grpc.aio.Server, int, BrokerState]:
-    """A started server on ``config.host:config.port`` (0 = any free port)."""
+    """A started server on ``config.host:config.port`` (0 = any free port),
+    accepting ``tokens`` (None: no authentication; by default those the config names)."""
     options = [
         ("grpc.max_receive_message_length", config.max_request_bytes),
         ("grpc.max_send_message_length", config.max_request_bytes),
@@ -64,7 +67,8 @@ async def create_server(
         # port would start, and clients would reach either at random.
         ("grpc.so_reuseport", 0),
     ]
-    tokens = load_tokens(config)
+    if isinstance(tokens, EllipsisType):
+        tokens = load_tokens(config)
     # Outermost first: authenticate, then decode (auth checks decoded requests).
     interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]  # type: ignore[type-arg]
     if tokens is not None:
@@ -78,7 +82,7 @@ async def create_server(
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000),
     )
-    state.auth_tokens = 0 if tokens is None else len(tokens)
+    state.tokens = tokens
     store.add_listener(state.waiters.notify_threadsafe)
     pb_grpc.add_BrokerServicer_to_server(BrokerService(state), server)
     pb_grpc.add_AdminServicer_to_server(AdminService(state), server)
@@ -119,9 +123,15 @@ def load_tokens(config: BrokerConfig) -> TokenTable | None:
             text = config.tokens_file.read_text()
         except OSError as exc:
             raise OSError(f"cannot read tokens file: {exc}") from None
-        return TokenTable.parse(text, str(config.tokens_file))
-    inline = os.environ.get(TOKENS_ENV)
-    return TokenTable.parse(inline, f"${TOKENS_ENV}") if inline else None
+        source = str(config.tokens_file)
+    else:
+        text, source = os.environ.get(TOKENS_ENV, ""), f"${TOKENS_ENV}"
+        if not text:
+            return None
+    try:
+        return TokenTable.parse(text, source)
+    except BadRequest as exc:  # a config error like a bad flag: exit code 2
+        raise BadConfig(str(exc)) from None
 
 
 def server_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
@@ -142,9 +152,10 @@ async def serve(config: BrokerConfig) -> None:
     # Before opening the store: recovery may take a while, and a second broker
     # on a live one's port must not touch anything.
     check_bindable(config.host, config.port)
+    tokens = load_tokens(config)  # a bad tokens file is a config error: the data stays untouched
     store = Store(config.storage)
     try:
-        server, port, state = await create_server(config, store)
+        server, port, state = await create_server(config, store, tokens)
     except BaseException:
         store.close()
         raise
@@ -198,6 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     except CannotBind as exc:
         log.error("cannot start: %s", exc)
         raise SystemExit(ExitCode.CANNOT_BIND) from None
+    except BadConfig as exc:
+        log.error("cannot start: %s", exc)
+        raise SystemExit(ExitCode.USAGE) from None
     except (OSError, StorageError) as exc:
         log.error("cannot start: %s", exc)
         raise SystemExit(ExitCode.CANNOT_START) from None

@@ -4,7 +4,7 @@ Tokens come from a TOML document: the file given with ``--tokens-file``, or the
 text of ``$EQUEUE_BROKER_TOKENS``::
 
     [[tokens]]
-    name = "etl"                      # what logs and errors show; never the secret
+    name = "etl"                      # unique; what logs and errors show, never the secret
     sha256 = "9f86d081884c7d65..."    # hex SHA-256 of the secret (or: secret = "...")
     roles = ["produce", "consume"]    # any of admin, produce, consume
     topics = ["orders*", "audit"]     # optional fnmatch patterns; default: every topic
@@ -16,12 +16,17 @@ PERMISSION_DENIED. Roles: ``consume`` covers the Broker service's read side
 (Pull, PullStream, offsets, heartbeats, ListOffsets, OffsetForBytes);
 ``produce`` its write side (Produce, ProduceStream, CommitTransactions,
 AbortTransactions); ``admin`` the Admin service and, being the operator's role,
-everything else. Topic patterns restrict ``produce`` and ``consume`` calls
-(checked on every request of a stream); the transaction calls name no topic,
-their messages were checked when staged, and the transaction ids, sinks and
-prefixes of a non-admin token are put in its own namespace (``<name>@``), so
-tokens cannot touch each other's transactions. Health checks need no token
-(probes); server reflection needs a valid one.
+everything else. Topic patterns restrict every call of every role, admin
+included: the interceptor checks the topics a request names (on every request
+of a stream, ``topics_of``); what a call reaches without naming it is checked
+by its handler with ``scoped``: a consumer group's topics (every group call
+needs a token covering all of them, ``BrokerState.check_group``), the topic of
+a message fetched by id, and the listings, cut to the token's topics. The
+transaction calls name no topic, their messages were checked when staged, and
+the transaction ids, sinks and prefixes of any token but an admin one for
+every topic are put in its own namespace (``<name>@``), so tokens cannot
+touch each other's transactions. Health checks need no token (probes);
+server reflection needs a valid one.
 """
 
 from __future__ import annotations
@@ -75,6 +80,30 @@ class Principal:
     def may_use_topic(self, topic: str) -> bool:
         return self.topics is None or any(fnmatch.fnmatchcase(topic, p) for p in self.topics)
 
+    def check_topic(self, topic: str) -> None:
+        if not self.may_use_topic(topic):
+            raise PermissionDenied(f"token {self.name!r} may not use topic {topic!r}")
+
+    def sees_every_transaction(self) -> bool:
+        """Only an admin token for every topic works outside its own transaction
+        namespace: a topic-scoped admin could otherwise abort or fence other
+        teams' transactions."""
+        return "admin" in self.roles and self.topics is None
+
+
+def scoped(tokens: TokenTable | None, metadata: Any) -> Principal | None:
+    """The caller's token if it is limited to some topics; None: it may use every
+    topic (or authentication is off). For handlers whose checks need broker state
+    (a group's topics, a message's topic, listings); the interceptor has already
+    refused calls without a valid token."""
+    if tokens is None:
+        return None
+    secret = bearer(metadata)
+    principal = tokens.lookup(secret) if secret else None
+    if principal is None or principal.topics is None:
+        return None
+    return principal
+
 
 class TokenTable:
     """Secrets (by SHA-256) to principals."""
@@ -99,10 +128,19 @@ class TokenTable:
         if len(entries) > MAX_TOKENS:
             raise BadRequest(f"{source}: {len(entries)} tokens; the limit is {MAX_TOKENS}")
         principals: dict[str, Principal] = {}
+        names: set[str] = set()
         for n, entry in enumerate(entries):
             digest, principal = _parse_entry(entry, f"{source}: token {n + 1}")
             if digest in principals:
                 raise BadRequest(f"{source}: token {principal.name!r} repeats another's secret")
+            # A name is a transaction namespace (``<name>@``) and what logs and
+            # errors show: two tokens sharing one could commit each other's work.
+            if principal.name in names:
+                raise BadRequest(
+                    f"{source}: token {n + 1}: the name {principal.name!r} is already taken "
+                    "by another token; give each token its own name"
+                )
+            names.add(principal.name)
             principals[digest] = principal
         return cls(principals)
 
@@ -158,14 +196,27 @@ def bearer(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:
     return None
 
 
+_NAMED_TOPIC = (
+    pb.CreateTopicRequest, pb.DeleteTopicRequest, pb.DescribeTopicRequest, pb.AddQueuesRequest,
+    pb.SetQueueVisibilityRequest, pb.DeleteQueueRequest,
+)  # fmt: skip
+"""Admin requests whose ``name`` is a topic."""
+
+
 def topics_of(request: Any) -> list[str]:
-    """The topics a produce/consume request addresses."""
+    """The topics a request names. Calls that reach topics without naming them
+    (a group's, a message id's, listings) are checked by their handlers
+    (``BrokerState.scope``)."""
     if isinstance(request, pb.CommitOffsetsRequest):
         return [o.topic for o in request.offsets]
     if isinstance(request, pb.HeartbeatRequest):
-        return list(request.topics)
+        return list(request.topics) + [r.topic for r in request.released]
     if isinstance(request, pb.FetchOffsetsRequest) and not request.topic:
         raise PermissionDenied("a topic-scoped token must name the topic of FetchOffsets")
+    if isinstance(request, _NAMED_TOPIC):
+        return [request.name]
+    if isinstance(request, pb.GetMessageRequest):
+        return [request.address.topic] if request.HasField("address") else []
     topic = getattr(request, "topic", None)
     return [topic] if isinstance(topic, str) else []
 
@@ -198,8 +249,7 @@ def namespace_transactions(principal: Principal, request: Any) -> None:
 
 def check_topics(principal: Principal, request: Any) -> None:
     for topic in topics_of(request):
-        if not principal.may_use_topic(topic):
-            raise PermissionDenied(f"token {principal.name!r} may not use topic {topic!r}")
+        principal.check_topic(topic)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
@@ -229,9 +279,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 PermissionDenied(f"token {principal.name!r} lacks role {role!r} for {name}"),
             )
         checks: list[Callable[[Any], None]] = []
-        if principal.topics is not None and role in ("produce", "consume"):
+        if principal.topics is not None and role is not None:  # admin's patterns bind too
             checks.append(functools.partial(check_topics, principal))
-        if method in _TRANSACTION_METHODS and "admin" not in principal.roles:
+        if method in _TRANSACTION_METHODS and not principal.sees_every_transaction():
             checks.append(functools.partial(namespace_transactions, principal))
         if not checks:
             return handler

@@ -82,12 +82,19 @@ class ConsumerRegistry:
         consumer_id: str,
         queues: Mapping[str, Sequence[int]],
         released: Iterable[QueueKey] = (),
+        check_topic: Callable[[str], None] | None = None,
     ) -> Membership:
         """Record a heartbeat from a member subscribed to ``queues`` (topic ->
         consumer-visible queue ids): release what it gave up, grant what it may
-        take, and say what it holds."""
+        take, and say what it holds. ``check_topic`` (the caller's token scope)
+        runs on every topic the live members subscribe to, under the lock, so
+        no one joins in between and the caller never sees a group it may not."""
         now = self._clock()
         with self._lock:
+            state = self._live_group(group, now)
+            if check_topic is not None:
+                for topic in sorted({t for m in state.members.values() for t in m.topics}):
+                    check_topic(topic)
             state = self._live_group(group, now, create=True)
             member = state.members.get(consumer_id)
             if member is None:
@@ -195,8 +202,10 @@ class ConsumerRegistry:
             return sorted(c for c, m in state.members.items() if topic is None or topic in m.topics)
 
     def topics(self, group: str) -> set[str]:
+        """The topics the group's live members subscribe to."""
+        now = self._clock()
         with self._lock:
-            state = self._groups.get(group, _Group())
+            state = self._live_group(group, now)
             return {t for m in state.members.values() for t in m.topics}
 
     def groups(self) -> list[str]:

@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from equeue_broker.server.auth import Principal
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.storage import NotFound
 from equeue_broker.storage.names import validate_group
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
+from equeue_proto.record import read_meta
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -64,10 +66,24 @@ class AdminService(pb_grpc.AdminServicer):
         log.info("topic deleted", extra={"topic": request.name})
         return pb.DeleteTopicReply()
 
+    def _visible_topics(self, scope: Principal | None) -> list[str]:
+        """The topics a token may see: a topic-scoped admin token sees its own only."""
+        names = [t.name for t in self.s.store.topics()]
+        return names if scope is None else [n for n in names if scope.may_use_topic(n)]
+
+    def _visible_groups(self, scope: Principal | None) -> list[str]:
+        """The groups a token may see: those all of whose topics it covers."""
+        groups = sorted(set(self.s.store.groups()) | set(self.s.consumers.groups()))
+        if scope is None:
+            return groups
+        return [g for g in groups if all(scope.may_use_topic(t) for t in self.s.group_topics(g))]
+
     @rpc
     async def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsReply:
+        scope = self.s.scope(context)
+
         def list_() -> pb.ListTopicsReply:
-            names = [t.name for t in self.s.store.topics()]
+            names = self._visible_topics(scope)
             return pb.ListTopicsReply(topics=[self._topic_info(n) for n in names])
 
         return await self.s.call(list_)
@@ -116,11 +132,12 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
-        groups = set(self.s.store.groups()) | set(self.s.consumers.groups())
-        return pb.ListGroupsReply(groups=sorted(groups))
+        return pb.ListGroupsReply(groups=self._visible_groups(self.s.scope(context)))
 
     @rpc
     async def DescribeGroup(self, request: pb.DescribeGroupRequest, context: Any) -> pb.GroupInfo:
+        validate_group(request.group)
+        self.s.check_group(self.s.scope(context), request.group)
         return await self.s.call(self._group_info, request.group)
 
     def _group_info(self, group: str) -> pb.GroupInfo:
@@ -164,6 +181,9 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def ResetOffsets(self, request: pb.ResetOffsetsRequest, context: Any) -> pb.GroupInfo:
+        validate_group(request.group)
+        self.s.check_group(self.s.scope(context), request.group)  # the topic: auth.py
+
         def reset() -> pb.GroupInfo:
             store = self.s.store
             meta = store.topic(request.topic)
@@ -200,6 +220,8 @@ class AdminService(pb_grpc.AdminServicer):
     async def DeleteGroup(
         self, request: pb.DeleteGroupRequest, context: Any
     ) -> pb.DeleteGroupReply:
+        validate_group(request.group)
+        self.s.check_group(self.s.scope(context), request.group)
         await self.s.call(self.s.store.delete_group, request.group)
         self.s.consumers.forget(request.group)
         log.info("group deleted", extra={"group": request.group})
@@ -207,6 +229,8 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def GetMessage(self, request: pb.GetMessageRequest, context: Any) -> pb.GetMessageReply:
+        scope = self.s.scope(context)
+
         def get() -> pb.GetMessageReply:
             store = self.s.store
             which = request.WhichOneof("key")
@@ -223,6 +247,8 @@ class AdminService(pb_grpc.AdminServicer):
             else:
                 raise BadRequest("give message_id or address")
             record = store.record_at(position)
+            if scope is not None:  # a message id does not name its topic: the record does
+                scope.check_topic(read_meta(record, 0).topic.decode())
             return pb.GetMessageReply(
                 record=record, message_id=format_message_id(self.s.broker_id, position)
             )
@@ -231,14 +257,18 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def GetStats(self, request: pb.GetStatsRequest, context: Any) -> pb.BrokerStats:
+        scope = self.s.scope(context)
+
         def stats() -> pb.BrokerStats:
             store = self.s.store
             raw = store.stats()
             backlog = 0
             queues: set[tuple[str, int]] = set()
-            for topic in store.topics():
-                backlog += sum(q.backlog for q in self._topic_info(topic.name).queues)
-                queues.update((topic.name, q.queue_id) for q in topic.queues)
+            topics = self._visible_topics(scope)
+            for name in topics:
+                info = self._topic_info(name)
+                backlog += sum(q.backlog for q in info.queues)
+                queues.update((name, q.queue_id) for q in info.queues)
             produce_rate, consume_rate = self.s.counters.rates()
             produced, consumed = self.s.counters.totals()
             # Only existing queues: a produce or pull still in flight when its
@@ -251,9 +281,11 @@ class AdminService(pb_grpc.AdminServicer):
             return pb.BrokerStats(
                 queue_counters=counters,
                 broker_id=self.s.broker_id,
-                topics=raw["topics"],
-                queues=raw["queues"],
-                groups=len(set(store.groups()) | set(self.s.consumers.groups())),
+                # A topic-scoped token counts its own topics, queues and groups;
+                # the broker-wide figures (disk, chunks, rates, totals) stay.
+                topics=raw["topics"] if scope is None else len(topics),
+                queues=raw["queues"] if scope is None else len(queues),
+                groups=len(self._visible_groups(scope)),
                 total_backlog=backlog,
                 chunk_count=raw["log_chunks"],
                 bytes_on_disk=_disk_usage(self.s.config.storage.data_dir),
@@ -273,10 +305,15 @@ class AdminService(pb_grpc.AdminServicer):
     async def ListTransactions(
         self, request: pb.ListTransactionsRequest, context: Any
     ) -> pb.ListTransactionsReply:
+        scope = self.s.scope(context)
+        # A topic-scoped admin token works in its own namespace (auth.py) and
+        # sees only that: other teams' transaction ids and sinks are theirs.
+        mine = "" if scope is None else f"{scope.name}@"
+
         def list_() -> pb.ListTransactionsReply:
             transactions = self.s.store.transactions
             reply = pb.ListTransactionsReply()
-            for t in transactions.list_open(request.prefix):
+            for t in transactions.list_open(mine + request.prefix):
                 info = reply.transactions.add(
                     transaction_id=t.txn_id, created_ms=t.created_ms,
                     last_write_ms=t.last_write_ms, messages=t.messages, bytes=t.bytes,
@@ -285,6 +322,8 @@ class AdminService(pb_grpc.AdminServicer):
                 for (topic, queue_id), count in sorted(t.queues.items()):
                     info.queues.add(topic=topic, queue_id=queue_id, count=count)
             for sink in transactions.sinks():
+                if not sink.sink.startswith(mine):
+                    continue
                 reply.sinks.add(sink=sink.sink, batch_id=sink.batch_id, updated_ms=sink.updated_ms)
             return reply
 

@@ -21,8 +21,9 @@ from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
+from equeue_broker.server.auth import Principal, TokenTable, scoped
 from equeue_broker.server.config import BrokerConfig
-from equeue_broker.server.errors import ShuttingDown, status_for
+from equeue_broker.server.errors import PermissionDenied, ShuttingDown, status_for
 from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.stats import Counters
@@ -44,8 +45,8 @@ class BrokerState:
     consumers: ConsumerRegistry
     counters: Counters = field(default_factory=Counters)
     shutting_down: bool = False
-    auth_tokens: int = 0
-    """Tokens the broker accepts; 0: no authentication."""
+    tokens: TokenTable | None = None
+    """The tokens the broker accepts; None: no authentication."""
     _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -68,6 +69,37 @@ class BrokerState:
 
     def next_round_robin(self, topic: str) -> int:
         return next(self._round_robin.setdefault(topic, itertools.count()))
+
+    @property
+    def auth_tokens(self) -> int:
+        """Tokens the broker accepts; 0: no authentication."""
+        return 0 if self.tokens is None else len(self.tokens)
+
+    def scope(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal | None:
+        """The caller's token if it may use only some topics (auth.py); None: every topic."""
+        return scoped(self.tokens, context.invocation_metadata())
+
+    def group_topics(self, group: str) -> set[str]:
+        """Every topic of a group: those its live members subscribe to and
+        those it has committed offsets on."""
+        return set(self.store.committed_offsets(group)) | self.consumers.topics(group)
+
+    def check_group(self, scope: Principal | None, group: str) -> None:
+        """PERMISSION_DENIED unless ``scope`` covers every topic of ``group``: a
+        group call shows its members and moves their queues and offsets, so a
+        token for some topics must not reach a group that also reads others."""
+        if scope is None:
+            return
+        for topic in sorted(self.group_topics(group)):
+            check_group_topic(scope, group, topic)
+
+
+def check_group_topic(scope: Principal, group: str, topic: str) -> None:
+    if not scope.may_use_topic(topic):
+        raise PermissionDenied(
+            f"token {scope.name!r} may not use group {group!r}: the group reads topic "
+            f"{topic!r}, outside the token's topics; use a token that covers all its topics"
+        )
 
 
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]

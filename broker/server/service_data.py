@@ -17,17 +17,16 @@ import grpc
 
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP, MAX_TOPICS_PER_CONSUMER
-from equeue_broker.server.service_base import BrokerState, rpc, rpc_stream
+from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists
 from equeue_broker.storage.names import validate_group, validate_topic
-from equeue_proto.protocol import key_queue
+from equeue_proto.protocol import consumer_id_problem, key_queue
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
-MAX_CONSUMER_ID = 256
 DEFAULT_PULL_MESSAGES = 1000
 DEFAULT_PULL_BYTES = 1 << 20
 MAX_STREAM_BATCHES = 1_000_000
@@ -270,8 +269,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         if not entries:
             raise BadRequest("offsets must not be empty")
         validate_group(request.group)
+        self.s.check_group(self.s.scope(context), request.group)
         keys = [(topic, queue_id) for topic, queue_id, _ in entries]
         if request.consumer_id:
+            check_consumer_id(request.consumer_id)
             self.s.consumers.check_owner(request.group, request.consumer_id, request.session, keys)
         else:
             self.s.consumers.check_unheld(request.group, keys)
@@ -282,6 +283,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def FetchOffsets(
         self, request: pb.FetchOffsetsRequest, context: Any
     ) -> pb.FetchOffsetsReply:
+        self.s.check_group(self.s.scope(context), request.group)
         committed = await self.s.call(self.s.store.committed_offsets, request.group)
         reply = pb.FetchOffsetsReply()
         for topic in sorted(committed):
@@ -294,16 +296,22 @@ class BrokerService(pb_grpc.BrokerServicer):
     @rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
         validate_group(request.group)
-        if not 0 < len(request.consumer_id) <= MAX_CONSUMER_ID:
-            raise BadRequest(f"consumer_id must be 1 to {MAX_CONSUMER_ID} characters")
+        check_consumer_id(request.consumer_id)
         if len(request.topics) > MAX_TOPICS_PER_CONSUMER:
             raise BadRequest(
                 f"{len(request.topics)} topics; the limit is {MAX_TOPICS_PER_CONSUMER}"
             )
         topics = [validate_topic(t) for t in request.topics]
+        scope = self.s.scope(context)
         if request.leave:
+            self.s.check_group(scope, request.group)
             members = self.s.consumers.leave(request.group, request.consumer_id)
             return pb.HeartbeatReply(consumer_ids=members)
+        in_scope: Callable[[str], None] | None = None
+        if scope is not None:  # live members' topics are checked under the registry's lock
+            in_scope = functools.partial(check_group_topic, scope, request.group)
+            for topic in sorted(self.s.store.committed_offsets(request.group)):
+                in_scope(topic)
         released = [(r.topic, q) for r in request.released for q in r.queue_ids]
         if len(released) > MAX_LOCKS_PER_GROUP:
             raise BadRequest(f"{len(released)} released queues; the limit is {MAX_LOCKS_PER_GROUP}")
@@ -314,7 +322,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                 queues[topic] = [q.queue_id for q in meta.queues if q.consumer_visible]
             except NotFound:
                 queues[topic] = []
-        joined = self.s.consumers.heartbeat(request.group, request.consumer_id, queues, released)
+        joined = self.s.consumers.heartbeat(
+            request.group, request.consumer_id, queues, released, check_topic=in_scope
+        )
         reply = pb.HeartbeatReply(consumer_ids=joined.members, session=joined.session)
         for topic in topics:
             reply.topics.add(
@@ -331,6 +341,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         if not request.consumer_id:
             return lambda: None
         validate_group(request.group)
+        check_consumer_id(request.consumer_id)
         check = self.s.consumers.check_owner
         key = [(request.topic, request.queue_id)]
         return functools.partial(check, request.group, request.consumer_id, request.session, key)
@@ -374,6 +385,12 @@ class BrokerService(pb_grpc.BrokerServicer):
             request.max_bytes,
         )
         return pb.OffsetForBytesReply(end_offset=end, bytes=size)
+
+
+def check_consumer_id(consumer_id: str) -> None:
+    problem = consumer_id_problem(consumer_id)
+    if problem is not None:
+        raise BadRequest(problem)
 
 
 def _group_by_queue(targets: list[int] | int, count: int) -> list[tuple[int, list[int] | None]]:

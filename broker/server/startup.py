@@ -4,7 +4,8 @@ Every start-up failure ends in one line on stderr and a documented exit code
 (docs/operations.md, "Exit codes"), never a traceback:
 
 - 2, usage: a bad flag, a config file that is missing, not TOML, or holds a
-  wrong key, type or value (argparse's own code for usage errors);
+  wrong key, type or value (argparse's own code for usage errors), and a
+  tokens document that is not valid (``BadConfig``);
 - 3, cannot bind: the address is in use (another broker?) or not this host's;
 - 1, cannot start: anything else found while starting (the data directory is
   locked or damaged, TLS or token files unreadable).
@@ -23,6 +24,10 @@ class ExitCode(enum.IntEnum):
     CANNOT_START = 1
     USAGE = 2
     CANNOT_BIND = 3
+
+
+class BadConfig(ValueError):
+    """A configuration document read at start (the tokens file) holds a bad value."""
 
 
 class CannotBind(OSError):

@@ -37,6 +37,7 @@ from typing import Literal
 
 import grpc
 
+from equeue_proto.protocol import consumer_id_problem, default_consumer_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import commit_offsets
 from equeue_spark.client.connection import ClientConfig, Connection
@@ -84,6 +85,12 @@ class Consumer:
             raise ValueError(f"start must be earliest, latest or group, got {start!r}")
         if topics and group is None:
             raise ValueError("subscribing to topics needs a group; use assign() without one")
+        self.consumer_id = consumer_id or default_consumer_id(
+            socket.gethostname(), os.getpid(), secrets.token_hex(3)
+        )
+        problem = consumer_id_problem(self.consumer_id)
+        if problem is not None:  # the broker would refuse every heartbeat
+            raise ValueError(problem)
         self._conn = Connection(config or ClientConfig(broker=broker))
         self.group = group
         self.topics = list(topics)
@@ -92,9 +99,6 @@ class Consumer:
         self.max_bytes = max_bytes
         self.max_wait_ms = max_wait_ms
         self.tags = list(tags)
-        self.consumer_id = consumer_id or (
-            f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        )
         self._lock = threading.Lock()
         self._positions: dict[QueueKey, int] = {}
         self._committed: dict[QueueKey, int] = {}

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from equeue_proto.protocol import consumer_id_problem
 from equeue_spark.cli.common import (
     DEFAULT_BATCH,
     DEFAULT_CONSUME_TIMEOUT_S,
@@ -29,6 +30,9 @@ def cmd_consume(args: argparse.Namespace, ui: Output) -> None:
     start: Start = args.start or ("group" if args.group else "earliest")
     if start == "group" and not args.group:
         raise UsageError("--from group needs --group")
+    problem = consumer_id_problem(args.consumer_id) if args.consumer_id else None
+    if problem is not None:  # the broker would refuse it: say so before connecting
+        raise UsageError(f"--consumer-id: {problem}")
     if args.idle_timeout is not None:
         idle_s: float = args.idle_timeout
     else:

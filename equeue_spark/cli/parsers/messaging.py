@@ -34,7 +34,8 @@ FROM_HELP = (
     "falling back to earliest), the earliest (default without) or the latest"
 )
 CONSUMER_ID_HELP = (
-    "member id in the group (default: host-pid-random). A run leaves the group "
+    "member id in the group: 1-128 ASCII letters, digits and . _ : @ / - "
+    "(default: host-pid-random). A run leaves the group "
     "when it ends; a run that was killed stays a member until the broker's consumer "
     "timeout (30 s by default) unless a new run reuses its id"
 )
