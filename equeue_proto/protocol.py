@@ -36,6 +36,7 @@ def default_consumer_id(hostname: str, pid: int, suffix: str) -> str:
     host = _NOT_CONSUMER_ID.sub("_", hostname)[:64] or "host"
     return f"{host}-{pid}-{suffix}"[:MAX_CONSUMER_ID]
 
+
 BROKER_TIME = -1
 """A message timestamp of -1 in a produce request: "none given", stamp the
 message with the broker's store time (as an empty ``timestamps_ms`` column
