@@ -23,7 +23,7 @@ from equeue_broker.storage.chunk import chunk_file_name
 from equeue_broker.storage.message_log import LOG_SUFFIX
 from equeue_broker.storage.queue_index import INDEX_SUFFIX
 from tests.conftest import MakeConfig
-from tests.support.faults import garble
+from tests.support.faults import garble, read_document
 from tests.support.sent import (
     TOPIC,
     OpenStore,
@@ -80,8 +80,8 @@ def commit_twice(open_store: OpenStore, make_config: MakeConfig) -> StorageConfi
     store.commit_offset("g", TOPIC, 0, 7)
     store.close()
     data = store.config.data_dir
-    assert json.loads((data / "offsets.json").read_text())["groups"]["g"][TOPIC]["0"] == 7
-    assert json.loads((data / "offsets.json.bak").read_text())["groups"]["g"][TOPIC]["0"] == 3
+    assert read_document(data / "offsets.json")["groups"]["g"][TOPIC]["0"] == 7
+    assert read_document(data / "offsets.json.bak")["groups"]["g"][TOPIC]["0"] == 3
     return store.config
 
 
@@ -128,7 +128,7 @@ def topics_twice(open_store: OpenStore) -> tuple[StorageConfig, list[Sent]]:
     sent = append(store, 0, "a", 4)
     store.close()
     data = store.config.data_dir
-    assert json.loads((data / "topics.json").read_text())["topics"][TOPIC]["queues"][1] == {
+    assert read_document(data / "topics.json")["topics"][TOPIC]["queues"][1] == {
         "id": 1,
         "producer": False,
         "consumer": True,
@@ -170,9 +170,7 @@ def test_corrupt_checkpoint_file_uses_backup(open_store: OpenStore) -> None:
     store.flush()
     store.close()
     data = store.config.data_dir
-    assert json.loads((data / "checkpoint.json.bak").read_text()) == {
-        "index_position": later[0].position
-    }
+    assert read_document(data / "checkpoint.json.bak") == {"index_position": later[0].position}
     garble(data / "checkpoint.json")
 
     store = open_store(store.config)

@@ -186,8 +186,14 @@ def _raise_file_limit() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The ``equeue-broker`` console script."""
+    """The ``equeue-broker`` console script (``equeue-broker verify``: verify.py)."""
     from equeue_broker.server.config import parse_args
+
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["verify"]:
+        from equeue_broker.storage.verify import main as verify
+
+        raise SystemExit(verify(args[1:]))
 
     config = parse_args(argv)  # exits with ExitCode.USAGE on a bad flag or file
     configure_logging(config.log_level, config.log_format, config.library_log_level)
