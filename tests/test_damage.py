@@ -157,7 +157,7 @@ def stubs(broker: BrokerProcess) -> tuple[grpc.Channel, pb_grpc.BrokerStub, pb_g
 
 def produce_rounds(stub: pb_grpc.BrokerStub, rounds: int) -> dict[tuple[int, int], int]:
     """{(queue, offset): log position} of ``rounds`` x 2 queues x 10 messages."""
-    positions = {}
+    positions: dict[tuple[int, int], int] = {}
     for r in range(rounds):
         for q in (0, 1):
             values = [f"{r}:{q}:{i}:".encode().ljust(VALUE, b"v") for i in range(10)]
@@ -255,14 +255,16 @@ def test_offsets_lost_broker_answers_failed_precondition_until_reset(
         commit = pb.CommitOffsetsRequest(
             group="g", offsets=[pb.QueueOffset(topic=TOPIC, queue_id=0, offset=1)]
         )
-        for call, request in [
-            (stub.FetchOffsets, pb.FetchOffsetsRequest(group="g")),
-            (stub.CommitOffsets, commit),
-        ]:
-            with pytest.raises(grpc.RpcError) as caught:
-                call(request, timeout=RPC_S)
-            assert status_of(caught.value) is grpc.StatusCode.FAILED_PRECONDITION
-            assert "equeue groups reset" in details_of(caught.value)
+        refusals = []
+        with pytest.raises(grpc.RpcError) as fetch:
+            stub.FetchOffsets(pb.FetchOffsetsRequest(group="g"), timeout=RPC_S)
+        refusals.append(fetch.value)
+        with pytest.raises(grpc.RpcError) as commit_refused:
+            stub.CommitOffsets(commit, timeout=RPC_S)
+        refusals.append(commit_refused.value)
+        for refusal in refusals:
+            assert status_of(refusal) is grpc.StatusCode.FAILED_PRECONDITION
+            assert "equeue groups reset" in details_of(refusal)
         stats = admin.GetStats(pb.GetStatsRequest(), timeout=RPC_S)
         assert len(stats.damaged_metadata) == 1 and "offsets.json" in stats.damaged_metadata[0]
         cli = subprocess.run(
