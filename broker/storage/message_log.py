@@ -159,13 +159,13 @@ class MessageLog:
                 )
                 self.capacity = chunk.capacity
             checked_capacity = checked_capacity or chunk.damage is None
-            if self.chunks and chunk.number != self.chunks[-1].number + 1:
+            self.chunks.append(chunk)  # first, so that a failed open closes it too
+            if len(self.chunks) > 1 and chunk.number != self.chunks[-2].number + 1:
                 raise CorruptionError(
-                    f"log chunk {self.chunks[-1].number + 1} is missing", str(path)
+                    f"log chunk {self.chunks[-2].number + 1} is missing", str(path)
                 )
-            if not chunk.sealed and i != len(paths) - 1:
+            if not chunk.sealed and not last:
                 raise CorruptionError("a log chunk before the last one is not sealed", str(path))
-            self.chunks.append(chunk)
         self._quarantine([c for c in self.chunks if c.damage is not None])
         if self.chunks and not self.chunks[-1].sealed:
             self.active = self.chunks[-1]
