@@ -214,6 +214,11 @@ def test_sealed_chunk_header_flip_quarantines_the_chunk(broker: BrokerProcess) -
         assert stats.quarantined_chunks[0].start_position == CHUNK
     finally:
         channel.close()
+    cli = subprocess.run(
+        [sys.executable, "-m", "equeue_spark.cli", "--broker", broker.address, "stats"],
+        capture_output=True, text=True, timeout=VERIFY_S, check=False,
+    )  # fmt: skip
+    assert f"QUARANTINED chunk {damaged}: chunk header checksum mismatch" in cli.stdout
     assert "QUARANTINED log chunk" in broker.log_since_start()
     assert broker.stop() == 0
 
@@ -279,6 +284,25 @@ def test_offsets_lost_broker_answers_failed_precondition_until_reset(
     finally:
         channel.close()
     assert "CONSUMER OFFSETS LOST" in broker.log_since_start()
+
+
+def test_broker_id_file_damaged_draws_a_new_id(broker: BrokerProcess) -> None:
+    """broker.json (one copy: it is saved once) damaged: the broker starts with a
+    new id and says why (before: "cannot start: no readable copy")."""
+    broker.start()
+    channel, _stub, admin = stubs(broker)
+    first = admin.GetStats(pb.GetStatsRequest(), timeout=RPC_S).broker_id
+    channel.close()
+    assert broker.stop() == 0
+    write_at(broker.data_dir / "broker.json", 3, b"X")
+    broker.start()
+    channel, _stub, admin = stubs(broker)
+    try:
+        second = admin.GetStats(pb.GetStatsRequest(), timeout=RPC_S).broker_id
+    finally:
+        channel.close()
+    assert second and second != first
+    assert "BROKER ID LOST" in broker.log_since_start()
 
 
 # -- equeue-broker verify ------------------------------------------------------------

@@ -13,7 +13,6 @@ import json
 import pytest
 
 from equeue_broker.storage import (
-    CorruptionError,
     FlushMode,
     PreconditionFailed,
     StorageConfig,
@@ -149,14 +148,43 @@ def test_corrupt_topics_file_uses_backup(open_store: OpenStore) -> None:
 
 
 def test_corrupt_topics_file_and_backup(open_store: OpenStore) -> None:
-    config, _ = topics_twice(open_store)
+    """No intact copy: the topics are rebuilt from the index directories, so
+    every message stays readable; visibility and incarnations are lost (before:
+    the store refused to open)."""
+    config, sent = topics_twice(open_store)
     main = config.data_dir / "topics.json"
     garble(main)
     garble(config.data_dir / "topics.json.bak")
-    with pytest.raises(CorruptionError) as caught:
-        Store(config, background=False)
-    assert caught.value.path == str(main)
-    assert str(main) in str(caught.value)
+    store = open_store(config)
+    assert [t.name for t in store.topics()] == [TOPIC]
+    assert store.queue_info(TOPIC, 1).producer_visible  # hidden before: lost
+    assert_queue_holds(store, 0, sent)
+    [what] = store.damage().metadata()
+    assert what.startswith("topics.json: no intact copy") and str(main) in what
+    assert (config.data_dir / "topics.json.damaged").exists()
+    store = reopen(open_store, store)
+    assert_queue_holds(store, 0, sent)
+    assert store.damage().metadata() == []
+
+
+def test_corrupt_sinks_file_and_backup(open_store: OpenStore) -> None:
+    """No intact copy of txn/sinks.json: the store opens (before: it refused to),
+    forgets each sink's progress and says so."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    sent = append(store, 0, "a", 3)
+    store.transactions.commit([], sink="s", batch_id=1)
+    store.transactions.commit([], sink="s", batch_id=2)
+    store.close()
+    sinks = store.config.data_dir / "txn" / "sinks.json"
+    assert read_document(sinks) and read_document(sinks.with_name("sinks.json.bak"))
+    garble(sinks)
+    garble(sinks.with_name("sinks.json.bak"))
+    store = open_store(store.config)
+    assert_queue_holds(store, 0, sent)
+    assert store.transactions.sinks() == []
+    [what] = store.damage().metadata()
+    assert what.startswith("txn/sinks.json: sink progress lost")
 
 
 def test_corrupt_checkpoint_file_uses_backup(open_store: OpenStore) -> None:

@@ -7,6 +7,8 @@ naming the topic, queue and offset. Consumer offsets whose file and backup are
 both damaged are *lost* (offsets.py). Both are found again at every open until
 an operator repairs them: ``equeue-broker verify`` lists every damaged chunk,
 record and metadata file of a stopped broker's data directory (verify.py).
+With topics.json the topics are rebuilt from the index directories (topics.py);
+with txn/sinks.json each sink's last committed batch is forgotten.
 """
 
 from __future__ import annotations
@@ -32,9 +34,14 @@ class QuarantinedChunk:
 class Damage:
     quarantined_chunks: list[QuarantinedChunk]
     offsets_lost: LostOffsets | None
+    lost_metadata: list[str]
+    """What was lost with other metadata files found with no intact copy at open
+    (topics.json: rebuilt from the indexes; txn/sinks.json: sink progress)."""
 
     def metadata(self) -> list[str]:
         """One line per metadata file that has no intact copy."""
-        if self.offsets_lost is None:
-            return []
-        return [f"offsets.json: consumer offsets lost ({self.offsets_lost.reason})"]
+        lines = list(self.lost_metadata)
+        if self.offsets_lost is not None:
+            reason = self.offsets_lost.reason
+            lines.insert(0, f"offsets.json: consumer offsets lost ({reason}); reset every group")
+        return lines

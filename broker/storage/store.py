@@ -115,7 +115,7 @@ class Store:
             self._log = MessageLog(
                 root / "log", config.chunk_capacity_bytes, config.max_mapped_chunks
             )
-            self._topics = load_topics(root / "topics.json")
+            self._topics, self._topics_lost = load_topics(root / "topics.json")
             self._offsets = OffsetStore(root / "offsets.json")
             self.recovery, self._checkpoint = recover(
                 config, self._log, self._topics.values(), self._offsets, self._queues
@@ -706,7 +706,8 @@ class Store:
 
     def damage(self) -> Damage:
         """What was found damaged at open and is not served (see damage.py)."""
-        return Damage(list(self._log.quarantined), self._offsets.lost)
+        lost = [self._topics_lost, self.transactions.sinks_lost]
+        return Damage(list(self._log.quarantined), self._offsets.lost, [w for w in lost if w])
 
     def stats(self) -> dict[str, int]:
         with self._lock:
