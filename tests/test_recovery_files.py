@@ -207,6 +207,22 @@ def test_corrupt_checkpoint_file_uses_backup(open_store: OpenStore) -> None:
     assert_queue_holds(store, 1, [s for s in later if s.queue_id == 1])
 
 
+def test_corrupt_checkpoint_file_and_backup(open_store: OpenStore) -> None:
+    """No intact copy of the checkpoint: every index entry is rebuilt from the
+    log start (before: the store refused to open)."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    sent = append(store, 0, "a", 4)
+    store.flush()
+    sent += append(store, 0, "b", 3)
+    store.close()
+    garble(store.config.data_dir / "checkpoint.json")
+    garble(store.config.data_dir / "checkpoint.json.bak")
+    store = open_store(store.config)
+    assert store.recovery.index_entries_rebuilt == len(sent)
+    assert_queue_holds(store, 0, sent)
+
+
 # -- exclusive access -----------------------------------------------------------------------
 
 

@@ -606,7 +606,7 @@ class Transactions:
         decisions = sorted(self._dir.glob("commit-*.json"))
         self._seq = max((int(p.stem.split("-")[1]) for p in decisions), default=0)
         for path in decisions:
-            decision = load_json(path)
+            decision = load_json(path, repair=False)  # no .bak: it is deleted once applied
             if not isinstance(decision, dict) or "queues" not in decision:
                 raise CorruptionError("unreadable commit decision", str(path))
             self._roll_forward(decision, path)
