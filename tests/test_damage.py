@@ -196,6 +196,8 @@ def test_sealed_chunk_header_flip_quarantines_the_chunk(broker: BrokerProcess) -
 
     broker.start()
     channel, stub, admin = stubs(broker)
+    inside = sorted(o for (q, o), p in positions.items() if q == 0 and p // CHUNK == 1)
+    assert inside
     try:
         for (q, offset), position in sorted(positions.items()):
             request = pb.PullRequest(topic=TOPIC, queue_id=q, offset=offset, max_messages=1)
@@ -208,6 +210,11 @@ def test_sealed_chunk_header_flip_quarantines_the_chunk(broker: BrokerProcess) -
             assert status_of(caught.value) is grpc.StatusCode.DATA_LOSS
             assert f"{TOPIC}/{q} offset {offset}" in details_of(caught.value)
             assert damaged.name in details_of(caught.value)
+        address = pb.QueueOffset(topic=TOPIC, queue_id=0, offset=inside[0])
+        with pytest.raises(grpc.RpcError) as caught:
+            admin.GetMessage(pb.GetMessageRequest(address=address), timeout=RPC_S)
+        assert status_of(caught.value) is grpc.StatusCode.DATA_LOSS
+        assert damaged.name in details_of(caught.value)
         stats = admin.GetStats(pb.GetStatsRequest(), timeout=RPC_S)
         assert [c.file for c in stats.quarantined_chunks] == [str(damaged)]
         assert "header checksum mismatch" in stats.quarantined_chunks[0].reason

@@ -40,7 +40,7 @@ from equeue_broker.storage.chunk import (
     seal_chunk_file,
 )
 from equeue_broker.storage.damage import QuarantinedChunk
-from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
 from equeue_proto.record import (
     FLAG_BATCH_END,
     HEADER,
@@ -395,7 +395,7 @@ class MessageLog:
         chunk = self.chunk_at(position)
         local = HEADER_SIZE + position - self.start_of(chunk)
         if chunk.damage is not None:
-            raise CorruptionError(
+            raise ChunkQuarantined(
                 f"log position {position} is in quarantined chunk {chunk.path.name} "
                 f"({chunk.damage})",
                 str(chunk.path),
@@ -421,7 +421,7 @@ class MessageLog:
         """Raise ``CorruptionError`` unless the record at ``position`` is (topic, queue, offset)."""
         chunk = self.chunk_at(position)
         if chunk.damage is not None:
-            raise CorruptionError(
+            raise ChunkQuarantined(
                 f"{topic.decode(errors='replace')}/{queue_id} offset {offset} is in "
                 f"quarantined log chunk {chunk.path.name} ({chunk.damage}); its records "
                 "cannot be served",
