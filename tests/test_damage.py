@@ -341,6 +341,41 @@ def test_verify_lists_damaged_record_in_sealed_chunk(open_store: OpenStore) -> N
     assert "damaged record: checksum mismatch" in line
 
 
+def test_verify_lists_every_damaged_record_of_a_chunk(open_store: OpenStore) -> None:
+    """Two records damaged in their bodies: both are listed (their length
+    prefixes still lead to the next record), and nothing else."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    sent = append(store, 0, "a", 1500, size=100)
+    store.close()
+    chunk = log_chunks(store.config.data_dir)[0]
+    starts = [s.position for s in sent if s.position < 64 * 1024][:50]
+    for at in (starts[3], starts[40]):
+        flip_byte(chunk, 128 + at + 60)  # inside the record's body
+    result = run_verify(store.config.data_dir)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f"{chunk}: byte {128 + at}: damaged record: checksum mismatch"
+        for at in (starts[3], starts[40])
+    ]
+
+
+def test_verify_damaged_length_says_what_went_unchecked(open_store: OpenStore) -> None:
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    sent = append(store, 0, "a", 1500, size=100)
+    store.close()
+    chunk = log_chunks(store.config.data_dir)[0]
+    data_end = chunk.stat().st_size - 128
+    write_at(chunk, 128 + sent[5].position + 1, b"\x7f")  # the length prefix's second byte
+    result = run_verify(store.config.data_dir)
+    assert result.returncode == 1
+    [line] = result.stdout.splitlines()
+    at = 128 + sent[5].position
+    assert line.startswith(f"{chunk}: byte {at}: damaged record: ")
+    assert line.endswith(f"({data_end - at} bytes from here unchecked)")
+
+
 def test_verify_lists_damaged_metadata_copy(open_store: OpenStore) -> None:
     config = closed_store_with_sealed_chunks(open_store)
     path = config.data_dir / "checkpoint.json"

@@ -5,7 +5,9 @@ Offline and read-only: nothing is repaired, moved or created. It checks
 
 - every log chunk: header, footer (sealed chunks), and every record's frame
   and checksum (a sealed chunk up to its data size; the last chunk up to the
-  end of its written data);
+  end of its written data). After a damaged record whose length prefix still
+  leads to a valid frame, checking goes on from there; otherwise the rest of
+  the chunk cannot be framed, and the line says how many bytes went unchecked;
 - every queue index chunk's header;
 - both copies of every metadata file (topics, offsets, checkpoint, broker id,
   sinks, pending commit decisions) against their checksum (atomic_file.py).
@@ -36,7 +38,7 @@ from equeue_broker.storage.chunk import (
     read_sealed_footer,
 )
 from equeue_broker.storage.errors import CorruptionError
-from equeue_proto.record import check_frame
+from equeue_proto.record import BODY_TO_FRAME, HEADER, body_length, check_frame
 
 METADATA_FILES = ("topics.json", "offsets.json", "checkpoint.json", "broker.json")
 END_OF_DATA = "zero length (end of written data)"
@@ -124,11 +126,27 @@ def _check_records(path: Path, buf: mmap.mmap, end: int, sealed: bool) -> Iterat
             continue
         if not sealed and (verdict == END_OF_DATA or not buf[pos:end].rstrip(b"\x00")):
             return  # the end of the active chunk's data
-        # A damaged frame hides where the next record starts: the rest is unchecked.
+        after = _next_frame(buf, pos, end)
+        if after is not None:  # its length prefix is sound: the next record is found
+            yield Finding(path, pos, f"damaged record: {verdict}")
+            pos = after
+            continue
+        # A damaged length hides where the next record starts: the rest is unchecked.
         yield Finding(
             path, pos, f"damaged record: {verdict} ({end - pos} bytes from here unchecked)"
         )
         return
+
+
+def _next_frame(buf: mmap.mmap, pos: int, end: int) -> int | None:
+    """Where the record after a damaged one at ``pos`` starts, if its length
+    prefix leads to the data end or to a valid frame (None: not found)."""
+    if pos + HEADER.size > end:
+        return None
+    after = pos + body_length(buf, pos) + BODY_TO_FRAME
+    if after == end or (after < end and isinstance(check_frame(buf, after, end), int)):
+        return after
+    return None
 
 
 def _what(exc: CorruptionError) -> str:
