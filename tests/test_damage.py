@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from bench._harness import details_of, status_of
-from equeue_broker.storage import FlushMode, StorageConfig
+from equeue_broker.storage import FlushMode, RetentionConfig, StorageConfig
 from equeue_broker.storage.atomic_file import decode_document
 from equeue_broker.storage.offsets import OffsetsLost
 from equeue_broker.testing import BrokerProcess
@@ -131,6 +131,25 @@ def test_topics_flipped_incarnation_digit_uses_backup(open_store: OpenStore) -> 
     store = open_store(store.config)
     assert store.topic(TOPIC).incarnation == incarnation
     assert_queue_holds(store, 0, sent)
+
+
+def test_retention_deletes_a_quarantined_chunk_and_its_report(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """A quarantined chunk is deleted by retention like any sealed chunk, and
+    leaves the damage report with it."""
+    config = make_config(retention=RetentionConfig(max_chunks=2, max_age_ms=None))
+    store = open_store(config)
+    store.create_topic(TOPIC, 1)
+    append(store, 0, "a", 1500, size=100)  # 64 KiB chunks: three sealed
+    store.close()
+    flip_byte(log_chunks(config.data_dir)[0], 20)
+    store = open_store(config)
+    assert [c.number for c in store.damage().quarantined_chunks] == [0]
+    assert store.stats()["quarantined_chunks"] == 1
+    assert store.apply_retention().log_chunks_deleted >= 1
+    assert store.damage().quarantined_chunks == []
+    assert store.stats()["quarantined_chunks"] == 0
 
 
 # -- sealed chunk header: real brokers ----------------------------------------------

@@ -496,6 +496,8 @@ class MessageLog:
         self._recent.pop(chunk.number, None)
         chunk.close()
         chunk.path.unlink()
+        if chunk.damage is not None:  # gone with its damage: no longer reported
+            self.quarantined = [q for q in self.quarantined if q.number != chunk.number]
         return chunk
 
     def close(self) -> None:
