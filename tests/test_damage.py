@@ -115,6 +115,22 @@ def test_offsets_both_copies_damaged_refuse_groups_until_reset(
     assert store.committed_offsets("other") == {}
 
 
+def test_offsets_reset_of_a_lost_group_is_saved_at_once(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """Async mode saves offsets on an interval; a reset must not wait for it: a
+    killed broker would refuse the group again after the operator reset it."""
+    config = commit_5_then_500(open_store, make_config)
+    for name in ("offsets.json", "offsets.json.bak"):
+        write_at(config.data_dir / name, 3, b"X")
+    config = make_config(flush_mode=FlushMode.ASYNC)
+    store = open_store(config)
+    store.commit_offsets("g", [(TOPIC, 0, 10)], reset=True)
+    store.abandon()  # killed: nothing more is saved
+    store = open_store(config)
+    assert store.committed_offsets("g") == {TOPIC: {0: 10}}
+
+
 def test_topics_flipped_incarnation_digit_uses_backup(open_store: OpenStore) -> None:
     """Before: a topic's incarnation silently changed (a Spark checkpoint would
     take the topic for a new one)."""

@@ -600,7 +600,7 @@ class Store:
                 checked.append((topic, queue_id, next_offset))
             for topic, queue_id, next_offset in checked:
                 self._offsets.commit(group, topic, queue_id, next_offset, reset)
-        if self.config.flush_mode is FlushMode.SYNC:
+        if reset or self.config.flush_mode is FlushMode.SYNC:  # a reset is an admin change
             self._persist_offsets()
 
     def _persist_offsets(self) -> None:
