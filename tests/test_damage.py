@@ -26,7 +26,7 @@ from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.conftest import MakeConfig
-from tests.support.faults import flip_byte, log_chunks, read_document, write_at
+from tests.support.faults import flip_byte, index_files, log_chunks, read_document, write_at
 from tests.support.sent import TOPIC, OpenStore, append, assert_queue_holds
 
 RPC_S = 15.0
@@ -409,6 +409,17 @@ def test_verify_damaged_length_says_what_went_unchecked(open_store: OpenStore) -
     at = 128 + sent[5].position
     assert line.startswith(f"{chunk}: byte {at}: damaged record: ")
     assert line.endswith(f"({data_end - at} bytes from here unchecked)")
+
+
+def test_verify_lists_damaged_index_chunk_header(open_store: OpenStore) -> None:
+    config = closed_store_with_sealed_chunks(open_store)
+    [first, *_] = index_files(config.data_dir, TOPIC, 0)
+    flip_byte(first, 30)
+    result = run_verify(config.data_dir)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f"{first}: byte 0: damaged chunk: chunk header checksum mismatch"
+    ]
 
 
 def test_verify_lists_damaged_metadata_copy(open_store: OpenStore) -> None:
