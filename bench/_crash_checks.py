@@ -10,7 +10,6 @@ Nothing here is imported by the broker or the client.
 
 from __future__ import annotations
 
-import json
 import random
 from array import array
 from pathlib import Path
@@ -30,6 +29,7 @@ from bench._crash_cycle import (
     ident_of,
 )
 from bench._harness import check_store, pull_queue
+from equeue_broker.storage.atomic_file import decode_document
 from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader, active_size
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
 from equeue_proto.protocol import format_message_id
@@ -49,7 +49,7 @@ def drop_unsynced(data_dir: Path) -> int:
     Everything below ``checkpoint.json``'s position was fsynced before the
     checkpoint was saved, so this is at least as harsh as a real power loss.
     """
-    document = json.loads((data_dir / "checkpoint.json").read_text())
+    document, _ = decode_document((data_dir / "checkpoint.json").read_bytes())
     checkpoint = int(document["index_position"])
     chunks = sorted((data_dir / "log").glob("*.chunk"))
     if not chunks:

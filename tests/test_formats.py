@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from equeue_broker.storage import CorruptionError, MessageBatch, MessageLimits, record
-from equeue_broker.storage.atomic_file import load_json, save_json
+from equeue_broker.storage.atomic_file import decode_document, load_json, save_json
 from equeue_broker.storage.chunk import (
     CHUNK_TYPE_INDEX,
     CHUNK_TYPE_LOG,
@@ -139,7 +138,7 @@ def test_atomic_json_round_trip_and_backup(tmp_path: Path) -> None:
     save_json(path, {"v": 1})
     save_json(path, {"v": 2})
     assert load_json(path) == {"v": 2}
-    assert json.loads((tmp_path / "meta.json.bak").read_bytes()) == {"v": 1}
+    assert decode_document((tmp_path / "meta.json.bak").read_bytes()) == ({"v": 1}, True)
     path.write_bytes(b"{not json")
     assert load_json(path) == {"v": 1}
     path.unlink()

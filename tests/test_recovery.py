@@ -400,18 +400,26 @@ def test_flipped_byte_in_completed_chunk(open_store: OpenStore) -> None:
 
 
 def test_sealed_chunk_footer_size_mismatch_is_reported(open_store: OpenStore) -> None:
-    """A sealed chunk cut short (its footer lost) is reported, naming the file,
-    rather than silently treated as data."""
+    """A sealed chunk cut short (its footer lost) is quarantined, naming the file,
+    rather than silently treated as data; the other chunks are served."""
     store = open_store()
     store.create_topic(TOPIC, 1)
+    sent = []
     for round_ in range(8):
-        append(store, 0, f"r{round_}", 10, size=1000)
+        sent += append(store, 0, f"r{round_}", 10, size=1000)
     store.close()
     sealed = log_chunks(store.config.data_dir)[0]
     os.truncate(sealed, sealed.stat().st_size - FOOTER_SIZE // 2)
+    store = open_store(store.config)
+    [quarantined] = store.damage().quarantined_chunks
+    assert quarantined.path == sealed
+    later = [s for s in sent if s.position >= quarantined.end_position]
+    assert later
+    assert [shape(m) for m in read_queue(store, 0, later[0].offset)] == [s.shape() for s in later]
     with pytest.raises(CorruptionError) as caught:
-        Store(store.config, background=False)
+        store.read_records(TOPIC, 0, 0)
     assert caught.value.path == str(sealed)
+    assert f"{TOPIC}/0 offset 0" in str(caught.value)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
@@ -424,7 +432,7 @@ def test_failed_open_releases_file_descriptors(open_store: OpenStore) -> None:
     store.close()
     chunks = log_chunks(store.config.data_dir)
     assert len(chunks) >= 3
-    os.truncate(chunks[1], chunks[1].stat().st_size - FOOTER_SIZE // 2)
+    chunks[1].unlink()  # a chunk missing in the middle: the open fails
     fds_before = sorted(os.listdir("/proc/self/fd"))
     with pytest.raises(CorruptionError):
         Store(store.config, background=False)

@@ -13,7 +13,6 @@ import json
 import pytest
 
 from equeue_broker.storage import (
-    CorruptionError,
     FlushMode,
     PreconditionFailed,
     StorageConfig,
@@ -21,9 +20,10 @@ from equeue_broker.storage import (
 )
 from equeue_broker.storage.chunk import chunk_file_name
 from equeue_broker.storage.message_log import LOG_SUFFIX
+from equeue_broker.storage.offsets import OffsetsLost
 from equeue_broker.storage.queue_index import INDEX_SUFFIX
 from tests.conftest import MakeConfig
-from tests.support.faults import garble
+from tests.support.faults import garble, read_document
 from tests.support.sent import (
     TOPIC,
     OpenStore,
@@ -80,8 +80,8 @@ def commit_twice(open_store: OpenStore, make_config: MakeConfig) -> StorageConfi
     store.commit_offset("g", TOPIC, 0, 7)
     store.close()
     data = store.config.data_dir
-    assert json.loads((data / "offsets.json").read_text())["groups"]["g"][TOPIC]["0"] == 7
-    assert json.loads((data / "offsets.json.bak").read_text())["groups"]["g"][TOPIC]["0"] == 3
+    assert read_document(data / "offsets.json")["groups"]["g"][TOPIC]["0"] == 7
+    assert read_document(data / "offsets.json.bak")["groups"]["g"][TOPIC]["0"] == 3
     return store.config
 
 
@@ -103,20 +103,19 @@ def test_corrupt_offsets_file_uses_backup(open_store: OpenStore, make_config: Ma
 
 
 def test_corrupt_offsets_file_and_backup(open_store: OpenStore, make_config: MakeConfig) -> None:
+    """No intact copy: the store opens and serves the log, but every group's
+    offsets are lost until reset (tests/test_damage.py has the details)."""
     config = commit_twice(open_store, make_config)
     main = config.data_dir / "offsets.json"
     garble(main)
     backup = config.data_dir / "offsets.json.bak"
     backup.write_bytes(backup.read_bytes()[:10])
-    with pytest.raises(CorruptionError) as caught:
-        Store(config, background=False)
-    assert caught.value.path == str(main)
-    assert str(main) in str(caught.value)
-    # The failed open released the data directory.
-    main.unlink()
-    backup.unlink()
     store = open_store(config)
-    assert store.groups() == []
+    assert len(store.read(TOPIC, 0, 0).messages) == 10
+    with pytest.raises(OffsetsLost) as caught:
+        store.committed_offsets("g")
+    assert "equeue groups reset" in str(caught.value)
+    assert str(main) in store.damage().metadata()[0]
 
 
 def topics_twice(open_store: OpenStore) -> tuple[StorageConfig, list[Sent]]:
@@ -128,7 +127,7 @@ def topics_twice(open_store: OpenStore) -> tuple[StorageConfig, list[Sent]]:
     sent = append(store, 0, "a", 4)
     store.close()
     data = store.config.data_dir
-    assert json.loads((data / "topics.json").read_text())["topics"][TOPIC]["queues"][1] == {
+    assert read_document(data / "topics.json")["topics"][TOPIC]["queues"][1] == {
         "id": 1,
         "producer": False,
         "consumer": True,
@@ -149,14 +148,43 @@ def test_corrupt_topics_file_uses_backup(open_store: OpenStore) -> None:
 
 
 def test_corrupt_topics_file_and_backup(open_store: OpenStore) -> None:
-    config, _ = topics_twice(open_store)
+    """No intact copy: the topics are rebuilt from the index directories, so
+    every message stays readable; visibility and incarnations are lost (before:
+    the store refused to open)."""
+    config, sent = topics_twice(open_store)
     main = config.data_dir / "topics.json"
     garble(main)
     garble(config.data_dir / "topics.json.bak")
-    with pytest.raises(CorruptionError) as caught:
-        Store(config, background=False)
-    assert caught.value.path == str(main)
-    assert str(main) in str(caught.value)
+    store = open_store(config)
+    assert [t.name for t in store.topics()] == [TOPIC]
+    assert store.queue_info(TOPIC, 1).producer_visible  # hidden before: lost
+    assert_queue_holds(store, 0, sent)
+    [what] = store.damage().metadata()
+    assert what.startswith("topics.json: no intact copy") and str(main) in what
+    assert (config.data_dir / "topics.json.damaged").exists()
+    store = reopen(open_store, store)
+    assert_queue_holds(store, 0, sent)
+    assert store.damage().metadata() == []
+
+
+def test_corrupt_sinks_file_and_backup(open_store: OpenStore) -> None:
+    """No intact copy of txn/sinks.json: the store opens (before: it refused to),
+    forgets each sink's progress and says so."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    sent = append(store, 0, "a", 3)
+    store.transactions.commit([], sink="s", batch_id=1)
+    store.transactions.commit([], sink="s", batch_id=2)
+    store.close()
+    sinks = store.config.data_dir / "txn" / "sinks.json"
+    assert read_document(sinks) and read_document(sinks.with_name("sinks.json.bak"))
+    garble(sinks)
+    garble(sinks.with_name("sinks.json.bak"))
+    store = open_store(store.config)
+    assert_queue_holds(store, 0, sent)
+    assert store.transactions.sinks() == []
+    [what] = store.damage().metadata()
+    assert what.startswith("txn/sinks.json: sink progress lost")
 
 
 def test_corrupt_checkpoint_file_uses_backup(open_store: OpenStore) -> None:
@@ -170,15 +198,29 @@ def test_corrupt_checkpoint_file_uses_backup(open_store: OpenStore) -> None:
     store.flush()
     store.close()
     data = store.config.data_dir
-    assert json.loads((data / "checkpoint.json.bak").read_text()) == {
-        "index_position": later[0].position
-    }
+    assert read_document(data / "checkpoint.json.bak") == {"index_position": later[0].position}
     garble(data / "checkpoint.json")
 
     store = open_store(store.config)
     assert store.recovery.index_entries_rebuilt == len(later)
     assert_queue_holds(store, 0, sent0 + [s for s in later if s.queue_id == 0])
     assert_queue_holds(store, 1, [s for s in later if s.queue_id == 1])
+
+
+def test_corrupt_checkpoint_file_and_backup(open_store: OpenStore) -> None:
+    """No intact copy of the checkpoint: every index entry is rebuilt from the
+    log start (before: the store refused to open)."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    sent = append(store, 0, "a", 4)
+    store.flush()
+    sent += append(store, 0, "b", 3)
+    store.close()
+    garble(store.config.data_dir / "checkpoint.json")
+    garble(store.config.data_dir / "checkpoint.json.bak")
+    store = open_store(store.config)
+    assert store.recovery.index_entries_rebuilt == len(sent)
+    assert_queue_holds(store, 0, sent)
 
 
 # -- exclusive access -----------------------------------------------------------------------

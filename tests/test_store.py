@@ -26,6 +26,7 @@ from equeue_broker.storage import (
     StoreClosed,
     StoredMessage,
 )
+from equeue_broker.storage.atomic_file import decode_document
 from equeue_proto.record import check_frame, decode_record
 from tests.conftest import MakeConfig
 
@@ -276,16 +277,19 @@ def test_topics_saved_without_incarnations_get_one_at_load_for_good(
     store.create_topic("old", 2)
     store.close()
     topics_file = config.data_dir / "topics.json"
-    document = json.loads(topics_file.read_text())
+    document, _ = decode_document(topics_file.read_bytes())
     del document["topics"]["old"]["incarnation"]
-    topics_file.write_text(json.dumps(document))
+    topics_file.write_text(json.dumps(document))  # a file of the format before checksums
     (config.data_dir / "topics.json.bak").unlink(missing_ok=True)
 
     store = Store(config, background=False)
     assigned = store.topic("old").incarnation
     store.close()
     assert assigned > 0
-    assert json.loads(topics_file.read_text())["topics"]["old"]["incarnation"] == assigned
+    assert decode_document(topics_file.read_bytes()) == (
+        {"topics": {"old": {**document["topics"]["old"], "incarnation": assigned}}},
+        True,
+    )
     store = Store(config, background=False)
     try:
         assert store.topic("old").incarnation == assigned

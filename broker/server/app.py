@@ -36,7 +36,8 @@ from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.service_data import BrokerService
 from equeue_broker.server.startup import BadConfig, CannotBind, ExitCode, check_bindable
 from equeue_broker.storage import StorageError, Store
-from equeue_broker.storage.atomic_file import load_json, save_json
+from equeue_broker.storage.atomic_file import keep_damaged, load_json, save_json
+from equeue_broker.storage.errors import CorruptionError
 from equeue_proto.allocator import tune_malloc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -47,7 +48,15 @@ log = logging.getLogger("equeue.broker")
 def broker_id_for(data_dir: Path) -> str:
     """The broker's identity: random at the first start, then kept in the data dir."""
     path = data_dir / "broker.json"
-    document = load_json(path)
+    try:
+        document = load_json(path)
+    except CorruptionError as exc:
+        kept = keep_damaged(path)
+        log.error(
+            "BROKER ID LOST: %s; a new id is drawn, so message ids issued before do not "
+            "resolve here any more (damaged copies kept as %s)", exc, kept,
+        )  # fmt: skip
+        document = None
     if isinstance(document, dict) and isinstance(document.get("broker_id"), str):
         return str(document["broker_id"])
     broker_id = secrets.token_hex(4)
@@ -197,8 +206,14 @@ def _raise_file_limit() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The ``equeue-broker`` console script."""
+    """The ``equeue-broker`` console script (``equeue-broker verify``: verify.py)."""
     from equeue_broker.server.config import parse_args
+
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["verify"]:
+        from equeue_broker.storage.verify import main as verify
+
+        raise SystemExit(verify(args[1:]))
 
     config = parse_args(argv)  # exits with ExitCode.USAGE on a bad flag or file
     configure_logging(config.log_level, config.log_format, config.library_log_level)

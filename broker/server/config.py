@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     ]
     parser = _Parser(
         prog="equeue-broker",
-        description="Run an equeue message broker.",
+        description="Run an equeue message broker. (`equeue-broker verify --data-dir DIR` "
+        "lists the damaged files of a stopped broker's data directory instead.)",
         epilog="Settings only the --config file takes: " + ", ".join(file_only) + ".",
     )
     parser.add_argument("--version", action="version", version=f"equeue-broker {__version__}")

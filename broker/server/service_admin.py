@@ -209,7 +209,7 @@ class AdminService(pb_grpc.AdminServicer):
                     entries.append((request.topic, queue_id, offset))
             # Like any commit from outside the group: not under a live member's feet.
             self.s.consumers.check_unheld(request.group, [(t, q) for t, q, _ in entries])
-            store.commit_offsets(request.group, entries)
+            store.commit_offsets(request.group, entries, reset=True)
             fields = {"group": request.group, "topic": request.topic, "to": target}
             log.info("offsets reset", extra=fields)
             return self._group_info(request.group)
@@ -262,6 +262,7 @@ class AdminService(pb_grpc.AdminServicer):
         def stats() -> pb.BrokerStats:
             store = self.s.store
             raw = store.stats()
+            damage = store.damage()
             backlog = 0
             queues: set[tuple[str, int]] = set()
             topics = self._visible_topics(scope)
@@ -297,6 +298,16 @@ class AdminService(pb_grpc.AdminServicer):
                 uptime_s=time.monotonic() - self.s.counters.started,
                 open_transactions=raw["open_transactions"],
                 staged_bytes=raw["staged_bytes"],
+                quarantined_chunks=[
+                    pb.QuarantinedChunk(
+                        file=str(c.path),
+                        reason=c.reason,
+                        start_position=c.start_position,
+                        end_position=c.end_position,
+                    )
+                    for c in damage.quarantined_chunks
+                ],
+                damaged_metadata=damage.metadata(),
             )
 
         return await self.s.call(stats)

@@ -12,6 +12,7 @@ layer itself knows nothing of gRPC::
     ├── AlreadyExists            a topic that already exists
     ├── PreconditionFailed       the operation is not allowed in the current state
     ├── CorruptionError          on-disk data failed validation (names file and position)
+    │   └── ChunkQuarantined     the data lies in a quarantined log chunk (damage.py)
     ├── DiskFullError            the disk refused a write (ENOSPC/EDQUOT/EFBIG)
     └── StoreClosed              the store was closed ("closed by you")
 
@@ -63,6 +64,10 @@ class CorruptionError(StorageError):
         super().__init__(f"{message}{where}")
         self.path = path
         self.position = position
+
+
+class ChunkQuarantined(CorruptionError):
+    """The data asked for lies in a log chunk quarantined at open (damage.py)."""
 
 
 class DiskFullError(StorageError):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from equeue_broker.storage.chunk import (
     CHUNK_TYPE_LOG,
+    FOOTER_SIZE,
     HEADER_SIZE,
     ChunkHeader,
     active_size,
@@ -38,7 +39,8 @@ from equeue_broker.storage.chunk import (
     read_sealed_footer,
     seal_chunk_file,
 )
-from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.damage import QuarantinedChunk
+from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
 from equeue_proto.record import (
     FLAG_BATCH_END,
     HEADER,
@@ -65,6 +67,9 @@ class LogChunk:
     """Bytes of data written (active chunk) or sealed (sealed chunk)."""
     sealed_ms: int | None = None
     mapped: mmap.mmap | None = field(default=None, repr=False)
+    damage: str | None = None
+    """Why the chunk is quarantined (a sealed chunk whose header or footer failed
+    its checks): its data is never read, and reads of its records fail."""
     written_end: int = HEADER_SIZE
     """Active chunk: file offset past the last byte written since recovery zeroed
     the tail (at least ``HEADER_SIZE + data_size``); the data after it is zero.
@@ -115,6 +120,7 @@ class MessageLog:
         """The last chunk: the one appends go to (set by ``open``)."""
         self._recent: collections.OrderedDict[int, LogChunk] = collections.OrderedDict()
         self.tail: TailRecovery | None = None
+        self.quarantined: list[QuarantinedChunk] = []
 
     # -- opening and recovery ----------------------------------------------------
 
@@ -136,22 +142,31 @@ class MessageLog:
             raise
 
     def _open_chunks(self, paths: list[Path]) -> None:
+        checked_capacity = False
         for i, path in enumerate(paths):
-            chunk = self._open_chunk(path, last=i == len(paths) - 1)
-            if i == 0 and chunk.capacity != self.capacity:
+            last = i == len(paths) - 1
+            try:
+                chunk = self._open_chunk(path, last)
+            except CorruptionError as exc:
+                if last:  # the active chunk: its tail scan decides, not a quarantine
+                    raise
+                chunk = self._open_damaged(path, exc)
+            if chunk.damage is None and not checked_capacity and chunk.capacity != self.capacity:
                 log.warning(
                     "log was created with chunk capacity %d; ignoring the configured %d",
                     chunk.capacity,
                     self.capacity,
                 )
                 self.capacity = chunk.capacity
-            if self.chunks and chunk.number != self.chunks[-1].number + 1:
+            checked_capacity = checked_capacity or chunk.damage is None
+            self.chunks.append(chunk)  # first, so that a failed open closes it too
+            if len(self.chunks) > 1 and chunk.number != self.chunks[-2].number + 1:
                 raise CorruptionError(
-                    f"log chunk {self.chunks[-1].number + 1} is missing", str(path)
+                    f"log chunk {self.chunks[-2].number + 1} is missing", str(path)
                 )
-            if not chunk.sealed and i != len(paths) - 1:
+            if not chunk.sealed and not last:
                 raise CorruptionError("a log chunk before the last one is not sealed", str(path))
-            self.chunks.append(chunk)
+        self._quarantine([c for c in self.chunks if c.damage is not None])
         if self.chunks and not self.chunks[-1].sealed:
             self.active = self.chunks[-1]
             self.tail = self._recover_tail(self.active)
@@ -190,6 +205,37 @@ class MessageLog:
         return LogChunk(
             header.chunk_number, path, fd, header.capacity, footer.data_size, footer.sealed_ms
         )
+
+    def _open_damaged(self, path: Path, exc: CorruptionError) -> LogChunk:
+        """A placeholder for a sealed chunk that failed its checks: one flipped
+        byte must not make the intact records of every other chunk unreachable.
+        Its number comes from the file name, its size from the file's."""
+        try:
+            number = int(path.name.removesuffix(LOG_SUFFIX))
+        except ValueError:
+            raise exc from None
+        fd = os.open(path, os.O_RDONLY)  # never written: retention may delete it
+        stat = os.fstat(fd)
+        data_size = max(0, stat.st_size - HEADER_SIZE - FOOTER_SIZE)
+        chunk = LogChunk(number, path, fd, 0, data_size, int(stat.st_mtime * 1000))
+        chunk.damage = str(exc)
+        return chunk
+
+    def _quarantine(self, chunks: list[LogChunk]) -> None:
+        for chunk in chunks:
+            chunk.capacity = self.capacity  # unknown from its header; the log's is the rule
+            chunk.data_size = min(chunk.data_size, self.capacity)
+            start = self.start_of(chunk)
+            entry = QuarantinedChunk(
+                chunk.path, chunk.number, start, start + chunk.data_size, chunk.damage or ""
+            )
+            self.quarantined.append(entry)
+            log.error(
+                "QUARANTINED log chunk %s: %s. Its records (log positions [%d, %d)) answer "
+                "DATA_LOSS; every other chunk is served. `equeue-broker verify` on the "
+                "stopped broker lists the damage (docs/operations.md)",
+                chunk.path, chunk.damage, entry.start_position, entry.end_position,
+            )  # fmt: skip
 
     def _recover_tail(self, chunk: LogChunk) -> TailRecovery:
         buf = chunk.buffer()
@@ -348,6 +394,13 @@ class MessageLog:
         """The chunk holding ``[position, position + size)`` and the local file offset."""
         chunk = self.chunk_at(position)
         local = HEADER_SIZE + position - self.start_of(chunk)
+        if chunk.damage is not None:
+            raise ChunkQuarantined(
+                f"log position {position} is in quarantined chunk {chunk.path.name} "
+                f"({chunk.damage})",
+                str(chunk.path),
+                local,
+            )
         if local + size > HEADER_SIZE + chunk.data_size:
             raise CorruptionError(
                 f"bytes [{position}, {position + size}) run past the data end",
@@ -366,6 +419,15 @@ class MessageLog:
 
     def check_record(self, position: int, topic: bytes, queue_id: int, offset: int) -> None:
         """Raise ``CorruptionError`` unless the record at ``position`` is (topic, queue, offset)."""
+        chunk = self.chunk_at(position)
+        if chunk.damage is not None:
+            raise ChunkQuarantined(
+                f"{topic.decode(errors='replace')}/{queue_id} offset {offset} is in "
+                f"quarantined log chunk {chunk.path.name} ({chunk.damage}); its records "
+                "cannot be served",
+                str(chunk.path),
+                HEADER_SIZE + position - self.start_of(chunk),
+            )
         chunk, local = self._data_view(position, HEADER.size)
         meta = read_meta(chunk.buffer(), local)
         if (meta.topic, meta.queue_id, meta.queue_offset, meta.position) != (
@@ -406,6 +468,12 @@ class MessageLog:
             chunk_start = self.start_of(chunk)
             if chunk_start + chunk.data_size <= start:
                 continue
+            if chunk.damage is not None:  # no framing to trust: the index cannot be rebuilt
+                raise CorruptionError(
+                    f"records from log position {start} must be re-indexed, but chunk "
+                    f"{chunk.path.name} is quarantined ({chunk.damage})",
+                    str(chunk.path),
+                )
             buf = chunk.buffer()
             end = HEADER_SIZE + chunk.data_size
             pos = HEADER_SIZE + max(0, start - chunk_start)
@@ -428,6 +496,8 @@ class MessageLog:
         self._recent.pop(chunk.number, None)
         chunk.close()
         chunk.path.unlink()
+        if chunk.damage is not None:  # gone with its damage: no longer reported
+            self.quarantined = [q for q in self.quarantined if q.number != chunk.number]
         return chunk
 
     def close(self) -> None:

@@ -8,18 +8,50 @@ no committed progress.
 Persistence: ``<data_dir>/offsets.json`` written atomically with a ``.bak``
 copy (see ``atomic_file.py``). The store decides when to persist (every
 commit in sync flush mode, on an interval in async mode, and on close).
+
+Lost offsets: when neither copy of the file is intact (both fail their
+checksum), no committed offset can be trusted, and a group that resumed from
+nothing would re-consume or skip messages silently. The store then opens with
+no offsets and the ``lost`` mark: every group is refused (``OffsetsLost``,
+FAILED_PRECONDITION) on fetch and commit until an operator resets it with
+``equeue groups reset`` (a commit with ``reset``) or deletes it. The broker
+cannot tell a new group from a lost one, so a new group needs a reset too. The
+mark and the groups reset since are saved in the file (``"lost"``), so they
+survive restarts.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from equeue_broker.storage.atomic_file import load_json, save_json
-from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.atomic_file import keep_damaged, load_json, save_json
+from equeue_broker.storage.errors import CorruptionError, PreconditionFailed
+
+log = logging.getLogger(__name__)
 
 GroupOffsets = dict[str, dict[int, int]]
 """{topic: {queue_id: next_offset}} of one group."""
+
+
+class OffsetsLost(PreconditionFailed):
+    """The group's committed offsets were lost with a damaged offsets file."""
+
+
+@dataclass
+class LostOffsets:
+    """Why the offsets were lost, since when, and the groups reset since."""
+
+    reason: str
+    since_ms: int
+    reset: set[str] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason, "since_ms": self.since_ms, "reset": sorted(self.reset)}
 
 
 class OffsetStore:
@@ -32,13 +64,35 @@ class OffsetStore:
         self._version = 0
         self._saved_version = 0
         self._save_lock = threading.Lock()
+        self.lost: LostOffsets | None = None
         self._load()
 
     def _load(self) -> None:
-        document = load_json(self.path)
+        try:
+            document = load_json(self.path)
+        except CorruptionError as exc:
+            kept = keep_damaged(self.path)
+            log.error(
+                "CONSUMER OFFSETS LOST: %s. Every group's fetch and commit are refused "
+                "until an operator resets the group (equeue groups reset); the damaged "
+                "copies are kept as %s", exc, ", ".join(map(str, kept)),
+            )  # fmt: skip
+            self.lost = LostOffsets(str(exc), int(time.time() * 1000))
+            # Saved at once, in both copies: the mark must outlive a restart, and
+            # the damaged copies must not be left for a later load to choose from.
+            self._version += 1
+            self.persist()
+            self._version += 1
+            self.persist()
+            return
         if document is None:
             return
         try:
+            if "lost" in document:
+                lost = document["lost"]
+                self.lost = LostOffsets(
+                    str(lost["reason"]), int(lost["since_ms"]), set(map(str, lost["reset"]))
+                )
             self._groups = {
                 group: {
                     topic: {int(q): int(off) for q, off in queues.items()}
@@ -51,13 +105,30 @@ class OffsetStore:
                 f"offsets file has an unexpected shape: {exc}", str(self.path)
             ) from exc
 
-    def commit(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
+    def check_group(self, group: str) -> None:
+        """``OffsetsLost`` if the group's offsets were lost and not reset since."""
+        lost = self.lost
+        if lost is not None and group not in lost.reset:
+            raise OffsetsLost(
+                f"the committed offsets of group {group!r} were lost (offsets.json and its "
+                "backup are damaged); an operator must reset them with `equeue groups reset` "
+                "(or delete the group) before it can fetch or commit offsets"
+            )
+
+    def commit(
+        self, group: str, topic: str, queue_id: int, next_offset: int, reset: bool = False
+    ) -> None:
+        """Record an offset; ``reset`` (an operator's reset) also clears a lost mark."""
         with self._lock:
+            if reset and self.lost is not None:
+                self.lost.reset.add(group)
+            self.check_group(group)
             self._groups.setdefault(group, {}).setdefault(topic, {})[queue_id] = next_offset
             self._version += 1
 
     def get(self, group: str) -> GroupOffsets:
         with self._lock:
+            self.check_group(group)
             return {t: dict(q) for t, q in self._groups.get(group, {}).items()}
 
     def committed(self, group: str, topic: str, queue_id: int) -> int | None:
@@ -109,8 +180,12 @@ class OffsetStore:
         return lowered
 
     def delete_group(self, group: str) -> bool:
+        """Forget a group; a group whose offsets were lost counts as existing."""
         with self._lock:
             existed = self._groups.pop(group, None) is not None
+            if self.lost is not None and group not in self.lost.reset:
+                self.lost.reset.add(group)
+                existed = True
             self._version += 1
         return existed
 
@@ -135,7 +210,7 @@ class OffsetStore:
                 version = self._version
                 if version == self._saved_version:
                     return
-                document = {
+                document: dict[str, Any] = {
                     "groups": {
                         group: {
                             topic: {str(q): off for q, off in queues.items()}
@@ -144,5 +219,7 @@ class OffsetStore:
                         for group, topics in self._groups.items()
                     }
                 }
+                if self.lost is not None:
+                    document["lost"] = self.lost.to_json()
             save_json(self.path, document)
             self._saved_version = version

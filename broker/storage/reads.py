@@ -25,7 +25,12 @@ from collections.abc import Callable, Iterable
 from crc32c import crc32c
 
 from equeue_broker.storage.config import StorageConfig
-from equeue_broker.storage.errors import CorruptionError, InvalidArgument, NotFound
+from equeue_broker.storage.errors import (
+    ChunkQuarantined,
+    CorruptionError,
+    InvalidArgument,
+    NotFound,
+)
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.queue_index import RUNS_EMPTY, RUNS_LIMIT, index_runs
 from equeue_broker.storage.queue_state import QueueKey, QueueState
@@ -296,6 +301,8 @@ class Reads:
         try:
             meta = self._log.meta_at(position)
             queue = self._queues.get((meta.topic.decode(), meta.queue_id))
+        except ChunkQuarantined:
+            raise  # the record may well be there: DATA_LOSS, not "no such message"
         except (CorruptionError, UnicodeDecodeError, struct.error):
             return None
         if queue is None or not queue.index.earliest <= meta.queue_offset < queue.visible_end:

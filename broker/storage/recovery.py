@@ -41,8 +41,13 @@ CHECKPOINT_FILE = "checkpoint.json"
 
 
 def load_checkpoint(data_dir: Path) -> int:
-    """The saved checkpoint position (0 when there is none yet)."""
-    document = load_json(data_dir / CHECKPOINT_FILE) or {}
+    """The saved checkpoint position (0 when there is none yet, or no intact copy:
+    every index entry is then rebuilt from the log, which costs time, not data)."""
+    try:
+        document = load_json(data_dir / CHECKPOINT_FILE) or {}
+    except CorruptionError as exc:
+        log.error("checkpoint lost (%s); rebuilding every index entry from the log", exc)
+        return 0
     return int(document.get("index_position", 0))
 
 

@@ -37,7 +37,6 @@ checkpoint saves.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
@@ -45,10 +44,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 from equeue_broker.storage.atomic_file import remove_temp_files
 from equeue_broker.storage.config import FlushMode, StorageConfig
+from equeue_broker.storage.damage import Damage
+from equeue_broker.storage.data_dir import lock_data_dir
 from equeue_broker.storage.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -109,13 +109,13 @@ class Store:
         """Queues an interrupted transaction commit must finish first."""
         root = config.data_dir
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # data is private to the broker
-        self._lock_fd = _lock_data_dir(root)
+        self._lock_fd = lock_data_dir(root)
         try:
             remove_temp_files(root)
             self._log = MessageLog(
                 root / "log", config.chunk_capacity_bytes, config.max_mapped_chunks
             )
-            self._topics = load_topics(root / "topics.json")
+            self._topics, self._topics_lost = load_topics(root / "topics.json")
             self._offsets = OffsetStore(root / "offsets.json")
             self.recovery, self._checkpoint = recover(
                 config, self._log, self._topics.values(), self._offsets, self._queues
@@ -582,9 +582,12 @@ class Store:
         """Record that ``group`` will next consume ``next_offset`` of the queue."""
         self.commit_offsets(group, [(topic, queue_id, next_offset)])
 
-    def commit_offsets(self, group: str, offsets: Iterable[tuple[str, int, int]]) -> None:
+    def commit_offsets(
+        self, group: str, offsets: Iterable[tuple[str, int, int]], reset: bool = False
+    ) -> None:
         """Commit several (topic, queue_id, next_offset) at once: all are checked
-        before any is recorded, and sync mode persists them with one write."""
+        before any is recorded, and sync mode persists them with one write.
+        ``reset``: an operator's reset, allowed for a group whose offsets were lost."""
         validate_group(group)
         with self._lock:
             checked = []
@@ -596,8 +599,8 @@ class Store:
                     )
                 checked.append((topic, queue_id, next_offset))
             for topic, queue_id, next_offset in checked:
-                self._offsets.commit(group, topic, queue_id, next_offset)
-        if self.config.flush_mode is FlushMode.SYNC:
+                self._offsets.commit(group, topic, queue_id, next_offset, reset)
+        if reset or self.config.flush_mode is FlushMode.SYNC:  # a reset is an admin change
             self._persist_offsets()
 
     def _persist_offsets(self) -> None:
@@ -701,6 +704,11 @@ class Store:
 
     # -- state -------------------------------------------------------------------------
 
+    def damage(self) -> Damage:
+        """What was found damaged at open and is not served (see damage.py)."""
+        lost = [self._topics_lost, self.transactions.sinks_lost]
+        return Damage(list(self._log.quarantined), self._offsets.lost, [w for w in lost if w])
+
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {
@@ -712,6 +720,7 @@ class Store:
                 "log_write_position": self._log.write_position,
                 "durable_position": self._commit.durable,
                 "fsyncs": self._commit.fsyncs,
+                "quarantined_chunks": len(self._log.quarantined),
                 **self.transactions.stats(),
             }
 
@@ -782,13 +791,3 @@ class Store:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _lock_data_dir(root: Path) -> int:
-    fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise PreconditionFailed(f"data directory {root} is in use by another store") from None
-    return fd

@@ -15,13 +15,18 @@ existed get one per topic at load, saved at once so it never changes again.
 
 from __future__ import annotations
 
+import logging
 import secrets
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from equeue_broker.storage.atomic_file import load_json, save_json
-from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.atomic_file import keep_damaged, load_json, save_json
+from equeue_broker.storage.errors import CorruptionError, InvalidName
+from equeue_broker.storage.names import validate_topic
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,17 +62,50 @@ class TopicMeta:
         return replace(self, queues=tuple(q for q in self.queues if q.queue_id != queue_id))
 
 
-def load_topics(path: Path) -> dict[str, TopicMeta]:
-    """The topics saved in ``path``. Topics saved without an incarnation (by a
-    broker that had none) are given one, and the file is saved again before
-    this returns: an incarnation must not change across restarts."""
-    document = load_json(path)
+def load_topics(path: Path) -> tuple[dict[str, TopicMeta], str | None]:
+    """The topics saved in ``path``, and what was lost if no copy of it was
+    intact (None: nothing). Topics saved without an incarnation (by a broker
+    that had none) are given one, and the file is saved again before this
+    returns: an incarnation must not change across restarts."""
+    try:
+        document = load_json(path)
+    except CorruptionError as exc:
+        return _rebuild_topics(path, exc)
     if document is None:
-        return {}
+        return {}, None
     topics = _parse_topics(document, path)
     if any("incarnation" not in entry for entry in document["topics"].values()):
         save_topics(path, topics)
-    return topics
+    return topics, None
+
+
+def _rebuild_topics(path: Path, exc: CorruptionError) -> tuple[dict[str, TopicMeta], str]:
+    """Topics and queues rebuilt from the index directories (``index/<topic>/<q>``)
+    when neither copy of the topics file is intact: the messages stay reachable.
+    What the directories cannot tell is lost: queue visibility (every queue is
+    visible again), creation times, extras and incarnations (new ones: a Spark
+    checkpoint of such a topic sees a new topic). Saved at once."""
+    kept = keep_damaged(path)
+    topics = {}
+    now = int(time.time() * 1000)
+    for directory in sorted((path.parent / "index").glob("*/")):
+        queues = sorted(int(q.name) for q in directory.iterdir() if q.name.isdigit())
+        try:
+            validate_topic(directory.name)
+        except InvalidName:
+            continue
+        if queues:
+            topics[directory.name] = TopicMeta(
+                directory.name, tuple(QueueMeta(q) for q in queues), now
+            )
+    what = (
+        f"topics.json: no intact copy ({exc}); {len(topics)} topics rebuilt from the "
+        "index directories with every queue visible and new incarnations"
+    )
+    log.error("TOPICS FILE LOST: %s; damaged copies kept as %s", what, kept)
+    save_topics(path, topics)
+    save_topics(path, topics)
+    return topics, what
 
 
 def _parse_topics(document: Any, path: Path) -> dict[str, TopicMeta]:

@@ -56,7 +56,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from equeue_broker.storage.atomic_file import load_json, remove_temp_files, save_json
+from equeue_broker.storage.atomic_file import (
+    keep_damaged,
+    load_json,
+    remove_temp_files,
+    save_json,
+)
 from equeue_broker.storage.config import TransactionConfig
 from equeue_broker.storage.errors import (
     CorruptionError,
@@ -184,6 +189,8 @@ class Transactions:
         """Number of the last commit decision file (set by recovery; names sort by it)."""
         directory.mkdir(mode=0o700, exist_ok=True)
         remove_temp_files(directory)
+        self.sinks_lost: str | None = None
+        """What was lost when no copy of sinks.json was intact (damage.py)."""
         self._sinks = self._load_sinks()
         self._recover()
 
@@ -564,7 +571,15 @@ class Transactions:
     # -- persistence -----------------------------------------------------------------
 
     def _load_sinks(self) -> dict[str, SinkProgress]:
-        document = load_json(self._dir / "sinks.json") or {}
+        try:
+            document = load_json(self._dir / "sinks.json") or {}
+        except CorruptionError as exc:
+            # The broker still serves; what is lost is each sink's last batch id,
+            # so a batch replayed after this may be committed a second time.
+            self.sinks_lost = f"txn/sinks.json: sink progress lost ({exc})"
+            kept = keep_damaged(self._dir / "sinks.json")
+            log.error("SINK PROGRESS LOST: %s; damaged copies kept as %s", exc, kept)
+            return {}
         return {s: SinkProgress(s, int(b), int(ms)) for s, (b, ms) in document.items()}
 
     def _save_sinks(self) -> None:
@@ -591,7 +606,7 @@ class Transactions:
         decisions = sorted(self._dir.glob("commit-*.json"))
         self._seq = max((int(p.stem.split("-")[1]) for p in decisions), default=0)
         for path in decisions:
-            decision = load_json(path)
+            decision = load_json(path, repair=False)  # no .bak: it is deleted once applied
             if not isinstance(decision, dict) or "queues" not in decision:
                 raise CorruptionError("unreadable commit decision", str(path))
             self._roll_forward(decision, path)

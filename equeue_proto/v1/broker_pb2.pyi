@@ -508,7 +508,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -525,6 +525,8 @@ class BrokerStats(_message.Message):
     QUEUE_COUNTERS_FIELD_NUMBER: _ClassVar[int]
     OPEN_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_METADATA_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -541,7 +543,21 @@ class BrokerStats(_message.Message):
     queue_counters: _containers.RepeatedCompositeFieldContainer[QueueCounters]
     open_transactions: int
     staged_bytes: int
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ...) -> None: ...
+    quarantined_chunks: _containers.RepeatedCompositeFieldContainer[QuarantinedChunk]
+    damaged_metadata: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class QuarantinedChunk(_message.Message):
+    __slots__ = ("file", "reason", "start_position", "end_position")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    END_POSITION_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    reason: str
+    start_position: int
+    end_position: int
+    def __init__(self, file: _Optional[str] = ..., reason: _Optional[str] = ..., start_position: _Optional[int] = ..., end_position: _Optional[int] = ...) -> None: ...
 
 class QueueCounters(_message.Message):
     __slots__ = ("topic", "queue_id", "produced", "consumed")

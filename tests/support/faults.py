@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from equeue_broker.storage import StorageConfig, Store
+from equeue_broker.storage.atomic_file import decode_document
 from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_name
 from equeue_broker.storage.message_log import LOG_SUFFIX
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX
@@ -127,6 +129,11 @@ def garble(path: Path) -> None:
     """Overwrite a small file with zeros of the same length (a crash on a file
     system that persisted the size but not the data)."""
     path.write_bytes(bytes(path.stat().st_size))
+
+
+def read_document(path: Path) -> Any:
+    """The document of a metadata file (atomic_file.py), checksum verified."""
+    return decode_document(path.read_bytes())[0]
 
 
 def index_entry(config: StorageConfig, queue_id: int, offset: int) -> bytes:

@@ -85,3 +85,11 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
             ]
         )
     )
+    # Damage is the one thing here an operator must act on: said last, one line each.
+    for chunk in s.quarantined_chunks:
+        ui.line(
+            f"QUARANTINED chunk {chunk.file}: {chunk.reason} (log positions "
+            f"[{chunk.start_position}, {chunk.end_position}) answer DATA_LOSS)"
+        )
+    for damaged in s.damaged_metadata:
+        ui.line(f"DAMAGED metadata: {damaged}")
