@@ -9,7 +9,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli.common import CliError, admin_client
 from equeue_spark.cli.formatting import Output, format_pairs, format_table, format_time, proto_dict
 from equeue_spark.client.admin import Admin
-from equeue_spark.client.errors import EqueueError, NotFoundError
+from equeue_spark.client.errors import EqueueError, NotFoundError, PreconditionError
 
 
 def _show_group(ui: Output, info: pb.GroupInfo, headline: str | None = None) -> None:
@@ -81,6 +81,12 @@ def _refuse_live_members(admin: Admin, args: argparse.Namespace, action: str) ->
     try:
         members = list(admin.describe_group(args.group).consumer_ids)
     except NotFoundError:  # no such group yet: nobody to disturb
+        return
+    except PreconditionError:
+        # The broker lost the group's committed offsets (damaged offsets.json) and
+        # refuses to describe it until it is reset: the reset is what is asked for.
+        # A live member still cannot be overridden: the broker refuses a reset of
+        # a queue a member holds.
         return
     if members:
         count = f"{len(members)} live member{'s' if len(members) != 1 else ''}"
