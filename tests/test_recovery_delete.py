@@ -13,7 +13,7 @@ import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +98,8 @@ def assert_whole_or_gone(store: Store) -> None:
 
 def recreate(store: Store) -> None:
     """Delete the topic if it is still there, create it again, append ``new``."""
-    try:
+    with suppress(NotFound):
         store.delete_topic(TOPIC)
-    except NotFound:
-        pass
     store.create_topic(TOPIC, 2)
     store.append(TOPIC, 0, MessageBatch(values=[b"new"]))
 
@@ -119,9 +117,7 @@ def test_a_delete_takes_a_few_file_steps(tmp_path: Path, make_config: MakeConfig
     assert "rename" in calls and "replace" in calls, calls
 
 
-def test_delete_cut_short_by_a_crash_at_each_step(
-    tmp_path: Path, make_config: MakeConfig
-) -> None:
+def test_delete_cut_short_by_a_crash_at_each_step(tmp_path: Path, make_config: MakeConfig) -> None:
     """Crash at each step of a delete, restart; then (the delete was never
     acknowledged) delete if need be, create again: the new topic starts empty,
     also after a second crash right after it was created."""
