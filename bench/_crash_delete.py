@@ -35,6 +35,8 @@ QUEUES = 2
 HEAD = struct.Struct(">QI")
 """generation u64, sequence u32: the head of every value."""
 KILL_AFTER_ACK_SHARE = 0.5
+"""Share of cycles killed right after an acknowledged delete or create (the
+1st to 6th of the cycle), not at a random moment."""
 
 
 @dataclass
@@ -53,6 +55,9 @@ class Life:
     """The call that failed at the kill: create, produce, commit, delete, or ""."""
     doubt_generation: int = 0
     produced: int = 0
+    acked_in_cycle: int = 0
+    kill_after: int = 0
+    """Kill right after this many acknowledged deletes and creates (0: at random)."""
 
 
 class DeleteTopicScenario:
@@ -71,8 +76,9 @@ class DeleteTopicScenario:
 
     def start_cycle(self, number: int, address: str, rng: random.Random) -> Workers:
         workers = Workers()
-        self.life.doubt = ""
-        self.life.produced = 0
+        life = self.life
+        life.doubt, life.produced, life.acked_in_cycle = "", 0, 0
+        life.kill_after = rng.randint(1, 6) if rng.random() < KILL_AFTER_ACK_SHARE else 0
         workers.spawn(self._work, workers, address, random.Random(rng.getrandbits(32)))
         return workers
 
@@ -83,12 +89,12 @@ class DeleteTopicScenario:
         with grpc.insecure_channel(address) as channel:
             stub, admin = pb_grpc.BrokerStub(channel), pb_grpc.AdminStub(channel)
             while not workers.killed.is_set() and not workers.errors:
-                if not life.exists and not self._create(admin, workers, rng):
+                if not life.exists and not self._create(admin, workers):
                     return
                 for _ in range(rng.randint(1, 3)):
                     if not self._produce(stub, workers, rng):
                         return
-                if not self._commit(stub, workers, rng) or not self._delete(admin, workers, rng):
+                if not self._commit(stub, workers, rng) or not self._delete(admin, workers):
                     return
 
     def _call(self, workers: Workers, what: str, call: grpc.UnaryUnaryMultiCallable[Any, Any],
@@ -100,14 +106,16 @@ class DeleteTopicScenario:
             self.life.doubt = what
             return None
 
-    def _ack_then_maybe_kill(self, workers: Workers, rng: random.Random) -> bool:
+    def _ack_then_maybe_kill(self, workers: Workers) -> bool:
         """True to go on; False after asking for the kill right after this ack."""
-        if rng.random() < KILL_AFTER_ACK_SHARE:
+        life = self.life
+        life.kill_after -= 1
+        if life.kill_after == 0:
             workers.kill_now.set()
             return False
         return True
 
-    def _create(self, admin: pb_grpc.AdminStub, workers: Workers, rng: random.Random) -> bool:
+    def _create(self, admin: pb_grpc.AdminStub, workers: Workers) -> bool:
         life = self.life
         life.doubt_generation = self.next_generation
         self.next_generation += 1
@@ -116,7 +124,7 @@ class DeleteTopicScenario:
             return False
         life.exists, life.generation = True, life.doubt_generation
         life.acked, life.commits = {}, {}
-        return self._ack_then_maybe_kill(workers, rng)
+        return self._ack_then_maybe_kill(workers)
 
     def _produce(self, stub: pb_grpc.BrokerStub, workers: Workers, rng: random.Random) -> bool:
         life = self.life
@@ -135,6 +143,7 @@ class DeleteTopicScenario:
             return False
         for q, offset, value in zip(reply.queue_ids, reply.offsets, values, strict=True):
             life.acked[(q, offset)] = fingerprint(value)
+        life.acked_in_cycle += len(values)
         return True
 
     def _commit(self, stub: pb_grpc.BrokerStub, workers: Workers, rng: random.Random) -> bool:
@@ -147,20 +156,20 @@ class DeleteTopicScenario:
             life.commits.setdefault(q, set()).add(offset)
         return self._call(workers, "commit", stub.CommitOffsets, request) is not None
 
-    def _delete(self, admin: pb_grpc.AdminStub, workers: Workers, rng: random.Random) -> bool:
+    def _delete(self, admin: pb_grpc.AdminStub, workers: Workers) -> bool:
         life = self.life
         request = pb.DeleteTopicRequest(name=DOOMED)
         if self._call(workers, "delete", admin.DeleteTopic, request) is not None:
             life.dead.add(life.generation)
             life.exists, life.acked, life.commits = False, {}, {}
-            return self._ack_then_maybe_kill(workers, rng)
+            return self._ack_then_maybe_kill(workers)
         return False
 
     # the checks ---------------------------------------------------------------------
 
     def verify(self, address: str, workers: Workers, outcome: CycleResult) -> None:
         life = self.life
-        outcome.acked = len(life.acked)
+        outcome.acked = life.acked_in_cycle
         outcome.in_doubt = int(life.doubt == "produce")
         with grpc.insecure_channel(address) as channel:
             stub, admin = pb_grpc.BrokerStub(channel), pb_grpc.AdminStub(channel)
