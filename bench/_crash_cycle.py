@@ -88,6 +88,8 @@ class CycleResult:
     commit_regressions: int = 0
     commits_past_end: int = 0
     reappeared: int = 0
+    killed_after_ack: int = 0
+    """1 if a worker asked for the kill right after an acknowledged call."""
     """Records or group offsets of a deleted topic found again (delete-topic scenario)."""
     """Committed offsets beyond the recovered end (a failure; recovery clamps them)."""
     startup_kills: int = 0

@@ -2,10 +2,10 @@
 
 One worker goes round and round: create topic ``doomed`` (two queues),
 produce to it, commit a group's offsets on it, delete it; each life of the
-topic is a *generation*, written into every value. Half the time, right after
-an acknowledged ``DeleteTopic`` or ``CreateTopic``, it asks for the kill at
-once; otherwise the kill lands at a random moment, maybe on a call in flight
-(in doubt: applied or not).
+topic is a *generation*, written into every value. Right after
+an acknowledged ``DeleteTopic`` or ``CreateTopic`` (odd cycles), it asks for
+the kill at once; otherwise the kill lands at a random moment, maybe on a
+call in flight (in doubt: applied or not).
 
 After the restart, through the broker: the topic exists if and only if the
 last acknowledged call left it so (or the call in doubt may have); no record
@@ -34,9 +34,6 @@ DOOMED = "doomed"
 QUEUES = 2
 HEAD = struct.Struct(">QI")
 """generation u64, sequence u32: the head of every value."""
-KILL_AFTER_ACK_SHARE = 0.5
-"""Share of cycles killed right after an acknowledged delete or create (the
-1st to 6th of the cycle), not at a random moment."""
 
 
 @dataclass
@@ -78,7 +75,11 @@ class DeleteTopicScenario:
         workers = Workers()
         life = self.life
         life.doubt, life.produced, life.acked_in_cycle = "", 0, 0
-        life.kill_after = rng.randint(1, 6) if rng.random() < KILL_AFTER_ACK_SHARE else 0
+        # Odd cycles are killed right after an acknowledged delete or create (the
+        # 1st to 6th of the cycle), even ones at a random moment.
+        life.kill_after = rng.randint(1, 6) if number % 2 else 0
+        if life.kill_after:
+            workers.wait_for_kill_s = self.config.rpc_timeout_s
         workers.spawn(self._work, workers, address, random.Random(rng.getrandbits(32)))
         return workers
 

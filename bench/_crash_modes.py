@@ -39,6 +39,8 @@ class Workers:
         self.kill_now = threading.Event()
         self.errors: list[str] = []
         self.threads: list[threading.Thread] = []
+        self.wait_for_kill_s = 0.0
+        """Set by a worker that will ask for the kill: how long the loop waits for it."""
 
     def spawn(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -131,8 +133,9 @@ class ScenarioLoop:
         run_for = self.rng.uniform(config.min_run_s, config.seconds_per_cycle)
         started = time.monotonic()
         workers = self.scenario.start_cycle(number, address, self.rng)
-        workers.kill_now.wait(run_for)  # bounded; a worker may ask for the kill sooner
+        workers.kill_now.wait(max(run_for, workers.wait_for_kill_s))  # bounded
         workers.killed.set()
+        outcome.killed_after_ack = int(workers.kill_now.is_set())
         self.broker.kill()
         outcome.run_s = time.monotonic() - started
         hung = workers.stop(config.rpc_timeout_s + 10)

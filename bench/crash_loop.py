@@ -224,6 +224,7 @@ def summary(result: CrashLoopResult) -> str:
         ["lost (acknowledged, missing after restart)", result.total("lost")],
         ["duplicated", result.total("duplicated")],
         ["deleted topic's records or offsets found again", result.total("reappeared")],
+        ["kills right after an acknowledged call", result.total("killed_after_ack")],
         ["in doubt (request failed at the kill) / applied",
          f"{result.total('in_doubt'):,} / {result.total('in_doubt_applied'):,}"],
         ["consumed by consumers", result.total("consumed")],
