@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from equeue_broker.storage.atomic_file import fsync_dir
+from equeue_broker.storage.errors import io_error
 from equeue_broker.storage.offsets import OffsetStore
 from equeue_broker.storage.topics import TopicMeta
 
@@ -55,6 +56,16 @@ def bury(directory: Path, index_root: Path) -> None:
         fsync_dir(index_root)
     # Best effort: a tombstone left behind is removed by the next open.
     shutil.rmtree(tombstone, ignore_errors=True)
+
+
+def bury_index(data_dir: Path, topic: str, queue_id: int | None = None) -> None:
+    """``bury`` the index directory of a topic (or of one of its queues); an
+    ``OSError`` becomes a ``StorageError`` (``DiskFullError`` on a full disk)."""
+    path = data_dir / "index" / topic
+    try:
+        bury(path if queue_id is None else path / str(queue_id), path.parent)
+    except OSError as exc:
+        raise io_error(f"the index of {topic}", exc) from exc
 
 
 def sweep(data_dir: Path, topics: Mapping[str, TopicMeta], offsets: OffsetStore) -> None:

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from equeue_broker.storage.atomic_file import remove_temp_files
 from equeue_broker.storage.config import FlushMode, StorageConfig
-from equeue_broker.storage.deletion import bury, sweep
+from equeue_broker.storage.deletion import bury_index, sweep
 from equeue_broker.storage.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -109,6 +109,7 @@ class Store:
         self._pending: deque[tuple[int, QueueState, int]] = deque()
         self._queues: dict[QueueKey, QueueState] = {}
         self._blocked: set[QueueKey] = set()
+        self._admin_lock = threading.Lock()  # serialises deletes and (re)creations
         self._deleted_below = 0  # every record of a deleted topic or queue is below it
         """Queues an interrupted transaction commit must finish first."""
         root = config.data_dir
@@ -172,46 +173,40 @@ class Store:
         validate_topic(name)
         count = self.config.default_queue_count if queue_count is None else queue_count
         self._check_queue_count(name, count)
-        self._settle_deletes()  # nothing of an older topic of this name may come back
-        with self._lock:
-            self._check_open()
-            if name in self._topics:
-                raise AlreadyExists(f"topic {name!r} already exists")
-            self._bury(name, None)  # an index a failed delete left under the name
-            if len(self._topics) >= self.config.max_topics:
-                raise LimitExceeded(
-                    f"cannot create topic {name!r}: max_topics={self.config.max_topics}"
-                )
-            meta = TopicMeta(name, tuple(QueueMeta(i) for i in range(count)), _now_ms())
-            before = self._topics
-            self._save_topics({**before, name: meta})
-            self._open_queues(name, [q.queue_id for q in meta.queues], before)
-            return meta
+        with self._admin_lock:  # no delete is half done while the name is taken again
+            self._settle_deletes()  # nothing of an older topic of this name may come back
+            with self._lock:
+                self._check_open()
+                if name in self._topics:
+                    raise AlreadyExists(f"topic {name!r} already exists")
+                bury_index(self.config.data_dir, name)  # what a failed delete left
+                if len(self._topics) >= self.config.max_topics:
+                    raise LimitExceeded(
+                        f"cannot create topic {name!r}: max_topics={self.config.max_topics}"
+                    )
+                meta = TopicMeta(name, tuple(QueueMeta(i) for i in range(count)), _now_ms())
+                before = self._topics
+                self._save_topics({**before, name: meta})
+                self._open_queues(name, [q.queue_id for q in meta.queues], before)
+                return meta
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic, its indexes and its groups' offsets, for good before it
-        returns (deletion.py); its records stay in the log until retention."""
-        self.flush()  # the saves a full disk refuses fail here, before anything changes
-        with self._lock:
-            self._topic(name)
-            self._save_topics({k: v for k, v in self._topics.items() if k != name})
-            for key in [k for k in self._queues if k[0] == name]:
-                self._queues.pop(key).index.release()
-            self._forget(name, None)
-        self._settle_deletes()
+        """Delete a topic, its indexes and groups' offsets, for good (deletion.py)."""
+        with self._admin_lock:
+            self.flush()  # the saves a full disk refuses fail here, before any change
+            with self._lock:
+                self._topic(name)
+                self._save_topics({k: v for k, v in self._topics.items() if k != name})
+                for key in [k for k in self._queues if k[0] == name]:
+                    self._queues.pop(key).index.release()
+                self._forget(name, None)
+            self._settle_deletes()
 
     def _forget(self, topic: str, queue_id: int | None) -> None:
         """After the metadata save of a delete: its index and offsets go (lock held)."""
         self._offsets.forget(topic, queue_id)
         self._deleted_below = self._log.write_position  # its records are all below
-        self._bury(topic, queue_id)
-
-    def _bury(self, topic: str, queue_id: int | None) -> None:
-        path = self.config.data_dir / "index" / topic
-        try:
-            bury(path if queue_id is None else path / str(queue_id), path.parent)
-        except OSError as exc:
-            raise io_error(f"the index of {topic}", exc) from exc
+        bury_index(self.config.data_dir, topic, queue_id)
 
     def _settle_deletes(self) -> None:
         """Make deletes final: offsets saved, the checkpoint past their records."""
@@ -220,17 +215,19 @@ class Store:
             self.flush()
 
     def add_queues(self, name: str, count: int = 1) -> TopicMeta:
-        with self._lock:
-            meta = self._topic(name)
-            self._check_queue_count(name, len(meta.queues) + count)
-            next_id = max((q.queue_id for q in meta.queues), default=-1) + 1
-            new_ids = range(next_id, next_id + count)
-            for queue_id in new_ids:
-                meta = meta.with_queue(QueueMeta(queue_id))
-            before = self._topics
-            self._save_topics({**before, name: meta})
-            self._open_queues(name, list(new_ids), before)
-            return meta
+        with self._admin_lock:
+            self._settle_deletes()  # a deleted queue's id may be used again
+            with self._lock:
+                meta = self._topic(name)
+                self._check_queue_count(name, len(meta.queues) + count)
+                next_id = max((q.queue_id for q in meta.queues), default=-1) + 1
+                new_ids = range(next_id, next_id + count)
+                for queue_id in new_ids:
+                    meta = meta.with_queue(QueueMeta(queue_id))
+                before = self._topics
+                self._save_topics({**before, name: meta})
+                self._open_queues(name, list(new_ids), before)
+                return meta
 
     def set_queue_visibility(
         self, topic: str, queue_id: int, producer: bool | None = None, consumer: bool | None = None
@@ -251,26 +248,30 @@ class Store:
         """Delete a queue hidden from producers and consumers; unless ``force``,
         only if every group that committed on the topic consumed all of it, or
         it is empty. The number of unconsumed messages it dropped."""
-        with self._lock:
-            meta = self._topic(topic)
-            qmeta = self._queue_meta(meta, queue_id)
-            if qmeta.producer_visible or qmeta.consumer_visible:
-                raise PreconditionFailed(
-                    f"queue {topic}/{queue_id} must be hidden from producers and consumers first"
+        with self._admin_lock:
+            with self._lock:
+                meta = self._topic(topic)
+                qmeta = self._queue_meta(meta, queue_id)
+                if qmeta.producer_visible or qmeta.consumer_visible:
+                    raise PreconditionFailed(
+                        f"queue {topic}/{queue_id} must be hidden from producers and consumers"
+                    )
+                queue = self._queues[(topic, queue_id)]
+                index = queue.index
+                unread = self._offsets.unconsumed(
+                    topic, queue_id, index.earliest, queue.visible_end
                 )
-            queue = self._queues[(topic, queue_id)]
-            index = queue.index
-            unread = self._offsets.unconsumed(topic, queue_id, index.earliest, queue.visible_end)
-            if unread and not force:
-                raise PreconditionFailed(
-                    f"queue {topic}/{queue_id} still has {unread} unconsumed messages; consume "
-                    "them with every group first, or delete it with force (--force) to drop them"
-                )
-            self._save_topics({**self._topics, topic: meta.without_queue(queue_id)})
-            self._queues.pop((topic, queue_id)).index.release()
-            self._forget(topic, queue_id)
-        self._settle_deletes()
-        return unread
+                if unread and not force:
+                    raise PreconditionFailed(
+                        f"queue {topic}/{queue_id} still has {unread} unconsumed messages; "
+                        "consume them with every group first, or delete it with force "
+                        "(--force) to drop them"
+                    )
+                self._save_topics({**self._topics, topic: meta.without_queue(queue_id)})
+                self._queues.pop((topic, queue_id)).index.release()
+                self._forget(topic, queue_id)
+            self._settle_deletes()
+            return unread
 
     def topics(self) -> list[TopicMeta]:
         with self._lock:
@@ -754,10 +755,8 @@ class Store:
 
     def abandon(self) -> None:
         """Drop the store without flushing anything, as a killed process would.
-
         For fault-injection tests: what the OS has not been asked to fsync is
-        still in the page cache; tests that simulate a machine crash remove it.
-        """
+        still in the page cache; tests that simulate a machine crash remove it."""
         self._stop_background()
         self.transactions.close()
         with self._lock:
