@@ -184,3 +184,23 @@ def test_open_removes_what_a_delete_left_behind(tmp_path: Path, make_config: Mak
     assert sorted(p.name for p in index.iterdir()) == ["kept", "other"]
     assert store.committed_offsets(GROUP) == {"kept": {0: 0}}
     store.close()
+
+
+def test_a_queue_added_after_a_killed_queue_delete_starts_empty(
+    tmp_path: Path, make_config: MakeConfig
+) -> None:
+    """``delete_queue`` is final when it returns too: the queue added next
+    reuses the deleted one's id and must not inherit its records or offsets."""
+    store = build(tmp_path / "data", make_config)
+    store.set_queue_visibility(TOPIC, 1, producer=False, consumer=False)
+    store.delete_queue(TOPIC, 1, force=True)
+    store.abandon()  # killed right after the delete returned
+    store = Store(store.config, background=False)
+    assert [q.queue_id for q in store.add_queues(TOPIC, 1).queues] == [0, 1]
+    assert store.read(TOPIC, 1, 0).messages == []
+    assert store.committed_offsets(GROUP)[TOPIC] == {0: 7}
+    store.abandon()
+    store = Store(store.config, background=False)
+    assert store.queue_info(TOPIC, 1).end == 0
+    assert store.committed_offsets(GROUP)[TOPIC] == {0: 7}
+    store.close()
