@@ -121,15 +121,24 @@ def test_delete_cut_short_by_a_crash_at_each_step(tmp_path: Path, make_config: M
     """Crash at each step of a delete, restart; then (the delete was never
     acknowledged) delete if need be, create again: the new topic starts empty,
     also after a second crash right after it was created."""
-    steps = len(steps_of_a_delete(tmp_path, make_config))
-    for at in range(steps + 1):
-        data = tmp_path / f"at{at}"
-        store = build(data, make_config)
-        with cut_short(at, "crash"), pytest.raises(Crash):
-            store.delete_topic(TOPIC)
-            raise Crash("after the delete returned")  # acknowledged, then killed
-        store.abandon()
-        store = Store(store.config, background=False)
+    steps = steps_of_a_delete(tmp_path, make_config)
+    failed = []
+    for at in range(len(steps) + 1):
+        try:
+            crash_at(tmp_path / f"at{at}", make_config, at, len(steps))
+        except AssertionError as exc:  # every step is tried: the report names them all
+            failed.append(f"crash before step {at} ({([*steps, 'return'])[at]}): {exc}")
+    assert failed == []
+
+
+def crash_at(data: Path, make_config: MakeConfig, at: int, steps: int) -> None:
+    store = build(data, make_config)
+    with cut_short(at, "crash"), pytest.raises(Crash):
+        store.delete_topic(TOPIC)
+        raise Crash("after the delete returned")  # acknowledged, then killed
+    store.abandon()
+    store = Store(store.config, background=False)
+    try:
         if at < steps:
             assert_whole_or_gone(store)
         else:
@@ -140,8 +149,8 @@ def test_delete_cut_short_by_a_crash_at_each_step(tmp_path: Path, make_config: M
         store.abandon()  # killed right after the topic was created again
         store = Store(store.config, background=False)
         assert_fresh(store)
+    finally:
         store.close()
-        shutil.rmtree(data)
 
 
 def test_delete_cut_short_by_an_io_error_at_each_step(
