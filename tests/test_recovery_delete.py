@@ -128,7 +128,7 @@ def test_delete_cut_short_by_a_crash_at_each_step(tmp_path: Path, make_config: M
             crash_at(tmp_path / f"at{at}", make_config, at, len(steps))
         except AssertionError as exc:  # every step is tried: the report names them all
             failed.append(f"crash before step {at} ({([*steps, 'return'])[at]}): {exc}")
-    assert failed == []
+    assert not failed, "\n".join(failed)
 
 
 def crash_at(data: Path, make_config: MakeConfig, at: int, steps: int) -> None:
