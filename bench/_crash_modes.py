@@ -5,7 +5,8 @@ The default scenario (``traffic``: producers and consumers, ``CrashLoop``)
 is unchanged. Each scenario here runs the same loop: start the broker on one
 data directory, run the scenario's workers for a random time, SIGKILL the
 broker (or at once when a worker asks for the kill, e.g. right after an
-acknowledged delete), restart it and check through the broker what the
+acknowledged delete), in some cycles (``--startup-kill-share``) kill it again
+while it starts, restart it and check through the broker what the
 scenario's workers saw acknowledged and in doubt. At the end the broker is
 stopped and the files are checked with ``Store`` (``check_store``).
 
@@ -16,6 +17,7 @@ imported by the broker or the client.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -142,6 +144,8 @@ class ScenarioLoop:
         if hung:
             outcome.problems.append(f"workers still running after the kill: {hung}")
         outcome.problems += workers.errors
+        if self.rng.random() < config.startup_kill_share:
+            self._kill_while_starting(outcome)
         try:
             address = self.broker.start()
             outcome.start_s = self.broker.start_seconds
@@ -153,3 +157,13 @@ class ScenarioLoop:
             return False
         outcome.verify_s = time.monotonic() - started
         return True
+
+    def _kill_while_starting(self, outcome: CycleResult) -> None:
+        """Kill a broker at a random moment of its start (recovery, the sweep of
+        what a delete left, the roll-forward of transactions)."""
+        expected = self.broker.start_seconds or 1.0
+        process = self.broker.spawn()
+        with contextlib.suppress(Exception):
+            process.wait(self.rng.uniform(0.05, expected))
+        self.broker.kill()
+        outcome.startup_kills += 1

@@ -73,7 +73,9 @@ def test_kills_around_delete_topic_never_bring_the_topic_back(tmp_path: Path, mo
     deleted over and over, SIGKILLed right after an acknowledged DeleteTopic or
     CreateTopic (or at a random moment). After each restart no record or group
     offset of a deleted generation is back, and a recreated topic starts empty."""
-    result = run(tmp_path, cycles=8, mode=mode, seed=21, scenario="delete-topic")
+    result = run(
+        tmp_path, cycles=8, mode=mode, seed=21, scenario="delete-topic", startup_kill_share=0.25
+    )
     assert result.problems == []
     assert result.survived == 8
     assert result.total("reappeared") == 0
