@@ -77,6 +77,8 @@ def sweep(data_dir: Path, topics: Mapping[str, TopicMeta], offsets: OffsetStore)
     index_root = data_dir / "index"
     if index_root.is_dir():
         for entry in sorted(index_root.iterdir()):
+            if not entry.is_dir():
+                continue  # not an index; left alone
             if entry.name.startswith(TOMBSTONE_PREFIX):
                 shutil.rmtree(entry, ignore_errors=True)
                 continue

@@ -109,9 +109,9 @@ class Store:
         self._pending: deque[tuple[int, QueueState, int]] = deque()
         self._queues: dict[QueueKey, QueueState] = {}
         self._blocked: set[QueueKey] = set()
+        """Queues an interrupted transaction commit must finish first."""
         self._admin_lock = threading.Lock()  # serialises deletes and (re)creations
         self._deleted_below = 0  # every record of a deleted topic or queue is below it
-        """Queues an interrupted transaction commit must finish first."""
         root = config.data_dir
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # data is private to the broker
         self._lock_fd = _lock_data_dir(root)
