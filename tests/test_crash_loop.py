@@ -1,4 +1,6 @@
-"""The crash loop of ``bench/crash_loop.py``, bounded: a few cycles per flush mode.
+"""The crash loop of ``bench/crash_loop.py``, bounded: a few cycles per flush mode,
+and a few of each other scenario (``--scenario delete-topic``, ``retention``,
+``transaction``).
 
 A broker under concurrent producers and consumers is SIGKILLed at random
 moments and restarted; after each restart everything is read back through
