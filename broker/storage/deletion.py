@@ -16,10 +16,12 @@ the same name:
    re-indexed into a topic of the same name created later.
 
 If a step after the commit point fails (a full disk), the delete has happened
-but is not yet settled: ``create_topic`` settles it (steps 3 and 4) before it
-creates anything, and removes any index directory left under the name. At
-open, ``sweep`` removes tombstones, index directories of topics and queues
-that ``topics.json`` does not have, and their groups' offsets.
+but is not yet settled: ``create_topic`` and ``add_queues`` settle it (steps 3
+and 4) before they create anything, and ``create_topic`` removes any index
+directory left under the name. The store's admin lock keeps a create from
+running between a delete's commit point and its settling. At open, ``sweep``
+removes tombstones, index directories of topics and queues that
+``topics.json`` does not have, and their groups' offsets.
 
 The records themselves stay in the log until retention deletes their chunk.
 """
