@@ -111,6 +111,9 @@ LOAD_SECONDS ?= 600
 crash-loop: $(STAMP)
 	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --mode sync
 	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --mode async --machine-crash
+	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --scenario delete-topic
+	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --scenario retention --chunk-size 65536
+	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --scenario transaction
 
 fuzz: $(STAMP)
 	$(BIN)/python bench/fuzz_broker.py --requests $(FUZZ_REQUESTS)

@@ -28,6 +28,7 @@ GROUP = "crash-group"
 ID = struct.Struct(">IHI")
 """cycle u32, producer u16, sequence u32: the head of every value."""
 KiB = 1024
+SCENARIOS = ("traffic", "delete-topic", "retention", "transaction")
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,14 @@ class CrashLoopConfig:
     """Machine-crash mode: how much older than one flush interval a lost ack may be."""
     rpc_timeout_s: float = 15.0
     get_message_samples: int = 20
+    scenario: str = "traffic"
+    """traffic (producers and consumers), or a scenario of bench/_crash_modes.py."""
 
     def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {SCENARIOS}, got {self.scenario!r}")
+        if self.scenario != "traffic" and self.machine_crash:
+            raise ValueError("--machine-crash is for the traffic scenario")
         if self.mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, got {self.mode!r}")
         if self.machine_crash and self.mode != "async":
@@ -80,6 +87,10 @@ class CycleResult:
     duplicated: int = 0
     commit_regressions: int = 0
     commits_past_end: int = 0
+    reappeared: int = 0
+    killed_after_ack: int = 0
+    """1 if a worker asked for the kill right after an acknowledged call."""
+    """Records or group offsets of a deleted topic found again (delete-topic scenario)."""
     """Committed offsets beyond the recovered end (a failure; recovery clamps them)."""
     startup_kills: int = 0
     start_s: float = 0.0

@@ -44,6 +44,12 @@ At the end the broker is stopped cleanly and the data directory is opened with
 ``Store``: every index entry points at its record, every record of the topic is
 indexed, and the content equals what the last restart read.
 
+``--scenario`` picks what the kills land on: ``traffic`` (the default, all
+of the above), ``delete-topic`` (a topic deleted and created again, killed
+right after acknowledged deletes and creates), ``retention`` (log chunks
+deleted by retention while producers write) or ``transaction`` (staged
+transactions committed atomically); see ``bench/_crash_modes.py``.
+
 The cycle's settings, workers and results are in ``bench/_crash_cycle.py``,
 the checks and the simulated power loss in ``bench/_crash_checks.py``.
 """
@@ -65,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a 
 
 from bench._crash_checks import Verifier, drop_unsynced
 from bench._crash_cycle import (
+    SCENARIOS,
     TOPIC,
     CrashLoopConfig,
     CrashLoopResult,
@@ -73,6 +80,7 @@ from bench._crash_cycle import (
     KiB,
     WorkerLog,
 )
+from bench._crash_modes import ScenarioLoop
 from bench._harness import recovery_seconds, table
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
@@ -208,12 +216,15 @@ def summary(result: CrashLoopResult) -> str:
     starts = [c.start_s for c in cycles]
     recoveries = [c.recovery_s for c in cycles if c.recovery_s is not None]
     mode = config.mode + (" + machine crash" if config.machine_crash else "")
+    mode += "" if config.scenario == "traffic" else f", scenario {config.scenario}"
     rows: list[list[object]] = [
         ["mode", mode],
         ["cycles run / survived", f"{len(cycles)} / {result.survived}"],
         ["messages acknowledged", result.total("acked")],
         ["lost (acknowledged, missing after restart)", result.total("lost")],
         ["duplicated", result.total("duplicated")],
+        ["deleted topic's records or offsets found again", result.total("reappeared")],
+        ["kills right after an acknowledged call", result.total("killed_after_ack")],
         ["in doubt (request failed at the kill) / applied",
          f"{result.total('in_doubt'):,} / {result.total('in_doubt_applied'):,}"],
         ["consumed by consumers", result.total("consumed")],
@@ -239,16 +250,20 @@ def run(
     config: CrashLoopConfig, work_dir: Path | None = None, echo: bool = False
 ) -> CrashLoopResult:
     """Run the loop in ``work_dir`` (default: a temporary directory, removed after)."""
-    if work_dir is not None:
-        return CrashLoop(config, work_dir, echo=echo).run()
-    with tempfile.TemporaryDirectory(prefix="equeue-crash-") as tmp:
-        return CrashLoop(config, Path(tmp), echo=echo).run()
+    if work_dir is None:
+        with tempfile.TemporaryDirectory(prefix="equeue-crash-") as tmp:
+            return run(config, Path(tmp), echo)
+    loop = CrashLoop(config, work_dir, echo=echo)
+    if config.scenario == "traffic":
+        return loop.run()
+    return ScenarioLoop(config, work_dir, echo=echo).run(loop.row)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=50)
     parser.add_argument("--mode", choices=["sync", "async"], default="sync")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="traffic")
     parser.add_argument("--machine-crash", action="store_true", help="async: drop unsynced bytes")
     parser.add_argument("--seconds-per-cycle", type=float, default=2.0)
     parser.add_argument("--min-run-s", type=float, default=0.3)
@@ -265,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds_per_cycle=args.seconds_per_cycle, min_run_s=args.min_run_s,
         producers=args.producers, consumers=args.consumers, queues=args.queues,
         seed=args.seed, startup_kill_share=args.startup_kill_share, chunk_size=args.chunk_size,
+        scenario=args.scenario,
     )  # fmt: skip
     print(f"crash loop: {config}", flush=True)
     print(table(CrashLoop.HEADERS, []), flush=True)

@@ -1,4 +1,6 @@
-"""The crash loop of ``bench/crash_loop.py``, bounded: a few cycles per flush mode.
+"""The crash loop of ``bench/crash_loop.py``, bounded: a few cycles per flush mode,
+and a few of each other scenario (``--scenario delete-topic``, ``retention``,
+``transaction``).
 
 A broker under concurrent producers and consumers is SIGKILLed at random
 moments and restarted; after each restart everything is read back through
@@ -65,6 +67,43 @@ def test_async_mode_machine_crash_loses_only_the_last_flush_window(tmp_path: Pat
     assert result.total("dropped_bytes") > 0, "the simulated power loss dropped nothing"
     assert result.total("duplicated") == 0
     assert max(c.oldest_loss_s for c in result.cycles) <= 0.1 + 1.5
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_kills_around_delete_topic_never_bring_the_topic_back(tmp_path: Path, mode: str) -> None:
+    """``--scenario delete-topic``: a topic created, written, committed on and
+    deleted over and over, SIGKILLed right after an acknowledged DeleteTopic or
+    CreateTopic (or at a random moment). After each restart no record or group
+    offset of a deleted generation is back, and a recreated topic starts empty."""
+    result = run(
+        tmp_path, cycles=8, mode=mode, seed=21, scenario="delete-topic", startup_kill_share=0.25
+    )
+    assert result.problems == []
+    assert result.survived == 8
+    assert result.total("reappeared") == 0
+    assert result.total("killed_after_ack") >= 2, "no kill right after an acknowledged call"
+    assert result.total("acked") > 0
+
+
+def test_kills_during_retention_lose_nothing_retention_keeps(tmp_path: Path) -> None:
+    """``--scenario retention``: chunks deleted while producers write; each queue
+    reads contiguous from an earliest offset that never moves back."""
+    result = run(
+        tmp_path, cycles=4, mode="sync", seed=22, scenario="retention", chunk_size=64 * KiB
+    )
+    assert result.problems == []
+    assert result.total("lost") == 0
+    assert result.total("duplicated") == 0
+    assert 0 < result.final_records < result.total("acked"), "retention deleted nothing"
+
+
+def test_kills_during_transaction_commits_are_all_or_nothing(tmp_path: Path) -> None:
+    """``--scenario transaction``: an acknowledged commit is all there at the
+    offsets it named; one in doubt is all there or not at all."""
+    result = run(tmp_path, cycles=4, mode="sync", seed=23, scenario="transaction")
+    assert result.problems == []
+    assert result.total("lost") == 0
+    assert result.total("acked") > 0
 
 
 def test_the_harness_notices_lost_acknowledged_messages(

@@ -326,6 +326,35 @@ def test_metadata_enospc_is_resource_exhausted(
     assert all(code is grpc.StatusCode.RESOURCE_EXHAUSTED for code, _ in codes.values()), codes
 
 
+@pytest.mark.parametrize("flush", ["sync", "async"])
+def test_delete_topic_on_a_full_disk_is_resource_exhausted(
+    start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path, flush: str
+) -> None:
+    """DeleteTopic saves the checkpoint and the offsets first: on a full disk
+    those saves fail, and the answer is RESOURCE_EXHAUSTED, as for every write
+    (it was INTERNAL). With space back the delete succeeds and a topic created
+    under the name starts empty."""
+    # No background flush: the delete's own flush has a checkpoint to save.
+    broker, client = start_broker("--flush", flush, "--flush-interval-ms", "600000", faulty=True)
+    client.produce(client.next_values(4), 0)
+    commit = pb.CommitOffsetsRequest(
+        group="g", offsets=[pb.QueueOffset(topic=TOPIC, queue_id=0, offset=3)]
+    )
+    client.stub.CommitOffsets(commit, timeout=RPC_S)
+    set_fault(tmp_path, write="ENOSPC")
+    with pytest.raises(grpc.RpcError) as failure:
+        client.admin.DeleteTopic(pb.DeleteTopicRequest(name=TOPIC), timeout=RPC_S)
+    assert status_of(failure.value) is grpc.StatusCode.RESOURCE_EXHAUSTED, details_of(failure.value)
+    assert faults_hit(tmp_path) > 0
+    assert broker.alive()
+    set_fault(tmp_path)
+    client.admin.DeleteTopic(pb.DeleteTopicRequest(name=TOPIC), timeout=RPC_S)
+    client.admin.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=1), timeout=RPC_S)
+    assert client.end(0) == 0
+    fetched = client.stub.FetchOffsets(pb.FetchOffsetsRequest(group="g"), timeout=RPC_S)
+    assert list(fetched.offsets) == []
+
+
 def test_acked_messages_survive_a_failed_topic_metadata_save(
     start_broker: Callable[..., tuple[BrokerProcess, Client]], tmp_path: Path
 ) -> None:

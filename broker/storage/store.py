@@ -16,6 +16,7 @@ Data directory layout::
     <data_dir>/LOCK                       flock'ed while a store has it open
     <data_dir>/log/<n:09d>.chunk          message log chunks (message_log.py)
     <data_dir>/index/<topic>/<q>/<n>.idx  queue index chunks (queue_index.py)
+    <data_dir>/index/.deleted.<hex>/      an index being deleted (deletion.py)
     <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py)
     <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
     <data_dir>/checkpoint.json[.bak]      log position below which every index
@@ -49,6 +50,7 @@ from equeue_broker.storage.atomic_file import remove_temp_files
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
 from equeue_broker.storage.data_dir import lock_data_dir
+from equeue_broker.storage.deletion import bury_index, sweep
 from equeue_broker.storage.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -61,6 +63,7 @@ from equeue_broker.storage.errors import (
 )
 from equeue_broker.storage.flush import GroupCommit, SyncCommitter
 from equeue_broker.storage.log_writer import LogWriter
+from equeue_broker.storage.maintenance import maintain
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.names import validate_group, validate_topic
 from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
@@ -107,6 +110,8 @@ class Store:
         self._queues: dict[QueueKey, QueueState] = {}
         self._blocked: set[QueueKey] = set()
         """Queues an interrupted transaction commit must finish first."""
+        self._admin_lock = threading.Lock()  # serialises deletes and (re)creations
+        self._deleted_below = 0  # every record of a deleted topic or queue is below it
         root = config.data_dir
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # data is private to the broker
         self._lock_fd = lock_data_dir(root)
@@ -117,6 +122,7 @@ class Store:
             )
             self._topics, self._topics_lost = load_topics(root / "topics.json")
             self._offsets = OffsetStore(root / "offsets.json")
+            sweep(root, self._topics, self._offsets)
             self.recovery, self._checkpoint = recover(
                 config, self._log, self._topics.values(), self._offsets, self._queues
             )
@@ -167,43 +173,61 @@ class Store:
         validate_topic(name)
         count = self.config.default_queue_count if queue_count is None else queue_count
         self._check_queue_count(name, count)
-        with self._lock:
-            self._check_open()
-            if name in self._topics:
-                raise AlreadyExists(f"topic {name!r} already exists")
-            if len(self._topics) >= self.config.max_topics:
-                raise LimitExceeded(
-                    f"cannot create topic {name!r}: max_topics={self.config.max_topics}"
-                )
-            meta = TopicMeta(name, tuple(QueueMeta(i) for i in range(count)), _now_ms())
-            before = self._topics
-            self._save_topics({**before, name: meta})
-            self._open_queues(name, [q.queue_id for q in meta.queues], before)
-            return meta
+        with self._admin_lock:  # no delete is half done while the name is taken again
+            self._settle_deletes()  # nothing of an older topic of this name may come back
+            with self._lock:
+                self._check_open()
+                if name in self._topics:
+                    raise AlreadyExists(f"topic {name!r} already exists")
+                bury_index(self.config.data_dir, name)  # what a failed delete left
+                if len(self._topics) >= self.config.max_topics:
+                    raise LimitExceeded(
+                        f"cannot create topic {name!r}: max_topics={self.config.max_topics}"
+                    )
+                meta = TopicMeta(name, tuple(QueueMeta(i) for i in range(count)), _now_ms())
+                before = self._topics
+                self._save_topics({**before, name: meta})
+                self._open_queues(name, [q.queue_id for q in meta.queues], before)
+                return meta
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic, its indexes and its groups' offsets. Its records stay in
-        the log until retention deletes their chunks; they are never readable again."""
-        self.flush()  # its unindexed records must be behind the checkpoint, or recovery
-        with self._lock:  # would re-index them into a new topic of the same name
-            self._topic(name)
-            self._save_topics({k: v for k, v in self._topics.items() if k != name})
-            for key in [k for k in self._queues if k[0] == name]:
-                self._queues.pop(key).index.destroy()
-            self._offsets.forget(name)
+        """Delete a topic, its indexes and groups' offsets, for good (deletion.py)."""
+        with self._admin_lock:
+            self.flush()  # the saves a full disk refuses fail here, before any change
+            with self._lock:
+                self._topic(name)
+                self._save_topics({k: v for k, v in self._topics.items() if k != name})
+                for key in [k for k in self._queues if k[0] == name]:
+                    self._queues.pop(key).index.release()
+                self._forget(name, None)
+            self._settle_deletes()
+
+    def _forget(self, topic: str, queue_id: int | None) -> None:
+        """After the metadata save of a delete: its index and offsets go (lock held)."""
+        self._offsets.forget(topic, queue_id)
+        self._deleted_below = self._log.write_position  # its records are all below
+        bury_index(self.config.data_dir, topic, queue_id)
+
+    def _settle_deletes(self) -> None:
+        """Make deletes final: offsets saved, the checkpoint past their records."""
+        self._persist_offsets()
+        if self._checkpoint < self._deleted_below:
+            self.flush()
 
     def add_queues(self, name: str, count: int = 1) -> TopicMeta:
-        with self._lock:
-            meta = self._topic(name)
-            self._check_queue_count(name, len(meta.queues) + count)
-            next_id = max((q.queue_id for q in meta.queues), default=-1) + 1
-            new_ids = range(next_id, next_id + count)
-            for queue_id in new_ids:
-                meta = meta.with_queue(QueueMeta(queue_id))
-            before = self._topics
-            self._save_topics({**before, name: meta})
-            self._open_queues(name, list(new_ids), before)
-            return meta
+        with self._admin_lock:
+            self._settle_deletes()  # a deleted queue's id may be used again
+            with self._lock:
+                meta = self._topic(name)
+                self._check_queue_count(name, len(meta.queues) + count)
+                next_id = max((q.queue_id for q in meta.queues), default=-1) + 1
+                new_ids = range(next_id, next_id + count)
+                for queue_id in new_ids:
+                    meta = meta.with_queue(QueueMeta(queue_id))
+                before = self._topics
+                self._save_topics({**before, name: meta})
+                self._open_queues(name, list(new_ids), before)
+                return meta
 
     def set_queue_visibility(
         self, topic: str, queue_id: int, producer: bool | None = None, consumer: bool | None = None
@@ -224,24 +248,29 @@ class Store:
         """Delete a queue hidden from producers and consumers; unless ``force``,
         only if every group that committed on the topic consumed all of it, or
         it is empty. The number of unconsumed messages it dropped."""
-        with self._lock:
-            meta = self._topic(topic)
-            qmeta = self._queue_meta(meta, queue_id)
-            if qmeta.producer_visible or qmeta.consumer_visible:
-                raise PreconditionFailed(
-                    f"queue {topic}/{queue_id} must be hidden from producers and consumers first"
+        with self._admin_lock:
+            with self._lock:
+                meta = self._topic(topic)
+                qmeta = self._queue_meta(meta, queue_id)
+                if qmeta.producer_visible or qmeta.consumer_visible:
+                    raise PreconditionFailed(
+                        f"queue {topic}/{queue_id} must be hidden from producers and consumers"
+                    )
+                queue = self._queues[(topic, queue_id)]
+                index = queue.index
+                unread = self._offsets.unconsumed(
+                    topic, queue_id, index.earliest, queue.visible_end
                 )
-            queue = self._queues[(topic, queue_id)]
-            index = queue.index
-            unread = self._offsets.unconsumed(topic, queue_id, index.earliest, queue.visible_end)
-            if unread and not force:
-                raise PreconditionFailed(
-                    f"queue {topic}/{queue_id} still has {unread} unconsumed messages; consume "
-                    "them with every group first, or delete it with force (--force) to drop them"
-                )
-            self._save_topics({**self._topics, topic: meta.without_queue(queue_id)})
-            self._queues.pop((topic, queue_id)).index.destroy()
-            self._offsets.forget(topic, queue_id)
+                if unread and not force:
+                    raise PreconditionFailed(
+                        f"queue {topic}/{queue_id} still has {unread} unconsumed messages; "
+                        "consume them with every group first, or delete it with force "
+                        "(--force) to drop them"
+                    )
+                self._save_topics({**self._topics, topic: meta.without_queue(queue_id)})
+                self._queues.pop((topic, queue_id)).index.release()
+                self._forget(topic, queue_id)
+            self._settle_deletes()
             return unread
 
     def topics(self) -> list[TopicMeta]:
@@ -652,9 +681,12 @@ class Store:
         # The save runs outside the store lock: it costs several fsyncs.
         with self._checkpoint_lock:
             if target > self._checkpoint and not self._closed:
+                try:
+                    save_checkpoint(self.config.data_dir, target)
+                except OSError as exc:
+                    raise io_error("checkpoint.json", exc) from exc
                 self._checkpoint = target
-                save_checkpoint(self.config.data_dir, target)
-        self._offsets.persist()
+        self._persist_offsets()
 
     def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Delete completed log chunks the retention rules allow, then the index
@@ -668,39 +700,14 @@ class Store:
 
     def _maintain(self) -> None:
         """The background thread: flush, persist offsets, expire transactions,
-        apply retention. Each step runs even if another failed (retention and
-        expiry free the disk space whose lack may be why a flush fails)."""
-        interval = self.config.flush_interval_ms / 1000
-        due = {"offsets": time.monotonic(), "retention": time.monotonic()}
-        periods = {
-            "offsets": self.config.offsets_flush_interval_ms / 1000,
-            "retention": self.config.retention.check_interval_ms / 1000,
-        }
-        steps: list[tuple[str, Callable[[], object]]] = [
-            ("flush", self.flush),
-            ("offsets", self._persist_offsets),
-            ("transactions", self.transactions.expire),
-            ("retention", self.apply_retention),
-        ]
-        errors: dict[str, str] = {}
-        while not self._stop.wait(interval):
-            for name, step in steps:
-                now = time.monotonic()
-                if name in due and now < due[name]:
-                    continue
-                try:
-                    step()
-                except StoreClosed:
-                    return
-                except Exception as exc:  # logged once per distinct failure, not per interval
-                    if errors.get(name) != str(exc):
-                        log.error("background %s failed (retrying): %s", name, exc,
-                                  exc_info=not isinstance(exc, StorageError))  # fmt: skip
-                        errors[name] = str(exc)
-                    continue
-                errors.pop(name, None)
-                if name in due:
-                    due[name] = now + periods[name]
+        apply retention (maintenance.py)."""
+        config = self.config
+        maintain(self._stop, config.flush_interval_ms / 1000, [
+            ("flush", self.flush, None),
+            ("offsets", self._persist_offsets, config.offsets_flush_interval_ms / 1000),
+            ("transactions", self.transactions.expire, None),
+            ("retention", self.apply_retention, config.retention.check_interval_ms / 1000),
+        ])  # fmt: skip
 
     # -- state -------------------------------------------------------------------------
 
@@ -757,10 +764,8 @@ class Store:
 
     def abandon(self) -> None:
         """Drop the store without flushing anything, as a killed process would.
-
         For fault-injection tests: what the OS has not been asked to fsync is
-        still in the page cache; tests that simulate a machine crash remove it.
-        """
+        still in the page cache; tests that simulate a machine crash remove it."""
         self._stop_background()
         self.transactions.close()
         with self._lock:
