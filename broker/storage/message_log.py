@@ -371,12 +371,27 @@ class MessageLog:
         if (meta.topic, meta.queue_id, meta.queue_offset, meta.position) != (
             topic, queue_id, offset, position,
         ):  # fmt: skip
+            # Never the bytes found there: a wrong position lands on arbitrary data.
             raise CorruptionError(
-                f"index points at a record of {meta.topic!r}/{meta.queue_id} offset "
-                f"{meta.queue_offset}, expected {topic!r}/{queue_id} offset {offset}",
+                f"index entry of {topic.decode(errors='replace')}/{queue_id} offset {offset} "
+                "does not point at its record",
                 str(chunk.path),
                 local,
             )
+
+    def checked_meta(self, position: int) -> RecordMeta | None:
+        """The fixed fields of a valid record (checksum verified) starting at
+        ``position``, or None if none does (for checking index entries)."""
+        if not self.start_position <= position < self.write_position:
+            return None
+        chunk = self.chunk_at(position)
+        local = HEADER_SIZE + position - self.start_of(chunk)
+        if chunk is not self.active:
+            self._touch(chunk)
+        buf = chunk.buffer()
+        if isinstance(check_frame(buf, local, HEADER_SIZE + chunk.data_size), str):
+            return None
+        return read_meta(buf, local)
 
     def meta_at(self, position: int) -> RecordMeta:
         """The fixed fields of the record at ``position`` (checksum not verified)."""
