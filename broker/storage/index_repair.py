@@ -105,7 +105,9 @@ def intact_end(message_log: MessageLog, index: QueueIndex, key: QueueKey, offset
     return message_log.start_position
 
 
-def repair_entry(message_log: MessageLog, index: QueueIndex, key: QueueKey, offset: int, end: int) -> None:
+def repair_entry(
+    message_log: MessageLog, index: QueueIndex, key: QueueKey, offset: int, end: int
+) -> None:
     """Rebuild the entry of ``offset`` (< ``end``, the queue's end) from the log,
     scanning between the records of the nearest intact entries either side.
 

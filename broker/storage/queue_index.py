@@ -180,7 +180,7 @@ class QueueIndex:
         self.earliest = 0
         """Lowest offset whose record is still in the log (maintained by retention)."""
         self.suspect = False
-        """Set by ``recover``: entries it dropped may have been intact records' (see ``_find_end``)."""
+        """Set by ``recover``: an entry it dropped may have been a record's (``_find_end``)."""
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         numbers = self.chunk_numbers()
         if numbers:
@@ -368,7 +368,8 @@ class QueueIndex:
                 position = _POSITION.unpack_from(data, at)[0] - 1
                 if 0 <= position < keep_below_position:
                     return first_slot + slot + 1, used, read, suspect
-                suspect = suspect or (position >= 0 and not any(data[at + _AT_CRC : at + ENTRY_SIZE]))
+                unchecked = not any(data[at + _AT_CRC : at + ENTRY_SIZE])  # an older entry
+                suspect = suspect or (position >= 0 and unchecked)
         return 0, used or 0, read, suspect
 
     def truncate(self, offset: int) -> None:

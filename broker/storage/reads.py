@@ -26,14 +26,26 @@ from crc32c import crc32c
 
 from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.errors import CorruptionError, InvalidArgument, NotFound
+from equeue_broker.storage.index_repair import repair_entry
 from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import RUNS_EMPTY, RUNS_LIMIT, index_runs
+from equeue_broker.storage.queue_index import (
+    ENTRY,
+    ENTRY_SIZE,
+    RUNS_DAMAGED,
+    RUNS_EMPTY,
+    RUNS_LIMIT,
+    entry_damaged,
+    index_runs,
+)
 from equeue_broker.storage.queue_state import QueueKey, QueueState
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
 from equeue_proto.record import StoredMessage
 
 TagFilter = dict[int, frozenset[bytes]]
 """{tag hash: tag strings with that hash} of a tag-filtered read."""
+
+_MAX_REPAIRS = 256
+"""Damaged index entries one read rebuilds (each restarts it) before giving up."""
 
 
 class Reads:
@@ -83,11 +95,15 @@ class Reads:
             queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
             if status is not ReadStatus.OK:
                 return ReadResult(status, [], corrected, earliest, end)
-            messages, next_offset = self._collect(
-                queue, offset=offset, end=end, max_messages=max_messages,
-                max_bytes=max_bytes, wanted=wanted, hashes=hashes,
-            )  # fmt: skip
-            return ReadResult(ReadStatus.OK, messages, next_offset, earliest, end)
+            for _ in range(_MAX_REPAIRS):
+                collected = self._collect(
+                    queue, offset=offset, end=end, max_messages=max_messages,
+                    max_bytes=max_bytes, wanted=wanted, hashes=hashes,
+                )  # fmt: skip
+                if collected is not None:
+                    messages, next_offset = collected
+                    return ReadResult(ReadStatus.OK, messages, next_offset, earliest, end)
+            raise _too_damaged(queue)
 
     def read_records(
         self,
@@ -117,15 +133,10 @@ class Reads:
             if status is not ReadStatus.OK:
                 pieces: list[Piece] = []
                 count, nbytes, next_offset = 0, 0, corrected
-            elif wanted is None:
-                pieces, count, nbytes, next_offset = self._collect_runs(
-                    queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
-                )
             else:
-                pieces, count, nbytes, next_offset = self._collect_filtered(
-                    queue, offset=offset, end=end, max_messages=max_messages,
-                    max_bytes=max_bytes, wanted=wanted,
-                )  # fmt: skip
+                pieces, count, nbytes, next_offset = self._collect_repairing(
+                    queue, offset, end, max_messages, max_bytes, wanted
+                )
             result = RecordsResult(status, b"", count, next_offset, earliest, end, nbytes)
             if frame is not None:
                 prefix, suffix = frame(result)
@@ -147,12 +158,39 @@ class Reads:
             return queue, earliest, end, ReadStatus.OFFSET_TOO_BIG, end
         return queue, earliest, end, ReadStatus.OK, offset
 
+    def _collect_repairing(  # noqa: PLR0917 (read_records' arguments, passed on)
+        self, queue: QueueState, offset: int, end: int, max_messages: int, max_bytes: int,
+        wanted: TagFilter | None,
+    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+        """``_collect_runs`` or ``_collect_filtered``, again after each damaged
+        index entry they meet and have rebuilt (lock held)."""
+        for _ in range(_MAX_REPAIRS):
+            if wanted is None:
+                collected = self._collect_runs(
+                    queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
+                )
+            else:
+                collected = self._collect_filtered(
+                    queue, offset=offset, end=end, max_messages=max_messages,
+                    max_bytes=max_bytes, wanted=wanted,
+                )  # fmt: skip
+            if collected is not None:
+                return collected
+        raise _too_damaged(queue)
+
+    def _repair(self, queue: QueueState, offset: int) -> None:
+        """Rebuild the damaged index entry of ``offset`` from the log (lock held;
+        no view of the log may be alive: the scan may unmap chunks)."""
+        key = (queue.topic, queue.queue_id)
+        repair_entry(self._log, queue.index, key, offset, queue.index.end)
+
     def _collect_runs(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int
-    ) -> tuple[list[Piece], int, int, int]:
+    ) -> tuple[list[Piece], int, int, int] | None:
         """(pieces, count, bytes, next offset) of an unfiltered read (lock held):
         the index is planned into runs of adjacent records (``index_runs``, in C),
-        and each run becomes one view of the log; no per-record Python work."""
+        and each run becomes one view of the log; no per-record Python work.
+        None after rebuilding a damaged entry: the caller starts again."""
         pieces: list[Piece] = []
         count = total = 0
         cursor = offset
@@ -170,13 +208,18 @@ class Reads:
                     # must not have views alive: copy what we hold first.
                     pieces = [bytes(p) for p in pieces]
                 mapped_chunk = start // capacity
-                self._log.check_record(start, queue.topic_bytes, queue.queue_id, cursor + first)
+                if not self._log.record_is(
+                    start, queue.topic_bytes, queue.queue_id, cursor + first
+                ):
+                    pieces.clear()
+                    self._repair(queue, cursor + first)
+                    return None
                 pieces.append(self._log.copy(start, stop_at))
             cursor += taken
-            if stop == RUNS_EMPTY:
-                raise CorruptionError(
-                    f"index entry for offset {cursor} of {queue.topic}/{queue.queue_id} is empty"
-                )
+            if stop in {RUNS_EMPTY, RUNS_DAMAGED}:  # an empty entry below the end is damage too
+                pieces.clear()
+                self._repair(queue, cursor)
+                return None
             if stop == RUNS_LIMIT or not entries:
                 break
         return pieces, count, total, cursor
@@ -184,9 +227,11 @@ class Reads:
     def _collect_filtered(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
         wanted: TagFilter,
-    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+    ) -> tuple[list[Piece], int, int, int] | None:  # fmt: skip
         """``_collect_runs`` for a tag-filtered read: entry by entry, as skipped
-        records break runs (scans at most ``max_filter_scan`` entries; lock held)."""
+        records break runs (scans at most ``max_filter_scan`` entries; lock held).
+        A skip trusts the entry's tag hash, so each entry's checksum is checked
+        first: None after rebuilding a damaged entry."""
         out = bytearray()
         count = total = 0
         run_start = run_end = -1
@@ -194,11 +239,14 @@ class Reads:
         cursor = offset
         capacity = self._log.capacity
         while cursor < scan_end and count < max_messages:
-            entries = queue.index.read(cursor, scan_end - cursor)
-            if not entries:
+            raw = queue.index.read_raw(cursor, scan_end - cursor)
+            if not raw:
                 break
-            for position_plus_one, size, tag_hash, _ts in entries:
+            for i, (position_plus_one, size, tag_hash, _ts) in enumerate(ENTRY.iter_unpack(raw)):
                 position = position_plus_one - 1
+                if position < 0 or entry_damaged(raw, i * ENTRY_SIZE):
+                    self._repair(queue, cursor)
+                    return None
                 if tag_hash not in wanted or self._log.tag_at(position) not in wanted[tag_hash]:
                     cursor += 1
                     continue
@@ -208,7 +256,9 @@ class Reads:
                 if position != run_end or position % capacity == 0:  # a new run
                     if run_end > run_start:
                         out += self._log.copy(run_start, run_end)
-                    self._log.check_record(position, queue.topic_bytes, queue.queue_id, cursor)
+                    if not self._log.record_is(position, queue.topic_bytes, queue.queue_id, cursor):
+                        self._repair(queue, cursor)
+                        return None
                     run_start = position
                     run_end = position
                 run_end += size
@@ -224,8 +274,9 @@ class Reads:
     def _collect(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
         wanted: frozenset[str] | None, hashes: frozenset[int] | None,
-    ) -> tuple[list[StoredMessage], int]:  # fmt: skip
-        """(messages, next offset) of a decoding read (lock held)."""
+    ) -> tuple[list[StoredMessage], int] | None:  # fmt: skip
+        """(messages, next offset) of a decoding read (lock held); None after
+        rebuilding a damaged index entry (the caller starts again)."""
         messages: list[StoredMessage] = []
         total = 0
         scan_end = min(
@@ -233,23 +284,23 @@ class Reads:
         )
         cursor = offset
         while cursor < scan_end:
-            for position_plus_one, size, tag_hash, _ts in queue.index.read(
-                cursor, scan_end - cursor
-            ):
+            raw = queue.index.read_raw(cursor, scan_end - cursor)
+            for i, (position_plus_one, size, tag_hash, _ts) in enumerate(ENTRY.iter_unpack(raw)):
+                if (
+                    position_plus_one == 0
+                    or entry_damaged(raw, i * ENTRY_SIZE)
+                    or not self._log.record_is(
+                        position_plus_one - 1, queue.topic_bytes, queue.queue_id, cursor
+                    )
+                ):
+                    self._repair(queue, cursor)
+                    return None
                 if hashes is not None and tag_hash not in hashes:
                     cursor += 1
                     continue
                 if messages and total + size > max_bytes:
                     return messages, cursor
                 message = self._log.read(position_plus_one - 1, size)
-                if message.queue_offset != cursor or message.topic != queue.topic:
-                    raise CorruptionError(
-                        f"index of {queue.topic}/{queue.queue_id} offset {cursor} points at a "
-                        f"record of {message.topic}/{message.queue_id} "
-                        f"offset {message.queue_offset}",
-                        str(queue.index.directory),
-                        cursor,
-                    )
                 cursor += 1
                 if wanted is not None and message.tag not in wanted:
                     continue  # hash collision
@@ -377,6 +428,13 @@ class Reads:
                     return offset + taken, sums[taken]
                 offset, total = offset + len(sizes), sums[-1]
             return offset, total
+
+
+def _too_damaged(queue: QueueState) -> CorruptionError:
+    return CorruptionError(
+        f"index of {queue.topic}/{queue.queue_id}: more than {_MAX_REPAIRS} damaged entries "
+        "in one read", str(queue.index.directory),
+    )  # fmt: skip
 
 
 def tag_filter(tags: Iterable[str] | None) -> TagFilter | None:

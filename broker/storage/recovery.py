@@ -26,9 +26,15 @@ from pathlib import Path
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.index_repair import (
+    Wanted,
+    entry_for,
+    entry_matches,
+    find_records,
+    intact_end,
+)
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.index_repair import Wanted, entry_for, entry_matches, find_records, intact_end
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, entry_damaged
 from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.results import RecoveryReport
