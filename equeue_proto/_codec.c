@@ -1001,6 +1001,47 @@ static int append_run(PyObject *runs, long long start, long long end, Py_ssize_t
     return rc;
 }
 
+/* check_frames(buffer, start, end) -> int
+ *
+ * -1 if the frames of buffer[start:end] are valid (lengths, suffixes and
+ * checksums) and tile it exactly, else the offset of the first invalid one.
+ * The broker verifies sealed log data with it on the way out (reads.py);
+ * mirrors equeue_proto.record.check_frames_py. The GIL is released: the
+ * caller keeps the buffer alive (the store lock keeps the log mapped). */
+static PyObject *check_frames(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &end)) return NULL;
+    if (start < 0 || end > in.len || start > end) {
+        PyBuffer_Release(&in);
+        PyErr_Format(PyExc_ValueError, "range [%zd, %zd) outside the buffer", start, end);
+        return NULL;
+    }
+    const uint8_t *b = (const uint8_t *)in.buf;
+    Py_ssize_t pos = start, bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < end) {
+        if (end - pos < HEADER_SIZE) {
+            bad = pos;
+            break;
+        }
+        uint32_t body = get32(b + pos);
+        if (body < HEADER_SIZE - AT_BODY || (Py_ssize_t)body + 12 > end - pos) {
+            bad = pos;
+            break;
+        }
+        const uint8_t *t = b + pos + AT_BODY + body;
+        if (get32(t + 4) != body || get32(t) != crc32c(b + pos + AT_BODY, body)) {
+            bad = pos;
+            break;
+        }
+        pos += (Py_ssize_t)body + 12;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&in);
+    return PyLong_FromSsize_t(bad);
+}
+
 /* index_runs(entries, capacity, max_messages, max_bytes, count, total)
  *     -> (runs, taken, count, total, stop)
  *
@@ -1182,6 +1223,8 @@ static PyMethodDef methods[] = {
     {"index_runs", index_runs, METH_VARARGS,
      "index_runs(entries, capacity, max_messages, max_bytes, count, total) -> (runs, taken, "
      "count, total, stop)"},
+    {"check_frames", check_frames, METH_VARARGS,
+     "check_frames(buffer, start, end) -> offset of the first invalid frame, or -1"},
     {"split_blob", split_blob, METH_VARARGS, "split_blob(blob, lengths) -> [bytes]"},
     {"varints", varints, METH_VARARGS,
      "varints(values, count, stride, add, step) -> packed int64 varint payload"},

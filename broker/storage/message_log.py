@@ -39,6 +39,7 @@ from equeue_broker.storage.chunk import (
     seal_chunk_file,
 )
 from equeue_broker.storage.errors import CorruptionError
+from equeue_proto.accel import CODEC
 from equeue_proto.record import (
     FLAG_BATCH_END,
     HEADER,
@@ -46,11 +47,14 @@ from equeue_proto.record import (
     RecordMeta,
     StoredMessage,
     check_frame,
+    check_frames_py,
     decode_record,
     read_meta,
 )
 
 log = logging.getLogger(__name__)
+
+check_frames = CODEC.check_frames if CODEC else check_frames_py
 
 LOG_SUFFIX = ".chunk"
 
@@ -363,6 +367,21 @@ class MessageLog:
         to copy from at once: it is only valid until the log changes)."""
         chunk, local = self._data_view(start, end - start)
         return memoryview(chunk.buffer())[local : local + end - start]
+
+    def first_damaged(self, start: int, end: int) -> int | None:
+        """Position of the first invalid record of ``[start, end)`` (records back
+        to back in one chunk), or None. Only sealed chunks are checked: the tail
+        scan at open checked the active one, and it has been written since by
+        this process alone."""
+        chunk, local = self._data_view(start, end - start)
+        if not chunk.sealed:
+            return None
+        bad = check_frames(chunk.buffer(), local, local + end - start)
+        return None if bad < 0 else start + bad - local
+
+    def chunk_path(self, position: int) -> str:
+        """The file of the chunk holding ``position`` (for error messages)."""
+        return str(self.chunk_at(position).path)
 
     def record_is(self, position: int, topic: bytes, queue_id: int, offset: int) -> bool:
         """True if the record at ``position`` is (topic, queue, offset): the check

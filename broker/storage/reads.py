@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import logging
 import struct
 import threading
 from collections.abc import Callable, Iterable
@@ -25,7 +26,12 @@ from collections.abc import Callable, Iterable
 from crc32c import crc32c
 
 from equeue_broker.storage.config import StorageConfig
-from equeue_broker.storage.errors import CorruptionError, InvalidArgument, NotFound
+from equeue_broker.storage.errors import (
+    CorruptionError,
+    DamagedRecord,
+    InvalidArgument,
+    NotFound,
+)
 from equeue_broker.storage.index_repair import repair_entry
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.queue_index import (
@@ -40,6 +46,8 @@ from equeue_broker.storage.queue_index import (
 from equeue_broker.storage.queue_state import QueueKey, QueueState
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
 from equeue_proto.record import StoredMessage
+
+log = logging.getLogger(__name__)
 
 TagFilter = dict[int, frozenset[bytes]]
 """{tag hash: tag strings with that hash} of a tag-filtered read."""
@@ -214,6 +222,10 @@ class Reads:
                     pieces.clear()
                     self._repair(queue, cursor + first)
                     return None
+                bad = self._log.first_damaged(start, stop_at)
+                if bad is not None:
+                    run = entries[first * ENTRY_SIZE :]
+                    return self._served_before(queue, pieces, offset, cursor + first, run, bad)
                 pieces.append(self._log.copy(start, stop_at))
             cursor += taken
             if stop in {RUNS_EMPTY, RUNS_DAMAGED}:  # an empty entry below the end is damage too
@@ -223,6 +235,33 @@ class Reads:
             if stop == RUNS_LIMIT or not entries:
                 break
         return pieces, count, total, cursor
+
+    def _served_before(  # noqa: PLR0917 (the state of _collect_runs at the damage)
+        self, queue: QueueState, pieces: list[Piece], offset: int, run_offset: int,
+        run: bytes, bad: int,
+    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+        """An unfiltered read cut short before the damaged record at log position
+        ``bad``, in the run of records whose entries are ``run`` (of offsets from
+        ``run_offset``); ``DamagedRecord`` if the read would start with it."""
+        damaged, start = run_offset, ENTRY.unpack_from(run)[0] - 1
+        at = start
+        for _position, size, _tag, _ts in ENTRY.iter_unpack(run):
+            if at >= bad:
+                break
+            at, damaged = at + size, damaged + 1
+        log.warning("%s/%d offset %d: stored record fails its checksum", *self._key(queue), damaged)
+        if damaged == offset:
+            pieces.clear()
+            raise DamagedRecord(
+                queue.topic, queue.queue_id, damaged, self._log.chunk_path(bad), bad
+            )
+        if at > start:
+            pieces.append(self._log.copy(start, at))
+        return pieces, damaged - offset, sum(len(p) for p in pieces), damaged
+
+    @staticmethod
+    def _key(queue: QueueState) -> QueueKey:
+        return queue.topic, queue.queue_id
 
     def _collect_filtered(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
@@ -252,6 +291,13 @@ class Reads:
                     continue
                 if count and total + size > max_bytes:
                     scan_end = cursor  # stop both loops
+                    break
+                bad = self._log.first_damaged(position, position + size)
+                if bad is not None:  # serve the records before it, else say which
+                    if not count:
+                        path = self._log.chunk_path(bad)
+                        raise DamagedRecord(queue.topic, queue.queue_id, cursor, path, bad)
+                    scan_end = cursor
                     break
                 if position != run_end or position % capacity == 0:  # a new run
                     if run_end > run_start:
@@ -300,7 +346,14 @@ class Reads:
                     continue
                 if messages and total + size > max_bytes:
                     return messages, cursor
-                message = self._log.read(position_plus_one - 1, size)
+                try:
+                    message = self._log.read(position_plus_one - 1, size)
+                except CorruptionError as exc:  # the record fails its checksum
+                    if messages:
+                        return messages, cursor
+                    raise DamagedRecord(
+                        queue.topic, queue.queue_id, cursor, exc.path, exc.position
+                    ) from None
                 cursor += 1
                 if wanted is not None and message.tag not in wanted:
                     continue  # hash collision
