@@ -73,6 +73,9 @@ class LogChunk:
     """Active chunk: file offset past the last byte written since recovery zeroed
     the tail (at least ``HEADER_SIZE + data_size``); the data after it is zero.
     Bounds what ``MessageLog._cut`` must zero without scanning the chunk."""
+    verified_end: int = HEADER_SIZE
+    """Sealed chunk: file offset (a record boundary) below which every record
+    was verified by a read since the chunk was opened (``first_damaged``)."""
 
     @property
     def sealed(self) -> bool:
@@ -372,11 +375,33 @@ class MessageLog:
         """Position of the first invalid record of ``[start, end)`` (records back
         to back in one chunk), or None. Only sealed chunks are checked: the tail
         scan at open checked the active one, and it has been written since by
-        this process alone."""
+        this process alone.
+
+        Verify on first read: each chunk keeps a watermark below which reads
+        have verified every record, and a read verifies from the watermark to
+        its end, so a byte is checked once per process (readers of other
+        queues, and re-reads, pay nothing). A read further than
+        ``_VERIFY_AHEAD`` past the watermark verifies its own bytes only,
+        which bounds the cost of any one read.
+        """
         chunk, local = self._data_view(start, end - start)
-        if not chunk.sealed:
+        stop = local + end - start
+        if not chunk.sealed or stop <= chunk.verified_end:
             return None
-        bad = check_frames(chunk.buffer(), local, local + end - start)
+        buf = chunk.buffer()
+        if local < chunk.verified_end or local - chunk.verified_end > _VERIFY_AHEAD:
+            begin = local if local > chunk.verified_end else chunk.verified_end
+        else:
+            begin = chunk.verified_end
+        bad = check_frames(buf, begin, stop)
+        if bad < 0:
+            if begin <= chunk.verified_end:
+                chunk.verified_end = stop
+            return None
+        if begin <= chunk.verified_end:
+            chunk.verified_end = bad  # stays below the damage
+        if bad < local:  # another queue's record: this read's own may be intact
+            bad = check_frames(buf, local, stop)
         return None if bad < 0 else start + bad - local
 
     def chunk_path(self, position: int) -> str:
@@ -471,6 +496,9 @@ class MessageLog:
         self.chunks.clear()
         self._recent.clear()
 
+
+_VERIFY_AHEAD = 4 << 20
+"""Most bytes of other records a read verifies to advance a chunk's watermark."""
 
 _SCRATCH_LIMIT = 16 << 20
 """Largest append encoding buffer kept for reuse; larger appends get a temporary one."""
