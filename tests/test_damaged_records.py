@@ -10,9 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import grpc
 import pytest
 
-from equeue_broker.storage import DamagedRecord, ReadStatus, StorageConfig, Store
+from equeue_broker.server.errors import MAX_DETAIL, status_for
+from equeue_broker.storage import (
+    CorruptionError,
+    DamagedRecord,
+    ReadStatus,
+    StorageConfig,
+    Store,
+)
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import Consumer, DataLossError, Message
 from tests.conftest import MakeConfig
@@ -145,3 +153,11 @@ def test_consumer_keeps_intact_records_of_a_damaged_reply(
         assert [m.offset for m in got] == list(range(20))
         assert "offset 20" in str(error)
         assert consumer.position(TOPIC, 0) == 20
+
+
+def test_long_error_detail_is_cut_short() -> None:
+    """A status message travels in gRPC metadata (8 KiB in all): a longer one
+    used to turn a DATA_LOSS into RESOURCE_EXHAUSTED. The server cuts it."""
+    code, detail = status_for(CorruptionError("x" * 20_000, "/data/log/000000001.chunk", 7))
+    assert code is grpc.StatusCode.DATA_LOSS
+    assert len(detail) == MAX_DETAIL and detail.endswith("...")

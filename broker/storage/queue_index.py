@@ -53,7 +53,7 @@ from equeue_broker.storage.errors import CorruptionError
 from equeue_proto.accel import CODEC, check_layout
 
 if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer, WritableBuffer
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 ENTRY = struct.Struct("<QIIq8x")
 """The four data fields (the trailer skipped); write entries with ``pack_entry``."""
@@ -84,7 +84,7 @@ entry, an entry that fails its checksum."""
 
 
 def pack_entry_into(  # noqa: PLR0917 (the entry's fields, in order)
-    buf: WritableBuffer, at: int, position_plus_one: int, size: int, tag_hash: int, store_ms: int
+    buf: WriteableBuffer, at: int, position_plus_one: int, size: int, tag_hash: int, store_ms: int
 ) -> None:
     """Write one entry with its checksum trailer at ``buf[at:]``."""
     ENTRY.pack_into(buf, at, position_plus_one, size, tag_hash, store_ms)
@@ -102,9 +102,11 @@ def pack_entry(position_plus_one: int, size: int, tag_hash: int, store_ms: int) 
 def entry_damaged(entries: ReadableBuffer, at: int = 0) -> bool:
     """True if the entry at ``entries[at:]`` fails its checksum or has an unknown
     trailer (an all-zero trailer, of an older or an empty entry, is accepted)."""
+    crc: int
+    format_: int
     crc, format_ = _TRAILER.unpack_from(entries, at + _AT_CRC)
     if format_ == ENTRY_FORMAT_CHECKED:
-        return bool(crc != crc32c(memoryview(entries)[at : at + _AT_CRC]))
+        return crc != crc32c(memoryview(entries)[at : at + _AT_CRC])
     return format_ != 0 or crc != 0
 
 
