@@ -2,7 +2,9 @@
 
 The log is the source of truth; indexes are derived. ``recover`` cuts the log
 after its last complete append (``MessageLog.open``), drops index entries at or
-after the checkpoint and rebuilds them by scanning the log from there, lowers
+after the checkpoint and rebuilds them by scanning the log from there, checks
+each queue's end against the log and rebuilds damaged entries from it
+(``index_repair.py``: a damaged index never cuts the log), lowers
 committed offsets a power loss left past their queue's end, and writes a new
 checkpoint. Opening therefore costs time in proportion to what was written
 since the last checkpoint (about one flush interval), not to the log's size.
