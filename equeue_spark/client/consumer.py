@@ -273,9 +273,9 @@ class Consumer:
         """Messages from the assigned queues, waiting up to ``timeout_s`` for some.
 
         One long-polling pull per queue runs concurrently; the call returns as
-        soon as any queue has messages (or the timeout passes). An error met
-        after messages were taken from other queues is raised by the next call,
-        so those messages are returned, not lost.
+        soon as any queue has messages (or the timeout passes). A queue's error
+        is raised when the call would return empty; if other queues brought
+        messages, they are returned and the next call raises it.
         """
         if self._deferred is not None:
             error, self._deferred = self._deferred, None
@@ -296,9 +296,12 @@ class Consumer:
             call.add_done_callback(lambda _call: finished.set())
         deadline = time.monotonic() + timeout_s + self._conn.config.timeout_s
         messages: list[Message] = []
+        errors: list[EqueueError] = []
         started = time.monotonic()
         failures = 0
         try:
+            # An error does not end the wait: the other queues' pulls may still
+            # bring messages (else a damaged queue would starve them).
             while pending and not messages and time.monotonic() < deadline:
                 ready = [key for key, call in pending.items() if call.done()]
                 if not ready:
@@ -306,8 +309,8 @@ class Consumer:
                     finished.clear()
                     continue
                 for key in ready:
-                    taken = self._take_or_defer(
-                        key, pending.pop(key), positions[key], session, messages
+                    taken = self._take_noting(
+                        key, pending.pop(key), positions[key], session, errors
                     )
                     failures += taken is None
                     messages += taken or []
@@ -315,10 +318,14 @@ class Consumer:
             # pull the same records again on the next poll.
             for key in [key for key, call in pending.items() if call.done()]:
                 call = pending.pop(key)
-                messages += self._take_or_defer(key, call, positions[key], session, messages) or []
+                messages += self._take_noting(key, call, positions[key], session, errors) or []
         finally:
             for call in pending.values():
                 call.cancel()
+        if errors:  # raised now, or by the next poll once the messages taken are returned
+            if not messages:
+                raise errors[0]
+            self._deferred = errors[0]
         if failures == len(positions):  # broker unreachable: wait, do not spin
             self._closed.wait(max(0.0, timeout_s - (time.monotonic() - started)))
         return messages
@@ -342,18 +349,17 @@ class Consumer:
         timeout = self._conn.config.timeout_s + wait_ms / 1000
         return self._conn.pull.future(request, timeout=timeout)
 
-    def _take_or_defer(
+    def _take_noting(
         self, key: QueueKey, call: grpc.Future[PullReply], position: int, session: int,
-        messages: list[Message],
+        errors: list[EqueueError],
     ) -> list[Message] | None:  # fmt: skip
-        """``_take``, but an error after ``messages`` were taken is kept for the
-        next poll (their positions have advanced: raising now would lose them)."""
+        """``_take``, but an error is added to ``errors`` rather than raised: the
+        other replies ready now are still taken (their positions advance only
+        with messages that ``poll`` returns)."""
         try:
             return self._take(key, call, position, session)
         except EqueueError as exc:
-            if not messages or self._deferred is not None:
-                raise
-            self._deferred = exc
+            errors.append(exc)
             return []
 
     def _take(
