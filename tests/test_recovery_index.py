@@ -14,7 +14,7 @@ import logging
 
 import pytest
 
-from equeue_broker.storage import FlushMode, ReadStatus, Store
+from equeue_broker.storage import FlushMode, MessageBatch, ReadStatus, Store
 from equeue_broker.storage.chunk import HEADER_SIZE
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
 from tests.conftest import MakeConfig
@@ -50,11 +50,16 @@ def test_flipped_index_entry_in_recovery_window(
     and nothing is cut."""
     store = open_store(make_config(flush_mode=FlushMode.SYNC))
     store.create_topic(TOPIC, 2)
+    store.create_topic("other", 1)
     sent: dict[int, list[Sent]] = {0: append(store, 0, "a", 50), 1: append(store, 1, "b", 5)}
     store.flush()  # the checkpoint: entries so far are durable
+    others = []
     for round_ in range(5):
         sent[0] += append(store, 0, f"c{round_}", 10)
         sent[1] += append(store, 1, f"d{round_}", 10)
+        values = [f"o{round_}-{i}".encode() for i in range(10)]
+        store.append("other", 0, MessageBatch(values))
+        others += values
     config = store.config
     simulate_machine_crash(store)
     flip_index_byte(config, 0, 49, _POSITION_HIGH_BYTE)
@@ -63,6 +68,7 @@ def test_flipped_index_entry_in_recovery_window(
     assert store.recovery.tail_bytes_discarded == 0
     for queue_id in (0, 1):
         assert_queue_holds(store, queue_id, sent[queue_id])
+    assert [m.value for m in store.read("other", 0, 0).messages] == others
     assert index_entry(config, 0, 49) == sent[0][49].entry
     more = append(store, 0, "e", 2)
     assert more[0].offset == len(sent[0])

@@ -387,7 +387,9 @@ class QueueIndex:
         numbers = self.chunk_numbers()
         for number in numbers[:-1]:  # the chunk holding `end` is never deleted
             last = (number + 1) * self.entries_per_chunk - 1
-            if last >= self.end or self.entry(last)[0] - 1 >= log_start:
+            if last >= self.end or entry_damaged(self.read_raw(last, 1)):
+                break  # a damaged position must not delete entries still needed
+            if self.entry(last)[0] - 1 >= log_start:
                 break
             self._close_chunk(number)
             self._path(number).unlink()
