@@ -249,7 +249,12 @@ class Reads:
             if at >= bad:
                 break
             at, damaged = at + size, damaged + 1
-        log.warning("%s/%d offset %d: stored record fails its checksum", *self._key(queue), damaged)
+        log.warning(
+            "%s/%d offset %d: stored record fails its checksum",
+            queue.topic,
+            queue.queue_id,
+            damaged,
+        )
         if damaged == offset:
             pieces.clear()
             raise DamagedRecord(
@@ -258,10 +263,6 @@ class Reads:
         if at > start:
             pieces.append(self._log.copy(start, at))
         return pieces, damaged - offset, sum(len(p) for p in pieces), damaged
-
-    @staticmethod
-    def _key(queue: QueueState) -> QueueKey:
-        return queue.topic, queue.queue_id
 
     def _collect_filtered(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
@@ -332,22 +333,20 @@ class Reads:
         while cursor < scan_end:
             raw = queue.index.read_raw(cursor, scan_end - cursor)
             for i, (position_plus_one, size, tag_hash, _ts) in enumerate(ENTRY.iter_unpack(raw)):
-                if (
-                    position_plus_one == 0
-                    or entry_damaged(raw, i * ENTRY_SIZE)
-                    or not self._log.record_is(
-                        position_plus_one - 1, queue.topic_bytes, queue.queue_id, cursor
-                    )
-                ):
+                if position_plus_one == 0 or entry_damaged(raw, i * ENTRY_SIZE):
                     self._repair(queue, cursor)
                     return None
                 if hashes is not None and tag_hash not in hashes:
                     cursor += 1
                     continue
+                position = position_plus_one - 1
+                if not self._log.record_is(position, queue.topic_bytes, queue.queue_id, cursor):
+                    self._repair(queue, cursor)
+                    return None
                 if messages and total + size > max_bytes:
                     return messages, cursor
                 try:
-                    message = self._log.read(position_plus_one - 1, size)
+                    message = self._log.read(position, size)
                 except CorruptionError as exc:  # the record fails its checksum
                     if messages:
                         return messages, cursor
