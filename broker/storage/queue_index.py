@@ -15,7 +15,7 @@ On-disk format (little-endian; this module is the only place that knows it)::
 
 An all-zero entry means "empty": the +1 on the position keeps a record at log
 position 0 distinguishable from an unwritten slot. Entries written before the
-trailer existed (0.3 and older) have 8 reserved zero bytes there: an all-zero
+trailer existed (0.2 and older) have 8 reserved zero bytes there: an all-zero
 trailer is accepted as such an unchecked entry; any other trailer must be
 ``crc | 1`` with a matching CRC, or the entry is *damaged* (``entry_damaged``)
 and is rebuilt from the log (index_repair.py) rather than trusted. Entries carry the record size
