@@ -191,3 +191,25 @@ def test_flipped_tag_hash_in_index_entry(open_store: OpenStore) -> None:
     result = store.read(TOPIC, 0, 0, max_messages=1000, tags=["even"])
     assert [shape(m) for m in result.messages] == [s.shape() for s in even]
     assert index_entry(config, 0, 24) == sent[24].entry
+
+
+def test_flipped_size_in_index_entry_for_lookups(open_store: OpenStore) -> None:
+    """Lookups by position or offset (``record_at``, ``read_at_position``,
+    ``position_of``: message ids, admin) take a record's size and position
+    from its entry. A flipped size byte used to make ``record_at`` copy the
+    wrong bytes; now the entry is rebuilt first."""
+    store = open_store()
+    sent, _ = _three_batches(store)
+    want = [store.record_at(s.position) for s in sent[4:7]]
+    store.close()
+    config = store.config
+    flip_index_byte(config, 0, 5, 8)
+    flip_index_byte(config, 0, 6, 3)
+
+    store = open_store(config)
+    assert [store.record_at(s.position) for s in sent[4:7]] == want
+    assert index_entry(config, 0, 5) == sent[5].entry
+    flip_index_byte(config, 0, 5, 9)
+    assert shape(store.read_at_position(sent[5].position)) == sent[5].shape()
+    assert store.position_of(TOPIC, 0, 6) == sent[6].position
+    assert index_entry(config, 0, 6) == sent[6].entry

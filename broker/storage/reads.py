@@ -403,8 +403,23 @@ class Reads:
             return None
         if queue is None or not queue.index.earliest <= meta.queue_offset < queue.visible_end:
             return None
-        position_plus_one, size, _tag, _ts = queue.index.entry(meta.queue_offset)
+        position_plus_one, size, _tag, _ts = self._checked_entry(queue, meta.queue_offset)
         return size if position_plus_one - 1 == position else None
+
+    def _checked_entry(self, queue: QueueState, offset: int) -> tuple[int, int, int, int]:
+        """The entry of ``offset`` (below the end), rebuilt from the log first if it
+        fails its checksum or names another record (lock held)."""
+        raw = queue.index.read_raw(offset, 1)
+        position_plus_one = ENTRY.unpack(raw)[0] if len(raw) == ENTRY_SIZE else 0
+        if (
+            not position_plus_one
+            or entry_damaged(raw)
+            or not self._log.record_is(
+                position_plus_one - 1, queue.topic_bytes, queue.queue_id, offset
+            )
+        ):
+            self._repair(queue, offset)
+        return queue.index.entry(offset)
 
     def record_at(self, position: int) -> bytes:
         """The stored bytes of the record at ``position`` (see ``read_at_position``)."""
@@ -430,7 +445,7 @@ class Reads:
                     f"{topic}/{queue_id} has no offset {offset!r} (retained: "
                     f"[{queue.index.earliest}, {queue.visible_end}))"
                 )
-            return queue.index.entry(offset)[0] - 1
+            return self._checked_entry(queue, offset)[0] - 1
 
     def visible_end(self, topic: str, queue_id: int) -> int:
         """The queue's readable end, read without the lock (a snapshot, for long
