@@ -165,3 +165,27 @@ def test_long_error_detail_is_cut_short() -> None:
     code, detail = status_for(CorruptionError("x" * 20_000, "/data/log/000000001.chunk", 7))
     assert code is grpc.StatusCode.DATA_LOSS
     assert len(detail) == MAX_DETAIL and detail.endswith("...")
+
+
+def test_damaged_last_record_of_a_queue_still_opens(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """Recovery checks each queue's last entry against the record it names by
+    the record's header: a damaged body there is a read's business (it is
+    reported, the queue keeps its end), not a reason to refuse to open."""
+    config = make_config()
+    with Store(config, background=False) as store:
+        store.create_topic(TOPIC, 2)
+        sent1 = append(store, 1, "b", 5)
+        for round_ in range(5):
+            append(store, 0, f"a{round_}", 100)
+    path = chunk_path(config, sent1[-1].position)
+    assert path != log_chunks(config.data_dir)[-1]  # sealed
+    flip_byte(path, value_offset(config, sent1[-1]) + 10)
+
+    store = open_store(config)
+    assert store.queue_info(TOPIC, 1).end == len(sent1)
+    assert store.read_records(TOPIC, 1, 0).count == len(sent1) - 1
+    with pytest.raises(DamagedRecord):
+        store.read_records(TOPIC, 1, len(sent1) - 1)
+    assert append(store, 1, "c")[0].offset == len(sent1)

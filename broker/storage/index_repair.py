@@ -22,7 +22,13 @@ from crc32c import crc32c
 
 from equeue_broker.storage.errors import CorruptionError
 from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import ENTRY, QueueIndex, entry_damaged, pack_entry
+from equeue_broker.storage.queue_index import (
+    ENTRY,
+    ENTRY_SIZE,
+    QueueIndex,
+    entry_damaged,
+    pack_entry,
+)
 from equeue_broker.storage.queue_state import QueueKey
 from equeue_proto.record import RecordMeta
 
@@ -41,18 +47,20 @@ def entry_for(position: int, meta: RecordMeta) -> bytes:
 def entry_matches(
     message_log: MessageLog, raw: bytes, topic: bytes, queue_id: int, offset: int
 ) -> bool:
-    """True if ``raw`` passes its checksum and is exactly the entry of the valid
-    record of (topic, queue, offset) it names."""
-    if len(raw) != len(pack_entry(0, 0, 0, 0)) or entry_damaged(raw):
+    """True if ``raw`` passes its checksum and is exactly the entry of the
+    record of (topic, queue, offset) it names.
+
+    The record is checked by its header, which names its own position, not by
+    its checksum: a damaged record body is for reads to report (DamagedRecord),
+    and must not make its intact entry look damaged."""
+    if len(raw) != ENTRY_SIZE or entry_damaged(raw):
         return False
-    position_plus_one = ENTRY.unpack(raw)[0]
-    if position_plus_one == 0:
+    position = ENTRY.unpack(raw)[0] - 1
+    if not message_log.record_is(position, topic, queue_id, offset):
         return False
-    meta = message_log.checked_meta(position_plus_one - 1)
-    if meta is None or (meta.topic, meta.queue_id, meta.queue_offset) != (topic, queue_id, offset):
-        return False
+    meta = message_log.meta_at(position)
     # Compare the data fields only: an older entry has no checksum trailer.
-    return raw[:24] == entry_for(position_plus_one - 1, meta)[:24]
+    return raw[:24] == entry_for(position, meta)[:24]
 
 
 @dataclass

@@ -424,20 +424,6 @@ class MessageLog:
             topic, queue_id, offset, position,
         )  # fmt: skip
 
-    def checked_meta(self, position: int) -> RecordMeta | None:
-        """The fixed fields of a valid record (checksum verified) starting at
-        ``position``, or None if none does (for checking index entries)."""
-        if not self.start_position <= position < self.write_position:
-            return None
-        chunk = self.chunk_at(position)
-        local = HEADER_SIZE + position - self.start_of(chunk)
-        if chunk is not self.active:
-            self._touch(chunk)
-        buf = chunk.buffer()
-        if isinstance(check_frame(buf, local, HEADER_SIZE + chunk.data_size), str):
-            return None
-        return read_meta(buf, local)
-
     def meta_at(self, position: int) -> RecordMeta:
         """The fixed fields of the record at ``position`` (checksum not verified)."""
         chunk, local = self._data_view(position, HEADER.size)
