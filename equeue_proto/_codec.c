@@ -126,7 +126,15 @@ static inline void put64(uint8_t *p, uint64_t v) {
 #define ENTRY_AT_SIZE 8
 #define ENTRY_AT_TAG_HASH 12
 #define ENTRY_AT_STORE_MS 16
-#define ENTRY_AT_RESERVED 24
+#define ENTRY_AT_CRC 24    /* CRC-32C of the entry's first 24 bytes ... */
+#define ENTRY_AT_FORMAT 28 /* ... when this u32 is ENTRY_FORMAT_CHECKED; both 0 in older entries */
+#define ENTRY_FORMAT_CHECKED 1
+
+/* The checksum trailer of a queue-index entry (queue_index.py): written last. */
+static inline void seal_entry(uint8_t *e) {
+    put32(e + ENTRY_AT_CRC, crc32c(e, ENTRY_AT_CRC));
+    put32(e + ENTRY_AT_FORMAT, ENTRY_FORMAT_CHECKED);
+}
 
 /* A borrowed view of a bytes-like item: bytes directly, else the buffer protocol. */
 typedef struct {
@@ -267,7 +275,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         put32(e + ENTRY_AT_SIZE, (uint32_t)frame);
         put32(e + ENTRY_AT_TAG_HASH, tag.len ? crc32c(tag.ptr, (size_t)tag.len) : 0);
         put64(e + ENTRY_AT_STORE_MS, (uint64_t)store_ms);
-        memset(e + ENTRY_AT_RESERVED, 0, 8);
+        seal_entry(e);
         pos += frame;
         item_release(&value); item_release(&key); item_release(&tag); item_release(&hdrs);
         continue;
@@ -289,6 +297,14 @@ static inline uint32_t get32(const uint8_t *p) {
 }
 static inline uint64_t get64(const uint8_t *p) {
     return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32);
+}
+
+/* 1 if the entry fails its checksum or has an unknown trailer; an entry whose
+ * trailer is all zeros (written before checksums, or empty) is accepted. */
+static inline int entry_damaged(const uint8_t *e) {
+    uint32_t crc = get32(e + ENTRY_AT_CRC), format = get32(e + ENTRY_AT_FORMAT);
+    if (format == ENTRY_FORMAT_CHECKED) return crc != crc32c(e, ENTRY_AT_CRC);
+    return format != 0 || crc != 0;
 }
 
 /* rebase_records(out, src, position, first_offset, store_ms, count, index_out) -> bytes
@@ -342,7 +358,7 @@ static PyObject *rebase_records(PyObject *self, PyObject *args) {
         put32(e + ENTRY_AT_SIZE, (uint32_t)frame);
         put32(e + ENTRY_AT_TAG_HASH, tag_len ? crc32c(r + HEADER_SIZE + topic_len, tag_len) : 0);
         put64(e + ENTRY_AT_STORE_MS, (uint64_t)store_ms);
-        memset(e + ENTRY_AT_RESERVED, 0, 8);
+        seal_entry(e);
         pos += frame;
     }
     if (pos != src.len) {
@@ -1013,6 +1029,47 @@ static int append_run(PyObject *runs, long long start, long long end, Py_ssize_t
     return rc;
 }
 
+/* check_frames(buffer, start, end) -> int
+ *
+ * -1 if the frames of buffer[start:end] are valid (lengths, suffixes and
+ * checksums) and tile it exactly, else the offset of the first invalid one.
+ * The broker verifies sealed log data with it on the way out (reads.py);
+ * mirrors equeue_proto.record.check_frames_py. The GIL is released: the
+ * caller keeps the buffer alive (the store lock keeps the log mapped). */
+static PyObject *check_frames(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &end)) return NULL;
+    if (start < 0 || end > in.len || start > end) {
+        PyBuffer_Release(&in);
+        PyErr_Format(PyExc_ValueError, "range [%zd, %zd) outside the buffer", start, end);
+        return NULL;
+    }
+    const uint8_t *b = (const uint8_t *)in.buf;
+    Py_ssize_t pos = start, bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < end) {
+        if (end - pos < HEADER_SIZE) {
+            bad = pos;
+            break;
+        }
+        uint32_t body = get32(b + pos);
+        if (body < HEADER_SIZE - AT_BODY || (Py_ssize_t)body + 12 > end - pos) {
+            bad = pos;
+            break;
+        }
+        const uint8_t *t = b + pos + AT_BODY + body;
+        if (get32(t + 4) != body || get32(t) != crc32c(b + pos + AT_BODY, body)) {
+            bad = pos;
+            break;
+        }
+        pos += (Py_ssize_t)body + 12;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&in);
+    return PyLong_FromSsize_t(bad);
+}
+
 /* index_runs(entries, capacity, max_messages, max_bytes, count, total)
  *     -> (runs, taken, count, total, stop)
  *
@@ -1022,8 +1079,9 @@ static int append_run(PyObject *runs, long long start, long long end, Py_ssize_t
  * record would push `total` past max_bytes (the first record of a read is
  * always taken). Records that lie back to back in one log chunk form a run:
  * runs is a list of (start, end, first entry), and a pull copies each run
- * with one slice. stop is 0 when every entry was taken, 1 at a limit and 2 at
- * an empty entry (position 0: a hole the caller reports as corruption).
+ * with one slice. stop is 0 when every entry was taken, 1 at a limit, 2 at
+ * an empty entry (position 0: a hole the caller reports as corruption) and 3
+ * at an entry that fails its checksum (the caller rebuilds it from the log).
  * Mirrors queue_index.index_runs, the Python reference. */
 static PyObject *index_runs(PyObject *self, PyObject *args) {
     Py_buffer in;
@@ -1048,8 +1106,13 @@ static PyObject *index_runs(PyObject *self, PyObject *args) {
             stop = 1;
             break;
         }
-        uint64_t position_plus_one = get64(base + i * ENTRY_SIZE);
-        long long size = (long long)get32(base + i * ENTRY_SIZE + ENTRY_AT_SIZE);
+        const uint8_t *e = base + i * ENTRY_SIZE;
+        if (entry_damaged(e)) {
+            stop = 3;
+            break;
+        }
+        uint64_t position_plus_one = get64(e);
+        long long size = (long long)get32(e + ENTRY_AT_SIZE);
         if (position_plus_one == 0) {
             stop = 2;
             break;
@@ -1188,6 +1251,8 @@ static PyMethodDef methods[] = {
     {"index_runs", index_runs, METH_VARARGS,
      "index_runs(entries, capacity, max_messages, max_bytes, count, total) -> (runs, taken, "
      "count, total, stop)"},
+    {"check_frames", check_frames, METH_VARARGS,
+     "check_frames(buffer, start, end) -> offset of the first invalid frame, or -1"},
     {"split_blob", split_blob, METH_VARARGS, "split_blob(blob, lengths) -> [bytes]"},
     {"varints", varints, METH_VARARGS,
      "varints(values, count, stride, add, step) -> packed int64 varint payload"},
@@ -1218,7 +1283,8 @@ PyMODINIT_FUNC PyInit__codec(void) {
         {"AT_KEY_LEN", AT_KEY_LEN},         {"AT_HEADERS_LEN", AT_HEADERS_LEN},
         {"AT_VALUE_LEN", AT_VALUE_LEN},     {"ENTRY_SIZE", ENTRY_SIZE},
         {"ENTRY_AT_SIZE", ENTRY_AT_SIZE},   {"ENTRY_AT_TAG_HASH", ENTRY_AT_TAG_HASH},
-        {"ENTRY_AT_STORE_MS", ENTRY_AT_STORE_MS}, {"ENTRY_AT_RESERVED", ENTRY_AT_RESERVED},
+        {"ENTRY_AT_STORE_MS", ENTRY_AT_STORE_MS}, {"ENTRY_AT_CRC", ENTRY_AT_CRC},
+        {"ENTRY_AT_FORMAT", ENTRY_AT_FORMAT}, {"ENTRY_FORMAT_CHECKED", ENTRY_FORMAT_CHECKED},
     };
     PyObject *dict = PyDict_New();
     if (dict == NULL) goto fail;

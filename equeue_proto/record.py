@@ -216,6 +216,19 @@ def check_frame(buf: Buffer, pos: int, end: int) -> int | str:
     return body + BODY_TO_FRAME
 
 
+def check_frames_py(buf: Buffer, start: int, end: int) -> int:
+    """-1 if the frames of ``buf[start:end]`` are valid and tile it exactly,
+    else the offset of the first invalid one (the reference for
+    ``_codec.check_frames``)."""
+    pos = start
+    while pos < end:
+        verdict = check_frame(buf, pos, end)
+        if isinstance(verdict, str):
+            return pos
+        pos += verdict
+    return -1
+
+
 def read_meta(buf: Buffer, pos: int) -> RecordMeta:
     """The fixed fields of the (already validated) frame at ``pos``."""
     (body, _v, flags, queue_id, offset, position, _p, store_ms, topic_len, tag_len, *_r) = (

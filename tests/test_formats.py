@@ -22,10 +22,13 @@ from equeue_broker.storage.chunk import (
 from equeue_broker.storage.queue_index import (
     ENTRY,
     ENTRY_SIZE,
+    RUNS_DAMAGED,
     RUNS_DONE,
     RUNS_EMPTY,
     RUNS_LIMIT,
+    entry_damaged,
     index_runs_py,
+    pack_entry,
 )
 from equeue_broker.storage.record import prepare_batch
 from equeue_proto import accel
@@ -34,6 +37,7 @@ from equeue_proto.record import (
     FLAG_HAS_KEY,
     RecordError,
     check_frame,
+    check_frames_py,
     decode_headers,
     decode_record,
     encode_headers,
@@ -72,6 +76,14 @@ def test_index_entry_round_trip() -> None:
     data = ENTRY.pack(*entry)
     assert len(data) == ENTRY_SIZE == 32
     assert ENTRY.unpack(data) == entry
+    checked = pack_entry(*entry)
+    assert ENTRY.unpack(checked) == entry and checked[28:] == b"\x01\x00\x00\x00"
+    assert not entry_damaged(checked) and not entry_damaged(data)  # older entries: accepted
+    for byte in range(ENTRY_SIZE):  # any flipped byte of a checked entry is caught
+        flipped = bytearray(checked)
+        flipped[byte] ^= 0xFF
+        assert entry_damaged(flipped), byte
+    assert entry_damaged(data[:24] + b"\x00\x00\x00\x00\x02\x00\x00\x00")  # unknown format
 
 
 @given(st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=50)), max_size=10))
@@ -113,6 +125,7 @@ def test_records_round_trip(
         assert bool(meta.flags & FLAG_HAS_KEY) == (key is not None)
         entry = ENTRY.unpack_from(entries, i * ENTRY_SIZE)
         assert entry[0] - 1 == position + pos and entry[1] == size and entry[3] == 555
+        assert bytes(entries[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE]) == pack_entry(*entry)
         assert (entry[2] == 0) == (tag == "")
         pos += size
 
@@ -242,12 +255,15 @@ index_entries = st.lists(
     st.integers(min_value=1, max_value=5000),
     st.integers(min_value=0, max_value=3),
     st.booleans(),
+    st.integers(min_value=-1, max_value=45),
 )
-def test_c_index_runs_matches_python_reference(
-    rows: list[tuple[int, int]], max_messages: int, max_bytes: int, count: int, contiguous: bool
-) -> None:
+def test_c_index_runs_matches_python_reference(  # noqa: PLR0917 (hypothesis draws)
+    rows: list[tuple[int, int]], max_messages: int, max_bytes: int, count: int, contiguous: bool,
+    damaged: int,
+) -> None:  # fmt: skip
     """The pull planner: same runs, counts and stop reason in C and Python,
-    over scattered or back-to-back records crossing 4,096-byte chunks."""
+    over scattered or back-to-back records crossing 4,096-byte chunks, with
+    checked entries (one flipped byte in entry ``damaged``, if any)."""
     if accel.IMPLEMENTATION != "c":
         pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
     from equeue_proto._codec import index_runs
@@ -259,8 +275,10 @@ def test_c_index_runs_matches_python_reference(
             packed.append((start, size))
             start += size
         rows = packed
-    entries = b"".join(ENTRY.pack(p, s, 0, 0) for p, s in rows)
-    args = (entries, 4096, max_messages, max_bytes, count, count * 10)
+    entries = bytearray(b"".join(pack_entry(p, s, 0, 0) for p, s in rows))
+    if 0 <= damaged < len(rows):
+        entries[damaged * ENTRY_SIZE + damaged % ENTRY_SIZE] ^= 0xFF
+    args = (bytes(entries), 4096, max_messages, max_bytes, count, count * 10)
     assert index_runs(*args) == index_runs_py(*args)
 
 
@@ -278,3 +296,27 @@ def test_index_runs_splits_at_gaps_chunk_starts_and_limits() -> None:
     assert index_runs_py(entries, 4096, 100, 50, 0, 0)[1:] == (1, 1, 100, RUNS_LIMIT)
     hole = entries[:ENTRY_SIZE] + bytes(ENTRY_SIZE) + entries[ENTRY_SIZE:]
     assert index_runs_py(hole, 4096, 100, 10**6, 0, 0)[1:] == (1, 1, 100, RUNS_EMPTY)
+    bad = bytearray(b"".join(pack_entry(p, s, 0, 0) for p, s in sizes))
+    bad[2 * ENTRY_SIZE + 12] ^= 0x01  # entry 2's tag hash
+    runs, *rest = index_runs_py(bad, 4096, 100, 10**6, 0, 0)
+    assert (runs, rest) == ([(0, 200, 0)], [2, 2, 200, RUNS_DAMAGED])
+
+
+@given(st.lists(st.binary(min_size=1, max_size=200), min_size=1, max_size=8), st.integers())
+def test_check_frames_finds_the_first_damaged_record(values: list[bytes], pick: int) -> None:
+    """C and Python agree: -1 over intact frames, else the first bad frame's offset."""
+    out, _ = encode_rows([(v, None, "t", [], 0) for v in values], topic="t")
+    starts, pos = [], 0
+    while pos < len(out):
+        starts.append(pos)
+        pos += check_frame(out, pos, len(out))  # type: ignore[operator]
+    victim = pick % len(starts)
+    damaged = bytearray(out)
+    damaged[starts[victim] + 60] ^= 0x10
+    impls = [check_frames_py]
+    if accel.CODEC is not None:
+        impls.append(accel.CODEC.check_frames)
+    for check_frames in impls:
+        assert check_frames(out, 0, len(out)) == -1
+        assert check_frames(bytes(damaged), 0, len(out)) == starts[victim]
+        assert check_frames(out, 0, len(out) - 1) == starts[-1]

@@ -71,12 +71,21 @@ _CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
 ]
 
 
+MAX_DETAIL = 1024
+"""Longest status message sent: the details travel in gRPC metadata (8 KiB in
+all by default); a longer one would turn any error into RESOURCE_EXHAUSTED."""
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and message a failed request is answered with."""
     if isinstance(exc, StorageError):
         for cls, code in _CODES:
             if isinstance(exc, cls):
-                return code, str(exc)
-        return grpc.StatusCode.UNAVAILABLE, f"storage error: {exc}"
+                return code, _short(str(exc))
+        return grpc.StatusCode.UNAVAILABLE, _short(f"storage error: {exc}")
     log.error("unexpected error serving a request", exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
+
+
+def _short(detail: str) -> str:
+    return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."

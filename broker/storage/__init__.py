@@ -7,6 +7,7 @@ from equeue_broker.storage.config import FlushMode, MessageLimits, RetentionConf
 from equeue_broker.storage.errors import (
     AlreadyExists,
     CorruptionError,
+    DamagedRecord,
     DiskFullError,
     InvalidArgument,
     InvalidName,
@@ -34,6 +35,7 @@ __all__ = [
     "AlreadyExists",
     "AppendResult",
     "CorruptionError",
+    "DamagedRecord",
     "DiskFullError",
     "FlushMode",
     "Framer",

@@ -12,7 +12,8 @@ layer itself knows nothing of gRPC::
     ├── AlreadyExists            a topic that already exists
     ├── PreconditionFailed       the operation is not allowed in the current state
     ├── CorruptionError          on-disk data failed validation (names file and position)
-    │   └── ChunkQuarantined     the data lies in a quarantined log chunk (damage.py)
+    │   ├── ChunkQuarantined     the data lies in a quarantined log chunk (damage.py)
+    │   └── DamagedRecord        a read met a record that fails its checksum (names it)
     ├── DiskFullError            the disk refused a write (ENOSPC/EDQUOT/EFBIG)
     └── StoreClosed              the store was closed ("closed by you")
 
@@ -68,6 +69,19 @@ class CorruptionError(StorageError):
 
 class ChunkQuarantined(CorruptionError):
     """The data asked for lies in a log chunk quarantined at open (damage.py)."""
+class DamagedRecord(CorruptionError):
+    """A read met a stored record that fails its checksum: the first record the
+    read would have returned (records before it are served, not this error).
+
+    The message starts ``damaged record: <topic>/<queue> offset <n>`` (clients
+    parse the offset to skip the record if they choose to; docs/client.md).
+    """
+
+    def __init__(self, topic: str, queue_id: int, offset: int, path: str, position: int) -> None:
+        super().__init__(f"damaged record: {topic}/{queue_id} offset {offset}", path, position)
+        self.topic = topic
+        self.queue_id = queue_id
+        self.offset = offset
 
 
 class DiskFullError(StorageError):

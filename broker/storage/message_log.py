@@ -41,6 +41,7 @@ from equeue_broker.storage.chunk import (
 )
 from equeue_broker.storage.damage import QuarantinedChunk
 from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
+from equeue_proto.accel import CODEC
 from equeue_proto.record import (
     FLAG_BATCH_END,
     HEADER,
@@ -48,11 +49,14 @@ from equeue_proto.record import (
     RecordMeta,
     StoredMessage,
     check_frame,
+    check_frames_py,
     decode_record,
     read_meta,
 )
 
 log = logging.getLogger(__name__)
+
+check_frames = CODEC.check_frames if CODEC else check_frames_py
 
 LOG_SUFFIX = ".chunk"
 
@@ -74,6 +78,9 @@ class LogChunk:
     """Active chunk: file offset past the last byte written since recovery zeroed
     the tail (at least ``HEADER_SIZE + data_size``); the data after it is zero.
     Bounds what ``MessageLog._cut`` must zero without scanning the chunk."""
+    verified_end: int = HEADER_SIZE
+    """Sealed chunk: file offset (a record boundary) below which every record
+    was verified by a read since the chunk was opened (``first_damaged``)."""
 
     @property
     def sealed(self) -> bool:
@@ -417,28 +424,60 @@ class MessageLog:
         chunk, local = self._data_view(start, end - start)
         return memoryview(chunk.buffer())[local : local + end - start]
 
-    def check_record(self, position: int, topic: bytes, queue_id: int, offset: int) -> None:
-        """Raise ``CorruptionError`` unless the record at ``position`` is (topic, queue, offset)."""
-        chunk = self.chunk_at(position)
-        if chunk.damage is not None:
-            raise ChunkQuarantined(
-                f"{topic.decode(errors='replace')}/{queue_id} offset {offset} is in "
-                f"quarantined log chunk {chunk.path.name} ({chunk.damage}); its records "
-                "cannot be served",
-                str(chunk.path),
-                HEADER_SIZE + position - self.start_of(chunk),
-            )
-        chunk, local = self._data_view(position, HEADER.size)
+    def first_damaged(self, start: int, end: int) -> int | None:
+        """Position of the first invalid record of ``[start, end)`` (records back
+        to back in one chunk), or None. Only sealed chunks are checked: the tail
+        scan at open checked the active one, and it has been written since by
+        this process alone.
+
+        Verify on first read: each chunk keeps a watermark below which reads
+        have verified every record, and a read verifies from the watermark to
+        its end, so a byte is checked once per process (readers of other
+        queues, and re-reads, pay nothing). A read further than
+        ``_VERIFY_AHEAD`` past the watermark verifies its own bytes only,
+        which bounds the cost of any one read.
+        """
+        chunk, local = self._data_view(start, end - start)
+        stop = local + end - start
+        if not chunk.sealed or stop <= chunk.verified_end:
+            return None
+        buf = chunk.buffer()
+        if local < chunk.verified_end or local - chunk.verified_end > _VERIFY_AHEAD:
+            begin = local if local > chunk.verified_end else chunk.verified_end
+        else:
+            begin = chunk.verified_end
+        bad = check_frames(buf, begin, stop)
+        if bad < 0:
+            if begin <= chunk.verified_end:
+                chunk.verified_end = stop
+            return None
+        if begin <= chunk.verified_end:
+            chunk.verified_end = bad  # stays below the damage
+        if bad < local:  # another queue's record: this read's own may be intact
+            bad = check_frames(buf, local, stop)
+        return None if bad < 0 else start + bad - local
+
+    def chunk_path(self, position: int) -> str:
+        """The file of the chunk holding ``position`` (for error messages)."""
+        return str(self.chunk_at(position).path)
+
+    def record_is(self, position: int, topic: bytes, queue_id: int, offset: int) -> bool:
+        """True if the record at ``position`` is (topic, queue, offset): the check
+        of an index entry a read makes before it copies from where it points.
+        The header only (a record names its own position, so a wrong position
+        cannot pass by chance); checksums are the copy's business."""
+        if not self.start_position <= position < self.write_position:
+            return False
+        try:
+            chunk, local = self._data_view(position, HEADER.size)
+        except ChunkQuarantined:
+            raise  # the record may be intact, but its chunk is not served: DATA_LOSS
+        except CorruptionError:
+            return False
         meta = read_meta(chunk.buffer(), local)
-        if (meta.topic, meta.queue_id, meta.queue_offset, meta.position) != (
+        return (meta.topic, meta.queue_id, meta.queue_offset, meta.position) == (
             topic, queue_id, offset, position,
-        ):  # fmt: skip
-            raise CorruptionError(
-                f"index points at a record of {meta.topic!r}/{meta.queue_id} offset "
-                f"{meta.queue_offset}, expected {topic!r}/{queue_id} offset {offset}",
-                str(chunk.path),
-                local,
-            )
+        )  # fmt: skip
 
     def meta_at(self, position: int) -> RecordMeta:
         """The fixed fields of the record at ``position`` (checksum not verified)."""
@@ -506,6 +545,9 @@ class MessageLog:
         self.chunks.clear()
         self._recent.clear()
 
+
+_VERIFY_AHEAD = 4 << 20
+"""Most bytes of other records a read verifies to advance a chunk's watermark."""
 
 _SCRATCH_LIMIT = 16 << 20
 """Largest append encoding buffer kept for reuse; larger appends get a temporary one."""

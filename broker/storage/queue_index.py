@@ -10,10 +10,15 @@ On-disk format (little-endian; this module is the only place that knows it)::
         record_size        u32   bytes of the framed record in the log
         tag_hash           u32   CRC32C of the tag's UTF-8 bytes, 0 if untagged
         store_timestamp_ms i64   broker time the record was stored
-        reserved           8 bytes of zeros
+        crc                u32   CRC32C of the 24 bytes above      } the checksum
+        format             u32   ENTRY_FORMAT_CHECKED (1)          } trailer
 
 An all-zero entry means "empty": the +1 on the position keeps a record at log
-position 0 distinguishable from an unwritten slot. Entries carry the record size
+position 0 distinguishable from an unwritten slot. Entries written before the
+trailer existed (0.2 and older) have 8 reserved zero bytes there: an all-zero
+trailer is accepted as such an unchecked entry; any other trailer must be
+``crc | 1`` with a matching CRC, or the entry is *damaged* (``entry_damaged``)
+and is rebuilt from the log (index_repair.py) rather than trusted. Entries carry the record size
 so a read can size its reply without touching the log, the tag hash so a tag
 filter can skip records without reading them, and the store time so a reader can
 seek by timestamp with a binary search over the index alone.
@@ -32,6 +37,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from crc32c import crc32c
+
 from equeue_broker.storage.chunk import (
     CHUNK_TYPE_INDEX,
     HEADER_SIZE,
@@ -46,14 +53,19 @@ from equeue_broker.storage.errors import CorruptionError
 from equeue_proto.accel import CODEC, check_layout
 
 if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 ENTRY = struct.Struct("<QIIq8x")
+"""The four data fields (the trailer skipped); write entries with ``pack_entry``."""
 ENTRY_SIZE = ENTRY.size
 _AT_SIZE = struct.calcsize("<Q")
 _AT_TAG_HASH = struct.calcsize("<QI")
 _AT_STORE_MS = struct.calcsize("<QII")
-_AT_RESERVED = struct.calcsize("<QIIq")
+_AT_CRC = struct.calcsize("<QIIq")
+_AT_FORMAT = _AT_CRC + 4
+_TRAILER = struct.Struct("<II")
+ENTRY_FORMAT_CHECKED = 1
+"""The trailer's format word when the entry carries a CRC."""
 _POSITION = struct.Struct("<Q")
 """An entry's first field, ``position_plus_one``."""
 _SIZE_WORD = _AT_SIZE // 4
@@ -66,8 +78,36 @@ IndexEntry = tuple[int, int, int, int]
 Run = tuple[int, int, int]
 """(start, end, first entry): log bytes of records lying back to back in one chunk."""
 
-RUNS_DONE, RUNS_LIMIT, RUNS_EMPTY = 0, 1, 2
-"""Why ``index_runs`` stopped: every entry taken, a limit reached, an empty entry."""
+RUNS_DONE, RUNS_LIMIT, RUNS_EMPTY, RUNS_DAMAGED = 0, 1, 2, 3
+"""Why ``index_runs`` stopped: every entry taken, a limit reached, an empty
+entry, an entry that fails its checksum."""
+
+
+def pack_entry_into(  # noqa: PLR0917 (the entry's fields, in order)
+    buf: WriteableBuffer, at: int, position_plus_one: int, size: int, tag_hash: int, store_ms: int
+) -> None:
+    """Write one entry with its checksum trailer at ``buf[at:]``."""
+    ENTRY.pack_into(buf, at, position_plus_one, size, tag_hash, store_ms)
+    crc = crc32c(memoryview(buf)[at : at + _AT_CRC])
+    _TRAILER.pack_into(buf, at + _AT_CRC, crc, ENTRY_FORMAT_CHECKED)
+
+
+def pack_entry(position_plus_one: int, size: int, tag_hash: int, store_ms: int) -> bytes:
+    """One entry with its checksum trailer."""
+    out = bytearray(ENTRY_SIZE)
+    pack_entry_into(out, 0, position_plus_one, size, tag_hash, store_ms)
+    return bytes(out)
+
+
+def entry_damaged(entries: ReadableBuffer, at: int = 0) -> bool:
+    """True if the entry at ``entries[at:]`` fails its checksum or has an unknown
+    trailer (an all-zero trailer, of an older or an empty entry, is accepted)."""
+    crc: int
+    format_: int
+    crc, format_ = _TRAILER.unpack_from(entries, at + _AT_CRC)
+    if format_ == ENTRY_FORMAT_CHECKED:
+        return crc != crc32c(memoryview(entries)[at : at + _AT_CRC])
+    return format_ != 0 or crc != 0
 
 
 def index_runs_py(  # noqa: PLR0917 (positional, like the C function it mirrors)
@@ -91,6 +131,9 @@ def index_runs_py(  # noqa: PLR0917 (positional, like the C function it mirrors)
     run_first = taken = 0
     stop = RUNS_DONE
     for taken, (position_plus_one, size, _tag, _ts) in enumerate(ENTRY.iter_unpack(entries)):
+        if count < max_messages and entry_damaged(entries, taken * ENTRY_SIZE):
+            stop = RUNS_DAMAGED
+            break
         if count >= max_messages or (position_plus_one and count and total + size > max_bytes):
             stop = RUNS_LIMIT
             break
@@ -118,7 +161,8 @@ if CODEC is not None:  # the C encoder writes entries too: its layout must be th
     check_layout(
         CODEC.LAYOUT,
         {"ENTRY_SIZE": ENTRY_SIZE, "ENTRY_AT_SIZE": _AT_SIZE, "ENTRY_AT_TAG_HASH": _AT_TAG_HASH,
-         "ENTRY_AT_STORE_MS": _AT_STORE_MS, "ENTRY_AT_RESERVED": _AT_RESERVED},
+         "ENTRY_AT_STORE_MS": _AT_STORE_MS, "ENTRY_AT_CRC": _AT_CRC,
+         "ENTRY_AT_FORMAT": _AT_FORMAT, "ENTRY_FORMAT_CHECKED": ENTRY_FORMAT_CHECKED},
     )  # fmt: skip
 
 
@@ -137,6 +181,8 @@ class QueueIndex:
         """Next queue offset to assign (one past the last entry)."""
         self.earliest = 0
         """Lowest offset whose record is still in the log (maintained by retention)."""
+        self.suspect = False
+        """Set by ``recover``: an entry it dropped may have been a record's (``_find_end``)."""
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         numbers = self.chunk_numbers()
         if numbers:
@@ -275,10 +321,12 @@ class QueueIndex:
         """
         numbers = self.chunk_numbers()
         self.end = self.earliest
+        self.suspect = False
         scanned = 0
         for number in reversed(numbers):
             fd = self._fd(number)
-            keep, slots, read = self._find_end(fd, keep_below_position)
+            keep, slots, read, suspect = self._find_end(fd, keep_below_position)
+            self.suspect = self.suspect or suspect
             scanned += read
             if keep < slots:
                 os.pwrite(fd, bytes((slots - keep) * ENTRY_SIZE), HEADER_SIZE + keep * ENTRY_SIZE)
@@ -289,10 +337,13 @@ class QueueIndex:
         self.earliest = min(self.earliest, self.end)
         return scanned
 
-    def _find_end(self, fd: int, keep_below_position: int) -> tuple[int, int, int]:
-        """(kept, used, bytes read) for one chunk: ``used`` slots run up to its
-        last non-zero byte, ``kept`` slots up to the last entry (searching back
-        from there) that names a record before ``keep_below_position``.
+    def _find_end(self, fd: int, keep_below_position: int) -> tuple[int, int, int, bool]:
+        """(kept, used, bytes read, suspect) for one chunk: ``used`` slots run up
+        to its last non-zero byte, ``kept`` slots up to the last intact entry
+        (searching back from there) that names a record before
+        ``keep_below_position``. ``suspect`` says an entry passed over on the way
+        may have been one of those (it fails its checksum, or is an older entry
+        without one): the caller then looks for its record in the log.
 
         The answer of a scan of the whole chunk, from reading only its written
         parts from the end back (holes are skipped unread): the entries after
@@ -300,6 +351,7 @@ class QueueIndex:
         """
         used: int | None = None
         read = 0
+        suspect = False
         data_end = HEADER_SIZE + self.entries_per_chunk * ENTRY_SIZE
         for offset, data in read_backwards(fd, HEADER_SIZE, data_end, ENTRY_SIZE):
             read += len(data)
@@ -311,10 +363,22 @@ class QueueIndex:
             if used is None:
                 used = first_slot + slots
             for slot in range(slots - 1, -1, -1):
-                position = _POSITION.unpack_from(data, slot * ENTRY_SIZE)[0] - 1
+                at = slot * ENTRY_SIZE
+                if entry_damaged(data, at):
+                    suspect = True
+                    continue
+                position = _POSITION.unpack_from(data, at)[0] - 1
                 if 0 <= position < keep_below_position:
-                    return first_slot + slot + 1, used, read
-        return 0, used or 0, read
+                    return first_slot + slot + 1, used, read, suspect
+                unchecked = not any(data[at + _AT_CRC : at + ENTRY_SIZE])  # an older entry
+                suspect = suspect or (position >= 0 and unchecked)
+        return 0, used or 0, read, suspect
+
+    def truncate(self, offset: int) -> None:
+        """Zero the entries of ``[offset, end)`` and make ``offset`` the end."""
+        if offset < self.end:
+            self._write_all(offset, memoryview(bytes((self.end - offset) * ENTRY_SIZE)))
+            self.end = offset
 
     def delete_chunks_below(self, log_start: int) -> int:
         """Delete index chunks whose every entry points below ``log_start``; update
@@ -323,7 +387,9 @@ class QueueIndex:
         numbers = self.chunk_numbers()
         for number in numbers[:-1]:  # the chunk holding `end` is never deleted
             last = (number + 1) * self.entries_per_chunk - 1
-            if last >= self.end or self.entry(last)[0] - 1 >= log_start:
+            if last >= self.end or entry_damaged(self.read_raw(last, 1)):
+                break  # a damaged position must not delete entries still needed
+            if self.entry(last)[0] - 1 >= log_start:
                 break
             self._close_chunk(number)
             self._path(number).unlink()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import logging
 import struct
 import threading
 from collections.abc import Callable, Iterable
@@ -28,17 +29,32 @@ from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.errors import (
     ChunkQuarantined,
     CorruptionError,
+    DamagedRecord,
     InvalidArgument,
     NotFound,
 )
+from equeue_broker.storage.index_repair import repair_entry
 from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import RUNS_EMPTY, RUNS_LIMIT, index_runs
+from equeue_broker.storage.queue_index import (
+    ENTRY,
+    ENTRY_SIZE,
+    RUNS_DAMAGED,
+    RUNS_EMPTY,
+    RUNS_LIMIT,
+    entry_damaged,
+    index_runs,
+)
 from equeue_broker.storage.queue_state import QueueKey, QueueState
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
 from equeue_proto.record import StoredMessage
 
+log = logging.getLogger(__name__)
+
 TagFilter = dict[int, frozenset[bytes]]
 """{tag hash: tag strings with that hash} of a tag-filtered read."""
+
+_MAX_REPAIRS = 256
+"""Damaged index entries one read rebuilds (each restarts it) before giving up."""
 
 
 class Reads:
@@ -88,11 +104,15 @@ class Reads:
             queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
             if status is not ReadStatus.OK:
                 return ReadResult(status, [], corrected, earliest, end)
-            messages, next_offset = self._collect(
-                queue, offset=offset, end=end, max_messages=max_messages,
-                max_bytes=max_bytes, wanted=wanted, hashes=hashes,
-            )  # fmt: skip
-            return ReadResult(ReadStatus.OK, messages, next_offset, earliest, end)
+            for _ in range(_MAX_REPAIRS):
+                collected = self._collect(
+                    queue, offset=offset, end=end, max_messages=max_messages,
+                    max_bytes=max_bytes, wanted=wanted, hashes=hashes,
+                )  # fmt: skip
+                if collected is not None:
+                    messages, next_offset = collected
+                    return ReadResult(ReadStatus.OK, messages, next_offset, earliest, end)
+            raise _too_damaged(queue)
 
     def read_records(
         self,
@@ -122,15 +142,10 @@ class Reads:
             if status is not ReadStatus.OK:
                 pieces: list[Piece] = []
                 count, nbytes, next_offset = 0, 0, corrected
-            elif wanted is None:
-                pieces, count, nbytes, next_offset = self._collect_runs(
-                    queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
-                )
             else:
-                pieces, count, nbytes, next_offset = self._collect_filtered(
-                    queue, offset=offset, end=end, max_messages=max_messages,
-                    max_bytes=max_bytes, wanted=wanted,
-                )  # fmt: skip
+                pieces, count, nbytes, next_offset = self._collect_repairing(
+                    queue, offset, end, max_messages, max_bytes, wanted
+                )
             result = RecordsResult(status, b"", count, next_offset, earliest, end, nbytes)
             if frame is not None:
                 prefix, suffix = frame(result)
@@ -152,12 +167,39 @@ class Reads:
             return queue, earliest, end, ReadStatus.OFFSET_TOO_BIG, end
         return queue, earliest, end, ReadStatus.OK, offset
 
+    def _collect_repairing(  # noqa: PLR0917 (read_records' arguments, passed on)
+        self, queue: QueueState, offset: int, end: int, max_messages: int, max_bytes: int,
+        wanted: TagFilter | None,
+    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+        """``_collect_runs`` or ``_collect_filtered``, again after each damaged
+        index entry they meet and have rebuilt (lock held)."""
+        for _ in range(_MAX_REPAIRS):
+            if wanted is None:
+                collected = self._collect_runs(
+                    queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
+                )
+            else:
+                collected = self._collect_filtered(
+                    queue, offset=offset, end=end, max_messages=max_messages,
+                    max_bytes=max_bytes, wanted=wanted,
+                )  # fmt: skip
+            if collected is not None:
+                return collected
+        raise _too_damaged(queue)
+
+    def _repair(self, queue: QueueState, offset: int) -> None:
+        """Rebuild the damaged index entry of ``offset`` from the log (lock held;
+        no view of the log may be alive: the scan may unmap chunks)."""
+        key = (queue.topic, queue.queue_id)
+        repair_entry(self._log, queue.index, key, offset, queue.index.end)
+
     def _collect_runs(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int
-    ) -> tuple[list[Piece], int, int, int]:
+    ) -> tuple[list[Piece], int, int, int] | None:
         """(pieces, count, bytes, next offset) of an unfiltered read (lock held):
         the index is planned into runs of adjacent records (``index_runs``, in C),
-        and each run becomes one view of the log; no per-record Python work."""
+        and each run becomes one view of the log; no per-record Python work.
+        None after rebuilding a damaged entry: the caller starts again."""
         pieces: list[Piece] = []
         count = total = 0
         cursor = offset
@@ -175,23 +217,62 @@ class Reads:
                     # must not have views alive: copy what we hold first.
                     pieces = [bytes(p) for p in pieces]
                 mapped_chunk = start // capacity
-                self._log.check_record(start, queue.topic_bytes, queue.queue_id, cursor + first)
+                if not self._log.record_is(
+                    start, queue.topic_bytes, queue.queue_id, cursor + first
+                ):
+                    pieces.clear()
+                    self._repair(queue, cursor + first)
+                    return None
+                bad = self._log.first_damaged(start, stop_at)
+                if bad is not None:
+                    run = entries[first * ENTRY_SIZE :]
+                    return self._served_before(queue, pieces, offset, cursor + first, run, bad)
                 pieces.append(self._log.copy(start, stop_at))
             cursor += taken
-            if stop == RUNS_EMPTY:
-                raise CorruptionError(
-                    f"index entry for offset {cursor} of {queue.topic}/{queue.queue_id} is empty"
-                )
+            if stop in {RUNS_EMPTY, RUNS_DAMAGED}:  # an empty entry below the end is damage too
+                pieces.clear()
+                self._repair(queue, cursor)
+                return None
             if stop == RUNS_LIMIT or not entries:
                 break
         return pieces, count, total, cursor
 
+    def _served_before(  # noqa: PLR0917 (the state of _collect_runs at the damage)
+        self, queue: QueueState, pieces: list[Piece], offset: int, run_offset: int,
+        run: bytes, bad: int,
+    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+        """An unfiltered read cut short before the damaged record at log position
+        ``bad``, in the run of records whose entries are ``run`` (of offsets from
+        ``run_offset``); ``DamagedRecord`` if the read would start with it."""
+        damaged, start = run_offset, ENTRY.unpack_from(run)[0] - 1
+        at = start
+        for _position, size, _tag, _ts in ENTRY.iter_unpack(run):
+            if at >= bad:
+                break
+            at, damaged = at + size, damaged + 1
+        log.warning(
+            "%s/%d offset %d: stored record fails its checksum",
+            queue.topic,
+            queue.queue_id,
+            damaged,
+        )
+        if damaged == offset:
+            pieces.clear()
+            raise DamagedRecord(
+                queue.topic, queue.queue_id, damaged, self._log.chunk_path(bad), bad
+            )
+        if at > start:
+            pieces.append(self._log.copy(start, at))
+        return pieces, damaged - offset, sum(len(p) for p in pieces), damaged
+
     def _collect_filtered(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
         wanted: TagFilter,
-    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+    ) -> tuple[list[Piece], int, int, int] | None:  # fmt: skip
         """``_collect_runs`` for a tag-filtered read: entry by entry, as skipped
-        records break runs (scans at most ``max_filter_scan`` entries; lock held)."""
+        records break runs (scans at most ``max_filter_scan`` entries; lock held).
+        A skip trusts the entry's tag hash, so each entry's checksum is checked
+        first: None after rebuilding a damaged entry."""
         out = bytearray()
         count = total = 0
         run_start = run_end = -1
@@ -199,21 +280,33 @@ class Reads:
         cursor = offset
         capacity = self._log.capacity
         while cursor < scan_end and count < max_messages:
-            entries = queue.index.read(cursor, scan_end - cursor)
-            if not entries:
+            raw = queue.index.read_raw(cursor, scan_end - cursor)
+            if not raw:
                 break
-            for position_plus_one, size, tag_hash, _ts in entries:
+            for i, (position_plus_one, size, tag_hash, _ts) in enumerate(ENTRY.iter_unpack(raw)):
                 position = position_plus_one - 1
+                if position < 0 or entry_damaged(raw, i * ENTRY_SIZE):
+                    self._repair(queue, cursor)
+                    return None
                 if tag_hash not in wanted or self._log.tag_at(position) not in wanted[tag_hash]:
                     cursor += 1
                     continue
                 if count and total + size > max_bytes:
                     scan_end = cursor  # stop both loops
                     break
+                bad = self._log.first_damaged(position, position + size)
+                if bad is not None:  # serve the records before it, else say which
+                    if not count:
+                        path = self._log.chunk_path(bad)
+                        raise DamagedRecord(queue.topic, queue.queue_id, cursor, path, bad)
+                    scan_end = cursor
+                    break
                 if position != run_end or position % capacity == 0:  # a new run
                     if run_end > run_start:
                         out += self._log.copy(run_start, run_end)
-                    self._log.check_record(position, queue.topic_bytes, queue.queue_id, cursor)
+                    if not self._log.record_is(position, queue.topic_bytes, queue.queue_id, cursor):
+                        self._repair(queue, cursor)
+                        return None
                     run_start = position
                     run_end = position
                 run_end += size
@@ -229,8 +322,9 @@ class Reads:
     def _collect(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
         wanted: frozenset[str] | None, hashes: frozenset[int] | None,
-    ) -> tuple[list[StoredMessage], int]:  # fmt: skip
-        """(messages, next offset) of a decoding read (lock held)."""
+    ) -> tuple[list[StoredMessage], int] | None:  # fmt: skip
+        """(messages, next offset) of a decoding read (lock held); None after
+        rebuilding a damaged index entry (the caller starts again)."""
         messages: list[StoredMessage] = []
         total = 0
         scan_end = min(
@@ -238,23 +332,28 @@ class Reads:
         )
         cursor = offset
         while cursor < scan_end:
-            for position_plus_one, size, tag_hash, _ts in queue.index.read(
-                cursor, scan_end - cursor
-            ):
+            raw = queue.index.read_raw(cursor, scan_end - cursor)
+            for i, (position_plus_one, size, tag_hash, _ts) in enumerate(ENTRY.iter_unpack(raw)):
+                if position_plus_one == 0 or entry_damaged(raw, i * ENTRY_SIZE):
+                    self._repair(queue, cursor)
+                    return None
                 if hashes is not None and tag_hash not in hashes:
                     cursor += 1
                     continue
+                position = position_plus_one - 1
+                if not self._log.record_is(position, queue.topic_bytes, queue.queue_id, cursor):
+                    self._repair(queue, cursor)
+                    return None
                 if messages and total + size > max_bytes:
                     return messages, cursor
-                message = self._log.read(position_plus_one - 1, size)
-                if message.queue_offset != cursor or message.topic != queue.topic:
-                    raise CorruptionError(
-                        f"index of {queue.topic}/{queue.queue_id} offset {cursor} points at a "
-                        f"record of {message.topic}/{message.queue_id} "
-                        f"offset {message.queue_offset}",
-                        str(queue.index.directory),
-                        cursor,
-                    )
+                try:
+                    message = self._log.read(position, size)
+                except CorruptionError as exc:  # the record fails its checksum
+                    if messages:
+                        return messages, cursor
+                    raise DamagedRecord(
+                        queue.topic, queue.queue_id, cursor, exc.path, exc.position
+                    ) from None
                 cursor += 1
                 if wanted is not None and message.tag not in wanted:
                     continue  # hash collision
@@ -307,8 +406,23 @@ class Reads:
             return None
         if queue is None or not queue.index.earliest <= meta.queue_offset < queue.visible_end:
             return None
-        position_plus_one, size, _tag, _ts = queue.index.entry(meta.queue_offset)
+        position_plus_one, size, _tag, _ts = self._checked_entry(queue, meta.queue_offset)
         return size if position_plus_one - 1 == position else None
+
+    def _checked_entry(self, queue: QueueState, offset: int) -> tuple[int, int, int, int]:
+        """The entry of ``offset`` (below the end), rebuilt from the log first if it
+        fails its checksum or names another record (lock held)."""
+        raw = queue.index.read_raw(offset, 1)
+        position_plus_one = ENTRY.unpack(raw)[0] if len(raw) == ENTRY_SIZE else 0
+        if (
+            not position_plus_one
+            or entry_damaged(raw)
+            or not self._log.record_is(
+                position_plus_one - 1, queue.topic_bytes, queue.queue_id, offset
+            )
+        ):
+            self._repair(queue, offset)
+        return queue.index.entry(offset)
 
     def record_at(self, position: int) -> bytes:
         """The stored bytes of the record at ``position`` (see ``read_at_position``)."""
@@ -334,7 +448,7 @@ class Reads:
                     f"{topic}/{queue_id} has no offset {offset!r} (retained: "
                     f"[{queue.index.earliest}, {queue.visible_end}))"
                 )
-            return queue.index.entry(offset)[0] - 1
+            return self._checked_entry(queue, offset)[0] - 1
 
     def visible_end(self, topic: str, queue_id: int) -> int:
         """The queue's readable end, read without the lock (a snapshot, for long
@@ -384,6 +498,13 @@ class Reads:
                     return offset + taken, sums[taken]
                 offset, total = offset + len(sizes), sums[-1]
             return offset, total
+
+
+def _too_damaged(queue: QueueState) -> CorruptionError:
+    return CorruptionError(
+        f"index of {queue.topic}/{queue.queue_id}: more than {_MAX_REPAIRS} damaged entries "
+        "in one read", str(queue.index.directory),
+    )  # fmt: skip
 
 
 def tag_filter(tags: Iterable[str] | None) -> TagFilter | None:

@@ -17,7 +17,7 @@ from crc32c import crc32c
 
 from equeue_broker.storage.config import MessageLimits
 from equeue_broker.storage.errors import InvalidArgument, LimitExceeded
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.queue_index import ENTRY_SIZE, pack_entry_into
 from equeue_proto.accel import CODEC
 from equeue_proto.record import (
     AT_BODY,
@@ -270,7 +270,7 @@ def encode_records_py(
         )  # fmt: skip
         end = _copy_fields(out, pos + HEADER.size, topic, tag, key, headers, value)
         TRAILER.pack_into(out, end, crc32c(view[pos + AT_BODY : end]), body)
-        ENTRY.pack_into(
+        pack_entry_into(
             index_out, entry_pos, position + pos + 1, body + BODY_TO_FRAME,
             crc32c(tag) if tag else 0, store_ms,
         )  # fmt: skip
@@ -404,7 +404,7 @@ def rebase_records(
         _U32.pack_into(out, body_at + body, crc32c(view[body_at : body_at + body]))
         topic_len, tag_len = _U16.unpack_from(out, pos + AT_TOPIC_LEN)[0], view[pos + AT_TAG_LEN]
         tag_at = pos + HEADER.size + topic_len
-        ENTRY.pack_into(
+        pack_entry_into(
             index_out, i * ENTRY_SIZE, position + pos + 1, frame,
             crc32c(view[tag_at : tag_at + tag_len]) if tag_len else 0, store_ms,
         )  # fmt: skip

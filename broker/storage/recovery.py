@@ -2,7 +2,9 @@
 
 The log is the source of truth; indexes are derived. ``recover`` cuts the log
 after its last complete append (``MessageLog.open``), drops index entries at or
-after the checkpoint and rebuilds them by scanning the log from there, lowers
+after the checkpoint and rebuilds them by scanning the log from there, checks
+each queue's end against the log and rebuilds damaged entries from it
+(``index_repair.py``: a damaged index never cuts the log), lowers
 committed offsets a power loss left past their queue's end, and writes a new
 checkpoint. Opening therefore costs time in proportion to what was written
 since the last checkpoint (about one flush interval), not to the log's size.
@@ -23,14 +25,19 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from crc32c import crc32c
-
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.index_repair import (
+    Wanted,
+    entry_for,
+    entry_matches,
+    find_records,
+    intact_end,
+)
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.queue_index import ENTRY
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, entry_damaged
 from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.results import RecoveryReport
 from equeue_broker.storage.topics import TopicMeta
@@ -82,7 +89,9 @@ def recover(
             queues[(topic.name, q.queue_id)] = queue
             queue.producer_visible = q.producer_visible
             scanned += queue.index.recover(checkpoint)
-    rebuilt, orphans = rebuild_indexes(message_log, queues, checkpoint)
+    rebuilt = _restore_ends(message_log, queues, checkpoint)
+    more, orphans = rebuild_indexes(message_log, queues, checkpoint)
+    rebuilt += more
     for queue in queues.values():
         queue.index.delete_chunks_below(message_log.start_position)
         queue.index.sync()
@@ -114,11 +123,17 @@ def rebuild_indexes(
     rebuilt = orphans = 0
     pending: dict[QueueKey, bytearray] = {}
     expected = {key: q.index.end for key, q in queues.items()}
+    gaps: dict[QueueKey, Wanted] = {}
     for position, meta in message_log.iter_records(checkpoint):
         key = (meta.topic.decode(), meta.queue_id)
         if key not in expected:
             orphans += 1  # a deleted topic's records wait for retention
             continue
+        if meta.queue_offset != expected[key] and key not in pending:
+            # The queue's first record after the checkpoint: the log, not the
+            # index, says where the queue stands.
+            _follow_log(message_log, queues[key], key, meta.queue_offset, gaps)
+            expected[key] = meta.queue_offset
         if meta.queue_offset != expected[key]:
             # Only stale bytes of a failed append can break the sequence: cut them.
             log.warning(
@@ -132,16 +147,79 @@ def rebuild_indexes(
                 raise CorruptionError(f"queue {key} offsets not contiguous at position {position}")
             message_log.truncate(position)
             break
-        tag_hash = crc32c(meta.tag) if meta.tag else 0
-        pending.setdefault(key, bytearray()).extend(
-            ENTRY.pack(position + 1, meta.frame_size, tag_hash, meta.store_timestamp_ms)
-        )
+        pending.setdefault(key, bytearray()).extend(entry_for(position, meta))
         expected[key] += 1
         rebuilt += 1
+    rebuilt += _fill(message_log, queues, gaps, checkpoint, exact=True)
     for key, entries in pending.items():
         queue = queues[key]
         queue.index.write(queue.index.end, entries)
     return rebuilt, orphans
+
+
+def _restore_ends(
+    message_log: MessageLog, queues: dict[QueueKey, QueueState], checkpoint: int
+) -> int:
+    """Check each queue's last entry against the log, and find in the log the
+    records of entries recovery had to drop as damaged; return entries rebuilt.
+
+    A queue's end comes from the log: a damaged last entry must neither lose
+    its record nor let the next append reuse its offset."""
+    wanted: dict[QueueKey, Wanted] = {}
+    for key, queue in queues.items():
+        index, suspect = queue.index, queue.index.suspect
+        while index.end > index.earliest:
+            last = index.end - 1
+            raw = index.read_raw(last, 1)
+            if entry_matches(message_log, raw, queue.topic_bytes, queue.queue_id, last):
+                break
+            position_plus_one = ENTRY.unpack(raw)[0]
+            if not entry_damaged(raw) and 0 < position_plus_one <= message_log.start_position:
+                break  # its record was deleted by retention: nothing to check against
+            log.warning("index entry of %s/%d offset %d does not match the log", *key, last)
+            index.truncate(last)
+            suspect = True
+        if suspect:
+            wanted[key] = Wanted(intact_end(message_log, index, key, index.end), index.end)
+    return _fill(message_log, queues, wanted, checkpoint, exact=False)
+
+
+def _follow_log(
+    message_log: MessageLog, queue: QueueState, key: QueueKey, offset: int,
+    gaps: dict[QueueKey, Wanted],
+) -> None:  # fmt: skip
+    """Make the index of ``queue`` end where its first record after the
+    checkpoint, of ``offset``, says: entries past it are dropped, entries
+    missing before it are to be found in the log (``gaps``)."""
+    index = queue.index
+    log.warning("%s/%d: log continues at offset %d, index ended at %d", *key, offset, index.end)
+    if offset < index.end:
+        index.truncate(max(offset, index.earliest))
+    else:
+        gaps[key] = Wanted(intact_end(message_log, index, key, index.end), index.end, offset)
+
+
+def _fill(
+    message_log: MessageLog, queues: dict[QueueKey, QueueState], wanted: dict[QueueKey, Wanted],
+    stop: int, *, exact: bool,
+) -> int:  # fmt: skip
+    """Write the entries of the records ``wanted`` names, found in the log
+    before ``stop``; with ``exact``, every one must be found. Returns the count."""
+    found = find_records(message_log, wanted, stop)
+    written = 0
+    for key, want in wanted.items():
+        entries = found.get(key, bytearray())
+        count = len(entries) // ENTRY_SIZE
+        if exact and want.until is not None and want.offset + count != want.until:
+            raise CorruptionError(
+                f"queue {key[0]}/{key[1]}: the log holds no record of offset "
+                f"{want.offset + count}, before offset {want.until}"
+            )
+        if count:
+            queues[key].index.write(want.offset, entries)
+            log.warning("%s/%d: rebuilt %d index entries from the log", *key, count)
+            written += count
+    return written
 
 
 def _clamp_offsets(offsets: OffsetStore, queues: dict[QueueKey, QueueState]) -> None:

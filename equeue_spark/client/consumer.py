@@ -18,7 +18,8 @@ Two ways to say what to read:
   membership; the broker refuses them on a queue the consumer no longer
   holds, which the consumer takes as a rebalance: it drops the queue.
 
-``poll`` returns messages and advances the positions; ``commit`` stores the
+``poll`` returns messages and advances the positions (only past records it
+decoded and returns); ``commit`` stores the
 positions on the broker as the group's next offsets to consume. Messages
 returned by ``poll`` count as consumed once committed; a consumer that stops
 without committing leaves them to be consumed again (at-least-once).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -42,17 +44,21 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import commit_offsets
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import (
+    DataLossError,
     EqueueError,
     InvalidRequest,
     PreconditionError,
     from_rpc_error,
 )
-from equeue_spark.client.records import Message, decode_records
+from equeue_spark.client.records import Message, decode_intact, decode_records
 from equeue_spark.client.wire import PullReply
 
 log = logging.getLogger(__name__)
 
 Start = Literal["earliest", "latest", "group"]
+OnDataLoss = Literal["raise", "skip"]
+_DAMAGED = re.compile(r"damaged record: .*/\d+ offset (\d+)")
+"""How the broker names a stored record that fails its checksum (DATA_LOSS)."""
 QueueKey = tuple[str, int]
 
 
@@ -80,9 +86,22 @@ class Consumer:
         tags: Sequence[str] = (),
         heartbeat_interval_s: float = 1.0,
         consumer_id: str | None = None,
+        on_data_loss: OnDataLoss = "raise",
     ) -> None:
+        """``on_data_loss`` says what ``poll`` does when the broker reports a
+        stored record of a queue as damaged (DATA_LOSS): "raise" (the default)
+        raises ``DataLossError`` and stays at that record; "skip" moves past it,
+        logs it and counts it in ``damaged_skipped``. Either way no intact
+        record is ever skipped."""
         if start not in ("earliest", "latest", "group"):
             raise ValueError(f"start must be earliest, latest or group, got {start!r}")
+        if on_data_loss not in ("raise", "skip"):
+            raise ValueError(f"on_data_loss must be raise or skip, got {on_data_loss!r}")
+        self.on_data_loss = on_data_loss
+        self.damaged_skipped: dict[QueueKey, list[int]] = {}
+        """Offsets of damaged records skipped (``on_data_loss="skip"``), per queue."""
+        self._deferred: EqueueError | None = None
+        """A poll's error held back to return the messages it had taken first."""
         if topics and group is None:
             raise ValueError("subscribing to topics needs a group; use assign() without one")
         self.consumer_id = consumer_id or default_consumer_id(
@@ -258,8 +277,13 @@ class Consumer:
         """Messages from the assigned queues, waiting up to ``timeout_s`` for some.
 
         One long-polling pull per queue runs concurrently; the call returns as
-        soon as any queue has messages (or the timeout passes).
+        soon as any queue has messages (or the timeout passes). A queue's error
+        is raised when the call would return empty; if other queues brought
+        messages, they are returned and the next call raises it.
         """
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
         with self._lock:
             positions = dict(self._positions)
             session = self._session
@@ -276,9 +300,12 @@ class Consumer:
             call.add_done_callback(lambda _call: finished.set())
         deadline = time.monotonic() + timeout_s + self._conn.config.timeout_s
         messages: list[Message] = []
+        errors: list[EqueueError] = []
         started = time.monotonic()
         failures = 0
         try:
+            # An error does not end the wait: the other queues' pulls may still
+            # bring messages (else a damaged queue would starve them).
             while pending and not messages and time.monotonic() < deadline:
                 ready = [key for key, call in pending.items() if call.done()]
                 if not ready:
@@ -286,16 +313,23 @@ class Consumer:
                     finished.clear()
                     continue
                 for key in ready:
-                    taken = self._take(key, pending.pop(key), positions[key], session)
+                    taken = self._take_noting(
+                        key, pending.pop(key), positions[key], session, errors
+                    )
                     failures += taken is None
                     messages += taken or []
             # Keep replies that arrived meanwhile rather than cancel them and
             # pull the same records again on the next poll.
             for key in [key for key, call in pending.items() if call.done()]:
-                messages += self._take(key, pending.pop(key), positions[key], session) or []
+                call = pending.pop(key)
+                messages += self._take_noting(key, call, positions[key], session, errors) or []
         finally:
             for call in pending.values():
                 call.cancel()
+        if errors:  # raised now, or by the next poll once the messages taken are returned
+            if not messages:
+                raise errors[0]
+            self._deferred = errors[0]
         if failures == len(positions):  # broker unreachable: wait, do not spin
             self._closed.wait(max(0.0, timeout_s - (time.monotonic() - started)))
         return messages
@@ -319,15 +353,31 @@ class Consumer:
         timeout = self._conn.config.timeout_s + wait_ms / 1000
         return self._conn.pull.future(request, timeout=timeout)
 
+    def _take_noting(
+        self, key: QueueKey, call: grpc.Future[PullReply], position: int, session: int,
+        errors: list[EqueueError],
+    ) -> list[Message] | None:  # fmt: skip
+        """``_take``, but an error is added to ``errors`` rather than raised: the
+        other replies ready now are still taken (their positions advance only
+        with messages that ``poll`` returns)."""
+        try:
+            return self._take(key, call, position, session)
+        except EqueueError as exc:
+            errors.append(exc)
+            return []
+
     def _take(
         self, key: QueueKey, call: grpc.Future[PullReply], position: int, session: int
     ) -> list[Message] | None:
-        """The messages of one finished pull (advancing the queue's position), or
-        None if it failed in a way worth retrying (the next poll asks again)."""
+        """The messages of one finished pull (advancing the queue's position past
+        them only once they are decoded), or None if it failed in a way worth
+        retrying (the next poll asks again)."""
         try:
             reply = call.result()
         except grpc.RpcError as exc:
             error = from_rpc_error(exc)
+            if isinstance(error, DataLossError):
+                return self._damaged(key, position, session, error)
             if error.retriable:
                 log.warning("pull of %s/%d failed: %s", key[0], key[1], error)
                 return None
@@ -338,6 +388,7 @@ class Consumer:
                 self._drop({key: position}, session)
                 return []
             raise error from exc
+        messages, next_offset, damage = self._decode(reply)
         with self._lock:
             if self._positions.get(key) != position or self._session != session:
                 return []  # revoked or sought meanwhile: drop the reply
@@ -346,8 +397,41 @@ class Consumer:
                     "%s/%d: offset %d was deleted by retention; skipping to %d",
                     key[0], key[1], position, reply.next_offset,
                 )  # fmt: skip
-            self._positions[key] = reply.next_offset
-        return decode_records(reply.records, reply.broker_id) if reply.count else []
+            if not messages and damage is not None:  # nothing intact before it: stay
+                raise DataLossError(f"{key[0]}/{key[1]} offset {position}: {damage}")
+            self._positions[key] = next_offset
+        return messages
+
+    @staticmethod
+    def _decode(reply: PullReply) -> tuple[list[Message], int, str | None]:
+        """(messages, next position, damage): a reply with a damaged record in it
+        (caught by its checksum here) yields the records before it, and the
+        position moves only past those."""
+        if not reply.count:
+            return [], reply.next_offset, None
+        try:
+            return decode_records(reply.records, reply.broker_id), reply.next_offset, None
+        except DataLossError:
+            messages, damage = decode_intact(reply.records, reply.broker_id)
+        next_offset = messages[-1].offset + 1 if messages else reply.next_offset
+        return messages, next_offset, damage
+
+    def _damaged(
+        self, key: QueueKey, position: int, session: int, error: DataLossError
+    ) -> list[Message]:
+        """The broker reports a damaged stored record (DATA_LOSS): raise, or
+        with ``on_data_loss="skip"`` move past that one record."""
+        found = _DAMAGED.search(str(error))
+        offset = int(found.group(1)) if found else -1
+        if self.on_data_loss != "skip" or offset < position:
+            raise error
+        with self._lock:
+            if self._positions.get(key) != position or self._session != session:
+                return []
+            self._positions[key] = offset + 1
+            self.damaged_skipped.setdefault(key, []).append(offset)
+        log.error("%s/%d: skipped damaged record at offset %d (on_data_loss=skip)", *key, offset)
+        return []
 
     # -- progress ----------------------------------------------------------------------
 

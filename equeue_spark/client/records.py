@@ -56,6 +56,20 @@ def decode_records(records: Buffer, broker_id: str) -> list[Message]:
         raise DataLossError(f"received a damaged record: {exc}") from None
 
 
+def decode_intact(records: Buffer, broker_id: str) -> tuple[list[Message], str | None]:
+    """The records of a reply up to the first damaged one, and why that one
+    is damaged (None if none is): what a consumer can still deliver."""
+    out: list[Message] = []
+    pos, end = 0, len(records)
+    while pos < end:
+        size = check_frame(records, pos, end)
+        if isinstance(size, str):
+            return out, f"received a damaged record at byte {pos}: {size}"
+        out += _decode_py(memoryview(records)[pos : pos + size], broker_id)
+        pos += size
+    return out, None
+
+
 def _decode_py(records: Buffer, broker_id: str) -> list[Message]:
     out = []
     pos = 0

@@ -149,3 +149,12 @@ def zero_index_entry(config: StorageConfig, queue_id: int, offset: int) -> None:
     number, slot = divmod(offset, config.index_entries_per_chunk)
     path = index_files(config.data_dir, TOPIC, queue_id)[number]
     write_at(path, HEADER_SIZE + slot * ENTRY_SIZE, bytes(ENTRY_SIZE))
+
+
+def flip_index_byte(config: StorageConfig, queue_id: int, offset: int, byte: int) -> None:
+    """Flip byte ``byte`` (0..31) of the index entry of ``offset`` in queue
+    ``queue_id`` of ``TOPIC``: 0..7 the position (7 its high byte), 8..11 the
+    record size, 12..15 the tag hash, 24..31 the checksum trailer."""
+    number, slot = divmod(offset, config.index_entries_per_chunk)
+    path = index_files(config.data_dir, TOPIC, queue_id)[number]
+    flip_byte(path, HEADER_SIZE + slot * ENTRY_SIZE + byte)
