@@ -69,6 +69,8 @@ class CorruptionError(StorageError):
 
 class ChunkQuarantined(CorruptionError):
     """The data asked for lies in a log chunk quarantined at open (damage.py)."""
+
+
 class DamagedRecord(CorruptionError):
     """A read met a stored record that fails its checksum: the first record the
     read would have returned (records before it are served, not this error).
