@@ -470,8 +470,17 @@ class MessageLog:
             return False
         try:
             chunk, local = self._data_view(position, HEADER.size)
-        except ChunkQuarantined:
-            raise  # the record may be intact, but its chunk is not served: DATA_LOSS
+        except ChunkQuarantined as exc:
+            # The record may be intact, but its chunk is not served: DATA_LOSS,
+            # naming the record the caller asked for.
+            chunk = self.chunk_at(position)
+            raise ChunkQuarantined(
+                f"{topic.decode(errors='replace')}/{queue_id} offset {offset} is in "
+                f"quarantined log chunk {chunk.path.name} ({chunk.damage}); its records "
+                "cannot be served",
+                exc.path,
+                exc.position,
+            ) from None
         except CorruptionError:
             return False
         meta = read_meta(chunk.buffer(), local)
