@@ -24,8 +24,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
+from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
-from equeue_broker.server.groups import ConsumerRegistry
+from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
@@ -70,13 +71,16 @@ async def create_server(
     if tokens is not None:
         interceptors.insert(0, AuthInterceptor(tokens))
     server = grpc.aio.server(options=options, interceptors=interceptors)
+    wait_s = config.budget_wait_ms / 1000
     state = BrokerState(
         config=config,
         store=store,
         broker_id=broker_id_for(config.storage.data_dir),
         executor=ThreadPoolExecutor(config.store_threads, thread_name_prefix="equeue-store"),
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
-        consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000),
+        consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000, limits=group_limits(config)),
+        reply_bytes=ByteBudget("max_reply_bytes", config.max_reply_bytes, wait_s),
+        produce_bytes=ByteBudget("max_produce_bytes", config.max_produce_bytes, wait_s),
     )
     state.auth_tokens = 0 if tokens is None else len(tokens)
     store.add_listener(state.waiters.notify_threadsafe)
@@ -107,6 +111,15 @@ async def create_server(
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, state
+
+
+def group_limits(config: BrokerConfig) -> GroupLimits:
+    return GroupLimits(
+        max_groups=config.max_consumer_groups,
+        max_consumers=config.max_consumers,
+        max_consumers_per_group=config.max_consumers_per_group,
+        max_queue_locks=config.max_queue_locks,
+    )
 
 
 TOKENS_ENV = "EQUEUE_BROKER_TOKENS"

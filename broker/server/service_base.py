@@ -21,6 +21,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
+from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import ShuttingDown, status_for
 from equeue_broker.server.groups import ConsumerRegistry
@@ -42,7 +43,13 @@ class BrokerState:
     executor: ThreadPoolExecutor
     waiters: PullWaiters
     consumers: ConsumerRegistry
+    reply_bytes: ByteBudget
+    """Pull and stream replies being read or sent (``max_reply_bytes``)."""
+    produce_bytes: ByteBudget
+    """Produce requests being decoded and appended (``max_produce_bytes``)."""
     counters: Counters = field(default_factory=Counters)
+    pull_streams: int = 0
+    """PullStreams open now (at most ``max_pull_streams``)."""
     shutting_down: bool = False
     auth_tokens: int = 0
     """Tokens the broker accepts; 0: no authentication."""

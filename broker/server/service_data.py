@@ -17,7 +17,7 @@ import grpc
 from crc32c import crc32c
 
 from equeue_broker.server.errors import BadRequest
-from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP, MAX_TOPICS_PER_CONSUMER
+from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
 from equeue_broker.server.service_base import BrokerState, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus
@@ -295,9 +295,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         validate_group(request.group)
         if not 0 < len(request.consumer_id) <= MAX_CONSUMER_ID:
             raise BadRequest(f"consumer_id must be 1 to {MAX_CONSUMER_ID} characters")
-        if len(request.topics) > MAX_TOPICS_PER_CONSUMER:
+        limit = self.s.config.max_heartbeat_topics
+        if len(request.topics) > limit:
             raise BadRequest(
-                f"{len(request.topics)} topics; the limit is {MAX_TOPICS_PER_CONSUMER}"
+                f"{len(request.topics)} topics; the limit is {limit} (max_heartbeat_topics)"
             )
         topics = [validate_topic(t) for t in request.topics]
         if request.leave:
@@ -308,11 +309,16 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise BadRequest(f"{len(released)} released queues; the limit is {MAX_LOCKS_PER_GROUP}")
         queues: dict[str, list[int]] = {}
         for topic in topics:
+            # An unknown topic is refused, not remembered: a heartbeat naming
+            # made-up topics would otherwise make the broker keep them.
             try:
                 meta = self.s.store.topic(topic)
-                queues[topic] = [q.queue_id for q in meta.queues if q.consumer_visible]
             except NotFound:
-                queues[topic] = []
+                raise NotFound(
+                    f"topic {topic!r} does not exist (a consumer group subscribes to existing"
+                    " topics; create it first)"
+                ) from None
+            queues[meta.name] = [q.queue_id for q in meta.queues if q.consumer_visible]
         joined = self.s.consumers.heartbeat(request.group, request.consumer_id, queues, released)
         reply = pb.HeartbeatReply(consumer_ids=joined.members, session=joined.session)
         for topic in topics:

@@ -1,0 +1,109 @@
+"""Budgets against hostile or careless clients (issue 15): what a client may
+make the broker hold is bounded, and over a bound it is refused or held back,
+never allowed to grow the broker. Memory figures are in bench/budgets.py; these
+tests check the behaviour that keeps them there."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+
+from equeue_broker.server.budgets import ByteBudget
+from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
+from equeue_broker.storage.errors import LimitExceeded
+from equeue_broker.testing import BrokerProcess
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+StartBroker = Callable[..., BrokerProcess]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def stub(broker: BrokerProcess) -> Iterator[pb_grpc.BrokerStub]:
+    with grpc.insecure_channel(broker.address) as channel:
+        yield pb_grpc.BrokerStub(channel)
+
+
+# -- consumer groups (item 13) ------------------------------------------------------
+
+
+def test_a_heartbeat_naming_an_unknown_topic_is_refused(stub: pb_grpc.BrokerStub) -> None:
+    stub.Produce(pb.ProduceRequest(topic="known", messages=_messages(1, 1)), timeout=10)
+    request = pb.HeartbeatRequest(group="g", consumer_id="c", topics=["known", "made-up"])
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Heartbeat(request, timeout=10)
+    error: grpc.Call = caught.value  # type: ignore[assignment]
+    assert error.code() == grpc.StatusCode.NOT_FOUND, error.details()
+    assert "'made-up'" in (error.details() or "")
+
+
+def test_expired_groups_are_dropped_without_anyone_listing_them() -> None:
+    clock = Clock()
+    registry = ConsumerRegistry(10.0, clock=clock)
+    for n in range(100):
+        registry.heartbeat(f"g{n}", "c", {"t": [0, 1]})
+    assert len(registry) == 100
+    clock.now += 11
+    registry.heartbeat("fresh", "c", {"t": [0]})
+    assert len(registry) == 1
+
+
+def test_new_groups_over_the_limit_are_refused_until_others_expire() -> None:
+    clock = Clock()
+    registry = ConsumerRegistry(10.0, clock=clock, limits=GroupLimits(max_groups=3))
+    for n in range(3):
+        registry.heartbeat(f"g{n}", "c", {"t": [0]})
+    with pytest.raises(LimitExceeded, match="max_consumer_groups"):
+        registry.heartbeat("g3", "c", {"t": [0]})
+    registry.heartbeat("g0", "another", {"t": [0]})  # an existing group still takes members
+    clock.now += 11
+    registry.heartbeat("g3", "c", {"t": [0]})  # the expired ones made room
+
+
+def test_members_and_locks_of_all_groups_together_are_bounded() -> None:
+    registry = ConsumerRegistry(10.0, limits=GroupLimits(max_consumers=4, max_queue_locks=6))
+    for n in range(2):
+        registry.heartbeat("a", f"c{n}", {"t": [0, 1, 2]})
+        registry.heartbeat("b", f"c{n}", {"t": [0, 1, 2]})
+    with pytest.raises(LimitExceeded, match="max_consumers"):
+        registry.heartbeat("c", "c0", {"t": [0]})
+    with pytest.raises(LimitExceeded, match="max_queue_locks"):
+        registry.heartbeat("a", "c0", {"t": [0, 1, 2], "u": [0, 1, 2]})
+
+
+# -- byte budgets (items 10-12) ----------------------------------------------------
+
+
+def test_a_byte_budget_serves_waiters_in_turn_and_refuses_after_its_wait() -> None:
+    async def scenario() -> None:
+        budget = ByteBudget("max_test_bytes", 100, wait_s=5.0)
+        first = await budget.acquire(80)
+        waiter = asyncio.ensure_future(budget.acquire(50))
+        await asyncio.sleep(0)  # let the waiter queue (no timing: one loop turn)
+        assert not waiter.done()
+        with pytest.raises(LimitExceeded, match="max_test_bytes"):
+            await budget.acquire(10, wait_s=0.01)  # behind the waiter: FIFO
+        budget.release(first)
+        assert await asyncio.wait_for(waiter, 5) == 50
+        with pytest.raises(LimitExceeded):
+            await budget.acquire(1000, wait_s=0.01)  # larger than all: waits to be alone
+        budget.release(50)
+        assert await budget.acquire(1000) == 100
+        assert budget.used == 100
+
+    asyncio.run(scenario())
+
+
+def _messages(count: int, size: int) -> pb.MessageColumns:
+    return pb.MessageColumns(count=count, values=b"v" * size * count, value_lengths=[size] * count)
