@@ -81,3 +81,24 @@ class ByteBudget:
             yield taken
         finally:
             self.release(taken)
+
+
+class Held:
+    """Bytes taken from a budget, given back at most once (shrunk once the real
+    size is known: a read may return less than it was allowed)."""
+
+    def __init__(self, budget: ByteBudget, taken: int) -> None:
+        self._budget = budget
+        self.taken = taken
+
+    @classmethod
+    async def take(cls, budget: ByteBudget, nbytes: int, wait_s: float | None = None) -> Held:
+        return cls(budget, await budget.acquire(nbytes, wait_s))
+
+    def shrink_to(self, nbytes: int) -> None:
+        if nbytes < self.taken:
+            self._budget.release(self.taken - nbytes)
+            self.taken = nbytes
+
+    def release(self) -> None:
+        self.shrink_to(0)

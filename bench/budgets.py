@@ -1,0 +1,208 @@
+"""Budgets: the broker's memory under hostile or careless clients (issue 15).
+
+Run ``python bench/budgets.py`` (a few minutes; ``--only NAME`` for one
+scenario). Each scenario starts a broker with default settings in a temporary
+directory, measures its anonymous memory (``RssAnon``: the heap, not the page
+cache of the mapped log) at rest, runs the clients, samples ``RssAnon`` every
+20 ms for the peak, and prints a table: scenario, RssAnon at rest, peak,
+budget, pass/fail. What the clients saw (refusals and their status codes) is
+in the last column. Exit code 1 if any scenario went over budget.
+
+Safety: a sampler kills the broker (by its PID) if it passes 4 GiB, so an
+experiment cannot take the shared machine down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+
+from bench._harness import table
+from equeue_broker.testing import BrokerProcess
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+MiB = 1 << 20
+BUDGET = 512 * MiB
+KILL_AT = 4096 * MiB
+
+
+class Sampler:
+    """RssAnon of one process every 20 ms; the peak; a kill past ``KILL_AT``."""
+
+    def __init__(self, broker: BrokerProcess) -> None:
+        self.broker = broker
+        self.peak = 0
+        self.killed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def rss_anon(self) -> int:
+        value = self.broker.proc_status().get("RssAnon", "0 kB")
+        return int(value.split()[0]) * 1024
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            now = self.rss_anon()
+            self.peak = max(self.peak, now)
+            if now > KILL_AT and self.broker.alive():
+                self.killed = True
+                self.broker.kill()
+
+    def __enter__(self) -> Sampler:
+        self.peak = self.rss_anon()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@contextmanager
+def broker_with(*flags: str) -> Iterator[tuple[BrokerProcess, pb_grpc.BrokerStub]]:
+    with tempfile.TemporaryDirectory(prefix="equeue-budgets-") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", *flags)
+        broker.start()
+        try:
+            with grpc.insecure_channel(broker.address, options=_big()) as channel:
+                yield broker, pb_grpc.BrokerStub(channel)
+        finally:
+            broker.kill()
+
+
+def _big() -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", 256 * MiB),
+            ("grpc.max_send_message_length", 256 * MiB)]  # fmt: skip
+
+
+def _columns(count: int, size: int) -> pb.MessageColumns:
+    return pb.MessageColumns(count=count, values=b"x" * (count * size), value_lengths=[size] * count)
+
+
+def _fill(stub: pb_grpc.BrokerStub, topic: str, total: int) -> None:
+    """``total`` bytes of 256 KiB messages into queue 0 of ``topic``, 8 MiB a request."""
+    for _ in range(total // (8 * MiB)):
+        request = pb.ProduceRequest(topic=topic, messages=_columns(32, 256 * 1024), queue_ids=[0] * 32)
+        stub.Produce(request, timeout=60)
+
+
+def _code(call: Callable[[], object]) -> str:
+    try:
+        call()
+        return "OK"
+    except grpc.RpcError as exc:
+        return exc.code().name  # type: ignore[attr-defined, no-any-return]
+
+
+# -- scenarios: each returns what the clients saw ------------------------------------
+
+
+def heartbeats(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
+    """Item 13: heartbeats naming a new group and 1,024 made-up topics each, then
+    heartbeats naming a new group each on one real topic."""
+    topics = [f"nope-{n:04d}" for n in range(1024)]
+    seen: collections.Counter[str] = collections.Counter()
+    for n in range(14_000):
+        request = pb.HeartbeatRequest(group=f"g{n}", consumer_id="c", topics=topics)
+        seen[_code(lambda: stub.Heartbeat(request, timeout=10))] += 1
+    stub.Produce(pb.ProduceRequest(topic="real", messages=_columns(1, 1)), timeout=10)
+    for n in range(5_000):
+        request = pb.HeartbeatRequest(group=f"h{n}", consumer_id="c", topics=["real"])
+        seen["real " + _code(lambda: stub.Heartbeat(request, timeout=10))] += 1
+    return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
+
+
+def unread_streams(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
+    """Item 10: 23 PullStreams of 64 MiB replies over 192 MiB, never read."""
+    _fill(stub, "s", 192 * MiB)
+    request = pb.PullStreamRequest(topic="s", queue_id=0, offset=0, batch_bytes=64 * MiB,
+                                   batch_messages=10_000)  # fmt: skip
+    channels = [grpc.insecure_channel(broker.address, options=_big()) for _ in range(23)]
+    calls = [pb_grpc.BrokerStub(c).PullStream(request, timeout=30) for c in channels]
+    time.sleep(8)  # bench only: let the broker do whatever the streams make it do
+    seen: collections.Counter[str] = collections.Counter()
+    for call in calls:
+        call.cancel()
+    for channel in channels:
+        channel.close()
+    seen["cancelled by us"] = len(calls)
+    return ", ".join(f"{k} x{v}" for k, v in seen.items())
+
+
+def woken_pulls(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
+    """Item 12: 40 pulls parked with max_bytes 64 MiB, woken by one 60 MiB append."""
+    stub.Produce(pb.ProduceRequest(topic="w", messages=_columns(1, 1), queue_ids=[0]), timeout=10)
+    request = pb.PullRequest(topic="w", queue_id=0, offset=1, max_bytes=64 * MiB,
+                             max_messages=10_000, max_wait_ms=30_000)  # fmt: skip
+    with ThreadPoolExecutor(40) as pool:
+        futures = [pool.submit(_code, lambda: stub.Pull(request, timeout=60)) for _ in range(40)]
+        time.sleep(2)  # bench only: let them park
+        big = pb.ProduceRequest(topic="w", messages=_columns(240, 256 * 1024), queue_ids=[0] * 240)
+        stub.Produce(big, timeout=60)
+        seen = collections.Counter(f.result() for f in futures)
+    return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
+
+
+def big_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
+    """Item 11: 12 clients sending two 64 MiB produce requests at once."""
+    stub.Produce(pb.ProduceRequest(topic="p", messages=_columns(1, 1)), timeout=10)
+    request = pb.ProduceRequest(topic="p", messages=_columns(64, MiB - 64))
+    channels = [grpc.insecure_channel(broker.address, options=_big()) for _ in range(12)]
+    stubs = [pb_grpc.BrokerStub(c) for c in channels]
+    with ThreadPoolExecutor(24) as pool:
+        futures = [
+            pool.submit(_code, lambda s=s: s.Produce(request, timeout=120))  # type: ignore[misc]
+            for s in stubs for _ in range(2)
+        ]  # fmt: skip
+        seen = collections.Counter(f.result() for f in futures)
+    for channel in channels:
+        channel.close()
+    return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
+
+
+SCENARIOS: dict[str, Callable[[BrokerProcess, pb_grpc.BrokerStub], str]] = {
+    "13 heartbeats: new groups, made-up topics": heartbeats,
+    "10 23 unread PullStreams (64 MiB replies)": unread_streams,
+    "12 40 parked pulls woken by a 60 MiB append": woken_pulls,
+    "11 12 clients x two 64 MiB produces": big_produces,
+}
+
+
+def run(name: str, scenario: Callable[[BrokerProcess, pb_grpc.BrokerStub], str]) -> list[object]:
+    with broker_with() as (broker, stub):
+        with Sampler(broker) as sampler:
+            at_rest = sampler.rss_anon()
+            try:
+                seen = scenario(broker, stub)
+            except grpc.RpcError as exc:
+                seen = f"scenario failed: {exc.code().name}"  # type: ignore[attr-defined]
+        peak = sampler.peak
+        alive = broker.alive() and not sampler.killed
+    ok = alive and peak < BUDGET
+    return [name, f"{at_rest // MiB} MiB", f"{peak // MiB} MiB", f"{BUDGET // MiB} MiB",
+            "pass" if ok else "FAIL" + ("" if alive else " (killed)"), seen]  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run the scenarios whose name contains this")
+    args = parser.parse_args()
+    rows = [run(n, s) for n, s in SCENARIOS.items() if not args.only or args.only in n]
+    headers = ["scenario", "RssAnon at rest", "peak RssAnon", "budget", "result", "clients saw"]
+    print(table(headers, rows))
+    return 0 if all(r[4] == "pass" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
