@@ -114,7 +114,8 @@ def heartbeats(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     topics = [f"nope-{n:04d}" for n in range(1024)]
     seen: collections.Counter[str] = collections.Counter()
     for n in range(14_000):
-        request = pb.HeartbeatRequest(group=f"g{n}", consumer_id="c", topics=topics)
+        named = topics if n % 2 else topics[:200]  # over the topic limit, or under it
+        request = pb.HeartbeatRequest(group=f"g{n}", consumer_id="c", topics=named)
         seen[_code(lambda: stub.Heartbeat(request, timeout=10))] += 1
     stub.Produce(pb.ProduceRequest(topic="real", messages=_columns(1, 1)), timeout=10)
     for n in range(5_000):
@@ -171,11 +172,29 @@ def big_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
 
 
+def max_size_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
+    """Item 11 within the request limit: 12 clients x two 20 MiB produces at once."""
+    stub.Produce(pb.ProduceRequest(topic="p", messages=_columns(1, 1)), timeout=10)
+    request = pb.ProduceRequest(topic="p", messages=_columns(20, MiB - 64))
+    channels = [grpc.insecure_channel(broker.address, options=_big()) for _ in range(12)]
+    stubs = [pb_grpc.BrokerStub(c) for c in channels]
+    with ThreadPoolExecutor(24) as pool:
+        futures = [
+            pool.submit(_code, lambda s=s: s.Produce(request, timeout=120))  # type: ignore[misc]
+            for s in stubs for _ in range(2)
+        ]  # fmt: skip
+        seen = collections.Counter(f.result() for f in futures)
+    for channel in channels:
+        channel.close()
+    return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
+
+
 SCENARIOS: dict[str, Callable[[BrokerProcess, pb_grpc.BrokerStub], str]] = {
     "13 heartbeats: new groups, made-up topics": heartbeats,
     "10 23 unread PullStreams (64 MiB replies)": unread_streams,
     "12 40 parked pulls woken by a 60 MiB append": woken_pulls,
     "11 12 clients x two 64 MiB produces": big_produces,
+    "11b 12 clients x two 20 MiB produces": max_size_produces,
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -17,6 +18,10 @@ from equeue_broker.storage.errors import LimitExceeded
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from tests.support.waits import wait_for
+
+KiB = 1024
+MiB = 1024 * KiB
 
 StartBroker = Callable[..., BrokerProcess]
 
@@ -107,3 +112,97 @@ def test_a_byte_budget_serves_waiters_in_turn_and_refuses_after_its_wait() -> No
 
 def _messages(count: int, size: int) -> pb.MessageColumns:
     return pb.MessageColumns(count=count, values=b"v" * size * count, value_lengths=[size] * count)
+
+
+# -- pull replies and streams (items 10 and 12), produce requests (item 11) ------
+
+
+def _broker_with(start: StartBroker, tmp_path: Path, **settings: int) -> BrokerProcess:
+    config = tmp_path / "budgets.toml"
+    config.write_text("".join(f"{key} = {value}\n" for key, value in settings.items()))
+    return start("--config", str(config))
+
+
+def _fill(stub: pb_grpc.BrokerStub, topic: str, mib: int) -> None:
+    """``mib`` MiB of 256 KiB messages into queue 0."""
+    for _ in range(mib // 4):
+        request = pb.ProduceRequest(topic=topic, messages=_messages(16, 256 * KiB), queue_ids=[0] * 16)
+        stub.Produce(request, timeout=30)
+
+
+def _code(call: Callable[[], object]) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[attr-defined, no-any-return]
+    return grpc.StatusCode.OK
+
+
+def test_an_unread_pull_stream_stops_and_holds_back_other_replies(
+    broker_factory: StartBroker, tmp_path: Path
+) -> None:
+    broker = _broker_with(broker_factory, tmp_path, max_reply_bytes=4 * MiB, budget_wait_ms=200)
+    with grpc.insecure_channel(broker.address) as channel, grpc.insecure_channel(
+        broker.address
+    ) as unread_channel:
+        stub = pb_grpc.BrokerStub(channel)
+        _fill(stub, "s", 32)
+        request = pb.PullStreamRequest(topic="s", queue_id=0, batch_bytes=4 * MiB)
+        stream = pb_grpc.BrokerStub(unread_channel).PullStream(request, timeout=60)
+        pull = pb.PullRequest(topic="s", queue_id=0, max_bytes=1 * MiB)
+        # Once gRPC cannot hand the stream's reply on, the stream holds the whole
+        # reply budget (and reads no further): other replies wait, then are refused.
+        wait_for(
+            "the unread stream to hold the reply budget",
+            lambda: _code(lambda: stub.Pull(pull, timeout=10))
+            == grpc.StatusCode.RESOURCE_EXHAUSTED,
+            timeout_s=30,
+        )
+        stream.cancel()
+        wait_for(
+            "the cancelled stream to give its budget back",
+            lambda: _code(lambda: stub.Pull(pull, timeout=10)) == grpc.StatusCode.OK,
+            timeout_s=30,
+        )
+
+
+def test_pull_streams_over_the_limit_are_refused(
+    broker_factory: StartBroker, tmp_path: Path
+) -> None:
+    broker = _broker_with(broker_factory, tmp_path, max_pull_streams=2)
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        _fill(stub, "s", 64)
+        request = pb.PullStreamRequest(topic="s", queue_id=0, batch_bytes=1 * MiB)
+        open_ = [stub.PullStream(request, timeout=60) for _ in range(2)]
+        for stream in open_:
+            next(stream)  # the broker is serving it (and 63 MiB are still to come)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stub.PullStream(request, timeout=60))
+        error: grpc.Call = caught.value  # type: ignore[assignment]
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+        assert "max_pull_streams" in (error.details() or "")
+        for stream in open_:
+            stream.cancel()
+
+
+def test_parked_pulls_woken_together_are_all_served_within_the_budget(
+    broker_factory: StartBroker, tmp_path: Path
+) -> None:
+    broker = _broker_with(broker_factory, tmp_path, max_reply_bytes=2 * MiB)
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        stub.Produce(pb.ProduceRequest(topic="w", messages=_messages(1, 1), queue_ids=[0]))
+        pull = pb.PullRequest(topic="w", queue_id=0, offset=1, max_bytes=2 * MiB,
+                              max_wait_ms=30_000)  # fmt: skip
+        parked = [stub.Pull.future(pull, timeout=60) for _ in range(8)]
+        # Whether a pull parked before the append or read it at once, each must
+        # get the six messages: serving in turn loses no wake-up.
+        _fill_six = pb.ProduceRequest(topic="w", messages=_messages(6, 256 * KiB), queue_ids=[0] * 6)
+        stub.Produce(_fill_six, timeout=30)
+        assert [f.result().count for f in parked] == [6] * 8
+
+
+def test_a_produce_over_the_request_limit_is_refused(stub: pb_grpc.BrokerStub) -> None:
+    request = pb.ProduceRequest(topic="p", messages=_messages(30, 1 * MiB))
+    assert _code(lambda: stub.Produce(request, timeout=30)) == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -60,7 +60,8 @@ async def create_server(
     """A started server on ``config.host:config.port`` (0 = any free port)."""
     options = [
         ("grpc.max_receive_message_length", config.max_request_bytes),
-        ("grpc.max_send_message_length", config.max_request_bytes),
+        # A reply carries up to max_pull_bytes of records plus a few fields.
+        ("grpc.max_send_message_length", max(config.max_request_bytes, reply_limit(config))),
         # gRPC sets SO_REUSEPORT by default: a second broker on a live broker's
         # port would start, and clients would reach either at random.
         ("grpc.so_reuseport", 0),
@@ -111,6 +112,10 @@ async def create_server(
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, state
+
+
+def reply_limit(config: BrokerConfig) -> int:
+    return config.storage.max_read_bytes + (1 << 20)
 
 
 def group_limits(config: BrokerConfig) -> GroupLimits:

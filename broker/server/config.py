@@ -47,8 +47,11 @@ class BrokerConfig:
     max_wait_ms: int = field(default=60_000, metadata={UNIT: "ms"})
     """Longest a pull may be parked."""
     max_parked_pulls: int = field(default=10_000, metadata={UNIT: "pulls"})
-    max_request_bytes: int = field(default=80 * MiB, metadata={UNIT: "bytes"})
-    """gRPC message size limit, both directions (a full batch plus framing)."""
+    max_request_bytes: int = field(default=24 * MiB, metadata={UNIT: "bytes"})
+    """Largest request gRPC accepts (the client's 16 MiB batches plus a 4 MiB
+    message and framing). gRPC holds a whole request before any handler sees
+    it, so this times the requests in flight is memory; replies may be larger
+    (``max_pull_bytes`` plus framing)."""
     consumer_timeout_ms: int = field(default=30_000, metadata={UNIT: "ms"})
     """A consumer without a heartbeat for this long leaves its group."""
     max_consumer_groups: int = field(default=1_000, metadata={UNIT: "groups"})
@@ -301,7 +304,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_pull_bytes", "most record bytes one pull returns", target="max_read_bytes", flag=False
     ),
-    Setting("max_request_bytes", "gRPC message size limit, both directions", flag=False),
+    Setting("max_request_bytes", "largest request gRPC accepts", flag=False),
     Setting(
         "consumer_timeout_ms",
         "a consumer without a heartbeat this long leaves its group",

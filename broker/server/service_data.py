@@ -224,13 +224,14 @@ class BrokerService(pb_grpc.BrokerServicer):
             self.s.store.read_records, topic, queue_id,
             max_messages=max_messages, max_bytes=max_bytes, tags=tags, frame=self.pull_framer,
         )  # fmt: skip
-        result = await self._budgeted_read(context, read, request.offset, max_bytes)
+        result, held = await self._budgeted_read(read, request.offset, max_bytes)
         if (
             result.status is ReadStatus.OK
             and result.count == 0
             and request.max_wait_ms > 0
             and result.next_offset >= result.end
         ):
+            held.release()  # a parked pull holds no budget
             arrived = await self.s.waiters.wait(
                 (topic, queue_id),
                 result.end,
@@ -240,18 +241,20 @@ class BrokerService(pb_grpc.BrokerServicer):
             if arrived:
                 owner_check()  # the queue may have changed hands while we waited
                 try:
-                    result = await self._budgeted_read(context, read, result.next_offset, max_bytes)
+                    result, held = await self._budgeted_read(read, result.next_offset, max_bytes)
                 except LimitExceeded:
                     pass  # woken but no budget in time: answer as a timeout would (empty)
+        # The reply's bytes stay counted until gRPC is done with the call.
+        context.add_done_callback(lambda _: held.release())
         if result.count:
             self.s.counters.add(topic, queue_id, consumed=result.count)
         return result.records
 
     async def _budgeted_read(
-        self, context: Any, read: Callable[..., Any], offset: int, max_bytes: int
-    ) -> Any:
-        """``read(offset)`` within ``max_reply_bytes``: the reply's size is held
-        until the call is done (gRPC has sent it or the call failed)."""
+        self, read: Callable[..., Any], offset: int, max_bytes: int
+    ) -> tuple[Any, Held]:
+        """``read(offset)`` within ``max_reply_bytes``, and the bytes its reply
+        holds there (the caller gives them back)."""
         held = await Held.take(self.s.reply_bytes, max_bytes)
         try:
             result = self.s.inline(read, offset)
@@ -259,8 +262,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             held.release()
             raise
         held.shrink_to(len(result.records))
-        context.add_done_callback(lambda _: held.release())
-        return result
+        return result, held
 
     @rpc_stream
     async def PullStream(
