@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -126,7 +127,9 @@ def _broker_with(start: StartBroker, tmp_path: Path, **settings: int) -> BrokerP
 def _fill(stub: pb_grpc.BrokerStub, topic: str, mib: int) -> None:
     """``mib`` MiB of 256 KiB messages into queue 0."""
     for _ in range(mib // 4):
-        request = pb.ProduceRequest(topic=topic, messages=_messages(16, 256 * KiB), queue_ids=[0] * 16)
+        request = pb.ProduceRequest(
+            topic=topic, messages=_messages(16, 256 * KiB), queue_ids=[0] * 16
+        )
         stub.Produce(request, timeout=30)
 
 
@@ -134,7 +137,8 @@ def _code(call: Callable[[], object]) -> grpc.StatusCode:
     try:
         call()
     except grpc.RpcError as exc:
-        return exc.code()  # type: ignore[attr-defined, no-any-return]
+        code: grpc.StatusCode = exc.code()
+        return code
     return grpc.StatusCode.OK
 
 
@@ -142,20 +146,22 @@ def test_an_unread_pull_stream_stops_and_holds_back_other_replies(
     broker_factory: StartBroker, tmp_path: Path
 ) -> None:
     broker = _broker_with(broker_factory, tmp_path, max_reply_bytes=4 * MiB, budget_wait_ms=200)
-    with grpc.insecure_channel(broker.address) as channel, grpc.insecure_channel(
-        broker.address
-    ) as unread_channel:
+    with (
+        grpc.insecure_channel(broker.address) as channel,
+        grpc.insecure_channel(broker.address) as unread_channel,
+    ):
         stub = pb_grpc.BrokerStub(channel)
         _fill(stub, "s", 32)
         request = pb.PullStreamRequest(topic="s", queue_id=0, batch_bytes=4 * MiB)
-        stream = pb_grpc.BrokerStub(unread_channel).PullStream(request, timeout=60)
+        stream: Any = pb_grpc.BrokerStub(unread_channel).PullStream(request, timeout=60)
         pull = pb.PullRequest(topic="s", queue_id=0, max_bytes=1 * MiB)
         # Once gRPC cannot hand the stream's reply on, the stream holds the whole
         # reply budget (and reads no further): other replies wait, then are refused.
         wait_for(
             "the unread stream to hold the reply budget",
-            lambda: _code(lambda: stub.Pull(pull, timeout=10))
-            == grpc.StatusCode.RESOURCE_EXHAUSTED,
+            lambda: (
+                _code(lambda: stub.Pull(pull, timeout=10)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+            ),
             timeout_s=30,
         )
         stream.cancel()
@@ -174,11 +180,12 @@ def test_pull_streams_over_the_limit_are_refused(
         stub = pb_grpc.BrokerStub(channel)
         _fill(stub, "s", 64)
         request = pb.PullStreamRequest(topic="s", queue_id=0, batch_bytes=1 * MiB)
-        open_ = [stub.PullStream(request, timeout=60) for _ in range(2)]
+        open_: list[Any] = [stub.PullStream(request, timeout=60) for _ in range(2)]
         for stream in open_:
             next(stream)  # the broker is serving it (and 63 MiB are still to come)
         with pytest.raises(grpc.RpcError) as caught:
-            next(stub.PullStream(request, timeout=60))
+            third: Any = stub.PullStream(request, timeout=60)
+            next(third)
         error: grpc.Call = caught.value  # type: ignore[assignment]
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
         assert "max_pull_streams" in (error.details() or "")
@@ -198,7 +205,9 @@ def test_parked_pulls_woken_together_are_all_served_within_the_budget(
         parked = [stub.Pull.future(pull, timeout=60) for _ in range(8)]
         # Whether a pull parked before the append or read it at once, each must
         # get the six messages: serving in turn loses no wake-up.
-        _fill_six = pb.ProduceRequest(topic="w", messages=_messages(6, 256 * KiB), queue_ids=[0] * 6)
+        _fill_six = pb.ProduceRequest(
+            topic="w", messages=_messages(6, 256 * KiB), queue_ids=[0] * 6
+        )
         stub.Produce(_fill_six, timeout=30)
         assert [f.result().count for f in parked] == [6] * 8
 

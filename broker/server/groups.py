@@ -52,6 +52,7 @@ class GroupLimits:
     max_queue_locks: int = 262_144
     """Queue locks of all groups together."""
 
+
 QueueKey = tuple[str, int]
 
 

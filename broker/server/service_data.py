@@ -9,6 +9,7 @@ carry records are pre-encoded by wire.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
 from equeue_broker.server.service_base import BrokerState, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
-from equeue_broker.storage import MessageBatch, NotFound, ReadStatus
+from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
 from equeue_broker.storage.names import validate_group, validate_topic
@@ -240,10 +241,9 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
             if arrived:
                 owner_check()  # the queue may have changed hands while we waited
-                try:
+                # Woken but no budget in time: answer as a timeout would (empty).
+                with contextlib.suppress(LimitExceeded):
                     result, held = await self._budgeted_read(read, result.next_offset, max_bytes)
-                except LimitExceeded:
-                    pass  # woken but no budget in time: answer as a timeout would (empty)
         # The reply's bytes stay counted until gRPC is done with the call.
         context.add_done_callback(lambda _: held.release())
         if result.count:
@@ -252,12 +252,12 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def _budgeted_read(
         self, read: Callable[..., Any], offset: int, max_bytes: int
-    ) -> tuple[Any, Held]:
+    ) -> tuple[RecordsResult, Held]:
         """``read(offset)`` within ``max_reply_bytes``, and the bytes its reply
         holds there (the caller gives them back)."""
         held = await Held.take(self.s.reply_bytes, max_bytes)
         try:
-            result = self.s.inline(read, offset)
+            result: RecordsResult = self.s.inline(read, offset)
         except BaseException:
             held.release()
             raise
