@@ -6,6 +6,7 @@ tests check the behaviour that keeps them there."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,38 @@ def test_parked_pulls_woken_together_are_all_served_within_the_budget(
 def test_a_produce_over_the_request_limit_is_refused(stub: pb_grpc.BrokerStub) -> None:
     request = pb.ProduceRequest(topic="p", messages=_messages(30, 1 * MiB))
     assert _code(lambda: stub.Produce(request, timeout=30)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+# -- connections (item 14) ---------------------------------------------------------
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """True once the broker closes ``sock`` (it may send its HTTP/2 settings first)."""
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_connections_over_the_limit_are_closed(broker_factory: StartBroker, tmp_path: Path) -> None:
+    broker = _broker_with(broker_factory, tmp_path, max_connections=4, handshake_timeout_ms=120_000)
+    host, port = broker.address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]
+    try:
+        extra = socket.create_connection((host, int(port)), timeout=10)
+        with extra:  # closed long before the 120 s handshake timeout (recv times out at 10 s)
+            assert _closed_by_peer(extra)
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_connection_that_never_sets_up_is_closed(
+    broker_factory: StartBroker, tmp_path: Path
+) -> None:
+    broker = _broker_with(broker_factory, tmp_path, handshake_timeout_ms=300)
+    host, port = broker.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as silent:
+        assert _closed_by_peer(silent)

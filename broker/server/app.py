@@ -65,6 +65,12 @@ async def create_server(
         # gRPC sets SO_REUSEPORT by default: a second broker on a live broker's
         # port would start, and clients would reach either at random.
         ("grpc.so_reuseport", 0),
+        # Connections cost descriptors and memory whether or not they call:
+        # cap them, and close the idle and the never-set-up ones.
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        ("grpc.max_connection_idle_ms", config.max_connection_idle_ms),
+        ("grpc.server_handshake_timeout_ms", config.handshake_timeout_ms),
     ]
     tokens = load_tokens(config)
     # Outermost first: authenticate, then decode (auth checks decoded requests).

@@ -70,6 +70,15 @@ class BrokerConfig:
     parked pulls, PullStream: a stream holds its reply until gRPC took it)."""
     max_produce_bytes: int = field(default=128 * MiB, metadata={UNIT: "bytes"})
     """Bytes of produce requests being decoded and appended at once."""
+    max_connections: int = field(default=1_024, metadata={UNIT: "connections"})
+    """TCP connections at once; more are closed as they are accepted (each
+    holds a descriptor, and storage needs its own: see operations.md)."""
+    max_streams_per_connection: int = field(default=256, metadata={UNIT: "streams"})
+    """Calls one connection may have in flight (HTTP/2 concurrent streams)."""
+    max_connection_idle_ms: int = field(default=300_000, metadata={UNIT: "ms"})
+    """A connection without a call for this long is closed (clients reconnect)."""
+    handshake_timeout_ms: int = field(default=10_000, metadata={UNIT: "ms"})
+    """A connection that has not finished its TLS/HTTP/2 handshake by then is closed."""
     budget_wait_ms: int = field(default=5_000, metadata={UNIT: "ms"})
     """How long a request waits for max_reply_bytes or max_produce_bytes
     before RESOURCE_EXHAUSTED."""
@@ -98,7 +107,8 @@ class BrokerConfig:
                      "max_request_bytes", "max_consumer_groups", "max_consumers",
                      "max_consumers_per_group", "max_heartbeat_topics", "max_queue_locks",
                      "max_pull_streams", "max_reply_bytes", "max_produce_bytes",
-                     "budget_wait_ms"):  # fmt: skip
+                     "budget_wait_ms", "max_connections", "max_streams_per_connection",
+                     "max_connection_idle_ms", "handshake_timeout_ms"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file"):
@@ -326,6 +336,10 @@ SETTINGS: tuple[Setting, ...] = (
         flag=False,
     ),
     Setting("max_produce_bytes", "bytes of produce requests being handled at once", flag=False),
+    Setting("max_connections", "TCP connections at once; more are closed", flag=False),
+    Setting("max_streams_per_connection", "calls in flight on one connection", flag=False),
+    Setting("max_connection_idle_ms", "close connections without a call this long", flag=False),
+    Setting("handshake_timeout_ms", "close connections not set up by then", flag=False),
     Setting(
         "budget_wait_ms",
         "longest a request waits for max_reply_bytes or max_produce_bytes",
