@@ -6,6 +6,8 @@ tests check the behaviour that keeps them there."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,10 +18,12 @@ import pytest
 
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
+from equeue_broker.storage import MessageBatch, Store
 from equeue_broker.storage.errors import LimitExceeded
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from tests.conftest import MakeConfig
 from tests.support.waits import wait_for
 
 KiB = 1024
@@ -251,3 +255,35 @@ def test_a_connection_that_never_sets_up_is_closed(
     host, port = broker.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as silent:
         assert _closed_by_peer(silent)
+
+
+def _open_index_files() -> int:
+    """Descriptors of this process open on a queue index file."""
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).endswith(".idx")
+    return count
+
+
+def test_index_files_stay_within_their_descriptor_budget(make_config: MakeConfig) -> None:
+    before = _open_index_files()
+    config = make_config(max_open_index_files=8)
+    store = Store(config, background=False)
+    try:
+        for n in range(40):
+            store.create_topic(f"t{n}", 1)
+            store.append(f"t{n}", 0, MessageBatch([b"v%d" % n]))
+        assert _open_index_files() - before <= 8
+        for n in range(40):  # every queue still reads (and takes a descriptor back)
+            result = store.read_records(f"t{n}", 0, 0, max_messages=1, max_bytes=1 << 20)
+            assert result.count == 1
+        assert _open_index_files() - before <= 8
+    finally:
+        store.close()
+    store = Store(config, background=False)  # recovery opens all 40 queues
+    try:
+        assert _open_index_files() - before <= 8
+        assert store.queue_info("t39", 0).end == 1
+    finally:
+        store.close()

@@ -336,6 +336,12 @@ SETTINGS: tuple[Setting, ...] = (
         flag=False,
     ),
     Setting("max_produce_bytes", "bytes of produce requests being handled at once", flag=False),
+    Setting(
+        "max_open_index_files",
+        "index files kept open, least recently used closed first",
+        target="max_open_index_files",
+        flag=False,
+    ),
     Setting("max_connections", "TCP connections at once; more are closed", flag=False),
     Setting("max_streams_per_connection", "calls in flight on one connection", flag=False),
     Setting("max_connection_idle_ms", "close connections without a call this long", flag=False),
