@@ -150,6 +150,19 @@ def unread_streams(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     return ", ".join(f"{k} x{v}" for k, v in seen.items())
 
 
+def _append_60_mib(stub: pb_grpc.BrokerStub, topic: str) -> None:
+    """One 60 MiB append to queue 0: staged in three 20 MiB requests (each under
+    max_request_bytes), then committed as one transaction."""
+    for _ in range(3):
+        part = pb.ProduceRequest(topic=topic, messages=_columns(80, 256 * 1024),
+                                 queue_ids=[0] * 80, transaction_id="big")  # fmt: skip
+        stub.Produce(part, timeout=60)
+    commit = pb.CommitTransactionsRequest(
+        transactions=[pb.TransactionRef(transaction_id="big", expected_messages=240)]
+    )
+    stub.CommitTransactions(commit, timeout=60)
+
+
 def woken_pulls(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     """Item 12: 40 pulls parked with max_bytes 64 MiB, woken by one 60 MiB append."""
     stub.Produce(pb.ProduceRequest(topic="w", messages=_columns(1, 1), queue_ids=[0]), timeout=10)
@@ -158,8 +171,7 @@ def woken_pulls(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     with ThreadPoolExecutor(40) as pool:
         futures = [pool.submit(_code, lambda: stub.Pull(request, timeout=60)) for _ in range(40)]
         time.sleep(2)  # bench only: let them park
-        big = pb.ProduceRequest(topic="w", messages=_columns(240, 256 * 1024), queue_ids=[0] * 240)
-        stub.Produce(big, timeout=60)
+        _append_60_mib(stub, "w")
         seen = collections.Counter(f.result() for f in futures)
     return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
 
