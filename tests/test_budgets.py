@@ -59,6 +59,16 @@ def test_a_heartbeat_naming_an_unknown_topic_is_refused(stub: pb_grpc.BrokerStub
     assert "'made-up'" in (error.details() or "")
 
 
+def test_a_heartbeat_over_the_topic_limit_is_refused(stub: pb_grpc.BrokerStub) -> None:
+    topics = [f"t{n}" for n in range(257)]
+    request = pb.HeartbeatRequest(group="g", consumer_id="c", topics=topics)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Heartbeat(request, timeout=10)
+    error: grpc.Call = caught.value  # type: ignore[assignment]
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "max_heartbeat_topics" in (error.details() or "")
+
+
 def test_expired_groups_are_dropped_without_anyone_listing_them() -> None:
     clock = Clock()
     registry = ConsumerRegistry(10.0, clock=clock)
