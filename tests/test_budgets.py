@@ -166,12 +166,13 @@ def test_an_unread_pull_stream_stops_and_holds_back_other_replies(
         grpc.insecure_channel(broker.address) as unread_channel,
     ):
         stub = pb_grpc.BrokerStub(channel)
-        _fill(stub, "s", 32)
+        _fill(stub, "s", 64)
         request = pb.PullStreamRequest(topic="s", queue_id=0, batch_bytes=4 * MiB)
         stream: Any = pb_grpc.BrokerStub(unread_channel).PullStream(request, timeout=60)
-        pull = pb.PullRequest(topic="s", queue_id=0, max_bytes=1 * MiB)
-        # Once gRPC cannot hand the stream's reply on, the stream holds the whole
-        # reply budget (and reads no further): other replies wait, then are refused.
+        pull = pb.PullRequest(topic="s", queue_id=0, max_bytes=4 * MiB)
+        # Once gRPC cannot hand the stream's reply on, the stream holds its reply
+        # in the budget (and reads no further): a pull needing the whole budget
+        # waits, then is refused.
         wait_for(
             "the unread stream to hold the reply budget",
             lambda: (

@@ -287,7 +287,11 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def _stream_replies(self, request: pb.PullStreamRequest) -> AsyncIterator[bytes]:
         store = self.s.store
         batch = request.batch_messages or DEFAULT_PULL_MESSAGES
-        batch_bytes = request.batch_bytes or DEFAULT_PULL_BYTES
+        # One stuck stream holds at most an eighth of the reply budget, so a few
+        # unread streams slow the others down rather than stop them (a reply
+        # carries at most batch_bytes anyway: smaller replies change nothing else).
+        share = max(DEFAULT_PULL_BYTES, self.s.reply_bytes.limit // 8)
+        batch_bytes = min(request.batch_bytes or DEFAULT_PULL_BYTES, share)
         read = functools.partial(
             store.read_records, request.topic, request.queue_id,
             max_bytes=batch_bytes, tags=list(request.tags) or None, frame=self.pull_framer,
