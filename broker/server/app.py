@@ -25,9 +25,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
+from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import BadRequest
-from equeue_broker.server.groups import ConsumerRegistry
+from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
@@ -71,10 +72,17 @@ async def create_server(
     accepting ``tokens`` (None: no authentication; by default those the config names)."""
     options = [
         ("grpc.max_receive_message_length", config.max_request_bytes),
-        ("grpc.max_send_message_length", config.max_request_bytes),
+        # A reply carries up to max_pull_bytes of records plus a few fields.
+        ("grpc.max_send_message_length", max(config.max_request_bytes, reply_limit(config))),
         # gRPC sets SO_REUSEPORT by default: a second broker on a live broker's
         # port would start, and clients would reach either at random.
         ("grpc.so_reuseport", 0),
+        # Connections cost descriptors and memory whether or not they call:
+        # cap them, and close the idle and the never-set-up ones.
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        ("grpc.max_connection_idle_ms", config.max_connection_idle_ms),
+        ("grpc.server_handshake_timeout_ms", config.handshake_timeout_ms),
     ]
     if isinstance(tokens, EllipsisType):
         tokens = load_tokens(config)
@@ -83,13 +91,16 @@ async def create_server(
     if tokens is not None:
         interceptors.insert(0, AuthInterceptor(tokens))
     server = grpc.aio.server(options=options, interceptors=interceptors)
+    wait_s = config.budget_wait_ms / 1000
     state = BrokerState(
         config=config,
         store=store,
         broker_id=broker_id_for(config.storage.data_dir),
         executor=ThreadPoolExecutor(config.store_threads, thread_name_prefix="equeue-store"),
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
-        consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000),
+        consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000, limits=group_limits(config)),
+        reply_bytes=ByteBudget("max_reply_bytes", config.max_reply_bytes, wait_s),
+        produce_bytes=ByteBudget("max_produce_bytes", config.max_produce_bytes, wait_s),
     )
     state.tokens = tokens
     store.add_listener(state.waiters.notify_threadsafe)
@@ -120,6 +131,19 @@ async def create_server(
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, state
+
+
+def reply_limit(config: BrokerConfig) -> int:
+    return config.storage.max_read_bytes + (1 << 20)
+
+
+def group_limits(config: BrokerConfig) -> GroupLimits:
+    return GroupLimits(
+        max_groups=config.max_consumer_groups,
+        max_consumers=config.max_consumers,
+        max_consumers_per_group=config.max_consumers_per_group,
+        max_queue_locks=config.max_queue_locks,
+    )
 
 
 TOKENS_ENV = "EQUEUE_BROKER_TOKENS"

@@ -47,10 +47,41 @@ class BrokerConfig:
     max_wait_ms: int = field(default=60_000, metadata={UNIT: "ms"})
     """Longest a pull may be parked."""
     max_parked_pulls: int = field(default=10_000, metadata={UNIT: "pulls"})
-    max_request_bytes: int = field(default=80 * MiB, metadata={UNIT: "bytes"})
-    """gRPC message size limit, both directions (a full batch plus framing)."""
+    max_request_bytes: int = field(default=24 * MiB, metadata={UNIT: "bytes"})
+    """Largest request gRPC accepts (the client's 16 MiB batches plus a 4 MiB
+    message and framing). gRPC holds a whole request before any handler sees
+    it, so this times the requests in flight is memory; replies may be larger
+    (``max_pull_bytes`` plus framing)."""
     consumer_timeout_ms: int = field(default=30_000, metadata={UNIT: "ms"})
     """A consumer without a heartbeat for this long leaves its group."""
+    max_consumer_groups: int = field(default=1_000, metadata={UNIT: "groups"})
+    """Groups with live members at once (each heartbeat may name a new one)."""
+    max_consumers: int = field(default=10_000, metadata={UNIT: "consumers"})
+    """Live members of all groups together."""
+    max_consumers_per_group: int = field(default=1_024, metadata={UNIT: "consumers"})
+    max_heartbeat_topics: int = field(default=256, metadata={UNIT: "topics"})
+    """Topics one heartbeat may subscribe to (each must exist)."""
+    max_queue_locks: int = field(default=262_144, metadata={UNIT: "locks"})
+    """Queue locks all groups together may hold."""
+    max_pull_streams: int = field(default=256, metadata={UNIT: "streams"})
+    """PullStreams open at once."""
+    max_reply_bytes: int = field(default=128 * MiB, metadata={UNIT: "bytes"})
+    """Record bytes of pull replies being read or sent at once (Pull, woken
+    parked pulls, PullStream: a stream holds its reply until gRPC took it)."""
+    max_produce_bytes: int = field(default=128 * MiB, metadata={UNIT: "bytes"})
+    """Bytes of produce requests being decoded and appended at once."""
+    max_connections: int = field(default=1_024, metadata={UNIT: "connections"})
+    """TCP connections at once; more are closed as they are accepted (each
+    holds a descriptor, and storage needs its own: see operations.md)."""
+    max_streams_per_connection: int = field(default=256, metadata={UNIT: "streams"})
+    """Calls one connection may have in flight (HTTP/2 concurrent streams)."""
+    max_connection_idle_ms: int = field(default=300_000, metadata={UNIT: "ms"})
+    """A connection without a call for this long is closed (clients reconnect)."""
+    handshake_timeout_ms: int = field(default=10_000, metadata={UNIT: "ms"})
+    """A connection that has not finished its TLS/HTTP/2 handshake by then is closed."""
+    budget_wait_ms: int = field(default=5_000, metadata={UNIT: "ms"})
+    """How long a request waits for max_reply_bytes or max_produce_bytes
+    before RESOURCE_EXHAUSTED."""
     store_threads: int = field(default=64, metadata={UNIT: "threads"})
     """Threads for blocking storage calls (sync appends wait for fsync in them)."""
     tls_cert: Path | None = None
@@ -73,7 +104,11 @@ class BrokerConfig:
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"port must be in [0, 65535], got {self.port}")
         for name in ("max_wait_ms", "max_parked_pulls", "consumer_timeout_ms", "store_threads",
-                     "max_request_bytes"):  # fmt: skip
+                     "max_request_bytes", "max_consumer_groups", "max_consumers",
+                     "max_consumers_per_group", "max_heartbeat_topics", "max_queue_locks",
+                     "max_pull_streams", "max_reply_bytes", "max_produce_bytes",
+                     "budget_wait_ms", "max_connections", "max_streams_per_connection",
+                     "max_connection_idle_ms", "handshake_timeout_ms"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file"):
@@ -279,7 +314,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_pull_bytes", "most record bytes one pull returns", target="max_read_bytes", flag=False
     ),
-    Setting("max_request_bytes", "gRPC message size limit, both directions", flag=False),
+    Setting("max_request_bytes", "largest request gRPC accepts", flag=False),
     Setting(
         "consumer_timeout_ms",
         "a consumer without a heartbeat this long leaves its group",
@@ -288,6 +323,33 @@ SETTINGS: tuple[Setting, ...] = (
         "transaction_timeout_ms",
         "abort transactions idle this long",
         target="transactions.timeout_ms",
+    ),
+    Setting("max_consumer_groups", "consumer groups with live members at once", flag=False),
+    Setting("max_consumers", "live members of all consumer groups together", flag=False),
+    Setting("max_consumers_per_group", "live members of one consumer group", flag=False),
+    Setting("max_heartbeat_topics", "topics one heartbeat may subscribe to", flag=False),
+    Setting("max_queue_locks", "queue locks all consumer groups may hold", flag=False),
+    Setting("max_pull_streams", "PullStreams open at once", flag=False),
+    Setting(
+        "max_reply_bytes",
+        "record bytes of pull and stream replies being read or sent at once",
+        flag=False,
+    ),
+    Setting("max_produce_bytes", "bytes of produce requests being handled at once", flag=False),
+    Setting(
+        "max_open_index_files",
+        "index files kept open, least recently used closed first",
+        target="max_open_index_files",
+        flag=False,
+    ),
+    Setting("max_connections", "TCP connections at once; more are closed", flag=False),
+    Setting("max_streams_per_connection", "calls in flight on one connection", flag=False),
+    Setting("max_connection_idle_ms", "close connections without a call this long", flag=False),
+    Setting("handshake_timeout_ms", "close connections not set up by then", flag=False),
+    Setting(
+        "budget_wait_ms",
+        "longest a request waits for max_reply_bytes or max_produce_bytes",
+        flag=False,
     ),
     Setting("max_open_transactions", "open transactions at once", target="transactions.max_open"),
     Setting(

@@ -17,11 +17,18 @@ membership, so a member that stops heartbeating loses its queues after
 ``timeout_s``. Pulls and commits by a member that does not hold the queue
 are refused (``NotOwner``), as are commits from outside the group on a queue
 a live member holds. See the "Queue ownership" section of broker.proto.
+
+Memory is bounded by ``GroupLimits`` (groups, members in all and per group,
+queue locks in all): every heartbeat may add a group, so a client naming a new
+group each time would otherwise grow the broker without end. Expired members
+and empty groups are swept on heartbeats (at most every ``timeout_s / 2``, and
+always before a limit refuses), not only when someone lists the groups.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,10 +37,21 @@ from dataclasses import dataclass, field
 from equeue_broker.storage.errors import LimitExceeded, PreconditionFailed
 from equeue_proto.protocol import allocate_average
 
-MAX_CONSUMERS_PER_GROUP = 1024
-MAX_TOPICS_PER_CONSUMER = 1024
 MAX_LOCKS_PER_GROUP = 65_536
 """Queue locks one group may hold (one per queue of its subscribed topics)."""
+
+
+@dataclass(frozen=True)
+class GroupLimits:
+    """What heartbeats may make the broker keep (config.py's settings)."""
+
+    max_groups: int = 1_000
+    max_consumers: int = 10_000
+    """Members of all groups together."""
+    max_consumers_per_group: int = 1_024
+    max_queue_locks: int = 262_144
+    """Queue locks of all groups together."""
+
 
 QueueKey = tuple[str, int]
 
@@ -69,12 +87,50 @@ class Membership:
 
 
 class ConsumerRegistry:
-    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        limits: GroupLimits = GroupLimits(),
+    ) -> None:
         self._timeout_s = timeout_s
         self._clock = clock
+        self._limits = limits
         self._lock = threading.Lock()
         self._groups: dict[str, _Group] = {}
         self._sessions = itertools.count(time.time_ns())
+        self._last_sweep = clock()
+        self._lock_budget = limits.max_queue_locks
+        """Locks the heartbeat being served may still grant (set per heartbeat)."""
+
+    def __len__(self) -> int:
+        """Groups held in memory (live or not yet swept)."""
+        with self._lock:
+            return len(self._groups)
+
+    def _sweep(self, now: float, force: bool = False) -> None:
+        """Drop expired members and empty groups everywhere; at most every
+        ``timeout_s / 2`` unless ``force`` (a limit is about to refuse)."""
+        if not force and now - self._last_sweep < self._timeout_s / 2:
+            return
+        self._last_sweep = now
+        for group, state in list(self._groups.items()):
+            self._expire(group, state, now)
+
+    def _check_join(self, group: str, state: _Group, now: float) -> None:
+        """Raise ``LimitExceeded`` if one more member (maybe in a new group) is too many."""
+        limits = self._limits
+        if len(state.members) >= limits.max_consumers_per_group:
+            raise LimitExceeded(f"group {group!r} has {len(state.members)} consumers already")
+        if group not in self._groups and len(self._groups) >= limits.max_groups:
+            self._sweep(now, force=True)
+            if len(self._groups) >= limits.max_groups:
+                raise LimitExceeded(
+                    f"{len(self._groups)} consumer groups are live (max_consumer_groups)"
+                )
+        total = sum(len(g.members) for g in self._groups.values())
+        if total >= limits.max_consumers:
+            raise LimitExceeded(f"{total} consumers are live in all groups (max_consumers)")
 
     def heartbeat(
         self,
@@ -90,25 +146,28 @@ class ConsumerRegistry:
         runs on every topic the live members subscribe to, under the lock, so
         no one joins in between and the caller never sees a group it may not."""
         now = self._clock()
+        # Interned: thousands of members naming the same topics share one string each.
+        topics = frozenset(sys.intern(t) for t in queues)
         with self._lock:
+            self._sweep(now)
             state = self._live_group(group, now)
             if check_topic is not None:
                 for topic in sorted({t for m in state.members.values() for t in m.topics}):
                     check_topic(topic)
-            state = self._live_group(group, now, create=True)
             member = state.members.get(consumer_id)
             if member is None:
-                if len(state.members) >= MAX_CONSUMERS_PER_GROUP:
-                    raise LimitExceeded(
-                        f"group {group!r} has {len(state.members)} consumers already"
-                    )
-                member = _Member(now, frozenset(queues), next(self._sessions))
+                self._check_join(group, state, now)
+                member = _Member(now, topics, next(self._sessions))
                 state.members[consumer_id] = member
+                self._groups[group] = state
             member.last_seen = now
-            member.topics = frozenset(queues)
+            member.topics = topics
             for key in released:
                 if state.locks.get(key) == consumer_id:
                     del state.locks[key]
+            self._lock_budget = self._limits.max_queue_locks - sum(
+                len(g.locks) for g in self._groups.values()
+            )
             owned = {t: self._grant(group, state, consumer_id, t, q) for t, q in queues.items()}
             keep = {(t, q) for t, queue_ids in owned.items() for q in queue_ids}
             revoked: dict[str, list[int]] = {topic: [] for topic in queues}
@@ -140,6 +199,9 @@ class ConsumerRegistry:
                     raise LimitExceeded(
                         f"group {group!r} holds {len(state.locks)} queue locks already"
                     )
+                if self._lock_budget <= 0:
+                    raise LimitExceeded("all groups together hold max_queue_locks queue locks")
+                self._lock_budget -= 1
                 state.locks[(topic, queue_id)] = holder = consumer_id
             if holder == consumer_id:
                 owned.append(queue_id)
@@ -219,13 +281,11 @@ class ConsumerRegistry:
         with self._lock:
             self._groups.pop(group, None)
 
-    def _live_group(self, group: str, now: float, create: bool = False) -> _Group:
+    def _live_group(self, group: str, now: float) -> _Group:
         """The group's state with expired members (and their locks) gone; an empty
-        one, not kept unless ``create`` (only heartbeats add groups)."""
+        one is not kept (only a heartbeat's join adds a group)."""
         state = self._groups.get(group, _Group())
         self._expire(group, state, now)
-        if create:
-            self._groups[group] = state
         return state
 
     def _expire(self, group: str, state: _Group, now: float) -> None:

@@ -22,6 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 import grpc
 
 from equeue_broker.server.auth import Principal, TokenTable, scoped
+from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import PermissionDenied, ShuttingDown, status_for
 from equeue_broker.server.groups import ConsumerRegistry
@@ -43,7 +44,13 @@ class BrokerState:
     executor: ThreadPoolExecutor
     waiters: PullWaiters
     consumers: ConsumerRegistry
+    reply_bytes: ByteBudget
+    """Pull and stream replies being read or sent (``max_reply_bytes``)."""
+    produce_bytes: ByteBudget
+    """Produce requests being decoded and appended (``max_produce_bytes``)."""
     counters: Counters = field(default_factory=Counters)
+    pull_streams: int = 0
+    """PullStreams open now (at most ``max_pull_streams``)."""
     shutting_down: bool = False
     tokens: TokenTable | None = None
     """The tokens the broker accepts; None: no authentication."""

@@ -9,19 +9,21 @@ carry records are pre-encoded by wire.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 
+from equeue_broker.server.budgets import Held
 from equeue_broker.server.errors import BadRequest
-from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP, MAX_TOPICS_PER_CONSUMER
+from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
 from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
-from equeue_broker.storage import MessageBatch, NotFound, ReadStatus
+from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
 from equeue_broker.storage.config import FlushMode
-from equeue_broker.storage.errors import AlreadyExists
+from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
 from equeue_broker.storage.names import validate_group, validate_topic
 from equeue_proto.protocol import consumer_id_problem, key_queue
 from equeue_proto.v1 import broker_pb2 as pb
@@ -48,9 +50,16 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @rpc
     async def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceReply | bytes:
-        if self.sync_appends:
-            return await self.s.call(self._produce, request)
-        return self.s.inline(self._produce, request)
+        return await self._produce_within_budget(request)
+
+    async def _produce_within_budget(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
+        """Decoding and appending copy the batch: at most ``max_produce_bytes``
+        of requests do so at once; the rest wait in turn, briefly, then get
+        RESOURCE_EXHAUSTED (and their request is freed)."""
+        async with self.s.produce_bytes.hold(request.messages.ByteSize()):
+            if self.sync_appends:
+                return await self.s.call(self._produce, request)
+            return self.s.inline(self._produce, request)
 
     @rpc_stream
     async def ProduceStream(
@@ -63,10 +72,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             count += 1
             if count > MAX_STREAM_BATCHES:
                 raise BadRequest(f"more than {MAX_STREAM_BATCHES} requests on one stream")
-            if self.sync_appends:
-                yield await self.s.call(self._produce, request)
-            else:
-                yield self.s.inline(self._produce, request)
+            yield await self._produce_within_budget(request)
 
     def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
         """The reply, pre-encoded (wire.py) when the batch went to one queue."""
@@ -198,7 +204,12 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @rpc
     async def Pull(self, request: pb.PullRequest, context: Any) -> bytes:
-        """Replies with PullReply wire bytes built around the records (wire.py)."""
+        """Replies with PullReply wire bytes built around the records (wire.py).
+
+        The reply's bytes are held in ``max_reply_bytes`` until the call is
+        done (sent), so many pulls (or many parked pulls woken by one large
+        append) are served in turn instead of each building its reply at once.
+        """
         config = self.s.config
         max_messages = request.max_messages or DEFAULT_PULL_MESSAGES
         max_bytes = request.max_bytes or DEFAULT_PULL_BYTES
@@ -214,13 +225,14 @@ class BrokerService(pb_grpc.BrokerServicer):
             self.s.store.read_records, topic, queue_id,
             max_messages=max_messages, max_bytes=max_bytes, tags=tags, frame=self.pull_framer,
         )  # fmt: skip
-        result = self.s.inline(read, request.offset)
+        result, held = await self._budgeted_read(read, request.offset, max_bytes)
         if (
             result.status is ReadStatus.OK
             and result.count == 0
             and request.max_wait_ms > 0
             and result.next_offset >= result.end
         ):
+            held.release()  # a parked pull holds no budget
             arrived = await self.s.waiters.wait(
                 (topic, queue_id),
                 result.end,
@@ -229,22 +241,60 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
             if arrived:
                 owner_check()  # the queue may have changed hands while we waited
-                result = self.s.inline(read, result.next_offset)
+                # Woken but no budget in time: answer as a timeout would (empty).
+                with contextlib.suppress(LimitExceeded):
+                    result, held = await self._budgeted_read(read, result.next_offset, max_bytes)
+        # The reply's bytes stay counted until gRPC is done with the call.
+        context.add_done_callback(lambda _: held.release())
         if result.count:
             self.s.counters.add(topic, queue_id, consumed=result.count)
         return result.records
+
+    async def _budgeted_read(
+        self, read: Callable[..., Any], offset: int, max_bytes: int
+    ) -> tuple[RecordsResult, Held]:
+        """``read(offset)`` within ``max_reply_bytes``, and the bytes its reply
+        holds there (the caller gives them back)."""
+        held = await Held.take(self.s.reply_bytes, max_bytes)
+        try:
+            result: RecordsResult = self.s.inline(read, offset)
+        except BaseException:
+            held.release()
+            raise
+        held.shrink_to(len(result.records))
+        return result, held
 
     @rpc_stream
     async def PullStream(
         self, request: pb.PullStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        """Streams PullReply wire bytes, like ``Pull``."""
+        """Streams PullReply wire bytes, like ``Pull``.
+
+        gRPC resumes this generator only once it has taken the previous reply,
+        so an unread stream stops here and reads no more of the log; the reply
+        it is stuck on stays counted in ``max_reply_bytes``, and at most
+        ``max_pull_streams`` streams are open.
+        """
+        if self.s.pull_streams >= self.s.config.max_pull_streams:
+            raise LimitExceeded(f"{self.s.pull_streams} pull streams are open (max_pull_streams)")
+        self.s.pull_streams += 1
+        try:
+            async for reply in self._stream_replies(request):
+                yield reply
+        finally:
+            self.s.pull_streams -= 1
+
+    async def _stream_replies(self, request: pb.PullStreamRequest) -> AsyncIterator[bytes]:
         store = self.s.store
         batch = request.batch_messages or DEFAULT_PULL_MESSAGES
+        # One stuck stream holds at most an eighth of the reply budget, so a few
+        # unread streams slow the others down rather than stop them (a reply
+        # carries at most batch_bytes anyway: smaller replies change nothing else).
+        share = max(DEFAULT_PULL_BYTES, self.s.reply_bytes.limit // 8)
+        batch_bytes = min(request.batch_bytes or DEFAULT_PULL_BYTES, share)
         read = functools.partial(
             store.read_records, request.topic, request.queue_id,
-            max_bytes=request.batch_bytes or DEFAULT_PULL_BYTES,
-            tags=list(request.tags) or None, frame=self.pull_framer,
+            max_bytes=batch_bytes, tags=list(request.tags) or None, frame=self.pull_framer,
         )  # fmt: skip
         offset = request.offset
         stop = request.end_offset or store.visible_end(request.topic, request.queue_id)
@@ -253,10 +303,15 @@ class BrokerService(pb_grpc.BrokerServicer):
         for _ in range(MAX_STREAM_BATCHES):
             if offset >= stop:
                 return
-            result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
-            if result.count:
-                self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
-            yield result.records
+            held = await Held.take(self.s.reply_bytes, batch_bytes)
+            try:
+                result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
+                held.shrink_to(len(result.records))
+                if result.count:
+                    self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
+                yield result.records
+            finally:
+                held.release()  # gRPC took the reply (or the stream is gone)
             if result.status is not ReadStatus.OK or result.next_offset >= result.end:
                 return
             offset = result.next_offset
@@ -297,9 +352,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
         validate_group(request.group)
         check_consumer_id(request.consumer_id)
-        if len(request.topics) > MAX_TOPICS_PER_CONSUMER:
+        limit = self.s.config.max_heartbeat_topics
+        if len(request.topics) > limit:
             raise BadRequest(
-                f"{len(request.topics)} topics; the limit is {MAX_TOPICS_PER_CONSUMER}"
+                f"{len(request.topics)} topics; the limit is {limit} (max_heartbeat_topics)"
             )
         topics = [validate_topic(t) for t in request.topics]
         scope = self.s.scope(context)
@@ -317,11 +373,16 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise BadRequest(f"{len(released)} released queues; the limit is {MAX_LOCKS_PER_GROUP}")
         queues: dict[str, list[int]] = {}
         for topic in topics:
+            # An unknown topic is refused, not remembered: a heartbeat naming
+            # made-up topics would otherwise make the broker keep them.
             try:
                 meta = self.s.store.topic(topic)
-                queues[topic] = [q.queue_id for q in meta.queues if q.consumer_visible]
             except NotFound:
-                queues[topic] = []
+                raise NotFound(
+                    f"topic {topic!r} does not exist (a consumer group subscribes to existing"
+                    " topics; create it first)"
+                ) from None
+            queues[meta.name] = [q.queue_id for q in meta.queues if q.consumer_visible]
         joined = self.s.consumers.heartbeat(
             request.group, request.consumer_id, queues, released, check_topic=in_scope
         )

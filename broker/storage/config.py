@@ -137,7 +137,10 @@ class StorageConfig:
     default_queue_count: int = field(default=4, metadata={UNIT: "queues"})
     max_queues_per_topic: int = field(default=256, metadata={UNIT: "queues"})
     max_topics: int = field(default=1_000, metadata={UNIT: "topics"})
-    """Each queue keeps its index chunk files open: budget about topics x queues fds."""
+    """Index files open at once are bounded by ``max_open_index_files``."""
+    max_open_index_files: int = field(default=4_096, metadata={UNIT: "files"})
+    """Descriptor bound: index chunk files kept open, least recently used
+    closed first (index_files.py), so many queues cannot exhaust descriptors."""
     max_mapped_chunks: int = field(default=4, metadata={UNIT: "chunks"})
     """Memory bound: at most this many sealed log chunks stay memory-mapped for
     reads (the active chunk is always mapped); older ones are read with pread."""
@@ -171,6 +174,7 @@ class StorageConfig:
             )
         _positive(self, "index_entries_per_chunk", "flush_interval_ms", "default_queue_count")
         _positive(self, "offsets_flush_interval_ms", "max_topics", "max_mapped_chunks")
+        _positive(self, "max_open_index_files")
         _positive(self, "sync_timeout_ms")
         _positive(self, "max_read_messages", "max_read_bytes", "max_filter_scan")
         _at_most(self, "max_queues_per_topic", MAX_QUEUES_PER_TOPIC_LIMIT)

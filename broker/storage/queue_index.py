@@ -50,6 +50,7 @@ from equeue_broker.storage.chunk import (
     read_header,
 )
 from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.index_files import IndexFiles
 from equeue_proto.accel import CODEC, check_layout
 
 if TYPE_CHECKING:
@@ -172,9 +173,13 @@ class QueueIndex:
     Not thread-safe: the store serialises access with its lock.
     """
 
-    def __init__(self, directory: Path, entries_per_chunk: int) -> None:
+    def __init__(
+        self, directory: Path, entries_per_chunk: int, files: IndexFiles | None = None
+    ) -> None:
         self.directory = directory
         self.entries_per_chunk = entries_per_chunk
+        self._files = files
+        """The store's descriptor budget (index_files.py); None: no limit."""
         self._fds: dict[int, int] = {}
         self._dirty: set[int] = set()
         self.end = 0
@@ -202,6 +207,8 @@ class QueueIndex:
 
     def _fd(self, number: int, create: bool = False) -> int:
         fd = self._fds.get(number)
+        if fd is not None and self._files is not None:
+            self._files.used(self, number)
         if fd is None:
             path = self._path(number)
             if not path.exists():
@@ -214,7 +221,16 @@ class QueueIndex:
                 create_chunk_file(path, header)
             fd = os.open(path, os.O_RDWR)
             self._fds[number] = fd
+            if self._files is not None:
+                self._files.opened(self, number)
         return fd
+
+    def _evict(self, number: int) -> None:
+        """Close a chunk's descriptor for the budget; it stays dirty if it was
+        (``take_dirty`` opens it again for the fsync)."""
+        fd = self._fds.pop(number, None)
+        if fd is not None:
+            os.close(fd)
 
     def _locate(self, offset: int) -> tuple[int, int]:
         number, slot = divmod(offset, self.entries_per_chunk)
@@ -261,7 +277,7 @@ class QueueIndex:
         """Duplicates of the fds written since the last call, for fsync outside the
         store lock (a duplicate stays valid even if the chunk is closed meanwhile).
         The caller closes them."""
-        fds = [os.dup(self._fds[n]) for n in sorted(self._dirty) if n in self._fds]
+        fds = [os.dup(self._fd(n)) for n in sorted(self._dirty)]
         self._dirty.clear()
         return fds
 
@@ -402,6 +418,8 @@ class QueueIndex:
     def _close_chunk(self, number: int) -> None:
         fd = self._fds.pop(number, None)
         self._dirty.discard(number)
+        if self._files is not None:
+            self._files.closed(self, number)
         if fd is not None:
             os.close(fd)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from equeue_broker.storage.index_files import IndexFiles
 from equeue_broker.storage.queue_index import QueueIndex
 
 QueueKey = tuple[str, int]
@@ -30,7 +31,13 @@ class QueueState:
     """Highest visible end announced to listeners."""
 
 
-def open_queue(data_dir: Path, entries_per_chunk: int, topic: str, queue_id: int) -> QueueState:
-    """Open (creating if need be) the index of ``topic``/``queue_id`` under ``data_dir``."""
+def open_queue(
+    data_dir: Path, entries_per_chunk: int, topic: str, queue_id: int, max_open_files: int = 0
+) -> QueueState:
+    """Open (creating if need be) the index of ``topic``/``queue_id`` under
+    ``data_dir``; ``max_open_files`` > 0: the store's index files share that
+    descriptor budget (index_files.py)."""
     directory = data_dir / "index" / topic / str(queue_id)
-    return QueueState(topic, topic.encode(), queue_id, QueueIndex(directory, entries_per_chunk))
+    files = IndexFiles.for_dir(data_dir, max_open_files) if max_open_files > 0 else None
+    index = QueueIndex(directory, entries_per_chunk, files)
+    return QueueState(topic, topic.encode(), queue_id, index)

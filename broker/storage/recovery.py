@@ -84,8 +84,9 @@ def recover(
     for topic in topics:
         for q in topic.queues:
             queue = open_queue(
-                config.data_dir, config.index_entries_per_chunk, topic.name, q.queue_id
-            )
+                config.data_dir, config.index_entries_per_chunk, topic.name, q.queue_id,
+                config.max_open_index_files,
+            )  # fmt: skip
             queues[(topic.name, q.queue_id)] = queue
             queue.producer_visible = q.producer_visible
             scanned += queue.index.recover(checkpoint)

@@ -157,9 +157,11 @@ class Store:
 
     def _open_queue(self, topic: str, queue_id: int) -> QueueState:
         """Open a new queue's index and make the queue the store's (lock held)."""
+        config = self.config
         queue = open_queue(
-            self.config.data_dir, self.config.index_entries_per_chunk, topic, queue_id
-        )
+            config.data_dir, config.index_entries_per_chunk, topic, queue_id,
+            config.max_open_index_files,
+        )  # fmt: skip
         self._queues[(topic, queue_id)] = queue
         return queue
 
