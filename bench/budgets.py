@@ -179,10 +179,10 @@ def woken_pulls(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
 
 
-def big_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
-    """Item 11: 12 clients sending two 64 MiB produce requests at once."""
+def _concurrent_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub, mib: int) -> str:
+    """12 clients, each sending two ``mib`` MiB produce requests at once."""
     stub.Produce(pb.ProduceRequest(topic="p", messages=_columns(1, 1)), timeout=10)
-    request = pb.ProduceRequest(topic="p", messages=_columns(64, MiB - 64))
+    request = pb.ProduceRequest(topic="p", messages=_columns(mib, MiB - 64))
     channels = [grpc.insecure_channel(broker.address, options=_big()) for _ in range(12)]
     stubs = [pb_grpc.BrokerStub(c) for c in channels]
     with ThreadPoolExecutor(24) as pool:
@@ -194,23 +194,16 @@ def big_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     for channel in channels:
         channel.close()
     return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
+
+
+def big_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
+    """Item 11: 12 clients sending two 64 MiB produce requests at once."""
+    return _concurrent_produces(broker, stub, 64)
 
 
 def max_size_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     """Item 11 within the request limit: 12 clients x two 20 MiB produces at once."""
-    stub.Produce(pb.ProduceRequest(topic="p", messages=_columns(1, 1)), timeout=10)
-    request = pb.ProduceRequest(topic="p", messages=_columns(20, MiB - 64))
-    channels = [grpc.insecure_channel(broker.address, options=_big()) for _ in range(12)]
-    stubs = [pb_grpc.BrokerStub(c) for c in channels]
-    with ThreadPoolExecutor(24) as pool:
-        futures = [
-            pool.submit(_code, lambda s=s: s.Produce(request, timeout=120))  # type: ignore[misc]
-            for s in stubs for _ in range(2)
-        ]  # fmt: skip
-        seen = collections.Counter(f.result() for f in futures)
-    for channel in channels:
-        channel.close()
-    return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
+    return _concurrent_produces(broker, stub, 20)
 
 
 def _fds(broker: BrokerProcess) -> collections.Counter[str]:
