@@ -87,10 +87,13 @@ def late_orders(count: int, first_id: int) -> tuple[list[bytes | None], list[byt
 
 
 def end_offsets(progress: dict[str, Any]) -> str:
-    """A micro-batch's end offsets per queue, from its progress report."""
+    """A micro-batch's end offsets per queue, from its progress report (each
+    topic's entry also names the topic's incarnation: docs/spark.md)."""
     end = progress["sources"][0]["endOffset"]
     offsets = json.loads(end) if isinstance(end, str) else end
-    return " ".join(f"q{q}={o}" for queues in offsets.values() for q, o in queues.items())
+    return " ".join(
+        f"q{q}={o}" for queues in offsets.values() for q, o in queues.items() if q.isdigit()
+    )
 
 
 class BatchPrinter:
