@@ -31,6 +31,8 @@ from typing import Any
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+
 from bench._harness import table
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
@@ -206,6 +208,50 @@ def max_size_produces(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
     return _concurrent_produces(broker, stub, 20)
 
 
+BACKLOG_QUEUES = 8
+BACKLOG_BYTES = 2048 * MiB
+"""The backlog scenario: 2 GiB of 1 KiB messages, one queue per reader."""
+
+
+def backlog_readers(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
+    """A 2 GiB backlog of 1 KiB messages served to 8 streaming readers at once
+    (one queue each, read to its end): the broker's heap must stay bounded while
+    the log's pages (RssFile: page cache of the mapped chunks) carry the bytes."""
+    with grpc.insecure_channel(broker.address) as channel:
+        admin = pb_grpc.AdminStub(channel)
+        admin.CreateTopic(pb.CreateTopicRequest(name="backlog", queue_count=BACKLOG_QUEUES))
+    per_request = 8192
+    for n in range(BACKLOG_BYTES // (per_request * 1024)):
+        request = pb.ProduceRequest(
+            topic="backlog", messages=_columns(per_request, 1024),
+            queue_ids=[n % BACKLOG_QUEUES] * per_request,
+        )  # fmt: skip
+        stub.Produce(request, timeout=120)
+
+    def read_queue(queue_id: int) -> int:
+        with grpc.insecure_channel(broker.address, options=_big()) as channel:
+            request = pb.PullStreamRequest(
+                topic="backlog", queue_id=queue_id, offset=0, batch_bytes=MiB,
+                batch_messages=10_000, end_offset=BACKLOG_BYTES // 1024 // BACKLOG_QUEUES,
+            )  # fmt: skip
+            return sum(
+                r.count for r in pb_grpc.BrokerStub(channel).PullStream(request, timeout=600)
+            )
+
+    file_peak = 0
+    with ThreadPoolExecutor(BACKLOG_QUEUES) as pool:
+        futures = [pool.submit(read_queue, q) for q in range(BACKLOG_QUEUES)]
+        while not all(f.done() for f in futures):
+            file_peak = max(file_peak, _kib(broker.proc_status().get("RssFile", "0 kB")))
+            time.sleep(0.2)
+        read = sum(f.result() for f in futures)
+    return f"{read:,} messages read; peak RssFile (mapped log pages) {file_peak // MiB} MiB"
+
+
+def _kib(value: str) -> int:
+    return int(value.split(maxsplit=1)[0]) * 1024
+
+
 def _fds(broker: BrokerProcess) -> collections.Counter[str]:
     """The broker's open descriptors: sockets, index files, others."""
     kinds: collections.Counter[str] = collections.Counter()
@@ -262,6 +308,7 @@ SCENARIOS: dict[str, Callable[[BrokerProcess, pb_grpc.BrokerStub], str]] = {
     "11b 12 clients x two 20 MiB produces": max_size_produces,
     "14 3,000 idle TCP connections": idle_connections,
     "14b 19,712 queues written": many_queues,
+    "2 GiB backlog of 1 KiB messages to 8 streaming readers": backlog_readers,
 }
 
 
