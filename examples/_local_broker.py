@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import secrets
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
-from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing import local_broker
 
 
 @dataclass(frozen=True)
@@ -42,14 +40,11 @@ _RUN_ID = secrets.token_hex(3)
 @contextmanager
 def embedded_broker(*flags: str) -> Iterator[str]:
     """A broker for the duration of the ``with`` block; yields ``host:port``."""
-    with tempfile.TemporaryDirectory(prefix="equeue-example-") as data_dir:
-        broker = BrokerProcess(Path(data_dir) / "data", *flags)
-        address = broker.start()
-        print(f"started a local broker at {address} (data in {data_dir})")
-        try:
-            yield address
-        finally:
-            print(f"broker stopped cleanly (exit {broker.stop()})")
+    with local_broker(*flags) as broker:
+        print(f"started a local broker at {broker.address} (data in {broker.data_dir})")
+        yield broker.address
+    code = broker.process.returncode if broker.process is not None else None
+    print(f"broker stopped cleanly (exit {code})")
 
 
 def parse_broker_arg(description: str | None) -> str | None:
