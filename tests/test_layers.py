@@ -3,6 +3,7 @@
 Layers, lowest first (``A <- B``: B may import A, never the reverse)::
 
     contract (equeue_proto) <- storage <- server          (the broker, equeue_broker)
+    contract, storage <- cluster <- server                 (elections, replication)
     contract (equeue_proto) <- client <- cli, spark       (equeue_spark)
 
 Two checks, because each misses what the other sees:
@@ -32,8 +33,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # layer: module prefixes (longest match wins)
     "contract": ("equeue_proto",),
     "storage": ("equeue_broker.storage",),
+    "cluster": ("equeue_broker.cluster",),
     "server": ("equeue_broker.server", "equeue_broker.__main__"),
-    "broker": ("equeue_broker", "equeue_broker.testing"),
+    "broker": ("equeue_broker", "equeue_broker.testing", "equeue_broker.testing_zk"),
     "client": ("equeue_spark", "equeue_spark.client"),
     "cli": ("equeue_spark.cli",),
     "spark": ("equeue_spark.spark", "pyspark_equeue"),
@@ -41,7 +43,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
 ALLOWED: dict[str, set[str]] = {
     "contract": {"contract"},
     "storage": {"contract", "storage"},
-    "server": {"contract", "storage", "server", "broker"},
+    "cluster": {"contract", "storage", "cluster"},
+    "server": {"contract", "storage", "cluster", "server", "broker"},
     "broker": {"contract"},
     "client": {"contract", "client"},
     "cli": {"contract", "client", "cli"},
@@ -214,6 +217,8 @@ RUNTIME_CASES = {
                   "equeue_proto.v1.broker_pb2_grpc"],
                  ["equeue_broker", "equeue_spark", "pyspark", "pyarrow"]),
     "storage": (["equeue_broker.storage"],
+                ["equeue_broker.server", "equeue_spark", "grpc", "pyspark", "pyarrow"]),
+    "cluster": (["equeue_broker.cluster"],
                 ["equeue_broker.server", "equeue_spark", "grpc", "pyspark", "pyarrow"]),
     "server": (["equeue_broker.server.app"], ["equeue_spark", "pyspark", "pyarrow"]),
     "client": (["equeue_spark.client", "equeue_spark.client.columns", "equeue_spark.cli"],

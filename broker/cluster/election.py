@@ -571,8 +571,8 @@ class GroupElection:
             if view.master is not None:
                 self._notify(Role.REPLICA, view.epoch)
                 return
-            self._notify(Role.REPLICA, None)
             if not view.electable or view.electable[0].node != me.node:
+                self._notify(Role.REPLICA, None)
                 return  # someone else claims, or nobody may
             me = Candidate(me.node, me.broker_id, me.address, self.position_fn())
             won = claim(self.client, self.layout, view, me)
