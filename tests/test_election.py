@@ -22,6 +22,7 @@ from kazoo.protocol.states import KazooState
 
 from equeue_broker.cluster import (
     Candidate,
+    ElectionError,
     Epoch,
     GroupElection,
     Layout,
@@ -31,7 +32,7 @@ from equeue_broker.cluster import (
     parse_hosts,
 )
 from equeue_broker.cluster.election import BASE_PATH, claim, decide, read_view
-from equeue_broker.testing_zk import ZooKeeperProcess
+from equeue_broker.testing_zk import ZooKeeperProcess, free_port
 from tests.support.waits import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -460,3 +461,33 @@ def test_frozen_master_is_replaced_after_its_session_times_out(
         reader.join(WAIT_S)
         if child.stdout is not None:
             child.stdout.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_master_dying_while_zookeeper_is_down_is_replaced_after_it_returns(
+    zookeeper_factory: Callable[[], ZooKeeperProcess], members: Callable[..., Member]
+) -> None:
+    zk = zookeeper_factory()
+    hosts = f"{zk.hosts}/died-down"
+    a = members(hosts, "g", "a")
+    a.wait_master(1)
+    b = members(hosts, "g", "b")
+    b.wait_following("a", 1)
+    a.election.publish_isr(["b"])
+    zk.stop()
+    wait_for("b suspended", in_state(b, KazooState.SUSPENDED), WAIT_S)
+    a.election.close()  # dies: its session cannot be closed, it will expire
+    before = list(b.events)
+    zk.start()
+    b.wait_master(2)  # one session timeout after ZooKeeper is back
+    assert b.events[: len(before)] == before and b.events[len(before) :] == [
+        ("master", b.election.master_epoch)
+    ]
+
+
+def test_unreachable_zookeeper_fails_start_in_bounded_time() -> None:
+    election = GroupElection(f"127.0.0.1:{free_port()}", "g", "x", "x:1", lambda: 0)
+    with pytest.raises(ElectionError, match="not reachable"):
+        election.start(wait_s=1.0)
+    assert election.role is Role.REPLICA and election.master_epoch is None

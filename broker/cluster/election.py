@@ -383,7 +383,7 @@ class GroupElection:
             timeout=session_timeout_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=reconnect_max_delay_s),
             command_retry=KazooRetry(max_tries=3, delay=0.05, max_delay=reconnect_max_delay_s),
-            logger=log,
+            logger=logging.getLogger(f"{__name__}.kazoo"),  # reconnect noise, tunable apart
         )
         self._events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -420,7 +420,7 @@ class GroupElection:
             return
         self._closed = True
         self._events.put("stop")
-        if self._thread.is_alive():
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(30)
         try:
             self.client.stop()
