@@ -32,7 +32,7 @@ from equeue_broker.cluster import (
     parse_hosts,
 )
 from equeue_broker.cluster.election import BASE_PATH, claim, decide, read_view
-from equeue_broker.testing_zk import ZooKeeperProcess, free_port
+from equeue_broker.testing_zk import ZooKeeperProcess, free_port, java_available
 from tests.support.waits import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -491,3 +491,25 @@ def test_unreachable_zookeeper_fails_start_in_bounded_time() -> None:
     with pytest.raises(ElectionError, match="not reachable"):
         election.start(wait_s=1.0)
     assert election.role is Role.REPLICA and election.master_epoch is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_start_without_waiting_joins_when_zookeeper_comes_up(tmp_path: Path) -> None:
+    if not java_available():
+        pytest.skip("java is not installed: ZooKeeper needs a JRE (CI has Java 17)")
+    zk = ZooKeeperProcess(tmp_path / "zk")  # its port chosen, the server not started yet
+    elected = threading.Event()
+    election = GroupElection(
+        f"{zk.hosts}/late", "g", "a", "a:1", lambda: 0, on_master=lambda _: elected.set()
+    )
+    try:
+        election.start(wait_s=None)  # returns at once: ZooKeeper is not there
+        assert not election.is_master()
+        assert "not connected" in election.current().reason
+        zk.start()
+        assert elected.wait(WAIT_S), "not elected after ZooKeeper came up"
+        assert election.master_epoch is not None and election.master_epoch.epoch == 1
+    finally:
+        election.close()
+        zk.stop()

@@ -403,11 +403,16 @@ class GroupElection:
 
     def start(self, wait_s: float | None = 15.0) -> None:
         """Connect and join the election. With ``wait_s``, wait that long for the
-        first connection (``ElectionError`` if ZooKeeper does not answer)."""
+        first connection (``ElectionError`` if ZooKeeper does not answer); with
+        ``None``, return at once and join whenever ZooKeeper answers (a replica
+        with no master until then)."""
         self.client.add_listener(self._on_state)
         self._thread.start()
+        if wait_s is None:
+            self.client.start_async()
+            return
         try:
-            self.client.start(timeout=wait_s if wait_s is not None else 1e9)
+            self.client.start(timeout=wait_s)
         except KazooTimeoutError as e:
             self.close()
             raise ElectionError(f"ZooKeeper {self.hosts} not reachable: {e}") from e
