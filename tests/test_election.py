@@ -178,6 +178,7 @@ def test_epoch_history_and_hosts() -> None:
 # -- the harness -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_zookeeper_process_restarts_on_its_port_with_its_data(
     zookeeper_factory: Callable[[], ZooKeeperProcess],
