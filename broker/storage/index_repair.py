@@ -30,7 +30,7 @@ from equeue_broker.storage.queue_index import (
     pack_entry,
 )
 from equeue_broker.storage.queue_state import QueueKey
-from equeue_proto.record import RecordMeta
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, RecordMeta
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,10 @@ def entry_matches(
     if not message_log.record_is(position, topic, queue_id, offset):
         return False
     meta = message_log.meta_at(position)
-    # Compare the data fields only: an older entry has no checksum trailer.
-    return raw[:24] == entry_for(position, meta)[:24]
+    # Compare the data fields only: an older entry has no checksum trailer, and
+    # a transaction's entry has the commit's store time, not the staging time.
+    compared = 16 if meta.flags & FLAG_TXN else 24
+    return raw[:compared] == entry_for(position, meta)[:compared]
 
 
 @dataclass
@@ -87,6 +89,8 @@ def find_records(
     for position, meta in message_log.iter_records(start):
         if position >= stop:
             break
+        if meta.flags & (FLAG_TXN | FLAG_CONTROL):
+            continue  # its offset is not in its header (a commit gave it one)
         key = (meta.topic.decode(errors="replace"), meta.queue_id)
         want = open_.get(key)
         if want is None or position < want.position or meta.queue_offset != want.offset:
