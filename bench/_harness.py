@@ -183,6 +183,7 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                     read = store.read(meta.name, q.queue_id, offset, max_messages=PULL_BATCH)
                     for m in read.messages:
                         served.add(m.position)
+                        got.append((m.queue_offset, m.value))
                         if _staged(store, m.position):
                             continue  # found by offset only (reads.py, read_at_position)
                         again = store.read_at_position(m.position)
@@ -191,7 +192,6 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                                 f"{meta.name}/{q.queue_id}@{m.queue_offset}: position "
                                 f"{m.position} holds a different record"
                             )
-                        got.append((m.queue_offset, m.value))
                     offset = read.next_offset
                 if [o for o, _v in got] != list(range(info.earliest, info.end)):
                     result.problems.append(
