@@ -45,6 +45,7 @@ from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, check_frame, decode_reco
 from equeue_spark.client import (
     Admin,
     ClientConfig,
+    EqueueError,
     InvalidRequest,
     NotFoundError,
     PreconditionError,
@@ -53,7 +54,7 @@ from equeue_spark.client import (
 )
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.records import decode_records
-from equeue_spark.client.transactions import commit_transactions
+from equeue_spark.client.transactions import abort_transactions, commit_transactions
 from tests.conftest import MakeConfig
 from tests.support.records import encode_prepared
 from tests.support.waits import wait_for
@@ -559,3 +560,63 @@ def test_broker_aborts_idle_transactions_after_its_timeout(
         )
         with pytest.raises(PreconditionError, match="'forgotten' was aborted already"):
             producer.send_batch("tx", [b"y"], transaction_id="forgotten")
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("point", ["stage", "commit-record", "abort"])
+def test_broker_killed_inside_a_transaction(tmp_path: Path, point: str, mode: str) -> None:
+    """SIGKILL at three moments (tests/support/killing_broker.py), then a
+    restart over the same data: the transaction is as the log says, and the
+    writer's retry (a sink's replay) neither loses nor duplicates anything."""
+    data = tmp_path / "data"
+    flags = ("--flush", mode, "--log-level", "WARNING")
+    dying = BrokerProcess(
+        data, *flags, module="tests.support.killing_broker", env={"EQUEUE_KILL_AT": point},
+        log_path=tmp_path / "dying.log", cwd=REPO,
+    )  # fmt: skip
+    dying.start()
+    config = ClientConfig(broker=dying.address, retries=0, timeout_s=20)
+    with Producer(dying.address) as producer, Admin(dying.address) as admin:
+        admin.create_topic("tx", queues=1)
+        producer.send_batch("tx", [b"before"], queue_ids=[0])
+        if point != "stage":
+            producer.send_batch("tx", [b"a", b"b"], queue_ids=[0, 0], transaction_id="w:1")
+        conn = Connection(config)
+        with pytest.raises(EqueueError):
+            if point == "stage":
+                producer.send_batch("tx", [b"a", b"b"], queue_ids=[0, 0], transaction_id="w:1")
+            elif point == "commit-record":
+                commit_transactions(conn, [("w:1", 2)], sink="w", batch_id=0)
+            else:
+                abort_transactions(conn, ["w:1"])
+        conn.close()
+    dying.kill()
+    broker = BrokerProcess(data, *flags, log_path=tmp_path / "broker.log")
+    broker.start()
+    try:
+        with Admin(broker.address) as admin, Producer(broker.address) as producer:
+            open_ = {t.transaction_id: t.messages for t in admin.list_transactions().transactions}
+            conn = Connection(ClientConfig(broker=broker.address))
+            if point == "stage":  # begun, nothing staged: the writer's count check tells
+                assert open_ == {"w:1": 0}
+                with pytest.raises(PreconditionError, match="holds 0 staged messages"):
+                    commit_transactions(conn, [("w:1", 2)], sink="w", batch_id=0)
+                producer.send_batch("tx", [b"a", b"b"], queue_ids=[0, 0], transaction_id="w:2")
+                commit_transactions(conn, [("w:2", 2)], sink="w", batch_id=0, abort_prefix="w:")
+            elif point == "commit-record":  # committed: the retry is a replay
+                assert open_ == {}
+                replay = commit_transactions(conn, [("w:1", 2)], sink="w", batch_id=0)
+                assert replay.already_committed
+            else:  # aborted for good
+                assert open_ == {}
+                with pytest.raises(NotFoundError, match="not open"):
+                    commit_transactions(conn, [("w:1", 2)])
+            conn.close()
+            assert admin.list_transactions().transactions == []
+        expected = [b"before"] if point == "abort" else [b"before", b"a", b"b"]
+        assert values_of(broker.address, "tx", 0) == expected
+    finally:
+        broker.kill()
