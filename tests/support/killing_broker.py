@@ -31,7 +31,7 @@ def install(point: str) -> None:
     if point == "stage":
         LogWriter.write_staged = _die  # type: ignore[method-assign]
     elif point == "commit-record":
-        setattr(txn_writes, "restamp_entries", _die)  # between the record and the entries
+        txn_writes.restamp_entries = _die  # type: ignore[attr-defined]  # record, then entries
     elif point == "abort":
         original = store.Store.write_control
 
