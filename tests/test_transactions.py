@@ -414,13 +414,12 @@ def test_an_open_transaction_never_blocks_readers(store: Store) -> None:
     messages = decode_records(result.records, "b")
     assert [(m.offset, m.value) for m in messages] == list(enumerate(staged_values(store)))
     assert [m.value for m in store.read(T, 0, 3, max_messages=10).messages] == [b"s-0", b"s-1"]
-    assert [m.queue_offset for m in store.read(T, 0, 0, max_messages=10).messages] == [
-        0,
-        1,
-        2,
-        3,
-        4,
-    ]
+    decoded = store.read(T, 0, 0, max_messages=10).messages
+    assert [m.queue_offset for m in decoded] == [0, 1, 2, 3, 4]
+    for m in decoded:  # by message id (log position): the committed offset and time too
+        assert store.read_at_position(m.position) == m
+        [again] = decode_records(store.record_at(m.position), "b")
+        assert (again.offset, again.value) == (m.queue_offset, m.value)
 
 
 def test_tag_filtered_reads_of_committed_records(store: Store) -> None:

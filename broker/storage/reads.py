@@ -393,20 +393,38 @@ class Reads:
 
         ``NotFound`` unless a record of a live queue starts there (its queue's
         index says so); ``CorruptionError`` if that record fails its checksum.
+        A transaction's record comes with its committed offset and store time.
         """
         with self._lock:
-            self._check_open()
-            if not isinstance(position, int) or not (
-                self._log.start_position <= position < self._log.write_position
-            ):
-                raise NotFound(f"no message at log position {position!r}")
-            size = self._indexed_size(position)
-            if size is None:
-                raise NotFound(f"no message at log position {position!r}")
-            return self._log.read(position, size)
+            offset, size, raw = self._indexed(position)
+            message = self._log.read(position, size)
+            if message.queue_offset == offset:
+                return message
+            stamp = ENTRY.unpack(raw)[3]
+            return dataclasses.replace(message, queue_offset=offset, store_timestamp_ms=stamp)
 
-    def _indexed_size(self, position: int) -> int | None:
-        """Size of the record at ``position`` if a queue's index points at it (lock held)."""
+    def record_at(self, position: int) -> bytes:
+        """The stored bytes of the record at ``position`` (see ``read_at_position``),
+        as a reply carries them (a transaction's with its committed offset)."""
+        with self._lock:
+            offset, size, raw = self._indexed(position)
+            return bytes(_served(self._log.copy(position, position + size), raw, offset))
+
+    def _indexed(self, position: object) -> tuple[int, int, bytes]:
+        """(offset, size, index entry) of the record at ``position`` if a queue's
+        index points at it, else ``NotFound`` (lock held)."""
+        self._check_open()
+        found = None
+        if isinstance(position, int) and (
+            self._log.start_position <= position < self._log.write_position
+        ):
+            found = self._find_entry(position)
+        if found is None:
+            raise NotFound(f"no message at log position {position!r}")
+        return found
+
+    def _find_entry(self, position: int) -> tuple[int, int, bytes] | None:
+        """(offset, size, entry) of the record at ``position``, if indexed (lock held)."""
         try:
             meta = self._log.meta_at(position)
             queue = self._queues.get((meta.topic.decode(), meta.queue_id))
@@ -414,12 +432,40 @@ class Reads:
             raise  # the record may well be there: DATA_LOSS, not "no such message"
         except (CorruptionError, UnicodeDecodeError, struct.error):
             return None
-        if meta.flags & (FLAG_TXN | FLAG_CONTROL):
-            return None  # a transaction's records are found by queue offset only
-        if queue is None or not queue.index.earliest <= meta.queue_offset < queue.visible_end:
+        if queue is None or meta.flags & FLAG_CONTROL:
             return None
-        position_plus_one, size, _tag, _ts = self._checked_entry(queue, meta.queue_offset)
-        return size if position_plus_one - 1 == position else None
+        if meta.flags & FLAG_TXN:
+            return self._committed_entry(queue, position, meta.store_timestamp_ms)
+        if not queue.index.earliest <= meta.queue_offset < queue.visible_end:
+            return None
+        self._checked_entry(queue, meta.queue_offset)
+        raw = queue.index.read_raw(meta.queue_offset, 1)
+        position_plus_one, size, _tag, _ts = ENTRY.unpack(raw)
+        return (meta.queue_offset, size, raw) if position_plus_one - 1 == position else None
+
+    def _committed_entry(
+        self, queue: QueueState, position: int, staged_ms: int
+    ) -> tuple[int, int, bytes] | None:
+        """The entry of a transaction's record at ``position``, staged at
+        ``staged_ms`` (lock held). Its header holds no offset, but it was
+        committed after it was staged and entries' store times never decrease:
+        a binary search finds the first entry that may be it, and a scan of the
+        entries from there (in C, an index chunk at a time) finds it; the scan
+        is as long as what the queue took between the staging and the commit."""
+        index = queue.index
+        offset = index.first_offset_where(index.earliest, 3, staged_ms)
+        wanted = position + 1
+        while offset < queue.visible_end:
+            raw = index.read_raw(offset, queue.visible_end - offset)
+            if not raw:
+                return None
+            values = memoryview(raw).cast("Q")[::4].tolist()
+            if wanted in values:
+                i = values.index(wanted)
+                entry = raw[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE]
+                return offset + i, ENTRY.unpack(entry)[1], entry
+            offset += len(values)
+        return None
 
     def _checked_entry(self, queue: QueueState, offset: int) -> tuple[int, int, int, int]:
         """The entry of ``offset`` (below the end), rebuilt from the log first if it
@@ -435,19 +481,6 @@ class Reads:
         ):
             self._repair(queue, offset)
         return queue.index.entry(offset)
-
-    def record_at(self, position: int) -> bytes:
-        """The stored bytes of the record at ``position`` (see ``read_at_position``)."""
-        with self._lock:
-            self._check_open()
-            size = None
-            if isinstance(position, int) and (
-                self._log.start_position <= position < self._log.write_position
-            ):
-                size = self._indexed_size(position)
-            if size is None:
-                raise NotFound(f"no message at log position {position!r}")
-            return bytes(self._log.copy(position, position + size))
 
     def position_of(self, topic: str, queue_id: int, offset: int) -> int:
         """Log position of a queue offset (``NotFound`` outside [earliest, end))."""
