@@ -17,10 +17,13 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
 
     {"index_position": P,   every index entry of a record (or commit record)
                             below P is fsynced
-     "ends": [[topic, queue_id, end], ...],
+     "ends": [[topic, queue_id, end, earliest], ...],
                             each queue's index end when P was taken: entries
                             past it are dropped at open and derived again from
-                            the log (a commit's entries point before P)
+                            the log (a commit's entries point before P); and
+                            its earliest offset, valid while the log still
+                            starts at "log_start" (else found by a scan)
+     "log_start": S,
      "txn_position": T,     first record of the oldest transaction open at P
                             (P when none was): where the scan starts
      "next_serial": N,      serials below N may be in the log
@@ -79,6 +82,8 @@ class Checkpoint:
 
     index_position: int
     ends: dict[QueueKey, int] | None = None
+    earliest: dict[QueueKey, int] = field(default_factory=dict)
+    log_start: int | None = None
     txn_position: int | None = None
     next_serial: int = 1
     sinks: Sinks = field(default_factory=dict)
@@ -101,7 +106,9 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
     ends = document.get("ends")
     return Checkpoint(
         int(document.get("index_position", 0)),
-        None if ends is None else {(str(t), int(q)): int(e) for t, q, e in ends},
+        None if ends is None else {(str(q[0]), int(q[1])): int(q[2]) for q in ends},
+        {(str(q[0]), int(q[1])): int(q[3]) for q in ends or () if len(q) > 3},
+        document.get("log_start"),
         document.get("txn_position"),
         int(document.get("next_serial", 1)),
         {str(s): (int(b), int(ms)) for s, (b, ms) in document.get("sinks", {}).items()},
@@ -112,7 +119,11 @@ def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
     """Persist ``checkpoint`` (fsynced)."""
     document = {
         "index_position": checkpoint.index_position,
-        "ends": [[t, q, e] for (t, q), e in sorted((checkpoint.ends or {}).items())],
+        "ends": [
+            [t, q, e, checkpoint.earliest.get((t, q), 0)]
+            for (t, q), e in sorted((checkpoint.ends or {}).items())
+        ],
+        "log_start": checkpoint.log_start,
         "txn_position": checkpoint.index_position
         if checkpoint.txn_position is None
         else checkpoint.txn_position,
@@ -162,8 +173,10 @@ def recover(
     rebuilt = _restore_ends(message_log, queues, checkpoint)
     more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)
     rebuilt += more
-    for queue in queues.values():
-        settle_earliest(queue, message_log.start_position)
+    same_start = saved.log_start == message_log.start_position
+    for key, queue in queues.items():
+        known = saved.earliest.get(key) if same_start else None
+        settle_earliest(queue, message_log.start_position, known)
         queue.index.sync()
         queue.visible_end = queue.notified_end = queue.index.end
     _clamp_offsets(offsets, queues)
@@ -175,6 +188,8 @@ def recover(
     new = Checkpoint(
         end,
         {key: q.index.end for key, q in queues.items()},
+        {key: q.index.earliest for key, q in queues.items()},
+        message_log.start_position,
         min((t.first_position for t in found.open.values()), default=end),
         found.next_serial,
         found.sinks,

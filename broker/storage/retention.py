@@ -90,15 +90,20 @@ def _split_all(
     return keeps
 
 
-def settle_earliest(queue: QueueState, log_start: int) -> None:
+def settle_earliest(queue: QueueState, log_start: int, known: int | None = None) -> None:
     """At open: delete index chunks only pointing below ``log_start`` and set the
-    queue's earliest offset (the first whose record is kept)."""
+    queue's earliest offset (the first whose record is kept): ``known`` (the
+    checkpoint's, saved with the same log start) or found by a scan."""
     index = queue.index
     index.delete_chunks_below(log_start)
     numbers = index.chunk_numbers()
     if not numbers or index.end <= index.earliest:
         return
-    index.earliest = numbers[0] * index.entries_per_chunk
+    lowest = numbers[0] * index.entries_per_chunk
+    if known is not None:
+        index.earliest = min(max(known, lowest), index.end)
+        return
+    index.earliest = lowest
     keep = retirable(queue, log_start)
     # Not a clean split only if retention was interrupted by a crash part-way:
     # what points below the log start is gone, so start after the last of it.

@@ -645,8 +645,10 @@ class Store:
             target = self._log.write_position
             fds = [fd for q in self._queues.values() for fd in q.index.take_dirty()]
             ends = {key: q.index.end for key, q in self._queues.items()}
+            earliest = {key: q.index.earliest for key, q in self._queues.items()}
+            start = self._log.start_position
             txn_position, serial, sinks = self.transactions.checkpoint_state()
-        checkpoint = Checkpoint(target, ends, txn_position, serial, sinks)
+        checkpoint = Checkpoint(target, ends, earliest, start, txn_position, serial, sinks)
         try:
             self._commit.make_durable(target)
             for fd in fds:
