@@ -1,6 +1,6 @@
 /*
  * C accelerator for the equeue record format: the broker's record encoder and
- * rebase (equeue_broker/storage/record.py), its pull planner (index_runs) and
+ * transaction patch (equeue_broker/storage/record.py), its pull planner (index_runs) and
  * wire helpers (split_blob, varints), and the client's pull-reply decoders
  * (decode_frames for equeue_spark/client/records.py, decode_columns for
  * equeue_spark/client/columns.py).

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from equeue_broker.storage import (
     FlushMode,
@@ -41,6 +43,7 @@ from equeue_broker.storage.txn_records import (
     prepare_control,
 )
 from equeue_broker.testing import BrokerProcess
+from equeue_proto import accel
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, check_frame, decode_record
 from equeue_spark.client import (
     Admin,
@@ -58,6 +61,8 @@ from equeue_spark.client.transactions import abort_transactions, commit_transact
 from tests.conftest import MakeConfig
 from tests.support.records import encode_prepared
 from tests.support.waits import wait_for
+from tests.test_formats import LIMITS as FORMAT_LIMITS
+from tests.test_formats import messages
 from tests.test_store import read_all
 
 OpenStore = Callable[..., Store]
@@ -619,3 +624,39 @@ def test_broker_killed_inside_a_transaction(tmp_path: Path, point: str, mode: st
         assert values_of(broker.address, "tx", 0) == expected
     finally:
         broker.kill()
+
+
+@given(messages, st.integers(min_value=0, max_value=2**40), st.integers(0, 2**40), st.data())
+def test_staged_encoding_and_reply_patch_match_the_python_reference(
+    rows: list[tuple[bytes, bytes | None, str, list[tuple[str, bytes]], int]],
+    position: int,
+    first_offset: int,
+    data: st.DataObject,
+) -> None:
+    """The C encoder with TXN, ``patch_committed`` and ``restamp_entries``
+    against their pure-Python references (EQUEUE_PURE_PYTHON=1 runs those)."""
+    if accel.IMPLEMENTATION != "c":
+        pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
+    batch = MessageBatch(
+        values=[r[0] for r in rows],
+        keys=[r[1] for r in rows],
+        tags=[r[2] for r in rows] if data.draw(st.booleans()) else None,
+        headers=[r[3] for r in rows],
+        timestamps_ms=[r[4] for r in rows],
+    )
+    prepared = prepare_batch(batch, b"topic", FORMAT_LIMITS)
+    outputs = []
+    for encode in (record.encode_records, record.encode_records_py):
+        out, entries = bytearray(prepared.total_bytes), bytearray(len(rows) * ENTRY_SIZE)
+        encode(
+            out, position=position, topic=b"topic", queue_id=3, first_offset=5, store_ms=77,
+            prepared=prepared, start=0, stop=len(rows), index_out=entries, flags=FLAG_TXN,
+        )  # fmt: skip
+        outputs.append((out, entries))
+    assert outputs[0] == outputs[1]
+    frames, entries = outputs[0]
+    stamped = bytearray(entries)
+    record.restamp_entries(stamped, 12345)
+    assert record.patch_committed(frames, stamped, first_offset) == record.patch_committed_py(
+        frames, stamped, first_offset
+    )
