@@ -660,3 +660,26 @@ def test_staged_encoding_and_reply_patch_match_the_python_reference(
     assert record.patch_committed(frames, stamped, first_offset) == record.patch_committed_py(
         frames, stamped, first_offset
     )
+
+
+def test_committing_a_transaction_whose_first_stage_call_failed(
+    open_store: OpenStore, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It has no begin record: its commit must not name it (recovery would
+    look for its records in vain)."""
+    config = make_config()
+    store = open_store(config)
+    store.create_topic(T, 1)
+
+    def disk_full(*_args: Any) -> None:
+        raise StorageError("injected: no space left")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "stage_records", disk_full)
+        with pytest.raises(StorageError, match="injected"):  # created, nothing written
+            store.transactions.stage("empty", T, [(0, batch("e", 1))])
+    store.transactions.stage("full", T, [(0, batch("f", 1))])
+    store.transactions.commit([("empty", 0), ("full", 1)])
+    store.abandon()
+    store = open_store(config)
+    assert staged_values(store) == [b"f-0"]

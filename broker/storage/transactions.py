@@ -283,7 +283,9 @@ class Transactions:
             for key, parts in txn.staged.entries.items():
                 entries.setdefault(key, bytearray()).extend(b"".join(parts))
         counts = {key: len(e) // 32 for key, e in entries.items()}
-        serials = tuple(t.staged.serial for t in txns)
+        # Only those with a begin record: recovery must find every serial a
+        # commit names (one whose first stage call failed staged nothing).
+        serials = tuple(t.staged.serial for t in txns if t.begun)
         gate = threading.Lock()
         started = cancelled = written = False
 
