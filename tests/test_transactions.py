@@ -31,6 +31,7 @@ from equeue_broker.storage import (
 from equeue_broker.storage.atomic_file import save_json
 from equeue_broker.storage.config import KiB, MessageLimits, RetentionConfig, TransactionConfig
 from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, QueueIndex, pack_entry
 from equeue_broker.storage.record import prepare_batch
 from equeue_broker.storage.txn_records import (
@@ -683,3 +684,40 @@ def test_committing_a_transaction_whose_first_stage_call_failed(
     store.abandon()
     store = open_store(config)
     assert staged_values(store) == [b"f-0"]
+
+
+@pytest.mark.parametrize("mode", [FlushMode.ASYNC, FlushMode.SYNC], ids=["async", "sync"])
+def test_a_stage_call_failing_part_way_keeps_what_reached_the_log(
+    open_store: OpenStore, make_config: MakeConfig, mode: FlushMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A staged batch larger than a chunk is written a piece per chunk; if a
+    piece fails (disk full), the pieces before it are in the log, so the
+    transaction holds them at runtime as recovery will: a commit then agrees
+    with what a restart derives."""
+    config = make_config(flush_mode=mode)
+    store = open_store(config)
+    store.create_topic(T, 1)
+    big = MessageBatch([b"%04d" % i + b"." * 1020 for i in range(100)])  # ~100 KiB: 2 pieces
+    calls = [0]
+    original = MessageLog.append
+
+    def fail_second_piece(log: MessageLog, size: int, encode: Any) -> int:
+        calls[0] += 1
+        if calls[0] == 3:  # the begin record, the first piece, then this one
+            raise OSError(errno.ENOSPC, "injected: no space left")
+        return original(log, size, encode)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(MessageLog, "append", fail_second_piece)
+        with pytest.raises(StorageError, match="no space left"):
+            store.transactions.stage("t", T, [(0, big)])
+    [info] = store.transactions.list_open()
+    assert 0 < info.messages < 100
+    with pytest.raises(PreconditionFailed, match="the writer staged 100"):
+        store.transactions.commit([("t", 100)])
+    store.transactions.commit([("t", info.messages)])
+    kept = staged_values(store)
+    assert kept == big.values[: info.messages]
+    store.abandon()
+    store = open_store(config)  # the commit record is after the checkpoint: derived again
+    assert staged_values(store) == kept

@@ -71,12 +71,21 @@ class LogWriter:
         self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
         return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
 
-    def write_staged(self, queue: QueueState, prepared: PreparedBatch, serial: int) -> bytearray:
+    def write_staged(
+        self,
+        queue: QueueState,
+        prepared: PreparedBatch,
+        serial: int,
+        entries: bytearray,
+        done: list[int],
+    ) -> None:
         """Append a transaction's checked batch for ``queue``, invisible: flagged
         TXN with ``serial`` as every record's queue offset, and no index
-        entries. Returns the entries a commit will write (store time: now)."""
+        entries. ``entries`` (one slot per message) gets the entries a commit
+        will write (store time: now), a piece at a time, and ``done[0]`` the
+        number of messages whose piece is in the log: if a piece fails, those
+        before it stay (recovery will find them)."""
         count = len(prepared.batch)
-        entries = bytearray(count * ENTRY_SIZE)
         store_ms = self._next_store_ms()
         fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
 
@@ -89,9 +98,9 @@ class LogWriter:
                 queue, prepared, start=start, stop=stop, size=size,
                 first_offset=serial, store_ms=store_ms, entries=entries, staged=True,
             )  # fmt: skip
+            done[0] = stop
 
         self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
-        return entries
 
     def write_control(self, prepared: PreparedBatch, store_ms: int | None = None) -> int:
         """Append one control record (txn_records.py); return its log position."""

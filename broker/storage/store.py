@@ -68,6 +68,7 @@ from equeue_broker.storage.maintenance import maintain
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.names import validate_group, validate_topic
 from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
+from equeue_broker.storage.queue_index import ENTRY_SIZE
 from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.reads import Reads
 from equeue_broker.storage.record import MessageBatch, PreparedBatch, prepare_batch
@@ -386,8 +387,12 @@ class Store:
         with self._lock:
             queue = self._writable_queue(topic, queue_id)
             first = -1 if begin is None else self._writer.write_control(begin)
-            entries = self._writer.write_staged(queue, prepared, serial)
-            on_written(first, entries)
+            count = len(prepared.batch)
+            entries, done = bytearray(count * ENTRY_SIZE), [0]
+            try:
+                self._writer.write_staged(queue, prepared, serial, entries, done)
+            finally:  # what reached the log is the transaction's, as recovery will see
+                on_written(first, entries if done[0] == count else entries[: done[0] * ENTRY_SIZE])
 
     def write_control(self, prepared: PreparedBatch) -> None:
         """Append a control record (an abort) to the log; not fsynced."""

@@ -49,6 +49,7 @@ from equeue_broker.storage.errors import (
     StorageError,
 )
 from equeue_broker.storage.names import validate_transaction_id
+from equeue_broker.storage.queue_index import ENTRY_SIZE
 from equeue_broker.storage.queue_state import QueueKey
 from equeue_broker.storage.record import MessageBatch, PreparedBatch
 from equeue_broker.storage.txn_records import Abort, Begin, Commit, prepare_control
@@ -212,10 +213,13 @@ class Transactions:
             begin = prepare_control(Begin(staged.serial, staged.txn_id, staged.created_ms))
 
         def written(first: int, entries: bytearray) -> None:
-            # Under the store lock: a checkpoint sees the transaction and its records.
+            # Under the store lock: a checkpoint sees the transaction and its
+            # records; after a failed write, those that reached the log.
             if first >= 0:
                 staged.first_position = first
-            staged.add((topic, queue_id), entries, batch.total_bytes)
+            if entries:
+                sizes = memoryview(entries).cast("I")[2 :: ENTRY_SIZE // 4]
+                staged.add((topic, queue_id), entries, sum(sizes))
 
         self._store.stage_records(topic, queue_id, batch, staged.serial, begin, written)
 
