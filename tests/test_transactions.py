@@ -32,7 +32,13 @@ from equeue_broker.storage.atomic_file import save_json
 from equeue_broker.storage.config import KiB, MessageLimits, RetentionConfig, TransactionConfig
 from equeue_broker.storage.errors import CorruptionError
 from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, QueueIndex, pack_entry
+from equeue_broker.storage.queue_index import (
+    ENTRY,
+    ENTRY_SIZE,
+    QueueIndex,
+    entry_damaged,
+    pack_entry,
+)
 from equeue_broker.storage.record import prepare_batch
 from equeue_broker.storage.txn_records import (
     Abort,
@@ -721,3 +727,17 @@ def test_a_stage_call_failing_part_way_keeps_what_reached_the_log(
     store.abandon()
     store = open_store(config)  # the commit record is after the checkpoint: derived again
     assert staged_values(store) == kept
+
+
+def test_a_damaged_entry_beside_committed_records_is_rebuilt(store: Store) -> None:
+    """Committed records lie out of offset order in the log: they never bound
+    the scan that rebuilds a neighbour's damaged entry (index_repair.py)."""
+    tx = store.transactions
+    tx.stage("early", T, [(0, batch("e", 2))])  # records before "n-0" in the log
+    store.append(T, 0, batch("n", 1))
+    tx.commit([("early", 2)])  # offsets 1, 2 point back before offset 0's record
+    store.append(T, 0, batch("m", 1))
+    index = store._queues[(T, 0)].index
+    index.write(0, b"\x01" * ENTRY_SIZE)  # fails its checksum
+    assert staged_values(store) == [b"n-0", b"e-0", b"e-1", b"m-0"]
+    assert not entry_damaged(index.read_raw(0, 1))
