@@ -64,7 +64,7 @@ typecheck: $(STAMP)
 PURE_PYTHON_TESTS = tests/test_formats.py tests/test_columns.py tests/test_wire.py \
 	tests/test_store.py tests/test_recovery.py tests/test_recovery_files.py tests/test_damage.py \
 	tests/test_recovery_crash.py tests/test_recovery_index.py tests/test_damaged_records.py \
-	tests/test_broker.py
+	tests/test_broker.py tests/test_transactions.py
 
 # ZooKeeper for the election and failover tests (equeue_broker.testing_zk starts
 # private instances): Debian's package, its jars in /usr/share/java (Java 17 runs it).

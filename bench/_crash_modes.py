@@ -160,7 +160,7 @@ class ScenarioLoop:
 
     def _kill_while_starting(self, outcome: CycleResult) -> None:
         """Kill a broker at a random moment of its start (recovery, the sweep of
-        what a delete left, the roll-forward of transactions)."""
+        what a delete left, transactions and commits read back from the log)."""
         expected = self.broker.start_seconds or 1.0
         process = self.broker.spawn()
         with contextlib.suppress(Exception):

@@ -8,11 +8,13 @@ chunk never returns); every acknowledged record at or after it is there with
 identical bytes, records verified before are unchanged, and every other
 record was in doubt, once.
 
-transaction: producers stage 1-3 requests in a transaction, then commit it.
+transaction: producers stage 1-3 requests in a transaction, then commit it
+(one in four: abort it, so kills land in aborts too).
 After the restart every queue reads contiguous from 0 and unchanged below
 what the last restart verified; an acknowledged commit's messages are all at
 the offsets its reply named; a commit in doubt shows all of its messages or
-none; a transaction never committed (or whose staging failed) shows none.
+none; a transaction never committed (aborted, or whose staging failed) shows
+none.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from bench._harness import pull_queue
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import Message
+
+ABORT_SHARE = 0.25
+"""Transactions the transaction scenario aborts instead of committing."""
 
 
 def columns_of(values: list[bytes]) -> pb.MessageColumns:
@@ -244,6 +249,15 @@ class TransactionScenario(ProducingScenario):
             staged += [
                 (q, ident_of(v), fingerprint(v)) for q, v in zip(queue_ids, values, strict=True)
             ]
+        if rng.random() < ABORT_SHARE:  # acknowledged or not, none of it may appear
+            try:
+                stub.AbortTransactions(
+                    pb.AbortTransactionsRequest(transaction_ids=[txn]),
+                    timeout=self.config.rpc_timeout_s,
+                )
+            except grpc.RpcError as exc:
+                workers.failed("AbortTransactions", exc)
+            return seq
         commit = pb.CommitTransactionsRequest(
             transactions=[pb.TransactionRef(transaction_id=txn, expected_messages=len(staged))]
         )

@@ -25,6 +25,7 @@ import grpc
 from equeue_broker.storage import MessageLimits, StorageConfig, Store
 from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader
 from equeue_broker.testing import BrokerProcess
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import Message, decode_records
@@ -95,13 +96,11 @@ _TOP_LEVEL_FILES = {
 _LOG_FILE = re.compile(r"\d{9}\.chunk")
 _INDEX_FILE = re.compile(r"\d{9}\.idx")
 _NAME = re.compile(NAME)
-_TXN_FILE = re.compile(r"[0-9a-f]{32}\.stage|commit-\d{12,}\.json|sinks\.json(\.bak)?")
-"""``txn/``: stage files (SHA-256 prefix of the id), commit decisions, sink batches."""
 
 
 def layout_violations(data_dir: Path, *, allow_temp: bool = False) -> list[str]:
     """Paths under ``data_dir`` outside the layout of ``broker/storage/store.py``
-    (and of ``transactions.py`` for ``txn/``).
+    (transactions keep no files: they live in the log).
 
     ``allow_temp``: also accept ``*.tmp`` (a save or chunk creation in progress).
     """
@@ -121,11 +120,9 @@ def layout_violations(data_dir: Path, *, allow_temp: bool = False) -> list[str]:
 
 def _layout_ok(parts: tuple[str, ...], is_dir: bool) -> bool:
     if len(parts) == 1:
-        return (parts[0] in ("log", "index", "txn") and is_dir) or (
+        return (parts[0] in ("log", "index") and is_dir) or (
             parts[0] in _TOP_LEVEL_FILES and not is_dir
         )
-    if parts[0] == "txn":
-        return len(parts) == 2 and not is_dir and bool(_TXN_FILE.fullmatch(parts[1]))
     if parts[0] == "log":
         return len(parts) == 2 and not is_dir and bool(_LOG_FILE.fullmatch(parts[1]))
     if parts[0] == "index":
@@ -171,6 +168,7 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
     with Store(config, background=False) as store:
         wanted = {t.name for t in store.topics()} if topics is None else set(topics)
         ends: dict[tuple[str, int], tuple[int, int]] = {}
+        served: set[int] = set()
         for meta in store.topics():
             if meta.name not in wanted:
                 continue
@@ -184,13 +182,14 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                         break
                     read = store.read(meta.name, q.queue_id, offset, max_messages=PULL_BATCH)
                     for m in read.messages:
+                        served.add(m.position)
+                        got.append((m.queue_offset, m.value))
                         again = store.read_at_position(m.position)
                         if again != m:
                             result.problems.append(
                                 f"{meta.name}/{q.queue_id}@{m.queue_offset}: position "
                                 f"{m.position} holds a different record"
                             )
-                        got.append((m.queue_offset, m.value))
                     offset = read.next_offset
                 if [o for o, _v in got] != list(range(info.earliest, info.end)):
                     result.problems.append(
@@ -206,7 +205,12 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
         seen: dict[tuple[str, int], int] = {}
         for position, meta_record in log.iter_records(log.start_position):
             key = (meta_record.topic.decode(), meta_record.queue_id)
-            if key not in ends:
+            if key not in ends or meta_record.flags & FLAG_CONTROL:
+                continue
+            if meta_record.flags & FLAG_TXN:  # staged: indexed only if committed
+                if position in served:
+                    result.log_records += 1
+                    seen[key] = seen.get(key, 0) + 1
                 continue
             result.log_records += 1
             seen[key] = seen.get(key, 0) + 1

@@ -19,6 +19,9 @@ Scenarios (messages of 100 B and 1 KiB of random bytes, generated once):
   (the same byte volume). Both files are read once beforehand (page cache warm).
 * write-path allocation: tracemalloc peak during one append of 1,000 and 10,000
   1 KiB messages, minus the encoded batch size, per message.
+* transaction commit (async): one transaction stages 10,000 messages (10
+  batches of 1,000) on one queue, then the commit is timed (a commit record and
+  the index entries of the staged records: no copy). Target < 10 ms.
 
 Rates count messages; MB/s counts encoded log bytes (value + framing), 1 MB =
 10^6 B. A baseline rate is its byte rate divided by the encoded message size.
@@ -87,7 +90,8 @@ class Sample:
     """One measurement of one row."""
 
     rate: float
-    """Messages per second (for the allocation row: transient bytes per message)."""
+    """Messages per second (for the allocation row: transient bytes per message;
+    for the commit row: milliseconds)."""
     mbps: float | None
     baseline_rate: float | None
     fsyncs_per_append: float | None = None
@@ -171,6 +175,9 @@ def format_row(row: Row) -> str:
     if row.scenario.startswith("append allocation"):
         cells = [NA, NA, NA, NA]
         notes.insert(0, f"transient overhead {_num(rate, 1)} B/msg")
+    elif row.scenario.startswith("transaction commit"):
+        cells = [NA, NA, NA, NA]
+        notes.insert(0, f"commit {_num(rate, 2)} ms")
     else:
         ratio = row_ratio(row)
         cells = [
@@ -554,6 +561,34 @@ def append_allocation(root: Path, table: Table) -> None:
         shutil.rmtree(root / "alloc", ignore_errors=True)
 
 
+COMMIT_MESSAGES = 10_000
+COMMIT_TARGET_MS = 10.0
+
+
+def transaction_commit(root: Path, payload: Payload, table: Table) -> None:
+    """Time the commit of one transaction holding ``COMMIT_MESSAGES`` staged messages."""
+    store = open_store(root / "txn", FlushMode.ASYNC, 1, background=False)
+    try:
+        times = []
+        for attempt in range(6):  # the first creates the index file: not counted
+            quiesce()  # the staged pages written back first, as in the other rows
+            txn_id = f"bench-{attempt}"
+            for _ in range(COMMIT_MESSAGES // BATCH):
+                store.transactions.stage(txn_id, TOPIC, [(0, payload.batch)])
+            started = time.perf_counter()
+            store.transactions.commit([(txn_id, COMMIT_MESSAGES)])
+            times.append((time.perf_counter() - started) * 1000)
+        times = times[1:]
+        table.add(
+            Row(f"transaction commit ({COMMIT_MESSAGES:,} staged msgs, async)", payload.size, 1,
+                "median of 5 commits after one warm-up; staging not timed"),
+            Sample(statistics.median(times), None, None),
+        )  # fmt: skip
+    finally:
+        store.close()
+        shutil.rmtree(root / "txn", ignore_errors=True)
+
+
 # -- main ----------------------------------------------------------------------------------
 
 
@@ -575,6 +610,17 @@ def legend() -> str:
 
 def targets(table: Table) -> list[str]:
     lines = []
+    for size in SIZES:
+        row = table.rows.get(
+            (f"transaction commit ({COMMIT_MESSAGES:,} staged msgs, async)", size, 1)
+        )
+        if row is not None:
+            ms = _median([s.rate for s in row.samples]) or 0.0
+            verdict = "met" if ms < COMMIT_TARGET_MS else "NOT met"
+            lines.append(
+                f"- commit of {COMMIT_MESSAGES:,} staged {_size_label(size)} messages (async): "
+                f"{ms:.2f} ms (target < {COMMIT_TARGET_MS:g} ms): {verdict}"
+            )
     ratio = table.ratio("async append", 1024, 1)
     if ratio is not None:
         verdict = "met" if ratio >= ASYNC_TARGET else "NOT met"
@@ -626,6 +672,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sync_batches(root, payload, volumes, table)
                 sync_singles(root, payload, volumes, table)
             append_allocation(root, table)
+            for payload in payloads:
+                transaction_commit(root, payload, table)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - started

@@ -1,6 +1,6 @@
 /*
  * C accelerator for the equeue record format: the broker's record encoder and
- * rebase (equeue_broker/storage/record.py), its pull planner (index_runs) and
+ * transaction patch (equeue_broker/storage/record.py), its pull planner (index_runs) and
  * wire helpers (split_blob, varints), and the client's pull-reply decoders
  * (decode_frames for equeue_spark/client/records.py, decode_columns for
  * equeue_spark/client/columns.py).
@@ -86,6 +86,15 @@ static uint32_t crc32c(const uint8_t *p, size_t n) {
     return ~crc_sw(0xFFFFFFFFu, p, n);
 }
 
+/* The CRC register after ``p`` from state ``c``, without the pre/post inversion:
+ * linear in (c, data), which is what lets a patch adjust a checksum (patch_committed). */
+static uint32_t crc_raw(uint32_t c, const uint8_t *p, size_t n) {
+#ifdef EQ_X86
+    if (have_hw_crc) return crc_hw(c, p, n);
+#endif
+    return crc_sw(c, p, n);
+}
+
 /* ---- little-endian stores ------------------------------------------------ */
 
 static inline void put8(uint8_t *p, uint8_t v) { p[0] = v; }
@@ -106,6 +115,8 @@ static inline void put64(uint8_t *p, uint64_t v) {
 #define RECORD_VERSION 1
 #define FLAG_HAS_KEY 1
 #define FLAG_BATCH_END 2
+#define FLAG_TXN 4     /* staged by a transaction: queue_offset holds its serial in the log */
+#define FLAG_CONTROL 8 /* a transaction's commit or abort record (broker/storage/txn_records.py) */
 /* Byte offsets of the fields in a frame, from its first byte. */
 #define AT_BODY 4 /* the checksummed body starts after the length prefix */
 #define AT_VERSION 4
@@ -187,9 +198,11 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
     Py_ssize_t topic_len, start, stop;
     int queue_id;
     PyObject *values_obj, *keys_obj, *tags_obj, *headers_obj, *stamps_obj;
-    if (!PyArg_ParseTuple(args, "w*Ly#iLLOOOOOnnw*", &out, &position, &topic, &topic_len,
+    int extra_flags = 0, offset_step = 1; /* a transaction's staged records: FLAG_TXN, step 0 */
+    if (!PyArg_ParseTuple(args, "w*Ly#iLLOOOOOnnw*|ii", &out, &position, &topic, &topic_len,
                           &queue_id, &first_offset, &store_ms, &values_obj, &keys_obj,
-                          &tags_obj, &headers_obj, &stamps_obj, &start, &stop, &index_out))
+                          &tags_obj, &headers_obj, &stamps_obj, &start, &stop, &index_out,
+                          &extra_flags, &offset_step))
         return NULL;
 
     PyObject *values = NULL, *keys = NULL, *tags = NULL, *headers = NULL, *stamps = NULL;
@@ -246,12 +259,13 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
             goto fail_item;
         }
         uint8_t *r = base + pos;
-        uint8_t flags = (uint8_t)((have_key ? FLAG_HAS_KEY : 0) | (i == stop - 1 ? FLAG_BATCH_END : 0));
+        uint8_t flags = (uint8_t)((have_key ? FLAG_HAS_KEY : 0) | (i == stop - 1 ? FLAG_BATCH_END : 0) |
+                                  (extra_flags & (FLAG_TXN | FLAG_CONTROL)));
         put32(r, (uint32_t)body);
         put8(r + AT_VERSION, RECORD_VERSION);
         put8(r + AT_FLAGS, flags);
         put16(r + AT_QUEUE_ID, (uint16_t)queue_id);
-        put64(r + AT_QUEUE_OFFSET, (uint64_t)(first_offset + (i - start)));
+        put64(r + AT_QUEUE_OFFSET, (uint64_t)(first_offset + (i - start) * offset_step));
         put64(r + AT_POSITION, (uint64_t)(position + pos));
         put64(r + AT_PRODUCER_MS, (uint64_t)producer_ms);
         put64(r + AT_STORE_MS, (uint64_t)store_ms);
@@ -307,71 +321,91 @@ static inline int entry_damaged(const uint8_t *e) {
     return format != 0 || crc != 0;
 }
 
-/* rebase_records(out, src, position, first_offset, store_ms, count, index_out) -> bytes
- * Copy ``count`` encoded records from ``src`` (staged with placeholder offsets,
- * see broker/storage/staging.py) into ``out``, giving them queue offsets from
- * ``first_offset``, log positions from ``position`` and ``store_ms``, the
- * BATCH_END flag on the last one only, fresh checksums, and their index
- * entries in ``index_out``. Every other byte is copied as is. */
-static PyObject *rebase_records(PyObject *self, PyObject *args) {
-    Py_buffer out, src, index_out;
-    long long position, first_offset, store_ms;
-    Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "w*y*LLLnw*", &out, &src, &position, &first_offset, &store_ms,
-                          &count, &index_out))
-        return NULL;
+/* patch_committed(src, entries, first_offset) -> bytearray | None
+ * The records of ``src`` (frames back to back, as a read copies them out of
+ * the log) as a pull reply carries them: each FLAG_TXN record gets its queue
+ * offset (``first_offset`` + its index in ``src``) and the store time of its
+ * index entry (``entries``, one per frame), and its checksum is adjusted by the
+ * change (CRC-32C is affine), never recomputed: a record damaged in the log
+ * still fails the client's check. None when ``src`` holds no FLAG_TXN record
+ * (nothing to copy). The reference is broker/storage/record.py's
+ * ``patch_committed_py``. */
+static const uint8_t zeros[4096];
+
+static PyObject *patch_committed(PyObject *self, PyObject *args) {
+    Py_buffer src, entries;
+    long long first_offset;
+    if (!PyArg_ParseTuple(args, "y*y*L", &src, &entries, &first_offset)) return NULL;
     PyObject *result = NULL;
-    if (count < 0 || index_out.len < count * ENTRY_SIZE) {
-        PyErr_SetString(PyExc_ValueError, "bad count or index buffer too small");
+    const uint8_t *in = (const uint8_t *)src.buf;
+    Py_ssize_t pos = 0, count = 0;
+    int any = 0;
+    while (pos < src.len) {
+        if (pos + HEADER_SIZE + TRAILER_SIZE > src.len) goto bad;
+        Py_ssize_t frame = (Py_ssize_t)get32(in + pos) + 12;
+        if (frame < HEADER_SIZE + TRAILER_SIZE || pos + frame > src.len) goto bad;
+        any |= in[pos + AT_FLAGS] & FLAG_TXN;
+        pos += frame;
+        count++;
+    }
+    if (!any) {
+        result = Py_None;
+        Py_INCREF(result);
         goto done;
     }
-    const uint8_t *in = (const uint8_t *)src.buf;
-    uint8_t *base = (uint8_t *)out.buf;
-    Py_ssize_t pos = 0;
+    if (entries.len < count * ENTRY_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "fewer index entries than records");
+        goto done;
+    }
+    result = PyByteArray_FromStringAndSize((const char *)in, src.len);
+    if (result == NULL) goto done;
+    uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(result);
+    pos = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (pos + HEADER_SIZE + 8 > src.len) {
-            PyErr_Format(PyExc_ValueError, "staged record %zd is cut short", i);
-            goto done;
+        uint8_t *r = out + pos;
+        uint32_t body = get32(r);
+        pos += (Py_ssize_t)body + 12;
+        if (!(r[AT_FLAGS] & FLAG_TXN)) continue;
+        const uint8_t *e = (const uint8_t *)entries.buf + i * ENTRY_SIZE;
+        uint8_t delta[AT_STORE_MS + 8 - AT_QUEUE_OFFSET];
+        memset(delta, 0, sizeof delta);
+        put64(delta, get64(r + AT_QUEUE_OFFSET) ^ (uint64_t)(first_offset + i));
+        put64(delta + (AT_STORE_MS - AT_QUEUE_OFFSET),
+              get64(r + AT_STORE_MS) ^ get64(e + ENTRY_AT_STORE_MS));
+        uint32_t c = crc_raw(0, delta, sizeof delta);
+        size_t after = (size_t)(AT_BODY + body) - (AT_STORE_MS + 8); /* body bytes after the delta */
+        while (after) {
+            size_t n = after < sizeof zeros ? after : sizeof zeros;
+            c = crc_raw(c, zeros, n);
+            after -= n;
         }
-        uint32_t body = get32(in + pos);
-        Py_ssize_t frame = (Py_ssize_t)body + 12;
-        if (body < HEADER_SIZE - 4 || pos + frame > src.len || pos + frame > out.len) {
-            PyErr_Format(PyExc_ValueError, "staged record %zd overruns its buffer", i);
-            goto done;
-        }
-        uint8_t *r = base + pos;
-        memcpy(r, in + pos, (size_t)frame);
-        uint8_t flags = (uint8_t)(r[5] & ~FLAG_BATCH_END);
-        put8(r + AT_FLAGS, (uint8_t)(flags | (i == count - 1 ? FLAG_BATCH_END : 0)));
         put64(r + AT_QUEUE_OFFSET, (uint64_t)(first_offset + i));
-        put64(r + AT_POSITION, (uint64_t)(position + pos));
-        put64(r + AT_STORE_MS, (uint64_t)store_ms);
-        put32(r + AT_BODY + body, crc32c(r + AT_BODY, (size_t)body));
-        uint16_t topic_len = get16(r + AT_TOPIC_LEN);
-        uint8_t tag_len = r[42];
-        if ((Py_ssize_t)HEADER_SIZE + topic_len + tag_len > frame - 8) {
-            PyErr_Format(PyExc_ValueError, "staged record %zd has bad field lengths", i);
-            goto done;
-        }
-        uint8_t *e = (uint8_t *)index_out.buf + i * ENTRY_SIZE;
-        put64(e, (uint64_t)(position + pos + 1));
-        put32(e + ENTRY_AT_SIZE, (uint32_t)frame);
-        put32(e + ENTRY_AT_TAG_HASH, tag_len ? crc32c(r + HEADER_SIZE + topic_len, tag_len) : 0);
+        put64(r + AT_STORE_MS, get64(e + ENTRY_AT_STORE_MS));
+        put32(r + AT_BODY + body, get32(r + AT_BODY + body) ^ c);
+    }
+    goto done;
+bad:
+    PyErr_Format(PyExc_ValueError, "record at byte %zd overruns the buffer", pos);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&entries);
+    return result;
+}
+
+/* restamp_entries(entries, store_ms) -> None
+ * Set the store time of every index entry in ``entries`` and re-seal each
+ * (a commit stamps its staged records' entries with the commit's time). */
+static PyObject *restamp_entries(PyObject *self, PyObject *args) {
+    Py_buffer entries;
+    long long store_ms;
+    if (!PyArg_ParseTuple(args, "w*L", &entries, &store_ms)) return NULL;
+    for (Py_ssize_t at = 0; at + ENTRY_SIZE <= entries.len; at += ENTRY_SIZE) {
+        uint8_t *e = (uint8_t *)entries.buf + at;
         put64(e + ENTRY_AT_STORE_MS, (uint64_t)store_ms);
         seal_entry(e);
-        pos += frame;
     }
-    if (pos != src.len) {
-        PyErr_Format(PyExc_ValueError, "%zd bytes after the %zd staged records", src.len - pos,
-                     count);
-        goto done;
-    }
-    result = PyLong_FromSsize_t(pos);
-done:
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&index_out);
-    return result;
+    PyBuffer_Release(&entries);
+    Py_RETURN_NONE;
 }
 
 /* measure_batch(values, keys, tags, headers, fixed) -> (total, max_frame, max_key, max_value)
@@ -1237,9 +1271,10 @@ static PyMethodDef methods[] = {
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(out, position, topic, queue_id, first_offset, store_ms, values, keys, "
      "tags, headers, timestamps_ms, start, stop, index_out) -> bytes written"},
-    {"rebase_records", rebase_records, METH_VARARGS,
-     "rebase_records(out, src, position, first_offset, store_ms, count, index_out) -> bytes "
-     "written"},
+    {"patch_committed", patch_committed, METH_VARARGS,
+     "patch_committed(src, entries, first_offset) -> bytearray with committed offsets, or None"},
+    {"restamp_entries", restamp_entries, METH_VARARGS,
+     "restamp_entries(entries, store_ms) -> None (store time set, entries re-sealed)"},
     {"measure_batch", measure_batch, METH_VARARGS,
      "measure_batch(values, keys, tags, headers, fixed) -> (total, max_frame, max_key, max_value)"},
     {"decode_frames", decode_frames, METH_VARARGS,
@@ -1275,6 +1310,7 @@ PyMODINIT_FUNC PyInit__codec(void) {
         {"HEADER_SIZE", HEADER_SIZE},       {"TRAILER_SIZE", TRAILER_SIZE},
         {"RECORD_VERSION", RECORD_VERSION}, {"FLAG_HAS_KEY", FLAG_HAS_KEY},
         {"FLAG_BATCH_END", FLAG_BATCH_END}, {"AT_BODY", AT_BODY},
+        {"FLAG_TXN", FLAG_TXN},             {"FLAG_CONTROL", FLAG_CONTROL},
         {"AT_VERSION", AT_VERSION},         {"AT_FLAGS", AT_FLAGS},
         {"AT_QUEUE_ID", AT_QUEUE_ID},       {"AT_QUEUE_OFFSET", AT_QUEUE_OFFSET},
         {"AT_POSITION", AT_POSITION},       {"AT_PRODUCER_MS", AT_PRODUCER_MS},

@@ -24,16 +24,13 @@ def encode_records(
     start: int,
     stop: int,
     index_out: WriteableBuffer,
+    extra_flags: int = 0,
+    offset_step: int = 1,
 ) -> int: ...
-def rebase_records(
-    out: WriteableBuffer,
-    src: ReadableBuffer,
-    position: int,
-    first_offset: int,
-    store_ms: int,
-    count: int,
-    index_out: WriteableBuffer,
-) -> int: ...
+def patch_committed(
+    src: ReadableBuffer, entries: ReadableBuffer, first_offset: int
+) -> bytearray | None: ...
+def restamp_entries(entries: WriteableBuffer, store_ms: int) -> None: ...
 def crc32c(data: ReadableBuffer) -> int: ...
 def murmur2(data: ReadableBuffer) -> int: ...
 def index_runs(

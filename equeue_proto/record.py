@@ -13,7 +13,10 @@ Grammar (all integers little-endian)::
 
     body  := version       u8    RECORD_VERSION
              flags         u8    bit 0 HAS_KEY (a zero-length key is not "no key"),
-                                 bit 1 BATCH_END (last record of an atomic append)
+                                 bit 1 BATCH_END (last record of an atomic append),
+                                 bit 2 TXN (staged by a transaction, see below),
+                                 bit 3 CONTROL (a transaction's commit or abort
+                                 record: never served to clients)
              queue_id      u16
              queue_offset  u64
              position      u64   global log position of this frame's first byte
@@ -37,6 +40,17 @@ torn or overwritten record is detected from either end. A frame is
 The broker writes an append's records with BATCH_END on the last one only;
 its recovery discards trailing records after the last BATCH_END, so an append
 is all-or-nothing across a crash.
+
+Transactions (broker/storage/transactions.py): a staged record is written to
+the log once, when it is staged, with TXN set; in the log its ``queue_offset``
+holds its transaction's serial (offsets are only known at commit) and its
+``store_ms`` the staging time. A pull reply carries every TXN record with its
+committed ``queue_offset`` and the commit's ``store_ms`` (from its index
+entry), and a ``crc`` adjusted for those two changes, never recomputed
+(CRC-32C is affine: ``crc(M xor D) = crc(M) xor crc(D) xor crc(0...)`` for
+equal lengths), so a record damaged in the log still fails a client's check.
+Clients need not know the TXN bit. CONTROL records (topic "") never leave the
+broker; their value is specified in broker/storage/txn_records.py.
 """
 
 from __future__ import annotations
@@ -51,6 +65,8 @@ from crc32c import crc32c
 RECORD_VERSION = 1
 FLAG_HAS_KEY = 1
 FLAG_BATCH_END = 2
+FLAG_TXN = 4
+FLAG_CONTROL = 8
 
 _PREFIX = "<I"
 """body_length."""
@@ -101,6 +117,8 @@ LAYOUT = {
     "RECORD_VERSION": RECORD_VERSION,
     "FLAG_HAS_KEY": FLAG_HAS_KEY,
     "FLAG_BATCH_END": FLAG_BATCH_END,
+    "FLAG_TXN": FLAG_TXN,
+    "FLAG_CONTROL": FLAG_CONTROL,
     "AT_BODY": AT_BODY,
     **{f"AT_{name.upper()}": at for name, at in _AT.items()},
 }

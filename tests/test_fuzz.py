@@ -152,12 +152,11 @@ def test_the_layout_check_flags_what_is_outside_the_layout(tmp_path: Path) -> No
         "LOCK", "topics.json", "topics.json.bak", "offsets.json", "checkpoint.json.bak",
         "broker.json", "log/000000000.chunk", "log/000000001.chunk",
         "index/fz0/0/000000000.idx", "index/a..b/12/000000003.idx",
-        "txn/" + "0" * 32 + ".stage", "txn/commit-000000000001.json", "txn/sinks.json",
     ]  # fmt: skip
     bad = [
         "x", "log/0.chunk", "log/000000000.chunk.tmp", "index/..x/0/000000000.idx",
         "index/fz0/00/000000000.idx", "index/fz0/0/x", "index/fz0/0/1/000000000.idx",
-        "txn/notes.txt", "topics.json.tmp", "log/sub/000000000.chunk",
+        "txn/notes.txt", "txn/sinks.json", "topics.json.tmp", "log/sub/000000000.chunk",
     ]  # fmt: skip
     for name in good + bad:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -1,18 +1,21 @@
-"""Staged transactions in the store: stage, commit, abort, sinks, restart, roll-forward.
+"""Staged transactions in the store: stage, commit, abort, sinks, restart, recovery.
 
 Real files in a tmp dir; crashes are simulated with ``Store.abandon`` (nothing
-flushed, as a killed process) and by failing an append part-way.
+flushed, as a killed process), stopping a commit part-way, and failing a write.
 """
 
 from __future__ import annotations
 
-import itertools
+import errno
+import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from equeue_broker.storage import (
     FlushMode,
@@ -25,20 +28,34 @@ from equeue_broker.storage import (
     Store,
     record,
 )
-from equeue_broker.storage.config import MessageLimits, TransactionConfig
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.record import prepare_batch, rebase_records
-from equeue_broker.storage.staging import (
-    StageFile,
-    decode_body,
-    encode_entry,
-    file_name,
+from equeue_broker.storage.atomic_file import save_json
+from equeue_broker.storage.config import KiB, MessageLimits, RetentionConfig, TransactionConfig
+from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.message_log import MessageLog
+from equeue_broker.storage.queue_index import (
+    ENTRY,
+    ENTRY_SIZE,
+    QueueIndex,
+    entry_damaged,
+    pack_entry,
+)
+from equeue_broker.storage.record import prepare_batch
+from equeue_broker.storage.txn_records import (
+    Abort,
+    Begin,
+    Commit,
+    Control,
+    decode_value,
+    encode_control,
+    prepare_control,
 )
 from equeue_broker.testing import BrokerProcess
-from equeue_proto.record import decode_record
+from equeue_proto import accel
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, check_frame, decode_record
 from equeue_spark.client import (
     Admin,
     ClientConfig,
+    EqueueError,
     InvalidRequest,
     NotFoundError,
     PreconditionError,
@@ -46,10 +63,13 @@ from equeue_spark.client import (
     read_range,
 )
 from equeue_spark.client.connection import Connection
-from equeue_spark.client.transactions import commit_transactions
+from equeue_spark.client.records import decode_records
+from equeue_spark.client.transactions import abort_transactions, commit_transactions
 from tests.conftest import MakeConfig
 from tests.support.records import encode_prepared
 from tests.support.waits import wait_for
+from tests.test_formats import LIMITS as FORMAT_LIMITS
+from tests.test_formats import messages
 from tests.test_store import read_all
 
 OpenStore = Callable[..., Store]
@@ -67,10 +87,31 @@ def staged_values(store: Store, queue_id: int = 0) -> list[bytes]:
     return read_all(store, T, queue_id)
 
 
-# -- the stage file format ---------------------------------------------------------
+# -- the on-disk records of a transaction -------------------------------------------
 
 
-def test_stage_entry_round_trips_and_rebases_to_appended_bytes(open_store: OpenStore) -> None:
+def test_control_records_round_trip() -> None:
+    controls: list[Control] = [
+        Begin(7, "q1:5:run1:0:0", 1_700_000_000_000),
+        Commit((7, 9), "sink-1", 42, (((T, 0), 10, 3), (("other", 1), 0, 1))),
+        Commit((), "", -1, ()),
+        Abort((3, 4, 5)),
+    ]
+    for control in controls:
+        prepared = prepare_control(control)
+        out = bytearray(prepared.total_bytes)
+        assert encode_control(out, 4096, prepared, 123) == len(out)
+        message = decode_record(out, 0)
+        assert (message.topic, message.queue_id, message.position) == ("", 0, 4096)
+        assert out[5] & FLAG_CONTROL and not out[5] & FLAG_TXN
+        assert decode_value(message.tag, message.value) == control
+    with pytest.raises(CorruptionError, match="unknown control record"):
+        decode_value("rollback", b"{}")
+    with pytest.raises(CorruptionError, match="unreadable 'commit'"):
+        decode_value("commit", b'{"serials": [1]}')
+
+
+def _staged_frames(serial: int) -> tuple[bytes, bytes]:
     b = MessageBatch(
         [b"v0", b"", b"v2" * 100],
         keys=[b"k0", None, b""],
@@ -78,60 +119,56 @@ def test_stage_entry_round_trips_and_rebases_to_appended_bytes(open_store: OpenS
         headers=[[("h", b"1")], [], [("x", b""), ("y", b"yy")]],
         timestamps_ms=[1, 2, 3],
     )
-    store = open_store()
-    store.create_topic(T, 8)
-    prepared = store.prepare(T, 7, b)
-    entry = encode_entry(T, 7, prepared, staged_ms=5)
-    staged = decode_body(memoryview(entry)[8:])
-    assert (staged.topic, staged.queue_id, staged.records.count) == (T, 7, 3)
-    # Rebased at a position and offset, the records equal what a plain append encodes there.
-    direct, direct_index = encode_prepared(
-        prepared, topic=T.encode(), queue_id=7, position=4096, first_offset=40, store_ms=99
-    )
-    rebased_index = bytearray(3 * ENTRY_SIZE)
-    rebased = bytearray(prepared.total_bytes)
-    written = rebase_records(
-        rebased, staged.records, position=4096, first_offset=40, store_ms=99,
-        index_out=rebased_index,
+    prepared = prepare_batch(b, T.encode(), MessageLimits())
+    out = bytearray(prepared.total_bytes)
+    entries = bytearray(3 * ENTRY_SIZE)
+    encode = functools.partial(
+        record.encode_records, out, position=800, topic=T.encode(), queue_id=1,
+        first_offset=serial, store_ms=111, prepared=prepared, start=0, stop=3,
+        index_out=entries, flags=FLAG_TXN,
     )  # fmt: skip
-    assert written == len(direct) and rebased == direct and rebased_index == direct_index
-    python = bytearray(prepared.total_bytes)
-    python_index = bytearray(3 * ENTRY_SIZE)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(record, "_rebase_c", None)  # the pure-Python reference
-        rebase_records(
-            python, staged.records, position=4096, first_offset=40, store_ms=99,
-            index_out=python_index,
-        )  # fmt: skip
-    assert python == direct and python_index == direct_index
-    starts = [0, *itertools.accumulate(staged.records.frame_sizes())][:3]
-    messages = [decode_record(rebased, pos) for pos in starts]
-    assert [(m.queue_offset, m.value, m.key, m.tag) for m in messages] == [
-        (40, b"v0", b"k0", "a"), (41, b"", None, ""), (42, b"v2" * 100, b"", "ccc"),
-    ]  # fmt: skip
+    assert encode() == len(out)
+    return bytes(out), bytes(entries)
 
 
-def test_stage_file_cuts_a_torn_last_entry(tmp_path: Path) -> None:
-    limits = MessageLimits()
-    stage = StageFile.create(tmp_path, "txn-1", 123)
-    entries = [
-        encode_entry(T, 0, prepare_batch(batch(str(i), 3), T.encode(), limits), 1) for i in range(3)
+def test_staged_records_carry_the_serial_and_replies_their_committed_offsets() -> None:
+    frames, entries = _staged_frames(serial=77)
+    staged = [decode_record(frames, pos) for pos in _frame_starts(frames)]
+    assert [m.queue_offset for m in staged] == [77, 77, 77]  # the serial, not an offset
+    assert all(frames[pos + 5] & FLAG_TXN for pos in _frame_starts(frames))
+    stamped = bytearray(entries)
+    record.restamp_entries(stamped, 999)
+    python = bytearray(entries)
+    for at in range(0, len(python), ENTRY_SIZE):  # the reference, entry by entry
+        position, size, tag_hash, _ = ENTRY.unpack_from(python, at)
+        python[at : at + ENTRY_SIZE] = pack_entry(position, size, tag_hash, 999)
+    assert stamped == python
+    patched = record.patch_committed(frames, stamped, 40)
+    assert patched is not None and patched == record.patch_committed_py(frames, stamped, 40)
+    served = [decode_record(patched, pos) for pos in _frame_starts(patched)]
+    assert [(m.queue_offset, m.store_timestamp_ms) for m in served] == [
+        (40, 999),
+        (41, 999),
+        (42, 999),
     ]
-    stage.append(entries)
-    stage.close()
-    path = tmp_path / file_name("txn-1")
-    size = path.stat().st_size
-    with open(path, "r+b") as f:
-        f.truncate(size - 5)  # the last entry loses its tail
-    reopened, counts = StageFile.open(path)
-    assert reopened.txn_id == "txn-1" and reopened.created_ms == 123
-    assert counts == [(T, 0, 3), (T, 0, 3)]
-    assert path.stat().st_size == size - len(entries[-1])
-    assert [s.records.count for s in reopened.batches()] == [3, 3]
-    reopened.close()
+    assert [m.value for m in served] == [m.value for m in staged]
+    # The checksum is adjusted, not recomputed: damage in the log still shows.
+    damaged = bytearray(frames)
+    damaged[70] ^= 0xFF
+    bad = record.patch_committed(bytes(damaged), stamped, 40)
+    assert bad is not None and isinstance(check_frame(bad, 0, len(bad)), str)
+    plain, _ = encode_prepared(prepare_batch(batch("p", 2), b"t", MessageLimits()), topic=b"t")
+    assert record.patch_committed(plain, b"", 0) is None  # nothing to patch: no copy
 
 
-# -- behaviour ---------------------------------------------------------------------
+def _frame_starts(frames: bytes | bytearray) -> list[int]:
+    starts, pos = [], 0
+    while pos < len(frames):
+        starts.append(pos)
+        size = check_frame(frames, pos, len(frames))
+        assert isinstance(size, int)
+        pos += size
+    return starts
 
 
 @pytest.fixture(params=[FlushMode.ASYNC, FlushMode.SYNC], ids=["async", "sync"])
@@ -280,68 +317,179 @@ def test_concurrent_transactions_on_one_queue(store: Store) -> None:
         assert values[start : start + 10] == [b"%s-%d" % (prefix, i) for i in range(10)]
 
 
-class _Boom(Exception):
-    pass
-
-
-def _failing_after(store: Store, appends: int) -> Iterator[None]:
-    """Make the store's appends of committed records raise after ``appends`` pieces."""
-    original = store._write_rebased
-    calls = [0]
-
-    def write(*args: Any) -> None:
-        calls[0] += 1
-        if calls[0] > appends:
-            raise StorageError("injected I/O error")
-        original(*args)
-
-    store._write_rebased = write  # type: ignore[method-assign,assignment]
-    yield
-    store._write_rebased = original  # type: ignore[method-assign]
+class _Crash(BaseException):
+    """The process dies here (not an I/O error: nothing is undone)."""
 
 
 @pytest.mark.parametrize("mode", [FlushMode.ASYNC, FlushMode.SYNC], ids=["async", "sync"])
-def test_commit_interrupted_part_way_rolls_forward_at_restart(
-    open_store: OpenStore, make_config: MakeConfig, mode: FlushMode
+def test_crash_between_commit_record_and_its_index_entries(
+    open_store: OpenStore, make_config: MakeConfig, mode: FlushMode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = make_config(flush_mode=mode)
     store = open_store(config)
     store.create_topic(T, 2)
     tx = store.transactions
+    store.append(T, 0, batch("plain", 1))
     tx.stage("t", T, [(0, batch("a", 2))])
     tx.stage("t", T, [(1, batch("b", 2))])
     tx.stage("t", T, [(0, batch("c", 2))])
-    fault = _failing_after(store, 1)
-    next(fault)
-    with pytest.raises(StorageError, match="injected"):
+    writes = [0]
+    original = QueueIndex.write
+
+    def crash_after_first(index: QueueIndex, first: int, entries: Any) -> None:
+        writes[0] += 1
+        if writes[0] > 1:
+            raise _Crash()
+        original(index, first, entries)
+
+    monkeypatch.setattr(QueueIndex, "write", crash_after_first)
+    with pytest.raises(_Crash):
         tx.commit([("t", 6)], sink="s", batch_id=0)
-    # Half applied: the queues refuse other appends until the rest is in.
-    assert staged_values(store, 0) == [b"a-0", b"a-1"]
-    with pytest.raises(StorageError, match="interrupted transaction commit"):
-        store.append(T, 0, batch("late", 1))
+    monkeypatch.setattr(QueueIndex, "write", original)
     store.abandon()
-    store = open_store(config)  # recovery rolls the decision forward
-    assert staged_values(store, 0) == [b"a-0", b"a-1", b"c-0", b"c-1"]
+    store = open_store(config)  # the commit record is in the log: its entries are derived
+    assert staged_values(store, 0) == [b"plain-0", b"a-0", b"a-1", b"c-0", b"c-1"]
     assert staged_values(store, 1) == [b"b-0", b"b-1"]
     assert store.transactions.list_open() == []
     assert [(s.sink, s.batch_id) for s in store.transactions.sinks()] == [("s", 0)]
+    assert store.transactions.commit([], sink="s", batch_id=0).already_committed
     store.append(T, 0, batch("late", 1))
-    assert store.queue_info(T, 0).end == 5
+    assert store.queue_info(T, 0).end == 6
+    store.close()
+    store = open_store(config)  # and again from the checkpoint the last open saved
+    assert staged_values(store, 0)[-1] == b"late-0"
+    assert [(s.sink, s.batch_id) for s in store.transactions.sinks()] == [("s", 0)]
 
 
-def test_commit_interrupted_part_way_rolls_forward_at_runtime(store: Store) -> None:
+def test_a_failed_index_write_undoes_the_commit(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tx = store.transactions
     tx.stage("t", T, [(0, batch("a", 2)), (1, batch("b", 2))])
-    fault = _failing_after(store, 1)
-    next(fault)
-    with pytest.raises(StorageError, match="injected"):
+    end = store.stats()["log_write_position"]
+    writes = [0]
+    original = QueueIndex.write
+
+    def fail_second(index: QueueIndex, first: int, entries: Any) -> None:
+        writes[0] += 1
+        if writes[0] > 1:
+            raise OSError(errno.ENOSPC, "injected: no space left")
+        original(index, first, entries)
+
+    monkeypatch.setattr(QueueIndex, "write", fail_second)
+    with pytest.raises(StorageError, match="no space left"):
         tx.commit([("t", 4)])
-    next(fault, None)  # the disk is back
-    assert tx.expire() == 0  # the maintenance pass completes the commit
+    monkeypatch.setattr(QueueIndex, "write", original)
+    assert store.stats()["log_write_position"] == end  # the commit record is cut out again
+    assert staged_values(store, 0) == [] and staged_values(store, 1) == []
+    assert tx.commit([("t", 4)]).queues  # still open: commit it now
     assert staged_values(store, 0) == [b"a-0", b"a-1"]
-    assert staged_values(store, 1) == [b"b-0", b"b-1"]
-    store.append(T, 1, batch("after", 1))
-    assert staged_values(store, 1)[-1] == b"after-0"
+
+
+@pytest.mark.parametrize("mode", [FlushMode.ASYNC, FlushMode.SYNC], ids=["async", "sync"])
+def test_crash_during_staging_and_after_an_abort(
+    open_store: OpenStore, make_config: MakeConfig, mode: FlushMode
+) -> None:
+    config = make_config(flush_mode=mode)
+    store = open_store(config)
+    store.create_topic(T, 1)
+    tx = store.transactions
+    tx.stage("kept", T, [(0, batch("k", 2))])
+    tx.stage("dropped", T, [(0, batch("d", 3))])
+    tx.stage("kept", T, [(0, batch("k2", 1))])
+    assert tx.abort(["dropped"]) == 1
+    store.flush()  # a checkpoint while "kept" is open: its records are before it
+    tx.stage("late", T, [(0, batch("l", 1))])
+    store.abandon()
+    store = open_store(config)
+    assert {(t.txn_id, t.messages) for t in store.transactions.list_open()} == {
+        ("kept", 3),
+        ("late", 1),
+    }
+    with pytest.raises(NotFound):
+        store.transactions.commit([("dropped", 3)])
+    store.transactions.commit([("kept", 3), ("late", 1)])
+    assert staged_values(store) == [b"k-0", b"k-1", b"k2-0", b"l-0"]
+
+
+def test_an_open_transaction_never_blocks_readers(store: Store) -> None:
+    tx = store.transactions
+    tx.stage("slow", T, [(0, batch("s", 2))])
+    store.append(T, 0, batch("plain", 2))
+    assert staged_values(store) == [b"plain-0", b"plain-1"]
+    tx.stage("fast", T, [(0, batch("f", 1))])
+    tx.commit([("fast", 1)])
+    tx.commit([("slow", 2)])
+    # Offsets in commit order; the records lie in staging order in the log.
+    assert staged_values(store) == [b"plain-0", b"plain-1", b"f-0", b"s-0", b"s-1"]
+    result = store.read_records(T, 0, 0, max_messages=10)
+    messages = decode_records(result.records, "b")
+    assert [(m.offset, m.value) for m in messages] == list(enumerate(staged_values(store)))
+    assert [m.value for m in store.read(T, 0, 3, max_messages=10).messages] == [b"s-0", b"s-1"]
+    decoded = store.read(T, 0, 0, max_messages=10).messages
+    assert [m.queue_offset for m in decoded] == [0, 1, 2, 3, 4]
+    for m in decoded:  # by message id (log position): the committed offset and time too
+        assert store.read_at_position(m.position) == m
+        [again] = decode_records(store.record_at(m.position), "b")
+        assert (again.offset, again.value) == (m.queue_offset, m.value)
+
+
+def test_tag_filtered_reads_of_committed_records(store: Store) -> None:
+    tx = store.transactions
+    tagged = MessageBatch([b"x0", b"y1", b"x2"], tags=["x", "y", "x"])
+    tx.stage("a", T, [(0, tagged)])
+    store.append(T, 0, MessageBatch([b"x3"], tags=["x"]))
+    tx.commit([("a", 3)])
+    result = store.read_records(T, 0, 0, max_messages=10, tags=["x"])
+    got = [(m.offset, m.value) for m in decode_records(result.records, "b")]
+    assert got == [(0, b"x3"), (1, b"x0"), (3, b"x2")]
+
+
+def test_retention_keeps_chunks_of_open_transactions(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    config = make_config(
+        chunk_capacity_bytes=4 * KiB,
+        limits=MessageLimits(max_message_bytes=2 * KiB),
+        retention=RetentionConfig(max_chunks=1),
+    )
+    store = open_store(config)
+    store.create_topic(T, 1)
+    tx = store.transactions
+    tx.stage("open", T, [(0, batch("o", 2))])
+    first_chunk = store.stats()["log_start_position"]
+    for i in range(40):
+        store.append(T, 0, MessageBatch([b"%d" % i + b"." * 400]))
+    assert store.apply_retention().log_chunks_deleted == 0  # pinned by "open"
+    assert store.stats()["log_start_position"] == first_chunk
+    tx.commit([("open", 2)])  # offsets 40, 41 point into the oldest chunk
+    for i in range(20):
+        store.append(T, 0, MessageBatch([b"late-%d" % i + b"." * 400]))
+    report = store.apply_retention()
+    # Offsets 0.. retire only together with the oldest chunk and the committed
+    # records in it: no index entry is left pointing at a gone chunk.
+    info = store.queue_info(T, 0)
+    assert report.log_chunks_deleted > 0 and info.earliest > 41
+    values = [m.value for m in store.read(T, 0, info.earliest, max_messages=100).messages]
+    assert len(values) == info.end - info.earliest and values[-1].startswith(b"late-19")
+
+
+def test_stage_files_of_an_older_version_are_refused_or_migrated(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    config = make_config()
+    store = open_store(config)
+    store.close()
+    old = config.data_dir / "txn"
+    old.mkdir()
+    (old / ("0" * 32 + ".stage")).write_bytes(b"EQTX")
+    with pytest.raises(PreconditionFailed, match="stage files"):
+        Store(config, background=False)
+    (old / ("0" * 32 + ".stage")).unlink()
+    save_json(old / "sinks.json", {"q1": [7, 1_000]})
+    store = open_store(config)
+    assert [(s.sink, s.batch_id) for s in store.transactions.sinks()] == [("q1", 7)]
+    assert not old.exists()
 
 
 # -- over gRPC, on a real broker process -------------------------------------------
@@ -425,16 +573,171 @@ def test_broker_aborts_idle_transactions_after_its_timeout(
             producer.send_batch("tx", [b"y"], transaction_id="forgotten")
 
 
-def test_a_stage_file_torn_at_creation_is_removed_at_open(
-    open_store: OpenStore, make_config: MakeConfig
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("point", ["stage", "commit-record", "abort"])
+def test_broker_killed_inside_a_transaction(tmp_path: Path, point: str, mode: str) -> None:
+    """SIGKILL at three moments (tests/support/killing_broker.py), then a
+    restart over the same data: the transaction is as the log says, and the
+    writer's retry (a sink's replay) neither loses nor duplicates anything."""
+    data = tmp_path / "data"
+    flags = ("--flush", mode, "--log-level", "WARNING")
+    dying = BrokerProcess(
+        data, *flags, module="tests.support.killing_broker", env={"EQUEUE_KILL_AT": point},
+        log_path=tmp_path / "dying.log", cwd=REPO,
+    )  # fmt: skip
+    dying.start()
+    config = ClientConfig(broker=dying.address, retries=0, timeout_s=20)
+    with Producer(dying.address) as producer, Admin(dying.address) as admin:
+        admin.create_topic("tx", queues=1)
+        producer.send_batch("tx", [b"before"], queue_ids=[0])
+        if point != "stage":
+            producer.send_batch("tx", [b"a", b"b"], queue_ids=[0, 0], transaction_id="w:1")
+        conn = Connection(config)
+        with pytest.raises(EqueueError):
+            if point == "stage":
+                producer.send_batch("tx", [b"a", b"b"], queue_ids=[0, 0], transaction_id="w:1")
+            elif point == "commit-record":
+                commit_transactions(conn, [("w:1", 2)], sink="w", batch_id=0)
+            else:
+                abort_transactions(conn, ["w:1"])
+        conn.close()
+    dying.kill()
+    broker = BrokerProcess(data, *flags, log_path=tmp_path / "broker.log")
+    broker.start()
+    try:
+        with Admin(broker.address) as admin, Producer(broker.address) as producer:
+            open_ = {t.transaction_id: t.messages for t in admin.list_transactions().transactions}
+            conn = Connection(ClientConfig(broker=broker.address))
+            if point == "stage":  # begun, nothing staged: the writer's count check tells
+                assert open_ == {"w:1": 0}
+                with pytest.raises(PreconditionError, match="holds 0 staged messages"):
+                    commit_transactions(conn, [("w:1", 2)], sink="w", batch_id=0)
+                producer.send_batch("tx", [b"a", b"b"], queue_ids=[0, 0], transaction_id="w:2")
+                commit_transactions(conn, [("w:2", 2)], sink="w", batch_id=0, abort_prefix="w:")
+            elif point == "commit-record":  # committed: the retry is a replay
+                assert open_ == {}
+                replay = commit_transactions(conn, [("w:1", 2)], sink="w", batch_id=0)
+                assert replay.already_committed
+            else:  # aborted for good
+                assert open_ == {}
+                with pytest.raises(NotFoundError, match="not open"):
+                    commit_transactions(conn, [("w:1", 2)])
+            conn.close()
+            assert admin.list_transactions().transactions == []
+        expected = [b"before"] if point == "abort" else [b"before", b"a", b"b"]
+        assert values_of(broker.address, "tx", 0) == expected
+    finally:
+        broker.kill()
+
+
+@given(messages, st.integers(min_value=0, max_value=2**40), st.integers(0, 2**40), st.data())
+def test_staged_encoding_and_reply_patch_match_the_python_reference(
+    rows: list[tuple[bytes, bytes | None, str, list[tuple[str, bytes]], int]],
+    position: int,
+    first_offset: int,
+    data: st.DataObject,
 ) -> None:
+    """The C encoder with TXN, ``patch_committed`` and ``restamp_entries``
+    against their pure-Python references (EQUEUE_PURE_PYTHON=1 runs those)."""
+    if accel.IMPLEMENTATION != "c":
+        pytest.skip("C accelerator not built (EQUEUE_PURE_PYTHON set)")
+    batch = MessageBatch(
+        values=[r[0] for r in rows],
+        keys=[r[1] for r in rows],
+        tags=[r[2] for r in rows] if data.draw(st.booleans()) else None,
+        headers=[r[3] for r in rows],
+        timestamps_ms=[r[4] for r in rows],
+    )
+    prepared = prepare_batch(batch, b"topic", FORMAT_LIMITS)
+    outputs = []
+    for encode in (record.encode_records, record.encode_records_py):
+        out, entries = bytearray(prepared.total_bytes), bytearray(len(rows) * ENTRY_SIZE)
+        encode(
+            out, position=position, topic=b"topic", queue_id=3, first_offset=5, store_ms=77,
+            prepared=prepared, start=0, stop=len(rows), index_out=entries, flags=FLAG_TXN,
+        )  # fmt: skip
+        outputs.append((out, entries))
+    assert outputs[0] == outputs[1]
+    frames, entries = outputs[0]
+    stamped = bytearray(entries)
+    record.restamp_entries(stamped, 12345)
+    assert record.patch_committed(frames, stamped, first_offset) == record.patch_committed_py(
+        frames, stamped, first_offset
+    )
+
+
+def test_committing_a_transaction_whose_first_stage_call_failed(
+    open_store: OpenStore, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It has no begin record: its commit must not name it (recovery would
+    look for its records in vain)."""
     config = make_config()
     store = open_store(config)
     store.create_topic(T, 1)
-    store.transactions.stage("kept", T, [(0, batch("k", 2))])
+
+    def disk_full(*_args: Any) -> None:
+        raise StorageError("injected: no space left")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "stage_records", disk_full)
+        with pytest.raises(StorageError, match="injected"):  # created, nothing written
+            store.transactions.stage("empty", T, [(0, batch("e", 1))])
+    store.transactions.stage("full", T, [(0, batch("f", 1))])
+    store.transactions.commit([("empty", 0), ("full", 1)])
     store.abandon()
-    torn = config.data_dir / "txn" / file_name("torn")
-    torn.write_bytes(b"EQ")  # killed between creating the file and writing its header
     store = open_store(config)
-    assert [t.txn_id for t in store.transactions.list_open()] == ["kept"]
-    assert not torn.exists()
+    assert staged_values(store) == [b"f-0"]
+
+
+@pytest.mark.parametrize("mode", [FlushMode.ASYNC, FlushMode.SYNC], ids=["async", "sync"])
+def test_a_stage_call_failing_part_way_keeps_what_reached_the_log(
+    open_store: OpenStore, make_config: MakeConfig, mode: FlushMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A staged batch larger than a chunk is written a piece per chunk; if a
+    piece fails (disk full), the pieces before it are in the log, so the
+    transaction holds them at runtime as recovery will: a commit then agrees
+    with what a restart derives."""
+    config = make_config(flush_mode=mode)
+    store = open_store(config)
+    store.create_topic(T, 1)
+    big = MessageBatch([b"%04d" % i + b"." * 1020 for i in range(100)])  # ~100 KiB: 2 pieces
+    calls = [0]
+    original = MessageLog.append
+
+    def fail_second_piece(log: MessageLog, size: int, encode: Any) -> int:
+        calls[0] += 1
+        if calls[0] == 3:  # the begin record, the first piece, then this one
+            raise OSError(errno.ENOSPC, "injected: no space left")
+        return original(log, size, encode)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(MessageLog, "append", fail_second_piece)
+        with pytest.raises(StorageError, match="no space left"):
+            store.transactions.stage("t", T, [(0, big)])
+    [info] = store.transactions.list_open()
+    assert 0 < info.messages < 100
+    with pytest.raises(PreconditionFailed, match="the writer staged 100"):
+        store.transactions.commit([("t", 100)])
+    store.transactions.commit([("t", info.messages)])
+    kept = staged_values(store)
+    assert kept == big.values[: info.messages]
+    store.abandon()
+    store = open_store(config)  # the commit record is after the checkpoint: derived again
+    assert staged_values(store) == kept
+
+
+def test_a_damaged_entry_beside_committed_records_is_rebuilt(store: Store) -> None:
+    """Committed records lie out of offset order in the log: they never bound
+    the scan that rebuilds a neighbour's damaged entry (index_repair.py)."""
+    tx = store.transactions
+    tx.stage("early", T, [(0, batch("e", 2))])  # records before "n-0" in the log
+    store.append(T, 0, batch("n", 1))
+    tx.commit([("early", 2)])  # offsets 1, 2 point back before offset 0's record
+    store.append(T, 0, batch("m", 1))
+    index = store._queues[(T, 0)].index
+    index.write(0, b"\x01" * ENTRY_SIZE)  # fails its checksum
+    assert staged_values(store) == [b"n-0", b"e-0", b"e-1", b"m-0"]
+    assert not entry_damaged(index.read_raw(0, 1))

@@ -101,9 +101,10 @@ class TransactionConfig:
     timeout_ms: int = field(default=15 * 60_000, metadata={UNIT: "ms"})
     """An open transaction not written to or committed for this long is aborted."""
     max_open: int = field(default=10_000, metadata={UNIT: "transactions"})
-    """Open transactions at once (each holds one open file)."""
+    """Open transactions at once (each keeps 32 B of memory per staged message)."""
     max_bytes: int = field(default=1024 * MiB, metadata={UNIT: "bytes"})
-    """Staged bytes per transaction."""
+    """Staged bytes per transaction (they are in the log: an open transaction
+    keeps retention from deleting its first chunk and every later one)."""
     max_per_commit: int = field(default=10_000, metadata={UNIT: "transactions"})
     """Transactions one commit call may name."""
     max_sinks: int = field(default=10_000, metadata={UNIT: "sinks"})

@@ -30,7 +30,7 @@ from equeue_broker.storage.queue_index import (
     pack_entry,
 )
 from equeue_broker.storage.queue_state import QueueKey
-from equeue_proto.record import RecordMeta
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, RecordMeta
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,10 @@ def entry_matches(
     if not message_log.record_is(position, topic, queue_id, offset):
         return False
     meta = message_log.meta_at(position)
-    # Compare the data fields only: an older entry has no checksum trailer.
-    return raw[:24] == entry_for(position, meta)[:24]
+    # Compare the data fields only: an older entry has no checksum trailer, and
+    # a transaction's entry has the commit's store time, not the staging time.
+    compared = 16 if meta.flags & FLAG_TXN else 24
+    return raw[:compared] == entry_for(position, meta)[:compared]
 
 
 @dataclass
@@ -87,6 +89,8 @@ def find_records(
     for position, meta in message_log.iter_records(start):
         if position >= stop:
             break
+        if meta.flags & (FLAG_TXN | FLAG_CONTROL):
+            continue  # its offset is not in its header (a commit gave it one)
         key = (meta.topic.decode(errors="replace"), meta.queue_id)
         want = open_.get(key)
         if want is None or position < want.position or meta.queue_offset != want.offset:
@@ -100,14 +104,22 @@ def find_records(
     return found
 
 
+def _bounds(message_log: MessageLog, raw: bytes, key: QueueKey, offset: int) -> bool:
+    """True if ``raw`` is the intact entry of ``offset`` and its record was
+    appended in offset order (not a transaction's, whose record may lie
+    anywhere before its commit): only those bound a scan for a neighbour."""
+    if not entry_matches(message_log, raw, key[0].encode(), key[1], offset):
+        return False
+    return not message_log.meta_at(ENTRY.unpack(raw)[0] - 1).flags & FLAG_TXN
+
+
 def intact_end(message_log: MessageLog, index: QueueIndex, key: QueueKey, offset: int) -> int:
     """Log position just past the record of the nearest intact entry before
     ``offset`` (within ``_NEIGHBOURS``), else the log's start: where a scan for
     the record of ``offset`` can begin (a record boundary)."""
-    topic = key[0].encode()
     for before in range(offset - 1, max(index.earliest, offset - _NEIGHBOURS) - 1, -1):
         raw = index.read_raw(before, 1)
-        if entry_matches(message_log, raw, topic, key[1], before):
+        if _bounds(message_log, raw, key, before):
             position_plus_one, size, _tag, _ts = ENTRY.unpack(raw)
             return int(position_plus_one - 1 + size)
     return message_log.start_position
@@ -119,13 +131,13 @@ def repair_entry(
     """Rebuild the entry of ``offset`` (< ``end``, the queue's end) from the log,
     scanning between the records of the nearest intact entries either side.
 
-    ``CorruptionError`` if the log holds no such record there.
+    ``CorruptionError`` if the log holds no such record there, as for the
+    entry of a transaction's record: its header holds no offset (docs/storage.md).
     """
-    topic = key[0].encode()
     stop = message_log.write_position
     for after in range(offset + 1, min(end, offset + _NEIGHBOURS)):
         raw = index.read_raw(after, 1)
-        if entry_matches(message_log, raw, topic, key[1], after):
+        if _bounds(message_log, raw, key, after):
             stop = ENTRY.unpack(raw)[0] - 1
             break
     start = intact_end(message_log, index, key, offset)

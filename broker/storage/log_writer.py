@@ -1,8 +1,8 @@
 """Placing an append in the log: records into chunks, entries into the queue's index.
 
-The store's write paths (``Store.append``, the sync-mode rounds and
-``Store.append_atomically``) decide *when* an append runs and when readers see
-it; ``LogWriter`` does the writing itself, the same way for every path: it
+The store's write paths (``Store.append``, the sync-mode rounds and the
+transaction writes of txn_writes.py) decide *when* an append runs and when
+readers see it; ``LogWriter`` does the writing itself, the same way for every path: it
 keeps an append in one chunk when it can (so a crash keeps all of it or none),
 splits one larger than a chunk into one atomic piece per chunk, encodes each
 piece straight into the log (C when built), writes its index entries, and cuts
@@ -20,24 +20,16 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from equeue_broker.storage.errors import CorruptionError, InvalidArgument, io_error
+from equeue_broker.storage.errors import InvalidArgument, io_error
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.queue_index import ENTRY_SIZE
 from equeue_broker.storage.queue_state import QueueState
-from equeue_broker.storage.record import (
-    EncodedBatch,
-    PreparedBatch,
-    encode_records,
-    frame_sizes,
-    rebase_records,
-)
+from equeue_broker.storage.record import PreparedBatch, encode_records, frame_sizes
 from equeue_broker.storage.results import AppendResult
-from equeue_proto.record import FRAME_OVERHEAD
+from equeue_broker.storage.txn_records import encode_control
+from equeue_proto.record import FLAG_TXN, FRAME_OVERHEAD
 
 log = logging.getLogger(__name__)
-
-PieceWriter = Callable[[QueueState, EncodedBatch, int, int], None]
-"""Writes one piece of encoded records: (queue, records, first offset, store time)."""
 
 
 class LogWriter:
@@ -79,24 +71,58 @@ class LogWriter:
         self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
         return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
 
-    def write_encoded(
-        self, queue: QueueState, batch: EncodedBatch, write_piece: PieceWriter | None = None
+    def write_staged(
+        self,
+        queue: QueueState,
+        prepared: PreparedBatch,
+        serial: int,
+        entries: bytearray,
+        done: list[int],
     ) -> None:
-        """Append records encoded ahead (a transaction's) at the end of ``queue``,
-        each piece through ``write_piece`` (default ``write_rebased``)."""
-        first_offset = queue.index.end
+        """Append a transaction's checked batch for ``queue``, invisible: flagged
+        TXN with ``serial`` as every record's queue offset, and no index
+        entries. ``entries`` (one slot per message) gets the entries a commit
+        will write (store time: now), a piece at a time, and ``done[0]`` the
+        number of messages whose piece is in the log: if a piece fails, those
+        before it stay (recovery will find them)."""
+        count = len(prepared.batch)
         store_ms = self._next_store_ms()
-        piece_writer = self.write_rebased if write_piece is None else write_piece
+        fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
 
         def sizes(start: int) -> Iterator[int]:
-            return itertools.islice(batch.frame_sizes(), start, None)
+            all_sizes = frame_sizes(prepared.batch, prepared.tags, prepared.headers, fixed)
+            return itertools.islice(all_sizes, start, None)
 
         def write(start: int, stop: int, size: int) -> None:
-            piece = batch.slice(start, stop)
-            assert piece.total_bytes == size
-            piece_writer(queue, piece, first_offset + start, store_ms)
+            self._write_piece(
+                queue, prepared, start=start, stop=stop, size=size,
+                first_offset=serial, store_ms=store_ms, entries=entries, staged=True,
+            )  # fmt: skip
+            done[0] = stop
 
-        self._write_in_pieces(queue.topic, batch.total_bytes, batch.count, sizes, write)
+        self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
+
+    def write_control(self, prepared: PreparedBatch, store_ms: int | None = None) -> int:
+        """Append one control record (txn_records.py); return its log position."""
+        stamp = self._next_store_ms() if store_ms is None else store_ms
+
+        def encode(out: memoryview, position: int) -> int:
+            return encode_control(out, position, prepared, stamp)
+
+        if prepared.total_bytes > self._log.room():
+            self._roll("transactions")
+        try:
+            return self._log.append(prepared.total_bytes, encode)
+        except OSError as exc:
+            raise io_error("the message log (transaction record)", exc) from exc
+
+    def now_ms(self) -> int:
+        """A store time for a commit: the clock, never backwards."""
+        return self._next_store_ms()
+
+    def undo(self, position: int, cause: OSError) -> None:
+        """Cut the log back to ``position`` after a failed multi-part write."""
+        self._undo_write(position, cause)
 
     def _write_in_pieces(
         self,
@@ -133,40 +159,42 @@ class LogWriter:
             write(start, stop, used)
             start = stop
 
-    def write_rebased(
-        self, queue: QueueState, batch: EncodedBatch, first_offset: int, store_ms: int
-    ) -> None:
-        """Write one piece of encoded records, given their offsets and store time."""
-        entries = bytearray(batch.count * ENTRY_SIZE)
-
-        def encode(out: memoryview, position: int) -> int:
-            return rebase_records(
-                out, batch, position=position, first_offset=first_offset,
-                store_ms=store_ms, index_out=entries,
-            )  # fmt: skip
-
-        def bad(exc: Exception) -> Exception:
-            return CorruptionError(f"staged records of {queue.topic}: {exc}")
-
-        self._append_indexed(queue, batch.total_bytes, encode, first_offset, entries, bad)
-
     def _write_piece(
         self, queue: QueueState, prepared: PreparedBatch, *, start: int, stop: int, size: int,
-        first_offset: int, store_ms: int, entries: bytearray,
+        first_offset: int, store_ms: int, entries: bytearray, staged: bool = False,
     ) -> None:  # fmt: skip
         entry_view = memoryview(entries)[start * ENTRY_SIZE : stop * ENTRY_SIZE]
 
         def encode(out: memoryview, position: int) -> int:
             return encode_records(
                 out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
-                first_offset=first_offset + start, store_ms=store_ms, prepared=prepared,
-                start=start, stop=stop, index_out=entry_view,
+                first_offset=first_offset + (0 if staged else start), store_ms=store_ms,
+                prepared=prepared, start=start, stop=stop, index_out=entry_view,
+                flags=FLAG_TXN if staged else 0,
             )  # fmt: skip
 
         def bad(exc: Exception) -> Exception:  # e.g. a bad timestamp
             return InvalidArgument(f"bad message batch: {exc}")
 
+        if staged:  # no index entries until the commit
+            self._append(queue.topic, size, encode, bad)
+            return
         self._append_indexed(queue, size, encode, first_offset + start, entry_view, bad)
+
+    def _append(
+        self,
+        topic: str,
+        size: int,
+        encode: Callable[[memoryview, int], int],
+        bad_input: Callable[[Exception], Exception],
+    ) -> int:
+        """Append ``size`` bytes that ``encode`` writes; return their position."""
+        try:
+            return self._log.append(size, encode)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise bad_input(exc) from None
+        except OSError as exc:
+            raise io_error(topic, exc) from exc
 
     def _append_indexed(  # noqa: PLR0917 (private, called in two places)
         self,
@@ -180,12 +208,7 @@ class LogWriter:
         """Append ``size`` bytes that ``encode`` writes, then their index
         ``entries``; an index write that fails undoes the log write. An encoder
         refusing its input raises ``bad_input(exc)``; I/O errors raise ``io_error``."""
-        try:
-            position = self._log.append(size, encode)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise bad_input(exc) from None
-        except OSError as exc:
-            raise io_error(queue.topic, exc) from exc
+        position = self._append(queue.topic, size, encode, bad_input)
         try:
             queue.index.write(first_offset, entries)
         except OSError as exc:

@@ -44,6 +44,7 @@ from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
 from equeue_proto.accel import CODEC
 from equeue_proto.record import (
     FLAG_BATCH_END,
+    FLAG_TXN,
     HEADER,
     RecordError,
     RecordMeta,
@@ -484,7 +485,10 @@ class MessageLog:
         except CorruptionError:
             return False
         meta = read_meta(chunk.buffer(), local)
-        return (meta.topic, meta.queue_id, meta.queue_offset, meta.position) == (
+        # A transaction's record holds its serial, not its offset (the commit
+        # gave it one): its header names its queue and its own position.
+        stored = offset if meta.flags & FLAG_TXN else meta.queue_offset
+        return (meta.topic, meta.queue_id, stored, meta.position) == (
             topic, queue_id, offset, position,
         )  # fmt: skip
 

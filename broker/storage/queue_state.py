@@ -8,7 +8,7 @@ lock held (``visible_end`` alone is also read without it, as a snapshot).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from equeue_broker.storage.index_files import IndexFiles
@@ -29,6 +29,9 @@ class QueueState:
     """Cached from the topic metadata, for the append hot path."""
     notified_end: int = 0
     """Highest visible end announced to listeners."""
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Full index chunk number -> (lowest, highest) log position its entries
+    point at: retention's cache (retention.py; a full chunk never changes)."""
 
 
 def open_queue(

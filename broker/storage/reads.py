@@ -45,8 +45,9 @@ from equeue_broker.storage.queue_index import (
     index_runs,
 )
 from equeue_broker.storage.queue_state import QueueKey, QueueState
+from equeue_broker.storage.record import patch_committed
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
-from equeue_proto.record import StoredMessage
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -224,10 +225,10 @@ class Reads:
                     self._repair(queue, cursor + first)
                     return None
                 bad = self._log.first_damaged(start, stop_at)
+                run = entries[first * ENTRY_SIZE :]
                 if bad is not None:
-                    run = entries[first * ENTRY_SIZE :]
                     return self._served_before(queue, pieces, offset, cursor + first, run, bad)
-                pieces.append(self._log.copy(start, stop_at))
+                pieces.append(_served(self._log.copy(start, stop_at), run, cursor + first))
             cursor += taken
             if stop in {RUNS_EMPTY, RUNS_DAMAGED}:  # an empty entry below the end is damage too
                 pieces.clear()
@@ -262,7 +263,7 @@ class Reads:
                 queue.topic, queue.queue_id, damaged, self._log.chunk_path(bad), bad
             )
         if at > start:
-            pieces.append(self._log.copy(start, at))
+            pieces.append(_served(self._log.copy(start, at), run, run_offset))
         return pieces, damaged - offset, sum(len(p) for p in pieces), damaged
 
     def _collect_filtered(
@@ -276,6 +277,8 @@ class Reads:
         out = bytearray()
         count = total = 0
         run_start = run_end = -1
+        run_offset = run_next = -1  # the run's first offset, the offset that would extend it
+        run_entries = bytearray()
         scan_end = min(end, offset + self._config.max_filter_scan)
         cursor = offset
         capacity = self._log.capacity
@@ -301,14 +304,17 @@ class Reads:
                         raise DamagedRecord(queue.topic, queue.queue_id, cursor, path, bad)
                     scan_end = cursor
                     break
-                if position != run_end or position % capacity == 0:  # a new run
-                    if run_end > run_start:
-                        out += self._log.copy(run_start, run_end)
+                if position != run_end or position % capacity == 0 or cursor != run_next:
+                    if run_end > run_start:  # a new run: serve the one before
+                        out += _served(self._log.copy(run_start, run_end), run_entries, run_offset)
                     if not self._log.record_is(position, queue.topic_bytes, queue.queue_id, cursor):
                         self._repair(queue, cursor)
                         return None
-                    run_start = position
-                    run_end = position
+                    run_start = run_end = position
+                    run_offset = cursor
+                    run_entries = bytearray()
+                run_entries += raw[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE]
+                run_next = cursor + 1
                 run_end += size
                 count += 1
                 total += size
@@ -316,7 +322,7 @@ class Reads:
                 if count >= max_messages:
                     break
         if run_end > run_start:
-            out += self._log.copy(run_start, run_end)
+            out += _served(self._log.copy(run_start, run_end), run_entries, run_offset)
         return [out], count, total, cursor
 
     def _collect(
@@ -333,7 +339,7 @@ class Reads:
         cursor = offset
         while cursor < scan_end:
             raw = queue.index.read_raw(cursor, scan_end - cursor)
-            for i, (position_plus_one, size, tag_hash, _ts) in enumerate(ENTRY.iter_unpack(raw)):
+            for i, (position_plus_one, size, tag_hash, stamp) in enumerate(ENTRY.iter_unpack(raw)):
                 if position_plus_one == 0 or entry_damaged(raw, i * ENTRY_SIZE):
                     self._repair(queue, cursor)
                     return None
@@ -354,6 +360,10 @@ class Reads:
                     raise DamagedRecord(
                         queue.topic, queue.queue_id, cursor, exc.path, exc.position
                     ) from None
+                if message.queue_offset != cursor:  # a transaction's: offset and time at commit
+                    message = dataclasses.replace(
+                        message, queue_offset=cursor, store_timestamp_ms=stamp
+                    )
                 cursor += 1
                 if wanted is not None and message.tag not in wanted:
                     continue  # hash collision
@@ -383,20 +393,38 @@ class Reads:
 
         ``NotFound`` unless a record of a live queue starts there (its queue's
         index says so); ``CorruptionError`` if that record fails its checksum.
+        A transaction's record comes with its committed offset and store time.
         """
         with self._lock:
-            self._check_open()
-            if not isinstance(position, int) or not (
-                self._log.start_position <= position < self._log.write_position
-            ):
-                raise NotFound(f"no message at log position {position!r}")
-            size = self._indexed_size(position)
-            if size is None:
-                raise NotFound(f"no message at log position {position!r}")
-            return self._log.read(position, size)
+            offset, size, raw = self._indexed(position)
+            message = self._log.read(position, size)
+            if message.queue_offset == offset:
+                return message
+            stamp = ENTRY.unpack(raw)[3]
+            return dataclasses.replace(message, queue_offset=offset, store_timestamp_ms=stamp)
 
-    def _indexed_size(self, position: int) -> int | None:
-        """Size of the record at ``position`` if a queue's index points at it (lock held)."""
+    def record_at(self, position: int) -> bytes:
+        """The stored bytes of the record at ``position`` (see ``read_at_position``),
+        as a reply carries them (a transaction's with its committed offset)."""
+        with self._lock:
+            offset, size, raw = self._indexed(position)
+            return bytes(_served(self._log.copy(position, position + size), raw, offset))
+
+    def _indexed(self, position: object) -> tuple[int, int, bytes]:
+        """(offset, size, index entry) of the record at ``position`` if a queue's
+        index points at it, else ``NotFound`` (lock held)."""
+        self._check_open()
+        found = None
+        if isinstance(position, int) and (
+            self._log.start_position <= position < self._log.write_position
+        ):
+            found = self._find_entry(position)
+        if found is None:
+            raise NotFound(f"no message at log position {position!r}")
+        return found
+
+    def _find_entry(self, position: int) -> tuple[int, int, bytes] | None:
+        """(offset, size, entry) of the record at ``position``, if indexed (lock held)."""
         try:
             meta = self._log.meta_at(position)
             queue = self._queues.get((meta.topic.decode(), meta.queue_id))
@@ -404,10 +432,40 @@ class Reads:
             raise  # the record may well be there: DATA_LOSS, not "no such message"
         except (CorruptionError, UnicodeDecodeError, struct.error):
             return None
-        if queue is None or not queue.index.earliest <= meta.queue_offset < queue.visible_end:
+        if queue is None or meta.flags & FLAG_CONTROL:
             return None
-        position_plus_one, size, _tag, _ts = self._checked_entry(queue, meta.queue_offset)
-        return size if position_plus_one - 1 == position else None
+        if meta.flags & FLAG_TXN:
+            return self._committed_entry(queue, position, meta.store_timestamp_ms)
+        if not queue.index.earliest <= meta.queue_offset < queue.visible_end:
+            return None
+        self._checked_entry(queue, meta.queue_offset)
+        raw = queue.index.read_raw(meta.queue_offset, 1)
+        position_plus_one, size, _tag, _ts = ENTRY.unpack(raw)
+        return (meta.queue_offset, size, raw) if position_plus_one - 1 == position else None
+
+    def _committed_entry(
+        self, queue: QueueState, position: int, staged_ms: int
+    ) -> tuple[int, int, bytes] | None:
+        """The entry of a transaction's record at ``position``, staged at
+        ``staged_ms`` (lock held). Its header holds no offset, but it was
+        committed after it was staged and entries' store times never decrease:
+        a binary search finds the first entry that may be it, and a scan of the
+        entries from there (in C, an index chunk at a time) finds it; the scan
+        is as long as what the queue took between the staging and the commit."""
+        index = queue.index
+        offset = index.first_offset_where(index.earliest, 3, staged_ms)
+        wanted = position + 1
+        while offset < queue.visible_end:
+            raw = index.read_raw(offset, queue.visible_end - offset)
+            if not raw:
+                return None
+            values = memoryview(raw).cast("Q")[::4].tolist()
+            if wanted in values:
+                i = values.index(wanted)
+                entry = raw[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE]
+                return offset + i, ENTRY.unpack(entry)[1], entry
+            offset += len(values)
+        return None
 
     def _checked_entry(self, queue: QueueState, offset: int) -> tuple[int, int, int, int]:
         """The entry of ``offset`` (below the end), rebuilt from the log first if it
@@ -423,19 +481,6 @@ class Reads:
         ):
             self._repair(queue, offset)
         return queue.index.entry(offset)
-
-    def record_at(self, position: int) -> bytes:
-        """The stored bytes of the record at ``position`` (see ``read_at_position``)."""
-        with self._lock:
-            self._check_open()
-            size = None
-            if isinstance(position, int) and (
-                self._log.start_position <= position < self._log.write_position
-            ):
-                size = self._indexed_size(position)
-            if size is None:
-                raise NotFound(f"no message at log position {position!r}")
-            return bytes(self._log.copy(position, position + size))
 
     def position_of(self, topic: str, queue_id: int, offset: int) -> int:
         """Log position of a queue offset (``NotFound`` outside [earliest, end))."""
@@ -519,6 +564,13 @@ class Reads:
                     return offset + taken, sums[taken]
                 offset, total = offset + len(sizes), sums[-1]
             return offset, total
+
+
+def _served(piece: Piece, entries: bytes | bytearray, first_offset: int) -> Piece:
+    """A run of records as a reply carries it: a transaction's records with their
+    committed offsets (``record.patch_committed``: a copy only if there are any)."""
+    patched = patch_committed(piece, entries, first_offset)
+    return piece if patched is None else patched
 
 
 def _too_damaged(queue: QueueState) -> CorruptionError:

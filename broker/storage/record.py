@@ -3,7 +3,8 @@
 The format itself (grammar, constants, frame checks, decoding) is part of the
 wire contract and lives in ``equeue_proto.record``; this module validates
 batches against the broker's limits, encodes them (in C when built, see
-``equeue_proto.accel``) with their index entries, and rebases staged records.
+``equeue_proto.accel``) with their index entries, and gives a transaction's
+records their committed offsets in read replies (``patch_committed``).
 """
 
 from __future__ import annotations
@@ -17,35 +18,38 @@ from crc32c import crc32c
 
 from equeue_broker.storage.config import MessageLimits
 from equeue_broker.storage.errors import InvalidArgument, LimitExceeded
-from equeue_broker.storage.queue_index import ENTRY_SIZE, pack_entry_into
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, pack_entry_into
 from equeue_proto.accel import CODEC
 from equeue_proto.record import (
     AT_BODY,
     AT_FLAGS,
     AT_QUEUE_OFFSET,
     AT_STORE_MS,
-    AT_TAG_LEN,
-    AT_TOPIC_LEN,
     BODY_TO_FRAME,
     FIXED_BODY_SIZE,
     FLAG_BATCH_END,
+    FLAG_CONTROL,
     FLAG_HAS_KEY,
+    FLAG_TXN,
     FRAME_OVERHEAD,
     HEADER,
     RECORD_VERSION,
     TRAILER,
+    Buffer,
     Headers,
     body_length,
     encode_headers,
 )
 
 _encode_c: Callable[..., int] | None = CODEC.encode_records if CODEC else None
-_rebase_c: Callable[..., int] | None = CODEC.rebase_records if CODEC else None
+_patch_c: Callable[..., bytearray | None] | None = CODEC.patch_committed if CODEC else None
+_restamp_c: Callable[..., None] | None = CODEC.restamp_entries if CODEC else None
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _U16 = struct.Struct("<H")
-_OFFSETS = struct.Struct("<QQ")
-"""queue_offset and position, adjacent in the header."""
+_I64 = struct.Struct("<q")
+_ENTRY_AT_STORE_MS = struct.calcsize("<QII")
+"""Byte offset of an index entry's store time (queue_index.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,25 +218,29 @@ def encode_records(
     start: int,
     stop: int,
     index_out: bytearray | memoryview,
+    flags: int = 0,
 ) -> int:
     """Encode messages ``[start, stop)`` into ``out`` (from byte 0) and their index
     entries into ``index_out``; return the number of bytes written to ``out``.
 
     ``position`` is the global log position of ``out[0]``. The last record gets
-    the BATCH_END flag. Uses the C accelerator when it is built (see
-    ``equeue_proto.accel``), else the pure-Python reference encoder; both produce the same
-    bytes.
+    the BATCH_END flag. ``flags`` are set on every record; with TXN (a
+    transaction's staged records) every one gets ``first_offset`` (the
+    transaction's serial) as its queue offset.
+    Uses the C accelerator when it is built (see ``equeue_proto.accel``), else
+    the pure-Python reference encoder; both produce the same bytes.
     """
     if _encode_c is None:
         return encode_records_py(
             out, position=position, topic=topic, queue_id=queue_id,
             first_offset=first_offset, store_ms=store_ms, prepared=prepared,
-            start=start, stop=stop, index_out=index_out,
+            start=start, stop=stop, index_out=index_out, flags=flags,
         )  # fmt: skip
     batch = prepared.batch
     return _encode_c(
         out, position, topic, queue_id, first_offset, store_ms, batch.values, batch.keys,
         prepared.tags, prepared.headers, batch.timestamps_ms, start, stop, index_out,
+        flags, 0 if flags & FLAG_TXN else 1,
     )  # fmt: skip
 
 
@@ -248,6 +256,7 @@ def encode_records_py(
     start: int,
     stop: int,
     index_out: bytearray | memoryview,
+    flags: int = 0,
 ) -> int:
     """Encode messages ``[start, stop)`` into ``out`` (from byte 0) and their index
     entries into ``index_out``; return the number of bytes written to ``out``.
@@ -258,14 +267,15 @@ def encode_records_py(
     view = memoryview(out)
     topic_len = len(topic)
     fixed_body = FIXED_BODY_SIZE + topic_len
-    pos = last = entry_pos = 0
-    offset = first_offset
+    pos = last = entry_pos = count = 0
+    step, extra = (0 if flags & FLAG_TXN else 1), flags & (FLAG_TXN | FLAG_CONTROL)
     for value, key, tag, headers, producer_ms in _columns(prepared, store_ms, start, stop):
         key_len = 0 if key is None else len(key)
         body = fixed_body + len(tag) + key_len + len(headers) + len(value)
         HEADER.pack_into(
-            out, pos, body, RECORD_VERSION, 0 if key is None else FLAG_HAS_KEY, queue_id,
-            offset, position + pos, producer_ms, store_ms, topic_len, len(tag), key_len,
+            out, pos, body, RECORD_VERSION, extra | (0 if key is None else FLAG_HAS_KEY),
+            queue_id, first_offset + count * step, position + pos, producer_ms, store_ms,
+            topic_len, len(tag), key_len,
             len(headers), len(value),
         )  # fmt: skip
         end = _copy_fields(out, pos + HEADER.size, topic, tag, key, headers, value)
@@ -276,8 +286,8 @@ def encode_records_py(
         )  # fmt: skip
         last, pos = pos, end + TRAILER.size
         entry_pos += ENTRY_SIZE
-        offset += 1
-    assert offset - first_offset == stop - start, "batch columns shorter than values"
+        count += 1
+    assert count == stop - start, "batch columns shorter than values"
     _set_batch_end(out, view, last)
     view.release()
     return pos
@@ -329,90 +339,60 @@ def _copy_fields(  # noqa: PLR0917 (the record's variable fields, in their order
     return pos
 
 
-# -- rebasing (transactions) ----------------------------------------------------
+# -- committed transaction records in replies ---------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedBatch:
-    """Records encoded ahead of their append (a staged transaction's, see
-    staging.py): offsets, positions and store time are placeholders that
-    ``rebase_records`` replaces when they are appended."""
-
-    frames: bytes | memoryview
-    count: int
-
-    @property
-    def total_bytes(self) -> int:
-        return len(self.frames)
-
-    def frame_sizes(self) -> Iterator[int]:
-        """Size of each frame (a Python loop: off the hot path)."""
-        pos = 0
-        for _ in range(self.count):
-            frame = body_length(self.frames, pos) + BODY_TO_FRAME
-            pos += frame
-            yield frame
-
-    def slice(self, start: int, stop: int) -> EncodedBatch:
-        """Records ``[start, stop)`` (the batch itself when that is all of it)."""
-        if start == 0 and stop == self.count:
-            return self
-        head, _ = self.split(stop)
-        return head.split(start)[1]
-
-    def split(self, count: int) -> tuple[EncodedBatch, EncodedBatch]:
-        """The first ``count`` records and the rest."""
-        size = sum(itertools.islice(self.frame_sizes(), count))
-        view = memoryview(self.frames)
-        return EncodedBatch(view[:size], count), EncodedBatch(view[size:], self.count - count)
+def patch_committed(src: Buffer, entries: Buffer, first_offset: int) -> bytearray | None:
+    """``src``'s records as a reply carries them: each TXN record with its queue
+    offset (``first_offset`` + its index) and its entry's store time, checksum
+    adjusted (see ``equeue_proto.record``); None if ``src`` holds no TXN record.
+    C when built, else ``patch_committed_py``."""
+    if _patch_c is not None:
+        return _patch_c(src, entries, first_offset)
+    return patch_committed_py(src, entries, first_offset)
 
 
-def rebase_records(
-    out: bytearray | memoryview,
-    batch: EncodedBatch,
-    *,
-    position: int,
-    first_offset: int,
-    store_ms: int,
-    index_out: bytearray | memoryview,
-) -> int:
-    """Copy ``batch``'s records into ``out`` with queue offsets from
-    ``first_offset``, log positions from ``position``, ``store_ms``, BATCH_END
-    on the last record only and fresh checksums; write their index entries to
-    ``index_out``; return the bytes written. ``ValueError`` if the frames do
-    not exactly fill ``batch.frames``. C when built, else Python."""
-    if _rebase_c is not None:
-        return _rebase_c(
-            out, batch.frames, position, first_offset, store_ms, batch.count, index_out
-        )
-    view = memoryview(out)
-    src = memoryview(batch.frames)
+def patch_committed_py(src: Buffer, entries: Buffer, first_offset: int) -> bytearray | None:
+    """The reference for ``_codec.patch_committed``."""
+    frames = []
     pos = 0
-    for i in range(batch.count):
-        body = body_length(src, pos)
-        frame = body + BODY_TO_FRAME
-        if pos + frame > len(src) or pos + frame > len(view):
-            raise ValueError(f"staged record {i} overruns its buffer")
-        view[pos : pos + frame] = src[pos : pos + frame]
-        flags = (view[pos + AT_FLAGS] & ~FLAG_BATCH_END) | (
-            FLAG_BATCH_END if i == batch.count - 1 else 0
-        )
-        view[pos + AT_FLAGS] = flags
-        _OFFSETS.pack_into(out, pos + AT_QUEUE_OFFSET, first_offset + i, position + pos)
-        _U64.pack_into(out, pos + AT_STORE_MS, store_ms)
-        body_at = pos + AT_BODY
-        _U32.pack_into(out, body_at + body, crc32c(view[body_at : body_at + body]))
-        topic_len, tag_len = _U16.unpack_from(out, pos + AT_TOPIC_LEN)[0], view[pos + AT_TAG_LEN]
-        tag_at = pos + HEADER.size + topic_len
-        pack_entry_into(
-            index_out, i * ENTRY_SIZE, position + pos + 1, frame,
-            crc32c(view[tag_at : tag_at + tag_len]) if tag_len else 0, store_ms,
-        )  # fmt: skip
+    view = memoryview(src)
+    while pos < len(view):
+        frame = body_length(view, pos) + BODY_TO_FRAME
+        if frame < HEADER.size + TRAILER.size or pos + frame > len(view):
+            raise ValueError(f"record at byte {pos} overruns the buffer")
+        frames.append(pos)
         pos += frame
-    view.release()
-    if pos != len(src):
-        raise ValueError(f"{len(src) - pos} bytes after the {batch.count} staged records")
-    return pos
+    if not any(view[at + AT_FLAGS] & FLAG_TXN for at in frames):
+        return None
+    out = bytearray(view)
+    for i, at in enumerate(frames):
+        if not out[at + AT_FLAGS] & FLAG_TXN:
+            continue
+        body = body_length(out, at)
+        store_ms = _I64.unpack_from(entries, i * ENTRY_SIZE + _ENTRY_AT_STORE_MS)[0]
+        before = bytes(out[at + AT_BODY : at + AT_BODY + body])
+        _U64.pack_into(out, at + AT_QUEUE_OFFSET, first_offset + i)
+        _I64.pack_into(out, at + AT_STORE_MS, store_ms)
+        after = out[at + AT_BODY : at + AT_BODY + body]
+        # crc(after) = crc(before) ^ crc(delta) ^ crc(zeros): an adjustment,
+        # so damage elsewhere in the record still shows.
+        delta = bytes(a ^ b for a, b in zip(before, after, strict=True))
+        (crc,) = _U32.unpack_from(out, at + AT_BODY + body)
+        crc ^= crc32c(delta) ^ crc32c(bytes(body))
+        _U32.pack_into(out, at + AT_BODY + body, crc)
+    return out
+
+
+def restamp_entries(entries: bytearray, store_ms: int) -> None:
+    """Set every entry's store time to ``store_ms`` and re-seal it (a commit
+    stamps its records' entries with its own time). C when built."""
+    if _restamp_c is not None:
+        _restamp_c(entries, store_ms)
+        return
+    for at in range(0, len(entries) - ENTRY_SIZE + 1, ENTRY_SIZE):
+        position_plus_one, size, tag_hash, _ = ENTRY.unpack_from(entries, at)
+        pack_entry_into(entries, at, position_plus_one, size, tag_hash, store_ms)
 
 
 def _set_batch_end(out: bytearray | memoryview, view: memoryview, pos: int) -> None:

@@ -9,9 +9,28 @@ committed offsets a power loss left past their queue's end, and writes a new
 checkpoint. Opening therefore costs time in proportion to what was written
 since the last checkpoint (about one flush interval), not to the log's size.
 
-This module also owns ``checkpoint.json`` (the log position below which every
-index entry is fsynced): recovery is what trusts it, so its format is here,
-and the store's flush advances it with ``save_checkpoint``.
+Transactions are recovered in the same scan (txn_recovery.py), which starts
+early enough to see every record of the transactions open at the checkpoint.
+
+This module also owns ``checkpoint.json``: recovery is what trusts it, so its
+format is here, and the store's flush advances it with ``save_checkpoint``::
+
+    {"index_position": P,   every index entry of a record (or commit record)
+                            below P is fsynced
+     "ends": [[topic, queue_id, end, earliest], ...],
+                            each queue's index end when P was taken: entries
+                            past it are dropped at open and derived again from
+                            the log (a commit's entries point before P); and
+                            its earliest offset, valid while the log still
+                            starts at "log_start" (else found by a scan)
+     "log_start": S,
+     "txn_position": T,     first record of the oldest transaction open at P
+                            (P when none was): where the scan starts
+     "next_serial": N,      serials below N may be in the log
+     "sinks": {sink: [batch id, ms]}}   sink progress as of P
+
+A document without the later keys (older versions) means: no ends to trust,
+no transactions, no sinks.
 
 Everything here runs inside ``Store.__init__``, before the store is shared
 with any other thread, so none of it takes the store lock.
@@ -23,6 +42,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from equeue_broker.storage.atomic_file import load_json, save_json
@@ -40,27 +60,77 @@ from equeue_broker.storage.offsets import OffsetStore
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, entry_damaged
 from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.results import RecoveryReport
+from equeue_broker.storage.retention import settle_earliest
 from equeue_broker.storage.topics import TopicMeta
+from equeue_broker.storage.txn_recovery import (
+    RecoveredTxns,
+    Sinks,
+    TxnScan,
+    migrate_stage_dir,
+    remove_stage_dir,
+)
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
 
 
-def load_checkpoint(data_dir: Path) -> int:
-    """The saved checkpoint position (0 when there is none yet, or no intact copy:
-    every index entry is then rebuilt from the log, which costs time, not data)."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """The document of ``checkpoint.json`` (module docstring)."""
+
+    index_position: int
+    ends: dict[QueueKey, int] | None = None
+    earliest: dict[QueueKey, int] = field(default_factory=dict)
+    log_start: int | None = None
+    txn_position: int | None = None
+    next_serial: int = 1
+    sinks: Sinks = field(default_factory=dict)
+
+    @property
+    def scan_from(self) -> int:
+        txn = self.index_position if self.txn_position is None else self.txn_position
+        return min(self.index_position, txn)
+
+
+def load_checkpoint(data_dir: Path) -> Checkpoint:
+    """The saved checkpoint (position 0 when there is none yet, or no intact copy:
+    every index entry, transaction and sink is then rebuilt from the whole log,
+    which costs time, not data)."""
     try:
         document = load_json(data_dir / CHECKPOINT_FILE) or {}
     except CorruptionError as exc:
         log.error("checkpoint lost (%s); rebuilding every index entry from the log", exc)
-        return 0
-    return int(document.get("index_position", 0))
+        return Checkpoint(0)
+    ends = document.get("ends")
+    return Checkpoint(
+        int(document.get("index_position", 0)),
+        None if ends is None else {(str(q[0]), int(q[1])): int(q[2]) for q in ends},
+        {(str(q[0]), int(q[1])): int(q[3]) for q in ends or () if len(q) > 3},
+        document.get("log_start"),
+        document.get("txn_position"),
+        int(document.get("next_serial", 1)),
+        {str(s): (int(b), int(ms)) for s, (b, ms) in document.get("sinks", {}).items()},
+    )
 
 
-def save_checkpoint(data_dir: Path, position: int) -> None:
-    """Persist ``position``: every index entry of a record below it is fsynced."""
-    save_json(data_dir / CHECKPOINT_FILE, {"index_position": position})
+def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
+    """Persist ``checkpoint`` (fsynced)."""
+    document = {
+        "index_position": checkpoint.index_position,
+        "ends": [
+            [t, q, e, checkpoint.earliest.get((t, q), 0)]
+            for (t, q), e in sorted((checkpoint.ends or {}).items())
+        ],
+        "log_start": checkpoint.log_start,
+        "txn_position": checkpoint.index_position
+        if checkpoint.txn_position is None
+        else checkpoint.txn_position,
+        "next_serial": checkpoint.next_serial,
+        "sinks": {s: [b, ms] for s, (b, ms) in sorted(checkpoint.sinks.items())},
+    }
+    save_json(data_dir / CHECKPOINT_FILE, document)
 
 
 def recover(
@@ -69,17 +139,22 @@ def recover(
     topics: Iterable[TopicMeta],
     offsets: OffsetStore,
     queues: dict[QueueKey, QueueState],
-) -> tuple[RecoveryReport, int]:
+) -> tuple[RecoveryReport, Checkpoint, RecoveredTxns]:
     """Open ``message_log`` and the index of every queue of ``topics``, repair
-    them, and return the report and the new checkpoint position.
+    them, recover transactions, and return the report, the new checkpoint and
+    the transactions.
 
     Each queue is put into ``queues`` as soon as it is open, so that a caller
     whose open fails part-way can still release every file opened so far.
     """
     started = time.monotonic()
     message_log.open()
-    checkpoint = load_checkpoint(config.data_dir)
-    checkpoint = min(max(checkpoint, message_log.start_position), message_log.write_position)
+    saved = load_checkpoint(config.data_dir)
+    migrated = migrate_stage_dir(config.data_dir)
+    checkpoint = min(
+        max(saved.index_position, message_log.start_position), message_log.write_position
+    )
+    scan_from = min(max(saved.scan_from, message_log.start_position), checkpoint)
     scanned = message_log.tail.scanned_bytes if message_log.tail else 0
     for topic in topics:
         for q in topic.queues:
@@ -87,22 +162,41 @@ def recover(
                 config.data_dir, config.index_entries_per_chunk, topic.name, q.queue_id,
                 config.max_open_index_files,
             )  # fmt: skip
-            queues[(topic.name, q.queue_id)] = queue
+            key = (topic.name, q.queue_id)
+            queues[key] = queue
             queue.producer_visible = q.producer_visible
             scanned += queue.index.recover(checkpoint)
+            if saved.ends is not None:  # later entries: derived again from the log
+                queue.index.truncate(max(saved.ends.get(key, 0), queue.index.earliest))
+    sinks = saved.sinks if migrated is None else {**migrated, **saved.sinks}
+    scan = TxnScan(saved.next_serial, sinks, scan_from <= message_log.start_position)
     rebuilt = _restore_ends(message_log, queues, checkpoint)
-    more, orphans = rebuild_indexes(message_log, queues, checkpoint)
+    more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)
     rebuilt += more
-    for queue in queues.values():
-        queue.index.delete_chunks_below(message_log.start_position)
+    same_start = saved.log_start == message_log.start_position
+    for key, queue in queues.items():
+        known = saved.earliest.get(key) if same_start else None
+        settle_earliest(queue, message_log.start_position, known)
         queue.index.sync()
         queue.visible_end = queue.notified_end = queue.index.end
     _clamp_offsets(offsets, queues)
     # The tail may hold data a killed process wrote but never fsynced: make it
     # durable before the checkpoint claims everything below it is indexed.
     os.fsync(message_log.sync_target()[1])
-    checkpoint = message_log.write_position
-    save_checkpoint(config.data_dir, checkpoint)
+    found = scan.found
+    end = message_log.write_position
+    new = Checkpoint(
+        end,
+        {key: q.index.end for key, q in queues.items()},
+        {key: q.index.earliest for key, q in queues.items()},
+        message_log.start_position,
+        min((t.first_position for t in found.open.values()), default=end),
+        found.next_serial,
+        found.sinks,
+    )
+    save_checkpoint(config.data_dir, new)
+    if migrated is not None:
+        remove_stage_dir(config.data_dir)
     tail = message_log.tail
     report = RecoveryReport(
         tail.scanned_records if tail else 0,
@@ -113,19 +207,56 @@ def recover(
         scanned,
     )
     log.info("store opened: %s", report)
-    return report, checkpoint
+    if found.open or found.commits or found.aborts:
+        log.info(
+            "transactions: %d open, %d commits and %d aborts read from the log",
+            len(found.open), found.commits, found.aborts,
+        )  # fmt: skip
+    return report, new, found
 
 
 def rebuild_indexes(
-    message_log: MessageLog, queues: dict[QueueKey, QueueState], checkpoint: int
+    message_log: MessageLog,
+    queues: dict[QueueKey, QueueState],
+    checkpoint: int,
+    scan_from: int | None = None,
+    txns: TxnScan | None = None,
 ) -> tuple[int, int]:
-    """Re-create index entries for every record at or after ``checkpoint``;
+    """Re-create index entries for every record and commit record at or after
+    ``checkpoint``, reading transactions from ``scan_from`` into ``txns``;
     return (entries rebuilt, records of deleted topics skipped)."""
     rebuilt = orphans = 0
     pending: dict[QueueKey, bytearray] = {}
     expected = {key: q.index.end for key, q in queues.items()}
     gaps: dict[QueueKey, Wanted] = {}
-    for position, meta in message_log.iter_records(checkpoint):
+    start = checkpoint if scan_from is None else min(scan_from, checkpoint)
+    for position, meta in message_log.iter_records(start):
+        if meta.flags & (FLAG_TXN | FLAG_CONTROL):
+            if txns is None:
+                continue
+            if meta.flags & FLAG_TXN:
+                txns.staged(position, meta)
+                continue
+            derived = txns.control(message_log, position, meta, position >= checkpoint)
+            for key, first, entries in derived:
+                count = len(entries) // ENTRY_SIZE
+                if key not in expected:
+                    orphans += count
+                    continue
+                if first != expected[key] and key not in pending:
+                    _follow_log(message_log, queues[key], key, first, gaps)
+                    expected[key] = first
+                if first != expected[key]:
+                    raise CorruptionError(
+                        f"commit record at {position}: {key[0]}/{key[1]} offset {first}, "
+                        f"expected {expected[key]}"
+                    )
+                pending.setdefault(key, bytearray()).extend(entries)
+                expected[key] += count
+                rebuilt += count
+            continue
+        if position < checkpoint:
+            continue
         key = (meta.topic.decode(), meta.queue_id)
         if key not in expected:
             orphans += 1  # a deleted topic's records wait for retention

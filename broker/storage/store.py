@@ -3,7 +3,7 @@
 ``Store`` owns the store lock and the state every part of the engine shares
 (the message log, the queues, topics and group offsets). It keeps the write
 paths (``append``, the sync-mode group-commit rounds, and
-``append_atomically`` for transactions), topic, queue and group-offset admin,
+the transaction writes), topic, queue and group-offset admin,
 and opening, flushing, the maintenance thread and closing. The rest lives in
 modules that depend on that state but never on this module: recovery.py runs
 at open, log_writer.py places an append in the log, reads.py serves ``read``
@@ -21,7 +21,8 @@ Data directory layout::
     <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
     <data_dir>/checkpoint.json[.bak]      log position below which every index
                                           entry is fsynced (recovery.py)
-    <data_dir>/txn/                       staged transactions (transactions.py)
+                                          and transaction and sink state (recovery.py);
+                                          transactions live in the log (transactions.py)
 
 Durability (see ``FlushMode``): in sync mode an append returns after an fsync
 of its records (group commit), and readers see only durable records; in async
@@ -44,7 +45,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from equeue_broker.storage.atomic_file import remove_temp_files
 from equeue_broker.storage.config import FlushMode, StorageConfig
@@ -67,15 +68,11 @@ from equeue_broker.storage.maintenance import maintain
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.names import validate_group, validate_topic
 from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
+from equeue_broker.storage.queue_index import ENTRY_SIZE
 from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.reads import Reads
-from equeue_broker.storage.record import (
-    EncodedBatch,
-    MessageBatch,
-    PreparedBatch,
-    prepare_batch,
-)
-from equeue_broker.storage.recovery import recover, save_checkpoint
+from equeue_broker.storage.record import MessageBatch, PreparedBatch, prepare_batch
+from equeue_broker.storage.recovery import Checkpoint, recover, save_checkpoint
 from equeue_broker.storage.results import (
     AppendResult,
     Framer,
@@ -87,6 +84,7 @@ from equeue_broker.storage.results import (
 from equeue_broker.storage.retention import delete_expired
 from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
 from equeue_broker.storage.transactions import Transactions
+from equeue_broker.storage.txn_writes import write_commit
 from equeue_proto.record import StoredMessage
 
 log = logging.getLogger(__name__)
@@ -108,8 +106,6 @@ class Store:
         self._checkpoint_lock = threading.Lock()
         self._pending: deque[tuple[int, QueueState, int]] = deque()
         self._queues: dict[QueueKey, QueueState] = {}
-        self._blocked: set[QueueKey] = set()
-        """Queues an interrupted transaction commit must finish first."""
         self._admin_lock = threading.Lock()  # serialises deletes and (re)creations
         self._deleted_below = 0  # every record of a deleted topic or queue is below it
         root = config.data_dir
@@ -123,9 +119,10 @@ class Store:
             self._topics, self._topics_lost = load_topics(root / "topics.json")
             self._offsets = OffsetStore(root / "offsets.json")
             sweep(root, self._topics, self._offsets)
-            self.recovery, self._checkpoint = recover(
+            self.recovery, checkpoint, recovered = recover(
                 config, self._log, self._topics.values(), self._offsets, self._queues
             )
+            self._checkpoint = checkpoint.index_position
         except BaseException:
             self._release_files()
             raise
@@ -144,13 +141,7 @@ class Store:
             self._committer = SyncCommitter(self._commit_round)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        try:  # rolls forward commits a crash interrupted, so before anyone reads
-            self.transactions = Transactions(self, root / "txn", config.transactions)
-        except BaseException:
-            if self._committer is not None:
-                self._committer.close()
-            self._release_files()
-            raise
+        self.transactions = Transactions(self, config.transactions, recovered)
         if background:
             self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
             self._thread.start()
@@ -377,71 +368,77 @@ class Store:
             queue = self._writable_queue(topic, queue_id)
         return prepare_batch(batch, queue.topic_bytes, self.config.limits)
 
-    def append_atomically(
-        self,
-        queues: Sequence[QueueKey],
-        decide: Callable[[dict[QueueKey, int]], None],
-        batches: Callable[[], Iterable[tuple[str, int, EncodedBatch]]],
-        resume: bool = False,
-    ) -> dict[QueueKey, int]:
-        """Append encoded batches (``record.EncodedBatch``) to several queues as
-        one unit; return each queue's first new offset.
+    # -- transactions: the writes transactions.py asks for (txn_writes.py) -------------
 
-        No other append runs in between, and readers see the new records of
-        every queue at once. First every queue is checked writable, then
-        ``decide(first offsets)`` runs with each queue's current end (the
-        transaction layer makes its commit decision durable there, or measures
-        what a roll-forward still has to append), then every batch from
-        ``batches()`` is written.
-        An error after ``decide`` leaves a prefix written (and readable): the
-        caller rolls the rest forward from its decision; until a call with
-        ``resume`` succeeds, those queues refuse other appends (which would
-        break the roll-forward's arithmetic).
-        """
-        keys = list(dict.fromkeys(queues))
+    def stage_records(  # noqa: PLR0917 (a staged write's parts, called in one place)
+        self,
+        topic: str,
+        queue_id: int,
+        prepared: PreparedBatch,
+        serial: int,
+        begin: PreparedBatch | None,
+        on_written: Callable[[int, bytearray], None],
+    ) -> None:
+        """Append a transaction's checked batch to the log, invisible (after its
+        ``begin`` record, if given); ``on_written(position of the first record
+        written, index entries to be)`` runs under the lock, so a checkpoint
+        never misses a transaction whose records are below it. Not fsynced:
+        the commit's durability covers what it commits (docs/storage.md)."""
+        with self._lock:
+            queue = self._writable_queue(topic, queue_id)
+            first = -1 if begin is None else self._writer.write_control(begin)
+            count = len(prepared.batch)
+            entries, done = bytearray(count * ENTRY_SIZE), [0]
+            try:
+                self._writer.write_staged(queue, prepared, serial, entries, done)
+            finally:  # what reached the log is the transaction's, as recovery will see
+                on_written(first, entries if done[0] == count else entries[: done[0] * ENTRY_SIZE])
+
+    def write_control(self, prepared: PreparedBatch) -> None:
+        """Append a control record (an abort) to the log; not fsynced."""
+        with self._lock:
+            self._check_writable()
+            self._writer.write_control(prepared)
+
+    def commit_staged(
+        self,
+        entries: dict[QueueKey, bytearray],
+        record: Callable[[dict[QueueKey, int]], PreparedBatch],
+        on_written: Callable[[], None],
+    ) -> dict[QueueKey, int]:
+        """Make staged records visible: ``record(first offsets)`` is the commit
+        record (it may raise to cancel), written with ``entries`` (per queue,
+        in offset order) by ``txn_writes.write_commit``; ``on_written`` runs
+        under the lock after. Readers see every queue's records at once, in
+        sync mode once the commit record is durable. Returns the first offsets."""
+        keys = list(entries)
 
         def work() -> dict[QueueKey, int]:
-            targets = {key: self._writable_queue(*key, resuming=resume) for key in keys}
+            targets = {key: self._writable_queue(*key) for key in keys}
             firsts = {key: queue.index.end for key, queue in targets.items()}
-            decide(firsts)
-            try:
-                for topic, queue_id, batch in batches():
-                    queue = targets.get((topic, queue_id))
-                    if queue is None:
-                        raise InvalidArgument(f"queue {topic}/{queue_id} was not declared")
-                    self._writer.write_encoded(queue, batch, self._write_rebased)
-                self._blocked.difference_update(keys)
-            except BaseException:
-                self._blocked.update(keys)
-                raise
-            finally:
-                if self._committer is not None:
-                    position = self._log.write_position
-                    self._pending.extend((position, q, q.index.end) for q in targets.values())
-                else:
-                    for q in targets.values():
-                        q.visible_end = q.index.end
+            prepared = record(firsts)
+            write_commit(self._writer, targets, prepared, entries, self._writer.now_ms())
+            on_written()
+            if self._committer is not None:
+                position = self._log.write_position
+                self._pending.extend((position, q, q.index.end) for q in targets.values())
+            else:
+                for q in targets.values():
+                    q.visible_end = q.index.end
             return firsts
 
         if self._committer is None:
             with self._lock:
-                try:
-                    return work()
-                finally:
-                    if self._listeners:
-                        self._notify([(q, q.visible_end) for q in self._queues_of(keys)])
+                firsts = work()
+            if self._listeners:
+                with self._lock:
+                    changed = [(q, q.visible_end) for q in self._queues_of(keys)]
+                self._notify(changed)
+            return firsts
         self._check_open()
-        # A commit waits for its own appends however large (bounded: an hour);
-        # a roll-forward measures what is appended inside ``work``, so a retry
-        # after a timeout cannot append anything twice.
-        outcome = self._committer.submit(work, max(self.config.sync_timeout_ms / 1000, 3600))
+        outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
         assert isinstance(outcome, dict)
         return outcome
-
-    def unblock(self, topic: str, queue_id: int) -> None:
-        """Let a queue take appends again (its interrupted commit is resolved)."""
-        with self._lock:
-            self._blocked.discard((topic, queue_id))
 
     def _queues_of(self, keys: Iterable[QueueKey]) -> list[QueueState]:
         """The queues of ``keys`` that still exist (lock held)."""
@@ -488,29 +485,16 @@ class Store:
                 log.error("cannot cut a failed round out of the log: %s", exc)
         log.error("fsync failed (%s); the store refuses writes until restarted", cause)
 
-    def _writable_queue(self, topic: str, queue_id: int, resuming: bool = False) -> QueueState:
-        """The queue, if it takes appends now (lock held); ``resuming`` lets an
-        interrupted commit's roll-forward past its block and hidden queues."""
+    def _writable_queue(self, topic: str, queue_id: int) -> QueueState:
+        """The queue, if it takes appends now (lock held)."""
         self._check_writable()
         queue = self._queues.get((topic, queue_id))
         if queue is None:  # find out why, for the error message
             self._queue_meta(self._topic(topic), queue_id)
             raise NotFound(f"queue {topic}/{queue_id} does not exist")
-        if self._blocked and not resuming and (topic, queue_id) in self._blocked:
-            raise StorageError(
-                f"queue {topic}/{queue_id} takes no appends until an interrupted "
-                "transaction commit is completed (retried in the background)"
-            )
-        if not queue.producer_visible and not resuming:  # a decided commit still completes
+        if not queue.producer_visible:
             raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
         return queue
-
-    def _write_rebased(
-        self, queue: QueueState, batch: EncodedBatch, first_offset: int, store_ms: int
-    ) -> None:
-        """One piece of a transaction's records (lock held). Called through the
-        store, so that fault-injection tests can make it fail part-way."""
-        self._writer.write_rebased(queue, batch, first_offset, store_ms)
 
     def _sync_target(self) -> tuple[int, int]:
         with self._lock:
@@ -665,6 +649,11 @@ class Store:
             self._check_open()
             target = self._log.write_position
             fds = [fd for q in self._queues.values() for fd in q.index.take_dirty()]
+            ends = {key: q.index.end for key, q in self._queues.items()}
+            earliest = {key: q.index.earliest for key, q in self._queues.items()}
+            start = self._log.start_position
+            txn_position, serial, sinks = self.transactions.checkpoint_state()
+        checkpoint = Checkpoint(target, ends, earliest, start, txn_position, serial, sinks)
         try:
             self._commit.make_durable(target)
             for fd in fds:
@@ -684,7 +673,7 @@ class Store:
         with self._checkpoint_lock:
             if target > self._checkpoint and not self._closed:
                 try:
-                    save_checkpoint(self.config.data_dir, target)
+                    save_checkpoint(self.config.data_dir, checkpoint)
                 except OSError as exc:
                     raise io_error("checkpoint.json", exc) from exc
                 self._checkpoint = target
@@ -697,8 +686,9 @@ class Store:
         self.flush()
         with self._lock:
             return delete_expired(
-                self.config.retention, self._log, self._queues, self._offsets, now
-            )
+                self.config.retention, self._log, self._queues, self._offsets, now,
+                pinned=self.transactions.pinned(),
+            )  # fmt: skip
 
     def _maintain(self) -> None:
         """The background thread: flush, persist offsets, expire transactions,

@@ -1,81 +1,59 @@
 """Transactions: messages staged out of sight, then committed atomically or aborted.
 
-In the spirit of RocketMQ's half messages. A writer stages batches under a
-transaction id it chooses; staged messages live in the transaction's stage file
-(staging.py), not in any queue, so no reader can see them. Commit appends them
-to their queues; abort deletes the file; a transaction left idle longer than
-``TransactionConfig.timeout_ms`` is aborted.
+In the spirit of RocketMQ's half messages, kept in the one message log. A
+writer stages batches under a transaction id it chooses. Staged records are
+written to the log once, when they are staged, flagged TXN and carrying the
+transaction's serial instead of a queue offset (``equeue_proto.record``): no
+queue index points at them, so no reader sees them, and no reader waits for
+them either (an open transaction never holds back a queue's readable end).
 
-Offsets: a transaction's messages get their queue offsets when it commits,
-after whatever the queue holds then, in staging order. Aborted messages never
-get offsets, so the offsets readers see stay contiguous.
+* The first stage call of a transaction writes a *begin* record (id, serial)
+  just before its records (txn_records.py).
+* A *commit* writes one small commit record, then, per queue, index entries
+  for the staged records in staging order, at the queue's end: the records
+  take their offsets then, after whatever the queue holds, and readers see
+  every queue's records at once (txn_writes.py). Nothing is copied: the
+  entries point where the records already lie, possibly in older chunks.
+* An *abort*, or the idle timeout (``TransactionConfig.timeout_ms``), writes
+  an abort record; the staged records stay in the log, unindexed, until
+  retention deletes their chunks. Aborted records never take an offset, so
+  the offsets readers see stay contiguous.
 
 Sinks: a commit may name a sink (e.g. a streaming query) and a batch id. The
-last committed batch id of every sink is remembered, so replaying a batch that
-was committed already is a no-op (its transactions are aborted instead), and a
-batch id below the last one is refused (the sink id was reused).
+last committed batch id of every sink is remembered (in the commit records,
+and in the checkpoint), so replaying a batch that was committed already is a
+no-op (its transactions are aborted instead), and a batch id below the last
+one is refused (the sink id was reused).
 
-Files under ``<data_dir>/txn/``::
-
-    <hash>.stage         one per open transaction (format: staging.py)
-    commit-<seq>.json    a commit decision not yet completely applied
-    sinks.json[.bak]     {sink: [last committed batch id, when (ms)]}
-
-Commit, and why a crash at any step is safe:
-
-1. The transactions are checked (open, holding the expected message count)
-   and marked committing; their stage files are fsynced.
-2. Under the store's append lock, with each target queue's end offset as the
-   first offset the transaction will get, the decision (ids, sink, batch, per
-   queue first offset and count) is saved and fsynced. Before this point a
-   crash leaves the transactions open.
-3. The staged batches are appended; readers see all of them at once.
-4. The sink's batch is saved, then the stage files and the decision deleted.
-
-Recovery finds a decision file only if step 2 completed: for each of its
-queues ``end - first`` messages are in the log already (no other append can
-come between the decision and its batches, see ``Store.append_atomically``),
-and the rest are appended from the stage files: the commit rolls forward. If an
-append fails at runtime after step 2 (e.g. the disk is full), the queues
-involved refuse other appends until the same roll-forward succeeds, which is
-retried by the next commit and by the store's maintenance thread.
-
-Durability follows the stage files and the decision: both are fsynced before
-the commit's records are written, whatever the store's flush mode.
+Recovery rebuilds all of it from the log (txn_recovery.py). Durability is
+the log's (docs/storage.md): staging is never fsynced on its own; in sync
+mode a commit returns once its commit record, and so every staged record
+before it, is fsynced; in async mode everything is fsynced by the next flush.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from equeue_broker.storage.atomic_file import (
-    keep_damaged,
-    load_json,
-    remove_temp_files,
-    save_json,
-)
 from equeue_broker.storage.config import TransactionConfig
 from equeue_broker.storage.errors import (
-    CorruptionError,
     LimitExceeded,
     NotFound,
     PreconditionFailed,
     StorageError,
-    io_error,
 )
 from equeue_broker.storage.names import validate_transaction_id
+from equeue_broker.storage.queue_index import ENTRY_SIZE
 from equeue_broker.storage.queue_state import QueueKey
-from equeue_broker.storage.record import EncodedBatch, MessageBatch, PreparedBatch
-from equeue_broker.storage.results import QueueInfo
-from equeue_broker.storage.staging import SUFFIX, StageFile, encode_entry
+from equeue_broker.storage.record import MessageBatch, PreparedBatch
+from equeue_broker.storage.txn_records import Abort, Begin, Commit, prepare_control
+from equeue_broker.storage.txn_recovery import RecoveredTxns, Sinks, StagedTxn
 
 log = logging.getLogger(__name__)
 
@@ -131,68 +109,71 @@ class TransactionStore(Protocol):
         """Check ``batch`` as an append to the queue would, without writing it."""
         ...
 
-    def append_atomically(
+    def stage_records(  # noqa: PLR0917 (Store.stage_records)
         self,
-        queues: Sequence[QueueKey],
-        decide: Callable[[dict[QueueKey, int]], None],
-        batches: Callable[[], Iterable[tuple[str, int, EncodedBatch]]],
-        resume: bool = False,
+        topic: str,
+        queue_id: int,
+        prepared: PreparedBatch,
+        serial: int,
+        begin: PreparedBatch | None,
+        on_written: Callable[[int, bytearray], None],
+    ) -> None:
+        """Append staged records, invisible (``Store.stage_records``)."""
+        ...
+
+    def write_control(self, prepared: PreparedBatch) -> None:
+        """Append a control record (``Store.write_control``)."""
+        ...
+
+    def commit_staged(
+        self,
+        entries: dict[QueueKey, bytearray],
+        record: Callable[[dict[QueueKey, int]], PreparedBatch],
+        on_written: Callable[[], None],
     ) -> dict[QueueKey, int]:
-        """Append ``batches()`` to ``queues`` as one unit, after ``decide(first
-        offsets)`` ran under the append lock (see ``Store.append_atomically``)."""
-        ...
-
-    def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
-        """The queue's state; ``NotFound`` if it does not exist."""
-        ...
-
-    def unblock(self, topic: str, queue_id: int) -> None:
-        """Let a queue take appends again (its interrupted commit is resolved)."""
+        """Write a commit record and its index entries (``Store.commit_staged``)."""
         ...
 
 
 class _Txn:
-    """An open transaction. ``lock`` serialises writes to its stage file."""
+    """An open transaction. ``lock`` serialises its stage calls and its commit."""
 
-    def __init__(self, stage: StageFile, last_ms: int) -> None:
-        self.stage = stage
+    def __init__(self, staged: StagedTxn, last_ms: int) -> None:
+        self.staged = staged
         self.last_ms = last_ms
-        self.messages = 0
-        self.bytes = 0
-        self.queues: dict[QueueKey, int] = {}
         self.committing = False
         self.ended = False
         self.lock = threading.Lock()
 
-    def add(self, topic: str, queue_id: int, count: int) -> None:
-        key = (topic, queue_id)
-        self.queues[key] = self.queues.get(key, 0) + count
-        self.messages += count
+    @property
+    def txn_id(self) -> str:
+        return self.staged.txn_id
+
+    @property
+    def begun(self) -> bool:
+        """Its begin record is in the log (its first stage call wrote something)."""
+        return self.staged.first_position >= 0
 
 
 class Transactions:
     """The open transactions of one store (``Store.transactions``)."""
 
-    def __init__(self, store: TransactionStore, directory: Path, config: TransactionConfig) -> None:
+    def __init__(
+        self, store: TransactionStore, config: TransactionConfig, recovered: RecoveredTxns
+    ) -> None:
         self._store = store
-        self._dir = directory
         self.config = config
         self._lock = threading.Lock()
-        """Guards the dictionaries below."""
+        """Guards the dictionaries below; never held while taking the store lock."""
         self._commit_lock = threading.Lock()
-        """One commit or roll-forward at a time."""
-        self._open: dict[str, _Txn] = {}
+        """One commit at a time (a sink's batches are decided in order)."""
+        now = _now_ms()
+        self._open = {t.txn_id: _Txn(t, now) for t in recovered.open.values()}
         self._ended: OrderedDict[str, str] = OrderedDict()
-        self._pending: dict[Path, dict[str, Any]] = {}
-        """Decisions whose appends failed part-way: rolled forward later."""
-        self._seq = 0
-        """Number of the last commit decision file (set by recovery; names sort by it)."""
-        directory.mkdir(mode=0o700, exist_ok=True)
-        remove_temp_files(directory)
+        self._next_serial = recovered.next_serial
+        self._sinks = {s: SinkProgress(s, b, ms) for s, (b, ms) in recovered.sinks.items()}
         self.sinks_lost: str | None = None
-        """What was lost when no copy of sinks.json was intact (damage.py)."""
-        self._sinks = self._load_sinks()
-        self._recover()
+        """Sink progress is rebuilt from the log: never lost on its own (damage.py)."""
 
     # -- staging ---------------------------------------------------------------------
 
@@ -204,14 +185,8 @@ class Transactions:
         fail on their content.
         """
         validate_transaction_id(txn_id)
-        entries = []
-        counts = []
-        staged_ms = _now_ms()
-        for queue_id, batch in parts:
-            prepared = self._store.prepare(topic, queue_id, batch)
-            entries.append(encode_entry(topic, queue_id, prepared, staged_ms))
-            counts.append((queue_id, len(batch)))
-        size = sum(map(len, entries))
+        prepared = [(queue_id, self._store.prepare(topic, queue_id, b)) for queue_id, b in parts]
+        size = sum(p.total_bytes for _, p in prepared)
         if size > self.config.max_bytes:  # before an empty transaction is created
             raise LimitExceeded(
                 f"{size} bytes to stage exceed max_transaction_bytes={self.config.max_bytes}"
@@ -221,20 +196,32 @@ class Transactions:
             if txn.ended or txn.committing:
                 state = "being committed" if txn.committing else "ended"
                 raise PreconditionFailed(f"transaction {txn_id!r} is {state}; stage into a new one")
-            if txn.bytes + size > self.config.max_bytes:
+            if txn.staged.size + size > self.config.max_bytes:
                 raise LimitExceeded(
-                    f"transaction {txn_id!r} would hold {txn.bytes + size} staged bytes; "
-                    f"max_transaction_bytes={self.config.max_bytes}"
+                    f"transaction {txn_id!r} would hold {txn.staged.size + size} staged "
+                    f"bytes; max_transaction_bytes={self.config.max_bytes}"
                 )
-            try:
-                txn.stage.append(entries)
-            except OSError as exc:
-                raise io_error(f"staging transaction {txn_id!r}", exc) from exc
-            for queue_id, count in counts:
-                txn.add(topic, queue_id, count)
-            txn.bytes += size
+            for queue_id, batch in prepared:
+                self._stage_one(txn, topic, queue_id, batch)
             txn.last_ms = _now_ms()
-            return txn.messages
+            return txn.staged.messages
+
+    def _stage_one(self, txn: _Txn, topic: str, queue_id: int, batch: PreparedBatch) -> None:
+        staged = txn.staged
+        begin = None
+        if not txn.begun:
+            begin = prepare_control(Begin(staged.serial, staged.txn_id, staged.created_ms))
+
+        def written(first: int, entries: bytearray) -> None:
+            # Under the store lock: a checkpoint sees the transaction and its
+            # records; after a failed write, those that reached the log.
+            if first >= 0:
+                staged.first_position = first
+            if entries:
+                sizes = memoryview(entries).cast("I")[2 :: ENTRY_SIZE // 4]
+                staged.add((topic, queue_id), entries, sum(sizes))
+
+        self._store.stage_records(topic, queue_id, batch, staged.serial, begin, written)
 
     def _get_or_create(self, txn_id: str) -> _Txn:
         with self._lock:
@@ -250,11 +237,9 @@ class Transactions:
                     f"max_open_transactions={self.config.max_open}"
                 )
             now = _now_ms()
-            try:
-                stage = StageFile.create(self._dir, txn_id, now)
-            except OSError as exc:
-                raise io_error(f"creating transaction {txn_id!r}", exc) from exc
-            txn = self._open[txn_id] = _Txn(stage, now)
+            serial = self._next_serial
+            self._next_serial += 1
+            txn = self._open[txn_id] = _Txn(StagedTxn(serial, txn_id, now, -1), now)
             return txn
 
     # -- commit ----------------------------------------------------------------------
@@ -276,7 +261,6 @@ class Transactions:
         """
         self._check_commit_args(refs, sink, batch_id, abort_prefix)
         with self._commit_lock:
-            self._retry_pending()
             if sink and self._is_replay(sink, batch_id):
                 aborted = self._abort_where([i for i, _ in refs], abort_prefix)
                 log.info(
@@ -288,16 +272,66 @@ class Transactions:
                 for txn, (txn_id, expected) in zip(txns, refs, strict=True):
                     with txn.lock:  # waits for a stage call that passed its check before the claim
                         _check_count(txn, txn_id, expected)
-                        txn.stage.sync()
-            except OSError as exc:
-                self._unclaim(txns)
-                raise io_error("syncing staged messages", exc) from exc
             except BaseException:
                 self._unclaim(txns)
                 raise
-            queues = self._apply_new(txns, sink, batch_id)
+            queues = self._commit_claimed(txns, sink, batch_id)
         aborted = self._abort_where([], abort_prefix) if abort_prefix else 0
         return CommitResult(False, queues, aborted)
+
+    def _commit_claimed(
+        self, txns: list[_Txn], sink: str, batch_id: int
+    ) -> tuple[CommittedQueue, ...]:
+        entries: dict[QueueKey, bytearray] = {}
+        for txn in txns:
+            for key, parts in txn.staged.entries.items():
+                entries.setdefault(key, bytearray()).extend(b"".join(parts))
+        counts = {key: len(e) // 32 for key, e in entries.items()}
+        # Only those with a begin record: recovery must find every serial a
+        # commit names (one whose first stage call failed staged nothing).
+        serials = tuple(t.staged.serial for t in txns if t.begun)
+        gate = threading.Lock()
+        started = cancelled = written = False
+
+        def record(firsts: dict[QueueKey, int]) -> PreparedBatch:
+            nonlocal started
+            with gate:  # a caller that gave up waiting must not be committed behind its back
+                if cancelled:
+                    raise StorageError("the commit timed out before it started; nothing written")
+                started = True
+            queues = tuple((key, firsts[key], n) for key, n in counts.items())
+            return prepare_control(Commit(serials, sink, batch_id, queues))
+
+        def on_written() -> None:  # under the store lock, so a checkpoint sees all of it
+            nonlocal written
+            written = True
+            self._record_sink(sink, batch_id)
+            with self._lock:
+                for txn in txns:
+                    self._end(txn, "committed")
+
+        try:
+            firsts = self._store.commit_staged(entries, record, on_written)
+        except TimeoutError:
+            with gate:
+                cancelled = not started
+            if cancelled:
+                self._unclaim(txns)
+                raise StorageError("the commit did not start in time; retry it") from None
+            raise StorageError(
+                "the commit is written but not yet durable; retrying it is safe (a sink's "
+                "batch is then a replay, a transaction is then found committed)"
+            ) from None
+        except BaseException:
+            if not written:
+                self._unclaim(txns)
+            raise
+        return tuple(CommittedQueue(t, q, firsts[(t, q)], n) for (t, q), n in counts.items())
+
+    def _record_sink(self, sink: str, batch_id: int) -> None:
+        last = self._sinks.get(sink)
+        if sink and (last is None or batch_id > last.batch_id):  # never backwards
+            self._sinks[sink] = SinkProgress(sink, batch_id, _now_ms())
 
     def _check_commit_args(
         self, refs: Sequence[tuple[str, int]], sink: str, batch_id: int, abort_prefix: str
@@ -352,132 +386,6 @@ class Transactions:
             for txn in txns:
                 txn.committing = False
 
-    def _apply_new(self, txns: list[_Txn], sink: str, batch_id: int) -> tuple[CommittedQueue, ...]:
-        counts: dict[QueueKey, int] = {}
-        for txn in txns:
-            for key, count in txn.queues.items():
-                counts[key] = counts.get(key, 0) + count
-        self._seq += 1  # under the commit lock
-        path = self._dir / f"commit-{self._seq:012d}.json"
-        decision: dict[str, Any] = {
-            "txns": [t.stage.txn_id for t in txns],
-            "sink": sink,
-            "batch": batch_id,
-        }
-        gate = threading.Lock()
-        started = cancelled = durable = False
-
-        def decide(firsts: dict[QueueKey, int]) -> None:
-            nonlocal started, durable
-            with gate:  # a caller that gave up waiting must not be committed behind its back
-                if cancelled:
-                    raise StorageError("the commit timed out before it started; nothing appended")
-                started = True
-            decision["queues"] = [[t, q, firsts[(t, q)], n] for (t, q), n in counts.items()]
-            try:
-                save_json(path, decision)
-            except OSError as exc:  # no decision: no append may follow (recovery must not find one)
-                with contextlib.suppress(OSError):
-                    path.unlink(missing_ok=True)
-                raise io_error("saving a commit decision", exc) from exc
-            durable = True
-
-        def batches() -> Iterator[tuple[str, int, EncodedBatch]]:
-            for txn in txns:
-                for staged in txn.stage.batches():
-                    yield staged.topic, staged.queue_id, staged.records
-
-        try:
-            firsts = self._store.append_atomically(list(counts), decide, batches)
-        except TimeoutError:
-            with gate:
-                cancelled = not started
-            if cancelled:
-                self._unclaim(txns)
-            else:  # it runs later: the retry, queued behind it, completes or undoes it
-                self._pending[path] = decision
-            raise StorageError("the commit did not finish in time; retry it") from None
-        except BaseException:
-            if not durable:
-                self._unclaim(txns)
-            else:
-                self._pending[path] = decision
-                log.exception("commit %s failed part-way; it will be rolled forward", path.name)
-            raise
-        self._complete(decision, path, txns)
-        return tuple(CommittedQueue(t, q, firsts[(t, q)], n) for (t, q), n in counts.items())
-
-    def _complete(self, decision: dict[str, Any], path: Path, txns: Sequence[_Txn]) -> None:
-        """``_finish``, or, if that fails (disk full), a pending decision retried later."""
-        try:
-            self._finish(decision, path, txns)
-        except OSError as exc:
-            self._pending[path] = decision
-            raise io_error("completing a commit (it will be retried)", exc) from exc
-
-    def _finish(self, decision: dict[str, Any], path: Path, txns: Sequence[_Txn]) -> None:
-        """Step 4: the commit is complete; forget what made it recoverable."""
-        sink = decision["sink"]
-        last = self._sinks.get(sink)
-        if sink and (last is None or decision["batch"] > last.batch_id):  # never backwards
-            self._sinks[sink] = SinkProgress(sink, decision["batch"], _now_ms())
-            self._save_sinks()
-        with self._lock:
-            for txn in txns:
-                self._end(txn, "committed")
-        for txn in txns:
-            txn.stage.delete()
-        path.unlink(missing_ok=True)
-        path.with_name(path.name + ".bak").unlink(missing_ok=True)
-        self._pending.pop(path, None)
-
-    # -- roll-forward ----------------------------------------------------------------
-
-    def _retry_pending(self) -> None:
-        for path, decision in sorted(self._pending.items()):
-            self._roll_forward(decision, path)
-
-    def _roll_forward(self, decision: dict[str, Any], path: Path) -> None:
-        """Append what a decided commit has not appended yet (see module doc)."""
-        txns = [self._open.get(txn_id) for txn_id in decision["txns"]]
-        wanted: dict[QueueKey, tuple[int, int]] = {}
-        for topic, queue_id, first, count in decision["queues"]:
-            try:
-                self._store.queue_info(topic, queue_id)
-            except NotFound:
-                log.error("commit %s: queue %s/%d is gone; skipping it", path.name, topic, queue_id)
-                self._store.unblock(topic, queue_id)  # a topic made again must take appends
-                continue
-            wanted[(topic, queue_id)] = (first, count)
-        done: dict[QueueKey, int] = {}
-
-        def measure(ends: dict[QueueKey, int]) -> None:
-            # Under the append lock, after every earlier append: what is in the
-            # log now is exactly what this commit appended before it stopped.
-            if not path.exists():  # never decided (a timed-out commit that then failed)
-                raise _Undecided()
-            for key, end in ends.items():
-                first, count = wanted[key]
-                applied = min(max(end - first, 0), count)
-                if applied < count:
-                    done[key] = applied
-
-        live = [t for t in txns if t is not None]
-        if len(live) < len(txns):
-            missing = [i for i, t in zip(decision["txns"], txns, strict=True) if t is None]
-            log.error("commit %s: stage files of %s are gone", path.name, missing)
-        try:
-            self._store.append_atomically(
-                list(wanted), measure, lambda: _remaining(live, done), resume=True
-            )
-        except _Undecided:
-            self._pending.pop(path, None)
-            self._unclaim(live)
-            return
-        if done:
-            log.warning("commit %s rolled forward on %d queues", path.name, len(done))
-        self._complete(decision, path, live)
-
     # -- abort and expiry ------------------------------------------------------------
 
     def abort(self, ids: Sequence[str] = (), prefix: str = "") -> int:
@@ -500,21 +408,23 @@ class Transactions:
             ]
             for txn in victims:
                 self._end(txn, "aborted")
+        serials = []
         for txn in victims:
-            with txn.lock:
-                txn.stage.delete()
+            with txn.lock:  # a stage call in flight finishes first: its records are covered
+                if txn.begun:
+                    serials.append(txn.staged.serial)
+        if serials:
+            try:
+                self._store.write_control(prepare_control(Abort(tuple(serials))))
+            except StorageError as exc:
+                # Not lost: without the record, a restart finds them open again
+                # and the idle timeout aborts them once more.
+                log.warning("could not log the abort of %d transactions: %s", len(serials), exc)
         return len(victims)
 
     def expire(self, now_ms: int | None = None) -> int:
-        """Abort transactions idle longer than the timeout, and roll forward
-        commits that failed part-way; return how many were aborted."""
+        """Abort transactions idle longer than the timeout; return how many."""
         now = _now_ms() if now_ms is None else now_ms
-        with self._commit_lock:
-            if self._pending:
-                try:
-                    self._retry_pending()
-                except StorageError as exc:
-                    log.warning("rolling forward an interrupted commit failed again: %s", exc)
         with self._lock:
             idle = [
                 txn_id
@@ -530,8 +440,8 @@ class Transactions:
     def _end(self, txn: _Txn, outcome: str) -> None:
         """Forget an open transaction (lock held)."""
         txn.ended = True
-        self._open.pop(txn.stage.txn_id, None)
-        self._ended[txn.stage.txn_id] = outcome
+        self._open.pop(txn.txn_id, None)
+        self._ended[txn.txn_id] = outcome
         while len(self._ended) > MAX_REMEMBERED_ENDINGS:
             self._ended.popitem(last=False)
 
@@ -542,11 +452,11 @@ class Transactions:
             return [
                 TransactionInfo(
                     txn_id,
-                    t.stage.created_ms,
+                    t.staged.created_ms,
                     t.last_ms,
-                    t.messages,
-                    t.bytes,
-                    dict(t.queues),
+                    t.staged.messages,
+                    t.staged.size,
+                    {key: t.staged.count(key) for key in t.staged.entries},
                     t.committing,
                 )
                 for txn_id, t in sorted(self._open.items())
@@ -560,94 +470,40 @@ class Transactions:
         with self._lock:
             return {
                 "open_transactions": len(self._open),
-                "staged_bytes": sum(t.bytes for t in self._open.values()),
+                "staged_bytes": sum(t.staged.size for t in self._open.values()),
             }
 
-    def close(self) -> None:
+    def pinned(self) -> int | None:
+        """Log position of the first record of the oldest open transaction
+        (retention keeps it and everything after); None if none is open."""
         with self._lock:
-            for txn in self._open.values():
-                txn.stage.close()
+            return min((t.staged.first_position for t in self._open.values() if t.begun),
+                       default=None)  # fmt: skip
 
-    # -- persistence -----------------------------------------------------------------
-
-    def _load_sinks(self) -> dict[str, SinkProgress]:
-        try:
-            document = load_json(self._dir / "sinks.json") or {}
-        except CorruptionError as exc:
-            # The broker still serves; what is lost is each sink's last batch id,
-            # so a batch replayed after this may be committed a second time.
-            self.sinks_lost = f"txn/sinks.json: sink progress lost ({exc})"
-            kept = keep_damaged(self._dir / "sinks.json")
-            log.error("SINK PROGRESS LOST: %s; damaged copies kept as %s", exc, kept)
-            return {}
-        return {s: SinkProgress(s, int(b), int(ms)) for s, (b, ms) in document.items()}
-
-    def _save_sinks(self) -> None:
+    def checkpoint_state(self) -> tuple[int | None, int, Sinks]:
+        """(``pinned()``, next serial, sink progress) for a checkpoint; called
+        under the store lock, so it agrees with the log position taken there.
+        Sinks not committed for ``sink_ttl_ms`` are forgotten (the oldest first
+        beyond ``max_sinks``)."""
         now = _now_ms()
         live = [s for s in self._sinks.values() if now - s.updated_ms <= self.config.sink_ttl_ms]
         live.sort(key=lambda s: s.updated_ms)
         self._sinks = {s.sink: s for s in live[-self.config.max_sinks :]}
-        document = {s.sink: [s.batch_id, s.updated_ms] for s in self._sinks.values()}
-        save_json(self._dir / "sinks.json", document)
+        with self._lock:
+            serial = self._next_serial
+        sinks = {s.sink: (s.batch_id, s.updated_ms) for s in self._sinks.values()}
+        return self.pinned(), serial, sinks
 
-    def _recover(self) -> None:
-        for path in sorted(self._dir.glob("*" + SUFFIX)):
-            try:
-                stage, counts = StageFile.open(path)
-            except CorruptionError as exc:  # a crash while creating it: nothing was staged
-                log.warning("removing a stage file without a whole header: %s", exc)
-                path.unlink()
-                continue
-            txn = _Txn(stage, max(stage.created_ms, int(path.stat().st_mtime * 1000)))
-            for topic, queue_id, count in counts:
-                txn.add(topic, queue_id, count)
-            txn.bytes = stage.size
-            self._open[stage.txn_id] = txn
-        decisions = sorted(self._dir.glob("commit-*.json"))
-        self._seq = max((int(p.stem.split("-")[1]) for p in decisions), default=0)
-        for path in decisions:
-            decision = load_json(path, repair=False)  # no .bak: it is deleted once applied
-            if not isinstance(decision, dict) or "queues" not in decision:
-                raise CorruptionError("unreadable commit decision", str(path))
-            self._roll_forward(decision, path)
-        if self._open or decisions:
-            log.info(
-                "transactions: %d open, %d commits completed after a restart",
-                len(self._open), len(decisions),
-            )  # fmt: skip
-
-
-class _Undecided(Exception):
-    """A pending decision that never reached the disk: nothing of it was appended."""
+    def close(self) -> None:
+        """Nothing to release: transactions keep no files of their own."""
 
 
 def _check_count(txn: _Txn, txn_id: str, expected: int) -> None:
-    if expected >= 0 and txn.messages != expected:
+    if expected >= 0 and txn.staged.messages != expected:
         raise PreconditionFailed(
-            f"transaction {txn_id!r} holds {txn.messages} staged messages; "
+            f"transaction {txn_id!r} holds {txn.staged.messages} staged messages; "
             f"the writer staged {expected}"
         )
-
-
-def _remaining(
-    txns: Sequence[_Txn], done: dict[QueueKey, int]
-) -> Iterator[tuple[str, int, EncodedBatch]]:
-    """The staged batches of ``done``'s queues, minus the first ``done[queue]``
-    messages of each (those are in the log already)."""
-    skip = dict(done)
-    for txn in txns:
-        for staged in txn.stage.batches():
-            key = (staged.topic, staged.queue_id)
-            if key not in skip:
-                continue
-            records = staged.records
-            if skip[key] >= records.count:
-                skip[key] -= records.count
-                continue
-            if skip[key]:
-                _, records = records.split(skip[key])
-                skip[key] = 0
-            yield staged.topic, staged.queue_id, records
 
 
 def _now_ms() -> int:

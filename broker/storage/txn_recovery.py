@@ -1,0 +1,178 @@
+"""Recovering transactions from the log alone, at open.
+
+Transactions keep no files of their own (transactions.py): recovery reads them
+back from the message log, in the same scan that rebuilds index entries
+(recovery.py), from ``Checkpoint.scan_from``: the lower of the index
+checkpoint and the first record of the oldest transaction open at the
+checkpoint. Each record there is one of:
+
+* a begin record: a transaction is open, with the serial its records carry;
+* a TXN record: a staged record of the open transaction of its serial (one
+  whose serial is not open was aborted or expired before the scan began);
+* a commit record: its transactions are no longer open and its sink's batch is
+  recorded; if it lies at or after the index checkpoint, its index entries may
+  not have been written (or fsynced) before a crash, so they are derived again
+  from the staged records and the commit (``Commit.queues``), which is what the
+  commit wrote at runtime;
+* an abort record: its transactions are no longer open.
+
+What is open at the end of the log stays open, with every staged record the
+log kept. Sink progress is the checkpoint's, plus every commit after it (a
+batch id only moves forward, so applying one twice is harmless).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from equeue_broker.storage.atomic_file import load_json
+from equeue_broker.storage.errors import CorruptionError, PreconditionFailed
+from equeue_broker.storage.index_repair import entry_for
+from equeue_broker.storage.message_log import MessageLog
+from equeue_broker.storage.queue_state import QueueKey
+from equeue_broker.storage.record import restamp_entries
+from equeue_broker.storage.txn_records import Abort, Begin, Commit, decode_value
+from equeue_proto.record import RecordMeta
+
+log = logging.getLogger(__name__)
+
+Sinks = dict[str, tuple[int, int]]
+"""sink -> (last committed batch id, when (ms))."""
+
+
+@dataclass
+class StagedTxn:
+    """An open transaction: where it starts in the log and its staged records'
+    index entries to be (store time: staging), per queue in log order."""
+
+    serial: int
+    txn_id: str
+    created_ms: int
+    first_position: int
+    entries: dict[QueueKey, list[bytearray]] = field(default_factory=dict)
+    messages: int = 0
+    size: int = 0
+    """Staged bytes (frames)."""
+
+    def add(self, key: QueueKey, entries: bytearray, nbytes: int) -> None:
+        self.entries.setdefault(key, []).append(entries)
+        self.messages += len(entries) // 32
+        self.size += nbytes
+
+    def count(self, key: QueueKey) -> int:
+        return sum(len(e) for e in self.entries.get(key, ())) // 32
+
+
+@dataclass
+class RecoveredTxns:
+    """What the scan found: open transactions by serial, the next serial to use,
+    sink progress; how many commits and aborts it read."""
+
+    open: dict[int, StagedTxn]
+    next_serial: int
+    sinks: Sinks
+    commits: int = 0
+    aborts: int = 0
+
+
+class TxnScan:
+    """Feeds on the records of recovery's scan (``rebuild_indexes``)."""
+
+    def __init__(self, next_serial: int, sinks: Sinks, whole_log: bool) -> None:
+        self.found = RecoveredTxns({}, next_serial, dict(sinks))
+        self._whole_log = whole_log
+        """The scan starts at the log's start: a commit may name transactions
+        whose records retention deleted (their offsets are gone with them)."""
+
+    def staged(self, position: int, meta: RecordMeta) -> None:
+        txn = self.found.open.get(meta.queue_offset)
+        if txn is not None:
+            key = (meta.topic.decode(), meta.queue_id)
+            txn.add(key, bytearray(entry_for(position, meta)), meta.frame_size)
+
+    def control(
+        self, message_log: MessageLog, position: int, meta: RecordMeta, derive: bool
+    ) -> list[tuple[QueueKey, int, bytearray]]:
+        """Apply a control record; for a commit with ``derive``, return the index
+        entries it makes: (queue, first offset, entries)."""
+        record = message_log.read(position, meta.frame_size)
+        control = decode_value(record.tag, record.value)
+        found = self.found
+        if isinstance(control, Begin):
+            found.open[control.serial] = StagedTxn(
+                control.serial, control.txn_id, control.created_ms, position
+            )
+            found.next_serial = max(found.next_serial, control.serial + 1)
+            return []
+        txns = [found.open.pop(serial, None) for serial in control.serials]
+        if isinstance(control, Abort):
+            found.aborts += 1
+            return []
+        found.commits += 1
+        _apply_sink(found.sinks, control, record.store_timestamp_ms)
+        if not derive:
+            return []
+        if any(t is None for t in txns):
+            if self._whole_log:
+                log.warning("commit at %d: records of its transactions were deleted", position)
+                return []
+            raise CorruptionError(
+                f"commit record at log position {position} names transactions whose "
+                "records are not in the log after the checkpoint"
+            )
+        return _derive(control, [t for t in txns if t is not None], record.store_timestamp_ms)
+
+
+def _apply_sink(sinks: Sinks, commit: Commit, store_ms: int) -> None:
+    last = sinks.get(commit.sink)
+    if commit.sink and (last is None or commit.batch > last[0]):
+        sinks[commit.sink] = (commit.batch, store_ms)
+
+
+def _derive(
+    commit: Commit, txns: list[StagedTxn], store_ms: int
+) -> list[tuple[QueueKey, int, bytearray]]:
+    out = []
+    for key, first, count in commit.queues:
+        entries = bytearray(b"".join(e for txn in txns for e in txn.entries.get(key, ())))
+        if len(entries) // 32 != count:
+            raise CorruptionError(
+                f"commit of {key[0]}/{key[1]} offsets [{first}, {first + count}) finds "
+                f"{len(entries) // 32} staged records in the log"
+            )
+        restamp_entries(entries, store_ms)
+        out.append((key, first, entries))
+    return out
+
+
+def migrate_stage_dir(data_dir: Path) -> Sinks | None:
+    """The sink progress of a data directory written before transactions lived
+    in the log (``<data_dir>/txn/``), or None if there is none. Refuses to
+    open one holding open transactions or an unfinished commit: their records
+    are in stage files this broker does not read."""
+    directory = data_dir / "txn"
+    if not directory.is_dir():
+        return None
+    leftovers = sorted(p.name for p in directory.iterdir() if p.suffix == ".stage" or
+                       p.name.startswith("commit-"))  # fmt: skip
+    if leftovers:
+        raise PreconditionFailed(
+            f"{directory} holds {len(leftovers)} open or committing transactions in the "
+            "format of earlier equeue versions (stage files): start the previous version "
+            "on this data directory, commit or abort them (equeue txn list / abort), stop "
+            f"it cleanly, then start this version. Found: {', '.join(leftovers[:5])}"
+        )
+    try:
+        document = load_json(directory / "sinks.json") or {}
+    except CorruptionError as exc:
+        log.error("txn/sinks.json unreadable (%s): sink progress starts empty", exc)
+        document = {}
+    return {str(s): (int(b), int(ms)) for s, (b, ms) in document.items()}
+
+
+def remove_stage_dir(data_dir: Path) -> None:
+    """After the migrated sinks are in a checkpoint: the old directory goes."""
+    shutil.rmtree(data_dir / "txn", ignore_errors=True)
