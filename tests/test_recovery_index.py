@@ -24,6 +24,7 @@ from tests.support.faults import (
     index_files,
     simulate_machine_crash,
     write_at,
+    zero_index_entry,
 )
 from tests.support.sent import (
     TOPIC,
@@ -99,6 +100,31 @@ def test_flipped_position_in_last_index_entry(open_store: OpenStore) -> None:
     assert (more[0].offset, more[0].position) == (10, other[-1].position + other[-1].frame_size)
     store = reopen(open_store, store)
     assert_queue_holds(store, 0, sent + more)
+
+
+def test_zeroed_last_index_entry(open_store: OpenStore) -> None:
+    """A clean shutdown, then a queue's last entry zeroed (not flipped): it
+    looks like an entry never written, so recovery used to take the queue's
+    end from the index, one short, and the next append reused the offset of
+    an acknowledged message. The checkpoint now records every queue's end,
+    so the missing entry is found in the log and rebuilt."""
+    store = open_store()
+    store.create_topic(TOPIC, 2)
+    sent = append(store, 0, "a", 6) + append(store, 0, "b", 4)
+    other = append(store, 1, "c", 3)
+    store.close()
+    config = store.config
+    zero_index_entry(config, 0, 9)
+
+    store = open_store(config)
+    assert store.queue_info(TOPIC, 0).end == len(sent)
+    assert_queue_holds(store, 0, sent)
+    assert index_entry(config, 0, 9) == sent[9].entry
+    more = append(store, 0, "d")
+    assert more[0].offset == 10
+    store = reopen(open_store, store)
+    assert_queue_holds(store, 0, sent + more)
+    assert_queue_holds(store, 1, other)
 
 
 # -- damaged entries met by reads -----------------------------------------------------

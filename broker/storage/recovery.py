@@ -167,7 +167,11 @@ def recover(
             queue.producer_visible = q.producer_visible
             scanned += queue.index.recover(checkpoint)
             if saved.ends is not None:  # later entries: derived again from the log
-                queue.index.truncate(max(saved.ends.get(key, 0), queue.index.earliest))
+                saved_end = saved.ends.get(key, 0)
+                queue.index.truncate(max(saved_end, queue.index.earliest))
+                # Short of the saved end: trailing entries were zeroed on disk (they
+                # look never written); their records are below the checkpoint.
+                queue.index.suspect |= queue.index.end < saved_end
     sinks = saved.sinks if migrated is None else {**migrated, **saved.sinks}
     scan = TxnScan(saved.next_serial, sinks, scan_from <= message_log.start_position)
     rebuilt = _restore_ends(message_log, queues, checkpoint)
