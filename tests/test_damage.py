@@ -21,13 +21,14 @@ import pytest
 from bench._harness import details_of, status_of
 from equeue_broker.storage import FlushMode, RetentionConfig, StorageConfig
 from equeue_broker.storage.atomic_file import decode_document
+from equeue_broker.storage.errors import CorruptionError
 from equeue_broker.storage.offsets import OffsetsLost
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.conftest import MakeConfig
 from tests.support.faults import flip_byte, index_files, log_chunks, read_document, write_at
-from tests.support.sent import TOPIC, OpenStore, append, assert_queue_holds
+from tests.support.sent import TOPIC, OpenStore, append, assert_queue_holds, shape
 
 RPC_S = 15.0
 VERIFY_S = 60.0
@@ -166,6 +167,63 @@ def test_retention_deletes_a_quarantined_chunk_and_its_report(
     assert store.apply_retention().log_chunks_deleted >= 1
     assert store.damage().quarantined_chunks == []
     assert store.stats()["quarantined_chunks"] == 0
+
+
+# -- the active chunk's header --------------------------------------------------------
+
+
+def test_active_chunk_header_flip_is_rebuilt_and_every_record_served(
+    open_store: OpenStore,
+) -> None:
+    """Before: "cannot start: chunk header checksum mismatch" for the last
+    (unsealed) chunk, so nothing at all was served. Its header holds nothing
+    the log cannot say again (its number is in the file name, its capacity is
+    the log's): it is rebuilt, the tail scan checks every record in the chunk,
+    and the damaged header is kept for an operator."""
+    store = open_store()
+    store.create_topic(TOPIC, 2)
+    sent = append(store, 0, "a", 300, size=500) + append(store, 1, "b", 10)
+    store.close()
+    chunks = log_chunks(store.config.data_dir)
+    assert len(chunks) > 1  # sealed chunks and an active one holding records
+    active = chunks[-1]
+    flip_byte(active, 20)  # inside the capacity field, under the header checksum
+
+    store = open_store(store.config)
+    assert_queue_holds(store, 0, [s for s in sent if s.queue_id == 0])
+    assert_queue_holds(store, 1, [s for s in sent if s.queue_id == 1])
+    assert store.damage().quarantined_chunks == []
+    assert active.with_name(active.name + ".header.damaged").exists()
+    more = append(store, 0, "c", 3)
+    assert more[0].offset == 300
+    store.close()
+
+
+def test_a_queue_whose_last_record_is_in_a_quarantined_chunk_still_opens(
+    open_store: OpenStore,
+) -> None:
+    """Recovery checks each queue's last index entry against the log; when
+    that record is in a quarantined (sealed) chunk the check used to raise
+    and the store did not open. Now the entry is kept: reads of it answer
+    DATA_LOSS, every other record is served."""
+    store = open_store()
+    store.create_topic(TOPIC, 2)
+    early = append(store, 1, "b", 5)
+    sent = append(store, 0, "a", 300, size=500)
+    store.close()
+    first = log_chunks(store.config.data_dir)[0]
+    flip_byte(first, 20)
+
+    store = open_store(store.config)
+    [quarantined] = store.damage().quarantined_chunks
+    assert quarantined.path == first and early[-1].position < quarantined.end_position
+    with pytest.raises(CorruptionError, match="quarantined"):
+        store.read(TOPIC, 1, 0, max_messages=1)
+    later = [s for s in sent if s.position >= quarantined.end_position]
+    result = store.read(TOPIC, 0, later[0].offset, max_messages=len(later))
+    assert [shape(m) for m in result.messages] == [s.shape() for s in later]
+    assert append(store, 1, "c", 1)[0].offset == len(early)
+    store.close()
 
 
 # -- sealed chunk header: real brokers ----------------------------------------------

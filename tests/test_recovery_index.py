@@ -107,7 +107,9 @@ def test_zeroed_last_index_entry(open_store: OpenStore) -> None:
     looks like an entry never written, so recovery used to take the queue's
     end from the index, one short, and the next append reused the offset of
     an acknowledged message. The checkpoint now records every queue's end,
-    so the missing entry is found in the log and rebuilt."""
+    so the missing entry is found in the log and rebuilt. (A queue whose
+    entries are all gone is not searched: its saved end may belong to a
+    deleted incarnation of the topic.)"""
     store = open_store()
     store.create_topic(TOPIC, 2)
     sent = append(store, 0, "a", 6) + append(store, 0, "b", 4)

@@ -156,9 +156,14 @@ class MessageLog:
             try:
                 chunk = self._open_chunk(path, last)
             except CorruptionError as exc:
-                if last:  # the active chunk: its tail scan decides, not a quarantine
+                if not last:
+                    chunk = self._open_damaged(path, exc)
+                elif self._rebuild_active_header(path):
+                    chunk = self._open_chunk(path, last)  # its tail scan decides
+                else:
+                    # Records past the checkpoint may be in it, and nothing
+                    # could index them: refuse rather than reuse their offsets.
                     raise
-                chunk = self._open_damaged(path, exc)
             if chunk.damage is None and not checked_capacity and chunk.capacity != self.capacity:
                 log.warning(
                     "log was created with chunk capacity %d; ignoring the configured %d",
@@ -213,6 +218,45 @@ class MessageLog:
         return LogChunk(
             header.chunk_number, path, fd, header.capacity, footer.data_size, footer.sealed_ms
         )
+
+    def _rebuild_active_header(self, path: Path) -> bool:
+        """Rewrite the damaged header of the last chunk from what else says it
+        (its number from the file name, its capacity from the other chunks and
+        the file's size) when it is still an unsealed chunk of this log: its
+        records are intact and the tail scan checks each of them. True if
+        rebuilt; otherwise (the header is fine and something else failed, or
+        the chunk is not shaped like an active one) the open fails as before.
+        The damaged header is kept beside the chunk for an operator."""
+        try:
+            number = int(path.name.removesuffix(LOG_SUFFIX))
+        except ValueError:
+            return False
+        with path.open("rb") as file:
+            raw = file.read(HEADER_SIZE)
+        try:
+            ChunkHeader.decode(raw, str(path))
+            return False  # the header is intact: the damage is elsewhere
+        except CorruptionError as exc:
+            why = str(exc)
+        header = ChunkHeader(
+            CHUNK_TYPE_LOG, number, self.capacity, int(path.stat().st_mtime * 1000)
+        )
+        if path.stat().st_size != active_size(header):
+            return False
+        kept = path.with_name(path.name + ".header.damaged")
+        kept.write_bytes(raw)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.pwrite(fd, header.encode(), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        log.error(
+            "ACTIVE LOG CHUNK HEADER DAMAGED: %s (%s); rebuilt from the file name and the "
+            "log's chunk capacity, its records are checked by the tail scan; the damaged "
+            "header is kept as %s", path, why, kept,
+        )  # fmt: skip
+        return True
 
     def _open_damaged(self, path: Path, exc: CorruptionError) -> LogChunk:
         """A placeholder for a sealed chunk that failed its checks: one flipped

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_broker.storage.config import StorageConfig
-from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
 from equeue_broker.storage.index_repair import (
     Wanted,
     entry_for,
@@ -170,8 +170,11 @@ def recover(
                 saved_end = saved.ends.get(key, 0)
                 queue.index.truncate(max(saved_end, queue.index.earliest))
                 # Short of the saved end: trailing entries were zeroed on disk (they
-                # look never written); their records are below the checkpoint.
-                queue.index.suspect |= queue.index.end < saved_end
+                # look never written); their records are below the checkpoint. An
+                # empty index is left alone: the saved end may be a deleted
+                # incarnation's (a delete cut short before the next checkpoint).
+                index = queue.index
+                index.suspect |= index.earliest < index.end < saved_end
     sinks = saved.sinks if migrated is None else {**migrated, **saved.sinks}
     scan = TxnScan(saved.next_serial, sinks, scan_from <= message_log.start_position)
     rebuilt = _restore_ends(message_log, queues, checkpoint)
@@ -307,8 +310,11 @@ def _restore_ends(
         while index.end > index.earliest:
             last = index.end - 1
             raw = index.read_raw(last, 1)
-            if entry_matches(message_log, raw, queue.topic_bytes, queue.queue_id, last):
-                break
+            try:
+                if entry_matches(message_log, raw, queue.topic_bytes, queue.queue_id, last):
+                    break
+            except ChunkQuarantined:
+                break  # nothing to check against: reads of it answer DATA_LOSS
             position_plus_one = ENTRY.unpack(raw)[0]
             if not entry_damaged(raw) and 0 < position_plus_one <= message_log.start_position:
                 break  # its record was deleted by retention: nothing to check against
