@@ -199,6 +199,30 @@ def test_wrong_position_in_unchecked_index_entry(open_store: OpenStore) -> None:
     assert_queue_holds(store, 0, sent)
 
 
+def test_flipped_tag_hash_in_unchecked_index_entry(open_store: OpenStore) -> None:
+    """An entry from before entry checksums whose tag hash is wrong: nothing
+    vouches for the hash, so a tag-filtered read used to skip that message
+    silently. Now an unchecked entry is skipped only by its record's own tag."""
+    store = open_store()
+    sent, _ = _three_batches(store)
+    even = [s for s in sent if s.tag == "even"]
+    store.close()
+    config = store.config
+    target = even[3]
+    position_plus_one, size, tag_hash, store_ms = ENTRY.unpack(target.entry)
+    unchecked = ENTRY.pack(position_plus_one, size, tag_hash ^ 0x100, store_ms)
+    number, slot = divmod(target.offset, config.index_entries_per_chunk)
+    write_at(
+        index_files(config.data_dir, TOPIC, 0)[number], HEADER_SIZE + slot * ENTRY_SIZE, unchecked
+    )
+
+    store = open_store(config)
+    want = b"".join(store.record_at(s.position) for s in even)
+    assert _pulled(store, 0, tags=["even"]) == want  # the pull path (read_records)
+    result = store.read(TOPIC, 0, 0, max_messages=1000, tags=["even"])
+    assert [shape(m) for m in result.messages] == [s.shape() for s in even]
+
+
 def test_flipped_tag_hash_in_index_entry(open_store: OpenStore) -> None:
     """A flipped tag-hash byte: a tag-filtered read skips records by hash
     without reading them, so it used to miss that message silently. Now the

@@ -111,6 +111,13 @@ def entry_damaged(entries: ReadableBuffer, at: int = 0) -> bool:
     return format_ != 0 or crc != 0
 
 
+def entry_unchecked(entries: ReadableBuffer, at: int = 0) -> bool:
+    """True if the entry at ``entries[at:]`` has no checksum (written before
+    entries carried one): its fields can only be checked against the log."""
+    format_: int = _TRAILER.unpack_from(entries, at + _AT_CRC)[1]
+    return format_ != ENTRY_FORMAT_CHECKED
+
+
 def index_runs_py(  # noqa: PLR0917 (positional, like the C function it mirrors)
     entries: ReadableBuffer,
     capacity: int,

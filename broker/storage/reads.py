@@ -42,6 +42,7 @@ from equeue_broker.storage.queue_index import (
     RUNS_EMPTY,
     RUNS_LIMIT,
     entry_damaged,
+    entry_unchecked,
     index_runs,
 )
 from equeue_broker.storage.queue_state import QueueKey, QueueState
@@ -291,6 +292,14 @@ class Reads:
                 if position < 0 or entry_damaged(raw, i * ENTRY_SIZE):
                     self._repair(queue, cursor)
                     return None
+                if entry_unchecked(raw, i * ENTRY_SIZE):
+                    # No checksum vouches for its tag hash: skip by the record's own
+                    # tag, once its header says the entry points at the right record.
+                    if not self._log.record_is(position, queue.topic_bytes, queue.queue_id, cursor):
+                        self._repair(queue, cursor)
+                        return None
+                    tag = self._log.tag_at(position)
+                    tag_hash = crc32c(tag) if tag else 0  # as index_repair.entry_for
                 if tag_hash not in wanted or self._log.tag_at(position) not in wanted[tag_hash]:
                     cursor += 1
                     continue
@@ -343,7 +352,12 @@ class Reads:
                 if position_plus_one == 0 or entry_damaged(raw, i * ENTRY_SIZE):
                     self._repair(queue, cursor)
                     return None
-                if hashes is not None and tag_hash not in hashes:
+                # An unchecked entry's hash is not trusted: its record's tag decides.
+                if (
+                    hashes is not None
+                    and tag_hash not in hashes
+                    and not entry_unchecked(raw, i * ENTRY_SIZE)
+                ):
                     cursor += 1
                     continue
                 position = position_plus_one - 1
