@@ -287,11 +287,12 @@ class Reads:
             raw = queue.index.read_raw(cursor, scan_end - cursor)
             if not raw:
                 break
-            for i, (position_plus_one, size, tag_hash, _ts) in enumerate(ENTRY.iter_unpack(raw)):
+            for i, (position_plus_one, size, entry_hash, _ts) in enumerate(ENTRY.iter_unpack(raw)):
                 position = position_plus_one - 1
                 if position < 0 or entry_damaged(raw, i * ENTRY_SIZE):
                     self._repair(queue, cursor)
                     return None
+                tag_hash = entry_hash
                 if entry_unchecked(raw, i * ENTRY_SIZE):
                     # No checksum vouches for its tag hash: skip by the record's own
                     # tag, once its header says the entry points at the right record.
