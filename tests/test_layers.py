@@ -3,6 +3,9 @@
 Layers, lowest first (``A <- B``: B may import A, never the reverse)::
 
     contract (equeue_proto) <- storage <- server          (the broker, equeue_broker)
+    contract (equeue_proto) <- namesrv                    (the name server, equeue_broker.namesrv;
+                                                           it uses the server's start-up and log
+                                                           helpers, never storage)
     contract (equeue_proto) <- client <- cli, spark       (equeue_spark)
 
 Two checks, because each misses what the other sees:
@@ -33,6 +36,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "contract": ("equeue_proto",),
     "storage": ("equeue_broker.storage",),
     "server": ("equeue_broker.server", "equeue_broker.__main__"),
+    "namesrv": ("equeue_broker.namesrv",),
     "broker": ("equeue_broker", "equeue_broker.testing"),
     "client": ("equeue_spark", "equeue_spark.client"),
     "cli": ("equeue_spark.cli",),
@@ -43,6 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     "storage": {"contract", "storage"},
     "server": {"contract", "storage", "server", "broker"},
     "broker": {"contract"},
+    "namesrv": {"contract", "namesrv", "server"},
     "client": {"contract", "client"},
     "cli": {"contract", "client", "cli"},
     "spark": {"contract", "client", "spark"},
@@ -216,6 +221,8 @@ RUNTIME_CASES = {
     "storage": (["equeue_broker.storage"],
                 ["equeue_broker.server", "equeue_spark", "grpc", "pyspark", "pyarrow"]),
     "server": (["equeue_broker.server.app"], ["equeue_spark", "pyspark", "pyarrow"]),
+    "namesrv": (["equeue_broker.namesrv.app"],
+                ["equeue_broker.storage", "equeue_spark", "pyspark", "pyarrow"]),
     "client": (["equeue_spark.client", "equeue_spark.client.columns", "equeue_spark.cli"],
                ["equeue_broker", "pyspark", "pyarrow", "pandas"]),
     "spark": (["pyspark_equeue"], ["equeue_broker"]),
