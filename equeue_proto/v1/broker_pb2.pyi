@@ -387,7 +387,7 @@ class TopicInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
-    __slots__ = ("queue_id", "earliest_offset", "end_offset", "min_committed_offset", "backlog", "producer_visible", "consumer_visible")
+    __slots__ = ("queue_id", "earliest_offset", "end_offset", "min_committed_offset", "backlog", "producer_visible", "consumer_visible", "broker")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     EARLIEST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +395,7 @@ class QueueInfo(_message.Message):
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     earliest_offset: int
     end_offset: int
@@ -402,7 +403,8 @@ class QueueInfo(_message.Message):
     backlog: int
     producer_visible: bool
     consumer_visible: bool
-    def __init__(self, queue_id: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., min_committed_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., producer_visible: _Optional[bool] = ..., consumer_visible: _Optional[bool] = ...) -> None: ...
+    broker: str
+    def __init__(self, queue_id: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., min_committed_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., producer_visible: _Optional[bool] = ..., consumer_visible: _Optional[bool] = ..., broker: _Optional[str] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
     __slots__ = ()
@@ -433,20 +435,22 @@ class GroupInfo(_message.Message):
     def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., consumer_ids: _Optional[_Iterable[str]] = ..., total_lag: _Optional[int] = ...) -> None: ...
 
 class GroupQueue(_message.Message):
-    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id")
+    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id", "broker")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     committed_offset: int
     end_offset: int
     lag: int
     consumer_id: str
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ...) -> None: ...
+    broker: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ..., broker: _Optional[str] = ...) -> None: ...
 
 class ResetOffsetsRequest(_message.Message):
     __slots__ = ("group", "topic", "earliest", "latest", "timestamp_ms", "explicit")

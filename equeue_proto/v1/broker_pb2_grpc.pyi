@@ -6,7 +6,9 @@ The equeue broker's gRPC contract, version 1.
 Two services share one port: `Broker` (the data path: produce, pull,
 consumer-group offsets and membership) and `Admin` (topics, queues,
 groups, messages, statistics). The standard `grpc.health.v1.Health`
-service and server reflection are served beside them.
+service and server reflection are served beside them. A third service,
+`NameServer`, is served by the name server process (equeue-namesrv), where a
+cluster's brokers register their topics (see its section at the end).
 
 Batches. Messages travel in batches in column form: a produce request
 carries one `bytes` blob per column plus packed lengths, and a pull reply
