@@ -189,12 +189,22 @@ class Admin:
         self, name: str, count: int = 1, brokers: Sequence[str] | None = None
     ) -> pb.TopicInfo:
         """Add ``count`` queues; in a cluster, ``count`` on each of ``brokers``
-        (default: every broker of the topic's route)."""
+        (default: every broker of the topic's route; a broker that does not
+        host the topic yet gets it, with ``count`` queues)."""
         request = pb.AddQueuesRequest(name=name, count=count)
         if self.cluster is None:
             return self._conn.call(self._stub.AddQueues, request, retry=False)
-        chosen = list(brokers or self._route_brokers(name))
-        self._each(chosen, lambda a: a._conn.call(a._stub.AddQueues, request, retry=False))
+        hosting = self._route_brokers(name)
+        chosen = list(brokers or hosting)
+        create = pb.CreateTopicRequest(name=name, queue_count=count)
+
+        def grow(admin: Admin, hosted: bool) -> object:
+            if hosted:
+                return admin._conn.call(admin._stub.AddQueues, request, retry=False)
+            return admin._conn.call(admin._stub.CreateTopic, create, retry=False)
+
+        for broker in chosen:  # a broker without the topic yet gets it with `count` queues
+            self._each([broker], functools.partial(grow, hosted=broker in hosting))
         self.cluster.invalidate(name)
         return self.describe_topic(name)
 
