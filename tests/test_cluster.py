@@ -26,8 +26,9 @@ from equeue_spark.client import (
     Message,
     Producer,
 )
-from equeue_spark.client.cluster import split_request
 from equeue_spark.client.batches import build_request
+from equeue_spark.client.cluster import split_request
+from equeue_spark.client.consumer import ClusterConsumer
 
 pytestmark = pytest.mark.slow
 
@@ -109,8 +110,9 @@ def test_produce_and_consume_across_three_brokers(cluster: LocalCluster) -> None
         assert {f.result().broker_id for f in futures} == {keyed[7].broker_id}
     total = 300 + 300 + 5
     config = fast_config(namesrv)
-    with Consumer(config=config, group="billing", topics=["orders"], start="earliest") as one, \
-            Consumer(config=config, group="billing", topics=["orders"], start="earliest") as two:  # fmt: skip
+    settings = {"config": config, "group": "billing", "topics": ["orders"], "start": "earliest"}
+    with Consumer(**settings) as one, Consumer(**settings) as two:  # type: ignore[arg-type]
+        assert isinstance(one, ClusterConsumer) and isinstance(two, ClusterConsumer)
         wait_for(lambda: len(one.assignments()) + len(two.assignments()) == 6)
         assert not set(one.assignments()) & set(two.assignments())
         got: list[Message] = []
