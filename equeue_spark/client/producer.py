@@ -158,6 +158,50 @@ class Producer:
             raise InvalidRequest("in a cluster a transaction lives on one broker: give broker=")
         return Transaction(self._cluster.connection(self._cluster.broker_address(broker)), txn_id)
 
+    def send_request(
+        self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
+    ) -> SendResults:
+        """Send a request built by the caller (``build_request``) now; in a
+        cluster routed like ``send_batch`` (``brokers``: beside explicit queue ids)."""
+        return self._send(request, brokers)
+
+    def stage(
+        self,
+        request: pb.ProduceRequest,
+        txn_id: str,
+        brokers: Sequence[str | None] | None = None,
+        seed: int = 0,
+    ) -> dict[str, int]:
+        """Cluster only: stage ``request``'s messages in transaction ``txn_id``
+        on each broker they route to (the same id on each); return the
+        messages staged per broker. Keyed messages route by key; keyless ones
+        all go to the writable queue ``seed`` picks, so staging the same
+        request again with the same seed (a replay) routes it the same way
+        while the route is unchanged."""
+        cluster = self._cluster
+        if cluster is None:
+            raise InvalidRequest("stage() routes over a cluster; use transaction() on one broker")
+        route = cluster.route(request.topic)
+        writable = route.queues("writable")
+        sticky = writable[seed % len(writable)] if writable else ("", 0)
+        staged: dict[str, int] = {}
+        for broker, (rows, part) in sorted(
+            split_request(request, writable, sticky, brokers).items()
+        ):
+            part.transaction_id = txn_id
+            address = route.address(broker)
+            try:
+                send_request(cluster.connection(address), part)
+            except EqueueError as exc:
+                cluster.invalidate(request.topic)
+                raise name_broker(exc, broker, address) from exc
+            staged[broker] = len(rows)
+        return staged
+
+    def cluster(self) -> Cluster | None:
+        """The routes and broker connections (None: one broker)."""
+        return self._cluster
+
     def _single(self) -> Connection:
         assert self._conn is not None
         return self._conn
