@@ -201,3 +201,50 @@ def test_exactly_once_commit_completed_by_the_replay(cluster: LocalCluster) -> N
     assert not outcomes[brokers[1]].already_committed
     got = read_cluster(cluster, "eo-sink", 120)
     assert sorted(m.value for m in got) == sorted(b"v-" + k for k in keys * 2)
+
+
+@pytest.mark.timeout(300)
+def test_a_stream_keeps_an_unreachable_brokers_offsets(cluster: LocalCluster) -> None:
+    """A broker down while a trigger is planned: its queues keep their offsets
+    (no batch skips or re-reads them), the others advance; back, it resumes."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from equeue_spark.spark.options import ReadOptions
+    from equeue_spark.spark.source import EqueueStreamReader
+
+    make_topic(cluster, "resume", queues=1)
+    options = ReadOptions.parse(
+        {"namesrv": cluster.namesrv, "topic": "resume", "startingOffsets": "earliest",
+         "timeoutMs": "3000"},
+        streaming=True,
+    )  # fmt: skip
+    reader = EqueueStreamReader(options, None)  # type: ignore[arg-type]
+    with Producer(namesrv=cluster.namesrv) as producer:
+        for _ in range(9):
+            producer.send_batch("resume", [b"x"] * 10)  # round robin: 30 per broker
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert from_json(end) == {("a/resume", 0): 30, ("b/resume", 0): 30, ("c/resume", 0): 30}
+    cluster.brokers["b"].kill()
+    try:
+        with Producer(namesrv=cluster.namesrv) as producer:
+            for _ in range(4):
+                producer.send_batch("resume", [b"y"] * 10)  # only a and c take them
+        later = reader.latestOffset(end, ReadAllAvailable())
+        offsets = from_json(later)
+        assert offsets[("b/resume", 0)] == 30  # kept, not dropped
+        assert offsets[("a/resume", 0)] + offsets[("c/resume", 0)] == 100
+        ranges = [p.value for p in reader.partitions(end, later)]
+        assert {(r.topic, r.broker) for r in ranges} <= {
+            ("resume", cluster.brokers[n].address) for n in ("a", "c")
+        }  # fmt: skip
+    finally:
+        cluster.brokers["b"].start()
+    with Admin(namesrv=cluster.namesrv) as admin:
+        wait_for(lambda: len(admin.route("resume").queues()) == 3)
+    with Producer(namesrv=cluster.namesrv) as producer:
+        producer.send_batch("resume", [b"z"] * 3, keys=[b"1", b"2", b"3"])
+    resumed = from_json(reader.latestOffset(later, ReadAllAvailable()))
+    assert sum(resumed.values()) == 90 + 40 + 3
+    reader.stop()
