@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from equeue_broker.testing import BrokerProcess, LocalCluster
-from equeue_spark.client import Admin, Producer
+from equeue_spark.client import Admin, NotFoundError, Producer
 
 TOPIC = "bench"
 
@@ -80,7 +80,11 @@ def wait_route(namesrv: str, queues: int) -> dict[str, str]:
     with Admin(namesrv=namesrv) as admin:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            route = admin.route(TOPIC)
+            try:
+                route = admin.route(TOPIC)
+            except NotFoundError:  # the brokers' registrations are on their way
+                time.sleep(0.05)
+                continue
             if len(route.queues()) == queues:
                 return {b.broker_name: b.address for b in route.brokers}
             time.sleep(0.05)
