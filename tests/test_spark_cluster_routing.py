@@ -248,3 +248,80 @@ def test_a_stream_keeps_an_unreachable_brokers_offsets(cluster: LocalCluster) ->
     resumed = from_json(reader.latestOffset(later, ReadAllAvailable()))
     assert sum(resumed.values()) == 90 + 40 + 3
     reader.stop()
+
+
+@pytest.mark.timeout(600)
+def test_a_streaming_query_rides_out_a_broker_restart(spark: Any, cluster: LocalCluster) -> None:
+    """A running query (memory sink) over three brokers: broker b is SIGKILLed
+    while the query is idle, keyless produce goes on on a and c and the query
+    keeps reading them; b restarts (sync flush: nothing lost), keyed messages
+    reach it again, and the query reads everything exactly once."""
+    make_topic(cluster, "live", queues=1)
+    with Producer(namesrv=cluster.namesrv) as producer:
+        for _ in range(6):
+            producer.send_batch("live", [b"first"] * 10)
+    query = (
+        spark.readStream.format("equeue").option("namesrv", cluster.namesrv)
+        .option("topic", "live").option("startingOffsets", "earliest")
+        .option("timeoutMs", "5000").load()
+        .select("broker", "queue", "offset", "value")
+        .writeStream.format("memory").queryName("live_rows")
+        .trigger(processingTime="300 milliseconds").start()
+    )  # fmt: skip
+
+    def seen() -> int:
+        count: int = spark.sql("select count(*) from live_rows").collect()[0][0]
+        return count
+
+    try:
+        wait_for(lambda: seen() == 60, 120)
+        cluster.brokers["b"].kill()
+        with Producer(namesrv=cluster.namesrv) as producer:
+            for _ in range(6):
+                assert producer.send_batch("live", [b"second"] * 10)[0].broker_id != "b"
+        wait_for(lambda: seen() == 120, 120)
+        cluster.brokers["b"].start()
+        with Admin(namesrv=cluster.namesrv) as admin:
+            wait_for(lambda: len(admin.route("live").queues()) == 3)
+        keys = [b"k%d" % i for i in range(30)]
+        with Producer(namesrv=cluster.namesrv) as producer:
+            results = producer.send_batch("live", [b"third"] * 30, keys=keys)
+        assert "b" in {r.broker_id for r in results}
+        wait_for(lambda: seen() == 150, 120)
+        assert query.exception() is None
+        rows = spark.sql("select broker, queue, offset from live_rows").collect()
+        assert len({(r.broker, r.queue, r.offset) for r in rows}) == 150
+    finally:
+        query.stop()
+
+
+@pytest.mark.timeout(300)
+def test_topic_patterns_tags_and_byte_limits_over_the_cluster(
+    spark: Any, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    for name in ("pat-1", "pat-2"):
+        make_topic(cluster, name, queues=1)
+        with Producer(namesrv=cluster.namesrv) as producer:
+            for i in range(12):
+                tag = "x" if i % 2 else "y"
+                producer.send_batch(name, [b"m"] * 5, tags=[tag] * 5)
+    df = (
+        spark.read.format("equeue").option("namesrv", cluster.namesrv)
+        .option("topicPattern", "pat-.*").option("tags", "x").load()
+    )  # fmt: skip
+    rows = df.select("topic", "broker", "tag").collect()
+    assert len(rows) == 60 and {r.tag for r in rows} == {"x"}
+    assert {r.topic for r in rows} == {"pat-1", "pat-2"}
+    assert {r.broker for r in rows} == set(BROKERS)
+    query = (
+        spark.readStream.format("equeue").option("namesrv", cluster.namesrv)
+        .option("topic", "pat-1").option("startingOffsets", "earliest")
+        .option("maxBytesPerTrigger", "2000").load().select("offset")
+        .writeStream.format("memory").queryName("pat_bytes")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination(180)
+    assert query.exception() is None
+    assert spark.sql("select count(*) from pat_bytes").collect()[0][0] == 60
+    assert sum(1 for p in query.recentProgress if p["numInputRows"]) >= 2
