@@ -106,6 +106,12 @@ def broker_address(args: argparse.Namespace) -> str:
         raise UsageError(str(exc)) from None
 
 
-def admin_client(args: argparse.Namespace) -> Admin:
-    """An ``Admin`` configured by the common options."""
+def admin_client(args: argparse.Namespace, per_broker: str = "") -> Admin:
+    """An ``Admin`` configured by the common options; ``per_broker`` names a
+    command that shows one broker (a usage error with ``--namesrv``)."""
+    if per_broker and is_cluster(args):
+        raise UsageError(
+            f"{per_broker} shows one broker: give --broker HOST:PORT instead of --namesrv "
+            "(equeue cluster list shows the brokers' addresses)"
+        )
     return Admin(config=client_config(args))
