@@ -21,6 +21,7 @@ from equeue_spark.spark.offsets import (
     Offsets,
     QueueKey,
     cluster_key,
+    from_json,
     recreated_topics,
     split_key,
     split_range,
@@ -140,6 +141,23 @@ class Planner:
         broker, topic = split_key(key[0])
         admin = self.admin.broker_admin(broker, topic) if broker else self.admin
         return admin.offset_for_bytes(topic, key[1], start, end, max_bytes)
+
+    def offsets(self, document: Mapping[str, Mapping[str, int]]) -> Offsets:
+        """``from_json`` of a checkpointed offset, refused (``InvalidOption``)
+        if it was written by a query of the other kind: a single-broker
+        query's queues name no broker, a cluster query's name one."""
+        offsets = from_json(document)
+        cluster = self.options.cluster
+        wrong = sorted({k[0] for k in offsets if bool(split_key(k[0])[0]) != cluster})
+        if wrong:
+            kind = "a single broker" if cluster else "a cluster (option namesrv)"
+            raise InvalidOption(
+                f"the checkpoint's offsets were written by a query over {kind} (topics "
+                f"{', '.join(wrong[:5])}); this query reads "
+                f"{'a cluster' if cluster else 'one broker'}: give it a new checkpoint "
+                "location and startingOffsets (e.g. group, or a JSON of BROKER/QUEUE offsets)"
+            )
+        return offsets
 
     # -- start and end offsets ------------------------------------------------------
 

@@ -344,7 +344,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # before Spark logs a batch; else it is read from its earliest offset
         # (partitions() warns), so its old offsets are neither limits nor progress.
         recreated = self.planner.recreated(incarnations(start), listing.incarnations)
-        starts = {k: o for k, o in from_json(start).items() if k[0] not in recreated}
+        starts = {k: o for k, o in self.planner.offsets(start).items() if k[0] not in recreated}
         # ``start`` is the end of the last completed batch: committing it here,
         # not only in commit() (which Spark calls one batch late, and never for
         # an AvailableNow run's last batch), keeps the group's lag current.
@@ -400,7 +400,10 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # A restarted query's first partitions() (a batch replayed from the
         # checkpoint) comes before any latestOffset: then the planner lists.
         ranges = self.planner.ranges(
-            from_json(start), from_json(end), self._listed, (incarnations(start), incarnations(end))
+            self.planner.offsets(start),
+            self.planner.offsets(end),
+            self._listed,
+            (incarnations(start), incarnations(end)),
         )
         return [EqueuePartition(r) for r in ranges]
 
