@@ -29,7 +29,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from equeue_proto.v1 import broker_pb2 as pb
@@ -74,6 +74,10 @@ class _Pending:
         )
 
 
+MAX_FAN_OUT = 16
+"""Brokers a keyed batch's parts are sent to at once."""
+
+
 def columns_count(request: pb.ProduceRequest) -> int:
     return int(request.messages.count)
 
@@ -108,6 +112,8 @@ class Producer:
         self._config = config
         self._round_robin = itertools.count(random.randrange(1 << 16))
         self._down: dict[str, float] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        """Sends a keyed batch's per-broker parts at once (cluster only, made on first use)."""
         """Brokers that failed a keyless send lately: tried last until then."""
         self.batch_size = batch_size
         self.max_batch_bytes = max_batch_bytes
@@ -225,19 +231,33 @@ class Producer:
         route = cluster.route(topic)
         writable = route.queues("writable")
         sticky = writable[next(self._round_robin) % len(writable)] if writable else ("", 0)
-        parts = split_request(request, writable, sticky, brokers)
-        done: list[tuple[Sequence[int], SendResults]] = []
-        for broker, (rows, part) in sorted(parts.items()):
+        parts = sorted(split_request(request, writable, sticky, brokers).items())
+
+        def send(broker: str, part: pb.ProduceRequest) -> SendResults:
             address = route.address(broker)
             try:
-                done.append((rows, send_request(cluster.connection(address), part)))
+                return send_request(cluster.connection(address), part)
             except EqueueError as exc:
                 cluster.invalidate(topic)
                 raise name_broker(exc, broker, address) from exc
+
+        if len(parts) == 1:
+            ((broker, (rows, part)),) = parts
+            done: list[tuple[Sequence[int], SendResults]] = [(rows, send(broker, part))]
+        else:  # the brokers' parts at once: a batch costs one round trip, not one per broker
+            futures = [(rows, self._fan_out().submit(send, b, part)) for b, (rows, part) in parts]
+            wait([f for _, f in futures])
+            done = [(rows, f.result()) for rows, f in futures]  # the first error, by broker name
         count = columns_count(request)
         if len(done) == 1 and list(done[0][0]) == list(range(count)):
             return done[0][1]
         return SendResults.merged(topic, columns_count(request), done)
+
+    def _fan_out(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(MAX_FAN_OUT, thread_name_prefix="equeue-produce")
+            return self._pool
 
     def _send_anywhere(self, cluster: Cluster, request: pb.ProduceRequest) -> SendResults:
         """A keyless batch: whole to one broker, round robin; on a broker that
@@ -377,6 +397,8 @@ class Producer:
         if self._lingerer is not None:
             self._lingerer.join(timeout=self._config.timeout_s)
         self.flush()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         if self._cluster is not None:
             self._cluster.close()
         else:
