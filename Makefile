@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-broker demo proto clean
+.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -66,17 +66,32 @@ PURE_PYTHON_TESTS = tests/test_formats.py tests/test_columns.py tests/test_wire.
 	tests/test_recovery_crash.py tests/test_recovery_index.py tests/test_damaged_records.py \
 	tests/test_broker.py
 
-pytest: $(STAMP)
+# ZooKeeper for the election and failover tests (equeue_broker.testing_zk starts
+# private instances): Debian's package, its jars in /usr/share/java (Java 17 runs it).
+# Installed once when missing (as root, or through sudo); silent when present.
+ZOOKEEPER_JAR = /usr/share/java/zookeeper.jar
+SUDO = $(if $(filter 0,$(shell id -u)),,sudo)
+
+zookeeper:
+	@test -e $(ZOOKEEPER_JAR) || { \
+		echo "installing ZooKeeper (apt-get install zookeeper)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$(SUDO) apt-get install -y -qq zookeeper >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -qq >/dev/null && $(SUDO) apt-get install -y -qq zookeeper >/dev/null; }; \
+	}
+	@test -e $(ZOOKEEPER_JAR) || { echo "ZooKeeper is missing: $(ZOOKEEPER_JAR)"; exit 1; }
+
+pytest: $(STAMP) zookeeper
 	$(BIN)/pytest
 	EQUEUE_PURE_PYTHON=1 $(BIN)/pytest -q $(PURE_PYTHON_TESTS)
 
 # Everything but the tests marked slow (Spark, cluster, kill, hardening): under 2 minutes.
-pytest-fast: $(STAMP)
+pytest-fast: $(STAMP) zookeeper
 	$(BIN)/pytest -m "not slow"
 
-test: lint typecheck pytest
+test: zookeeper lint typecheck pytest
 
-test-fast: lint typecheck pytest-fast
+test-fast: zookeeper lint typecheck pytest-fast
 
 # Regenerate the gRPC code from protos/ (tests fail if it drifts).
 proto: $(STAMP)

@@ -1,7 +1,8 @@
-"""Shared fixtures: small-chunk store configs, real broker processes, one SparkSession."""
+"""Shared fixtures: small-chunk store configs, real brokers, ZooKeeper, one SparkSession."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 
 from equeue_broker.storage import MessageLimits, StorageConfig, Store
 from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_zk import ZooKeeperProcess, java_available
 
 KiB = 1024
 
@@ -89,3 +91,45 @@ def spark() -> Iterator[Any]:
     session = local_session()
     yield session
     session.stop()
+
+
+def _require_java() -> None:
+    if not java_available():
+        pytest.skip("java is not installed: ZooKeeper needs a JRE (CI has Java 17)")
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperProcess]:
+    """One private ZooKeeper (127.0.0.1, free port, temp data) shared by the session;
+    tests keep apart through ``zk_hosts``' chroots. A test that stops or pauses
+    ZooKeeper uses ``zookeeper_factory`` instead."""
+    _require_java()
+    zk = ZooKeeperProcess(tmp_path_factory.mktemp("zookeeper"))
+    zk.start()
+    yield zk
+    zk.stop()
+
+
+@pytest.fixture
+def zk_hosts(zookeeper: ZooKeeperProcess, request: pytest.FixtureRequest) -> str:
+    """``127.0.0.1:PORT/<chroot of this test>`` on the shared ZooKeeper."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return f"{zookeeper.hosts}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def zookeeper_factory(tmp_path: Path) -> Iterator[Callable[[], ZooKeeperProcess]]:
+    """Start private ZooKeepers this test may stop, restart and pause; all stopped
+    at teardown."""
+    _require_java()
+    started: list[ZooKeeperProcess] = []
+
+    def start() -> ZooKeeperProcess:
+        zk = ZooKeeperProcess(tmp_path / f"zookeeper{len(started)}")
+        started.append(zk)
+        zk.start()
+        return zk
+
+    yield start
+    for zk in started:
+        zk.stop()

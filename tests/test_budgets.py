@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +234,109 @@ def test_parked_pulls_woken_together_are_all_served_within_the_budget(
 def test_a_produce_over_the_request_limit_is_refused(stub: pb_grpc.BrokerStub) -> None:
     request = pb.ProduceRequest(topic="p", messages=_messages(30, 1 * MiB))
     assert _code(lambda: stub.Produce(request, timeout=30)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def _rss_anon(broker: BrokerProcess) -> int:
+    return int(broker.proc_status()["RssAnon"].split()[0]) * KiB
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_full_size_produces_are_received_within_the_intake_budget(
+    broker: BrokerProcess,
+) -> None:
+    """Item 11 within the request limit: 24 produces of 20 MiB at once. gRPC
+    used to receive all of them before any handler ran (RssAnon 750-1,100 MiB);
+    the intake gate receives four at a time, the rest wait in their 64 KiB
+    flow window."""
+    request = pb.ProduceRequest(topic="p", messages=_messages(20, MiB - 64))
+    options = [("grpc.max_send_message_length", 64 * MiB)]
+    channels = [grpc.insecure_channel(broker.address, options=options) for _ in range(12)]
+    peak = _rss_anon(broker)
+    try:
+        with ThreadPoolExecutor(24) as pool:
+            stubs = [pb_grpc.BrokerStub(c) for c in channels for _ in range(2)]
+            calls = [pool.submit(_code, functools.partial(s.Produce, request, timeout=120))
+                     for s in stubs]  # fmt: skip
+            while not all(f.done() for f in calls):
+                peak = max(peak, _rss_anon(broker))
+                wait([*calls], timeout=0.02)
+        assert [f.result() for f in calls] == [grpc.StatusCode.OK] * 24
+    finally:
+        for channel in channels:
+            channel.close()
+    assert peak < 512 * MiB, f"broker RssAnon peaked at {peak // MiB} MiB"
+
+
+def _produce_as_stream(channel: grpc.Channel) -> Any:
+    """Produce called the way a client may send any unary method: as a stream."""
+    return channel.stream_unary(
+        "/equeue.v1.Broker/Produce",
+        request_serializer=pb.ProduceRequest.SerializeToString,
+        response_deserializer=pb.ProduceReply.FromString,
+    )
+
+
+def test_a_unary_call_without_its_request_is_refused(broker: BrokerProcess) -> None:
+    with grpc.insecure_channel(broker.address) as channel, pytest.raises(grpc.RpcError) as caught:
+        _produce_as_stream(channel)(iter(()), timeout=10)
+    error: grpc.Call = caught.value  # type: ignore[assignment]
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "no request message" in (error.details() or "")
+
+
+def test_a_request_body_that_does_not_arrive_in_time_is_cut_off(
+    broker_factory: StartBroker, tmp_path: Path
+) -> None:
+    """A sender that opens a call and withholds its message cannot hold the
+    intake budget: past request_read_timeout_ms it gets DEADLINE_EXCEEDED, and
+    a full-size produce behind it (the budget fits one) goes through."""
+    broker = _broker_with(
+        broker_factory, tmp_path, max_intake_bytes=24 * MiB, request_read_timeout_ms=500
+    )
+    release = threading.Event()
+
+    def withheld() -> Iterator[pb.ProduceRequest]:
+        release.wait(30)  # the message comes long after the broker's read began
+        yield pb.ProduceRequest(topic="p", messages=_messages(1, 1))
+
+    with grpc.insecure_channel(broker.address) as channel:
+        slow = _produce_as_stream(channel)
+        with ThreadPoolExecutor(1) as pool:
+            stalled = pool.submit(_code, lambda: slow(withheld(), timeout=30))
+            try:
+                big = pb.ProduceRequest(topic="p", messages=_messages(20, MiB - 64))
+                stub = pb_grpc.BrokerStub(channel)
+                assert _code(lambda: stub.Produce(big, timeout=30)) == grpc.StatusCode.OK
+                assert stalled.result(timeout=30) == grpc.StatusCode.DEADLINE_EXCEEDED
+            finally:
+                release.set()
+
+
+def test_produce_streams_over_the_limit_are_refused(
+    broker_factory: StartBroker, tmp_path: Path
+) -> None:
+    broker = _broker_with(broker_factory, tmp_path, max_produce_streams=1)
+    first_sent = threading.Event()
+    finish = threading.Event()
+
+    def held_open() -> Iterator[pb.ProduceRequest]:
+        yield pb.ProduceRequest(topic="p", messages=_messages(1, 1))
+        first_sent.set()
+        finish.wait(30)
+
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        open_stream = stub.ProduceStream(held_open(), timeout=30)
+        try:
+            next(iter(open_stream))  # the first stream is open and has been served
+            second = stub.ProduceStream(
+                iter([pb.ProduceRequest(topic="p", messages=_messages(1, 1))]), timeout=10
+            )
+            assert _code(lambda: list(second)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            finish.set()
+        assert first_sent.is_set()
+        assert _code(lambda: list(open_stream)) == grpc.StatusCode.OK
 
 
 # -- connections (item 14) ---------------------------------------------------------

@@ -41,6 +41,7 @@ FILE_ONLY = [
     "max_queues_per_topic", "max_pull_messages", "max_pull_bytes", "max_request_bytes",
     "max_consumer_groups", "max_consumers", "max_consumers_per_group", "max_heartbeat_topics",
     "max_queue_locks", "max_pull_streams", "max_reply_bytes", "max_produce_bytes",
+    "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
     "max_open_index_files", "max_connections", "max_streams_per_connection",
     "max_connection_idle_ms", "handshake_timeout_ms", "budget_wait_ms", "store_threads",
     "shutdown_grace_s",

@@ -3,6 +3,7 @@
 Layers, lowest first (``A <- B``: B may import A, never the reverse)::
 
     contract (equeue_proto) <- storage <- server          (the broker, equeue_broker)
+    contract, storage <- cluster <- server                 (elections, replication)
     contract (equeue_proto) <- namesrv                    (the name server, equeue_broker.namesrv;
                                                            it uses the server's start-up and log
                                                            helpers, never storage)
@@ -35,9 +36,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # layer: module prefixes (longest match wins)
     "contract": ("equeue_proto",),
     "storage": ("equeue_broker.storage",),
+    "cluster": ("equeue_broker.cluster",),
     "server": ("equeue_broker.server", "equeue_broker.__main__"),
     "namesrv": ("equeue_broker.namesrv",),
-    "broker": ("equeue_broker", "equeue_broker.testing"),
+    "broker": ("equeue_broker", "equeue_broker.testing", "equeue_broker.testing_zk"),
     "client": ("equeue_spark", "equeue_spark.client"),
     "cli": ("equeue_spark.cli",),
     "spark": ("equeue_spark.spark", "pyspark_equeue"),
@@ -45,7 +47,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
 ALLOWED: dict[str, set[str]] = {
     "contract": {"contract"},
     "storage": {"contract", "storage"},
-    "server": {"contract", "storage", "server", "broker"},
+    "cluster": {"contract", "storage", "cluster"},
+    "server": {"contract", "storage", "cluster", "server", "broker"},
     "broker": {"contract"},
     "namesrv": {"contract", "namesrv", "server"},
     "client": {"contract", "client"},
@@ -219,6 +222,8 @@ RUNTIME_CASES = {
                   "equeue_proto.v1.broker_pb2_grpc"],
                  ["equeue_broker", "equeue_spark", "pyspark", "pyarrow"]),
     "storage": (["equeue_broker.storage"],
+                ["equeue_broker.server", "equeue_spark", "grpc", "pyspark", "pyarrow"]),
+    "cluster": (["equeue_broker.cluster"],
                 ["equeue_broker.server", "equeue_spark", "grpc", "pyspark", "pyarrow"]),
     "server": (["equeue_broker.server.app"], ["equeue_spark", "pyspark", "pyarrow"]),
     "namesrv": (["equeue_broker.namesrv.app"],

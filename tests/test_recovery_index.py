@@ -213,3 +213,23 @@ def test_flipped_size_in_index_entry_for_lookups(open_store: OpenStore) -> None:
     assert shape(store.read_at_position(sent[5].position)) == sent[5].shape()
     assert store.position_of(TOPIC, 0, 6) == sent[6].position
     assert index_entry(config, 0, 6) == sent[6].entry
+
+
+def test_flipped_store_time_in_index_entry_for_timestamp_lookups(open_store: OpenStore) -> None:
+    """``offset_for_timestamp`` (a Spark ``startingTimestamp``, ``groups reset
+    --to-time``) binary-searches the entries' store times. A flipped time byte
+    in the entry it probes first used to send it the wrong way: a time after
+    every record answered offset 0..15 instead of the end. Now every probed
+    entry is checked and a damaged one rebuilt from the log first."""
+    store = open_store()
+    sent, _ = _three_batches(store)
+    after_all = ENTRY.unpack(index_entry(store.config, 0, len(sent) - 1))[3] + 1
+    assert store.offset_for_timestamp(TOPIC, 0, after_all) == len(sent)
+    store.close()
+    config = store.config
+    middle = len(sent) // 2  # the first entry the search probes
+    flip_index_byte(config, 0, middle, 22)  # a high byte of the store time: far in the future
+
+    store = open_store(config)
+    assert store.offset_for_timestamp(TOPIC, 0, after_all) == len(sent)
+    assert index_entry(config, 0, middle) == sent[middle].entry

@@ -30,6 +30,7 @@ from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
+from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar, advertised
@@ -84,15 +85,26 @@ async def create_server(
         ("grpc.max_concurrent_streams", config.max_streams_per_connection),
         ("grpc.max_connection_idle_ms", config.max_connection_idle_ms),
         ("grpc.server_handshake_timeout_ms", config.handshake_timeout_ms),
+        # Request intake (intake.py): with BDP probing on, gRPC widens every
+        # stream's window and reads bodies nobody asked for; off, a stream
+        # whose message is not being received buffers at most the lookahead,
+        # 256 KiB so that a 1,000-message batch of 100 B still arrives in one go.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", 256 * 1024),
     ]
     if isinstance(tokens, EllipsisType):
         tokens = load_tokens(config)
-    # Outermost first: authenticate, then decode (auth checks decoded requests).
+    # Outermost first: receive within the intake budget, authenticate, then
+    # decode (auth checks decoded requests).
     interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]  # type: ignore[type-arg]
     if tokens is not None:
         interceptors.insert(0, AuthInterceptor(tokens))
-    server = grpc.aio.server(options=options, interceptors=interceptors)
     wait_s = config.budget_wait_ms / 1000
+    intake = ByteBudget("max_intake_bytes", config.max_intake_bytes, wait_s)
+    interceptors.insert(
+        0, IntakeGate(intake, config.max_request_bytes, config.request_read_timeout_ms / 1000)
+    )
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     instance_id = broker_id_for(config.storage.data_dir)
     state = BrokerState(
         config=config,

@@ -74,6 +74,17 @@ class BrokerConfig:
     parked pulls, PullStream: a stream holds its reply until gRPC took it)."""
     max_produce_bytes: int = field(default=128 * MiB, metadata={UNIT: "bytes"})
     """Bytes of produce requests being decoded and appended at once."""
+    max_produce_streams: int = field(default=32, metadata={UNIT: "streams"})
+    """ProduceStreams open at once (a Spark write task holds one). Each has
+    at most one message being received, outside ``max_intake_bytes``, so
+    this times ``max_request_bytes`` bounds what streams pin."""
+    max_intake_bytes: int = field(default=96 * MiB, metadata={UNIT: "bytes"})
+    """Unary request bodies being received or handled at once: each receive
+    takes ``max_request_bytes`` until its message is in, then the message's
+    size until its handler returns (intake.py); the default lets four
+    full-size requests arrive together, more wait their turn."""
+    request_read_timeout_ms: int = field(default=30_000, metadata={UNIT: "ms"})
+    """Longest a request body may take to arrive once its receive started."""
     max_connections: int = field(default=1_024, metadata={UNIT: "connections"})
     """TCP connections at once; more are closed as they are accepted (each
     holds a descriptor, and storage needs its own: see operations.md)."""
@@ -84,7 +95,7 @@ class BrokerConfig:
     handshake_timeout_ms: int = field(default=10_000, metadata={UNIT: "ms"})
     """A connection that has not finished its TLS/HTTP/2 handshake by then is closed."""
     budget_wait_ms: int = field(default=5_000, metadata={UNIT: "ms"})
-    """How long a request waits for max_reply_bytes or max_produce_bytes
+    """How long a request waits for max_reply_bytes, max_produce_bytes or max_intake_bytes
     before RESOURCE_EXHAUSTED."""
     store_threads: int = field(default=64, metadata={UNIT: "threads"})
     """Threads for blocking storage calls (sync appends wait for fsync in them)."""
@@ -126,6 +137,7 @@ class BrokerConfig:
                      "max_request_bytes", "max_consumer_groups", "max_consumers",
                      "max_consumers_per_group", "max_heartbeat_topics", "max_queue_locks",
                      "max_pull_streams", "max_reply_bytes", "max_produce_bytes",
+                     "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
                      "budget_wait_ms", "max_connections", "max_streams_per_connection",
                      "max_connection_idle_ms", "handshake_timeout_ms",
                      "register_interval_ms"):  # fmt: skip
@@ -382,6 +394,9 @@ SETTINGS: tuple[Setting, ...] = (
         flag=False,
     ),
     Setting("max_produce_bytes", "bytes of produce requests being handled at once", flag=False),
+    Setting("max_produce_streams", "ProduceStreams open at once", flag=False),
+    Setting("max_intake_bytes", "unary request bodies being received at once", flag=False),
+    Setting("request_read_timeout_ms", "longest a request body may take to arrive", flag=False),
     Setting(
         "max_open_index_files",
         "index files kept open, least recently used closed first",
@@ -394,7 +409,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("handshake_timeout_ms", "close connections not set up by then", flag=False),
     Setting(
         "budget_wait_ms",
-        "longest a request waits for max_reply_bytes or max_produce_bytes",
+        "longest a request waits for a byte budget (reply, produce, intake)",
         flag=False,
     ),
     Setting("max_open_transactions", "open transactions at once", target="transactions.max_open"),

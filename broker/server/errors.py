@@ -11,6 +11,7 @@ Server-only errors extend the storage hierarchy::
     ├── InvalidArgument ── BadRequest      a malformed request field
     ├── LimitExceeded   ── TooManyPulls    the parked-pull limit
     ├── ShuttingDown                       the broker is stopping
+    ├── RequestTimeout                     a request body arrived too slowly (intake.py)
     ├── Unauthenticated                    no valid token (auth.py)
     └── PermissionDenied                   the token lacks a role or topic (auth.py)
 """
@@ -48,6 +49,10 @@ class ShuttingDown(StorageError):
     """The broker is shutting down."""
 
 
+class RequestTimeout(StorageError):
+    """A request's body did not arrive within ``request_read_timeout_ms``."""
+
+
 class Unauthenticated(StorageError):
     """The call carries no token the broker knows."""
 
@@ -66,6 +71,7 @@ _CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
     (CorruptionError, grpc.StatusCode.DATA_LOSS),
     (StoreClosed, grpc.StatusCode.UNAVAILABLE),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+    (RequestTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 ]

@@ -52,6 +52,8 @@ class BrokerState:
     counters: Counters = field(default_factory=Counters)
     pull_streams: int = 0
     """PullStreams open now (at most ``max_pull_streams``)."""
+    produce_streams: int = 0
+    """ProduceStreams open now (at most ``max_produce_streams``)."""
     shutting_down: bool = False
     tokens: TokenTable | None = None
     """The tokens the broker accepts; None: no authentication."""

@@ -67,6 +67,21 @@ class BrokerService(pb_grpc.BrokerServicer):
         requests: AsyncIterator[pb.ProduceRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.ProduceReply | bytes]:
+        if self.s.produce_streams >= self.s.config.max_produce_streams:
+            raise LimitExceeded(
+                f"{self.s.produce_streams} produce streams are open (max_produce_streams);"
+                " retry later or use Produce"
+            )
+        self.s.produce_streams += 1
+        try:
+            async for reply in self._produce_stream(requests):
+                yield reply
+        finally:
+            self.s.produce_streams -= 1
+
+    async def _produce_stream(
+        self, requests: AsyncIterator[pb.ProduceRequest]
+    ) -> AsyncIterator[pb.ProduceReply | bytes]:
         count = 0
         async for request in requests:
             count += 1

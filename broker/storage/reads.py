@@ -460,8 +460,29 @@ class Reads:
         """First offset whose store time is >= ``timestamp_ms`` (the end if none)."""
         with self._lock:
             queue = self._lookup(topic, queue_id)
-            found = queue.index.first_offset_where(queue.index.earliest, 3, timestamp_ms)
-            return min(found, queue.visible_end)
+            for _ in range(_MAX_REPAIRS):
+                found = self._search_time(queue, timestamp_ms)
+                if found is not None:
+                    return min(found, queue.visible_end)
+            raise _too_damaged(queue)
+
+    def _search_time(self, queue: QueueState, timestamp_ms: int) -> int | None:
+        """A binary search over the index's store times (they never decrease
+        along a queue), checking every entry it probes: a damaged one would
+        send the search the wrong way. None after rebuilding one from the log."""
+        index = queue.index
+        lo, hi = index.earliest, index.end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            raw = index.read_raw(mid, 1)
+            if len(raw) < ENTRY_SIZE or raw[:8] == bytes(8) or entry_damaged(raw):
+                self._repair(queue, mid)
+                return None
+            if ENTRY.unpack(raw)[3] >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def offset_for_bytes(
         self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
