@@ -1,7 +1,7 @@
 """A cluster seen from a client: name servers, cached topic routes, one connection per broker.
 
-``Cluster`` asks any live name server for a topic's route (the one that
-answered last first, then the others), caches it, and fetches it again once
+``Cluster`` asks any live name server for a topic's route (a random one at
+first, then the one that answered last, then the others), caches it, and fetches it again once
 it is older than ``ClientConfig.route_refresh_s`` or after an error
 (``invalidate``). If no name server answers, a cached route keeps serving,
 however old: routes are soft state, and the brokers are what matters.
@@ -17,6 +17,7 @@ list does not change.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -96,7 +97,9 @@ class Cluster:
         self._connections: dict[str, Connection] = {}
         self._channels = [grpc.insecure_channel(a) for a in self.namesrvs]
         self._stubs = [pb_grpc.NameServerStub(c) for c in self._channels]
-        self._preferred = 0
+        self._preferred = random.randrange(len(self._stubs))
+        """The name server asked first: a random one at the start (clients spread
+        their load over the name servers), then the last one that answered."""
 
     # -- name servers --------------------------------------------------------------
 
