@@ -225,6 +225,25 @@ def sink_batch(cluster: LocalCluster, broker: str) -> int:
     return max((s.batch_id for s in sinks if s.sink.startswith("query-")), default=-1)
 
 
+TASKS_ON_B = 2
+"""Write tasks of a micro-batch that stage on broker b: a task per queue of A (2 on
+each broker), and A and B have the same (broker, queue) list, so a key routes to
+the same queue in both: the two tasks reading b's queues write to b only."""
+
+
+def staged_on(cluster: LocalCluster, broker: str, tasks: int) -> int | None:
+    """The batch id whose ``tasks`` write tasks all have a transaction open on
+    ``broker`` while the sink has not committed it there, else None."""
+    with Admin(namesrv=cluster.namesrv) as admin:
+        listing = admin.broker_admin(broker).list_transactions("query-")
+    committed = max((s.batch_id for s in listing.sinks if s.sink.startswith("query-")), default=-1)
+    open_by_batch: dict[int, int] = collections.Counter(
+        int(t.transaction_id.split(":")[1]) for t in listing.transactions if t.messages
+    )
+    ready = [n for n, count in open_by_batch.items() if n > committed and count >= tasks]
+    return max(ready) if ready else None
+
+
 def cluster_contents(
     cluster: LocalCluster, topic: str
 ) -> collections.Counter[tuple[bytes | None, bytes]]:
@@ -240,12 +259,12 @@ def cluster_contents(
 
 @pytest.mark.timeout(CLUSTER_TIMEOUT_S)
 def test_two_broker_sink_driver_killed_between_the_brokers_commits(tmp_path: Path) -> None:
-    """A streaming copy over brokers a and b (exactly-once sink). Broker b is
-    SIGSTOPped at random moments; when broker a has committed a batch that b
-    has not, the driver is blocked on (or about to make) b's commit of that
-    batch: it is SIGKILLed there, b continued, the driver restarted from its
-    checkpoint. The replay commits b's part; a answers "already committed".
-    Finally B holds every message of A exactly once."""
+    """A streaming copy over brokers a and b (exactly-once sink). Once every
+    task of a micro-batch has staged its part on broker b, b is SIGSTOPped;
+    when broker a has committed that batch, the driver is blocked on b's
+    commit of it: it is SIGKILLed there, b continued, the driver restarted
+    from its checkpoint. The replay commits b's part; a answers "already
+    committed". Finally B holds every message of A exactly once."""
     seed = int(os.environ.get("EQUEUE_KILL_SEED", random.randrange(1 << 30)))
     print(f"kill test seed {seed}")
     rng = random.Random(seed)
@@ -285,17 +304,24 @@ def test_two_broker_sink_driver_killed_between_the_brokers_commits(tmp_path: Pat
                 deadline = time.monotonic() + 90
                 killed = False
                 while not killed and time.monotonic() < deadline and driver.poll() is None:
-                    time.sleep(rng.uniform(0.05, 0.6))
-                    before = sink_batch(cluster, "b")
+                    # Wait (randomly, then for real) until every task of the next batch
+                    # has staged its part on b: then the driver's next steps are a's
+                    # commit and b's. Stop b there; once a has committed that batch,
+                    # the driver is blocked on b's commit: kill it.
+                    time.sleep(rng.uniform(0.0, 0.3))
+                    batch = staged_on(cluster, "b", TASKS_ON_B)
+                    if batch is None:
+                        time.sleep(0.02)
+                        continue
                     os.kill(b.pid, signal.SIGSTOP)
                     try:
                         waited = time.monotonic() + 5
                         while time.monotonic() < waited:
-                            if sink_batch(cluster, "a") > before:
+                            if sink_batch(cluster, "a") >= batch:
                                 kill_group(driver)  # between a's commit and b's
                                 killed = True
                                 break
-                            time.sleep(0.05)
+                            time.sleep(0.02)
                     finally:
                         os.kill(b.pid, signal.SIGCONT)
                 if killed and sink_batch(cluster, "a") > sink_batch(cluster, "b"):
@@ -323,6 +349,7 @@ def test_two_broker_sink_driver_killed_between_the_brokers_commits(tmp_path: Pat
         assert sink_batch(cluster, "a") == sink_batch(cluster, "b")
         replays = cluster.brokers["a"].log_path.read_text().count("was committed before")
         print(f"broker a answered {replays} replayed commits as already committed")
+        assert replays >= confirmed  # each caught batch was replayed: a's part already there
     finally:
         for process in [*cluster.brokers.values(), *cluster.namesrvs]:
             with contextlib.suppress(ProcessLookupError):
