@@ -77,16 +77,21 @@ class BrokerProcess:
         """Seconds from spawning the process to its ready line (the last start)."""
         self._log_offset = 0
 
+    ready_prefix = READY_PREFIX
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", self.module, "--data-dir", str(self.data_dir),
+            "--host", HOST, "--port", "0", *self.flags,
+        ]  # fmt: skip
+
     # -- lifecycle -------------------------------------------------------------
 
     def spawn(self) -> subprocess.Popen[bytes]:
         """Start the process without waiting for it to be ready."""
         if self.alive():
-            raise RuntimeError(f"the broker over {self.data_dir} is still running")
-        command = [
-            sys.executable, "-m", self.module, "--data-dir", str(self.data_dir),
-            "--host", HOST, "--port", "0", *self.flags,
-        ]  # fmt: skip
+            raise RuntimeError(f"{self.module} over {self.data_dir} is still running")
+        command = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
@@ -109,11 +114,11 @@ class BrokerProcess:
         started = time.monotonic()
         process = self.spawn()
         line = read_ready_line(process, timeout_s)
-        if not line.startswith(READY_PREFIX):
+        if not line.startswith(self.ready_prefix):
             self.kill()
-            raise RuntimeError(f"broker did not start: {line!r}\n{self.log_tail()}")
+            raise RuntimeError(f"{self.module} did not start: {line!r}\n{self.log_tail()}")
         self.start_seconds = time.monotonic() - started
-        self.address = line[len(READY_PREFIX) :].strip()
+        self.address = line[len(self.ready_prefix) :].strip()
         return self.address
 
     def alive(self) -> bool:
@@ -185,6 +190,94 @@ class BrokerProcess:
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_since_start().splitlines()[-lines:])
+
+
+NAMESRV_READY_PREFIX = "equeue namesrv listening on "
+
+
+class NameServerProcess(BrokerProcess):
+    """One name server process (``python -m equeue_broker.namesrv``); it has no
+    data, so ``workdir`` only holds its log. ``flags`` follow ``--host`` and
+    ``--port``: the first start picks a free port, and a restart asks for the
+    same one (brokers and clients were told that address)."""
+
+    ready_prefix = NAMESRV_READY_PREFIX
+
+    def __init__(self, workdir: Path, *flags: str, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(workdir, *flags, module="equeue_broker.namesrv", env=env)
+
+    def command(self) -> list[str]:
+        port = str(self.port) if self.address else "0"
+        return [sys.executable, "-m", self.module, "--host", HOST, "--port", port, *self.flags]
+
+
+class LocalCluster:
+    """Name servers and brokers on 127.0.0.1 for tests, benchmarks and examples.
+
+    ``start(namesrvs=2, brokers=("a", "b", "c"))`` starts the name servers
+    first, then one broker per name (``--broker-name NAME --namesrv ...``,
+    plus ``broker_flags``); ``namesrv`` is the comma-separated list clients take.
+    """
+
+    def __init__(self, root: Path, *, broker_flags: tuple[str, ...] = (),
+                 namesrv_flags: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.root = Path(root)
+        self.broker_flags = broker_flags
+        self.namesrv_flags = namesrv_flags
+        self.namesrvs: list[NameServerProcess] = []
+        self.brokers: dict[str, BrokerProcess] = {}
+
+    @property
+    def namesrv(self) -> str:
+        return ",".join(n.address for n in self.namesrvs)
+
+    def start(self, namesrvs: int = 2, brokers: tuple[str, ...] = ("a", "b", "c")) -> LocalCluster:
+        for i in range(namesrvs):
+            server = NameServerProcess(self.root / f"namesrv{i}", *self.namesrv_flags)
+            self.namesrvs.append(server)
+            server.start()
+        for name in brokers:
+            self.add_broker(name)
+        return self
+
+    def add_broker(self, name: str, *flags: str) -> BrokerProcess:
+        broker = BrokerProcess(
+            self.root / f"broker-{name}", "--broker-name", name, "--namesrv", self.namesrv,
+            *self.broker_flags, *flags,
+        )  # fmt: skip
+        self.brokers[name] = broker
+        broker.start()
+        return broker
+
+    def stop(self) -> None:
+        for process in [*self.brokers.values(), *self.namesrvs]:
+            if process.alive():
+                process.stop()
+
+    def kill(self) -> None:
+        for process in [*self.brokers.values(), *self.namesrvs]:
+            process.kill()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def local_cluster(
+    namesrvs: int = 2, brokers: tuple[str, ...] = ("a", "b", "c"), *,
+    broker_flags: tuple[str, ...] = (), namesrv_flags: tuple[str, ...] = (),
+) -> Iterator[LocalCluster]:  # fmt: skip
+    """A cluster for the ``with`` block, in a temporary directory, stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix="equeue-cluster-") as scratch:
+        cluster = LocalCluster(Path(scratch), broker_flags=broker_flags,
+                               namesrv_flags=namesrv_flags)  # fmt: skip
+        try:
+            yield cluster.start(namesrvs, brokers)
+        finally:
+            cluster.stop()
 
 
 @contextmanager

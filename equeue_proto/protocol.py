@@ -125,3 +125,31 @@ def key_queue(key: bytes | memoryview, queue_count: int) -> int:
     default partitioner (``toPositive(murmur2(key)) % count``), so a key lands
     on the queue number a Kafka partition of the same count would have."""
     return (murmur2(key) & 0x7FFFFFFF) % queue_count
+
+
+# -- clusters ------------------------------------------------------------------------
+
+MAX_BROKER_NAME = 64
+_BROKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def broker_name_problem(name: str, kind: str = "broker name") -> str | None:
+    """Why a broker (or cluster) name is refused, or None: 1-64 ASCII letters,
+    digits, ``.``, ``_`` and ``-``, starting with a letter or digit. The name
+    becomes the broker id in message ids (``<name>-<position>``), Spark
+    offsets and CLI tables, so it is printable as it is."""
+    if 0 < len(name) <= MAX_BROKER_NAME and _BROKER_NAME.fullmatch(name):
+        return None
+    shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
+    return (
+        f"{kind} {shown} is invalid: give 1 to {MAX_BROKER_NAME} ASCII letters, digits, "
+        "'.', '_' or '-', starting with a letter or digit"
+    )
+
+
+def route_queues(brokers: Sequence[tuple[str, Sequence[int]]]) -> list[tuple[str, int]]:
+    """A topic's queues as one ordered list of (broker name, queue id): brokers
+    by name, queues by id within each (RocketMQ's message-queue order). The
+    producer routes a key over this list with ``key_queue``, so a key's queue
+    depends only on the list, not on which client computes it."""
+    return [(name, q) for name, ids in sorted(brokers) for q in sorted(ids)]

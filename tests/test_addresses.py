@@ -71,3 +71,57 @@ def test_cli_environment_broker_is_named(
     err = capsys.readouterr().err
     assert code == 2, err
     assert "$EQUEUE_BROKER 'a:1,b:2' is not one address" in err
+
+
+def test_name_server_lists_are_checked_and_exclusive_with_a_broker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from equeue_spark.client.connection import NAMESRV_ENV, parse_namesrv
+
+    assert parse_namesrv("a:1, b:2") == ("a:1", "b:2")
+    assert parse_namesrv(["a:1", "b:2"]) == ("a:1", "b:2")
+    with pytest.raises(InvalidAddress, match="has no port"):
+        parse_namesrv("a:1,b")
+    with pytest.raises(InvalidAddress, match="names no name server"):
+        parse_namesrv(" , ")
+    with pytest.raises(InvalidAddress, match="the limit is 16"):
+        parse_namesrv([f"h:{i}" for i in range(1, 18)])
+    with pytest.raises(ValueError, match="not both"):
+        ClientConfig(broker="a:1", namesrv="b:2")
+    assert ClientConfig(namesrv="b:2").is_cluster
+    monkeypatch.setenv(NAMESRV_ENV, "n1:9876,n2:9876")
+    assert ClientConfig().namesrvs() == ("n1:9876", "n2:9876")  # the env wins with no broker
+    assert not ClientConfig(broker="a:1").is_cluster  # an explicit broker wins over it
+    assert ClientConfig(namesrv="x:1").for_broker("a:1").namesrvs() == ()
+
+
+def test_cli_refuses_broker_and_namesrv_together_and_per_broker_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--broker", "a:1", "--namesrv", "b:2", "topics", "list"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["--namesrv", "b", "topics", "list"]) == 2
+    assert "--namesrv address 'b' has no port" in capsys.readouterr().err
+    assert main(["--namesrv", "b:2", "stats"]) == 2
+    assert "stats shows one broker: give --broker" in capsys.readouterr().err
+    assert main(["--broker", "127.0.0.1:1", "cluster", "list"]) == 2
+    assert "--namesrv" in capsys.readouterr().err
+
+
+def test_spark_options_take_a_name_server_list() -> None:
+    pytest.importorskip("pyarrow")
+    from equeue_spark.spark.errors import InvalidOption
+    from equeue_spark.spark.options import ReadOptions, WriteOptions
+
+    read = ReadOptions.parse({"namesrv": "n1:1,n2:2", "topic": "t"}, streaming=False)
+    assert read.namesrv == ("n1:1", "n2:2") and read.cluster and read.client.is_cluster
+    assert WriteOptions.parse({"namesrv": "n1:1", "topic": "t"}).cluster
+    with pytest.raises(InvalidOption, match="not both"):
+        ReadOptions.parse({"namesrv": "n1:1", "broker": "b:1", "topic": "t"}, streaming=False)
+    with pytest.raises(InvalidOption, match="option namesrv='n1'"):
+        WriteOptions.parse({"namesrv": "n1", "topic": "t"})
+    spec = ReadOptions.parse(
+        {"namesrv": "n1:1", "topic": "t", "startingOffsets": '{"t": {"a/0": 5, "b/1": -2}}'},
+        streaming=True,
+    ).starting
+    assert spec == {"a/t": {0: 5}, "b/t": {1: -2}}

@@ -34,7 +34,8 @@ FLAGS = [
     "--default-queues", "--max-wait-ms", "--max-parked-pulls", "--consumer-timeout-ms",
     "--transaction-timeout-ms", "--max-open-transactions", "--max-transaction-bytes",
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
-    "--library-log-level",
+    "--library-log-level", "--namesrv", "--broker-name", "--cluster", "--advertise-address",
+    "--register-interval-ms",
 ]  # fmt: skip
 FILE_ONLY = [
     "max_queues_per_topic", "max_pull_messages", "max_pull_bytes", "max_request_bytes",

@@ -30,8 +30,8 @@ pytest.importorskip("pyspark")
 
 import contextlib
 
-from equeue_broker.testing import BrokerProcess
-from equeue_spark.client import Admin, EqueueError, Producer, read_range
+from equeue_broker.testing import BrokerProcess, LocalCluster
+from equeue_spark.client import Admin, EqueueError, NotFoundError, Producer, read_range
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
@@ -209,3 +209,122 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
         f"A holds {sum(source.values())} messages, B {sum(copied.values())}; broker saw "
         f"{logs.count('was committed before')} replayed batches"
     )
+
+
+# -- a two-broker sink, the driver killed between the two brokers' commits --------------
+
+CLUSTER_MESSAGES = 20_000
+BETWEEN_COMMIT_KILLS = 2
+CLUSTER_TIMEOUT_S = (BETWEEN_COMMIT_KILLS + 2) * (START_S + STOP_S) + 120 + FINAL_RUN_S
+
+
+def sink_batch(cluster: LocalCluster, broker: str) -> int:
+    """The last batch the streaming sink committed on ``broker`` (-1: none yet)."""
+    with Admin(namesrv=cluster.namesrv) as admin:
+        sinks = admin.broker_admin(broker).list_transactions().sinks
+    return max((s.batch_id for s in sinks if s.sink.startswith("query-")), default=-1)
+
+
+def cluster_contents(
+    cluster: LocalCluster, topic: str
+) -> collections.Counter[tuple[bytes | None, bytes]]:
+    with Admin(namesrv=cluster.namesrv) as admin:
+        route = admin.route(topic)
+    return collections.Counter(
+        (m.key, m.value)
+        for broker, q in route.queues()
+        for batch in read_range(topic, q, 0, broker=route.address(broker), batch_messages=5_000)
+        for m in batch
+    )
+
+
+@pytest.mark.timeout(CLUSTER_TIMEOUT_S)
+def test_two_broker_sink_driver_killed_between_the_brokers_commits(tmp_path: Path) -> None:
+    """A streaming copy over brokers a and b (exactly-once sink). Broker b is
+    SIGSTOPped at random moments; when broker a has committed a batch that b
+    has not, the driver is blocked on (or about to make) b's commit of that
+    batch: it is SIGKILLed there, b continued, the driver restarted from its
+    checkpoint. The replay commits b's part; a answers "already committed".
+    Finally B holds every message of A exactly once."""
+    seed = int(os.environ.get("EQUEUE_KILL_SEED", random.randrange(1 << 30)))
+    print(f"kill test seed {seed}")
+    rng = random.Random(seed)
+    cluster = LocalCluster(
+        tmp_path / "cluster",
+        broker_flags=("--flush", "sync", "--register-interval-ms", "300"),
+        namesrv_flags=("--broker-expiry-ms", "60000"),
+    )
+    checkpoint, log = tmp_path / "ck", tmp_path / "driver.log"
+    try:
+        cluster.start(1, ("a", "b"))
+        target = f"namesrv={cluster.namesrv}"
+        with Admin(namesrv=cluster.namesrv) as admin:
+            admin.create_topic("A", queues=2)
+            admin.create_topic("B", queues=2)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if all(len(admin.route(t).queues()) == 4 for t in ("A", "B")):
+                        break
+                except NotFoundError:  # the registrations are on their way
+                    pass
+                time.sleep(0.1)
+        with Producer(namesrv=cluster.namesrv) as producer:
+            for start in range(0, CLUSTER_MESSAGES, BATCH):
+                keys = [b"key-%d" % (i % 997) for i in range(start, start + BATCH)]
+                values = [b"value-%d" % i for i in range(start, start + BATCH)]
+                producer.send_batch("A", values, keys=keys)
+        b = cluster.brokers["b"]
+        confirmed = 0
+        for _cycle in range(BETWEEN_COMMIT_KILLS + 3):
+            if confirmed >= BETWEEN_COMMIT_KILLS:
+                break
+            driver = start_driver(target, checkpoint, log, "--max-per-trigger", "1000")
+            try:
+                wait_started(driver)
+                deadline = time.monotonic() + 90
+                killed = False
+                while not killed and time.monotonic() < deadline and driver.poll() is None:
+                    time.sleep(rng.uniform(0.05, 0.6))
+                    before = sink_batch(cluster, "b")
+                    os.kill(b.pid, signal.SIGSTOP)
+                    try:
+                        waited = time.monotonic() + 5
+                        while time.monotonic() < waited:
+                            if sink_batch(cluster, "a") > before:
+                                kill_group(driver)  # between a's commit and b's
+                                killed = True
+                                break
+                            time.sleep(0.05)
+                    finally:
+                        os.kill(b.pid, signal.SIGCONT)
+                if killed and sink_batch(cluster, "a") > sink_batch(cluster, "b"):
+                    confirmed += 1
+            finally:
+                if driver.poll() is None:
+                    kill_group(driver)
+        assert confirmed >= 1, "never caught the driver between the two brokers' commits"
+        print(f"driver killed between the brokers' commits {confirmed} times")
+
+        final = start_driver(
+            target, checkpoint, log, "--available-now", "--max-per-trigger", "5000"
+        )
+        try:
+            assert final.wait(timeout=FINAL_RUN_S) == 0, f"final AvailableNow run failed; see {log}"
+        finally:
+            kill_group(final)
+        source = cluster_contents(cluster, "A")
+        copied = cluster_contents(cluster, "B")
+        assert sum(source.values()) == CLUSTER_MESSAGES
+        missing, extra = source - copied, copied - source
+        assert not missing and not extra, (
+            f"B differs from A: {sum(missing.values())} missing, {sum(extra.values())} extra"
+        )
+        assert sink_batch(cluster, "a") == sink_batch(cluster, "b")
+        replays = cluster.brokers["a"].log_path.read_text().count("was committed before")
+        print(f"broker a answered {replays} replayed commits as already committed")
+    finally:
+        for process in [*cluster.brokers.values(), *cluster.namesrvs]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+        cluster.kill()

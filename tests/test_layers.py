@@ -4,6 +4,9 @@ Layers, lowest first (``A <- B``: B may import A, never the reverse)::
 
     contract (equeue_proto) <- storage <- server          (the broker, equeue_broker)
     contract, storage <- cluster <- server                 (elections, replication)
+    contract (equeue_proto) <- namesrv                    (the name server, equeue_broker.namesrv;
+                                                           it uses the server's start-up and log
+                                                           helpers, never storage)
     contract (equeue_proto) <- client <- cli, spark       (equeue_spark)
 
 Two checks, because each misses what the other sees:
@@ -35,6 +38,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "storage": ("equeue_broker.storage",),
     "cluster": ("equeue_broker.cluster",),
     "server": ("equeue_broker.server", "equeue_broker.__main__"),
+    "namesrv": ("equeue_broker.namesrv",),
     "broker": ("equeue_broker", "equeue_broker.testing", "equeue_broker.testing_zk"),
     "client": ("equeue_spark", "equeue_spark.client"),
     "cli": ("equeue_spark.cli",),
@@ -46,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
     "cluster": {"contract", "storage", "cluster"},
     "server": {"contract", "storage", "cluster", "server", "broker"},
     "broker": {"contract"},
+    "namesrv": {"contract", "namesrv", "server"},
     "client": {"contract", "client"},
     "cli": {"contract", "client", "cli"},
     "spark": {"contract", "client", "spark"},
@@ -221,6 +226,8 @@ RUNTIME_CASES = {
     "cluster": (["equeue_broker.cluster"],
                 ["equeue_broker.server", "equeue_spark", "grpc", "pyspark", "pyarrow"]),
     "server": (["equeue_broker.server.app"], ["equeue_spark", "pyspark", "pyarrow"]),
+    "namesrv": (["equeue_broker.namesrv.app"],
+                ["equeue_broker.storage", "equeue_spark", "pyspark", "pyarrow"]),
     "client": (["equeue_spark.client", "equeue_spark.client.columns", "equeue_spark.cli"],
                ["equeue_broker", "pyspark", "pyarrow", "pandas"]),
     "spark": (["pyspark_equeue"], ["equeue_broker"]),

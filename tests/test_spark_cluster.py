@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
@@ -92,6 +92,40 @@ def cluster(tmp_path: Path) -> Iterator[str]:
 
 JOB_S = 600
 """The driver job's budget; the master's and worker's starts have 90 s each (fixture)."""
+
+
+def _run_job(cluster: str, target: str, tmp_path: Path) -> dict[str, object]:
+    job = subprocess.run(
+        [sys.executable, "-m", "tests.support.cluster_job", cluster, target, str(tmp_path / "ck")],
+        capture_output=True, text=True, timeout=JOB_S, env=_env(tmp_path),
+        cwd=Path(__file__).parent.parent, check=False,
+    )  # fmt: skip
+    assert job.returncode == 0, job.stderr[-5000:]
+    result: dict[str, object] = json.loads(job.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.timeout(JOB_S + 2 * 90 + 180)
+def test_standalone_cluster_over_an_equeue_cluster(cluster: str, tmp_path: Path) -> None:
+    """The same job over two name servers and three brokers (option namesrv)."""
+    equeue = LocalCluster(tmp_path / "equeue", broker_flags=("--register-interval-ms", "300"))
+    try:
+        equeue.start(2, ("a", "b", "c"))
+        with Admin(namesrv=equeue.namesrv) as admin:
+            admin.create_topic("cl", queues=2)
+            deadline = time.monotonic() + 30
+            while len(admin.route("cl").queues()) < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        result = _run_job(cluster, f"namesrv={equeue.namesrv}", tmp_path)
+        assert result["total"] == result["distinct_positions"] == result["distinct_values"] == 2000
+        assert result["brokers"] == ["a", "b", "c"]
+        assert result["finished"] and result["streamed"] == 2000
+        with Admin(namesrv=equeue.namesrv) as admin:
+            group = admin.describe_group("cluster")
+            assert {q.broker for q in group.queues} == {"a", "b", "c"}
+            assert group.total_lag == 0
+    finally:
+        equeue.kill()
 
 
 @pytest.mark.timeout(JOB_S + 2 * 90 + 120)

@@ -130,3 +130,16 @@ def test_read_ahead_keeps_order_raises_errors_and_stops() -> None:
     assert [next(items) for _ in range(3)] == [0, 1, 2]
     endless.stop()
     assert endless._thread is not None and not endless._thread.is_alive()
+
+
+def test_a_checkpoint_of_the_other_kind_is_refused() -> None:
+    from equeue_spark.spark.planning import Planner
+
+    cluster = Planner(ReadOptions.parse({"namesrv": "n:1", "topic": "t"}, streaming=True))
+    single = Planner(ReadOptions.parse({"broker": "b:1", "topic": "t"}, streaming=True))
+    assert cluster.offsets({"t": {"a/0": 5, "incarnation/a": 9}}) == {("a/t", 0): 5}
+    assert single.offsets({"t": {"0": 5, "incarnation": 9}}) == {("t", 0): 5}
+    with pytest.raises(InvalidOption, match="written by a query over a single broker"):
+        cluster.offsets({"t": {"0": 5}})
+    with pytest.raises(InvalidOption, match="written by a query over a cluster"):
+        single.offsets({"t": {"a/0": 5}})

@@ -33,6 +33,7 @@ from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
+from equeue_broker.server.registration import Registrar, advertised
 from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.service_data import BrokerService
@@ -104,10 +105,12 @@ async def create_server(
         0, IntakeGate(intake, config.max_request_bytes, config.request_read_timeout_ms / 1000)
     )
     server = grpc.aio.server(options=options, interceptors=interceptors)
+    instance_id = broker_id_for(config.storage.data_dir)
     state = BrokerState(
         config=config,
         store=store,
-        broker_id=broker_id_for(config.storage.data_dir),
+        broker_id=config.broker_name or instance_id,
+        instance_id=instance_id,
         executor=ThreadPoolExecutor(config.store_threads, thread_name_prefix="equeue-store"),
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000, limits=group_limits(config)),
@@ -208,11 +211,24 @@ async def serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    registering: asyncio.Task[None] | None = None
+    if config.namesrv_addresses():
+        state.registrar = Registrar(
+            store, config.namesrv_addresses(), cluster=config.cluster,
+            broker_name=config.broker_name,
+            address=advertised(config.host, port, config.advertise_address),
+            instance_id=state.instance_id, interval_s=config.register_interval_ms / 1000,
+        )  # fmt: skip
+        # The first registration before the ready line: a test (or script) that
+        # waited for it finds the broker's topics on every live name server.
+        await state.registrar.register_once(state.registrar.request())
+        registering = asyncio.create_task(state.registrar.run())
     log.info(
         "broker %s started on %s:%d", state.broker_id, config.host, port,
         extra={"broker_id": state.broker_id, "port": port,
                "data_dir": str(config.storage.data_dir),
                "flush": config.storage.flush_mode.value, "recovery_s": store.recovery.seconds,
+               "broker_name": config.broker_name, "namesrv": config.namesrv,
                "tls": config.tls_cert is not None, "auth_tokens": state.auth_tokens,
                "rebuilt_index_entries": store.recovery.index_entries_rebuilt},
     )  # fmt: skip
@@ -220,6 +236,10 @@ async def serve(config: BrokerConfig) -> None:
     sys.stdout.flush()
     await stop.wait()
     log.info("shutting down")
+    if state.registrar is not None and registering is not None:
+        registering.cancel()
+        await state.registrar.unregister()  # clients stop routing here at once
+        await state.registrar.close()
     state.shutting_down = True
     await server.stop(config.shutdown_grace_s)
     state.executor.shutdown(wait=True)

@@ -28,8 +28,12 @@ from typing import Any, NoReturn, TypeVar, get_type_hints
 from equeue_broker.storage.config import UNIT, GiB, KiB, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
 from equeue_proto import __version__
+from equeue_proto.protocol import broker_name_problem
 
 T = TypeVar("T")
+
+MAX_NAMESRVS = 16
+"""Name servers one broker registers with (each gets a registration per interval)."""
 
 DEFAULT_DATA_DIR = Path("equeue-data")
 """The one storage default the server owns: ``StorageConfig.data_dir`` has none."""
@@ -110,6 +114,21 @@ class BrokerConfig:
     """"text" or "json" (one JSON object per line)."""
     library_log_level: str = "WARNING"
     """Threshold of gRPC's and asyncio's loggers (never below ``log_level``)."""
+    namesrv: str = ""
+    """Name servers to register with, ``HOST:PORT[,HOST:PORT...]``; empty: a
+    standalone broker (no registration at all)."""
+    broker_name: str = ""
+    """The broker's name in a cluster: message ids, routes and Spark offsets
+    use it, so it must stay the same across restarts. Empty: the data
+    directory's random id (a standalone broker)."""
+    cluster: str = "DefaultCluster"
+    """The cluster the broker registers under (``equeue cluster list`` shows it)."""
+    advertise_address: str = ""
+    """``HOST:PORT`` the name servers give clients; empty: ``host:port`` (the
+    machine's host name if ``host`` is 0.0.0.0, the bound port if ``port`` is 0)."""
+    register_interval_ms: int = field(default=5_000, metadata={UNIT: "ms"})
+    """How often the broker re-registers with every name server (it also
+    registers at once on every topic change)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -120,7 +139,8 @@ class BrokerConfig:
                      "max_pull_streams", "max_reply_bytes", "max_produce_bytes",
                      "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
                      "budget_wait_ms", "max_connections", "max_streams_per_connection",
-                     "max_connection_idle_ms", "handshake_timeout_ms"):  # fmt: skip
+                     "max_connection_idle_ms", "handshake_timeout_ms",
+                     "register_interval_ms"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file"):
@@ -130,6 +150,32 @@ class BrokerConfig:
             raise InvalidArgument("give both tls_cert and tls_key, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise InvalidArgument("tls_client_ca needs tls_cert and tls_key")
+        self._check_cluster()
+
+    def _check_cluster(self) -> None:
+        for value, kind in ((self.broker_name, "broker_name"), (self.cluster, "cluster")):
+            problem = broker_name_problem(value, kind) if value or kind == "cluster" else None
+            if problem is not None:
+                raise InvalidArgument(problem)
+        addresses = self.namesrv_addresses()
+        if len(addresses) > MAX_NAMESRVS:
+            raise InvalidArgument(
+                f"namesrv names {len(addresses)} name servers; the limit is {MAX_NAMESRVS}"
+            )
+        for address in [*addresses, *filter(None, [self.advertise_address])]:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise InvalidArgument(
+                    f"{address!r} is not one HOST:PORT (namesrv, advertise_address)"
+                )
+        if addresses and not self.broker_name:
+            raise InvalidArgument(
+                "namesrv needs broker_name: give --broker-name NAME, the broker's name "
+                "in the cluster (stable across restarts)"
+            )
+
+    def namesrv_addresses(self) -> list[str]:
+        return [a.strip() for a in self.namesrv.split(",") if a.strip()]
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> BrokerConfig:
@@ -242,7 +288,7 @@ class Setting:
     def describe_default(self) -> str:
         """The default as --help and docs/equeue-broker.toml show it."""
         value = self.default()
-        if value is None:
+        if value is None or value == "":
             return "unset"
         if isinstance(value, bool):
             return "true" if value else "false"
@@ -385,6 +431,14 @@ SETTINGS: tuple[Setting, ...] = (
         "log threshold of gRPC and asyncio, never below --log-level",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
     ),
+    Setting(
+        "namesrv",
+        "name servers to register with, HOST:PORT[,HOST:PORT...]; unset: a standalone broker",
+    ),
+    Setting("broker_name", "the broker's name in a cluster (message ids, routes); keep it stable"),
+    Setting("cluster", "the cluster the broker registers under"),
+    Setting("advertise_address", "HOST:PORT the name servers give clients; unset: host:port"),
+    Setting("register_interval_ms", "how often to re-register with the name servers"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 

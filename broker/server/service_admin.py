@@ -55,13 +55,19 @@ class AdminService(pb_grpc.AdminServicer):
             log.info("topic created", extra={"topic": meta.name, "queues": len(meta.queues)})
             return self._topic_info(request.name)
 
-        return await self.s.call(create)
+        try:
+            return await self.s.call(create)
+        finally:
+            self.s.topology_changed()
 
     @rpc
     async def DeleteTopic(
         self, request: pb.DeleteTopicRequest, context: Any
     ) -> pb.DeleteTopicReply:
-        await self.s.call(self.s.store.delete_topic, request.name)
+        try:
+            await self.s.call(self.s.store.delete_topic, request.name)
+        finally:
+            self.s.topology_changed()
         self.s.counters.forget(request.name)
         log.info("topic deleted", extra={"topic": request.name})
         return pb.DeleteTopicReply()
@@ -100,7 +106,10 @@ class AdminService(pb_grpc.AdminServicer):
             self.s.store.add_queues(request.name, request.count)
             return self._topic_info(request.name)
 
-        return await self.s.call(add)
+        try:
+            return await self.s.call(add)
+        finally:
+            self.s.topology_changed()
 
     @rpc
     async def SetQueueVisibility(
@@ -115,7 +124,10 @@ class AdminService(pb_grpc.AdminServicer):
             )
             return self._topic_info(request.name)
 
-        return await self.s.call(set_)
+        try:
+            return await self.s.call(set_)
+        finally:
+            self.s.topology_changed()
 
     @rpc
     async def DeleteQueue(self, request: pb.DeleteQueueRequest, context: Any) -> pb.TopicInfo:
@@ -128,7 +140,10 @@ class AdminService(pb_grpc.AdminServicer):
             log.log(logging.WARNING if dropped else logging.INFO, "queue deleted", extra=fields)
             return self._topic_info(request.name)
 
-        return await self.s.call(delete)
+        try:
+            return await self.s.call(delete)
+        finally:
+            self.s.topology_changed()
 
     @rpc
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsReply:
@@ -239,7 +254,7 @@ class AdminService(pb_grpc.AdminServicer):
                     broker_id, position = parse_message_id(request.message_id)
                 except ValueError as exc:
                     raise BadRequest(str(exc)) from None
-                if broker_id != self.s.broker_id:
+                if broker_id not in (self.s.broker_id, self.s.instance_id):
                     raise NotFound(f"message {request.message_id!r} is from broker {broker_id!r}")
             elif which == "address":
                 a = request.address

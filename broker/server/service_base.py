@@ -27,6 +27,7 @@ from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import PermissionDenied, ShuttingDown, status_for
 from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.longpoll import PullWaiters
+from equeue_broker.server.registration import Registrar
 from equeue_broker.server.stats import Counters
 from equeue_broker.storage import Store
 
@@ -56,7 +57,17 @@ class BrokerState:
     shutting_down: bool = False
     tokens: TokenTable | None = None
     """The tokens the broker accepts; None: no authentication."""
+    instance_id: str = ""
+    """The data directory's random id; ``broker_id`` is the broker name when
+    one is given (--broker-name), else this. Message ids of either resolve."""
+    registrar: Registrar | None = None
+    """The name-server registration (--namesrv); None: a standalone broker."""
     _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
+
+    def topology_changed(self) -> None:
+        """A topic or queue was created, deleted or changed: tell the name servers now."""
+        if self.registrar is not None:
+            self.registrar.changed()
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a blocking storage call on the thread pool."""

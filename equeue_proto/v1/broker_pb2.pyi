@@ -387,7 +387,7 @@ class TopicInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
-    __slots__ = ("queue_id", "earliest_offset", "end_offset", "min_committed_offset", "backlog", "producer_visible", "consumer_visible")
+    __slots__ = ("queue_id", "earliest_offset", "end_offset", "min_committed_offset", "backlog", "producer_visible", "consumer_visible", "broker")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     EARLIEST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +395,7 @@ class QueueInfo(_message.Message):
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_VISIBLE_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     earliest_offset: int
     end_offset: int
@@ -402,7 +403,8 @@ class QueueInfo(_message.Message):
     backlog: int
     producer_visible: bool
     consumer_visible: bool
-    def __init__(self, queue_id: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., min_committed_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., producer_visible: _Optional[bool] = ..., consumer_visible: _Optional[bool] = ...) -> None: ...
+    broker: str
+    def __init__(self, queue_id: _Optional[int] = ..., earliest_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., min_committed_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., producer_visible: _Optional[bool] = ..., consumer_visible: _Optional[bool] = ..., broker: _Optional[str] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
     __slots__ = ()
@@ -433,20 +435,22 @@ class GroupInfo(_message.Message):
     def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., consumer_ids: _Optional[_Iterable[str]] = ..., total_lag: _Optional[int] = ...) -> None: ...
 
 class GroupQueue(_message.Message):
-    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id")
+    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id", "broker")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     committed_offset: int
     end_offset: int
     lag: int
     consumer_id: str
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ...) -> None: ...
+    broker: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ..., broker: _Optional[str] = ...) -> None: ...
 
 class ResetOffsetsRequest(_message.Message):
     __slots__ = ("group", "topic", "earliest", "latest", "timestamp_ms", "explicit")
@@ -612,3 +616,126 @@ class ListTransactionsReply(_message.Message):
     transactions: _containers.RepeatedCompositeFieldContainer[TransactionInfo]
     sinks: _containers.RepeatedCompositeFieldContainer[SinkInfo]
     def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ..., sinks: _Optional[_Iterable[_Union[SinkInfo, _Mapping]]] = ...) -> None: ...
+
+class RegisteredTopic(_message.Message):
+    __slots__ = ("name", "incarnation", "queues")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    incarnation: int
+    queues: _containers.RepeatedCompositeFieldContainer[RouteQueue]
+    def __init__(self, name: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ...) -> None: ...
+
+class RouteQueue(_message.Message):
+    __slots__ = ("queue_id", "writable", "readable")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    READABLE_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    writable: bool
+    readable: bool
+    def __init__(self, queue_id: _Optional[int] = ..., writable: _Optional[bool] = ..., readable: _Optional[bool] = ...) -> None: ...
+
+class RegisterBrokerRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "replica_id", "address", "topics", "instance_id")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    replica_id: int
+    address: str
+    topics: _containers.RepeatedCompositeFieldContainer[RegisteredTopic]
+    instance_id: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[RegisteredTopic, _Mapping]]] = ..., instance_id: _Optional[str] = ...) -> None: ...
+
+class RegisterBrokerReply(_message.Message):
+    __slots__ = ("expiry_ms",)
+    EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    expiry_ms: int
+    def __init__(self, expiry_ms: _Optional[int] = ...) -> None: ...
+
+class UnregisterBrokerRequest(_message.Message):
+    __slots__ = ("broker_name", "replica_id", "address")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    replica_id: int
+    address: str
+    def __init__(self, broker_name: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+
+class UnregisterBrokerReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetRouteRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class BrokerRoute(_message.Message):
+    __slots__ = ("broker_name", "cluster", "address", "incarnation", "queues", "replicas")
+    class ReplicasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    cluster: str
+    address: str
+    incarnation: int
+    queues: _containers.RepeatedCompositeFieldContainer[RouteQueue]
+    replicas: _containers.ScalarMap[int, str]
+    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ..., replicas: _Optional[_Mapping[int, str]] = ...) -> None: ...
+
+class TopicRoute(_message.Message):
+    __slots__ = ("topic", "brokers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerRoute]
+    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerRoute, _Mapping]]] = ...) -> None: ...
+
+class ListBrokersRequest(_message.Message):
+    __slots__ = ("cluster",)
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    def __init__(self, cluster: _Optional[str] = ...) -> None: ...
+
+class BrokerEntry(_message.Message):
+    __slots__ = ("broker_name", "cluster", "replica_id", "address", "last_registration_ms", "topics", "instance_id")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LAST_REGISTRATION_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    cluster: str
+    replica_id: int
+    address: str
+    last_registration_ms: int
+    topics: int
+    instance_id: str
+    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., last_registration_ms: _Optional[int] = ..., topics: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+
+class ListBrokersReply(_message.Message):
+    __slots__ = ("brokers",)
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerEntry]
+    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerEntry, _Mapping]]] = ...) -> None: ...

@@ -1237,3 +1237,254 @@ class Admin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class NameServerStub:
+    """---------------------------------------------------------------------------
+    Name server (equeue-namesrv)
+    ---------------------------------------------------------------------------
+
+    Where a cluster's topics live. A name server keeps soft state only: the
+    brokers that registered with it and the topic routes their registrations
+    carry; it forgets a broker it has not heard from within its expiry. Name
+    servers never talk to each other: every broker registers with every name
+    server, and a client asks any one of them.
+
+    Identity. A broker is known by its broker name (--broker-name), the name
+    message ids and routes use; `replica_id` 0 is the broker that takes writes
+    (later steps add replicas of a broker name under other replica ids). A
+    topic's queues are the ordered list of (broker name, queue id), brokers by
+    name, queues by id within each.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.RegisterBroker = channel.unary_unary(
+                '/equeue.v1.NameServer/RegisterBroker',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.RegisterBrokerRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.RegisterBrokerReply.FromString,
+                _registered_method=True)
+        self.UnregisterBroker = channel.unary_unary(
+                '/equeue.v1.NameServer/UnregisterBroker',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.UnregisterBrokerRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.UnregisterBrokerReply.FromString,
+                _registered_method=True)
+        self.GetRoute = channel.unary_unary(
+                '/equeue.v1.NameServer/GetRoute',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.GetRouteRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.TopicRoute.FromString,
+                _registered_method=True)
+        self.ListBrokers = channel.unary_unary(
+                '/equeue.v1.NameServer/ListBrokers',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.ListBrokersRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ListBrokersReply.FromString,
+                _registered_method=True)
+
+
+class NameServerServicer:
+    """---------------------------------------------------------------------------
+    Name server (equeue-namesrv)
+    ---------------------------------------------------------------------------
+
+    Where a cluster's topics live. A name server keeps soft state only: the
+    brokers that registered with it and the topic routes their registrations
+    carry; it forgets a broker it has not heard from within its expiry. Name
+    servers never talk to each other: every broker registers with every name
+    server, and a client asks any one of them.
+
+    Identity. A broker is known by its broker name (--broker-name), the name
+    message ids and routes use; `replica_id` 0 is the broker that takes writes
+    (later steps add replicas of a broker name under other replica ids). A
+    topic's queues are the ordered list of (broker name, queue id), brokers by
+    name, queues by id within each.
+    """
+
+    def RegisterBroker(self, request, context):
+        """A broker's registration (also its heartbeat): replaces everything the
+        name server knew of that broker name and replica id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterBroker(self, request, context):
+        """A broker leaving cleanly (SIGTERM): forgotten at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRoute(self, request, context):
+        """A topic's route: NOT_FOUND if no live broker hosts it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBrokers(self, request, context):
+        """The live brokers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_NameServerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'RegisterBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterBroker,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.RegisterBrokerRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.RegisterBrokerReply.SerializeToString,
+            ),
+            'UnregisterBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterBroker,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.UnregisterBrokerRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.UnregisterBrokerReply.SerializeToString,
+            ),
+            'GetRoute': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRoute,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.GetRouteRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.TopicRoute.SerializeToString,
+            ),
+            'ListBrokers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBrokers,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ListBrokersRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.ListBrokersReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'equeue.v1.NameServer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('equeue.v1.NameServer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class NameServer:
+    """---------------------------------------------------------------------------
+    Name server (equeue-namesrv)
+    ---------------------------------------------------------------------------
+
+    Where a cluster's topics live. A name server keeps soft state only: the
+    brokers that registered with it and the topic routes their registrations
+    carry; it forgets a broker it has not heard from within its expiry. Name
+    servers never talk to each other: every broker registers with every name
+    server, and a client asks any one of them.
+
+    Identity. A broker is known by its broker name (--broker-name), the name
+    message ids and routes use; `replica_id` 0 is the broker that takes writes
+    (later steps add replicas of a broker name under other replica ids). A
+    topic's queues are the ordered list of (broker name, queue id), brokers by
+    name, queues by id within each.
+    """
+
+    @staticmethod
+    def RegisterBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.NameServer/RegisterBroker',
+            equeue__proto_dot_v1_dot_broker__pb2.RegisterBrokerRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.RegisterBrokerReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.NameServer/UnregisterBroker',
+            equeue__proto_dot_v1_dot_broker__pb2.UnregisterBrokerRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.UnregisterBrokerReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRoute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.NameServer/GetRoute',
+            equeue__proto_dot_v1_dot_broker__pb2.GetRouteRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.TopicRoute.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBrokers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.NameServer/ListBrokers',
+            equeue__proto_dot_v1_dot_broker__pb2.ListBrokersRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.ListBrokersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -6,7 +6,9 @@ The equeue broker's gRPC contract, version 1.
 Two services share one port: `Broker` (the data path: produce, pull,
 consumer-group offsets and membership) and `Admin` (topics, queues,
 groups, messages, statistics). The standard `grpc.health.v1.Health`
-service and server reflection are served beside them.
+service and server reflection are served beside them. A third service,
+`NameServer`, is served by the name server process (equeue-namesrv), where a
+cluster's brokers register their topics (see its section at the end).
 
 Batches. Messages travel in batches in column form: a produce request
 carries one `bytes` blob per column plus packed lengths, and a pull reply
@@ -575,3 +577,121 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class NameServerStub:
+    """---------------------------------------------------------------------------
+    Name server (equeue-namesrv)
+    ---------------------------------------------------------------------------
+
+    Where a cluster's topics live. A name server keeps soft state only: the
+    brokers that registered with it and the topic routes their registrations
+    carry; it forgets a broker it has not heard from within its expiry. Name
+    servers never talk to each other: every broker registers with every name
+    server, and a client asks any one of them.
+
+    Identity. A broker is known by its broker name (--broker-name), the name
+    message ids and routes use; `replica_id` 0 is the broker that takes writes
+    (later steps add replicas of a broker name under other replica ids). A
+    topic's queues are the ordered list of (broker name, queue id), brokers by
+    name, queues by id within each.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> NameServerAsyncStub: ...
+    RegisterBroker: _grpc.UnaryUnaryMultiCallable[_broker_pb2.RegisterBrokerRequest, _broker_pb2.RegisterBrokerReply]
+    """A broker's registration (also its heartbeat): replaces everything the
+    name server knew of that broker name and replica id.
+    """
+    UnregisterBroker: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnregisterBrokerRequest, _broker_pb2.UnregisterBrokerReply]
+    """A broker leaving cleanly (SIGTERM): forgotten at once."""
+    GetRoute: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetRouteRequest, _broker_pb2.TopicRoute]
+    """A topic's route: NOT_FOUND if no live broker hosts it."""
+    ListBrokers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListBrokersRequest, _broker_pb2.ListBrokersReply]
+    """The live brokers."""
+
+@_typing.type_check_only
+class NameServerAsyncStub(NameServerStub):
+    """---------------------------------------------------------------------------
+    Name server (equeue-namesrv)
+    ---------------------------------------------------------------------------
+
+    Where a cluster's topics live. A name server keeps soft state only: the
+    brokers that registered with it and the topic routes their registrations
+    carry; it forgets a broker it has not heard from within its expiry. Name
+    servers never talk to each other: every broker registers with every name
+    server, and a client asks any one of them.
+
+    Identity. A broker is known by its broker name (--broker-name), the name
+    message ids and routes use; `replica_id` 0 is the broker that takes writes
+    (later steps add replicas of a broker name under other replica ids). A
+    topic's queues are the ordered list of (broker name, queue id), brokers by
+    name, queues by id within each.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    RegisterBroker: _aio.UnaryUnaryMultiCallable[_broker_pb2.RegisterBrokerRequest, _broker_pb2.RegisterBrokerReply]  # type: ignore[assignment]
+    """A broker's registration (also its heartbeat): replaces everything the
+    name server knew of that broker name and replica id.
+    """
+    UnregisterBroker: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnregisterBrokerRequest, _broker_pb2.UnregisterBrokerReply]  # type: ignore[assignment]
+    """A broker leaving cleanly (SIGTERM): forgotten at once."""
+    GetRoute: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetRouteRequest, _broker_pb2.TopicRoute]  # type: ignore[assignment]
+    """A topic's route: NOT_FOUND if no live broker hosts it."""
+    ListBrokers: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListBrokersRequest, _broker_pb2.ListBrokersReply]  # type: ignore[assignment]
+    """The live brokers."""
+
+class NameServerServicer(metaclass=_abc_1.ABCMeta):
+    """---------------------------------------------------------------------------
+    Name server (equeue-namesrv)
+    ---------------------------------------------------------------------------
+
+    Where a cluster's topics live. A name server keeps soft state only: the
+    brokers that registered with it and the topic routes their registrations
+    carry; it forgets a broker it has not heard from within its expiry. Name
+    servers never talk to each other: every broker registers with every name
+    server, and a client asks any one of them.
+
+    Identity. A broker is known by its broker name (--broker-name), the name
+    message ids and routes use; `replica_id` 0 is the broker that takes writes
+    (later steps add replicas of a broker name under other replica ids). A
+    topic's queues are the ordered list of (broker name, queue id), brokers by
+    name, queues by id within each.
+    """
+
+    @_abc_1.abstractmethod
+    def RegisterBroker(
+        self,
+        request: _broker_pb2.RegisterBrokerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.RegisterBrokerReply, _abc.Awaitable[_broker_pb2.RegisterBrokerReply]]:
+        """A broker's registration (also its heartbeat): replaces everything the
+        name server knew of that broker name and replica id.
+        """
+
+    @_abc_1.abstractmethod
+    def UnregisterBroker(
+        self,
+        request: _broker_pb2.UnregisterBrokerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UnregisterBrokerReply, _abc.Awaitable[_broker_pb2.UnregisterBrokerReply]]:
+        """A broker leaving cleanly (SIGTERM): forgotten at once."""
+
+    @_abc_1.abstractmethod
+    def GetRoute(
+        self,
+        request: _broker_pb2.GetRouteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.TopicRoute, _abc.Awaitable[_broker_pb2.TopicRoute]]:
+        """A topic's route: NOT_FOUND if no live broker hosts it."""
+
+    @_abc_1.abstractmethod
+    def ListBrokers(
+        self,
+        request: _broker_pb2.ListBrokersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListBrokersReply, _abc.Awaitable[_broker_pb2.ListBrokersReply]]:
+        """The live brokers."""
+
+def add_NameServerServicer_to_server(servicer: NameServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

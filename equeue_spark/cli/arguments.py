@@ -83,6 +83,12 @@ def add_common(parser: argparse.ArgumentParser, *, top: bool) -> None:
         help="broker address (default: $EQUEUE_BROKER, else 127.0.0.1:5000)",
     )
     parser.add_argument(
+        "--namesrv",
+        metavar="HOST:PORT[,...]",
+        default=default(None),
+        help="a cluster's name servers, instead of one --broker (default: $EQUEUE_NAMESRV)",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=positive_float,
         metavar="S",

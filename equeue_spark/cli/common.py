@@ -6,14 +6,17 @@ signature, and the client configuration built from the common options.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from equeue_spark.cli.formatting import Output
 from equeue_spark.client.admin import Admin
 from equeue_spark.client.connection import (
+    NAMESRV_ENV,
     ClientConfig,
     check_address,
+    parse_namesrv,
     resolve_address,
 )
 from equeue_spark.client.errors import InvalidAddress
@@ -48,8 +51,10 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
             token = Path(args.token_file).read_text().strip()
         except OSError as exc:
             raise UsageError(f"cannot read --token-file: {exc.strerror}") from None
+    namesrv = namesrv_addresses(args)
     config = ClientConfig(
-        broker=broker_address(args),
+        broker="" if namesrv else broker_address(args),
+        namesrv=namesrv,
         timeout_s=args.timeout_s or DEFAULT_TIMEOUT_S,
         retries=DEFAULT_RETRIES if args.retries is None else args.retries,
         token=token,
@@ -65,6 +70,32 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
     return config
 
 
+def namesrv_addresses(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--namesrv``, else (without ``--broker``) ``$EQUEUE_NAMESRV``; () for one broker."""
+    if args.namesrv and args.broker:
+        raise UsageError("give --broker or --namesrv, not both")
+    if args.namesrv:
+        value, source = args.namesrv, "--namesrv"
+    elif not args.broker and os.environ.get(NAMESRV_ENV, "").strip():
+        value, source = os.environ[NAMESRV_ENV], f"${NAMESRV_ENV}"
+    else:
+        return ()
+    try:
+        return parse_namesrv(value, source)
+    except InvalidAddress as exc:
+        raise UsageError(str(exc)) from None
+
+
+def is_cluster(args: argparse.Namespace) -> bool:
+    return bool(namesrv_addresses(args))
+
+
+def split_names(text: str | None) -> list[str] | None:
+    """``a,b`` -> ["a", "b"]; None or empty: None."""
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    return names or None
+
+
 def broker_address(args: argparse.Namespace) -> str:
     """``--broker``, else ``$EQUEUE_BROKER``, else the default: checked at
     once, a bad one a usage error naming where it came from."""
@@ -75,6 +106,12 @@ def broker_address(args: argparse.Namespace) -> str:
         raise UsageError(str(exc)) from None
 
 
-def admin_client(args: argparse.Namespace) -> Admin:
-    """An ``Admin`` configured by the common options."""
+def admin_client(args: argparse.Namespace, per_broker: str = "") -> Admin:
+    """An ``Admin`` configured by the common options; ``per_broker`` names a
+    command that shows one broker (a usage error with ``--namesrv``)."""
+    if per_broker and is_cluster(args):
+        raise UsageError(
+            f"{per_broker} shows one broker: give --broker HOST:PORT instead of --namesrv "
+            "(equeue cluster list shows the brokers' addresses)"
+        )
     return Admin(config=client_config(args))

@@ -139,10 +139,12 @@ def _json_value(value: object) -> object:
     return value
 
 
-def message_dict(m: Message) -> dict[str, Any]:
+def message_dict(m: Message, broker: bool = False) -> dict[str, Any]:
     """A message as JSON: key, value and header values as text, or as
-    ``{"base64": ...}`` where they are not UTF-8 (``json_bytes``)."""
+    ``{"base64": ...}`` where they are not UTF-8 (``json_bytes``); in a
+    cluster (``broker``) also the broker name."""
     return {
+        **({"broker": m.broker_id} if broker else {}),
         "message_id": m.message_id,
         "topic": m.topic,
         "queue_id": m.queue_id,
@@ -156,9 +158,13 @@ def message_dict(m: Message) -> dict[str, Any]:
     }
 
 
-def message_line(m: Message) -> str:
-    """One message on one line: ``queue=Q offset=O [key=K] [tag=T] value=V``."""
-    parts = [f"queue={m.queue_id}", f"offset={m.offset}"]
+def message_line(m: Message, broker: bool = False) -> str:
+    """One message on one line: ``[broker=B] queue=Q offset=O [key=K] [tag=T] value=V``."""
+    parts = [
+        *([f"broker={m.broker_id}"] if broker else []),
+        f"queue={m.queue_id}",
+        f"offset={m.offset}",
+    ]
     if m.key is not None:
         parts.append(f"key={one_line(m.key)}")
     if m.tag:

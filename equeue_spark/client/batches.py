@@ -55,14 +55,46 @@ class SendResults(Sequence[SendResult]):
     items a caller looks at, so acknowledging a batch costs nothing per message.
     """
 
-    __slots__ = ("_broker_id", "_offsets", "_positions", "_queue_ids", "_topic")
+    __slots__ = ("_broker_id", "_broker_ids", "_offsets", "_positions", "_queue_ids", "_topic")
 
     def __init__(self, topic: str, reply: pb.ProduceReply) -> None:
         self._topic = topic
         self._broker_id = reply.broker_id
-        self._queue_ids = reply.queue_ids
-        self._offsets = reply.offsets
-        self._positions = reply.positions
+        self._broker_ids: Sequence[str] | None = None
+        """Per message, when the batch went to several brokers (``merged``)."""
+        self._queue_ids: Sequence[int] = reply.queue_ids
+        self._offsets: Sequence[int] = reply.offsets
+        self._positions: Sequence[int] = reply.positions
+
+    @classmethod
+    def merged(
+        cls, topic: str, count: int, parts: Sequence[tuple[Sequence[int], SendResults]]
+    ) -> SendResults:
+        """One batch's results from the parts sent to several brokers:
+        ``parts`` = [(the batch's row indexes of the part, its results)]."""
+        out = cls(topic, pb.ProduceReply())
+        broker_ids = [""] * count
+        queue_ids = [0] * count
+        offsets = [-1] * count
+        positions = [-1] * count
+        staged = False
+        for rows, results in parts:
+            staged = staged or not results.offsets
+            for j, i in enumerate(rows):
+                broker_ids[i] = results.broker_of(j)
+                queue_ids[i] = results.queue_ids[j]
+                if results.offsets:
+                    offsets[i] = results.offsets[j]
+                    positions[i] = results._positions[j]
+        out._broker_ids = broker_ids
+        out._queue_ids = queue_ids
+        out._offsets = [] if staged else offsets
+        out._positions = [] if staged else positions
+        return out
+
+    def broker_of(self, index: int) -> str:
+        """The id (in a cluster: the name) of the broker that took message ``index``."""
+        return self._broker_id if self._broker_ids is None else self._broker_ids[index]
 
     def __len__(self) -> int:
         return len(self._queue_ids)
@@ -84,7 +116,7 @@ class SendResults(Sequence[SendResult]):
             self._queue_ids[index],
             -1 if staged else self._offsets[index],
             -1 if staged else self._positions[index],
-            self._broker_id,
+            self.broker_of(index),
         )
 
     @property
@@ -163,13 +195,14 @@ def build_request(
     return columns.request(topic)
 
 
-def send_request(conn: Connection, request: pb.ProduceRequest) -> SendResults:
+def send_request(conn: Connection, request: pb.ProduceRequest, retry: bool = True) -> SendResults:
     """Send one request on a ``Produce`` call and check its acknowledgement.
 
     A staged request (``transaction_id`` set) is not retried: a failed attempt
     may or may not have been staged, and staging it twice would double it.
+    ``retry=False``: one attempt (a cluster producer retries on another broker).
     """
-    reply = conn.call(conn.broker.Produce, request, retry=not request.transaction_id)
+    reply = conn.call(conn.broker.Produce, request, retry=retry and not request.transaction_id)
     _check_acknowledged(request, reply)
     return SendResults(request.topic, reply)
 

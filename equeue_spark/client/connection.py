@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import ipaddress
 import os
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -23,6 +24,8 @@ T = TypeVar("T")
 
 DEFAULT_BROKER = "127.0.0.1:5000"
 BROKER_ENV = "EQUEUE_BROKER"
+NAMESRV_ENV = "EQUEUE_NAMESRV"
+MAX_NAMESRVS = 16
 TOKEN_ENV = "EQUEUE_TOKEN"
 TLS_CA_ENV = "EQUEUE_TLS_CA"
 TLS_CERT_ENV = "EQUEUE_TLS_CERT"
@@ -78,6 +81,20 @@ def check_address(address: str, source: str = "broker address") -> str:
     return text
 
 
+def parse_namesrv(value: str | Sequence[str], source: str = "namesrv") -> tuple[str, ...]:
+    """Name server addresses from ``HOST:PORT[,HOST:PORT...]`` or a list of
+    them, each checked; ``InvalidAddress`` naming ``source`` and the value."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    addresses = tuple(check_address(a, f"{source} address") for a in items if a.strip())
+    if not addresses:
+        reason = "names no name server; give HOST:PORT[,HOST:PORT...]"
+        raise InvalidAddress(f"{source} {value!r} {reason}", str(value), reason)
+    if len(addresses) > MAX_NAMESRVS:
+        reason = f"names {len(addresses)} name servers; the limit is {MAX_NAMESRVS}"
+        raise InvalidAddress(f"{source} {reason}", str(value), reason)
+    return addresses
+
+
 def resolve_address(broker: str = "") -> tuple[str, str]:
     """(address, where it came from) for a broker setting, empty meaning the
     default: ``$EQUEUE_BROKER``, else 127.0.0.1:5000."""
@@ -93,7 +110,15 @@ class ClientConfig:
     """Connection settings shared by Producer, Consumer and Admin."""
 
     broker: str = ""
-    """host:port; empty means ``default_broker()``."""
+    """host:port; empty means ``default_broker()`` (unless name servers are given)."""
+    namesrv: str | Sequence[str] = ""
+    """Name servers of a cluster (``HOST:PORT[,HOST:PORT...]`` or a list): the
+    alternative to ``broker``. Empty means ``$EQUEUE_NAMESRV`` when ``broker``
+    is empty too; ``$EQUEUE_NAMESRV`` wins over ``$EQUEUE_BROKER``."""
+    route_refresh_s: float = 30.0
+    """A cached topic route older than this is fetched again at its next use
+    (and at once after an error); with every name server down the cached
+    route keeps serving."""
     timeout_s: float = 30.0
     """Deadline of every call (a long poll adds its wait to it)."""
     retries: int = 5
@@ -114,11 +139,33 @@ class ClientConfig:
     """PEM private key of ``tls_cert`` (else ``$EQUEUE_TLS_KEY``)."""
 
     def __post_init__(self) -> None:
-        check_address(*resolve_address(self.broker))  # at once, not at the first call
+        if self.broker and self.namesrv:
+            raise ValueError("give a broker or name servers (namesrv), not both")
+        if not self.namesrvs():  # checked at once, not at the first call
+            check_address(*resolve_address(self.broker))
+        if self.route_refresh_s <= 0:
+            raise ValueError(f"route_refresh_s must be positive, got {self.route_refresh_s}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
+
+    def namesrvs(self) -> tuple[str, ...]:
+        """The name servers to use, () for one broker: ``namesrv``, else (with
+        no ``broker``) ``$EQUEUE_NAMESRV``."""
+        if self.namesrv:
+            return parse_namesrv(self.namesrv)
+        if not self.broker and os.environ.get(NAMESRV_ENV, "").strip():
+            return parse_namesrv(os.environ[NAMESRV_ENV], f"${NAMESRV_ENV}")
+        return ()
+
+    @property
+    def is_cluster(self) -> bool:
+        return bool(self.namesrvs())
+
+    def for_broker(self, address: str) -> ClientConfig:
+        """These settings for one broker of a cluster."""
+        return dataclasses.replace(self, broker=address, namesrv=())
 
     def resolved_token(self) -> str:
         return os.environ.get(TOKEN_ENV, "") if self.token is None else self.token
@@ -280,5 +327,6 @@ __all__ = [
     "EqueueError",
     "check_address",
     "default_broker",
+    "parse_namesrv",
     "resolve_address",
 ]

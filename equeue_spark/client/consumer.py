@@ -18,6 +18,13 @@ Two ways to say what to read:
   membership; the broker refuses them on a queue the consumer no longer
   holds, which the consumer takes as a rebalance: it drops the queue.
 
+In a cluster (``namesrv=``) a ``Consumer`` is a ``ClusterConsumer``: one
+consumer per broker hosting its topics, each a member of the group on that
+broker (the same consumer id everywhere), so each broker allocates its own
+queues among the group's members and keeps the group's committed offsets of
+its queues. ``poll`` pulls from all of them; every message names its broker
+(``Message.broker_id``: the broker name).
+
 ``poll`` returns messages and advances the positions (only past records it
 decoded and returns); ``commit`` stores the
 positions on the broker as the group's next offsets to consume. Messages
@@ -35,6 +42,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import grpc
@@ -42,6 +50,7 @@ import grpc
 from equeue_proto.protocol import consumer_id_problem, default_consumer_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import commit_offsets
+from equeue_spark.client.cluster import Cluster, name_broker
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import (
     DataLossError,
@@ -60,6 +69,8 @@ OnDataLoss = Literal["raise", "skip"]
 _DAMAGED = re.compile(r"damaged record: .*/\d+ offset (\d+)")
 """How the broker names a stored record that fails its checksum (DATA_LOSS)."""
 QueueKey = tuple[str, int]
+MAX_POLL_THREADS = 16
+"""Brokers a cluster consumer polls at once."""
 
 
 class Consumer:
@@ -72,10 +83,20 @@ class Consumer:
             c.commit()
     """
 
+    def __new__(
+        cls, broker: str = "", *, namesrv: str | Sequence[str] = "",
+        config: ClientConfig | None = None, **_settings: object,
+    ) -> Consumer:  # fmt: skip
+        """A ``ClusterConsumer`` when given name servers (or ``$EQUEUE_NAMESRV``)."""
+        if cls is Consumer and (config or ClientConfig(broker=broker, namesrv=namesrv)).is_cluster:
+            return object.__new__(ClusterConsumer)
+        return object.__new__(cls)
+
     def __init__(
         self,
         broker: str = "",
         *,
+        namesrv: str | Sequence[str] = "",
         group: str | None = None,
         topics: Sequence[str] = (),
         start: Start = "group",
@@ -110,7 +131,7 @@ class Consumer:
         problem = consumer_id_problem(self.consumer_id)
         if problem is not None:  # the broker would refuse every heartbeat
             raise ValueError(problem)
-        self._conn = Connection(config or ClientConfig(broker=broker))
+        self._conn = Connection(config or ClientConfig(broker=broker, namesrv=namesrv))
         self.group = group
         self.topics = list(topics)
         self.start = start
@@ -511,3 +532,202 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ClusterConsumer(Consumer):
+    """A ``Consumer`` over a cluster's brokers (built by ``Consumer(namesrv=...)``).
+
+    One single-broker consumer per broker of the topics' routes, all with this
+    consumer's id; each heartbeats its broker, which allocates that broker's
+    queues over the group's members and keeps their committed offsets. A
+    broker that joins a topic's route later is picked up at the next route
+    refresh. ``poll`` polls every broker in short slices (0.1 s) until one
+    has messages or ``timeout_s`` passes; a broker that cannot be reached is
+    skipped (its consumer logs and retries), so the others keep flowing.
+    Queue calls (``assign``, ``seek``, ``position``) name the ``broker``.
+    """
+
+    SLICE_S = 0.1
+
+    def __init__(
+        self,
+        broker: str = "",
+        *,
+        namesrv: str | Sequence[str] = "",
+        group: str | None = None,
+        topics: Sequence[str] = (),
+        start: Start = "group",
+        config: ClientConfig | None = None,
+        max_messages: int = 1000,
+        max_bytes: int = 1 << 20,
+        max_wait_ms: int = 1000,
+        tags: Sequence[str] = (),
+        heartbeat_interval_s: float = 1.0,
+        consumer_id: str | None = None,
+        on_data_loss: OnDataLoss = "raise",
+    ) -> None:
+        if topics and group is None:
+            raise ValueError("subscribing to topics needs a group; use assign() without one")
+        self.consumer_id = consumer_id or default_consumer_id(
+            socket.gethostname(), os.getpid(), secrets.token_hex(3)
+        )
+        problem = consumer_id_problem(self.consumer_id)
+        if problem is not None:
+            raise ValueError(problem)
+        self._cluster = Cluster(config or ClientConfig(broker=broker, namesrv=namesrv))
+        self.group = group
+        self.topics = list(topics)
+        self.start = start
+        self.on_data_loss = on_data_loss
+        self._settings: dict[str, object] = {
+            "group": group, "start": start, "max_messages": max_messages,
+            "max_bytes": max_bytes, "max_wait_ms": max_wait_ms, "tags": tags,
+            "heartbeat_interval_s": heartbeat_interval_s, "consumer_id": self.consumer_id,
+            "on_data_loss": on_data_loss,
+        }  # fmt: skip
+        self._parts: dict[str, Consumer] = {}
+        self._addresses: dict[str, str] = {}
+        self._parts_lock = threading.Lock()
+        self._deferred = None
+        self._closed = threading.Event()
+        self._refreshed = 0.0
+        self._pool = ThreadPoolExecutor(MAX_POLL_THREADS, thread_name_prefix="equeue-poll")
+        if self.topics:
+            self._refresh_parts()
+
+    # -- the per-broker consumers --------------------------------------------------------
+
+    def _part(self, broker: str, topic: str, topics: Sequence[str] = ()) -> Consumer:
+        """The consumer of ``broker`` (created, or re-created if the broker moved)."""
+        address = self._cluster.route(topic).address(broker)
+        with self._parts_lock:
+            part = self._parts.get(broker)
+            if part is not None and self._addresses[broker] == address:
+                return part
+        if part is not None:
+            part.close()
+        config = self._cluster.config.for_broker(address)
+        part = Consumer(config=config, topics=topics, **self._settings)  # type: ignore[arg-type]
+        with self._parts_lock:
+            self._parts[broker] = part
+            self._addresses[broker] = address
+        return part
+
+    def _refresh_parts(self) -> None:
+        """Join the group on every broker of the topics' routes not joined yet."""
+        self._refreshed = time.monotonic()
+        hosted: dict[str, list[str]] = {}
+        for topic in self.topics:
+            try:
+                route = self._cluster.route(topic)
+            except EqueueError as exc:
+                log.warning("no route for %s yet: %s", topic, exc)
+                continue
+            for name in route.broker_names():
+                hosted.setdefault(name, []).append(topic)
+        for broker, topics in sorted(hosted.items()):
+            with self._parts_lock:
+                part = self._parts.get(broker)
+            if part is not None and sorted(part.topics) == sorted(topics):
+                continue
+            if part is not None:
+                part.close()
+                with self._parts_lock:
+                    del self._parts[broker]
+            try:
+                self._part(broker, topics[0], topics)
+            except EqueueError as exc:  # down now: the next refresh tries again
+                log.warning("cannot join on broker %s: %s", broker, exc)
+
+    def parts(self) -> dict[str, Consumer]:
+        """The single-broker consumers, by broker name."""
+        with self._parts_lock:
+            return dict(self._parts)
+
+    # -- what to read --------------------------------------------------------------------
+
+    def assign(self, topic: str, queue_ids: Iterable[int], broker: str = "") -> None:
+        """Read exactly these queues of ``broker`` (required in a cluster)."""
+        if not broker:
+            raise InvalidRequest(
+                f"in a cluster a queue of {topic!r} is (broker, queue id): give broker="
+            )
+        self._part(broker, topic).assign(topic, queue_ids)
+
+    def assignments(self) -> list[tuple[str, str, int]]:
+        """(broker, topic, queue id) of every queue read."""
+        return sorted((b, t, q) for b, part in self.parts().items() for t, q in part.assignment())
+
+    def assignment(self) -> list[QueueKey]:
+        """(topic, queue id) of every queue read; ``assignments`` names the brokers."""
+        return [(t, q) for _, t, q in self.assignments()]
+
+    def members(self) -> list[str]:
+        return sorted({m for part in self.parts().values() for m in part.members()})
+
+    def seek(self, topic: str, queue_id: int, offset: int, broker: str = "") -> None:
+        self._named(topic, broker).seek(topic, queue_id, offset)
+
+    def position(self, topic: str, queue_id: int, broker: str = "") -> int:
+        return self._named(topic, broker).position(topic, queue_id)
+
+    def _named(self, topic: str, broker: str) -> Consumer:
+        part = self.parts().get(broker)
+        if part is None:
+            raise InvalidRequest(f"{topic}: broker {broker!r} is not read by this consumer")
+        return part
+
+    # -- reading -------------------------------------------------------------------------
+
+    def poll(self, timeout_s: float = 1.0) -> list[Message]:
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
+        if (
+            self.topics
+            and time.monotonic() - self._refreshed >= self._cluster.config.route_refresh_s
+        ):
+            self._refresh_parts()
+        parts = list(self.parts().values())
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not parts:
+                self._closed.wait(min(timeout_s, self.SLICE_S))
+                return []
+            slice_s = min(self.SLICE_S, max(0.0, deadline - time.monotonic()))
+            futures = [self._pool.submit(part.poll, slice_s) for part in parts]
+            messages: list[Message] = []
+            errors: list[EqueueError] = []
+            for future in futures:
+                try:
+                    messages += future.result()
+                except EqueueError as exc:
+                    errors.append(exc)
+            if errors:
+                if not messages:
+                    raise errors[0]
+                self._deferred = errors[0]
+            if messages or time.monotonic() >= deadline or self._closed.is_set():
+                return messages
+
+    # -- progress ------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Commit on every broker (each keeps the offsets of its own queues)."""
+        errors = []
+        for broker, part in sorted(self.parts().items()):
+            try:
+                part.commit()
+            except EqueueError as exc:
+                errors.append(name_broker(exc, broker, self._addresses.get(broker, "")))
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for part in self.parts().values():
+            part.close()
+        self._pool.shutdown(wait=True)
+        self._cluster.close()

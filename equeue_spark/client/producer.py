@@ -10,16 +10,26 @@ Routing happens on the broker: an explicit ``queue_id``, else the key's hash
 (Kafka's murmur2 partitioner, ``equeue_proto.protocol.key_queue``),
 else round robin per request. Retries on UNAVAILABLE may duplicate a batch
 whose first attempt was applied but not acknowledged: at-least-once.
+
+In a cluster (``namesrv=``) the producer routes: a topic's queues are the
+ordered (broker name, queue id) list of its route, a key goes to
+``key_queue(key, len(writable queues))`` of that list, and a batch is split
+into one request per broker (each appended atomically on its broker; a batch
+spanning brokers is not atomic across them). A keyless batch goes whole to
+one broker, round robin; if that broker is unreachable the batch is retried
+on the next one. A keyed message whose broker is unreachable fails after the
+connection's retries with an error naming the broker (its key must not move).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from equeue_proto.v1 import broker_pb2 as pb
@@ -32,7 +42,9 @@ from equeue_spark.client.batches import (
     send_request,
     stream_requests,
 )
+from equeue_spark.client.cluster import Cluster, name_broker, split_request
 from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.errors import BrokerUnavailable, EqueueError, InvalidRequest
 from equeue_spark.client.transactions import Transaction
 
 __all__ = ["Producer"]
@@ -62,6 +74,14 @@ class _Pending:
         )
 
 
+MAX_FAN_OUT = 16
+"""Brokers a keyed batch's parts are sent to at once."""
+
+
+def columns_count(request: pb.ProduceRequest) -> int:
+    return int(request.messages.count)
+
+
 def _older_than(cutoff: float, _topic: str, pending: _Pending) -> bool:
     return pending.since <= cutoff
 
@@ -78,6 +98,7 @@ class Producer:
         self,
         broker: str = "",
         *,
+        namesrv: str | Sequence[str] = "",
         config: ClientConfig | None = None,
         batch_size: int = 1000,
         max_batch_bytes: int = 16 << 20,
@@ -85,7 +106,15 @@ class Producer:
     ) -> None:
         if batch_size < 1 or max_batch_bytes < 1 or linger_ms < 0:
             raise ValueError("batch_size and max_batch_bytes must be >= 1, linger_ms >= 0")
-        self._conn = Connection(config or ClientConfig(broker=broker))
+        config = config or ClientConfig(broker=broker, namesrv=namesrv)
+        self._cluster: Cluster | None = Cluster(config) if config.is_cluster else None
+        self._conn: Connection | None = None if self._cluster else Connection(config)
+        self._config = config
+        self._round_robin = itertools.count(random.randrange(1 << 16))
+        self._down: dict[str, float] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        """Sends a keyed batch's per-broker parts at once (cluster only, made on first use)."""
+        """Brokers that failed a keyless send lately: tried last until then."""
         self.batch_size = batch_size
         self.max_batch_bytes = max_batch_bytes
         self.linger_ms = linger_ms
@@ -113,18 +142,160 @@ class Producer:
         queue_ids: Sequence[int | None] | None = None,
         timestamps_ms: Sequence[int | None] | None = None,
         transaction_id: str = "",
+        brokers: Sequence[str | None] | None = None,
     ) -> SendResults:
         """Send ``values`` (and the optional columns) in one request, now.
 
         With ``transaction_id`` the messages are staged (see ``transaction``),
-        and the call is not retried.
+        and the call is not retried. In a cluster an explicit queue id needs
+        the broker name beside it (``brokers``).
         """
         columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
-        return send_request(self._conn, columns.request(topic, transaction_id))
+        return self._send(columns.request(topic, transaction_id), brokers)
 
-    def transaction(self, txn_id: str) -> Transaction:
-        """A transaction staged through this producer (see transactions.py)."""
-        return Transaction(self._conn, txn_id)
+    def transaction(self, txn_id: str, broker: str = "") -> Transaction:
+        """A transaction staged through this producer (see transactions.py).
+
+        In a cluster a transaction lives on one broker: name it (``broker``);
+        its messages go to that broker's queues."""
+        if self._cluster is None:
+            return Transaction(self._single(), txn_id)
+        if not broker:
+            raise InvalidRequest("in a cluster a transaction lives on one broker: give broker=")
+        return Transaction(self._cluster.connection(self._cluster.broker_address(broker)), txn_id)
+
+    def send_request(
+        self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
+    ) -> SendResults:
+        """Send a request built by the caller (``build_request``) now; in a
+        cluster routed like ``send_batch`` (``brokers``: beside explicit queue ids)."""
+        return self._send(request, brokers)
+
+    def stage(
+        self,
+        request: pb.ProduceRequest,
+        txn_id: str,
+        brokers: Sequence[str | None] | None = None,
+        seed: int = 0,
+    ) -> dict[str, int]:
+        """Cluster only: stage ``request``'s messages in transaction ``txn_id``
+        on each broker they route to (the same id on each); return the
+        messages staged per broker. Keyed messages route by key; keyless ones
+        all go to the writable queue ``seed`` picks, so staging the same
+        request again with the same seed (a replay) routes it the same way
+        while the route is unchanged."""
+        cluster = self._cluster
+        if cluster is None:
+            raise InvalidRequest("stage() routes over a cluster; use transaction() on one broker")
+        route = cluster.route(request.topic)
+        writable = route.queues("writable")
+        sticky = writable[seed % len(writable)] if writable else ("", 0)
+        staged: dict[str, int] = {}
+        for broker, (rows, part) in sorted(
+            split_request(request, writable, sticky, brokers).items()
+        ):
+            part.transaction_id = txn_id
+            address = route.address(broker)
+            try:
+                send_request(cluster.connection(address), part)
+            except EqueueError as exc:
+                cluster.invalidate(request.topic)
+                raise name_broker(exc, broker, address) from exc
+            staged[broker] = len(rows)
+        return staged
+
+    def cluster(self) -> Cluster | None:
+        """The routes and broker connections (None: one broker)."""
+        return self._cluster
+
+    def _single(self) -> Connection:
+        assert self._conn is not None
+        return self._conn
+
+    def _send(
+        self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
+    ) -> SendResults:
+        if self._cluster is None:
+            return send_request(self._single(), request)
+        columns = request.messages
+        keyless = not len(request.queue_ids) and all(k < 0 for k in columns.key_lengths)
+        if keyless:
+            return self._send_anywhere(self._cluster, request)
+        return self._send_routed(self._cluster, request, brokers)
+
+    def _send_routed(
+        self, cluster: Cluster, request: pb.ProduceRequest, brokers: Sequence[str | None] | None
+    ) -> SendResults:
+        """Keyed (or explicit) messages: each to its (broker, queue); one request per broker."""
+        topic = request.topic
+        route = cluster.route(topic)
+        writable = route.queues("writable")
+        sticky = writable[next(self._round_robin) % len(writable)] if writable else ("", 0)
+        parts = sorted(split_request(request, writable, sticky, brokers).items())
+
+        def send(broker: str, part: pb.ProduceRequest) -> SendResults:
+            address = route.address(broker)
+            try:
+                return send_request(cluster.connection(address), part)
+            except EqueueError as exc:
+                cluster.invalidate(topic)
+                raise name_broker(exc, broker, address) from exc
+
+        if len(parts) == 1:
+            ((broker, (rows, part)),) = parts
+            done: list[tuple[Sequence[int], SendResults]] = [(rows, send(broker, part))]
+        else:  # the brokers' parts at once: a batch costs one round trip, not one per broker
+            futures = [(rows, self._fan_out().submit(send, b, part)) for b, (rows, part) in parts]
+            wait([f for _, f in futures])
+            done = [(rows, f.result()) for rows, f in futures]  # the first error, by broker name
+        count = columns_count(request)
+        if len(done) == 1 and list(done[0][0]) == list(range(count)):
+            return done[0][1]
+        return SendResults.merged(topic, columns_count(request), done)
+
+    def _fan_out(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(MAX_FAN_OUT, thread_name_prefix="equeue-produce")
+            return self._pool
+
+    def _send_anywhere(self, cluster: Cluster, request: pb.ProduceRequest) -> SendResults:
+        """A keyless batch: whole to one broker, round robin; on a broker that
+        cannot be reached, again on the next one."""
+        topic = request.topic
+        config = cluster.config
+        errors: list[str] = []
+        delay = config.backoff_s
+        attempts = config.retries + 1
+        for attempt in range(max(attempts, 1)):
+            route = cluster.route(topic)
+            names = [
+                n for n in route.broker_names() if any(b == n for b, _ in route.queues("writable"))
+            ]
+            if not names:
+                raise BrokerUnavailable(f"topic {topic!r} has no writable queue on a live broker")
+            now = time.monotonic()
+            start = next(self._round_robin)
+            ordered = sorted(
+                (names[(start + i) % len(names)] for i in range(len(names))),
+                key=lambda n: self._down.get(n, 0.0) > now,
+            )
+            for broker in ordered:
+                try:
+                    address = route.address(broker)
+                    return send_request(cluster.connection(address), request, retry=False)
+                except EqueueError as exc:
+                    if not exc.retriable or request.transaction_id:
+                        raise name_broker(exc, broker, route.address(broker)) from exc
+                    errors.append(f"{broker}: {exc}")
+                    self._down[broker] = time.monotonic() + config.max_backoff_s * 5
+                    cluster.invalidate(topic)
+            if attempt < attempts - 1:
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, config.max_backoff_s)
+        raise BrokerUnavailable(
+            f"no broker of topic {topic!r} took the batch: " + "; ".join(errors[-len(errors) :])
+        )
 
     def send_batches(
         self,
@@ -149,8 +320,11 @@ class Producer:
 
     def send_requests(self, requests: Iterable[pb.ProduceRequest]) -> Iterator[SendResults]:
         """``send_batches`` for requests built by the caller (e.g. straight from
-        Arrow buffers by the Spark writer): pipelined on one ``ProduceStream``."""
-        return stream_requests(self._conn, requests)
+        Arrow buffers by the Spark writer): pipelined on one ``ProduceStream``.
+        In a cluster each request is routed and sent on its own (not pipelined)."""
+        if self._cluster is None:
+            return stream_requests(self._single(), requests)
+        return (self._send(request) for request in requests)
 
     def send(
         self,
@@ -197,7 +371,7 @@ class Producer:
 
     def _send_pending(self, topic: str, pending: _Pending) -> None:
         try:
-            results = send_request(self._conn, pending.columns().request(topic))
+            results = self._send(pending.columns().request(topic))
         except Exception as exc:  # every waiting future learns why
             for future in pending.futures:
                 future.set_exception(exc)
@@ -221,9 +395,14 @@ class Producer:
             return
         self._closed.set()
         if self._lingerer is not None:
-            self._lingerer.join(timeout=self._conn.config.timeout_s)
+            self._lingerer.join(timeout=self._config.timeout_s)
         self.flush()
-        self._conn.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._cluster is not None:
+            self._cluster.close()
+        else:
+            self._single().close()
 
     def __enter__(self) -> Producer:
         return self

@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 READ_SCHEMA = (
     "key binary, value binary, topic string, queue int, offset long, "
-    "timestamp timestamp, tag string, message_id string"
+    "timestamp timestamp, tag string, message_id string, broker string"
 )
+"""``broker``: the broker name in a cluster (option ``namesrv``), the broker's
+id (its name if it has one) on a single broker."""
 HEADERS_COLUMN = "headers array<struct<key:string,value:binary>>"
 
 
@@ -51,8 +53,9 @@ def _fixed(kind: pa.DataType, n: int, data: bytes) -> pa.Array:
     return pa.Array.from_buffers(kind, n, [None, _buf(data)])
 
 
-def to_record_batch(cols: RecordColumns, schema: pa.Schema) -> pa.RecordBatch:
-    """One Arrow batch of the records decoded into ``cols``, with ``schema``."""
+def to_record_batch(cols: RecordColumns, schema: pa.Schema, broker: str = "") -> pa.RecordBatch:
+    """One Arrow batch of the records decoded into ``cols``, with ``schema``
+    (all read from ``broker``)."""
     n = cols.count
     validity = None if cols.key_validity is None else _buf(cols.key_validity)
     keys = pa.Array.from_buffers(
@@ -67,6 +70,7 @@ def to_record_batch(cols: RecordColumns, schema: pa.Schema) -> pa.RecordBatch:
         _fixed(schema.field("timestamp").type, n, cols.timestamps_us),
         _varlen(pa.string(), n, cols.tag_offsets, cols.tags),
         _varlen(pa.string(), n, cols.id_offsets, cols.ids),
+        pa.repeat(pa.scalar(broker, pa.string()), n),
     ]
     if schema.get_field_index("headers") >= 0:
         arrays.append(_headers(cols, schema.field("headers").type))

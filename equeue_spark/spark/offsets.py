@@ -10,6 +10,15 @@ deleted topic mean nothing in a new topic of the same name. It comes after the
 queues, and is left out when the broker reports none; offsets written before
 incarnations existed have none, and ``incarnations`` then says nothing of them.
 
+Over a cluster (option ``namesrv``) a queue is (broker name, queue id), and
+each broker has its own incarnation of a topic. The JSON names a queue
+``"BROKER/QUEUE"`` and an incarnation ``"incarnation/BROKER"``:
+``{"orders": {"a/0": 120, "a/1": 98, "b/0": 7, "incarnation/a": 51, "incarnation/b": 90}}``
+(brokers by name, queues by id within each). Inside the connector such a queue's
+key is ``("BROKER/TOPIC", queue id)``: topic and broker names cannot contain
+``/``, so a single-broker key (a bare topic) never looks like a cluster's, and
+the single-broker JSON above is unchanged.
+
 Pyspark-free: the planning logic is tested without a Spark session.
 """
 
@@ -27,15 +36,36 @@ INCARNATION = "incarnation"
 """The key of a topic's incarnation among its queue ids (which are numbers)."""
 
 
+def cluster_key(broker: str, topic: str) -> str:
+    """The connector's name for ``topic`` on ``broker`` (``BROKER/TOPIC``)."""
+    return f"{broker}/{topic}"
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """(broker, topic) of a ``cluster_key``; ("", topic) for a bare topic."""
+    broker, sep, topic = name.partition("/")
+    return (broker, topic) if sep else ("", name)
+
+
 def to_json(
     offsets: Mapping[QueueKey, int], incarnations: Mapping[str, int] | None = None
 ) -> dict[str, dict[str, int]]:
     """The canonical JSON-able form (sorted topics, numerically sorted queues,
     then the topic's incarnation when it is known)."""
     out: dict[str, dict[str, int]] = {}
-    for topic, queue in sorted(offsets):
-        out.setdefault(topic, {})[str(queue)] = offsets[(topic, queue)]
+    brokers: dict[str, list[str]] = {}
+    for name, queue in sorted(offsets, key=lambda k: (split_key(k[0])[::-1], k[1])):
+        broker, topic = split_key(name)
+        if broker and broker not in brokers.setdefault(topic, []):
+            brokers[topic].append(broker)
+        out.setdefault(topic, {})[f"{broker}/{queue}" if broker else str(queue)] = offsets[
+            (name, queue)
+        ]
     for topic, queues in out.items():
+        for broker in brokers.get(topic, ()):
+            incarnation = (incarnations or {}).get(cluster_key(broker, topic), 0)
+            if incarnation:
+                queues[f"{INCARNATION}/{broker}"] = incarnation
         incarnation = (incarnations or {}).get(topic, 0)
         if incarnation:
             queues[INCARNATION] = incarnation
@@ -44,18 +74,28 @@ def to_json(
 
 def from_json(data: Mapping[str, Mapping[str, int]]) -> Offsets:
     """Parse what ``to_json`` produced (as Spark hands it back from its checkpoint)."""
-    return {
-        (topic, int(q)): int(o)
-        for topic, queues in data.items()
-        for q, o in queues.items()
-        if q != INCARNATION
-    }
+    out: Offsets = {}
+    for topic, queues in data.items():
+        for q, o in queues.items():
+            if q == INCARNATION or q.startswith(INCARNATION + "/"):
+                continue
+            broker, sep, queue = q.partition("/")
+            if sep:
+                out[(cluster_key(broker, topic), int(queue))] = int(o)
+            else:
+                out[(topic, int(q))] = int(o)
+    return out
 
 
 def incarnations(data: Mapping[str, Mapping[str, int]]) -> Incarnations:
     """The topics' incarnations in what ``to_json`` produced (none in offsets
     written before incarnations existed)."""
-    return {topic: int(q[INCARNATION]) for topic, q in data.items() if q.get(INCARNATION)}
+    out = {topic: int(q[INCARNATION]) for topic, q in data.items() if q.get(INCARNATION)}
+    for topic, queues in data.items():
+        for key, value in queues.items():
+            if key.startswith(INCARNATION + "/") and value:
+                out[cluster_key(key.partition("/")[2], topic)] = int(value)
+    return out
 
 
 def recreated_topics(before: Mapping[str, int], now: Mapping[str, int]) -> set[str]:

@@ -18,7 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from equeue_spark.client.connection import ClientConfig, check_address, resolve_address
+from equeue_spark.client.connection import (
+    ClientConfig,
+    check_address,
+    parse_namesrv,
+    resolve_address,
+)
 from equeue_spark.client.errors import InvalidAddress
 from equeue_spark.spark.errors import InvalidOption
 
@@ -102,14 +107,14 @@ class _Options:
 
 
 _READ_NAMES = [
-    "broker", "topic", "topicPattern", "group", "startingOffsets", "groupFallback",
+    "broker", "namesrv", "topic", "topicPattern", "group", "startingOffsets", "groupFallback",
     "startingTimestamp", "endingOffsets", "endingTimestamp", "maxOffsetsPerTrigger",
     "minOffsetsPerTrigger", "maxTriggerDelay", "maxBytesPerTrigger",
     "maxRecordsPerPartition", "tags", "includeHeaders", "failOnDataLoss", "timeoutMs",
     "token", "tlsCa", "tlsCert", "tlsKey",
 ]  # fmt: skip
 _WRITE_NAMES = [
-    "broker", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId",
+    "broker", "namesrv", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId",
     "token", "tlsCa", "tlsCert", "tlsKey",
 ]  # fmt: skip
 DELIVERIES = ("exactly_once", "at_least_once")
@@ -139,9 +144,9 @@ class Security:
             raise _bad("tlsCert", o.text("tlscert"), "give tlsCert and tlsKey together")
         return cls(get("token"), get("tlsca"), get("tlscert"), get("tlskey"))
 
-    def client(self, broker: str, timeout_ms: int) -> ClientConfig:
+    def client(self, broker: str, timeout_ms: int, namesrv: tuple[str, ...] = ()) -> ClientConfig:
         return ClientConfig(
-            broker=broker, timeout_s=timeout_ms / 1000, token=self.token,
+            broker=broker, namesrv=namesrv, timeout_s=timeout_ms / 1000, token=self.token,
             tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key,
         )  # fmt: skip
 
@@ -152,6 +157,8 @@ class ReadOptions:
 
     broker: str
     """host:port of the broker; default ``$EQUEUE_BROKER`` or 127.0.0.1:5000."""
+    namesrv: tuple[str, ...] = ()
+    """A cluster's name servers (option ``namesrv``), the alternative to ``broker``."""
     topics: tuple[str, ...] = ()
     """Topics to read (option ``topic``, comma-separated)."""
     topic_pattern: re.Pattern[str] | None = None
@@ -182,13 +189,19 @@ class ReadOptions:
 
     @property
     def client(self) -> ClientConfig:
-        return self.security.client(self.broker, self.timeout_ms)
+        return self.security.client(self.broker, self.timeout_ms, self.namesrv)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.namesrv)
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
         topics, pattern = _parse_topics(o)
-        kwargs: dict[str, Any] = {"broker": _broker(o), "topics": topics}
+        namesrv = _namesrv(o)
+        broker = "" if namesrv else _broker(o)
+        kwargs: dict[str, Any] = {"broker": broker, "namesrv": namesrv, "topics": topics}
         kwargs["streaming"] = streaming
         kwargs["topic_pattern"] = pattern
         kwargs["group"] = o.text("group")
@@ -299,15 +312,20 @@ def _parse_offsets(
             raise _bad(name, text, f"topic {topic!r} is not one the query reads")
         if not isinstance(queues, dict):
             raise _bad(name, text, f"topic {topic!r} must map queue ids to offsets")
-        spec[topic] = {}
-        for queue, offset in queues.items():
+        for named, offset in queues.items():
             lowest = LATEST if end else EARLIEST
+            queue: object = named
+            if isinstance(named, str) and "/" in named:  # a cluster's "BROKER/QUEUE"
+                broker, _, queue = named.partition("/")
+                target = spec.setdefault(f"{broker}/{topic}", {})
+            else:
+                target = spec.setdefault(topic, {})
             if not (isinstance(queue, str) and queue.isdigit()):
                 raise _bad(name, text, f"queue id {queue!r} of {topic!r} is not a number")
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < lowest:
                 raise _bad(name, text, f"offset {offset!r} of {topic}/{queue} must be an "
                                        f"integer >= {lowest}")  # fmt: skip
-            spec[topic][int(queue)] = offset
+            target[int(queue)] = offset
     return spec
 
 
@@ -316,6 +334,8 @@ class WriteOptions:
     """Options of ``df.write`` / ``df.writeStream`` ``.format("equeue")``."""
 
     broker: str
+    namesrv: tuple[str, ...] = ()
+    """A cluster's name servers (option ``namesrv``): rows route like the producer's."""
     topic: str = ""
     """Overrides the ``topic`` column; one of the two is required."""
     batch_size: int = 5000
@@ -331,7 +351,11 @@ class WriteOptions:
 
     @property
     def client(self) -> ClientConfig:
-        return self.security.client(self.broker, self.timeout_ms)
+        return self.security.client(self.broker, self.timeout_ms, self.namesrv)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.namesrv)
 
     @property
     def exactly_once(self) -> bool:
@@ -340,8 +364,10 @@ class WriteOptions:
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> WriteOptions:
         o = _Options(raw, {n.lower(): n for n in _WRITE_NAMES})
+        namesrv = _namesrv(o)
         return cls(
-            broker=_broker(o),
+            broker="" if namesrv else _broker(o),
+            namesrv=namesrv,
             topic=o.text("topic"),
             batch_size=o.integer("batchsize", 5000, 1, MAX_WRITE_BATCH),
             timeout_ms=o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS),
@@ -362,6 +388,18 @@ def _broker(o: _Options) -> str:
             raise _bad("broker", address, exc.reason) from None
         raise InvalidOption(f"no broker option, and {exc}") from None
     return o.text("broker")
+
+
+def _namesrv(o: _Options) -> tuple[str, ...]:
+    """Option ``namesrv``: ``HOST:PORT[,HOST:PORT...]``, checked now; not with ``broker``."""
+    if not o.has("namesrv"):
+        return ()
+    if o.has("broker"):
+        raise _bad("namesrv", o.text("namesrv"), "give broker or namesrv, not both")
+    try:
+        return parse_namesrv(o.text("namesrv"), "namesrv")
+    except InvalidAddress as exc:
+        raise _bad("namesrv", o.text("namesrv"), exc.reason) from None
 
 
 def _delivery(o: _Options) -> str:

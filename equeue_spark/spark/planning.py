@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import Admin
-from equeue_spark.client.errors import EqueueError, NotFoundError
+from equeue_spark.client.errors import BrokerUnavailable, EqueueError, NotFoundError
 from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
 from equeue_spark.spark.offsets import (
     Incarnations,
     Offsets,
     QueueKey,
+    cluster_key,
+    from_json,
     recreated_topics,
+    split_key,
     split_range,
 )
 from equeue_spark.spark.options import EARLIEST, LATEST, ReadOptions, StartSpec
@@ -38,6 +41,9 @@ class Listing:
 
     queues: Queues = field(default_factory=dict)
     incarnations: Incarnations = field(default_factory=dict)
+    unreachable: set[str] = field(default_factory=set)
+    """Cluster only: ``BROKER/TOPIC`` names whose broker did not answer; their
+    queues are missing from ``queues`` and keep their offsets meanwhile."""
 
 
 class Planner:
@@ -81,6 +87,9 @@ class Planner:
         """
         found = Listing()
         for topic in self.topics():
+            if self.options.cluster:
+                self._list_cluster(found, topic, timestamp_ms)
+                continue
             try:
                 listed = self.admin.list_topic_offsets(topic, timestamp_ms)
             except NotFoundError:
@@ -91,6 +100,64 @@ class Planner:
                 if q.consumer_visible:
                     found.queues[(topic, q.queue_id)] = q
         return found
+
+    def _list_cluster(self, found: Listing, topic: str, timestamp_ms: int | None) -> None:
+        """``listing`` of one topic over a cluster: every broker of its route;
+        a broker that does not answer is noted (``unreachable``), not fatal."""
+        try:
+            route = self.admin.route(topic)
+        except NotFoundError:
+            return
+        for broker in route.broker_names():
+            name = cluster_key(broker, topic)
+            try:
+                listed = self.admin.broker_admin(broker, topic).list_topic_offsets(
+                    topic, timestamp_ms
+                )
+            except NotFoundError:
+                continue
+            except BrokerUnavailable as exc:
+                log.warning("broker %s of topic %s does not answer: %s", broker, topic, exc)
+                found.unreachable.add(name)
+                continue
+            if listed.incarnation:
+                found.incarnations[name] = listed.incarnation
+            for q in listed.queues:
+                if q.consumer_visible:
+                    found.queues[(name, q.queue_id)] = q
+
+    def address(self, name: str) -> str:
+        """The address of ``BROKER/TOPIC``'s broker (option ``broker`` for a bare topic)."""
+        broker, topic = split_key(name)
+        if not broker:
+            return self.options.broker
+        cluster = self.admin.cluster
+        assert cluster is not None
+        return cluster.route(topic).address(broker)
+
+    def offset_for_bytes(
+        self, key: QueueKey, start: int, end: int, max_bytes: int
+    ) -> tuple[int, int]:
+        broker, topic = split_key(key[0])
+        admin = self.admin.broker_admin(broker, topic) if broker else self.admin
+        return admin.offset_for_bytes(topic, key[1], start, end, max_bytes)
+
+    def offsets(self, document: Mapping[str, Mapping[str, int]]) -> Offsets:
+        """``from_json`` of a checkpointed offset, refused (``InvalidOption``)
+        if it was written by a query of the other kind: a single-broker
+        query's queues name no broker, a cluster query's name one."""
+        offsets = from_json(document)
+        cluster = self.options.cluster
+        wrong = sorted({k[0] for k in offsets if bool(split_key(k[0])[0]) != cluster})
+        if wrong:
+            kind = "a single broker" if cluster else "a cluster (option namesrv)"
+            raise InvalidOption(
+                f"the checkpoint's offsets were written by a query over {kind} (topics "
+                f"{', '.join(wrong[:5])}); this query reads "
+                f"{'a cluster' if cluster else 'one broker'}: give it a new checkpoint "
+                "location and startingOffsets (e.g. group, or a JSON of BROKER/QUEUE offsets)"
+            )
+        return offsets
 
     # -- start and end offsets ------------------------------------------------------
 
@@ -136,13 +203,24 @@ class Planner:
 
     def _group_offsets(self, queues: Queues) -> Offsets:
         """The group's committed offsets; ``groupFallback`` where it has none."""
-        committed = self.admin.fetch_offsets(self.options.group)
+        committed = self._fetch_group(queues)
         fallback = EARLIEST if self.options.group_fallback == "earliest" else LATEST
         offsets = {}
         for key, q in queues.items():
             start = committed.get(key)
             offsets[key] = _pick(q, fallback) if start is None else start
         return offsets
+
+    def _fetch_group(self, queues: Queues) -> Offsets:
+        group = self.options.group
+        if not self.options.cluster:
+            return self.admin.fetch_offsets(group)
+        committed: Offsets = {}
+        for name in sorted({key[0] for key in queues}):
+            broker, topic = split_key(name)
+            fetched = self.admin.broker_admin(broker, topic).fetch_offsets(group, topic)
+            committed.update({(name, q): o for (_, q), o in fetched.items()})
+        return committed
 
     # -- partitions -------------------------------------------------------------------
 
@@ -179,14 +257,16 @@ class Planner:
                 start = self._lost(key, start, q.earliest_offset, end)
             elif start > end:  # the queue went backwards: recreated, or data lost
                 start = self._lost(key, start, q.earliest_offset if q else 0, end, behind=True)
-            for lo, hi in split_range(start, end, opts.max_records_per_partition):
+            pieces = split_range(start, end, opts.max_records_per_partition)
+            address = self.address(key[0]) if pieces else ""
+            for lo, hi in pieces:
                 ranges.append(
                     QueueRange(
-                        topic=key[0],
+                        topic=split_key(key[0])[1],
                         queue_id=key[1],
                         start=lo,
                         end=hi,
-                        broker=opts.broker,
+                        broker=address,
                         timeout_ms=opts.timeout_ms,
                         tags=opts.tags,
                         fail_on_data_loss=opts.fail_on_data_loss,
@@ -263,12 +343,21 @@ class Planner:
         changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
         if not group or not changed:
             return
-        try:
-            self.admin.commit_offsets(group, changed)
-        except EqueueError as exc:
-            log.warning("could not commit group %r progress: %s", group, exc)
-            return
-        self._committed.update(changed)
+        by_name: dict[str, Offsets] = {}
+        for key, offset in changed.items():
+            by_name.setdefault(key[0], {})[key] = offset
+        for name, part in sorted(by_name.items()):
+            broker, topic = split_key(name)
+            try:
+                if broker:
+                    admin = self.admin.broker_admin(broker, topic)
+                    admin.commit_offsets(group, {(topic, q): o for (_, q), o in part.items()})
+                else:
+                    self.admin.commit_offsets(group, part)
+            except EqueueError as exc:
+                log.warning("could not commit group %r progress on %s: %s", group, name, exc)
+                continue
+            self._committed.update(part)
 
 
 def _pick(q: pb.QueueOffsets, wanted: int) -> int:

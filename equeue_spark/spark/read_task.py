@@ -153,7 +153,7 @@ def _batch(
     pending: list[memoryview], broker_id: str, headers: bool, schema: pa.Schema
 ) -> pa.RecordBatch:
     """One Arrow batch from several replies' records, decoded in place (no join)."""
-    return to_record_batch(decode_columns(pending, broker_id, headers), schema)
+    return to_record_batch(decode_columns(pending, broker_id, headers), schema, broker_id)
 
 
 def _replies(conn: Connection, part: QueueRange) -> Iterator[PullReply]:

@@ -57,7 +57,9 @@ from equeue_spark.spark.read_task import QueueRange, read_range
 from equeue_spark.spark.workers import warn_about_worker_python
 from equeue_spark.spark.write_task import (
     WriteSummary,
+    abort_on_brokers,
     check_schema,
+    commit_on_brokers,
     transaction_id,
     transaction_prefix,
     write_batches,
@@ -79,7 +81,7 @@ class EqueueDataSource(DataSource):
     Name: ``equeue``
 
     Read schema: ``key binary, value binary, topic string, queue int, offset long,
-    timestamp timestamp, tag string, message_id string``, plus ``headers
+    timestamp timestamp, tag string, message_id string, broker string``, plus ``headers
     array<struct<key:string,value:binary>>`` with ``includeHeaders``. Write columns:
     ``value`` (binary or string, required), ``key``, ``topic``, ``queue``, ``tag``,
     ``headers``, ``timestamp``; other columns are ignored.
@@ -88,6 +90,10 @@ class EqueueDataSource(DataSource):
     -------
     broker : str, default ``$EQUEUE_BROKER``, else ``127.0.0.1:5000``
         Broker address, ``host:port``. Reads and writes.
+    namesrv : str
+        A cluster's name servers, ``host:port[,host:port...]``, instead of
+        ``broker``: partitions per (broker, queue), offsets name queues
+        ``"BROKER/QUEUE"``, writes route like the producer. Reads and writes.
     topic : str
         Reads: one topic or a comma list (exactly one of ``topic`` and
         ``topicPattern``). Writes: the topic of every row (overrides the column).
@@ -231,7 +237,9 @@ def _check_read_options(raw: Any) -> None:
 
 def _write_options(raw: Any, schema: StructType) -> WriteOptions:
     options = WriteOptions.parse(raw)
-    check_schema({f.name: f.dataType.simpleString() for f in schema.fields}, options.topic)
+    check_schema(
+        {f.name: f.dataType.simpleString() for f in schema.fields}, options.topic, options.cluster
+    )
     return options
 
 
@@ -336,7 +344,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # before Spark logs a batch; else it is read from its earliest offset
         # (partitions() warns), so its old offsets are neither limits nor progress.
         recreated = self.planner.recreated(incarnations(start), listing.incarnations)
-        starts = {k: o for k, o in from_json(start).items() if k[0] not in recreated}
+        starts = {k: o for k, o in self.planner.offsets(start).items() if k[0] not in recreated}
         # ``start`` is the end of the last completed batch: committing it here,
         # not only in commit() (which Spark calls one batch late, and never for
         # an AvailableNow run's last batch), keeps the group's lag current.
@@ -344,7 +352,9 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = {k: q.end_offset for k, q in queues.items()}
         if self._target is not None:  # AvailableNow: nothing that arrived later
             ends = {k: min(e, self._target[k]) for k, e in ends.items() if k in self._target}
-        full = {k: starts.get(k, queues[k].earliest_offset) for k in ends}
+        # A cluster's broker that does not answer now: its queues stay where they were.
+        ends.update({k: o for k, o in starts.items() if k[0] in listing.unreachable})
+        full = {k: starts[k] if k in starts else queues[k].earliest_offset for k in ends}
         if not isinstance(limit, ReadAllAvailable):
             admitted = self._admit(full, ends, limit, queues)
             if admitted is None:
@@ -379,9 +389,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if q is None:
                 continue
             begin = max(starts[key], q.earliest_offset)
-            capped[key], _ = self.planner.admin.offset_for_bytes(
-                key[0], key[1], begin, ends[key], share
-            )
+            capped[key], _ = self.planner.offset_for_bytes(key, begin, ends[key], share)
         return capped
 
     def reportLatestOffset(self) -> dict[str, Any]:
@@ -392,7 +400,10 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # A restarted query's first partitions() (a batch replayed from the
         # checkpoint) comes before any latestOffset: then the planner lists.
         ranges = self.planner.ranges(
-            from_json(start), from_json(end), self._listed, (incarnations(start), incarnations(end))
+            self.planner.offsets(start),
+            self.planner.offsets(end),
+            self._listed,
+            (incarnations(start), incarnations(end)),
         )
         return [EqueuePartition(r) for r in ranges]
 
@@ -455,14 +466,24 @@ class EqueueWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
         txn = ""
+        partition = 0
         if self.options.exactly_once:
             partition, attempt, _ = _task()
             txn = transaction_id(self.job, partition, attempt)
-        return WriteResult(write_batches(self.options, iterator, txn))
+        return WriteResult(write_batches(self.options, iterator, txn, partition))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         summaries = _summaries(messages)
         rows = sum(s.rows for s in summaries)
+        if self.options.exactly_once and self.options.cluster:
+            outcomes = commit_on_brokers(
+                self.options, summaries, abort_prefix=transaction_prefix(self.job)
+            )
+            log.info(
+                "equeue write %s committed: %d rows on brokers %s",
+                self.job, rows, ", ".join(sorted(outcomes)),
+            )  # fmt: skip
+            return
         if self.options.exactly_once:
             refs = [(s.transaction, s.rows) for s in summaries if s.rows]
             with Connection(self.options.client) as conn:  # no sink: a job is never replayed
@@ -476,8 +497,11 @@ class EqueueWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.options.exactly_once:
-            with Connection(self.options.client) as conn:
-                aborted = abort_transactions(conn, prefix=transaction_prefix(self.job))
+            if self.options.cluster:
+                aborted = abort_on_brokers(self.options, transaction_prefix(self.job))
+            else:
+                with Connection(self.options.client) as conn:
+                    aborted = abort_transactions(conn, prefix=transaction_prefix(self.job))
             log.warning("equeue write %s aborted: %d transactions discarded", self.job, aborted)
         else:
             log.warning("equeue batch write aborted; rows already appended stay")
@@ -510,7 +534,8 @@ class EqueueStreamWriter(DataSourceStreamArrowWriter):
                 "use delivery=at_least_once outside streaming queries"
             )
         write = transaction_prefix(sink, int(batch)) + self.run
-        summary = write_batches(self.options, iterator, transaction_id(write, partition, attempt))
+        txn = transaction_id(write, partition, attempt)
+        summary = write_batches(self.options, iterator, txn, partition)
         summary.sink = sink
         return WriteResult(summary)
 
@@ -520,6 +545,18 @@ class EqueueStreamWriter(DataSourceStreamArrowWriter):
         sink = next((s.sink for s in summaries if s.sink), "")
         if not self.options.exactly_once or not sink:
             log.info("equeue batch %d committed: %d rows", batchId, rows)
+            return
+        if self.options.cluster:
+            outcomes = commit_on_brokers(
+                self.options, summaries, sink=sink, batch_id=batchId,
+                abort_prefix=transaction_prefix(sink, batchId),
+            )  # fmt: skip
+            replayed = sorted(b for b, o in outcomes.items() if o.already_committed)
+            log.info(
+                "equeue sink %s batch %d committed: %d rows on brokers %s%s", sink, batchId,
+                rows, ", ".join(sorted(outcomes)),
+                f" (already committed on {', '.join(replayed)}: a replay)" if replayed else "",
+            )  # fmt: skip
             return
         refs = [(s.transaction, s.rows) for s in summaries if s.rows]
         with Connection(self.options.client) as conn:
@@ -540,7 +577,9 @@ class EqueueStreamWriter(DataSourceStreamArrowWriter):
         if not self.options.exactly_once:
             log.warning("equeue batch %d aborted; its retry may duplicate rows", batchId)
             return
-        if sink:
+        if sink and self.options.cluster:
+            abort_on_brokers(self.options, transaction_prefix(sink, batchId))
+        elif sink:
             with Connection(self.options.client) as conn:
                 abort_transactions(conn, prefix=transaction_prefix(sink, batchId))
         log.warning("equeue batch %d aborted; its staged rows were discarded", batchId)

@@ -10,6 +10,17 @@ written to another as is):
     tag        string, optional (null = untagged)
     headers    array<struct<key: string, value: binary or string>>, optional
     timestamp  timestamp, optional (the message's timestamp; null = broker time)
+    broker     string, optional; over a cluster (option ``namesrv``) the broker
+               name of the ``queue`` column's queue (required beside it); ignored
+               on a single broker
+
+Over a cluster rows route like the producer's (``Producer.send_request``):
+a key over the topic's ordered (broker, queue) list, keyless rows round robin.
+Exactly-once over a cluster: a task stages its rows in a transaction of the
+same id on each broker they route to (keyless rows of a task all to the queue
+its partition number picks, so a replayed batch routes the same way), and its
+summary counts the rows per broker; the driver commits each broker's part
+with the same sink and batch id (``commit_on_brokers``).
 
 The value and key columns go into the request as Arrow's own buffers (one
 blob plus lengths), so the common case does no per-row Python work; tags and
@@ -24,19 +35,26 @@ attempts together and aborts the rest by id prefix (see source.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from equeue_proto.protocol import BROKER_TIME
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.admin import Admin
 from equeue_spark.client.batches import header_section
 from equeue_spark.client.errors import EqueueError, InvalidRequest
 from equeue_spark.client.producer import Producer
-from equeue_spark.client.transactions import Transaction
+from equeue_spark.client.transactions import (
+    CommitOutcome,
+    Transaction,
+    abort_transactions,
+    commit_transactions,
+)
 from equeue_spark.spark.options import WriteOptions
 
 log = logging.getLogger("equeue.spark")
@@ -51,6 +69,9 @@ class WriteSummary:
     """The transaction holding the rows (exactly-once), else empty."""
     sink: str = ""
     """The sink the transaction belongs to (streaming exactly-once)."""
+    brokers: dict[str, int] = field(default_factory=dict)
+    """Over a cluster, exactly-once: rows staged per broker name (the
+    transaction has the same id on each)."""
 
 
 def transaction_id(write: str, partition: int, attempt: int) -> str:
@@ -66,10 +87,13 @@ def transaction_prefix(sink: str, batch_id: int | None = None) -> str:
 
 
 def write_batches(
-    options: WriteOptions, batches: Iterator[pa.RecordBatch], txn_id: str = ""
+    options: WriteOptions, batches: Iterator[pa.RecordBatch], txn_id: str = "", seed: int = 0
 ) -> WriteSummary:
     """Produce every row of ``batches`` - staged in transaction ``txn_id`` if
-    given; return what was written."""
+    given; return what was written. ``seed`` (the partition) places keyless
+    rows of an exactly-once write over a cluster."""
+    if options.cluster:
+        return _write_cluster(options, batches, txn_id, seed)
     summary = WriteSummary(transaction=txn_id)
     with Producer(config=options.client) as producer:
         if not txn_id:
@@ -84,6 +108,112 @@ def write_batches(
             _abort_quietly(txn)
             raise
     return summary
+
+
+def _write_cluster(
+    options: WriteOptions, batches: Iterator[pa.RecordBatch], txn_id: str, seed: int
+) -> WriteSummary:
+    summary = WriteSummary(transaction=txn_id)
+    with Producer(config=options.client) as producer:
+        try:
+            for request, brokers in _cluster_requests(options, batches):
+                if not txn_id:
+                    summary.rows += len(producer.send_request(request, brokers))
+                    continue
+                for broker, rows in producer.stage(request, txn_id, brokers, seed).items():
+                    summary.brokers[broker] = summary.brokers.get(broker, 0) + rows
+                    summary.rows += rows
+        except BaseException:
+            cluster = producer.cluster()
+            if txn_id and cluster is not None:
+                for broker in summary.brokers:
+                    with contextlib.suppress(EqueueError):
+                        conn = cluster.connection(cluster.broker_address(broker))
+                        abort_transactions(conn, [txn_id])
+            raise
+    return summary
+
+
+def _cluster_requests(
+    options: WriteOptions, batches: Iterator[pa.RecordBatch]
+) -> Iterator[tuple[pb.ProduceRequest, list[str | None] | None]]:
+    size = options.batch_size
+    for batch in batches:
+        _check_values(batch)
+        for start in range(0, batch.num_rows, size):
+            piece = batch.slice(start, size)
+            for topic, rows in _by_topic(options, piece):
+                request = build_produce(topic, rows)
+                brokers = None
+                if "queue" in rows.schema.names:
+                    if "broker" not in rows.schema.names:
+                        raise InvalidRequest(
+                            "over a cluster a queue column needs a broker column beside it "
+                            "(the queue's broker name)"
+                        )
+                    brokers = rows.column("broker").to_pylist()
+                yield request, brokers
+
+
+def commit_on_brokers(
+    options: WriteOptions,
+    summaries: list[WriteSummary],
+    *,
+    sink: str = "",
+    batch_id: int = -1,
+    abort_prefix: str = "",
+    before: Callable[[str], None] | None = None,
+) -> dict[str, CommitOutcome]:
+    """Commit an exactly-once write's transactions on each broker of a cluster
+    that holds some of its rows, brokers by name, each with the same ``sink``
+    and ``batch_id``; then abort ``abort_prefix`` leftovers on the other live
+    brokers (best effort). Each broker's commit is idempotent per sink and
+    batch: if the driver dies between two brokers' commits, the replay of the
+    batch commits the missing parts and the others answer "already committed".
+    ``before(broker)`` runs before each broker's commit (tests use it)."""
+    by_broker: dict[str, list[tuple[str, int]]] = {}
+    for summary in summaries:
+        for broker, rows in summary.brokers.items():
+            if rows:
+                by_broker.setdefault(broker, []).append((summary.transaction, rows))
+    outcomes: dict[str, CommitOutcome] = {}
+    with Admin(config=options.client) as admin:
+        cluster = admin.cluster
+        assert cluster is not None, "commit_on_brokers needs a cluster"
+        for broker in sorted(by_broker):
+            if before is not None:
+                before(broker)
+            conn = cluster.connection(cluster.broker_address(broker))
+            outcomes[broker] = commit_transactions(
+                conn, by_broker[broker], sink=sink, batch_id=batch_id, abort_prefix=abort_prefix
+            )
+        if abort_prefix:
+            for entry in cluster.brokers():
+                if entry.broker_name in by_broker or entry.replica_id:
+                    continue
+                try:
+                    abort_transactions(cluster.connection(entry.address), prefix=abort_prefix)
+                except EqueueError as exc:
+                    log.warning(
+                        "could not abort %s* on %s: %s", abort_prefix, entry.broker_name, exc
+                    )
+    return outcomes
+
+
+def abort_on_brokers(options: WriteOptions, prefix: str) -> int:
+    """Abort every transaction starting with ``prefix`` on every live broker of a cluster."""
+    aborted = 0
+    with Admin(config=options.client) as admin:
+        cluster = admin.cluster
+        assert cluster is not None
+        for entry in cluster.brokers():
+            if entry.replica_id:
+                continue
+            try:
+                aborted += abort_transactions(cluster.connection(entry.address), prefix=prefix)
+            except EqueueError as exc:
+                log.warning("could not abort %s* on %s: %s", prefix, entry.broker_name, exc)
+    return aborted
 
 
 def _abort_quietly(txn: Transaction) -> None:
@@ -195,11 +325,15 @@ def _header_value(value: object) -> bytes:
     return b""  # a null header value
 
 
-def check_schema(fields: dict[str, str], topic_option: str) -> None:
+def check_schema(fields: dict[str, str], topic_option: str, cluster: bool = False) -> None:
     """Reject a DataFrame the sink cannot write, before any task runs.
 
     ``fields`` maps column name to Spark's simple type string.
     """
+    if cluster and "queue" in fields and "broker" not in fields:
+        raise InvalidRequest(
+            "over a cluster (option namesrv) a queue column needs a broker column beside it"
+        )
     allowed = {
         "value": ("binary", "string"),
         "key": ("binary", "string"),
@@ -207,6 +341,7 @@ def check_schema(fields: dict[str, str], topic_option: str) -> None:
         "queue": ("int", "bigint", "smallint", "tinyint"),
         "tag": ("string",),
         "timestamp": ("timestamp", "timestamp_ntz", "bigint"),
+        "broker": ("string",),
     }
     if "value" not in fields:
         raise InvalidRequest(f"the DataFrame has no value column (columns: {sorted(fields)})")

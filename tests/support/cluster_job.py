@@ -1,6 +1,7 @@
 """A Spark driver program for the standalone-cluster test (run as a subprocess).
 
 ``python -m tests.support.cluster_job MASTER_URL BROKER CHECKPOINT_DIR`` writes rows into
+(``BROKER`` may be ``namesrv=HOST:PORT,...``: an equeue cluster, the option ``namesrv``)
 a topic, reads them back in batch and with a streaming AvailableNow query
 committing a group, and prints one JSON line of what it saw, including the
 process ids that ran the read tasks (to prove they were not the driver).
@@ -16,7 +17,9 @@ from pyspark.sql import SparkSession
 
 
 def main() -> None:
-    master, broker, checkpoint = sys.argv[1:4]
+    master, target, checkpoint = sys.argv[1:4]
+    option, _, value = target.partition("=") if target.startswith("namesrv=") else ("", "", "")
+    option, broker = (option, value) if option else ("broker", target)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     spark = (
         SparkSession.builder.master(master)
@@ -32,18 +35,19 @@ def main() -> None:
     rows = spark.range(2000).selectExpr(
         "cast(id % 50 as string) as key", "cast(id as string) as value"
     )
-    rows.write.format("equeue").option("broker", broker).option("topic", "cl").mode("append").save()
+    rows.write.format("equeue").option(option, broker).option("topic", "cl").mode("append").save()
 
-    read = spark.read.format("equeue").option("broker", broker).option("topic", "cl").load()
+    read = spark.read.format("equeue").option(option, broker).option("topic", "cl").load()
     read.createOrReplaceTempView("cl")
     stats = spark.sql(
-        "select count(*), count(distinct queue, offset), count(distinct value) from cl"
+        "select count(*), count(distinct broker, queue, offset), count(distinct value) from cl"
     )
+    brokers = sorted(r[0] for r in spark.sql("select distinct broker from cl").collect())
     total, distinct_positions, distinct_values = stats.collect()[0]
     task_pids = read.rdd.mapPartitions(lambda _: [os.getpid()]).distinct().collect()
 
     stream = (
-        spark.readStream.format("equeue").option("broker", broker).option("topic", "cl")
+        spark.readStream.format("equeue").option(option, broker).option("topic", "cl")
         .option("startingOffsets", "earliest").option("group", "cluster")
         .option("maxOffsetsPerTrigger", "700").load()
         .writeStream.format("memory").queryName("streamed")
@@ -63,6 +67,7 @@ def main() -> None:
                 "finished": finished,
                 "streamed": streamed,
                 "batches": batches,
+                "brokers": brokers,
             }
         ),
         flush=True,

@@ -4,7 +4,9 @@
 copies topic SOURCE to topic TARGET with a streaming query (exactly-once sink,
 the default). It prints ``query started`` once the query runs, then runs until
 it is killed; with ``--available-now`` it copies what is there and exits 0.
-A failed query (e.g. the broker went away) exits 1.
+A failed query (e.g. the broker went away) exits 1. ``BROKER`` may be
+``namesrv=HOST:PORT,...`` (an equeue cluster: the option ``namesrv``);
+``--max-per-trigger N`` sets ``maxOffsetsPerTrigger`` (default 20000).
 """
 
 from __future__ import annotations
@@ -15,22 +17,29 @@ from equeue_spark.spark.testing import local_session
 
 
 def main() -> int:
-    broker, checkpoint, source, target = sys.argv[1:5]
-    available_now = "--available-now" in sys.argv[5:]
+    target_broker, checkpoint, source, target = sys.argv[1:5]
+    option, broker = "broker", target_broker
+    if target_broker.startswith("namesrv="):
+        option, broker = "namesrv", target_broker.partition("=")[2]
+    flags = sys.argv[5:]
+    available_now = "--available-now" in flags
+    per_trigger = "20000"
+    if "--max-per-trigger" in flags:
+        per_trigger = flags[flags.index("--max-per-trigger") + 1]
     spark = local_session("equeue-eo-kill-driver")
     spark.sparkContext.setLogLevel("ERROR")
     stream = (
         spark.readStream.format("equeue")
-        .option("broker", broker)
+        .option(option, broker)
         .option("topic", source)
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "20000")
+        .option("maxOffsetsPerTrigger", per_trigger)
         .load()
     )
     writer = (
         stream.select("key", "value")
         .writeStream.format("equeue")
-        .option("broker", broker)
+        .option(option, broker)
         .option("topic", target)
         .option("checkpointLocation", checkpoint)
     )

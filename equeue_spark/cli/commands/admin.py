@@ -28,6 +28,11 @@ def cmd_message_get(args: argparse.Namespace, ui: Output) -> None:
         if args.id is not None:
             m = admin.get_message(args.id)
         else:
+            if admin.cluster is not None:
+                raise UsageError(
+                    "with --namesrv, get a message by its id (it names its broker), "
+                    "or give --broker for --topic/--queue/--offset"
+                )
             m = admin.get_message_at(args.topic, args.queue, args.offset)
     if args.raw:
         sys.stdout.flush()
@@ -57,7 +62,7 @@ def cmd_message_get(args: argparse.Namespace, ui: Output) -> None:
 
 
 def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
-    with admin_client(args) as admin:
+    with admin_client(args, per_broker="stats") as admin:
         s = admin.stats()
     if ui.json:
         ui.document(proto_dict(s))

@@ -19,8 +19,10 @@ def _show_group(ui: Output, info: pb.GroupInfo, headline: str | None = None) -> 
     if headline:
         ui.line(headline)
     ui.line(f"group {info.group}")
+    brokers = any(q.broker for q in info.queues)
     rows = [
         (
+            *((q.broker,) if brokers else ()),
             q.topic,
             q.queue_id,
             None if q.committed_offset < 0 else q.committed_offset,
@@ -30,7 +32,8 @@ def _show_group(ui: Output, info: pb.GroupInfo, headline: str | None = None) -> 
         )
         for q in info.queues
     ]
-    ui.line(format_table(("TOPIC", "QUEUE", "COMMITTED", "END", "LAG", "CONSUMER"), rows))
+    headers = ("TOPIC", "QUEUE", "COMMITTED", "END", "LAG", "CONSUMER")
+    ui.line(format_table((*(("BROKER",) if brokers else ()), *headers), rows))
     ui.line()
     consumers = ", ".join(info.consumer_ids) or "none"
     ui.line(format_pairs([("total lag", info.total_lag), ("live consumers", consumers)]))
@@ -110,7 +113,9 @@ def cmd_groups_reset(args: argparse.Namespace, ui: Output) -> None:
             where = f"timestamp {format_time(args.to_timestamp)}"
         else:
             offsets = dict(args.to_offset)
-            info = admin.reset_offsets(args.group, args.topic, offsets=offsets)
+            info = admin.reset_offsets(
+                args.group, args.topic, offsets=offsets, broker=args.on_broker or ""
+            )
             where = ", ".join(f"queue {q} offset {o}" for q, o in sorted(offsets.items()))
     _show_group(ui, info, f"reset group {args.group} on topic {args.topic} to {where}")
 

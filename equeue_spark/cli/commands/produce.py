@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, BinaryIO
 
-from equeue_spark.cli.common import CliError, client_config
+from equeue_spark.cli.common import CliError, UsageError, client_config
 from equeue_spark.cli.formatting import Output, format_bytes, format_pairs
 from equeue_spark.client.batches import SendResult, SendResults
 from equeue_spark.client.errors import EqueueError
@@ -87,7 +87,9 @@ def _batches(
 class _Sent:
     """What a run has sent so far: the progress bar and the summary report it."""
 
-    per_queue: Counter[int] = field(default_factory=Counter)
+    per_queue: Counter[tuple[str, int]] = field(default_factory=Counter)
+    """Messages per (broker name, queue id); the broker is "" for one broker."""
+    cluster: bool = False
     first: SendResult | None = None
     last: SendResult | None = None
     messages: int = 0
@@ -97,7 +99,10 @@ class _Sent:
     def add(self, results: SendResults, taken: int) -> None:
         self.first = self.first or results[0]
         self.last = results[-1]
-        self.per_queue.update(r.queue_id for r in results)
+        if self.cluster:
+            self.per_queue.update((r.broker_id, r.queue_id) for r in results)
+        else:
+            self.per_queue.update(("", q) for q in results.queue_ids)
         self.messages += len(results)
         self.input_bytes += taken
 
@@ -120,8 +125,11 @@ def _produce_from(
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = Progress(sys.stderr, total) if show and total is not None else None
     key = None if args.key is None else args.key.encode()
-    sent = _Sent()
-    with Producer(config=client_config(args)) as producer:
+    config = client_config(args)
+    sent = _Sent(cluster=config.is_cluster)
+    if config.is_cluster and args.queue is not None and not args.on_broker:
+        raise UsageError("with --namesrv, --queue needs --on-broker NAME (the queue's broker)")
+    with Producer(config=config) as producer:
         try:
             for values, taken in _batches(_lines(stream), args.batch_size, MAX_BATCH_BYTES):
                 n = len(values)
@@ -131,6 +139,7 @@ def _produce_from(
                     keys=None if key is None else [key] * n,
                     tags=None if not args.tag else [args.tag] * n,
                     queue_ids=None if args.queue is None else [args.queue] * n,
+                    brokers=[args.on_broker] * n if sent.cluster and args.on_broker else None,
                 )
                 sent.add(results, taken)
                 if progress is not None:
@@ -147,7 +156,10 @@ def _produce_from(
 def _report(ui: Output, topic: str, sent: _Sent) -> None:
     """The summary of a run: a JSON document, or label/value pairs."""
     first, last, per_queue = sent.first, sent.last, sent.per_queue
-    queues = [{"queue_id": q, "messages": per_queue[q]} for q in sorted(per_queue)]
+    queues = [
+        {**({"broker": b} if b else {}), "queue_id": q, "messages": per_queue[(b, q)]}
+        for b, q in sorted(per_queue)
+    ]
     if ui.json:
         ui.document(
             {
@@ -159,7 +171,9 @@ def _report(ui: Output, topic: str, sent: _Sent) -> None:
             }
         )
         return
-    used = ", ".join(f"{q['queue_id']} ({q['messages']})" for q in queues)
+    used = ", ".join(
+        f"{b + '/' if b else ''}{q} ({per_queue[(b, q)]})" for b, q in sorted(per_queue)
+    )
     ui.line(
         format_pairs(
             [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.cli.common import UsageError, admin_client
+from equeue_spark.cli.common import UsageError, admin_client, split_names
 from equeue_spark.cli.formatting import Output, format_table, format_time, proto_dict
 
 
@@ -19,8 +19,10 @@ def _show_topic(ui: Output, info: pb.TopicInfo, headline: str | None = None) -> 
         f"topic {info.name}  created {format_time(info.created_ms)}  queues {len(info.queues)}"
         f"  incarnation {info.incarnation}"
     )
+    brokers = any(q.broker for q in info.queues)
     rows = [
         (
+            *((q.broker,) if brokers else ()),
             q.queue_id,
             q.earliest_offset,
             q.end_offset,
@@ -31,13 +33,22 @@ def _show_topic(ui: Output, info: pb.TopicInfo, headline: str | None = None) -> 
         )
         for q in info.queues
     ]
-    headers = ("QUEUE", "EARLIEST", "END", "MIN COMMITTED", "BACKLOG", "PRODUCER", "CONSUMER")
+    headers = (
+        *(("BROKER",) if brokers else ()),
+        "QUEUE",
+        "EARLIEST",
+        "END",
+        "MIN COMMITTED",
+        "BACKLOG",
+        "PRODUCER",
+        "CONSUMER",
+    )
     ui.line(format_table(headers, rows))
 
 
 def cmd_topics_create(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
-        info = admin.create_topic(args.name, queues=args.queues)
+        info = admin.create_topic(args.name, queues=args.queues, brokers=split_names(args.brokers))
     _show_topic(ui, info, f"created topic {info.name} with {len(info.queues)} queues")
 
 
@@ -80,7 +91,7 @@ def cmd_topics_delete(args: argparse.Namespace, ui: Output) -> None:
 
 def cmd_topics_add_queue(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
-        info = admin.add_queues(args.name, args.count)
+        info = admin.add_queues(args.name, args.count, brokers=split_names(args.brokers))
     _show_topic(ui, info, f"added {args.count} queue(s) to topic {info.name}")
 
 
@@ -89,12 +100,18 @@ def cmd_topics_set_visibility(args: argparse.Namespace, ui: Output) -> None:
         raise UsageError("give --producer on|off and/or --consumer on|off")
     with admin_client(args) as admin:
         info = admin.set_queue_visibility(
-            args.name, args.queue, producer=args.producer, consumer=args.consumer
+            args.name,
+            args.queue,
+            producer=args.producer,
+            consumer=args.consumer,
+            broker=args.on_broker or "",
         )
     _show_topic(ui, info, f"set visibility of queue {args.queue} of topic {info.name}")
 
 
 def cmd_topics_delete_queue(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
-        info = admin.delete_queue(args.name, args.queue, force=args.force)
+        info = admin.delete_queue(
+            args.name, args.queue, force=args.force, broker=args.on_broker or ""
+        )
     _show_topic(ui, info, f"deleted queue {args.queue} of topic {info.name}")

@@ -9,7 +9,7 @@ from equeue_spark.cli.formatting import Output, format_bytes, format_table, form
 
 
 def cmd_transactions_list(args: argparse.Namespace, ui: Output) -> None:
-    with admin_client(args) as admin:
+    with admin_client(args, per_broker="transactions list") as admin:
         listing = admin.list_transactions(args.prefix or "")
     if ui.json:
         ui.document(proto_dict(listing))
@@ -40,7 +40,7 @@ def cmd_transactions_list(args: argparse.Namespace, ui: Output) -> None:
 def cmd_transactions_abort(args: argparse.Namespace, ui: Output) -> None:
     if not args.ids and not args.prefix:
         raise UsageError("give transaction IDs or --prefix")
-    with admin_client(args) as admin:
+    with admin_client(args, per_broker="transactions abort") as admin:
         aborted = admin.abort_transactions(args.ids, args.prefix or "")
     if ui.json:
         ui.document({"aborted": aborted})

@@ -40,6 +40,9 @@ def add_groups(commands: Commands) -> None:
         metavar="QUEUE=OFFSET",
         help="explicit next offsets (queues not given are unchanged)",
     )
+    p.add_argument(
+        "--on-broker", metavar="NAME", help="with --namesrv and --to-offset: the queues' broker"
+    )
     _add_force(p, "reset")
     p = groups.command("delete", "forget a group's committed offsets", cmd_groups_delete)
     p.add_argument("group", metavar="G")

@@ -49,6 +49,7 @@ def add_produce(commands: Commands) -> None:
     p.add_argument("--key", help="key of every message (routes them all to one queue)")
     p.add_argument("--tag", help="tag of every message")
     p.add_argument("--queue", type=non_negative_int, metavar="N", help="send to this queue")
+    p.add_argument("--on-broker", metavar="NAME", help="with --namesrv and --queue: its broker")
     p.add_argument(
         "--batch-size",
         type=positive_int,

@@ -1,0 +1,215 @@
+"""Cluster throughput: produce (streaming) and a Spark batch read with 1, 2 and 3 brokers.
+
+    python bench/cluster_bench.py [--messages 300000] [--size 100] [--pin] [--no-spark]
+
+For each broker count N the script starts one name server and N brokers
+(async flush) on 127.0.0.1, creates a topic with ``--queues`` queues on each
+broker, and measures:
+
+- **produce, routed**: ``Producer(namesrv=...)``, one thread per broker, each
+  sending keyless batches of ``--batch`` messages (``send_batch``: the
+  producer picks a broker per batch, round robin): what a cluster client does.
+- **produce, streaming**: one ``ProduceStream`` per broker (``send_batches``
+  on each broker's address, one thread each), the pipelined path the Spark
+  writer and ``equeue produce`` use: the brokers' own aggregate ceiling.
+- **Spark read**: ``spark.read.format("equeue").option("namesrv", ...)`` of
+  the whole topic on ``local[2]`` (a count, so the rows cross into the JVM).
+
+Every figure is printed beside the single-broker one of the same run.
+``--pin`` runs broker i under ``taskset -c (i mod cores)``: on a 2-core
+machine the brokers, the client and Spark compete for the same cores, so the
+figures show contention, not how a cluster of machines scales (docs/cluster.md
+works that out on paper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from equeue_broker.testing import BrokerProcess, LocalCluster
+from equeue_spark.client import Admin, NotFoundError, Producer
+
+TOPIC = "bench"
+
+
+class PinnedBroker(BrokerProcess):
+    """A broker run under ``taskset -c CORE``."""
+
+    def __init__(self, core: int, data_dir: Path, *flags: str) -> None:
+        super().__init__(data_dir, *flags)
+        self.core = core
+
+    def command(self) -> list[str]:
+        return ["taskset", "-c", str(self.core), *super().command()]
+
+
+@dataclass
+class Row:
+    brokers: int
+    pinned: bool
+    routed: float = 0.0
+    streaming: float = 0.0
+    spark: float = 0.0
+
+
+def start_cluster(root: Path, brokers: int, pin: bool) -> LocalCluster:
+    cluster = LocalCluster(root, broker_flags=("--flush", "async"))
+    cluster.start(namesrvs=1, brokers=())
+    cores = os.cpu_count() or 1
+    for i in range(brokers):
+        name = f"b{i}"
+        if pin:
+            flags = ("--broker-name", name, "--namesrv", cluster.namesrv, "--flush", "async")
+            process: BrokerProcess = PinnedBroker(i % cores, root / f"broker-{name}", *flags)
+            process.start()
+            cluster.brokers[name] = process
+        else:
+            cluster.add_broker(name)
+    return cluster
+
+
+def wait_route(namesrv: str, queues: int) -> dict[str, str]:
+    with Admin(namesrv=namesrv) as admin:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                route = admin.route(TOPIC)
+            except NotFoundError:  # the brokers' registrations are on their way
+                time.sleep(0.05)
+                continue
+            if len(route.queues()) == queues:
+                return {b.broker_name: b.address for b in route.brokers}
+            time.sleep(0.05)
+    raise RuntimeError("the route did not appear")
+
+
+def batches(count: int, size: int, batch: int) -> Iterator[list[bytes]]:
+    value = b"x" * size
+    for start in range(0, count, batch):
+        yield [value] * min(batch, count - start)
+
+
+def in_threads(work: list[Any]) -> float:
+    """Run the callables at once; the wall-clock seconds until all are done."""
+    threads = [threading.Thread(target=w) for w in work]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
+def produce_routed(namesrv: str, brokers: int, count: int, size: int, batch: int) -> float:
+    share = count // brokers
+
+    def work() -> None:
+        with Producer(namesrv=namesrv) as producer:
+            for values in batches(share, size, batch):
+                producer.send_batch(TOPIC, values)
+
+    seconds = in_threads([work for _ in range(brokers)])
+    return share * brokers / seconds
+
+
+def produce_streaming(addresses: dict[str, str], count: int, size: int, batch: int) -> float:
+    share = count // len(addresses)
+
+    def work(address: str) -> None:
+        with Producer(address) as producer:
+            for _ in producer.send_batches(TOPIC, batches(share, size, batch)):
+                pass
+
+    seconds = in_threads([lambda a=a: work(a) for a in addresses.values()])
+    return share * len(addresses) / seconds
+
+
+def spark_read(spark: Any, namesrv: str, expected: int) -> float:
+    started = time.perf_counter()
+    count = (
+        spark.read.format("equeue").option("namesrv", namesrv).option("topic", TOPIC).load().count()
+    )
+    seconds = time.perf_counter() - started
+    if count != expected:
+        raise RuntimeError(f"Spark read {count} rows, expected {expected}")
+    return float(count) / seconds
+
+
+def measure(args: argparse.Namespace, brokers: int, pin: bool, spark: Any) -> Row:
+    row = Row(brokers, pin)
+    with tempfile.TemporaryDirectory(prefix="equeue-cluster-bench-") as scratch:
+        cluster = start_cluster(Path(scratch), brokers, pin)
+        try:
+            with Admin(namesrv=cluster.namesrv) as admin:
+                admin.create_topic(TOPIC, queues=args.queues)
+            addresses = wait_route(cluster.namesrv, args.queues * brokers)
+            row.routed = produce_routed(
+                cluster.namesrv, brokers, args.messages, args.size, args.batch
+            )
+            row.streaming = produce_streaming(addresses, args.messages, args.size, args.batch)
+            if spark is not None:
+                stored = (args.messages // brokers) * brokers * 2
+                spark_read(spark, cluster.namesrv, stored)  # warm-up (JIT, workers)
+                row.spark = max(spark_read(spark, cluster.namesrv, stored) for _ in range(2))
+        finally:
+            cluster.stop()
+    return row
+
+
+def table(rows: list[Row]) -> str:
+    base = {r.pinned: r for r in rows if r.brokers == 1}
+
+    def cell(value: float, one: float) -> str:
+        ratio = f" ({value / one:.2f}x)" if one and value else ""
+        return f"{value:,.0f}{ratio}" if value else "-"
+
+    lines = [
+        "| brokers | pinned | produce routed msg/s | produce streaming msg/s | Spark read rows/s |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        one = base.get(r.pinned, r)
+        lines.append(
+            f"| {r.brokers} | {'yes' if r.pinned else 'no'} | {cell(r.routed, one.routed)} | "
+            f"{cell(r.streaming, one.streaming)} | {cell(r.spark, one.spark)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--size", type=int, default=100, help="value bytes")
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--queues", type=int, default=4, help="queues per broker")
+    parser.add_argument("--brokers", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--pin", action="store_true", help="also run with taskset pinning")
+    parser.add_argument("--no-spark", action="store_true")
+    args = parser.parse_args(argv)
+    spark = None
+    if not args.no_spark:
+        from equeue_spark.spark.testing import local_session
+
+        spark = local_session("equeue-cluster-bench", master="local[2]")
+    rows = []
+    for pin in (False, True) if args.pin else (False,):
+        for brokers in args.brokers:
+            rows.append(measure(args, brokers, pin, spark))
+            print(f"done: {brokers} broker(s), pinned={pin}", flush=True)
+    print(f"\n{args.messages:,} messages of {args.size} B, batches of {args.batch}, "
+          f"{args.queues} queues per broker, {os.cpu_count()} cores\n")  # fmt: skip
+    print(table(rows))
+    if spark is not None:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()

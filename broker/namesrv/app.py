@@ -1,0 +1,155 @@
+"""The name server process: ``equeue-namesrv`` / ``python -m equeue_broker.namesrv``.
+
+Prints one line, ``equeue namesrv listening on HOST:PORT``, to stdout once it
+accepts calls; SIGTERM/SIGINT stop it cleanly. It serves the ``NameServer``
+service (broker.proto), the gRPC health service and server reflection. Its
+state is soft (routes.py): nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from equeue_broker.namesrv.config import NameServerConfig, parse_args
+from equeue_broker.namesrv.routes import Limits, NameServerError, RouteTable
+from equeue_broker.server.logs import configure as configure_logging
+from equeue_broker.server.startup import CannotBind, ExitCode, check_bindable
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+log = logging.getLogger("equeue.namesrv")
+
+READY_PREFIX = "equeue namesrv listening on "
+
+
+class NameServerService(pb_grpc.NameServerServicer):
+    def __init__(self, table: RouteTable) -> None:
+        self.table = table
+
+    async def _fail(self, context: Any, exc: NameServerError) -> None:
+        await context.abort(exc.code, str(exc))
+
+    async def RegisterBroker(
+        self, request: pb.RegisterBrokerRequest, context: Any
+    ) -> pb.RegisterBrokerReply:
+        try:
+            new = self.table.register(request)
+        except NameServerError as exc:
+            await self._fail(context, exc)
+            raise  # unreachable: abort raises
+        if new:
+            log.info(
+                "broker registered",
+                extra={"broker": request.broker_name, "replica": request.replica_id,
+                       "cluster": request.cluster, "address": request.address,
+                       "topics": len(request.topics)},
+            )  # fmt: skip
+        return pb.RegisterBrokerReply(expiry_ms=int(self.table.expiry_s * 1000))
+
+    async def UnregisterBroker(
+        self, request: pb.UnregisterBrokerRequest, context: Any
+    ) -> pb.UnregisterBrokerReply:
+        if self.table.unregister(request.broker_name, request.replica_id, request.address):
+            log.info("broker unregistered", extra={"broker": request.broker_name})
+        return pb.UnregisterBrokerReply()
+
+    async def GetRoute(self, request: pb.GetRouteRequest, context: Any) -> pb.TopicRoute:
+        try:
+            return self.table.route(request.topic)
+        except NameServerError as exc:
+            await self._fail(context, exc)
+            raise
+
+    async def ListBrokers(
+        self, request: pb.ListBrokersRequest, context: Any
+    ) -> pb.ListBrokersReply:
+        return pb.ListBrokersReply(brokers=self.table.brokers(request.cluster))
+
+
+async def create_server(config: NameServerConfig) -> tuple[grpc.aio.Server, int, RouteTable]:
+    table = RouteTable(
+        expiry_s=config.broker_expiry_ms / 1000,
+        limits=Limits(config.max_brokers, config.max_topics_per_broker,
+                      config.max_queues_per_topic),
+    )  # fmt: skip
+    options = [
+        ("grpc.max_receive_message_length", config.max_request_bytes),
+        ("grpc.max_send_message_length", config.max_request_bytes),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
+    ]
+    server = grpc.aio.server(options=options)
+    pb_grpc.add_NameServerServicer_to_server(NameServerService(table), server)
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [
+        pb.DESCRIPTOR.services_by_name["NameServer"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    ]
+    reflection.enable_server_reflection(names, server)
+    try:
+        port = server.add_insecure_port(f"{config.host}:{config.port}")
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        check_bindable(config.host, config.port)
+        raise CannotBind(config.host, config.port, "gRPC could not bind it")
+    await server.start()
+    for name in ("", names[0]):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, table
+
+
+async def _expire_loop(table: RouteTable) -> None:
+    interval = max(0.05, min(5.0, table.expiry_s / 4))
+    while True:
+        await asyncio.sleep(interval)
+        for gone in table.expire():
+            log.warning(
+                "broker expired: not heard from within the expiry",
+                extra={"broker": gone.broker_name, "replica": gone.replica_id,
+                       "address": gone.address, "expiry_s": table.expiry_s},
+            )  # fmt: skip
+
+
+async def serve(config: NameServerConfig) -> None:
+    check_bindable(config.host, config.port)
+    server, port, table = await create_server(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    expiry = asyncio.create_task(_expire_loop(table))
+    log.info(
+        "name server started on %s:%d", config.host, port,
+        extra={"port": port, "broker_expiry_ms": config.broker_expiry_ms},
+    )  # fmt: skip
+    sys.stdout.write(f"{READY_PREFIX}{config.host}:{port}\n")
+    sys.stdout.flush()
+    await stop.wait()
+    log.info("shutting down")
+    expiry.cancel()
+    await server.stop(config.shutdown_grace_s)
+    log.info("stopped cleanly")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``equeue-namesrv`` console script."""
+    config = parse_args(argv)  # exits with code 2 on a bad flag or file
+    configure_logging(config.log_level, config.log_format)
+    try:
+        asyncio.run(serve(config))
+    except CannotBind as exc:
+        log.error("cannot start: %s", exc)
+        raise SystemExit(ExitCode.CANNOT_BIND) from None
+    os._exit(ExitCode.OK)

@@ -1,0 +1,148 @@
+"""A broker's registration with its name servers (``--namesrv``).
+
+The broker registers with every name server at start, every
+``register_interval_ms`` and at once on a topic change (the admin handlers
+call ``BrokerState.topology_changed``; a topic auto-created by a produce is
+caught by comparing the topic snapshot every second). Each registration is a
+full snapshot of the broker's topics and queues, so a name server that
+restarted, or dropped the broker while it was unreachable, has it all back
+with the next one. Name servers are independent: one down delays nothing
+for the others, and a failure is logged once per name server until it answers
+again. On SIGTERM the broker unregisters, so clients stop routing to it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+
+import grpc
+
+from equeue_broker.storage import Store
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+log = logging.getLogger("equeue.broker")
+
+CHECK_INTERVAL_S = 1.0
+"""How often the topic snapshot is compared with the last one registered."""
+CALL_TIMEOUT_S = 3.0
+
+
+def advertised(host: str, port: int, advertise_address: str) -> str:
+    """The address clients are told: ``advertise_address``, else ``host:port``
+    (this machine's host name for a wildcard host)."""
+    if advertise_address:
+        return advertise_address
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = socket.gethostname()
+    return f"{host}:{port}"
+
+
+def topic_snapshot(store: Store) -> list[pb.RegisteredTopic]:
+    return [
+        pb.RegisteredTopic(
+            name=meta.name,
+            incarnation=meta.incarnation,
+            queues=[
+                pb.RouteQueue(
+                    queue_id=q.queue_id, writable=q.producer_visible, readable=q.consumer_visible
+                )
+                for q in meta.queues
+            ],
+        )
+        for meta in store.topics()
+    ]
+
+
+class Registrar:
+    """Keeps one broker registered with every name server it was given."""
+
+    def __init__(
+        self, store: Store, namesrvs: list[str], *, cluster: str, broker_name: str,
+        address: str, instance_id: str, interval_s: float,
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.namesrvs = namesrvs
+        self.cluster = cluster
+        self.broker_name = broker_name
+        self.address = address
+        self.instance_id = instance_id
+        self.interval_s = interval_s
+        self._wake = asyncio.Event()
+        self._channels = {a: grpc.aio.insecure_channel(a) for a in namesrvs}
+        self._stubs = {a: pb_grpc.NameServerStub(c) for a, c in self._channels.items()}
+        self._failing: set[str] = set()
+        self.registrations = 0
+        """Successful registrations so far (all name servers together)."""
+
+    def changed(self) -> None:
+        """A topic changed: register now (safe to call from the event loop)."""
+        self._wake.set()
+
+    def request(self) -> pb.RegisterBrokerRequest:
+        return pb.RegisterBrokerRequest(
+            cluster=self.cluster, broker_name=self.broker_name, replica_id=0,
+            address=self.address, topics=topic_snapshot(self.store),
+            instance_id=self.instance_id,
+        )  # fmt: skip
+
+    async def register_once(self, request: pb.RegisterBrokerRequest) -> None:
+        await asyncio.gather(*(self._register(a, request) for a in self.namesrvs))
+
+    async def _register(self, address: str, request: pb.RegisterBrokerRequest) -> None:
+        try:
+            await self._stubs[address].RegisterBroker(request, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if address not in self._failing:
+                self._failing.add(address)
+                log.warning(
+                    "cannot register with name server %s: %s", address, _describe(exc),
+                    extra={"namesrv": address},
+                )  # fmt: skip
+            return
+        self.registrations += 1
+        if address in self._failing:
+            self._failing.discard(address)
+            log.info("registered with name server %s again", address, extra={"namesrv": address})
+
+    async def run(self) -> None:
+        last_topics: list[pb.RegisteredTopic] | None = None
+        last_sent = 0.0
+        while True:
+            request = self.request()
+            topics = list(request.topics)
+            due = time.monotonic() - last_sent >= self.interval_s
+            if due or topics != last_topics:
+                last_sent = time.monotonic()
+                last_topics = topics
+                await self.register_once(request)
+            self._wake.clear()
+            wait = min(CHECK_INTERVAL_S, max(0.0, self.interval_s - (time.monotonic() - last_sent)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+
+    async def unregister(self) -> None:
+        """Leave every name server (bounded: a name server that is down just expires us)."""
+        request = pb.UnregisterBrokerRequest(
+            broker_name=self.broker_name, replica_id=0, address=self.address
+        )
+
+        async def leave(address: str) -> None:
+            with contextlib.suppress(grpc.RpcError):
+                await self._stubs[address].UnregisterBroker(request, timeout=1.0)
+
+        await asyncio.gather(*(leave(a) for a in self.namesrvs))
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close(None)
+
+
+def _describe(exc: grpc.RpcError) -> str:
+    code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+    details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    return f"{details} ({code.name if code else 'error'})"
