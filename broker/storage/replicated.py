@@ -196,11 +196,13 @@ class ReplicaLog:
         master's retention removed the earlier ones) starts there (lock held)."""
         queues = self._store._queues
         pos = 0
+        seen: set[tuple[bytes, int]] = set()
         while pos < len(data):
             meta = read_meta(data, pos)
             pos += meta.frame_size
-            if meta.flags & (FLAG_TXN | FLAG_CONTROL):
+            if meta.flags & (FLAG_TXN | FLAG_CONTROL) or (meta.topic, meta.queue_id) in seen:
                 continue
+            seen.add((meta.topic, meta.queue_id))  # only a queue's first record says
             queue = queues.get((meta.topic.decode(), meta.queue_id))
             index = None if queue is None else queue.index
             if index is not None and index.end == index.earliest == 0 < meta.queue_offset:
