@@ -85,8 +85,8 @@ def master(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 def start_replica(tmp_path: Path, master: BrokerProcess, name: str = "replica") -> BrokerProcess:
     replica = BrokerProcess(
-        tmp_path / name, "--broker-name", "g", "--chunk-size", CHUNK, "--max-message-bytes", "65536",
-        "--role", "replica", "--master", master.address,
+        tmp_path / name, "--broker-name", "g", "--chunk-size", CHUNK,
+        "--max-message-bytes", "65536", "--role", "replica", "--master", master.address,
     )  # fmt: skip
     replica.start()
     return replica
