@@ -10,6 +10,7 @@ and persists consumer offsets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import resource
@@ -34,6 +35,8 @@ from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar, advertised
+from equeue_broker.server.replicas import ReplicaGate, ReplicaTracker
+from equeue_broker.server.replication import Follower, LogGrowth, ReplicationService
 from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.service_data import BrokerService
@@ -104,6 +107,8 @@ async def create_server(
     interceptors.insert(
         0, IntakeGate(intake, config.max_request_bytes, config.request_read_timeout_ms / 1000)
     )
+    if config.role == "replica":  # after authentication: an unknown caller learns nothing
+        interceptors.append(ReplicaGate(config.broker_name, config.master))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     instance_id = broker_id_for(config.storage.data_dir)
     state = BrokerState(
@@ -118,14 +123,19 @@ async def create_server(
         produce_bytes=ByteBudget("max_produce_bytes", config.max_produce_bytes, wait_s),
     )
     state.tokens = tokens
+    state.replicas = ReplicaTracker(config.max_replicas)
     store.add_listener(state.waiters.notify_threadsafe)
+    growth = LogGrowth(asyncio.get_running_loop())
+    store.add_listener(growth.notify_threadsafe)
     pb_grpc.add_BrokerServicer_to_server(BrokerService(state), server)
     pb_grpc.add_AdminServicer_to_server(AdminService(state), server)
+    pb_grpc.add_ReplicationServicer_to_server(ReplicationService(state, growth), server)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [
         pb.DESCRIPTOR.services_by_name["Broker"].full_name,
         pb.DESCRIPTOR.services_by_name["Admin"].full_name,
+        pb.DESCRIPTOR.services_by_name["Replication"].full_name,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME,
     ]
@@ -211,6 +221,10 @@ async def serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    following: asyncio.Task[None] | None = None
+    if config.role == "replica":
+        state.follower = Follower(state, advertised(config.host, port, config.advertise_address))
+        following = asyncio.create_task(state.follower.run())
     registering: asyncio.Task[None] | None = None
     if config.namesrv_addresses():
         state.registrar = Registrar(
@@ -240,6 +254,10 @@ async def serve(config: BrokerConfig) -> None:
         registering.cancel()
         await state.registrar.unregister()  # clients stop routing here at once
         await state.registrar.close()
+    if following is not None:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
     state.shutting_down = True
     await server.stop(config.shutdown_grace_s)
     state.executor.shutdown(wait=True)

@@ -129,6 +129,13 @@ class BrokerConfig:
     register_interval_ms: int = field(default=5_000, metadata={UNIT: "ms"})
     """How often the broker re-registers with every name server (it also
     registers at once on every topic change)."""
+    role: str = "master"
+    """"master" (takes writes; replicas may follow it) or "replica" (follows
+    ``master``, serves reads only)."""
+    master: str = ""
+    """A replica's master, ``HOST:PORT``."""
+    max_replicas: int = field(default=8, metadata={UNIT: "replicas"})
+    """Replication streams a master serves at once."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -140,7 +147,7 @@ class BrokerConfig:
                      "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
                      "budget_wait_ms", "max_connections", "max_streams_per_connection",
                      "max_connection_idle_ms", "handshake_timeout_ms",
-                     "register_interval_ms"):  # fmt: skip
+                     "register_interval_ms", "max_replicas"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file"):
@@ -168,6 +175,22 @@ class BrokerConfig:
                 raise InvalidArgument(
                     f"{address!r} is not one HOST:PORT (namesrv, advertise_address)"
                 )
+        if self.role not in ("master", "replica"):
+            raise InvalidArgument(f"role must be master or replica, got {self.role!r}")
+        if (self.role == "replica") != bool(self.master):
+            raise InvalidArgument(
+                f"role {self.role} and master {self.master!r}: a replica needs "
+                "--master HOST:PORT, and only a replica takes one"
+            )
+        if self.role == "replica" and addresses:
+            raise InvalidArgument(
+                "a replica does not register with name servers yet (it would take its "
+                "master's route): start it without --namesrv"
+            )
+        if self.master:
+            host, sep, port = self.master.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise InvalidArgument(f"master {self.master!r} is not one HOST:PORT")
         if addresses and not self.broker_name:
             raise InvalidArgument(
                 "namesrv needs broker_name: give --broker-name NAME, the broker's name "
@@ -439,6 +462,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster", "the cluster the broker registers under"),
     Setting("advertise_address", "HOST:PORT the name servers give clients; unset: host:port"),
     Setting("register_interval_ms", "how often to re-register with the name servers"),
+    Setting(
+        "role",
+        "master: takes writes, replicas may follow it; replica: copies --master's log"
+        " and serves reads only (docs/replication.md)",
+        choices=("master", "replica"),
+    ),
+    Setting("master", "a replica's master, HOST:PORT"),
+    Setting("max_replicas", "replication streams a master serves at once"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 

@@ -9,6 +9,7 @@ Server-only errors extend the storage hierarchy::
 
     StorageError
     ├── InvalidArgument ── BadRequest      a malformed request field
+    ├── PreconditionFailed ── ReplicaReadOnly  a write sent to a replica (replication.py)
     ├── LimitExceeded   ── TooManyPulls    the parked-pull limit
     ├── ShuttingDown                       the broker is stopping
     ├── RequestTimeout                     a request body arrived too slowly (intake.py)
@@ -39,6 +40,12 @@ log = logging.getLogger(__name__)
 
 class BadRequest(InvalidArgument):
     """A request field is missing, malformed or inconsistent."""
+
+
+class ReplicaReadOnly(PreconditionFailed):
+    """A write (produce, commit, admin change) sent to a replica: FAILED_PRECONDITION,
+    not UNAVAILABLE, because retrying the same broker can never succeed; the
+    message names the master to send it to."""
 
 
 class TooManyPulls(LimitExceeded):

@@ -77,6 +77,19 @@ class AdminService(pb_grpc.AdminServicer):
         names = [t.name for t in self.s.store.topics()]
         return names if scope is None else [n for n in names if scope.may_use_topic(n)]
 
+    def _replicas(self, end: int) -> list[pb.ReplicaStatus]:
+        now = time.monotonic()
+        return [
+            pb.ReplicaStatus(
+                address=v.address,
+                position=v.position,
+                lag_bytes=max(0, end - v.position),
+                last_seen_s=now - v.last_seen,
+                connected=v.connected,
+            )
+            for v in self.s.replicas.views()
+        ]
+
     def _visible_groups(self, scope: Principal | None) -> list[str]:
         """The groups a token may see: those all of whose topics it covers."""
         groups = sorted(set(self.s.store.groups()) | set(self.s.consumers.groups()))
@@ -323,6 +336,10 @@ class AdminService(pb_grpc.AdminServicer):
                     for c in damage.quarantined_chunks
                 ],
                 damaged_metadata=damage.metadata(),
+                role=self.s.config.role,
+                master=self.s.config.master,
+                replicas=self._replicas(raw["log_write_position"]),
+                log_end_position=raw["log_write_position"],
             )
 
         return await self.s.call(stats)

@@ -28,6 +28,7 @@ from equeue_broker.server.errors import PermissionDenied, ShuttingDown, status_f
 from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar
+from equeue_broker.server.replicas import ReplicaTracker
 from equeue_broker.server.stats import Counters
 from equeue_broker.storage import Store
 
@@ -62,6 +63,10 @@ class BrokerState:
     one is given (--broker-name), else this. Message ids of either resolve."""
     registrar: Registrar | None = None
     """The name-server registration (--namesrv); None: a standalone broker."""
+    replicas: ReplicaTracker = field(default_factory=lambda: ReplicaTracker(8))
+    """A master: the replicas following it (replicas.py; limit ``max_replicas``)."""
+    follower: Any = None
+    """A replica: its ``replication.Follower`` (the log it copies); None on a master."""
     _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
 
     def topology_changed(self) -> None:

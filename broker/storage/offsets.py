@@ -179,6 +179,22 @@ class OffsetStore:
                 self._version += 1
         return lowered
 
+    def snapshot(self) -> dict[str, GroupOffsets]:
+        """Every group's offsets (a copy): what a master sends its replicas."""
+        with self._lock:
+            groups = self._groups.items()
+            return {g: {t: dict(q) for t, q in topics.items()} for g, topics in groups}
+
+    def replace_all(self, groups: dict[str, GroupOffsets]) -> bool:
+        """Make every group's offsets ``groups`` (a replica taking its master's);
+        True if anything changed."""
+        with self._lock:
+            if groups == self._groups:
+                return False
+            self._groups = {g: {t: dict(q) for t, q in ts.items()} for g, ts in groups.items()}
+            self._version += 1
+            return True
+
     def delete_group(self, group: str) -> bool:
         """Forget a group; a group whose offsets were lost counts as existing."""
         with self._lock:

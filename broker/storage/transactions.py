@@ -494,6 +494,26 @@ class Transactions:
         sinks = {s.sink: (s.batch_id, s.updated_ms) for s in self._sinks.values()}
         return self.pinned(), serial, sinks
 
+    def adopt(self, found: RecoveredTxns) -> None:
+        """A replica: take the open transactions, next serial and sink progress
+        its replicated log holds (replicated.py), so its checkpoints and a restart
+        agree with what the log says."""
+        now = _now_ms()
+        with self._lock:
+            kept = {t.txn_id: t for t in self._open.values()}
+            self._open = {t.txn_id: kept.get(t.txn_id) or _Txn(t, now) for t in found.open.values()}
+            self._next_serial = max(self._next_serial, found.next_serial)
+            self._sinks = {s: SinkProgress(s, b, ms) for s, (b, ms) in found.sinks.items()}
+
+    def recovered(self) -> RecoveredTxns:
+        """The open transactions, next serial and sinks, as a scan of the log finds them."""
+        with self._lock:
+            return RecoveredTxns(
+                {t.staged.serial: t.staged for t in self._open.values()},
+                self._next_serial,
+                {s.sink: (s.batch_id, s.updated_ms) for s in self._sinks.values()},
+            )
+
     def close(self) -> None:
         """Nothing to release: transactions keep no files of their own."""
 

@@ -512,7 +512,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -531,6 +531,10 @@ class BrokerStats(_message.Message):
     STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_METADATA_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_POSITION_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -549,7 +553,25 @@ class BrokerStats(_message.Message):
     staged_bytes: int
     quarantined_chunks: _containers.RepeatedCompositeFieldContainer[QuarantinedChunk]
     damaged_metadata: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ...) -> None: ...
+    role: str
+    master: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    log_end_position: int
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("address", "position", "lag_bytes", "last_seen_s", "connected")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    position: int
+    lag_bytes: int
+    last_seen_s: float
+    connected: bool
+    def __init__(self, address: _Optional[str] = ..., position: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., connected: _Optional[bool] = ...) -> None: ...
 
 class QuarantinedChunk(_message.Message):
     __slots__ = ("file", "reason", "start_position", "end_position")
@@ -739,3 +761,33 @@ class ListBrokersReply(_message.Message):
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerEntry]
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerEntry, _Mapping]]] = ...) -> None: ...
+
+class ReplicateRequest(_message.Message):
+    __slots__ = ("position", "max_bytes", "wait_ms", "replica_address", "chunk_capacity")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    max_bytes: int
+    wait_ms: int
+    replica_address: str
+    chunk_capacity: int
+    def __init__(self, position: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., replica_address: _Optional[str] = ..., chunk_capacity: _Optional[int] = ...) -> None: ...
+
+class ReplicateReply(_message.Message):
+    __slots__ = ("position", "data", "master_end", "master_start", "metadata", "chunk_capacity")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MASTER_END_FIELD_NUMBER: _ClassVar[int]
+    MASTER_START_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    data: bytes
+    master_end: int
+    master_start: int
+    metadata: bytes
+    chunk_capacity: int
+    def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ..., master_end: _Optional[int] = ..., master_start: _Optional[int] = ..., metadata: _Optional[bytes] = ..., chunk_capacity: _Optional[int] = ...) -> None: ...

@@ -1488,3 +1488,117 @@ class NameServer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ReplicationStub:
+    """---------------------------------------------------------------------------
+    Replication (docs/replication.md)
+    ---------------------------------------------------------------------------
+
+    Master -> replica log replication. A replica (--role replica --master
+    HOST:PORT) opens one Replicate stream to its master and sends a request
+    with its log end position; the master answers each request with exactly one
+    reply (flow control: the next bytes are read only when the replica asked
+    for them, i.e. applied the last): the group's metadata first when it
+    changed, then the log bytes from that position (at most max_bytes, within
+    one log chunk, byte-identical), or, when the replica is at the master's
+    end, an empty reply after at most wait_ms (long poll). A position that is
+    not a record boundary of the master's log, or past its end, is refused with
+    OUT_OF_RANGE naming the master's end: the replica truncates and asks again.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Replicate = channel.stream_stream(
+                '/equeue.v1.Replication/Replicate',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ReplicateReply.FromString,
+                _registered_method=True)
+
+
+class ReplicationServicer:
+    """---------------------------------------------------------------------------
+    Replication (docs/replication.md)
+    ---------------------------------------------------------------------------
+
+    Master -> replica log replication. A replica (--role replica --master
+    HOST:PORT) opens one Replicate stream to its master and sends a request
+    with its log end position; the master answers each request with exactly one
+    reply (flow control: the next bytes are read only when the replica asked
+    for them, i.e. applied the last): the group's metadata first when it
+    changed, then the log bytes from that position (at most max_bytes, within
+    one log chunk, byte-identical), or, when the replica is at the master's
+    end, an empty reply after at most wait_ms (long poll). A position that is
+    not a record boundary of the master's log, or past its end, is refused with
+    OUT_OF_RANGE naming the master's end: the replica truncates and asks again.
+    """
+
+    def Replicate(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReplicationServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Replicate': grpc.stream_stream_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ReplicateRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.ReplicateReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'equeue.v1.Replication', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('equeue.v1.Replication', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Replication:
+    """---------------------------------------------------------------------------
+    Replication (docs/replication.md)
+    ---------------------------------------------------------------------------
+
+    Master -> replica log replication. A replica (--role replica --master
+    HOST:PORT) opens one Replicate stream to its master and sends a request
+    with its log end position; the master answers each request with exactly one
+    reply (flow control: the next bytes are read only when the replica asked
+    for them, i.e. applied the last): the group's metadata first when it
+    changed, then the log bytes from that position (at most max_bytes, within
+    one log chunk, byte-identical), or, when the replica is at the master's
+    end, an empty reply after at most wait_ms (long poll). A position that is
+    not a record boundary of the master's log, or past its end, is refused with
+    OUT_OF_RANGE naming the master's end: the replica truncates and asks again.
+    """
+
+    @staticmethod
+    def Replicate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/equeue.v1.Replication/Replicate',
+            equeue__proto_dot_v1_dot_broker__pb2.ReplicateRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.ReplicateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -695,3 +695,73 @@ class NameServerServicer(metaclass=_abc_1.ABCMeta):
         """The live brokers."""
 
 def add_NameServerServicer_to_server(servicer: NameServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ReplicationStub:
+    """---------------------------------------------------------------------------
+    Replication (docs/replication.md)
+    ---------------------------------------------------------------------------
+
+    Master -> replica log replication. A replica (--role replica --master
+    HOST:PORT) opens one Replicate stream to its master and sends a request
+    with its log end position; the master answers each request with exactly one
+    reply (flow control: the next bytes are read only when the replica asked
+    for them, i.e. applied the last): the group's metadata first when it
+    changed, then the log bytes from that position (at most max_bytes, within
+    one log chunk, byte-identical), or, when the replica is at the master's
+    end, an empty reply after at most wait_ms (long poll). A position that is
+    not a record boundary of the master's log, or past its end, is refused with
+    OUT_OF_RANGE naming the master's end: the replica truncates and asks again.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ReplicationAsyncStub: ...
+    Replicate: _grpc.StreamStreamMultiCallable[_broker_pb2.ReplicateRequest, _broker_pb2.ReplicateReply]
+
+@_typing.type_check_only
+class ReplicationAsyncStub(ReplicationStub):
+    """---------------------------------------------------------------------------
+    Replication (docs/replication.md)
+    ---------------------------------------------------------------------------
+
+    Master -> replica log replication. A replica (--role replica --master
+    HOST:PORT) opens one Replicate stream to its master and sends a request
+    with its log end position; the master answers each request with exactly one
+    reply (flow control: the next bytes are read only when the replica asked
+    for them, i.e. applied the last): the group's metadata first when it
+    changed, then the log bytes from that position (at most max_bytes, within
+    one log chunk, byte-identical), or, when the replica is at the master's
+    end, an empty reply after at most wait_ms (long poll). A position that is
+    not a record boundary of the master's log, or past its end, is refused with
+    OUT_OF_RANGE naming the master's end: the replica truncates and asks again.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Replicate: _aio.StreamStreamMultiCallable[_broker_pb2.ReplicateRequest, _broker_pb2.ReplicateReply]  # type: ignore[assignment]
+
+class ReplicationServicer(metaclass=_abc_1.ABCMeta):
+    """---------------------------------------------------------------------------
+    Replication (docs/replication.md)
+    ---------------------------------------------------------------------------
+
+    Master -> replica log replication. A replica (--role replica --master
+    HOST:PORT) opens one Replicate stream to its master and sends a request
+    with its log end position; the master answers each request with exactly one
+    reply (flow control: the next bytes are read only when the replica asked
+    for them, i.e. applied the last): the group's metadata first when it
+    changed, then the log bytes from that position (at most max_bytes, within
+    one log chunk, byte-identical), or, when the replica is at the master's
+    end, an empty reply after at most wait_ms (long poll). A position that is
+    not a record boundary of the master's log, or past its end, is refused with
+    OUT_OF_RANGE naming the master's end: the replica truncates and asks again.
+    """
+
+    @_abc_1.abstractmethod
+    def Replicate(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broker_pb2.ReplicateRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broker_pb2.ReplicateReply], _abc.AsyncIterator[_broker_pb2.ReplicateReply]]: ...
+
+def add_ReplicationServicer_to_server(servicer: ReplicationServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

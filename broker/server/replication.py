@@ -1,0 +1,210 @@
+"""Master -> replica log replication over gRPC (the Replication service).
+
+Master side, ``ReplicationService.Replicate``: one bidirectional stream per
+replica. Each request carries the replica's log end; each is answered by one
+reply (so the master reads the next bytes only when the replica applied the
+last: flow control by request, whatever gRPC's windows would allow), built by
+``storage.replicated.read_for_replica``: up to ``MAX_REPLY_BYTES`` of whole
+records within one chunk, or, at the end of the log, an empty reply after at
+most the request's ``wait_ms`` (woken by the store's listener when records
+are appended). The group's metadata rides along when it changed and at least
+every ``METADATA_INTERVAL_S``.
+
+Replica side, ``Follower``: keeps one stream open to ``--master`` (reconnecting
+with a bounded back-off), applies metadata, then bytes (``ReplicaLog.append``),
+and cuts its log where the master says it ends or diverges (``truncate``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.service_base import BrokerState, rpc_stream
+from equeue_broker.storage.errors import InvalidArgument, PreconditionFailed, StorageError
+from equeue_broker.storage.replicated import (
+    ReplicaLog,
+    decode_metadata,
+    encode_metadata,
+    master_metadata,
+    read_for_replica,
+)
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+
+log = logging.getLogger("equeue.replication")
+
+MAX_REPLY_BYTES = 1 << 20
+"""Most log bytes in one reply (at least one record is sent, whatever its size)."""
+MAX_WAIT_MS = 10_000
+"""Longest a request may ask the master to wait at the end of the log."""
+METADATA_INTERVAL_S = 2.0
+"""Metadata is sent at least this often (and whenever it changes)."""
+
+
+class LogGrowth:
+    """Wakes replication streams parked at the end of the log."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+        self.waiting = 0
+
+    def notify_threadsafe(self, _topic: str, _queue_id: int, _end: int) -> None:
+        """A store listener (any thread): records became readable."""
+        if self.waiting:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        event = self._event
+        self.waiting += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout_s)
+        finally:
+            self.waiting -= 1
+
+
+class ReplicationService(pb_grpc.ReplicationServicer):
+    def __init__(self, state: BrokerState, growth: LogGrowth) -> None:
+        self.s = state
+        self.growth = growth
+
+    @rpc_stream
+    async def Replicate(  # noqa: N802 (gRPC's name)
+        self,
+        request_iterator: AsyncIterator[pb.ReplicateRequest],
+        context: grpc.aio.ServicerContext[pb.ReplicateRequest, pb.ReplicateReply],
+    ) -> AsyncIterator[pb.ReplicateReply]:
+        config = self.s.config
+        if config.role != "master":
+            raise PreconditionFailed(
+                f"this broker is a replica of {config.master}: replicate from the master"
+            )
+        store = self.s.store
+        capacity = store.config.chunk_capacity_bytes
+        slot = self.s.replicas.open(context.peer())
+        sent_meta, sent_at = b"", 0.0
+        try:
+            async for request in request_iterator:
+                capacity = store._log.capacity
+                if request.chunk_capacity != capacity:
+                    raise BadRequest(
+                        f"replica chunk capacity {request.chunk_capacity} differs from the "
+                        f"master's {capacity}: start the replica with --chunk-size {capacity}"
+                    )
+                address = request.replica_address or context.peer()
+                self.s.replicas.update(slot, address, request.position)
+                max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
+                wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
+                piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
+                deadline = time.monotonic() + wait_s
+                while not piece.data and piece.position == request.position:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    await self.growth.wait(min(left, 0.2))  # staged records notify nobody
+                    piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
+                # After the bytes: the metadata then covers every topic they name.
+                meta = encode_metadata(master_metadata(store, self.s.broker_id))
+                now = time.monotonic()
+                send_meta = meta != sent_meta or now - sent_at > METADATA_INTERVAL_S
+                if send_meta:
+                    sent_meta, sent_at = meta, now
+                yield pb.ReplicateReply(
+                    position=piece.position, data=piece.data, master_end=piece.end,
+                    master_start=piece.start, metadata=meta if send_meta else b"",
+                    chunk_capacity=capacity,
+                )  # fmt: skip
+        finally:
+            self.s.replicas.close(slot)
+
+
+class Follower:
+    """A replica's replication loop (``run`` until cancelled)."""
+
+    def __init__(self, state: BrokerState, address: str) -> None:
+        self.s = state
+        self.replica = ReplicaLog(state.store)
+        self.address = address
+        self.master_end = 0
+        self.last_contact = 0.0
+        self.stopped: str | None = None
+        """Why replication stopped for good (a capacity or name mismatch)."""
+
+    async def run(self) -> None:
+        backoff = 0.1
+        master = self.s.config.master
+        while self.stopped is None:
+            try:
+                async with grpc.aio.insecure_channel(
+                    master, options=[("grpc.max_receive_message_length", 64 << 20)]
+                ) as channel:
+                    await self._follow(pb_grpc.ReplicationStub(channel))
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                log.warning("replication from %s: %s %s", master, exc.code().name, exc.details())
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    self.stopped = str(exc.details())
+            except (StorageError, OSError) as exc:
+                log.error("replication from %s stopped: %s", master, exc)
+                self.stopped = str(exc)
+            if self.stopped is not None:
+                log.error("REPLICATION STOPPED: %s", self.stopped)
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _follow(self, stub: pb_grpc.ReplicationStub) -> None:
+        requests: asyncio.Queue[pb.ReplicateRequest] = asyncio.Queue()
+
+        async def send() -> AsyncIterator[pb.ReplicateRequest]:
+            while True:
+                yield await requests.get()
+
+        def ask() -> None:
+            request = pb.ReplicateRequest(
+                position=self.replica.end,
+                max_bytes=MAX_REPLY_BYTES,
+                wait_ms=1000,
+                replica_address=self.address,
+                chunk_capacity=self.replica.capacity,
+            )
+            requests.put_nowait(request)
+
+        call: Any = stub.Replicate(send())  # type: ignore[arg-type]  # the aio stub
+        ask()
+        name = self.s.config.broker_name
+        reply: pb.ReplicateReply
+        async for reply in call:
+            self.last_contact = time.monotonic()
+            self.master_end = reply.master_end
+            if reply.metadata:
+                meta = decode_metadata(reply.metadata)
+                if name and meta.broker_name != name:
+                    raise InvalidArgument(
+                        f"the master is broker {meta.broker_name!r}, this replica is {name!r}: "
+                        "a replica must have its master's --broker-name (message ids name it)"
+                    )
+                await self.s.call(self.replica.apply_metadata, meta)
+            end = self.replica.end
+            if reply.data:
+                await self.s.call(self.replica.append, reply.position, reply.data)
+            elif reply.position < end:
+                await self.s.call(self.replica.truncate, reply.position)
+            ask()
+
+    def lag_bytes(self) -> int:
+        return max(0, self.master_end - self.replica.end)

@@ -1,0 +1,370 @@
+"""A replica's side of log replication: the master's bytes at the master's positions.
+
+A replica's message log is a byte-for-byte copy of its master's: every record
+lies at the same global position (so message ids, which name positions, stay
+valid on either), and chunks roll exactly where the master's did (a record
+never spans chunks; the master says where data continues). ``ReplicaLog``
+is the one entry point that writes such bytes (``append``), beside the
+store's normal appends, which a replica never takes. For each piece it
+
+1. checks the position: the replica's log end, or the start of the next chunk
+   (the master sealed the one before there: the replica seals its own at the
+   same data size), or, for an empty replica, any chunk start (the master's
+   retention removed what came before: the replica's log starts there too);
+2. checks every frame with the record checks recovery uses
+   (``check_frame``), and that each record names its own position;
+3. appends the bytes, then derives index entries locally the way recovery
+   does (``recovery.rebuild_indexes``): a record's entry from the record, a
+   transaction's staged records nothing until its commit record, whose
+   entries are derived from the staged records (txn_recovery.py), with one
+   ``TxnScan`` kept across pieces. The store's ``Transactions`` adopts what the
+   scan found, so checkpoints, and a restart's recovery, agree with the log.
+
+``truncate`` cuts a divergent tail (within the active chunk; older chunks
+raise), and ``apply_metadata`` makes topics (with their incarnations) and
+consumer-group offsets the master's.
+
+Metadata document (JSON, UTF-8; ``encode_metadata``/``decode_metadata``)::
+
+    {"broker_name": "broker-a",
+     "topics": [{"name": "t", "incarnation": 123, "created_ms": 1700000000000,
+                 "queues": [[queue_id, producer_visible, consumer_visible], ...]}],
+     "offsets": {"group": {"topic": [[queue_id, next_offset], ...]}}}
+
+This module reaches into the store's state (its lock, log, queues, topics and
+offsets) the way store.py's own helper modules do; store.py stays the owner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from equeue_broker.storage.errors import CorruptionError, InvalidArgument, PreconditionFailed
+from equeue_broker.storage.offsets import GroupOffsets
+from equeue_broker.storage.queue_state import QueueState
+from equeue_broker.storage.recovery import rebuild_indexes
+from equeue_broker.storage.store import Store
+from equeue_broker.storage.topics import QueueMeta, TopicMeta
+from equeue_broker.storage.txn_recovery import TxnScan
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, check_frame, read_meta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """A master's group metadata (the module docstring's document)."""
+
+    broker_name: str
+    topics: tuple[TopicMeta, ...]
+    offsets: dict[str, GroupOffsets]
+
+
+def encode_metadata(meta: Metadata) -> bytes:
+    document = {
+        "broker_name": meta.broker_name,
+        "topics": [
+            {
+                "name": t.name,
+                "incarnation": t.incarnation,
+                "created_ms": t.created_ms,
+                "queues": [[q.queue_id, q.producer_visible, q.consumer_visible] for q in t.queues],
+            }
+            for t in meta.topics
+        ],
+        "offsets": {
+            group: {topic: sorted(queues.items()) for topic, queues in topics.items()}
+            for group, topics in meta.offsets.items()
+        },
+    }
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_metadata(data: bytes) -> Metadata:
+    """The document ``data`` holds; ``InvalidArgument`` naming what is wrong."""
+    try:
+        document: Any = json.loads(data)
+        topics = tuple(
+            TopicMeta(
+                str(t["name"]),
+                tuple(QueueMeta(int(q), bool(p), bool(c)) for q, p, c in t["queues"]),
+                int(t["created_ms"]),
+                incarnation=int(t["incarnation"]),
+            )
+            for t in document["topics"]
+        )
+        offsets = {
+            str(group): {str(topic): {int(q): int(o) for q, o in qs} for topic, qs in ts.items()}
+            for group, ts in document["offsets"].items()
+        }
+        return Metadata(str(document["broker_name"]), topics, offsets)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InvalidArgument(f"bad replication metadata: {exc!r}") from None
+
+
+def master_metadata(store: Store, broker_name: str) -> Metadata:
+    """What a master sends its replicas."""
+    return Metadata(broker_name, tuple(store.topics()), store._offsets.snapshot())
+
+
+class ReplicaLog:
+    """Writes a master's log into ``store`` (the store must take no other writes)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        found = store.transactions.recovered()
+        self._scan = TxnScan(found.next_serial, found.sinks, False)
+        self._scan.found.open = found.open
+
+    @property
+    def end(self) -> int:
+        with self._store._lock:
+            return self._store._log.write_position
+
+    @property
+    def capacity(self) -> int:
+        return self._store._log.capacity
+
+    def append(self, position: int, data: bytes) -> int:
+        """Append the master's bytes ``data`` at ``position``; return the new log end.
+
+        ``PreconditionFailed`` if ``position`` is not where this log can
+        continue, ``CorruptionError`` if a frame fails its checks (nothing is
+        written then)."""
+        store = self._store
+        changed: list[tuple[QueueState, int]] = []
+        with store._lock:
+            store._check_writable()
+            self._place(position, len(data))
+            _check_frames(position, data)
+            self._start_queues(data)
+            message_log = store._log
+
+            def encode(out: memoryview, _position: int) -> int:
+                out[:] = data
+                return len(data)
+
+            try:
+                message_log.append(len(data), encode)
+            except OSError as exc:
+                store._fail(exc)  # the log on disk is no longer known: restart
+                raise
+            rebuild_indexes(message_log, store._queues, position, position, self._scan)
+            for queue in store._queues.values():
+                if queue.index.end > queue.visible_end:
+                    queue.visible_end = queue.index.end
+                    changed.append((queue, queue.visible_end))
+            end = message_log.write_position
+        store.transactions.adopt(self._scan.found)
+        if changed and store._listeners:
+            store._notify(changed)
+        return end
+
+    def _place(self, position: int, size: int) -> None:
+        """Make the log's write position ``position`` if it may be (lock held)."""
+        message_log = self._store._log
+        end = message_log.write_position
+        capacity = message_log.capacity
+        active = message_log.active
+        if position != end:
+            if position == (active.number + 1) * capacity:
+                message_log.roll()  # the master sealed this chunk at the same size
+            elif _empty(self._store) and position % capacity == 0 and position > end:
+                log.warning(
+                    "empty replica starts its log at position %d (the master's log start)",
+                    position,
+                )
+                message_log.chunks.clear()
+                active.close()
+                active.path.unlink()
+                message_log._new_chunk(position // capacity)
+            else:
+                raise PreconditionFailed(
+                    f"replicated bytes start at log position {position}, but this log ends at {end}"
+                )
+        if size > message_log.room():
+            raise PreconditionFailed(
+                f"replicated bytes [{position}, {position + size}) do not fit the chunk "
+                f"at {position} (room {message_log.room()}): chunk capacities differ?"
+            )
+
+    def _start_queues(self, data: bytes) -> None:
+        """An empty queue whose first replicated record has a later offset (the
+        master's retention removed the earlier ones) starts there (lock held)."""
+        queues = self._store._queues
+        pos = 0
+        seen: set[tuple[bytes, int]] = set()
+        while pos < len(data):
+            meta = read_meta(data, pos)
+            pos += meta.frame_size
+            if meta.flags & (FLAG_TXN | FLAG_CONTROL) or (meta.topic, meta.queue_id) in seen:
+                continue
+            seen.add((meta.topic, meta.queue_id))  # only a queue's first record says
+            queue = queues.get((meta.topic.decode(), meta.queue_id))
+            index = None if queue is None else queue.index
+            if index is not None and index.end == index.earliest == 0 < meta.queue_offset:
+                index.end = index.earliest = meta.queue_offset
+                assert queue is not None
+                queue.visible_end = queue.notified_end = meta.queue_offset
+
+    def truncate(self, position: int) -> None:
+        """Cut the log at ``position`` (a divergent tail), and every index entry
+        and open transaction at or after it. Loud: it drops records."""
+        store = self._store
+        with store._lock:
+            message_log = store._log
+            end = message_log.write_position
+            if position >= end:
+                return
+            if position < message_log.start_of(message_log.active):
+                raise PreconditionFailed(
+                    f"the replica's log diverges from its master's before position {position}, "
+                    f"in a sealed chunk (log end {end}); cutting sealed chunks is not done "
+                    "yet: empty the replica's data directory and restart it"
+                )
+            log.error(
+                "REPLICA TRUNCATES its log from %d to %d (%d bytes): they are not on the "
+                "master (diverged, or the master lost them)", end, position, end - position,
+            )  # fmt: skip
+            message_log.truncate(position)
+            for queue in store._queues.values():
+                queue.index.recover(position)
+                queue.visible_end = queue.notified_end = queue.index.end
+            store._checkpoint = min(store._checkpoint, position)
+            found = self._scan.found
+            found.open = {s: t for s, t in found.open.items() if t.first_position < position}
+            store._offsets.clamp({k: q.visible_end for k, q in store._queues.items()})
+        store.transactions.adopt(self._scan.found)
+
+    def apply_metadata(self, meta: Metadata) -> bool:
+        """Make topics and group offsets the master's; True if anything changed."""
+        store = self._store
+        changed = False
+        wanted = {t.name: t for t in meta.topics}
+        for name, have in {t.name: t for t in store.topics()}.items():
+            if name not in wanted or wanted[name].incarnation != have.incarnation:
+                log.info("replica: topic %s deleted (the master's is gone or newer)", name)
+                store.delete_topic(name)
+                changed = True
+        with store._admin_lock, store._lock:
+            for name, topic in wanted.items():
+                have_meta = store._topics.get(name)
+                if have_meta == topic:
+                    continue
+                changed = True
+                before = store._topics
+                old_ids = {q.queue_id for q in have_meta.queues} if have_meta else set()
+                new_ids = {q.queue_id for q in topic.queues}
+                store._save_topics({**before, name: topic})
+                for queue_id in sorted(old_ids - new_ids):
+                    store._queues.pop((name, queue_id)).index.release()
+                    store._forget(name, queue_id)
+                store._open_queues(name, sorted(new_ids - old_ids), before)
+                for q in topic.queues:
+                    store._queues[(name, q.queue_id)].producer_visible = q.producer_visible
+        if store._offsets.replace_all(meta.offsets):
+            changed = True
+        return changed
+
+
+def _empty(store: Store) -> bool:
+    """The store holds no record at all (lock held)."""
+    message_log = store._log
+    return len(message_log.chunks) == 1 and message_log.active.data_size == 0
+
+
+def _check_frames(position: int, data: bytes) -> None:
+    """Every frame of ``data`` valid, naming its own position (record.py's checks)."""
+    pos = 0
+    while pos < len(data):
+        verdict = check_frame(data, pos, len(data))
+        if isinstance(verdict, str):
+            raise CorruptionError(
+                f"replicated record at log position {position + pos} is invalid: {verdict}"
+            )
+        stored = read_meta(data, pos).position
+        if stored != position + pos:
+            raise CorruptionError(
+                f"replicated record at log position {position + pos} names position {stored}"
+            )
+        pos += verdict
+
+
+def records_end(data: bytes | memoryview, limit: int) -> int:
+    """The end of the last whole record of ``data`` within ``limit`` bytes (at
+    least the first record, whatever its size): where a master cuts a reply."""
+    pos = 0
+    end = len(data)
+    while pos < end:
+        verdict = check_frame(data, pos, end)
+        if isinstance(verdict, str):
+            raise CorruptionError(f"invalid record in the log at offset {pos}: {verdict}")
+        if pos and pos + verdict > limit:
+            break
+        pos += verdict
+    return pos
+
+
+@dataclass(frozen=True)
+class LogPiece:
+    """A master's answer to a replica asking from a position (``read_for_replica``)."""
+
+    position: int
+    """Where ``data`` starts; below the asked position: the replica must cut its
+    log there first (the asked position is past the end, or not a record boundary)."""
+    data: bytes
+    end: int
+    """The master's log end (what a replica may copy)."""
+    start: int
+    """The master's log start."""
+
+
+def read_for_replica(store: Store, position: int, max_bytes: int) -> LogPiece:
+    """The log bytes a replica whose log ends at ``position`` needs next: whole
+    records, at most ``max_bytes`` (at least one record), within one chunk. In
+    sync flush mode only durable bytes are sent (a replica never holds what a
+    master's crash could take back)."""
+    with store._lock:
+        store._check_open()
+        message_log = store._log
+        end = message_log.write_position
+        if store._committer is not None:
+            end = min(end, store._commit.durable)
+        start = message_log.start_position
+        if position > end:
+            return LogPiece(end, b"", end, start)
+        position = max(position, start)  # retention removed it: the replica starts there
+        chunk = message_log.chunk_at(position)
+        chunk_end = message_log.start_of(chunk) + chunk.data_size
+        if position == chunk_end and chunk.sealed:
+            position = (chunk.number + 1) * message_log.capacity
+            chunk_end = (
+                end
+                if position >= message_log.start_of(message_log.active)
+                else (position + message_log.chunk_at(position).data_size)
+            )
+        stop = min(chunk_end, end)
+        if position >= stop:
+            return LogPiece(position, b"", end, start)
+        view = message_log.copy(position, stop)
+        if isinstance(check_frame(view, 0, len(view)), str) or (
+            read_meta(view, 0).position != position
+        ):
+            return LogPiece(_boundary_before(store, position), b"", end, start)
+        cut = records_end(view, max_bytes)
+        return LogPiece(position, bytes(view[:cut]), end, start)
+
+
+def _boundary_before(store: Store, position: int) -> int:
+    """The last record boundary of the log at or before ``position`` (lock held)."""
+    message_log = store._log
+    chunk = message_log.chunk_at(position)
+    boundary = message_log.start_of(chunk)
+    for at, meta in message_log.iter_records(boundary):
+        if at + meta.frame_size > position:
+            break
+        boundary = at + meta.frame_size
+    return boundary
