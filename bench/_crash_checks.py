@@ -29,7 +29,7 @@ from bench._crash_cycle import (
     ident_of,
 )
 from bench._harness import check_store, pull_queue
-from equeue_broker.storage.atomic_file import decode_document, load_json
+from equeue_broker.storage.atomic_file import load_json
 from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader, active_size
 from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
 from equeue_proto.protocol import format_message_id
