@@ -6,6 +6,7 @@ nothing the replica had."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from equeue_broker.storage.topics import QueueMeta, TopicMeta
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_spark.cli import main
 from tests.support.waits import wait_for
 
 CHUNK = str(4 << 20)  # small chunks: replication must roll them where the master did
@@ -115,7 +117,7 @@ def produce_mix(client: Client, rounds: int, tag: str) -> None:
 
 @pytest.mark.timeout(180)
 def test_replica_follows_restarts_refuses_writes_and_survives_the_master(
-    tmp_path: Path, master: BrokerProcess
+    tmp_path: Path, master: BrokerProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
     m = Client(master.address)
     produce_mix(m, 5, "before")  # topics and records before the replica exists
@@ -149,6 +151,13 @@ def test_replica_follows_restarts_refuses_writes_and_survives_the_master(
         wait_for("the master to see its replica at its end", tracked, 30)
         assert r.stats().role == "replica"
         assert r.stats().master == master.address
+        # `equeue stats` says the same, on each side.
+        assert main(["--broker", master.address, "--timeout-s", "10", "stats"]) == 0
+        said = capsys.readouterr().out
+        assert re.search(r"^role +master$", said, re.M), said
+        assert f"replica {replica.address}: at " in said and "0 B behind, connected" in said
+        assert main(["--broker", replica.address, "--timeout-s", "10", "stats"]) == 0
+        assert f"following {master.address}" in capsys.readouterr().out
 
         # Writes to a replica are refused, naming the master.
         for call in (

@@ -87,9 +87,17 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
                     "transactions",
                     f"{s.open_transactions} open, {format_bytes(s.staged_bytes)} staged",
                 ),
+                ("role", f"{s.role or 'master'}" + (f", following {s.master}" if s.master else "")),
+                ("log end", s.log_end_position),
             ]
         )
     )
+    for r in s.replicas:  # a master's view of each replica following it
+        state = "connected" if r.connected else "disconnected"
+        ui.line(
+            f"replica {r.address}: at {r.position}, {format_bytes(r.lag_bytes)} behind, "
+            f"{state}, last seen {r.last_seen_s:.1f} s ago"
+        )
     # Damage is the one thing here an operator must act on: said last, one line each.
     for chunk in s.quarantined_chunks:
         ui.line(
