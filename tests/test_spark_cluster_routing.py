@@ -3,12 +3,17 @@
 Batch and streaming reads (partitions per (broker, queue), the ``broker``
 column, offsets naming brokers), group progress per broker, writes routed like
 the producer, exactly-once writes spanning brokers, and the exactly-once
-commit protocol when the driver dies between two brokers' commits.
+commit protocol when the driver dies between two brokers' commits;
+startingTimestamp and minOffsetsPerTrigger over the brokers, and
+failOnDataLoss when one broker's retention removed records a query still
+wanted or a topic was recreated (on one broker or all).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -325,3 +330,319 @@ def test_topic_patterns_tags_and_byte_limits_over_the_cluster(
     assert query.exception() is None
     assert spark.sql("select count(*) from pat_bytes").collect()[0][0] == 60
     assert sum(1 for p in query.recentProgress if p["numInputRows"]) >= 2
+
+
+# -- startingTimestamp, minOffsetsPerTrigger and failOnDataLoss over the cluster ------
+
+RETENTION_FLAGS = (
+    "--chunk-size", "65536", "--max-message-bytes", "16384",
+    "--retention-max-chunks", "2", "--retention-check-interval-ms", "100",
+)  # fmt: skip
+
+
+def send_to(cluster: LocalCluster, topic: str, broker: str, values: list[bytes],
+            queue: int = 0) -> None:  # fmt: skip
+    """Send ``values`` to one (broker, queue), 1000 a request."""
+    with Producer(namesrv=cluster.namesrv) as producer:
+        for lo in range(0, len(values), 1000):
+            part = values[lo : lo + 1000]
+            producer.send_batch(topic, part, queue_ids=[queue] * len(part),
+                                brokers=[broker] * len(part))  # fmt: skip
+
+
+def stream(spark: Any, cluster: LocalCluster, topic: str, **options: str) -> Any:
+    source = spark.readStream.format("equeue").option("namesrv", cluster.namesrv)
+    source = source.option("topic", topic)
+    for key, value in options.items():
+        source = source.option(key, value)
+    return source.load()
+
+
+def run_available_now(df: Any, checkpoint: Path, sink: Path, timeout_s: int = 180) -> Any:
+    query = (
+        df.writeStream.format("parquet").option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )  # fmt: skip
+    assert query.awaitTermination(timeout_s), "AvailableNow query did not finish in time"
+    assert query.exception() is None
+    return query
+
+
+def start_available_now(df: Any, checkpoint: Path, sink: Path) -> Any:
+    return (
+        df.writeStream.format("parquet").option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    )  # fmt: skip
+
+
+def parquet_rows(spark: Any, sink: Path) -> list[Any]:
+    return spark.read.parquet(str(sink)).collect() if sink.exists() else []
+
+
+@pytest.mark.timeout(600)
+def test_starting_timestamp_picks_each_brokers_first_offset_at_or_after_it(
+    spark: Any, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyspark")
+    from equeue_spark.spark.options import ReadOptions
+    from equeue_spark.spark.source import EqueueStreamReader
+
+    make_topic(cluster, "stamps")
+    # A different number of early records in each (broker, queue), so each
+    # queue's first offset at or after the cutoff is its own.
+    early = {(b, q): 2 + 2 * i + q for i, b in enumerate(BROKERS) for q in (0, 1)}
+    for (b, q), n in early.items():
+        send_to(cluster, "stamps", b, [b"early-%s%d-%d" % (b.encode(), q, i) for i in range(n)], q)
+    with Admin(namesrv=cluster.namesrv) as admin:
+        cutoff = 1 + max(
+            admin.get_message_at("stamps", q, n - 1, broker=b).store_timestamp_ms
+            for (b, q), n in early.items()
+        )  # fmt: skip
+    wait_for(lambda: time.time() * 1000 > cutoff + 1)
+    late: list[bytes] = []
+    for i, (b, q) in enumerate(sorted(early)):
+        if (b, q) == ("c", 1):
+            continue  # nothing late here: it starts at its end offset
+        values = [b"late-%s%d-%d" % (b.encode(), q, j) for j in range(i + 1)]
+        send_to(cluster, "stamps", b, values, q)
+        late += values
+    # The stream's initial offsets: per (broker, queue), the first at or after the cutoff.
+    options = ReadOptions.parse(
+        {"namesrv": cluster.namesrv, "topic": "stamps", "startingTimestamp": str(cutoff)},
+        streaming=True,
+    )
+    reader = EqueueStreamReader(options, None)  # type: ignore[arg-type]
+    try:
+        assert from_json(reader.initialOffset()) == {
+            (f"{b}/stamps", q): n for (b, q), n in early.items()
+        }
+    finally:
+        reader.stop()
+    # A batch read and a streaming query from the timestamp read the late records only.
+    batch = (
+        spark.read.format("equeue").option("namesrv", cluster.namesrv)
+        .option("topic", "stamps").option("startingTimestamp", str(cutoff)).load()
+        .select("broker", "queue", "offset", "value").collect()
+    )  # fmt: skip
+    assert sorted(r.value for r in batch) == sorted(late)
+    assert all(r.offset >= early[(r.broker, r.queue)] for r in batch)
+    before = (
+        spark.read.format("equeue").option("namesrv", cluster.namesrv)
+        .option("topic", "stamps").option("endingTimestamp", str(cutoff)).load().count()
+    )  # fmt: skip
+    assert before == sum(early.values())
+    df = stream(spark, cluster, "stamps", startingTimestamp=str(cutoff))
+    run_available_now(df.select("broker", "queue", "offset", "value"),
+                      tmp_path / "ck", tmp_path / "out")  # fmt: skip
+    streamed = parquet_rows(spark, tmp_path / "out")
+    assert sorted(r.value for r in streamed) == sorted(late)
+    assert {r.broker for r in streamed} == set(BROKERS)
+
+
+@pytest.mark.timeout(600)
+def test_min_offsets_per_trigger_waits_for_rows_across_brokers(
+    spark: Any, cluster: LocalCluster
+) -> None:
+    make_topic(cluster, "minrows", queues=1)
+    make_topic(cluster, "mindelay", queues=1)
+    queries = []
+
+    def start(topic: str, table: str, **options: str) -> Any:
+        query = (
+            stream(spark, cluster, topic, **options).select("broker", "value")
+            .writeStream.format("memory").queryName(table)
+            .trigger(processingTime="200 milliseconds").start()
+        )  # fmt: skip
+        queries.append(query)
+        return query
+
+    def count(table: str) -> int:
+        return int(spark.sql(f"select count(*) from {table}").collect()[0][0])
+
+    try:
+        query = start("minrows", "min_rows", minOffsetsPerTrigger="100", maxTriggerDelay="10m")
+        wait_for(lambda: query.lastProgress is not None, 120)
+        for b in BROKERS:
+            send_to(cluster, "minrows", b, [b"x"] * 20)  # 60 rows, fewer than 100
+        # Several triggers pass without a batch: fewer rows than minOffsetsPerTrigger.
+        seen = len(query.recentProgress)
+        wait_for(lambda: len(query.recentProgress) >= seen + 3, 120)
+        assert count("min_rows") == 0
+        for b in BROKERS:
+            send_to(cluster, "minrows", b, [b"y"] * 15)  # 105 in all now
+        wait_for(lambda: count("min_rows") == 105, 120)
+        sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        assert sizes == [105]  # one batch, over the three brokers
+        brokers = spark.sql("select distinct broker from min_rows").collect()
+        assert {r.broker for r in brokers} == set(BROKERS)
+        assert query.exception() is None
+        # maxTriggerDelay: too few rows, but the delay passes and they are read.
+        delayed = start("mindelay", "min_delay", minOffsetsPerTrigger="1000",
+                        maxTriggerDelay="3s")  # fmt: skip
+        wait_for(lambda: delayed.lastProgress is not None, 120)
+        for b in BROKERS:
+            send_to(cluster, "mindelay", b, [b"z"] * 5)
+        wait_for(lambda: count("min_delay") == 15, 120)
+        assert delayed.exception() is None
+    finally:
+        for q in queries:
+            q.stop()
+
+
+@pytest.fixture(scope="module")
+def retention_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Like ``cluster``, but broker c keeps only two small chunks per queue."""
+    started = LocalCluster(
+        tmp_path_factory.mktemp("retention-cluster"),
+        broker_flags=("--flush", "sync", "--register-interval-ms", "300"),
+    )
+    try:
+        started.start(2, ("a", "b"))
+        started.add_broker("c", *RETENTION_FLAGS)
+        yield started
+    finally:
+        started.kill()
+
+
+@pytest.mark.timeout(600)
+def test_fail_on_data_loss_when_retention_removes_one_brokers_records(
+    spark: Any, retention_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    cluster = retention_cluster
+    make_topic(cluster, "lossy", queues=1)
+    for b in BROKERS:
+        send_to(cluster, "lossy", b, [b"early-" + b.encode()] * 10)
+    run_available_now(stream(spark, cluster, "lossy", startingOffsets="earliest"),
+                      tmp_path / "ck", tmp_path / "out")  # fmt: skip
+    assert len(parquet_rows(spark, tmp_path / "out")) == 30
+    for b in ("a", "b"):
+        send_to(cluster, "lossy", b, [b"later-" + b.encode()] * 5)
+    send_to(cluster, "lossy", "c", [b"z" * 1000] * 1000)  # ~16 chunks on c
+    with Admin(namesrv=cluster.namesrv) as admin:
+        on_c = admin.broker_admin("c", "lossy")
+
+        def earliest_on_c() -> int:
+            return on_c.list_offsets("lossy")[0].earliest_offset
+
+        wait_for(lambda: earliest_on_c() > 10, 60)
+        earliest = earliest_on_c()
+
+    query = start_available_now(stream(spark, cluster, "lossy"), tmp_path / "ck", tmp_path / "out")
+    lost = r"c/lossy/0: offsets \[10, \d+\) were removed by retention"
+    with pytest.raises(Exception, match=lost):
+        query.awaitTermination(180)
+    assert len(parquet_rows(spark, tmp_path / "out")) == 30  # nothing written by that query
+
+    lenient = stream(spark, cluster, "lossy", failOnDataLoss="false")
+    run_available_now(lenient, tmp_path / "ck", tmp_path / "out")
+    rows = parquet_rows(spark, tmp_path / "out")
+    by_broker: dict[str, list[int]] = {b: [] for b in BROKERS}
+    for r in rows:
+        by_broker[r.broker].append(r.offset)
+    for b in ("a", "b"):  # the other brokers: every record once
+        assert sorted(by_broker[b]) == list(range(15))
+    later = sorted(o for o in by_broker["c"] if o >= 10)
+    assert later[0] >= earliest and later[-1] == 1009  # skipped the lost, read the rest
+    assert later == list(range(later[0], 1010))
+    assert sorted(o for o in by_broker["c"] if o < 10) == list(range(10))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("recreated", [("b",), BROKERS], ids=["on-one-broker", "everywhere"])
+def test_recreated_topic_fails_or_is_read_from_earliest(
+    spark: Any, cluster: LocalCluster, tmp_path: Path, recreated: tuple[str, ...]
+) -> None:
+    topic = f"reborn-{len(recreated)}"
+    make_topic(cluster, topic, queues=1)
+    for b in BROKERS:
+        send_to(cluster, topic, b, [b"old-%s-%d" % (b.encode(), i) for i in range(5)])
+    run_available_now(stream(spark, cluster, topic, startingOffsets="earliest"),
+                      tmp_path / "ck", tmp_path / "out")  # fmt: skip
+    with Admin(namesrv=cluster.namesrv) as admin:
+        named = recreated[0]  # the first recreated broker, by name, is the one reported
+        old = admin.broker_admin(named).describe_topic(topic).incarnation
+        if recreated == BROKERS:
+            admin.delete_topic(topic)
+            admin.create_topic(topic, queues=1)
+        else:
+            admin.broker_admin(named).delete_topic(topic)
+            admin.broker_admin(named).create_topic(topic, queues=1)
+        new = admin.broker_admin(named).describe_topic(topic).incarnation
+        assert new != old
+        wait_for(lambda: len(admin.route(topic).queues()) == len(BROKERS))
+    # Past the checkpoint's offsets (5 per queue) on each broker: read from
+    # there, a recreated topic's first 5 records would be skipped without a word.
+    new_values = {b: [b"new-%s-%d" % (b.encode(), i) for i in range(8)] for b in BROKERS}
+    for b, values in new_values.items():
+        send_to(cluster, topic, b, values)
+
+    query = start_available_now(stream(spark, cluster, topic), tmp_path / "ck", tmp_path / "out")
+    with pytest.raises(
+        Exception,
+        match=rf"topic {named}/{topic} was deleted .* incarnation {old}, .* incarnation {new};",
+    ):
+        query.awaitTermination(180)
+
+    lenient = stream(spark, cluster, topic, failOnDataLoss="false")
+    run_available_now(lenient, tmp_path / "ck", tmp_path / "out")
+    read = sorted(r.value for r in parquet_rows(spark, tmp_path / "out"))
+    old_values = [b"old-%s-%d" % (b.encode(), i) for b in BROKERS for i in range(5)]
+    assert read == sorted(old_values + [v for vs in new_values.values() for v in vs])
+
+
+@pytest.mark.timeout(300)
+def test_a_read_task_meeting_retention_names_the_broker(
+    spark: Any, retention_cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention removes records after the batch was planned: the read task
+    applies failOnDataLoss itself, and its error (or, lenient, its warning)
+    names the broker (three brokers each have a queue 0 of the topic); so
+    does the planner's, for the next batch."""
+    from pyspark.sql.types import StructType
+
+    from equeue_spark.spark.arrow import arrow_schema, read_schema
+    from equeue_spark.spark.errors import OffsetsLostError
+    from equeue_spark.spark.options import ReadOptions
+    from equeue_spark.spark.planning import Planner
+    from equeue_spark.spark.read_task import read_range
+
+    cluster = retention_cluster
+    make_topic(cluster, "late-loss", queues=1)
+    options = ReadOptions.parse(
+        {"namesrv": cluster.namesrv, "topic": "late-loss", "startingOffsets": "earliest"},
+        streaming=True,
+    )
+    planner = Planner(options)
+    struct = StructType.fromDDL(read_schema(False))
+    assert isinstance(struct, StructType)
+    schema = arrow_schema(struct)
+    try:
+        send_to(cluster, "late-loss", "c", [b"first"] * 10)
+        planned = planner.ranges({("c/late-loss", 0): 0}, {("c/late-loss", 0): 10})
+        assert [(p.start, p.end) for p in planned] == [(0, 10)]
+        send_to(cluster, "late-loss", "c", [b"z" * 1000] * 1000)  # retention removes 0..9
+        with Admin(namesrv=cluster.namesrv) as admin:
+            on_c = admin.broker_admin("c", "late-loss")
+            wait_for(lambda: on_c.list_offsets("late-loss")[0].earliest_offset > 10, 60)
+            earliest = on_c.list_offsets("late-loss")[0].earliest_offset
+        with pytest.raises(OffsetsLostError, match=r"c/late-loss/0 offsets \[0, 10\) were removed"):
+            list(read_range(planned[0], schema))
+        lenient = dataclasses.replace(planned[0], fail_on_data_loss=False)
+        with caplog.at_level(logging.WARNING, logger="equeue.spark"):
+            assert list(read_range(lenient, schema)) == []
+        assert "skipping c/late-loss/0 offsets [0, 10): removed by retention" in caplog.text
+        with pytest.raises(OffsetsLostError, match=r"c/late-loss/0: offsets \[0, \d+\) were"):
+            planner.ranges({("c/late-loss", 0): 0}, {("c/late-loss", 0): 1010})
+        skipping = Planner(dataclasses.replace(options, fail_on_data_loss=False))
+        try:
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="equeue.spark"):
+                ranges = skipping.ranges({("c/late-loss", 0): 0}, {("c/late-loss", 0): 1010})
+            assert [(r.broker_name, r.end) for r in ranges] == [("c", 1010)]
+            skipped_to = ranges[0].start  # retention may have gone on: at least earliest
+            assert skipped_to >= earliest
+            assert f"c/late-loss/0: offsets [0, {skipped_to}) were removed" in caplog.text
+        finally:
+            skipping.close()
+    finally:
+        planner.close()

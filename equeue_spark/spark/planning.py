@@ -271,6 +271,7 @@ class Planner:
                         tags=opts.tags,
                         fail_on_data_loss=opts.fail_on_data_loss,
                         security=opts.security,
+                        broker_name=split_key(key[0])[0],
                     )
                 )
         return ranges

@@ -57,6 +57,15 @@ class QueueRange:
     tags: tuple[str, ...] = ()
     fail_on_data_loss: bool = True
     security: Security = field(default_factory=Security)
+    broker_name: str = ""
+    """The broker's name in a cluster (option ``namesrv``), else empty."""
+
+    @property
+    def queue(self) -> str:
+        """The queue as errors name it: ``BROKER/TOPIC/QUEUE`` in a cluster
+        (each broker has a queue 0 of the topic), else ``TOPIC/QUEUE``."""
+        prefix = f"{self.broker_name}/" if self.broker_name else ""
+        return f"{prefix}{self.topic}/{self.queue_id}"
 
 
 def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -173,7 +182,7 @@ def _replies(conn: Connection, part: QueueRange) -> Iterator[PullReply]:
                 break
             yield reply
         if last is None:
-            raise OffsetsLostError(f"{part.topic}/{part.queue_id}: empty reply stream at {offset}")
+            raise OffsetsLostError(f"{part.queue}: empty reply stream at {offset}")
         if last.status == pb.PULL_STATUS_OFFSET_TOO_SMALL:
             offset = _skip_lost(part, offset, last.earliest_offset)
         elif last.end_offset < part.end and last.next_offset >= last.end_offset:
@@ -181,15 +190,13 @@ def _replies(conn: Connection, part: QueueRange) -> Iterator[PullReply]:
             return
         else:
             offset = last.next_offset
-    raise OffsetsLostError(
-        f"{part.topic}/{part.queue_id}: no progress reading [{part.start}, {part.end})"
-    )
+    raise OffsetsLostError(f"{part.queue}: no progress reading [{part.start}, {part.end})")
 
 
 def _short_queue(part: QueueRange, end: int) -> None:
     """The queue ends before the planned range does: records the query was
     promised are gone (a crash in async flush mode, or a recreated topic)."""
-    where = f"{part.topic}/{part.queue_id}: the query planned offsets up to {part.end}"
+    where = f"{part.queue}: the query planned offsets up to {part.end}"
     if part.fail_on_data_loss:
         raise OffsetsLostError(
             f"{where}, but the queue ends at {end} (the broker lost unflushed data, or the "
@@ -199,7 +206,7 @@ def _short_queue(part: QueueRange, end: int) -> None:
 
 
 def _skip_lost(part: QueueRange, offset: int, earliest: int) -> int:
-    where = f"{part.topic}/{part.queue_id} offsets [{offset}, {min(earliest, part.end)})"
+    where = f"{part.queue} offsets [{offset}, {min(earliest, part.end)})"
     if part.fail_on_data_loss:
         raise OffsetsLostError(
             f"{where} were removed by retention before the query read them; "
