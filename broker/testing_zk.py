@@ -35,8 +35,6 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from types import TracebackType
 
-from equeue_broker.testing import stop_process
-
 HOST = "127.0.0.1"
 CLASSPATH = os.environ.get("EQUEUE_ZOOKEEPER_CLASSPATH", "/usr/share/java/*")
 """Where the ZooKeeper jars are (Debian's package: ``/usr/share/java``)."""
@@ -171,7 +169,12 @@ class ZooKeeperProcess:
         if self.process is None or self.process.poll() is not None:
             return
         self.resume()  # a stopped process does not act on SIGTERM
-        stop_process(self.process, timeout_s)
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout_s)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
