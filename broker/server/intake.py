@@ -103,11 +103,6 @@ class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def _gate_unary(self, handler: MethodHandler) -> MethodHandler:
         """``handler`` served as request-streaming: same wire, gated receive."""
-        kinds = {
-            False: grpc.stream_unary_rpc_method_handler,
-            True: grpc.stream_stream_rpc_method_handler,
-        }
-        make = kinds[handler.response_streaming]
         if handler.response_streaming:
             inner_us = handler.unary_stream
 
@@ -120,23 +115,25 @@ class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 async for reply in inner_us(request, context):
                     yield reply
 
-            behaviour: Any = unary_stream
-        else:
-            inner_uu = handler.unary_unary
+            return grpc.stream_stream_rpc_method_handler(
+                unary_stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        inner_uu = handler.unary_unary
 
-            async def unary_unary(requests: Any, context: Any) -> Any:
-                try:
-                    request, held = await self._only(context)
-                except Exception as exc:  # every error becomes a status; see errors.py
-                    await context.abort(*status_for(exc))
-                try:
-                    return await inner_uu(request, context)
-                finally:
-                    held.release()
+        async def unary_unary(requests: Any, context: Any) -> Any:
+            try:
+                request, held = await self._only(context)
+            except Exception as exc:  # every error becomes a status; see errors.py
+                await context.abort(*status_for(exc))
+            try:
+                return await inner_uu(request, context)
+            finally:
+                held.release()
 
-            behaviour = unary_unary
-        return make(
-            behaviour,
+        return grpc.stream_unary_rpc_method_handler(
+            unary_unary,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
