@@ -29,6 +29,7 @@ from equeue_broker.server.auth import AuthInterceptor, TokenTable
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.follower import Follower
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.intake import IntakeGate
@@ -36,7 +37,8 @@ from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar, advertised
 from equeue_broker.server.replicas import ReplicaGate, ReplicaTracker
-from equeue_broker.server.replication import Follower, LogGrowth, ReplicationService
+from equeue_broker.server.replication import LogGrowth, ReplicationService
+from equeue_broker.server.role import BrokerRole
 from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.service_data import BrokerService
@@ -107,8 +109,10 @@ async def create_server(
     interceptors.insert(
         0, IntakeGate(intake, config.max_request_bytes, config.request_read_timeout_ms / 1000)
     )
-    if config.role == "replica":  # after authentication: an unknown caller learns nothing
-        interceptors.append(ReplicaGate(config.broker_name, config.master))
+    role = BrokerRole(config.role, config.master)
+    # After authentication: an unknown caller learns nothing. Always installed:
+    # failover can make a master a replica at any time (role.py).
+    interceptors.append(ReplicaGate(config.broker_name, role))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     instance_id = broker_id_for(config.storage.data_dir)
     state = BrokerState(
@@ -123,6 +127,7 @@ async def create_server(
         produce_bytes=ByteBudget("max_produce_bytes", config.max_produce_bytes, wait_s),
     )
     state.tokens = tokens
+    state.role = role
     state.replicas = ReplicaTracker(config.max_replicas)
     store.add_listener(state.waiters.notify_threadsafe)
     growth = LogGrowth(asyncio.get_running_loop())

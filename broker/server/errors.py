@@ -10,8 +10,10 @@ Server-only errors extend the storage hierarchy::
     StorageError
     ├── InvalidArgument ── BadRequest      a malformed request field
     ├── PreconditionFailed ── ReplicaReadOnly  a write sent to a replica (replication.py)
+    │                      └── StaleEpoch       a request from an older group epoch (role.py)
     ├── LimitExceeded   ── TooManyPulls    the parked-pull limit
     ├── ShuttingDown                       the broker is stopping
+    ├── NotEnoughReplicas                  sync replication: too few in-sync replicas
     ├── RequestTimeout                     a request body arrived too slowly (intake.py)
     ├── Unauthenticated                    no valid token (auth.py)
     └── PermissionDenied                   the token lacks a role or topic (auth.py)
@@ -48,6 +50,18 @@ class ReplicaReadOnly(PreconditionFailed):
     message names the master to send it to."""
 
 
+class StaleEpoch(PreconditionFailed):
+    """A request stamped with a group epoch older than the newest this broker has
+    seen: it comes from a deposed master (docs/replication.md, "Fencing")."""
+
+
+class NotEnoughReplicas(StorageError):
+    """Sync replication: fewer in-sync members than ``--min-insync-replicas``, or
+    the in-sync replicas did not confirm in time. UNAVAILABLE (retryable, like
+    Kafka's NOT_ENOUGH_REPLICAS); the message names the group. Nothing the
+    request wrote is acknowledged."""
+
+
 class TooManyPulls(LimitExceeded):
     """Too many pulls are parked already."""
 
@@ -78,6 +92,7 @@ _CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
     (CorruptionError, grpc.StatusCode.DATA_LOSS),
     (StoreClosed, grpc.StatusCode.UNAVAILABLE),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+    (NotEnoughReplicas, grpc.StatusCode.UNAVAILABLE),
     (RequestTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),

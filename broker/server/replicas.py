@@ -20,6 +20,7 @@ import grpc
 from equeue_broker.server.auth import _refuse
 from equeue_broker.server.errors import ReplicaReadOnly
 from equeue_broker.server.handlers import MethodHandler
+from equeue_broker.server.role import BrokerRole, RoleView
 from equeue_broker.storage.errors import LimitExceeded
 
 WRITE_METHODS = frozenset(
@@ -87,12 +88,19 @@ class ReplicaTracker:
 
 
 class ReplicaGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Refuses writes on a replica, naming its master."""
+    """Refuses writes while this broker is a replica, naming its master.
 
-    def __init__(self, broker_name: str, master: str) -> None:
-        self.error = ReplicaReadOnly(
-            f"broker {broker_name or '(unnamed)'} is a replica of master {master}: it serves "
-            "reads only; send writes to the master"
+    The role is read per call (a failover may change it at any time)."""
+
+    def __init__(self, broker_name: str, role: BrokerRole) -> None:
+        self.name = broker_name or "(unnamed)"
+        self.role = role
+
+    def error(self, view: RoleView) -> ReplicaReadOnly:
+        master = f"master {view.master}" if view.master else "no master now (an election is due)"
+        return ReplicaReadOnly(
+            f"broker {self.name} is a replica of {master}: it serves reads only; "
+            "send writes to the group's master"
         )
 
     async def intercept_service(
@@ -101,6 +109,7 @@ class ReplicaGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         details: grpc.HandlerCallDetails,
     ) -> MethodHandler:
         handler = await continuation(details)
-        if handler is None or details.method not in WRITE_METHODS:
+        view = self.role.view
+        if handler is None or view.is_master or details.method not in WRITE_METHODS:
             return handler
-        return _refuse(handler, self.error)
+        return _refuse(handler, self.error(view))

@@ -10,9 +10,7 @@ most the request's ``wait_ms`` (woken by the store's listener when records
 are appended). The group's metadata rides along when it changed and at least
 every ``METADATA_INTERVAL_S``.
 
-Replica side, ``Follower``: keeps one stream open to ``--master`` (reconnecting
-with a bounded back-off), applies metadata, then bytes (``ReplicaLog.append``),
-and cuts its log where the master says it ends or diverges (``truncate``).
+The replica side is ``follower.Follower``.
 """
 
 from __future__ import annotations
@@ -22,16 +20,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.service_base import BrokerState, rpc_stream
-from equeue_broker.storage.errors import InvalidArgument, PreconditionFailed, StorageError
+from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.replicated import (
-    ReplicaLog,
-    decode_metadata,
     encode_metadata,
     master_metadata,
     read_for_replica,
@@ -87,10 +82,11 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         request_iterator: AsyncIterator[pb.ReplicateRequest],
         context: grpc.aio.ServicerContext[pb.ReplicateRequest, pb.ReplicateReply],
     ) -> AsyncIterator[pb.ReplicateReply]:
-        config = self.s.config
-        if config.role != "master":
+        view = self.s.role.view
+        if not view.is_master:
             raise PreconditionFailed(
-                f"this broker is a replica of {config.master}: replicate from the master"
+                f"this broker is a replica of {view.master or 'no master now'}: "
+                "replicate from the master"
             )
         store = self.s.store
         capacity = store.config.chunk_capacity_bytes
@@ -129,82 +125,3 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 )  # fmt: skip
         finally:
             self.s.replicas.close(slot)
-
-
-class Follower:
-    """A replica's replication loop (``run`` until cancelled)."""
-
-    def __init__(self, state: BrokerState, address: str) -> None:
-        self.s = state
-        self.replica = ReplicaLog(state.store)
-        self.address = address
-        self.master_end = 0
-        self.last_contact = 0.0
-        self.stopped: str | None = None
-        """Why replication stopped for good (a capacity or name mismatch)."""
-
-    async def run(self) -> None:
-        backoff = 0.1
-        master = self.s.config.master
-        while self.stopped is None:
-            try:
-                async with grpc.aio.insecure_channel(
-                    master, options=[("grpc.max_receive_message_length", 64 << 20)]
-                ) as channel:
-                    await self._follow(pb_grpc.ReplicationStub(channel))
-            except asyncio.CancelledError:
-                raise
-            except grpc.aio.AioRpcError as exc:
-                log.warning("replication from %s: %s %s", master, exc.code().name, exc.details())
-                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    self.stopped = str(exc.details())
-            except (StorageError, OSError) as exc:
-                log.error("replication from %s stopped: %s", master, exc)
-                self.stopped = str(exc)
-            if self.stopped is not None:
-                log.error("REPLICATION STOPPED: %s", self.stopped)
-                return
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    async def _follow(self, stub: pb_grpc.ReplicationStub) -> None:
-        requests: asyncio.Queue[pb.ReplicateRequest] = asyncio.Queue()
-
-        async def send() -> AsyncIterator[pb.ReplicateRequest]:
-            while True:
-                yield await requests.get()
-
-        def ask() -> None:
-            request = pb.ReplicateRequest(
-                position=self.replica.end,
-                max_bytes=MAX_REPLY_BYTES,
-                wait_ms=1000,
-                replica_address=self.address,
-                chunk_capacity=self.replica.capacity,
-            )
-            requests.put_nowait(request)
-
-        call: Any = stub.Replicate(send())  # type: ignore[arg-type]  # the aio stub
-        ask()
-        name = self.s.config.broker_name
-        reply: pb.ReplicateReply
-        async for reply in call:
-            self.last_contact = time.monotonic()
-            self.master_end = reply.master_end
-            if reply.metadata:
-                meta = decode_metadata(reply.metadata)
-                if name and meta.broker_name != name:
-                    raise InvalidArgument(
-                        f"the master is broker {meta.broker_name!r}, this replica is {name!r}: "
-                        "a replica must have its master's --broker-name (message ids name it)"
-                    )
-                await self.s.call(self.replica.apply_metadata, meta)
-            end = self.replica.end
-            if reply.data:
-                await self.s.call(self.replica.append, reply.position, reply.data)
-            elif reply.position < end:
-                await self.s.call(self.replica.truncate, reply.position)
-            ask()
-
-    def lag_bytes(self) -> int:
-        return max(0, self.master_end - self.replica.end)

@@ -336,12 +336,14 @@ class AdminService(pb_grpc.AdminServicer):
                     for c in damage.quarantined_chunks
                 ],
                 damaged_metadata=damage.metadata(),
-                role=self.s.config.role,
-                master=self.s.config.master,
+                role=view.role,
+                master=view.master,
+                epoch=view.epoch,
                 replicas=self._replicas(raw["log_write_position"]),
                 log_end_position=raw["log_write_position"],
             )
 
+        view = self.s.role.view
         return await self.s.call(stats)
 
     @rpc

@@ -29,6 +29,7 @@ from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar
 from equeue_broker.server.replicas import ReplicaTracker
+from equeue_broker.server.role import BrokerRole
 from equeue_broker.server.stats import Counters
 from equeue_broker.storage import Store
 
@@ -66,7 +67,9 @@ class BrokerState:
     replicas: ReplicaTracker = field(default_factory=lambda: ReplicaTracker(8))
     """A master: the replicas following it (replicas.py; limit ``max_replicas``)."""
     follower: Any = None
-    """A replica: its ``replication.Follower`` (the log it copies); None on a master."""
+    """A replica: its ``follower.Follower`` (the log it copies); None on a master."""
+    role: BrokerRole = field(default_factory=lambda: BrokerRole("master"))
+    """Master or replica now, its master and epoch (role.py; failover changes it)."""
     _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
 
     def topology_changed(self) -> None:

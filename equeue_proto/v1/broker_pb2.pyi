@@ -512,7 +512,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -535,6 +535,12 @@ class BrokerStats(_message.Message):
     MASTER_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LOG_END_POSITION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    FAILOVER_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -557,21 +563,31 @@ class BrokerStats(_message.Message):
     master: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     log_end_position: int
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ...) -> None: ...
+    epoch: int
+    replication: str
+    min_insync_replicas: int
+    in_sync: _containers.RepeatedScalarFieldContainer[str]
+    high_watermark: int
+    failover: str
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("address", "position", "lag_bytes", "last_seen_s", "connected")
+    __slots__ = ("address", "position", "lag_bytes", "last_seen_s", "connected", "replica_id", "in_sync")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
     address: str
     position: int
     lag_bytes: int
     last_seen_s: float
     connected: bool
-    def __init__(self, address: _Optional[str] = ..., position: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., connected: _Optional[bool] = ...) -> None: ...
+    replica_id: str
+    in_sync: bool
+    def __init__(self, address: _Optional[str] = ..., position: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., last_seen_s: _Optional[float] = ..., connected: _Optional[bool] = ..., replica_id: _Optional[str] = ..., in_sync: _Optional[bool] = ...) -> None: ...
 
 class QuarantinedChunk(_message.Message):
     __slots__ = ("file", "reason", "start_position", "end_position")
@@ -763,31 +779,41 @@ class ListBrokersReply(_message.Message):
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerEntry, _Mapping]]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
-    __slots__ = ("position", "max_bytes", "wait_ms", "replica_address", "chunk_capacity")
+    __slots__ = ("position", "max_bytes", "wait_ms", "replica_address", "chunk_capacity", "replica_id", "epoch", "last_epoch")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_EPOCH_FIELD_NUMBER: _ClassVar[int]
     position: int
     max_bytes: int
     wait_ms: int
     replica_address: str
     chunk_capacity: int
-    def __init__(self, position: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., replica_address: _Optional[str] = ..., chunk_capacity: _Optional[int] = ...) -> None: ...
+    replica_id: str
+    epoch: int
+    last_epoch: int
+    def __init__(self, position: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., replica_address: _Optional[str] = ..., chunk_capacity: _Optional[int] = ..., replica_id: _Optional[str] = ..., epoch: _Optional[int] = ..., last_epoch: _Optional[int] = ...) -> None: ...
 
 class ReplicateReply(_message.Message):
-    __slots__ = ("position", "data", "master_end", "master_start", "metadata", "chunk_capacity")
+    __slots__ = ("position", "data", "master_end", "master_start", "metadata", "chunk_capacity", "epoch", "high_watermark")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     MASTER_END_FIELD_NUMBER: _ClassVar[int]
     MASTER_START_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CHUNK_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     position: int
     data: bytes
     master_end: int
     master_start: int
     metadata: bytes
     chunk_capacity: int
-    def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ..., master_end: _Optional[int] = ..., master_start: _Optional[int] = ..., metadata: _Optional[bytes] = ..., chunk_capacity: _Optional[int] = ...) -> None: ...
+    epoch: int
+    high_watermark: int
+    def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ..., master_end: _Optional[int] = ..., master_start: _Optional[int] = ..., metadata: _Optional[bytes] = ..., chunk_capacity: _Optional[int] = ..., epoch: _Optional[int] = ..., high_watermark: _Optional[int] = ...) -> None: ...
