@@ -34,6 +34,7 @@ import os
 import shutil
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -316,16 +317,25 @@ class QueueIndex:
             )
         return entries[0]
 
-    def first_offset_where(self, lo: int, field: int, minimum: int) -> int:
+    def first_offset_where(
+        self,
+        lo: int,
+        field: int,
+        minimum: int,
+        entry: Callable[[int], IndexEntry] | None = None,
+    ) -> int:
         """Smallest offset in ``[lo, end)`` whose entry ``field`` is >= ``minimum``.
 
         Entries are non-decreasing in position (field 0) and store time (field 3)
         along a queue, which makes a binary search valid. Returns ``end`` if none.
+        ``entry`` reads one probed entry (default ``self.entry``); a caller that
+        checks what it probes passes its own, raising to stop the search.
         """
+        read = self.entry if entry is None else entry
         hi = self.end
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.entry(mid)[field] >= minimum:
+            if read(mid)[field] >= minimum:
                 hi = mid
             else:
                 lo = mid + 1

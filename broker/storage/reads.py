@@ -22,6 +22,7 @@ import logging
 import struct
 import threading
 from collections.abc import Callable, Iterable
+from typing import cast
 
 from crc32c import crc32c
 
@@ -41,6 +42,7 @@ from equeue_broker.storage.queue_index import (
     RUNS_DAMAGED,
     RUNS_EMPTY,
     RUNS_LIMIT,
+    IndexEntry,
     entry_damaged,
     entry_unchecked,
     index_runs,
@@ -54,6 +56,15 @@ log = logging.getLogger(__name__)
 
 TagFilter = dict[int, frozenset[bytes]]
 """{tag hash: tag strings with that hash} of a tag-filtered read."""
+
+
+class _Damaged(Exception):
+    """A probed index entry failed its check (``offset``): rebuild it, search again."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(offset)
+        self.offset = offset
+
 
 _MAX_REPAIRS = 256
 """Damaged index entries one read rebuilds (each restarts it) before giving up."""
@@ -531,18 +542,18 @@ class Reads:
         along a queue), checking every entry it probes: a damaged one would
         send the search the wrong way. None after rebuilding one from the log."""
         index = queue.index
-        lo, hi = index.earliest, index.end
-        while lo < hi:
-            mid = (lo + hi) // 2
-            raw = index.read_raw(mid, 1)
+
+        def checked(offset: int) -> IndexEntry:
+            raw = index.read_raw(offset, 1)
             if len(raw) < ENTRY_SIZE or raw[:8] == bytes(8) or entry_damaged(raw):
-                self._repair(queue, mid)
-                return None
-            if ENTRY.unpack(raw)[3] >= timestamp_ms:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+                raise _Damaged(offset)
+            return cast("IndexEntry", ENTRY.unpack(raw))
+
+        try:
+            return index.first_offset_where(index.earliest, 3, timestamp_ms, checked)
+        except _Damaged as damaged:
+            self._repair(queue, damaged.offset)
+            return None
 
     def offset_for_bytes(
         self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
