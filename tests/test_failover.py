@@ -62,7 +62,8 @@ class Client:
 
     def records(self, topic: str = "t") -> list[bytes]:
         """Every record of queue 0 of ``topic``, raw, as pulled."""
-        out, offset = [], 0
+        out: list[bytes] = []
+        offset = 0
         for _ in range(10_000):
             reply = self.broker.Pull(
                 pb.PullRequest(topic=topic, queue_id=0, offset=offset, max_messages=10_000,
