@@ -22,6 +22,9 @@ from equeue_broker.cluster.election import BASE_PATH, Layout, parse_hosts, read_
 from equeue_broker.server.app import broker_id_for
 from equeue_broker.server.follower import StaleReply, check_reply_epoch
 from equeue_broker.server.role import REPLICA, BrokerRole
+from equeue_broker.storage import Store
+from equeue_broker.storage.config import MessageLimits, StorageConfig
+from equeue_broker.storage.record import MessageBatch
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb
@@ -345,3 +348,28 @@ def test_zookeeper_excludes_role_flags() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--zookeeper", "z:2181"])  # no --broker-name
     assert parse_args(["--zookeeper", "z:2181/c", "--broker-name", "g"]).zookeeper == "z:2181/c"
+
+
+def test_the_epoch_history_is_derived_from_the_log(tmp_path: Path) -> None:
+    """Markers survive a restart through the checkpoint, and are rebuilt from
+    the log alone when the checkpoint is gone."""
+    config = StorageConfig(
+        tmp_path, chunk_capacity_bytes=64 << 10, limits=MessageLimits(max_message_bytes=4096)
+    )
+    with Store(config, background=False) as store:
+        store.create_topic("t", 1)
+        store.write_epoch_marker(1)
+        for i in range(40):  # rolls chunks: the markers lie in sealed ones
+            store.append("t", 0, MessageBatch(values(f"e1-{i}", 10, 400)))
+        start = store._log.write_position
+        store.write_epoch_marker(2)
+        store.append("t", 0, MessageBatch(values("e2", 3)))
+        assert store.epochs.entries() == [(1, 0), (2, start)]
+        assert store.epochs.end_of(1) == start and store.epochs.end_of(2) is None
+    with Store(config, background=False) as store:
+        assert store.epochs.entries() == [(1, 0), (2, start)]
+    for name in ("checkpoint.json", "checkpoint.json.bak"):
+        (tmp_path / name).unlink(missing_ok=True)
+    with Store(config, background=False) as store:
+        assert store.epochs.entries() == [(1, 0), (2, start)]
+        assert store._log.chunks[0].sealed
