@@ -37,8 +37,16 @@ class Follower:
         self.last_contact = 0.0
         self.stopped: str | None = None
         """Why replication stopped for good (a capacity or name mismatch)."""
+        self.metadata_version = 0
+        """The master's metadata version of the last reply applied (insync.py)."""
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:  # no longer following: nothing holds reads below a master's HW
+            self.s.store.set_hw_limit(None)
+
+    async def _run(self) -> None:
         backoff = 0.1
         while self.stopped is None:
             master = self.s.role.view.master  # read again: failover may change it
@@ -76,6 +84,8 @@ class Follower:
                 wait_ms=1000,
                 replica_address=self.address,
                 chunk_capacity=self.replica.capacity,
+                replica_id=self.s.instance_id,  # the in-sync set's name for it
+                metadata_version=self.metadata_version,
             )
             requests.put_nowait(request)
 
@@ -95,11 +105,15 @@ class Follower:
                     )
                 await self.s.call(self.replica.apply_metadata, meta)
             end = self.replica.end
-            if reply.data:
+            if reply.data:  # durable here (in sync flush mode fsynced) when it returns
                 await self.s.call(self.replica.append, reply.position, reply.data)
             elif reply.position < end:
                 await self.s.call(self.replica.truncate, reply.position)
-            ask()
+            # Reads here stop at the master's high watermark: below it, every
+            # record is on every in-sync member, so a failover cannot lose it.
+            self.s.store.set_hw_limit(reply.high_watermark)
+            self.metadata_version = reply.metadata_version
+            ask()  # at once: in sync replication the master's acks wait for this
 
     def lag_bytes(self) -> int:
         return max(0, self.master_end - self.replica.end)

@@ -61,6 +61,12 @@ class LogGrowth:
         self._event.set()
         self._event = asyncio.Event()
 
+    def wake(self) -> None:
+        """On the loop: wake the parked streams (sync replication: a write is
+        durable here, or the high watermark or the metadata version moved)."""
+        if self.waiting:
+            self._wake()
+
     async def wait(self, timeout_s: float) -> None:
         event = self._event
         self.waiting += 1
@@ -92,6 +98,8 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         capacity = store.config.chunk_capacity_bytes
         slot = self.s.replicas.open(context.peer())
         sent_meta, sent_at = b"", 0.0
+        insync, member = self.s.insync, ""
+        sent_hw = sent_version = -1
         try:
             async for request in request_iterator:
                 capacity = store._log.capacity
@@ -101,27 +109,36 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                         f"master's {capacity}: start the replica with --chunk-size {capacity}"
                     )
                 address = request.replica_address or context.peer()
-                self.s.replicas.update(slot, address, request.position)
+                member = request.replica_id or address  # its data directory's id
+                self.s.replicas.update(slot, address, request.position, member)
                 max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
                 wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
                 piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
+                if piece.position == request.position:  # a record boundary of this log
+                    insync.progress(member, slot, request.position, request.metadata_version)
                 deadline = time.monotonic() + wait_s
                 while not piece.data and piece.position == request.position:
                     left = deadline - time.monotonic()
-                    if left <= 0:
+                    if left <= 0 or insync.changed_since(sent_hw, sent_version):
                         break
                     await self.growth.wait(min(left, 0.2))  # staged records notify nobody
                     piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
-                # After the bytes: the metadata then covers every topic they name.
+                # After the bytes: the metadata then covers every topic they name;
+                # the version read before it: the metadata covers that version.
+                version = insync.metadata_version
                 meta = encode_metadata(master_metadata(store, self.s.broker_id))
                 now = time.monotonic()
                 send_meta = meta != sent_meta or now - sent_at > METADATA_INTERVAL_S
                 if send_meta:
                     sent_meta, sent_at = meta, now
+                sent_hw, sent_version = insync.high_watermark(piece.end), version
+                insync.offered(member, slot, piece.end, version)
                 yield pb.ReplicateReply(
                     position=piece.position, data=piece.data, master_end=piece.end,
                     master_start=piece.start, metadata=meta if send_meta else b"",
-                    chunk_capacity=capacity,
+                    chunk_capacity=capacity, high_watermark=sent_hw,
+                    metadata_version=version,
                 )  # fmt: skip
         finally:
             self.s.replicas.close(slot)
+            insync.disconnected(member, slot)
