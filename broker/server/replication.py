@@ -51,6 +51,9 @@ class LogGrowth:
         self._loop = loop
         self._event = asyncio.Event()
         self.waiting = 0
+        self.wakes = 0
+        """Counts ``wake`` calls: a stream that read before one re-reads instead
+        of parking (the wake may have come while it was not waiting yet)."""
 
     def notify_threadsafe(self, _topic: str, _queue_id: int, _end: int) -> None:
         """A store listener (any thread): records became readable."""
@@ -64,6 +67,7 @@ class LogGrowth:
     def wake(self) -> None:
         """On the loop: wake the parked streams (sync replication: a write is
         durable here, or the high watermark or the metadata version moved)."""
+        self.wakes += 1
         if self.waiting:
             self._wake()
 
@@ -113,6 +117,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 self.s.replicas.update(slot, address, request.position, member)
                 max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
                 wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
+                seen = self.growth.wakes
                 piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
                 if piece.position == request.position:  # a record boundary of this log
                     insync.progress(member, slot, request.position, request.metadata_version)
@@ -121,7 +126,9 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     left = deadline - time.monotonic()
                     if left <= 0 or insync.changed_since(sent_hw, sent_version):
                         break
-                    await self.growth.wait(min(left, 0.2))  # staged records notify nobody
+                    if self.growth.wakes == seen:  # else woken since the read: read again
+                        await self.growth.wait(min(left, 0.2))  # staged records notify nobody
+                    seen = self.growth.wakes
                     piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
                 # After the bytes: the metadata then covers every topic they name;
                 # the version read before it: the metadata covers that version.
