@@ -72,6 +72,7 @@ class Follower:
 
     async def _follow(self, stub: pb_grpc.ReplicationStub) -> None:
         requests: asyncio.Queue[pb.ReplicateRequest] = asyncio.Queue()
+        self.metadata_version = 0  # a master's versions mean something on its stream only
 
         async def send() -> AsyncIterator[pb.ReplicateRequest]:
             while True:
@@ -104,14 +105,15 @@ class Follower:
                         "a replica must have its master's --broker-name (message ids name it)"
                     )
                 await self.s.call(self.replica.apply_metadata, meta)
+            # Reads here stop at the master's high watermark (set before the bytes
+            # it may not cover): below it, every record is on every in-sync
+            # member, so a failover cannot lose it.
+            self.s.store.set_hw_limit(reply.high_watermark)
             end = self.replica.end
             if reply.data:  # durable here (in sync flush mode fsynced) when it returns
                 await self.s.call(self.replica.append, reply.position, reply.data)
             elif reply.position < end:
                 await self.s.call(self.replica.truncate, reply.position)
-            # Reads here stop at the master's high watermark: below it, every
-            # record is on every in-sync member, so a failover cannot lose it.
-            self.s.store.set_hw_limit(reply.high_watermark)
             self.metadata_version = reply.metadata_version
             ask()  # at once: in sync replication the master's acks wait for this
 
