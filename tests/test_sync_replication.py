@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +19,8 @@ import grpc
 import pytest
 
 from equeue_broker.server.config import BrokerConfig, parse_args
+from equeue_broker.storage import MessageBatch, StorageConfig, Store
+from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import InvalidArgument
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import decode_record, read_meta
@@ -266,3 +268,30 @@ def test_bad_replication_settings_are_config_errors(capsys: pytest.CaptureFixtur
     config = parse_args(["--replication", "sync", "--min-insync-replicas", "2"])
     assert (config.replication, config.min_insync_replicas) == ("sync", 2)
     assert config.replica_lag_max_ms == 10_000
+
+
+@pytest.mark.parametrize("flush", [FlushMode.ASYNC, FlushMode.SYNC])
+def test_the_store_serves_only_below_its_hw_limit(
+    open_store: Callable[..., Store], make_config: Callable[..., StorageConfig], flush: FlushMode
+) -> None:
+    """The storage side of the high watermark: a record is readable once it is
+    durable and ends at or below the limit the server sets (None: no limit)."""
+    store = open_store(make_config(flush_mode=flush))
+    store.create_topic("t", 1)
+    store.append("t", 0, MessageBatch([b"a"]))
+    assert store.queue_info("t", 0).end == 1
+    held_from = store.durable_end
+    store.set_hw_limit(held_from)
+    store.append("t", 0, MessageBatch([b"b", b"c"]))
+    store.transactions.stage("x", "t", [(0, MessageBatch([b"d"]))])
+    store.transactions.commit([("x", 1)])
+    assert store.durable_end > held_from == store.high_watermark
+    assert store.queue_info("t", 0).end == 1
+    assert [m.value for m in store.read("t", 0, 0).messages] == [b"a"]
+    store.set_hw_limit(store.durable_end - 1)  # short of the commit record's end
+    assert store.queue_info("t", 0).end == 3
+    store.set_hw_limit(None)
+    assert store.high_watermark == store.durable_end
+    assert [m.value for m in store.read("t", 0, 0).messages] == [b"a", b"b", b"c", b"d"]
+    store.set_hw_limit(0)  # a limit that goes back hides nothing already readable
+    assert store.queue_info("t", 0).end == 4
