@@ -21,7 +21,8 @@ import pytest
 from equeue_broker.server.config import BrokerConfig, parse_args
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
 from equeue_broker.storage.config import FlushMode
-from equeue_broker.storage.errors import InvalidArgument
+from equeue_broker.storage.errors import CorruptionError, InvalidArgument
+from equeue_broker.storage.replicated import ReplicaLog, _check_frames, read_for_replica
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import decode_record, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
@@ -295,3 +296,23 @@ def test_the_store_serves_only_below_its_hw_limit(
     assert [m.value for m in store.read("t", 0, 0).messages] == [b"a", b"b", b"c", b"d"]
     store.set_hw_limit(0)  # a limit that goes back hides nothing already readable
     assert store.queue_info("t", 0).end == 4
+
+
+def test_a_replica_refuses_damaged_or_misplaced_bytes(
+    open_store: Callable[..., Store], make_config: Callable[..., StorageConfig], tmp_path: Path
+) -> None:
+    """The replica's frame checks (one codec call, then each record's position)."""
+    master = open_store()
+    master.create_topic("t", 1)
+    master.append("t", 0, MessageBatch([b"v%d" % i for i in range(50)]))
+    piece = read_for_replica(master, 0, 1 << 20)
+    replica = ReplicaLog(open_store(make_config(data_dir=tmp_path / "replica")))
+    damaged = bytearray(piece.data)
+    damaged[len(damaged) // 2] ^= 0xFF
+    with pytest.raises(CorruptionError, match="is invalid"):
+        replica.append(0, bytes(damaged))
+    master.append("t", 0, MessageBatch([b"later"]))
+    later = read_for_replica(master, len(piece.data), 1 << 20)
+    with pytest.raises(CorruptionError, match="names position"):
+        _check_frames(0, later.data)  # the bytes of one position presented as another's
+    assert replica.append(0, piece.data) == len(piece.data)
