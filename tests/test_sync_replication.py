@@ -22,7 +22,12 @@ from equeue_broker.server.config import BrokerConfig, parse_args
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import CorruptionError, InvalidArgument
-from equeue_broker.storage.replicated import ReplicaLog, _check_frames, read_for_replica
+from equeue_broker.storage.replicated import (
+    ReplicaLog,
+    _check_frames,
+    read_for_replica,
+    records_end,
+)
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import decode_record, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
@@ -343,3 +348,12 @@ def test_a_replica_refuses_damaged_or_misplaced_bytes(
     with pytest.raises(CorruptionError, match="names position"):
         _check_frames(0, later.data)  # the bytes of one position presented as another's
     assert replica.append(0, piece.data) == len(piece.data)
+    # Where a master cuts a reply: whole, checked records within the limit, at least one.
+    first = read_meta(piece.data, 0).frame_size
+    assert records_end(piece.data, 1) == first
+    assert records_end(piece.data, 3 * first) == 3 * first
+    assert records_end(piece.data, 1 << 20) == len(piece.data)
+    with pytest.raises(CorruptionError, match="invalid record in the log"):
+        records_end(bytes(damaged), 1 << 20)
+    with pytest.raises(CorruptionError, match="invalid record in the log"):
+        records_end(piece.data[:-1], 1 << 20)  # a frame that is not whole
