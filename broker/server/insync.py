@@ -328,3 +328,5 @@ class InSyncSet:
             future.result()
         finally:
             self._waiters.remove(entry)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved, also when the caller was cancelled
