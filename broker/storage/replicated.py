@@ -268,7 +268,9 @@ class ReplicaLog:
             store._checkpoint = min(store._checkpoint, position)
             found = self._scan.found
             found.open = {s: t for s, t in found.open.items() if t.first_position < position}
-            store._offsets.clamp({k: q.visible_end for k, q in store._queues.items()})
+            # To what the log holds, not what is readable: records held below the
+            # high watermark are not lost.
+            store._offsets.clamp({k: q.index.end for k, q in store._queues.items()})
         store.transactions.adopt(self._scan.found)
 
     def apply_metadata(self, meta: Metadata) -> bool:
