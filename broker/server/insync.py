@@ -161,6 +161,8 @@ class InSyncSet:
     def expire(self) -> None:
         """Members caught up now are marked so; those not caught up within the lag
         limit leave."""
+        if not self._members:
+            return  # nothing to check (and no store lock taken on the event loop)
         now = time.monotonic()
         end = self.store.durable_end
         for m in self._members.values():
