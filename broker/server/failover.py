@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -31,7 +30,6 @@ from equeue_broker.cluster.election import ElectionError, Epoch, GroupElection
 from equeue_broker.server.auth import Principal
 from equeue_broker.server.errors import BadRequest, PermissionDenied, StaleEpoch
 from equeue_broker.server.follower import Follower
-from equeue_broker.server.replication import MAX_REPLY_BYTES
 from equeue_broker.server.role import MASTER, REPLICA
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.storage import Store
@@ -41,11 +39,6 @@ from equeue_proto.v1 import broker_pb2 as pb
 log = logging.getLogger("equeue.failover")
 
 ZOOKEEPER, MANUAL = "zookeeper", "manual"
-ISR_INTERVAL_S = 1.0
-"""How often a ZooKeeper master checks which replicas are caught up."""
-ISR_MAX_SILENCE_S = 3.0
-"""A replica silent this long is out of sync (its requests come at least every
-second: the master's long poll is 1 s)."""
 
 
 def log_end(store: Store) -> int:
@@ -92,6 +85,7 @@ class RoleSwitch:
             if store.epochs.last_epoch < epoch:
                 position = await self.s.call(store.write_epoch_marker, epoch)
                 log.warning("MASTER of epoch %d from log position %d", epoch, position)
+            self.s.insync.reset()  # no replica is in sync with this master yet
             self.s.role.set(MASTER, "", epoch)
 
     async def follow(self, master: str, epoch: int | None, *, elected: bool = False) -> None:
@@ -141,26 +135,17 @@ class ZkFailover:
             session_timeout_s=config.zk_session_timeout_ms / 1000,
         )  # fmt: skip
         self._publisher = ThreadPoolExecutor(1, thread_name_prefix="equeue-isr")
-        self._published: list[str] | None = None
-        self._isr_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Join the election without waiting for ZooKeeper: until it answers (and
         an election is won) this broker is a replica with no master."""
         self.election.start(wait_s=None)
-        # The ISR tracker (sync replication, another module) calls this hook when
-        # the in-sync set changes; until it exists, _publish_caught_up below
-        # publishes the replicas caught up to the log end. Remove that loop when
-        # the tracker lands.
-        self.s.replicas.on_isr_change = self.publish_isr  # type: ignore[attr-defined]
-        self._isr_task = asyncio.create_task(self._publish_caught_up())
+        # While master, the in-sync set (insync.py) reports every change: the
+        # election reads it to choose only an in-sync replica.
+        self.s.insync.on_isr_change = self.publish_isr
 
     async def close(self) -> None:
         """Leave the election at once (the next election starts now)."""
-        if self._isr_task is not None:
-            self._isr_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._isr_task
         await asyncio.to_thread(self.election.close)
         self._publisher.shutdown(wait=False, cancel_futures=True)
         # Another member may be elected from now on: take no more writes.
@@ -169,6 +154,10 @@ class ZkFailover:
     # -- the election's thread -------------------------------------------------------
 
     def _on_master(self, epoch: Epoch) -> None:
+        # The new master has no replica in sync yet (insync.reset on promotion):
+        # record that before it takes a write, so that a write it acknowledges
+        # alone can never be lost to an election of a replica that lacks it.
+        self._publish([self.s.instance_id])
         self._hand_over(self.switch.promote(epoch.epoch, elected=True), f"master of {epoch.epoch}")
 
     def _on_replica(self, epoch: Epoch | None) -> None:
@@ -204,27 +193,6 @@ class ZkFailover:
             self.election.publish_isr(members)
         except ElectionError as exc:
             log.warning("in-sync set %s not published: %s", members, exc)
-
-    async def _publish_caught_up(self) -> None:
-        """While master: publish the replicas caught up to the log end (within one
-        reply) that asked within ``ISR_MAX_SILENCE_S``, when the set changes."""
-        while True:
-            await asyncio.sleep(ISR_INTERVAL_S)
-            if not self.election.is_master():
-                self._published = None
-                continue
-            end = log_end(self.s.store)
-            now = time.monotonic()
-            addresses = {
-                v.address for v in self.s.replicas.views()
-                if v.connected and now - v.last_seen < ISR_MAX_SILENCE_S
-                and end - v.position <= MAX_REPLY_BYTES
-            }  # fmt: skip
-            view = self.election.current(refresh=False)
-            members = sorted({c.broker_id for c in view.candidates if c.address in addresses})
-            if members != self._published:
-                self._published = members
-                self.publish_isr(members)
 
 
 async def set_role(state: BrokerState, request: pb.SetRoleRequest, scope: Principal | None) -> None:

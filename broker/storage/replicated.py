@@ -40,19 +40,37 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from equeue_broker.storage.errors import CorruptionError, InvalidArgument, PreconditionFailed
+from equeue_broker.storage.errors import (
+    CorruptionError,
+    InvalidArgument,
+    PreconditionFailed,
+    io_error,
+)
+from equeue_broker.storage.message_log import check_frames
 from equeue_broker.storage.offsets import GroupOffsets
-from equeue_broker.storage.queue_state import QueueState
 from equeue_broker.storage.recovery import rebuild_indexes
 from equeue_broker.storage.store import Store
 from equeue_broker.storage.topics import QueueMeta, TopicMeta
 from equeue_broker.storage.txn_recovery import TxnScan
-from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, check_frame, read_meta
+from equeue_proto.record import (
+    AT_BODY,
+    AT_POSITION,
+    BODY_TO_FRAME,
+    FLAG_CONTROL,
+    FLAG_TXN,
+    check_frame,
+    read_meta,
+)
 
 log = logging.getLogger(__name__)
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -136,13 +154,13 @@ class ReplicaLog:
         continue, ``CorruptionError`` if a frame fails its checks (nothing is
         written then)."""
         store = self._store
-        changed: list[tuple[QueueState, int]] = []
         with store._lock:
             store._check_writable()
             self._place(position, len(data))
             _check_frames(position, data)
             self._start_queues(data)
             message_log = store._log
+            ends = [(queue, queue.index.end) for queue in store._queues.values()]
 
             def encode(out: memoryview, _position: int) -> int:
                 out[:] = data
@@ -154,12 +172,19 @@ class ReplicaLog:
                 store._fail(exc)  # the log on disk is no longer known: restart
                 raise
             rebuild_indexes(message_log, store._queues, position, position, self._scan)
-            for queue in store._queues.values():
-                if queue.index.end > queue.visible_end:
-                    queue.visible_end = queue.index.end
-                    changed.append((queue, queue.visible_end))
             end = message_log.write_position
+            # Readable once durable here and below the master's high watermark
+            # (the store's pending records: Store.set_hw_limit).
+            store._pending.extend((end, q, q.index.end) for q, was in ends if q.index.end > was)
+            changed = store._publish_locked()
         store.transactions.adopt(self._scan.found)
+        if store._committer is not None:  # sync flush: durable before the replica asks on
+            try:
+                store._commit.make_durable(end)  # publishes what it makes durable
+            except OSError as exc:
+                with store._lock:
+                    store._fail(exc)
+                raise io_error("the message log (fsync)", exc) from exc
         if changed and store._listeners:
             store._notify(changed)
         return end
@@ -196,6 +221,8 @@ class ReplicaLog:
         """An empty queue whose first replicated record has a later offset (the
         master's retention removed the earlier ones) starts there (lock held)."""
         queues = self._store._queues
+        if not any(q.index.end == q.index.earliest == 0 for q in queues.values()):
+            return  # the common case: no queue is still empty at offset 0
         pos = 0
         seen: set[tuple[bytes, int]] = set()
         while pos < len(data):
@@ -237,14 +264,21 @@ class ReplicaLog:
                 message_log.truncate_into_sealed(position)
             else:
                 message_log.truncate(position)
+            store._pending = deque(p for p in store._pending if p[0] <= position)
             for queue in store._queues.values():
                 queue.index.recover(position)
-                queue.visible_end = queue.notified_end = queue.index.end
+                # Never more than was readable: records held below the high
+                # watermark stay held.
+                queue.visible_end = queue.notified_end = min(queue.visible_end, queue.index.end)
+                if queue.index.end > queue.visible_end:  # a held piece was cut in two
+                    store._pending.append((position, queue, queue.index.end))
             store._checkpoint = min(store._checkpoint, position)
             store.epochs.cut(position)
             found = self._scan.found
             found.open = {s: t for s, t in found.open.items() if t.first_position < position}
-            store._offsets.clamp({k: q.visible_end for k, q in store._queues.items()})
+            # To what the log holds, not what is readable: records held below the
+            # high watermark are not lost.
+            store._offsets.clamp({k: q.index.end for k, q in store._queues.items()})
         store.transactions.adopt(self._scan.found)
 
     def apply_metadata(self, meta: Metadata) -> bool:
@@ -285,35 +319,58 @@ def _empty(store: Store) -> bool:
 
 
 def _check_frames(position: int, data: bytes) -> None:
-    """Every frame of ``data`` valid, naming its own position (record.py's checks)."""
-    pos = 0
-    while pos < len(data):
-        verdict = check_frame(data, pos, len(data))
-        if isinstance(verdict, str):
-            raise CorruptionError(
-                f"replicated record at log position {position + pos} is invalid: {verdict}"
-            )
-        stored = read_meta(data, pos).position
+    """Every frame of ``data`` valid, naming its own position (record.py's checks).
+
+    The frames are checked in one call (the C codec's loop where it is built),
+    then only each one's position field is read: a sync-mode write waits for this."""
+    bad = check_frames(data, 0, len(data))
+    if bad >= 0:
+        verdict = check_frame(data, bad, len(data))
+        raise CorruptionError(
+            f"replicated record at log position {position + bad} is invalid: {verdict}"
+        )
+    pos, end = 0, len(data)
+    while pos < end:
+        (body,) = _U32.unpack_from(data, pos)
+        (stored,) = _U64.unpack_from(data, pos + AT_POSITION)
         if stored != position + pos:
             raise CorruptionError(
                 f"replicated record at log position {position + pos} names position {stored}"
             )
-        pos += verdict
+        pos += body + BODY_TO_FRAME
 
 
 def records_end(data: bytes | memoryview, limit: int) -> int:
     """The end of the last whole record of ``data`` within ``limit`` bytes (at
-    least the first record, whatever its size): where a master cuts a reply."""
+    least the first record, whatever its size): where a master cuts a reply.
+
+    The cut is found from the length prefixes, then the frames before it are
+    checked in one call (the C codec's loop where it is built)."""
     pos = 0
     end = len(data)
     while pos < end:
-        verdict = check_frame(data, pos, end)
-        if isinstance(verdict, str):
-            raise CorruptionError(f"invalid record in the log at offset {pos}: {verdict}")
-        if pos and pos + verdict > limit:
-            break
-        pos += verdict
-    return pos
+        body = _U32.unpack_from(data, pos)[0] if pos + AT_BODY <= end else 0
+        size = body + BODY_TO_FRAME
+        if body == 0 or pos + size > end:
+            break  # not a whole frame: the check below names it
+        if pos and pos + size > limit:
+            return _checked(data, pos)
+        pos += size
+    if pos < end:  # stopped at a frame that is not whole
+        raise CorruptionError(
+            f"invalid record in the log at offset {pos}: {check_frame(data, pos, end)}"
+        )
+    return _checked(data, pos)
+
+
+def _checked(data: bytes | memoryview, end: int) -> int:
+    """``end``, once every frame before it passed its checks."""
+    bad = check_frames(data, 0, end)
+    if bad >= 0:
+        raise CorruptionError(
+            f"invalid record in the log at offset {bad}: {check_frame(data, bad, end)}"
+        )
+    return end
 
 
 @dataclass(frozen=True)

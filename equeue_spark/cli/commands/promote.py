@@ -23,10 +23,6 @@ from equeue_spark.cli.formatting import Output
 from equeue_spark.client.admin import Admin
 from equeue_spark.client.errors import EqueueError
 
-IN_SYNC_LAG_BYTES = 1 << 20
-"""Without an in-sync flag from the master: a connected replica within one
-replication reply (1 MiB) of its master's end counts as in sync."""
-
 
 @dataclass
 class Member:
@@ -129,14 +125,8 @@ def _choose(live: list[Member]) -> tuple[Member, str]:
 
 
 def _in_sync(master: pb.BrokerStats) -> set[str]:
-    """The addresses of the replicas the master counts in sync."""
-    flagged = {r.address for r in master.replicas if r.in_sync}
-    if flagged:
-        return flagged
-    return {
-        r.address for r in master.replicas
-        if r.connected and r.lag_bytes <= IN_SYNC_LAG_BYTES
-    }  # fmt: skip
+    """The addresses of the replicas the master counts in sync (its in-sync set)."""
+    return {r.address for r in master.replicas if r.in_sync}
 
 
 def _log_end(member: Member) -> int:
