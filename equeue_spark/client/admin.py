@@ -124,7 +124,8 @@ class Admin:
             except (BrokerUnavailable, DeadlineExceeded) as exc:
                 cluster.mark_down(address)
                 errors.append(f"{address}: {exc}")
-        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {'; '.join(errors)}")
+        tried = "; ".join(errors)
+        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
 
     def read_addresses(self, broker: str, topic: str, seed: str = "") -> list[str]:
         """The members of ``broker``'s group in the order reads try them."""

@@ -44,7 +44,6 @@ without committing leaves them to be consumed again (at-least-once).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import re
@@ -84,7 +83,9 @@ OnDataLoss = Literal["raise", "skip"]
 _DAMAGED = re.compile(r"damaged record: .*/\d+ offset (\d+)")
 """How the broker names a stored record that fails its checksum (DATA_LOSS)."""
 QueueKey = tuple[str, int]
-Committer = Callable[[str, dict[QueueKey, int], tuple[str, int] | None], None]
+Member = tuple[str, int] | None
+"""A group member's (consumer id, session); None: a commit from outside the group."""
+Committer = Callable[[str, dict[QueueKey, int], Member], None]
 """Commits (group, offsets, member identity) somewhere else than the consumer's broker."""
 MAX_POLL_THREADS = 16
 """Brokers a cluster consumer polls at once."""
@@ -562,9 +563,7 @@ class Consumer:
                 log.info("consumer %s: dropping %s/%d: %s", self.consumer_id, *key, exc)
                 self._drop({key: offset}, session)
 
-    def _commit_offsets(
-        self, offsets: dict[QueueKey, int], member: tuple[str, int] | None
-    ) -> None:
+    def _commit_offsets(self, offsets: dict[QueueKey, int], member: tuple[str, int] | None) -> None:
         assert self.group is not None
         if self.committer is not None:
             self.committer(self.group, offsets, member)
@@ -707,7 +706,8 @@ class ClusterConsumer(Consumer):
             return new
         if part is not None:
             return part
-        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {'; '.join(errors)}")
+        tried = "; ".join(errors)
+        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
 
     def _probe(self, address: str) -> None:
         """One quick call: does the member answer at all?"""
@@ -718,7 +718,13 @@ class ClusterConsumer(Consumer):
         self, broker: str, topic: str, address: str, old: Consumer | None, new: Consumer
     ) -> None:
         """``new`` reads ``broker``'s group from ``address``, where ``old`` got to."""
-        new.committer = functools.partial(self._commit_on_master, broker, topic, address)
+
+        def commit(group: str, offsets: dict[QueueKey, int], member: Member) -> None:
+            self._commit_on_master(
+                broker, topic, address, group=group, offsets=offsets, member=member
+            )
+
+        new.committer = commit
         if old is not None:
             new.adopt(old.positions())
             # Off this thread: leaving a dead broker's group waits for its calls to fail.
@@ -731,7 +737,7 @@ class ClusterConsumer(Consumer):
             self._part_topic[broker] = topic
 
     def _commit_on_master(
-        self, broker: str, topic: str, read_from: str, group: str,
+        self, broker: str, topic: str, read_from: str, group: str, *,
         offsets: dict[QueueKey, int], member: tuple[str, int] | None,
     ) -> None:  # fmt: skip
         """Commit on the group's master, once (no waiting for a new master:

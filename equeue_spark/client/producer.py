@@ -284,8 +284,7 @@ class Producer:
         errors: list[str] = []
         delay = config.backoff_s
         deadline = time.monotonic() + max(config.failover_timeout_s, 0.0)
-        attempts = 100_000  # bounded by the deadline long before
-        for attempt in range(attempts):
+        for _ in range(100_000):  # bounded by the deadline long before
             route = cluster.route(topic)
             names = [
                 n for n in route.broker_names() if any(b == n for b, _ in route.queues("writable"))

@@ -255,8 +255,10 @@ class ReadOptions:
         kwargs["security"] = Security.parse(o)
         kwargs["read_from_replicas"] = o.flag("readfromreplicas", False)
         if kwargs["read_from_replicas"] and not namesrv:
-            raise _bad("readFromReplicas", o.text("readfromreplicas"),
-                       "needs a cluster: give the namesrv option (one broker has no replicas)")  # fmt: skip
+            raise _bad(
+                "readFromReplicas", o.text("readfromreplicas"),
+                "needs a cluster: give the namesrv option (one broker has no replicas)",
+            )  # fmt: skip
         return cls(**kwargs)
 
 

@@ -8,6 +8,7 @@ error instead of hanging the driver. Pyspark-free.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -228,7 +229,7 @@ class Planner:
         for name in sorted({key[0] for key in queues}):
             broker, topic = split_key(name)
             fetched = self.admin.read_on(
-                broker, topic, lambda a: a.fetch_offsets(group, topic), self.seed
+                broker, topic, functools.partial(_fetch_group, group=group, topic=topic), self.seed
             )
             committed.update({(name, q): o for (_, q), o in fetched.items()})
         return committed
@@ -371,6 +372,10 @@ class Planner:
                 log.warning("could not commit group %r progress on %s: %s", group, name, exc)
                 continue
             self._committed.update(part)
+
+
+def _fetch_group(admin: Admin, group: str, topic: str) -> dict[tuple[str, int], int]:
+    return admin.fetch_offsets(group, topic)
 
 
 def _pick(q: pb.QueueOffsets, wanted: int) -> int:
