@@ -710,9 +710,15 @@ class ClusterConsumer(Consumer):
         raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
 
     def _probe(self, address: str) -> None:
-        """One quick call: does the member answer at all?"""
+        """One quick call: does the member answer at all? (Any answer counts,
+        a refusal too: a token without the admin role gets PERMISSION_DENIED.)"""
         conn = self._cluster.connection(address)
-        conn.call(conn.admin.GetStats, pb.GetStatsRequest(), timeout_s=PROBE_S, retry=False)
+        try:
+            conn.call(conn.admin.GetStats, pb.GetStatsRequest(), timeout_s=PROBE_S, retry=False)
+        except (BrokerUnavailable, DeadlineExceeded):
+            raise
+        except EqueueError:
+            return
 
     def _install(
         self, broker: str, topic: str, address: str, old: Consumer | None, new: Consumer
@@ -770,9 +776,9 @@ class ClusterConsumer(Consumer):
             with self._parts_lock:
                 address, topic = self._addresses[broker], self._part_topic[broker]
             failed = part.failed_polls > 0 or part.failed_heartbeats > 0
-            if failed:
+            if failed and not self._cluster.is_down(address):  # a new failure: act now
                 self._cluster.mark_down(address)
-            elif not due:
+            elif not due:  # nothing new, or a failure acted on already: once a CHECK_S
                 continue
             try:
                 entry = self._cluster.route(topic).entry(broker)

@@ -250,6 +250,8 @@ class Producer:
 
         def send(broker: str, part: pb.ProduceRequest) -> SendResults:
             try:
+                if part.transaction_id:  # a failed staging may have staged: never again
+                    return send_request(cluster.connection(route.address(broker)), part)
                 return cluster.on_master(
                     topic, broker, lambda conn: send_request(conn, part, retry=False)
                 )
