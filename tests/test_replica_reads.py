@@ -32,6 +32,8 @@ from equeue_spark.client import (
     SendResults,
 )
 from equeue_spark.client.records import Message
+from equeue_spark.spark.errors import InvalidOption
+from equeue_spark.spark.options import ReadOptions
 from tests.support.waits import wait_for
 
 TOPIC = "orders"
@@ -63,6 +65,21 @@ def test_the_newest_epoch_is_the_routed_master() -> None:
     table.register(member("g", "127.0.0.1:2", "master", 5, "r1"))
     table.register(member("g", "127.0.0.1:3", "master", 5, "new"))
     assert table.route(TOPIC).brokers[0].address == "127.0.0.1:2"
+
+
+def test_bad_replica_read_settings_are_refused_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="read_from_replicas needs a cluster"):
+        Consumer("127.0.0.1:1", read_from_replicas=True)
+    with pytest.raises(ValueError, match="failover_timeout_s must be 0-3600 seconds, got -1"):
+        ClientConfig(namesrv="127.0.0.1:1", failover_timeout_s=-1)
+    with pytest.raises(InvalidOption, match="readFromReplicas='yes': must be true or false"):
+        ReadOptions.parse({"namesrv": "127.0.0.1:1", "topic": "t", "readFromReplicas": "yes"},
+                          streaming=False)  # fmt: skip
+    with pytest.raises(InvalidOption, match="readFromReplicas='true': needs a cluster"):
+        ReadOptions.parse({"broker": "127.0.0.1:1", "topic": "t", "readFromReplicas": "true"},
+                          streaming=False)  # fmt: skip
+    assert main(["--broker", "127.0.0.1:1", "consume", "t", "--read-from-replicas"]) == 2
+    assert "--read-from-replicas needs --namesrv" in capsys.readouterr().err
 
 
 class Broker:
@@ -145,6 +162,11 @@ def test_reads_from_replicas_and_failover(
     assert (m.consumed(), r.consumed() - served[1]) == (served[0], 40)
     with Admin(config=fast) as admin:
         assert sum(admin.broker_admin("g").fetch_offsets("g1").values()) == 40
+    # The CLI's --read-from-replicas: the same, printed.
+    argv = ["--namesrv", ns, "consume", TOPIC, "--read-from-replicas", "--max", "40"]
+    assert main([*argv, "--timeout", "30"]) == 0
+    assert capsys.readouterr().out.count("value=first-") == 40
+    assert (m.consumed(), r.consumed() - served[1]) == (served[0], 80)
 
     # Spark, one batch read with readFromReplicas: every row, served by the replica.
     before = r.consumed()
@@ -171,13 +193,16 @@ def test_reads_from_replicas_and_failover(
         before = r.consumed()
         assert values(read(c2, 30)) == set(second)
         assert r.consumed() - before >= 30
-        with pytest.raises(BrokerUnavailable, match="(?s)no reachable master.*next commit"):
+        with pytest.raises(BrokerUnavailable, match=r"(?s)no reachable master.*next commit"):
             c2.commit()  # retryable: kept for the next commit
 
         # No master: writes fail clearly once failover_timeout_s passes.
-        with Producer(config=fast, failover_timeout_s=1.0) as producer:
-            with pytest.raises(BrokerUnavailable, match="no .*master"):
-                producer.send_batch(TOPIC, [b"keyed"], keys=[b"k"])
+        no_master = r"broker group 'g' has no reachable master \(waited failover_timeout_s=1;"
+        with (
+            Producer(config=fast, failover_timeout_s=1.0) as producer,
+            pytest.raises(BrokerUnavailable, match=no_master),
+        ):
+            producer.send_batch(TOPIC, [b"keyed"], keys=[b"k"])
         # A write sent to the replica itself is refused as NotMasterError.
         with Admin(replica.address) as direct:
             with Producer(replica.address) as single, pytest.raises(NotMasterError):
