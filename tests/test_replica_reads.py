@@ -256,6 +256,23 @@ def test_reads_from_replicas_and_failover(
             pytest.raises(BrokerUnavailable, match=no_master),
         ):
             producer.send_batch(TOPIC, [b"keyed"], keys=[b"k"])
+        # A Spark task whose first member (the master) is gone reads the next one.
+        from pyspark.sql.types import StructType
+
+        from equeue_spark.spark.arrow import arrow_schema, read_schema
+        from equeue_spark.spark.read_task import QueueRange, read_range
+
+        struct = StructType.fromDDL(read_schema(False))
+        assert isinstance(struct, StructType)
+        with Admin(replica.address) as direct:
+            ends = {q.queue_id: q.end_offset for q in direct.list_offsets(TOPIC)}
+        tasks = [
+            QueueRange(topic=TOPIC, queue_id=q, start=0, end=end, broker=master.address,
+                       fallbacks=(replica.address,), timeout_ms=5000, broker_name="g")
+            for q, end in ends.items()
+        ]  # fmt: skip
+        rows = [b for task in tasks for b in read_range(task, arrow_schema(struct))]
+        assert sum(batch.num_rows for batch in rows) == 70
         # A write sent to the replica itself is refused as NotMasterError.
         with Admin(replica.address) as direct:
             with Producer(replica.address) as single, pytest.raises(NotMasterError):
