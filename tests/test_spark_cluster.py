@@ -62,8 +62,12 @@ def _start(
     raise AssertionError(f"{args[0]} not ready in {timeout_s}s:\n{tail}")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One master and one worker for the module's tests (starting them takes two
+    JVM starts): each test's driver is its own application, run to its end
+    (``spark.stop()``) before the next starts, so they do not share executors."""
+    tmp_path = tmp_path_factory.mktemp("spark-standalone")
     env = _env(tmp_path)
     master, found = _start(
         ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
@@ -132,24 +136,7 @@ def test_standalone_cluster_over_an_equeue_cluster(cluster: str, tmp_path: Path)
 def test_standalone_cluster_write_read_stream(
     cluster: str, broker: BrokerProcess, tmp_path: Path
 ) -> None:
-    job = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.support.cluster_job",
-            cluster,
-            broker.address,
-            str(tmp_path / "ck"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=JOB_S,
-        env=_env(tmp_path),
-        cwd=Path(__file__).parent.parent,
-        check=False,
-    )
-    assert job.returncode == 0, job.stderr[-5000:]
-    result = json.loads(job.stdout.strip().splitlines()[-1])
+    result = _run_job(cluster, broker.address, tmp_path)
     assert result["total"] == result["distinct_positions"] == result["distinct_values"] == 2000
     assert result["driver_pid"] not in result["task_pids"]  # tasks ran in executors
     assert result["finished"] and result["streamed"] == 2000 and result["batches"] >= 3
