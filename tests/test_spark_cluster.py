@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,14 +99,14 @@ JOB_S = 600
 """The driver job's budget; the master's and worker's starts have 90 s each (fixture)."""
 
 
-def _run_job(cluster: str, target: str, tmp_path: Path) -> dict[str, object]:
+def _run_job(cluster: str, target: str, tmp_path: Path) -> dict[str, Any]:
     job = subprocess.run(
         [sys.executable, "-m", "tests.support.cluster_job", cluster, target, str(tmp_path / "ck")],
         capture_output=True, text=True, timeout=JOB_S, env=_env(tmp_path),
         cwd=Path(__file__).parent.parent, check=False,
     )  # fmt: skip
     assert job.returncode == 0, job.stderr[-5000:]
-    result: dict[str, object] = json.loads(job.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(job.stdout.strip().splitlines()[-1])
     return result
 
 
