@@ -136,3 +136,14 @@ fuzz: $(STAMP)
 
 load: $(STAMP)
 	$(BIN)/python bench/load_broker.py --seconds $(LOAD_SECONDS)
+
+# The exactly-once kill tests at full length (make test runs three kill cycles and
+# two catch tries): KILLS driver kills around one broker kill, and up to KILL_TRIES
+# driver runs trying to catch the driver between two brokers' commits.
+.PHONY: kill-loop
+KILLS ?= 6
+KILL_TRIES ?= 5
+
+kill-loop: $(STAMP)
+	EQUEUE_KILLS=$(KILLS) EQUEUE_BETWEEN_COMMIT_TRIES=$(KILL_TRIES) \
+		$(BIN)/pytest -s tests/test_exactly_once_kill.py

@@ -1,12 +1,17 @@
 """The kill test: a streaming copy stays exactly-once while its driver is SIGKILLed.
 
 A query copies topic A to topic B (exactly-once sink, the default) while a
-producer writes 200,000 keyed messages into A. The driver process group (the
-Python driver, its JVM and its Python workers) is SIGKILLed at random moments
-and restarted from its checkpoint; once, the broker (sync flush) is SIGKILLed
-and restarted instead. Finally an AvailableNow run copies the rest, and B must
-hold every message of A exactly once: equal multisets of (key, value).
+producer writes keyed messages into A (paced, until the last kill or 200,000).
+The driver process group (the Python driver, its JVM and its Python workers) is
+SIGKILLed at random moments and restarted from its checkpoint; in one cycle,
+the broker (sync flush) is SIGKILLed and restarted as well. Finally an
+AvailableNow run copies the rest, and B must hold every message of A exactly
+once: equal multisets of (key, value).
 
+How many kills: ``make test`` runs three cycles (the driver killed; the broker
+and the driver; the driver again, against the restarted broker), ``make
+kill-loop`` the long version (``EQUEUE_KILLS=6``: seven cycles, and
+``EQUEUE_BETWEEN_COMMIT_TRIES=5`` for the two-broker test).
 The seed is printed; set ``EQUEUE_KILL_SEED`` to replay a run's kill moments.
 """
 
@@ -36,11 +41,13 @@ from equeue_spark.client import Admin, EqueueError, NotFoundError, Producer, rea
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 MESSAGES = 200_000
+"""At most: the producer stops after the last kill cycle, or here."""
 BATCH = 2_000
 QUEUES = 4
-KILLS = 6
-"""Driver kills; the broker is killed in one more cycle."""
-BROKER_KILL_CYCLE = 3
+KILLS = int(os.environ.get("EQUEUE_KILLS", "2"))
+"""Driver kills besides the broker's cycle (which kills the driver too); at least
+one comes before the broker's kill and one after (``make kill-loop`` sets 6)."""
+BROKER_KILL_CYCLE = max(1, KILLS // 2)
 START_S = 180.0
 """Budget for a driver to start its query (a JVM start on a loaded machine)."""
 STOP_S = 60.0
@@ -74,13 +81,17 @@ class Broker:
             return self.address
 
 
-def produce_paced(broker: Broker, done: threading.Event, errors: list[BaseException]) -> None:
-    """Produce MESSAGES keyed messages into A, about one batch per 0.4 s, riding
-    out the broker restart (a retried batch may be duplicated in A: the check
-    compares B with what A holds, not with what was sent)."""
-    pace = threading.Event()  # never set: wait() is the pacing delay
+def produce_paced(
+    broker: Broker, stop: threading.Event, produced: list[int], errors: list[BaseException]
+) -> None:
+    """Produce keyed messages into A, about one batch per 0.4 s, until ``stop`` is
+    set (after the last kill) or MESSAGES were sent, riding out the broker
+    restart (a retried batch may be duplicated in A: the check compares B with
+    what A holds, not with what was sent). ``produced[0]``: messages acknowledged."""
     try:
         for start in range(0, MESSAGES, BATCH):
+            if stop.is_set():
+                break
             keys = [b"key-%d" % (i % 997) for i in range(start, start + BATCH)]
             values = [b"value-%d" % i for i in range(start, start + BATCH)]
             for _attempt in range(5):
@@ -93,11 +104,10 @@ def produce_paced(broker: Broker, done: threading.Event, errors: list[BaseExcept
                     broker.wait_for_change(address, timeout_s=60)
             else:
                 raise AssertionError(f"batch at {start} not produced after 5 attempts")
-            pace.wait(0.4)
+            produced[0] = start + BATCH
+            stop.wait(0.4)  # the pacing delay (cut short by the stop)
     except BaseException as exc:
         errors.append(exc)
-    finally:
-        done.set()
 
 
 def start_driver(broker: str, checkpoint: Path, log: Path, *args: str) -> subprocess.Popen[str]:
@@ -168,8 +178,8 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
         admin.create_topic("A", queues=QUEUES)
         admin.create_topic("B", queues=QUEUES)
 
-    produced, errors = threading.Event(), list[BaseException]()
-    producer = threading.Thread(target=produce_paced, args=(broker, produced, errors))
+    stop, produced, errors = threading.Event(), [0], list[BaseException]()
+    producer = threading.Thread(target=produce_paced, args=(broker, stop, produced, errors))
     producer.start()
     kill_moments = []
     for cycle in range(KILLS + 1):
@@ -185,8 +195,10 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
         finally:
             kill_group(driver)
     print(f"killed at {kill_moments} s after each start")
+    stop.set()
     producer.join(timeout=PRODUCE_S)
-    assert produced.is_set() and not errors, errors
+    assert not producer.is_alive() and not errors, errors
+    assert produced[0] > 0
 
     final = start_driver(broker.address, checkpoint, log, "--available-now")
     try:
@@ -196,7 +208,7 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
 
     source = topic_contents(broker.address, "A")
     copied = topic_contents(broker.address, "B")
-    sent = {(b"key-%d" % (i % 997), b"value-%d" % i) for i in range(MESSAGES)}
+    sent = {(b"key-%d" % (i % 997), b"value-%d" % i) for i in range(produced[0])}
     assert sent <= set(source), "the producer's acknowledged messages are not all in A"
     missing, extra = source - copied, copied - source
     assert not missing and not extra, (
@@ -215,7 +227,13 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
 
 CLUSTER_MESSAGES = 20_000
 BETWEEN_COMMIT_KILLS = 1  # each catch costs a driver restart (~40 s); one proves the replay
-CLUSTER_TIMEOUT_S = (BETWEEN_COMMIT_KILLS + 2) * (START_S + STOP_S) + 120 + FINAL_RUN_S
+BETWEEN_COMMIT_TRIES = int(os.environ.get("EQUEUE_BETWEEN_COMMIT_TRIES", "2"))
+"""Driver runs trying to catch it (``make kill-loop`` sets more); each ends in a kill."""
+CATCH_S = 90.0
+"""Budget of one try to catch the driver between the commits (b stopped up to 20 s)."""
+CLUSTER_TIMEOUT_S = (
+    30 + 120 + BETWEEN_COMMIT_TRIES * (START_S + CATCH_S + 20 + STOP_S) + FINAL_RUN_S + STOP_S
+)
 
 
 def sink_batch(cluster: LocalCluster, broker: str) -> int:
@@ -295,13 +313,13 @@ def test_two_broker_sink_driver_killed_between_the_brokers_commits(tmp_path: Pat
                 producer.send_batch("A", values, keys=keys)
         b = cluster.brokers["b"]
         confirmed = 0
-        for _cycle in range(BETWEEN_COMMIT_KILLS + 4):
+        for _cycle in range(BETWEEN_COMMIT_TRIES):
             if confirmed >= BETWEEN_COMMIT_KILLS:
                 break
             driver = start_driver(target, checkpoint, log, "--max-per-trigger", "1000")
             try:
                 wait_started(driver)
-                deadline = time.monotonic() + 90
+                deadline = time.monotonic() + CATCH_S
                 killed = False
                 while not killed and time.monotonic() < deadline and driver.poll() is None:
                     # Wait (randomly, then for real) until every task of the next batch

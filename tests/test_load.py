@@ -1,4 +1,4 @@
-"""Load, bounded: 100 long-polling consumers and 8 producers for 30 s on loopback.
+"""Load, bounded: 100 long-polling consumers and 8 producers for 15 s on loopback.
 
 ``bench/load_broker.py`` does the work (``make load`` runs it for 10 minutes).
 Asserted: no errors, nothing lost or duplicated, the broker's peak RSS under a
@@ -22,7 +22,7 @@ RSS_BOUND = 512 * MiB
 
 
 def test_100_long_polling_consumers_and_8_producers(tmp_path: Path) -> None:
-    config = LoadConfig(seconds=30.0, consumers=100, producers=8, rate=300.0)
+    config = LoadConfig(seconds=15.0, consumers=100, producers=8, rate=300.0)
     result = load_broker.run(config, tmp_path)
     print(load_broker.report(result))
     assert result.producer_errors == [] and result.consumer_errors == []

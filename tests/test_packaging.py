@@ -19,13 +19,27 @@ ROOT = Path(__file__).parent.parent
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A regular (non-editable) install of the project into a fresh directory."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built once for the module (the build compiles the C
+    codec): what ``pip install`` of the checkout builds and installs too."""
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(dist), str(ROOT)],
+        check=True, capture_output=True, timeout=200,  # under the 300 s default test timeout
+    )  # fmt: skip
+    (built,) = dist.glob("equeue_mq-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A regular (non-editable) install of the project's wheel into a fresh directory."""
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(ROOT)],
-        check=True, capture_output=True, timeout=200,  # under the 300 s default test timeout
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+         str(wheel)],
+        check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return target
 
@@ -114,16 +128,10 @@ with local_broker() as broker:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200 + 60 + 120 + 300 + 60)  # above the sum of the steps' budgets
-def test_wheel_in_a_clean_venv_serves_format_equeue(tmp_path: Path) -> None:
+def test_wheel_in_a_clean_venv_serves_format_equeue(wheel: Path, tmp_path: Path) -> None:
     """The built wheel, alone in a fresh venv (its dependencies visible, not this
     checkout nor its editable install): no top-level ``broker``, and Spark finds
     ``format("equeue")`` without a register call, in the driver and its workers."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path / "dist"), str(ROOT)],
-        check=True, capture_output=True, timeout=200,
-    )  # fmt: skip
-    (wheel,) = (tmp_path / "dist").glob("equeue_mq-*.whl")
     venv = tmp_path / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60

@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,8 +64,11 @@ def _start(
     raise AssertionError(f"{args[0]} not ready in {timeout_s}s:\n{tail}")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One master and one worker for the module (starting them takes two JVM
+    starts); the driver application (``jobs``) runs on them."""
+    tmp_path = tmp_path_factory.mktemp("spark-standalone")
     env = _env(tmp_path)
     master, found = _start(
         ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
@@ -94,64 +99,68 @@ JOB_S = 600
 """The driver job's budget; the master's and worker's starts have 90 s each (fixture)."""
 
 
-def _run_job(cluster: str, target: str, tmp_path: Path) -> dict[str, object]:
-    job = subprocess.run(
-        [sys.executable, "-m", "tests.support.cluster_job", cluster, target, str(tmp_path / "ck")],
-        capture_output=True, text=True, timeout=JOB_S, env=_env(tmp_path),
-        cwd=Path(__file__).parent.parent, check=False,
-    )  # fmt: skip
-    assert job.returncode == 0, job.stderr[-5000:]
-    result: dict[str, object] = json.loads(job.stdout.strip().splitlines()[-1])
-    return result
+@dataclass
+class Jobs:
+    """One driver application's results, per equeue target, and the targets themselves."""
+
+    broker: BrokerProcess
+    equeue: LocalCluster
+    single: dict[str, Any]
+    """The job against one broker (option ``broker``)."""
+    clustered: dict[str, Any]
+    """The job against two name servers and three brokers (option ``namesrv``)."""
 
 
-@pytest.mark.timeout(JOB_S + 2 * 90 + 180)
-def test_standalone_cluster_over_an_equeue_cluster(cluster: str, tmp_path: Path) -> None:
-    """The same job over two name servers and three brokers (option namesrv)."""
+@pytest.fixture(scope="module")
+def jobs(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
+    """The job run once against a single broker, then against an equeue cluster,
+    by one driver application on the standalone cluster (a driver JVM and an
+    executor start less than a driver per test); each test checks its part."""
+    tmp_path = tmp_path_factory.mktemp("cluster-jobs")
+    broker = BrokerProcess(tmp_path / "broker")
     equeue = LocalCluster(tmp_path / "equeue", broker_flags=("--register-interval-ms", "300"))
     try:
+        broker.start()
         equeue.start(2, ("a", "b", "c"))
         with Admin(namesrv=equeue.namesrv) as admin:
             admin.create_topic("cl", queues=2)
             deadline = time.monotonic() + 30
             while len(admin.route("cl").queues()) < 6 and time.monotonic() < deadline:
                 time.sleep(0.05)
-        result = _run_job(cluster, f"namesrv={equeue.namesrv}", tmp_path)
-        assert result["total"] == result["distinct_positions"] == result["distinct_values"] == 2000
-        assert result["brokers"] == ["a", "b", "c"]
-        assert result["finished"] and result["streamed"] == 2000
-        with Admin(namesrv=equeue.namesrv) as admin:
-            group = admin.describe_group("cluster")
-            assert {q.broker for q in group.queues} == {"a", "b", "c"}
-            assert group.total_lag == 0
+        targets = [broker.address, f"namesrv={equeue.namesrv}"]
+        args = [a for n, t in enumerate(targets) for a in (t, str(tmp_path / f"ck{n}"))]
+        job = subprocess.run(
+            [sys.executable, "-m", "tests.support.cluster_job", cluster, *args],
+            capture_output=True, text=True, timeout=JOB_S, env=_env(tmp_path),
+            cwd=Path(__file__).parent.parent, check=False,
+        )  # fmt: skip
+        assert job.returncode == 0, job.stderr[-5000:]
+        results = [json.loads(line) for line in job.stdout.strip().splitlines()[-2:]]
+        assert [r["target"] for r in results] == targets
+        yield Jobs(broker, equeue, *results)
     finally:
         equeue.kill()
+        broker.kill()
 
 
-@pytest.mark.timeout(JOB_S + 2 * 90 + 120)
-def test_standalone_cluster_write_read_stream(
-    cluster: str, broker: BrokerProcess, tmp_path: Path
-) -> None:
-    job = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.support.cluster_job",
-            cluster,
-            broker.address,
-            str(tmp_path / "ck"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=JOB_S,
-        env=_env(tmp_path),
-        cwd=Path(__file__).parent.parent,
-        check=False,
-    )
-    assert job.returncode == 0, job.stderr[-5000:]
-    result = json.loads(job.stdout.strip().splitlines()[-1])
+@pytest.mark.timeout(JOB_S + 2 * 90 + 180)
+def test_standalone_cluster_write_read_stream(jobs: Jobs) -> None:
+    result = jobs.single
     assert result["total"] == result["distinct_positions"] == result["distinct_values"] == 2000
     assert result["driver_pid"] not in result["task_pids"]  # tasks ran in executors
     assert result["finished"] and result["streamed"] == 2000 and result["batches"] >= 3
-    with Admin(broker.address) as admin:
+    with Admin(jobs.broker.address) as admin:
         assert admin.describe_group("cluster").total_lag == 0
+
+
+@pytest.mark.timeout(JOB_S + 2 * 90 + 180)
+def test_standalone_cluster_over_an_equeue_cluster(jobs: Jobs) -> None:
+    """The same job over two name servers and three brokers (option namesrv)."""
+    result = jobs.clustered
+    assert result["total"] == result["distinct_positions"] == result["distinct_values"] == 2000
+    assert result["brokers"] == ["a", "b", "c"]
+    assert result["finished"] and result["streamed"] == 2000
+    with Admin(namesrv=jobs.equeue.namesrv) as admin:
+        group = admin.describe_group("cluster")
+        assert {q.broker for q in group.queues} == {"a", "b", "c"}
+        assert group.total_lag == 0

@@ -27,6 +27,7 @@ from equeue_spark.client.consumer import ClusterConsumer
 from equeue_spark.spark.offsets import from_json, incarnations, to_json
 from equeue_spark.spark.options import WriteOptions
 from equeue_spark.spark.write_task import commit_on_brokers, write_batches
+from tests.support.spark_conf import progress_every_trigger
 
 pytestmark = pytest.mark.slow
 
@@ -460,7 +461,9 @@ def test_min_offsets_per_trigger_waits_for_rows_across_brokers(
         return int(spark.sql(f"select count(*) from {table}").collect()[0][0])
 
     try:
-        query = start("minrows", "min_rows", minOffsetsPerTrigger="100", maxTriggerDelay="10m")
+        with progress_every_trigger(spark):  # a trigger without a batch is seen at once
+            query = start("minrows", "min_rows", minOffsetsPerTrigger="100",
+                          maxTriggerDelay="10m")  # fmt: skip
         wait_for(lambda: query.lastProgress is not None, 120)
         for b in BROKERS:
             send_to(cluster, "minrows", b, [b"x"] * 20)  # 60 rows, fewer than 100

@@ -1,10 +1,13 @@
 """A Spark driver program for the standalone-cluster test (run as a subprocess).
 
-``python -m tests.support.cluster_job MASTER_URL BROKER CHECKPOINT_DIR`` writes rows into
+``python -m tests.support.cluster_job MASTER_URL BROKER CHECKPOINT_DIR [BROKER CHECKPOINT_DIR
+...]`` writes rows into
 (``BROKER`` may be ``namesrv=HOST:PORT,...``: an equeue cluster, the option ``namesrv``)
 a topic, reads them back in batch and with a streaming AvailableNow query
 committing a group, and prints one JSON line of what it saw, including the
-process ids that ran the read tasks (to prove they were not the driver).
+process ids that ran the read tasks (to prove they were not the driver). With
+several (BROKER, CHECKPOINT_DIR) pairs it does so for each in turn, in one
+application (one driver and executor start), a JSON line each.
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ from pyspark.sql import SparkSession
 
 
 def main() -> None:
-    master, target, checkpoint = sys.argv[1:4]
-    option, _, value = target.partition("=") if target.startswith("namesrv=") else ("", "", "")
-    option, broker = (option, value) if option else ("broker", target)
+    master, pairs = sys.argv[1], sys.argv[2:]
     os.environ["PYSPARK_PYTHON"] = sys.executable
     spark = (
         SparkSession.builder.master(master)
@@ -32,6 +33,14 @@ def main() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    for n in range(0, len(pairs), 2):
+        run(spark, pairs[n], pairs[n + 1], "streamed" if n == 0 else f"streamed_{n // 2}")
+    spark.stop()
+
+
+def run(spark: SparkSession, target: str, checkpoint: str, table: str) -> None:
+    option, _, value = target.partition("=") if target.startswith("namesrv=") else ("", "", "")
+    option, broker = (option, value) if option else ("broker", target)
     rows = spark.range(2000).selectExpr(
         "cast(id % 50 as string) as key", "cast(id as string) as value"
     )
@@ -50,11 +59,11 @@ def main() -> None:
         spark.readStream.format("equeue").option(option, broker).option("topic", "cl")
         .option("startingOffsets", "earliest").option("group", "cluster")
         .option("maxOffsetsPerTrigger", "700").load()
-        .writeStream.format("memory").queryName("streamed")
+        .writeStream.format("memory").queryName(table)
         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     )  # fmt: skip
     finished = stream.awaitTermination(180)
-    streamed = spark.sql("select count(*) from streamed").collect()[0][0]
+    streamed = spark.sql(f"select count(*) from {table}").collect()[0][0]
     batches = sum(1 for p in stream.recentProgress if p["numInputRows"])
     print(
         json.dumps(
@@ -68,11 +77,11 @@ def main() -> None:
                 "streamed": streamed,
                 "batches": batches,
                 "brokers": brokers,
+                "target": target,
             }
         ),
         flush=True,
     )
-    spark.stop()
 
 
 if __name__ == "__main__":
