@@ -27,8 +27,10 @@ from equeue_broker.server.errors import BadRequest, StaleEpoch
 from equeue_broker.server.role import REPLICA
 from equeue_broker.server.service_base import BrokerState, rpc_stream
 from equeue_broker.storage import Store
+from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.replicated import (
+    LogPiece,
     encode_metadata,
     master_metadata,
     read_for_replica,
@@ -38,7 +40,7 @@ from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
 log = logging.getLogger("equeue.replication")
 
-MAX_REPLY_BYTES = 1 << 20
+MAX_REPLY_BYTES = 4 << 20
 """Most log bytes in one reply (at least one record is sent, whatever its size)."""
 MAX_WAIT_MS = 10_000
 """Longest a request may ask the master to wait at the end of the log."""
@@ -87,6 +89,17 @@ class ReplicationService(pb_grpc.ReplicationServicer):
     def __init__(self, state: BrokerState, growth: LogGrowth) -> None:
         self.s = state
         self.growth = growth
+        self.sync_flush = state.config.storage.flush_mode is FlushMode.SYNC
+
+    async def _read(self, store: Store, position: int, max_bytes: int) -> LogPiece:
+        """``read_for_replica``: on the event loop in async flush mode, where it
+        never waits for the disk (copies from the page cache, like that mode's
+        produce): a sync-mode ack waits for this read, and a thread-pool hop
+        costs a wake-up on a busy machine. In sync flush mode the store lock may
+        be held across an fsync: the read goes to the thread pool."""
+        if self.sync_flush:
+            return await self.s.call(read_for_replica, store, position, max_bytes)
+        return self.s.inline(read_for_replica, store, position, max_bytes)
 
     @rpc_stream
     async def Replicate(  # noqa: N802 (gRPC's name)
@@ -130,7 +143,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
                 wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
                 seen = self.growth.wakes
-                piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
+                piece = await self._read(store, request.position, max_bytes)
                 if piece.position == request.position:  # a record boundary of this log
                     insync.progress(member, slot, request.position, request.metadata_version)
                 deadline = time.monotonic() + wait_s
@@ -141,7 +154,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     if self.growth.wakes == seen:  # else woken since the read: read again
                         await self.growth.wait(min(left, 0.2))  # staged records notify nobody
                     seen = self.growth.wakes
-                    piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
+                    piece = await self._read(store, request.position, max_bytes)
                 # After the bytes: the metadata then covers every topic they name;
                 # the version read before it: the metadata covers that version.
                 version = insync.metadata_version
