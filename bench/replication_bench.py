@@ -9,6 +9,8 @@ alone, a master with ``--replication async`` and one replica, a master with
 sends batches of ``--batch`` messages one after another (each waits for its
 ack) on one queue for ``--seconds``, after a warm-up; the table gives msgs/s and
 the ratio to no replication measured in the same run (the target: sync >= 0.5x).
+``--repeat N`` runs every setup N times, interleaved (a shared machine's load
+drifts): the table shows medians, the ratio the median of each round's ratio.
 
 ``--profile DIR`` runs every broker under cProfile (``EQUEUE_PROFILE``, read by
 bench/_profiled_broker.py) and leaves one ``.prof`` file per broker in DIR.
@@ -19,6 +21,7 @@ client, master and replica for them.
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -102,27 +105,35 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,1024")
     parser.add_argument("--setups", default=",".join(SETUPS))
     parser.add_argument("--flush", default="async", choices=("async", "sync"))
+    parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--profile", type=Path, default=None)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     setups = args.setups.split(",")
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    rates: dict[tuple[int, str], float] = {}
+    rates: dict[tuple[int, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="equeue-repl-bench-") as tmp:
-        for size in sizes:
-            for setup in setups:
-                work = Path(tmp) / f"{setup}-{size}"
-                with brokers(work, setup, args.flush, args.profile) as (address, _):
-                    rates[(size, setup)] = produce_rate(address, size, args.batch, args.seconds)
-    print(f"flush {args.flush}, batch {args.batch}, {args.seconds:g} s each, one client")
-    print(f"{'size':>6} {'setup':>6} {'msgs/s':>10} {'ratio':>6}")
+        for round_ in range(args.repeat):
+            for size in sizes:
+                for setup in setups:
+                    work = Path(tmp) / f"{setup}-{size}-{round_}"
+                    with brokers(work, setup, args.flush, args.profile) as (address, _):
+                        rate = produce_rate(address, size, args.batch, args.seconds)
+                    rates.setdefault((size, setup), []).append(rate)
+    print(
+        f"flush {args.flush}, batch {args.batch}, {args.seconds:g} s each, one client, "
+        f"{args.repeat} round(s): medians"
+    )
+    print(f"{'size':>6} {'setup':>6} {'msgs/s':>10} {'ratio':>6}  per round")
     for size in sizes:
         base = rates.get((size, "none"))
         for setup in setups:
-            rate = rates[(size, setup)]
-            ratio = f"{rate / base:.2f}x" if base else "-"
-            print(f"{size:>6} {setup:>6} {rate:>10,.0f} {ratio:>6}")
+            got = rates[(size, setup)]
+            ratios = [r / b for r, b in zip(got, base, strict=True)] if base else []
+            ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+            rounds = " ".join(f"{r / 1000:.0f}k" for r in got)
+            print(f"{size:>6} {setup:>6} {statistics.median(got):>10,.0f} {ratio:>6}  {rounds}")
 
 
 if __name__ == "__main__":
