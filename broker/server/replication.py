@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -46,6 +47,12 @@ MAX_WAIT_MS = 10_000
 """Longest a request may ask the master to wait at the end of the log."""
 METADATA_INTERVAL_S = 2.0
 """Metadata is sent at least this often (and whenever it changes)."""
+HW_LINGER_S = 0.02
+"""Sync mode: a new high watermark alone waits this long for records to ride
+with. Every ack moves the HW: sent at once, each write would cost a second
+exchange with each replica (CPU both sides, on a shared machine the writes'
+own). A replica's reads lag the master's by at most this much more; a HW
+lower than the master's is never unsafe (it hides, never shows)."""
 
 
 class LogGrowth:
@@ -147,9 +154,13 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 if piece.position == request.position:  # a record boundary of this log
                     insync.progress(member, slot, request.position, request.metadata_version)
                 deadline = time.monotonic() + wait_s
+                news_by = math.inf  # when a new HW must be sent, even without records
                 while not piece.data and piece.position == request.position:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or insync.changed_since(sent_hw, sent_version):
+                    now = time.monotonic()
+                    if news_by == math.inf and insync.changed_since(sent_hw, sent_version):
+                        news_by = now + HW_LINGER_S
+                    left = min(deadline, news_by) - now
+                    if left <= 0 or insync.metadata_changed_since(sent_version):
                         break
                     if self.growth.wakes == seen:  # else woken since the read: read again
                         await self.growth.wait(min(left, 0.2))  # staged records notify nobody
