@@ -343,9 +343,13 @@ def records_end(data: bytes | memoryview, limit: int) -> int:
     least the first record, whatever its size): where a master cuts a reply.
 
     The cut is found from the length prefixes, then the frames before it are
-    checked in one call (the C codec's loop where it is built)."""
-    pos = 0
+    checked in one call (the C codec's loop where it is built). A master's
+    usual reply, everything it has within the limit, is found by that one call
+    alone (no Python per record)."""
     end = len(data)
+    if end <= limit and check_frames(data, 0, end) < 0:
+        return end  # whole frames tile all of it
+    pos = 0
     while pos < end:
         body = _U32.unpack_from(data, pos)[0] if pos + AT_BODY <= end else 0
         size = body + BODY_TO_FRAME
