@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -60,6 +61,8 @@ class LogGrowth:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._thread = threading.get_ident()
+        """The loop's thread (this is built on it)."""
         self._event = asyncio.Event()
         self.waiting = 0
         self.wakes = 0
@@ -68,7 +71,11 @@ class LogGrowth:
 
     def notify_threadsafe(self, _topic: str, _queue_id: int, _end: int) -> None:
         """A store listener (any thread): records became readable."""
-        if self.waiting:
+        if not self.waiting:
+            return
+        if threading.get_ident() == self._thread:  # an append on the loop (async flush)
+            self._wake()  # no self-pipe write and extra loop pass per write
+        else:
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
