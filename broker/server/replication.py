@@ -43,7 +43,9 @@ from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 log = logging.getLogger("equeue.replication")
 
 MAX_REPLY_BYTES = 4 << 20
-"""Most log bytes in one reply (at least one record is sent, whatever its size)."""
+"""Most log bytes in one reply (at least one record is sent, whatever its size):
+a 1,000-message batch of 1 KiB messages fits one (a sync-mode ack waits for
+every reply its write needs)."""
 MAX_WAIT_MS = 10_000
 """Longest a request may ask the master to wait at the end of the log."""
 METADATA_INTERVAL_S = 2.0
@@ -104,6 +106,10 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         self.s = state
         self.growth = growth
         self.sync_flush = state.config.storage.flush_mode is FlushMode.SYNC
+        # Within gRPC's send limit, which is at least max_read_bytes + 1 MiB (app.py).
+        self.max_reply_bytes = min(
+            MAX_REPLY_BYTES, max(1 << 20, state.config.storage.max_read_bytes)
+        )
 
     async def _read(self, store: Store, position: int, max_bytes: int) -> LogPiece:
         """``read_for_replica``: on the event loop in async flush mode, where it
@@ -154,7 +160,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                         metadata_version=sent_version if sent_version >= 0 else 0,
                     )  # fmt: skip
                     continue
-                max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
+                max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, self.max_reply_bytes)
                 wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
                 seen = self.growth.wakes
                 piece = await self._read(store, request.position, max_bytes)
