@@ -11,21 +11,27 @@ from __future__ import annotations
 import cProfile
 import os
 import runpy
-import signal
 import sys
+from typing import NoReturn
 
 
 def main() -> None:
     target = f"{os.environ['EQUEUE_PROFILE']}-{os.environ.get('ROLE', 'broker')}.prof"
     profiler = cProfile.Profile()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    sys.argv[0] = "equeue_broker"
-    profiler.enable()
-    try:
-        runpy.run_module("equeue_broker", run_name="__main__", alter_sys=True)
-    finally:
+    real_exit = os._exit
+
+    def dump_and_exit(status: int) -> NoReturn:
+        # The broker ends with os._exit (app.py: no interpreter teardown), which
+        # skips every finally: the profile is written here.
         profiler.disable()
         profiler.dump_stats(target)
+        real_exit(status)
+
+    os._exit = dump_and_exit
+    sys.argv[0] = "equeue_broker"
+    profiler.enable()
+    runpy.run_module("equeue_broker", run_name="__main__", alter_sys=True)
+    dump_and_exit(0)
 
 
 if __name__ == "__main__":
