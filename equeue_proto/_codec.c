@@ -1063,17 +1063,20 @@ static int append_run(PyObject *runs, long long start, long long end, Py_ssize_t
     return rc;
 }
 
-/* check_frames(buffer, start, end) -> int
+/* check_frames(buffer, start, end, position=-1) -> int
  *
  * -1 if the frames of buffer[start:end] are valid (lengths, suffixes and
  * checksums) and tile it exactly, else the offset of the first invalid one.
+ * With ``position`` >= 0 (the log position of buffer[start]) a frame must also
+ * name its own position (a replica places a master's bytes: replicated.py).
  * The broker verifies sealed log data with it on the way out (reads.py);
  * mirrors equeue_proto.record.check_frames_py. The GIL is released: the
  * caller keeps the buffer alive (the store lock keeps the log mapped). */
 static PyObject *check_frames(PyObject *self, PyObject *args) {
     Py_buffer in;
     Py_ssize_t start, end;
-    if (!PyArg_ParseTuple(args, "y*nn", &in, &start, &end)) return NULL;
+    long long position = -1;
+    if (!PyArg_ParseTuple(args, "y*nn|L", &in, &start, &end, &position)) return NULL;
     if (start < 0 || end > in.len || start > end) {
         PyBuffer_Release(&in);
         PyErr_Format(PyExc_ValueError, "range [%zd, %zd) outside the buffer", start, end);
@@ -1093,7 +1096,8 @@ static PyObject *check_frames(PyObject *self, PyObject *args) {
             break;
         }
         const uint8_t *t = b + pos + AT_BODY + body;
-        if (get32(t + 4) != body || get32(t) != crc32c(b + pos + AT_BODY, body)) {
+        if (get32(t + 4) != body || get32(t) != crc32c(b + pos + AT_BODY, body) ||
+            (position >= 0 && get64(b + pos + AT_POSITION) != (uint64_t)(position + (pos - start)))) {
             bad = pos;
             break;
         }
@@ -1102,6 +1106,100 @@ static PyObject *check_frames(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
     return PyLong_FromSsize_t(bad);
+}
+
+/* index_segments(buffer, start, end, position) -> [(at, count, topic, queue_id, first_offset, entries)]
+ *
+ * The index entries of the records of buffer[start:end] (whole frames that
+ * already passed check_frames; buffer[start] lies at log ``position``), as
+ * recovery derives them one record at a time (index_repair.entry_for): one
+ * tuple per run of plain records of one queue with consecutive offsets, its
+ * ``count`` entries packed and sealed in ``entries``. A transaction's staged or
+ * control record gets (at, 0, b"", 0, 0, b""): the caller reads it itself.
+ * A replica derives a whole reply's entries with one call (replicated.py).
+ * Mirrors queue_index.index_segments_py, the Python reference. */
+static int segment_flush(PyObject *out, Py_ssize_t at, Py_ssize_t count, const uint8_t *topic,
+                         Py_ssize_t topic_len, long queue_id, uint64_t first, const uint8_t *entries) {
+    PyObject *item = Py_BuildValue("(nny#lKy#)", at, count, (const char *)topic, topic_len, queue_id,
+                                   (unsigned long long)first, (const char *)entries,
+                                   count * ENTRY_SIZE);
+    if (item == NULL) return -1;
+    int rc = PyList_Append(out, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+static PyObject *index_segments(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t start, end;
+    long long position;
+    if (!PyArg_ParseTuple(args, "y*nnL", &in, &start, &end, &position)) return NULL;
+    PyObject *out = NULL;
+    uint8_t *entries = NULL;
+    if (start < 0 || end > in.len || start > end) {
+        PyErr_Format(PyExc_ValueError, "range [%zd, %zd) outside the buffer", start, end);
+        goto fail;
+    }
+    /* At most one entry per minimal frame: enough room for any run. */
+    entries = PyMem_Malloc((size_t)((end - start) / (HEADER_SIZE + TRAILER_SIZE) + 1) * ENTRY_SIZE);
+    out = PyList_New(0);
+    if (entries == NULL || out == NULL) {
+        if (entries == NULL) PyErr_NoMemory();
+        goto fail;
+    }
+    const uint8_t *b = (const uint8_t *)in.buf;
+    Py_ssize_t pos = start, run_at = 0, count = 0, topic_len = 0;
+    const uint8_t *topic = NULL;
+    long queue_id = 0;
+    uint64_t first = 0;
+    while (pos < end) {
+        const uint8_t *r = b + pos;
+        if (end - pos < HEADER_SIZE + TRAILER_SIZE) goto overrun;
+        Py_ssize_t frame = (Py_ssize_t)get32(r) + 12;
+        Py_ssize_t t_len = get16(r + AT_TOPIC_LEN), g_len = r[AT_TAG_LEN];
+        if (frame < HEADER_SIZE + TRAILER_SIZE || frame > end - pos ||
+            HEADER_SIZE + t_len + g_len > frame - TRAILER_SIZE)
+            goto overrun;
+        uint64_t offset = get64(r + AT_QUEUE_OFFSET);
+        long qid = get16(r + AT_QUEUE_ID);
+        int special = r[AT_FLAGS] & (FLAG_TXN | FLAG_CONTROL);
+        int same = count && !special && qid == queue_id && t_len == topic_len &&
+                   offset == first + (uint64_t)count && memcmp(r + HEADER_SIZE, topic, (size_t)t_len) == 0;
+        if (count && !same) {
+            if (segment_flush(out, run_at, count, topic, topic_len, queue_id, first, entries) < 0)
+                goto fail;
+            count = 0;
+        }
+        if (special) {
+            if (segment_flush(out, pos, 0, (const uint8_t *)"", 0, 0, 0, entries) < 0) goto fail;
+            pos += frame;
+            continue;
+        }
+        if (!count) {
+            run_at = pos, topic = r + HEADER_SIZE, topic_len = t_len, queue_id = qid, first = offset;
+        }
+        uint8_t *e = entries + count * ENTRY_SIZE;
+        memset(e, 0, ENTRY_SIZE);
+        put64(e, (uint64_t)(position + (pos - start)) + 1);
+        put32(e + ENTRY_AT_SIZE, (uint32_t)frame);
+        put32(e + ENTRY_AT_TAG_HASH, g_len ? crc32c(r + HEADER_SIZE + t_len, (size_t)g_len) : 0);
+        memcpy(e + ENTRY_AT_STORE_MS, r + AT_STORE_MS, 8);
+        seal_entry(e);
+        count++;
+        pos += frame;
+    }
+    if (count && segment_flush(out, run_at, count, topic, topic_len, queue_id, first, entries) < 0)
+        goto fail;
+    PyMem_Free(entries);
+    PyBuffer_Release(&in);
+    return out;
+overrun:
+    PyErr_Format(PyExc_ValueError, "record at byte %zd overruns the buffer", pos);
+fail:
+    Py_XDECREF(out);
+    PyMem_Free(entries);
+    PyBuffer_Release(&in);
+    return NULL;
 }
 
 /* index_runs(entries, capacity, max_messages, max_bytes, count, total)
@@ -1286,8 +1384,12 @@ static PyMethodDef methods[] = {
     {"index_runs", index_runs, METH_VARARGS,
      "index_runs(entries, capacity, max_messages, max_bytes, count, total) -> (runs, taken, "
      "count, total, stop)"},
+    {"index_segments", index_segments, METH_VARARGS,
+     "index_segments(buffer, start, end, position) -> [(at, count, topic, queue_id, "
+     "first_offset, entries)]"},
     {"check_frames", check_frames, METH_VARARGS,
-     "check_frames(buffer, start, end) -> offset of the first invalid frame, or -1"},
+     "check_frames(buffer, start, end, position=-1) -> offset of the first invalid frame (or "
+     "one not naming its position), or -1"},
     {"split_blob", split_blob, METH_VARARGS, "split_blob(blob, lengths) -> [bytes]"},
     {"varints", varints, METH_VARARGS,
      "varints(values, count, stride, add, step) -> packed int64 varint payload"},

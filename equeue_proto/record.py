@@ -125,6 +125,7 @@ LAYOUT = {
 """The record layout as the C accelerator names it (its ``LAYOUT`` must agree)."""
 
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 _HEADER_COUNT = struct.Struct("<H")
 _HEADER_KEY_LEN = struct.Struct("<H")
 _HEADER_VALUE_LEN = struct.Struct("<I")
@@ -234,14 +235,17 @@ def check_frame(buf: Buffer, pos: int, end: int) -> int | str:
     return body + BODY_TO_FRAME
 
 
-def check_frames_py(buf: Buffer, start: int, end: int) -> int:
+def check_frames_py(buf: Buffer, start: int, end: int, position: int = -1) -> int:
     """-1 if the frames of ``buf[start:end]`` are valid and tile it exactly,
     else the offset of the first invalid one (the reference for
-    ``_codec.check_frames``)."""
+    ``_codec.check_frames``). With ``position`` >= 0 (the log position of
+    ``buf[start]``) a frame must also name its own position."""
     pos = start
     while pos < end:
         verdict = check_frame(buf, pos, end)
         if isinstance(verdict, str):
+            return pos
+        if position >= 0 and _U64.unpack_from(buf, pos + AT_POSITION)[0] != position + pos - start:
             return pos
         pos += verdict
     return -1

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from equeue_broker.storage import CorruptionError, MessageBatch, MessageLimits, record
@@ -19,6 +21,7 @@ from equeue_broker.storage.chunk import (
     ChunkFooter,
     ChunkHeader,
 )
+from equeue_broker.storage.index_repair import entry_for
 from equeue_broker.storage.queue_index import (
     ENTRY,
     ENTRY_SIZE,
@@ -28,6 +31,7 @@ from equeue_broker.storage.queue_index import (
     RUNS_LIMIT,
     entry_damaged,
     index_runs_py,
+    index_segments_py,
     pack_entry,
 )
 from equeue_broker.storage.record import prepare_batch
@@ -35,6 +39,7 @@ from equeue_proto import accel
 from equeue_proto.record import (
     FLAG_BATCH_END,
     FLAG_HAS_KEY,
+    FLAG_TXN,
     RecordError,
     check_frame,
     check_frames_py,
@@ -320,3 +325,91 @@ def test_check_frames_finds_the_first_damaged_record(values: list[bytes], pick: 
         assert check_frames(out, 0, len(out)) == -1
         assert check_frames(bytes(damaged), 0, len(out)) == starts[victim]
         assert check_frames(out, 0, len(out) - 1) == starts[-1]
+        # With a position, each frame must also name its own (the replica's check).
+        padded = b"zz" + out
+        assert check_frames(padded, 2, len(padded), 0) == -1
+        assert check_frames(padded, 2, len(padded), 1) == 2
+        assert check_frames(padded, 2 + starts[-1], len(padded), starts[-1]) == -1
+
+
+_PIECE = st.tuples(
+    st.sampled_from(["t", "topic-2"]),  # topic
+    st.integers(0, 2),  # queue id
+    st.integers(0, 2),  # offset jump from the queue's last record
+    st.booleans(),  # a transaction's staged records
+    st.lists(
+        st.tuples(st.binary(max_size=40), st.sampled_from(["", "a", "tag-b"])),
+        min_size=1,
+        max_size=4,
+    ),
+)
+
+
+@settings(deadline=None)  # a shared 2-core machine: a slow example is not a failure
+@given(st.lists(_PIECE, min_size=1, max_size=6), st.integers(0, 1 << 40))
+def test_index_segments_derive_recoverys_entries(
+    pieces: list[tuple[str, int, int, bool, list[tuple[bytes, str]]]], position: int
+) -> None:
+    """C and Python agree, and their entries are recovery's (``entry_for``, one
+    record at a time) and the producing encoder's: runs split at a queue or an
+    offset gap, a transaction's record left to the caller."""
+    data, expected_entries = bytearray(), bytearray()
+    nexts: dict[tuple[str, int], int] = {}
+    for topic, queue_id, jump, staged, rows in pieces:
+        first = nexts.get((topic, queue_id), 0) + jump
+        prepared = prepare_batch(
+            batch_of([(v, None, g, [], 7) for v, g in rows]), topic.encode(), LIMITS
+        )
+        encoder = functools.partial(record.encode_records, flags=FLAG_TXN if staged else 0)
+        out, entries = encode_prepared(
+            prepared, topic=topic.encode(), queue_id=queue_id, position=position + len(data),
+            first_offset=first, store_ms=1000 + len(data), encoder=encoder,
+        )  # fmt: skip
+        data += out
+        if not staged:
+            nexts[(topic, queue_id)] = first + len(rows)
+            expected_entries += entries
+    derived, pos = [], 0
+    while pos < len(data):
+        meta = read_meta(data, pos)
+        special = meta.flags & FLAG_TXN
+        derived.append((pos, special, meta.topic, meta.queue_id, meta.queue_offset))
+        if not special:
+            assert entry_for(position + pos, meta) == expected_entries[:ENTRY_SIZE]
+            expected_entries = expected_entries[ENTRY_SIZE:]
+        pos += meta.frame_size
+    impls = [index_segments_py]
+    if accel.CODEC is not None:
+        impls.append(accel.CODEC.index_segments)
+    padded = b"xx" + bytes(data) + b"yy"
+    for index_segments in impls:
+        segments = index_segments(padded, 2, 2 + len(data), position)
+        flat: list[tuple[int, int, bytes, int, int]] = []
+        for at, count, topic_b, queue_id, first, entries in segments:
+            assert len(entries) == count * ENTRY_SIZE
+            if count == 0:
+                flat.append(
+                    (
+                        at - 2,
+                        FLAG_TXN,
+                        derived[len(flat)][2],
+                        derived[len(flat)][3],
+                        derived[len(flat)][4],
+                    )
+                )
+            for i in range(count):
+                meta_pos = derived[len(flat)][0]
+                assert entries[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE] == entry_for(
+                    position + meta_pos, read_meta(data, meta_pos)
+                )
+                flat.append((meta_pos, 0, topic_b, queue_id, first + i))
+        assert flat == derived
+        # Maximal runs: neighbours in two segments differ in queue or offset.
+        for (_, n, t, q, f, _e), (_, m, t2, q2, f2, _e2) in itertools.pairwise(segments):
+            assert not (n and m and (t, q, f + n) == (t2, q2, f2))
+        assert segments == impls[0](padded, 2, 2 + len(data), position)
+    with pytest.raises(ValueError, match="overruns"):
+        index_segments_py(data, 0, len(data) - 1, position)
+    if accel.CODEC is not None:
+        with pytest.raises(ValueError, match="overruns"):
+            accel.CODEC.index_segments(data, 0, len(data) - 1, position)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -19,6 +18,7 @@ import grpc
 from equeue_broker.server.replication import MAX_REPLY_BYTES
 from equeue_broker.server.role import BrokerRole
 from equeue_broker.server.service_base import BrokerState
+from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import InvalidArgument, StorageError
 from equeue_broker.storage.replicated import ReplicaLog, decode_metadata
 from equeue_proto.v1 import broker_pb2 as pb
@@ -40,6 +40,7 @@ class Follower:
         """Why replication stopped for good (a capacity or name mismatch)."""
         self.metadata_version = 0
         """The master's metadata version of the last reply applied (insync.py)."""
+        self.sync_flush = state.config.storage.flush_mode is FlushMode.SYNC
 
     async def run(self) -> None:
         try:
@@ -78,15 +79,10 @@ class Follower:
             backoff = min(backoff * 2, 2.0)
 
     async def _follow(self, stub: pb_grpc.ReplicationStub) -> None:
-        requests: asyncio.Queue[pb.ReplicateRequest] = asyncio.Queue()
         self.metadata_version = 0  # a master's versions mean something on its stream only
 
-        async def send() -> AsyncIterator[pb.ReplicateRequest]:
-            while True:
-                yield await requests.get()
-
-        def ask() -> None:
-            request = pb.ReplicateRequest(
+        def request() -> pb.ReplicateRequest:
+            return pb.ReplicateRequest(
                 position=self.replica.end,
                 max_bytes=MAX_REPLY_BYTES,
                 wait_ms=1000,
@@ -98,13 +94,16 @@ class Follower:
                 epoch=self.s.role.view.epoch,
                 last_epoch=self.s.store.epochs.last_epoch,
             )
-            requests.put_nowait(request)
 
-        call: Any = stub.Replicate(send())  # type: ignore[arg-type]  # the aio stub
-        ask()
+        # Requests are written on the call itself (no request iterator, no queue
+        # and task between): the master's sync-mode acks wait for each one.
+        call: Any = stub.Replicate()  # type: ignore[call-arg]  # aio: no iterator, write() instead
+        await call.write(request())
         name = self.s.config.broker_name
-        reply: pb.ReplicateReply
-        async for reply in call:
+        while True:
+            reply = await call.read()
+            if reply is grpc.aio.EOF:  # type: ignore[attr-defined]  # (missing from the stubs)
+                return
             check_reply_epoch(self.s.role, reply.epoch)
             self.last_contact = time.monotonic()
             self.master_end = reply.master_end
@@ -122,11 +121,21 @@ class Follower:
             self.s.store.set_hw_limit(reply.high_watermark)
             end = self.replica.end
             if reply.data:  # durable here (in sync flush mode fsynced) when it returns
-                await self.s.call(self.replica.append, reply.position, reply.data)
+                await self._append(reply.position, reply.data)
             elif reply.position < end:
                 await self.s.call(self.replica.truncate, reply.position)
             self.metadata_version = reply.metadata_version
-            ask()  # at once: in sync replication the master's acks wait for this
+            await call.write(request())  # at once: in sync replication acks wait for this
+
+    async def _append(self, position: int, data: bytes) -> None:
+        """``ReplicaLog.append``: on the event loop in async flush mode, where it
+        never waits for the disk (as that mode's produce on a master), since the
+        master's sync-mode acks wait for it and a thread-pool hop costs a
+        wake-up; in sync flush mode it fsyncs: on the thread pool."""
+        if self.sync_flush:
+            await self.s.call(self.replica.append, position, data)
+        else:
+            self.s.inline(self.replica.append, position, data)
 
     def lag_bytes(self) -> int:
         return max(0, self.master_end - self.replica.end)

@@ -241,6 +241,11 @@ class InSyncSet:
             return False
         return version != self.metadata_version or high_watermark != self.store.high_watermark
 
+    def metadata_changed_since(self, version: int) -> bool:
+        """Sync mode: a parked stream's replica must learn a newer metadata version
+        (an offset commit waits for its confirmation)."""
+        return self.sync and version != self.metadata_version
+
     # -- the set, the visibility limit, the waiters ------------------------------------
 
     def _update(self) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -27,8 +29,10 @@ from equeue_broker.server.errors import BadRequest, StaleEpoch
 from equeue_broker.server.role import REPLICA
 from equeue_broker.server.service_base import BrokerState, rpc_stream
 from equeue_broker.storage import Store
+from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.replicated import (
+    LogPiece,
     encode_metadata,
     master_metadata,
     read_for_replica,
@@ -38,12 +42,20 @@ from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
 log = logging.getLogger("equeue.replication")
 
-MAX_REPLY_BYTES = 1 << 20
-"""Most log bytes in one reply (at least one record is sent, whatever its size)."""
+MAX_REPLY_BYTES = 4 << 20
+"""Most log bytes in one reply (at least one record is sent, whatever its size):
+a 1,000-message batch of 1 KiB messages fits one (a sync-mode ack waits for
+every reply its write needs)."""
 MAX_WAIT_MS = 10_000
 """Longest a request may ask the master to wait at the end of the log."""
 METADATA_INTERVAL_S = 2.0
 """Metadata is sent at least this often (and whenever it changes)."""
+HW_LINGER_S = 0.02
+"""Sync mode: a new high watermark alone waits this long for records to ride
+with. Every ack moves the HW: sent at once, each write would cost a second
+exchange with each replica (CPU both sides, on a shared machine the writes'
+own). A replica's reads lag the master's by at most this much more; a HW
+lower than the master's is never unsafe (it hides, never shows)."""
 
 
 class LogGrowth:
@@ -51,6 +63,8 @@ class LogGrowth:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._thread = threading.get_ident()
+        """The loop's thread (this is built on it)."""
         self._event = asyncio.Event()
         self.waiting = 0
         self.wakes = 0
@@ -59,7 +73,11 @@ class LogGrowth:
 
     def notify_threadsafe(self, _topic: str, _queue_id: int, _end: int) -> None:
         """A store listener (any thread): records became readable."""
-        if self.waiting:
+        if not self.waiting:
+            return
+        if threading.get_ident() == self._thread:  # an append on the loop (async flush)
+            self._wake()  # no self-pipe write and extra loop pass per write
+        else:
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
@@ -87,6 +105,21 @@ class ReplicationService(pb_grpc.ReplicationServicer):
     def __init__(self, state: BrokerState, growth: LogGrowth) -> None:
         self.s = state
         self.growth = growth
+        self.sync_flush = state.config.storage.flush_mode is FlushMode.SYNC
+        # Within gRPC's send limit, which is at least max_read_bytes + 1 MiB (app.py).
+        self.max_reply_bytes = min(
+            MAX_REPLY_BYTES, max(1 << 20, state.config.storage.max_read_bytes)
+        )
+
+    async def _read(self, store: Store, position: int, max_bytes: int) -> LogPiece:
+        """``read_for_replica``: on the event loop in async flush mode, where it
+        never waits for the disk (copies from the page cache, like that mode's
+        produce): a sync-mode ack waits for this read, and a thread-pool hop
+        costs a wake-up on a busy machine. In sync flush mode the store lock may
+        be held across an fsync: the read goes to the thread pool."""
+        if self.sync_flush:
+            return await self.s.call(read_for_replica, store, position, max_bytes)
+        return self.s.inline(read_for_replica, store, position, max_bytes)
 
     @rpc_stream
     async def Replicate(  # noqa: N802 (gRPC's name)
@@ -127,21 +160,25 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                         metadata_version=sent_version if sent_version >= 0 else 0,
                     )  # fmt: skip
                     continue
-                max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
+                max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, self.max_reply_bytes)
                 wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
                 seen = self.growth.wakes
-                piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
+                piece = await self._read(store, request.position, max_bytes)
                 if piece.position == request.position:  # a record boundary of this log
                     insync.progress(member, slot, request.position, request.metadata_version)
                 deadline = time.monotonic() + wait_s
+                news_by = math.inf  # when a new HW must be sent, even without records
                 while not piece.data and piece.position == request.position:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or insync.changed_since(sent_hw, sent_version):
+                    now = time.monotonic()
+                    if news_by == math.inf and insync.changed_since(sent_hw, sent_version):
+                        news_by = now + HW_LINGER_S
+                    left = min(deadline, news_by) - now
+                    if left <= 0 or insync.metadata_changed_since(sent_version):
                         break
                     if self.growth.wakes == seen:  # else woken since the read: read again
                         await self.growth.wait(min(left, 0.2))  # staged records notify nobody
                     seen = self.growth.wakes
-                    piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
+                    piece = await self._read(store, request.position, max_bytes)
                 # After the bytes: the metadata then covers every topic they name;
                 # the version read before it: the metadata covers that version.
                 version = insync.metadata_version

@@ -42,6 +42,7 @@ from equeue_broker.storage.chunk import (
 )
 from equeue_broker.storage.damage import QuarantinedChunk
 from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
+from equeue_broker.storage.queue_index import Segment, index_segments
 from equeue_proto.accel import CODEC
 from equeue_proto.record import (
     FLAG_BATCH_END,
@@ -584,6 +585,29 @@ class MessageLog:
 
         A bad record in a sealed chunk raises ``CorruptionError``.
         """
+        for chunk_start, buf, begin, end in self._checked_ranges(start):
+            pos = begin
+            while pos < end:
+                meta = read_meta(buf, pos)
+                yield chunk_start + pos - HEADER_SIZE, meta
+                pos += meta.frame_size
+
+    def iter_segments(self, start: int) -> Iterator[tuple[int, RecordMeta | None, Segment]]:
+        """``iter_records`` in runs: (position, None, segment) for a run of plain
+        records of one queue with their index entries (``index_segments``: one
+        C call per chunk where it is built), (position, meta, empty segment) for
+        a transaction's record. Checked and raising as ``iter_records``."""
+        for chunk_start, buf, pos, end in self._checked_ranges(start):
+            base = chunk_start + pos - HEADER_SIZE
+            for segment in index_segments(buf, pos, end, base):
+                at = segment[0]
+                position = chunk_start + at - HEADER_SIZE
+                yield position, None if segment[1] else read_meta(buf, at), segment
+
+    def _checked_ranges(self, start: int) -> Iterator[tuple[int, mmap.mmap, int, int]]:
+        """(chunk start, chunk buffer, from, to): the checked frames of each chunk
+        at or after log ``start``; a bad frame raises ``CorruptionError`` after
+        the range before it."""
         for chunk in self.chunks:
             chunk_start = self.start_of(chunk)
             if chunk_start + chunk.data_size <= start:
@@ -600,11 +624,7 @@ class MessageLog:
             # Every frame checked in one call (the C codec's loop where it is
             # built); the records before the first bad one are still yielded.
             bad = check_frames(buf, pos, end)
-            good_end = end if bad < 0 else bad
-            while pos < good_end:
-                meta = read_meta(buf, pos)
-                yield chunk_start + pos - HEADER_SIZE, meta
-                pos += meta.frame_size
+            yield chunk_start, buf, pos, end if bad < 0 else bad
             if bad >= 0:
                 verdict = check_frame(buf, bad, end)
                 raise CorruptionError(f"invalid record: {verdict}", str(chunk.path), bad)

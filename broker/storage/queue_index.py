@@ -53,6 +53,7 @@ from equeue_broker.storage.chunk import (
 from equeue_broker.storage.errors import CorruptionError
 from equeue_broker.storage.index_files import IndexFiles
 from equeue_proto.accel import CODEC, check_layout
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, FRAME_OVERHEAD, Buffer, read_meta
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
@@ -163,6 +164,54 @@ def index_runs_py(  # noqa: PLR0917 (positional, like the C function it mirrors)
     if run_end > run_start:
         runs.append((run_start, run_end, run_first))
     return runs, taken, count, total, stop
+
+
+Segment = tuple[int, int, bytes, int, int, bytes]
+"""(at, count, topic, queue_id, first offset, entries): a run of ``count``
+plain records of one queue at consecutive offsets from buffer offset ``at``,
+with their packed entries; ``count`` 0 for a transaction's record."""
+
+
+def index_segments_py(buf: Buffer, start: int, end: int, position: int) -> list[Segment]:
+    """The index entries of the (checked) frames of ``buf[start:end]``, whose
+    first lies at log ``position``, grouped in runs (``Segment``): the same
+    entries as ``index_repair.entry_for`` record by record. The reference for
+    ``_codec.index_segments``, which a replica uses to index a reply in one call."""
+    out: list[Segment] = []
+    run: list[int] = []  # at, queue_id, first offset, count
+    topic = b""
+    entries = bytearray()
+    pos = start
+    while pos < end:
+        meta = read_meta(buf, pos) if end - pos >= FRAME_OVERHEAD else None
+        if meta is None or meta.frame_size < FRAME_OVERHEAD or pos + meta.frame_size > end:
+            raise ValueError(f"record at byte {pos} overruns the buffer")
+        special = meta.flags & (FLAG_TXN | FLAG_CONTROL)
+        if run and (
+            special
+            or (meta.topic, meta.queue_id, meta.queue_offset) != (topic, run[1], run[2] + run[3])
+        ):
+            out.append((run[0], run[3], topic, run[1], run[2], bytes(entries)))
+            run, entries = [], bytearray()
+        if special:
+            out.append((pos, 0, b"", 0, 0, b""))
+        else:
+            if not run:
+                run, topic = [pos, meta.queue_id, meta.queue_offset, 0], meta.topic
+            tag_hash = crc32c(meta.tag) if meta.tag else 0
+            entries += pack_entry(
+                position + pos - start + 1, meta.frame_size, tag_hash, meta.store_timestamp_ms
+            )
+            run[3] += 1
+        pos += meta.frame_size
+    if run:
+        out.append((run[0], run[3], topic, run[1], run[2], bytes(entries)))
+    return out
+
+
+index_segments: Callable[[Buffer, int, int, int], list[Segment]] = (
+    CODEC.index_segments if CODEC else index_segments_py
+)
 
 
 index_runs = CODEC.index_runs if CODEC else index_runs_py

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +59,7 @@ from equeue_broker.storage.index_repair import (
 )
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, entry_damaged
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, Segment, entry_damaged
 from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.results import RecoveryReport
 from equeue_broker.storage.retention import settle_earliest
@@ -71,7 +71,7 @@ from equeue_broker.storage.txn_recovery import (
     migrate_stage_dir,
     remove_stage_dir,
 )
-from equeue_proto.record import FLAG_CONTROL, FLAG_TXN
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, RecordMeta
 
 log = logging.getLogger(__name__)
 
@@ -246,48 +246,52 @@ def rebuild_indexes(
     expected = {key: q.index.end for key, q in queues.items()}
     gaps: dict[QueueKey, Wanted] = {}
     start = checkpoint if scan_from is None else min(scan_from, checkpoint)
-    for position, meta in message_log.iter_records(start):
-        if meta.flags & (FLAG_TXN | FLAG_CONTROL):
+    for position, meta, (_, count, topic, queue_id, first, entries) in _segments(
+        message_log, start, checkpoint
+    ):
+        if meta is not None:  # a transaction's record
             if txns is None:
                 continue
             if meta.flags & FLAG_TXN:
                 txns.staged(position, meta)
                 continue
             derived = txns.control(message_log, position, meta, position >= checkpoint)
-            for key, first, entries in derived:
-                count = len(entries) // ENTRY_SIZE
+            for key, first_offset, staged in derived:
+                n = len(staged) // ENTRY_SIZE
                 if key not in expected:
-                    orphans += count
+                    orphans += n
                     continue
-                if first != expected[key] and key not in pending:
-                    _follow_log(message_log, queues[key], key, first, gaps)
-                    expected[key] = first
-                if first != expected[key]:
+                if first_offset != expected[key] and key not in pending:
+                    _follow_log(message_log, queues[key], key, first_offset, gaps)
+                    expected[key] = first_offset
+                if first_offset != expected[key]:
                     raise CorruptionError(
-                        f"commit record at {position}: {key[0]}/{key[1]} offset {first}, "
+                        f"commit record at {position}: {key[0]}/{key[1]} offset {first_offset}, "
                         f"expected {expected[key]}"
                     )
-                pending.setdefault(key, bytearray()).extend(entries)
-                expected[key] += count
-                rebuilt += count
+                pending.setdefault(key, bytearray()).extend(staged)
+                expected[key] += n
+                rebuilt += n
             continue
         if position < checkpoint:
             continue
-        key = (meta.topic.decode(), meta.queue_id)
+        # ``count`` records of one queue at consecutive offsets from ``first``:
+        # checked as the first one, the others follow it.
+        key = (topic.decode(), queue_id)
         if key not in expected:
-            orphans += 1  # a deleted topic's records wait for retention
+            orphans += count  # a deleted topic's records wait for retention
             continue
-        if meta.queue_offset != expected[key] and key not in pending:
+        if first != expected[key] and key not in pending:
             # The queue's first record after the checkpoint: the log, not the
             # index, says where the queue stands.
-            _follow_log(message_log, queues[key], key, meta.queue_offset, gaps)
-            expected[key] = meta.queue_offset
-        if meta.queue_offset != expected[key]:
+            _follow_log(message_log, queues[key], key, first, gaps)
+            expected[key] = first
+        if first != expected[key]:
             # Only stale bytes of a failed append can break the sequence: cut them.
             log.warning(
                 "record at %d has offset %d, expected %d for %s; cutting log there",
                 position,
-                meta.queue_offset,
+                first,
                 expected[key],
                 key,
             )
@@ -295,14 +299,32 @@ def rebuild_indexes(
                 raise CorruptionError(f"queue {key} offsets not contiguous at position {position}")
             message_log.truncate(position)
             break
-        pending.setdefault(key, bytearray()).extend(entry_for(position, meta))
-        expected[key] += 1
-        rebuilt += 1
+        pending.setdefault(key, bytearray()).extend(entries)
+        expected[key] += count
+        rebuilt += count
     rebuilt += _fill(message_log, queues, gaps, checkpoint, exact=True)
-    for key, entries in pending.items():
+    for key, written in pending.items():
         queue = queues[key]
-        queue.index.write(queue.index.end, entries)
+        queue.index.write(queue.index.end, written)
     return rebuilt, orphans
+
+
+def _segments(
+    message_log: MessageLog, start: int, checkpoint: int
+) -> Iterator[tuple[int, RecordMeta | None, Segment]]:
+    """The records from ``start`` as ``MessageLog.iter_segments`` gives them
+    (runs with their entries, one C call per chunk). A scan that starts before
+    the checkpoint (for transactions) goes record by record: a run must not
+    straddle the checkpoint, before which records are not re-indexed."""
+    if start >= checkpoint:
+        yield from message_log.iter_segments(start)
+        return
+    for position, meta in message_log.iter_records(start):
+        if meta.flags & (FLAG_TXN | FLAG_CONTROL):
+            yield position, meta, (0, 0, b"", 0, 0, b"")
+        else:
+            entry = entry_for(position, meta)
+            yield position, None, (0, 1, meta.topic, meta.queue_id, meta.queue_offset, entry)
 
 
 def _restore_ends(

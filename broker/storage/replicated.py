@@ -321,23 +321,21 @@ def _empty(store: Store) -> bool:
 def _check_frames(position: int, data: bytes) -> None:
     """Every frame of ``data`` valid, naming its own position (record.py's checks).
 
-    The frames are checked in one call (the C codec's loop where it is built),
-    then only each one's position field is read: a sync-mode write waits for this."""
-    bad = check_frames(data, 0, len(data))
-    if bad >= 0:
-        verdict = check_frame(data, bad, len(data))
+    The frames and their positions are checked in one call (the C codec's loop
+    where it is built): a sync-mode write waits for this; only a bad frame is
+    looked at again, to say what is wrong with it."""
+    bad = check_frames(data, 0, len(data), position)
+    if bad < 0:
+        return
+    verdict = check_frame(data, bad, len(data))
+    if isinstance(verdict, str):
         raise CorruptionError(
             f"replicated record at log position {position + bad} is invalid: {verdict}"
         )
-    pos, end = 0, len(data)
-    while pos < end:
-        (body,) = _U32.unpack_from(data, pos)
-        (stored,) = _U64.unpack_from(data, pos + AT_POSITION)
-        if stored != position + pos:
-            raise CorruptionError(
-                f"replicated record at log position {position + pos} names position {stored}"
-            )
-        pos += body + BODY_TO_FRAME
+    (stored,) = _U64.unpack_from(data, bad + AT_POSITION)
+    raise CorruptionError(
+        f"replicated record at log position {position + bad} names position {stored}"
+    )
 
 
 def records_end(data: bytes | memoryview, limit: int) -> int:
@@ -345,9 +343,13 @@ def records_end(data: bytes | memoryview, limit: int) -> int:
     least the first record, whatever its size): where a master cuts a reply.
 
     The cut is found from the length prefixes, then the frames before it are
-    checked in one call (the C codec's loop where it is built)."""
-    pos = 0
+    checked in one call (the C codec's loop where it is built). A master's
+    usual reply, everything it has within the limit, is found by that one call
+    alone (no Python per record)."""
     end = len(data)
+    if end <= limit and check_frames(data, 0, end) < 0:
+        return end  # whole frames tile all of it
+    pos = 0
     while pos < end:
         body = _U32.unpack_from(data, pos)[0] if pos + AT_BODY <= end else 0
         size = body + BODY_TO_FRAME
