@@ -81,13 +81,17 @@ zookeeper:
 	}
 	@test -e $(ZOOKEEPER_JAR) || { echo "ZooKeeper is missing: $(ZOOKEEPER_JAR)"; exit 1; }
 
+# Two workers, a test file each at a time (--dist loadfile: a module's fixtures,
+# e.g. the shared standalone Spark cluster, stay in one process). The suite
+# spends most of its time waiting, so two workers nearly halve it on 2 cores.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP) zookeeper
-	$(BIN)/pytest
-	EQUEUE_PURE_PYTHON=1 $(BIN)/pytest -q $(PURE_PYTHON_TESTS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	EQUEUE_PURE_PYTHON=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PURE_PYTHON_TESTS)
 
 # Everything but the tests marked slow (Spark, cluster, kill, hardening): under 2 minutes.
 pytest-fast: $(STAMP) zookeeper
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow"
 
 test: zookeeper lint typecheck pytest
 
