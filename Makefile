@@ -136,3 +136,11 @@ fuzz: $(STAMP)
 
 load: $(STAMP)
 	$(BIN)/python bench/load_broker.py --seconds $(LOAD_SECONDS)
+
+# Master kills under load in a replicated group (ZooKeeper failover, sync
+# replication): every acknowledged message exactly once in the surviving log.
+.PHONY: crash-loop-cluster
+CLUSTER_KILLS ?= 20
+
+crash-loop-cluster: $(STAMP) zookeeper
+	$(BIN)/python bench/crash_loop_cluster.py --kills $(CLUSTER_KILLS)
