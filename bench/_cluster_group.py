@@ -129,6 +129,8 @@ class GroupConfig:
     flush: str = "async"
     extra_flags: tuple[str, ...] = ()
     start_timeout_s: float = 60.0
+    zk_hosts: str = ""
+    """An existing ZooKeeper (``HOST:PORT[/chroot]``, e.g. a test's fixture); "" starts one."""
 
 
 @dataclass
@@ -150,8 +152,9 @@ class Group:
     def start(self) -> Group:
         require_flags("a ZooKeeper-managed group", *self.required_flags())
         self.root.mkdir(parents=True, exist_ok=True)
-        self.zk = ZooKeeperProcess(self.root / "zookeeper")
-        self.zk.start()
+        if not self.config.zk_hosts:
+            self.zk = ZooKeeperProcess(self.root / "zookeeper")
+            self.zk.start()
         if self.config.namesrv:
             self.namesrv = NameServerProcess(self.root / "namesrv")
             self.namesrv.start()
@@ -163,11 +166,17 @@ class Group:
             member.process.start(self.config.start_timeout_s)
         return self
 
+    @property
+    def zk_hosts(self) -> str:
+        if self.config.zk_hosts:
+            return self.config.zk_hosts
+        assert self.zk is not None, "not started"
+        return f"{self.zk.hosts}/equeue-bench"
+
     def flags(self) -> list[str]:
-        assert self.zk is not None
         c = self.config
         flags = [
-            "--broker-name", GROUP_NAME, "--zookeeper", f"{self.zk.hosts}/equeue-bench",
+            "--broker-name", GROUP_NAME, "--zookeeper", self.zk_hosts,
             "--zk-session-timeout-ms", str(c.session_timeout_ms), "--flush", c.flush,
             "--log-level", "INFO",
         ]  # fmt: skip

@@ -66,6 +66,8 @@ class ClusterLoopConfig:
     failover_timeout_s: float = 60.0
     """Longest wait for a new master after a kill (then the loop stops, failed)."""
     rejoin_timeout_s: float = 120.0
+    zk_hosts: str = ""
+    """An existing ZooKeeper (``HOST:PORT/chroot``, a test's fixture); "" starts one."""
 
 
 @dataclass
@@ -117,7 +119,7 @@ def run(
     result = ClusterLoopResult(config)
     group_config = GroupConfig(
         replication=config.replication, session_timeout_ms=config.session_timeout_ms,
-        flush=config.flush,
+        flush=config.flush, zk_hosts=config.zk_hosts,
     )  # fmt: skip
     rng = random.Random(config.seed)
     with Group(work_dir, group_config) as group:
