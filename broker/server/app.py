@@ -10,7 +10,6 @@ and persists consumer offsets.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import resource
@@ -29,7 +28,7 @@ from equeue_broker.server.auth import AuthInterceptor, TokenTable
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import BadRequest
-from equeue_broker.server.follower import Follower
+from equeue_broker.server.failover import MANUAL, ZOOKEEPER, RoleSwitch, ZkFailover
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.intake import IntakeGate
@@ -38,7 +37,7 @@ from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar, advertised
 from equeue_broker.server.replicas import ReplicaGate, ReplicaTracker
 from equeue_broker.server.replication import LogGrowth, ReplicationService
-from equeue_broker.server.role import BrokerRole
+from equeue_broker.server.role import REPLICA, BrokerRole
 from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.service_data import BrokerService
@@ -109,7 +108,10 @@ async def create_server(
     interceptors.insert(
         0, IntakeGate(intake, config.max_request_bytes, config.request_read_timeout_ms / 1000)
     )
-    role = BrokerRole(config.role, config.master)
+    # The epoch starts at the newest marker in the log (epochs.py); with ZooKeeper
+    # every member starts as a replica with no master, until the election says.
+    start_role = REPLICA if config.zookeeper else config.role
+    role = BrokerRole(start_role, config.master, store.epochs.last_epoch)
     # After authentication: an unknown caller learns nothing. Always installed:
     # failover can make a master a replica at any time (role.py).
     interceptors.append(ReplicaGate(config.broker_name, role))
@@ -226,10 +228,12 @@ async def serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    following: asyncio.Task[None] | None = None
-    if config.role == "replica":
-        state.follower = Follower(state, advertised(config.host, port, config.advertise_address))
-        following = asyncio.create_task(state.follower.run())
+    address = advertised(config.host, port, config.advertise_address)
+    state.role_switch = RoleSwitch(state, address, ZOOKEEPER if config.zookeeper else MANUAL)
+    state.role_switch.start()
+    election = ZkFailover(state, state.role_switch) if config.zookeeper else None
+    if election is not None:
+        election.start()
     registering: asyncio.Task[None] | None = None
     if config.namesrv_addresses():
         state.registrar = Registrar(
@@ -259,10 +263,9 @@ async def serve(config: BrokerConfig) -> None:
         registering.cancel()
         await state.registrar.unregister()  # clients stop routing here at once
         await state.registrar.close()
-    if following is not None:
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await following
+    if election is not None:
+        await election.close()  # first: the group elects another master now
+    await state.role_switch.stop()
     state.shutting_down = True
     await server.stop(config.shutdown_grace_s)
     state.executor.shutdown(wait=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar, get_type_hints
 
+from equeue_broker.cluster.election import parse_hosts
 from equeue_broker.storage.config import UNIT, GiB, KiB, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
 from equeue_proto import __version__
@@ -136,6 +137,14 @@ class BrokerConfig:
     """A replica's master, ``HOST:PORT``."""
     max_replicas: int = field(default=8, metadata={UNIT: "replicas"})
     """Replication streams a master serves at once."""
+    # -- failover (server/failover.py) --
+    zookeeper: str = ""
+    """``HOST:PORT[,HOST:PORT...][/chroot]``: elect the group's master through
+    ZooKeeper (automatic failover); empty: roles by hand (``role``, ``master``)."""
+    zk_session_timeout_ms: int = field(default=10_000, metadata={UNIT: "ms"})
+    """ZooKeeper session timeout: how long after a member stops heartbeating
+    (crash, hang, partition) an election may replace it. Within [1000, 120000];
+    ZooKeeper's own min/max session timeouts (2..20 ticks) bound it too."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -158,6 +167,26 @@ class BrokerConfig:
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise InvalidArgument("tls_client_ca needs tls_cert and tls_key")
         self._check_cluster()
+        self._check_failover()
+
+    def _check_failover(self) -> None:
+        if not self.zookeeper:
+            return
+        try:
+            parse_hosts(self.zookeeper)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if not self.broker_name:
+            raise InvalidArgument(
+                "zookeeper needs broker_name: the group elected through ZooKeeper is the "
+                "broker name; give --broker-name NAME"
+            )
+        if self.role != "master" or self.master:
+            raise InvalidArgument(ZK_AND_ROLE)
+        if not 1_000 <= self.zk_session_timeout_ms <= 120_000:
+            raise InvalidArgument(
+                f"zk_session_timeout_ms must be in [1000, 120000], got {self.zk_session_timeout_ms}"
+            )
 
     def _check_cluster(self) -> None:
         for value, kind in ((self.broker_name, "broker_name"), (self.cluster, "cluster")):
@@ -470,8 +499,20 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("master", "a replica's master, HOST:PORT"),
     Setting("max_replicas", "replication streams a master serves at once"),
+    Setting(
+        "zookeeper",
+        "HOST:PORT[,HOST:PORT...][/chroot]: elect the group's master through ZooKeeper"
+        " (automatic failover; not with --role/--master; needs --broker-name)",
+    ),
+    Setting("zk_session_timeout_ms", "ZooKeeper session timeout (failover detection time)"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
+
+
+ZK_AND_ROLE = (
+    "zookeeper and role/master together: with --zookeeper the group elects its master "
+    "and every member starts as a candidate; drop --role and --master"
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
@@ -485,6 +526,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
         if config_file is not None:
             settings.update(_load_file(config_file))
         settings.update({k: v for k, v in args.items() if v is not None})
+        if settings.get("zookeeper") and ("role" in settings or "master" in settings):
+            raise InvalidArgument(ZK_AND_ROLE)  # even --role master: one source of roles
         return BrokerConfig.from_settings(settings)
     except InvalidArgument as exc:
         parser.error(str(exc))

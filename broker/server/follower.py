@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from equeue_broker.server.replication import MAX_REPLY_BYTES
+from equeue_broker.server.role import BrokerRole
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.storage.errors import InvalidArgument, StorageError
 from equeue_broker.storage.replicated import ReplicaLog, decode_metadata
@@ -42,6 +43,10 @@ class Follower:
         backoff = 0.1
         while self.stopped is None:
             master = self.s.role.view.master  # read again: failover may change it
+            if not master:  # no master now: wait for failover to name one
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
             try:
                 async with grpc.aio.insecure_channel(
                     master, options=[("grpc.max_receive_message_length", 64 << 20)]
@@ -53,6 +58,8 @@ class Follower:
                 log.warning("replication from %s: %s %s", master, exc.code().name, exc.details())
                 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     self.stopped = str(exc.details())
+            except StaleReply as exc:
+                log.warning("replication from %s refused: %s", master, exc)
             except (StorageError, OSError) as exc:
                 log.error("replication from %s stopped: %s", master, exc)
                 self.stopped = str(exc)
@@ -76,6 +83,10 @@ class Follower:
                 wait_ms=1000,
                 replica_address=self.address,
                 chunk_capacity=self.replica.capacity,
+                replica_id=self.s.instance_id,
+                # Fencing and divergence (docs/replication.md, "Epochs in the log").
+                epoch=self.s.role.view.epoch,
+                last_epoch=self.s.store.epochs.last_epoch,
             )
             requests.put_nowait(request)
 
@@ -84,6 +95,7 @@ class Follower:
         name = self.s.config.broker_name
         reply: pb.ReplicateReply
         async for reply in call:
+            check_reply_epoch(self.s.role, reply.epoch)
             self.last_contact = time.monotonic()
             self.master_end = reply.master_end
             if reply.metadata:
@@ -103,3 +115,20 @@ class Follower:
 
     def lag_bytes(self) -> int:
         return max(0, self.master_end - self.replica.end)
+
+
+class StaleReply(Exception):
+    """A reply from a master of an older epoch than this replica has seen."""
+
+
+def check_reply_epoch(role: BrokerRole, epoch: int) -> None:
+    """Refuse (``StaleReply``: nothing applied, reconnect) a reply stamped with an
+    epoch older than the newest seen: its master was deposed. A newer one is
+    remembered."""
+    seen = role.view.epoch
+    if epoch < seen:
+        raise StaleReply(
+            f"the master's reply is from epoch {epoch}, older than epoch {seen}: "
+            "it was deposed; not applied"
+        )
+    role.see_epoch(epoch)

@@ -23,8 +23,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.errors import BadRequest, StaleEpoch
+from equeue_broker.server.role import REPLICA
 from equeue_broker.server.service_base import BrokerState, rpc_stream
+from equeue_broker.storage import Store
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.replicated import (
     encode_metadata,
@@ -101,7 +103,16 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                         f"master's {capacity}: start the replica with --chunk-size {capacity}"
                     )
                 address = request.replica_address or context.peer()
+                epoch = check_request_epoch(self.s, request, address)
                 self.s.replicas.update(slot, address, request.position)
+                diverged = divergence(store, request)
+                if diverged is not None:  # the replica cuts its log there (follower.py)
+                    yield pb.ReplicateReply(
+                        position=diverged, master_end=store._log.write_position,
+                        master_start=store._log.start_position, chunk_capacity=capacity,
+                        epoch=epoch,
+                    )  # fmt: skip
+                    continue
                 max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
                 wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
                 piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
@@ -121,7 +132,38 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 yield pb.ReplicateReply(
                     position=piece.position, data=piece.data, master_end=piece.end,
                     master_start=piece.start, metadata=meta if send_meta else b"",
-                    chunk_capacity=capacity,
+                    chunk_capacity=capacity, epoch=epoch,
                 )  # fmt: skip
         finally:
             self.s.replicas.close(slot)
+
+
+# -- epochs: fencing and divergence (docs/replication.md, "Epochs in the log") --------
+
+
+def check_request_epoch(state: BrokerState, request: pb.ReplicateRequest, replica: str) -> int:
+    """This master's epoch, to stamp the reply with. A replica that has seen a
+    newer epoch means this master was deposed: it stops taking writes (a replica
+    with no master, until told or elected) and refuses the stream (StaleEpoch)."""
+    view = state.role.view
+    if request.epoch > view.epoch and view.is_master:
+        state.role.set(REPLICA, "", request.epoch)
+        log.error(
+            "DEPOSED: replica %s has seen epoch %d, this master is of epoch %d: no longer "
+            "taking writes", replica, request.epoch, view.epoch,
+        )  # fmt: skip
+    view = state.role.view
+    if not view.is_master:
+        raise StaleEpoch(
+            f"this broker is not the master of epoch {request.epoch or view.epoch} (it is a "
+            f"replica of {view.master or 'no master now'}, epoch {view.epoch}): "
+            "replicate from the current master"
+        )
+    return view.epoch
+
+
+def divergence(store: Store, request: pb.ReplicateRequest) -> int | None:
+    """Where the replica must cut its log, if it goes beyond the end of its last
+    epoch on this log (an old master's tail this master never had); else None."""
+    end = store.epochs.end_of(request.last_epoch)
+    return end if end is not None and request.position > end else None

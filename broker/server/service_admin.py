@@ -15,6 +15,7 @@ from typing import Any
 
 from equeue_broker.server.auth import Principal
 from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.failover import set_role
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.storage import NotFound
 from equeue_broker.storage.names import validate_group
@@ -341,10 +342,17 @@ class AdminService(pb_grpc.AdminServicer):
                 epoch=view.epoch,
                 replicas=self._replicas(raw["log_write_position"]),
                 log_end_position=raw["log_write_position"],
+                failover=self.s.role_switch.mode if self.s.role_switch else "manual",
             )
 
         view = self.s.role.view
         return await self.s.call(stats)
+
+    @rpc
+    async def SetRole(self, request: pb.SetRoleRequest, context: Any) -> pb.BrokerStats:
+        await set_role(self.s, request, self.s.scope(context))
+        reply: pb.BrokerStats = await self.GetStats(pb.GetStatsRequest(), context)
+        return reply
 
     @rpc
     async def ListTransactions(

@@ -70,6 +70,8 @@ class BrokerState:
     """A replica: its ``follower.Follower`` (the log it copies); None on a master."""
     role: BrokerRole = field(default_factory=lambda: BrokerRole("master"))
     """Master or replica now, its master and epoch (role.py; failover changes it)."""
+    role_switch: Any = None
+    """The ``failover.RoleSwitch``: promotes and demotes (SetRole, elections)."""
     _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
 
     def topology_changed(self) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from equeue_broker.storage.atomic_file import fsync_dir
 from equeue_broker.storage.chunk import (
     CHUNK_TYPE_LOG,
     FOOTER_SIZE,
@@ -355,6 +356,29 @@ class MessageLog:
         chunk = self.active
         assert self.start_of(chunk) <= position <= self.write_position
         self._cut(chunk, position - self.start_of(chunk))
+
+    def truncate_into_sealed(self, position: int) -> None:
+        """Cut the log at ``position`` in a sealed chunk (a replica's divergent
+        tail): later chunks are deleted, newest first (a crash in between leaves
+        a shorter, contiguous log), and the chunk holding ``position`` becomes
+        the active one again (footer dropped, room restored, tail zeroed)."""
+        target = self.chunk_at(position)
+        assert target.damage is None and position <= self.start_of(target) + target.data_size
+        for chunk in reversed(self.chunks[self.chunks.index(target) + 1 :]):
+            self.chunks.remove(chunk)
+            self._recent.pop(chunk.number, None)
+            chunk.close()
+            chunk.path.unlink()
+        fsync_dir(self.directory)
+        if target.sealed:
+            target.unmap()
+            self._recent.pop(target.number, None)
+            os.ftruncate(target.fd, HEADER_SIZE + target.data_size)  # the footer goes
+            os.ftruncate(target.fd, HEADER_SIZE + target.capacity + FOOTER_SIZE)  # zeroed room
+            target.sealed_ms = None
+            target.written_end = HEADER_SIZE + target.data_size
+        self.active = target
+        self._cut(target, position - self.start_of(target))
 
     # -- positions -----------------------------------------------------------------
 

@@ -27,7 +27,8 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
      "txn_position": T,     first record of the oldest transaction open at P
                             (P when none was): where the scan starts
      "next_serial": N,      serials below N may be in the log
-     "sinks": {sink: [batch id, ms]}}   sink progress as of P
+     "sinks": {sink: [batch id, ms]},   sink progress as of P
+     "epochs": [[epoch, start], ...]}   the epoch markers below P (epochs.py)
 
 A document without the later keys (older versions) means: no ends to trust,
 no transactions, no sinks.
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_broker.storage.config import StorageConfig
+from equeue_broker.storage.epochs import EpochHistory
 from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
 from equeue_broker.storage.index_repair import (
     Wanted,
@@ -87,6 +89,8 @@ class Checkpoint:
     txn_position: int | None = None
     next_serial: int = 1
     sinks: Sinks = field(default_factory=dict)
+    epochs: tuple[tuple[int, int], ...] = ()
+    """(epoch, start position) of the log's epoch markers (epochs.py)."""
 
     @property
     def scan_from(self) -> int:
@@ -112,6 +116,7 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         document.get("txn_position"),
         int(document.get("next_serial", 1)),
         {str(s): (int(b), int(ms)) for s, (b, ms) in document.get("sinks", {}).items()},
+        tuple((int(e), int(p)) for e, p in document.get("epochs", ())),
     )
 
 
@@ -129,6 +134,7 @@ def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
         else checkpoint.txn_position,
         "next_serial": checkpoint.next_serial,
         "sinks": {s: [b, ms] for s, (b, ms) in sorted(checkpoint.sinks.items())},
+        "epochs": [list(entry) for entry in checkpoint.epochs],
     }
     save_json(data_dir / CHECKPOINT_FILE, document)
 
@@ -176,7 +182,9 @@ def recover(
                 index = queue.index
                 index.suspect |= index.earliest < index.end < saved_end
     sinks = saved.sinks if migrated is None else {**migrated, **saved.sinks}
-    scan = TxnScan(saved.next_serial, sinks, scan_from <= message_log.start_position)
+    # Markers from scan_from on are read again by the scan (and cut with the log).
+    epochs = EpochHistory([e for e in saved.epochs if e[1] < scan_from])
+    scan = TxnScan(saved.next_serial, sinks, scan_from <= message_log.start_position, epochs)
     rebuilt = _restore_ends(message_log, queues, checkpoint)
     more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)
     rebuilt += more
@@ -200,6 +208,7 @@ def recover(
         min((t.first_position for t in found.open.values()), default=end),
         found.next_serial,
         found.sinks,
+        tuple(e for e in epochs.entries() if e[1] < end),
     )
     save_checkpoint(config.data_dir, new)
     if migrated is not None:

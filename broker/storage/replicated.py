@@ -20,9 +20,10 @@ store's normal appends, which a replica never takes. For each piece it
    ``TxnScan`` kept across pieces. The store's ``Transactions`` adopts what the
    scan found, so checkpoints, and a restart's recovery, agree with the log.
 
-``truncate`` cuts a divergent tail (within the active chunk; older chunks
-raise), and ``apply_metadata`` makes topics (with their incarnations) and
-consumer-group offsets the master's.
+``truncate`` cuts a divergent tail (into sealed chunks too: later chunk
+files are deleted and the chunk holding the cut becomes the active one), and
+``apply_metadata`` makes topics (with their incarnations) and consumer-group
+offsets the master's.
 
 Metadata document (JSON, UTF-8; ``encode_metadata``/``decode_metadata``)::
 
@@ -116,7 +117,7 @@ class ReplicaLog:
     def __init__(self, store: Store) -> None:
         self._store = store
         found = store.transactions.recovered()
-        self._scan = TxnScan(found.next_serial, found.sinks, False)
+        self._scan = TxnScan(found.next_serial, found.sinks, False, store.epochs)
         self._scan.found.open = found.open
 
     @property
@@ -211,29 +212,36 @@ class ReplicaLog:
                 queue.visible_end = queue.notified_end = meta.queue_offset
 
     def truncate(self, position: int) -> None:
-        """Cut the log at ``position`` (a divergent tail), and every index entry
-        and open transaction at or after it. Loud: it drops records."""
+        """Cut the log at ``position`` (a divergent tail), and every index entry,
+        open transaction and epoch marker at or after it, into sealed chunks if
+        need be. Loud: it drops records."""
         store = self._store
         with store._lock:
             message_log = store._log
             end = message_log.write_position
             if position >= end:
                 return
-            if position < message_log.start_of(message_log.active):
+            if position < message_log.start_position:
                 raise PreconditionFailed(
-                    f"the replica's log diverges from its master's before position {position}, "
-                    f"in a sealed chunk (log end {end}); cutting sealed chunks is not done "
-                    "yet: empty the replica's data directory and restart it"
+                    f"the replica's log diverges from its master's at position {position}, "
+                    f"before its own log start {message_log.start_position}: empty the "
+                    "replica's data directory and restart it"
                 )
+            sealed = position < message_log.start_of(message_log.active)
             log.error(
-                "REPLICA TRUNCATES its log from %d to %d (%d bytes): they are not on the "
-                "master (diverged, or the master lost them)", end, position, end - position,
+                "REPLICA TRUNCATES its log from %d to %d (%d bytes lost%s): they are not on "
+                "the master (diverged, or the master lost them)", end, position, end - position,
+                ", into sealed chunks" if sealed else "",
             )  # fmt: skip
-            message_log.truncate(position)
+            if sealed:
+                message_log.truncate_into_sealed(position)
+            else:
+                message_log.truncate(position)
             for queue in store._queues.values():
                 queue.index.recover(position)
                 queue.visible_end = queue.notified_end = queue.index.end
             store._checkpoint = min(store._checkpoint, position)
+            store.epochs.cut(position)
             found = self._scan.found
             found.open = {s: t for s, t in found.open.items() if t.first_position < position}
             store._offsets.clamp({k: q.visible_end for k, q in store._queues.items()})

@@ -52,6 +52,7 @@ from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
 from equeue_broker.storage.data_dir import lock_data_dir
 from equeue_broker.storage.deletion import bury_index, sweep
+from equeue_broker.storage.epochs import EpochHistory, prepare_marker
 from equeue_broker.storage.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -142,6 +143,8 @@ class Store:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.transactions = Transactions(self, config.transactions, recovered)
+        self.epochs = EpochHistory(list(checkpoint.epochs))
+        """The log's epoch markers (epochs.py): derived from the log like the indexes."""
         if background:
             self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
             self._thread.start()
@@ -400,6 +403,16 @@ class Store:
             self._check_writable()
             self._writer.write_control(prepared)
 
+    def write_epoch_marker(self, epoch: int) -> int:
+        """Append the marker of ``epoch`` (epochs.py) and make it durable, before
+        this broker takes writes as master of ``epoch``; return its position."""
+        with self._lock:
+            self._check_writable()
+            position = self._writer.write_control(prepare_marker(epoch))
+            self.epochs.add(epoch, position)
+        self.flush()
+        return position
+
     def commit_staged(
         self,
         entries: dict[QueueKey, bytearray],
@@ -653,7 +666,8 @@ class Store:
             earliest = {key: q.index.earliest for key, q in self._queues.items()}
             start = self._log.start_position
             txn_position, serial, sinks = self.transactions.checkpoint_state()
-        checkpoint = Checkpoint(target, ends, earliest, start, txn_position, serial, sinks)
+            epochs = tuple(self.epochs.entries())
+        checkpoint = Checkpoint(target, ends, earliest, start, txn_position, serial, sinks, epochs)
         try:
             self._commit.make_durable(target)
             for fd in fds:

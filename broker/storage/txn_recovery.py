@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from equeue_broker.storage.atomic_file import load_json
+from equeue_broker.storage.epochs import EPOCH_TAG, EpochHistory, decode_marker
 from equeue_broker.storage.errors import CorruptionError, PreconditionFailed
 from equeue_broker.storage.index_repair import entry_for
 from equeue_broker.storage.message_log import MessageLog
@@ -81,8 +82,12 @@ class RecoveredTxns:
 class TxnScan:
     """Feeds on the records of recovery's scan (``rebuild_indexes``)."""
 
-    def __init__(self, next_serial: int, sinks: Sinks, whole_log: bool) -> None:
+    def __init__(
+        self, next_serial: int, sinks: Sinks, whole_log: bool, epochs: EpochHistory | None = None
+    ) -> None:
         self.found = RecoveredTxns({}, next_serial, dict(sinks))
+        self.epochs = EpochHistory() if epochs is None else epochs
+        """Epoch markers are control records too (epochs.py): the same scan finds them."""
         self._whole_log = whole_log
         """The scan starts at the log's start: a commit may name transactions
         whose records retention deleted (their offsets are gone with them)."""
@@ -99,6 +104,9 @@ class TxnScan:
         """Apply a control record; for a commit with ``derive``, return the index
         entries it makes: (queue, first offset, entries)."""
         record = message_log.read(position, meta.frame_size)
+        if record.tag == EPOCH_TAG:
+            self.epochs.add(decode_marker(record.value), position)
+            return []
         control = decode_value(record.tag, record.value)
         found = self.found
         if isinstance(control, Begin):

@@ -310,6 +310,16 @@ class OffsetForBytesReply(_message.Message):
     bytes: int
     def __init__(self, end_offset: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
+class SetRoleRequest(_message.Message):
+    __slots__ = ("role", "master", "epoch")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    master: str
+    epoch: int
+    def __init__(self, role: _Optional[str] = ..., master: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
 class CreateTopicRequest(_message.Message):
     __slots__ = ("name", "queue_count")
     NAME_FIELD_NUMBER: _ClassVar[int]

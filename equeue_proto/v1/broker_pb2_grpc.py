@@ -659,6 +659,11 @@ class AdminStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsReply.FromString,
                 _registered_method=True)
+        self.SetRole = channel.unary_unary(
+                '/equeue.v1.Admin/SetRole',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.SetRoleRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -771,6 +776,17 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetRole(self, request, context):
+        """Change this broker's role in its group (manual failover, no ZooKeeper):
+        "master" (promote: the epoch must be newer than every epoch the broker
+        has seen; it writes the epoch marker, then takes writes) or "replica"
+        (follow master from epoch on, epoch >= the newest seen). FAILED_PRECONDITION
+        when the epoch is too old or the group fails over through ZooKeeper.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -843,6 +859,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListTransactions,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsReply.SerializeToString,
+            ),
+            'SetRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRole,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.SetRoleRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1228,6 +1249,33 @@ class Admin:
             '/equeue.v1.Admin/ListTransactions',
             equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.ListTransactionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/SetRole',
+            equeue__proto_dot_v1_dot_broker__pb2.SetRoleRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.FromString,
             options,
             channel_credentials,
             insecure,

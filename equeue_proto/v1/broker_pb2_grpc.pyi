@@ -402,6 +402,13 @@ class AdminStub:
     """Open transactions (optionally those whose id starts with a prefix) and
     every sink's last committed batch. Abort one with Broker.AbortTransactions.
     """
+    SetRole: _grpc.UnaryUnaryMultiCallable[_broker_pb2.SetRoleRequest, _broker_pb2.BrokerStats]
+    """Change this broker's role in its group (manual failover, no ZooKeeper):
+    "master" (promote: the epoch must be newer than every epoch the broker
+    has seen; it writes the epoch marker, then takes writes) or "replica"
+    (follow master from epoch on, epoch >= the newest seen). FAILED_PRECONDITION
+    when the epoch is too old or the group fails over through ZooKeeper.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -447,6 +454,13 @@ class AdminAsyncStub(AdminStub):
     ListTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListTransactionsRequest, _broker_pb2.ListTransactionsReply]  # type: ignore[assignment]
     """Open transactions (optionally those whose id starts with a prefix) and
     every sink's last committed batch. Abort one with Broker.AbortTransactions.
+    """
+    SetRole: _aio.UnaryUnaryMultiCallable[_broker_pb2.SetRoleRequest, _broker_pb2.BrokerStats]  # type: ignore[assignment]
+    """Change this broker's role in its group (manual failover, no ZooKeeper):
+    "master" (promote: the epoch must be newer than every epoch the broker
+    has seen; it writes the epoch marker, then takes writes) or "replica"
+    (follow master from epoch on, epoch >= the newest seen). FAILED_PRECONDITION
+    when the epoch is too old or the group fails over through ZooKeeper.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -574,6 +588,19 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.ListTransactionsReply, _abc.Awaitable[_broker_pb2.ListTransactionsReply]]:
         """Open transactions (optionally those whose id starts with a prefix) and
         every sink's last committed batch. Abort one with Broker.AbortTransactions.
+        """
+
+    @_abc_1.abstractmethod
+    def SetRole(
+        self,
+        request: _broker_pb2.SetRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.BrokerStats, _abc.Awaitable[_broker_pb2.BrokerStats]]:
+        """Change this broker's role in its group (manual failover, no ZooKeeper):
+        "master" (promote: the epoch must be newer than every epoch the broker
+        has seen; it writes the epoch marker, then takes writes) or "replica"
+        (follow master from epoch on, epoch >= the newest seen). FAILED_PRECONDITION
+        when the epoch is too old or the group fails over through ZooKeeper.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,251 @@
+"""Changing this broker's role at run time: promotion, following, and elections.
+
+``RoleSwitch`` is the only code that switches the role (``state.role``,
+role.py) after start, and owns the replica's ``Follower`` task:
+
+- ``promote(epoch)``: stop following (awaited), append the epoch marker
+  (storage/epochs.py) and make it durable, then become master of ``epoch``:
+  writes are taken only after the marker, so every record of the epoch lies
+  after it in the log;
+- ``follow(master, epoch)``: become a replica of ``master`` (writes are
+  refused from then on) and (re)start the follower towards it. An old master
+  following the new one truncates its divergent tail (replication.py).
+
+Both come from an operator (Admin ``SetRole``, ``equeue cluster promote``,
+with an epoch check) or from the election (``ZkFailover``, ``--zookeeper``):
+``GroupElection`` (cluster/election.py) calls back on its own thread; the
+callbacks are handed to the event loop, where one lock runs them in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from equeue_broker.cluster.election import ElectionError, Epoch, GroupElection
+from equeue_broker.server.auth import Principal
+from equeue_broker.server.errors import BadRequest, PermissionDenied, StaleEpoch
+from equeue_broker.server.follower import Follower
+from equeue_broker.server.replication import MAX_REPLY_BYTES
+from equeue_broker.server.role import MASTER, REPLICA
+from equeue_broker.server.service_base import BrokerState
+from equeue_broker.storage import Store
+from equeue_broker.storage.errors import PreconditionFailed
+from equeue_proto.v1 import broker_pb2 as pb
+
+log = logging.getLogger("equeue.failover")
+
+ZOOKEEPER, MANUAL = "zookeeper", "manual"
+ISR_INTERVAL_S = 1.0
+"""How often a ZooKeeper master checks which replicas are caught up."""
+ISR_MAX_SILENCE_S = 3.0
+"""A replica silent this long is out of sync (its requests come at least every
+second: the master's long poll is 1 s)."""
+
+
+def log_end(store: Store) -> int:
+    """The store's log end position (any thread)."""
+    with store._lock:
+        return store._log.write_position
+
+
+class RoleSwitch:
+    """Promotes and demotes this broker; owns the follower (``state.follower``)."""
+
+    def __init__(self, state: BrokerState, address: str, mode: str) -> None:
+        self.s = state
+        self.address = address
+        """Where this broker serves (what replicas and the election call it)."""
+        self.mode = mode
+        """ZOOKEEPER or MANUAL: GetStats ``failover``."""
+        self._lock = asyncio.Lock()
+        self._following: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Follow the master the role names at start, if any."""
+        view = self.s.role.view
+        if not view.is_master and view.master:
+            self._start_follower()
+
+    async def stop(self) -> None:
+        await self._stop_follower()
+
+    async def promote(self, epoch: int, *, elected: bool = False) -> None:
+        """Become master of ``epoch``. An operator's epoch must be newer than every
+        epoch seen (``StaleEpoch``); an election's is ZooKeeper's word."""
+        async with self._lock:
+            view = self.s.role.view
+            if not elected and epoch <= view.epoch:
+                raise StaleEpoch(
+                    f"cannot promote to epoch {epoch}: this broker has seen epoch "
+                    f"{view.epoch}; promote with an epoch above {view.epoch}"
+                )
+            if view.is_master and view.epoch == epoch:
+                return
+            await self._stop_follower()
+            store = self.s.store
+            if store.epochs.last_epoch < epoch:
+                position = await self.s.call(store.write_epoch_marker, epoch)
+                log.warning("MASTER of epoch %d from log position %d", epoch, position)
+            self.s.role.set(MASTER, "", epoch)
+
+    async def follow(self, master: str, epoch: int | None, *, elected: bool = False) -> None:
+        """Become a replica of ``master`` ("": none now) from ``epoch`` on (an
+        operator's must not be older than the newest seen: ``StaleEpoch``)."""
+        async with self._lock:
+            view = self.s.role.view
+            if not elected and epoch is not None and epoch < view.epoch:
+                raise StaleEpoch(
+                    f"cannot follow {master} in epoch {epoch}: this broker has seen epoch "
+                    f"{view.epoch}; give an epoch of at least {view.epoch}"
+                )
+            if master == self.address:
+                raise PreconditionFailed(f"{master} is this broker: a replica follows another")
+            if view.is_master:
+                log.warning("no longer master (epoch %d): following %s", view.epoch, master or "-")
+            new = self.s.role.set(REPLICA, master, epoch)  # writes are refused from here
+            await self._stop_follower()
+            if new.master:
+                self._start_follower()
+
+    def _start_follower(self) -> None:
+        self.s.follower = Follower(self.s, self.address)
+        self._following = asyncio.create_task(self.s.follower.run())
+
+    async def _stop_follower(self) -> None:
+        task, self._following = self._following, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class ZkFailover:
+    """This broker's membership in its group's election (``--zookeeper``)."""
+
+    def __init__(self, state: BrokerState, switch: RoleSwitch) -> None:
+        config = state.config
+        self.s = state
+        self.switch = switch
+        self.loop = asyncio.get_running_loop()
+        self.election = GroupElection(
+            config.zookeeper, config.broker_name, state.instance_id, switch.address,
+            lambda: log_end(state.store),
+            on_master=self._on_master, on_replica=self._on_replica,
+            session_timeout_s=config.zk_session_timeout_ms / 1000,
+        )  # fmt: skip
+        self._publisher = ThreadPoolExecutor(1, thread_name_prefix="equeue-isr")
+        self._published: list[str] | None = None
+        self._isr_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Join the election without waiting for ZooKeeper: until it answers (and
+        an election is won) this broker is a replica with no master."""
+        self.election.start(wait_s=None)
+        # The ISR tracker (sync replication, another module) calls this hook when
+        # the in-sync set changes; until it exists, _publish_caught_up below
+        # publishes the replicas caught up to the log end. Remove that loop when
+        # the tracker lands.
+        self.s.replicas.on_isr_change = self.publish_isr  # type: ignore[attr-defined]
+        self._isr_task = asyncio.create_task(self._publish_caught_up())
+
+    async def close(self) -> None:
+        """Leave the election at once (the next election starts now)."""
+        if self._isr_task is not None:
+            self._isr_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._isr_task
+        await asyncio.to_thread(self.election.close)
+        self._publisher.shutdown(wait=False, cancel_futures=True)
+
+    # -- the election's thread -------------------------------------------------------
+
+    def _on_master(self, epoch: Epoch) -> None:
+        self._hand_over(self.switch.promote(epoch.epoch, elected=True), f"master of {epoch.epoch}")
+
+    def _on_replica(self, epoch: Epoch | None) -> None:
+        if epoch is None:
+            log.warning("no master to follow: %s", self.election.current(refresh=False).reason)
+            self._hand_over(self.switch.follow("", None, elected=True), "replica, no master")
+            return
+        self._hand_over(
+            self.switch.follow(epoch.master_address, epoch.epoch, elected=True),
+            f"replica of {epoch.master_address} in epoch {epoch.epoch}",
+        )
+
+    def _hand_over(self, change: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``change`` on the event loop (in order: the switch's lock); log if it fails."""
+        future = asyncio.run_coroutine_threadsafe(change, self.loop)
+
+        def done(f: Future[None]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                log.error("becoming %s failed: %s", what, f.exception())
+
+        future.add_done_callback(done)
+
+    # -- the in-sync set -----------------------------------------------------------------
+
+    def publish_isr(self, members: list[str]) -> None:
+        """Record the in-sync set (broker instance ids; this master is added) in
+        ZooKeeper; any thread, returns at once (the write runs on its own thread)."""
+        self._publisher.submit(self._publish, list(members))
+
+    def _publish(self, members: list[str]) -> None:
+        try:
+            self.election.publish_isr(members)
+        except ElectionError as exc:
+            log.warning("in-sync set %s not published: %s", members, exc)
+
+    async def _publish_caught_up(self) -> None:
+        """While master: publish the replicas caught up to the log end (within one
+        reply) that asked within ``ISR_MAX_SILENCE_S``, when the set changes."""
+        while True:
+            await asyncio.sleep(ISR_INTERVAL_S)
+            if not self.election.is_master():
+                self._published = None
+                continue
+            end = log_end(self.s.store)
+            now = time.monotonic()
+            addresses = {
+                v.address for v in self.s.replicas.views()
+                if v.connected and now - v.last_seen < ISR_MAX_SILENCE_S
+                and end - v.position <= MAX_REPLY_BYTES
+            }  # fmt: skip
+            view = self.election.current(refresh=False)
+            members = sorted({c.broker_id for c in view.candidates if c.address in addresses})
+            if members != self._published:
+                self._published = members
+                self.publish_isr(members)
+
+
+async def set_role(state: BrokerState, request: pb.SetRoleRequest, scope: Principal | None) -> None:
+    """Admin ``SetRole``: an operator's promotion or re-pointing (no ZooKeeper)."""
+    if scope is not None:  # the role is the whole broker's, not some topics'
+        raise PermissionDenied(
+            f"token {scope.name!r} is limited to some topics: SetRole needs an admin "
+            "token for every topic"
+        )
+    switch: RoleSwitch = state.role_switch
+    if switch.mode == ZOOKEEPER:
+        raise PreconditionFailed(
+            "this group fails over through ZooKeeper: its members elect the master "
+            "(stop a member to move mastership); SetRole is for groups run without --zookeeper"
+        )
+    if request.role == MASTER:
+        if request.master:
+            raise BadRequest(f"a master follows nobody: drop master {request.master!r}")
+        await switch.promote(request.epoch)
+    elif request.role == REPLICA:
+        host, sep, port = request.master.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise BadRequest(
+                f"master {request.master!r} is not HOST:PORT: a replica needs its master"
+            )
+        await switch.follow(request.master, request.epoch)
+    else:
+        raise BadRequest(f"role {request.role!r}: give master or replica")
