@@ -18,9 +18,9 @@ baseline measured in the same run.
   ``--read-via namesrv``, a ``Consumer(namesrv=...)`` whose poll returns a
   record (needs the name server to learn masters and the client's replica
   reads); (b) the first acknowledged write: a writer sending one message to
-  whichever member ``GetStats`` says is master, trying the others, until one
-  acknowledges. The killed broker is restarted (it rejoins as a replica) and
-  the group waited for until every member is in sync before the next round.
+  the member ``GetStats`` says is master (newest epoch) until one acknowledges.
+  The killed broker is restarted (it rejoins as a replica) and the group
+  waited for until every member is in sync before the next round.
   The figures are the median and max of the rounds; their baseline is the
   session timeout itself (the floor of a failover after a crash).
 
@@ -366,17 +366,16 @@ def _read_any(members: list[Member]) -> bool:
 
 
 def _write_any(group: Group, value: bytes) -> bool:
-    """One message acknowledged by whichever member takes it (the master first)."""
+    """One message acknowledged by the member that ``GetStats`` says is master (a
+    client that knows the group's members; replicas are not sent writes)."""
     master = group.master()
-    order = ([master] if master else []) + [m for m in group.members if m is not master]
+    if master is None:
+        return False
     request = pb.ProduceRequest(topic=TOPIC, messages=pb.MessageColumns(
         count=1, values=value, value_lengths=[len(value)]))  # fmt: skip
-    for member in order:
-        if not member.alive():
-            continue
-        with contextlib.suppress(grpc.RpcError):
-            member.broker().Produce(request, timeout=1.0)
-            return True
+    with contextlib.suppress(grpc.RpcError):
+        master.broker().Produce(request, timeout=1.0)
+        return True
     return False
 
 
