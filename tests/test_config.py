@@ -35,7 +35,8 @@ FLAGS = [
     "--transaction-timeout-ms", "--max-open-transactions", "--max-transaction-bytes",
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
     "--library-log-level", "--namesrv", "--broker-name", "--cluster", "--advertise-address",
-    "--register-interval-ms", "--role", "--master", "--max-replicas",
+    "--register-interval-ms", "--role", "--master", "--max-replicas", "--zookeeper",
+    "--zk-session-timeout-ms",
 ]  # fmt: skip
 FILE_ONLY = [
     "max_queues_per_topic", "max_pull_messages", "max_pull_bytes", "max_request_bytes",

@@ -113,8 +113,10 @@ async def create_server(
     start_role = REPLICA if config.zookeeper else config.role
     role = BrokerRole(start_role, config.master, store.epochs.last_epoch)
     # After authentication: an unknown caller learns nothing. Always installed:
-    # failover can make a master a replica at any time (role.py).
-    interceptors.append(ReplicaGate(config.broker_name, role))
+    # failover can make a master a replica at any time (role.py). Before
+    # DecodeGuard, which caches its handler per method and so would ask the
+    # interceptors after it only on a method's first call.
+    interceptors.insert(len(interceptors) - 1, ReplicaGate(config.broker_name, role))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     instance_id = broker_id_for(config.storage.data_dir)
     state = BrokerState(

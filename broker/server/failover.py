@@ -80,13 +80,13 @@ class RoleSwitch:
         epoch seen (``StaleEpoch``); an election's is ZooKeeper's word."""
         async with self._lock:
             view = self.s.role.view
+            if view.is_master and view.epoch == epoch:
+                return  # done already (a retried call)
             if not elected and epoch <= view.epoch:
                 raise StaleEpoch(
                     f"cannot promote to epoch {epoch}: this broker has seen epoch "
                     f"{view.epoch}; promote with an epoch above {view.epoch}"
                 )
-            if view.is_master and view.epoch == epoch:
-                return
             await self._stop_follower()
             store = self.s.store
             if store.epochs.last_epoch < epoch:
@@ -162,6 +162,8 @@ class ZkFailover:
                 await self._isr_task
         await asyncio.to_thread(self.election.close)
         self._publisher.shutdown(wait=False, cancel_futures=True)
+        # Another member may be elected from now on: take no more writes.
+        self.s.role.set(REPLICA, "", None)
 
     # -- the election's thread -------------------------------------------------------
 
@@ -171,7 +173,8 @@ class ZkFailover:
     def _on_replica(self, epoch: Epoch | None) -> None:
         if epoch is None:
             log.warning("no master to follow: %s", self.election.current(refresh=False).reason)
-            self._hand_over(self.switch.follow("", None, elected=True), "replica, no master")
+            seen = self.election.epoch or None  # the newest ZooKeeper epoch seen
+            self._hand_over(self.switch.follow("", seen, elected=True), "replica, no master")
             return
         self._hand_over(
             self.switch.follow(epoch.master_address, epoch.epoch, elected=True),

@@ -10,8 +10,11 @@ rebuilt from the records scanned after the checkpoint, like transactions.
 
 A marker is a control record (txn_records.py's framing: CONTROL flag, topic
 "", queue 0, offset 0) with the tag ``epoch`` and the value
-``{"epoch": N}``; its start position is the record's own position (the frame
-carries it), so the value does not repeat it.
+``{"epoch": N, "start": S}``: S is the log end when the marker was written,
+where the previous epoch's data ends. The marker itself lies at S, or at the
+next chunk's start when it did not fit the active chunk (chunks end where
+their data ends, so S, not the marker's position, is the boundary replicas
+compare).
 
 The history answers the divergence question of replication: where did epoch
 ``n`` end on this log (``end_of``)? A replica whose last marker is of epoch
@@ -35,21 +38,23 @@ Entry = tuple[int, int]
 """(epoch, start position)."""
 
 
-def prepare_marker(epoch: int) -> PreparedBatch:
-    """The marker of ``epoch`` as a one-record batch for the log writer."""
-    value = json.dumps({"epoch": epoch}, separators=(",", ":")).encode()
+def prepare_marker(epoch: int, start: int) -> PreparedBatch:
+    """The marker of ``epoch`` starting at log end ``start``, as a one-record
+    batch for the log writer."""
+    value = json.dumps({"epoch": epoch, "start": start}, separators=(",", ":")).encode()
     return prepare_batch(MessageBatch([value], tags=[EPOCH_TAG]), b"", _LIMITS)
 
 
-def decode_marker(value: bytes) -> int:
-    """The epoch of a marker's value; ``CorruptionError`` if it is not one."""
+def decode_marker(value: bytes) -> Entry:
+    """(epoch, start) of a marker's value; ``CorruptionError`` if it is not one."""
     try:
-        epoch = int(json.loads(value)["epoch"])
+        document = json.loads(value)
+        epoch, start = int(document["epoch"]), int(document["start"])
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptionError(f"unreadable epoch marker: {exc}") from None
-    if epoch < 1:
-        raise CorruptionError(f"epoch marker with epoch {epoch}")
-    return epoch
+    if epoch < 1 or start < 0:
+        raise CorruptionError(f"epoch marker with epoch {epoch}, start {start}")
+    return epoch, start
 
 
 class EpochHistory:

@@ -408,8 +408,9 @@ class Store:
         this broker takes writes as master of ``epoch``; return its position."""
         with self._lock:
             self._check_writable()
-            position = self._writer.write_control(prepare_marker(epoch))
-            self.epochs.add(epoch, position)
+            start = self._log.write_position  # the previous epoch's end (epochs.py)
+            position = self._writer.write_control(prepare_marker(epoch, start))
+            self.epochs.add(epoch, start)
         self.flush()
         return position
 

@@ -105,7 +105,7 @@ class TxnScan:
         entries it makes: (queue, first offset, entries)."""
         record = message_log.read(position, meta.frame_size)
         if record.tag == EPOCH_TAG:
-            self.epochs.add(decode_marker(record.value), position)
+            self.epochs.add(*decode_marker(record.value))
             return []
         control = decode_value(record.tag, record.value)
         found = self.found

@@ -416,6 +416,13 @@ class Admin:
     def stats(self) -> pb.BrokerStats:
         return self._conn.call(self._stub.GetStats, pb.GetStatsRequest())
 
+    @_single_broker
+    def set_role(self, role: str, master: str = "", epoch: int = 0) -> pb.BrokerStats:
+        """Make the broker ``role`` ("master" or "replica" of ``master``) in group
+        epoch ``epoch`` (manual failover, docs/replication.md); its stats after."""
+        request = pb.SetRoleRequest(role=role, master=master, epoch=epoch)
+        return self._conn.call(self._stub.SetRole, request)
+
     def close(self) -> None:
         if self.cluster is None:
             self._conn.close()

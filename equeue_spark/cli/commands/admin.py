@@ -88,6 +88,7 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
                     f"{s.open_transactions} open, {format_bytes(s.staged_bytes)} staged",
                 ),
                 ("role", f"{s.role or 'master'}" + (f", following {s.master}" if s.master else "")),
+                ("epoch", f"{s.epoch} (failover: {s.failover or 'manual'})"),
                 ("log end", s.log_end_position),
             ]
         )
