@@ -36,7 +36,7 @@ FLAGS = [
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
     "--library-log-level", "--namesrv", "--broker-name", "--cluster", "--advertise-address",
     "--register-interval-ms", "--role", "--master", "--max-replicas", "--zookeeper",
-    "--zk-session-timeout-ms",
+    "--zk-session-timeout-ms", "--replication", "--min-insync-replicas", "--replica-lag-max-ms",
 ]  # fmt: skip
 FILE_ONLY = [
     "max_queues_per_topic", "max_pull_messages", "max_pull_bytes", "max_request_bytes",
@@ -45,7 +45,7 @@ FILE_ONLY = [
     "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
     "max_open_index_files", "max_connections", "max_streams_per_connection",
     "max_connection_idle_ms", "handshake_timeout_ms", "budget_wait_ms", "store_threads",
-    "shutdown_grace_s",
+    "shutdown_grace_s", "max_replication_waits",
 ]  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.failover import MANUAL, ZOOKEEPER, RoleSwitch, ZkFailover
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
+from equeue_broker.server.insync import InSyncSet
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
@@ -129,6 +130,7 @@ async def create_server(
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000, limits=group_limits(config)),
         reply_bytes=ByteBudget("max_reply_bytes", config.max_reply_bytes, wait_s),
         produce_bytes=ByteBudget("max_produce_bytes", config.max_produce_bytes, wait_s),
+        insync=in_sync_set(config, store, instance_id),
     )
     state.tokens = tokens
     state.role = role
@@ -136,6 +138,8 @@ async def create_server(
     store.add_listener(state.waiters.notify_threadsafe)
     growth = LogGrowth(asyncio.get_running_loop())
     store.add_listener(growth.notify_threadsafe)
+    state.insync.wake_streams = growth.wake
+    state.insync.start()
     pb_grpc.add_BrokerServicer_to_server(BrokerService(state), server)
     pb_grpc.add_AdminServicer_to_server(AdminService(state), server)
     pb_grpc.add_ReplicationServicer_to_server(ReplicationService(state, growth), server)
@@ -165,6 +169,15 @@ async def create_server(
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, state
+
+
+def in_sync_set(config: BrokerConfig, store: Store, instance_id: str) -> InSyncSet:
+    return InSyncSet(
+        store, instance_id, config.broker_name or instance_id,
+        sync=config.replication == "sync", min_insync=config.min_insync_replicas,
+        lag_max_s=config.replica_lag_max_ms / 1000, max_waits=config.max_replication_waits,
+        slot_wait_s=config.budget_wait_ms / 1000,
+    )  # fmt: skip
 
 
 def reply_limit(config: BrokerConfig) -> int:
@@ -269,6 +282,7 @@ async def serve(config: BrokerConfig) -> None:
         await election.close()  # first: the group elects another master now
     await state.role_switch.stop()
     state.shutting_down = True
+    state.insync.stop()
     await server.stop(config.shutdown_grace_s)
     state.executor.shutdown(wait=True)
     store.close()

@@ -22,9 +22,11 @@ from equeue_broker.storage.errors import LimitExceeded
 
 
 class ByteBudget:
-    def __init__(self, name: str, limit: int, wait_s: float) -> None:
+    def __init__(self, name: str, limit: int, wait_s: float, unit: str = "bytes") -> None:
         self.name = name
         """The setting that sizes it, named in the refusal."""
+        self.unit = unit
+        """What it counts, for the refusal (a count of requests works the same way)."""
         self.limit = limit
         self.wait_s = wait_s
         self.used = 0
@@ -44,7 +46,7 @@ class ByteBudget:
             await asyncio.wait_for(future, self.wait_s if wait_s is None else wait_s)
         except TimeoutError:
             raise LimitExceeded(
-                f"{self.name}: {self.used} of {self.limit} bytes in use by other requests;"
+                f"{self.name}: {self.used} of {self.limit} {self.unit} in use by other requests;"
                 " retry later"
             ) from None
         except BaseException:

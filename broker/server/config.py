@@ -145,6 +145,19 @@ class BrokerConfig:
     """ZooKeeper session timeout: how long after a member stops heartbeating
     (crash, hang, partition) an election may replace it. Within [1000, 120000];
     ZooKeeper's own min/max session timeouts (2..20 ticks) bound it too."""
+    # -- sync replication (server/insync.py; docs/replication.md, "Sync replication")
+    replication: str = "async"
+    """"async": a master acknowledges writes alone; "sync": once they are
+    durable on every in-sync replica too (and readers see only those)."""
+    min_insync_replicas: int = field(default=1, metadata={UNIT: "members"})
+    """In-sync members, the master included, a sync-mode write needs; with
+    fewer it is refused (UNAVAILABLE) and nothing is written."""
+    replica_lag_max_ms: int = field(default=10_000, metadata={UNIT: "ms"})
+    """A replica that has not been caught up with the master's log end for
+    this long leaves the in-sync set (a sync write waits at most about this)."""
+    max_replication_waits: int = field(default=10_000, metadata={UNIT: "requests"})
+    """Sync-mode writes waiting for their replicas at once; more wait up to
+    ``budget_wait_ms`` for a slot, then get RESOURCE_EXHAUSTED (unwritten)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -156,7 +169,8 @@ class BrokerConfig:
                      "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
                      "budget_wait_ms", "max_connections", "max_streams_per_connection",
                      "max_connection_idle_ms", "handshake_timeout_ms",
-                     "register_interval_ms", "max_replicas"):  # fmt: skip
+                     "register_interval_ms", "max_replicas", "replica_lag_max_ms",
+                     "max_replication_waits"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file"):
@@ -168,6 +182,7 @@ class BrokerConfig:
             raise InvalidArgument("tls_client_ca needs tls_cert and tls_key")
         self._check_cluster()
         self._check_failover()
+        self._check_replication()
 
     def _check_failover(self) -> None:
         if not self.zookeeper:
@@ -186,6 +201,25 @@ class BrokerConfig:
         if not 1_000 <= self.zk_session_timeout_ms <= 120_000:
             raise InvalidArgument(
                 f"zk_session_timeout_ms must be in [1000, 120000], got {self.zk_session_timeout_ms}"
+            )
+
+    def _check_replication(self) -> None:
+        if self.replication not in ("async", "sync"):
+            raise InvalidArgument(f"replication must be async or sync, got {self.replication!r}")
+        if not isinstance(self.min_insync_replicas, int) or self.min_insync_replicas < 1:
+            raise InvalidArgument(
+                f"min_insync_replicas must be at least 1 (the master itself), "
+                f"got {self.min_insync_replicas!r}"
+            )
+        if self.min_insync_replicas > 1 and self.replication != "sync":
+            raise InvalidArgument(
+                f"min_insync_replicas {self.min_insync_replicas} needs replication sync: "
+                "async replication acknowledges writes on the master alone"
+            )
+        if self.min_insync_replicas > 1 + self.max_replicas:
+            raise InvalidArgument(
+                f"min_insync_replicas {self.min_insync_replicas} can never be met with "
+                f"max_replicas {self.max_replicas} (the master plus its replicas)"
             )
 
     def _check_cluster(self) -> None:
@@ -505,6 +539,23 @@ SETTINGS: tuple[Setting, ...] = (
         " (automatic failover; not with --role/--master; needs --broker-name)",
     ),
     Setting("zk_session_timeout_ms", "ZooKeeper session timeout (failover detection time)"),
+    Setting(
+        "replication",
+        "sync: acknowledge a write once it is durable on every in-sync replica too;"
+        " async: on the master alone (docs/replication.md)",
+        choices=("async", "sync"),
+    ),
+    Setting(
+        "min_insync_replicas",
+        "in-sync members, the master included, a sync-mode write needs; fewer: UNAVAILABLE",
+    ),
+    Setting(
+        "replica_lag_max_ms",
+        "a replica not caught up with the master's log end this long leaves the in-sync set",
+    ),
+    Setting(
+        "max_replication_waits", "sync-mode writes waiting for their replicas at once", flag=False
+    ),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 

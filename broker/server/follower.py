@@ -38,8 +38,16 @@ class Follower:
         self.last_contact = 0.0
         self.stopped: str | None = None
         """Why replication stopped for good (a capacity or name mismatch)."""
+        self.metadata_version = 0
+        """The master's metadata version of the last reply applied (insync.py)."""
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:  # no longer following: nothing holds reads below a master's HW
+            self.s.store.set_hw_limit(None)
+
+    async def _run(self) -> None:
         backoff = 0.1
         while self.stopped is None:
             master = self.s.role.view.master  # read again: failover may change it
@@ -71,6 +79,7 @@ class Follower:
 
     async def _follow(self, stub: pb_grpc.ReplicationStub) -> None:
         requests: asyncio.Queue[pb.ReplicateRequest] = asyncio.Queue()
+        self.metadata_version = 0  # a master's versions mean something on its stream only
 
         async def send() -> AsyncIterator[pb.ReplicateRequest]:
             while True:
@@ -83,7 +92,8 @@ class Follower:
                 wait_ms=1000,
                 replica_address=self.address,
                 chunk_capacity=self.replica.capacity,
-                replica_id=self.s.instance_id,
+                replica_id=self.s.instance_id,  # the in-sync set's name for it
+                metadata_version=self.metadata_version,
                 # Fencing and divergence (docs/replication.md, "Epochs in the log").
                 epoch=self.s.role.view.epoch,
                 last_epoch=self.s.store.epochs.last_epoch,
@@ -106,12 +116,17 @@ class Follower:
                         "a replica must have its master's --broker-name (message ids name it)"
                     )
                 await self.s.call(self.replica.apply_metadata, meta)
+            # Reads here stop at the master's high watermark (set before the bytes
+            # it may not cover): below it, every record is on every in-sync
+            # member, so a failover cannot lose it.
+            self.s.store.set_hw_limit(reply.high_watermark)
             end = self.replica.end
-            if reply.data:
+            if reply.data:  # durable here (in sync flush mode fsynced) when it returns
                 await self.s.call(self.replica.append, reply.position, reply.data)
             elif reply.position < end:
                 await self.s.call(self.replica.truncate, reply.position)
-            ask()
+            self.metadata_version = reply.metadata_version
+            ask()  # at once: in sync replication the master's acks wait for this
 
     def lag_bytes(self) -> int:
         return max(0, self.master_end - self.replica.end)

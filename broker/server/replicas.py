@@ -42,6 +42,8 @@ class ReplicaView:
     position: int
     last_seen: float
     connected: bool
+    replica_id: str = ""
+    """Its data directory's id (ReplicateRequest.replica_id): the in-sync set names it so."""
 
 
 class ReplicaTracker:
@@ -67,10 +69,11 @@ class ReplicaTracker:
             self._streams[slot] = ReplicaView(address, 0, time.monotonic(), True)
             return slot
 
-    def update(self, slot: int, address: str, position: int) -> None:
+    def update(self, slot: int, address: str, position: int, replica_id: str = "") -> None:
         with self._lock:
             view = self._streams[slot]
             view.address, view.position, view.last_seen = address, position, time.monotonic()
+            view.replica_id = replica_id
 
     def close(self, slot: int) -> None:
         with self._lock:

@@ -53,6 +53,9 @@ class LogGrowth:
         self._loop = loop
         self._event = asyncio.Event()
         self.waiting = 0
+        self.wakes = 0
+        """Counts ``wake`` calls: a stream that read before one re-reads instead
+        of parking (the wake may have come while it was not waiting yet)."""
 
     def notify_threadsafe(self, _topic: str, _queue_id: int, _end: int) -> None:
         """A store listener (any thread): records became readable."""
@@ -62,6 +65,13 @@ class LogGrowth:
     def _wake(self) -> None:
         self._event.set()
         self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        """On the loop: wake the parked streams (sync replication: a write is
+        durable here, or the high watermark or the metadata version moved)."""
+        self.wakes += 1
+        if self.waiting:
+            self._wake()
 
     async def wait(self, timeout_s: float) -> None:
         event = self._event
@@ -94,6 +104,8 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         capacity = store.config.chunk_capacity_bytes
         slot = self.s.replicas.open(context.peer())
         sent_meta, sent_at = b"", 0.0
+        insync, member = self.s.insync, ""
+        sent_hw = sent_version = -1
         try:
             async for request in request_iterator:
                 capacity = store._log.capacity
@@ -104,7 +116,8 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     )
                 address = request.replica_address or context.peer()
                 epoch = check_request_epoch(self.s, request, address)
-                self.s.replicas.update(slot, address, request.position)
+                member = request.replica_id or address  # its data directory's id
+                self.s.replicas.update(slot, address, request.position, member)
                 diverged = divergence(store, request)
                 if diverged is not None:  # the replica cuts its log there (follower.py)
                     yield pb.ReplicateReply(
@@ -115,27 +128,38 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     continue
                 max_bytes = min(request.max_bytes or MAX_REPLY_BYTES, MAX_REPLY_BYTES)
                 wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
+                seen = self.growth.wakes
                 piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
+                if piece.position == request.position:  # a record boundary of this log
+                    insync.progress(member, slot, request.position, request.metadata_version)
                 deadline = time.monotonic() + wait_s
                 while not piece.data and piece.position == request.position:
                     left = deadline - time.monotonic()
-                    if left <= 0:
+                    if left <= 0 or insync.changed_since(sent_hw, sent_version):
                         break
-                    await self.growth.wait(min(left, 0.2))  # staged records notify nobody
+                    if self.growth.wakes == seen:  # else woken since the read: read again
+                        await self.growth.wait(min(left, 0.2))  # staged records notify nobody
+                    seen = self.growth.wakes
                     piece = await self.s.call(read_for_replica, store, request.position, max_bytes)
-                # After the bytes: the metadata then covers every topic they name.
+                # After the bytes: the metadata then covers every topic they name;
+                # the version read before it: the metadata covers that version.
+                version = insync.metadata_version
                 meta = encode_metadata(master_metadata(store, self.s.broker_id))
                 now = time.monotonic()
                 send_meta = meta != sent_meta or now - sent_at > METADATA_INTERVAL_S
                 if send_meta:
                     sent_meta, sent_at = meta, now
+                sent_hw, sent_version = insync.high_watermark(piece.end), version
+                insync.offered(member, slot, piece.end, version)
                 yield pb.ReplicateReply(
                     position=piece.position, data=piece.data, master_end=piece.end,
                     master_start=piece.start, metadata=meta if send_meta else b"",
-                    chunk_capacity=capacity, epoch=epoch,
+                    chunk_capacity=capacity, high_watermark=sent_hw,
+                    metadata_version=version, epoch=epoch,
                 )  # fmt: skip
         finally:
             self.s.replicas.close(slot)
+            insync.disconnected(member, slot)
 
 
 # -- epochs: fencing and divergence (docs/replication.md, "Epochs in the log") --------

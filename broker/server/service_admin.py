@@ -78,7 +78,7 @@ class AdminService(pb_grpc.AdminServicer):
         names = [t.name for t in self.s.store.topics()]
         return names if scope is None else [n for n in names if scope.may_use_topic(n)]
 
-    def _replicas(self, end: int) -> list[pb.ReplicaStatus]:
+    def _replicas(self, end: int, in_sync: list[str]) -> list[pb.ReplicaStatus]:
         now = time.monotonic()
         return [
             pb.ReplicaStatus(
@@ -87,6 +87,8 @@ class AdminService(pb_grpc.AdminServicer):
                 lag_bytes=max(0, end - v.position),
                 last_seen_s=now - v.last_seen,
                 connected=v.connected,
+                replica_id=v.replica_id,
+                in_sync=v.connected and v.replica_id in in_sync[1:],
             )
             for v in self.s.replicas.views()
         ]
@@ -340,12 +342,18 @@ class AdminService(pb_grpc.AdminServicer):
                 role=view.role,
                 master=view.master,
                 epoch=view.epoch,
-                replicas=self._replicas(raw["log_write_position"]),
+                replicas=self._replicas(raw["log_write_position"], in_sync),
                 log_end_position=raw["log_write_position"],
                 failover=self.s.role_switch.mode if self.s.role_switch else "manual",
+                replication=self.s.config.replication,
+                min_insync_replicas=self.s.config.min_insync_replicas,
+                in_sync=in_sync,
+                high_watermark=store.high_watermark,
             )
 
         view = self.s.role.view
+        # The in-sync set lives on the event loop (insync.py): read it here.
+        in_sync = self.s.insync.members if view.is_master else []
         return await self.s.call(stats)
 
     @rpc

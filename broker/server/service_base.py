@@ -26,6 +26,7 @@ from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import PermissionDenied, ShuttingDown, status_for
 from equeue_broker.server.groups import ConsumerRegistry
+from equeue_broker.server.insync import InSyncSet
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar
 from equeue_broker.server.replicas import ReplicaTracker
@@ -51,6 +52,8 @@ class BrokerState:
     """Pull and stream replies being read or sent (``max_reply_bytes``)."""
     produce_bytes: ByteBudget
     """Produce requests being decoded and appended (``max_produce_bytes``)."""
+    insync: InSyncSet
+    """A master's in-sync set; with sync replication, writes wait for it (insync.py)."""
     counters: Counters = field(default_factory=Counters)
     pull_streams: int = 0
     """PullStreams open now (at most ``max_pull_streams``)."""

@@ -25,6 +25,7 @@ from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsRes
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
 from equeue_broker.storage.names import validate_group, validate_topic
+from equeue_broker.storage.transactions import CommitResult
 from equeue_proto.protocol import consumer_id_problem, key_queue
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -53,6 +54,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         return await self._produce_within_budget(request)
 
     async def _produce_within_budget(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
+        if self.s.insync.sync and not request.transaction_id:  # acked once on the replicas
+            return await self.s.insync.replicated(functools.partial(self._append, request))
+        return await self._append(request)
+
+    async def _append(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
         """Decoding and appending copy the batch: at most ``max_produce_bytes``
         of requests do so at once; the rest wait in turn, briefly, then get
         RESOURCE_EXHAUSTED (and their request is freed)."""
@@ -146,13 +152,18 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.CommitTransactionsRequest, context: Any
     ) -> pb.CommitTransactionsReply:
         refs = [(t.transaction_id, t.expected_messages) for t in request.transactions]
-        result = await self.s.call(
-            self.s.store.transactions.commit,
-            refs,
-            sink=request.sink,
-            batch_id=request.batch_id,
-            abort_prefix=request.abort_prefix,
-        )
+
+        async def commit() -> CommitResult:
+            return await self.s.call(
+                self.s.store.transactions.commit,
+                refs,
+                sink=request.sink,
+                batch_id=request.batch_id,
+                abort_prefix=request.abort_prefix,
+            )
+
+        insync = self.s.insync  # sync replication: acked once on the in-sync replicas
+        result = await (insync.replicated(commit) if insync.sync else commit())
         reply = pb.CommitTransactionsReply(
             already_committed=result.already_committed, aborted=result.aborted
         )
@@ -346,7 +357,12 @@ class BrokerService(pb_grpc.BrokerServicer):
             self.s.consumers.check_owner(request.group, request.consumer_id, request.session, keys)
         else:
             self.s.consumers.check_unheld(request.group, keys)
-        await self.s.call(self.s.store.commit_offsets, request.group, entries)
+
+        async def commit() -> None:
+            await self.s.call(self.s.store.commit_offsets, request.group, entries)
+
+        insync = self.s.insync  # sync replication: acked once the in-sync replicas applied it
+        await (insync.replicated(commit, metadata=True) if insync.sync else commit())
         return pb.CommitOffsetsReply()
 
     @rpc

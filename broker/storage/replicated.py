@@ -40,12 +40,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from equeue_broker.storage.errors import CorruptionError, InvalidArgument, PreconditionFailed
+from equeue_broker.storage.errors import (
+    CorruptionError,
+    InvalidArgument,
+    PreconditionFailed,
+    io_error,
+)
 from equeue_broker.storage.offsets import GroupOffsets
-from equeue_broker.storage.queue_state import QueueState
 from equeue_broker.storage.recovery import rebuild_indexes
 from equeue_broker.storage.store import Store
 from equeue_broker.storage.topics import QueueMeta, TopicMeta
@@ -136,13 +141,13 @@ class ReplicaLog:
         continue, ``CorruptionError`` if a frame fails its checks (nothing is
         written then)."""
         store = self._store
-        changed: list[tuple[QueueState, int]] = []
         with store._lock:
             store._check_writable()
             self._place(position, len(data))
             _check_frames(position, data)
             self._start_queues(data)
             message_log = store._log
+            ends = [(queue, queue.index.end) for queue in store._queues.values()]
 
             def encode(out: memoryview, _position: int) -> int:
                 out[:] = data
@@ -154,12 +159,19 @@ class ReplicaLog:
                 store._fail(exc)  # the log on disk is no longer known: restart
                 raise
             rebuild_indexes(message_log, store._queues, position, position, self._scan)
-            for queue in store._queues.values():
-                if queue.index.end > queue.visible_end:
-                    queue.visible_end = queue.index.end
-                    changed.append((queue, queue.visible_end))
             end = message_log.write_position
+            # Readable once durable here and below the master's high watermark
+            # (the store's pending records: Store.set_hw_limit).
+            store._pending.extend((end, q, q.index.end) for q, was in ends if q.index.end > was)
+            changed = store._publish_locked()
         store.transactions.adopt(self._scan.found)
+        if store._committer is not None:  # sync flush: durable before the replica asks on
+            try:
+                store._commit.make_durable(end)  # publishes what it makes durable
+            except OSError as exc:
+                with store._lock:
+                    store._fail(exc)
+                raise io_error("the message log (fsync)", exc) from exc
         if changed and store._listeners:
             store._notify(changed)
         return end
@@ -237,9 +249,14 @@ class ReplicaLog:
                 message_log.truncate_into_sealed(position)
             else:
                 message_log.truncate(position)
+            store._pending = deque(p for p in store._pending if p[0] <= position)
             for queue in store._queues.values():
                 queue.index.recover(position)
-                queue.visible_end = queue.notified_end = queue.index.end
+                # Never more than was readable: records held below the high
+                # watermark stay held.
+                queue.visible_end = queue.notified_end = min(queue.visible_end, queue.index.end)
+                if queue.index.end > queue.visible_end:  # a held piece was cut in two
+                    store._pending.append((position, queue, queue.index.end))
             store._checkpoint = min(store._checkpoint, position)
             store.epochs.cut(position)
             found = self._scan.found

@@ -106,6 +106,9 @@ class Store:
         self._notify_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
         self._pending: deque[tuple[int, QueueState, int]] = deque()
+        # Sync replication (the replicated high watermark, see ``set_hw_limit``).
+        self._hw_limit: int | None = None
+        self._durable_seen = 0
         self._queues: dict[QueueKey, QueueState] = {}
         self._admin_lock = threading.Lock()  # serialises deletes and (re)creations
         self._deleted_below = 0  # every record of a deleted topic or queue is below it
@@ -124,6 +127,7 @@ class Store:
                 config, self._log, self._topics.values(), self._offsets, self._queues
             )
             self._checkpoint = checkpoint.index_position
+            self._durable_seen = self._log.write_position
         except BaseException:
             self._release_files()
             raise
@@ -355,9 +359,14 @@ class Store:
         if self._committer is None:
             with self._lock:
                 result = self._writer.write(self._writable_queue(topic, queue_id), prepared)
-                queue.visible_end = end = queue.index.end
-            if self._listeners:
-                self._notify([(queue, end)])
+                if self._hw_limit is None:
+                    queue.visible_end = end = queue.index.end
+                    changed = [(queue, end)]
+                else:  # sync replication: readable once below the high watermark
+                    self._pending.append((self._log.write_position, queue, queue.index.end))
+                    changed = self._publish_locked()
+            if self._listeners and changed:
+                self._notify(changed)
             return result
         self._check_open()
         work = functools.partial(self._write_pending, topic, queue_id, prepared)
@@ -433,7 +442,7 @@ class Store:
             prepared = record(firsts)
             write_commit(self._writer, targets, prepared, entries, self._writer.now_ms())
             on_written()
-            if self._committer is not None:
+            if self._committer is not None or self._hw_limit is not None:
                 position = self._log.write_position
                 self._pending.extend((position, q, q.index.end) for q in targets.values())
             else:
@@ -444,10 +453,11 @@ class Store:
         if self._committer is None:
             with self._lock:
                 firsts = work()
+                published = self._publish_locked()  # sync replication's hold, if any
             if self._listeners:
                 with self._lock:
                     changed = [(q, q.visible_end) for q in self._queues_of(keys)]
-                self._notify(changed)
+                self._notify(published + changed)
             return firsts
         self._check_open()
         outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
@@ -516,15 +526,61 @@ class Store:
 
     def _publish_durable(self, durable: int) -> None:
         """Make records below ``durable`` (now fsynced) readable; sync mode."""
-        changed = []
         with self._lock:
-            while self._pending and self._pending[0][0] <= durable:
-                _, queue, end = self._pending.popleft()
-                if end > queue.visible_end:
-                    queue.visible_end = end
-                    changed.append((queue, end))
+            self._durable_seen = max(self._durable_seen, durable)
+            changed = self._publish_locked()
         if self._listeners:
             self._notify(changed)
+
+    def _publish_locked(self) -> list[tuple[QueueState, int]]:
+        """Make pending records readable up to the high watermark (lock held);
+        the queues whose readable end moved."""
+        limit = self._high_watermark()
+        changed = []
+        while self._pending and self._pending[0][0] <= limit:
+            _, queue, end = self._pending.popleft()
+            if end > queue.visible_end:
+                queue.visible_end = end
+                changed.append((queue, end))
+        return changed
+
+    # -- the replicated high watermark (sync replication; docs/replication.md) ---------
+
+    # A record is readable once it is durable here (the flush mode's meaning) AND
+    # ends at or below the limit the server sets: on a master, the lowest log end
+    # of its in-sync replicas; on a replica, the high watermark its master sent.
+    # Without a limit (None: async replication, or no replica in sync) a record is
+    # readable once durable, as it always was. The store knows nothing of replicas.
+
+    def set_hw_limit(self, limit: int | None) -> None:
+        """Records ending beyond ``limit`` stay unreadable; None: no limit.
+        Records already readable stay so (a limit that goes back hides nothing)."""
+        with self._lock:
+            self._hw_limit = limit
+            changed = self._publish_locked()
+        if changed and self._listeners:
+            self._notify(changed)
+
+    @property
+    def durable_end(self) -> int:
+        """The log end in the flush mode's meaning: fsynced (sync) or written (async)."""
+        with self._lock:
+            return self._durable_locked()
+
+    @property
+    def high_watermark(self) -> int:
+        """Every record below it may be read: ``durable_end`` capped by the limit."""
+        with self._lock:
+            return self._high_watermark()
+
+    def _durable_locked(self) -> int:
+        if self._committer is not None:
+            return self._durable_seen
+        return self._log.write_position
+
+    def _high_watermark(self) -> int:
+        end = self._durable_locked()
+        return end if self._hw_limit is None else min(end, self._hw_limit)
 
     def add_listener(self, listener: Listener) -> None:
         """Register ``listener(topic, queue_id, visible_end)`` for newly readable records.

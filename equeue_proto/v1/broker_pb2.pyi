@@ -789,7 +789,7 @@ class ListBrokersReply(_message.Message):
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerEntry, _Mapping]]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
-    __slots__ = ("position", "max_bytes", "wait_ms", "replica_address", "chunk_capacity", "replica_id", "epoch", "last_epoch")
+    __slots__ = ("position", "max_bytes", "wait_ms", "replica_address", "chunk_capacity", "replica_id", "epoch", "last_epoch", "metadata_version")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -798,6 +798,7 @@ class ReplicateRequest(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAST_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     position: int
     max_bytes: int
     wait_ms: int
@@ -806,10 +807,11 @@ class ReplicateRequest(_message.Message):
     replica_id: str
     epoch: int
     last_epoch: int
-    def __init__(self, position: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., replica_address: _Optional[str] = ..., chunk_capacity: _Optional[int] = ..., replica_id: _Optional[str] = ..., epoch: _Optional[int] = ..., last_epoch: _Optional[int] = ...) -> None: ...
+    metadata_version: int
+    def __init__(self, position: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., replica_address: _Optional[str] = ..., chunk_capacity: _Optional[int] = ..., replica_id: _Optional[str] = ..., epoch: _Optional[int] = ..., last_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...
 
 class ReplicateReply(_message.Message):
-    __slots__ = ("position", "data", "master_end", "master_start", "metadata", "chunk_capacity", "epoch", "high_watermark")
+    __slots__ = ("position", "data", "master_end", "master_start", "metadata", "chunk_capacity", "epoch", "high_watermark", "metadata_version")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     MASTER_END_FIELD_NUMBER: _ClassVar[int]
@@ -818,6 +820,7 @@ class ReplicateReply(_message.Message):
     CHUNK_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     position: int
     data: bytes
     master_end: int
@@ -826,4 +829,5 @@ class ReplicateReply(_message.Message):
     chunk_capacity: int
     epoch: int
     high_watermark: int
-    def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ..., master_end: _Optional[int] = ..., master_start: _Optional[int] = ..., metadata: _Optional[bytes] = ..., chunk_capacity: _Optional[int] = ..., epoch: _Optional[int] = ..., high_watermark: _Optional[int] = ...) -> None: ...
+    metadata_version: int
+    def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ..., master_end: _Optional[int] = ..., master_start: _Optional[int] = ..., metadata: _Optional[bytes] = ..., chunk_capacity: _Optional[int] = ..., epoch: _Optional[int] = ..., high_watermark: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli.common import UsageError, admin_client
 from equeue_spark.cli.formatting import (
     Output,
@@ -61,6 +62,12 @@ def cmd_message_get(args: argparse.Namespace, ui: Output) -> None:
         )
 
 
+def _replication(s: pb.BrokerStats) -> str:
+    """``sync, min 2 in sync; in sync: a, b`` (a replica shows the mode alone)."""
+    said = f"{s.replication or 'async'}, min {s.min_insync_replicas or 1} in sync"
+    return said + (f"; in sync: {', '.join(s.in_sync)}" if s.in_sync else "")
+
+
 def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args, per_broker="stats") as admin:
         s = admin.stats()
@@ -90,6 +97,8 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
                 ("role", f"{s.role or 'master'}" + (f", following {s.master}" if s.master else "")),
                 ("epoch", f"{s.epoch} (failover: {s.failover or 'manual'})"),
                 ("log end", s.log_end_position),
+                ("replication", _replication(s)),
+                ("high watermark", s.high_watermark),
             ]
         )
     )
@@ -97,7 +106,8 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
         state = "connected" if r.connected else "disconnected"
         ui.line(
             f"replica {r.address}: at {r.position}, {format_bytes(r.lag_bytes)} behind, "
-            f"{state}, last seen {r.last_seen_s:.1f} s ago"
+            f"{state}, last seen {r.last_seen_s:.1f} s ago, "
+            f"{'in sync' if r.in_sync else 'not in sync'} (id {r.replica_id or '?'})"
         )
     # Damage is the one thing here an operator must act on: said last, one line each.
     for chunk in s.quarantined_chunks:

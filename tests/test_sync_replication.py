@@ -1,0 +1,297 @@
+"""Sync replication with real broker processes on 127.0.0.1 (docs/replication.md,
+"Sync replication"): an acknowledged produce, transaction commit and offset
+commit are on the in-sync replica at the ack; a SIGSTOPped replica leaves the
+in-sync set and writes go on (min 1), or are refused naming the group (min 2);
+the high watermark hides from consumers what the replica has not confirmed;
+after SIGCONT it catches up and rejoins; nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+
+from equeue_broker.server.config import BrokerConfig, parse_args
+from equeue_broker.storage import MessageBatch, StorageConfig, Store
+from equeue_broker.storage.config import FlushMode
+from equeue_broker.storage.errors import InvalidArgument
+from equeue_broker.testing import BrokerProcess
+from equeue_proto.record import decode_record, read_meta
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from tests.support.waits import wait_for
+
+TOPIC = "t"
+LAG_MS = 1000
+
+
+class Client:
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.broker = pb_grpc.BrokerStub(self.channel)
+        self.admin = pb_grpc.AdminStub(self.channel)
+
+    def produce(self, values: list[bytes], txn: str = "") -> pb.ProduceReply:
+        columns = pb.MessageColumns(
+            count=len(values), values=b"".join(values), value_lengths=[len(v) for v in values]
+        )
+        request = pb.ProduceRequest(topic=TOPIC, messages=columns, transaction_id=txn)
+        reply: pb.ProduceReply = self.broker.Produce(request, timeout=30)
+        return reply
+
+    def stats(self) -> pb.BrokerStats:
+        reply: pb.BrokerStats = self.admin.GetStats(pb.GetStatsRequest(), timeout=10)
+        return reply
+
+    def values(self) -> list[bytes]:
+        """Every readable value of the topic's one queue, in order."""
+        out: list[bytes] = []
+        for _ in range(1000):  # bounded: each pull returns at least one record or ends
+            reply = self.broker.Pull(
+                pb.PullRequest(topic=TOPIC, queue_id=0, offset=len(out), max_messages=10_000),
+                timeout=10,
+            )
+            if reply.count == 0:
+                return out
+            pos = 0
+            while pos < len(reply.records):
+                out.append(decode_record(reply.records, pos).value)
+                pos += read_meta(reply.records, pos).frame_size
+        raise AssertionError("the queue never ended")
+
+    def committed(self, group: str) -> dict[int, int]:
+        got = self.broker.FetchOffsets(pb.FetchOffsetsRequest(group=group, topic=TOPIC), timeout=10)
+        return {o.queue_id: o.offset for o in got.offsets}
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+@contextmanager
+def group(tmp_path: Path, *master_flags: str) -> Iterator[tuple[Client, Client, BrokerProcess]]:
+    """A master (sync replication, 1 s lag limit, ``master_flags``) and one replica
+    (in the master's flush mode), the replica in sync."""
+    flush = master_flags[master_flags.index("--flush") :][:2] if "--flush" in master_flags else ()
+    common = ("--broker-name", "g", "--replica-lag-max-ms", str(LAG_MS), *flush)
+    master = BrokerProcess(tmp_path / "master", *common, "--replication", "sync", *master_flags)
+    replica = BrokerProcess(
+        tmp_path / "replica", *common, "--role", "replica", "--master", master.start()
+    )
+    replica.start()
+    m, r = Client(master.address), Client(replica.address)
+    try:
+        m.admin.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=1), timeout=10)
+        wait_for("the replica to join the in-sync set", lambda: len(m.stats().in_sync) == 2, 30)
+        yield m, r, replica
+    finally:
+        with_signal(replica, signal.SIGCONT)
+        m.close()
+        r.close()
+        replica.kill()
+        master.kill()
+
+
+def with_signal(broker: BrokerProcess, sig: signal.Signals) -> None:
+    if broker.alive():
+        os.kill(broker.pid, sig)
+
+
+def replica_has_all(master: Client, replica: Client) -> bool:
+    """Right after an ack (this test's writes are sequential): the replica's log
+    reaches the master's log end, i.e. the acknowledged write's end."""
+    end = master.stats().log_end_position
+    return bool(replica.stats().log_end_position >= end)
+
+
+@pytest.mark.timeout(120)
+def test_sync_acks_wait_for_the_in_sync_replica_and_a_stopped_one_leaves(
+    tmp_path: Path,
+) -> None:
+    with group(tmp_path) as (m, r, replica):
+        stats = m.stats()
+        assert stats.replication == "sync" and stats.min_insync_replicas == 1
+        assert [x.in_sync for x in stats.replicas] == [True]
+        assert stats.in_sync[1] == stats.replicas[0].replica_id
+        acked: list[bytes] = []
+
+        # (a) A produce is on the replica when it is acknowledged.
+        for i in range(5):
+            values = [b"a-%d-%d" % (i, j) for j in range(20)]
+            m.produce(values)
+            assert replica_has_all(m, r), "acknowledged but not on the replica"
+            acked += values
+        wait_for("the replica to serve them (below the HW)", lambda: r.values() == acked, 10)
+
+        # (e) A transaction commit: its records are on the replica at the ack.
+        m.produce([b"txn-1", b"txn-2"], txn="x1")
+        m.broker.CommitTransactions(
+            pb.CommitTransactionsRequest(
+                transactions=[pb.TransactionRef(transaction_id="x1", expected_messages=2)]
+            ),
+            timeout=30,
+        )
+        assert replica_has_all(m, r), "commit acknowledged but not on the replica"
+        acked += [b"txn-1", b"txn-2"]
+        wait_for("the replica to serve the transaction", lambda: r.values() == acked, 10)
+
+        # (d) An offset commit has been applied on the replica at the ack.
+        for offset in (3, 7, 12):
+            m.broker.CommitOffsets(
+                pb.CommitOffsetsRequest(
+                    group="billing",
+                    offsets=[pb.QueueOffset(topic=TOPIC, queue_id=0, offset=offset)],
+                ),
+                timeout=30,
+            )
+            assert r.committed("billing") == {0: offset}
+
+        # (c) The replica stopped but still in sync: a record the master wrote
+        # stays invisible to consumers on the master until the set shrinks.
+        visible_end = len(m.values())
+        written_before = m.stats().log_end_position
+        with_signal(replica, signal.SIGSTOP)
+        outcome: list[object] = []
+
+        def produce_in_background() -> None:
+            started = time.monotonic()
+            try:
+                outcome.append(m.produce([b"held"]))
+            except grpc.RpcError as exc:
+                outcome.append(exc)
+            outcome.append(time.monotonic() - started)
+
+        producer = threading.Thread(target=produce_in_background)
+        producer.start()
+        wait_for(
+            "the write in the master's log", lambda: m.stats().log_end_position > written_before
+        )
+        held_unseen = len(m.values()) == visible_end and producer.is_alive()
+        still_in_sync = len(m.stats().in_sync) == 2
+        assert held_unseen and still_in_sync, (
+            f"a record not on the stopped in-sync replica was readable on the master "
+            f"(unseen {held_unseen}, replica still in sync {still_in_sync})"
+        )
+
+        # (b) min 1: the replica leaves the set within the lag limit, the write is
+        # acknowledged and is visible, and later writes go on.
+        producer.join(timeout=30)
+        assert not producer.is_alive()
+        assert isinstance(outcome[0], pb.ProduceReply), outcome
+        print(f"first write with the replica stopped waited {outcome[1]:.2f} s")
+        acked.append(b"held")
+        assert m.values() == acked
+        stats = m.stats()
+        assert list(stats.in_sync) == [stats.in_sync[0]]
+        assert [x.in_sync for x in stats.replicas] == [False]
+        for i in range(3):
+            values = [b"b-%d" % i]
+            m.produce(values)
+            acked += values
+        assert m.values() == acked
+
+        # SIGCONT: it catches up, rejoins, and acks wait for it again.
+        with_signal(replica, signal.SIGCONT)
+        wait_for("the replica to rejoin the in-sync set", lambda: len(m.stats().in_sync) == 2, 30)
+        m.produce([b"c-0"])
+        acked.append(b"c-0")
+        assert replica_has_all(m, r)
+
+        # Nothing acknowledged is lost, on either side.
+        assert m.values() == acked
+        wait_for("the replica to serve everything", lambda: r.values() == acked, 10)
+
+
+@pytest.mark.timeout(120)
+def test_min_insync_2_refuses_writes_without_the_replica(tmp_path: Path) -> None:
+    # Sync flush mode on both: durable means fsynced, on the master and the replica.
+    with group(tmp_path, "--min-insync-replicas", "2", "--flush", "sync") as (m, r, replica):
+        acked = [b"before"]
+        m.produce(acked)
+        with_signal(replica, signal.SIGSTOP)
+        # The first write waits for the replica, which leaves the set: the write
+        # is in the master's log but not acknowledged.
+        with pytest.raises(grpc.RpcError) as after:
+            m.produce([b"unacked"])
+        assert after.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "group g" in (after.value.details() or "")
+        assert "not acknowledged" in (after.value.details() or "").lower()
+        # Later writes are refused before anything is written.
+        end = m.stats().log_end_position
+        for call in (
+            lambda: m.produce([b"refused"]),
+            lambda: m.broker.CommitOffsets(
+                pb.CommitOffsetsRequest(
+                    group="billing", offsets=[pb.QueueOffset(topic=TOPIC, queue_id=0, offset=1)]
+                ),
+                timeout=30,
+            ),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            details = refused.value.details() or ""
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, details
+            assert "group g: 1 in-sync member" in details and "min_insync_replicas 2" in details
+            assert "nothing was written" in details
+        assert m.stats().log_end_position == end
+        assert m.committed("billing") == {}
+
+        # SIGCONT: it catches up and rejoins; writes are acknowledged again.
+        with_signal(replica, signal.SIGCONT)
+        wait_for("the replica to rejoin the in-sync set", lambda: len(m.stats().in_sync) == 2, 30)
+        m.produce([b"after"])
+        acked.append(b"after")
+        # Every acknowledged write is on both (the unacknowledged one may be too).
+        wait_for("the replica to serve what the master has", lambda: r.values() == m.values(), 10)
+        assert [v for v in m.values() if v != b"unacked"] == acked
+
+
+def test_bad_replication_settings_are_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    for flags, said in (
+        (["--min-insync-replicas", "0"], "min_insync_replicas must be at least 1"),
+        (["--replication", "quorum"], "invalid choice: 'quorum'"),
+        (["--replica-lag-max-ms", "0"], "replica_lag_max_ms must be positive"),
+        (["--min-insync-replicas", "2"], "min_insync_replicas 2 needs replication sync"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            parse_args(flags)
+        assert exited.value.code == 2
+        assert said in capsys.readouterr().err, flags
+    with pytest.raises(InvalidArgument, match="replication must be async or sync, got 'Sync'"):
+        BrokerConfig(replication="Sync")
+    config = parse_args(["--replication", "sync", "--min-insync-replicas", "2"])
+    assert (config.replication, config.min_insync_replicas) == ("sync", 2)
+    assert config.replica_lag_max_ms == 10_000
+
+
+@pytest.mark.parametrize("flush", [FlushMode.ASYNC, FlushMode.SYNC])
+def test_the_store_serves_only_below_its_hw_limit(
+    open_store: Callable[..., Store], make_config: Callable[..., StorageConfig], flush: FlushMode
+) -> None:
+    """The storage side of the high watermark: a record is readable once it is
+    durable and ends at or below the limit the server sets (None: no limit)."""
+    store = open_store(make_config(flush_mode=flush))
+    store.create_topic("t", 1)
+    store.append("t", 0, MessageBatch([b"a"]))
+    assert store.queue_info("t", 0).end == 1
+    held_from = store.durable_end
+    store.set_hw_limit(held_from)
+    store.append("t", 0, MessageBatch([b"b", b"c"]))
+    store.transactions.stage("x", "t", [(0, MessageBatch([b"d"]))])
+    store.transactions.commit([("x", 1)])
+    assert store.durable_end > held_from == store.high_watermark
+    assert store.queue_info("t", 0).end == 1
+    assert [m.value for m in store.read("t", 0, 0).messages] == [b"a"]
+    store.set_hw_limit(store.durable_end - 1)  # short of the commit record's end
+    assert store.queue_info("t", 0).end == 3
+    store.set_hw_limit(None)
+    assert store.high_watermark == store.durable_end
+    assert [m.value for m in store.read("t", 0, 0).messages] == [b"a", b"b", b"c", b"d"]
+    store.set_hw_limit(0)  # a limit that goes back hides nothing already readable
+    assert store.queue_info("t", 0).end == 4
