@@ -64,7 +64,12 @@ def read_all(consumer: Consumer, count: int, timeout_s: float = 30.0) -> list[Me
 
 
 def fast_config(namesrv: str, **overrides: float) -> ClientConfig:
-    settings: dict[str, float] = {"timeout_s": 5.0, "retries": 2, "backoff_s": 0.05}
+    settings: dict[str, float] = {
+        "timeout_s": 5.0,
+        "retries": 2,
+        "backoff_s": 0.05,
+        "failover_timeout_s": 1.0,
+    }
     settings.update(overrides)
     return ClientConfig(namesrv=namesrv, **settings)  # type: ignore[arg-type]
 

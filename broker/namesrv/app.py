@@ -49,7 +49,8 @@ class NameServerService(pb_grpc.NameServerServicer):
         if new:
             log.info(
                 "broker registered",
-                extra={"broker": request.broker_name, "replica": request.replica_id,
+                extra={"broker": request.broker_name, "role": request.role or request.replica_id,
+                       "epoch": request.epoch, "instance_id": request.instance_id,
                        "cluster": request.cluster, "address": request.address,
                        "topics": len(request.topics)},
             )  # fmt: skip
@@ -117,7 +118,7 @@ async def _expire_loop(table: RouteTable) -> None:
         for gone in table.expire():
             log.warning(
                 "broker expired: not heard from within the expiry",
-                extra={"broker": gone.broker_name, "replica": gone.replica_id,
+                extra={"broker": gone.broker_name, "role": gone.role,
                        "address": gone.address, "expiry_s": table.expiry_s},
             )  # fmt: skip
 

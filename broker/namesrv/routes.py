@@ -2,9 +2,16 @@
 
 Nothing here is persisted: a restarted name server knows nothing until the
 brokers' next registrations (every few seconds) fill it again. A registration
-is a full snapshot of one broker (name, replica id): it replaces whatever the
-table held for it, so a topic the broker deleted disappears with its next
-registration. A broker silent for ``expiry_s`` is dropped (``expire``).
+is a full snapshot of one member of a broker group (broker name, identity:
+its instance id, else its address): it replaces whatever the table held for
+it, so a topic the broker deleted disappears with its next registration. A
+broker silent for ``expiry_s`` is dropped (``expire``).
+
+Roles: every member of a group registers, with its role and epoch. The
+group's master in a route is the registered master with the newest epoch
+(``master_of``); a same-epoch tie goes to the member that became master last
+(a manual failover without epochs: the old master, if it still runs, became
+master earlier), with a warning.
 
 Every resource a broker can make the name server hold is bounded: brokers
 (``max_brokers``), topics per registration (``max_topics_per_broker``) and
@@ -14,6 +21,7 @@ refused whole (RESOURCE_EXHAUSTED), and what was known before stays.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,8 +31,13 @@ import grpc
 from equeue_proto.protocol import broker_name_problem
 from equeue_proto.v1 import broker_pb2 as pb
 
-BrokerKey = tuple[str, int]
-"""(broker name, replica id)."""
+BrokerKey = tuple[str, str]
+"""(broker name, member identity: instance id, else address)."""
+
+MASTER = "master"
+REPLICA = "replica"
+
+log = logging.getLogger("equeue.namesrv")
 
 MAX_TOPIC_NAME = 255
 MAX_ADDRESS = 300
@@ -50,6 +63,14 @@ class Registration:
     address: str
     instance_id: str
     topics: dict[str, pb.RegisteredTopic]
+    role: str
+    """MASTER or REPLICA."""
+    epoch: int
+    master: str
+    """A replica's master, as it registered."""
+    master_since: int
+    """When this member last became master (a registration counter: larger is
+    later); 0 for a replica. Breaks a same-epoch tie between two masters."""
     last_ms: int
     """Wall-clock time of the last registration (shown to operators)."""
     seen: float
@@ -69,6 +90,10 @@ class RouteTable:
     limits: Limits = field(default_factory=Limits)
     clock: Callable[[], float] = time.monotonic
     _brokers: dict[BrokerKey, Registration] = field(default_factory=dict)
+    _registrations: int = 0
+    """Registrations so far: orders when members became master."""
+    _warned: set[tuple[str, str, tuple[str, ...]]] = field(default_factory=set)
+    """Same-epoch master conflicts warned about (once each)."""
 
     # -- writes ----------------------------------------------------------------
 
@@ -81,7 +106,8 @@ class RouteTable:
         if problem is not None:
             raise invalid(problem)
         _check_address(request.address)
-        key = (request.broker_name, request.replica_id)
+        role = _role(request)
+        key = (request.broker_name, request.instance_id[:64] or request.address)
         if key not in self._brokers and len(self._brokers) >= self.limits.max_brokers:
             self.expire()
             if len(self._brokers) >= self.limits.max_brokers:
@@ -109,7 +135,12 @@ class RouteTable:
                     f"{self.limits.max_queues_per_topic} (max_queues_per_topic)",
                 )
             topics[topic.name] = topic
-        known = key in self._brokers
+        before = self._brokers.get(key)
+        self._registrations += 1
+        since = 0
+        if role == MASTER:  # still master: keeps when it became one
+            kept = before is not None and before.role == MASTER
+            since = before.master_since if kept and before else self._registrations
         self._brokers[key] = Registration(
             cluster=request.cluster,
             broker_name=request.broker_name,
@@ -117,26 +148,61 @@ class RouteTable:
             address=request.address,
             instance_id=request.instance_id[:64],
             topics=topics,
+            role=role,
+            epoch=request.epoch,
+            master=request.master[:MAX_ADDRESS],
+            master_since=since,
             last_ms=int(time.time() * 1000),
             seen=self.clock(),
         )
-        return not known
+        if before is not None and (before.role, before.epoch) != (role, request.epoch):
+            log.info(
+                "broker %s at %s is now %s (epoch %d)", request.broker_name, request.address,
+                role, request.epoch,
+                extra={"broker": request.broker_name, "role": role, "epoch": request.epoch},
+            )  # fmt: skip
+        return before is None
 
     def unregister(self, broker_name: str, replica_id: int, address: str) -> bool:
-        key = (broker_name, replica_id)
-        found = self._brokers.get(key)
-        if found is None or (address and found.address != address):
-            return False
-        del self._brokers[key]
-        return True
+        """Forget the member of ``broker_name`` at ``address`` (without an
+        address: the one registered with ``replica_id``)."""
+        for key, found in list(self._brokers.items()):
+            if found.broker_name != broker_name:
+                continue
+            if found.address == address if address else found.replica_id == replica_id:
+                del self._brokers[key]
+                return True
+        return False
 
     def expire(self) -> list[Registration]:
         """Drop the brokers silent for ``expiry_s``; return them."""
         cutoff = self.clock() - self.expiry_s
         gone = [r for r in self._brokers.values() if r.seen < cutoff]
         for registration in gone:
-            del self._brokers[(registration.broker_name, registration.replica_id)]
+            del self._brokers[_key(registration)]
         return gone
+
+    def master_of(self, members: list[Registration]) -> Registration | None:
+        """The group's master: the registered master with the newest epoch; a
+        same-epoch tie goes to the one that became master last (warned about)."""
+        masters = [m for m in members if m.role == MASTER]
+        if not masters:
+            return None
+        best = max(masters, key=lambda m: (m.epoch, m.master_since))
+        rivals = sorted(m.address for m in masters if m is not best and m.epoch == best.epoch)
+        warned = (best.broker_name, best.address, tuple(rivals))
+        if rivals and warned not in self._warned:
+            self._warned.add(warned)
+            log.warning(
+                "broker group %s has %d masters with epoch %d; routing to %s, which became "
+                "master last (also claiming: %s): stop the old master or give the new one a "
+                "newer epoch", best.broker_name, len(rivals) + 1, best.epoch, best.address,
+                ", ".join(rivals),
+                extra={"broker": best.broker_name, "epoch": best.epoch},
+            )  # fmt: skip
+            if len(self._warned) > 1024:  # bounded: an old warning may repeat
+                self._warned.clear()
+        return best
 
     # -- reads -----------------------------------------------------------------
 
@@ -152,23 +218,37 @@ class RouteTable:
             )
         route = pb.TopicRoute(topic=topic)
         for name in sorted(by_name):
-            replicas = sorted(by_name[name], key=lambda r: r.replica_id)
-            # Replica 0 takes writes; without it (a later step's failover) the
-            # lowest live replica describes the queues and there is no address.
-            lead = replicas[0]
+            members = sorted(by_name[name], key=lambda r: r.address)
+            master = self.master_of(self._group(name))
+            replicas = [r for r in members if r.role == REPLICA]
+            # The master describes the queues; without one (failover under
+            # way) the first replica does, and there is no address to write to.
+            routed = master if master is not None and master in members else None
+            lead = routed or (replicas[0] if replicas else members[0])
             entry = route.brokers.add(
                 broker_name=name,
                 cluster=lead.cluster,
-                address=lead.address if lead.replica_id == 0 else "",
+                address=routed.address if routed else "",
                 incarnation=lead.topics[topic].incarnation,
+                epoch=routed.epoch if routed else 0,
             )
             entry.queues.extend(lead.topics[topic].queues)
-            for replica in replicas:
-                entry.replicas[replica.replica_id] = replica.address
+            entry.replica_addresses.extend(r.address for r in replicas)
+            if routed is not None:
+                entry.replicas[0] = routed.address
+            for number, replica in enumerate(replicas, start=1):
+                entry.replicas[number] = replica.address
         return route
+
+    def _group(self, broker_name: str) -> list[Registration]:
+        return [r for r in self._brokers.values() if r.broker_name == broker_name]
 
     def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
         self.expire()
+        masters = {name: self.master_of(self._group(name)) for name, _ in self._brokers}
+        members = sorted(
+            self._brokers.values(), key=lambda r: (r.broker_name, r.role != MASTER, r.address)
+        )
         return [
             pb.BrokerEntry(
                 broker_name=r.broker_name,
@@ -178,13 +258,30 @@ class RouteTable:
                 last_registration_ms=r.last_ms,
                 topics=len(r.topics),
                 instance_id=r.instance_id,
+                role=r.role,
+                epoch=r.epoch,
+                master=r.master,
+                routed_master=masters.get(r.broker_name) is r,
             )
-            for _, r in sorted(self._brokers.items())
+            for r in members
             if not cluster or r.cluster == cluster
         ]
 
     def __len__(self) -> int:
         return len(self._brokers)
+
+
+def _key(registration: Registration) -> BrokerKey:
+    return (registration.broker_name, registration.instance_id or registration.address)
+
+
+def _role(request: pb.RegisterBrokerRequest) -> str:
+    """The registered role; a registration from before roles says it by replica id."""
+    if not request.role:
+        return MASTER if request.replica_id == 0 else REPLICA
+    if request.role not in (MASTER, REPLICA):
+        raise invalid(f"role {request.role[:40]!r} is not master or replica")
+    return request.role
 
 
 def _check_address(address: str) -> None:

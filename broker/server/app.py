@@ -256,7 +256,9 @@ async def serve(config: BrokerConfig) -> None:
             broker_name=config.broker_name,
             address=advertised(config.host, port, config.advertise_address),
             instance_id=state.instance_id, interval_s=config.register_interval_ms / 1000,
+            role=state.role,
         )  # fmt: skip
+        state.registrar.follow()  # a role change registers at once
         # The first registration before the ready line: a test (or script) that
         # waited for it finds the broker's topics on every live name server.
         await state.registrar.register_once(state.registrar.request())

@@ -245,11 +245,6 @@ class BrokerConfig:
                 f"role {self.role} and master {self.master!r}: a replica needs "
                 "--master HOST:PORT, and only a replica takes one"
             )
-        if self.role == "replica" and addresses:
-            raise InvalidArgument(
-                "a replica does not register with name servers yet (it would take its "
-                "master's route): start it without --namesrv"
-            )
         if self.master:
             host, sep, port = self.master.rpartition(":")
             if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:

@@ -9,6 +9,11 @@ restarted, or dropped the broker while it was unreachable, has it all back
 with the next one. Name servers are independent: one down delays nothing
 for the others, and a failure is logged once per name server until it answers
 again. On SIGTERM the broker unregisters, so clients stop routing to it at once.
+
+Masters and replicas both register, each with its role and epoch read from
+``BrokerRole`` at every registration; a role change (failover, promotion)
+registers at once (``follow``), so name servers and, through them, clients
+learn a new master within a registration round trip instead of an interval.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 
 import grpc
 
+from equeue_broker.server.role import MASTER, BrokerRole, RoleView
 from equeue_broker.storage import Store
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -63,7 +69,7 @@ class Registrar:
 
     def __init__(
         self, store: Store, namesrvs: list[str], *, cluster: str, broker_name: str,
-        address: str, instance_id: str, interval_s: float,
+        address: str, instance_id: str, interval_s: float, role: BrokerRole | None = None,
     ) -> None:  # fmt: skip
         self.store = store
         self.namesrvs = namesrvs
@@ -72,6 +78,8 @@ class Registrar:
         self.address = address
         self.instance_id = instance_id
         self.interval_s = interval_s
+        self.role = role or BrokerRole(MASTER)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._channels = {a: grpc.aio.insecure_channel(a) for a in namesrvs}
         self._stubs = {a: pb_grpc.NameServerStub(c) for a, c in self._channels.items()}
@@ -83,11 +91,24 @@ class Registrar:
         """A topic changed: register now (safe to call from the event loop)."""
         self._wake.set()
 
+    def follow(self) -> None:
+        """Register again whenever the role changes (call on the event loop;
+        the listener may run on any thread, e.g. an election's)."""
+        self._loop = asyncio.get_running_loop()
+        self.role.add_listener(self._role_changed)
+
+    def _role_changed(self, old: RoleView, new: RoleView) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.changed)
+
     def request(self) -> pb.RegisterBrokerRequest:
+        view = self.role.view
         return pb.RegisterBrokerRequest(
-            cluster=self.cluster, broker_name=self.broker_name, replica_id=0,
-            address=self.address, topics=topic_snapshot(self.store),
-            instance_id=self.instance_id,
+            cluster=self.cluster, broker_name=self.broker_name,
+            replica_id=0 if view.is_master else 1, address=self.address,
+            topics=topic_snapshot(self.store), instance_id=self.instance_id,
+            role=view.role, epoch=view.epoch, master=view.master,
         )  # fmt: skip
 
     async def register_once(self, request: pb.RegisterBrokerRequest) -> None:
@@ -111,14 +132,16 @@ class Registrar:
 
     async def run(self) -> None:
         last_topics: list[pb.RegisteredTopic] | None = None
+        last_role: tuple[str, int, str] | None = None
         last_sent = 0.0
         while True:
             request = self.request()
             topics = list(request.topics)
+            role = (request.role, request.epoch, request.master)
             due = time.monotonic() - last_sent >= self.interval_s
-            if due or topics != last_topics:
+            if due or topics != last_topics or role != last_role:
                 last_sent = time.monotonic()
-                last_topics = topics
+                last_topics, last_role = topics, role
                 await self.register_once(request)
             self._wake.clear()
             wait = min(CHECK_INTERVAL_S, max(0.0, self.interval_s - (time.monotonic() - last_sent)))
@@ -127,9 +150,7 @@ class Registrar:
 
     async def unregister(self) -> None:
         """Leave every name server (bounded: a name server that is down just expires us)."""
-        request = pb.UnregisterBrokerRequest(
-            broker_name=self.broker_name, replica_id=0, address=self.address
-        )
+        request = pb.UnregisterBrokerRequest(broker_name=self.broker_name, address=self.address)
 
         async def leave(address: str) -> None:
             with contextlib.suppress(grpc.RpcError):

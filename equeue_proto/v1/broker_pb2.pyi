@@ -686,20 +686,26 @@ class RouteQueue(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., writable: _Optional[bool] = ..., readable: _Optional[bool] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_name", "replica_id", "address", "topics", "instance_id")
+    __slots__ = ("cluster", "broker_name", "replica_id", "address", "topics", "instance_id", "role", "epoch", "master")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     replica_id: int
     address: str
     topics: _containers.RepeatedCompositeFieldContainer[RegisteredTopic]
     instance_id: str
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[RegisteredTopic, _Mapping]]] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    role: str
+    epoch: int
+    master: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[RegisteredTopic, _Mapping]]] = ..., instance_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerReply(_message.Message):
     __slots__ = ("expiry_ms",)
@@ -728,7 +734,7 @@ class GetRouteRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
 class BrokerRoute(_message.Message):
-    __slots__ = ("broker_name", "cluster", "address", "incarnation", "queues", "replicas")
+    __slots__ = ("broker_name", "cluster", "address", "incarnation", "queues", "replicas", "epoch", "replica_addresses")
     class ReplicasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -742,13 +748,17 @@ class BrokerRoute(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     broker_name: str
     cluster: str
     address: str
     incarnation: int
     queues: _containers.RepeatedCompositeFieldContainer[RouteQueue]
     replicas: _containers.ScalarMap[int, str]
-    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ..., replicas: _Optional[_Mapping[int, str]] = ...) -> None: ...
+    epoch: int
+    replica_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ..., replicas: _Optional[_Mapping[int, str]] = ..., epoch: _Optional[int] = ..., replica_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TopicRoute(_message.Message):
     __slots__ = ("topic", "brokers")
@@ -765,7 +775,7 @@ class ListBrokersRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ...) -> None: ...
 
 class BrokerEntry(_message.Message):
-    __slots__ = ("broker_name", "cluster", "replica_id", "address", "last_registration_ms", "topics", "instance_id")
+    __slots__ = ("broker_name", "cluster", "replica_id", "address", "last_registration_ms", "topics", "instance_id", "role", "epoch", "master", "routed_master")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -773,6 +783,10 @@ class BrokerEntry(_message.Message):
     LAST_REGISTRATION_MS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_MASTER_FIELD_NUMBER: _ClassVar[int]
     broker_name: str
     cluster: str
     replica_id: int
@@ -780,7 +794,11 @@ class BrokerEntry(_message.Message):
     last_registration_ms: int
     topics: int
     instance_id: str
-    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., last_registration_ms: _Optional[int] = ..., topics: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    role: str
+    epoch: int
+    master: str
+    routed_master: bool
+    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., last_registration_ms: _Optional[int] = ..., topics: _Optional[int] = ..., instance_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., routed_master: _Optional[bool] = ...) -> None: ...
 
 class ListBrokersReply(_message.Message):
     __slots__ = ("brokers",)

@@ -1298,11 +1298,21 @@ class NameServerStub:
     servers never talk to each other: every broker registers with every name
     server, and a client asks any one of them.
 
-    Identity. A broker is known by its broker name (--broker-name), the name
-    message ids and routes use; `replica_id` 0 is the broker that takes writes
-    (later steps add replicas of a broker name under other replica ids). A
-    topic's queues are the ordered list of (broker name, queue id), brokers by
-    name, queues by id within each.
+    Identity. A broker group is known by its broker name (--broker-name), the
+    name message ids and routes use; its members (one master, any number of
+    replicas) all register under it. Each member is known by its instance id
+    (the data directory's id, BrokerStats.broker_id's fallback), or by its
+    address when it sends none: a member that changes role or port keeps its
+    identity. A topic's queues are the ordered list of (broker name, queue id),
+    brokers by name, queues by id within each.
+
+    Roles. A member registers its role ("master" or "replica") and the newest
+    group epoch it has seen. A group's master in a route is the registered
+    master with the newest epoch: a deposed master that still registers as
+    master with an older epoch is left out (listed by ListBrokers, never
+    routed to). Two masters with the same epoch (a manual failover without
+    epochs): the one that became master last wins, and the name server logs a
+    warning. A broker registers again at once when its role changes.
     """
 
     def __init__(self, channel):
@@ -1344,16 +1354,26 @@ class NameServerServicer:
     servers never talk to each other: every broker registers with every name
     server, and a client asks any one of them.
 
-    Identity. A broker is known by its broker name (--broker-name), the name
-    message ids and routes use; `replica_id` 0 is the broker that takes writes
-    (later steps add replicas of a broker name under other replica ids). A
-    topic's queues are the ordered list of (broker name, queue id), brokers by
-    name, queues by id within each.
+    Identity. A broker group is known by its broker name (--broker-name), the
+    name message ids and routes use; its members (one master, any number of
+    replicas) all register under it. Each member is known by its instance id
+    (the data directory's id, BrokerStats.broker_id's fallback), or by its
+    address when it sends none: a member that changes role or port keeps its
+    identity. A topic's queues are the ordered list of (broker name, queue id),
+    brokers by name, queues by id within each.
+
+    Roles. A member registers its role ("master" or "replica") and the newest
+    group epoch it has seen. A group's master in a route is the registered
+    master with the newest epoch: a deposed master that still registers as
+    master with an older epoch is left out (listed by ListBrokers, never
+    routed to). Two masters with the same epoch (a manual failover without
+    epochs): the one that became master last wins, and the name server logs a
+    warning. A broker registers again at once when its role changes.
     """
 
     def RegisterBroker(self, request, context):
         """A broker's registration (also its heartbeat): replaces everything the
-        name server knew of that broker name and replica id.
+        name server knew of that member (broker name and instance id).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -1422,11 +1442,21 @@ class NameServer:
     servers never talk to each other: every broker registers with every name
     server, and a client asks any one of them.
 
-    Identity. A broker is known by its broker name (--broker-name), the name
-    message ids and routes use; `replica_id` 0 is the broker that takes writes
-    (later steps add replicas of a broker name under other replica ids). A
-    topic's queues are the ordered list of (broker name, queue id), brokers by
-    name, queues by id within each.
+    Identity. A broker group is known by its broker name (--broker-name), the
+    name message ids and routes use; its members (one master, any number of
+    replicas) all register under it. Each member is known by its instance id
+    (the data directory's id, BrokerStats.broker_id's fallback), or by its
+    address when it sends none: a member that changes role or port keeps its
+    identity. A topic's queues are the ordered list of (broker name, queue id),
+    brokers by name, queues by id within each.
+
+    Roles. A member registers its role ("master" or "replica") and the newest
+    group epoch it has seen. A group's master in a route is the registered
+    master with the newest epoch: a deposed master that still registers as
+    master with an older epoch is left out (listed by ListBrokers, never
+    routed to). Two masters with the same epoch (a manual failover without
+    epochs): the one that became master last wins, and the name server logs a
+    warning. A broker registers again at once when its role changes.
     """
 
     @staticmethod

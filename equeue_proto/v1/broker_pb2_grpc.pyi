@@ -616,11 +616,21 @@ class NameServerStub:
     servers never talk to each other: every broker registers with every name
     server, and a client asks any one of them.
 
-    Identity. A broker is known by its broker name (--broker-name), the name
-    message ids and routes use; `replica_id` 0 is the broker that takes writes
-    (later steps add replicas of a broker name under other replica ids). A
-    topic's queues are the ordered list of (broker name, queue id), brokers by
-    name, queues by id within each.
+    Identity. A broker group is known by its broker name (--broker-name), the
+    name message ids and routes use; its members (one master, any number of
+    replicas) all register under it. Each member is known by its instance id
+    (the data directory's id, BrokerStats.broker_id's fallback), or by its
+    address when it sends none: a member that changes role or port keeps its
+    identity. A topic's queues are the ordered list of (broker name, queue id),
+    brokers by name, queues by id within each.
+
+    Roles. A member registers its role ("master" or "replica") and the newest
+    group epoch it has seen. A group's master in a route is the registered
+    master with the newest epoch: a deposed master that still registers as
+    master with an older epoch is left out (listed by ListBrokers, never
+    routed to). Two masters with the same epoch (a manual failover without
+    epochs): the one that became master last wins, and the name server logs a
+    warning. A broker registers again at once when its role changes.
     """
 
     @_typing.overload
@@ -629,7 +639,7 @@ class NameServerStub:
     def __new__(cls, channel: _aio.Channel) -> NameServerAsyncStub: ...
     RegisterBroker: _grpc.UnaryUnaryMultiCallable[_broker_pb2.RegisterBrokerRequest, _broker_pb2.RegisterBrokerReply]
     """A broker's registration (also its heartbeat): replaces everything the
-    name server knew of that broker name and replica id.
+    name server knew of that member (broker name and instance id).
     """
     UnregisterBroker: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UnregisterBrokerRequest, _broker_pb2.UnregisterBrokerReply]
     """A broker leaving cleanly (SIGTERM): forgotten at once."""
@@ -650,17 +660,27 @@ class NameServerAsyncStub(NameServerStub):
     servers never talk to each other: every broker registers with every name
     server, and a client asks any one of them.
 
-    Identity. A broker is known by its broker name (--broker-name), the name
-    message ids and routes use; `replica_id` 0 is the broker that takes writes
-    (later steps add replicas of a broker name under other replica ids). A
-    topic's queues are the ordered list of (broker name, queue id), brokers by
-    name, queues by id within each.
+    Identity. A broker group is known by its broker name (--broker-name), the
+    name message ids and routes use; its members (one master, any number of
+    replicas) all register under it. Each member is known by its instance id
+    (the data directory's id, BrokerStats.broker_id's fallback), or by its
+    address when it sends none: a member that changes role or port keeps its
+    identity. A topic's queues are the ordered list of (broker name, queue id),
+    brokers by name, queues by id within each.
+
+    Roles. A member registers its role ("master" or "replica") and the newest
+    group epoch it has seen. A group's master in a route is the registered
+    master with the newest epoch: a deposed master that still registers as
+    master with an older epoch is left out (listed by ListBrokers, never
+    routed to). Two masters with the same epoch (a manual failover without
+    epochs): the one that became master last wins, and the name server logs a
+    warning. A broker registers again at once when its role changes.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     RegisterBroker: _aio.UnaryUnaryMultiCallable[_broker_pb2.RegisterBrokerRequest, _broker_pb2.RegisterBrokerReply]  # type: ignore[assignment]
     """A broker's registration (also its heartbeat): replaces everything the
-    name server knew of that broker name and replica id.
+    name server knew of that member (broker name and instance id).
     """
     UnregisterBroker: _aio.UnaryUnaryMultiCallable[_broker_pb2.UnregisterBrokerRequest, _broker_pb2.UnregisterBrokerReply]  # type: ignore[assignment]
     """A broker leaving cleanly (SIGTERM): forgotten at once."""
@@ -680,11 +700,21 @@ class NameServerServicer(metaclass=_abc_1.ABCMeta):
     servers never talk to each other: every broker registers with every name
     server, and a client asks any one of them.
 
-    Identity. A broker is known by its broker name (--broker-name), the name
-    message ids and routes use; `replica_id` 0 is the broker that takes writes
-    (later steps add replicas of a broker name under other replica ids). A
-    topic's queues are the ordered list of (broker name, queue id), brokers by
-    name, queues by id within each.
+    Identity. A broker group is known by its broker name (--broker-name), the
+    name message ids and routes use; its members (one master, any number of
+    replicas) all register under it. Each member is known by its instance id
+    (the data directory's id, BrokerStats.broker_id's fallback), or by its
+    address when it sends none: a member that changes role or port keeps its
+    identity. A topic's queues are the ordered list of (broker name, queue id),
+    brokers by name, queues by id within each.
+
+    Roles. A member registers its role ("master" or "replica") and the newest
+    group epoch it has seen. A group's master in a route is the registered
+    master with the newest epoch: a deposed master that still registers as
+    master with an older epoch is left out (listed by ListBrokers, never
+    routed to). Two masters with the same epoch (a manual failover without
+    epochs): the one that became master last wins, and the name server logs a
+    warning. A broker registers again at once when its role changes.
     """
 
     @_abc_1.abstractmethod
@@ -694,7 +724,7 @@ class NameServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.RegisterBrokerReply, _abc.Awaitable[_broker_pb2.RegisterBrokerReply]]:
         """A broker's registration (also its heartbeat): replaces everything the
-        name server knew of that broker name and replica id.
+        name server knew of that member (broker name and instance id).
         """
 
     @_abc_1.abstractmethod

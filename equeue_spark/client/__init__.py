@@ -20,6 +20,7 @@ from equeue_spark.client.errors import (
     InvalidRequest,
     LimitError,
     NotFoundError,
+    NotMasterError,
     PermissionDeniedError,
     PreconditionError,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "LimitError",
     "Message",
     "NotFoundError",
+    "NotMasterError",
     "PermissionDeniedError",
     "PreconditionError",
     "Producer",

@@ -6,6 +6,7 @@ whose fields are documented in the ``.proto``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
@@ -14,7 +15,13 @@ from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.cluster import Cluster, Route, name_broker
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import EqueueError, InvalidRequest, NotFoundError
+from equeue_spark.client.errors import (
+    BrokerUnavailable,
+    DeadlineExceeded,
+    EqueueError,
+    InvalidRequest,
+    NotFoundError,
+)
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.transactions import abort_transactions
 
@@ -24,6 +31,8 @@ def commit_offsets(
     group: str,
     offsets: Mapping[tuple[str, int], int],
     member: tuple[str, int] | None = None,
+    *,
+    retry: bool = True,
 ) -> None:
     """The one place a CommitOffsets request is built (Admin and Consumer use it).
 
@@ -35,7 +44,7 @@ def commit_offsets(
         request.consumer_id, request.session = member
     for (topic, queue_id), offset in sorted(offsets.items()):
         request.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
-    conn.call(conn.broker.CommitOffsets, request)
+    conn.call(conn.broker.CommitOffsets, request, retry=retry)
 
 
 T = TypeVar("T")
@@ -98,6 +107,41 @@ class Admin:
         if admin is None:
             admin = Admin(config=cluster.config.for_broker(address))
             self._admins[address] = admin
+        return admin
+
+    def read_on(self, broker: str, topic: str, call: Callable[[Admin], T], seed: str = "") -> T:
+        """``call`` on the member of ``broker``'s group that serves ``topic``'s
+        reads (the master; a replica with ``read_from_replicas``), moving to
+        the next member when one does not answer (cluster only). For reads
+        only: a replica refuses writes."""
+        cluster = self._need_cluster()
+        addresses = cluster.read_addresses(topic, broker, seed)
+        errors = []
+        for index, address in enumerate(addresses):
+            admin = self._admin_at(address, last=index == len(addresses) - 1)
+            try:
+                return call(admin)
+            except (BrokerUnavailable, DeadlineExceeded) as exc:
+                cluster.mark_down(address)
+                errors.append(f"{address}: {exc}")
+        tried = "; ".join(errors)
+        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
+
+    def read_addresses(self, broker: str, topic: str, seed: str = "") -> list[str]:
+        """The members of ``broker``'s group in the order reads try them."""
+        return self._need_cluster().read_addresses(topic, broker, seed)
+
+    def _admin_at(self, address: str, last: bool) -> Admin:
+        """The Admin of one member; one that is not the last to try retries
+        once (the next member is the better retry)."""
+        key = address if last else f"{address} (fail fast)"
+        admin = self._admins.get(key)
+        if admin is None:
+            config = self._need_cluster().config.for_broker(address)
+            if not last:
+                config = dataclasses.replace(config, retries=min(config.retries, 1))
+            admin = Admin(config=config)
+            self._admins[key] = admin
         return admin
 
     def _need_cluster(self) -> Cluster:
@@ -182,8 +226,13 @@ class Admin:
     def describe_topic(self, name: str) -> pb.TopicInfo:
         if self.cluster is None:
             return self._conn.call(self._stub.DescribeTopic, pb.DescribeTopicRequest(name=name))
-        brokers = self._route_brokers(name)
-        return self._merged(name, self._each(brokers, lambda a: a.describe_topic(name), name))
+        parts = []
+        for broker in self._route_brokers(name):  # a read: a replica may answer it
+            try:
+                parts.append((broker, self.read_on(broker, name, lambda a: a.describe_topic(name))))
+            except EqueueError as exc:
+                raise name_broker(exc, broker, "") from exc
+        return self._merged(name, parts)
 
     def add_queues(
         self, name: str, count: int = 1, brokers: Sequence[str] | None = None

@@ -12,6 +12,14 @@ A topic's queues are the ordered list of (broker name, queue id)
 routes over the whole list of writable queues with the single-broker
 partitioner (``key_queue``), so a key keeps its (broker, queue) while the
 list does not change.
+
+A route names each broker group's master and replicas. Writes and offset
+commits go to the master (``Route.address``); reads go where
+``read_addresses`` says (replica_reads.py): the master, else a replica while
+the master cannot be reached (``mark_down``), or a replica always with
+``ClientConfig.read_from_replicas``. A route with a member marked down is
+fetched again at its next use, so a new master is learnt as soon as the name
+servers know it (a broker registers at once when its role changes).
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
@@ -31,13 +40,18 @@ from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import (
     BrokerUnavailable,
+    DeadlineExceeded,
     EqueueError,
     InvalidRequest,
     NotFoundError,
+    NotMasterError,
     from_rpc_error,
 )
+from equeue_spark.client.replica_reads import DOWN_S, DownMarks, read_order
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 QueueRef = tuple[str, int]
 """(broker name, queue id)."""
@@ -64,13 +78,21 @@ class Route:
     def broker_names(self) -> list[str]:
         return [b.broker_name for b in self.brokers]
 
-    def address(self, broker: str) -> str:
+    def entry(self, broker: str) -> pb.BrokerRoute:
         for b in self.brokers:
             if b.broker_name == broker:
-                if not b.address:
-                    raise BrokerUnavailable(f"broker {broker!r} has no live writable replica")
-                return b.address
+                return b
         raise NotFoundError(f"topic {self.topic!r} has no queues on broker {broker!r}")
+
+    def address(self, broker: str) -> str:
+        """The group's master (writes, commits); BrokerUnavailable if it has none."""
+        entry = self.entry(broker)
+        if not entry.address:
+            raise BrokerUnavailable(
+                f"broker group {broker!r} has no master now (replicas: "
+                f"{', '.join(entry.replica_addresses) or 'none'}); writes wait for a new master"
+            )
+        return entry.address
 
     def incarnation(self, broker: str) -> int:
         for b in self.brokers:
@@ -95,6 +117,7 @@ class Cluster:
         self._stale: set[str] = set()
         self._brokers: list[pb.BrokerEntry] = []
         self._connections: dict[str, Connection] = {}
+        self._down = DownMarks()
         self._channels = [grpc.insecure_channel(a) for a in self.namesrvs]
         self._stubs = [pb_grpc.NameServerStub(c) for c in self._channels]
         self._preferred = random.randrange(len(self._stubs))
@@ -155,6 +178,58 @@ class Cluster:
         with self._lock:
             self._stale.add(topic)
 
+    # -- which member of a broker group ------------------------------------------------
+
+    def read_addresses(self, topic: str, broker: str, seed: str = "") -> list[str]:
+        """The members of ``broker``'s group that serve ``topic``'s reads, in
+        the order to try them (members marked down last)."""
+        entry = self.route(topic).entry(broker)
+        order = read_order(entry, self.config.read_from_replicas, seed)
+        if not order:
+            raise BrokerUnavailable(f"broker group {broker!r} has no live member")
+        return self._down.order(order)
+
+    def mark_down(self, address: str, for_s: float = DOWN_S) -> None:
+        """``address`` failed a call: try it last for ``for_s``, and fetch
+        every route again at its next use (the group may have a new master)."""
+        self._down.mark(address, for_s)
+        with self._lock:
+            self._stale.update(self._routes)
+
+    def is_down(self, address: str) -> bool:
+        return self._down.is_down(address)
+
+    def on_master(self, topic: str, broker: str, call: Callable[[Connection], T]) -> T:
+        """``call`` on the connection to ``broker``'s master. When the master
+        cannot be reached, or the broker called is a replica now, the route is
+        fetched again and the call retried on the group's master, with
+        backoff, for up to ``failover_timeout_s``; then BrokerUnavailable
+        naming the group. ``call`` must not retry on its own (retry=False):
+        one failed attempt is enough to look for another master."""
+        config = self.config
+        deadline = time.monotonic() + config.failover_timeout_s
+        delay = config.backoff_s
+        last: EqueueError | None = None
+        for _ in range(100_000):  # bounded by the deadline long before
+            address = self.route(topic).entry(broker).address
+            if address:
+                try:
+                    return call(self.connection(address))
+                except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
+                    self.mark_down(address)
+                    last = exc
+            else:
+                self.invalidate(topic)
+            if time.monotonic() + delay > deadline:
+                break
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, config.max_backoff_s)
+        why = f"last error: {last}" if last else "the name servers list no master"
+        raise BrokerUnavailable(
+            f"broker group {broker!r} has no reachable master (waited "
+            f"failover_timeout_s={config.failover_timeout_s:g}; {why}); retry later"
+        )
+
     def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
         """The live brokers (the last list known if no name server answers)."""
         try:
@@ -185,9 +260,12 @@ class Cluster:
 
     def broker_address(self, broker: str) -> str:
         """A broker's address from the live-broker list (topic-independent)."""
-        for entry in self.brokers():
-            if entry.broker_name == broker and entry.replica_id == 0:
+        members = [e for e in self.brokers() if e.broker_name == broker]
+        for entry in members:
+            if entry.routed_master:
                 return entry.address
+        if members:
+            raise BrokerUnavailable(f"broker group {broker!r} has no master now")
         raise NotFoundError(f"broker {broker!r} is not registered with the name servers")
 
     def close(self) -> None:

@@ -119,6 +119,16 @@ class ClientConfig:
     """A cached topic route older than this is fetched again at its next use
     (and at once after an error); with every name server down the cached
     route keeps serving."""
+    read_from_replicas: bool = False
+    """Cluster only: read (pull, list offsets, fetch group offsets) from a
+    replica of each broker group, chosen deterministically, falling back to
+    the master when no replica is live. False: read from the master, and from
+    a replica only while the master cannot be reached. Writes and offset
+    commits always go to the master."""
+    failover_timeout_s: float = 30.0
+    """Cluster only: how long a write (a produce, a staged transaction part)
+    that meets an unreachable master, or a replica that refuses writes, keeps
+    refreshing the route and retrying on the group's master before it fails."""
     timeout_s: float = 30.0
     """Deadline of every call (a long poll adds its wait to it)."""
     retries: int = 5
@@ -147,6 +157,10 @@ class ClientConfig:
             raise ValueError(f"route_refresh_s must be positive, got {self.route_refresh_s}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if not 0 <= self.failover_timeout_s <= 3600:
+            raise ValueError(
+                f"failover_timeout_s must be 0-3600 seconds, got {self.failover_timeout_s}"
+            )
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
 

@@ -25,6 +25,15 @@ queues among the group's members and keeps the group's committed offsets of
 its queues. ``poll`` pulls from all of them; every message names its broker
 (``Message.broker_id``: the broker name).
 
+Reads in a cluster go to each broker group's master, or with
+``read_from_replicas`` to one of its replicas (replica_reads.py). When the
+member read from stops answering, the consumer moves to another member of
+the group at once (the master's replicas hold the same queues at the same
+offsets) and carries its positions over; it comes back to the master once
+the master answers again. Commits always go to the master (a replica refuses
+them): while the group has no master they fail with ``BrokerUnavailable``
+and the next ``commit`` sends them again.
+
 ``poll`` returns messages and advances the positions (only past records it
 decoded and returns); ``commit`` stores the
 positions on the broker as the group's next offsets to consume. Messages
@@ -34,6 +43,7 @@ without committing leaves them to be consumed again (at-least-once).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -41,7 +51,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -53,13 +63,17 @@ from equeue_spark.client.admin import commit_offsets
 from equeue_spark.client.cluster import Cluster, name_broker
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import (
+    BrokerUnavailable,
     DataLossError,
+    DeadlineExceeded,
     EqueueError,
     InvalidRequest,
+    NotMasterError,
     PreconditionError,
     from_rpc_error,
 )
 from equeue_spark.client.records import Message, decode_intact, decode_records
+from equeue_spark.client.replica_reads import read_order
 from equeue_spark.client.wire import PullReply
 
 log = logging.getLogger(__name__)
@@ -69,8 +83,16 @@ OnDataLoss = Literal["raise", "skip"]
 _DAMAGED = re.compile(r"damaged record: .*/\d+ offset (\d+)")
 """How the broker names a stored record that fails its checksum (DATA_LOSS)."""
 QueueKey = tuple[str, int]
+Member = tuple[str, int] | None
+"""A group member's (consumer id, session); None: a commit from outside the group."""
+Committer = Callable[[str, dict[QueueKey, int], Member], None]
+"""Commits (group, offsets, member identity) somewhere else than the consumer's broker."""
 MAX_POLL_THREADS = 16
 """Brokers a cluster consumer polls at once."""
+PROBE_S = 1.0
+"""Deadline of the call that checks a broker group's member answers before reading there."""
+CHECK_S = 1.0
+"""How often a cluster consumer reading a group's second choice looks for its first."""
 
 
 class Consumer:
@@ -108,12 +130,22 @@ class Consumer:
         heartbeat_interval_s: float = 1.0,
         consumer_id: str | None = None,
         on_data_loss: OnDataLoss = "raise",
+        read_from_replicas: bool = False,
     ) -> None:
         """``on_data_loss`` says what ``poll`` does when the broker reports a
         stored record of a queue as damaged (DATA_LOSS): "raise" (the default)
         raises ``DataLossError`` and stays at that record; "skip" moves past it,
         logs it and counts it in ``damaged_skipped``. Either way no intact
-        record is ever skipped."""
+        record is ever skipped.
+
+        ``read_from_replicas`` (cluster only): read every broker group from a
+        replica, the master only when no replica is live (commits still go to
+        the master)."""
+        if read_from_replicas:
+            raise ValueError(
+                "read_from_replicas needs a cluster: give namesrv= (one broker has no replicas "
+                "to choose from)"
+            )
         if start not in ("earliest", "latest", "group"):
             raise ValueError(f"start must be earliest, latest or group, got {start!r}")
         if on_data_loss not in ("raise", "skip"):
@@ -148,6 +180,13 @@ class Consumer:
         self._commit_lock = threading.Lock()
         """Commits one at a time: a late commit must not undo a rebalance's commit."""
         self._closed = threading.Event()
+        self.failed_polls = 0
+        """Polls in a row whose every pull failed retriably (UNAVAILABLE, deadline)."""
+        self.failed_heartbeats = 0
+        """Heartbeats in a row that failed retriably."""
+        self.committer: Committer | None = None
+        """Where commits go instead of this consumer's broker (a cluster's
+        master, when this consumer reads from a replica)."""
         self._heartbeats: threading.Thread | None = None
         if self.topics:
             self._heartbeat()  # join before the first poll
@@ -240,7 +279,12 @@ class Consumer:
             by_topic.setdefault(topic, []).append(queue_id)
         for topic, queue_ids in sorted(by_topic.items()):
             request.released.add(topic=topic, queue_ids=sorted(queue_ids))
-        reply: pb.HeartbeatReply = self._conn.call(self._conn.broker.Heartbeat, request)
+        try:
+            reply: pb.HeartbeatReply = self._conn.call(self._conn.broker.Heartbeat, request)
+        except EqueueError as exc:
+            self.failed_heartbeats += exc.retriable
+            raise
+        self.failed_heartbeats = 0
         return reply
 
     def _follow(self, reply: pb.HeartbeatReply) -> list[QueueKey]:
@@ -352,8 +396,28 @@ class Consumer:
                 raise errors[0]
             self._deferred = errors[0]
         if failures == len(positions):  # broker unreachable: wait, do not spin
+            self.failed_polls += 1
             self._closed.wait(max(0.0, timeout_s - (time.monotonic() - started)))
+        else:
+            self.failed_polls = 0
         return messages
+
+    def positions(self) -> dict[QueueKey, int]:
+        """Where each assigned queue is read next."""
+        with self._lock:
+            return dict(self._positions)
+
+    def adopt(self, positions: dict[QueueKey, int]) -> None:
+        """Continue where another consumer of the same queues got to (the
+        same broker group's other member): outside a group every queue is
+        taken over; in one, the queues this membership holds, never moving
+        back behind the group's committed offset."""
+        with self._lock:
+            for key, position in positions.items():
+                if not self._session:
+                    self._positions[key] = position
+                elif key in self._positions:
+                    self._positions[key] = max(self._positions[key], position)
 
     def _pull_async(
         self, key: QueueKey, offset: int, wait_ms: int, session: int
@@ -477,23 +541,34 @@ class Consumer:
         if not changed:
             return
         if not session:  # not a member (assign()): a commit from outside the group
-            commit_offsets(self._conn, self.group, changed)
+            self._commit_offsets(changed, None)
             self._committed.update(changed)
             return
         member = (self.consumer_id, session)
         try:
-            commit_offsets(self._conn, self.group, changed, member)
+            self._commit_offsets(changed, member)
             self._committed.update(changed)
             return
+        except NotMasterError:
+            raise  # the group's master moved: nothing to do with queue ownership
         except PreconditionError:
             pass  # some queue changed hands: find which, commit the others
         for key, offset in changed.items():
             try:
-                commit_offsets(self._conn, self.group, {key: offset}, member)
+                self._commit_offsets({key: offset}, member)
                 self._committed[key] = offset
+            except NotMasterError:
+                raise
             except PreconditionError as exc:
                 log.info("consumer %s: dropping %s/%d: %s", self.consumer_id, *key, exc)
                 self._drop({key: offset}, session)
+
+    def _commit_offsets(self, offsets: dict[QueueKey, int], member: tuple[str, int] | None) -> None:
+        assert self.group is not None
+        if self.committer is not None:
+            self.committer(self.group, offsets, member)
+        else:
+            commit_offsets(self._conn, self.group, offsets, member)
 
     def _drop(self, positions: dict[QueueKey, int], session: int) -> None:
         """Stop reading queues we no longer hold, unless they were restarted meanwhile."""
@@ -565,6 +640,7 @@ class ClusterConsumer(Consumer):
         heartbeat_interval_s: float = 1.0,
         consumer_id: str | None = None,
         on_data_loss: OnDataLoss = "raise",
+        read_from_replicas: bool = False,
     ) -> None:
         if topics and group is None:
             raise ValueError("subscribing to topics needs a group; use assign() without one")
@@ -574,7 +650,12 @@ class ClusterConsumer(Consumer):
         problem = consumer_id_problem(self.consumer_id)
         if problem is not None:
             raise ValueError(problem)
-        self._cluster = Cluster(config or ClientConfig(broker=broker, namesrv=namesrv))
+        config = config or ClientConfig(broker=broker, namesrv=namesrv)
+        if read_from_replicas:
+            config = dataclasses.replace(config, read_from_replicas=True)
+        self._cluster = Cluster(config)
+        self._seed = group or ""
+        """Picks the replica read (replica_reads.py): a group's members agree."""
         self.group = group
         self.topics = list(topics)
         self.start = start
@@ -587,6 +668,9 @@ class ClusterConsumer(Consumer):
         }  # fmt: skip
         self._parts: dict[str, Consumer] = {}
         self._addresses: dict[str, str] = {}
+        self._part_topic: dict[str, str] = {}
+        """A topic each broker group is read for (its route names the members)."""
+        self._checked = 0.0
         self._parts_lock = threading.Lock()
         self._deferred = None
         self._closed = threading.Event()
@@ -598,20 +682,115 @@ class ClusterConsumer(Consumer):
     # -- the per-broker consumers --------------------------------------------------------
 
     def _part(self, broker: str, topic: str, topics: Sequence[str] = ()) -> Consumer:
-        """The consumer of ``broker`` (created, or re-created if the broker moved)."""
-        address = self._cluster.route(topic).address(broker)
+        """The consumer of ``broker``'s group: on the first member of its read
+        order that answers (replica_reads.py); re-created there, carrying the
+        positions over, when that is not the member read now. With no member
+        answering the current consumer stays (its broker may come back)."""
         with self._parts_lock:
             part = self._parts.get(broker)
-            if part is not None and self._addresses[broker] == address:
+            current = self._addresses.get(broker, "")
+        errors: list[str] = []
+        for address in self._cluster.read_addresses(topic, broker, self._seed):
+            if part is not None and address == current:
                 return part
+            try:
+                self._probe(address)
+                joined = tuple(topics) or (tuple(part.topics) if part is not None else ())
+                config = self._cluster.config.for_broker(address)
+                new = Consumer(config=config, topics=joined, **self._settings)  # type: ignore[arg-type]
+            except (BrokerUnavailable, DeadlineExceeded) as exc:
+                self._cluster.mark_down(address)
+                errors.append(f"{address}: {exc}")
+                continue
+            self._install(broker, topic, address, part, new)
+            return new
         if part is not None:
-            part.close()
-        config = self._cluster.config.for_broker(address)
-        part = Consumer(config=config, topics=topics, **self._settings)  # type: ignore[arg-type]
+            return part
+        tried = "; ".join(errors)
+        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
+
+    def _probe(self, address: str) -> None:
+        """One quick call: does the member answer at all? (Any answer counts,
+        a refusal too: a token without the admin role gets PERMISSION_DENIED.)"""
+        conn = self._cluster.connection(address)
+        try:
+            conn.call(conn.admin.GetStats, pb.GetStatsRequest(), timeout_s=PROBE_S, retry=False)
+        except (BrokerUnavailable, DeadlineExceeded):
+            raise
+        except EqueueError:
+            return
+
+    def _install(
+        self, broker: str, topic: str, address: str, old: Consumer | None, new: Consumer
+    ) -> None:
+        """``new`` reads ``broker``'s group from ``address``, where ``old`` got to."""
+
+        def commit(group: str, offsets: dict[QueueKey, int], member: Member) -> None:
+            self._commit_on_master(
+                broker, topic, address, group=group, offsets=offsets, member=member
+            )
+
+        new.committer = commit
+        if old is not None:
+            new.adopt(old.positions())
+            # Off this thread: leaving a dead broker's group waits for its calls to fail.
+            self._pool.submit(old.close)
+            log.warning("consumer %s: reading broker group %s from %s now (was %s)",
+                        self.consumer_id, broker, address, self._addresses.get(broker))  # fmt: skip
         with self._parts_lock:
-            self._parts[broker] = part
+            self._parts[broker] = new
             self._addresses[broker] = address
-        return part
+            self._part_topic[broker] = topic
+
+    def _commit_on_master(
+        self, broker: str, topic: str, read_from: str, group: str, *,
+        offsets: dict[QueueKey, int], member: tuple[str, int] | None,
+    ) -> None:  # fmt: skip
+        """Commit on the group's master, once (no waiting for a new master:
+        the next commit sends the offsets again). The member identity counts
+        only on the broker holding the membership (the one read from)."""
+        cluster = self._cluster
+        master = cluster.route(topic).entry(broker).address
+        why = "the name servers list no master" if not master else "it does not answer"
+        if master and not cluster.is_down(master):
+            conn = cluster.connection(master)
+            try:
+                commit_offsets(conn, group, offsets, member if master == read_from else None,
+                               retry=False)  # fmt: skip
+                return
+            except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
+                cluster.mark_down(master)
+                why = str(exc)
+        cluster.invalidate(topic)
+        raise BrokerUnavailable(
+            f"group {group!r}: offsets not committed, broker group {broker!r} has no reachable "
+            f"master ({why}); a replica cannot take them, the next commit sends them again"
+        )
+
+    def _check_members(self) -> None:
+        """Move off members that stopped answering; every ``CHECK_S`` while a
+        group is not read from its first choice (the master, or a replica
+        with read_from_replicas), fetch its route and move back if it answers."""
+        due = time.monotonic() - self._checked >= CHECK_S
+        for broker, part in sorted(self.parts().items()):
+            with self._parts_lock:
+                address, topic = self._addresses[broker], self._part_topic[broker]
+            failed = part.failed_polls > 0 or part.failed_heartbeats > 0
+            if failed and not self._cluster.is_down(address):  # a new failure: act now
+                self._cluster.mark_down(address)
+            elif not due:  # nothing new, or a failure acted on already: once a CHECK_S
+                continue
+            try:
+                entry = self._cluster.route(topic).entry(broker)
+                if not failed and read_order(entry, self._cluster.config.read_from_replicas,
+                                             self._seed)[:1] == [address]:  # fmt: skip
+                    continue
+                self._cluster.invalidate(topic)
+                self._part(broker, topic)
+            except EqueueError as exc:
+                log.warning("broker group %s: %s", broker, exc)
+        if due:
+            self._checked = time.monotonic()
 
     def _refresh_parts(self) -> None:
         """Join the group on every broker of the topics' routes not joined yet."""
@@ -703,6 +882,8 @@ class ClusterConsumer(Consumer):
                     messages += future.result()
                 except EqueueError as exc:
                     errors.append(exc)
+            self._check_members()
+            parts = list(self.parts().values())
             if errors:
                 if not messages:
                     raise errors[0]

@@ -7,6 +7,7 @@
     ├── NotFoundError            NOT_FOUND: topic, queue, group or message missing
     ├── AlreadyExistsError       ALREADY_EXISTS
     ├── PreconditionError        FAILED_PRECONDITION: not allowed in the current state
+    │   └── NotMasterError       a write sent to a replica (the group's master moved)
     ├── LimitError               RESOURCE_EXHAUSTED: a limit or back-pressure
     ├── BrokerUnavailable        UNAVAILABLE: broker down or shutting down (retriable)
     ├── DeadlineExceeded         DEADLINE_EXCEEDED: the call's deadline passed (retriable)
@@ -48,6 +49,16 @@ class AlreadyExistsError(EqueueError):
 
 class PreconditionError(EqueueError):
     """Not allowed in the current state (FAILED_PRECONDITION)."""
+
+
+class NotMasterError(PreconditionError):
+    """A write (produce, offset commit, transaction) refused by a replica: the
+    broker group's master is elsewhere. Not retried on the same broker; the
+    cluster clients refresh the route and retry on the group's master."""
+
+
+NOT_MASTER_MARK = "serves reads only"
+"""What a replica's refusal of a write says (the broker's ReplicaGate)."""
 
 
 class LimitError(EqueueError):
@@ -115,4 +126,6 @@ def from_rpc_error(exc: grpc.RpcError) -> EqueueError:
     details_of = getattr(exc, "details", None)
     details = details_of() if callable(details_of) else str(exc)
     cls = _BY_CODE.get(code, BrokerError)
+    if cls is PreconditionError and NOT_MASTER_MARK in details:
+        cls = NotMasterError
     return cls(f"{details} ({code.name})", code)

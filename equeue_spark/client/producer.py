@@ -17,12 +17,17 @@ ordered (broker name, queue id) list of its route, a key goes to
 into one request per broker (each appended atomically on its broker; a batch
 spanning brokers is not atomic across them). A keyless batch goes whole to
 one broker, round robin; if that broker is unreachable the batch is retried
-on the next one. A keyed message whose broker is unreachable fails after the
-connection's retries with an error naming the broker (its key must not move).
+on the next one. A keyed message stays on its broker group (its key must not
+move): when the group's master is unreachable, or the broker it reached is a
+replica now, the route is fetched again and the part retried on the group's
+new master for up to ``failover_timeout_s`` (``Cluster.on_master``), then it
+fails with an error naming the group. Each broker's part is retried on its
+own: a part once acknowledged is never sent again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import random
@@ -44,7 +49,12 @@ from equeue_spark.client.batches import (
 )
 from equeue_spark.client.cluster import Cluster, name_broker, split_request
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import BrokerUnavailable, EqueueError, InvalidRequest
+from equeue_spark.client.errors import (
+    BrokerUnavailable,
+    EqueueError,
+    InvalidRequest,
+    NotMasterError,
+)
 from equeue_spark.client.transactions import Transaction
 
 __all__ = ["Producer"]
@@ -103,10 +113,15 @@ class Producer:
         batch_size: int = 1000,
         max_batch_bytes: int = 16 << 20,
         linger_ms: int = 0,
+        failover_timeout_s: float | None = None,
     ) -> None:
+        """``failover_timeout_s`` (cluster only; default: the config's, 30 s):
+        how long a batch waits for its broker group's new master."""
         if batch_size < 1 or max_batch_bytes < 1 or linger_ms < 0:
             raise ValueError("batch_size and max_batch_bytes must be >= 1, linger_ms >= 0")
         config = config or ClientConfig(broker=broker, namesrv=namesrv)
+        if failover_timeout_s is not None:
+            config = dataclasses.replace(config, failover_timeout_s=failover_timeout_s)
         self._cluster: Cluster | None = Cluster(config) if config.is_cluster else None
         self._conn: Connection | None = None if self._cluster else Connection(config)
         self._config = config
@@ -234,12 +249,15 @@ class Producer:
         parts = sorted(split_request(request, writable, sticky, brokers).items())
 
         def send(broker: str, part: pb.ProduceRequest) -> SendResults:
-            address = route.address(broker)
             try:
-                return send_request(cluster.connection(address), part)
+                if part.transaction_id:  # a failed staging may have staged: never again
+                    return send_request(cluster.connection(route.address(broker)), part)
+                return cluster.on_master(
+                    topic, broker, lambda conn: send_request(conn, part, retry=False)
+                )
             except EqueueError as exc:
                 cluster.invalidate(topic)
-                raise name_broker(exc, broker, address) from exc
+                raise name_broker(exc, broker, route.entry(broker).address) from exc
 
         if len(parts) == 1:
             ((broker, (rows, part)),) = parts
@@ -261,13 +279,14 @@ class Producer:
 
     def _send_anywhere(self, cluster: Cluster, request: pb.ProduceRequest) -> SendResults:
         """A keyless batch: whole to one broker, round robin; on a broker that
-        cannot be reached, again on the next one."""
+        cannot be reached (or a replica, the route being stale), again on the
+        next one, the route fetched again, until ``failover_timeout_s``."""
         topic = request.topic
         config = cluster.config
         errors: list[str] = []
         delay = config.backoff_s
-        attempts = config.retries + 1
-        for attempt in range(max(attempts, 1)):
+        deadline = time.monotonic() + max(config.failover_timeout_s, 0.0)
+        for _ in range(100_000):  # bounded by the deadline long before
             route = cluster.route(topic)
             names = [
                 n for n in route.broker_names() if any(b == n for b, _ in route.queues("writable"))
@@ -281,20 +300,26 @@ class Producer:
                 key=lambda n: self._down.get(n, 0.0) > now,
             )
             for broker in ordered:
+                address = route.entry(broker).address
                 try:
                     address = route.address(broker)
                     return send_request(cluster.connection(address), request, retry=False)
                 except EqueueError as exc:
-                    if not exc.retriable or request.transaction_id:
-                        raise name_broker(exc, broker, route.address(broker)) from exc
+                    again = exc.retriable or isinstance(exc, NotMasterError)
+                    if not again or request.transaction_id:
+                        raise name_broker(exc, broker, address) from exc
                     errors.append(f"{broker}: {exc}")
                     self._down[broker] = time.monotonic() + config.max_backoff_s * 5
+                    if address:
+                        cluster.mark_down(address)
                     cluster.invalidate(topic)
-            if attempt < attempts - 1:
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, config.max_backoff_s)
+            if time.monotonic() + delay > deadline:
+                break
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, config.max_backoff_s)
         raise BrokerUnavailable(
-            f"no broker of topic {topic!r} took the batch: " + "; ".join(errors[-len(errors) :])
+            f"no broker of topic {topic!r} took the batch within failover_timeout_s="
+            f"{config.failover_timeout_s:g}: " + "; ".join(errors[-3:])
         )
 
     def send_batches(

@@ -111,7 +111,7 @@ _READ_NAMES = [
     "startingTimestamp", "endingOffsets", "endingTimestamp", "maxOffsetsPerTrigger",
     "minOffsetsPerTrigger", "maxTriggerDelay", "maxBytesPerTrigger",
     "maxRecordsPerPartition", "tags", "includeHeaders", "failOnDataLoss", "timeoutMs",
-    "token", "tlsCa", "tlsCert", "tlsKey",
+    "token", "tlsCa", "tlsCert", "tlsKey", "readFromReplicas",
 ]  # fmt: skip
 _WRITE_NAMES = [
     "broker", "namesrv", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId",
@@ -144,10 +144,14 @@ class Security:
             raise _bad("tlsCert", o.text("tlscert"), "give tlsCert and tlsKey together")
         return cls(get("token"), get("tlsca"), get("tlscert"), get("tlskey"))
 
-    def client(self, broker: str, timeout_ms: int, namesrv: tuple[str, ...] = ()) -> ClientConfig:
+    def client(
+        self, broker: str, timeout_ms: int, namesrv: tuple[str, ...] = (),
+        read_from_replicas: bool = False,
+    ) -> ClientConfig:  # fmt: skip
         return ClientConfig(
             broker=broker, namesrv=namesrv, timeout_s=timeout_ms / 1000, token=self.token,
             tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key,
+            read_from_replicas=read_from_replicas,
         )  # fmt: skip
 
 
@@ -186,10 +190,16 @@ class ReadOptions:
     security: Security = field(default_factory=Security)
     streaming: bool = False
     """A ``readStream`` (defaults differ: a stream starts at the latest offsets)."""
+    read_from_replicas: bool = False
+    """Option ``readFromReplicas`` (cluster only): list offsets and read records
+    on a replica of each broker group (the master if none is live); group
+    progress is still committed on the master."""
 
     @property
     def client(self) -> ClientConfig:
-        return self.security.client(self.broker, self.timeout_ms, self.namesrv)
+        return self.security.client(
+            self.broker, self.timeout_ms, self.namesrv, self.read_from_replicas
+        )
 
     @property
     def cluster(self) -> bool:
@@ -243,6 +253,12 @@ class ReadOptions:
         kwargs["fail_on_data_loss"] = o.flag("failondataloss", True)
         kwargs["timeout_ms"] = o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS)
         kwargs["security"] = Security.parse(o)
+        kwargs["read_from_replicas"] = o.flag("readfromreplicas", False)
+        if kwargs["read_from_replicas"] and not namesrv:
+            raise _bad(
+                "readFromReplicas", o.text("readfromreplicas"),
+                "needs a cluster: give the namesrv option (one broker has no replicas)",
+            )  # fmt: skip
         return cls(**kwargs)
 
 

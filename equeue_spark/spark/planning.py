@@ -8,6 +8,7 @@ error instead of hanging the driver. Pyspark-free.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -110,9 +111,9 @@ class Planner:
             return
         for broker in route.broker_names():
             name = cluster_key(broker, topic)
-            try:
-                listed = self.admin.broker_admin(broker, topic).list_topic_offsets(
-                    topic, timestamp_ms
+            try:  # the master, a replica when it does not answer (or readFromReplicas)
+                listed = self.admin.read_on(
+                    broker, topic, lambda a: a.list_topic_offsets(topic, timestamp_ms), self.seed
                 )
             except NotFoundError:
                 continue
@@ -126,21 +127,30 @@ class Planner:
                 if q.consumer_visible:
                     found.queues[(name, q.queue_id)] = q
 
-    def address(self, name: str) -> str:
-        """The address of ``BROKER/TOPIC``'s broker (option ``broker`` for a bare topic)."""
+    @property
+    def seed(self) -> str:
+        """Picks the replica read with readFromReplicas (replica_reads.py)."""
+        return self.options.group
+
+    def addresses(self, name: str) -> list[str]:
+        """Where ``BROKER/TOPIC``'s records are read, in the order to try:
+        the group's master and replicas (replicas first with
+        readFromReplicas); option ``broker`` for a bare topic."""
         broker, topic = split_key(name)
         if not broker:
-            return self.options.broker
-        cluster = self.admin.cluster
-        assert cluster is not None
-        return cluster.route(topic).address(broker)
+            return [self.options.broker]
+        return self.admin.read_addresses(broker, topic, self.seed)
 
     def offset_for_bytes(
         self, key: QueueKey, start: int, end: int, max_bytes: int
     ) -> tuple[int, int]:
         broker, topic = split_key(key[0])
-        admin = self.admin.broker_admin(broker, topic) if broker else self.admin
-        return admin.offset_for_bytes(topic, key[1], start, end, max_bytes)
+        if not broker:
+            return self.admin.offset_for_bytes(topic, key[1], start, end, max_bytes)
+        return self.admin.read_on(
+            broker, topic, lambda a: a.offset_for_bytes(topic, key[1], start, end, max_bytes),
+            self.seed,
+        )  # fmt: skip
 
     def offsets(self, document: Mapping[str, Mapping[str, int]]) -> Offsets:
         """``from_json`` of a checkpointed offset, refused (``InvalidOption``)
@@ -218,7 +228,9 @@ class Planner:
         committed: Offsets = {}
         for name in sorted({key[0] for key in queues}):
             broker, topic = split_key(name)
-            fetched = self.admin.broker_admin(broker, topic).fetch_offsets(group, topic)
+            fetched = self.admin.read_on(
+                broker, topic, functools.partial(_fetch_group, group=group, topic=topic), self.seed
+            )
             committed.update({(name, q): o for (_, q), o in fetched.items()})
         return committed
 
@@ -258,7 +270,7 @@ class Planner:
             elif start > end:  # the queue went backwards: recreated, or data lost
                 start = self._lost(key, start, q.earliest_offset if q else 0, end, behind=True)
             pieces = split_range(start, end, opts.max_records_per_partition)
-            address = self.address(key[0]) if pieces else ""
+            addresses = self.addresses(key[0]) if pieces else [""]
             for lo, hi in pieces:
                 ranges.append(
                     QueueRange(
@@ -266,7 +278,8 @@ class Planner:
                         queue_id=key[1],
                         start=lo,
                         end=hi,
-                        broker=address,
+                        broker=addresses[0],
+                        fallbacks=tuple(addresses[1:]),
                         timeout_ms=opts.timeout_ms,
                         tags=opts.tags,
                         fail_on_data_loss=opts.fail_on_data_loss,
@@ -359,6 +372,10 @@ class Planner:
                 log.warning("could not commit group %r progress on %s: %s", group, name, exc)
                 continue
             self._committed.update(part)
+
+
+def _fetch_group(admin: Admin, group: str, topic: str) -> dict[tuple[str, int], int]:
+    return admin.fetch_offsets(group, topic)
 
 
 def _pick(q: pb.QueueOffsets, wanted: int) -> int:

@@ -5,10 +5,17 @@ everything it needs travels in the picklable ``QueueRange``; it opens its own
 channel and closes it when the range is read. Replies of the server-streaming
 ``PullStream`` RPC are gathered into batches of about ``ROWS_PER_BATCH`` records
 and decoded in one C call each.
+
+Over a cluster a range names its broker group's members in the order to read
+them (``broker``, then ``fallbacks``: the master and its replicas, replicas
+first with readFromReplicas): a member that stops answering mid-range
+(UNAVAILABLE, deadline) hands the rest of the range to the next one, from
+the offset reached; records are at the same offsets on every member.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -22,6 +29,7 @@ from equeue_proto.allocator import tune_malloc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
+from equeue_spark.client.errors import BrokerUnavailable, DeadlineExceeded
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.wire import PullReply
 from equeue_spark.spark.arrow import to_record_batch
@@ -59,6 +67,9 @@ class QueueRange:
     security: Security = field(default_factory=Security)
     broker_name: str = ""
     """The broker's name in a cluster (option ``namesrv``), else empty."""
+    fallbacks: tuple[str, ...] = ()
+    """Cluster only: the group's other members, read in turn if ``broker``
+    (and each one before) stops answering."""
 
     @property
     def queue(self) -> str:
@@ -72,30 +83,76 @@ def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The records of ``part`` as Arrow batches of ``schema``, in offset order."""
     tune_malloc()  # per-reply megabytes reused instead of mapped afresh (allocator.py)
     want_headers = schema.get_field_index("headers") >= 0
-    config = part.security.client(part.broker, part.timeout_ms)
     pending: list[memoryview] = []
     rows = size = 0
     broker_id = ""
     ahead: ReadAhead[PullReply] = ReadAhead(PREFETCH_REPLIES)
+    members = Members(part)
     try:
-        with Connection(config) as conn:
-            for reply in ahead.run(_replies(conn, part)):
-                broker_id = reply.broker_id
-                if not reply.count:
-                    continue
-                pending.append(reply.records)
-                rows += reply.count
-                size += len(reply.records)
-                if rows >= ROWS_PER_BATCH or size >= BYTES_PER_BATCH:
-                    yield _batch(pending, broker_id, want_headers, schema)
-                    pending, rows, size = [], 0, 0
+        for reply in ahead.run(_member_replies(members, part)):
+            broker_id = reply.broker_id
+            if not reply.count:
+                continue
+            pending.append(reply.records)
+            rows += reply.count
+            size += len(reply.records)
+            if rows >= ROWS_PER_BATCH or size >= BYTES_PER_BATCH:
+                yield _batch(pending, broker_id, want_headers, schema)
+                pending, rows, size = [], 0, 0
     finally:
-        ahead.stop()  # after the channel closed: that cancels a stream still running
+        members.close()
+        ahead.stop()  # after the channels closed: that cancels a stream still running
     if pending:
         yield _batch(pending, broker_id, want_headers, schema)
 
 
 T = TypeVar("T")
+
+
+class Members:
+    """The channels one range is read over (the first member's, then a
+    fallback's after a failure), closed together by the reading task."""
+
+    def __init__(self, part: QueueRange) -> None:
+        self.part = part
+        self._lock = threading.Lock()
+        self._conns: list[Connection] = []
+        self._closed = False
+
+    def open(self, address: str) -> Connection:
+        conn = Connection(self.part.security.client(address, self.part.timeout_ms))
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise OffsetsLostError(f"{self.part.queue}: the read was stopped")
+            self._conns.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+
+
+def _member_replies(members: Members, part: QueueRange) -> Iterator[PullReply]:
+    """``_replies`` of the range from its first member; when a member stops
+    answering, the rest of the range from the next one."""
+    addresses = [part.broker, *part.fallbacks]
+    start = part.start
+    for index, address in enumerate(addresses):
+        conn = members.open(address)
+        try:
+            for reply in _replies(conn, dataclasses.replace(part, start=start)):
+                start = max(start, reply.next_offset)
+                yield reply
+            return
+        except (BrokerUnavailable, DeadlineExceeded) as exc:
+            if index == len(addresses) - 1:
+                raise
+            log.warning("%s: %s does not answer (%s); reading from %d on %s",
+                        part.queue, address, exc, start, addresses[index + 1])  # fmt: skip
 
 
 class ReadAhead(Generic[T]):

@@ -133,6 +133,11 @@ class EqueueDataSource(DataSource):
         Reads only. Tag filter applied on the broker, ``a|b``.
     includeHeaders : bool, default ``false``
         Reads only. Add the ``headers`` column.
+    readFromReplicas : bool, default ``false``
+        Reads only, with ``namesrv``. List offsets and read records on a replica
+        of each broker group (the master when none is live); without it a
+        replica serves only while the master is unreachable. Commits go to
+        masters.
     failOnDataLoss : bool, default ``true``
         Reads only. Fail when records still to read are gone (retention, a
         recreated topic); ``false`` skips them and logs how many, and reads a

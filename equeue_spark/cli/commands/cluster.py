@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli.common import UsageError, admin_client, is_cluster
 from equeue_spark.cli.formatting import Output, format_table, format_time, proto_dict
 
@@ -24,12 +25,19 @@ def cmd_cluster_list(args: argparse.Namespace, ui: Output) -> None:
         ui.line("no live brokers")
         return
     rows = [
-        (b.broker_name, b.cluster, b.replica_id, b.address, b.topics,
+        (b.broker_name, b.cluster, _role(b), b.epoch, b.address, b.topics,
          format_time(b.last_registration_ms))
         for b in brokers
     ]  # fmt: skip
-    headers = ("BROKER", "CLUSTER", "REPLICA", "ADDRESS", "TOPICS", "LAST REGISTRATION")
+    headers = ("BROKER", "CLUSTER", "ROLE", "EPOCH", "ADDRESS", "TOPICS", "LAST REGISTRATION")
     ui.line(format_table(headers, rows))
+
+
+def _role(entry: pb.BrokerEntry) -> str:
+    """The registered role; a master routes leave out says so."""
+    if entry.role == "master" and not entry.routed_master:
+        return "master (not routed)"
+    return entry.role or "master"
 
 
 def cmd_cluster_routes(args: argparse.Namespace, ui: Output) -> None:
@@ -46,6 +54,11 @@ def cmd_cluster_routes(args: argparse.Namespace, ui: Output) -> None:
         )
         return
     ui.line(f"topic {route.topic}  brokers {len(route.brokers)}  queues {len(route.queues())}")
+    groups = [
+        (b.broker_name, b.address or None, b.epoch, ", ".join(b.replica_addresses) or None)
+        for b in route.brokers
+    ]
+    ui.line(format_table(("BROKER", "MASTER", "EPOCH", "REPLICAS"), groups))
     rows = [
         (b.broker_name, b.address or None, q.queue_id, q.writable, q.readable)
         for b in route.brokers

@@ -5,6 +5,7 @@ messages or ``--timeout`` seconds without one."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -39,6 +40,10 @@ def cmd_consume(args: argparse.Namespace, ui: Output) -> None:
         idle_s = float("inf") if args.max is None else DEFAULT_CONSUME_TIMEOUT_S
     tags = [t for t in args.tags.split("|") if t] if args.tags else []
     config = client_config(args)
+    if args.read_from_replicas:
+        if not config.is_cluster:
+            raise UsageError("--read-from-replicas needs --namesrv (one broker has no replicas)")
+        config = dataclasses.replace(config, read_from_replicas=True)
     with Admin(config=config) as admin:
         info = admin.describe_topic(args.topic)  # NOT_FOUND early; the queues to assign
     earliest = {(q.broker, q.queue_id): q.earliest_offset for q in info.queues}

@@ -7,12 +7,15 @@ from equeue_spark.cli.commands.cluster import cmd_cluster_list, cmd_cluster_rout
 from equeue_spark.cli.commands.promote import cmd_cluster_promote
 
 LIST_DESCRIPTION = (
-    "The live brokers the name servers know (--namesrv): name, cluster, replica id,\n"
-    "address, topics and when the name server last heard from each."
+    "The live brokers the name servers know (--namesrv): name, cluster, role (master,\n"
+    "replica; a master that routes do not use, e.g. one with an older epoch, shows\n"
+    "'master (not routed)'), epoch, address, topics and when the name server last\n"
+    "heard from each."
 )
 ROUTES_DESCRIPTION = (
     "A topic's route: its queues as the ordered (broker, queue id) list producers\n"
-    "route keys over, with each broker's address and each queue's permissions."
+    "route keys over, with each broker group's master (address, epoch) and replicas\n"
+    "and each queue's permissions."
 )
 
 PROMOTE_DESCRIPTION = (

@@ -81,3 +81,9 @@ def add_consume(commands: Commands) -> None:
     )
     p.add_argument("--tags", metavar="A|B", help="only messages with one of these tags")
     p.add_argument("--consumer-id", metavar="ID", help=CONSUMER_ID_HELP)
+    p.add_argument(
+        "--read-from-replicas",
+        action="store_true",
+        help="with --namesrv: read each broker group from a replica (the master if none is "
+        "live); commits still go to the master",
+    )
