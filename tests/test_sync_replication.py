@@ -21,11 +21,13 @@ import pytest
 from equeue_broker.server.config import BrokerConfig, parse_args
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
 from equeue_broker.storage.config import FlushMode
-from equeue_broker.storage.errors import InvalidArgument
+from equeue_broker.storage.errors import CorruptionError, InvalidArgument
+from equeue_broker.storage.replicated import ReplicaLog, _check_frames, read_for_replica
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import decode_record, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_spark.cli import main
 from tests.support.waits import wait_for
 
 TOPIC = "t"
@@ -34,6 +36,7 @@ LAG_MS = 1000
 
 class Client:
     def __init__(self, address: str) -> None:
+        self.address = address
         self.channel = grpc.insecure_channel(address)
         self.broker = pb_grpc.BrokerStub(self.channel)
         self.admin = pb_grpc.AdminStub(self.channel)
@@ -75,27 +78,39 @@ class Client:
 
 
 @contextmanager
-def group(tmp_path: Path, *master_flags: str) -> Iterator[tuple[Client, Client, BrokerProcess]]:
-    """A master (sync replication, 1 s lag limit, ``master_flags``) and one replica
-    (in the master's flush mode), the replica in sync."""
+def group(
+    tmp_path: Path, *master_flags: str, replicas: int = 1
+) -> Iterator[tuple[Client, list[Client], list[BrokerProcess]]]:
+    """A master (sync replication, 1 s lag limit, ``master_flags``) and its
+    replicas (in the master's flush mode), all of them in sync."""
     flush = master_flags[master_flags.index("--flush") :][:2] if "--flush" in master_flags else ()
     common = ("--broker-name", "g", "--replica-lag-max-ms", str(LAG_MS), *flush)
     master = BrokerProcess(tmp_path / "master", *common, "--replication", "sync", *master_flags)
-    replica = BrokerProcess(
-        tmp_path / "replica", *common, "--role", "replica", "--master", master.start()
-    )
-    replica.start()
-    m, r = Client(master.address), Client(replica.address)
+    address = master.start()
+    processes = [
+        BrokerProcess(tmp_path / f"replica{i}", *common, "--role", "replica", "--master", address)
+        for i in range(replicas)
+    ]
+    clients: list[Client] = []
+    m = Client(address)
     try:
+        for process in processes:
+            clients.append(Client(process.start()))
         m.admin.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=1), timeout=10)
-        wait_for("the replica to join the in-sync set", lambda: len(m.stats().in_sync) == 2, 30)
-        yield m, r, replica
+        members = 1 + replicas
+        wait_for("the replicas to join the in-sync set", lambda: in_sync(m) == members, 30)
+        yield m, clients, processes
     finally:
-        with_signal(replica, signal.SIGCONT)
-        m.close()
-        r.close()
-        replica.kill()
+        for process in processes:
+            with_signal(process, signal.SIGCONT)
+            process.kill()
+        for client in [m, *clients]:
+            client.close()
         master.kill()
+
+
+def in_sync(master: Client) -> int:
+    return len(master.stats().in_sync)
 
 
 def with_signal(broker: BrokerProcess, sig: signal.Signals) -> None:
@@ -103,33 +118,39 @@ def with_signal(broker: BrokerProcess, sig: signal.Signals) -> None:
         os.kill(broker.pid, sig)
 
 
-def replica_has_all(master: Client, replica: Client) -> bool:
-    """Right after an ack (this test's writes are sequential): the replica's log
-    reaches the master's log end, i.e. the acknowledged write's end."""
+def replicas_have_all(master: Client, replicas: list[Client]) -> bool:
+    """Right after an ack (this test's writes are sequential): every replica's
+    log reaches the master's log end, i.e. the acknowledged write's end."""
     end = master.stats().log_end_position
-    return bool(replica.stats().log_end_position >= end)
+    return all(r.stats().log_end_position >= end for r in replicas)
 
 
 @pytest.mark.timeout(120)
-def test_sync_acks_wait_for_the_in_sync_replica_and_a_stopped_one_leaves(
-    tmp_path: Path,
+def test_sync_acks_wait_for_in_sync_replicas_and_a_stopped_one_leaves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with group(tmp_path) as (m, r, replica):
+    # Two replicas: `r` is stopped later; `w` keeps running, a witness of the
+    # high watermark on a replica.
+    with group(tmp_path, replicas=2) as (m, (r, w), (replica, _)):
         stats = m.stats()
         assert stats.replication == "sync" and stats.min_insync_replicas == 1
-        assert [x.in_sync for x in stats.replicas] == [True]
-        assert stats.in_sync[1] == stats.replicas[0].replica_id
+        assert [x.in_sync for x in stats.replicas] == [True, True]
+        assert sorted(stats.in_sync[1:]) == sorted(x.replica_id for x in stats.replicas)
+        assert main(["--broker", m.address, "stats"]) == 0
+        said = capsys.readouterr().out
+        assert f"sync, min 1 in sync; in sync: {', '.join(stats.in_sync)}" in said, said
+        assert said.count("behind, connected") == 2 and said.count(", in sync (id ") == 2
         acked: list[bytes] = []
 
-        # (a) A produce is on the replica when it is acknowledged.
+        # (a) A produce is on the replicas when it is acknowledged.
         for i in range(5):
             values = [b"a-%d-%d" % (i, j) for j in range(20)]
             m.produce(values)
-            assert replica_has_all(m, r), "acknowledged but not on the replica"
+            assert replicas_have_all(m, [r, w]), "acknowledged but not on the replicas"
             acked += values
         wait_for("the replica to serve them (below the HW)", lambda: r.values() == acked, 10)
 
-        # (e) A transaction commit: its records are on the replica at the ack.
+        # (e) A transaction commit: its records are on the replicas at the ack.
         m.produce([b"txn-1", b"txn-2"], txn="x1")
         m.broker.CommitTransactions(
             pb.CommitTransactionsRequest(
@@ -137,11 +158,11 @@ def test_sync_acks_wait_for_the_in_sync_replica_and_a_stopped_one_leaves(
             ),
             timeout=30,
         )
-        assert replica_has_all(m, r), "commit acknowledged but not on the replica"
+        assert replicas_have_all(m, [r, w]), "commit acknowledged but not on the replicas"
         acked += [b"txn-1", b"txn-2"]
         wait_for("the replica to serve the transaction", lambda: r.values() == acked, 10)
 
-        # (d) An offset commit has been applied on the replica at the ack.
+        # (d) An offset commit has been applied on the replicas at the ack.
         for offset in (3, 7, 12):
             m.broker.CommitOffsets(
                 pb.CommitOffsetsRequest(
@@ -150,11 +171,11 @@ def test_sync_acks_wait_for_the_in_sync_replica_and_a_stopped_one_leaves(
                 ),
                 timeout=30,
             )
-            assert r.committed("billing") == {0: offset}
+            assert r.committed("billing") == w.committed("billing") == {0: offset}
 
-        # (c) The replica stopped but still in sync: a record the master wrote
-        # stays invisible to consumers on the master until the set shrinks.
-        visible_end = len(m.values())
+        # (c) `r` stopped but still in sync: a record the master wrote, and `w`
+        # has, stays invisible to consumers on the master and on `w` (the HW).
+        wait_for("the witness to serve everything", lambda: w.values() == acked, 10)
         written_before = m.stats().log_end_position
         with_signal(replica, signal.SIGSTOP)
         outcome: list[object] = []
@@ -170,17 +191,19 @@ def test_sync_acks_wait_for_the_in_sync_replica_and_a_stopped_one_leaves(
         producer = threading.Thread(target=produce_in_background)
         producer.start()
         wait_for(
-            "the write in the master's log", lambda: m.stats().log_end_position > written_before
+            "the write in the witness's log",
+            lambda: w.stats().log_end_position > written_before,
+            10,
         )
-        held_unseen = len(m.values()) == visible_end and producer.is_alive()
-        still_in_sync = len(m.stats().in_sync) == 2
-        assert held_unseen and still_in_sync, (
-            f"a record not on the stopped in-sync replica was readable on the master "
-            f"(unseen {held_unseen}, replica still in sync {still_in_sync})"
+        unseen = {"master": m.values() == acked, "witness": w.values() == acked}
+        still_in_sync = in_sync(m) == 3 and producer.is_alive()
+        assert all(unseen.values()) and still_in_sync, (
+            f"a record not on the stopped in-sync replica was readable "
+            f"(unseen {unseen}, replica still in sync {still_in_sync})"
         )
 
-        # (b) min 1: the replica leaves the set within the lag limit, the write is
-        # acknowledged and is visible, and later writes go on.
+        # (b) min 1: `r` leaves the set within the lag limit, the write is
+        # acknowledged and becomes visible, and later writes go on.
         producer.join(timeout=30)
         assert not producer.is_alive()
         assert isinstance(outcome[0], pb.ProduceReply), outcome
@@ -188,30 +211,35 @@ def test_sync_acks_wait_for_the_in_sync_replica_and_a_stopped_one_leaves(
         acked.append(b"held")
         assert m.values() == acked
         stats = m.stats()
-        assert list(stats.in_sync) == [stats.in_sync[0]]
-        assert [x.in_sync for x in stats.replicas] == [False]
+        assert len(stats.in_sync) == 2
+        assert sorted(x.in_sync for x in stats.replicas) == [False, True]
         for i in range(3):
             values = [b"b-%d" % i]
             m.produce(values)
             acked += values
         assert m.values() == acked
+        wait_for("the witness to serve them", lambda: w.values() == acked, 10)
 
         # SIGCONT: it catches up, rejoins, and acks wait for it again.
         with_signal(replica, signal.SIGCONT)
-        wait_for("the replica to rejoin the in-sync set", lambda: len(m.stats().in_sync) == 2, 30)
+        wait_for("the replica to rejoin the in-sync set", lambda: in_sync(m) == 3, 30)
         m.produce([b"c-0"])
         acked.append(b"c-0")
-        assert replica_has_all(m, r)
+        assert replicas_have_all(m, [r, w])
 
-        # Nothing acknowledged is lost, on either side.
+        # Nothing acknowledged is lost, on any side.
         assert m.values() == acked
-        wait_for("the replica to serve everything", lambda: r.values() == acked, 10)
+        wait_for(
+            "every replica to serve everything",
+            lambda: r.values() == acked and w.values() == acked,
+            10,
+        )
 
 
 @pytest.mark.timeout(120)
 def test_min_insync_2_refuses_writes_without_the_replica(tmp_path: Path) -> None:
     # Sync flush mode on both: durable means fsynced, on the master and the replica.
-    with group(tmp_path, "--min-insync-replicas", "2", "--flush", "sync") as (m, r, replica):
+    with group(tmp_path, "--min-insync-replicas", "2", "--flush", "sync") as (m, [r], [replica]):
         acked = [b"before"]
         m.produce(acked)
         with_signal(replica, signal.SIGSTOP)
@@ -244,7 +272,7 @@ def test_min_insync_2_refuses_writes_without_the_replica(tmp_path: Path) -> None
 
         # SIGCONT: it catches up and rejoins; writes are acknowledged again.
         with_signal(replica, signal.SIGCONT)
-        wait_for("the replica to rejoin the in-sync set", lambda: len(m.stats().in_sync) == 2, 30)
+        wait_for("the replica to rejoin the in-sync set", lambda: in_sync(m) == 2, 30)
         m.produce([b"after"])
         acked.append(b"after")
         # Every acknowledged write is on both (the unacknowledged one may be too).
@@ -295,3 +323,23 @@ def test_the_store_serves_only_below_its_hw_limit(
     assert [m.value for m in store.read("t", 0, 0).messages] == [b"a", b"b", b"c", b"d"]
     store.set_hw_limit(0)  # a limit that goes back hides nothing already readable
     assert store.queue_info("t", 0).end == 4
+
+
+def test_a_replica_refuses_damaged_or_misplaced_bytes(
+    open_store: Callable[..., Store], make_config: Callable[..., StorageConfig], tmp_path: Path
+) -> None:
+    """The replica's frame checks (one codec call, then each record's position)."""
+    master = open_store()
+    master.create_topic("t", 1)
+    master.append("t", 0, MessageBatch([b"v%d" % i for i in range(50)]))
+    piece = read_for_replica(master, 0, 1 << 20)
+    replica = ReplicaLog(open_store(make_config(data_dir=tmp_path / "replica")))
+    damaged = bytearray(piece.data)
+    damaged[len(damaged) // 2] ^= 0xFF
+    with pytest.raises(CorruptionError, match="is invalid"):
+        replica.append(0, bytes(damaged))
+    master.append("t", 0, MessageBatch([b"later"]))
+    later = read_for_replica(master, len(piece.data), 1 << 20)
+    with pytest.raises(CorruptionError, match="names position"):
+        _check_frames(0, later.data)  # the bytes of one position presented as another's
+    assert replica.append(0, piece.data) == len(piece.data)
