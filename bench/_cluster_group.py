@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import subprocess
 import sys
 import time
@@ -26,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
+from equeue_broker.cluster.election import Layout
 from equeue_broker.testing import BrokerProcess, NameServerProcess
 from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb
@@ -142,6 +146,7 @@ class Group:
     zk: ZooKeeperProcess | None = None
     namesrv: NameServerProcess | None = None
     members: list[Member] = field(default_factory=list)
+    _kazoo: KazooClient | None = None
 
     def required_flags(self) -> list[str]:
         flags = ["--zookeeper", "--zk-session-timeout-ms"]
@@ -236,11 +241,25 @@ class Group:
             members = stats[master.name].in_sync
             if "--replication" in broker_flags() and len(members) < len(live):
                 return False
+            # The in-sync set the election reads (ZooKeeper) may lag the master's own.
+            if len(self.zk_isr()) < len(live):
+                return False
             holder.append(master)
             return True
 
         wait_for("every member in sync", ready, timeout_s, poll_s=0.05)
         return holder[-1]
+
+    def zk_isr(self) -> tuple[str, ...]:
+        """The group's in-sync set as ZooKeeper holds it (what an election reads)."""
+        if self._kazoo is None:
+            self._kazoo = KazooClient(self.zk_hosts, timeout=10.0)
+            self._kazoo.start(timeout=15)
+        try:
+            data, _stat = self._kazoo.get(Layout(GROUP_NAME).isr)
+        except NoNodeError:  # no election yet: nobody in sync
+            return ()
+        return tuple(json.loads(data)["members"])
 
     def member(self, name: str) -> Member:
         return next(m for m in self.members if m.name == name)
@@ -260,6 +279,10 @@ class Group:
         member.process.start(self.config.start_timeout_s)
 
     def stop(self) -> None:
+        if self._kazoo is not None:
+            self._kazoo.stop()
+            self._kazoo.close()
+            self._kazoo = None
         for member in self.members:
             member.close()
             if member.process.process is not None:

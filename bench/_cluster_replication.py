@@ -276,13 +276,15 @@ class Kill:
     new_master: str = ""
     first_read_s: float | None = None
     first_namesrv_read_s: float | None = None
+    first_namesrv_write_s: float | None = None
     first_write_s: float | None = None
     rejoin_s: float = 0.0
     problems: list[str] = field(default_factory=list)
 
 
 FAILOVER_HEADERS = ("round", "killed", "new master", "first read s", "first read via namesrv s",
-                    "first acked write s", "old master back in sync s", "problems")  # fmt: skip
+                    "first acked write s", "first acked write via namesrv s",
+                    "old master back in sync s", "problems")  # fmt: skip
 
 
 def kill_rows(kills: list[Kill]) -> list[list[object]]:
@@ -290,7 +292,8 @@ def kill_rows(kills: list[Kill]) -> list[list[object]]:
         return "-" if v is None else round(v, 3)
 
     return [[k.round, k.killed, k.new_master or "-", cell(k.first_read_s),
-             cell(k.first_namesrv_read_s), cell(k.first_write_s), round(k.rejoin_s, 2),
+             cell(k.first_namesrv_read_s), cell(k.first_write_s), cell(k.first_namesrv_write_s),
+             round(k.rejoin_s, 2),
              "; ".join(k.problems) or "-"] for k in kills]  # fmt: skip
 
 
@@ -315,6 +318,9 @@ def failover_summary(kills: list[Kill], session_timeout_ms: int) -> list[list[ob
     if any(k.first_namesrv_read_s is not None for k in kills):
         rows.insert(1, ["first read served (Consumer via name server)",
                         *stat([k.first_namesrv_read_s for k in kills], 5)])  # fmt: skip
+    if any(k.first_namesrv_write_s is not None for k in kills):
+        rows.insert(-1, ["first acknowledged write (Producer via name server)",
+                         *stat([k.first_namesrv_write_s for k in kills], 10)])  # fmt: skip
     return rows
 
 
@@ -379,21 +385,32 @@ def _write_any(group: Group, value: bytes) -> bool:
     return False
 
 
-def _namesrv_reader(namesrv: str) -> Callable[[], bool]:
-    """A read through the client library and the name server: a fresh consumer
-    assigned queue 0 of the group from the earliest offset (its poll is the read)."""
-    from equeue_spark.client.consumer import ClusterConsumer
+class _NamesrvClients:
+    """A consumer and a producer of the client library that reach the group through
+    the name server, made before the kill (their routes name the old master):
+    each read seeks queue 0 back to offset 0 and polls; each write sends one
+    message (the producer retries on the group's new master, failover_timeout_s)."""
 
-    def attempt() -> bool:
-        config = ClientConfig(namesrv=namesrv, timeout_s=2.0, retries=0)
-        consumer = ClusterConsumer(config=config, start="earliest", max_wait_ms=200)
-        try:
-            consumer.assign(TOPIC, [0], broker=GROUP_NAME)
-            return bool(consumer.poll(0.5))
-        finally:
-            consumer.close()
+    def __init__(self, namesrv: str) -> None:
+        from equeue_spark.client.consumer import ClusterConsumer
 
-    return attempt
+        config = ClientConfig(namesrv=namesrv, timeout_s=2.0, retries=0, failover_timeout_s=1.0)
+        self.consumer = ClusterConsumer(config=config, start="earliest", max_wait_ms=200)
+        self.consumer.assign(TOPIC, [0], broker=GROUP_NAME)
+        self.producer = Producer(config=config)
+        self.read()  # warm: routes fetched, connections open
+        self.write(b"warm")
+
+    def read(self) -> bool:
+        self.consumer.seek(TOPIC, 0, 0, broker=GROUP_NAME)
+        return bool(self.consumer.poll(0.5))
+
+    def write(self, value: bytes) -> bool:
+        return len(self.producer.send_batch(TOPIC, [value])) == 1
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()
 
 
 def failover(
@@ -416,23 +433,40 @@ def failover(
             admin.create_topic(TOPIC, queues=QUEUES)
         if not _write_any(group, b"seed"):
             raise RuntimeError("the group took no write before the first kill")
+        if group.namesrv is not None:
+            namesrv = group.namesrv.address
+
+            def routed() -> bool:
+                with Admin(namesrv=namesrv) as admin:
+                    return len(admin.route(TOPIC).queues()) == QUEUES
+
+            wait_for("the topic's route on the name server", routed, 60)
         for number in range(1, kills + 1):
             master = group.in_sync(120)
             kill = Kill(number, master.name)
             out.append(kill)
             survivors = [m for m in group.members if m is not master]
+            clients = None
+            if via_namesrv and group.namesrv is not None:
+                clients = _NamesrvClients(group.namesrv.address)
             killed_at = group.kill(master)
             probes = [
                 _Probe(functools.partial(_read_any, survivors), killed_at, 30),
                 _Probe(functools.partial(_write_any, group, b"after-%d" % number), killed_at, 60),
             ]
-            if via_namesrv and group.namesrv is not None:
-                probes.append(_Probe(_namesrv_reader(group.namesrv.address), killed_at, 30))
+            if clients is not None:
+                probes.append(_Probe(clients.read, killed_at, 30))
+                probes.append(_Probe(functools.partial(clients.write, b"ns-%d" % number),
+                                     killed_at, 60))  # fmt: skip
             kill.first_read_s = probes[0].join()
             kill.first_write_s = probes[1].join()
             if len(probes) > 2:
                 kill.first_namesrv_read_s = probes[2].join()
-            for probe, what in zip(probes, ("read", "write", "namesrv read"), strict=False):
+                kill.first_namesrv_write_s = probes[3].join()
+            if clients is not None:
+                clients.close()
+            whats = ("read", "write", "namesrv read", "namesrv write")
+            for probe, what in zip(probes, whats, strict=False):
                 if probe.seconds is None:
                     kill.problems.append(f"no {what}: {probe.error or 'timed out'}")
             with contextlib.suppress(TimeoutError):

@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--read-via",
         choices=["members", "namesrv"],
-        default="members",
-        help="failover: also time a Consumer reading through a name server",
+        default="namesrv",
+        help="failover: namesrv also times a Consumer and a Producer via a name server",
     )
     args = parser.parse_args(argv)
     if args.quick:
