@@ -191,6 +191,8 @@ SYNC_HEADERS = ("value size", "setup", "streaming msg/s (median)", "ratio",
 
 def _produce_rates(address: str, total_bytes: int, size: int, batch: int) -> tuple[float, float]:
     with Producer(address) as producer:
+        for _ in producer.send_batches(TOPIC, _batches(min(total_bytes, MB), size, batch)):
+            pass  # warm-up: connection, first chunk, the replica's stream
         started = time.perf_counter()
         count = sum(len(r) for r in producer.send_batches(
             TOPIC, _batches(total_bytes, size, batch)))  # fmt: skip

@@ -26,6 +26,7 @@ Nothing here is imported by the broker or the client.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import random
 import threading
@@ -110,6 +111,10 @@ class LoadConfig:
     max_value_bytes: int = 200
     rpc_timeout_s: float = 5.0
     seed: int = 1
+    rate: float = 3000.0
+    """Messages per second over all producers (0: as fast as they can). Unbounded
+    producers saturate a 2-core machine, and a restarted broker then never
+    catches up: not what the loop is about."""
 
 
 class Load:
@@ -124,6 +129,9 @@ class Load:
         self.producer_logs = [WorkerLog() for _ in range(config.producers)]
         self.consumer_logs = [WorkerLog() for _ in range(config.consumers)]
         self.threads: list[threading.Thread] = []
+        self._ack_lock = threading.Lock()
+        self._ack_times: list[float] = []
+        """When each acknowledgement arrived (sorted: appended under the lock)."""
 
     def start(self) -> None:
         for p, log in enumerate(self.producer_logs):
@@ -147,8 +155,15 @@ class Load:
 
     def first_ack_after(self, at: float) -> float | None:
         """Seconds from ``at`` to the first acknowledgement received after it."""
-        times = [s.at for log in self.producer_logs for s in log.acked.values() if s.at > at]
-        return min(times) - at if times else None
+        with self._ack_lock:
+            i = bisect.bisect_right(self._ack_times, at)
+            return self._ack_times[i] - at if i < len(self._ack_times) else None
+
+    def _acked_now(self) -> float:
+        with self._ack_lock:
+            now = time.monotonic()
+            self._ack_times.append(now)
+            return now
 
     @staticmethod
     def _fail(log: WorkerLog, exc: grpc.RpcError) -> None:
@@ -162,8 +177,12 @@ class Load:
         rng = random.Random(config.seed * 1000 + producer)
         locator = Locator(self.group)
         seq = 0
+        per_second = config.rate / config.producers if config.rate > 0 else 0.0
+        due = time.monotonic()
         try:
             while not self.stopping.is_set():
+                if per_second:
+                    self.stopping.wait(max(0.0, due - time.monotonic()))  # pacing, bounded
                 address = locator.master or locator.find_master()
                 if not address:
                     time.sleep(0.05)
@@ -174,6 +193,8 @@ class Load:
                     head = ID.pack(self.kill_number, producer, seq)
                     values.append(head + rng.randbytes(rng.randint(0, config.max_value_bytes)))
                 queue = rng.randrange(config.queues)
+                if per_second:
+                    due = max(due, time.monotonic() - 1.0) + len(values) / per_second
                 request = pb.ProduceRequest(
                     topic=TOPIC,
                     messages=pb.MessageColumns(count=len(values), values=b"".join(values),
@@ -191,7 +212,7 @@ class Load:
                     locator.master = ""
                     time.sleep(0.02)
                     continue
-                now = time.monotonic()
+                now = self._acked_now()
                 if list(reply.queue_ids) != [queue] * len(values) or len(reply.offsets) != len(
                     values
                 ):

@@ -60,6 +60,8 @@ class ClusterLoopConfig:
     replication: str = "sync"
     flush: str = "async"
     producers: int = 2
+    rate: float = 3000.0
+    """Messages per second over all producers (0: unbounded)."""
     consumers: int = 1
     queues: int = 4
     seed: int = 1
@@ -127,8 +129,11 @@ def run(
         master = group.wait_master(60)
         with Admin(master.address) as admin:
             admin.create_topic(TOPIC, queues=config.queues)
-        load = Load(group, LoadConfig(producers=config.producers, consumers=config.consumers,
-                                      queues=config.queues, seed=config.seed))  # fmt: skip
+        load_config = LoadConfig(
+            producers=config.producers, consumers=config.consumers, queues=config.queues,
+            seed=config.seed, rate=config.rate,
+        )  # fmt: skip
+        load = Load(group, load_config)
         load.start()
         try:
             for number in range(1, config.kills + 1):
@@ -204,6 +209,8 @@ def summary(result: ClusterLoopResult) -> str:
     rows: list[list[object]] = [
         ["group", f"3 brokers, --replication {c.replication}, --flush {c.flush}, "
                   f"--zk-session-timeout-ms {c.session_timeout_ms}"],
+        ["load", f"{c.producers} producers at {c.rate:,.0f} msg/s in all, {c.consumers} "
+                 "consumer(s)"],
         ["kills done / asked", f"{len(kills)} / {c.kills}"],
         ["messages acknowledged", a.acked],
         ["lost (acknowledged, missing from the final master)", a.lost],
@@ -234,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replication", choices=["sync", "async"], default="sync")
     parser.add_argument("--flush", choices=["sync", "async"], default="async")
     parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=3000.0, help="messages/s, 0: unbounded")
     parser.add_argument("--consumers", type=int, default=1)
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ClusterLoopConfig(
         kills=kills, min_run_s=min_run, max_run_s=max_run,
         session_timeout_ms=args.zk_session_timeout_ms, replication=args.replication,
-        flush=args.flush, producers=args.producers, consumers=args.consumers,
+        flush=args.flush, producers=args.producers, rate=args.rate, consumers=args.consumers,
         queues=args.queues, seed=args.seed,
     )  # fmt: skip
     print(f"cluster crash loop: {config}", flush=True)
