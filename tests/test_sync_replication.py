@@ -7,11 +7,12 @@ after SIGCONT it catches up and rejoins; nothing acknowledged is lost."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,10 +20,17 @@ import grpc
 import pytest
 
 from equeue_broker.server.config import BrokerConfig, parse_args
+from equeue_broker.server.errors import NotEnoughReplicas
+from equeue_broker.server.insync import InSyncSet
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
 from equeue_broker.storage.config import FlushMode
-from equeue_broker.storage.errors import CorruptionError, InvalidArgument
-from equeue_broker.storage.replicated import ReplicaLog, _check_frames, read_for_replica
+from equeue_broker.storage.errors import CorruptionError, InvalidArgument, LimitExceeded
+from equeue_broker.storage.replicated import (
+    ReplicaLog,
+    _check_frames,
+    read_for_replica,
+    records_end,
+)
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import decode_record, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
@@ -343,3 +351,96 @@ def test_a_replica_refuses_damaged_or_misplaced_bytes(
     with pytest.raises(CorruptionError, match="names position"):
         _check_frames(0, later.data)  # the bytes of one position presented as another's
     assert replica.append(0, piece.data) == len(piece.data)
+    # Where a master cuts a reply: whole, checked records within the limit, at least one.
+    first = read_meta(piece.data, 0).frame_size
+    assert records_end(piece.data, 1) == first
+    assert records_end(piece.data, 3 * first) == 3 * first
+    assert records_end(piece.data, 1 << 20) == len(piece.data)
+    with pytest.raises(CorruptionError, match="invalid record in the log"):
+        records_end(bytes(damaged), 1 << 20)
+    with pytest.raises(CorruptionError, match="invalid record in the log"):
+        records_end(piece.data[:-1], 1 << 20)  # a frame that is not whole
+
+
+def test_the_in_sync_set_in_process(
+    open_store: Callable[..., Store], make_config: Callable[..., StorageConfig]
+) -> None:
+    """InSyncSet against a real store, replicas played by calls: joining, a wait
+    settled by a confirmation (log and metadata), a silent member leaving after
+    the lag limit (which settles the wait), a reconnect, the slot limit."""
+    store = open_store(make_config())
+    store.create_topic("t", 1)
+    changes: list[list[str]] = []
+
+    async def scenario() -> None:
+        isr = InSyncSet(
+            store, "m", "g", sync=True, min_insync=1, lag_max_s=0.3, max_waits=1,
+            slot_wait_s=0.05,
+        )  # fmt: skip
+        isr.on_isr_change = changes.append
+        isr.start()
+        try:
+            await run(isr)
+        finally:
+            isr.stop()
+
+    async def nothing() -> None:  # an offset commit's write, as far as the set can tell
+        pass
+
+    def append() -> Callable[[], Awaitable[int]]:
+        async def write() -> int:
+            store.append("t", 0, MessageBatch([b"v"]))
+            return store.durable_end
+
+        return write
+
+    async def run(isr: InSyncSet) -> None:
+        isr.progress("r1", 1, store.durable_end, 0)
+        assert isr.members == ["m", "r1"]
+        # A write waits for r1's confirmation; readers see it only then.
+        task = asyncio.ensure_future(isr.replicated(append()))
+        done, _ = await asyncio.wait([task], timeout=0.05)
+        assert not done and store.queue_info("t", 0).end == 0
+        isr.progress("r1", 1, store.durable_end, 0)
+        end = await asyncio.wait_for(task, 5)
+        assert store.high_watermark == end and store.queue_info("t", 0).end == 1
+        # An offset commit waits for the metadata version it made.
+        commit = asyncio.ensure_future(isr.replicated(nothing, metadata=True))
+        finished, _ = await asyncio.wait([commit], timeout=0.05)
+        assert not finished
+        isr.progress("r1", 1, store.durable_end, isr.metadata_version)
+        await asyncio.wait_for(commit, 5)
+        # The one slot taken: a second write is refused, unwritten.
+        task = asyncio.ensure_future(isr.replicated(append()))
+        await asyncio.sleep(0)
+        with pytest.raises(LimitExceeded, match="max_replication_waits"):
+            await isr.replicated(append())
+        # r1 stays silent: it leaves after the lag limit and the write is acked.
+        await asyncio.wait_for(task, 5)
+        assert isr.members == ["m"] and store.queue_info("t", 0).end == 2
+        # A reconnected stream speaks for r1; the old stream's end changes nothing.
+        isr.progress("r1", 2, store.durable_end, isr.metadata_version)
+        isr.disconnected("r1", 1)
+        assert isr.members == ["m", "r1"]
+        isr.disconnected("r1", 2)
+        assert isr.members == ["m"]
+
+    asyncio.run(scenario())
+    assert changes == [["m", "r1"], ["m"], ["m", "r1"], ["m"]]
+
+
+def test_too_few_in_sync_members_refuse_before_writing(
+    open_store: Callable[..., Store], make_config: Callable[..., StorageConfig]
+) -> None:
+    store = open_store(make_config())
+    isr = InSyncSet(
+        store, "m", "g", sync=True, min_insync=2, lag_max_s=1, max_waits=1, slot_wait_s=1
+    )
+    written: list[int] = []
+
+    async def write() -> None:
+        written.append(1)
+
+    with pytest.raises(NotEnoughReplicas, match=r"group g: 1 in-sync member\(s\) \(m\)"):
+        asyncio.run(isr.replicated(write))
+    assert written == []

@@ -130,7 +130,7 @@ async def create_server(
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000, limits=group_limits(config)),
         reply_bytes=ByteBudget("max_reply_bytes", config.max_reply_bytes, wait_s),
         produce_bytes=ByteBudget("max_produce_bytes", config.max_produce_bytes, wait_s),
-        insync=in_sync_set(config, store, instance_id),
+        insync=in_sync_set(config, store, instance_id, role),
     )
     state.tokens = tokens
     state.role = role
@@ -171,12 +171,14 @@ async def create_server(
     return server, port, state
 
 
-def in_sync_set(config: BrokerConfig, store: Store, instance_id: str) -> InSyncSet:
+def in_sync_set(
+    config: BrokerConfig, store: Store, instance_id: str, role: BrokerRole
+) -> InSyncSet:
     return InSyncSet(
         store, instance_id, config.broker_name or instance_id,
         sync=config.replication == "sync", min_insync=config.min_insync_replicas,
         lag_max_s=config.replica_lag_max_ms / 1000, max_waits=config.max_replication_waits,
-        slot_wait_s=config.budget_wait_ms / 1000,
+        slot_wait_s=config.budget_wait_ms / 1000, role=role,
     )  # fmt: skip
 
 

@@ -35,7 +35,9 @@ is the store's visibility limit (``Store.set_hw_limit``; None when no replica
 is in sync), so readers on the master see a record only once it is durable
 here and on every in-sync member. The HW (``Store.high_watermark``) is sent in
 every replication reply; replicas serve reads only below it. Async mode sets
-no limit: the HW is the log end and nothing waits.
+no limit: the HW is the log end and nothing waits. While this broker is a
+replica the limit is its follower's (the master's HW); failover calls
+``reset`` when it becomes master (no replica in sync yet, no limit).
 
 Everything here runs on the event loop; nothing takes a lock.
 """
@@ -52,6 +54,7 @@ from typing import TypeVar
 
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.errors import NotEnoughReplicas
+from equeue_broker.server.role import BrokerRole
 from equeue_broker.storage import Store
 
 log = logging.getLogger("equeue.replication")
@@ -104,8 +107,11 @@ class InSyncSet:
         lag_max_s: float,
         max_waits: int,
         slot_wait_s: float,
+        role: BrokerRole | None = None,
     ) -> None:
         self.store = store
+        self.role = role
+        """This broker's role: a replica's visibility limit is its follower's to set."""
         self.own_id = own_id
         self.group = group
         self.sync = sync
@@ -155,6 +161,8 @@ class InSyncSet:
     def expire(self) -> None:
         """Members caught up now are marked so; those not caught up within the lag
         limit leave."""
+        if not self._members:
+            return  # nothing to check (and no store lock taken on the event loop)
         now = time.monotonic()
         end = self.store.durable_end
         for m in self._members.values():
@@ -246,7 +254,7 @@ class InSyncSet:
                     self.on_isr_change(list(isr))
                 except Exception:  # a listener's failure must not stop replication
                     log.exception("on_isr_change failed")
-        if not self.sync:
+        if not self.sync or (self.role is not None and not self.role.is_master):
             return
         positions = [self._members[r].position for r in replicas]
         limit = min(positions) if positions else None
@@ -328,3 +336,5 @@ class InSyncSet:
             future.result()
         finally:
             self._waiters.remove(entry)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved, also when the caller was cancelled

@@ -597,12 +597,17 @@ class MessageLog:
             buf = chunk.buffer()
             end = HEADER_SIZE + chunk.data_size
             pos = HEADER_SIZE + max(0, start - chunk_start)
-            while pos < end:
-                verdict = check_frame(buf, pos, end)
-                if isinstance(verdict, str):
-                    raise CorruptionError(f"invalid record: {verdict}", str(chunk.path), pos)
-                yield chunk_start + pos - HEADER_SIZE, read_meta(buf, pos)
-                pos += verdict
+            # Every frame checked in one call (the C codec's loop where it is
+            # built); the records before the first bad one are still yielded.
+            bad = check_frames(buf, pos, end)
+            good_end = end if bad < 0 else bad
+            while pos < good_end:
+                meta = read_meta(buf, pos)
+                yield chunk_start + pos - HEADER_SIZE, meta
+                pos += meta.frame_size
+            if bad >= 0:
+                verdict = check_frame(buf, bad, end)
+                raise CorruptionError(f"invalid record: {verdict}", str(chunk.path), bad)
             if chunk.sealed and chunk.number not in self._recent:
                 chunk.unmap()
 

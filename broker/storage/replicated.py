@@ -58,6 +58,7 @@ from equeue_broker.storage.store import Store
 from equeue_broker.storage.topics import QueueMeta, TopicMeta
 from equeue_broker.storage.txn_recovery import TxnScan
 from equeue_proto.record import (
+    AT_BODY,
     AT_POSITION,
     BODY_TO_FRAME,
     FLAG_CONTROL,
@@ -275,7 +276,9 @@ class ReplicaLog:
             store.epochs.cut(position)
             found = self._scan.found
             found.open = {s: t for s, t in found.open.items() if t.first_position < position}
-            store._offsets.clamp({k: q.visible_end for k, q in store._queues.items()})
+            # To what the log holds, not what is readable: records held below the
+            # high watermark are not lost.
+            store._offsets.clamp({k: q.index.end for k, q in store._queues.items()})
         store.transactions.adopt(self._scan.found)
 
     def apply_metadata(self, meta: Metadata) -> bool:
@@ -339,17 +342,35 @@ def _check_frames(position: int, data: bytes) -> None:
 
 def records_end(data: bytes | memoryview, limit: int) -> int:
     """The end of the last whole record of ``data`` within ``limit`` bytes (at
-    least the first record, whatever its size): where a master cuts a reply."""
+    least the first record, whatever its size): where a master cuts a reply.
+
+    The cut is found from the length prefixes, then the frames before it are
+    checked in one call (the C codec's loop where it is built)."""
     pos = 0
     end = len(data)
     while pos < end:
-        verdict = check_frame(data, pos, end)
-        if isinstance(verdict, str):
-            raise CorruptionError(f"invalid record in the log at offset {pos}: {verdict}")
-        if pos and pos + verdict > limit:
-            break
-        pos += verdict
-    return pos
+        body = _U32.unpack_from(data, pos)[0] if pos + AT_BODY <= end else 0
+        size = body + BODY_TO_FRAME
+        if body == 0 or pos + size > end:
+            break  # not a whole frame: the check below names it
+        if pos and pos + size > limit:
+            return _checked(data, pos)
+        pos += size
+    if pos < end:  # stopped at a frame that is not whole
+        raise CorruptionError(
+            f"invalid record in the log at offset {pos}: {check_frame(data, pos, end)}"
+        )
+    return _checked(data, pos)
+
+
+def _checked(data: bytes | memoryview, end: int) -> int:
+    """``end``, once every frame before it passed its checks."""
+    bad = check_frames(data, 0, end)
+    if bad >= 0:
+        raise CorruptionError(
+            f"invalid record in the log at offset {bad}: {check_frame(data, bad, end)}"
+        )
+    return end
 
 
 @dataclass(frozen=True)
