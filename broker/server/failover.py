@@ -119,6 +119,7 @@ class RoleSwitch:
 
     async def _stop_follower(self) -> None:
         task, self._following = self._following, None
+        self.s.follower = None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
