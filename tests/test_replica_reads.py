@@ -7,9 +7,10 @@ seconds and a waiting producer's retry lands there."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ import grpc
 import pytest
 
 from equeue_broker.namesrv.routes import RouteTable
+from equeue_broker.server.registration import Registrar
+from equeue_broker.server.role import MASTER, REPLICA, BrokerRole
+from equeue_broker.storage import Store
 from equeue_broker.testing import BrokerProcess, NameServerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -66,6 +70,46 @@ def test_the_newest_epoch_is_the_routed_master() -> None:
     table.register(member("g", "127.0.0.1:2", "master", 5, "r1"))
     table.register(member("g", "127.0.0.1:3", "master", 5, "new"))
     assert table.route(TOPIC).brokers[0].address == "127.0.0.1:2"
+
+
+@pytest.mark.timeout(60)
+def test_a_role_change_registers_at_once(tmp_path: Path, open_store: Callable[..., Store]) -> None:
+    """A failover's role change (BrokerRole.set, from an election's thread)
+    reaches the name server at once, not at the next interval (60 s here)."""
+    namesrv = NameServerProcess(tmp_path / "ns")
+    namesrv.start()
+    role = BrokerRole(REPLICA, "127.0.0.1:1")
+
+    async def learnt_s() -> float:
+        registrar = Registrar(
+            open_store(), [namesrv.address], cluster="c1", broker_name="g",
+            address="127.0.0.1:7", instance_id="i1", interval_s=60, role=role,
+        )  # fmt: skip
+        registrar.follow()
+        running = asyncio.create_task(registrar.run())
+        async with grpc.aio.insecure_channel(namesrv.address) as channel:
+            stub = pb_grpc.NameServerStub(channel)
+
+            async def seen(wanted: tuple[str, int], within_s: float) -> float:
+                started = time.monotonic()
+                while time.monotonic() - started < within_s:
+                    listed = await stub.ListBrokers(pb.ListBrokersRequest(), timeout=5)
+                    if [(b.role, b.epoch) for b in listed.brokers] == [wanted]:
+                        return time.monotonic() - started
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"the name server never listed {wanted}")
+
+            await seen((REPLICA, 0), 10)
+            threading.Thread(target=role.set, args=(MASTER, "", 3)).start()
+            elapsed = await seen((MASTER, 3), 10)
+        running.cancel()
+        await registrar.close()
+        return elapsed
+
+    try:
+        assert asyncio.run(learnt_s()) < 2
+    finally:
+        namesrv.kill()
 
 
 def test_bad_replica_read_settings_are_refused_clearly(capsys: pytest.CaptureFixture[str]) -> None:
@@ -212,6 +256,23 @@ def test_reads_from_replicas_and_failover(
             pytest.raises(BrokerUnavailable, match=no_master),
         ):
             producer.send_batch(TOPIC, [b"keyed"], keys=[b"k"])
+        # A Spark task whose first member (the master) is gone reads the next one.
+        from pyspark.sql.types import StructType
+
+        from equeue_spark.spark.arrow import arrow_schema, read_schema
+        from equeue_spark.spark.read_task import QueueRange, read_range
+
+        struct = StructType.fromDDL(read_schema(False))
+        assert isinstance(struct, StructType)
+        with Admin(replica.address) as direct:
+            ends = {q.queue_id: q.end_offset for q in direct.list_offsets(TOPIC)}
+        tasks = [
+            QueueRange(topic=TOPIC, queue_id=q, start=0, end=end, broker=master.address,
+                       fallbacks=(replica.address,), timeout_ms=5000, broker_name="g")
+            for q, end in ends.items()
+        ]  # fmt: skip
+        rows = [b for task in tasks for b in read_range(task, arrow_schema(struct))]
+        assert sum(batch.num_rows for batch in rows) == 70
         # A write sent to the replica itself is refused as NotMasterError.
         with Admin(replica.address) as direct:
             with Producer(replica.address) as single, pytest.raises(NotMasterError):
@@ -249,6 +310,9 @@ def test_reads_from_replicas_and_failover(
                 committed = direct.fetch_offsets("g2")
                 assert sum(committed.values()) == 70
                 assert direct.stats().role == "master"
+                # c2's member is gone: it moves to the new master and reads on.
+                assert values(read(c2, 1)) == {b"after"}
+                assert direct.stats().consumed_total >= 1
         finally:
             promoted.kill()
     finally:

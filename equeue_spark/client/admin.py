@@ -31,8 +31,6 @@ def commit_offsets(
     group: str,
     offsets: Mapping[tuple[str, int], int],
     member: tuple[str, int] | None = None,
-    *,
-    retry: bool = True,
 ) -> None:
     """The one place a CommitOffsets request is built (Admin and Consumer use it).
 
@@ -44,7 +42,7 @@ def commit_offsets(
         request.consumer_id, request.session = member
     for (topic, queue_id), offset in sorted(offsets.items()):
         request.offsets.add(topic=topic, queue_id=queue_id, offset=offset)
-    conn.call(conn.broker.CommitOffsets, request, retry=retry)
+    conn.call(conn.broker.CommitOffsets, request)
 
 
 T = TypeVar("T")

@@ -746,8 +746,8 @@ class ClusterConsumer(Consumer):
         self, broker: str, topic: str, read_from: str, group: str, *,
         offsets: dict[QueueKey, int], member: tuple[str, int] | None,
     ) -> None:  # fmt: skip
-        """Commit on the group's master, once (no waiting for a new master:
-        the next commit sends the offsets again). The member identity counts
+        """Commit on the group's master (no waiting for a new master: the
+        next commit sends the offsets again). The member identity counts
         only on the broker holding the membership (the one read from)."""
         cluster = self._cluster
         master = cluster.route(topic).entry(broker).address
@@ -755,8 +755,9 @@ class ClusterConsumer(Consumer):
         if master and not cluster.is_down(master):
             conn = cluster.connection(master)
             try:
-                commit_offsets(conn, group, offsets, member if master == read_from else None,
-                               retry=False)  # fmt: skip
+                # The connection's retries ride out a blip; a dead master is
+                # then skipped (marked down) by the commits that follow.
+                commit_offsets(conn, group, offsets, member if master == read_from else None)
                 return
             except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
                 cluster.mark_down(master)
