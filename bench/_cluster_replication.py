@@ -11,18 +11,21 @@ baseline measured in the same run.
   batch waited for the replica), beside a lone master (no replication), at
   each value size: pipelined ``ProduceStream`` (``Producer.send_batches``) and
   unary ``Produce`` one batch at a time (``send_batch``).
-- ``failover``: a ZooKeeper and a group of 3 brokers (``--zookeeper``,
-  ``--zk-session-timeout-ms``); each round SIGKILLs the current master, then
-  times (a) the first read served by the group: a reader trying each member in
-  turn with ``Pull`` of a queue (a replica serves reads), and, with
-  ``--read-via namesrv``, a ``Consumer(namesrv=...)`` whose poll returns a
-  record (needs the name server to learn masters and the client's replica
-  reads); (b) the first acknowledged write: a writer sending one message to
-  the member ``GetStats`` says is master (newest epoch) until one acknowledges.
-  The killed broker is restarted (it rejoins as a replica) and the group
-  waited for until every member is in sync before the next round.
-  The figures are the median and max of the rounds; their baseline is the
-  session timeout itself (the floor of a failover after a crash).
+- ``failover``: a ZooKeeper, a name server and a group of 3 brokers
+  (``--zookeeper``, ``--zk-session-timeout-ms``, ``--replication sync`` by
+  default); each round waits until every member is in the in-sync set (the
+  master's GetStats and ZooKeeper's ``isr`` znode, which is what an election
+  reads), SIGKILLs the master, then times from the signal (a) the first read
+  served by the group: a reader trying each member in turn with ``Pull`` of a
+  queue (a replica serves reads), and, with ``--read-via namesrv`` (the
+  default), a ``Consumer(namesrv=...)`` made before the kill whose poll
+  returns records; (b) the first acknowledged write: one message sent to the
+  member ``GetStats`` says is master (newest epoch), and, with the name server,
+  a ``Producer(namesrv=...)`` made before the kill (it retries on the group's
+  new master). The killed broker is restarted (it rejoins as a replica) before
+  the next round. The figures are the median and max of the rounds; their
+  baseline is the session timeout itself (the floor of a failover after a
+  crash).
 
 Nothing here is imported by the broker or the client.
 """
