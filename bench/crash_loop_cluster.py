@@ -8,8 +8,8 @@ The group: a private ZooKeeper (``equeue_broker.testing_zk``) and three brokers
 of one broker name with ``--zookeeper``, ``--zk-session-timeout-ms`` (2000 by
 default) and ``--replication sync`` (every acknowledged write is on every
 in-sync member). Producers (paced to ``--rate`` messages/s in all, 3,000 by
-default) and a consumer (``bench/_crash_cluster.py``) run for the whole loop on raw gRPC stubs, following the master through each member's
-``GetStats``. Each kill:
+default) and a consumer (``bench/_crash_cluster.py``) run for the whole loop
+on raw gRPC stubs, following the master through each member's ``GetStats``. Each kill:
 
 1. waits until every member is in the master's in-sync set with its log end
    (a kill before that could leave no in-sync replica, and no election: not
