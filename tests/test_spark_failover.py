@@ -153,7 +153,10 @@ def test_exactly_once_sink_survives_its_masters_sigkill(
         finally:
             query.stop()
         final = start_query(spark, source.address, namesrv, checkpoint, now=True)
-        final.awaitTermination(120)
+        try:
+            assert final.awaitTermination(120), "the AvailableNow run did not finish in 120 s"
+        finally:
+            final.stop()
         assert final.exception() is None, final.exception()
 
         master = group.in_sync(60)
