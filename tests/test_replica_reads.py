@@ -199,6 +199,9 @@ def test_reads_from_replicas_and_failover(
         assert roles == {master.address: ("master", True), replica.address: ("replica", False)}
     assert main(["--namesrv", ns, "cluster", "routes", TOPIC]) == 0
     assert replica.address in capsys.readouterr().out
+    assert main(["--namesrv", ns, "cluster", "list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert any("replica" in line and replica.address in line for line in listed)
 
     first = [b"first-%d" % i for i in range(40)]
     with Producer(config=fast) as producer:
