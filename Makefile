@@ -151,3 +151,11 @@ KILL_TRIES ?= 5
 kill-loop: $(STAMP)
 	EQUEUE_KILLS=$(KILLS) EQUEUE_BETWEEN_COMMIT_TRIES=$(KILL_TRIES) \
 		$(BIN)/pytest -s tests/test_exactly_once_kill.py
+
+# Master kills under load in a replicated group (ZooKeeper failover, sync
+# replication): every acknowledged message exactly once in the surviving log.
+.PHONY: crash-loop-cluster
+CLUSTER_KILLS ?= 20
+
+crash-loop-cluster: $(STAMP) zookeeper
+	$(BIN)/python bench/crash_loop_cluster.py --kills $(CLUSTER_KILLS)

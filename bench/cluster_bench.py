@@ -1,6 +1,18 @@
-"""Cluster throughput: produce (streaming) and a Spark batch read with 1, 2 and 3 brokers.
+"""Cluster throughput (1, 2 and 3 brokers) and replicated groups (catch-up, sync, failover).
 
     python bench/cluster_bench.py [--messages 300000] [--size 100] [--pin] [--no-spark]
+    python bench/cluster_bench.py --scenarios catchup sync failover [--quick]
+
+``--scenarios`` picks what runs: ``brokers`` (the default, below), and the
+replication scenarios of issue 18, described exactly in
+``bench/_cluster_replication.py``: ``catchup`` (an empty replica's catch-up
+rate beside a consumer's PullStream of the same data), ``sync`` (produce with
+``--replication sync`` and one in-sync replica beside a lone master, at 100 B
+and 1 KiB) and ``failover`` (SIGKILL the master of a 3-broker ZooKeeper
+group: seconds to the first read served and the first acknowledged write,
+median of ``--kills``). A scenario whose broker flags this checkout lacks
+prints NOT MEASURED and the script exits 1. ``--quick`` shrinks every
+scenario to a smoke run.
 
 For each broker count N the script starts one name server and N brokers
 (async flush) on 127.0.0.1, creates a topic with ``--queues`` queues on each
@@ -26,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+
+from bench import _cluster_replication as repl
+from bench._cluster_group import MissingFeature
+from bench._harness import table as markdown_table
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, NotFoundError, Producer
 
@@ -184,16 +202,7 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=int, default=300_000)
-    parser.add_argument("--size", type=int, default=100, help="value bytes")
-    parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--queues", type=int, default=4, help="queues per broker")
-    parser.add_argument("--brokers", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--pin", action="store_true", help="also run with taskset pinning")
-    parser.add_argument("--no-spark", action="store_true")
-    args = parser.parse_args(argv)
+def run_brokers(args: argparse.Namespace) -> None:
     spark = None
     if not args.no_spark:
         from equeue_spark.spark.testing import local_session
@@ -211,5 +220,91 @@ def main(argv: list[str] | None = None) -> None:
         spark.stop()
 
 
+def run_catch_up(args: argparse.Namespace, scratch: Path) -> None:
+    result = repl.catch_up(scratch / "catchup", args.catchup_mb, args.catchup_size, args.repeat)
+    print(f"\n### Catch-up of an empty replica: {result.log_bytes / 1e6:,.1f} MB of log "
+          f"({args.catchup_size} B values), median of {args.repeat}\n")  # fmt: skip
+    print(markdown_table(repl.CATCH_UP_HEADERS, result.rows()), flush=True)
+
+
+def run_sync(args: argparse.Namespace, scratch: Path) -> None:
+    rows = repl.sync_produce(scratch / "sync", args.sync_sizes, args.sync_mb, args.batch,
+                             args.repeat)  # fmt: skip
+    print(f"\n### Produce with sync replication: {args.sync_mb} MB per run, batches of "
+          f"{args.batch}, median of {args.repeat} (target: >= 0.5x)\n")  # fmt: skip
+    print(markdown_table(repl.SYNC_HEADERS, repl.sync_rows(rows)), flush=True)
+
+
+def run_failover(args: argparse.Namespace, scratch: Path) -> bool:
+    kills = repl.failover(
+        scratch / "failover",
+        args.kills,
+        session_timeout_ms=args.zk_session_timeout_ms,
+        replication=args.replication,
+        via_namesrv=args.read_via == "namesrv",
+    )
+    print(
+        f"\n### Failover: 3 brokers, --replication {args.replication or '(default)'}, "
+        f"--zk-session-timeout-ms {args.zk_session_timeout_ms}, {len(kills)} SIGKILLs\n"
+    )
+    print(markdown_table(repl.FAILOVER_HEADERS, repl.kill_rows(kills)))
+    print()
+    summary = repl.failover_summary(kills, args.zk_session_timeout_ms)
+    print(markdown_table(repl.FAILOVER_SUMMARY_HEADERS, summary), flush=True)
+    return len(kills) == args.kills and not any(k.problems for k in kills)
+
+
+SCENARIOS = ("brokers", "catchup", "sync", "failover")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=["brokers"])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run of each scenario")
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--size", type=int, default=100, help="value bytes")
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--queues", type=int, default=4, help="queues per broker")
+    parser.add_argument("--brokers", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--pin", action="store_true", help="also run with taskset pinning")
+    parser.add_argument("--no-spark", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3, help="catchup, sync: rounds (median)")
+    parser.add_argument("--catchup-mb", type=int, default=200, help="catchup: MB in the log")
+    parser.add_argument("--catchup-size", type=int, default=1024, help="catchup: value bytes")
+    parser.add_argument("--sync-mb", type=int, default=50, help="sync: MB produced per run")
+    parser.add_argument("--sync-sizes", type=int, nargs="+", default=[100, 1024])
+    parser.add_argument("--kills", type=int, default=10, help="failover: master kills")
+    parser.add_argument("--zk-session-timeout-ms", type=int, default=2000)
+    parser.add_argument("--replication", default="sync", help="failover: sync, async or ''")
+    parser.add_argument(
+        "--read-via",
+        choices=["members", "namesrv"],
+        default="namesrv",
+        help="failover: namesrv also times a Consumer and a Producer via a name server",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.messages, args.repeat, args.kills = min(args.messages, 50_000), 1, min(args.kills, 2)
+        args.catchup_mb, args.sync_mb = min(args.catchup_mb, 20), min(args.sync_mb, 5)
+    print(f"cluster bench: {' '.join(args.scenarios)} ({os.cpu_count()} cores)", flush=True)
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="equeue-cluster-bench-") as tmp:
+        scratch = Path(tmp)
+        for scenario in args.scenarios:
+            try:
+                if scenario == "brokers":
+                    run_brokers(args)
+                elif scenario == "catchup":
+                    run_catch_up(args, scratch)
+                elif scenario == "sync":
+                    run_sync(args, scratch)
+                else:
+                    ok = run_failover(args, scratch) and ok
+            except MissingFeature as exc:
+                print(f"\n### {scenario}: NOT MEASURED\n\n{exc}", flush=True)
+                ok = False
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
