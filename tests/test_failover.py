@@ -194,7 +194,12 @@ def test_zookeeper_failover(tmp_path: Path, zk: ZooKeeperProcess, kazoo: KazooCl
         def new_master() -> BrokerProcess | None:
             return next((x for x in (b, c) if (role(x) or ("",))[0] == "master"), None)
 
-        promoted = wait_for("a new master", new_master, SESSION_MS / 1000 + 10)
+        try:
+            promoted = wait_for("a new master", new_master, SESSION_MS / 1000 + 10)
+        except AssertionError as exc:  # say why, for a failure seen once on a loaded CI
+            raise AssertionError(f"{exc}; ZooKeeper: {read_view(kazoo, layout)}\n"
+                                 + "\n".join(f"--- {x.log_path}:\n{x.log_since_start()[-4000:]}"
+                                              for x in (b, c))) from None  # fmt: skip
         elected_s = time.monotonic() - killed
         other = c if promoted is b else b
         assert role(promoted) == ("master", "", 2)
