@@ -397,7 +397,7 @@ class _NamesrvClients:
     message (the producer retries on the group's new master, failover_timeout_s)."""
 
     def __init__(self, namesrv: str) -> None:
-        from equeue_spark.client.consumer import ClusterConsumer
+        from equeue_spark.client.cluster_consumer import ClusterConsumer
 
         config = ClientConfig(namesrv=namesrv, timeout_s=2.0, retries=0, failover_timeout_s=1.0)
         self.consumer = ClusterConsumer(config=config, start="earliest", max_wait_ms=200)

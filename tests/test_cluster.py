@@ -28,7 +28,7 @@ from equeue_spark.client import (
 )
 from equeue_spark.client.batches import build_request
 from equeue_spark.client.cluster import split_request
-from equeue_spark.client.consumer import ClusterConsumer
+from equeue_spark.client.cluster_consumer import ClusterConsumer
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ import pytest
 
 from equeue_broker.testing import LocalCluster
 from equeue_spark.client import Admin, Consumer, Message, Producer
-from equeue_spark.client.consumer import ClusterConsumer
+from equeue_spark.client.cluster_consumer import ClusterConsumer
 from equeue_spark.spark.offsets import from_json, incarnations, to_json
 from equeue_spark.spark.options import WriteOptions
 from equeue_spark.spark.write_task import commit_on_brokers, write_batches

@@ -6,6 +6,7 @@ failures raise the ``EqueueError`` tree of ``errors.py``.
 
 from equeue_spark.client.admin import Admin
 from equeue_spark.client.batches import SendResult, SendResults
+from equeue_spark.client.cluster_consumer import ClusterConsumer
 from equeue_spark.client.connection import ClientConfig, default_broker
 from equeue_spark.client.consumer import Consumer
 from equeue_spark.client.errors import (
@@ -36,6 +37,7 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailable",
     "ClientConfig",
+    "ClusterConsumer",
     "CommitOutcome",
     "Consumer",
     "DataLossError",

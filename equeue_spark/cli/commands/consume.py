@@ -19,7 +19,8 @@ from equeue_spark.cli.common import (
 )
 from equeue_spark.cli.formatting import Output, message_dict, message_line
 from equeue_spark.client.admin import Admin
-from equeue_spark.client.consumer import ClusterConsumer, Consumer, Start
+from equeue_spark.client.cluster_consumer import ClusterConsumer
+from equeue_spark.client.consumer import Consumer, Start
 from equeue_spark.client.errors import InvalidRequest
 from equeue_spark.client.records import Message
 
