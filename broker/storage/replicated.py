@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,8 +173,10 @@ class ReplicaLog:
             rebuild_indexes(message_log, store._queues, position, position, self._scan)
             end = message_log.write_position
             # Readable once durable here and below the master's high watermark
-            # (the store's pending records: Store.set_hw_limit).
-            store._pending.extend((end, q, q.index.end) for q, was in ends if q.index.end > was)
+            # (visibility.py).
+            for q, was in ends:
+                if q.index.end > was:
+                    store._visibility.hold(end, q, q.index.end)
             changed = store._publish_locked()
         store.transactions.adopt(self._scan.found)
         if store._committer is not None:  # sync flush: durable before the replica asks on
@@ -264,14 +265,14 @@ class ReplicaLog:
                 message_log.truncate_into_sealed(position)
             else:
                 message_log.truncate(position)
-            store._pending = deque(p for p in store._pending if p[0] <= position)
+            store._visibility.cut(position)
             for queue in store._queues.values():
                 queue.index.recover(position)
                 # Never more than was readable: records held below the high
                 # watermark stay held.
                 queue.visible_end = queue.notified_end = min(queue.visible_end, queue.index.end)
                 if queue.index.end > queue.visible_end:  # a held piece was cut in two
-                    store._pending.append((position, queue, queue.index.end))
+                    store._visibility.hold(position, queue, queue.index.end)
             store._checkpoint = min(store._checkpoint, position)
             store.epochs.cut(position)
             found = self._scan.found

@@ -6,7 +6,8 @@ paths (``append``, the sync-mode group-commit rounds, and
 the transaction writes), topic, queue and group-offset admin,
 and opening, flushing, the maintenance thread and closing. The rest lives in
 modules that depend on that state but never on this module: recovery.py runs
-at open, log_writer.py places an append in the log, reads.py serves ``read``
+at open, log_writer.py places an append in the log, visibility.py decides
+when written records become readable, reads.py serves ``read``
 and the lookups (the store delegates), retention.py deletes expired chunks,
 and transactions.py reaches the store only through its ``TransactionStore``
 protocol. The values the calls return are in results.py.
@@ -44,7 +45,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 
 from equeue_broker.storage.atomic_file import remove_temp_files
@@ -86,6 +86,7 @@ from equeue_broker.storage.retention import delete_expired
 from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
 from equeue_broker.storage.transactions import Transactions
 from equeue_broker.storage.txn_writes import write_commit
+from equeue_broker.storage.visibility import Change, Visibility
 from equeue_proto.record import StoredMessage
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,7 @@ class Store:
         self._listeners: list[Listener] = []
         self._notify_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
-        self._pending: deque[tuple[int, QueueState, int]] = deque()
-        # Sync replication (the replicated high watermark, see ``set_hw_limit``).
-        self._hw_limit: int | None = None
-        self._durable_seen = 0
+        self._visibility = Visibility()  # when written records become readable
         self._queues: dict[QueueKey, QueueState] = {}
         self._admin_lock = threading.Lock()  # serialises deletes and (re)creations
         self._deleted_below = 0  # every record of a deleted topic or queue is below it
@@ -127,7 +125,7 @@ class Store:
                 config, self._log, self._topics.values(), self._offsets, self._queues
             )
             self._checkpoint = checkpoint.index_position
-            self._durable_seen = self._log.write_position
+            self._visibility.durable_seen = self._log.write_position
         except BaseException:
             self._release_files()
             raise
@@ -359,11 +357,11 @@ class Store:
         if self._committer is None:
             with self._lock:
                 result = self._writer.write(self._writable_queue(topic, queue_id), prepared)
-                if self._hw_limit is None:
+                if self._visibility.limit is None:
                     queue.visible_end = end = queue.index.end
                     changed = [(queue, end)]
                 else:  # sync replication: readable once below the high watermark
-                    self._pending.append((self._log.write_position, queue, queue.index.end))
+                    self._visibility.hold(self._log.write_position, queue, queue.index.end)
                     changed = self._publish_locked()
             if self._listeners and changed:
                 self._notify(changed)
@@ -442,9 +440,10 @@ class Store:
             prepared = record(firsts)
             write_commit(self._writer, targets, prepared, entries, self._writer.now_ms())
             on_written()
-            if self._committer is not None or self._hw_limit is not None:
+            if self._committer is not None or self._visibility.limit is not None:
                 position = self._log.write_position
-                self._pending.extend((position, q, q.index.end) for q in targets.values())
+                for q in targets.values():
+                    self._visibility.hold(position, q, q.index.end)
             else:
                 for q in targets.values():
                     q.visible_end = q.index.end
@@ -473,7 +472,7 @@ class Store:
         readable once the round is durable."""
         queue = self._writable_queue(topic, queue_id)
         result = self._writer.write(queue, prepared)
-        self._pending.append((self._log.write_position, queue, queue.index.end))
+        self._visibility.hold(self._log.write_position, queue, queue.index.end)
         return result
 
     def _commit_round(self, works: list[Callable[[], object]]) -> list[object]:
@@ -501,7 +500,7 @@ class Store:
         kernel's view of the file cannot be trusted; recovery rebuilds it)."""
         with self._lock:
             self._fail(cause)
-            self._pending = deque(p for p in self._pending if p[0] <= start)
+            self._visibility.cut(start)
             try:
                 if self._log.start_of(self._log.active) <= start < self._log.write_position:
                     self._log.truncate(start)
@@ -527,36 +526,24 @@ class Store:
     def _publish_durable(self, durable: int) -> None:
         """Make records below ``durable`` (now fsynced) readable; sync mode."""
         with self._lock:
-            self._durable_seen = max(self._durable_seen, durable)
+            self._visibility.durable_seen = max(self._visibility.durable_seen, durable)
             changed = self._publish_locked()
         if self._listeners:
             self._notify(changed)
 
-    def _publish_locked(self) -> list[tuple[QueueState, int]]:
-        """Make pending records readable up to the high watermark (lock held);
-        the queues whose readable end moved."""
-        limit = self._high_watermark()
-        changed = []
-        while self._pending and self._pending[0][0] <= limit:
-            _, queue, end = self._pending.popleft()
-            if end > queue.visible_end:
-                queue.visible_end = end
-                changed.append((queue, end))
-        return changed
+    def _publish_locked(self) -> list[Change]:
+        """Make held records readable up to the high watermark (lock held)."""
+        return self._visibility.release(self._durable_locked())
 
     # -- the replicated high watermark (sync replication; docs/replication.md) ---------
 
-    # A record is readable once it is durable here (the flush mode's meaning) AND
-    # ends at or below the limit the server sets: on a master, the lowest log end
-    # of its in-sync replicas; on a replica, the high watermark its master sent.
-    # Without a limit (None: async replication, or no replica in sync) a record is
-    # readable once durable, as it always was. The store knows nothing of replicas.
+    # When a record becomes readable: visibility.py.
 
     def set_hw_limit(self, limit: int | None) -> None:
         """Records ending beyond ``limit`` stay unreadable; None: no limit.
         Records already readable stay so (a limit that goes back hides nothing)."""
         with self._lock:
-            self._hw_limit = limit
+            self._visibility.limit = limit
             changed = self._publish_locked()
         if changed and self._listeners:
             self._notify(changed)
@@ -571,16 +558,12 @@ class Store:
     def high_watermark(self) -> int:
         """Every record below it may be read: ``durable_end`` capped by the limit."""
         with self._lock:
-            return self._high_watermark()
+            return self._visibility.high_watermark(self._durable_locked())
 
     def _durable_locked(self) -> int:
         if self._committer is not None:
-            return self._durable_seen
+            return self._visibility.durable_seen
         return self._log.write_position
-
-    def _high_watermark(self) -> int:
-        end = self._durable_locked()
-        return end if self._hw_limit is None else min(end, self._hw_limit)
 
     def add_listener(self, listener: Listener) -> None:
         """Register ``listener(topic, queue_id, visible_end)`` for newly readable records.
