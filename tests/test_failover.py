@@ -30,6 +30,7 @@ from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.cli import main
+from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
 
 GROUP = "g"
@@ -37,32 +38,7 @@ CHUNK = str(64 << 10)  # small chunks: a divergent tail spans sealed chunks
 SESSION_MS = 2000
 
 
-class Client:
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.channel = grpc.insecure_channel(address)
-        self.broker = pb_grpc.BrokerStub(self.channel)
-        self.admin = pb_grpc.AdminStub(self.channel)
-
-    def produce(self, topic: str, values: list[bytes]) -> pb.ProduceReply:
-        columns = pb.MessageColumns(
-            count=len(values), values=b"".join(values), value_lengths=[len(v) for v in values]
-        )
-        reply: pb.ProduceReply = self.broker.Produce(
-            pb.ProduceRequest(topic=topic, messages=columns), timeout=30
-        )
-        return reply
-
-    def stats(self) -> pb.BrokerStats:
-        reply: pb.BrokerStats = self.admin.GetStats(pb.GetStatsRequest(), timeout=10)
-        return reply
-
-    def try_stats(self) -> pb.BrokerStats | None:
-        try:
-            return self.stats()
-        except grpc.RpcError:
-            return None
-
+class Client(RawClient):
     def records(self, topic: str = "t") -> list[bytes]:
         """Every record of queue 0 of ``topic``, raw, as pulled."""
         out: list[bytes] = []
@@ -78,9 +54,6 @@ class Client:
             out.append(reply.records)
             offset = reply.next_offset
         raise AssertionError("too many pulls")
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 def values(tag: str, count: int, size: int = 100) -> list[bytes]:

@@ -18,34 +18,15 @@ from equeue_broker.storage.replicated import Metadata, decode_metadata, encode_m
 from equeue_broker.storage.topics import QueueMeta, TopicMeta
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.cli import main
+from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
 
 CHUNK = str(4 << 20)  # small chunks: replication must roll them where the master did
 TOPICS = ("orders", "events", "audit")
 
 
-class Client:
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 64 << 20)]
-        )
-        self.broker = pb_grpc.BrokerStub(self.channel)
-        self.admin = pb_grpc.AdminStub(self.channel)
-
-    def produce(self, topic: str, values: list[bytes], txn: str = "") -> pb.ProduceReply:
-        columns = pb.MessageColumns(
-            count=len(values), values=b"".join(values), value_lengths=[len(v) for v in values]
-        )
-        request = pb.ProduceRequest(topic=topic, messages=columns, transaction_id=txn)
-        reply: pb.ProduceReply = self.broker.Produce(request, timeout=30)
-        return reply
-
-    def stats(self) -> pb.BrokerStats:
-        reply: pb.BrokerStats = self.admin.GetStats(pb.GetStatsRequest(), timeout=10)
-        return reply
-
+class Client(RawClient):
     def snapshot(self) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
         """Every queue's records as pulled (raw bytes, with offsets)."""
         out: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
@@ -64,9 +45,6 @@ class Client:
                     offset = reply.next_offset
                 out[(topic.name, queue.queue_id)] = pieces
         return out
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 @pytest.fixture

@@ -34,33 +34,15 @@ from equeue_broker.storage.replicated import (
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import decode_record, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.cli import main
+from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
 
 TOPIC = "t"
 LAG_MS = 1000
 
 
-class Client:
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.channel = grpc.insecure_channel(address)
-        self.broker = pb_grpc.BrokerStub(self.channel)
-        self.admin = pb_grpc.AdminStub(self.channel)
-
-    def produce(self, values: list[bytes], txn: str = "") -> pb.ProduceReply:
-        columns = pb.MessageColumns(
-            count=len(values), values=b"".join(values), value_lengths=[len(v) for v in values]
-        )
-        request = pb.ProduceRequest(topic=TOPIC, messages=columns, transaction_id=txn)
-        reply: pb.ProduceReply = self.broker.Produce(request, timeout=30)
-        return reply
-
-    def stats(self) -> pb.BrokerStats:
-        reply: pb.BrokerStats = self.admin.GetStats(pb.GetStatsRequest(), timeout=10)
-        return reply
-
+class Client(RawClient):
     def values(self) -> list[bytes]:
         """Every readable value of the topic's one queue, in order."""
         out: list[bytes] = []
@@ -80,9 +62,6 @@ class Client:
     def committed(self, group: str) -> dict[int, int]:
         got = self.broker.FetchOffsets(pb.FetchOffsetsRequest(group=group, topic=TOPIC), timeout=10)
         return {o.queue_id: o.offset for o in got.offsets}
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 @contextmanager
@@ -153,13 +132,13 @@ def test_sync_acks_wait_for_in_sync_replicas_and_a_stopped_one_leaves(
         # (a) A produce is on the replicas when it is acknowledged.
         for i in range(5):
             values = [b"a-%d-%d" % (i, j) for j in range(20)]
-            m.produce(values)
+            m.produce(TOPIC, values)
             assert replicas_have_all(m, [r, w]), "acknowledged but not on the replicas"
             acked += values
         wait_for("the replica to serve them (below the HW)", lambda: r.values() == acked, 10)
 
         # (e) A transaction commit: its records are on the replicas at the ack.
-        m.produce([b"txn-1", b"txn-2"], txn="x1")
+        m.produce(TOPIC, [b"txn-1", b"txn-2"], txn="x1")
         m.broker.CommitTransactions(
             pb.CommitTransactionsRequest(
                 transactions=[pb.TransactionRef(transaction_id="x1", expected_messages=2)]
@@ -191,7 +170,7 @@ def test_sync_acks_wait_for_in_sync_replicas_and_a_stopped_one_leaves(
         def produce_in_background() -> None:
             started = time.monotonic()
             try:
-                outcome.append(m.produce([b"held"]))
+                outcome.append(m.produce(TOPIC, [b"held"]))
             except grpc.RpcError as exc:
                 outcome.append(exc)
             outcome.append(time.monotonic() - started)
@@ -223,7 +202,7 @@ def test_sync_acks_wait_for_in_sync_replicas_and_a_stopped_one_leaves(
         assert sorted(x.in_sync for x in stats.replicas) == [False, True]
         for i in range(3):
             values = [b"b-%d" % i]
-            m.produce(values)
+            m.produce(TOPIC, values)
             acked += values
         assert m.values() == acked
         wait_for("the witness to serve them", lambda: w.values() == acked, 10)
@@ -231,7 +210,7 @@ def test_sync_acks_wait_for_in_sync_replicas_and_a_stopped_one_leaves(
         # SIGCONT: it catches up, rejoins, and acks wait for it again.
         with_signal(replica, signal.SIGCONT)
         wait_for("the replica to rejoin the in-sync set", lambda: in_sync(m) == 3, 30)
-        m.produce([b"c-0"])
+        m.produce(TOPIC, [b"c-0"])
         acked.append(b"c-0")
         assert replicas_have_all(m, [r, w])
 
@@ -249,19 +228,19 @@ def test_min_insync_2_refuses_writes_without_the_replica(tmp_path: Path) -> None
     # Sync flush mode on both: durable means fsynced, on the master and the replica.
     with group(tmp_path, "--min-insync-replicas", "2", "--flush", "sync") as (m, [r], [replica]):
         acked = [b"before"]
-        m.produce(acked)
+        m.produce(TOPIC, acked)
         with_signal(replica, signal.SIGSTOP)
         # The first write waits for the replica, which leaves the set: the write
         # is in the master's log but not acknowledged.
         with pytest.raises(grpc.RpcError) as after:
-            m.produce([b"unacked"])
+            m.produce(TOPIC, [b"unacked"])
         assert after.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "group g" in (after.value.details() or "")
         assert "not acknowledged" in (after.value.details() or "").lower()
         # Later writes are refused before anything is written.
         end = m.stats().log_end_position
         for call in (
-            lambda: m.produce([b"refused"]),
+            lambda: m.produce(TOPIC, [b"refused"]),
             lambda: m.broker.CommitOffsets(
                 pb.CommitOffsetsRequest(
                     group="billing", offsets=[pb.QueueOffset(topic=TOPIC, queue_id=0, offset=1)]
@@ -281,7 +260,7 @@ def test_min_insync_2_refuses_writes_without_the_replica(tmp_path: Path) -> None
         # SIGCONT: it catches up and rejoins; writes are acknowledged again.
         with_signal(replica, signal.SIGCONT)
         wait_for("the replica to rejoin the in-sync set", lambda: in_sync(m) == 2, 30)
-        m.produce([b"after"])
+        m.produce(TOPIC, [b"after"])
         acked.append(b"after")
         # Every acknowledged write is on both (the unacknowledged one may be too).
         wait_for("the replica to serve what the master has", lambda: r.values() == m.values(), 10)
