@@ -18,6 +18,7 @@ from equeue_broker.storage.replicated import Metadata, decode_metadata, encode_m
 from equeue_broker.storage.topics import QueueMeta, TopicMeta
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.cli import main
 from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
@@ -186,6 +187,42 @@ def test_an_empty_replica_catches_up_with_10_mb(tmp_path: Path, master: BrokerPr
         r.close()
         m.close()
         replica.kill()
+
+
+def test_a_pipelined_request_counts_only_what_the_replica_applied(master: BrokerProcess) -> None:
+    """A replica catching up asks for the next bytes before applying the last
+    (``unapplied``): the master's view of it (and so the in-sync set) counts
+    only what it applied. Replies are read with protobuf's own decoder."""
+    m = Client(master.address)
+    try:
+        for i in range(3):
+            m.produce(TOPICS[i], [bytes([i]) * 1000] * 100)
+        end = m.stats().log_end_position
+        stub = pb_grpc.ReplicationStub(m.channel)
+
+        def ask(position: int, unapplied: int) -> pb.ReplicateReply:
+            request = pb.ReplicateRequest(
+                position=position, unapplied=unapplied, max_bytes=100_000, wait_ms=0,
+                chunk_capacity=int(CHUNK), replica_address="raw:1", replica_id="raw",
+            )  # fmt: skip
+            reply: pb.ReplicateReply = next(iter(stub.Replicate(iter([request]), timeout=10)))
+            return reply
+
+        def seen() -> int:
+            (view,) = (r for r in m.stats().replicas if r.replica_id == "raw")
+            return view.position
+
+        first = ask(0, 0)
+        after = first.position + len(first.data)
+        assert first.position == 0 and 0 < after < end and first.master_end == end
+        assert seen() == 0
+        second = ask(after, after)  # the first reply received, not applied
+        assert second.position == after and len(second.data) > 0
+        assert seen() == 0
+        ask(after, 0)  # now applied
+        assert seen() == after
+    finally:
+        m.close()
 
 
 def test_metadata_document_round_trips() -> None:

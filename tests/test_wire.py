@@ -1,5 +1,6 @@
 """Pull replies encoded by the broker (broker/server/wire.py) and decoded by the
-client (equeue_spark/client/wire.py) without protobuf, each held to protobuf."""
+client (equeue_spark/client/wire.py) without protobuf, and replication replies
+(broker/server/replicate_wire.py), each held to protobuf."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from equeue_broker.server.replicate_wire import ReplyDecodeError, decode_reply, encode_reply
 from equeue_broker.server.service_data import _PULL_STATUS
 from equeue_broker.server.wire import (
     _split_py,
@@ -165,3 +167,45 @@ def _codec_split() -> Callable[[bytes, list[int]], list[bytes]]:
     from equeue_proto._codec import split_blob
 
     return split_blob
+
+
+# -- ReplicateReply (broker/server/replicate_wire.py) ------------------------------------
+
+replicate_heads = st.builds(
+    pb.ReplicateReply,
+    position=st.integers(min_value=0, max_value=2**64 - 1),
+    master_end=st.integers(min_value=0, max_value=2**64 - 1),
+    master_start=st.integers(min_value=0, max_value=2**64 - 1),
+    metadata=st.binary(max_size=200),
+    chunk_capacity=st.integers(min_value=0, max_value=2**64 - 1),
+    epoch=st.integers(min_value=0, max_value=2**64 - 1),
+    high_watermark=st.integers(min_value=0, max_value=2**64 - 1),
+    metadata_version=st.integers(min_value=0, max_value=2**64 - 1),
+)
+
+
+@given(replicate_heads, st.binary(max_size=3000))
+def test_replicate_reply_round_trips_and_protobuf_agrees(
+    head: pb.ReplicateReply, data: bytes
+) -> None:
+    whole = pb.ReplicateReply()
+    whole.CopyFrom(head)
+    whole.data = data
+    encoded = encode_reply(head, data)
+    assert pb.ReplicateReply.FromString(encoded) == whole  # any gRPC client reads it
+    if not data:
+        assert encoded == whole.SerializeToString()
+    for wire in (encoded, whole.SerializeToString()):  # ours, and protobuf's field order
+        got, view = decode_reply(wire)
+        assert bytes(view) == data
+        assert got == head
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [b"\x08", b"\x12\x05abc", b"\x0b", b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"],
+    ids=["truncated varint", "data past the end", "group wire type", "varint too long"],
+)
+def test_a_replicate_reply_that_does_not_parse_says_so(wire: bytes) -> None:
+    with pytest.raises(ReplyDecodeError, match="ReplicateReply"):
+        decode_reply(wire)

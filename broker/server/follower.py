@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from equeue_broker.server.replicate_wire import decode_reply
 from equeue_broker.server.replication import MAX_REPLY_BYTES
 from equeue_broker.server.role import BrokerRole
 from equeue_broker.server.service_base import BrokerState
@@ -22,9 +23,10 @@ from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import InvalidArgument, StorageError
 from equeue_broker.storage.replicated import ReplicaLog, decode_metadata
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
 log = logging.getLogger("equeue.replication")
+
+REPLICATE_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Replication'].full_name}/Replicate"
 
 
 class Follower:
@@ -60,7 +62,7 @@ class Follower:
                 async with grpc.aio.insecure_channel(
                     master, options=[("grpc.max_receive_message_length", 64 << 20)]
                 ) as channel:
-                    await self._follow(pb_grpc.ReplicationStub(channel))
+                    await self._follow(channel)
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
@@ -78,12 +80,14 @@ class Follower:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
-    async def _follow(self, stub: pb_grpc.ReplicationStub) -> None:
+    async def _follow(self, channel: grpc.aio.Channel) -> None:
         self.metadata_version = 0  # a master's versions mean something on its stream only
 
-        def request() -> pb.ReplicateRequest:
+        def request(position: int | None = None) -> pb.ReplicateRequest:
+            end = self.replica.end
             return pb.ReplicateRequest(
-                position=self.replica.end,
+                position=end if position is None else position,
+                unapplied=0 if position is None else position - end,
                 max_bytes=MAX_REPLY_BYTES,
                 wait_ms=1000,
                 replica_address=self.address,
@@ -97,13 +101,19 @@ class Follower:
 
         # Requests are written on the call itself (no request iterator, no queue
         # and task between): the master's sync-mode acks wait for each one.
-        call: Any = stub.Replicate()  # type: ignore[call-arg]  # aio: no iterator, write() instead
+        # Replies decoded by replicate_wire: their log bytes are not copied.
+        call: Any = channel.stream_stream(
+            REPLICATE_METHOD,
+            request_serializer=pb.ReplicateRequest.SerializeToString,
+            response_deserializer=decode_reply,
+        )()  # type: ignore[call-arg]  # aio: no iterator, write() instead
         await call.write(request())
         name = self.s.config.broker_name
         while True:
-            reply = await call.read()
-            if reply is grpc.aio.EOF:  # type: ignore[attr-defined]  # (missing from the stubs)
+            received = await call.read()
+            if received is grpc.aio.EOF:  # type: ignore[attr-defined]  # (missing from the stubs)
                 return
+            reply, data = received
             check_reply_epoch(self.s.role, reply.epoch)
             self.last_contact = time.monotonic()
             self.master_end = reply.master_end
@@ -119,15 +129,23 @@ class Follower:
             # it may not cover): below it, every record is on every in-sync
             # member, so a failover cannot lose it.
             self.s.store.set_hw_limit(reply.high_watermark)
+            self.metadata_version = reply.metadata_version  # its metadata is applied
             end = self.replica.end
-            if reply.data:  # durable here (in sync flush mode fsynced) when it returns
-                await self._append(reply.position, reply.data)
+            # Catching up (the master has more): ask for the next bytes before
+            # writing these, so that the master reads and sends while this
+            # replica writes. The request says how much is not applied yet.
+            after = reply.position + len(data)
+            pipelined = bool(data) and after < reply.master_end
+            if pipelined:
+                await call.write(request(after))
+            if data:  # durable here (in sync flush mode fsynced) when it returns
+                await self._append(reply.position, data)
             elif reply.position < end:
                 await self.s.call(self.replica.truncate, reply.position)
-            self.metadata_version = reply.metadata_version
-            await call.write(request())  # at once: in sync replication acks wait for this
+            if not pipelined:
+                await call.write(request())  # at once: in sync replication acks wait for this
 
-    async def _append(self, position: int, data: bytes) -> None:
+    async def _append(self, position: int, data: memoryview) -> None:
         """``ReplicaLog.append``: on the event loop in async flush mode, where it
         never waits for the disk (as that mode's produce on a master), since the
         master's sync-mode acks wait for it and a thread-pool hop costs a

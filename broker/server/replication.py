@@ -1,9 +1,9 @@
 """Master -> replica log replication over gRPC (the Replication service).
 
 Master side, ``ReplicationService.Replicate``: one bidirectional stream per
-replica. Each request carries the replica's log end; each is answered by one
-reply (so the master reads the next bytes only when the replica applied the
-last: flow control by request, whatever gRPC's windows would allow), built by
+replica. Each request carries the position the replica needs next; each is
+answered by one reply (flow control by request, whatever gRPC's windows would
+allow: at most two replies in flight), built by
 ``storage.replicated.read_for_replica``: up to ``MAX_REPLY_BYTES`` of whole
 records within one chunk, or, at the end of the log, an empty reply after at
 most the request's ``wait_ms`` (woken by the store's listener when records
@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from equeue_broker.server.errors import BadRequest, StaleEpoch
+from equeue_broker.server.replicate_wire import encode_reply
 from equeue_broker.server.role import REPLICA
 from equeue_broker.server.service_base import BrokerState, rpc_stream
 from equeue_broker.storage import Store
@@ -126,7 +127,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         self,
         request_iterator: AsyncIterator[pb.ReplicateRequest],
         context: grpc.aio.ServicerContext[pb.ReplicateRequest, pb.ReplicateReply],
-    ) -> AsyncIterator[pb.ReplicateReply]:
+    ) -> AsyncIterator[pb.ReplicateReply | bytes]:
         view = self.s.role.view
         if not view.is_master:
             raise PreconditionFailed(
@@ -150,8 +151,11 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 address = request.replica_address or context.peer()
                 epoch = check_request_epoch(self.s, request, address)
                 member = request.replica_id or address  # its data directory's id
-                self.s.replicas.update(slot, address, request.position, member)
-                diverged = divergence(store, request)
+                # A pipelined request asks past what the replica has applied:
+                # only what it applied counts (its status, the in-sync set).
+                applied = request.position - min(request.unapplied, request.position)
+                self.s.replicas.update(slot, address, applied, member)
+                diverged = divergence(store, request.last_epoch, applied)
                 if diverged is not None:  # the replica cuts its log there (follower.py)
                     yield pb.ReplicateReply(
                         position=diverged, master_end=store._log.write_position,
@@ -165,7 +169,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 seen = self.growth.wakes
                 piece = await self._read(store, request.position, max_bytes)
                 if piece.position == request.position:  # a record boundary of this log
-                    insync.progress(member, slot, request.position, request.metadata_version)
+                    insync.progress(member, slot, applied, request.metadata_version)
                 deadline = time.monotonic() + wait_s
                 news_by = math.inf  # when a new HW must be sent, even without records
                 while not piece.data and piece.position == request.position:
@@ -189,12 +193,12 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     sent_meta, sent_at = meta, now
                 sent_hw, sent_version = insync.high_watermark(piece.end), version
                 insync.offered(member, slot, piece.end, version)
-                yield pb.ReplicateReply(
-                    position=piece.position, data=piece.data, master_end=piece.end,
+                yield encode_reply(pb.ReplicateReply(
+                    position=piece.position, master_end=piece.end,
                     master_start=piece.start, metadata=meta if send_meta else b"",
                     chunk_capacity=capacity, high_watermark=sent_hw,
                     metadata_version=version, epoch=epoch,
-                )  # fmt: skip
+                ), piece.data)  # fmt: skip
         finally:
             self.s.replicas.close(slot)
             insync.disconnected(member, slot)
@@ -224,8 +228,10 @@ def check_request_epoch(state: BrokerState, request: pb.ReplicateRequest, replic
     return view.epoch
 
 
-def divergence(store: Store, request: pb.ReplicateRequest) -> int | None:
-    """Where the replica must cut its log, if it goes beyond the end of its last
-    epoch on this log (an old master's tail this master never had); else None."""
-    end = store.epochs.end_of(request.last_epoch)
-    return end if end is not None and request.position > end else None
+def divergence(store: Store, last_epoch: int, log_end: int) -> int | None:
+    """Where a replica whose log ends at ``log_end`` with epoch ``last_epoch``
+    must cut it, if it goes beyond the end of that epoch on this log (an old
+    master's tail this master never had); else None. (A pipelined request's
+    unapplied bytes came from this master: only the applied log can diverge.)"""
+    end = store.epochs.end_of(last_epoch)
+    return end if end is not None and log_end > end else None

@@ -412,7 +412,6 @@ class MessageLog:
         steady here: page faults contend with the flusher's fsync.) If
         ``encode`` raises, nothing reaches the file.
         """
-        chunk = self.active
         assert size <= self.room(), "caller must roll the chunk first"
         position = self.write_position
         scratch = self._scratch if size <= len(self._scratch) else bytearray(size)
@@ -421,13 +420,26 @@ class MessageLog:
         with memoryview(scratch) as whole, whole[:size] as view:
             written = encode(view, position)
             assert written == size, (written, size)
-            offset = HEADER_SIZE + chunk.data_size
-            # What a failed append may leave after the data end, for _cut to
-            # zero (zeroing bytes never written is harmless).
-            chunk.written_end = max(chunk.written_end, offset + size)
-            pwrite_all(chunk.fd, view, offset)
-        chunk.data_size += size
+            self._write(view)
         return position
+
+    def append_bytes(self, data: bytes | memoryview) -> int:
+        """Append ``data``, whole records already encoded (a master's bytes on
+        its replica), as they are: no copy into the scratch buffer. Return
+        the position they start at."""
+        assert len(data) <= self.room(), "caller must roll the chunk first"
+        position = self.write_position
+        self._write(data)
+        return position
+
+    def _write(self, data: bytes | memoryview) -> None:
+        chunk = self.active
+        offset = HEADER_SIZE + chunk.data_size
+        # What a failed append may leave after the data end, for _cut to
+        # zero (zeroing bytes never written is harmless).
+        chunk.written_end = max(chunk.written_end, offset + len(data))
+        pwrite_all(chunk.fd, data, offset)
+        chunk.data_size += len(data)
 
     def roll(self) -> None:
         """Seal the active chunk and start the next one."""

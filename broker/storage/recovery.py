@@ -59,7 +59,13 @@ from equeue_broker.storage.index_repair import (
 )
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, Segment, entry_damaged
+from equeue_broker.storage.queue_index import (
+    ENTRY,
+    ENTRY_SIZE,
+    Segment,
+    entry_damaged,
+    index_segments,
+)
 from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.results import RecoveryReport
 from equeue_broker.storage.retention import settle_earliest
@@ -71,7 +77,7 @@ from equeue_broker.storage.txn_recovery import (
     migrate_stage_dir,
     remove_stage_dir,
 )
-from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, RecordMeta
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, RecordMeta, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -237,18 +243,27 @@ def rebuild_indexes(
     checkpoint: int,
     scan_from: int | None = None,
     txns: TxnScan | None = None,
+    *,
+    appended: bytes | memoryview | None = None,
 ) -> tuple[int, int]:
     """Re-create index entries for every record and commit record at or after
     ``checkpoint``, reading transactions from ``scan_from`` into ``txns``;
-    return (entries rebuilt, records of deleted topics skipped)."""
+    return (entries rebuilt, records of deleted topics skipped).
+
+    ``appended``: the log's bytes from ``checkpoint`` to its end, already
+    checked (a replica's reply, just written): indexed from memory, since
+    reading them back through the chunk's memory map costs a page fault per
+    page and checks every frame a second time."""
     rebuilt = orphans = 0
     pending: dict[QueueKey, bytearray] = {}
     expected = {key: q.index.end for key, q in queues.items()}
     gaps: dict[QueueKey, Wanted] = {}
     start = checkpoint if scan_from is None else min(scan_from, checkpoint)
-    for position, meta, (_, count, topic, queue_id, first, entries) in _segments(
-        message_log, start, checkpoint
-    ):
+    if appended is not None and start == checkpoint:
+        segments = _buffer_segments(appended, checkpoint)
+    else:
+        segments = _segments(message_log, start, checkpoint)
+    for position, meta, (_, count, topic, queue_id, first, entries) in segments:
         if meta is not None:  # a transaction's record
             if txns is None:
                 continue
@@ -307,6 +322,15 @@ def rebuild_indexes(
         queue = queues[key]
         queue.index.write(queue.index.end, written)
     return rebuilt, orphans
+
+
+def _buffer_segments(
+    data: bytes | memoryview, position: int
+) -> Iterator[tuple[int, RecordMeta | None, Segment]]:
+    """``_segments`` of checked frames in memory that lie at log ``position``."""
+    for segment in index_segments(data, 0, len(data), position):
+        at = segment[0]
+        yield position + at, None if segment[1] else read_meta(data, at), segment
 
 
 def _segments(

@@ -146,7 +146,7 @@ class ReplicaLog:
     def capacity(self) -> int:
         return self._store._log.capacity
 
-    def append(self, position: int, data: bytes) -> int:
+    def append(self, position: int, data: bytes | memoryview) -> int:
         """Append the master's bytes ``data`` at ``position``; return the new log end.
 
         ``PreconditionFailed`` if ``position`` is not where this log can
@@ -160,17 +160,14 @@ class ReplicaLog:
             self._start_queues(data)
             message_log = store._log
             ends = [(queue, queue.index.end) for queue in store._queues.values()]
-
-            def encode(out: memoryview, _position: int) -> int:
-                out[:] = data
-                return len(data)
-
             try:
-                message_log.append(len(data), encode)
+                message_log.append_bytes(data)
             except OSError as exc:
                 store._fail(exc)  # the log on disk is no longer known: restart
                 raise
-            rebuild_indexes(message_log, store._queues, position, position, self._scan)
+            rebuild_indexes(
+                message_log, store._queues, position, position, self._scan, appended=data
+            )
             end = message_log.write_position
             # Readable once durable here and below the master's high watermark
             # (visibility.py).
@@ -218,7 +215,7 @@ class ReplicaLog:
                 f"at {position} (room {message_log.room()}): chunk capacities differ?"
             )
 
-    def _start_queues(self, data: bytes) -> None:
+    def _start_queues(self, data: bytes | memoryview) -> None:
         """An empty queue whose first replicated record has a later offset (the
         master's retention removed the earlier ones) starts there (lock held)."""
         queues = self._store._queues
@@ -319,7 +316,7 @@ def _empty(store: Store) -> bool:
     return len(message_log.chunks) == 1 and message_log.active.data_size == 0
 
 
-def _check_frames(position: int, data: bytes) -> None:
+def _check_frames(position: int, data: bytes | memoryview) -> None:
     """Every frame of ``data`` valid, naming its own position (record.py's checks).
 
     The frames and their positions are checked in one call (the C codec's loop

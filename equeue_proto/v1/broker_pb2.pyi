@@ -807,7 +807,7 @@ class ListBrokersReply(_message.Message):
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerEntry, _Mapping]]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
-    __slots__ = ("position", "max_bytes", "wait_ms", "replica_address", "chunk_capacity", "replica_id", "epoch", "last_epoch", "metadata_version")
+    __slots__ = ("position", "max_bytes", "wait_ms", "replica_address", "chunk_capacity", "replica_id", "epoch", "last_epoch", "metadata_version", "unapplied")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -817,6 +817,7 @@ class ReplicateRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAST_EPOCH_FIELD_NUMBER: _ClassVar[int]
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    UNAPPLIED_FIELD_NUMBER: _ClassVar[int]
     position: int
     max_bytes: int
     wait_ms: int
@@ -826,7 +827,8 @@ class ReplicateRequest(_message.Message):
     epoch: int
     last_epoch: int
     metadata_version: int
-    def __init__(self, position: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., replica_address: _Optional[str] = ..., chunk_capacity: _Optional[int] = ..., replica_id: _Optional[str] = ..., epoch: _Optional[int] = ..., last_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+    unapplied: int
+    def __init__(self, position: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., replica_address: _Optional[str] = ..., chunk_capacity: _Optional[int] = ..., replica_id: _Optional[str] = ..., epoch: _Optional[int] = ..., last_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., unapplied: _Optional[int] = ...) -> None: ...
 
 class ReplicateReply(_message.Message):
     __slots__ = ("position", "data", "master_end", "master_start", "metadata", "chunk_capacity", "epoch", "high_watermark", "metadata_version")
