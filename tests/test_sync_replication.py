@@ -267,6 +267,45 @@ def test_min_insync_2_refuses_writes_without_the_replica(tmp_path: Path) -> None
         assert [v for v in m.values() if v != b"unacked"] == acked
 
 
+@pytest.mark.timeout(120)
+def test_a_produce_stream_is_pipelined_and_acknowledged_only_with_the_replica(
+    tmp_path: Path,
+) -> None:
+    """ProduceStream in sync mode writes batches while earlier ones wait for the
+    replica (broker/server/pipelined.py): replies still come in order, and none
+    before the replica has the batch."""
+
+    def stream(m: Client, tag: bytes, batches: int) -> Iterator[pb.ProduceReply]:
+        requests = (
+            pb.ProduceRequest(topic=TOPIC, messages=pb.MessageColumns(
+                count=10, values=b"".join(b"%s-%03d-%d" % (tag, i, j) for j in range(10)),
+                value_lengths=[len(b"%s-%03d-%d" % (tag, i, j)) for j in range(10)]))
+            for i in range(batches)
+        )  # fmt: skip
+        yield from m.broker.ProduceStream(requests, timeout=60)
+
+    with group(tmp_path, "--min-insync-replicas", "2") as (m, [r], [replica]):
+        acked: list[bytes] = []
+        for n, reply in enumerate(stream(m, b"s", 200)):
+            assert list(reply.offsets) == list(range(10 * n, 10 * n + 10))  # in order
+            if n % 50 == 0:  # ack n: the replica has every batch up to n
+                have = r.stats().log_end_position
+                assert have >= reply.positions[-1] + 1, (n, have, reply.positions[-1])
+            acked += [b"s-%03d-%d" % (n, j) for j in range(10)]
+        assert replicas_have_all(m, [r])
+        wait_for("the replica to serve the stream", lambda: r.values() == acked, 10)
+
+        # The replica stopped: the stream's batches are written, none is acknowledged.
+        with_signal(replica, signal.SIGSTOP)
+        got: list[pb.ProduceReply] = []
+        with pytest.raises(grpc.RpcError) as failed:
+            got.extend(stream(m, b"x", 5))
+        assert got == []
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "not acknowledged" in (failed.value.details() or "").lower()
+        assert [v for v in m.values() if not v.startswith(b"x-")] == acked
+
+
 def test_bad_replication_settings_are_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
     for flags, said in (
         (["--min-insync-replicas", "0"], "min_insync_replicas must be at least 1"),

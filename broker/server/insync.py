@@ -308,7 +308,18 @@ class InSyncSet:
     async def replicated(self, write: Callable[[], Awaitable[T]], metadata: bool = False) -> T:
         """Sync mode: ``write()``'s result once it is on every in-sync member.
         ``metadata``: the write changes metadata (offsets), not the log."""
-        async with self._slots.hold(1):
+        return await (await self.begin(write, metadata))
+
+    async def begin(
+        self, write: Callable[[], Awaitable[T]], metadata: bool = False
+    ) -> asyncio.Task[T]:
+        """Sync mode: run ``write()`` now; return the task that waits for the
+        in-sync members and gives its result. A produce stream writes its next
+        batches while earlier ones wait (its writes stay in order, the waits
+        overlap). The task holds one of ``max_replication_waits`` until it
+        ends: the caller awaits or cancels it."""
+        taken = await self._slots.acquire(1)
+        try:
             self.expire()
             self.check_enough()
             result = await write()
@@ -318,8 +329,18 @@ class InSyncSet:
             else:  # the log end now covers the write (durable: it returned)
                 target = _Target(self.store.durable_end, 0)
             self.wake_streams()
-            await self._wait(target)
-            return result
+        except BaseException:
+            self._slots.release(taken)
+            raise
+
+        async def confirmed() -> T:
+            try:
+                await self._wait(target)
+                return result
+            finally:
+                self._slots.release(taken)
+
+        return asyncio.ensure_future(confirmed())
 
     async def _wait(self, target: _Target) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

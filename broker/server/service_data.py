@@ -9,6 +9,7 @@ carry records are pre-encoded by wire.py.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -19,6 +20,7 @@ import grpc
 from equeue_broker.server.budgets import Held
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
+from equeue_broker.server.pipelined import confirmed_in_order
 from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
@@ -88,12 +90,23 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def _produce_stream(
         self, requests: AsyncIterator[pb.ProduceRequest]
     ) -> AsyncIterator[pb.ProduceReply | bytes]:
-        count = 0
+        requests = _at_most(requests, MAX_STREAM_BATCHES)
+        if self.s.insync.sync:  # batches written while earlier ones wait for the replicas
+            async for reply in confirmed_in_order(requests, self._produce_confirmed_later):
+                yield reply
+            return
         async for request in requests:
-            count += 1
-            if count > MAX_STREAM_BATCHES:
-                raise BadRequest(f"more than {MAX_STREAM_BATCHES} requests on one stream")
             yield await self._produce_within_budget(request)
+
+    async def _produce_confirmed_later(
+        self, request: pb.ProduceRequest
+    ) -> asyncio.Future[pb.ProduceReply | bytes]:
+        """Sync replication: the batch written now, its reply's future (pipelined.py)."""
+        if not request.transaction_id:  # acked once on the replicas
+            return await self.s.insync.begin(functools.partial(self._append, request))
+        done: asyncio.Future[pb.ProduceReply | bytes] = asyncio.get_running_loop().create_future()
+        done.set_result(await self._append(request))
+        return done
 
     def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
         """The reply, pre-encoded (wire.py) when the batch went to one queue."""
@@ -506,3 +519,14 @@ def _take(batch: MessageBatch, indexes: Sequence[int]) -> MessageBatch:
         pick(batch.headers),
         pick(batch.timestamps_ms),
     )
+
+
+async def _at_most(
+    requests: AsyncIterator[pb.ProduceRequest], limit: int
+) -> AsyncIterator[pb.ProduceRequest]:
+    count = 0
+    async for request in requests:
+        count += 1
+        if count > limit:
+            raise BadRequest(f"more than {limit} requests on one stream")
+        yield request
