@@ -54,7 +54,11 @@ class NameServerService(pb_grpc.NameServerServicer):
                        "cluster": request.cluster, "address": request.address,
                        "topics": len(request.topics)},
             )  # fmt: skip
-        return pb.RegisterBrokerReply(expiry_ms=int(self.table.expiry_s * 1000))
+        reply = pb.RegisterBrokerReply(expiry_ms=int(self.table.expiry_s * 1000))
+        master = self.table.other_master(request.broker_name, request.address)
+        if master is not None:  # a member run without ZooKeeper learns a newer master
+            reply.master, reply.master_epoch = master.address, master.epoch
+        return reply
 
     async def UnregisterBroker(
         self, request: pb.UnregisterBrokerRequest, context: Any

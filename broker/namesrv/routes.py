@@ -240,6 +240,11 @@ class RouteTable:
                 entry.replicas[number] = replica.address
         return route
 
+    def other_master(self, broker_name: str, address: str) -> Registration | None:
+        """The group's master as routes name it, unless it is at ``address``."""
+        master = self.master_of(self._group(broker_name))
+        return master if master is not None and master.address != address else None
+
     def _group(self, broker_name: str) -> list[Registration]:
         return [r for r in self._brokers.values() if r.broker_name == broker_name]
 

@@ -261,6 +261,8 @@ async def serve(config: BrokerConfig) -> None:
             role=state.role,
         )  # fmt: skip
         state.registrar.follow()  # a role change registers at once
+        if election is None:  # without ZooKeeper: learn a promotion this broker missed
+            state.registrar.on_master = state.role_switch.learned
         # The first registration before the ready line: a test (or script) that
         # waited for it finds the broker's topics on every live name server.
         await state.registrar.register_once(state.registrar.request())

@@ -107,6 +107,37 @@ class RoleSwitch:
             if new.master:
                 self._start_follower()
 
+    async def learned(self, master: str, epoch: int) -> None:
+        """A name server routes the group to ``master`` of ``epoch`` (manual
+        failover only: with ZooKeeper the election decides). An epoch newer
+        than any this broker has seen means it missed a promotion while down or
+        cut off (an old master restarted with ``--role master``, a replica
+        still following the old master): it follows the new master, and a
+        deposed master's divergent tail is truncated as it does. A replica
+        with no master takes the one of its own epoch."""
+        view = self.s.role.view
+        if self.mode != MANUAL or not master or master == self.address:
+            return
+        newer = epoch > view.epoch
+        if not newer and (view.is_master or view.master or epoch != view.epoch):
+            return
+        group = self.s.config.broker_name
+        if view.is_master:
+            log.error(
+                "DEPOSED: the name servers route group %s to %s, master of epoch %d, newer "
+                "than this master's epoch %d: no longer taking writes, following it",
+                group, master, epoch, view.epoch,
+            )  # fmt: skip
+        else:
+            log.warning(
+                "group %s: following %s, master of epoch %d (learned from the name servers)",
+                group, master, epoch,
+            )  # fmt: skip
+        try:
+            await self.follow(master, epoch)
+        except (StaleEpoch, PreconditionFailed) as exc:  # raced with another change
+            log.info("not following %s: %s", master, exc)
+
     def _start_follower(self) -> None:
         self.s.follower = Follower(self.s, self.address)
         self._following = asyncio.create_task(self.s.follower.run())

@@ -14,6 +14,9 @@ Masters and replicas both register, each with its role and epoch read from
 ``BrokerRole`` at every registration; a role change (failover, promotion)
 registers at once (``follow``), so name servers and, through them, clients
 learn a new master within a registration round trip instead of an interval.
+A reply names the group's master when it is another member (``on_master``):
+in a group run without ZooKeeper, a member that missed a promotion (down, or
+cut off, while ``equeue cluster promote`` ran) learns of it so.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import logging
 import socket
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -86,6 +90,9 @@ class Registrar:
         self._failing: set[str] = set()
         self.registrations = 0
         """Successful registrations so far (all name servers together)."""
+        self.on_master: Callable[[str, int], Awaitable[None]] | None = None
+        """Called with the group's master and its epoch when a name server's
+        reply names another member (``RoleSwitch.learned``)."""
 
     def changed(self) -> None:
         """A topic changed: register now (safe to call from the event loop)."""
@@ -116,7 +123,7 @@ class Registrar:
 
     async def _register(self, address: str, request: pb.RegisterBrokerRequest) -> None:
         try:
-            await self._stubs[address].RegisterBroker(request, timeout=CALL_TIMEOUT_S)
+            reply = await self._stubs[address].RegisterBroker(request, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
             if address not in self._failing:
                 self._failing.add(address)
@@ -129,6 +136,8 @@ class Registrar:
         if address in self._failing:
             self._failing.discard(address)
             log.info("registered with name server %s again", address, extra={"namesrv": address})
+        if reply.master and self.on_master is not None:
+            await self.on_master(reply.master, reply.master_epoch)
 
     async def run(self) -> None:
         last_topics: list[pb.RegisteredTopic] | None = None

@@ -708,10 +708,14 @@ class RegisterBrokerRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[RegisteredTopic, _Mapping]]] = ..., instance_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerReply(_message.Message):
-    __slots__ = ("expiry_ms",)
+    __slots__ = ("expiry_ms", "master", "master_epoch")
     EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    MASTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     expiry_ms: int
-    def __init__(self, expiry_ms: _Optional[int] = ...) -> None: ...
+    master: str
+    master_epoch: int
+    def __init__(self, expiry_ms: _Optional[int] = ..., master: _Optional[str] = ..., master_epoch: _Optional[int] = ...) -> None: ...
 
 class UnregisterBrokerRequest(_message.Message):
     __slots__ = ("broker_name", "replica_id", "address")
