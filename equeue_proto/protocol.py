@@ -43,6 +43,18 @@ message with the broker's store time (as an empty ``timestamps_ms`` column
 does for a whole batch). Lets one batch mix given and missing timestamps."""
 
 
+ERROR_KIND_KEY = "equeue-error"
+"""Trailing-metadata key of a failed call whose kind a client acts on (the
+status code alone is too coarse, the message is for people). Its values:"""
+NOT_MASTER = "not-master"
+"""FAILED_PRECONDITION: a replica refused a write; send it to the group's master."""
+STALE_EPOCH = "stale-epoch"
+"""FAILED_PRECONDITION: the request came from a deposed master's epoch."""
+NOT_ENOUGH_REPLICAS = "not-enough-replicas"
+"""UNAVAILABLE: sync replication has too few in-sync members (Kafka's
+NOT_ENOUGH_REPLICAS); retry later, not on another broker."""
+
+
 def format_message_id(broker_id: str, position: int) -> str:
     """``<broker_id>-<log position as 16 hex digits>``: a message id names the
     broker and the record's place in its log, so it is looked up directly."""

@@ -17,10 +17,12 @@ import pytest
 from equeue_broker.storage.replicated import Metadata, decode_metadata, encode_metadata
 from equeue_broker.storage.topics import QueueMeta, TopicMeta
 from equeue_broker.testing import BrokerProcess
+from equeue_proto.protocol import NOT_MASTER
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.cli import main
-from tests.support.raw_client import RawClient
+from equeue_spark.client.errors import NotMasterError, from_rpc_error
+from tests.support.raw_client import RawClient, error_kind
 from tests.support.waits import wait_for
 
 CHUNK = str(4 << 20)  # small chunks: replication must roll them where the master did
@@ -147,6 +149,9 @@ def test_replica_follows_restarts_refuses_writes_and_survives_the_master(
                 call()
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert master.address in (refused.value.details() or "")
+            # Its kind, for clients to act on (protocol.ERROR_KIND_KEY).
+            assert error_kind(refused.value) == NOT_MASTER
+            assert isinstance(from_rpc_error(refused.value), NotMasterError)
 
         # A replica killed and restarted resumes from its own log end.
         replica.kill()

@@ -32,10 +32,11 @@ from equeue_broker.storage.replicated import (
     records_end,
 )
 from equeue_broker.testing import BrokerProcess
+from equeue_proto.protocol import NOT_ENOUGH_REPLICAS
 from equeue_proto.record import decode_record, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli import main
-from tests.support.raw_client import RawClient
+from tests.support.raw_client import RawClient, error_kind
 from tests.support.waits import wait_for
 
 TOPIC = "t"
@@ -254,6 +255,7 @@ def test_min_insync_2_refuses_writes_without_the_replica(tmp_path: Path) -> None
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, details
             assert "group g: 1 in-sync member" in details and "min_insync_replicas 2" in details
             assert "nothing was written" in details
+            assert error_kind(refused.value) == NOT_ENOUGH_REPLICAS
         assert m.stats().log_end_position == end
         assert m.committed("billing") == {}
 

@@ -6,11 +6,21 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
+from typing import Any
 
+import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from equeue_broker.server.errors import (
+    BadRequest,
+    NotEnoughReplicas,
+    ReplicaReadOnly,
+    StaleEpoch,
+    status_for,
+    trailers_for,
+)
 from equeue_broker.server.replicate_wire import ReplyDecodeError, decode_reply, encode_reply
 from equeue_broker.server.service_data import _PULL_STATUS
 from equeue_broker.server.wire import (
@@ -23,8 +33,9 @@ from equeue_broker.server.wire import (
 from equeue_broker.storage import ReadStatus, RecordsResult
 from equeue_broker.storage.queue_index import ENTRY
 from equeue_proto import accel
+from equeue_proto.protocol import ERROR_KIND_KEY, NOT_ENOUGH_REPLICAS, NOT_MASTER, STALE_EPOCH
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.client.errors import DataLossError
+from equeue_spark.client.errors import DataLossError, NotMasterError, from_rpc_error
 from equeue_spark.client.wire import PullReply, parse_pull_reply
 
 offsets = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -209,3 +220,50 @@ def test_replicate_reply_round_trips_and_protobuf_agrees(
 def test_a_replicate_reply_that_does_not_parse_says_so(wire: bytes) -> None:
     with pytest.raises(ReplyDecodeError, match="ReplicateReply"):
         decode_reply(wire)
+
+
+# -- error kinds (broker/server/errors.py, client/errors.py) ----------------------------
+
+
+class _Failed(grpc.RpcError):
+    """What a failed call raises: an RpcError with code, details and trailers."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailers: tuple[tuple[str, str], ...]):
+        self._code, self._details, self._trailers = code, details, trailers
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> Any:  # grpc-stubs: a tuple of _Metadatum
+        return self._trailers
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (ReplicaReadOnly("broker g is a replica of master a:1"), NOT_MASTER),
+        (StaleEpoch("epoch 1 is older than 2"), STALE_EPOCH),
+        (NotEnoughReplicas("group g: 1 in-sync member"), NOT_ENOUGH_REPLICAS),
+        (BadRequest("bad"), None),
+    ],
+)
+def test_the_errors_clients_act_on_carry_their_kind(error: Exception, kind: str | None) -> None:
+    trailers = trailers_for(error)
+    assert trailers == (((ERROR_KIND_KEY, kind),) if kind else ())
+    code, details = status_for(error)
+    client_error = from_rpc_error(_Failed(code, details, trailers))
+    assert isinstance(client_error, NotMasterError) == (kind == NOT_MASTER)
+
+
+def test_a_refusal_is_told_by_its_kind_not_its_words() -> None:
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    assert isinstance(
+        from_rpc_error(_Failed(code, "reworded", ((ERROR_KIND_KEY, NOT_MASTER),))), NotMasterError
+    )
+    stale = from_rpc_error(_Failed(code, "serves reads only", ((ERROR_KIND_KEY, STALE_EPOCH),)))
+    assert not isinstance(stale, NotMasterError)
+    # An older broker sends no kind: its words still say it.
+    assert isinstance(from_rpc_error(_Failed(code, "it serves reads only", ())), NotMasterError)

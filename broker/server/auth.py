@@ -42,7 +42,7 @@ from typing import Any
 
 import grpc
 
-from equeue_broker.server.errors import BadRequest, PermissionDenied, Unauthenticated, status_for
+from equeue_broker.server.errors import BadRequest, PermissionDenied, Unauthenticated, abort
 from equeue_broker.server.handlers import MethodHandler, rebuild, wrap_requests
 from equeue_proto.v1 import broker_pb2 as pb
 
@@ -295,10 +295,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
 def _refuse(handler: MethodHandler, error: Exception) -> MethodHandler:
     """A handler of the same kind that answers with ``error``'s status."""
-    code, message = status_for(error)
 
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(code, message)
+        await abort(context, error)
 
     async def streaming(
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
@@ -306,6 +305,6 @@ def _refuse(handler: MethodHandler, error: Exception) -> MethodHandler:
         nothing: Any
         for nothing in ():  # a yield makes this an async generator, as the handler must be
             yield nothing
-        await context.abort(code, message)
+        await abort(context, error)
 
     return rebuild(handler, unary, streaming)

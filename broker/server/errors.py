@@ -1,7 +1,10 @@
 """Server-side errors and THE mapping from domain errors to gRPC status codes.
 
 Every handler runs inside ``rpc`` or ``rpc_stream`` (service_base.py), which
-call ``status_for``; nothing else in the server picks a status code.
+end a failed call with ``abort`` (``status_for``'s code and message, and
+``trailers_for``'s kind for the errors a client acts on by kind: a replica's
+refusal, a stale epoch, too few in-sync replicas); nothing else in the server
+picks a status code.
 Exceptions that are not ``StorageError``s are bugs: they are logged with their
 traceback and answered with INTERNAL, never allowed to take the server down.
 
@@ -22,6 +25,7 @@ Server-only errors extend the storage hierarchy::
 from __future__ import annotations
 
 import logging
+from typing import Any, NoReturn
 
 import grpc
 
@@ -36,6 +40,7 @@ from equeue_broker.storage.errors import (
     StorageError,
     StoreClosed,
 )
+from equeue_proto.protocol import ERROR_KIND_KEY, NOT_ENOUGH_REPLICAS, NOT_MASTER, STALE_EPOCH
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +104,14 @@ _CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
 ]
 
 
+_KINDS: list[tuple[type[StorageError], str]] = [
+    (ReplicaReadOnly, NOT_MASTER),
+    (StaleEpoch, STALE_EPOCH),
+    (NotEnoughReplicas, NOT_ENOUGH_REPLICAS),
+]
+"""The errors a client tells apart by kind (``protocol.ERROR_KIND_KEY``)."""
+
+
 MAX_DETAIL = 1024
 """Longest status message sent: the details travel in gRPC metadata (8 KiB in
 all by default); a longer one would turn any error into RESOURCE_EXHAUSTED."""
@@ -113,6 +126,22 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, _short(f"storage error: {exc}")
     log.error("unexpected error serving a request", exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
+
+
+def trailers_for(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata a failed request is answered with: its kind, for
+    the errors a client acts on by kind (``_KINDS``); else none."""
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            return ((ERROR_KIND_KEY, kind),)
+    return ()
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
+    """End the call with ``exc``'s status (``status_for``) and kind (``trailers_for``)."""
+    code, message = status_for(exc)
+    await context.abort(code, message, trailing_metadata=trailers_for(exc))
+    raise AssertionError("unreachable: abort raises")  # for type checkers
 
 
 def _short(detail: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from equeue_broker.server.errors import BadRequest, status_for
+from equeue_broker.server.errors import BadRequest, abort
 
 MethodHandler = Any
 """A ``grpc.RpcMethodHandler`` of an aio server (grpc-stubs types only sync ones)."""
@@ -88,7 +88,7 @@ def wrap_requests(
     inner = handler.unary_unary or handler.unary_stream
 
     async def refuse(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
-        await context.abort(*status_for(exc))
+        await abort(context, exc)
 
     if handler.response_streaming:
 

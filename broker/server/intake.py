@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 
 from equeue_broker.server.budgets import ByteBudget, Held
-from equeue_broker.server.errors import BadRequest, RequestTimeout, status_for
+from equeue_broker.server.errors import BadRequest, RequestTimeout, abort
 from equeue_broker.server.handlers import MethodHandler
 
 _END = object()
@@ -110,7 +110,7 @@ class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 try:
                     request, held = await self._only(context)
                 except Exception as exc:  # every error becomes a status; see errors.py
-                    await context.abort(*status_for(exc))
+                    await abort(context, exc)
                 held.release()  # a stream's request is small; its replies have their budget
                 async for reply in inner_us(request, context):
                     yield reply
@@ -126,7 +126,7 @@ class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             try:
                 request, held = await self._only(context)
             except Exception as exc:  # every error becomes a status; see errors.py
-                await context.abort(*status_for(exc))
+                await abort(context, exc)
             try:
                 return await inner_uu(request, context)
             finally:

@@ -24,7 +24,7 @@ import grpc
 from equeue_broker.server.auth import Principal, TokenTable, scoped
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
-from equeue_broker.server.errors import PermissionDenied, ShuttingDown, status_for
+from equeue_broker.server.errors import PermissionDenied, ShuttingDown, abort
 from equeue_broker.server.groups import ConsumerRegistry
 from equeue_broker.server.insync import InSyncSet
 from equeue_broker.server.longpoll import PullWaiters
@@ -148,8 +148,7 @@ def rpc(method: Handler) -> Handler:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every error becomes a status; see errors.py
-            code, message = status_for(exc)
-        await context.abort(code, message)
+            await abort(context, exc)
 
     return wrapper
 
@@ -172,7 +171,6 @@ def rpc_stream(method: StreamHandler) -> StreamHandler:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every error becomes a status; see errors.py
-            code, message = status_for(exc)
-        await context.abort(code, message)
+            await abort(context, exc)
 
     return wrapper

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import grpc
 
+from equeue_proto.protocol import ERROR_KIND_KEY, NOT_MASTER
+
 
 class EqueueError(Exception):
     """Base class of every client error. ``code`` is the gRPC status, if any."""
@@ -58,7 +60,8 @@ class NotMasterError(PreconditionError):
 
 
 NOT_MASTER_MARK = "serves reads only"
-"""What a replica's refusal of a write says (the broker's ReplicaGate)."""
+"""What a replica's refusal of a write says: how one from an older broker,
+which sends no ``protocol.ERROR_KIND_KEY`` trailer, is recognised."""
 
 
 class LimitError(EqueueError):
@@ -126,6 +129,19 @@ def from_rpc_error(exc: grpc.RpcError) -> EqueueError:
     details_of = getattr(exc, "details", None)
     details = details_of() if callable(details_of) else str(exc)
     cls = _BY_CODE.get(code, BrokerError)
-    if cls is PreconditionError and NOT_MASTER_MARK in details:
+    kind = _kind(exc)
+    if cls is PreconditionError and (
+        kind == NOT_MASTER or (not kind and NOT_MASTER_MARK in details)
+    ):
         cls = NotMasterError
     return cls(f"{details} ({code.name})", code)
+
+
+def _kind(exc: grpc.RpcError) -> str:
+    """The failure's kind (``protocol.ERROR_KIND_KEY`` trailer), or ""."""
+    trailers_of = getattr(exc, "trailing_metadata", None)
+    trailers = trailers_of() if callable(trailers_of) else None
+    for key, value in trailers or ():
+        if key == ERROR_KIND_KEY:
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return ""

@@ -4,8 +4,11 @@ the broker's wire behaviour, so they do not go through the equeue client)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
+from equeue_proto.protocol import ERROR_KIND_KEY
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -40,3 +43,12 @@ class RawClient:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def error_kind(error: grpc.RpcError) -> str:
+    """A failed call's kind (``protocol.ERROR_KIND_KEY`` trailer), or ""."""
+    trailers: Any = error.trailing_metadata() or ()
+    for key, value in trailers:
+        if key == ERROR_KIND_KEY:
+            return value if isinstance(value, str) else bytes(value).decode()
+    return ""
