@@ -124,6 +124,22 @@ def test_replica_follows_restarts_refuses_writes_and_survives_the_master(
 
         wait_for("the group's offsets on the replica", offsets_replicated, 30)
 
+        # Topic changes while it follows reach it (the master encodes its
+        # metadata only when the topics or offsets changed: this checks that).
+        m.admin.CreateTopic(pb.CreateTopicRequest(name="late", queue_count=2), timeout=10)
+        m.admin.AddQueues(pb.AddQueuesRequest(name="orders", count=1), timeout=10)
+        m.admin.SetQueueVisibility(
+            pb.SetQueueVisibilityRequest(name="events", queue_id=0, producer_visible=False),
+            timeout=10,
+        )
+        m.produce("late", [b"late-%d" % i for i in range(10)])
+
+        def topics(client: Client) -> list[pb.TopicInfo]:
+            return list(client.admin.ListTopics(pb.ListTopicsRequest(), timeout=10).topics)
+
+        wait_for("the topic changes on the replica", lambda: topics(r) == topics(m), 30)
+        wait_for("the late topic's records", lambda: r.snapshot() == m.snapshot(), 30)
+
         # The master knows where its replica stands.
         def tracked() -> bool:
             stats = m.stats()

@@ -8,7 +8,7 @@ allow: at most two replies in flight), built by
 records within one chunk, or, at the end of the log, an empty reply after at
 most the request's ``wait_ms`` (woken by the store's listener when records
 are appended). The group's metadata rides along when it changed and at least
-every ``METADATA_INTERVAL_S``.
+every ``METADATA_INTERVAL_S`` (encoded only then: ``metadata_generation``).
 
 The replica side is ``follower.Follower``.
 """
@@ -36,6 +36,7 @@ from equeue_broker.storage.replicated import (
     LogPiece,
     encode_metadata,
     master_metadata,
+    metadata_generation,
     read_for_replica,
 )
 from equeue_proto.v1 import broker_pb2 as pb
@@ -138,6 +139,8 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         capacity = store.config.chunk_capacity_bytes
         slot = self.s.replicas.open(context.peer())
         sent_meta, sent_at = b"", 0.0
+        sent_topics: object = None  # metadata_generation of the last metadata encoded
+        sent_offsets = -1
         insync, member = self.s.insync, ""
         sent_hw = sent_version = -1
         try:
@@ -186,9 +189,15 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                 # After the bytes: the metadata then covers every topic they name;
                 # the version read before it: the metadata covers that version.
                 version = insync.metadata_version
-                meta = encode_metadata(master_metadata(store, self.s.broker_id))
+                topics, offsets = metadata_generation(store)
                 now = time.monotonic()
-                send_meta = meta != sent_meta or now - sent_at > METADATA_INTERVAL_S
+                due = now - sent_at > METADATA_INTERVAL_S
+                send_meta = False
+                # Encoded only when it may have changed (every reply waits for this).
+                if due or topics is not sent_topics or offsets != sent_offsets:
+                    sent_topics, sent_offsets = topics, offsets
+                    meta = encode_metadata(master_metadata(store, self.s.broker_id))
+                    send_meta = due or meta != sent_meta
                 if send_meta:
                     sent_meta, sent_at = meta, now
                 sent_hw, sent_version = insync.high_watermark(piece.end), version

@@ -67,6 +67,11 @@ class OffsetStore:
         self.lost: LostOffsets | None = None
         self._load()
 
+    @property
+    def version(self) -> int:
+        """Counts changes: a replication master resends its metadata only after one."""
+        return self._version
+
     def _load(self) -> None:
         try:
             document = load_json(self.path)

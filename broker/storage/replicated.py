@@ -123,6 +123,14 @@ def decode_metadata(data: bytes) -> Metadata:
         raise InvalidArgument(f"bad replication metadata: {exc!r}") from None
 
 
+def metadata_generation(store: Store) -> tuple[object, int]:
+    """(the topics mapping, the offsets' version): the topics mapping is replaced
+    on every topic or queue change and the version counts offset changes, so
+    while neither moved, ``master_metadata`` returns the same. Read it before
+    the metadata (a change in between then makes the next one differ)."""
+    return store._topics, store._offsets.version
+
+
 def master_metadata(store: Store, broker_name: str) -> Metadata:
     """What a master sends its replicas."""
     return Metadata(broker_name, tuple(store.topics()), store._offsets.snapshot())
