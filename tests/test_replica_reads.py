@@ -100,7 +100,9 @@ def test_a_role_change_registers_at_once(tmp_path: Path, open_store: Callable[..
                 raise AssertionError(f"the name server never listed {wanted}")
 
             await seen((REPLICA, 0), 10)
-            threading.Thread(target=role.set, args=(MASTER, "", 3)).start()
+            threading.Thread(
+                target=role.set, args=(MASTER, "", 3), kwargs={"why": "a test"}
+            ).start()
             elapsed = await seen((MASTER, 3), 10)
         running.cancel()
         await registrar.close()

@@ -8,6 +8,7 @@ and truncates its unreplicated tail; a replica restarted with its old
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -99,6 +100,7 @@ def test_members_that_missed_a_promotion_learn_it_from_the_name_servers(
         cli = ["--timeout-s", "10", "--retries", "0", "cluster", "promote", GROUP]
         assert main([*cli, "--brokers", r1.address]) == 0, capsys.readouterr().err
         assert role(r1) == ("master", "", 1)
+        assert stats(r1).role_reason == "SetRole: promoted to epoch 1"
         rc = RawClient(r1.address)
         rc.produce("t", values("epoch1", 10))
         rc.close()
@@ -111,6 +113,12 @@ def test_members_that_missed_a_promotion_learn_it_from_the_name_servers(
         m.start()
         assert role(m) == ("replica", r1.address, 1)
         assert "DEPOSED: the name servers route group g to" in m.log_since_start()
+        why = f"the name servers route group g to {r1.address} (epoch 1)"
+        assert stats(m).role_reason == why
+        assert main(["--broker", m.address, "stats"]) == 0
+        assert re.search(
+            rf"^role since +\S+ \S+ \({re.escape(why)}\)$", capsys.readouterr().out, re.M
+        )
         with pytest.raises(grpc.RpcError) as refused:
             RawClient(m.address).produce("t", [b"no"])
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -112,7 +112,8 @@ async def create_server(
     # The epoch starts at the newest marker in the log (epochs.py); with ZooKeeper
     # every member starts as a replica with no master, until the election says.
     start_role = REPLICA if config.zookeeper else config.role
-    role = BrokerRole(start_role, config.master, store.epochs.last_epoch)
+    why = "started; elections through ZooKeeper decide" if config.zookeeper else "--role at start"
+    role = BrokerRole(start_role, config.master, store.epochs.last_epoch, why)
     # After authentication: an unknown caller learns nothing. Always installed:
     # failover can make a master a replica at any time (role.py). Before
     # DecodeGuard, which caches its handler per method and so would ask the

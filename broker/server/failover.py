@@ -68,7 +68,7 @@ class RoleSwitch:
     async def stop(self) -> None:
         await self._stop_follower()
 
-    async def promote(self, epoch: int, *, elected: bool = False) -> None:
+    async def promote(self, epoch: int, *, elected: bool = False, why: str = "") -> None:
         """Become master of ``epoch``. An operator's epoch must be newer than every
         epoch seen (``StaleEpoch``); an election's is ZooKeeper's word."""
         async with self._lock:
@@ -86,9 +86,12 @@ class RoleSwitch:
                 position = await self.s.call(store.write_epoch_marker, epoch)
                 log.warning("MASTER of epoch %d from log position %d", epoch, position)
             self.s.insync.reset()  # no replica is in sync with this master yet
-            self.s.role.set(MASTER, "", epoch)
+            how = f"elected through ZooKeeper (epoch {epoch})" if elected else f"epoch {epoch}"
+            self.s.role.set(MASTER, "", epoch, why=why or how)
 
-    async def follow(self, master: str, epoch: int | None, *, elected: bool = False) -> None:
+    async def follow(
+        self, master: str, epoch: int | None, *, elected: bool = False, why: str = ""
+    ) -> None:
         """Become a replica of ``master`` ("": none now) from ``epoch`` on (an
         operator's must not be older than the newest seen: ``StaleEpoch``)."""
         async with self._lock:
@@ -102,7 +105,10 @@ class RoleSwitch:
                 raise PreconditionFailed(f"{master} is this broker: a replica follows another")
             if view.is_master:
                 log.warning("no longer master (epoch %d): following %s", view.epoch, master or "-")
-            new = self.s.role.set(REPLICA, master, epoch)  # writes are refused from here
+            if not why and elected:
+                why = f"ZooKeeper: {master} elected" if master else "ZooKeeper: no master now"
+            why = why or f"follows {master}"
+            new = self.s.role.set(REPLICA, master, epoch, why=why)  # writes refused from here
             await self._stop_follower()
             if new.master:
                 self._start_follower()
@@ -134,7 +140,10 @@ class RoleSwitch:
                 group, master, epoch,
             )  # fmt: skip
         try:
-            await self.follow(master, epoch)
+            await self.follow(
+                master, epoch, why=f"the name servers route group {group} to {master} "
+                f"(epoch {epoch})",
+            )  # fmt: skip
         except (StaleEpoch, PreconditionFailed) as exc:  # raced with another change
             log.info("not following %s: %s", master, exc)
 
@@ -180,7 +189,7 @@ class ZkFailover:
         await asyncio.to_thread(self.election.close)
         self._publisher.shutdown(wait=False, cancel_futures=True)
         # Another member may be elected from now on: take no more writes.
-        self.s.role.set(REPLICA, "", None)
+        self.s.role.set(REPLICA, "", None, why="stopping: left the election")
 
     # -- the election's thread -------------------------------------------------------
 
@@ -242,13 +251,13 @@ async def set_role(state: BrokerState, request: pb.SetRoleRequest, scope: Princi
     if request.role == MASTER:
         if request.master:
             raise BadRequest(f"a master follows nobody: drop master {request.master!r}")
-        await switch.promote(request.epoch)
+        await switch.promote(request.epoch, why=f"SetRole: promoted to epoch {request.epoch}")
     elif request.role == REPLICA:
         host, sep, port = request.master.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise BadRequest(
                 f"master {request.master!r} is not HOST:PORT: a replica needs its master"
             )
-        await switch.follow(request.master, request.epoch)
+        await switch.follow(request.master, request.epoch, why=f"SetRole: follow {request.master}")
     else:
         raise BadRequest(f"role {request.role!r}: give master or replica")

@@ -222,7 +222,10 @@ def check_request_epoch(state: BrokerState, request: pb.ReplicateRequest, replic
     with no master, until told or elected) and refuses the stream (StaleEpoch)."""
     view = state.role.view
     if request.epoch > view.epoch and view.is_master:
-        state.role.set(REPLICA, "", request.epoch)
+        state.role.set(
+            REPLICA, "", request.epoch,
+            why=f"deposed: replica {replica} has seen epoch {request.epoch}",
+        )  # fmt: skip
         log.error(
             "DEPOSED: replica %s has seen epoch %d, this master is of epoch %d: no longer "
             "taking writes", replica, request.epoch, view.epoch,

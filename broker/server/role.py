@@ -14,6 +14,7 @@ comes from a deposed master and is refused (``fence``).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,10 +45,16 @@ Listener = Callable[[RoleView, RoleView], None]
 class BrokerRole:
     """The current ``RoleView`` (thread-safe; listeners run on the changing thread)."""
 
-    def __init__(self, role: str, master: str = "", epoch: int = 0) -> None:
+    def __init__(self, role: str, master: str = "", epoch: int = 0, why: str = "") -> None:
         self._lock = threading.Lock()
         self._view = RoleView(role, master, epoch)
         self._listeners: list[Listener] = []
+        self.why = why
+        """What gave this broker its role (GetStats ``role_reason``): an
+        operator's flags or call, an election, a replica or name server that
+        knew a newer epoch."""
+        self.since_ms = int(time.time() * 1000)
+        """When it got it (wall clock, ms)."""
 
     @property
     def view(self) -> RoleView:
@@ -57,12 +64,15 @@ class BrokerRole:
     def is_master(self) -> bool:
         return self._view.is_master
 
-    def set(self, role: str, master: str = "", epoch: int | None = None) -> RoleView:
-        """Change the role (an epoch never goes back); tell the listeners."""
+    def set(self, role: str, master: str = "", epoch: int | None = None, *, why: str) -> RoleView:
+        """Change the role (an epoch never goes back) for the reason ``why``;
+        tell the listeners."""
         with self._lock:
             old = self._view
             new = RoleView(role, master, old.epoch if epoch is None else max(epoch, old.epoch))
             self._view = new
+            if new != old:
+                self.why, self.since_ms = why, int(time.time() * 1000)
             listeners = list(self._listeners)
         if new != old:
             for listener in listeners:

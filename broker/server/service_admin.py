@@ -349,6 +349,8 @@ class AdminService(pb_grpc.AdminServicer):
                 in_sync=in_sync,
                 high_watermark=store.high_watermark,
                 failover=self.s.role_switch.mode if self.s.role_switch else "manual",
+                role_reason=self.s.role.why,
+                role_since_ms=self.s.role.since_ms,
             )
 
         view = self.s.role.view

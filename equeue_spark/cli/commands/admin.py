@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli.common import UsageError, admin_client
@@ -96,6 +97,7 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
                 ),
                 ("role", f"{s.role or 'master'}" + (f", following {s.master}" if s.master else "")),
                 ("epoch", f"{s.epoch} (failover: {s.failover or 'manual'})"),
+                ("role since", _role_since(s)),
                 ("log end", s.log_end_position),
                 ("replication", _replication(s)),
                 ("high watermark", s.high_watermark),
@@ -117,3 +119,11 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
         )
     for damaged in s.damaged_metadata:
         ui.line(f"DAMAGED metadata: {damaged}")
+
+
+def _role_since(s: pb.BrokerStats) -> str:
+    """When and why the broker got its role ("-" from a broker that does not say)."""
+    if not s.role_since_ms:
+        return "-"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.role_since_ms / 1000))
+    return f"{when} ({s.role_reason or 'no reason given'})"
