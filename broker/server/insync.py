@@ -308,7 +308,12 @@ class InSyncSet:
     async def replicated(self, write: Callable[[], Awaitable[T]], metadata: bool = False) -> T:
         """Sync mode: ``write()``'s result once it is on every in-sync member.
         ``metadata``: the write changes metadata (offsets), not the log."""
-        return await (await self.begin(write, metadata))
+        taken, result, target = await self._write(write, metadata)
+        try:
+            await self._wait(target)
+            return result
+        finally:
+            self._slots.release(taken)
 
     async def begin(
         self, write: Callable[[], Awaitable[T]], metadata: bool = False
@@ -318,6 +323,22 @@ class InSyncSet:
         batches while earlier ones wait (its writes stay in order, the waits
         overlap). The task holds one of ``max_replication_waits`` until it
         ends: the caller awaits or cancels it."""
+        taken, result, target = await self._write(write, metadata)
+
+        async def confirmed() -> T:
+            try:
+                await self._wait(target)
+                return result
+            finally:
+                self._slots.release(taken)
+
+        return asyncio.ensure_future(confirmed())
+
+    async def _write(
+        self, write: Callable[[], Awaitable[T]], metadata: bool
+    ) -> tuple[int, T, _Target]:
+        """Take a wait slot, check the set, write: (slot taken, result, what
+        confirms it). The slot is given back here only if this fails."""
         taken = await self._slots.acquire(1)
         try:
             self.expire()
@@ -332,15 +353,7 @@ class InSyncSet:
         except BaseException:
             self._slots.release(taken)
             raise
-
-        async def confirmed() -> T:
-            try:
-                await self._wait(target)
-                return result
-            finally:
-                self._slots.release(taken)
-
-        return asyncio.ensure_future(confirmed())
+        return taken, result, target
 
     async def _wait(self, target: _Target) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
