@@ -58,6 +58,7 @@ class Follower:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
+            contact = self.last_contact
             try:
                 async with grpc.aio.insecure_channel(
                     master, options=[("grpc.max_receive_message_length", 64 << 20)]
@@ -65,6 +66,8 @@ class Follower:
                     await self._follow(channel)
             except asyncio.CancelledError:
                 raise
+            except asyncio.InvalidStateError as exc:  # a write on a stream the master ended
+                log.warning("replication from %s: the stream ended (%s)", master, exc)
             except grpc.aio.AioRpcError as exc:
                 log.warning("replication from %s: %s %s", master, exc.code().name, exc.details())
                 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
@@ -74,9 +77,13 @@ class Follower:
             except (StorageError, OSError) as exc:
                 log.error("replication from %s stopped: %s", master, exc)
                 self.stopped = str(exc)
+            except Exception:  # a bug: said with its traceback, and retried (bounded back-off)
+                log.exception("replication from %s failed", master)
             if self.stopped is not None:
                 log.error("REPLICATION STOPPED: %s", self.stopped)
                 return
+            if self.last_contact > contact:  # it replicated: a new failure starts over
+                backoff = 0.1
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
