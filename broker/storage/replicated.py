@@ -32,8 +32,9 @@ Metadata document (JSON, UTF-8; ``encode_metadata``/``decode_metadata``)::
                  "queues": [[queue_id, producer_visible, consumer_visible], ...]}],
      "offsets": {"group": {"topic": [[queue_id, next_offset], ...]}}}
 
-This module reaches into the store's state (its lock, log, queues, topics and
-offsets) the way store.py's own helper modules do; store.py stays the owner.
+This module reaches into the store's state (its locks, log, queues, topics,
+through its ``TopicAdmin`` (topic_admin.py), and offsets) the way store.py's
+own helper modules do; store.py stays the owner.
 """
 
 from __future__ import annotations
@@ -297,20 +298,21 @@ class ReplicaLog:
                 log.info("replica: topic %s deleted (the master's is gone or newer)", name)
                 store.delete_topic(name)
                 changed = True
+        admin = store._topic_admin
         with store._admin_lock, store._lock:
             for name, topic in wanted.items():
-                have_meta = store._topics.get(name)
+                have_meta = admin.topics.get(name)
                 if have_meta == topic:
                     continue
                 changed = True
-                before = store._topics
+                before = admin.topics
                 old_ids = {q.queue_id for q in have_meta.queues} if have_meta else set()
                 new_ids = {q.queue_id for q in topic.queues}
-                store._save_topics({**before, name: topic})
+                admin.save({**before, name: topic})
                 for queue_id in sorted(old_ids - new_ids):
                     store._queues.pop((name, queue_id)).index.release()
-                    store._forget(name, queue_id)
-                store._open_queues(name, sorted(new_ids - old_ids), before)
+                    admin.forget(name, queue_id)
+                admin.open_queues(name, sorted(new_ids - old_ids), before)
                 for q in topic.queues:
                     store._queues[(name, q.queue_id)].producer_visible = q.producer_visible
         if store._offsets.replace_all(meta.offsets):

@@ -1,16 +1,17 @@
-"""The store: one data directory's lock, write paths, admin and lifecycle.
+"""The store: one data directory's lock, write paths, offsets and lifecycle.
 
 ``Store`` owns the store lock and the state every part of the engine shares
-(the message log, the queues, topics and group offsets). It keeps the write
-paths (``append``, the sync-mode group-commit rounds, and
-the transaction writes), topic, queue and group-offset admin,
-and opening, flushing, the maintenance thread and closing. The rest lives in
+(the message log, the queues, group offsets, and the topics its
+``TopicAdmin`` holds). It keeps the write paths (``append``, the sync-mode
+group-commit rounds, and the transaction writes), group-offset admin, and
+opening, flushing, the maintenance thread and closing. The rest lives in
 modules that depend on that state but never on this module: recovery.py runs
 at open, log_writer.py places an append in the log, visibility.py decides
-when written records become readable, reads.py serves ``read``
-and the lookups (the store delegates), retention.py deletes expired chunks,
-and transactions.py reaches the store only through its ``TransactionStore``
-protocol. The values the calls return are in results.py.
+when written records become readable, reads.py serves ``read`` and the
+lookups, topic_admin.py creates and deletes topics and queues (the store
+delegates to both), retention.py deletes expired chunks, and transactions.py
+reaches the store only through its ``TransactionStore`` protocol. The values
+the calls return are in results.py.
 
 Data directory layout::
 
@@ -18,7 +19,7 @@ Data directory layout::
     <data_dir>/log/<n:09d>.chunk          message log chunks (message_log.py)
     <data_dir>/index/<topic>/<q>/<n>.idx  queue index chunks (queue_index.py)
     <data_dir>/index/.deleted.<hex>/      an index being deleted (deletion.py)
-    <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py)
+    <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py, topic_admin.py)
     <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
     <data_dir>/checkpoint.json[.bak]      log position below which every index
                                           entry is fsynced (recovery.py)
@@ -33,9 +34,10 @@ Committed offsets are persisted before a commit returns in sync mode.
 Thread safety: every public method may be called from any thread. ``_lock``
 (reentrant) guards the log, the queues and the topics: a private method that
 says "lock held" must be called with it held, as must the helpers of
-log_writer.py, retention.py and the private methods of reads.py. Listeners are
-called outside it, under ``_notify_lock``; ``_checkpoint_lock`` orders
-checkpoint saves.
+log_writer.py, retention.py, the private methods of reads.py and the lookups
+and changes of topic_admin.py. ``_admin_lock`` serialises topic and queue
+deletes and (re)creations (topic_admin.py). Listeners are called outside
+``_lock``, under ``_notify_lock``; ``_checkpoint_lock`` orders checkpoint saves.
 """
 
 from __future__ import annotations
@@ -51,12 +53,10 @@ from equeue_broker.storage.atomic_file import remove_temp_files
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
 from equeue_broker.storage.data_dir import lock_data_dir
-from equeue_broker.storage.deletion import bury_index, sweep
+from equeue_broker.storage.deletion import sweep
 from equeue_broker.storage.epochs import EpochHistory, prepare_marker
 from equeue_broker.storage.errors import (
-    AlreadyExists,
     InvalidArgument,
-    LimitExceeded,
     NotFound,
     PreconditionFailed,
     StorageError,
@@ -67,10 +67,10 @@ from equeue_broker.storage.flush import GroupCommit, SyncCommitter
 from equeue_broker.storage.log_writer import LogWriter
 from equeue_broker.storage.maintenance import maintain
 from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.names import validate_group, validate_topic
+from equeue_broker.storage.names import validate_group
 from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
 from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
+from equeue_broker.storage.queue_state import QueueKey, QueueState
 from equeue_broker.storage.reads import Reads
 from equeue_broker.storage.record import MessageBatch, PreparedBatch, prepare_batch
 from equeue_broker.storage.recovery import Checkpoint, recover, save_checkpoint
@@ -83,7 +83,8 @@ from equeue_broker.storage.results import (
     RetentionReport,
 )
 from equeue_broker.storage.retention import delete_expired
-from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics, save_topics
+from equeue_broker.storage.topic_admin import TopicAdmin, queue_meta
+from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics
 from equeue_broker.storage.transactions import Transactions
 from equeue_broker.storage.txn_writes import write_commit
 from equeue_broker.storage.visibility import Change, Visibility
@@ -109,7 +110,6 @@ class Store:
         self._visibility = Visibility()  # when written records become readable
         self._queues: dict[QueueKey, QueueState] = {}
         self._admin_lock = threading.Lock()  # serialises deletes and (re)creations
-        self._deleted_below = 0  # every record of a deleted topic or queue is below it
         root = config.data_dir
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # data is private to the broker
         self._lock_fd = lock_data_dir(root)
@@ -118,11 +118,11 @@ class Store:
             self._log = MessageLog(
                 root / "log", config.chunk_capacity_bytes, config.max_mapped_chunks
             )
-            self._topics, self._topics_lost = load_topics(root / "topics.json")
+            topics, self._topics_lost = load_topics(root / "topics.json")
             self._offsets = OffsetStore(root / "offsets.json")
-            sweep(root, self._topics, self._offsets)
+            sweep(root, topics, self._offsets)
             self.recovery, checkpoint, recovered = recover(
-                config, self._log, self._topics.values(), self._offsets, self._queues
+                config, self._log, topics.values(), self._offsets, self._queues
             )
             self._checkpoint = checkpoint.index_position
             self._visibility.durable_seen = self._log.write_position
@@ -130,9 +130,16 @@ class Store:
             self._release_files()
             raise
         self._writer = LogWriter(self._log, self._fail)
+        self._topic_admin = TopicAdmin(
+            config, lock=self._lock, admin_lock=self._admin_lock, message_log=self._log,
+            queues=self._queues, offsets=self._offsets, topics=topics,
+            check_open=self._check_open, flush=self.flush,
+            persist_offsets=self._persist_offsets, checkpoint=lambda: self._checkpoint,
+        )  # fmt: skip
         self._reads = Reads(
-            config, self._lock, self._log, self._queues, self._live_queue, self._check_open
-        )
+            config, self._lock, self._log, self._queues, self._topic_admin.live_queue,
+            self._check_open,
+        )  # fmt: skip
         self._commit = GroupCommit(
             self._sync_target,
             self._log.write_position,
@@ -151,194 +158,37 @@ class Store:
             self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
             self._thread.start()
 
-    def _open_queue(self, topic: str, queue_id: int) -> QueueState:
-        """Open a new queue's index and make the queue the store's (lock held)."""
-        config = self.config
-        queue = open_queue(
-            config.data_dir, config.index_entries_per_chunk, topic, queue_id,
-            config.max_open_index_files,
-        )  # fmt: skip
-        self._queues[(topic, queue_id)] = queue
-        return queue
-
-    # -- topics -----------------------------------------------------------------------
-
-    # Every metadata change is saved to topics.json before memory changes: if the
-    # save fails (disk full), the broker goes on as if the call never happened,
-    # rather than accepting appends to a topic a restart would not know.
+    # -- topics and queues: topic_admin.py documents and implements them --------------
 
     def create_topic(self, name: str, queue_count: int | None = None) -> TopicMeta:
-        validate_topic(name)
-        count = self.config.default_queue_count if queue_count is None else queue_count
-        self._check_queue_count(name, count)
-        with self._admin_lock:  # no delete is half done while the name is taken again
-            self._settle_deletes()  # nothing of an older topic of this name may come back
-            with self._lock:
-                self._check_open()
-                if name in self._topics:
-                    raise AlreadyExists(f"topic {name!r} already exists")
-                bury_index(self.config.data_dir, name)  # what a failed delete left
-                if len(self._topics) >= self.config.max_topics:
-                    raise LimitExceeded(
-                        f"cannot create topic {name!r}: max_topics={self.config.max_topics}"
-                    )
-                meta = TopicMeta(name, tuple(QueueMeta(i) for i in range(count)), _now_ms())
-                before = self._topics
-                self._save_topics({**before, name: meta})
-                self._open_queues(name, [q.queue_id for q in meta.queues], before)
-                return meta
+        return self._topic_admin.create_topic(name, queue_count)
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic, its indexes and groups' offsets, for good (deletion.py)."""
-        with self._admin_lock:
-            self.flush()  # the saves a full disk refuses fail here, before any change
-            with self._lock:
-                self._topic(name)
-                self._save_topics({k: v for k, v in self._topics.items() if k != name})
-                for key in [k for k in self._queues if k[0] == name]:
-                    self._queues.pop(key).index.release()
-                self._forget(name, None)
-            self._settle_deletes()
-
-    def _forget(self, topic: str, queue_id: int | None) -> None:
-        """After the metadata save of a delete: its index and offsets go (lock held)."""
-        self._offsets.forget(topic, queue_id)
-        self._deleted_below = self._log.write_position  # its records are all below
-        bury_index(self.config.data_dir, topic, queue_id)
-
-    def _settle_deletes(self) -> None:
-        """Make deletes final: offsets saved, the checkpoint past their records."""
-        self._persist_offsets()
-        if self._checkpoint < self._deleted_below:
-            self.flush()
+        self._topic_admin.delete_topic(name)
 
     def add_queues(self, name: str, count: int = 1) -> TopicMeta:
-        with self._admin_lock:
-            self._settle_deletes()  # a deleted queue's id may be used again
-            with self._lock:
-                meta = self._topic(name)
-                self._check_queue_count(name, len(meta.queues) + count)
-                next_id = max((q.queue_id for q in meta.queues), default=-1) + 1
-                new_ids = range(next_id, next_id + count)
-                for queue_id in new_ids:
-                    meta = meta.with_queue(QueueMeta(queue_id))
-                before = self._topics
-                self._save_topics({**before, name: meta})
-                self._open_queues(name, list(new_ids), before)
-                return meta
+        return self._topic_admin.add_queues(name, count)
 
     def set_queue_visibility(
         self, topic: str, queue_id: int, producer: bool | None = None, consumer: bool | None = None
     ) -> QueueMeta:
-        with self._lock:
-            meta = self._topic(topic)
-            current = self._queue_meta(meta, queue_id)
-            updated = QueueMeta(
-                queue_id,
-                current.producer_visible if producer is None else producer,
-                current.consumer_visible if consumer is None else consumer,
-            )
-            self._save_topics({**self._topics, topic: meta.with_queue(updated)})
-            self._queues[(topic, queue_id)].producer_visible = updated.producer_visible
-            return updated
+        return self._topic_admin.set_queue_visibility(topic, queue_id, producer, consumer)
 
     def delete_queue(self, topic: str, queue_id: int, force: bool = False) -> int:
         """Delete a queue hidden from producers and consumers; unless ``force``,
         only if every group that committed on the topic consumed all of it, or
         it is empty. The number of unconsumed messages it dropped."""
-        with self._admin_lock:
-            with self._lock:
-                meta = self._topic(topic)
-                qmeta = self._queue_meta(meta, queue_id)
-                if qmeta.producer_visible or qmeta.consumer_visible:
-                    raise PreconditionFailed(
-                        f"queue {topic}/{queue_id} must be hidden from producers and consumers"
-                    )
-                queue = self._queues[(topic, queue_id)]
-                index = queue.index
-                unread = self._offsets.unconsumed(
-                    topic, queue_id, index.earliest, queue.visible_end
-                )
-                if unread and not force:
-                    raise PreconditionFailed(
-                        f"queue {topic}/{queue_id} still has {unread} unconsumed messages; "
-                        "consume them with every group first, or delete it with force "
-                        "(--force) to drop them"
-                    )
-                self._save_topics({**self._topics, topic: meta.without_queue(queue_id)})
-                self._queues.pop((topic, queue_id)).index.release()
-                self._forget(topic, queue_id)
-            self._settle_deletes()
-            return unread
+        return self._topic_admin.delete_queue(topic, queue_id, force)
 
     def topics(self) -> list[TopicMeta]:
-        with self._lock:
-            return sorted(self._topics.values(), key=lambda t: t.name)
+        return self._topic_admin.listing()
 
     def topic(self, name: str) -> TopicMeta:
-        with self._lock:
-            return self._topic(name)
+        return self._topic_admin.describe(name)
 
     def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
-        with self._lock:
-            qmeta = self._queue_meta(self._topic(topic), queue_id)
-            queue = self._queues[(topic, queue_id)]
-            return QueueInfo(
-                topic,
-                queue_id,
-                queue.index.earliest,
-                queue.visible_end,
-                qmeta.producer_visible,
-                qmeta.consumer_visible,
-            )
-
-    def _topic(self, name: str) -> TopicMeta:
-        """The topic's metadata, if the store is open and the topic exists (lock held)."""
-        self._check_open()
-        meta = self._topics.get(name)
-        if meta is None:
-            validate_topic(name)
-            raise NotFound(f"topic {name!r} does not exist")
-        return meta
-
-    def _live_queue(self, topic: str, queue_id: int) -> QueueState:
-        """The queue, if the store is open and the topic and queue exist (lock held)."""
-        self._queue_meta(self._topic(topic), queue_id)
-        return self._queues[(topic, queue_id)]
-
-    def _queue_meta(self, meta: TopicMeta, queue_id: int) -> QueueMeta:
-        qmeta = meta.queue(queue_id) if isinstance(queue_id, int) else None
-        if qmeta is None:
-            raise NotFound(f"topic {meta.name!r} has no queue {queue_id!r}")
-        return qmeta
-
-    def _check_queue_count(self, name: str, count: int) -> None:
-        if not isinstance(count, int) or not 1 <= count <= self.config.max_queues_per_topic:
-            raise LimitExceeded(
-                f"topic {name!r}: queue count {count!r} outside [1, "
-                f"{self.config.max_queues_per_topic}] (max_queues_per_topic)"
-            )
-
-    def _open_queues(self, topic: str, queue_ids: list[int], before: dict[str, TopicMeta]) -> None:
-        """Open new queues' indexes; if that fails, put the metadata back (lock held)."""
-        try:
-            for queue_id in queue_ids:
-                self._open_queue(topic, queue_id)
-        except OSError as exc:
-            for queue_id in queue_ids:
-                queue = self._queues.pop((topic, queue_id), None)
-                if queue is not None:
-                    queue.index.release()
-            self._save_topics(before)
-            raise io_error(f"the index of {topic}", exc) from exc
-
-    def _save_topics(self, topics: dict[str, TopicMeta]) -> None:
-        """Persist ``topics``, then make them the store's (lock held)."""
-        try:
-            save_topics(self.config.data_dir / "topics.json", topics)
-        except OSError as exc:
-            raise io_error("topics.json", exc) from exc
-        self._topics = topics
+        return self._topic_admin.queue_info(topic, queue_id)
 
     # -- appends ----------------------------------------------------------------------
 
@@ -513,7 +363,7 @@ class Store:
         self._check_writable()
         queue = self._queues.get((topic, queue_id))
         if queue is None:  # find out why, for the error message
-            self._queue_meta(self._topic(topic), queue_id)
+            queue_meta(self._topic_admin.topic(topic), queue_id)
             raise NotFound(f"queue {topic}/{queue_id} does not exist")
         if not queue.producer_visible:
             raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
@@ -660,7 +510,7 @@ class Store:
         with self._lock:
             checked = []
             for topic, queue_id, next_offset in offsets:
-                end = self._live_queue(topic, queue_id).visible_end
+                end = self._topic_admin.live_queue(topic, queue_id).visible_end
                 if not isinstance(next_offset, int) or not 0 <= next_offset <= end:
                     raise InvalidArgument(
                         f"offset {next_offset!r} for {topic}/{queue_id} outside [0, {end}]"
@@ -765,7 +615,7 @@ class Store:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {
-                "topics": len(self._topics),
+                "topics": len(self._topic_admin.topics),
                 "queues": len(self._queues),
                 "groups": len(self._offsets.groups()),
                 "log_chunks": len(self._log.chunks),
