@@ -129,7 +129,7 @@ def metadata_generation(store: Store) -> tuple[object, int]:
     on every topic or queue change and the version counts offset changes, so
     while neither moved, ``master_metadata`` returns the same. Read it before
     the metadata (a change in between then makes the next one differ)."""
-    return store._topics, store._offsets.version
+    return store._topic_admin.topics, store._offsets.version
 
 
 def master_metadata(store: Store, broker_name: str) -> Metadata:
