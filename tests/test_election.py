@@ -514,3 +514,51 @@ def test_start_without_waiting_joins_when_zookeeper_comes_up(tmp_path: Path) -> 
     finally:
         election.close()
         zk.stop()
+
+
+@pytest.mark.timeout(90)
+def test_a_session_lost_in_mid_step_is_not_lost_twice(
+    zk_hosts: str, members: Callable[..., Member]
+) -> None:
+    """The election thread learns of a lost session from a queued LOST event; kazoo
+    may have a new session before the thread reads it. Here b's step is held (in
+    its position read, claiming) while its session expires and kazoo opens a new
+    one; the step goes on in the new session (registers anew, wins epoch 2). The
+    LOST event read afterwards must not discard that registration: it would demote
+    b and leave its winning znode, alive in b's session, the master forever."""
+    a = members(zk_hosts, "g", "a")
+    a.wait_master(1)
+    b = members(zk_hosts, "g", "b")
+    b.wait_following("a", 1)
+    a.election.publish_isr(["b"])
+    entered, release = threading.Event(), threading.Event()
+
+    def held_position() -> int:
+        entered.set()
+        release.wait(WAIT_S)
+        return 4096
+
+    b.election.position_fn = held_position
+    a.election.close()  # b claims epoch 2: its step waits in held_position
+    assert entered.wait(WAIT_S), "b did not try to claim"
+    old = b.election.client.client_id
+    expire_session(zk_hosts, b)
+    wait_for(
+        "b's new session",
+        lambda: (
+            b.election.client.state == KazooState.CONNECTED
+            and b.election.client.client_id not in (None, old)
+        ),
+        WAIT_S,
+    )
+    b.election.position_fn = lambda: 4096
+    release.set()
+    second = b.wait_master(2)
+    assert second.master_id == "b"
+    # Settled: b stays master, ZooKeeper agrees, b has one candidate znode.
+    with b.cond:
+        assert not b.cond.wait_for(lambda: b.events[-1][0] != "master", 3.0), b.events
+    view = b.election.current()
+    assert view.master is not None and view.master.broker_id == "b"
+    assert b.election.is_master()
+    assert [c.broker_id for c in view.candidates] == ["b"], view.candidates

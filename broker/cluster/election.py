@@ -23,7 +23,9 @@ Rules (docs/replication.md says why):
   become master: no unclean election. If none is live, nobody is elected and
   :meth:`GroupElection.current` says why (``GroupView.reason``).
 - Of the eligible candidates the one with the lowest sequence (the oldest
-  session) claims, the dead master's own new incarnation last; the claim bumps the
+  session) claims, the dead master's own new incarnation last. Its broker claims,
+  through the znode it knows (a create whose reply was lost leaves an orphan in
+  the live session, ahead of the znode registered next). The claim bumps the
   epoch, records the new master's log end as the epoch's start position (the
   boundary where the previous epoch ended: :meth:`Epoch.end_of`), and removes the
   dead master from the ISR unless it is the claimer (the last in-sync member
@@ -388,6 +390,8 @@ class GroupElection:
         self._events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._me: Candidate | None = None
+        self._me_session: int | None = None
+        """The ZooKeeper session ``_me`` was registered in."""
         self._role = Role.REPLICA
         self._master_epoch: Epoch | None = None
         self._master_epoch_version = -1
@@ -533,6 +537,14 @@ class GroupElection:
 
     def _session_lost(self) -> None:
         """The session expired: our candidate znode is gone, and with it any mastership."""
+        session = self._session_id()
+        if self._me is not None and session is not None and self._me_session == session:
+            # kazoo had the new session before this thread read the LOST event,
+            # and a step already registered (and decided, maybe won) in it: the
+            # loss is handled. Dropping that registration here would demote a
+            # master whose znode stays the master's for as long as its session
+            # lives: no master, and no election, until this process exits.
+            return
         with self._lock:
             self._me = None
             was_master = self._role is Role.MASTER
@@ -555,8 +567,13 @@ class GroupElection:
         except NodeExistsError as e:  # pragma: no cover - sequential names are unique
             raise ElectionError(str(e)) from e
         me = Candidate(path.rpartition("/")[2], self.broker_id, self.address, position)
-        self._me = me
+        self._me, self._me_session = me, self._session_id()
         return me
+
+    def _session_id(self) -> int | None:
+        """The client's current session (``None`` between a loss and the next one)."""
+        client_id = self.client.client_id
+        return client_id[0] if client_id else None
 
     def _step(self) -> None:
         """One evaluation: register, read (re-arming the watches), act."""
@@ -576,7 +593,12 @@ class GroupElection:
             if view.master is not None:
                 self._notify(Role.REPLICA, view.epoch)
                 return
-            if not view.electable or view.electable[0].node != me.node:
+            # The first electable candidate claims; one of this broker's own
+            # znodes counts as this broker's turn. A create whose reply was lost
+            # (a connection dropped while ZooKeeper answered slowly) leaves an
+            # orphan in the live session, ahead of the znode registered next:
+            # deferring to it, every member waited for it, and nobody claimed.
+            if not view.electable or view.electable[0].broker_id != me.broker_id:
                 self._notify(Role.REPLICA, None)
                 return  # someone else claims, or nobody may
             me = Candidate(me.node, me.broker_id, me.address, self.position_fn())

@@ -20,7 +20,6 @@ callbacks are handed to the event loop, where one lock runs them in order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -150,14 +149,34 @@ class RoleSwitch:
     def _start_follower(self) -> None:
         self.s.follower = Follower(self.s, self.address)
         self._following = asyncio.create_task(self.s.follower.run())
+        self._following.add_done_callback(_follower_ended)
 
     async def _stop_follower(self) -> None:
         task, self._following = self._following, None
         self.s.follower = None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                # The follower had already ended with an error of its own (logged
+                # by _follower_ended), e.g. grpc's InvalidStateError "RPC already
+                # finished." from a write on the stream of a master that died while
+                # this replica was stopped. Stopping it is all that is asked here:
+                # its error must not fail the role change. It did: an elected
+                # replica's promotion failed, so ZooKeeper had a master that went
+                # on refusing writes as a replica, and no election could follow
+                # (its znode lives as long as its session).
+                pass
+
+
+def _follower_ended(task: asyncio.Task[None]) -> None:
+    """Say so at once when the follower ends with an error (it replicates no more
+    until the next role change) rather than when it is next stopped."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("replication stopped: the follower failed: %r", task.exception())
 
 
 class ZkFailover:
