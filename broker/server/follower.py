@@ -29,6 +29,11 @@ log = logging.getLogger("equeue.replication")
 REPLICATE_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Replication'].full_name}/Replicate"
 
 
+STEADY_S = 1.0
+"""A stream that replicated for this long resets the reconnection back-off
+(a master that ends every stream at once is retried at most every 2 s)."""
+
+
 class Follower:
     """A replica's replication loop (``run`` until cancelled)."""
 
@@ -58,7 +63,7 @@ class Follower:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            contact = self.last_contact
+            contact, opened = self.last_contact, time.monotonic()
             try:
                 async with grpc.aio.insecure_channel(
                     master, options=[("grpc.max_receive_message_length", 64 << 20)]
@@ -82,8 +87,8 @@ class Follower:
             if self.stopped is not None:
                 log.error("REPLICATION STOPPED: %s", self.stopped)
                 return
-            if self.last_contact > contact:  # it replicated: a new failure starts over
-                backoff = 0.1
+            if self.last_contact > contact and time.monotonic() - opened > STEADY_S:
+                backoff = 0.1  # it replicated for a while: a new failure starts over
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
