@@ -29,6 +29,8 @@ log = logging.getLogger("equeue.replication")
 REPLICATE_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Replication'].full_name}/Replicate"
 
 
+NO_MASTER_POLL_S = 0.1
+"""How often a replica with no master looks at its role for one (failover names it)."""
 STEADY_S = 1.0
 """A stream that replicated for this long resets the reconnection back-off
 (a master that ends every stream at once is retried at most every 2 s)."""
@@ -59,9 +61,8 @@ class Follower:
         backoff = 0.1
         while self.stopped is None:
             master = self.s.role.view.master  # read again: failover may change it
-            if not master:  # no master now: wait for failover to name one
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+            if not master:  # no master now: look again soon (a local read, no call)
+                await asyncio.sleep(NO_MASTER_POLL_S)
                 continue
             contact, opened = self.last_contact, time.monotonic()
             try:
