@@ -263,6 +263,28 @@ def test_master_gone_in_sync_replica_takes_over(
 
 
 @pytest.mark.timeout(60)
+def test_a_master_that_resigns_hands_the_group_to_an_in_sync_member(
+    zk_hosts: str, members: Callable[..., Member]
+) -> None:
+    """A broker that could not become the master it was elected resigns
+    (failover.py): its znode goes, another in-sync member is elected at once,
+    and it stands for nothing until its hold ends, then only as a replica."""
+    a = members(zk_hosts, "g", "a")
+    a.wait_master(1)
+    b = members(zk_hosts, "g", "b")
+    b.wait_following("a", 1)
+    a.election.publish_isr(["b"])
+    a.election.resign(hold_s=2.0)
+    b.wait_master(2)
+    a.wait_following("b", 2)
+    assert [c.broker_id for c in b.election.current().candidates] == ["b"]
+    # The hold over, it stands again: behind b, which stays master.
+    wait_for("a to stand again",
+             lambda: len(b.election.current().candidates) == 2, WAIT_S)  # fmt: skip
+    assert b.election.is_master() and not a.election.is_master()
+
+
+@pytest.mark.timeout(60)
 def test_expired_master_stops_being_master_and_rejoins_as_replica(
     zk_hosts: str, members: Callable[..., Member]
 ) -> None:

@@ -45,6 +45,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -60,6 +61,10 @@ log = logging.getLogger(__name__)
 BASE_PATH = "/equeue"
 HISTORY_LIMIT = 64
 """Epochs kept in the epoch znode's history (a replica further behind copies the log anew)."""
+
+
+RESIGN_HOLD_S = 10.0
+"""How long a member that resigned stands for no election (``GroupElection.resign``)."""
 
 
 class ElectionError(Exception):
@@ -396,6 +401,8 @@ class GroupElection:
         self._master_epoch: Epoch | None = None
         self._master_epoch_version = -1
         self._highest_epoch = 0
+        self._resigned_until = 0.0
+        """Monotonic time until which this member stands for no election (``resign``)."""
         self._view = GroupView(group, reason=f"group {group}: not connected to ZooKeeper yet")
         self._notified = _Notified()
         self._thread = threading.Thread(
@@ -438,6 +445,17 @@ class GroupElection:
             log.warning("closing the ZooKeeper client", exc_info=True)
         with self._lock:
             self._role, self._master_epoch = Role.REPLICA, None
+
+    def resign(self, hold_s: float = RESIGN_HOLD_S) -> None:
+        """Give up this member's candidacy (and mastership) now and stand again
+        after ``hold_s``: the broker could not become the master it was elected
+        (a disk error writing its epoch marker), and while its znode lives
+        ZooKeeper names it master and no other election can follow. Deleting
+        the znode lets another in-sync member be elected at once. Any thread;
+        returns at once."""
+        with self._lock:
+            self._resigned_until = time.monotonic() + hold_s
+        self._events.put("resign")
 
     # -- what the broker asks --------------------------------------------------
 
@@ -524,6 +542,8 @@ class GroupElection:
                     break
             if "stop" in events:
                 return
+            if "resign" in events:
+                self._drop_candidacy()
             if KazooState.LOST in events:
                 self._session_lost()
             if self.client.state != KazooState.CONNECTED:
@@ -553,6 +573,23 @@ class GroupElection:
             log.warning("%s: ZooKeeper session expired; no longer master", self.broker_id)
         self._notify(Role.REPLICA, None)
 
+    def _drop_candidacy(self) -> None:
+        me, self._me = self._me, None
+        if me is not None:
+            try:
+                self.client.delete(f"{self.layout.candidates}/{me.node}")
+            except NoNodeError:
+                pass
+            except KazooException:  # the session's end removes it anyway
+                log.warning("%s: candidate znode not deleted", self.broker_id, exc_info=True)
+        with self._lock:
+            self._role, self._master_epoch = Role.REPLICA, None
+        log.warning(
+            "%s resigns from the election of group %s (stands again in %.0f s)",
+            self.broker_id, self.layout.group, self._resigned_until - time.monotonic(),
+        )  # fmt: skip
+        self._notify(Role.REPLICA, None)
+
     def _register(self) -> Candidate:
         """Create this member's candidate znode (once per session)."""
         me = self._me
@@ -578,6 +615,11 @@ class GroupElection:
     def _step(self) -> None:
         """One evaluation: register, read (re-arming the watches), act."""
         for _ in range(3):  # again at once after a claim, won or lost
+            if time.monotonic() < self._resigned_until:  # resigned: follow, never claim
+                view = read_view(self.client, self.layout, watch=self._on_watch)
+                self._seen(view)
+                self._notify(Role.REPLICA, view.epoch if view.master is not None else None)
+                return
             me = self._register()
             view = read_view(self.client, self.layout, watch=self._on_watch)
             self._seen(view)

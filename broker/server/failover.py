@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -217,7 +217,10 @@ class ZkFailover:
         # record that before it takes a write, so that a write it acknowledges
         # alone can never be lost to an election of a replica that lacks it.
         self._publish([self.s.instance_id])
-        self._hand_over(self.switch.promote(epoch.epoch, elected=True), f"master of {epoch.epoch}")
+        self._hand_over(
+            self.switch.promote(epoch.epoch, elected=True), f"master of {epoch.epoch}",
+            on_failure=self.election.resign,  # else ZooKeeper names a master that is none
+        )  # fmt: skip
 
     def _on_replica(self, epoch: Epoch | None) -> None:
         if epoch is None:
@@ -230,13 +233,21 @@ class ZkFailover:
             f"replica of {epoch.master_address} in epoch {epoch.epoch}",
         )
 
-    def _hand_over(self, change: Coroutine[Any, Any, None], what: str) -> None:
-        """Run ``change`` on the event loop (in order: the switch's lock); log if it fails."""
+    def _hand_over(
+        self,
+        change: Coroutine[Any, Any, None],
+        what: str,
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
+        """Run ``change`` on the event loop (in order: the switch's lock); log if
+        it fails, and call ``on_failure``."""
         future = asyncio.run_coroutine_threadsafe(change, self.loop)
 
         def done(f: Future[None]) -> None:
             if not f.cancelled() and f.exception() is not None:
                 log.error("becoming %s failed: %s", what, f.exception())
+                if on_failure is not None:
+                    on_failure()
 
         future.add_done_callback(done)
 
