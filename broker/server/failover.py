@@ -224,7 +224,8 @@ class ZkFailover:
 
     def _on_replica(self, epoch: Epoch | None) -> None:
         if epoch is None:
-            log.warning("no master to follow: %s", self.election.current(refresh=False).reason)
+            reason = self.election.current(refresh=False).reason
+            log.warning("no master to follow: %s", reason or "none elected yet (session lost?)")
             seen = self.election.epoch or None  # the newest ZooKeeper epoch seen
             self._hand_over(self.switch.follow("", seen, elected=True), "replica, no master")
             return
