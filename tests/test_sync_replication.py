@@ -8,6 +8,8 @@ after SIGCONT it catches up and rejoins; nothing acknowledged is lost."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import threading
@@ -44,6 +46,9 @@ LAG_MS = 1000
 
 
 class Client(RawClient):
+    process: BrokerProcess | None = None
+    """The broker process, when the test needs to stop it itself."""
+
     def values(self) -> list[bytes]:
         """Every readable value of the topic's one queue, in order."""
         out: list[bytes] = []
@@ -81,6 +86,7 @@ def group(
     ]
     clients: list[Client] = []
     m = Client(address)
+    m.process = master
     try:
         for process in processes:
             clients.append(Client(process.start()))
@@ -306,6 +312,48 @@ def test_a_produce_stream_is_pipelined_and_acknowledged_only_with_the_replica(
         assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "not acknowledged" in (failed.value.details() or "").lower()
         assert [v for v in m.values() if not v.startswith(b"x-")] == acked
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_replica_keeps_hiding_what_the_high_watermark_held(tmp_path: Path) -> None:
+    """What the replicated high watermark held back when a replica last saved its
+    checkpoint stays unreadable on it after a restart, until its master's first
+    reply: a record a failover could lose is not served in that window either."""
+    with group(tmp_path, replicas=2) as (m, (_, w), (stopped, witness)):
+        acked = [b"a-%d" % i for i in range(10)]
+        m.produce(TOPIC, acked)
+        wait_for("the witness to serve them", lambda: w.values() == acked, 10)
+        before = w.stats().log_end_position
+        with_signal(stopped, signal.SIGSTOP)  # in sync still: it holds the HW back
+        producer = threading.Thread(target=lambda: _produce_quietly(m, [b"held"]))
+        producer.start()
+        checkpoint = witness.data_dir / "checkpoint.json"
+
+        def held_and_saved() -> bool:
+            saved = json.loads(checkpoint.read_text()) if checkpoint.exists() else {}
+            held = saved.get("document", {}).get("held_high_watermark")  # atomic_file.py
+            return held is not None and held <= before < w.stats().log_end_position
+
+        wait_for("the witness to save a held high watermark", held_and_saved, 10)
+        assert w.values() == acked  # held back while running
+        assert m.process is not None
+        m.process.kill()
+        witness.kill()
+        w.close()
+        witness.start()  # its master is gone: no reply will come
+        restarted = Client(witness.address)
+        try:
+            assert restarted.stats().log_end_position > before  # it has the record...
+            assert restarted.values() == acked  # ...and does not serve it
+        finally:
+            restarted.close()
+        with_signal(stopped, signal.SIGCONT)
+        producer.join(timeout=30)
+
+
+def _produce_quietly(client: Client, values: list[bytes]) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        client.produce(TOPIC, values)
 
 
 def test_bad_replication_settings_are_config_errors(capsys: pytest.CaptureFixture[str]) -> None:

@@ -114,6 +114,10 @@ async def create_server(
     start_role = REPLICA if config.zookeeper else config.role
     why = "started; elections through ZooKeeper decide" if config.zookeeper else "--role at start"
     role = BrokerRole(start_role, config.master, store.epochs.last_epoch, why)
+    if start_role == REPLICA and store.held_high_watermark is not None:
+        # Until its master's first reply: what the replicated high watermark
+        # held back before the restart stays hidden (a failover may lose it).
+        store.hold_back(store.held_high_watermark)
     # After authentication: an unknown caller learns nothing. Always installed:
     # failover can make a master a replica at any time (role.py). Before
     # DecodeGuard, which caches its handler per method and so would ask the

@@ -28,10 +28,14 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
                             (P when none was): where the scan starts
      "next_serial": N,      serials below N may be in the log
      "sinks": {sink: [batch id, ms]},   sink progress as of P
-     "epochs": [[epoch, start], ...]}   the epoch markers below P (epochs.py)
+     "epochs": [[epoch, start], ...],   the epoch markers below P (epochs.py)
+     "held_high_watermark": H}          the replicated high watermark when it
+                            held records back (below P), else null: a broker
+                            restarted as a replica reads only below it until
+                            its master's first reply
 
 A document without the later keys (older versions) means: no ends to trust,
-no transactions, no sinks.
+no transactions, no sinks, no held high watermark.
 
 Everything here runs inside ``Store.__init__``, before the store is shared
 with any other thread, so none of it takes the store lock.
@@ -97,6 +101,10 @@ class Checkpoint:
     sinks: Sinks = field(default_factory=dict)
     epochs: tuple[tuple[int, int], ...] = ()
     """(epoch, start position) of the log's epoch markers (epochs.py)."""
+    held_high_watermark: int | None = None
+    """The replicated high watermark when it held records back (sync
+    replication), else None: a broker restarted as a replica serves reads
+    only below it until its master's first reply (visibility.py)."""
 
     @property
     def scan_from(self) -> int:
@@ -123,7 +131,12 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         int(document.get("next_serial", 1)),
         {str(s): (int(b), int(ms)) for s, (b, ms) in document.get("sinks", {}).items()},
         tuple((int(e), int(p)) for e, p in document.get("epochs", ())),
+        _optional_int(document.get("held_high_watermark")),
     )
+
+
+def _optional_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
 
 
 def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
@@ -141,6 +154,7 @@ def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
         "next_serial": checkpoint.next_serial,
         "sinks": {s: [b, ms] for s, (b, ms) in sorted(checkpoint.sinks.items())},
         "epochs": [list(entry) for entry in checkpoint.epochs],
+        "held_high_watermark": checkpoint.held_high_watermark,
     }
     save_json(data_dir / CHECKPOINT_FILE, document)
 
@@ -215,6 +229,10 @@ def recover(
         found.next_serial,
         found.sinks,
         tuple(e for e in epochs.entries() if e[1] < end),
+        # Kept across the restart: what it held back stays held (Store.hold_back).
+        saved.held_high_watermark
+        if saved.held_high_watermark is not None and saved.held_high_watermark < end
+        else None,
     )
     save_checkpoint(config.data_dir, new)
     if migrated is not None:

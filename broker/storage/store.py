@@ -125,6 +125,9 @@ class Store:
                 config, self._log, topics.values(), self._offsets, self._queues
             )
             self._checkpoint = checkpoint.index_position
+            self.held_high_watermark = checkpoint.held_high_watermark
+            """The checkpoint's high watermark, if it held records back when saved:
+            the server holds a restarted replica's reads there (``set_hw_limit``)."""
             self._visibility.durable_seen = self._log.write_position
         except BaseException:
             self._release_files()
@@ -398,6 +401,23 @@ class Store:
         if changed and self._listeners:
             self._notify(changed)
 
+    def hold_back(self, position: int) -> None:
+        """Make the records at or after log ``position`` unreadable again, and
+        set the limit there: a replica restarted with a held high watermark
+        (``held_high_watermark``) must not serve, before its master's first
+        reply, what a failover may still take back. Records recovered at open
+        are readable at once otherwise; nobody has read them yet."""
+        with self._lock:
+            end = self._log.write_position
+            self._visibility.limit = position
+            if position >= end:
+                return
+            for queue in self._queues.values():
+                first = _first_offset_at(queue, position)
+                if first < queue.visible_end:
+                    queue.visible_end = queue.notified_end = first
+                    self._visibility.hold(end, queue, queue.index.end)
+
     @property
     def durable_end(self) -> int:
         """The log end in the flush mode's meaning: fsynced (sync) or written (async)."""
@@ -557,7 +577,11 @@ class Store:
             start = self._log.start_position
             txn_position, serial, sinks = self.transactions.checkpoint_state()
             epochs = tuple(self.epochs.entries())
-        checkpoint = Checkpoint(target, ends, earliest, start, txn_position, serial, sinks, epochs)
+            limit = self._visibility.limit
+            held = limit if limit is not None and limit < target else None
+        checkpoint = Checkpoint(
+            target, ends, earliest, start, txn_position, serial, sinks, epochs, held
+        )
         try:
             self._commit.make_durable(target)
             for fd in fds:
@@ -688,6 +712,20 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _first_offset_at(queue: QueueState, position: int) -> int:
+    """The first readable offset of ``queue`` whose record lies at or after log
+    ``position`` (its ``visible_end`` if none): a queue's records are in log
+    order, so a binary search over its index (lock held)."""
+    low, high = queue.index.earliest, queue.visible_end
+    while low < high:
+        middle = (low + high) // 2
+        if queue.index.entry(middle)[0] - 1 < position:  # an entry holds position + 1
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 def _now_ms() -> int:
