@@ -20,9 +20,12 @@ from bench.crash_loop_cluster import ClusterLoopConfig, summary
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # above the budgets below: 2 x (30 + 60) s, plus start and end
 def test_two_master_kills_lose_and_duplicate_nothing(tmp_path: Path, zk_hosts: str) -> None:
-    config = ClusterLoopConfig(kills=2, min_run_s=0.5, max_run_s=1.0, zk_hosts=zk_hosts, seed=7)
+    config = ClusterLoopConfig(
+        kills=2, min_run_s=0.5, max_run_s=1.0, zk_hosts=zk_hosts, seed=7,
+        failover_timeout_s=30.0, rejoin_timeout_s=60.0,
+    )  # fmt: skip
     result = crash_loop_cluster.run(config, tmp_path)
     print(summary(result))
     assert result.all_problems() == []

@@ -2,8 +2,11 @@
 
 ``bench/load_broker.py`` does the work (``make load`` runs it for 10 minutes).
 Asserted: no errors, nothing lost or duplicated, the broker's peak RSS under a
-generous bound, and long-poll latency sane (a missed wake-up would cost the
-full 5 s wait). The figures are printed (``pytest -s``).
+generous bound, and no missed long-poll wake-up (one would cost the full 5 s
+wait: p99 stays below 4 s even on a loaded machine). The rate achieved and
+the latencies are printed (``pytest -s``), not asserted: how fast is for
+``make load`` and bench/, and a CI machine running another suite beside this
+one starves the test's own producers (174 of 300 msg/s once).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
 MiB = 1 << 20
 RSS_BOUND = 512 * MiB
+MISSED_WAKE_UP_MS = 4_000
+"""Below the long poll's 5 s wait (``max_wait_ms``): a missed wake-up costs all of it."""
 
 
 def test_100_long_polling_consumers_and_8_producers(tmp_path: Path) -> None:
@@ -26,8 +31,7 @@ def test_100_long_polling_consumers_and_8_producers(tmp_path: Path) -> None:
     result = load_broker.run(config, tmp_path)
     print(load_broker.report(result))
     assert result.producer_errors == [] and result.consumer_errors == []
-    assert result.achieved_rate >= 0.8 * config.rate, "the broker did not keep up"
     assert result.lost == 0 and result.duplicates == 0
     assert result.received == result.produced
     assert 0 < result.rss_peak < RSS_BOUND, f"peak RSS {result.rss_peak / MiB:.0f} MiB"
-    assert result.send_to_receive_ms["p99"] < 1_000, result.send_to_receive_ms
+    assert result.send_to_receive_ms["p99"] < MISSED_WAKE_UP_MS, result.send_to_receive_ms
