@@ -68,12 +68,13 @@ def test_members_that_missed_a_promotion_learn_it_from_the_name_servers(
     flags = ("--broker-name", GROUP, "--namesrv", ns.address, "--register-interval-ms", "500",
              "--chunk-size", str(1 << 20), "--max-message-bytes", "65536")  # fmt: skip
     m = BrokerProcess(tmp_path / "m", *flags)
-    m.start()
-    old_master = m.address
-    r1, r2 = (BrokerProcess(tmp_path / n, *flags, "--role", "replica", "--master", old_master)
-              for n in ("r1", "r2"))  # fmt: skip
-    brokers = [m, r1, r2]
+    brokers = [m]
     try:
+        m.start()
+        old_master = m.address
+        r1, r2 = (BrokerProcess(tmp_path / n, *flags, "--role", "replica", "--master", old_master)
+                  for n in ("r1", "r2"))  # fmt: skip
+        brokers += [r1, r2]
         r1.start()
         r2.start()
         mc = RawClient(m.address)
