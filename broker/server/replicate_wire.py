@@ -22,6 +22,7 @@ reports it as an INTERNAL failure, and the follower reconnects.
 
 from __future__ import annotations
 
+from equeue_broker.server.wire import varint
 from equeue_proto.v1 import broker_pb2 as pb
 
 _DATA = pb.ReplicateReply.DATA_FIELD_NUMBER
@@ -33,20 +34,11 @@ class ReplyDecodeError(ValueError):
     """Bytes that are not a ``ReplicateReply``."""
 
 
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_reply(head: pb.ReplicateReply, data: bytes | memoryview) -> bytes:
     """``head`` (whose own ``data`` must be empty) with ``data`` as its data field."""
     if not data:
         return head.SerializeToString()
-    return b"".join((head.SerializeToString(), _DATA_KEY, _varint_bytes(len(data)), data))
+    return b"".join((head.SerializeToString(), _DATA_KEY, varint(len(data)), data))
 
 
 def _varint(raw: bytes, pos: int) -> tuple[int, int]:
