@@ -37,6 +37,7 @@ import contextlib
 
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, EqueueError, NotFoundError, Producer, read_range
+from tests.support.topics import topic_contents
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
@@ -156,15 +157,6 @@ def kill_group(driver: subprocess.Popen[str]) -> None:
         driver.stdout.close()
 
 
-def topic_contents(address: str, topic: str) -> collections.Counter[tuple[bytes | None, bytes]]:
-    return collections.Counter(
-        (m.key, m.value)
-        for q in range(QUEUES)
-        for batch in read_range(topic, q, 0, broker=address, batch_messages=5_000)
-        for m in batch
-    )
-
-
 @pytest.mark.timeout(TIMEOUT_S)
 def test_copy_survives_driver_and_broker_kills_exactly_once(
     broker_factory: Callable[..., BrokerProcess], tmp_path: Path
@@ -206,8 +198,8 @@ def test_copy_survives_driver_and_broker_kills_exactly_once(
     finally:
         kill_group(final)
 
-    source = topic_contents(broker.address, "A")
-    copied = topic_contents(broker.address, "B")
+    source = topic_contents(broker.address, "A", QUEUES)
+    copied = topic_contents(broker.address, "B", QUEUES)
     sent = {(b"key-%d" % (i % 997), b"value-%d" % i) for i in range(produced[0])}
     assert sent <= set(source), "the producer's acknowledged messages are not all in A"
     missing, extra = source - copied, copied - source

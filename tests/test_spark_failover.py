@@ -27,7 +27,8 @@ pytest.importorskip("pyspark")
 
 from bench._cluster_group import Group, GroupConfig, Member, require_flags
 from equeue_broker.testing import BrokerProcess
-from equeue_spark.client import Admin, EqueueError, NotFoundError, Producer, read_range
+from equeue_spark.client import Admin, EqueueError, NotFoundError, Producer
+from tests.support.topics import topic_contents
 
 pytestmark = pytest.mark.slow
 
@@ -40,12 +41,7 @@ RUN_S = 40.0
 
 
 def contents(address: str, topic: str) -> collections.Counter[tuple[bytes | None, bytes]]:
-    return collections.Counter(
-        (m.key, m.value)
-        for q in range(QUEUES)
-        for batch in read_range(topic, q, 0, broker=address, batch_messages=5_000)
-        for m in batch
-    )
+    return topic_contents(address, topic, QUEUES)
 
 
 def stored(member: Member, topic: str) -> int:
