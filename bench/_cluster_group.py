@@ -229,25 +229,38 @@ class Group:
         end; the master."""
         holder: list[Member] = []
 
+        why: list[str] = ["no master yet"]
+
         def ready() -> bool:
             master = self.master()
             if master is None:
                 return False
+            # The master first: under writes the others can only reach, not
+            # equal at the same instant, the end it had a moment before.
+            master_stats = master.stats()
+            end = master_stats.log_end_position
             stats = self.stats()
-            end = stats[master.name].log_end_position
             live = [m for m in self.members if m.alive()]
-            if any(m.name not in stats or stats[m.name].log_end_position != end for m in live):
+            behind = [m.name for m in live
+                      if m.name not in stats or stats[m.name].log_end_position < end]  # fmt: skip
+            if behind:
+                why[0] = f"behind the master's end {end}: {', '.join(behind)}"
                 return False
-            members = stats[master.name].in_sync
+            members = master_stats.in_sync
             if "--replication" in broker_flags() and len(members) < len(live):
+                why[0] = f"the master's in-sync set is {list(members)}"
                 return False
             # The in-sync set the election reads (ZooKeeper) may lag the master's own.
             if len(self.zk_isr()) < len(live):
+                why[0] = f"ZooKeeper's in-sync set is {self.zk_isr()}"
                 return False
             holder.append(master)
             return True
 
-        wait_for("every member in sync", ready, timeout_s, poll_s=0.05)
+        try:
+            wait_for("every member in sync", ready, timeout_s, poll_s=0.05)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} (last: {why[0]})") from None
         return holder[-1]
 
     def zk_isr(self) -> tuple[str, ...]:
