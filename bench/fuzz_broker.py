@@ -5,7 +5,7 @@ broker on 127.0.0.1 in a temporary directory, sends the requests one at a
 time, each with a deadline, and prints the status codes seen per RPC. Exit
 code 1 if a request got an undefined status (other than the known bugs listed
 in ``KNOWN_BUGS``), the broker died, the round trip afterwards failed, or the
-data directory holds anything outside its layout. ``tests/test_fuzz.py``
+data directory holds anything outside its layout. ``tests/hardening/test_fuzz.py``
 runs a few hundred requests of the same strategies, derandomized.
 
 What is sent, to every method of the ``Broker`` and ``Admin`` services (read
@@ -508,7 +508,7 @@ class Fuzzer:
 
 KNOWN_BUGS: dict[str, tuple[str, Callable[[Outcome], bool]]] = {}
 """name -> (description, recogniser). Remove an entry once the broker is fixed
-(``tests/test_fuzz.py`` pins each with an xfail(strict=True) repro)."""
+(``tests/hardening/test_fuzz.py`` pins each with an xfail(strict=True) repro)."""
 
 
 def known_bug(outcome: Outcome) -> str | None:

@@ -1,6 +1,6 @@
-"""Pull replies encoded by the broker (broker/server/wire.py) and decoded by the
+"""Pull replies encoded by the broker (broker/equeue_broker/server/wire.py) and decoded by the
 client (equeue_spark/client/wire.py) without protobuf, and replication replies
-(broker/server/replicate_wire.py), each held to protobuf."""
+(broker/equeue_broker/server/replicate_wire.py), each held to protobuf."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def _codec_split() -> Callable[[bytes, list[int]], list[bytes]]:
     return split_blob
 
 
-# -- ReplicateReply (broker/server/replicate_wire.py) ------------------------------------
+# -- ReplicateReply (equeue_broker/server/replicate_wire.py) -------------------------------
 
 replicate_heads = st.builds(
     pb.ReplicateReply,
@@ -222,7 +222,7 @@ def test_a_replicate_reply_that_does_not_parse_says_so(wire: bytes) -> None:
         decode_reply(wire)
 
 
-# -- error kinds (broker/server/errors.py, client/errors.py) ----------------------------
+# -- error kinds (equeue_broker/server/errors.py, client/errors.py) ----------------------
 
 
 class _Failed(grpc.RpcError):
