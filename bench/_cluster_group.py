@@ -30,7 +30,7 @@ import grpc
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from equeue_broker.cluster.election import Layout
+from equeue_broker.replication.election import Layout
 from equeue_broker.testing import BrokerProcess, NameServerProcess
 from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb

@@ -191,7 +191,7 @@ def test_committed_offsets_stay_within_the_log_after_a_power_loss(tmp_path: Path
     store.flush()  # what the background thread does every flush interval
     store.append("t", 0, MessageBatch(values=[b"unsynced"] * 10))
     store.commit_offset("g", "t", 0, 20)  # a consumer read everything it could see
-    store._offsets.persist()  # the background thread's periodic offsets save
+    store._state.offsets.persist()  # the background thread's periodic offsets save
     simulate_machine_crash(store)
     with Store(config, background=False) as reopened:
         end = reopened.queue_info("t", 0).end

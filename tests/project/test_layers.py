@@ -3,13 +3,14 @@
 Layers, lowest first (``A <- B``: B may import A, never the reverse)::
 
     contract (equeue_proto) <- storage <- server          (the broker, equeue_broker)
-    contract, storage <- cluster <- server                 (elections, replication)
+    contract, storage <- replication <- server             (replicas, failover, elections)
     contract (equeue_proto) <- namesrv                    (the name server, equeue_broker.namesrv;
                                                            it uses the server's start-up and log
                                                            helpers, never storage)
     contract (equeue_proto) <- client <- cli, spark       (equeue_spark)
 
-Two checks, because each misses what the other sees:
+Two checks, because each misses what the other sees (and a third: nothing
+outside storage/store.py reaches into ``Store``'s private members):
 - static: every ``import`` in every module, parsed from the source, including
   imports under ``if TYPE_CHECKING:`` and inside functions, against the layer
   table; and a module-level cycle check over the same graph;
@@ -36,7 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # layer: module prefixes (longest match wins)
     "contract": ("equeue_proto",),
     "storage": ("equeue_broker.storage",),
-    "cluster": ("equeue_broker.cluster",),
+    "replication": ("equeue_broker.replication",),
     "server": ("equeue_broker.server", "equeue_broker.__main__"),
     "namesrv": ("equeue_broker.namesrv",),
     "broker": ("equeue_broker", "equeue_broker.testing", "equeue_broker.testing_zk"),
@@ -47,8 +48,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
 ALLOWED: dict[str, set[str]] = {
     "contract": {"contract"},
     "storage": {"contract", "storage"},
-    "cluster": {"contract", "storage", "cluster"},
-    "server": {"contract", "storage", "cluster", "server", "broker"},
+    "replication": {"contract", "storage", "replication"},
+    "server": {"contract", "storage", "replication", "server", "broker"},
     "broker": {"contract"},
     "namesrv": {"contract", "namesrv", "server"},
     "client": {"contract", "client"},
@@ -223,8 +224,10 @@ RUNTIME_CASES = {
                  ["equeue_broker", "equeue_spark", "pyspark", "pyarrow"]),
     "storage": (["equeue_broker.storage"],
                 ["equeue_broker.server", "equeue_spark", "grpc", "pyspark", "pyarrow"]),
-    "cluster": (["equeue_broker.cluster"],
-                ["equeue_broker.server", "equeue_spark", "grpc", "pyspark", "pyarrow"]),
+    "replication": (["equeue_broker.replication." + name for name in (
+                        "election", "errors", "failover", "follower", "insync", "master",
+                        "pipelined", "replica_log", "replicas", "role", "wire")],
+                    ["equeue_broker.server", "equeue_spark", "pyspark", "pyarrow"]),
     "server": (["equeue_broker.server.app"], ["equeue_spark", "pyspark", "pyarrow"]),
     "namesrv": (["equeue_broker.namesrv.app"],
                 ["equeue_broker.storage", "equeue_spark", "pyspark", "pyarrow"]),
@@ -250,3 +253,55 @@ def test_a_layer_loads_nothing_above_it(layer: str) -> None:
         sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)) == []
     )
     assert "broker" not in loaded  # PyPI's broker package is not ours to shadow
+
+
+# -- Store's private members stay in store.py ---------------------------------------
+
+STORE_MODULE = PACKAGE_DIRS["equeue_broker"] / "storage" / "store.py"
+
+
+def store_private_names() -> set[str]:
+    """Every private member of ``Store``: ``self._x`` it sets or reads, ``def _x``."""
+    tree = ast.parse(STORE_MODULE.read_text())
+    store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Store")
+    names = set()
+    for node in ast.walk(store):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "self"):  # fmt: skip
+            names.add(node.attr)
+        elif isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def private_accesses(source: str, names: set[str]) -> list[str]:
+    """``<expr>._x`` for each ``_x`` of ``names`` where ``<expr>`` is not ``self``
+    or ``cls`` (a class's own members are its own business)."""
+    return sorted(
+        f"line {node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr in names
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    )  # fmt: skip
+
+
+def test_the_private_access_check_finds_accesses() -> None:
+    names = store_private_names()
+    assert {"_state", "_writer", "_topic_admin", "_reads"} <= names
+    source = "store._state.lock\nself._store._writer\nself._reads\nx = s._topic_admin.topics"
+    assert private_accesses(source, names) == [
+        "line 1: store._state", "line 2: self._store._writer", "line 4: s._topic_admin",
+    ]  # fmt: skip
+
+
+def test_nothing_outside_store_py_touches_store_privates() -> None:
+    """The rest of the broker uses ``Store``'s public API (replication/ too:
+    ``append_at``, ``truncate``, ``read_log``, ``set_hw_limit``, ``hold_back``);
+    the engine's shared state is passed explicitly (storage/engine.py)."""
+    names = store_private_names()
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for path in sorted(PACKAGE_DIRS["equeue_broker"].rglob("*.py"))
+        if path != STORE_MODULE and (hits := private_accesses(path.read_text(), names))
+    }
+    assert found == {}
