@@ -55,11 +55,11 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench._harness import details_of, layout_violations, pull_queue, status_of, table
-from equeue_broker.server.wire import varint
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_proto.wire import varint
 
 Code = grpc.StatusCode
 DEFINED = frozenset(
