@@ -37,21 +37,29 @@ class EngineState:
     """One data directory's open log, queues and offsets, and the lock over them."""
 
     def __init__(
-        self, config: StorageConfig, message_log: MessageLog, offsets: OffsetStore
+        self,
+        config: StorageConfig,
+        message_log: MessageLog,
+        offsets: OffsetStore,
+        queues: dict[QueueKey, QueueState],
+        checkpoint: int,
     ) -> None:
+        """The state of a store just recovered (recovery.py): its log, offsets,
+        queues and index checkpoint."""
         self.config = config
         self.lock = threading.RLock()
         self.admin_lock = threading.Lock()
         """Serialises topic and queue deletes and (re)creations (topic_admin.py)."""
         self.log = message_log
-        self.queues: dict[QueueKey, QueueState] = {}
-        """Every live queue (recovery fills it at open; topic admin changes it)."""
+        self.queues = queues
+        """Every live queue (recovered at open; topic admin changes it)."""
         self.offsets = offsets
         self.visibility = Visibility()
         """When written records become readable (visibility.py)."""
+        self.visibility.durable_seen = message_log.write_position
         self.sync_flush = config.flush_mode is FlushMode.SYNC
         """Sync flush mode: appends are readable once fsynced (group commit)."""
-        self.checkpoint = 0
+        self.checkpoint = checkpoint
         """Log position below which every index entry is fsynced (recovery.py)."""
         self.closed = False
         self.failed: BaseException | None = None

@@ -102,7 +102,8 @@ class Store:
         root = config.data_dir
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # data is private to the broker
         self._lock_fd = lock_data_dir(root)
-        state: EngineState | None = None
+        queues: dict[QueueKey, QueueState] = {}
+        message_log: MessageLog | None = None
         try:
             remove_temp_files(root)
             message_log = MessageLog(
@@ -110,20 +111,19 @@ class Store:
             )
             topics, self._topics_lost = load_topics(root / "topics.json")
             offsets = OffsetStore(root / "offsets.json")
-            state = EngineState(config, message_log, offsets)
             sweep(root, topics, offsets)
             self.recovery, checkpoint, recovered = recover(
-                config, message_log, topics.values(), offsets, state.queues
+                config, message_log, topics.values(), offsets, queues
             )
-            state.checkpoint = checkpoint.index_position
             self.held_high_watermark = checkpoint.held_high_watermark
             """The checkpoint's high watermark, if it held records back when saved:
             the server holds a restarted replica's reads there (``set_hw_limit``)."""
-            state.visibility.durable_seen = message_log.write_position
         except BaseException:
-            _release_files(self._lock_fd, state)
+            _release_files(self._lock_fd, queues, message_log)
             raise
-        self._state = state
+        self._state = state = EngineState(
+            config, message_log, offsets, queues, checkpoint.index_position
+        )
         self._writer = LogWriter(state.log, state.fail)
         self._topic_admin = TopicAdmin(
             config, lock=state.lock, admin_lock=state.admin_lock, message_log=state.log,
@@ -705,7 +705,7 @@ class Store:
         self.transactions.close()
         with self._state.lock:
             self._state.closed = True
-            _release_files(self._lock_fd, self._state)
+            _release_files(self._lock_fd, self._state.queues, self._state.log)
 
     def _stop_background(self) -> None:
         if self._committer is not None:
@@ -721,12 +721,14 @@ class Store:
         self.close()
 
 
-def _release_files(lock_fd: int, state: EngineState | None) -> None:
+def _release_files(
+    lock_fd: int, queues: dict[QueueKey, QueueState], message_log: MessageLog | None
+) -> None:
     """Close every file without flushing (failed open, abandon)."""
-    if state is not None:
-        for queue in state.queues.values():
-            queue.index.release()
-        state.log.close()
+    for queue in queues.values():
+        queue.index.release()
+    if message_log is not None:
+        message_log.close()
     os.close(lock_fd)
 
 
