@@ -1,15 +1,19 @@
-"""The store: one data directory's lock, write paths, offsets and lifecycle.
+"""The store: one data directory's write paths, offsets and lifecycle.
 
-``Store`` owns the store lock and the state every part of the engine shares
-(the message log, the queues, group offsets, and the topics its
-``TopicAdmin`` holds). It keeps the write paths (``append``, the sync-mode
+``Store`` opens a data directory and holds its shared state as one
+``EngineState`` (engine.py: the store lock, the message log, the queues,
+group offsets, visibility, the checkpoint), which it passes explicitly to the
+modules that work on it. It keeps the write paths (``append``, the sync-mode
 group-commit rounds, and the transaction writes), group-offset admin, and
 opening, flushing, the maintenance thread and closing. The rest lives in
 modules that depend on that state but never on this module: recovery.py runs
 at open, log_writer.py places an append in the log, visibility.py decides
 when written records become readable, reads.py serves ``read`` and the
 lookups, topic_admin.py creates and deletes topics and queues (the store
-delegates to both), retention.py deletes expired chunks, and transactions.py
+delegates to both), positioned.py appends, cuts and reads the log by
+position for replication (``append_at``, ``truncate``, ``read_log``: with
+``set_hw_limit``, ``hold_back`` and ``write_epoch_marker``, the API
+replication/ uses), retention.py deletes expired chunks, and transactions.py
 reaches the store only through its ``TransactionStore`` protocol. The values
 the calls return are in results.py.
 
@@ -31,13 +35,14 @@ of its records (group commit), and readers see only durable records; in async
 mode appends are visible at once and fsynced every ``flush_interval_ms``.
 Committed offsets are persisted before a commit returns in sync mode.
 
-Thread safety: every public method may be called from any thread. ``_lock``
-(reentrant) guards the log, the queues and the topics: a private method that
-says "lock held" must be called with it held, as must the helpers of
-log_writer.py, retention.py, the private methods of reads.py and the lookups
-and changes of topic_admin.py. ``_admin_lock`` serialises topic and queue
-deletes and (re)creations (topic_admin.py). Listeners are called outside
-``_lock``, under ``_notify_lock``; ``_checkpoint_lock`` orders checkpoint saves.
+Thread safety: every public method may be called from any thread. The
+engine state's ``lock`` (reentrant) guards the log, the queues and the
+topics: a private method that says "lock held" must be called with it held,
+as must the helpers of log_writer.py, retention.py, positioned.py, the
+private methods of reads.py and the lookups and changes of topic_admin.py.
+Its ``admin_lock`` serialises topic and queue deletes and (re)creations
+(topic_admin.py). Listeners are called outside ``lock``, under
+``notify_lock`` (engine.py); ``_checkpoint_lock`` orders checkpoint saves.
 """
 
 from __future__ import annotations
