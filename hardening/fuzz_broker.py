@@ -54,13 +54,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `hardening` as a package
 
-from equeue_broker.server.wire import varint
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_checks import details_of, layout_violations, pull_queue, status_of
 from equeue_broker.testing_report import table
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_proto.wire import varint
 
 Code = grpc.StatusCode
 DEFINED = frozenset(
