@@ -1,6 +1,6 @@
 """Budgets against hostile or careless clients (issue 15): what a client may
 make the broker hold is bounded, and over a bound it is refused or held back,
-never allowed to grow the broker. Memory figures are in bench/budgets.py; these
+never allowed to grow the broker. Memory figures are in hardening/budgets.py; these
 tests check the behaviour that keeps them there."""
 
 from __future__ import annotations

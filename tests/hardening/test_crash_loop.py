@@ -1,4 +1,4 @@
-"""The crash loop of ``bench/crash_loop.py``, bounded: a few cycles per flush mode,
+"""The crash loop of ``hardening/crash_loop.py``, bounded: a few cycles per flush mode,
 and a few of each other scenario (``--scenario delete-topic``, ``retention``,
 ``transaction``).
 
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from bench import crash_loop
-from bench.crash_loop import CrashLoopConfig, CrashLoopResult, summary
 from equeue_broker.storage import FlushMode, MessageBatch, MessageLimits, StorageConfig, Store
 from equeue_broker.storage.queue_index import ENTRY
+from hardening import crash_loop
+from hardening.crash_loop import CrashLoopConfig, CrashLoopResult, summary
 from tests.support.faults import simulate_machine_crash
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
