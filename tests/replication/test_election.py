@@ -1,4 +1,4 @@
-"""Group election and epoch fencing against a real ZooKeeper (equeue_broker.cluster).
+"""Group election and epoch fencing against a real ZooKeeper (equeue_broker.replication.election).
 
 Members run in this process (a ``GroupElection`` each, its own ZooKeeper session)
 or, where a test must freeze one, in a child process. Every wait is on an event
