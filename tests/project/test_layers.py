@@ -8,7 +8,7 @@ Layers, lowest first (``A <- B``: B may import A, never the reverse)::
                                                            it uses the server's start-up and log
                                                            helpers, never storage)
     contract (equeue_proto) <- client <- cli, spark       (equeue_spark)
-    contract, storage, replication, broker <- harness       (equeue_broker.testing_checks,
+    contract, storage, replication, broker <- harness     (equeue_broker.testing_checks,
                                                            testing_group, testing_report: the
                                                            shipped test harness; never the client)
 
