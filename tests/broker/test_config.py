@@ -35,8 +35,8 @@ FLAGS = [
     "--transaction-timeout-ms", "--max-open-transactions", "--max-transaction-bytes",
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
     "--library-log-level", "--namesrv", "--namesrv-tls-ca", "--namesrv-tls-cert",
-    "--namesrv-tls-key", "--namesrv-token-file", "--broker-name", "--cluster", "--advertise-address",
-    "--register-interval-ms", "--role", "--master", "--max-replicas", "--zookeeper",
+    "--namesrv-tls-key", "--namesrv-token-file", "--broker-name", "--cluster",
+    "--advertise-address", "--register-interval-ms", "--role", "--master", "--max-replicas", "--zookeeper",
     "--zk-session-timeout-ms", "--replication", "--min-insync-replicas", "--replica-lag-max-ms",
 ]  # fmt: skip
 FILE_ONLY = [
