@@ -36,7 +36,8 @@ FLAGS = [
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
     "--library-log-level", "--namesrv", "--namesrv-tls-ca", "--namesrv-tls-cert",
     "--namesrv-tls-key", "--namesrv-token-file", "--broker-name", "--cluster",
-    "--advertise-address", "--register-interval-ms", "--role", "--master", "--max-replicas", "--zookeeper",
+    "--advertise-address", "--register-interval-ms", "--role", "--master", "--max-replicas",
+    "--zookeeper",
     "--zk-session-timeout-ms", "--replication", "--min-insync-replicas", "--replica-lag-max-ms",
 ]  # fmt: skip
 FILE_ONLY = [
