@@ -21,7 +21,7 @@ import pytest
 import trustme
 
 from equeue_broker.namesrv.claims import ClaimChecker, ClaimRefused
-from equeue_broker.testing import BrokerProcess, NameServerProcess
+from equeue_broker.testing import BrokerProcess, NameServerProcess, local_cluster
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.support.raw_client import RawClient
@@ -393,3 +393,19 @@ def test_claim_checks_are_bounded_and_cached() -> None:
         assert len(asked) == before + 2
 
     asyncio.run(run())
+
+
+@pytest.mark.timeout(120)
+def test_a_secured_local_cluster(tmp_path: Path) -> None:
+    """The harness starts a cluster whose name servers require tokens."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS)
+    with local_cluster(
+        namesrvs=1, brokers=("a",), namesrv_flags=("--tokens-file", str(tokens)),
+        broker_env={"EQUEUE_NAMESRV_TOKEN": BROKER_SECRET},
+    ) as cluster:  # fmt: skip
+        stub = pb_grpc.NameServerStub(grpc.insecure_channel(cluster.namesrv))
+        listed = stub.ListBrokers(
+            pb.ListBrokersRequest(), timeout=10, metadata=bearer(CLIENT_SECRET)
+        ).brokers
+        assert [(b.broker_name, b.address) for b in listed] == [("a", cluster.brokers["a"].address)]
