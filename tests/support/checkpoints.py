@@ -48,7 +48,7 @@ def fill(target: dict[str, str], cluster: bool, start: int, stop: int) -> None:
     """Offsets ``[start, stop)`` of every queue (``value`` each), queue by queue."""
     from equeue_spark.client import Producer
 
-    with Producer(**target) as producer:
+    with Producer(target.get("broker", ""), namesrv=target.get("namesrv", "")) as producer:
         for broker, queue_id in queues(cluster):
             values = [value(broker, queue_id, o) for o in range(start, stop)]
             producer.send_batch(
@@ -63,7 +63,7 @@ def create_topic(target: dict[str, str], cluster: bool) -> None:
     """The topic with ``QUEUES`` queues (on each broker), its route complete."""
     from equeue_spark.client import Admin
 
-    with Admin(**target) as admin:
+    with Admin(target.get("broker", ""), namesrv=target.get("namesrv", "")) as admin:
         if not cluster:
             admin.create_topic(TOPIC, queues=QUEUES)
             return
@@ -78,7 +78,7 @@ def incarnations(target: dict[str, str], cluster: bool) -> dict[str, int]:
     """The topic's incarnation per broker name ("" for the single broker)."""
     from equeue_spark.client import Admin
 
-    with Admin(**target) as admin:
+    with Admin(target.get("broker", ""), namesrv=target.get("namesrv", "")) as admin:
         if not cluster:
             return {"": admin.describe_topic(TOPIC).incarnation}
         return {b: admin.broker_admin(b).describe_topic(TOPIC).incarnation for b in BROKERS}
