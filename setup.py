@@ -1,23 +1,16 @@
 """The C extension and the package list; all other metadata is declarative in setup.cfg.
 
-The folder ``broker/`` installs as the import package ``equeue_broker`` (PyPI's
-``broker`` is someone else's top-level package), so its subpackages are listed
-here under that name rather than found by ``find:``.
+The broker's sources live under ``broker/`` (the design card's top-level folder),
+src-layout style: ``broker/equeue_broker/`` is the import package itself, so the
+folder name equals the import name for mypy, ruff, IDEs and grep.
 """
 
 from setuptools import Extension, find_packages, setup
 
-BROKER_DIR, BROKER_PACKAGE = "broker", "equeue_broker"
-
-broker_packages = [
-    BROKER_PACKAGE + name[len(BROKER_DIR) :]
-    for name in find_packages(include=[BROKER_DIR, f"{BROKER_DIR}.*"])
-]
-
 setup(
-    package_dir={BROKER_PACKAGE: BROKER_DIR},
+    package_dir={"equeue_broker": "broker/equeue_broker"},
     packages=[
-        *broker_packages,
+        *find_packages(where="broker", include=["equeue_broker", "equeue_broker.*"]),
         *find_packages(
             include=["equeue_spark", "equeue_spark.*", "equeue_proto", "equeue_proto.*"]
         ),

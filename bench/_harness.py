@@ -99,7 +99,7 @@ _NAME = re.compile(NAME)
 
 
 def layout_violations(data_dir: Path, *, allow_temp: bool = False) -> list[str]:
-    """Paths under ``data_dir`` outside the layout of ``broker/storage/store.py``
+    """Paths under ``data_dir`` outside the layout of ``broker/equeue_broker/storage/store.py``
     (transactions keep no files: they live in the log).
 
     ``allow_temp``: also accept ``*.tmp`` (a save or chunk creation in progress).

@@ -4,7 +4,7 @@ Run ``python bench/crash_loop.py --cycles 50 --mode sync`` (``make crash-loop``)
 ``--mode async`` checks the async flush mode, ``--machine-crash`` (async only)
 also throws away, after each kill, every byte the broker had not fsynced, as
 a power loss would. Prints one row per cycle and a summary, and exits 1 if any
-check failed. ``tests/test_crash_loop.py`` runs a few cycles of each.
+check failed. ``tests/hardening/test_crash_loop.py`` runs a few cycles of each.
 
 Each cycle starts the broker on the same data directory (``--port 0``, one
 topic of ``--queues`` queues, retention off), then runs ``--producers``
@@ -97,7 +97,7 @@ __all__ = [
     "run",
     "summary",
 ]
-"""The names ``tests/test_crash_loop.py`` uses (some are defined beside this script)."""
+"""The names ``tests/hardening/test_crash_loop.py`` uses (some are defined beside this script)."""
 
 
 # -- the loop -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Cluster crash loop: SIGKILL the master of a replicated group under load, again and again.
 
 Run ``python bench/crash_loop_cluster.py --kills 20`` (``make crash-loop-cluster``);
-``--quick`` is a smoke run (2 kills, short runs). ``tests/test_crash_loop_cluster.py``
+``--quick`` is a smoke run (2 kills, short runs). ``tests/hardening/test_crash_loop_cluster.py``
 runs the quick mode.
 
 The group: a private ZooKeeper (``equeue_broker.testing_zk``) and three brokers

@@ -5,7 +5,7 @@ broker on 127.0.0.1 in a temporary directory, sends the requests one at a
 time, each with a deadline, and prints the status codes seen per RPC. Exit
 code 1 if a request got an undefined status (other than the known bugs listed
 in ``KNOWN_BUGS``), the broker died, the round trip afterwards failed, or the
-data directory holds anything outside its layout. ``tests/test_fuzz.py``
+data directory holds anything outside its layout. ``tests/hardening/test_fuzz.py``
 runs a few hundred requests of the same strategies, derandomized.
 
 What is sent, to every method of the ``Broker`` and ``Admin`` services (read
@@ -55,11 +55,11 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench._harness import details_of, layout_violations, pull_queue, status_of, table
-from equeue_broker.server.wire import varint
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_proto.wire import varint
 
 Code = grpc.StatusCode
 DEFINED = frozenset(
@@ -508,7 +508,7 @@ class Fuzzer:
 
 KNOWN_BUGS: dict[str, tuple[str, Callable[[Outcome], bool]]] = {}
 """name -> (description, recogniser). Remove an entry once the broker is fixed
-(``tests/test_fuzz.py`` pins each with an xfail(strict=True) repro)."""
+(``tests/hardening/test_fuzz.py`` pins each with an xfail(strict=True) repro)."""
 
 
 def known_bug(outcome: Outcome) -> str | None:

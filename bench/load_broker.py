@@ -4,7 +4,7 @@ Run ``python bench/load_broker.py --seconds 600`` (``make load``): starts a
 broker on 127.0.0.1 in a temporary directory, one topic with a queue per
 consumer, and prints a table: messages, errors, losses, duplicates, latency
 percentiles and the broker's memory. Exit code 1 on any error, loss or
-duplicate. ``tests/test_load.py`` runs it for 30 s.
+duplicate. ``tests/hardening/test_load.py`` runs it for 30 s.
 
 - Consumers (this process, ``grpc.aio``, one task per consumer, ten per
   channel): each long-polls its own queue with ``Pull(max_wait_ms)`` and

@@ -3,7 +3,7 @@
     python bench/replication_bench.py [--seconds 5] [--batch 1000] [--sizes 100,1024]
 
 For each message size and each setup the script starts real broker processes on
-127.0.0.1 (``BrokerProcess``, as tests/test_sync_replication.py does): a master
+127.0.0.1 (``BrokerProcess``, as tests/replication/test_sync_replication.py does): a master
 alone, a master with ``--replication async`` and one replica, a master with
 ``--replication sync`` and one replica (in sync before measuring). One client
 sends batches of ``--batch`` messages one after another (each waits for its

@@ -77,7 +77,7 @@ def allocate_average(queue_ids: Sequence[int], consumer_ids: Sequence[str]) -> d
     the queues (sorted); the first ``len(queues) % len(consumers)`` get one more.
 
     The broker computes it over a topic's live subscribers at each heartbeat
-    and grants the queues as locks (broker/server/groups.py); DescribeGroup
+    and grants the queues as locks (broker/equeue_broker/server/groups.py); DescribeGroup
     reports it as each queue's owner.
     """
     queues = sorted(queue_ids)

@@ -2,7 +2,7 @@
 
 Writes ``equeue_proto/v1/broker_pb2{,_grpc}.py`` and their ``.pyi`` stubs
 under ``--out`` (default: the repository root, where they are checked in).
-tests/test_proto_drift.py runs this into a temp dir and compares, so the
+tests/project/test_proto_drift.py runs this into a temp dir and compares, so the
 checked-in code can never drift from the ``.proto``. The generator versions
 are pinned in setup.cfg's ``dev`` extra, which makes the output reproducible.
 """

@@ -5,7 +5,7 @@ Everything is checked when the query starts (``ReadOptions.parse`` /
 ``WriteOptions.parse``): an unknown option or a bad value raises
 ``InvalidOption`` naming the option and the value, instead of failing a task
 later. The option table in docs/spark.md documents the same names and defaults
-(tests/test_docs.py ties the two).
+(tests/project/test_docs.py ties the two).
 
 Pyspark-free, so it can be tested without a Spark session.
 """

@@ -1,6 +1,6 @@
 """Known messages in a ``Store``: append them, read them back, compare them exactly.
 
-For the recovery tests (``tests/test_recovery*.py``): every message appended
+For the recovery tests (``tests/storage/test_recovery*.py``): every message appended
 through ``append`` is remembered as a ``Sent`` (where the store put it, its
 index entry, every field), so a test can assert exactly which messages survive
 a fault, at which offsets, with which bytes. The byte surgery on the files is

@@ -2,7 +2,7 @@
 I/O error: nothing of the deleted topic may come back, and a topic created
 again under the same name starts empty (no records, no group offsets).
 
-A process crash is simulated as tests/test_recovery_crash.py does: the store is
+A process crash is simulated as tests/storage/test_recovery_crash.py does: the store is
 abandoned (nothing more flushed; what was written stays, as in the page cache)
 at the chosen step, by an exception no store code catches.
 """

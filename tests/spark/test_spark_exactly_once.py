@@ -23,8 +23,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import Admin, read_range
+from tests.spark.test_spark import SparkError, produce, reader
 from tests.support.waits import wait_for
-from tests.test_spark import SparkError, produce, reader
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 

@@ -1,6 +1,6 @@
-"""Pull replies encoded by the broker (broker/server/wire.py) and decoded by the
+"""Pull replies encoded by the broker (broker/equeue_broker/server/wire.py) and decoded by the
 client (equeue_spark/client/wire.py) without protobuf, and replication replies
-(broker/server/replicate_wire.py), each held to protobuf."""
+(broker/equeue_broker/server/replicate_wire.py), each held to protobuf."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ from equeue_broker.server.wire import (
     _varints_py,
     produce_reply,
     pull_reply_framer,
-    varint,
 )
 from equeue_broker.storage import ReadStatus, RecordsResult
 from equeue_broker.storage.queue_index import ENTRY
-from equeue_proto import accel
+from equeue_proto import accel, wire
 from equeue_proto.protocol import ERROR_KIND_KEY, NOT_ENOUGH_REPLICAS, NOT_MASTER, STALE_EPOCH
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.wire import WireError, varint
 from equeue_spark.client.errors import DataLossError, NotMasterError, from_rpc_error
 from equeue_spark.client.wire import PullReply, parse_pull_reply
 
@@ -86,6 +86,48 @@ def test_varint_edges() -> None:
     assert varint(127) == b"\x7f"
     assert varint(128) == b"\x80\x01"
     assert varint(-1) == b"\xff" * 9 + b"\x01"  # int64 -1: ten bytes
+
+
+@given(
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.integers(min_value=0, max_value=2**32 - 1),
+    st.binary(max_size=300),
+    st.lists(st.integers(min_value=0, max_value=2**62), max_size=20),
+)
+def test_field_reader_walks_what_protobuf_writes(
+    offset: int, count: int, records: bytes, positions: list[int]
+) -> None:
+    """equeue_proto.wire.fields: every field protobuf wrote, back to back, with
+    its value (int64 read back signed) and its payload's bytes."""
+    message = pb.PullReply(next_offset=offset, count=count, records=records, broker_id="b")
+    head = message.SerializeToString()
+    data = head + pb.ProduceReply(positions=positions).SerializeToString()  # two, back to back
+    found = list(wire.fields(data, "PullReply"))
+    assert [f.start for f in found[1:]] == [f.end for f in found[:-1]]
+    assert (found[0].start if found else 0, found[-1].end if found else 0) == (0, len(data))
+    by_number = {f.number: f for f in found if f.end <= len(head)}
+    if offset:
+        assert wire.int64(by_number[pb.PullReply.NEXT_OFFSET_FIELD_NUMBER].value) == offset
+    if records:
+        f = by_number[pb.PullReply.RECORDS_FIELD_NUMBER]
+        assert (f.wire_type, data[f.payload : f.end]) == (wire.LENGTH, records)
+    assert wire.key(7, wire.LENGTH) == varint(7 << 3 | 2)
+    assert wire.int_field(b"k", 0) == wire.bytes_field(b"k", b"") == b""
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (varint(1 << 3 | 2) + varint(10) + b"abc", "field 1 runs past the end"),
+        (b"\xff" * 11, "malformed varint"),
+        (varint(2 << 3 | 4), "unsupported wire type 4"),
+        (varint(3 << 3 | 1) + bytes(3), "truncated field at the end"),
+    ],
+    ids=["past the end", "varint too long", "group", "truncated fixed64"],
+)
+def test_field_reader_refuses_what_is_not_a_message(data: bytes, words: str) -> None:
+    with pytest.raises(WireError, match=f"^Msg: .*{words}"):
+        list(wire.fields(data, "Msg"))
 
 
 @given(replies)
@@ -180,7 +222,7 @@ def _codec_split() -> Callable[[bytes, list[int]], list[bytes]]:
     return split_blob
 
 
-# -- ReplicateReply (broker/server/replicate_wire.py) ------------------------------------
+# -- ReplicateReply (equeue_broker/server/replicate_wire.py) -------------------------------
 
 replicate_heads = st.builds(
     pb.ReplicateReply,
@@ -206,8 +248,8 @@ def test_replicate_reply_round_trips_and_protobuf_agrees(
     assert pb.ReplicateReply.FromString(encoded) == whole  # any gRPC client reads it
     if not data:
         assert encoded == whole.SerializeToString()
-    for wire in (encoded, whole.SerializeToString()):  # ours, and protobuf's field order
-        got, view = decode_reply(wire)
+    for encoding in (encoded, whole.SerializeToString()):  # ours, and protobuf's field order
+        got, view = decode_reply(encoding)
         assert bytes(view) == data
         assert got == head
 
@@ -222,7 +264,7 @@ def test_a_replicate_reply_that_does_not_parse_says_so(wire: bytes) -> None:
         decode_reply(wire)
 
 
-# -- error kinds (broker/server/errors.py, client/errors.py) ----------------------------
+# -- error kinds (equeue_broker/server/errors.py, client/errors.py) ----------------------
 
 
 class _Failed(grpc.RpcError):

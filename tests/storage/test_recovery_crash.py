@@ -1,7 +1,7 @@
 """Simulated machine crashes (every byte not fsynced dropped) and process crashes
 (the page cache survives), in both flush modes.
 
-As ``tests/test_recovery.py``: build a store, crash it, reopen it, and assert
+As ``tests/storage/test_recovery.py``: build a store, crash it, reopen it, and assert
 exactly which messages survive, at which offsets, with which bytes.
 """
 

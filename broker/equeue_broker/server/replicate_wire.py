@@ -16,18 +16,18 @@ protobuf, copied out of the received message and again on every access of
   the rest of the message (small: numbers, the metadata document), ``data``
   returned as a ``memoryview`` of the received message.
 
+Fields are found with the contract's one wire reader (``equeue_proto.wire``).
 A reply that does not parse raises ``ReplyDecodeError``; inside a call, gRPC
 reports it as an INTERNAL failure, and the follower reconnects.
 """
 
 from __future__ import annotations
 
-from equeue_broker.server.wire import varint
+from equeue_proto import wire
 from equeue_proto.v1 import broker_pb2 as pb
 
 _DATA = pb.ReplicateReply.DATA_FIELD_NUMBER
-_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
-_DATA_KEY = bytes([_DATA << 3 | _LENGTH])  # one byte: the field number is below 16
+_DATA_KEY = wire.key(_DATA, wire.LENGTH)
 
 
 class ReplyDecodeError(ValueError):
@@ -38,51 +38,22 @@ def encode_reply(head: pb.ReplicateReply, data: bytes | memoryview) -> bytes:
     """``head`` (whose own ``data`` must be empty) with ``data`` as its data field."""
     if not data:
         return head.SerializeToString()
-    return b"".join((head.SerializeToString(), _DATA_KEY, varint(len(data)), data))
-
-
-def _varint(raw: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    end = len(raw)
-    while pos < end and shift < 70:
-        byte = raw[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise ReplyDecodeError(f"ReplicateReply: malformed varint before byte {pos}")
+    return b"".join((head.SerializeToString(), _DATA_KEY, wire.varint(len(data)), data))
 
 
 def decode_reply(raw: bytes) -> tuple[pb.ReplicateReply, memoryview]:
     """(the reply without its data, its data as a view of ``raw``)."""
     data = memoryview(b"")
     rest: list[bytes] = []
-    pos = kept = 0
-    size = len(raw)
-    while pos < size:
-        at = pos
-        key, pos = _varint(raw, pos)
-        wire_type = key & 7
-        if wire_type == _VARINT:
-            pos = _varint(raw, pos)[1]
-        elif wire_type == _LENGTH:
-            length, pos = _varint(raw, pos)
-            if pos + length > size:
-                raise ReplyDecodeError(f"ReplicateReply: field {key >> 3} runs past the end")
-            if key >> 3 == _DATA:  # the last one wins, as in protobuf
-                data = memoryview(raw)[pos : pos + length]
-                rest.append(raw[kept:at])
-                kept = pos + length
-            pos += length
-        elif wire_type == _FIXED64:
-            pos += 8
-        elif wire_type == _FIXED32:
-            pos += 4
-        else:
-            raise ReplyDecodeError(f"ReplicateReply: field {key >> 3} has wire type {wire_type}")
-    if pos != size:
-        raise ReplyDecodeError("ReplicateReply: truncated field at the end")
+    kept = 0
+    try:
+        for field in wire.fields(raw, "ReplicateReply"):
+            if field.number == _DATA and field.wire_type == wire.LENGTH:
+                data = memoryview(raw)[field.payload : field.end]  # the last one wins
+                rest.append(raw[kept : field.start])
+                kept = field.end
+    except wire.WireError as exc:
+        raise ReplyDecodeError(str(exc)) from None
     rest.append(raw[kept:])
     try:
         head = pb.ReplicateReply.FromString(b"".join(rest))

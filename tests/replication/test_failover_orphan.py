@@ -28,8 +28,8 @@ from equeue_broker.cluster.election import BASE_PATH, Layout, read_view
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_zk import HOST, ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb
+from tests.replication.test_failover import GROUP, SESSION_MS, Client, instance_id, role, values
 from tests.support.waits import wait_for
-from tests.test_failover import GROUP, SESSION_MS, Client, instance_id, role, values
 
 CREATE_TYPES = (1, 15)
 """ZooKeeper's request types create and create2 (kazoo sends create)."""

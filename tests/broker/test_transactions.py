@@ -66,11 +66,11 @@ from equeue_spark.client.connection import Connection
 from equeue_spark.client.records import decode_records
 from equeue_spark.client.transactions import abort_transactions, commit_transactions
 from tests.conftest import MakeConfig
+from tests.storage.test_formats import LIMITS as FORMAT_LIMITS
+from tests.storage.test_formats import messages
+from tests.storage.test_store import read_all
 from tests.support.records import encode_prepared
 from tests.support.waits import wait_for
-from tests.test_formats import LIMITS as FORMAT_LIMITS
-from tests.test_formats import messages
-from tests.test_store import read_all
 
 OpenStore = Callable[..., Store]
 T = "orders"
@@ -573,7 +573,7 @@ def test_broker_aborts_idle_transactions_after_its_timeout(
             producer.send_batch("tx", [b"y"], transaction_id="forgotten")
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -4,7 +4,7 @@ changes role (real broker process, real gRPC).
 A master's replication stream can end between the follower's read of a reply
 and its next request: then ``call.write`` raises grpc's ``InvalidStateError``
 ("RPC already finished."). That happens when the master dies while the replica
-is stopped with a reply in its socket (tests/test_failover.py's SIGSTOP,
+is stopped with a reply in its socket (tests/replication/test_failover.py's SIGSTOP,
 write, SIGKILL, SIGCONT). The follower used to end with that error, and the
 promotion that stopped the dead follower re-raised it: the elected replica
 never became master, ZooKeeper named it master, and with its znode alive no
@@ -34,8 +34,8 @@ from equeue_broker.storage.replicated import Metadata, encode_metadata
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from tests.replication.test_failover import GROUP, Client, role, values
 from tests.support.waits import wait_for
-from tests.test_failover import GROUP, Client, role, values
 
 
 class OneReplyMaster(pb_grpc.ReplicationServicer):

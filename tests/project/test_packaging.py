@@ -15,7 +15,7 @@ import pytest
 
 from equeue_proto import __version__
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,8 @@ def test_editable_install_maps_broker_to_equeue_broker() -> None:
         timeout=120,
     )  # fmt: skip
     path, no_broker, hooks = json.loads(out.stdout)
-    assert Path(path).name == "__init__.py" and Path(path).resolve() == ROOT / "broker/__init__.py"
+    expected = ROOT / "broker" / "equeue_broker" / "__init__.py"
+    assert Path(path).name == "__init__.py" and Path(path).resolve() == expected
     assert no_broker and hooks == ["pyspark_equeue"]
 
 

@@ -2,7 +2,7 @@
 (missing, garbled, with or without a good backup), temp files of interrupted
 saves, and a second store on the same data directory.
 
-As ``tests/test_recovery.py``: build a store, damage its files, reopen it, and
+As ``tests/storage/test_recovery.py``: build a store, damage its files, reopen it, and
 assert exactly what survives.
 """
 
@@ -105,7 +105,7 @@ def test_corrupt_offsets_file_uses_backup(open_store: OpenStore, make_config: Ma
 
 def test_corrupt_offsets_file_and_backup(open_store: OpenStore, make_config: MakeConfig) -> None:
     """No intact copy: the store opens and serves the log, but every group's
-    offsets are lost until reset (tests/test_damage.py has the details)."""
+    offsets are lost until reset (tests/storage/test_damage.py has the details)."""
     config = commit_twice(open_store, make_config)
     main = config.data_dir / "offsets.json"
     garble(main)

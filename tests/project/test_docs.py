@@ -18,7 +18,7 @@ import pytest
 
 from equeue_spark.spark import options
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 SPARK_DOC = DOCS / "spark.md"

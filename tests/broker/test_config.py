@@ -24,7 +24,7 @@ from equeue_broker.server.config import (
 )
 from equeue_broker.storage.config import FlushMode, StorageConfig
 
-SAMPLE = Path(__file__).resolve().parent.parent / "docs" / "equeue-broker.toml"
+SAMPLE = Path(__file__).resolve().parents[2] / "docs" / "equeue-broker.toml"
 ASSIGNMENT = re.compile(r"^(# )?([a-z][a-z0-9_-]*) = (.+)$")
 
 FLAGS = [

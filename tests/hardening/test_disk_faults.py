@@ -49,7 +49,7 @@ from tests.support.faulty_broker import FAULT_ENV
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
 CHUNK = 1 * MiB
 TOPIC = "disk"

@@ -132,7 +132,7 @@ def jobs(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job
         job = subprocess.run(
             [sys.executable, "-m", "tests.support.cluster_job", cluster, *args],
             capture_output=True, text=True, timeout=JOB_S, env=_env(tmp_path),
-            cwd=Path(__file__).parent.parent, check=False,
+            cwd=Path(__file__).parents[2], check=False,
         )  # fmt: skip
         assert job.returncode == 0, job.stderr[-5000:]
         results = [json.loads(line) for line in job.stdout.strip().splitlines()[-2:]]

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_DIRS = {"equeue_broker": ROOT / "broker", "equeue_spark": ROOT / "equeue_spark",
-                "equeue_proto": ROOT / "equeue_proto"}  # fmt: skip
-"""Import name -> folder (broker/ installs as equeue_broker)."""
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_DIRS = {name: ROOT / name for name in ("equeue_spark", "equeue_proto")}
+PACKAGE_DIRS["equeue_broker"] = ROOT / "broker" / "equeue_broker"  # broker/ is a source root
+"""Import name -> folder: every package folder has its import name."""
 
 LAYERS: dict[str, tuple[str, ...]] = {
     # layer: module prefixes (longest match wins)

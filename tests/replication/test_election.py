@@ -35,7 +35,7 @@ from equeue_broker.cluster.election import BASE_PATH, claim, decide, read_view
 from equeue_broker.testing_zk import ZooKeeperProcess, free_port, java_available
 from tests.support.waits import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SESSION_S = 2.0
 """Session timeout of the test members: how long a frozen member stays master."""
 WAIT_S = 30.0

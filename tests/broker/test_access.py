@@ -22,7 +22,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.cli import main as cli_main
 from equeue_spark.client import Admin, ClientConfig, Consumer, PermissionDeniedError, Producer
-from tests.test_startup import one_line, run_broker
+from tests.broker.test_startup import one_line, run_broker
 
 StartBroker = Callable[..., BrokerProcess]
 

@@ -15,7 +15,8 @@ Servicers return these bytes; ``handlers.rebuild`` lets pre-encoded replies
 through gRPC's serializer untouched. They are exactly what protobuf's
 ``SerializeToString()`` gives (the proto3 encoding: fields in number order,
 zero values omitted, repeated numbers packed); tests hold the two equal, so
-the ``.proto`` stays the contract. Field numbers come from the generated code.
+the ``.proto`` stays the contract. Field numbers come from the generated code;
+keys, varints and fields are written by the contract's ``equeue_proto.wire``.
 """
 
 from __future__ import annotations
@@ -29,13 +30,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.storage import Framer, MessageBatch, ReadStatus, RecordsResult
 from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_proto import wire
 from equeue_proto.accel import CODEC
 from equeue_proto.protocol import BROKER_TIME
 from equeue_proto.record import decode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 
-_VARINT, _LENGTH = 0, 2
-_UINT64 = (1 << 64) - 1
 _ENTRY_WORDS = ENTRY_SIZE // 8
 """Index entries in 64-bit words; an entry's first word is its position + 1."""
 
@@ -43,7 +43,7 @@ _ENTRY_WORDS = ENTRY_SIZE // 8
 def _varints_py(values: bytes | bytearray, count: int, stride: int, add: int, step: int) -> bytes:
     """Reference for ``_codec.varints``: packed varints of values[i * stride] + add + i * step."""
     words = memoryview(values).cast("q")
-    return b"".join(varint(words[i * stride] + add + i * step) for i in range(count))
+    return b"".join(wire.varint(words[i * stride] + add + i * step) for i in range(count))
 
 
 def _split_py(blob: bytes, lengths: Sequence[int]) -> list[bytes] | list[memoryview]:
@@ -66,49 +66,26 @@ else:
     _varints, _split_blob = _varints_py, _split_py
 
 
-def varint(value: int) -> bytes:
-    """Protobuf base-128 varint; negative int64 values take ten bytes (two's complement)."""
-    value &= _UINT64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _key(field: int, wire_type: int) -> bytes:
-    return varint(field << 3 | wire_type)
-
-
 # Field keys (number and wire type), from the generated code's field numbers.
 _PULL = pb.PullReply
-_STATUS = _key(_PULL.STATUS_FIELD_NUMBER, _VARINT)
-_RECORDS = _key(_PULL.RECORDS_FIELD_NUMBER, _LENGTH)
-_COUNT = _key(_PULL.COUNT_FIELD_NUMBER, _VARINT)
-_NEXT = _key(_PULL.NEXT_OFFSET_FIELD_NUMBER, _VARINT)
-_EARLIEST = _key(_PULL.EARLIEST_OFFSET_FIELD_NUMBER, _VARINT)
-_END = _key(_PULL.END_OFFSET_FIELD_NUMBER, _VARINT)
-_BROKER_ID = _key(_PULL.BROKER_ID_FIELD_NUMBER, _LENGTH)
+_STATUS = wire.key(_PULL.STATUS_FIELD_NUMBER, wire.VARINT)
+_RECORDS = wire.key(_PULL.RECORDS_FIELD_NUMBER, wire.LENGTH)
+_COUNT = wire.key(_PULL.COUNT_FIELD_NUMBER, wire.VARINT)
+_NEXT = wire.key(_PULL.NEXT_OFFSET_FIELD_NUMBER, wire.VARINT)
+_EARLIEST = wire.key(_PULL.EARLIEST_OFFSET_FIELD_NUMBER, wire.VARINT)
+_END = wire.key(_PULL.END_OFFSET_FIELD_NUMBER, wire.VARINT)
+_BROKER_ID = wire.key(_PULL.BROKER_ID_FIELD_NUMBER, wire.LENGTH)
 _PRODUCE = pb.ProduceReply
-_P_BROKER_ID = _key(_PRODUCE.BROKER_ID_FIELD_NUMBER, _LENGTH)
-_P_QUEUE_IDS = _key(_PRODUCE.QUEUE_IDS_FIELD_NUMBER, _LENGTH)
-_P_OFFSETS = _key(_PRODUCE.OFFSETS_FIELD_NUMBER, _LENGTH)
-_P_POSITIONS = _key(_PRODUCE.POSITIONS_FIELD_NUMBER, _LENGTH)
-
-
-def _int_field(key: bytes, value: int) -> bytes:
-    return key + varint(value) if value else b""
-
-
-def _bytes_field(key: bytes, value: bytes) -> bytes:
-    return key + varint(len(value)) + value if value else b""
+_P_BROKER_ID = wire.key(_PRODUCE.BROKER_ID_FIELD_NUMBER, wire.LENGTH)
+_P_QUEUE_IDS = wire.key(_PRODUCE.QUEUE_IDS_FIELD_NUMBER, wire.LENGTH)
+_P_OFFSETS = wire.key(_PRODUCE.OFFSETS_FIELD_NUMBER, wire.LENGTH)
+_P_POSITIONS = wire.key(_PRODUCE.POSITIONS_FIELD_NUMBER, wire.LENGTH)
 
 
 @functools.lru_cache(maxsize=4)
 def _broker_id_field(key: bytes, broker_id: str) -> bytes:
     """The broker id field: the same in every reply, encoded once."""
-    return _bytes_field(key, broker_id.encode())
+    return wire.bytes_field(key, broker_id.encode())
 
 
 def pull_reply_framer(broker_id: str, status_numbers: Mapping[ReadStatus, int]) -> Framer:
@@ -119,14 +96,14 @@ def pull_reply_framer(broker_id: str, status_numbers: Mapping[ReadStatus, int]) 
     id_field = _broker_id_field(_BROKER_ID, broker_id)
 
     def frame(result: RecordsResult) -> tuple[bytes, bytes]:
-        prefix = _int_field(_STATUS, status_numbers[result.status])
+        prefix = wire.int_field(_STATUS, status_numbers[result.status])
         if result.nbytes:
-            prefix += _RECORDS + varint(result.nbytes)
+            prefix += _RECORDS + wire.varint(result.nbytes)
         suffix = b"".join((
-            _int_field(_COUNT, result.count),
-            _int_field(_NEXT, result.next_offset),
-            _int_field(_EARLIEST, result.earliest),
-            _int_field(_END, result.end),
+            wire.int_field(_COUNT, result.count),
+            wire.int_field(_NEXT, result.next_offset),
+            wire.int_field(_EARLIEST, result.earliest),
+            wire.int_field(_END, result.end),
             id_field,
         ))  # fmt: skip
         return prefix, suffix
@@ -144,9 +121,9 @@ def produce_reply(
     one = array("q", [queue_id, first_offset]).tobytes()
     return b"".join((
         _broker_id_field(_P_BROKER_ID, broker_id),
-        _bytes_field(_P_QUEUE_IDS, _varints(one, count, 0, 0, 0)),
-        _bytes_field(_P_OFFSETS, _varints(one[8:], count, 0, 0, 1)),
-        _bytes_field(_P_POSITIONS, _varints(entries, count, _ENTRY_WORDS, -1, 0)),
+        wire.bytes_field(_P_QUEUE_IDS, _varints(one, count, 0, 0, 0)),
+        wire.bytes_field(_P_OFFSETS, _varints(one[8:], count, 0, 0, 1)),
+        wire.bytes_field(_P_POSITIONS, _varints(entries, count, _ENTRY_WORDS, -1, 0)),
     ))  # fmt: skip
 
 

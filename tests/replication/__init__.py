@@ -1,0 +1,1 @@
+"""Replication tests."""
