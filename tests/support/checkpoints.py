@@ -1,7 +1,7 @@
 """Spark checkpoints written by an earlier version of the connector, and the
 topics they read: ``python -m tests.support.checkpoints`` wrote the fixtures
 in tests/data/checkpoints/ (one query over a single broker, one over a
-cluster of brokers ``a`` and ``b``); tests/test_spark_checkpoint_compat.py
+cluster of brokers ``a`` and ``b``); tests/spark/test_checkpoint_compat.py
 resumes them.
 
 A checkpoint's offsets are queue offsets, and a cluster checkpoint names its
