@@ -1,0 +1,334 @@
+"""Where a client's calls go: one broker is a cluster of one.
+
+``Routes`` is the one view of the brokers that ``Producer``, ``Consumer``,
+``Admin``, the CLI and the Spark connector use (aiokafka's
+``ClusterMetadata`` is the model): a topic's route lists its broker groups,
+each with its master, replicas and queues. Two implementations:
+
+- ``StaticRoutes``: a broker address (``broker=`` or ``$EQUEUE_BROKER``).
+  Every topic has one broker group, named ``""`` (a single broker's queues
+  are named by their id alone, as they always were: ``Message.broker_id``,
+  ``QueueInfo.broker`` and Spark's offsets stay as before), whose master is
+  that address and whose queues are the broker's own.
+- ``NameServerRoutes`` (cluster.py): routes from name servers, cached.
+
+``connect(config)`` picks one by the settings; nothing else in the client
+asks which one it has. ``Routes`` also owns what to do when a member fails:
+``on_master`` (writes: the group's master, the route fetched again and the
+call retried there until ``failover_timeout_s``), ``read_on`` (reads: the
+members in read order, the next one when one does not answer) and
+``on_any`` (a keyless batch: any group with a writable queue). They are the
+only failover loops of the client.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.batches import stream_requests
+from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.errors import (
+    BrokerUnavailable,
+    DeadlineExceeded,
+    EqueueError,
+    InvalidRequest,
+    NotFoundError,
+    NotMasterError,
+)
+from equeue_spark.client.replica_reads import DOWN_S, DownMarks, read_order
+from equeue_spark.client.route import Route, name_broker, split_request
+
+T = TypeVar("T")
+
+Call = Callable[[Connection, bool], T]
+"""A call on one member: ``(connection, may_retry)``. ``may_retry`` is False
+when a failure is better retried elsewhere (another member, the group's new
+master) than on the same connection."""
+
+
+class Routes:
+    """Routes and broker connections of one client (thread-safe)."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._connections: dict[str, Connection] = {}
+        self._down = DownMarks()
+
+    # -- what an implementation says -------------------------------------------------
+
+    def route(self, topic: str, refresh: bool = False) -> Route:
+        """The topic's route, from the cache while it is fresh."""
+        raise NotImplementedError
+
+    def invalidate(self, topic: str) -> None:
+        """Fetch the route again at its next use (after an error on it)."""
+
+    def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
+        """The live brokers."""
+        raise NotImplementedError
+
+    def broker_address(self, broker: str) -> str:
+        """A broker group's master, topic-independent."""
+        raise NotImplementedError
+
+    def group(self, broker: str, missing: str) -> str:
+        """The broker group a call about one queue (or transaction) goes to:
+        ``broker``; none given, the only group if there is one, else
+        InvalidRequest(``missing``)."""
+        raise NotImplementedError
+
+    def only_address(self, what: str) -> str:
+        """The one broker a call about a broker (not a topic) goes to;
+        InvalidRequest naming ``what`` where there are many."""
+        raise NotImplementedError
+
+    def message_address(self, message_id: str) -> str:
+        """The broker that stored the message ``message_id`` names."""
+        raise NotImplementedError
+
+    def names_groups(self) -> bool:
+        """Whether queues are named (broker group, queue id) rather than by id alone."""
+        raise NotImplementedError
+
+    # -- members -----------------------------------------------------------------------
+
+    def connection(self, address: str) -> Connection:
+        """The one connection to the broker at ``address``."""
+        with self._lock:
+            conn = self._connections.get(address)
+            if conn is None:
+                conn = Connection(self.config.for_broker(address))
+                self._connections[address] = conn
+            return conn
+
+    def broker_connection(self, topic: str, broker: str) -> Connection:
+        """The connection to ``broker``'s master, where ``topic``'s route says it is."""
+        return self.connection(self.route(topic).address(broker))
+
+    def read_addresses(self, topic: str, broker: str, seed: str = "") -> list[str]:
+        """The members of ``broker``'s group that serve ``topic``'s reads, in
+        the order to try them (members marked down last)."""
+        entry = self.route(topic).entry(broker)
+        order = read_order(entry, self.config.read_from_replicas, seed)
+        if not order:
+            raise BrokerUnavailable(f"broker group {broker!r} has no live member")
+        return self._down.order(order)
+
+    def mark_down(self, address: str, for_s: float = DOWN_S) -> None:
+        """``address`` failed a call: try it last for ``for_s``."""
+        self._down.mark(address, for_s)
+
+    def is_down(self, address: str) -> bool:
+        return self._down.is_down(address)
+
+    # -- failover: the one place ---------------------------------------------------------
+
+    def on_master(self, topic: str, broker: str, call: Call[T]) -> T:
+        """``call`` on ``broker``'s master. When the master cannot be reached,
+        or the broker called is a replica now, the route is fetched again and
+        the call retried on the group's master, with backoff, for up to
+        ``failover_timeout_s``; then BrokerUnavailable naming the group."""
+        config = self.config
+        deadline = time.monotonic() + config.failover_timeout_s
+        delay = config.backoff_s
+        last: EqueueError | None = None
+        for _ in range(100_000):  # bounded by the deadline long before
+            address = self.route(topic).entry(broker).address
+            if address:
+                try:
+                    return call(self.connection(address), False)
+                except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
+                    self.mark_down(address)
+                    last = exc
+            else:
+                self.invalidate(topic)
+            if time.monotonic() + delay > deadline:
+                break
+            _sleep(delay)
+            delay = min(delay * 2, config.max_backoff_s)
+        why = f"last error: {last}" if last else "the name servers list no master"
+        raise BrokerUnavailable(
+            f"broker group {broker!r} has no reachable master (waited "
+            f"failover_timeout_s={config.failover_timeout_s:g}; {why}); retry later"
+        )
+
+    def read_on(self, topic: str, broker: str, call: Call[T], seed: str = "") -> T:
+        """``call`` on the member of ``broker``'s group that serves ``topic``'s
+        reads (the master; a replica with ``read_from_replicas``), moving to
+        the next member when one does not answer. For reads only: a replica
+        refuses writes. A member that is not the last to try does not retry
+        on its own (the next member is the better retry)."""
+        addresses = self.read_addresses(topic, broker, seed)
+        errors = []
+        for index, address in enumerate(addresses):
+            try:
+                return call(self.connection(address), index == len(addresses) - 1)
+            except (BrokerUnavailable, DeadlineExceeded) as exc:
+                self.mark_down(address)
+                errors.append(f"{address}: {exc}")
+        tried = "; ".join(errors)
+        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
+
+    def on_any(self, topic: str, start: int, call: Call[T], again: bool = True) -> tuple[str, T]:
+        """``call`` on the master of a group with a writable queue of ``topic``,
+        round robin from ``start`` (groups that failed lately last); on one
+        that cannot be reached (or a replica, the route being stale), again
+        on the next, the route fetched again, until ``failover_timeout_s``.
+        Returns (group, result). A non-retriable error (any error without
+        ``again``: a staged batch is never sent twice) is raised at once,
+        naming its group."""
+        config = self.config
+        errors: list[str] = []
+        delay = config.backoff_s
+        deadline = time.monotonic() + max(config.failover_timeout_s, 0.0)
+        for _ in range(100_000):  # bounded by the deadline long before
+            route = self.route(topic)
+            writable = {b for b, _ in route.queues("writable")}
+            names = [n for n in route.broker_names() if n in writable]
+            if not names:
+                raise BrokerUnavailable(f"topic {topic!r} has no writable queue on a live broker")
+            ordered = sorted(
+                (names[(start + i) % len(names)] for i in range(len(names))),
+                key=lambda n: self.is_down(route.entry(n).address),
+            )
+            for broker in ordered:
+                address = route.entry(broker).address
+                try:
+                    address = route.address(broker)
+                    return broker, call(self.connection(address), len(names) == 1 and again)
+                except EqueueError as exc:
+                    if not again or not (exc.retriable or isinstance(exc, NotMasterError)):
+                        raise name_broker(exc, broker, address) from exc
+                    errors.append(f"{broker}: {exc}")
+                    if address:
+                        self.mark_down(address, config.max_backoff_s * 5)
+                    self.invalidate(topic)
+            if time.monotonic() + delay > deadline:
+                break
+            _sleep(delay)
+            delay = min(delay * 2, config.max_backoff_s)
+        raise BrokerUnavailable(
+            f"no broker of topic {topic!r} took the batch within failover_timeout_s="
+            f"{config.failover_timeout_s:g}: " + "; ".join(errors[-3:])
+        )
+
+    def send_requests(
+        self, requests: Iterable[pb.ProduceRequest], send: Callable[[pb.ProduceRequest], T]
+    ) -> Iterator[T]:
+        """Many requests of a producer: each routed and sent on its own (``send``)."""
+        return (send(request) for request in requests)
+
+    def close(self) -> None:
+        with self._lock:
+            connections = list(self._connections.values())
+            self._connections.clear()
+        for conn in connections:
+            conn.close()
+
+
+def _sleep(delay: float) -> None:
+    time.sleep(delay * (0.5 + random.random()))  # jitter spreads reconnects
+
+
+class StaticRoutes(Routes):
+    """One broker at a fixed address: a cluster of one group, named ``""``.
+
+    A topic's route is the broker's own queues (DescribeTopic), fetched at
+    each use that asks for it fresh and cached like a name server's route; a
+    topic the broker does not have has a route with the group and no queues
+    (the broker decides, as it always did). Its master never changes, so
+    ``on_master`` is one call with the connection's own retries.
+    """
+
+    def __init__(self, config: ClientConfig) -> None:
+        super().__init__(config)
+        self.address = config.target
+        self._routes: dict[str, Route] = {}
+
+    def route(self, topic: str, refresh: bool = False) -> Route:
+        with self._lock:
+            cached = self._routes.get(topic)
+        limit = self.config.route_refresh_s
+        if cached is not None and not refresh and time.monotonic() - cached.fetched < limit:
+            return cached
+        conn = self.connection(self.address)
+        try:
+            info = conn.call(conn.admin.DescribeTopic, pb.DescribeTopicRequest(name=topic))
+        except NotFoundError:
+            info = pb.TopicInfo(name=topic)
+        entry = pb.BrokerRoute(broker_name="", address=self.address, incarnation=info.incarnation)
+        for q in info.queues:
+            entry.queues.add(
+                queue_id=q.queue_id, writable=q.producer_visible, readable=q.consumer_visible
+            )
+        route = Route(topic, (entry,), time.monotonic())
+        with self._lock:
+            self._routes[topic] = route
+        return route
+
+    def invalidate(self, topic: str) -> None:
+        with self._lock:
+            self._routes.pop(topic, None)
+
+    def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
+        return [pb.BrokerEntry(broker_name="", address=self.address, routed_master=True)]
+
+    def broker_address(self, broker: str) -> str:
+        if broker:
+            raise InvalidRequest(
+                f"broker {broker!r}: this client talks to one broker; give namesrv= for a cluster"
+            )
+        return self.address
+
+    def group(self, broker: str, missing: str) -> str:
+        return self.broker_address(broker) and ""
+
+    def only_address(self, what: str) -> str:
+        return self.address
+
+    def message_address(self, message_id: str) -> str:
+        return self.address
+
+    def names_groups(self) -> bool:
+        return False
+
+    def on_master(self, topic: str, broker: str, call: Call[T]) -> T:
+        return call(self.connection(self.route(topic).address(broker)), True)
+
+    def read_on(self, topic: str, broker: str, call: Call[T], seed: str = "") -> T:
+        return call(self.connection(self.broker_address(broker)), True)
+
+    def on_any(self, topic: str, start: int, call: Call[T], again: bool = True) -> tuple[str, T]:
+        return "", call(self.connection(self.address), True)
+
+    def send_requests(
+        self, requests: Iterable[pb.ProduceRequest], send: Callable[[pb.ProduceRequest], T]
+    ) -> Iterator[Any]:
+        """Pipelined on one ``ProduceStream`` call to the broker, each keyed
+        request's queues chosen here first (``split_request``)."""
+        return stream_requests(self.connection(self.address), map(self._queued, requests))
+
+    def _queued(self, request: pb.ProduceRequest) -> pb.ProduceRequest:
+        if len(request.queue_ids) or all(k < 0 for k in request.messages.key_lengths):
+            return request  # explicit queues, or keyless: one queue, round robin
+        route = self.route(request.topic)
+        writable = route.queues("writable")
+        sticky = writable[0] if writable else ("", 0)
+        ((_, part),) = split_request(request, writable, sticky, None, "").values()
+        return part
+
+
+def connect(config: ClientConfig) -> Routes:
+    """The routes ``config`` names: name servers (``namesrv``, or
+    ``$EQUEUE_NAMESRV``), else one broker."""
+    if config.is_cluster:
+        from equeue_spark.client.cluster import NameServerRoutes
+
+        return NameServerRoutes(config)
+    return StaticRoutes(config)
