@@ -39,6 +39,7 @@ from equeue_spark.client.errors import (
     InvalidRequest,
     NotFoundError,
     NotMasterError,
+    PermissionDeniedError,
 )
 from equeue_spark.client.replica_reads import DOWN_S, DownMarks, read_order
 from equeue_spark.client.route import Route, name_broker, split_request
@@ -260,7 +261,9 @@ class StaticRoutes(Routes):
         conn = self.connection(self.address)
         try:
             info = conn.call(conn.admin.DescribeTopic, pb.DescribeTopicRequest(name=topic))
-        except NotFoundError:
+        except (NotFoundError, PermissionDeniedError):
+            # Not there yet (the broker creates it with the first message), or a
+            # token without the admin role: the broker chooses the queues.
             info = pb.TopicInfo(name=topic)
         entry = pb.BrokerRoute(broker_name="", address=self.address, incarnation=info.incarnation)
         for q in info.queues:
