@@ -11,11 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import EqueueError, NotFoundError
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.route import Route, name_broker
-from equeue_spark.client.routing import Routes, connect
+from equeue_spark.client.routing import Routes
 from equeue_spark.client.transactions import abort_transactions
 
 

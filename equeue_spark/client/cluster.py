@@ -44,7 +44,7 @@ from equeue_spark.client.route import (
     split_request,
     take_rows,
 )
-from equeue_spark.client.routing import Routes
+from equeue_spark.client.routing import Routes, StaticRoutes
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ __all__ = [
     "NameServerRoutes",
     "QueueRef",
     "Route",
+    "connect",
     "name_broker",
     "request_keys",
     "split_request",
@@ -185,6 +186,12 @@ class NameServerRoutes(Routes):
         super().close()
         for channel in self._channels:
             channel.close()
+
+
+def connect(config: ClientConfig) -> Routes:
+    """The routes ``config`` names: name servers (``namesrv``, or
+    ``$EQUEUE_NAMESRV``), else one broker (a cluster of one)."""
+    return NameServerRoutes(config) if config.is_cluster else StaticRoutes(config)
 
 
 Cluster = NameServerRoutes

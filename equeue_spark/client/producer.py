@@ -48,10 +48,11 @@ from equeue_spark.client.batches import (
     build_request,
     send_request,
 )
+from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig
 from equeue_spark.client.errors import EqueueError
 from equeue_spark.client.route import name_broker, split_request
-from equeue_spark.client.routing import Routes, connect
+from equeue_spark.client.routing import Routes
 from equeue_spark.client.transactions import Transaction
 
 __all__ = ["Producer"]

@@ -12,7 +12,7 @@ each with its master, replicas and queues. Two implementations:
   that address and whose queues are the broker's own.
 - ``NameServerRoutes`` (cluster.py): routes from name servers, cached.
 
-``connect(config)`` picks one by the settings; nothing else in the client
+``cluster.connect(config)`` picks one by the settings; nothing else in the client
 asks which one it has. ``Routes`` also owns what to do when a member fails:
 ``on_master`` (writes: the group's master, the route fetched again and the
 call retried there until ``failover_timeout_s``), ``read_on`` (reads: the
@@ -325,13 +325,3 @@ class StaticRoutes(Routes):
         sticky = writable[0] if writable else ("", 0)
         ((_, part),) = split_request(request, writable, sticky, None, "").values()
         return part
-
-
-def connect(config: ClientConfig) -> Routes:
-    """The routes ``config`` names: name servers (``namesrv``, or
-    ``$EQUEUE_NAMESRV``), else one broker."""
-    if config.is_cluster:
-        from equeue_spark.client.cluster import NameServerRoutes
-
-        return NameServerRoutes(config)
-    return StaticRoutes(config)
