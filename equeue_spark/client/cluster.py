@@ -19,6 +19,7 @@ do when a member fails is routing.py's (``Routes``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -58,6 +59,7 @@ __all__ = [
     "request_keys",
     "split_request",
     "take_rows",
+    "with_replica_reads",
 ]
 
 
@@ -186,6 +188,17 @@ class NameServerRoutes(Routes):
         super().close()
         for channel in self._channels:
             channel.close()
+
+
+def with_replica_reads(config: ClientConfig) -> ClientConfig:
+    """``config`` reading from replicas (``read_from_replicas``); ValueError
+    for one broker (a cluster of one member: no replica to choose)."""
+    if not config.is_cluster:
+        raise ValueError(
+            "read_from_replicas needs a cluster: give namesrv= (one broker has no replicas "
+            "to choose from)"
+        )
+    return dataclasses.replace(config, read_from_replicas=True)
 
 
 def connect(config: ClientConfig) -> Routes:

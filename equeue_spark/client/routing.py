@@ -13,12 +13,16 @@ each with its master, replicas and queues. Two implementations:
 - ``NameServerRoutes`` (cluster.py): routes from name servers, cached.
 
 ``cluster.connect(config)`` picks one by the settings; nothing else in the client
-asks which one it has. ``Routes`` also owns what to do when a member fails:
-``on_master`` (writes: the group's master, the route fetched again and the
-call retried there until ``failover_timeout_s``), ``read_on`` (reads: the
-members in read order, the next one when one does not answer) and
-``on_any`` (a keyless batch: any group with a writable queue). They are the
-only failover loops of the client.
+asks which one it has. ``Routes`` also owns what to do when a member fails,
+the only failover code of the client: ``on_master`` (writes: the group's
+master, the route fetched again and the call retried there until
+``failover_timeout_s``), ``on_master_now`` (offset commits: the master or an
+error at once, the next commit sends them again), ``read_on`` (reads: the
+members in read order, the next one when one does not answer),
+``reader_on`` (the member a consumer reads a group from, probed; moving
+back once the first choice answers, ``reads_first``) and ``on_any`` (a
+keyless batch: any group with a writable queue). ``members_in_turn`` is
+the loop over a group's members that reads use, a Spark read task's too.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from equeue_proto.v1 import broker_pb2 as pb
@@ -44,12 +48,37 @@ from equeue_spark.client.errors import (
 from equeue_spark.client.replica_reads import DOWN_S, DownMarks, read_order
 from equeue_spark.client.route import Route, name_broker, split_request
 
+PROBE_S = 1.0
+"""Deadline of the call that checks a broker group's member answers before reading there."""
+
 T = TypeVar("T")
 
 Call = Callable[[Connection, bool], T]
 """A call on one member: ``(connection, may_retry)``. ``may_retry`` is False
 when a failure is better retried elsewhere (another member, the group's new
 master) than on the same connection."""
+
+
+def members_in_turn(
+    addresses: Sequence[str],
+    attempt: Callable[[str, bool], Iterator[T]],
+    moved: Callable[[str, EqueueError], None],
+) -> Iterator[T]:
+    """What ``attempt(address, last)`` yields on the first of ``addresses``;
+    when a member does not answer (BrokerUnavailable, DeadlineExceeded, also
+    part way through), ``moved(address, error)`` and the next one's, to the
+    last, whose error is raised. The one loop over a group's members: reads
+    (``Routes.read_on``), a consumer's member (``Routes.reader_on``) and a
+    Spark read task's range (read_task.py) go through it."""
+    for index, address in enumerate(addresses):
+        last = index == len(addresses) - 1
+        try:
+            yield from attempt(address, last)
+            return
+        except (BrokerUnavailable, DeadlineExceeded) as exc:
+            if last:
+                raise
+            moved(address, exc)
 
 
 class Routes:
@@ -97,6 +126,15 @@ class Routes:
         """Whether queues are named (broker group, queue id) rather than by id alone."""
         raise NotImplementedError
 
+    def groups_of(self, topic: str) -> list[str]:
+        """The broker groups hosting ``topic`` (a consumer joins its group on each)."""
+        return self.route(topic).broker_names()
+
+    def message_group(self, broker_id: str) -> str:
+        """The broker group of a message whose ``Message.broker_id`` is ``broker_id``
+        (a broker names itself by its group's name in a cluster)."""
+        return broker_id
+
     # -- members -----------------------------------------------------------------------
 
     def connection(self, address: str) -> Connection:
@@ -127,6 +165,23 @@ class Routes:
 
     def is_down(self, address: str) -> bool:
         return self._down.is_down(address)
+
+    def reads_first(self, topic: str, broker: str, address: str, seed: str = "") -> bool:
+        """Whether ``address`` is the member ``broker``'s group is best read
+        from (the master; a replica with ``read_from_replicas``)."""
+        entry = self.route(topic).entry(broker)
+        return read_order(entry, self.config.read_from_replicas, seed)[:1] == [address]
+
+    def probe(self, address: str) -> None:
+        """One quick call: does the member answer at all? (Any answer counts,
+        a refusal too: a token without the admin role gets PERMISSION_DENIED.)"""
+        conn = self.connection(address)
+        try:
+            conn.call(conn.admin.GetStats, pb.GetStatsRequest(), timeout_s=PROBE_S, retry=False)
+        except (BrokerUnavailable, DeadlineExceeded):
+            raise
+        except EqueueError:
+            return
 
     # -- failover: the one place ---------------------------------------------------------
 
@@ -166,15 +221,73 @@ class Routes:
         refuses writes. A member that is not the last to try does not retry
         on its own (the next member is the better retry)."""
         addresses = self.read_addresses(topic, broker, seed)
-        errors = []
-        for index, address in enumerate(addresses):
-            try:
-                return call(self.connection(address), index == len(addresses) - 1)
-            except (BrokerUnavailable, DeadlineExceeded) as exc:
-                self.mark_down(address)
-                errors.append(f"{address}: {exc}")
+        errors: list[str] = []
+
+        def attempt(address: str, last: bool) -> Iterator[T]:
+            yield call(self.connection(address), last)
+
+        def moved(address: str, exc: EqueueError) -> None:
+            self.mark_down(address)
+            errors.append(f"{address}: {exc}")
+
+        try:
+            return next(members_in_turn(addresses, attempt, moved))
+        except (BrokerUnavailable, DeadlineExceeded) as exc:
+            moved(addresses[-1], exc)
         tried = "; ".join(errors)
         raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
+
+    def reader_on(
+        self, topic: str, broker: str, current: str, start: Callable[[Connection], T],
+        seed: str = "",
+    ) -> T | None:  # fmt: skip
+        """Where a long-lived reader of ``broker``'s group (a consumer's) reads:
+        the first member in read order that answers (probed). None when that
+        is ``current`` (the reader there stays), or when none answers and
+        there is a current reader (it stays: its member may come back); else
+        ``start`` on the member's connection. BrokerUnavailable when no member
+        answers and there is no reader yet."""
+        errors: list[str] = []
+
+        def attempt(address: str, last: bool) -> Iterator[T | None]:
+            if address == current:
+                yield None
+                return
+            self.probe(address)
+            yield start(self.connection(address))
+
+        def moved(address: str, exc: EqueueError) -> None:
+            self.mark_down(address)
+            errors.append(f"{address}: {exc}")
+
+        addresses = self.read_addresses(topic, broker, seed)
+        try:
+            return next(members_in_turn(addresses, attempt, moved))
+        except (BrokerUnavailable, DeadlineExceeded) as exc:
+            moved(addresses[-1], exc)
+        if current:
+            return None
+        tried = "; ".join(errors)
+        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
+
+    def on_master_now(
+        self, topic: str, broker: str, call: Call[T], unreachable: Callable[[str], EqueueError]
+    ) -> T:
+        """``call`` on ``broker``'s master without waiting for a new one (an
+        offset commit: the next commit sends the offsets again). A master
+        that fails is marked down and skipped by the calls that follow until
+        it answers again; ``unreachable(why)`` is raised then."""
+        master = self.route(topic).entry(broker).address
+        why = "the name servers list no master" if not master else "it does not answer"
+        if master and not self.is_down(master):
+            try:
+                # The connection's retries ride out a blip.
+                return call(self.connection(master), True)
+            except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
+                self.mark_down(master)
+                why = str(exc)
+        self.invalidate(topic)
+        raise unreachable(why)
 
     def on_any(self, topic: str, start: int, call: Call[T], again: bool = True) -> tuple[str, T]:
         """``call`` on the master of a group with a writable queue of ``topic``,
@@ -300,6 +413,31 @@ class StaticRoutes(Routes):
 
     def names_groups(self) -> bool:
         return False
+
+    def groups_of(self, topic: str) -> list[str]:
+        return [""]
+
+    def read_addresses(self, topic: str, broker: str, seed: str = "") -> list[str]:
+        return [self.broker_address(broker)]
+
+    def message_group(self, broker_id: str) -> str:
+        return ""  # a single broker names itself by its data directory's id
+
+    def reads_first(self, topic: str, broker: str, address: str, seed: str = "") -> bool:
+        return True
+
+    def reader_on(
+        self, topic: str, broker: str, current: str, start: Callable[[Connection], T],
+        seed: str = "",
+    ) -> T | None:  # fmt: skip
+        """The one member; its reader stays once there is one (no probe: the
+        reader's own calls say whether it answers)."""
+        return None if current else start(self.connection(self.broker_address(broker)))
+
+    def on_master_now(
+        self, topic: str, broker: str, call: Call[T], unreachable: Callable[[str], EqueueError]
+    ) -> T:
+        return call(self.connection(self.broker_address(broker)), True)
 
     def on_master(self, topic: str, broker: str, call: Call[T]) -> T:
         return call(self.connection(self.route(topic).address(broker)), True)
