@@ -33,7 +33,7 @@ answering, the consumer moves to another member of the group at once (the
 master's replicas hold the same queues at the same offsets) and carries its
 positions over; it comes back to the master once the master answers again.
 Which member, and when to move, is the routes' (``Routes.reader_on``,
-``Routes.reads_first``). Commits always go to the master (a replica refuses
+``Routes.keep_reader``). Commits always go to the master (a replica refuses
 them, ``Routes.on_master_now``): while the group has no master they fail
 with ``BrokerUnavailable`` and the next ``commit`` sends them again.
 
@@ -256,15 +256,11 @@ class Consumer:
             with self._parts_lock:
                 topic = self._part_topic[broker]
             failed = part.failed_polls > 0 or part.failed_heartbeats > 0
-            if failed and not routes.is_down(part.address):  # a new failure: act now
-                routes.mark_down(part.address)
-            elif not due:  # nothing new, or a failure acted on already: once a CHECK_S
-                continue
+            if not due and not (failed and not routes.is_down(part.address)):
+                continue  # nothing new, or a failure acted on already: once a CHECK_S
             try:
-                if not failed and routes.reads_first(topic, broker, part.address, self._seed):
-                    continue
-                routes.invalidate(topic)
-                self._part(broker, topic)
+                if not routes.keep_reader(topic, broker, part.address, failed, self._seed):
+                    self._part(broker, topic)
             except EqueueError as exc:
                 log.warning("broker group %s: %s", broker, exc)
         if due:

@@ -20,7 +20,7 @@ master, the route fetched again and the call retried there until
 error at once, the next commit sends them again), ``read_on`` (reads: the
 members in read order, the next one when one does not answer),
 ``reader_on`` (the member a consumer reads a group from, probed; moving
-back once the first choice answers, ``reads_first``) and ``on_any`` (a
+back once the first choice answers, ``keep_reader``) and ``on_any`` (a
 keyless batch: any group with a writable queue). ``members_in_turn`` is
 the loop over a group's members that reads use, a Spark read task's too.
 """
@@ -165,6 +165,20 @@ class Routes:
 
     def is_down(self, address: str) -> bool:
         return self._down.is_down(address)
+
+    def keep_reader(
+        self, topic: str, broker: str, address: str, failed: bool, seed: str = ""
+    ) -> bool:
+        """Whether a reader of ``broker``'s group stays on ``address``: its
+        calls answer and it is the group's first choice (``reads_first``).
+        Otherwise the member is marked down if it ``failed``, the route is
+        fetched again at its next use, and ``reader_on`` chooses anew."""
+        if not failed and self.reads_first(topic, broker, address, seed):
+            return True
+        if failed:
+            self.mark_down(address)
+        self.invalidate(topic)
+        return False
 
     def reads_first(self, topic: str, broker: str, address: str, seed: str = "") -> bool:
         """Whether ``address`` is the member ``broker``'s group is best read
