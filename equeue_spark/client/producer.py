@@ -52,7 +52,7 @@ from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig
 from equeue_spark.client.errors import EqueueError
 from equeue_spark.client.route import name_broker, split_request
-from equeue_spark.client.routing import Routes
+from equeue_spark.client.routing import Brokers, Routed, Routes
 from equeue_spark.client.transactions import Transaction
 
 __all__ = ["Producer"]
@@ -301,7 +301,25 @@ class Producer:
         """``send_batches`` for requests built by the caller (e.g. straight from
         Arrow buffers by the Spark writer): pipelined on one ``ProduceStream``.
         In a cluster each request is routed and sent on its own (not pipelined)."""
+        return self._routes.send_requests(((r, None) for r in requests), self._send)
+
+    def send_routed(self, requests: Iterable[Routed]) -> Iterator[SendResults]:
+        """``send_requests`` of (request, the broker group of each explicit queue
+        id, or None) pairs (the Spark writer's queue and broker columns)."""
         return self._routes.send_requests(requests, self._send)
+
+    def stage_requests(
+        self, requests: Iterable[Routed], txn_id: str, seed: int = 0
+    ) -> Iterator[dict[str, int]]:
+        """``stage`` many (request, brokers) pairs in transaction ``txn_id``;
+        yields the messages staged per broker group of each (pipelined on one
+        stream for one broker). On an error the transaction is aborted where
+        it staged messages (best effort) and the error raised."""
+
+        def stage(request: pb.ProduceRequest, brokers: Brokers) -> dict[str, int]:
+            return self.stage(request, txn_id, brokers, seed)
+
+        return self._routes.stage_requests(requests, txn_id, stage)
 
     def send(
         self,

@@ -145,9 +145,9 @@ def split_request(
 
     A keyed message goes to ``writable[key_queue(key, len(writable))]``, a
     keyless one to ``sticky``, a message with an explicit queue id to that
-    queue on ``brokers[i]`` (required beside it: a queue id alone names no
-    queue in a cluster) or on ``only``, the route's one group
-    (``Route.only_group``). A route of one group that knows no queue (a topic
+    queue on ``only``, the route's one group (``Route.only_group``: a queue
+    id names its queue there), else on ``brokers[i]`` (required beside it: a
+    queue id alone names no queue in a cluster). A route of one group that knows no queue (a topic
     a single broker creates on its first message) leaves the queues to it.
     """
     if not writable and only is not None:
@@ -161,7 +161,8 @@ def split_request(
     for i, key in enumerate(keys):
         queue_id = explicit[i] if explicit else -1
         if queue_id >= 0:
-            broker = (brokers[i] if brokers is not None else None) or only
+            # One group: a queue id alone names its queue (a broker given is not needed).
+            broker = only if only is not None else brokers[i] if brokers is not None else None
             if broker is None:
                 raise InvalidRequest(
                     f"message {i} names queue {queue_id} but no broker: in a cluster a "

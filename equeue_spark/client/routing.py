@@ -27,6 +27,7 @@ the loop over a group's members that reads use, a Spark read task's too.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -47,11 +48,19 @@ from equeue_spark.client.errors import (
 )
 from equeue_spark.client.replica_reads import DOWN_S, DownMarks, read_order
 from equeue_spark.client.route import Route, name_broker, split_request
+from equeue_spark.client.transactions import abort_transactions
 
 PROBE_S = 1.0
 """Deadline of the call that checks a broker group's member answers before reading there."""
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+Brokers = Sequence[str | None] | None
+"""The broker group of each message's explicit queue id (``brokers=``), or None."""
+Routed = tuple[pb.ProduceRequest, Brokers]
+"""A produce request and the groups of its explicit queue ids."""
 
 Call = Callable[[Connection, bool], T]
 """A call on one member: ``(connection, may_retry)``. ``may_retry`` is False
@@ -347,10 +356,38 @@ class Routes:
         )
 
     def send_requests(
-        self, requests: Iterable[pb.ProduceRequest], send: Callable[[pb.ProduceRequest], T]
+        self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]
     ) -> Iterator[T]:
-        """Many requests of a producer: each routed and sent on its own (``send``)."""
-        return (send(request) for request in requests)
+        """Many requests of a producer, each with the broker groups of its
+        explicit queue ids: each routed and sent on its own (``send``)."""
+        return (send(request, brokers) for request, brokers in requests)
+
+    def stage_requests(
+        self, requests: Iterable[Routed], txn_id: str,
+        stage: Callable[[pb.ProduceRequest, Brokers], dict[str, int]],
+    ) -> Iterator[dict[str, int]]:  # fmt: skip
+        """Many requests staged in transaction ``txn_id`` (the same id on each
+        group they route to), each routed and staged on its own (``stage``:
+        messages staged per group). On an error the transaction is aborted on
+        the groups that staged some (best effort), and the error raised."""
+        staged: set[str] = set()
+        try:
+            for request, brokers in requests:
+                counts = stage(request, brokers)
+                staged.update(counts)
+                yield counts
+        except BaseException:
+            for broker in sorted(staged):
+                self._abort_quietly(broker, txn_id)
+            raise
+
+    def _abort_quietly(self, broker: str, txn_id: str) -> None:
+        """Best effort: the driver's commit (by prefix) or the broker's
+        timeout aborts the transaction anyway if this fails."""
+        try:
+            abort_transactions(self.connection(self.broker_address(broker)), [txn_id])
+        except EqueueError as exc:
+            log.warning("could not abort transaction %s on %r: %s", txn_id, broker, exc)
 
     def close(self) -> None:
         with self._lock:
@@ -463,11 +500,32 @@ class StaticRoutes(Routes):
         return "", call(self.connection(self.address), True)
 
     def send_requests(
-        self, requests: Iterable[pb.ProduceRequest], send: Callable[[pb.ProduceRequest], T]
+        self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]
     ) -> Iterator[Any]:
         """Pipelined on one ``ProduceStream`` call to the broker, each keyed
-        request's queues chosen here first (``split_request``)."""
-        return stream_requests(self.connection(self.address), map(self._queued, requests))
+        request's queues chosen here first (``split_request``). One group: a
+        queue id alone names its queue (the groups given are not needed)."""
+        queued = (self._queued(request) for request, _ in requests)
+        return stream_requests(self.connection(self.address), queued)
+
+    def stage_requests(
+        self, requests: Iterable[Routed], txn_id: str,
+        stage: Callable[[pb.ProduceRequest, Brokers], dict[str, int]],
+    ) -> Iterator[dict[str, int]]:  # fmt: skip
+        """Pipelined on one ``ProduceStream`` call: the broker stages them in
+        the transaction; aborted there on an error (best effort)."""
+
+        def staged() -> Iterator[pb.ProduceRequest]:
+            for request, _ in requests:
+                request.transaction_id = txn_id
+                yield request
+
+        try:
+            for results in stream_requests(self.connection(self.address), staged()):
+                yield {"": len(results)}
+        except BaseException:
+            self._abort_quietly("", txn_id)
+            raise
 
     def _queued(self, request: pb.ProduceRequest) -> pb.ProduceRequest:
         if len(request.queue_ids) or all(k < 0 for k in request.messages.key_lengths):
