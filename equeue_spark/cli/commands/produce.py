@@ -127,11 +127,11 @@ def _produce_from(
     config = client_config(args)
     with Producer(config=config) as producer:
         routes = producer.cluster()
-        group = None  # the broker group of --queue
-        if args.queue is not None:
+        group = args.on_broker  # of --queue (one broker: its one group, whatever is given)
+        if args.queue is not None and not group:
             missing = "with --namesrv, --queue needs --on-broker NAME (the queue's broker)"
             try:
-                group = routes.group(args.on_broker or "", missing)
+                group = routes.group("", missing)
             except InvalidRequest as exc:
                 raise UsageError(str(exc)) from None
         sent = _Sent(group_of=routes.message_group)
@@ -144,7 +144,7 @@ def _produce_from(
                     keys=None if key is None else [key] * n,
                     tags=None if not args.tag else [args.tag] * n,
                     queue_ids=None if args.queue is None else [args.queue] * n,
-                    brokers=None if group is None else [group] * n,
+                    brokers=None if args.queue is None else [group] * n,
                 )
                 sent.add(results, taken)
                 if progress is not None:
