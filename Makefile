@@ -125,17 +125,17 @@ LOAD_SECONDS ?= 600
 # SIGKILL under load, restart, verify; sync mode (nothing acked may be lost), then
 # async mode with a simulated power loss after each kill (loss only in the last flush window).
 crash-loop: $(STAMP)
-	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --mode sync
-	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --mode async --machine-crash
-	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --scenario delete-topic
-	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --scenario retention --chunk-size 65536
-	$(BIN)/python bench/crash_loop.py --cycles $(CRASH_CYCLES) --scenario transaction
+	$(BIN)/python hardening/crash_loop.py --cycles $(CRASH_CYCLES) --mode sync
+	$(BIN)/python hardening/crash_loop.py --cycles $(CRASH_CYCLES) --mode async --machine-crash
+	$(BIN)/python hardening/crash_loop.py --cycles $(CRASH_CYCLES) --scenario delete-topic
+	$(BIN)/python hardening/crash_loop.py --cycles $(CRASH_CYCLES) --scenario retention --chunk-size 65536
+	$(BIN)/python hardening/crash_loop.py --cycles $(CRASH_CYCLES) --scenario transaction
 
 fuzz: $(STAMP)
-	$(BIN)/python bench/fuzz_broker.py --requests $(FUZZ_REQUESTS)
+	$(BIN)/python hardening/fuzz_broker.py --requests $(FUZZ_REQUESTS)
 
 load: $(STAMP)
-	$(BIN)/python bench/load_broker.py --seconds $(LOAD_SECONDS)
+	$(BIN)/python hardening/load_broker.py --seconds $(LOAD_SECONDS)
 
 # The exactly-once kill tests at full length (make test runs three kill cycles and
 # two catch tries): KILLS driver kills around one broker kill, and up to KILL_TRIES
@@ -154,4 +154,4 @@ kill-loop: $(STAMP)
 CLUSTER_KILLS ?= 20
 
 crash-loop-cluster: $(STAMP) zookeeper
-	$(BIN)/python bench/crash_loop_cluster.py --kills $(CLUSTER_KILLS)
+	$(BIN)/python hardening/crash_loop_cluster.py --kills $(CLUSTER_KILLS)

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import grpc
 
-from bench._cluster_group import (
+from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_group import (
     GROUP_NAME,
     Group,
     GroupConfig,
@@ -52,7 +53,6 @@ from bench._cluster_group import (
     require_flags,
     wait_for,
 )
-from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client import Admin, Producer

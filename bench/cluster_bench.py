@@ -50,9 +50,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench import _cluster_replication as repl
-from bench._cluster_group import MissingFeature
-from bench._harness import table as markdown_table
 from equeue_broker.testing import BrokerProcess, LocalCluster
+from equeue_broker.testing_group import MissingFeature
+from equeue_broker.testing_report import table as markdown_table
 from equeue_spark.client import Admin, NotFoundError, Producer
 
 TOPIC = "bench"

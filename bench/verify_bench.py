@@ -50,7 +50,7 @@ def measure(value_size: int, mib: int, rounds: int = 7) -> dict[str, float]:
         with Store(config, background=False) as store:
             count = _fill(store, value_size, mib << 20)
             store.flush()
-            chunks = store._log.chunks
+            chunks = store._state.log.chunks
             checked = MessageLog.first_damaged
             best = {"first read": 1e9, "verified before": 1e9, "no check": 1e9}
             served = 0

@@ -737,7 +737,7 @@ def test_a_damaged_entry_beside_committed_records_is_rebuilt(store: Store) -> No
     store.append(T, 0, batch("n", 1))
     tx.commit([("early", 2)])  # offsets 1, 2 point back before offset 0's record
     store.append(T, 0, batch("m", 1))
-    index = store._queues[(T, 0)].index
+    index = store._state.queues[(T, 0)].index
     index.write(0, b"\x01" * ENTRY_SIZE)  # fails its checksum
     assert staged_values(store) == [b"n-0", b"e-0", b"e-1", b"m-0"]
     assert not entry_damaged(index.read_raw(0, 1))

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from equeue_broker.replication.wire import ReplyDecodeError, decode_reply, encode_reply
 from equeue_broker.server.errors import (
     BadRequest,
     NotEnoughReplicas,
@@ -21,7 +22,6 @@ from equeue_broker.server.errors import (
     status_for,
     trailers_for,
 )
-from equeue_broker.server.replicate_wire import ReplyDecodeError, decode_reply, encode_reply
 from equeue_broker.server.service_data import _PULL_STATUS
 from equeue_broker.server.wire import (
     _split_py,

@@ -1,4 +1,4 @@
-"""The crash loop of ``bench/crash_loop.py``, bounded: a few cycles per flush mode,
+"""The crash loop of ``hardening/crash_loop.py``, bounded: a few cycles per flush mode,
 and a few of each other scenario (``--scenario delete-topic``, ``retention``,
 ``transaction``).
 
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from bench import crash_loop
-from bench.crash_loop import CrashLoopConfig, CrashLoopResult, summary
 from equeue_broker.storage import FlushMode, MessageBatch, MessageLimits, StorageConfig, Store
 from equeue_broker.storage.queue_index import ENTRY
+from hardening import crash_loop
+from hardening.crash_loop import CrashLoopConfig, CrashLoopResult, summary
 from tests.support.faults import simulate_machine_crash
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
@@ -191,7 +191,7 @@ def test_committed_offsets_stay_within_the_log_after_a_power_loss(tmp_path: Path
     store.flush()  # what the background thread does every flush interval
     store.append("t", 0, MessageBatch(values=[b"unsynced"] * 10))
     store.commit_offset("g", "t", 0, 20)  # a consumer read everything it could see
-    store._offsets.persist()  # the background thread's periodic offsets save
+    store._state.offsets.persist()  # the background thread's periodic offsets save
     simulate_machine_crash(store)
     with Store(config, background=False) as reopened:
         end = reopened.queue_info("t", 0).end

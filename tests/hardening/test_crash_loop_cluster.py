@@ -1,4 +1,4 @@
-"""The cluster crash loop of ``bench/crash_loop_cluster.py``, bounded: two master kills.
+"""The cluster crash loop of ``hardening/crash_loop_cluster.py``, bounded: two master kills.
 
 A group of three brokers (ZooKeeper failover, ``--replication sync``) under two
 producers and a consumer; its master is SIGKILLed twice, each time a new master
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import crash_loop_cluster
-from bench.crash_loop_cluster import ClusterLoopConfig, summary
+from hardening import crash_loop_cluster
+from hardening.crash_loop_cluster import ClusterLoopConfig, summary
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 

@@ -40,9 +40,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench._harness import check_store, details_of, pull_queue, status_of
 from equeue_broker.storage.chunk import HEADER_SIZE
 from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_checks import check_store, details_of, pull_queue, status_of
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.support.faulty_broker import FAULT_ENV

@@ -1,6 +1,6 @@
 """Fuzzing a live broker: a few hundred malformed and extreme requests, derandomized.
 
-The strategies are those of ``bench/fuzz_broker.py`` (``make fuzz`` sends
+The strategies are those of ``hardening/fuzz_broker.py`` (``make fuzz`` sends
 10,000+). Every call has a deadline and must be answered with a defined
 status code; the broker must stay up; afterwards a produce/pull round trip
 works, the broker stops cleanly, and the data directory holds nothing outside
@@ -21,9 +21,12 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from bench import fuzz_broker
-from bench._harness import details_of, layout_violations, status_of
-from bench.fuzz_broker import (
+from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_checks import details_of, layout_violations, status_of
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from hardening import fuzz_broker
+from hardening.fuzz_broker import (
     DEFINED,
     RPCS,
     Call,
@@ -33,9 +36,6 @@ from bench.fuzz_broker import (
     describe,
     known_bug,
 )
-from equeue_broker.testing import BrokerProcess
-from equeue_proto.v1 import broker_pb2 as pb
-from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 

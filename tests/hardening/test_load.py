@@ -1,6 +1,6 @@
 """Load, bounded: 100 long-polling consumers and 8 producers for 15 s on loopback.
 
-``bench/load_broker.py`` does the work (``make load`` runs it for 10 minutes).
+``hardening/load_broker.py`` does the work (``make load`` runs it for 10 minutes).
 Asserted: no errors, nothing lost or duplicated, the broker's peak RSS under a
 generous bound, and no missed long-poll wake-up (one would cost the full 5 s
 wait: p99 stays below 4 s even on a loaded machine). The rate achieved and
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import load_broker
-from bench.load_broker import LoadConfig
+from hardening import load_broker
+from hardening.load_broker import LoadConfig
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (see pyproject.toml)
 

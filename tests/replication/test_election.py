@@ -1,4 +1,4 @@
-"""Group election and epoch fencing against a real ZooKeeper (equeue_broker.cluster).
+"""Group election and epoch fencing against a real ZooKeeper (equeue_broker.replication.election).
 
 Members run in this process (a ``GroupElection`` each, its own ZooKeeper session)
 or, where a test must freeze one, in a child process. Every wait is on an event
@@ -20,7 +20,8 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
-from equeue_broker.cluster import (
+from equeue_broker.replication.election import (
+    BASE_PATH,
     Candidate,
     ElectionError,
     Epoch,
@@ -29,9 +30,11 @@ from equeue_broker.cluster import (
     NotMaster,
     Role,
     StaleEpoch,
+    claim,
+    decide,
     parse_hosts,
+    read_view,
 )
-from equeue_broker.cluster.election import BASE_PATH, claim, decide, read_view
 from equeue_broker.testing_zk import ZooKeeperProcess, free_port, java_available
 from tests.support.waits import wait_for
 

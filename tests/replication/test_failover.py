@@ -18,10 +18,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from equeue_broker.cluster.election import BASE_PATH, Layout, parse_hosts, read_view
+from equeue_broker.replication.election import BASE_PATH, Layout, parse_hosts, read_view
+from equeue_broker.replication.follower import StaleReply, check_reply_epoch
+from equeue_broker.replication.role import REPLICA, BrokerRole
 from equeue_broker.server.app import broker_id_for
-from equeue_broker.server.follower import StaleReply, check_reply_epoch
-from equeue_broker.server.role import REPLICA, BrokerRole
 from equeue_broker.storage import Store
 from equeue_broker.storage.config import MessageLimits, StorageConfig
 from equeue_broker.storage.record import MessageBatch
@@ -343,7 +343,7 @@ def test_the_epoch_history_is_derived_from_the_log(tmp_path: Path) -> None:
         store.write_epoch_marker(1)
         for i in range(40):  # rolls chunks: the markers lie in sealed ones
             store.append("t", 0, MessageBatch(values(f"e1-{i}", 10, 400)))
-        start = store._log.write_position
+        start = store.log_end
         store.write_epoch_marker(2)
         store.append("t", 0, MessageBatch(values("e2", 3)))
         assert store.epochs.entries() == [(1, 0), (2, start)]
@@ -354,4 +354,4 @@ def test_the_epoch_history_is_derived_from_the_log(tmp_path: Path) -> None:
         (tmp_path / name).unlink(missing_ok=True)
     with Store(config, background=False) as store:
         assert store.epochs.entries() == [(1, 0), (2, start)]
-        assert store._log.chunks[0].sealed
+        assert store._state.log.chunks[0].sealed

@@ -30,7 +30,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from equeue_broker.storage.replicated import Metadata, encode_metadata
+from equeue_broker.replication.replica_log import Metadata, encode_metadata
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc

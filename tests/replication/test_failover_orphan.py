@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from equeue_broker.cluster.election import BASE_PATH, Layout, read_view
+from equeue_broker.replication.election import BASE_PATH, Layout, read_view
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_zk import HOST, ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from equeue_broker.server.pipelined import confirmed_in_order
+from equeue_broker.replication.pipelined import confirmed_in_order
 
 
 async def numbers(count: int, fail_at: int | None = None) -> AsyncIterator[int]:

@@ -19,8 +19,8 @@ import grpc
 import pytest
 
 from equeue_broker.namesrv.routes import RouteTable
+from equeue_broker.replication.role import MASTER, REPLICA, BrokerRole
 from equeue_broker.server.registration import Registrar
-from equeue_broker.server.role import MASTER, REPLICA, BrokerRole
 from equeue_broker.storage import Store
 from equeue_broker.testing import BrokerProcess, NameServerProcess
 from equeue_proto.v1 import broker_pb2 as pb

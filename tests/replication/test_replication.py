@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from equeue_broker.storage.replicated import Metadata, decode_metadata, encode_metadata
+from equeue_broker.replication.replica_log import Metadata, decode_metadata, encode_metadata
 from equeue_broker.storage.topics import QueueMeta, TopicMeta
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.protocol import NOT_MASTER

@@ -21,18 +21,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from equeue_broker.replication.errors import NotEnoughReplicas
+from equeue_broker.replication.insync import InSyncSet
+from equeue_broker.replication.replica_log import ReplicaLog
+from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig, parse_args
-from equeue_broker.server.errors import NotEnoughReplicas
-from equeue_broker.server.insync import InSyncSet
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import CorruptionError, InvalidArgument, LimitExceeded
-from equeue_broker.storage.replicated import (
-    ReplicaLog,
-    _check_frames,
-    read_for_replica,
-    records_end,
-)
+from equeue_broker.storage.positioned import check_frames_at, records_end
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.protocol import NOT_ENOUGH_REPLICAS
 from equeue_proto.record import decode_record, read_meta
@@ -408,16 +405,16 @@ def test_a_replica_refuses_damaged_or_misplaced_bytes(
     master = open_store()
     master.create_topic("t", 1)
     master.append("t", 0, MessageBatch([b"v%d" % i for i in range(50)]))
-    piece = read_for_replica(master, 0, 1 << 20)
+    piece = master.read_log(0, 1 << 20)
     replica = ReplicaLog(open_store(make_config(data_dir=tmp_path / "replica")))
     damaged = bytearray(piece.data)
     damaged[len(damaged) // 2] ^= 0xFF
     with pytest.raises(CorruptionError, match="is invalid"):
         replica.append(0, bytes(damaged))
     master.append("t", 0, MessageBatch([b"later"]))
-    later = read_for_replica(master, len(piece.data), 1 << 20)
+    later = master.read_log(len(piece.data), 1 << 20)
     with pytest.raises(CorruptionError, match="names position"):
-        _check_frames(0, later.data)  # the bytes of one position presented as another's
+        check_frames_at(0, later.data)  # the bytes of one position presented as another's
     assert replica.append(0, piece.data) == len(piece.data)
     # Where a master cuts a reply: whole, checked records within the limit, at least one.
     first = read_meta(piece.data, 0).frame_size
@@ -442,8 +439,8 @@ def test_the_in_sync_set_in_process(
 
     async def scenario() -> None:
         isr = InSyncSet(
-            store, "m", "g", sync=True, min_insync=1, lag_max_s=0.3, max_waits=1,
-            slot_wait_s=0.05,
+            store, "m", "g", sync=True, min_insync=1, lag_max_s=0.3,
+            slots=ByteBudget("max_replication_waits", 1, 0.05, "slots"),
         )  # fmt: skip
         isr.on_isr_change = changes.append
         isr.start()
@@ -502,7 +499,13 @@ def test_too_few_in_sync_members_refuse_before_writing(
 ) -> None:
     store = open_store(make_config())
     isr = InSyncSet(
-        store, "m", "g", sync=True, min_insync=2, lag_max_s=1, max_waits=1, slot_wait_s=1
+        store,
+        "m",
+        "g",
+        sync=True,
+        min_insync=2,
+        lag_max_s=1,
+        slots=ByteBudget("max_replication_waits", 1, 1, "slots"),
     )
     written: list[int] = []
 

@@ -25,8 +25,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from bench._cluster_group import Group, GroupConfig, Member, require_flags
 from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_group import Group, GroupConfig, Member, require_flags
 from equeue_spark.client import Admin, EqueueError, NotFoundError, Producer
 from tests.support.topics import topic_contents
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench._harness import details_of, status_of
 from equeue_broker.storage import FlushMode, RetentionConfig, StorageConfig
 from equeue_broker.storage.atomic_file import decode_document
 from equeue_broker.storage.errors import CorruptionError
 from equeue_broker.storage.offsets import OffsetsLost
 from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_checks import details_of, status_of
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.conftest import MakeConfig

@@ -316,7 +316,7 @@ def test_failed_appends_leave_nothing_after_the_log_end(
     kept = append(store, 0, "a", 2)
     config = store.config
     path = chunk_path(config, kept[-1].position)
-    log_fd = store._log.active.fd
+    log_fd = store._state.log.active.fd
     pwrite = os.pwrite
     log_writes: list[int] = []
 

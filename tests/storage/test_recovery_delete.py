@@ -75,7 +75,7 @@ def build(config_dir: Path, make_config: MakeConfig) -> Store:
     for q in range(2):  # ... and some after it, which recovery scans again
         store.append(TOPIC, q, MessageBatch(values=[b"late-%d-%d" % (q, i) for i in range(4)]))
     store.commit_offsets(GROUP, [(TOPIC, 0, 7), (TOPIC, 1, 3)])
-    store._offsets.persist()  # what the background thread does every second
+    store._state.offsets.persist()  # what the background thread does every second
     return store
 
 

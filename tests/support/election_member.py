@@ -13,7 +13,7 @@ import json
 import sys
 import threading
 
-from equeue_broker.cluster import Epoch, GroupElection
+from equeue_broker.replication.election import Epoch, GroupElection
 
 
 def say(fields: dict[str, object]) -> None:

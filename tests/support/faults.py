@@ -33,13 +33,13 @@ def simulate_machine_crash(store: Store, *, drop_unsynced_index: bool = True) ->
     - Offsets/topics/checkpoint files: written atomically with fsync, so what
       is on disk is what survives.
     """
-    log = store._log
-    durable = store._commit.durable
-    checkpoint = store._checkpoint
+    log = store._state.log
+    durable = store._state.commit.durable
+    checkpoint = store._state.checkpoint
     active = log.active
     start = log.start_of(active)
     path, capacity = active.path, active.capacity
-    index_dirs = [q.index.directory for q in store._queues.values()]
+    index_dirs = [q.index.directory for q in store._state.queues.values()]
     store.abandon()
     keep = max(durable - start, 0)
     with open(path, "r+b") as f:

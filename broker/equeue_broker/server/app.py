@@ -24,24 +24,26 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from equeue_broker.replication.failover import MANUAL, ZOOKEEPER, RoleSwitch, ZkFailover
+from equeue_broker.replication.insync import InSyncSet
+from equeue_broker.replication.master import LogGrowth
+from equeue_broker.replication.replicas import ReplicaTracker
+from equeue_broker.replication.role import REPLICA, BrokerRole
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import BadRequest
-from equeue_broker.server.failover import MANUAL, ZOOKEEPER, RoleSwitch, ZkFailover
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
-from equeue_broker.server.insync import InSyncSet
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar, advertised
-from equeue_broker.server.replicas import ReplicaGate, ReplicaTracker
-from equeue_broker.server.replication import LogGrowth, ReplicationService
-from equeue_broker.server.role import REPLICA, BrokerRole
+from equeue_broker.server.replica_gate import ReplicaGate
 from equeue_broker.server.service_admin import AdminService
-from equeue_broker.server.service_base import BrokerState
+from equeue_broker.server.service_base import BrokerState, StoreCalls
 from equeue_broker.server.service_data import BrokerService
+from equeue_broker.server.service_replication import ReplicationService
 from equeue_broker.server.startup import BadConfig, CannotBind, ExitCode, check_bindable
 from equeue_broker.storage import StorageError, Store
 from equeue_broker.storage.atomic_file import keep_damaged, load_json, save_json
@@ -124,22 +126,44 @@ async def create_server(
     # interceptors after it only on a method's first call.
     interceptors.insert(len(interceptors) - 1, ReplicaGate(config.broker_name, role))
     server = grpc.aio.server(options=options, interceptors=interceptors)
+    port = bind(server, config)  # first: the role switch and the name servers need the address
+    address = advertised(config.host, port, config.advertise_address)
     instance_id = broker_id_for(config.storage.data_dir)
+    calls = StoreCalls(ThreadPoolExecutor(config.store_threads, thread_name_prefix="equeue-store"))
+    insync = in_sync_set(config, store, instance_id, role)
+    registrar = None
+    if config.namesrv_addresses():
+        registrar = Registrar(
+            store, config.namesrv_addresses(), cluster=config.cluster,
+            broker_name=config.broker_name, address=address, instance_id=instance_id,
+            interval_s=config.register_interval_ms / 1000, role=role,
+        )  # fmt: skip
     state = BrokerState(
         config=config,
         store=store,
         broker_id=config.broker_name or instance_id,
         instance_id=instance_id,
-        executor=ThreadPoolExecutor(config.store_threads, thread_name_prefix="equeue-store"),
+        calls=calls,
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000, limits=group_limits(config)),
         reply_bytes=ByteBudget("max_reply_bytes", config.max_reply_bytes, wait_s),
         produce_bytes=ByteBudget("max_produce_bytes", config.max_produce_bytes, wait_s),
-        insync=in_sync_set(config, store, instance_id, role),
+        tokens=tokens,
+        role=role,
+        insync=insync,
+        replicas=ReplicaTracker(config.max_replicas),
+        role_switch=RoleSwitch(
+            store,
+            role,
+            insync,
+            calls,
+            address=address,
+            mode=ZOOKEEPER if config.zookeeper else MANUAL,
+            group=config.broker_name,
+            instance_id=instance_id,
+        ),
+        registrar=registrar,
     )
-    state.tokens = tokens
-    state.role = role
-    state.replicas = ReplicaTracker(config.max_replicas)
     store.add_listener(state.waiters.notify_threadsafe)
     growth = LogGrowth(asyncio.get_running_loop())
     store.add_listener(growth.notify_threadsafe)
@@ -158,6 +182,14 @@ async def create_server(
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(names, server)
+    await server.start()
+    for name in ("", *names[:2]):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, state
+
+
+def bind(server: grpc.aio.Server, config: BrokerConfig) -> int:
+    """Bind ``config.host:config.port`` (0: any free port); the port bound."""
     address = f"{config.host}:{config.port}"
     credentials = server_credentials(config)
     try:
@@ -170,10 +202,7 @@ async def create_server(
     if port == 0:  # serve() checked the address: something took it meanwhile
         check_bindable(config.host, config.port)
         raise CannotBind(config.host, config.port, "gRPC could not bind it")
-    await server.start()
-    for name in ("", *names[:2]):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port, state
+    return port
 
 
 def in_sync_set(
@@ -182,8 +211,11 @@ def in_sync_set(
     return InSyncSet(
         store, instance_id, config.broker_name or instance_id,
         sync=config.replication == "sync", min_insync=config.min_insync_replicas,
-        lag_max_s=config.replica_lag_max_ms / 1000, max_waits=config.max_replication_waits,
-        slot_wait_s=config.budget_wait_ms / 1000, role=role,
+        lag_max_s=config.replica_lag_max_ms / 1000, role=role,
+        slots=ByteBudget(
+            "max_replication_waits", config.max_replication_waits, config.budget_wait_ms / 1000,
+            "slots",
+        ),
     )  # fmt: skip
 
 
@@ -250,21 +282,15 @@ async def serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    address = advertised(config.host, port, config.advertise_address)
-    state.role_switch = RoleSwitch(state, address, ZOOKEEPER if config.zookeeper else MANUAL)
     state.role_switch.start()
-    election = ZkFailover(state, state.role_switch) if config.zookeeper else None
-    if election is not None:
+    election = None
+    if config.zookeeper:
+        election = ZkFailover(
+            state.role_switch, config.zookeeper, config.zk_session_timeout_ms / 1000
+        )
         election.start()
     registering: asyncio.Task[None] | None = None
-    if config.namesrv_addresses():
-        state.registrar = Registrar(
-            store, config.namesrv_addresses(), cluster=config.cluster,
-            broker_name=config.broker_name,
-            address=advertised(config.host, port, config.advertise_address),
-            instance_id=state.instance_id, interval_s=config.register_interval_ms / 1000,
-            role=state.role,
-        )  # fmt: skip
+    if state.registrar is not None:
         state.registrar.follow()  # a role change registers at once
         if election is None:  # without ZooKeeper: learn a promotion this broker missed
             state.registrar.on_master = state.role_switch.learned
@@ -292,10 +318,10 @@ async def serve(config: BrokerConfig) -> None:
     if election is not None:
         await election.close()  # first: the group elects another master now
     await state.role_switch.stop()
-    state.shutting_down = True
+    state.calls.shutting_down = True
     state.insync.stop()
     await server.stop(config.shutdown_grace_s)
-    state.executor.shutdown(wait=True)
+    state.calls.executor.shutdown(wait=True)
     store.close()
     log.info("stopped cleanly")
 

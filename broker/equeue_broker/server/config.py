@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar, get_type_hints
 
-from equeue_broker.cluster.election import parse_hosts
+from equeue_broker.replication.election import parse_hosts
 from equeue_broker.storage.config import UNIT, GiB, KiB, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
 from equeue_proto import __version__

@@ -8,15 +8,16 @@ picks a status code.
 Exceptions that are not ``StorageError``s are bugs: they are logged with their
 traceback and answered with INTERNAL, never allowed to take the server down.
 
-Server-only errors extend the storage hierarchy::
+Server errors, and replication's (replication/errors.py, re-exported here),
+extend the storage hierarchy::
 
     StorageError
     ├── InvalidArgument ── BadRequest      a malformed request field
-    ├── PreconditionFailed ── ReplicaReadOnly  a write sent to a replica (replication.py)
-    │                      └── StaleEpoch       a request from an older group epoch (role.py)
+    ├── PreconditionFailed ── ReplicaReadOnly  a write sent to a replica (replication/)
+    │                      └── StaleEpoch       a request from an older group epoch (replication/)
     ├── LimitExceeded   ── TooManyPulls    the parked-pull limit
     ├── ShuttingDown                       the broker is stopping
-    ├── NotEnoughReplicas                  sync replication: too few in-sync replicas
+    ├── NotEnoughReplicas                  sync replication: too few in-sync replicas (replication/)
     ├── RequestTimeout                     a request body arrived too slowly (intake.py)
     ├── Unauthenticated                    no valid token (auth.py)
     └── PermissionDenied                   the token lacks a role or topic (auth.py)
@@ -29,6 +30,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from equeue_broker.replication.errors import NotEnoughReplicas, ReplicaReadOnly, StaleEpoch
 from equeue_broker.storage.errors import (
     AlreadyExists,
     CorruptionError,
@@ -44,27 +46,15 @@ from equeue_proto.protocol import ERROR_KIND_KEY, NOT_ENOUGH_REPLICAS, NOT_MASTE
 
 log = logging.getLogger(__name__)
 
+__all__ = [  # replication's errors are named here too: this module maps every error
+    "BadRequest", "NotEnoughReplicas", "PermissionDenied", "ReplicaReadOnly", "RequestTimeout",
+    "ShuttingDown", "StaleEpoch", "TooManyPulls", "Unauthenticated", "abort", "status_for",
+    "trailers_for",
+]  # fmt: skip
+
 
 class BadRequest(InvalidArgument):
     """A request field is missing, malformed or inconsistent."""
-
-
-class ReplicaReadOnly(PreconditionFailed):
-    """A write (produce, commit, admin change) sent to a replica: FAILED_PRECONDITION,
-    not UNAVAILABLE, because retrying the same broker can never succeed; the
-    message names the master to send it to."""
-
-
-class StaleEpoch(PreconditionFailed):
-    """A request stamped with a group epoch older than the newest this broker has
-    seen: it comes from a deposed master (docs/replication.md, "Fencing")."""
-
-
-class NotEnoughReplicas(StorageError):
-    """Sync replication: fewer in-sync members than ``--min-insync-replicas``, or
-    the in-sync replicas did not confirm in time. UNAVAILABLE (retryable, like
-    Kafka's NOT_ENOUGH_REPLICAS); the message names the group. Nothing the
-    request wrote is acknowledged."""
 
 
 class TooManyPulls(LimitExceeded):

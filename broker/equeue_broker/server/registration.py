@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from equeue_broker.server.role import MASTER, BrokerRole, RoleView
+from equeue_broker.replication.role import MASTER, BrokerRole, RoleView
 from equeue_broker.storage import Store
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc

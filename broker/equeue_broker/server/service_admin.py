@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from equeue_broker.replication.failover import ZOOKEEPER
+from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
-from equeue_broker.server.errors import BadRequest
-from equeue_broker.server.failover import set_role
+from equeue_broker.server.errors import BadRequest, PermissionDenied
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.storage import NotFound
+from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.names import validate_group
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
 from equeue_proto.record import read_meta
@@ -348,7 +350,7 @@ class AdminService(pb_grpc.AdminServicer):
                 min_insync_replicas=self.s.config.min_insync_replicas,
                 in_sync=in_sync,
                 high_watermark=store.high_watermark,
-                failover=self.s.role_switch.mode if self.s.role_switch else "manual",
+                failover=self.s.role_switch.mode,
                 role_reason=self.s.role.why,
                 role_since_ms=self.s.role.since_ms,
             )
@@ -391,6 +393,34 @@ class AdminService(pb_grpc.AdminServicer):
             return reply
 
         return await self.s.call(list_)
+
+
+async def set_role(state: BrokerState, request: pb.SetRoleRequest, scope: Principal | None) -> None:
+    """Admin ``SetRole``: an operator's promotion or re-pointing (no ZooKeeper)."""
+    if scope is not None:  # the role is the whole broker's, not some topics'
+        raise PermissionDenied(
+            f"token {scope.name!r} is limited to some topics: SetRole needs an admin "
+            "token for every topic"
+        )
+    switch = state.role_switch
+    if switch.mode == ZOOKEEPER:
+        raise PreconditionFailed(
+            "this group fails over through ZooKeeper: its members elect the master "
+            "(stop a member to move mastership); SetRole is for groups run without --zookeeper"
+        )
+    if request.role == MASTER:
+        if request.master:
+            raise BadRequest(f"a master follows nobody: drop master {request.master!r}")
+        await switch.promote(request.epoch, why=f"SetRole: promoted to epoch {request.epoch}")
+    elif request.role == REPLICA:
+        host, sep, port = request.master.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise BadRequest(
+                f"master {request.master!r} is not HOST:PORT: a replica needs its master"
+            )
+        await switch.follow(request.master, request.epoch, why=f"SetRole: follow {request.master}")
+    else:
+        raise BadRequest(f"role {request.role!r}: give master or replica")
 
 
 def _disk_usage(root: Path) -> int:

@@ -1,9 +1,10 @@
-"""What the two servicers share: the broker state and the ``rpc`` wrappers.
+"""What the servicers share: the broker state and the ``rpc`` wrappers.
 
-``BrokerState`` holds what every handler needs (config, store, thread pool,
-parked pulls, consumer groups, counters) and decides where a storage call
-runs: blocking calls on the thread pool (sync-mode appends wait there for
-their fsync), short ones inline on the event loop.
+``BrokerState`` holds what every handler needs (config, store, parked pulls,
+consumer groups, counters, the replication roles) and, through
+``StoreCalls``, decides where a storage call runs: blocking calls on the
+thread pool (sync-mode appends wait there for their fsync), short ones
+inline on the event loop.
 
 ``rpc`` and ``rpc_stream`` wrap every handler so that a failure becomes the
 status ``errors.status_for`` picks; this module maps nothing itself.
@@ -21,16 +22,17 @@ from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
+from equeue_broker.replication.failover import RoleSwitch
+from equeue_broker.replication.insync import InSyncSet
+from equeue_broker.replication.replicas import ReplicaTracker
+from equeue_broker.replication.role import BrokerRole
 from equeue_broker.server.auth import Principal, TokenTable, scoped
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import PermissionDenied, ShuttingDown, abort
 from equeue_broker.server.groups import ConsumerRegistry
-from equeue_broker.server.insync import InSyncSet
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar
-from equeue_broker.server.replicas import ReplicaTracker
-from equeue_broker.server.role import BrokerRole
 from equeue_broker.server.stats import Counters
 from equeue_broker.storage import Store
 
@@ -38,49 +40,14 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-@dataclass
-class BrokerState:
-    """What both servicers share."""
+class StoreCalls:
+    """Where a storage call runs: blocking calls on the thread pool (sync-mode
+    appends wait there for their fsync), short ones inline on the event loop.
+    Once ``shutting_down``, neither takes a call (``ShuttingDown``)."""
 
-    config: BrokerConfig
-    store: Store
-    broker_id: str
-    executor: ThreadPoolExecutor
-    waiters: PullWaiters
-    consumers: ConsumerRegistry
-    reply_bytes: ByteBudget
-    """Pull and stream replies being read or sent (``max_reply_bytes``)."""
-    produce_bytes: ByteBudget
-    """Produce requests being decoded and appended (``max_produce_bytes``)."""
-    insync: InSyncSet
-    """A master's in-sync set; with sync replication, writes wait for it (insync.py)."""
-    counters: Counters = field(default_factory=Counters)
-    pull_streams: int = 0
-    """PullStreams open now (at most ``max_pull_streams``)."""
-    produce_streams: int = 0
-    """ProduceStreams open now (at most ``max_produce_streams``)."""
-    shutting_down: bool = False
-    tokens: TokenTable | None = None
-    """The tokens the broker accepts; None: no authentication."""
-    instance_id: str = ""
-    """The data directory's random id; ``broker_id`` is the broker name when
-    one is given (--broker-name), else this. Message ids of either resolve."""
-    registrar: Registrar | None = None
-    """The name-server registration (--namesrv); None: a standalone broker."""
-    replicas: ReplicaTracker = field(default_factory=lambda: ReplicaTracker(8))
-    """A master: the replicas following it (replicas.py; limit ``max_replicas``)."""
-    follower: Any = None
-    """A replica: its ``follower.Follower`` (the log it copies); None on a master."""
-    role: BrokerRole = field(default_factory=lambda: BrokerRole("master"))
-    """Master or replica now, its master and epoch (role.py; failover changes it)."""
-    role_switch: Any = None
-    """The ``failover.RoleSwitch``: promotes and demotes (SetRole, elections)."""
-    _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
-
-    def topology_changed(self) -> None:
-        """A topic or queue was created, deleted or changed: tell the name servers now."""
-        if self.registrar is not None:
-            self.registrar.changed()
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self.executor = executor
+        self.shutting_down = False
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a blocking storage call on the thread pool."""
@@ -99,6 +66,58 @@ class BrokerState:
         if self.shutting_down:
             raise ShuttingDown("the broker is shutting down")
         return fn(*args, **kwargs)
+
+
+@dataclass
+class BrokerState:
+    """What the servicers share; built complete in one place (``app.create_server``)."""
+
+    config: BrokerConfig
+    store: Store
+    broker_id: str
+    instance_id: str
+    """The data directory's random id; ``broker_id`` is the broker name when
+    one is given (--broker-name), else this. Message ids of either resolve."""
+    calls: StoreCalls
+    """Where storage calls run (``call``, ``inline``)."""
+    waiters: PullWaiters
+    consumers: ConsumerRegistry
+    reply_bytes: ByteBudget
+    """Pull and stream replies being read or sent (``max_reply_bytes``)."""
+    produce_bytes: ByteBudget
+    """Produce requests being decoded and appended (``max_produce_bytes``)."""
+    tokens: TokenTable | None
+    """The tokens the broker accepts; None: no authentication."""
+    role: BrokerRole
+    """Master or replica now, its master and epoch (replication/role.py; failover changes it)."""
+    insync: InSyncSet
+    """A master's in-sync set; with sync replication, writes wait for it (replication/insync.py)."""
+    replicas: ReplicaTracker
+    """A master: the replicas following it (replication/replicas.py; limit ``max_replicas``)."""
+    role_switch: RoleSwitch
+    """Promotes and demotes (SetRole, elections); owns a replica's follower
+    (replication/failover.py)."""
+    registrar: Registrar | None
+    """The name-server registration (--namesrv); None: a standalone broker."""
+    counters: Counters = field(default_factory=Counters)
+    pull_streams: int = 0
+    """PullStreams open now (at most ``max_pull_streams``)."""
+    produce_streams: int = 0
+    """ProduceStreams open now (at most ``max_produce_streams``)."""
+    _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
+
+    def topology_changed(self) -> None:
+        """A topic or queue was created, deleted or changed: tell the name servers now."""
+        if self.registrar is not None:
+            self.registrar.changed()
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a blocking storage call on the thread pool (``StoreCalls.call``)."""
+        return await self.calls.call(fn, *args, **kwargs)
+
+    def inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a short storage call on the event loop (``StoreCalls.inline``)."""
+        return self.calls.inline(fn, *args, **kwargs)
 
     def next_round_robin(self, topic: str) -> int:
         return next(self._round_robin.setdefault(topic, itertools.count()))

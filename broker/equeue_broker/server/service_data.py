@@ -17,10 +17,10 @@ from typing import Any
 
 import grpc
 
+from equeue_broker.replication.pipelined import confirmed_in_order
 from equeue_broker.server.budgets import Held
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
-from equeue_broker.server.pipelined import confirmed_in_order
 from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult

@@ -450,6 +450,16 @@ class MessageLog:
             chunk.sealed_ms = footer.sealed_ms
         self._new_chunk(chunk.number + 1)
 
+    def restart_at(self, number: int) -> None:
+        """Start an empty log over at chunk ``number`` (an empty replica whose
+        master's retention removed the chunks before it)."""
+        active = self.active
+        assert len(self.chunks) == 1 and active.data_size == 0, "the log is not empty"
+        self.chunks.clear()
+        active.close()
+        active.path.unlink()
+        self._new_chunk(number)
+
     def _new_chunk(self, number: int) -> None:
         path = self.directory / chunk_file_name(number, LOG_SUFFIX)
         header = ChunkHeader(CHUNK_TYPE_LOG, number, self.capacity, int(time.time() * 1000))

@@ -1,15 +1,19 @@
-"""The store: one data directory's lock, write paths, offsets and lifecycle.
+"""The store: one data directory's write paths, offsets and lifecycle.
 
-``Store`` owns the store lock and the state every part of the engine shares
-(the message log, the queues, group offsets, and the topics its
-``TopicAdmin`` holds). It keeps the write paths (``append``, the sync-mode
+``Store`` opens a data directory and holds its shared state as one
+``EngineState`` (engine.py: the store lock, the message log, the queues,
+group offsets, visibility, the checkpoint), which it passes explicitly to the
+modules that work on it. It keeps the write paths (``append``, the sync-mode
 group-commit rounds, and the transaction writes), group-offset admin, and
 opening, flushing, the maintenance thread and closing. The rest lives in
 modules that depend on that state but never on this module: recovery.py runs
 at open, log_writer.py places an append in the log, visibility.py decides
 when written records become readable, reads.py serves ``read`` and the
 lookups, topic_admin.py creates and deletes topics and queues (the store
-delegates to both), retention.py deletes expired chunks, and transactions.py
+delegates to both), positioned.py appends, cuts and reads the log by
+position for replication (``append_at``, ``truncate``, ``read_log``: with
+``set_hw_limit``, ``hold_back`` and ``write_epoch_marker``, the API
+replication/ uses), retention.py deletes expired chunks, and transactions.py
 reaches the store only through its ``TransactionStore`` protocol. The values
 the calls return are in results.py.
 
@@ -31,13 +35,14 @@ of its records (group commit), and readers see only durable records; in async
 mode appends are visible at once and fsynced every ``flush_interval_ms``.
 Committed offsets are persisted before a commit returns in sync mode.
 
-Thread safety: every public method may be called from any thread. ``_lock``
-(reentrant) guards the log, the queues and the topics: a private method that
-says "lock held" must be called with it held, as must the helpers of
-log_writer.py, retention.py, the private methods of reads.py and the lookups
-and changes of topic_admin.py. ``_admin_lock`` serialises topic and queue
-deletes and (re)creations (topic_admin.py). Listeners are called outside
-``_lock``, under ``_notify_lock``; ``_checkpoint_lock`` orders checkpoint saves.
+Thread safety: every public method may be called from any thread. The
+engine state's ``lock`` (reentrant) guards the log, the queues and the
+topics: a private method that says "lock held" must be called with it held,
+as must the helpers of log_writer.py, retention.py, positioned.py, the
+private methods of reads.py and the lookups and changes of topic_admin.py.
+Its ``admin_lock`` serialises topic and queue deletes and (re)creations
+(topic_admin.py). Listeners are called outside ``lock``, under
+``notify_lock`` (engine.py); ``_checkpoint_lock`` orders checkpoint saves.
 """
 
 from __future__ import annotations
@@ -54,21 +59,21 @@ from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
 from equeue_broker.storage.data_dir import lock_data_dir
 from equeue_broker.storage.deletion import sweep
+from equeue_broker.storage.engine import EngineState, Listener
 from equeue_broker.storage.epochs import EpochHistory, prepare_marker
 from equeue_broker.storage.errors import (
     InvalidArgument,
     NotFound,
     PreconditionFailed,
-    StorageError,
-    StoreClosed,
     io_error,
 )
-from equeue_broker.storage.flush import GroupCommit, SyncCommitter
+from equeue_broker.storage.flush import SyncCommitter
 from equeue_broker.storage.log_writer import LogWriter
 from equeue_broker.storage.maintenance import maintain
 from equeue_broker.storage.message_log import MessageLog
 from equeue_broker.storage.names import validate_group
 from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
+from equeue_broker.storage.positioned import LogPiece, append_at, read_piece, truncate_at
 from equeue_broker.storage.queue_index import ENTRY_SIZE
 from equeue_broker.storage.queue_state import QueueKey, QueueState
 from equeue_broker.storage.reads import Reads
@@ -86,14 +91,11 @@ from equeue_broker.storage.retention import delete_expired
 from equeue_broker.storage.topic_admin import TopicAdmin, queue_meta
 from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics
 from equeue_broker.storage.transactions import Transactions
+from equeue_broker.storage.txn_recovery import TxnScan
 from equeue_broker.storage.txn_writes import write_commit
-from equeue_broker.storage.visibility import Change, Visibility
 from equeue_proto.record import StoredMessage
 
 log = logging.getLogger(__name__)
-
-Listener = Callable[[str, int, int], None]
-"""Called with (topic, queue_id, visible_end) when new records become readable."""
 
 
 class Store:
@@ -101,56 +103,45 @@ class Store:
 
     def __init__(self, config: StorageConfig, background: bool = True) -> None:
         self.config = config
-        self._lock = threading.RLock()
-        self._closed = False
-        self._failed: BaseException | None = None
-        self._listeners: list[Listener] = []
-        self._notify_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
-        self._visibility = Visibility()  # when written records become readable
-        self._queues: dict[QueueKey, QueueState] = {}
-        self._admin_lock = threading.Lock()  # serialises deletes and (re)creations
         root = config.data_dir
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # data is private to the broker
         self._lock_fd = lock_data_dir(root)
+        queues: dict[QueueKey, QueueState] = {}
+        message_log: MessageLog | None = None
         try:
             remove_temp_files(root)
-            self._log = MessageLog(
+            message_log = MessageLog(
                 root / "log", config.chunk_capacity_bytes, config.max_mapped_chunks
             )
             topics, self._topics_lost = load_topics(root / "topics.json")
-            self._offsets = OffsetStore(root / "offsets.json")
-            sweep(root, topics, self._offsets)
+            offsets = OffsetStore(root / "offsets.json")
+            sweep(root, topics, offsets)
             self.recovery, checkpoint, recovered = recover(
-                config, self._log, topics.values(), self._offsets, self._queues
+                config, message_log, topics.values(), offsets, queues
             )
-            self._checkpoint = checkpoint.index_position
             self.held_high_watermark = checkpoint.held_high_watermark
             """The checkpoint's high watermark, if it held records back when saved:
             the server holds a restarted replica's reads there (``set_hw_limit``)."""
-            self._visibility.durable_seen = self._log.write_position
         except BaseException:
-            self._release_files()
+            _release_files(self._lock_fd, queues, message_log)
             raise
-        self._writer = LogWriter(self._log, self._fail)
+        self._state = state = EngineState(
+            config, message_log, offsets, queues, checkpoint.index_position
+        )
+        self._writer = LogWriter(state.log, state.fail)
         self._topic_admin = TopicAdmin(
-            config, lock=self._lock, admin_lock=self._admin_lock, message_log=self._log,
-            queues=self._queues, offsets=self._offsets, topics=topics,
-            check_open=self._check_open, flush=self.flush,
-            persist_offsets=self._persist_offsets, checkpoint=lambda: self._checkpoint,
+            config, lock=state.lock, admin_lock=state.admin_lock, message_log=state.log,
+            queues=state.queues, offsets=state.offsets, topics=topics,
+            check_open=state.check_open, flush=self.flush,
+            persist_offsets=self._persist_offsets, checkpoint=lambda: state.checkpoint,
         )  # fmt: skip
         self._reads = Reads(
-            config, self._lock, self._log, self._queues, self._topic_admin.live_queue,
-            self._check_open,
+            config, state.lock, state.log, state.queues, self._topic_admin.live_queue,
+            state.check_open,
         )  # fmt: skip
-        self._commit = GroupCommit(
-            self._sync_target,
-            self._log.write_position,
-            self._publish_durable,
-            sticky_errors=config.flush_mode is FlushMode.SYNC,
-        )
         self._committer: SyncCommitter | None = None
-        if config.flush_mode is FlushMode.SYNC:
+        if state.sync_flush:
             self._committer = SyncCommitter(self._commit_round)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -202,24 +193,26 @@ class Store:
         sync mode the write itself runs on the committer thread, batched with
         other appends into one fsync (see ``SyncCommitter``).
         """
-        queue = self._queues.get((topic, queue_id))
+        queue = self._state.queues.get((topic, queue_id))
         if queue is None:
-            with self._lock:
+            with self._state.lock:
                 queue = self._writable_queue(topic, queue_id)  # raises the precise error
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
         if self._committer is None:
-            with self._lock:
+            with self._state.lock:
                 result = self._writer.write(self._writable_queue(topic, queue_id), prepared)
-                if self._visibility.limit is None:
+                if self._state.visibility.limit is None:
                     queue.visible_end = end = queue.index.end
                     changed = [(queue, end)]
                 else:  # sync replication: readable once below the high watermark
-                    self._visibility.hold(self._log.write_position, queue, queue.index.end)
-                    changed = self._publish_locked()
-            if self._listeners and changed:
-                self._notify(changed)
+                    self._state.visibility.hold(
+                        self._state.log.write_position, queue, queue.index.end
+                    )
+                    changed = self._state.publish_locked()
+            if self._state.listeners and changed:
+                self._state.notify(changed)
             return result
-        self._check_open()
+        self._state.check_open()
         work = functools.partial(self._write_pending, topic, queue_id, prepared)
         outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
         assert isinstance(outcome, AppendResult)
@@ -227,7 +220,7 @@ class Store:
 
     def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
         """Check ``batch`` as ``append`` would, without writing it (for staging)."""
-        with self._lock:
+        with self._state.lock:
             queue = self._writable_queue(topic, queue_id)
         return prepare_batch(batch, queue.topic_bytes, self.config.limits)
 
@@ -247,7 +240,7 @@ class Store:
         written, index entries to be)`` runs under the lock, so a checkpoint
         never misses a transaction whose records are below it. Not fsynced:
         the commit's durability covers what it commits (docs/storage.md)."""
-        with self._lock:
+        with self._state.lock:
             queue = self._writable_queue(topic, queue_id)
             first = -1 if begin is None else self._writer.write_control(begin)
             count = len(prepared.batch)
@@ -259,16 +252,16 @@ class Store:
 
     def write_control(self, prepared: PreparedBatch) -> None:
         """Append a control record (an abort) to the log; not fsynced."""
-        with self._lock:
-            self._check_writable()
+        with self._state.lock:
+            self._state.check_writable()
             self._writer.write_control(prepared)
 
     def write_epoch_marker(self, epoch: int) -> int:
         """Append the marker of ``epoch`` (epochs.py) and make it durable, before
         this broker takes writes as master of ``epoch``; return its position."""
-        with self._lock:
-            self._check_writable()
-            start = self._log.write_position  # the previous epoch's end (epochs.py)
+        with self._state.lock:
+            self._state.check_writable()
+            start = self._state.log.write_position  # the previous epoch's end (epochs.py)
             position = self._writer.write_control(prepare_marker(epoch, start))
             self.epochs.add(epoch, start)
         self.flush()
@@ -293,54 +286,54 @@ class Store:
             prepared = record(firsts)
             write_commit(self._writer, targets, prepared, entries, self._writer.now_ms())
             on_written()
-            if self._committer is not None or self._visibility.limit is not None:
-                position = self._log.write_position
+            if self._committer is not None or self._state.visibility.limit is not None:
+                position = self._state.log.write_position
                 for q in targets.values():
-                    self._visibility.hold(position, q, q.index.end)
+                    self._state.visibility.hold(position, q, q.index.end)
             else:
                 for q in targets.values():
                     q.visible_end = q.index.end
             return firsts
 
         if self._committer is None:
-            with self._lock:
+            with self._state.lock:
                 firsts = work()
-                published = self._publish_locked()  # sync replication's hold, if any
-            if self._listeners:
-                with self._lock:
+                published = self._state.publish_locked()  # sync replication's hold, if any
+            if self._state.listeners:
+                with self._state.lock:
                     changed = [(q, q.visible_end) for q in self._queues_of(keys)]
-                self._notify(published + changed)
+                self._state.notify(published + changed)
             return firsts
-        self._check_open()
+        self._state.check_open()
         outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
         assert isinstance(outcome, dict)
         return outcome
 
     def _queues_of(self, keys: Iterable[QueueKey]) -> list[QueueState]:
         """The queues of ``keys`` that still exist (lock held)."""
-        return [q for q in map(self._queues.get, keys) if q is not None]
+        return [q for q in map(self._state.queues.get, keys) if q is not None]
 
     def _write_pending(self, topic: str, queue_id: int, prepared: PreparedBatch) -> AppendResult:
         """Sync mode, on the committer thread inside a round (lock held): write;
         readable once the round is durable."""
         queue = self._writable_queue(topic, queue_id)
         result = self._writer.write(queue, prepared)
-        self._visibility.hold(self._log.write_position, queue, queue.index.end)
+        self._state.visibility.hold(self._state.log.write_position, queue, queue.index.end)
         return result
 
     def _commit_round(self, works: list[Callable[[], object]]) -> list[object]:
         """Run a round of sync-mode appends, then fsync once for all of them."""
         outcomes: list[object] = []
-        with self._lock:
-            start = self._log.write_position
+        with self._state.lock:
+            start = self._state.log.write_position
             for work in works:
                 try:
                     outcomes.append(work())
                 except Exception as exc:
                     outcomes.append(exc)
-            target = self._log.write_position
+            target = self._state.log.write_position
         try:
-            self._commit.make_durable(target)
+            self._state.commit.make_durable(target)
         except OSError as exc:
             self._abandon_round(start, exc)
             raise io_error("the message log (fsync)", exc) from exc
@@ -351,42 +344,27 @@ class Store:
         so they must never become readable, now or after a restart. Cut them out
         of the log and refuse writes until a restart (after a failed fsync the
         kernel's view of the file cannot be trusted; recovery rebuilds it)."""
-        with self._lock:
-            self._fail(cause)
-            self._visibility.cut(start)
+        with self._state.lock:
+            self._state.fail(cause)
+            self._state.visibility.cut(start)
             try:
-                if self._log.start_of(self._log.active) <= start < self._log.write_position:
-                    self._log.truncate(start)
+                message_log = self._state.log
+                if message_log.start_of(message_log.active) <= start < message_log.write_position:
+                    message_log.truncate(start)
             except OSError as exc:
                 log.error("cannot cut a failed round out of the log: %s", exc)
         log.error("fsync failed (%s); the store refuses writes until restarted", cause)
 
     def _writable_queue(self, topic: str, queue_id: int) -> QueueState:
         """The queue, if it takes appends now (lock held)."""
-        self._check_writable()
-        queue = self._queues.get((topic, queue_id))
+        self._state.check_writable()
+        queue = self._state.queues.get((topic, queue_id))
         if queue is None:  # find out why, for the error message
             queue_meta(self._topic_admin.topic(topic), queue_id)
             raise NotFound(f"queue {topic}/{queue_id} does not exist")
         if not queue.producer_visible:
             raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
         return queue
-
-    def _sync_target(self) -> tuple[int, int]:
-        with self._lock:
-            return self._log.sync_target()
-
-    def _publish_durable(self, durable: int) -> None:
-        """Make records below ``durable`` (now fsynced) readable; sync mode."""
-        with self._lock:
-            self._visibility.durable_seen = max(self._visibility.durable_seen, durable)
-            changed = self._publish_locked()
-        if self._listeners:
-            self._notify(changed)
-
-    def _publish_locked(self) -> list[Change]:
-        """Make held records readable up to the high watermark (lock held)."""
-        return self._visibility.release(self._durable_locked())
 
     # -- the replicated high watermark (sync replication; docs/replication.md) ---------
 
@@ -395,11 +373,11 @@ class Store:
     def set_hw_limit(self, limit: int | None) -> None:
         """Records ending beyond ``limit`` stay unreadable; None: no limit.
         Records already readable stay so (a limit that goes back hides nothing)."""
-        with self._lock:
-            self._visibility.limit = limit
-            changed = self._publish_locked()
-        if changed and self._listeners:
-            self._notify(changed)
+        with self._state.lock:
+            self._state.visibility.limit = limit
+            changed = self._state.publish_locked()
+        if changed and self._state.listeners:
+            self._state.notify(changed)
 
     def hold_back(self, position: int) -> None:
         """Make the records at or after log ``position`` unreadable again, and
@@ -407,33 +385,99 @@ class Store:
         (``held_high_watermark``) must not serve, before its master's first
         reply, what a failover may still take back. Records recovered at open
         are readable at once otherwise; nobody has read them yet."""
-        with self._lock:
-            end = self._log.write_position
-            self._visibility.limit = position
+        with self._state.lock:
+            end = self._state.log.write_position
+            self._state.visibility.limit = position
             if position >= end:
                 return
-            for queue in self._queues.values():
+            for queue in self._state.queues.values():
                 first = _first_offset_at(queue, position)
                 if first < queue.visible_end:
                     queue.visible_end = queue.notified_end = first
-                    self._visibility.hold(end, queue, queue.index.end)
+                    self._state.visibility.hold(end, queue, queue.index.end)
+
+    # -- the log by position: what replication/ needs (positioned.py) ------------------
+
+    @property
+    def log_end(self) -> int:
+        """The log's write position (any thread)."""
+        with self._state.lock:
+            return self._state.log.write_position
+
+    @property
+    def log_start(self) -> int:
+        """The position of the oldest record retention kept."""
+        with self._state.lock:
+            return self._state.log.start_position
+
+    @property
+    def chunk_capacity(self) -> int:
+        """The capacity of every log chunk (a replica's must be its master's)."""
+        return self._state.log.capacity
+
+    def append_at(self, position: int, data: bytes | memoryview, scan: TxnScan) -> int:
+        """Append a master's records ``data`` at log ``position`` (a replica,
+        which takes no other writes); return the new log end. Index entries and
+        transactions are derived as recovery derives them, continuing ``scan``
+        (which ``Transactions`` adopts). In sync flush mode durable when it
+        returns. Raises as ``positioned.append_at`` does."""
+        state = self._state
+        with state.lock:
+            end, changed = append_at(state, position, data, scan)
+        self.transactions.adopt(scan.found)
+        if state.sync_flush:  # durable before the replica asks on
+            try:
+                state.commit.make_durable(end)  # publishes what it makes durable
+            except OSError as exc:
+                with state.lock:
+                    state.fail(exc)
+                raise io_error("the message log (fsync)", exc) from exc
+        if changed and state.listeners:
+            state.notify(changed)
+        return end
+
+    def truncate(self, position: int, scan: TxnScan) -> None:
+        """Cut the log at ``position``, and every index entry, epoch marker and
+        open transaction of ``scan`` at or after it (``positioned.truncate_at``)."""
+        with self._state.lock:
+            truncate_at(self._state, position, self.epochs, scan)
+        self.transactions.adopt(scan.found)
+
+    def read_log(self, position: int, max_bytes: int) -> LogPiece:
+        """The log bytes a replica whose log ends at ``position`` needs next
+        (``positioned.read_piece``)."""
+        return read_piece(self._state, position, max_bytes)
+
+    def metadata_generation(self) -> tuple[object, int]:
+        """(the topics mapping, the offsets' version): the topics mapping is replaced
+        on every topic or queue change and the version counts offset changes, so
+        while neither moved, the topics and offsets are the same. Read it before
+        them (a change in between then makes the next one differ)."""
+        return self._topic_admin.topics, self._state.offsets.version
+
+    def offsets_snapshot(self) -> dict[str, GroupOffsets]:
+        """Every group's committed offsets, copied."""
+        return self._state.offsets.snapshot()
+
+    def adopt_topics(self, wanted: dict[str, TopicMeta]) -> bool:
+        """Make the topics of ``wanted`` exactly these (``TopicAdmin.adopt``)."""
+        return self._topic_admin.adopt(wanted)
+
+    def replace_offsets(self, groups: dict[str, GroupOffsets]) -> bool:
+        """Make every group's committed offsets these; True if anything changed."""
+        return self._state.offsets.replace_all(groups)
 
     @property
     def durable_end(self) -> int:
         """The log end in the flush mode's meaning: fsynced (sync) or written (async)."""
-        with self._lock:
-            return self._durable_locked()
+        with self._state.lock:
+            return self._state.durable_locked()
 
     @property
     def high_watermark(self) -> int:
         """Every record below it may be read: ``durable_end`` capped by the limit."""
-        with self._lock:
-            return self._visibility.high_watermark(self._durable_locked())
-
-    def _durable_locked(self) -> int:
-        if self._committer is not None:
-            return self._visibility.durable_seen
-        return self._log.write_position
+        with self._state.lock:
+            return self._state.visibility.high_watermark(self._state.durable_locked())
 
     def add_listener(self, listener: Listener) -> None:
         """Register ``listener(topic, queue_id, visible_end)`` for newly readable records.
@@ -441,18 +485,7 @@ class Store:
         Called on the appending (or flushing) thread, outside the store lock;
         it must be quick and must not raise.
         """
-        self._listeners.append(listener)
-
-    def _notify(self, changes: Iterable[tuple[QueueState, int]]) -> None:
-        # Appending threads race to get here: the notify lock plus the per-queue
-        # mark make every listener see each queue's ends strictly increasing.
-        with self._notify_lock:
-            for queue, end in changes:
-                if end <= queue.notified_end:
-                    continue
-                queue.notified_end = end
-                for listener in self._listeners:
-                    listener(queue.topic, queue.queue_id, end)
+        self._state.listeners.append(listener)
 
     # -- reads: reads.py documents and implements them ----------------------------------
 
@@ -527,7 +560,7 @@ class Store:
         before any is recorded, and sync mode persists them with one write.
         ``reset``: an operator's reset, allowed for a group whose offsets were lost."""
         validate_group(group)
-        with self._lock:
+        with self._state.lock:
             checked = []
             for topic, queue_id, next_offset in offsets:
                 end = self._topic_admin.live_queue(topic, queue_id).visible_end
@@ -537,30 +570,30 @@ class Store:
                     )
                 checked.append((topic, queue_id, next_offset))
             for topic, queue_id, next_offset in checked:
-                self._offsets.commit(group, topic, queue_id, next_offset, reset)
+                self._state.offsets.commit(group, topic, queue_id, next_offset, reset)
         if reset or self.config.flush_mode is FlushMode.SYNC:  # a reset is an admin change
             self._persist_offsets()
 
     def _persist_offsets(self) -> None:
         try:
-            self._offsets.persist()
+            self._state.offsets.persist()
         except OSError as exc:
             raise io_error("offsets.json", exc) from exc
 
     def min_committed(self, topic: str, queue_id: int) -> int | None:
         """Lowest offset any group committed on the queue (None if none did)."""
-        return self._offsets.min_committed(topic, queue_id)
+        return self._state.offsets.min_committed(topic, queue_id)
 
     def committed_offsets(self, group: str) -> GroupOffsets:
         validate_group(group)
-        return self._offsets.get(group)
+        return self._state.offsets.get(group)
 
     def groups(self) -> list[str]:
-        return self._offsets.groups()
+        return self._state.offsets.groups()
 
     def delete_group(self, group: str) -> None:
         validate_group(group)
-        if not self._offsets.delete_group(group):
+        if not self._state.offsets.delete_group(group):
             raise NotFound(f"group {group!r} has no committed offsets")
         self._persist_offsets()
 
@@ -568,28 +601,28 @@ class Store:
 
     def flush(self) -> None:
         """Make everything written so far durable, and advance the index checkpoint."""
-        with self._lock:
-            self._check_open()
-            target = self._log.write_position
-            fds = [fd for q in self._queues.values() for fd in q.index.take_dirty()]
-            ends = {key: q.index.end for key, q in self._queues.items()}
-            earliest = {key: q.index.earliest for key, q in self._queues.items()}
-            start = self._log.start_position
+        with self._state.lock:
+            self._state.check_open()
+            target = self._state.log.write_position
+            fds = [fd for q in self._state.queues.values() for fd in q.index.take_dirty()]
+            ends = {key: q.index.end for key, q in self._state.queues.items()}
+            earliest = {key: q.index.earliest for key, q in self._state.queues.items()}
+            start = self._state.log.start_position
             txn_position, serial, sinks = self.transactions.checkpoint_state()
             epochs = tuple(self.epochs.entries())
-            limit = self._visibility.limit
+            limit = self._state.visibility.limit
             held = limit if limit is not None and limit < target else None
         checkpoint = Checkpoint(
             target, ends, earliest, start, txn_position, serial, sinks, epochs, held
         )
         try:
-            self._commit.make_durable(target)
+            self._state.commit.make_durable(target)
             for fd in fds:
                 os.fsync(fd)
         except OSError as exc:
             if self.config.flush_mode is FlushMode.SYNC:
-                with self._lock:
-                    self._failed = self._failed or exc
+                with self._state.lock:
+                    self._state.failed = self._state.failed or exc
             raise io_error("the message log or an index (fsync)", exc) from exc
         finally:
             for fd in fds:
@@ -599,12 +632,12 @@ class Store:
         # position may be further on, but entries beyond `target` are not synced.)
         # The save runs outside the store lock: it costs several fsyncs.
         with self._checkpoint_lock:
-            if target > self._checkpoint and not self._closed:
+            if target > self._state.checkpoint and not self._state.closed:
                 try:
                     save_checkpoint(self.config.data_dir, checkpoint)
                 except OSError as exc:
                     raise io_error("checkpoint.json", exc) from exc
-                self._checkpoint = target
+                self._state.checkpoint = target
         self._persist_offsets()
 
     def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
@@ -612,9 +645,10 @@ class Store:
         chunks that only point into deleted log chunks (retention.py)."""
         now = _now_ms() if now_ms is None else now_ms
         self.flush()
-        with self._lock:
+        state = self._state
+        with state.lock:
             return delete_expired(
-                self.config.retention, self._log, self._queues, self._offsets, now,
+                self.config.retention, state.log, state.queues, state.offsets, now,
                 pinned=self.transactions.pinned(),
             )  # fmt: skip
 
@@ -634,52 +668,38 @@ class Store:
     def damage(self) -> Damage:
         """What was found damaged at open and is not served (see damage.py)."""
         lost = [self._topics_lost, self.transactions.sinks_lost]
-        return Damage(list(self._log.quarantined), self._offsets.lost, [w for w in lost if w])
+        return Damage(
+            list(self._state.log.quarantined), self._state.offsets.lost, [w for w in lost if w]
+        )
 
     def stats(self) -> dict[str, int]:
-        with self._lock:
+        with self._state.lock:
             return {
                 "topics": len(self._topic_admin.topics),
-                "queues": len(self._queues),
-                "groups": len(self._offsets.groups()),
-                "log_chunks": len(self._log.chunks),
-                "log_start_position": self._log.start_position,
-                "log_write_position": self._log.write_position,
-                "durable_position": self._commit.durable,
-                "fsyncs": self._commit.fsyncs,
-                "quarantined_chunks": len(self._log.quarantined),
+                "queues": len(self._state.queues),
+                "groups": len(self._state.offsets.groups()),
+                "log_chunks": len(self._state.log.chunks),
+                "log_start_position": self._state.log.start_position,
+                "log_write_position": self._state.log.write_position,
+                "durable_position": self._state.commit.durable,
+                "fsyncs": self._state.commit.fsyncs,
+                "quarantined_chunks": len(self._state.log.quarantined),
                 **self.transactions.stats(),
             }
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosed("the store is closed")
-
-    def _fail(self, cause: BaseException) -> None:
-        """Refuse writes until a restart: the log on disk may no longer be what
-        the store believes it is; recovery at the next open rebuilds it (lock held)."""
-        self._failed = cause
-
-    def _check_writable(self) -> None:
-        self._check_open()
-        if self._failed is not None:
-            raise StorageError(
-                f"store refuses writes after an unrecoverable I/O error: {self._failed}"
-            )
-
     def close(self) -> None:
         """Flush everything, persist offsets, release the data directory."""
-        if self._closed:
+        if self._state.closed:
             return
         self._stop_background()
         self.flush()
         self.transactions.close()
-        with self._lock:
-            self._closed = True
-            for queue in self._queues.values():
+        with self._state.lock:
+            self._state.closed = True
+            for queue in self._state.queues.values():
                 queue.index.close()
-            self._log.close()
-            self._offsets.persist()
+            self._state.log.close()
+            self._state.offsets.persist()
             os.close(self._lock_fd)
 
     def abandon(self) -> None:
@@ -688,17 +708,9 @@ class Store:
         still in the page cache; tests that simulate a machine crash remove it."""
         self._stop_background()
         self.transactions.close()
-        with self._lock:
-            self._closed = True
-            self._release_files()
-
-    def _release_files(self) -> None:
-        """Close every file without flushing (failed open, abandon)."""
-        for queue in self._queues.values():
-            queue.index.release()
-        if hasattr(self, "_log"):
-            self._log.close()
-        os.close(self._lock_fd)
+        with self._state.lock:
+            self._state.closed = True
+            _release_files(self._lock_fd, self._state.queues, self._state.log)
 
     def _stop_background(self) -> None:
         if self._committer is not None:
@@ -712,6 +724,17 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _release_files(
+    lock_fd: int, queues: dict[QueueKey, QueueState], message_log: MessageLog | None
+) -> None:
+    """Close every file without flushing (failed open, abandon)."""
+    for queue in queues.values():
+        queue.index.release()
+    if message_log is not None:
+        message_log.close()
+    os.close(lock_fd)
 
 
 def _first_offset_at(queue: QueueState, position: int) -> int:

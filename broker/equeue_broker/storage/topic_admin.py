@@ -205,6 +205,30 @@ class TopicAdmin:
 
     # -- lookups and changes (lock held) ----------------------------------------------
 
+    def adopt(self, wanted: dict[str, TopicMeta]) -> bool:
+        """Make the topics present in ``wanted`` exactly these (their
+        incarnations, queues and producer visibility: a replica takes its
+        master's); True if anything changed. Deleting the topics not wanted is
+        the caller's (``delete_topic``, first). Takes the locks itself."""
+        changed = False
+        with self._admin_lock, self._lock:
+            for name, topic in wanted.items():
+                have_meta = self.topics.get(name)
+                if have_meta == topic:
+                    continue
+                changed = True
+                before = self.topics
+                old_ids = {q.queue_id for q in have_meta.queues} if have_meta else set()
+                new_ids = {q.queue_id for q in topic.queues}
+                self.save({**before, name: topic})
+                for queue_id in sorted(old_ids - new_ids):
+                    self._queues.pop((name, queue_id)).index.release()
+                    self.forget(name, queue_id)
+                self.open_queues(name, sorted(new_ids - old_ids), before)
+                for q in topic.queues:
+                    self._queues[(name, q.queue_id)].producer_visible = q.producer_visible
+        return changed
+
     def topic(self, name: str) -> TopicMeta:
         """The topic's metadata, if the store is open and the topic exists (lock held)."""
         self._check_open()

@@ -1,4 +1,4 @@
-"""The crash loop's other scenarios (``bench/crash_loop.py --scenario``): kills
+"""The crash loop's other scenarios (``hardening/crash_loop.py --scenario``): kills
 around topic deletes, retention and transaction commits.
 
 The default scenario (``traffic``: producers and consumers, ``CrashLoop``)
@@ -10,76 +10,30 @@ while it starts, restart it and check through the broker what the
 scenario's workers saw acknowledged and in doubt. At the end the broker is
 stopped and the files are checked with ``Store`` (``check_store``).
 
-The scenarios themselves are in ``bench/_crash_delete.py`` (delete-topic) and
-``bench/_crash_retention.py`` (retention, transaction). Nothing here is
-imported by the broker or the client.
+The scenarios themselves are in ``hardening/_crash_delete.py`` (delete-topic) and
+``hardening/_crash_retention.py`` (retention, transaction); what they share with
+this loop (``Workers``, ``Scenario``) is in ``hardening/_crash_workers.py``, below
+both, so nothing imports in a circle. Nothing here is imported by the broker or
+the client.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
-import grpc
-
-from bench._crash_cycle import CrashLoopConfig, CrashLoopResult, CycleResult
-from bench._harness import check_store, details_of, recovery_seconds, status_of
 from equeue_broker.testing import BrokerProcess
-
-
-class Workers:
-    """The threads of one cycle of a scenario; ``killed`` is set at the kill,
-    ``kill_now`` by a worker that wants the kill at once."""
-
-    def __init__(self) -> None:
-        self.killed = threading.Event()
-        self.kill_now = threading.Event()
-        self.errors: list[str] = []
-        self.threads: list[threading.Thread] = []
-        self.wait_for_kill_s = 0.0
-        """Set by a worker that will ask for the kill: how long the loop waits for it."""
-
-    def spawn(self, target: Callable[..., None], *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self.threads.append(thread)
-        thread.start()
-
-    def failed(self, what: str, exc: grpc.RpcError) -> None:
-        """A call failed: expected after the kill, else a problem of the cycle."""
-        if not self.killed.is_set():
-            self.errors.append(f"{what}: {status_of(exc).name} {details_of(exc)}")
-
-    def stop(self, timeout_s: float) -> list[str]:
-        """After the kill: wait for every worker; names of those that hang."""
-        self.killed.set()
-        deadline = time.monotonic() + timeout_s
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return [t.name for t in self.threads if t.is_alive()]
-
-
-class Scenario(Protocol):
-    flags: tuple[str, ...]
-    """Broker flags beyond the loop's own."""
-    topics: list[str]
-    """Topics the final ``Store`` check covers."""
-
-    def setup(self, address: str) -> None: ...
-
-    def start_cycle(self, number: int, address: str, rng: random.Random) -> Workers: ...
-
-    def verify(self, address: str, workers: Workers, outcome: CycleResult) -> None: ...
+from equeue_broker.testing_checks import check_store, recovery_seconds
+from hardening._crash_cycle import CrashLoopConfig, CrashLoopResult, CycleResult
+from hardening._crash_delete import DeleteTopicScenario
+from hardening._crash_retention import RetentionScenario, TransactionScenario
+from hardening._crash_workers import Scenario
 
 
 def scenario_of(config: CrashLoopConfig) -> Scenario:
-    from bench._crash_delete import DeleteTopicScenario
-    from bench._crash_retention import RetentionScenario, TransactionScenario
-
     if config.scenario == "delete-topic":
         return DeleteTopicScenario(config)
     if config.scenario == "retention":

@@ -1,11 +1,11 @@
-"""The workers and the accounting of the cluster crash loop (``bench/crash_loop_cluster.py``).
+"""The workers and the accounting of the cluster crash loop (``hardening/crash_loop_cluster.py``).
 
 Workers run for the whole loop, across every kill, on raw gRPC stubs without
 retries, so that "acknowledged" is exact:
 
 - a **producer** sends unary ``Produce`` batches (1-32 values, one random
   queue per batch) to the member that ``GetStats`` says is master. Every value
-  starts with a unique id (``bench._crash_cycle.ID``: the kill number at the
+  starts with a unique id (``hardening._crash_cycle.ID``: the kill number at the
   time of sending, the producer, a sequence) that is never sent twice: a
   failed request's ids are "in doubt" (maybe applied) and the next request
   carries new ones. After a failure it looks for the master again (each member's
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bench._cluster_group import CHANNEL_OPTIONS, Group, Member
-from bench._crash_cycle import ID, fingerprint, ident_of
-from bench._harness import details_of, pull_queue, status_of
+from equeue_broker.testing_checks import details_of, pull_queue, status_of
+from equeue_broker.testing_group import CHANNEL_OPTIONS, Group, Member
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import decode_records
+from hardening._crash_cycle import ID, fingerprint, ident_of
 
 TOPIC = "crash-cluster"
 

@@ -1,6 +1,6 @@
 """Budgets: the broker's memory under hostile or careless clients (issue 15).
 
-Run ``python bench/budgets.py`` (a few minutes; ``--only NAME`` for one
+Run ``python hardening/budgets.py`` (a few minutes; ``--only NAME`` for one
 scenario). Each scenario starts a broker with default settings in a temporary
 directory, measures its anonymous memory (``RssAnon``: the heap, not the page
 cache of the mapped log) at rest, runs the clients, samples ``RssAnon`` every
@@ -31,10 +31,10 @@ from typing import Any
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `hardening` as a package
 
-from bench._harness import table
 from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_report import table
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -142,7 +142,7 @@ def unread_streams(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
                                    batch_messages=10_000)  # fmt: skip
     channels = [grpc.insecure_channel(broker.address, options=_big()) for _ in range(23)]
     calls: list[Any] = [pb_grpc.BrokerStub(c).PullStream(request, timeout=30) for c in channels]
-    time.sleep(8)  # bench only: let the broker do whatever the streams make it do
+    time.sleep(8)  # run only: let the broker do whatever the streams make it do
     seen: collections.Counter[str] = collections.Counter()
     for call in calls:
         if call.done():
@@ -175,7 +175,7 @@ def woken_pulls(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
                              max_messages=10_000, max_wait_ms=30_000)  # fmt: skip
     with ThreadPoolExecutor(40) as pool:
         futures = [pool.submit(_code, lambda: stub.Pull(request, timeout=60)) for _ in range(40)]
-        time.sleep(2)  # bench only: let them park
+        time.sleep(2)  # run only: let them park
         _append_60_mib(stub, "w")
         seen = collections.Counter(f.result() for f in futures)
     return ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
@@ -275,11 +275,11 @@ def idle_connections(broker: BrokerProcess, stub: pb_grpc.BrokerStub) -> str:
             sockets.append(socket.create_connection((host, int(port)), timeout=5))
         except OSError:
             refused += 1
-    time.sleep(2)  # bench only: let the broker accept (and close) what it will
+    time.sleep(2)  # run only: let the broker accept (and close) what it will
     held = _fds(broker)["socket"]
     call = functools.partial(stub.ListOffsets, pb.ListOffsetsRequest(topic="x"), timeout=10)
     served = _code(call)
-    time.sleep(11)  # bench only: past the 10 s handshake timeout, which frees the slots
+    time.sleep(11)  # run only: past the 10 s handshake timeout, which frees the slots
     later = _code(call)
     for sock in sockets:
         sock.close()

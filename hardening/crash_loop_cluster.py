@@ -1,6 +1,6 @@
 """Cluster crash loop: SIGKILL the master of a replicated group under load, again and again.
 
-Run ``python bench/crash_loop_cluster.py --kills 20`` (``make crash-loop-cluster``);
+Run ``python hardening/crash_loop_cluster.py --kills 20`` (``make crash-loop-cluster``);
 ``--quick`` is a smoke run (2 kills, short runs). ``tests/hardening/test_crash_loop_cluster.py``
 runs the quick mode.
 
@@ -8,7 +8,7 @@ The group: a private ZooKeeper (``equeue_broker.testing_zk``) and three brokers
 of one broker name with ``--zookeeper``, ``--zk-session-timeout-ms`` (2000 by
 default) and ``--replication sync`` (every acknowledged write is on every
 in-sync member). Producers (paced to ``--rate`` messages/s in all, 3,000 by
-default) and a consumer (``bench/_crash_cluster.py``) run for the whole loop
+default) and a consumer (``hardening/_crash_cluster.py``) run for the whole loop
 on raw gRPC stubs, following the master through each member's ``GetStats``. Each kill:
 
 1. waits until every member is in the master's in-sync set with its log end
@@ -43,12 +43,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `hardening` as a package
 
-from bench._cluster_group import Group, GroupConfig, Member, MissingFeature
-from bench._crash_cluster import TOPIC, Accounting, Load, LoadConfig, account
-from bench._harness import table
+from equeue_broker.testing_group import Group, GroupConfig, Member, MissingFeature
+from equeue_broker.testing_report import table
 from equeue_spark.client import Admin
+from hardening._crash_cluster import TOPIC, Accounting, Load, LoadConfig, account
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""A replicated broker group on 127.0.0.1 for the cluster benchmark and the cluster crash loop.
+"""A replicated broker group on 127.0.0.1 (``equeue_broker.testing_group``).
+
+The shipped harness beside ``equeue_broker.testing``, for the tests, the cluster
+benchmark (``bench/cluster_bench.py``) and the cluster crash loop
+(``hardening/crash_loop_cluster.py``).
 
 - ``broker_flags``: which command-line flags this checkout's broker takes
   (``--replication`` arrives with sync replication, ``--zookeeper`` with
@@ -10,8 +14,8 @@
   finds the master by asking each member's ``GetStats`` (role, epoch), kills
   it with SIGKILL and restarts it over its data directory.
 
-Every wait has a deadline; every process is stopped by its PID. Nothing here
-is imported by the broker or the client.
+Every wait has a deadline; every process is stopped by its PID. Nothing in
+the broker imports this module, and it imports no client.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import grpc
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from equeue_broker.cluster.election import Layout
+from equeue_broker.replication.election import Layout
 from equeue_broker.testing import BrokerProcess, NameServerProcess
 from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb

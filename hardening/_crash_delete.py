@@ -24,11 +24,11 @@ from typing import Any, cast
 
 import grpc
 
-from bench._crash_cycle import GROUP, CrashLoopConfig, CycleResult, fingerprint
-from bench._crash_modes import Workers
-from bench._harness import pull_queue, status_of
+from equeue_broker.testing_checks import pull_queue, status_of
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from hardening._crash_cycle import GROUP, CrashLoopConfig, CycleResult, fingerprint
+from hardening._crash_workers import Workers
 
 DOOMED = "doomed"
 QUEUES = 2

@@ -1,6 +1,6 @@
 """Fuzz every RPC of a live broker with malformed and extreme requests (Hypothesis).
 
-Run ``python bench/fuzz_broker.py --requests 10000`` (``make fuzz``): starts a
+Run ``python hardening/fuzz_broker.py --requests 10000`` (``make fuzz``): starts a
 broker on 127.0.0.1 in a temporary directory, sends the requests one at a
 time, each with a deadline, and prints the status codes seen per RPC. Exit
 code 1 if a request got an undefined status (other than the known bugs listed
@@ -52,10 +52,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `hardening` as a package
 
-from bench._harness import details_of, layout_violations, pull_queue, status_of, table
 from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_checks import details_of, layout_violations, pull_queue, status_of
+from equeue_broker.testing_report import table
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc

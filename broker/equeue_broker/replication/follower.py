@@ -3,7 +3,7 @@
 ``Follower`` keeps one stream open to the master named by the broker's role
 (role.py; reconnecting with a bounded back-off), applies metadata, then bytes
 (``ReplicaLog.append``), and cuts its log where the master says it ends or
-diverges (``truncate``). The master side is ``replication.ReplicationService``.
+diverges (``truncate``). The master side is master.py (its servicer: server/service_replication.py).
 """
 
 from __future__ import annotations
@@ -11,17 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import grpc
 
-from equeue_broker.server.replicate_wire import decode_reply
-from equeue_broker.server.replication import MAX_REPLY_BYTES
-from equeue_broker.server.role import BrokerRole
-from equeue_broker.server.service_base import BrokerState
+from equeue_broker.replication.master import MAX_REPLY_BYTES
+from equeue_broker.replication.replica_log import ReplicaLog, decode_metadata
+from equeue_broker.replication.role import BrokerRole
+from equeue_broker.replication.wire import decode_reply
+from equeue_broker.storage import Store
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import InvalidArgument, StorageError
-from equeue_broker.storage.replicated import ReplicaLog, decode_metadata
 from equeue_proto.v1 import broker_pb2 as pb
 
 log = logging.getLogger("equeue.replication")
@@ -36,31 +37,59 @@ STEADY_S = 1.0
 (a master that ends every stream at once is retried at most every 2 s)."""
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Where a blocking storage call runs (the server's ``BrokerState``): ``call``
+    on the thread pool, ``inline`` on the event loop itself."""
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+    def inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+
 class Follower:
     """A replica's replication loop (``run`` until cancelled)."""
 
-    def __init__(self, state: BrokerState, address: str) -> None:
-        self.s = state
-        self.replica = ReplicaLog(state.store)
+    def __init__(
+        self,
+        store: Store,
+        role: BrokerRole,
+        runner: Runner,
+        *,
+        address: str,
+        instance_id: str,
+        broker_name: str,
+    ) -> None:
+        self.store = store
+        self.role = role
+        self.runner = runner
+        self.replica = ReplicaLog(store)
         self.address = address
+        """Where this broker serves (its requests say so)."""
+        self.instance_id = instance_id
+        """This broker's data directory id (the in-sync set's name for it)."""
+        self.broker_name = broker_name
         self.master_end = 0
         self.last_contact = 0.0
         self.stopped: str | None = None
         """Why replication stopped for good (a capacity or name mismatch)."""
         self.metadata_version = 0
         """The master's metadata version of the last reply applied (insync.py)."""
-        self.sync_flush = state.config.storage.flush_mode is FlushMode.SYNC
+        self.sync_flush = store.config.flush_mode is FlushMode.SYNC
 
     async def run(self) -> None:
         try:
             await self._run()
         finally:  # no longer following: nothing holds reads below a master's HW
-            self.s.store.set_hw_limit(None)
+            self.store.set_hw_limit(None)
 
     async def _run(self) -> None:
         backoff = 0.1
         while self.stopped is None:
-            master = self.s.role.view.master  # read again: failover may change it
+            master = self.role.view.master  # read again: failover may change it
             if not master:  # no master now: look again soon (a local read, no call)
                 await asyncio.sleep(NO_MASTER_POLL_S)
                 continue
@@ -105,11 +134,11 @@ class Follower:
                 wait_ms=1000,
                 replica_address=self.address,
                 chunk_capacity=self.replica.capacity,
-                replica_id=self.s.instance_id,  # the in-sync set's name for it
+                replica_id=self.instance_id,  # the in-sync set's name for it
                 metadata_version=self.metadata_version,
                 # Fencing and divergence (docs/replication.md, "Epochs in the log").
-                epoch=self.s.role.view.epoch,
-                last_epoch=self.s.store.epochs.last_epoch,
+                epoch=self.role.view.epoch,
+                last_epoch=self.store.epochs.last_epoch,
             )
 
         # Requests are written on the call itself (no request iterator, no queue
@@ -121,13 +150,13 @@ class Follower:
             response_deserializer=decode_reply,
         )()  # type: ignore[call-arg]  # aio: no iterator, write() instead
         await call.write(request())
-        name = self.s.config.broker_name
+        name = self.broker_name
         while True:
             received = await call.read()
             if received is grpc.aio.EOF:  # type: ignore[attr-defined]  # (missing from the stubs)
                 return
             reply, data = received
-            check_reply_epoch(self.s.role, reply.epoch)
+            check_reply_epoch(self.role, reply.epoch)
             self.last_contact = time.monotonic()
             self.master_end = reply.master_end
             if reply.metadata:
@@ -137,11 +166,11 @@ class Follower:
                         f"the master is broker {meta.broker_name!r}, this replica is {name!r}: "
                         "a replica must have its master's --broker-name (message ids name it)"
                     )
-                await self.s.call(self.replica.apply_metadata, meta)
+                await self.runner.call(self.replica.apply_metadata, meta)
             # Reads here stop at the master's high watermark (set before the bytes
             # it may not cover): below it, every record is on every in-sync
             # member, so a failover cannot lose it.
-            self.s.store.set_hw_limit(reply.high_watermark)
+            self.store.set_hw_limit(reply.high_watermark)
             self.metadata_version = reply.metadata_version  # its metadata is applied
             end = self.replica.end
             # Catching up (the master has more): ask for the next bytes before
@@ -154,7 +183,7 @@ class Follower:
             if data:  # durable here (in sync flush mode fsynced) when it returns
                 await self._append(reply.position, data)
             elif reply.position < end:
-                await self.s.call(self.replica.truncate, reply.position)
+                await self.runner.call(self.replica.truncate, reply.position)
             if not pipelined:
                 await call.write(request())  # at once: in sync replication acks wait for this
 
@@ -164,9 +193,9 @@ class Follower:
         master's sync-mode acks wait for it and a thread-pool hop costs a
         wake-up; in sync flush mode it fsyncs: on the thread pool."""
         if self.sync_flush:
-            await self.s.call(self.replica.append, position, data)
+            await self.runner.call(self.replica.append, position, data)
         else:
-            self.s.inline(self.replica.append, position, data)
+            self.runner.inline(self.replica.append, position, data)
 
     def lag_bytes(self) -> int:
         return max(0, self.master_end - self.replica.end)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from equeue_broker.server.errors import StaleEpoch
+from equeue_broker.replication.errors import StaleEpoch
 
 MASTER = "master"
 REPLICA = "replica"

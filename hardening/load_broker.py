@@ -1,6 +1,6 @@
 """Load: 100 long-polling consumers and 8 producers on loopback, for minutes.
 
-Run ``python bench/load_broker.py --seconds 600`` (``make load``): starts a
+Run ``python hardening/load_broker.py --seconds 600`` (``make load``): starts a
 broker on 127.0.0.1 in a temporary directory, one topic with a queue per
 consumer, and prints a table: messages, errors, losses, duplicates, latency
 percentiles and the broker's memory. Exit code 1 on any error, loss or
@@ -43,10 +43,11 @@ from typing import Any
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `hardening` as a package
 
-from bench._harness import details_of, status_of, table
 from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_checks import details_of, status_of
+from equeue_broker.testing_report import table
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import decode_records

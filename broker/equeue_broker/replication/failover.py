@@ -1,6 +1,6 @@
 """Changing this broker's role at run time: promotion, following, and elections.
 
-``RoleSwitch`` is the only code that switches the role (``state.role``,
+``RoleSwitch`` is the only code that switches the role (``BrokerRole``,
 role.py) after start, and owns the replica's ``Follower`` task:
 
 - ``promote(epoch)``: stop following (awaited), append the epoch marker
@@ -9,11 +9,11 @@ role.py) after start, and owns the replica's ``Follower`` task:
   after it in the log;
 - ``follow(master, epoch)``: become a replica of ``master`` (writes are
   refused from then on) and (re)start the follower towards it. An old master
-  following the new one truncates its divergent tail (replication.py).
+  following the new one truncates its divergent tail (master.py, follower.py).
 
 Both come from an operator (Admin ``SetRole``, ``equeue cluster promote``,
 with an epoch check) or from the election (``ZkFailover``, ``--zookeeper``):
-``GroupElection`` (cluster/election.py) calls back on its own thread; the
+``GroupElection`` (election.py) calls back on its own thread; the
 callbacks are handed to the event loop, where one lock runs them in order.
 """
 
@@ -25,32 +25,45 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from equeue_broker.cluster.election import ElectionError, Epoch, GroupElection
-from equeue_broker.server.auth import Principal
-from equeue_broker.server.errors import BadRequest, PermissionDenied, StaleEpoch
-from equeue_broker.server.follower import Follower
-from equeue_broker.server.role import MASTER, REPLICA
-from equeue_broker.server.service_base import BrokerState
+from equeue_broker.replication.election import ElectionError, Epoch, GroupElection
+from equeue_broker.replication.errors import StaleEpoch
+from equeue_broker.replication.follower import Follower, Runner
+from equeue_broker.replication.insync import InSyncSet
+from equeue_broker.replication.role import MASTER, REPLICA, BrokerRole
 from equeue_broker.storage import Store
 from equeue_broker.storage.errors import PreconditionFailed
-from equeue_proto.v1 import broker_pb2 as pb
 
 log = logging.getLogger("equeue.failover")
 
 ZOOKEEPER, MANUAL = "zookeeper", "manual"
 
 
-def log_end(store: Store) -> int:
-    """The store's log end position (any thread)."""
-    with store._lock:
-        return store._log.write_position
-
-
 class RoleSwitch:
-    """Promotes and demotes this broker; owns the follower (``state.follower``)."""
+    """Promotes and demotes this broker; owns the follower (``follower``)."""
 
-    def __init__(self, state: BrokerState, address: str, mode: str) -> None:
-        self.s = state
+    def __init__(
+        self,
+        store: Store,
+        role: BrokerRole,
+        insync: InSyncSet,
+        runner: Runner,
+        *,
+        address: str,
+        mode: str,
+        group: str,
+        instance_id: str,
+    ) -> None:
+        self.store = store
+        self.role = role
+        """The broker's role: this switch is the only code that changes it."""
+        self.insync = insync
+        self.runner = runner
+        self.group = group
+        """The group's name (--broker-name)."""
+        self.instance_id = instance_id
+        """This broker's data directory id."""
+        self.follower: Follower | None = None
+        """A replica: its follower (the log it copies); None on a master."""
         self.address = address
         """Where this broker serves (what replicas and the election call it)."""
         self.mode = mode
@@ -60,7 +73,7 @@ class RoleSwitch:
 
     def start(self) -> None:
         """Follow the master the role names at start, if any."""
-        view = self.s.role.view
+        view = self.role.view
         if not view.is_master and view.master:
             self._start_follower()
 
@@ -71,7 +84,7 @@ class RoleSwitch:
         """Become master of ``epoch``. An operator's epoch must be newer than every
         epoch seen (``StaleEpoch``); an election's is ZooKeeper's word."""
         async with self._lock:
-            view = self.s.role.view
+            view = self.role.view
             if view.is_master and view.epoch == epoch:
                 return  # done already (a retried call)
             if not elected and epoch <= view.epoch:
@@ -80,13 +93,13 @@ class RoleSwitch:
                     f"{view.epoch}; promote with an epoch above {view.epoch}"
                 )
             await self._stop_follower()
-            store = self.s.store
+            store = self.store
             if store.epochs.last_epoch < epoch:
-                position = await self.s.call(store.write_epoch_marker, epoch)
+                position = await self.runner.call(store.write_epoch_marker, epoch)
                 log.warning("MASTER of epoch %d from log position %d", epoch, position)
-            self.s.insync.reset()  # no replica is in sync with this master yet
+            self.insync.reset()  # no replica is in sync with this master yet
             how = f"elected through ZooKeeper (epoch {epoch})" if elected else f"epoch {epoch}"
-            self.s.role.set(MASTER, "", epoch, why=why or how)
+            self.role.set(MASTER, "", epoch, why=why or how)
 
     async def follow(
         self, master: str, epoch: int | None, *, elected: bool = False, why: str = ""
@@ -94,7 +107,7 @@ class RoleSwitch:
         """Become a replica of ``master`` ("": none now) from ``epoch`` on (an
         operator's must not be older than the newest seen: ``StaleEpoch``)."""
         async with self._lock:
-            view = self.s.role.view
+            view = self.role.view
             if not elected and epoch is not None and epoch < view.epoch:
                 raise StaleEpoch(
                     f"cannot follow {master} in epoch {epoch}: this broker has seen epoch "
@@ -107,7 +120,7 @@ class RoleSwitch:
             if not why and elected:
                 why = f"ZooKeeper: {master} elected" if master else "ZooKeeper: no master now"
             why = why or f"follows {master}"
-            new = self.s.role.set(REPLICA, master, epoch, why=why)  # writes refused from here
+            new = self.role.set(REPLICA, master, epoch, why=why)  # writes refused from here
             await self._stop_follower()
             if new.master:
                 self._start_follower()
@@ -120,13 +133,13 @@ class RoleSwitch:
         still following the old master): it follows the new master, and a
         deposed master's divergent tail is truncated as it does. A replica
         with no master takes the one of its own epoch."""
-        view = self.s.role.view
+        view = self.role.view
         if self.mode != MANUAL or not master or master == self.address:
             return
         newer = epoch > view.epoch
         if not newer and (view.is_master or view.master or epoch != view.epoch):
             return
-        group = self.s.config.broker_name
+        group = self.group
         if view.is_master:
             log.error(
                 "DEPOSED: the name servers route group %s to %s, master of epoch %d, newer "
@@ -147,13 +160,16 @@ class RoleSwitch:
             log.info("not following %s: %s", master, exc)
 
     def _start_follower(self) -> None:
-        self.s.follower = Follower(self.s, self.address)
-        self._following = asyncio.create_task(self.s.follower.run())
+        self.follower = Follower(
+            self.store, self.role, self.runner, address=self.address,
+            instance_id=self.instance_id, broker_name=self.group,
+        )  # fmt: skip
+        self._following = asyncio.create_task(self.follower.run())
         self._following.add_done_callback(_follower_ended)
 
     async def _stop_follower(self) -> None:
         task, self._following = self._following, None
-        self.s.follower = None
+        self.follower = None
         if task is not None:
             task.cancel()
             try:
@@ -182,16 +198,17 @@ def _follower_ended(task: asyncio.Task[None]) -> None:
 class ZkFailover:
     """This broker's membership in its group's election (``--zookeeper``)."""
 
-    def __init__(self, state: BrokerState, switch: RoleSwitch) -> None:
-        config = state.config
-        self.s = state
+    def __init__(self, switch: RoleSwitch, hosts: str, session_timeout_s: float) -> None:
+        """``hosts``: ZooKeeper's (--zookeeper); the group, this member and its
+        store are the switch's."""
         self.switch = switch
         self.loop = asyncio.get_running_loop()
+        store = switch.store
         self.election = GroupElection(
-            config.zookeeper, config.broker_name, state.instance_id, switch.address,
-            lambda: log_end(state.store),
+            hosts, switch.group, switch.instance_id, switch.address,
+            lambda: store.log_end,
             on_master=self._on_master, on_replica=self._on_replica,
-            session_timeout_s=config.zk_session_timeout_ms / 1000,
+            session_timeout_s=session_timeout_s,
         )  # fmt: skip
         self._publisher = ThreadPoolExecutor(1, thread_name_prefix="equeue-isr")
 
@@ -201,14 +218,14 @@ class ZkFailover:
         self.election.start(wait_s=None)
         # While master, the in-sync set (insync.py) reports every change: the
         # election reads it to choose only an in-sync replica.
-        self.s.insync.on_isr_change = self.publish_isr
+        self.switch.insync.on_isr_change = self.publish_isr
 
     async def close(self) -> None:
         """Leave the election at once (the next election starts now)."""
         await asyncio.to_thread(self.election.close)
         self._publisher.shutdown(wait=False, cancel_futures=True)
         # Another member may be elected from now on: take no more writes.
-        self.s.role.set(REPLICA, "", None, why="stopping: left the election")
+        self.switch.role.set(REPLICA, "", None, why="stopping: left the election")
 
     # -- the election's thread -------------------------------------------------------
 
@@ -216,7 +233,7 @@ class ZkFailover:
         # The new master has no replica in sync yet (insync.reset on promotion):
         # record that before it takes a write, so that a write it acknowledges
         # alone can never be lost to an election of a replica that lacks it.
-        self._publish([self.s.instance_id])
+        self._publish([self.switch.instance_id])
         self._hand_over(
             self.switch.promote(epoch.epoch, elected=True), f"master of {epoch.epoch}",
             on_failure=self.election.resign,  # else ZooKeeper names a master that is none
@@ -264,31 +281,3 @@ class ZkFailover:
             self.election.publish_isr(members)
         except ElectionError as exc:
             log.warning("in-sync set %s not published: %s", members, exc)
-
-
-async def set_role(state: BrokerState, request: pb.SetRoleRequest, scope: Principal | None) -> None:
-    """Admin ``SetRole``: an operator's promotion or re-pointing (no ZooKeeper)."""
-    if scope is not None:  # the role is the whole broker's, not some topics'
-        raise PermissionDenied(
-            f"token {scope.name!r} is limited to some topics: SetRole needs an admin "
-            "token for every topic"
-        )
-    switch: RoleSwitch = state.role_switch
-    if switch.mode == ZOOKEEPER:
-        raise PreconditionFailed(
-            "this group fails over through ZooKeeper: its members elect the master "
-            "(stop a member to move mastership); SetRole is for groups run without --zookeeper"
-        )
-    if request.role == MASTER:
-        if request.master:
-            raise BadRequest(f"a master follows nobody: drop master {request.master!r}")
-        await switch.promote(request.epoch, why=f"SetRole: promoted to epoch {request.epoch}")
-    elif request.role == REPLICA:
-        host, sep, port = request.master.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise BadRequest(
-                f"master {request.master!r} is not HOST:PORT: a replica needs its master"
-            )
-        await switch.follow(request.master, request.epoch, why=f"SetRole: follow {request.master}")
-    else:
-        raise BadRequest(f"role {request.role!r}: give master or replica")

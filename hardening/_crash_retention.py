@@ -1,5 +1,5 @@
 """The crash loop's retention and transaction scenarios (``--scenario retention``,
-``--scenario transaction``; the loop is ``bench/_crash_modes.py``).
+``--scenario transaction``; the loop is ``hardening/_crash_modes.py``).
 
 retention: producers write while retention keeps two sealed chunks, checked
 every 50 ms, so kills land in chunk deletes. After the restart each queue
@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bench._crash_cycle import ID, TOPIC, CrashLoopConfig, CycleResult, fingerprint, ident_of
-from bench._crash_modes import Workers
-from bench._harness import pull_queue
+from equeue_broker.testing_checks import PulledMessage, pull_queue
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
-from equeue_spark.client.records import Message
+from hardening._crash_cycle import ID, TOPIC, CrashLoopConfig, CycleResult, fingerprint, ident_of
+from hardening._crash_workers import Workers
 
 ABORT_SHARE = 0.25
 """Transactions the transaction scenario aborts instead of committing."""
@@ -111,7 +110,7 @@ class ProducingScenario:
         return [ID.pack(number, p, seq + i + 1) + rng.randbytes(rng.randint(0, size))
                 for i in range(n)]  # fmt: skip
 
-    def read(self, stub: pb_grpc.BrokerStub, q: int) -> tuple[list[Message], int]:
+    def read(self, stub: pb_grpc.BrokerStub, q: int) -> tuple[list[PulledMessage], int]:
         """The queue from its earliest offset (retried if retention moves it
         while reading), and that offset."""
         for _ in range(5):
@@ -180,7 +179,7 @@ class RetentionScenario(ProducingScenario):
     def _check_queue(  # noqa: PLR0917
         self,
         q: int,
-        messages: list[Message],
+        messages: list[PulledMessage],
         earliest: int,
         acked: dict[tuple[int, int], tuple[int, int]],
         in_doubt: set[int],
@@ -274,7 +273,7 @@ class TransactionScenario(ProducingScenario):
         txn_of = {
             ident: txn for s in self.sent for txn, st in s.staged.items() for _, ident, _ in st
         }
-        read: dict[int, list[Message]] = {}
+        read: dict[int, list[PulledMessage]] = {}
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.BrokerStub(channel)
             for q in range(self.config.queues):
@@ -299,7 +298,7 @@ class TransactionScenario(ProducingScenario):
     def _check_transactions(
         self,
         sent: Sent,
-        read: dict[int, list[Message]],
+        read: dict[int, list[PulledMessage]],
         found: Counter[str],
         outcome: CycleResult,
     ) -> None:

@@ -1,34 +1,38 @@
-"""Shared pieces of the hardening harnesses (crash loop, disk faults, fuzzer, load).
+"""Invariant checks on a broker for tests and hardening runs (``equeue_broker.testing_checks``).
 
-- ``recovery_seconds``: the store's recovery time at a broker's last start
-  (the broker processes themselves come from ``equeue_broker.testing``).
+The shipped harness beside ``equeue_broker.testing`` (which starts the broker
+processes these look at):
+
+- ``recovery_seconds``: the store's recovery time at a broker's last start.
 - ``pull_queue``: a whole queue read back through the broker's ``Pull`` RPC,
-  every record's checksum verified by the client decoder.
+  every record's checksum verified (the contract's decoder, ``equeue_proto``:
+  this module never imports the client).
+- ``status_of``, ``details_of``: a gRPC error's status code and details.
 - ``layout_violations``: what in a data directory is outside its documented layout.
 - ``check_store``: open a stopped broker's data directory with ``Store`` and
   check that every queue index agrees with the message log.
-- ``table``: the markdown tables the bench scripts print.
 
-Nothing here is imported by the broker or the client.
+Nothing in the broker imports this module.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 
 from equeue_broker.storage import MessageLimits, StorageConfig, Store
 from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader
 from equeue_broker.testing import BrokerProcess
-from equeue_proto.record import FLAG_CONTROL, FLAG_TXN
+from equeue_proto.accel import CODEC
+from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, Buffer, check_frame, decode_record
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
-from equeue_spark.client.records import Message, decode_records
 
 PULL_BATCH = 10_000
 """The broker's default ``--max-pull-messages``: the most one Pull returns."""
@@ -48,12 +52,58 @@ def recovery_seconds(broker: BrokerProcess) -> float | None:
     return None
 
 
+class PulledMessage(NamedTuple):
+    """One record of a ``Pull`` reply, its checksum verified. The fields, in
+    order, of the client's ``Message`` (the C decoder builds either)."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    tag: str
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int
+    store_timestamp_ms: int
+    position: int
+    broker_id: str
+
+
+_decode_c: Callable[[Buffer, type[PulledMessage], str], list[PulledMessage]] | None = (
+    CODEC.decode_frames if CODEC else None
+)
+
+
+def decode_pulled(records: Buffer, broker_id: str) -> list[PulledMessage]:
+    """Every record of a ``Pull`` reply; ``AssertionError`` naming the first damaged one."""
+    if _decode_c is not None:
+        try:
+            return _decode_c(records, PulledMessage, broker_id)
+        except ValueError as exc:
+            raise AssertionError(f"a damaged record: {exc}") from None
+    out = []
+    pos, end = 0, len(records)
+    while pos < end:
+        size = check_frame(records, pos, end)
+        if isinstance(size, str):
+            raise AssertionError(f"a damaged record at byte {pos}: {size}")
+        m = decode_record(records, pos)
+        fields = (m.topic, m.queue_id, m.queue_offset, m.key, m.value, m.tag, m.headers)
+        out.append(
+            PulledMessage(
+                *fields, m.producer_timestamp_ms, m.store_timestamp_ms, m.position, broker_id
+            )
+        )
+        pos += size
+    return out
+
+
 def pull_queue(
     stub: pb_grpc.BrokerStub, topic: str, queue_id: int, start: int = 0, timeout_s: float = 30.0
-) -> tuple[list[Message], pb.PullReply]:
+) -> tuple[list[PulledMessage], pb.PullReply]:
     """Every record of a queue from ``start`` to its end (as of the first reply),
     via ``Pull``; also the first reply (earliest and end offsets)."""
-    out: list[Message] = []
+    out: list[PulledMessage] = []
     offset = start
     first: pb.PullReply | None = None
     for _ in range(1_000_000):  # bounded: every round returns >= 1 record or ends
@@ -68,7 +118,7 @@ def pull_queue(
             first = reply
         if reply.status != pb.PULL_STATUS_OK:
             raise AssertionError(f"{topic}/{queue_id} offset {offset}: pull status {reply.status}")
-        out += decode_records(reply.records, reply.broker_id)
+        out += decode_pulled(reply.records, reply.broker_id)
         if reply.count == 0 or reply.next_offset >= first.end_offset:
             return out, first
         offset = reply.next_offset
@@ -242,29 +292,3 @@ def _log_capacity(data_dir: Path) -> int:
         return StorageConfig(data_dir).chunk_capacity_bytes
     with open(chunks[0], "rb") as f:
         return ChunkHeader.decode(f.read(HEADER_SIZE), str(chunks[0])).capacity
-
-
-# -- output -----------------------------------------------------------------------------
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A markdown table; columns whose every cell is a number are right-aligned."""
-    body = [[_cell(v) for v in row] for row in rows]
-    align = ["---:" if _numeric_column(body, i) else "---" for i in range(len(headers))]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines)
-
-
-def _numeric_column(body: list[list[str]], i: int) -> bool:
-    return bool(body) and all(re.fullmatch(r"-?[\d,]+(\.\d+)?( ms| s| MiB)?|-", r[i]) for r in body)
-
-
-def _cell(value: object) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
-    return str(value)

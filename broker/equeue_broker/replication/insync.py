@@ -50,11 +50,10 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from equeue_broker.server.budgets import ByteBudget
-from equeue_broker.server.errors import NotEnoughReplicas
-from equeue_broker.server.role import BrokerRole
+from equeue_broker.replication.errors import NotEnoughReplicas
+from equeue_broker.replication.role import BrokerRole
 from equeue_broker.storage import Store
 
 log = logging.getLogger("equeue.replication")
@@ -93,6 +92,15 @@ class _Target:
     metadata_version: int
 
 
+class Slots(Protocol):
+    """A budget of waiting writes: ``acquire`` waits for room (raising
+    ``LimitExceeded`` when none comes in time) and returns what it took."""
+
+    async def acquire(self, nbytes: int, wait_s: float | None = None) -> int: ...
+
+    def release(self, taken: int) -> None: ...
+
+
 class InSyncSet:
     """The master's in-sync set; ``sync`` makes writes wait for it."""
 
@@ -105,10 +113,11 @@ class InSyncSet:
         sync: bool,
         min_insync: int,
         lag_max_s: float,
-        max_waits: int,
-        slot_wait_s: float,
+        slots: Slots,
         role: BrokerRole | None = None,
     ) -> None:
+        """``slots``: the budget of writes waiting at once (``max_replication_waits``;
+        the server's ``ByteBudget``, counting slots)."""
         self.store = store
         self.role = role
         """This broker's role: a replica's visibility limit is its follower's to set."""
@@ -127,7 +136,7 @@ class InSyncSet:
         self._members: dict[str, Member] = {}
         self._isr: list[str] = [own_id]
         self._waiters: list[tuple[_Target, asyncio.Future[None]]] = []
-        self._slots = ByteBudget("max_replication_waits", max_waits, slot_wait_s, "slots")
+        self._slots = slots
         self._limit: int | None = None
         self._timer: asyncio.TimerHandle | None = None
 

@@ -1,4 +1,4 @@
-"""The crash loop's checks (``bench/crash_loop.py``) and its simulated power loss.
+"""The crash loop's checks (``hardening/crash_loop.py``) and its simulated power loss.
 
 - ``drop_unsynced``: erase what a power loss could take from a killed broker's files.
 - ``Verifier``: after each restart, read everything back through the broker and
@@ -16,7 +16,15 @@ from pathlib import Path
 
 import grpc
 
-from bench._crash_cycle import (
+from equeue_broker.storage.atomic_file import load_json
+from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader, active_size
+from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.testing_checks import PulledMessage, check_store, pull_queue
+from equeue_proto.protocol import format_message_id
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_spark.client.records import decode_records
+from hardening._crash_cycle import (
     GROUP,
     TOPIC,
     Ack,
@@ -28,14 +36,6 @@ from bench._crash_cycle import (
     fingerprint,
     ident_of,
 )
-from bench._harness import check_store, pull_queue
-from equeue_broker.storage.atomic_file import load_json
-from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader, active_size
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
-from equeue_proto.protocol import format_message_id
-from equeue_proto.v1 import broker_pb2 as pb
-from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
-from equeue_spark.client.records import Message, decode_records
 
 # -- machine crash ------------------------------------------------------------------------
 
@@ -159,7 +159,12 @@ class Verifier:
         return first.end_offset, fps
 
     def _check_idents(
-        self, q: int, new: list[Message], number: int, in_doubt: set[int], outcome: CycleResult
+        self,
+        q: int,
+        new: list[PulledMessage],
+        number: int,
+        in_doubt: set[int],
+        outcome: CycleResult,
     ) -> None:
         """No new record appears twice, and each is a message of this cycle."""
         problems = outcome.problems
@@ -179,7 +184,7 @@ class Verifier:
     def _check_new_records(
         self,
         q: int,
-        new: list[Message],
+        new: list[PulledMessage],
         acks: list[Ack],
         in_doubt: set[int],
         outcome: CycleResult,

@@ -1,6 +1,6 @@
 """Crash loop: SIGKILL a broker at random moments under concurrent producers and consumers.
 
-Run ``python bench/crash_loop.py --cycles 50 --mode sync`` (``make crash-loop``);
+Run ``python hardening/crash_loop.py --cycles 50 --mode sync`` (``make crash-loop``);
 ``--mode async`` checks the async flush mode, ``--machine-crash`` (async only)
 also throws away, after each kill, every byte the broker had not fsynced, as
 a power loss would. Prints one row per cycle and a summary, and exits 1 if any
@@ -48,10 +48,10 @@ indexed, and the content equals what the last restart read.
 of the above), ``delete-topic`` (a topic deleted and created again, killed
 right after acknowledged deletes and creates), ``retention`` (log chunks
 deleted by retention while producers write) or ``transaction`` (staged
-transactions committed atomically); see ``bench/_crash_modes.py``.
+transactions committed atomically); see ``hardening/_crash_modes.py``.
 
-The cycle's settings, workers and results are in ``bench/_crash_cycle.py``,
-the checks and the simulated power loss in ``bench/_crash_checks.py``.
+The cycle's settings, workers and results are in ``hardening/_crash_cycle.py``,
+the checks and the simulated power loss in ``hardening/_crash_checks.py``.
 """
 
 from __future__ import annotations
@@ -67,10 +67,15 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `hardening` as a package
 
-from bench._crash_checks import Verifier, drop_unsynced
-from bench._crash_cycle import (
+from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_checks import recovery_seconds
+from equeue_broker.testing_report import table
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from hardening._crash_checks import Verifier, drop_unsynced
+from hardening._crash_cycle import (
     SCENARIOS,
     TOPIC,
     CrashLoopConfig,
@@ -80,11 +85,7 @@ from bench._crash_cycle import (
     KiB,
     WorkerLog,
 )
-from bench._crash_modes import ScenarioLoop
-from bench._harness import recovery_seconds, table
-from equeue_broker.testing import BrokerProcess
-from equeue_proto.v1 import broker_pb2 as pb
-from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from hardening._crash_modes import ScenarioLoop
 
 __all__ = [
     "CrashLoop",

@@ -1,4 +1,4 @@
-"""One cycle of the crash loop (``bench/crash_loop.py``): its settings, workers and results.
+"""One cycle of the crash loop (``hardening/crash_loop.py``): its settings, workers and results.
 
 ``Cycle`` runs the producer and consumer threads of one cycle on raw gRPC
 stubs, without retries, so that "acknowledged" is exact; each keeps a
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 from crc32c import crc32c
 
-from bench._harness import details_of, status_of
+from equeue_broker.testing_checks import details_of, status_of
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client.records import decode_records
@@ -58,7 +58,7 @@ class CrashLoopConfig:
     rpc_timeout_s: float = 15.0
     get_message_samples: int = 20
     scenario: str = "traffic"
-    """traffic (producers and consumers), or a scenario of bench/_crash_modes.py."""
+    """traffic (producers and consumers), or a scenario of hardening/_crash_modes.py."""
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
