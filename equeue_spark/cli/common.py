@@ -19,7 +19,7 @@ from equeue_spark.client.connection import (
     parse_namesrv,
     resolve_address,
 )
-from equeue_spark.client.errors import InvalidAddress
+from equeue_spark.client.errors import InvalidAddress, InvalidRequest
 
 PROG = "equeue"
 DEFAULT_TIMEOUT_S = 10.0
@@ -109,9 +109,14 @@ def broker_address(args: argparse.Namespace) -> str:
 def admin_client(args: argparse.Namespace, per_broker: str = "") -> Admin:
     """An ``Admin`` configured by the common options; ``per_broker`` names a
     command that shows one broker (a usage error with ``--namesrv``)."""
-    if per_broker and is_cluster(args):
-        raise UsageError(
-            f"{per_broker} shows one broker: give --broker HOST:PORT instead of --namesrv "
-            "(equeue cluster list shows the brokers' addresses)"
-        )
-    return Admin(config=client_config(args))
+    admin = Admin(config=client_config(args))
+    if per_broker:
+        try:  # the routes name one broker for it, or refuse (name servers)
+            admin.routes.only_address(per_broker)
+        except InvalidRequest:
+            admin.close()
+            raise UsageError(
+                f"{per_broker} shows one broker: give --broker HOST:PORT instead of --namesrv "
+                "(equeue cluster list shows the brokers' addresses)"
+            ) from None
+    return admin

@@ -7,22 +7,16 @@ whose fields are documented in the ``.proto``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.client.cluster import Cluster, Route, name_broker
+from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import (
-    BrokerUnavailable,
-    DeadlineExceeded,
-    EqueueError,
-    InvalidRequest,
-    NotFoundError,
-)
+from equeue_spark.client.errors import EqueueError, NotFoundError
 from equeue_spark.client.records import Message, decode_records
+from equeue_spark.client.route import Route, name_broker
+from equeue_spark.client.routing import Routes
 from equeue_spark.client.transactions import abort_transactions
 
 
@@ -46,22 +40,8 @@ def commit_offsets(
 
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., object])
 
-
-def _single_broker(method: F) -> F:
-    """A call about one broker's queues: in a cluster, ask ``broker_admin(NAME)``."""
-
-    @functools.wraps(method)
-    def wrapper(self: Admin, *args: object, **kwargs: object) -> object:
-        if self.cluster is not None:
-            raise InvalidRequest(
-                f"{method.__name__} is about one broker's queues: in a cluster use "
-                "admin.broker_admin(NAME)." + method.__name__
-            )
-        return method(self, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
+QUEUE_NEEDS_BROKER = "in a cluster a queue of {topic!r} is (broker, queue id): give its broker"
 
 
 class Admin:
@@ -78,6 +58,9 @@ class Admin:
     ``delete_topic`` act on every broker of the topic's route), and the merged
     replies name each queue's broker (``QueueInfo.broker``,
     ``GroupQueue.broker``). A call about one queue names its ``broker``.
+
+    Every call goes through ``Routes`` (routing.py): one broker is a cluster
+    of one broker group, named ``""``.
     """
 
     def __init__(
@@ -88,46 +71,32 @@ class Admin:
         config: ClientConfig | None = None,
     ) -> None:
         config = config or ClientConfig(broker=broker, namesrv=namesrv)
-        self.cluster: Cluster | None = Cluster(config) if config.is_cluster else None
-        """The name servers' view (None: one broker)."""
+        self.routes: Routes = connect(config)
+        """The brokers' routes and connections."""
+        self.cluster = self.routes
+        """The name it had before routing.py (kept for callers)."""
         self._admins: dict[str, Admin] = {}
-        if self.cluster is None:
-            self._conn = Connection(config)
-            self._stub = self._conn.admin
 
-    # -- a cluster: one Admin per broker ---------------------------------------------
+    # -- one Admin per broker ----------------------------------------------------------
 
     def broker_admin(self, broker: str, topic: str = "") -> Admin:
-        """The single-broker ``Admin`` of ``broker`` (cluster only)."""
-        cluster = self._need_cluster()
-        address = cluster.route(topic).address(broker) if topic else cluster.broker_address(broker)
-        admin = self._admins.get(address)
-        if admin is None:
-            admin = Admin(config=cluster.config.for_broker(address))
-            self._admins[address] = admin
-        return admin
+        """The ``Admin`` of ``broker``'s master alone."""
+        routes = self.routes
+        address = routes.route(topic).address(broker) if topic else routes.broker_address(broker)
+        return self._admin_at(address, last=True)
 
     def read_on(self, broker: str, topic: str, call: Callable[[Admin], T], seed: str = "") -> T:
         """``call`` on the member of ``broker``'s group that serves ``topic``'s
         reads (the master; a replica with ``read_from_replicas``), moving to
-        the next member when one does not answer (cluster only). For reads
-        only: a replica refuses writes."""
-        cluster = self._need_cluster()
-        addresses = cluster.read_addresses(topic, broker, seed)
-        errors = []
-        for index, address in enumerate(addresses):
-            admin = self._admin_at(address, last=index == len(addresses) - 1)
-            try:
-                return call(admin)
-            except (BrokerUnavailable, DeadlineExceeded) as exc:
-                cluster.mark_down(address)
-                errors.append(f"{address}: {exc}")
-        tried = "; ".join(errors)
-        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
+        the next member when one does not answer (``Routes.read_on``). For
+        reads only: a replica refuses writes."""
+        return self.routes.read_on(
+            topic, broker, lambda conn, last: call(self._admin_at(conn.config.target, last)), seed
+        )
 
     def read_addresses(self, broker: str, topic: str, seed: str = "") -> list[str]:
         """The members of ``broker``'s group in the order reads try them."""
-        return self._need_cluster().read_addresses(topic, broker, seed)
+        return self.routes.read_addresses(topic, broker, seed)
 
     def _admin_at(self, address: str, last: bool) -> Admin:
         """The Admin of one member; one that is not the last to try retries
@@ -135,42 +104,52 @@ class Admin:
         key = address if last else f"{address} (fail fast)"
         admin = self._admins.get(key)
         if admin is None:
-            config = self._need_cluster().config.for_broker(address)
+            config = self.routes.config.for_broker(address)
             if not last:
                 config = dataclasses.replace(config, retries=min(config.retries, 1))
             admin = Admin(config=config)
             self._admins[key] = admin
         return admin
 
-    def _need_cluster(self) -> Cluster:
-        if self.cluster is None:
-            raise InvalidRequest("this Admin talks to one broker; give namesrv= for a cluster")
-        return self.cluster
-
-    def _each(self, brokers: Sequence[str], call: Callable[[Admin], T], topic: str = "") -> (
-        list[tuple[str, T]]
-    ):  # fmt: skip
-        """``call`` on each broker in turn; an error names the broker (calls
-        made before it stand)."""
+    def _each(
+        self, brokers: Sequence[str], call: Callable[[Connection], T], topic: str = ""
+    ) -> list[tuple[str, T]]:
+        """``call`` on each broker's master in turn; an error names the broker
+        (calls made before it stand)."""
+        routes = self.routes
         out = []
         for broker in brokers:
-            admin = self.broker_admin(broker, topic)
+            address = (
+                routes.route(topic).address(broker) if topic else routes.broker_address(broker)
+            )
             try:
-                out.append((broker, call(admin)))
+                out.append((broker, call(routes.connection(address))))
             except EqueueError as exc:
-                raise name_broker(exc, broker, admin._conn.config.target) from exc
+                raise name_broker(exc, broker, address) from exc
         return out
+
+    def _queue_broker(self, topic: str, broker: str) -> Connection:
+        """The master of the group holding a queue of ``topic`` (``broker``)."""
+        group = self.routes.group(broker, QUEUE_NEEDS_BROKER.format(topic=topic))
+        return self.routes.broker_connection(topic, group)
+
+    def _only(self, what: str) -> Connection:
+        """The broker a call about one broker's queues goes to."""
+        return self.routes.connection(self.routes.only_address(what))
 
     def cluster_brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
         """The live brokers the name servers know (``equeue cluster list``)."""
-        return self._need_cluster().brokers(cluster)
+        return self.routes.brokers(cluster)
 
     def route(self, topic: str) -> Route:
         """A topic's route, fetched now (``equeue cluster routes TOPIC``)."""
-        return self._need_cluster().route(topic, refresh=True)
+        return self.routes.route(topic, refresh=True)
 
     def _route_brokers(self, topic: str) -> list[str]:
-        return self._need_cluster().route(topic, refresh=True).broker_names()
+        return self.routes.route(topic, refresh=True).broker_names()
+
+    def _all_brokers(self) -> list[str]:
+        return sorted({b.broker_name for b in self.routes.brokers()})
 
     @staticmethod
     def _merged(name: str, parts: list[tuple[str, pb.TopicInfo]]) -> pb.TopicInfo:
@@ -191,46 +170,43 @@ class Admin:
         """Create a topic (``queues`` 0 = the broker's default); in a cluster,
         ``queues`` on each of ``brokers`` (default: every live broker)."""
         request = pb.CreateTopicRequest(name=name, queue_count=queues)
-        if self.cluster is None:
-            if brokers:
-                raise InvalidRequest("brokers= needs a cluster (namesrv=)")
-            return self._conn.call(self._stub.CreateTopic, request, retry=False)
-        chosen = list(brokers or sorted({b.broker_name for b in self.cluster.brokers()}))
+        chosen = list(brokers or self._all_brokers())
         if not chosen:
             raise NotFoundError("no live broker is registered with the name servers")
-        parts = self._each(
-            chosen, lambda a: a._conn.call(a._stub.CreateTopic, request, retry=False)
-        )
-        self.cluster.invalidate(name)
+        parts = self._each(chosen, lambda c: c.call(c.admin.CreateTopic, request, retry=False))
+        self.routes.invalidate(name)
         return self._merged(name, parts)
 
     def delete_topic(self, name: str) -> None:
-        if self.cluster is None:
-            self._conn.call(self._stub.DeleteTopic, pb.DeleteTopicRequest(name=name), retry=False)
-            return
-        self._each(self._route_brokers(name), lambda a: a.delete_topic(name), name)
-        self.cluster.invalidate(name)
+        request = pb.DeleteTopicRequest(name=name)
+        self._each(
+            self._route_brokers(name), lambda c: c.call(c.admin.DeleteTopic, request, retry=False)
+        )
+        self.routes.invalidate(name)
 
     def list_topics(self) -> list[pb.TopicInfo]:
-        if self.cluster is None:
-            return list(self._conn.call(self._stub.ListTopics, pb.ListTopicsRequest()).topics)
         by_name: dict[str, list[tuple[str, pb.TopicInfo]]] = {}
-        brokers = sorted({b.broker_name for b in self.cluster.brokers()})
-        for broker, topics in self._each(brokers, lambda a: a.list_topics()):
-            for topic in topics:
+        listed = self._each(
+            self._all_brokers(), lambda c: c.call(c.admin.ListTopics, pb.ListTopicsRequest())
+        )
+        for broker, reply in listed:
+            for topic in reply.topics:
                 by_name.setdefault(topic.name, []).append((broker, topic))
         return [self._merged(name, parts) for name, parts in sorted(by_name.items())]
 
     def describe_topic(self, name: str) -> pb.TopicInfo:
-        if self.cluster is None:
-            return self._conn.call(self._stub.DescribeTopic, pb.DescribeTopicRequest(name=name))
+        request = pb.DescribeTopicRequest(name=name)
         parts = []
         for broker in self._route_brokers(name):  # a read: a replica may answer it
             try:
-                parts.append((broker, self.read_on(broker, name, lambda a: a.describe_topic(name))))
+                parts.append((broker, self.read_on(broker, name, lambda a: a._describe(request))))
             except EqueueError as exc:
                 raise name_broker(exc, broker, "") from exc
         return self._merged(name, parts)
+
+    def _describe(self, request: pb.DescribeTopicRequest) -> pb.TopicInfo:
+        conn = self._only("describe_topic")
+        return conn.call(conn.admin.DescribeTopic, request)
 
     def add_queues(
         self, name: str, count: int = 1, brokers: Sequence[str] | None = None
@@ -239,20 +215,18 @@ class Admin:
         (default: every broker of the topic's route; a broker that does not
         host the topic yet gets it, with ``count`` queues)."""
         request = pb.AddQueuesRequest(name=name, count=count)
-        if self.cluster is None:
-            return self._conn.call(self._stub.AddQueues, request, retry=False)
         hosting = self._route_brokers(name)
-        chosen = list(brokers or hosting)
         create = pb.CreateTopicRequest(name=name, queue_count=count)
 
-        def grow(admin: Admin, hosted: bool) -> object:
+        def grow(conn: Connection, hosted: bool) -> object:
             if hosted:
-                return admin._conn.call(admin._stub.AddQueues, request, retry=False)
-            return admin._conn.call(admin._stub.CreateTopic, create, retry=False)
+                return conn.call(conn.admin.AddQueues, request, retry=False)
+            return conn.call(conn.admin.CreateTopic, create, retry=False)
 
-        for broker in chosen:  # a broker without the topic yet gets it with `count` queues
-            self._each([broker], functools.partial(grow, hosted=broker in hosting))
-        self.cluster.invalidate(name)
+        for broker in list(brokers or hosting):  # one without the topic gets it, `count` queues
+            hosted = broker in hosting
+            self._each([broker], lambda c, hosted=hosted: grow(c, hosted))  # type: ignore[misc]
+        self.routes.invalidate(name)
         return self.describe_topic(name)
 
     def set_queue_visibility(
@@ -264,16 +238,13 @@ class Admin:
         consumer: bool | None = None,
         broker: str = "",
     ) -> pb.TopicInfo:
-        if self.cluster is not None:
-            return self._one_broker(name, broker).set_queue_visibility(
-                name, queue_id, producer=producer, consumer=consumer
-            )
+        conn = self._queue_broker(name, broker)
         request = pb.SetQueueVisibilityRequest(name=name, queue_id=queue_id)
         if producer is not None:
             request.producer_visible = producer
         if consumer is not None:
             request.consumer_visible = consumer
-        return self._conn.call(self._stub.SetQueueVisibility, request)
+        return conn.call(conn.admin.SetQueueVisibility, request)
 
     def delete_queue(
         self, name: str, queue_id: int, force: bool = False, broker: str = ""
@@ -282,48 +253,49 @@ class Admin:
         ``PreconditionError`` if some group that committed on the topic has not
         consumed all of it, or no group committed and it is not empty; with
         ``force`` its unconsumed messages are dropped."""
-        if self.cluster is not None:
-            return self._one_broker(name, broker).delete_queue(name, queue_id, force)
+        conn = self._queue_broker(name, broker)
         request = pb.DeleteQueueRequest(name=name, queue_id=queue_id, force=force)
-        return self._conn.call(self._stub.DeleteQueue, request, retry=False)
+        return conn.call(conn.admin.DeleteQueue, request, retry=False)
 
-    def _one_broker(self, topic: str, broker: str) -> Admin:
-        if not broker:
-            raise InvalidRequest(
-                f"in a cluster a queue of {topic!r} is (broker, queue id): give its broker"
-            )
-        return self.broker_admin(broker, topic)
-
-    def _all_brokers(self) -> list[str]:
-        return sorted({b.broker_name for b in self._need_cluster().brokers()})
+    # -- groups ------------------------------------------------------------------------
 
     def list_groups(self) -> list[str]:
-        if self.cluster is not None:
-            groups = self._each(self._all_brokers(), lambda a: a.list_groups())
-            return sorted({g for _, names in groups for g in names})
-        return list(self._conn.call(self._stub.ListGroups, pb.ListGroupsRequest()).groups)
+        groups = self._each(
+            self._all_brokers(), lambda c: c.call(c.admin.ListGroups, pb.ListGroupsRequest())
+        )
+        return sorted({g for _, reply in groups for g in reply.groups})
+
+    def _on_each_having(self, group: str, call: Callable[[Connection], T]) -> list[tuple[str, T]]:
+        """``call`` on every live broker; those that do not know ``group``
+        (NotFoundError) are left out. NotFoundError if none knows it (the
+        broker's own when there is one broker)."""
+        out = []
+        missing: list[NotFoundError] = []
+        brokers = self._all_brokers()
+        for broker in brokers:
+            try:
+                out.extend(self._each([broker], call))
+            except NotFoundError as exc:
+                missing.append(exc)
+        if not out:
+            if len(missing) == 1:
+                raise missing[0]
+            raise NotFoundError(f"group {group!r} is on no live broker")
+        return out
 
     def describe_group(self, group: str) -> pb.GroupInfo:
         """A group's progress; in a cluster, every broker's queues (lag per
         (broker, queue)) and the union of the members each broker sees."""
-        if self.cluster is None:
-            return self._conn.call(self._stub.DescribeGroup, pb.DescribeGroupRequest(group=group))
+        request = pb.DescribeGroupRequest(group=group)
+        parts = self._on_each_having(group, lambda c: c.call(c.admin.DescribeGroup, request))
         info = pb.GroupInfo(group=group)
         members: set[str] = set()
-        found = False
-        for broker in self._all_brokers():
-            try:
-                part = self.broker_admin(broker).describe_group(group)
-            except NotFoundError:
-                continue
-            found = True
+        for broker, part in parts:
             members.update(part.consumer_ids)
             info.total_lag += part.total_lag
             for queue in part.queues:
                 info.queues.add().CopyFrom(queue)
                 info.queues[-1].broker = broker
-        if not found:
-            raise NotFoundError(f"group {group!r} is on no live broker")
         info.consumer_ids.extend(sorted(members))
         return info
 
@@ -340,17 +312,6 @@ class Admin:
         """Move a group's offsets: ``to="earliest"|"latest"``, a timestamp, or
         explicit ``{queue_id: next_offset}`` (exactly one of them). In a
         cluster every broker of the topic moves (explicit offsets: only ``broker``)."""
-        if self.cluster is not None:
-            if offsets is not None:
-                admin = self._one_broker(topic, broker)
-                return admin.reset_offsets(group, topic, offsets=offsets)
-            brokers = [broker] if broker else self._route_brokers(topic)
-            self._each(
-                brokers,
-                lambda a: a.reset_offsets(group, topic, to=to, timestamp_ms=timestamp_ms),
-                topic,
-            )
-            return self.describe_group(group)
         request = pb.ResetOffsetsRequest(group=group, topic=topic)
         given = [to is not None, timestamp_ms is not None, offsets is not None]
         if sum(given) != 1:
@@ -366,39 +327,30 @@ class Admin:
         else:
             assert offsets is not None
             request.explicit.offsets.update(offsets)
-        return self._conn.call(self._stub.ResetOffsets, request)
+        if offsets is not None:
+            brokers = [self.routes.group(broker, QUEUE_NEEDS_BROKER.format(topic=topic))]
+        else:
+            brokers = [broker] if broker else self._route_brokers(topic)
+        self._each(brokers, lambda c: c.call(c.admin.ResetOffsets, request), topic)
+        return self.describe_group(group)
 
     def delete_group(self, group: str) -> None:
-        if self.cluster is not None:
-            deleted = 0
-            for broker in self._all_brokers():
-                try:
-                    self.broker_admin(broker).delete_group(group)
-                    deleted += 1
-                except NotFoundError:
-                    pass
-            if not deleted:
-                raise NotFoundError(f"group {group!r} is on no live broker")
-            return
-        self._conn.call(self._stub.DeleteGroup, pb.DeleteGroupRequest(group=group), retry=False)
+        request = pb.DeleteGroupRequest(group=group)
+        self._on_each_having(group, lambda c: c.call(c.admin.DeleteGroup, request, retry=False))
+
+    # -- messages ----------------------------------------------------------------------
 
     def get_message(self, message_id: str) -> Message:
         """A message by id; in a cluster the id names its broker (``NAME-POSITION``)."""
-        if self.cluster is not None:
-            try:
-                broker, _ = parse_message_id(message_id)
-            except ValueError as exc:
-                raise InvalidRequest(str(exc)) from None
-            return self.broker_admin(broker).get_message(message_id)
+        conn = self.routes.connection(self.routes.message_address(message_id))
         request = pb.GetMessageRequest(message_id=message_id)
-        return self._one(self._conn.call(self._stub.GetMessage, request))
+        return self._one(conn.call(conn.admin.GetMessage, request))
 
     def get_message_at(self, topic: str, queue_id: int, offset: int, broker: str = "") -> Message:
-        if self.cluster is not None:
-            return self._one_broker(topic, broker).get_message_at(topic, queue_id, offset)
+        conn = self._queue_broker(topic, broker)
         address = pb.QueueOffset(topic=topic, queue_id=queue_id, offset=offset)
         request = pb.GetMessageRequest(address=address)
-        return self._one(self._conn.call(self._stub.GetMessage, request))
+        return self._one(conn.call(conn.admin.GetMessage, request))
 
     @staticmethod
     def _one(reply: pb.GetMessageReply) -> Message:
@@ -406,22 +358,21 @@ class Admin:
         (message,) = decode_records(reply.record, broker_id)
         return message
 
-    @_single_broker
     def list_offsets(self, topic: str, timestamp_ms: int | None = None) -> list[pb.QueueOffsets]:
         """Every queue's earliest and end offsets (and, given ``timestamp_ms``,
         the first offset stored at or after it), by queue id."""
+        self._only("list_offsets")
         return list(self.list_topic_offsets(topic, timestamp_ms).queues)
 
-    @_single_broker
     def list_topic_offsets(
         self, topic: str, timestamp_ms: int | None = None
     ) -> pb.ListOffsetsReply:
         """``list_offsets`` with the topic's ``incarnation`` beside the ``queues``
         (both from one call, so the offsets are known to be that incarnation's)."""
         request = pb.ListOffsetsRequest(topic=topic, timestamp_ms=timestamp_ms)
-        return self._conn.call(self._conn.broker.ListOffsets, request)
+        conn = self._only("list_topic_offsets")
+        return conn.call(conn.broker.ListOffsets, request)
 
-    @_single_broker
     def offset_for_bytes(
         self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
     ) -> tuple[int, int]:
@@ -430,54 +381,48 @@ class Admin:
         request = pb.OffsetForBytesRequest(
             topic=topic, queue_id=queue_id, start_offset=start, end_offset=end, max_bytes=max_bytes
         )
-        reply = self._conn.call(self._conn.broker.OffsetForBytes, request)
+        conn = self._only("offset_for_bytes")
+        reply = conn.call(conn.broker.OffsetForBytes, request)
         return reply.end_offset, reply.bytes
 
-    @_single_broker
     def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Record ``group``'s progress, ``{(topic, queue_id): next offset}``,
         without joining the group (what a Spark query does for its group)."""
-        commit_offsets(self._conn, group, offsets)
+        commit_offsets(self._only("commit_offsets"), group, offsets)
 
-    @_single_broker
     def fetch_offsets(self, group: str, topic: str = "") -> dict[tuple[str, int], int]:
         """``group``'s committed offsets, ``{(topic, queue_id): next offset}``
         (only ``topic``'s when given)."""
         request = pb.FetchOffsetsRequest(group=group, topic=topic)
-        reply = self._conn.call(self._conn.broker.FetchOffsets, request)
+        conn = self._only("fetch_offsets")
+        reply = conn.call(conn.broker.FetchOffsets, request)
         return {(o.topic, o.queue_id): o.offset for o in reply.offsets}
 
-    @_single_broker
     def list_transactions(self, prefix: str = "") -> pb.ListTransactionsReply:
         """Open transactions (ids starting with ``prefix``) and sinks' progress."""
-        return self._conn.call(
-            self._stub.ListTransactions, pb.ListTransactionsRequest(prefix=prefix)
-        )
+        conn = self._only("list_transactions")
+        return conn.call(conn.admin.ListTransactions, pb.ListTransactionsRequest(prefix=prefix))
 
-    @_single_broker
     def abort_transactions(self, ids: Sequence[str] = (), prefix: str = "") -> int:
         """Abort open transactions by id or id prefix; return how many."""
-        return abort_transactions(self._conn, ids, prefix)
+        return abort_transactions(self._only("abort_transactions"), ids, prefix)
 
-    @_single_broker
     def stats(self) -> pb.BrokerStats:
-        return self._conn.call(self._stub.GetStats, pb.GetStatsRequest())
+        conn = self._only("stats")
+        return conn.call(conn.admin.GetStats, pb.GetStatsRequest())
 
-    @_single_broker
     def set_role(self, role: str, master: str = "", epoch: int = 0) -> pb.BrokerStats:
         """Make the broker ``role`` ("master" or "replica" of ``master``) in group
         epoch ``epoch`` (manual failover, docs/replication.md); its stats after."""
         request = pb.SetRoleRequest(role=role, master=master, epoch=epoch)
-        return self._conn.call(self._stub.SetRole, request)
+        conn = self._only("set_role")
+        return conn.call(conn.admin.SetRole, request)
 
     def close(self) -> None:
-        if self.cluster is None:
-            self._conn.close()
-            return
         for admin in self._admins.values():
             admin.close()
         self._admins.clear()
-        self.cluster.close()
+        self.routes.close()
 
     def __enter__(self) -> Admin:
         return self

@@ -18,69 +18,66 @@ Two ways to say what to read:
   membership; the broker refuses them on a queue the consumer no longer
   holds, which the consumer takes as a rebalance: it drops the queue.
 
-In a cluster (``namesrv=``) a ``Consumer`` is a ``ClusterConsumer``: one
-consumer per broker hosting its topics, each a member of the group on that
-broker (the same consumer id everywhere), so each broker allocates its own
-queues among the group's members and keeps the group's committed offsets of
-its queues. ``poll`` pulls from all of them; every message names its broker
-(``Message.broker_id``: the broker name).
+One broker is a cluster of one (routing.py): the consumer reads each broker
+group of its topics' routes with one ``ConsumerPart`` (consumer_part.py),
+each a member of the group on that broker (the same consumer id
+everywhere), so each broker allocates its own queues among the group's
+members and keeps the group's committed offsets of its queues. ``poll``
+pulls from all of them; in a cluster every message names its broker
+(``Message.broker_id``: the broker name). One broker has one group, named
+``""``, whose queues are named by their id alone, as they always were.
 
-Reads in a cluster go to each broker group's master, or with
-``read_from_replicas`` to one of its replicas (replica_reads.py). When the
-member read from stops answering, the consumer moves to another member of
-the group at once (the master's replicas hold the same queues at the same
-offsets) and carries its positions over; it comes back to the master once
-the master answers again. Commits always go to the master (a replica refuses
-them): while the group has no master they fail with ``BrokerUnavailable``
-and the next ``commit`` sends them again.
+Reads go to each broker group's master, or with ``read_from_replicas`` to
+one of its replicas (replica_reads.py). When the member read from stops
+answering, the consumer moves to another member of the group at once (the
+master's replicas hold the same queues at the same offsets) and carries its
+positions over; it comes back to the master once the master answers again.
+Which member, and when to move, is the routes' (``Routes.reader_on``,
+``Routes.keep_reader``). Commits always go to the master (a replica refuses
+them, ``Routes.on_master_now``): while the group has no master they fail
+with ``BrokerUnavailable`` and the next ``commit`` sends them again.
 
 ``poll`` returns messages and advances the positions (only past records it
-decoded and returns); ``commit`` stores the
-positions on the broker as the group's next offsets to consume. Messages
-returned by ``poll`` count as consumed once committed; a consumer that stops
-without committing leaves them to be consumed again (at-least-once).
+decoded and returns); ``commit`` stores the positions on the broker as the
+group's next offsets to consume. Messages returned by ``poll`` count as
+consumed once committed; a consumer that stops without committing leaves
+them to be consumed again (at-least-once).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
-
-import grpc
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from equeue_proto.protocol import consumer_id_problem, default_consumer_id
-from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import commit_offsets
+from equeue_spark.client.cluster import connect, name_broker, with_replica_reads
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import (
-    DataLossError,
-    EqueueError,
-    InvalidRequest,
-    NotMasterError,
-    PreconditionError,
-    from_rpc_error,
+from equeue_spark.client.consumer_part import (
+    Committer,
+    ConsumerPart,
+    Member,
+    OnDataLoss,
+    QueueKey,
+    Start,
 )
-from equeue_spark.client.records import Message, decode_intact, decode_records
-from equeue_spark.client.wire import PullReply
+from equeue_spark.client.errors import BrokerUnavailable, EqueueError, InvalidRequest
+from equeue_spark.client.records import Message
+
+__all__ = ["Committer", "Consumer", "Member", "OnDataLoss", "QueueKey", "Start"]
 
 log = logging.getLogger(__name__)
 
-Start = Literal["earliest", "latest", "group"]
-OnDataLoss = Literal["raise", "skip"]
-_DAMAGED = re.compile(r"damaged record: .*/\d+ offset (\d+)")
-"""How the broker names a stored record that fails its checksum (DATA_LOSS)."""
-QueueKey = tuple[str, int]
-Member = tuple[str, int] | None
-"""A group member's (consumer id, session); None: a commit from outside the group."""
-Committer = Callable[[str, dict[QueueKey, int], Member], None]
-"""Commits (group, offsets, member identity) somewhere else than the consumer's broker."""
+MAX_POLL_THREADS = 16
+"""Broker groups a consumer polls at once."""
+CHECK_S = 1.0
+"""How often a consumer reading a group's second choice looks for its first."""
 
 
 class Consumer:
@@ -91,21 +88,19 @@ class Consumer:
             for message in c.poll(timeout_s=1.0):
                 handle(message)
             c.commit()
+
+    One ``ConsumerPart`` per broker group of the topics' routes (one broker:
+    one group), all with this consumer's id; each heartbeats its broker, which
+    allocates that broker's queues over the group's members and keeps their
+    committed offsets. A broker that joins a topic's route later is picked up
+    at the next route refresh. ``poll`` polls one group directly; several in
+    short slices (0.1 s) until one has messages or ``timeout_s`` passes; a
+    group that cannot be reached is skipped (its part logs and retries), so
+    the others keep flowing. Queue calls (``assign``, ``seek``, ``position``)
+    name the ``broker`` group in a cluster.
     """
 
-    cluster_class: type[Consumer] | None = None
-    """``ClusterConsumer``: cluster_consumer.py builds on this module and registers
-    it when imported; the package imports it, so it is always set."""
-
-    def __new__(
-        cls, broker: str = "", *, namesrv: str | Sequence[str] = "",
-        config: ClientConfig | None = None, **_settings: object,
-    ) -> Consumer:  # fmt: skip
-        """A ``ClusterConsumer`` when given name servers (or ``$EQUEUE_NAMESRV``)."""
-        if cls is Consumer and (config or ClientConfig(broker=broker, namesrv=namesrv)).is_cluster:
-            assert Consumer.cluster_class is not None, "equeue_spark.client registers it"
-            return object.__new__(Consumer.cluster_class)
-        return object.__new__(cls)
+    SLICE_S = 0.1
 
     def __init__(
         self,
@@ -134,20 +129,13 @@ class Consumer:
         ``read_from_replicas`` (cluster only): read every broker group from a
         replica, the master only when no replica is live (commits still go to
         the master)."""
+        config = config or ClientConfig(broker=broker, namesrv=namesrv)
         if read_from_replicas:
-            raise ValueError(
-                "read_from_replicas needs a cluster: give namesrv= (one broker has no replicas "
-                "to choose from)"
-            )
+            config = with_replica_reads(config)
         if start not in ("earliest", "latest", "group"):
             raise ValueError(f"start must be earliest, latest or group, got {start!r}")
         if on_data_loss not in ("raise", "skip"):
             raise ValueError(f"on_data_loss must be raise or skip, got {on_data_loss!r}")
-        self.on_data_loss = on_data_loss
-        self.damaged_skipped: dict[QueueKey, list[int]] = {}
-        """Offsets of damaged records skipped (``on_data_loss="skip"``), per queue."""
-        self._deferred: EqueueError | None = None
-        """A poll's error held back to return the messages it had taken first."""
         if topics and group is None:
             raise ValueError("subscribing to topics needs a group; use assign() without one")
         self.consumer_id = consumer_id or default_consumer_id(
@@ -156,180 +144,219 @@ class Consumer:
         problem = consumer_id_problem(self.consumer_id)
         if problem is not None:  # the broker would refuse every heartbeat
             raise ValueError(problem)
-        self._conn = Connection(config or ClientConfig(broker=broker, namesrv=namesrv))
+        self.routes = connect(config)
+        """Where the consumer's calls go (routing.py)."""
+        self._seed = group or ""
+        """Picks the replica read (replica_reads.py): a group's members agree."""
         self.group = group
         self.topics = list(topics)
         self.start = start
+        self.on_data_loss = on_data_loss
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.max_wait_ms = max_wait_ms
         self.tags = list(tags)
-        self._lock = threading.Lock()
-        self._positions: dict[QueueKey, int] = {}
-        self._committed: dict[QueueKey, int] = {}
-        self._members: list[str] = []
-        self._session = 0
-        """The broker's id for our membership (HeartbeatReply.session); 0: not a member."""
-        self._commit_lock = threading.Lock()
-        """Commits one at a time: a late commit must not undo a rebalance's commit."""
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._parts: dict[str, ConsumerPart] = {}
+        self._part_topic: dict[str, str] = {}
+        """A topic each broker group is read for (its route names the members)."""
+        self._checked = 0.0
+        self._parts_lock = threading.Lock()
+        self._deferred: EqueueError | None = None
         self._closed = threading.Event()
-        self.failed_polls = 0
-        """Polls in a row whose every pull failed retriably (UNAVAILABLE, deadline)."""
-        self.failed_heartbeats = 0
-        """Heartbeats in a row that failed retriably."""
-        self.committer: Committer | None = None
-        """Where commits go instead of this consumer's broker (a cluster's
-        master, when this consumer reads from a replica)."""
-        self._heartbeats: threading.Thread | None = None
+        self._refreshed = 0.0
+        self._pool = ThreadPoolExecutor(MAX_POLL_THREADS, thread_name_prefix="equeue-poll")
         if self.topics:
-            self._heartbeat()  # join before the first poll
-            self._heartbeats = threading.Thread(
-                target=self._heartbeat_loop,
-                args=(heartbeat_interval_s,),
-                name="equeue-heartbeat",
-                daemon=True,
+            try:
+                self._refresh_parts(first=True)
+            except BaseException:
+                self.close()
+                raise
+
+    # -- the per-group parts ---------------------------------------------------------------
+
+    def _part(self, broker: str, topic: str, topics: Sequence[str] = ()) -> ConsumerPart:
+        """The part reading ``broker``'s group: on the member the routes choose
+        (``Routes.reader_on``); made again there, carrying the positions over,
+        when that is not the member read now."""
+        with self._parts_lock:
+            part = self._parts.get(broker)
+        current = part.address if part is not None else ""
+        joined = tuple(topics) or (tuple(part.topics) if part is not None else ())
+
+        def start(conn: Connection) -> ConsumerPart:
+            return self._new_part(conn, broker, topic, joined)
+
+        new = self.routes.reader_on(topic, broker, current, start, self._seed)
+        if new is None:
+            assert part is not None
+            return part
+        self._install(broker, topic, part, new)
+        return new
+
+    def _new_part(
+        self, conn: Connection, broker: str, topic: str, topics: Sequence[str]
+    ) -> ConsumerPart:
+        read_from = conn.config.target
+
+        def commit(group: str, offsets: dict[QueueKey, int], member: Member) -> None:
+            self._commit_on_master(broker, topic, read_from, group, offsets=offsets, member=member)
+
+        committer: Committer = commit
+        return ConsumerPart(
+            conn, committer=committer, group=self.group, topics=topics, start=self.start,
+            max_messages=self.max_messages, max_bytes=self.max_bytes,
+            max_wait_ms=self.max_wait_ms, tags=self.tags,
+            heartbeat_interval_s=self.heartbeat_interval_s, consumer_id=self.consumer_id,
+            on_data_loss=self.on_data_loss,
+        )  # fmt: skip
+
+    def _install(
+        self, broker: str, topic: str, old: ConsumerPart | None, new: ConsumerPart
+    ) -> None:
+        """``new`` reads ``broker``'s group, where ``old`` got to."""
+        if old is not None:
+            new.adopt(old.positions())
+            # Off this thread: leaving a dead broker's group waits for its calls to fail.
+            self._pool.submit(old.close)
+            log.warning("consumer %s: reading broker group %s from %s now (was %s)",
+                        self.consumer_id, broker, new.address, old.address)  # fmt: skip
+        with self._parts_lock:
+            self._parts[broker] = new
+            self._part_topic[broker] = topic
+
+    def _commit_on_master(
+        self, broker: str, topic: str, read_from: str, group: str, *,
+        offsets: dict[QueueKey, int], member: Member,
+    ) -> None:  # fmt: skip
+        """Commit on the group's master (no waiting for a new master: the
+        next commit sends the offsets again). The member identity counts
+        only on the broker holding the membership (the one read from)."""
+
+        def call(conn: Connection, _retry: bool) -> None:
+            held = member if conn.config.target == read_from else None
+            commit_offsets(conn, group, offsets, held)
+
+        def unreachable(why: str) -> EqueueError:
+            return BrokerUnavailable(
+                f"group {group!r}: offsets not committed, broker group {broker!r} has no "
+                f"reachable master ({why}); a replica cannot take them, the next commit sends "
+                "them again"
             )
-            self._heartbeats.start()
 
-    # -- what to read ---------------------------------------------------------------
+        self.routes.on_master_now(topic, broker, call, unreachable)
 
-    def assign(self, topic: str, queue_ids: Iterable[int]) -> None:
-        """Read exactly these queues (adds to the current assignment)."""
-        with self._lock:
-            for queue_id in queue_ids:
-                key = (topic, queue_id)
-                if key not in self._positions:
-                    self._positions[key] = self._start_offset(key)
+    def _check_members(self) -> None:
+        """Move off members that stopped answering; every ``CHECK_S`` while a
+        group is not read from its first choice (the master, or a replica
+        with read_from_replicas), fetch its route and move back if it answers."""
+        due = time.monotonic() - self._checked >= CHECK_S
+        routes = self.routes
+        for broker, part in sorted(self.parts().items()):
+            with self._parts_lock:
+                topic = self._part_topic[broker]
+            failed = part.failed_polls > 0 or part.failed_heartbeats > 0
+            if not due and not (failed and not routes.is_down(part.address)):
+                continue  # nothing new, or a failure acted on already: once a CHECK_S
+            try:
+                if not routes.keep_reader(topic, broker, part.address, failed, self._seed):
+                    self._part(broker, topic)
+            except EqueueError as exc:
+                log.warning("broker group %s: %s", broker, exc)
+        if due:
+            self._checked = time.monotonic()
+
+    def _refresh_parts(self, first: bool = False) -> None:
+        """Join the group on every broker group of the topics' routes not
+        joined yet. On the ``first`` refresh, an error that left no group
+        joined is raised (a consumer that can read nothing says so)."""
+        self._refreshed = time.monotonic()
+        hosted: dict[str, list[str]] = {}
+        for topic in self.topics:
+            try:
+                names = self.routes.groups_of(topic)
+            except EqueueError as exc:
+                log.warning("no route for %s yet: %s", topic, exc)
+                continue
+            for name in names:
+                hosted.setdefault(name, []).append(topic)
+        errors: list[EqueueError] = []
+        for broker, topics in sorted(hosted.items()):
+            with self._parts_lock:
+                part = self._parts.get(broker)
+            if part is not None and sorted(part.topics) == sorted(topics):
+                continue
+            if part is not None:
+                part.close()
+                with self._parts_lock:
+                    del self._parts[broker]
+            try:
+                self._part(broker, topics[0], topics)
+            except EqueueError as exc:  # down now: the next refresh tries again
+                log.warning("cannot join on broker %s: %s", broker, exc)
+                errors.append(exc)
+        if first and errors and not self.parts():
+            raise errors[0]
+
+    def parts(self) -> dict[str, ConsumerPart]:
+        """The per-group readers, by broker group name (``""``: one broker)."""
+        with self._parts_lock:
+            return dict(self._parts)
+
+    # -- what to read --------------------------------------------------------------------
+
+    def assign(self, topic: str, queue_ids: Iterable[int], broker: str = "") -> None:
+        """Read exactly these queues (adds to the current assignment); in a
+        cluster, of ``broker`` (required there)."""
+        missing = f"in a cluster a queue of {topic!r} is (broker, queue id): give broker="
+        group = self.routes.group(broker, missing)
+        self._part(group, topic).assign(topic, queue_ids)
+
+    def assignments(self) -> list[tuple[str, str, int]]:
+        """(broker, topic, queue id) of every queue read."""
+        return sorted((b, t, q) for b, part in self.parts().items() for t, q in part.assignment())
 
     def assignment(self) -> list[QueueKey]:
-        with self._lock:
-            return sorted(self._positions)
+        """(topic, queue id) of every queue read; ``assignments`` names the brokers."""
+        return [(t, q) for _, t, q in self.assignments()]
 
     def members(self) -> list[str]:
         """The group's live consumers, as of the last heartbeat."""
-        with self._lock:
-            return list(self._members)
+        return sorted({m for part in self.parts().values() for m in part.members()})
 
-    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+    def seek(self, topic: str, queue_id: int, offset: int, broker: str = "") -> None:
         """Continue the queue at ``offset``."""
-        with self._lock:
-            if (topic, queue_id) not in self._positions:
-                raise InvalidRequest(f"{topic}/{queue_id} is not assigned to this consumer")
-            self._positions[(topic, queue_id)] = offset
+        self._named(topic, queue_id, broker).seek(topic, queue_id, offset)
 
-    def position(self, topic: str, queue_id: int) -> int:
-        with self._lock:
-            return self._positions[(topic, queue_id)]
+    def position(self, topic: str, queue_id: int, broker: str = "") -> int:
+        """The next offset ``poll`` reads of the queue."""
+        return self._named(topic, queue_id, broker).position(topic, queue_id)
 
-    def _start_offset(self, key: QueueKey) -> int:
-        topic, queue_id = key
-        if self.group is not None:  # the group's progress comes first, as in Kafka
-            reply = self._conn.call(
-                self._conn.broker.FetchOffsets,
-                pb.FetchOffsetsRequest(group=self.group, topic=topic),
-            )
-            for entry in reply.offsets:
-                if entry.queue_id == queue_id:
-                    self._committed[key] = entry.offset
-                    return entry.offset
-        # No committed offset: `start` decides (Kafka's auto.offset.reset). Offset 0
-        # gets the earliest retained one from the broker's first pull answer.
-        if self.start == "latest":
-            return self._end_of(topic, queue_id)
-        return 0
+    def positions(self) -> dict[QueueKey, int]:
+        """Where each assigned queue is read next (a cluster's groups merged)."""
+        return {k: v for part in self.parts().values() for k, v in part.positions().items()}
 
-    def _end_of(self, topic: str, queue_id: int) -> int:
-        request = pb.PullRequest(topic=topic, queue_id=queue_id, offset=2**62, max_messages=1)
-        reply = self._conn.call(self._conn.broker.Pull, request)
-        return reply.end_offset
+    @property
+    def damaged_skipped(self) -> dict[QueueKey, list[int]]:
+        """Offsets of damaged records skipped (``on_data_loss="skip"``), per queue."""
+        out: dict[QueueKey, list[int]] = {}
+        for part in self.parts().values():
+            for key, offsets in part.damaged_skipped.items():
+                out.setdefault(key, []).extend(offsets)
+        return out
 
-    # -- group membership --------------------------------------------------------------
-
-    def _heartbeat_loop(self, interval_s: float) -> None:
-        while not self._closed.wait(interval_s):
-            try:
-                self._heartbeat()
-            except EqueueError as exc:
-                log.warning("heartbeat failed: %s", exc)
+    def _named(self, topic: str, queue_id: int, broker: str) -> ConsumerPart:
+        part = self.parts().get(broker)
+        if part is None:
+            raise InvalidRequest(f"{topic}/{queue_id} is not assigned to this consumer")
+        return part
 
     def _heartbeat(self) -> None:
-        """Heartbeat and follow the reply; what we gave up is released on a second
-        heartbeat at once (which may grant us queues others released)."""
-        released: list[QueueKey] = []
-        for _ in range(2):
-            released = self._follow(self._send_heartbeat(released))
-            if not released:
-                return
-        # Still something to release: the next tick's reply lists it again.
+        """Heartbeat every group now (each part beats on its own thread too)."""
+        for part in self.parts().values():
+            part._heartbeat()
 
-    def _send_heartbeat(self, released: list[QueueKey]) -> pb.HeartbeatReply:
-        assert self.group is not None
-        request = pb.HeartbeatRequest(
-            group=self.group, consumer_id=self.consumer_id, topics=self.topics
-        )
-        by_topic: dict[str, list[int]] = {}
-        for topic, queue_id in released:
-            by_topic.setdefault(topic, []).append(queue_id)
-        for topic, queue_ids in sorted(by_topic.items()):
-            request.released.add(topic=topic, queue_ids=sorted(queue_ids))
-        try:
-            reply: pb.HeartbeatReply = self._conn.call(self._conn.broker.Heartbeat, request)
-        except EqueueError as exc:
-            self.failed_heartbeats += exc.retriable
-            raise
-        self.failed_heartbeats = 0
-        return reply
-
-    def _follow(self, reply: pb.HeartbeatReply) -> list[QueueKey]:
-        """Read what the broker says we hold; give up the rest (committing the
-        revoked queues first). Returns the revoked queues, to release."""
-        owned: set[QueueKey] = set()
-        revoked: set[QueueKey] = set()
-        for tq in reply.topics:
-            owned.update((tq.topic, q) for q in tq.owned_queue_ids)
-            revoked.update((tq.topic, q) for q in tq.revoked_queue_ids)
-        with self._lock:
-            self._members = list(reply.consumer_ids)
-            if reply.session != self._session:
-                # A new membership (we expired, or the broker restarted): what we
-                # read under the old one may have gone to others since. Start over.
-                self._positions.clear()
-                self._committed.clear()
-                self._session = reply.session
-            current = set(self._positions)
-        if current - owned:
-            self._give_up(current - owned, commit=revoked)
-        added = owned - current
-        if added:
-            starts = {key: self._start_offset(key) for key in sorted(added)}
-            with self._lock:
-                self._positions.update(starts)
-        if added or current - owned:
-            log.info("consumer %s: assignment now %s", self.consumer_id, self.assignment())
-        return sorted(revoked)
-
-    def _give_up(self, keys: set[QueueKey], commit: set[QueueKey]) -> None:
-        """Stop reading ``keys``; commit where we got to on those we still hold."""
-        with self._commit_lock:
-            with self._lock:
-                positions = {k: self._positions.pop(k) for k in keys if k in self._positions}
-                session = self._session
-            try:
-                held = {k: v for k, v in positions.items() if k in commit}
-                self._commit_positions(held, session)
-            except EqueueError:
-                # Not committed: keep reading them (and holding their locks) rather
-                # than let their next owner start before where we got to. The next
-                # heartbeat tries again.
-                with self._lock:
-                    if self._session == session:
-                        for key, position in positions.items():
-                            self._positions.setdefault(key, position)
-                raise
-            for key in keys:  # whoever reads it next may move the group's offset
-                self._committed.pop(key, None)
-
-    # -- reading -----------------------------------------------------------------------
+    # -- reading -------------------------------------------------------------------------
 
     def poll(self, timeout_s: float = 1.0) -> list[Message]:
         """Messages from the assigned queues, waiting up to ``timeout_s`` for some.
@@ -342,236 +369,59 @@ class Consumer:
         if self._deferred is not None:
             error, self._deferred = self._deferred, None
             raise error
-        with self._lock:
-            positions = dict(self._positions)
-            session = self._session
-        if not positions:
-            self._closed.wait(min(timeout_s, 0.1))  # nothing assigned (yet)
-            return []
-        wait_ms = max(0, min(self.max_wait_ms, int(timeout_s * 1000)))
-        pending = {
-            key: self._pull_async(key, offset, wait_ms, session)
-            for key, offset in positions.items()
-        }
-        finished = threading.Event()
-        for call in pending.values():
-            call.add_done_callback(lambda _call: finished.set())
-        deadline = time.monotonic() + timeout_s + self._conn.config.timeout_s
-        messages: list[Message] = []
-        errors: list[EqueueError] = []
-        started = time.monotonic()
-        failures = 0
-        try:
-            # An error does not end the wait: the other queues' pulls may still
-            # bring messages (else a damaged queue would starve them).
-            while pending and not messages and time.monotonic() < deadline:
-                ready = [key for key, call in pending.items() if call.done()]
-                if not ready:
-                    finished.wait(max(0.0, deadline - time.monotonic()))
-                    finished.clear()
-                    continue
-                for key in ready:
-                    taken = self._take_noting(
-                        key, pending.pop(key), positions[key], session, errors
-                    )
-                    failures += taken is None
-                    messages += taken or []
-            # Keep replies that arrived meanwhile rather than cancel them and
-            # pull the same records again on the next poll.
-            for key in [key for key, call in pending.items() if call.done()]:
-                call = pending.pop(key)
-                messages += self._take_noting(key, call, positions[key], session, errors) or []
-        finally:
-            for call in pending.values():
-                call.cancel()
-        if errors:  # raised now, or by the next poll once the messages taken are returned
-            if not messages:
-                raise errors[0]
-            self._deferred = errors[0]
-        if failures == len(positions):  # broker unreachable: wait, do not spin
-            self.failed_polls += 1
-            self._closed.wait(max(0.0, timeout_s - (time.monotonic() - started)))
-        else:
-            self.failed_polls = 0
-        return messages
-
-    def positions(self) -> dict[QueueKey, int]:
-        """Where each assigned queue is read next."""
-        with self._lock:
-            return dict(self._positions)
-
-    def adopt(self, positions: dict[QueueKey, int]) -> None:
-        """Continue where another consumer of the same queues got to (the
-        same broker group's other member): outside a group every queue is
-        taken over; in one, the queues this membership holds, never moving
-        back behind the group's committed offset."""
-        with self._lock:
-            for key, position in positions.items():
-                if not self._session:
-                    self._positions[key] = position
-                elif key in self._positions:
-                    self._positions[key] = max(self._positions[key], position)
-
-    def _pull_async(
-        self, key: QueueKey, offset: int, wait_ms: int, session: int
-    ) -> grpc.Future[PullReply]:
-        request = pb.PullRequest(
-            topic=key[0],
-            queue_id=key[1],
-            offset=offset,
-            max_messages=self.max_messages,
-            max_bytes=self.max_bytes,
-            tags=self.tags,
-            max_wait_ms=wait_ms,
-        )
-        if session and self.group is not None:  # a member's pull: must hold the queue
-            request.group, request.consumer_id, request.session = (
-                self.group, self.consumer_id, session,
-            )  # fmt: skip
-        timeout = self._conn.config.timeout_s + wait_ms / 1000
-        return self._conn.pull.future(request, timeout=timeout)
-
-    def _take_noting(
-        self, key: QueueKey, call: grpc.Future[PullReply], position: int, session: int,
-        errors: list[EqueueError],
-    ) -> list[Message] | None:  # fmt: skip
-        """``_take``, but an error is added to ``errors`` rather than raised: the
-        other replies ready now are still taken (their positions advance only
-        with messages that ``poll`` returns)."""
-        try:
-            return self._take(key, call, position, session)
-        except EqueueError as exc:
-            errors.append(exc)
-            return []
-
-    def _take(
-        self, key: QueueKey, call: grpc.Future[PullReply], position: int, session: int
-    ) -> list[Message] | None:
-        """The messages of one finished pull (advancing the queue's position past
-        them only once they are decoded), or None if it failed in a way worth
-        retrying (the next poll asks again)."""
-        try:
-            reply = call.result()
-        except grpc.RpcError as exc:
-            error = from_rpc_error(exc)
-            if isinstance(error, DataLossError):
-                return self._damaged(key, position, session, error)
-            if error.retriable:
-                log.warning("pull of %s/%d failed: %s", key[0], key[1], error)
-                return None
-            if session and isinstance(error, PreconditionError):
-                # Not ours any more: a rebalance is under way. The heartbeat
-                # gives it back if the broker grants it to us again.
-                log.info("consumer %s: dropping %s/%d: %s", self.consumer_id, *key, error)
-                self._drop({key: position}, session)
+        if self.topics and time.monotonic() - self._refreshed >= self.routes.config.route_refresh_s:
+            self._refresh_parts()
+        parts = list(self.parts().values())
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not parts:
+                self._closed.wait(min(timeout_s, self.SLICE_S))
                 return []
-            raise error from exc
-        messages, next_offset, damage = self._decode(reply)
-        with self._lock:
-            if self._positions.get(key) != position or self._session != session:
-                return []  # revoked or sought meanwhile: drop the reply
-            if reply.status == pb.PULL_STATUS_OFFSET_TOO_SMALL:
-                log.warning(
-                    "%s/%d: offset %d was deleted by retention; skipping to %d",
-                    key[0], key[1], position, reply.next_offset,
-                )  # fmt: skip
-            if not messages and damage is not None:  # nothing intact before it: stay
-                raise DataLossError(f"{key[0]}/{key[1]} offset {position}: {damage}")
-            self._positions[key] = next_offset
-        return messages
+            left = max(0.0, deadline - time.monotonic())
+            messages: list[Message] = []
+            errors: list[EqueueError] = []
+            if len(parts) == 1 and not (parts[0].failed_polls or parts[0].failed_heartbeats):
+                # One group, answering: its long poll alone, for all the time left.
+                try:
+                    messages = parts[0].poll(left)
+                except EqueueError as exc:
+                    errors.append(exc)
+            else:
+                slice_s = min(self.SLICE_S, left)
+                futures = [self._pool.submit(part.poll, slice_s) for part in parts]
+                for future in futures:
+                    try:
+                        messages += future.result()
+                    except EqueueError as exc:
+                        errors.append(exc)
+            self._check_members()
+            parts = list(self.parts().values())
+            if errors:
+                if not messages:
+                    raise errors[0]
+                self._deferred = errors[0]
+            if messages or time.monotonic() >= deadline or self._closed.is_set():
+                return messages
 
-    @staticmethod
-    def _decode(reply: PullReply) -> tuple[list[Message], int, str | None]:
-        """(messages, next position, damage): a reply with a damaged record in it
-        (caught by its checksum here) yields the records before it, and the
-        position moves only past those."""
-        if not reply.count:
-            return [], reply.next_offset, None
-        try:
-            return decode_records(reply.records, reply.broker_id), reply.next_offset, None
-        except DataLossError:
-            messages, damage = decode_intact(reply.records, reply.broker_id)
-        next_offset = messages[-1].offset + 1 if messages else reply.next_offset
-        return messages, next_offset, damage
-
-    def _damaged(
-        self, key: QueueKey, position: int, session: int, error: DataLossError
-    ) -> list[Message]:
-        """The broker reports a damaged stored record (DATA_LOSS): raise, or
-        with ``on_data_loss="skip"`` move past that one record."""
-        found = _DAMAGED.search(str(error))
-        offset = int(found.group(1)) if found else -1
-        if self.on_data_loss != "skip" or offset < position:
-            raise error
-        with self._lock:
-            if self._positions.get(key) != position or self._session != session:
-                return []
-            self._positions[key] = offset + 1
-            self.damaged_skipped.setdefault(key, []).append(offset)
-        log.error("%s/%d: skipped damaged record at offset %d (on_data_loss=skip)", *key, offset)
-        return []
-
-    # -- progress ----------------------------------------------------------------------
+    # -- progress ------------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Store the positions as the group's next offsets to consume.
+        """Store the positions as the group's next offsets to consume, on every
+        broker group (each keeps the offsets of its own queues).
 
         A member commits only the queues it still holds: a queue the broker
         handed to another member meanwhile is dropped, without an error."""
-        with self._commit_lock:
-            with self._lock:
-                positions = dict(self._positions)
-                session = self._session
-            self._commit_positions(positions, session)
-
-    def _commit_positions(self, positions: dict[QueueKey, int], session: int) -> None:
-        """Commit (holding ``_commit_lock``) what changed since the last commit;
-        ``positions`` were read under membership ``session`` and are committed
-        as that membership, never a later one."""
-        if self.group is None:
+        errors = []
+        parts = sorted(self.parts().items())
+        if not parts and self.group is None:
             raise InvalidRequest("commit needs a group")
-        changed = {k: v for k, v in positions.items() if self._committed.get(k) != v}
-        if not changed:
-            return
-        if not session:  # not a member (assign()): a commit from outside the group
-            self._commit_offsets(changed, None)
-            self._committed.update(changed)
-            return
-        member = (self.consumer_id, session)
-        try:
-            self._commit_offsets(changed, member)
-            self._committed.update(changed)
-            return
-        except NotMasterError:
-            raise  # the group's master moved: nothing to do with queue ownership
-        except PreconditionError:
-            pass  # some queue changed hands: find which, commit the others
-        for key, offset in changed.items():
+        for broker, part in parts:
             try:
-                self._commit_offsets({key: offset}, member)
-                self._committed[key] = offset
-            except NotMasterError:
-                raise
-            except PreconditionError as exc:
-                log.info("consumer %s: dropping %s/%d: %s", self.consumer_id, *key, exc)
-                self._drop({key: offset}, session)
-
-    def _commit_offsets(self, offsets: dict[QueueKey, int], member: tuple[str, int] | None) -> None:
-        assert self.group is not None
-        if self.committer is not None:
-            self.committer(self.group, offsets, member)
-        else:
-            commit_offsets(self._conn, self.group, offsets, member)
-
-    def _drop(self, positions: dict[QueueKey, int], session: int) -> None:
-        """Stop reading queues we no longer hold, unless they were restarted meanwhile."""
-        with self._lock:
-            if self._session != session:
-                return
-            for key, position in positions.items():
-                if self._positions.get(key) == position:
-                    del self._positions[key]
-                    self._committed.pop(key, None)
+                part.commit()
+            except EqueueError as exc:
+                errors.append(name_broker(exc, broker, part.address))
+        if errors:
+            raise errors[0]
 
     def close(self) -> None:
         """Leave the group (its other members take over the queues) and disconnect.
@@ -581,19 +431,10 @@ class Consumer:
         if self._closed.is_set():
             return
         self._closed.set()
-        if self._heartbeats is not None:
-            self._heartbeats.join(timeout=self._conn.config.timeout_s)
-            self._leave()
-        self._conn.close()
-
-    def _leave(self) -> None:
-        """Tell the broker at once, so the others take over our queues now."""
-        assert self.group is not None
-        request = pb.HeartbeatRequest(group=self.group, consumer_id=self.consumer_id, leave=True)
-        try:
-            self._conn.call(self._conn.broker.Heartbeat, request, timeout_s=2.0, retry=False)
-        except EqueueError as exc:  # the broker drops us after its timeout anyway
-            log.warning("could not leave group %s: %s", self.group, exc)
+        for part in self.parts().values():
+            part.close()
+        self._pool.shutdown(wait=True)
+        self.routes.close()
 
     def __enter__(self) -> Consumer:
         return self

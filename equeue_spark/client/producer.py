@@ -6,13 +6,15 @@ accumulated, when ``linger_ms`` has passed since the first buffered message
 (a background thread), or on ``flush``/``close``; it returns a
 ``concurrent.futures.Future`` per message.
 
-Routing happens on the broker: an explicit ``queue_id``, else the key's hash
-(Kafka's murmur2 partitioner, ``equeue_proto.protocol.key_queue``),
-else round robin per request. Retries on UNAVAILABLE may duplicate a batch
-whose first attempt was applied but not acknowledged: at-least-once.
+A message goes to its explicit ``queue_id``, else to its key's queue (Kafka's
+murmur2 partitioner, ``equeue_proto.protocol.key_queue``), else a keyless
+batch goes whole to one queue, round robin per request. Retries on
+UNAVAILABLE may duplicate a batch whose first attempt was applied but not
+acknowledged: at-least-once.
 
-In a cluster (``namesrv=``) the producer routes: a topic's queues are the
-ordered (broker name, queue id) list of its route, a key goes to
+The producer routes through ``Routes`` (routing.py), for one broker (a
+cluster of one group) as for a cluster (``namesrv=``): a topic's queues are
+the ordered (broker name, queue id) list of its route, a key goes to
 ``key_queue(key, len(writable queues))`` of that list, and a batch is split
 into one request per broker (each appended atomically on its broker; a batch
 spanning brokers is not atomic across them). A keyless batch goes whole to
@@ -20,7 +22,7 @@ one broker, round robin; if that broker is unreachable the batch is retried
 on the next one. A keyed message stays on its broker group (its key must not
 move): when the group's master is unreachable, or the broker it reached is a
 replica now, the route is fetched again and the part retried on the group's
-new master for up to ``failover_timeout_s`` (``Cluster.on_master``), then it
+new master for up to ``failover_timeout_s`` (``Routes.on_master``), then it
 fails with an error naming the group. Each broker's part is retried on its
 own: a part once acknowledged is never sent again.
 """
@@ -45,16 +47,12 @@ from equeue_spark.client.batches import (
     SendResults,
     build_request,
     send_request,
-    stream_requests,
 )
-from equeue_spark.client.cluster import Cluster, name_broker, split_request
-from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import (
-    BrokerUnavailable,
-    EqueueError,
-    InvalidRequest,
-    NotMasterError,
-)
+from equeue_spark.client.cluster import connect
+from equeue_spark.client.connection import ClientConfig
+from equeue_spark.client.errors import EqueueError
+from equeue_spark.client.route import name_broker, split_request
+from equeue_spark.client.routing import Brokers, Routed, Routes
 from equeue_spark.client.transactions import Transaction
 
 __all__ = ["Producer"]
@@ -122,14 +120,11 @@ class Producer:
         config = config or ClientConfig(broker=broker, namesrv=namesrv)
         if failover_timeout_s is not None:
             config = dataclasses.replace(config, failover_timeout_s=failover_timeout_s)
-        self._cluster: Cluster | None = Cluster(config) if config.is_cluster else None
-        self._conn: Connection | None = None if self._cluster else Connection(config)
+        self._routes = connect(config)
         self._config = config
         self._round_robin = itertools.count(random.randrange(1 << 16))
-        self._down: dict[str, float] = {}
         self._pool: ThreadPoolExecutor | None = None
-        """Sends a keyed batch's per-broker parts at once (cluster only, made on first use)."""
-        """Brokers that failed a keyless send lately: tried last until then."""
+        """Sends a keyed batch's per-broker parts at once (made on first use)."""
         self.batch_size = batch_size
         self.max_batch_bytes = max_batch_bytes
         self.linger_ms = linger_ms
@@ -173,11 +168,9 @@ class Producer:
 
         In a cluster a transaction lives on one broker: name it (``broker``);
         its messages go to that broker's queues."""
-        if self._cluster is None:
-            return Transaction(self._single(), txn_id)
-        if not broker:
-            raise InvalidRequest("in a cluster a transaction lives on one broker: give broker=")
-        return Transaction(self._cluster.connection(self._cluster.broker_address(broker)), txn_id)
+        routes = self._routes
+        group = routes.group(broker, "in a cluster a transaction lives on one broker: give broker=")
+        return Transaction(routes.connection(routes.broker_address(group)), txn_id)
 
     def send_request(
         self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
@@ -193,70 +186,64 @@ class Producer:
         brokers: Sequence[str | None] | None = None,
         seed: int = 0,
     ) -> dict[str, int]:
-        """Cluster only: stage ``request``'s messages in transaction ``txn_id``
-        on each broker they route to (the same id on each); return the
-        messages staged per broker. Keyed messages route by key; keyless ones
-        all go to the writable queue ``seed`` picks, so staging the same
-        request again with the same seed (a replay) routes it the same way
-        while the route is unchanged."""
-        cluster = self._cluster
-        if cluster is None:
-            raise InvalidRequest("stage() routes over a cluster; use transaction() on one broker")
-        route = cluster.route(request.topic)
+        """Stage ``request``'s messages in transaction ``txn_id`` on each
+        broker they route to (the same id on each); return the messages
+        staged per broker. Keyed messages route by key; keyless ones all go
+        to the writable queue ``seed`` picks, so staging the same request
+        again with the same seed (a replay) routes it the same way while the
+        route is unchanged."""
+        routes = self._routes
+        route = routes.route(request.topic)
         writable = route.queues("writable")
         sticky = writable[seed % len(writable)] if writable else ("", 0)
         staged: dict[str, int] = {}
-        for broker, (rows, part) in sorted(
-            split_request(request, writable, sticky, brokers).items()
-        ):
+        parts = split_request(request, writable, sticky, brokers, route.only_group())
+        for broker, (rows, part) in sorted(parts.items()):
             part.transaction_id = txn_id
             address = route.address(broker)
             try:
-                send_request(cluster.connection(address), part)
+                send_request(routes.connection(address), part)
             except EqueueError as exc:
-                cluster.invalidate(request.topic)
+                routes.invalidate(request.topic)
                 raise name_broker(exc, broker, address) from exc
             staged[broker] = len(rows)
         return staged
 
-    def cluster(self) -> Cluster | None:
-        """The routes and broker connections (None: one broker)."""
-        return self._cluster
-
-    def _single(self) -> Connection:
-        assert self._conn is not None
-        return self._conn
+    def cluster(self) -> Routes:
+        """The routes and broker connections."""
+        return self._routes
 
     def _send(
         self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
     ) -> SendResults:
-        if self._cluster is None:
-            return send_request(self._single(), request)
         columns = request.messages
         keyless = not len(request.queue_ids) and all(k < 0 for k in columns.key_lengths)
         if keyless:
-            return self._send_anywhere(self._cluster, request)
-        return self._send_routed(self._cluster, request, brokers)
+            return self._send_anywhere(request)
+        return self._send_routed(request, brokers)
 
     def _send_routed(
-        self, cluster: Cluster, request: pb.ProduceRequest, brokers: Sequence[str | None] | None
+        self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None
     ) -> SendResults:
         """Keyed (or explicit) messages: each to its (broker, queue); one request per broker."""
+        routes = self._routes
         topic = request.topic
-        route = cluster.route(topic)
+        route = routes.route(topic)
         writable = route.queues("writable")
         sticky = writable[next(self._round_robin) % len(writable)] if writable else ("", 0)
-        parts = sorted(split_request(request, writable, sticky, brokers).items())
+        parts = sorted(
+            split_request(request, writable, sticky, brokers, route.only_group()).items()
+        )
 
         def send(broker: str, part: pb.ProduceRequest) -> SendResults:
             try:
                 if part.transaction_id:  # a failed staging may have staged: never again
-                    return send_request(cluster.connection(route.address(broker)), part)
-                return cluster.on_master(
-                    topic, broker, lambda conn: send_request(conn, part, retry=False)
+                    return send_request(routes.connection(route.address(broker)), part)
+                return routes.on_master(
+                    topic, broker, lambda conn, retry: send_request(conn, part, retry=retry)
                 )
             except EqueueError as exc:
-                cluster.invalidate(topic)
+                routes.invalidate(topic)
                 raise name_broker(exc, broker, route.entry(broker).address) from exc
 
         if len(parts) == 1:
@@ -277,50 +264,17 @@ class Producer:
                 self._pool = ThreadPoolExecutor(MAX_FAN_OUT, thread_name_prefix="equeue-produce")
             return self._pool
 
-    def _send_anywhere(self, cluster: Cluster, request: pb.ProduceRequest) -> SendResults:
-        """A keyless batch: whole to one broker, round robin; on a broker that
-        cannot be reached (or a replica, the route being stale), again on the
-        next one, the route fetched again, until ``failover_timeout_s``."""
-        topic = request.topic
-        config = cluster.config
-        errors: list[str] = []
-        delay = config.backoff_s
-        deadline = time.monotonic() + max(config.failover_timeout_s, 0.0)
-        for _ in range(100_000):  # bounded by the deadline long before
-            route = cluster.route(topic)
-            names = [
-                n for n in route.broker_names() if any(b == n for b, _ in route.queues("writable"))
-            ]
-            if not names:
-                raise BrokerUnavailable(f"topic {topic!r} has no writable queue on a live broker")
-            now = time.monotonic()
-            start = next(self._round_robin)
-            ordered = sorted(
-                (names[(start + i) % len(names)] for i in range(len(names))),
-                key=lambda n: self._down.get(n, 0.0) > now,
-            )
-            for broker in ordered:
-                address = route.entry(broker).address
-                try:
-                    address = route.address(broker)
-                    return send_request(cluster.connection(address), request, retry=False)
-                except EqueueError as exc:
-                    again = exc.retriable or isinstance(exc, NotMasterError)
-                    if not again or request.transaction_id:
-                        raise name_broker(exc, broker, address) from exc
-                    errors.append(f"{broker}: {exc}")
-                    self._down[broker] = time.monotonic() + config.max_backoff_s * 5
-                    if address:
-                        cluster.mark_down(address)
-                    cluster.invalidate(topic)
-            if time.monotonic() + delay > deadline:
-                break
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, config.max_backoff_s)
-        raise BrokerUnavailable(
-            f"no broker of topic {topic!r} took the batch within failover_timeout_s="
-            f"{config.failover_timeout_s:g}: " + "; ".join(errors[-3:])
+    def _send_anywhere(self, request: pb.ProduceRequest) -> SendResults:
+        """A keyless batch: whole to one broker group, round robin
+        (``Routes.on_any``); a staged one is never sent twice."""
+        staged = bool(request.transaction_id)
+        _, results = self._routes.on_any(
+            request.topic,
+            next(self._round_robin),
+            lambda conn, retry: send_request(conn, request, retry=retry),
+            again=not staged,
         )
+        return results
 
     def send_batches(
         self,
@@ -347,9 +301,25 @@ class Producer:
         """``send_batches`` for requests built by the caller (e.g. straight from
         Arrow buffers by the Spark writer): pipelined on one ``ProduceStream``.
         In a cluster each request is routed and sent on its own (not pipelined)."""
-        if self._cluster is None:
-            return stream_requests(self._single(), requests)
-        return (self._send(request) for request in requests)
+        return self._routes.send_requests(((r, None) for r in requests), self._send)
+
+    def send_routed(self, requests: Iterable[Routed]) -> Iterator[SendResults]:
+        """``send_requests`` of (request, the broker group of each explicit queue
+        id, or None) pairs (the Spark writer's queue and broker columns)."""
+        return self._routes.send_requests(requests, self._send)
+
+    def stage_requests(
+        self, requests: Iterable[Routed], txn_id: str, seed: int = 0
+    ) -> Iterator[dict[str, int]]:
+        """``stage`` many (request, brokers) pairs in transaction ``txn_id``;
+        yields the messages staged per broker group of each (pipelined on one
+        stream for one broker). On an error the transaction is aborted where
+        it staged messages (best effort) and the error raised."""
+
+        def stage(request: pb.ProduceRequest, brokers: Brokers) -> dict[str, int]:
+            return self.stage(request, txn_id, brokers, seed)
+
+        return self._routes.stage_requests(requests, txn_id, stage)
 
     def send(
         self,
@@ -424,10 +394,7 @@ class Producer:
         self.flush()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        if self._cluster is not None:
-            self._cluster.close()
-        else:
-            self._single().close()
+        self._routes.close()
 
     def __enter__(self) -> Producer:
         return self

@@ -37,8 +37,9 @@ INCARNATION = "incarnation"
 
 
 def cluster_key(broker: str, topic: str) -> str:
-    """The connector's name for ``topic`` on ``broker`` (``BROKER/TOPIC``)."""
-    return f"{broker}/{topic}"
+    """The connector's name for ``topic`` on ``broker`` (``BROKER/TOPIC``); the
+    bare topic on one broker (a cluster of one group, named ``""``)."""
+    return f"{broker}/{topic}" if broker else topic
 
 
 def split_key(name: str) -> tuple[str, str]:

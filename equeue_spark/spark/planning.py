@@ -88,23 +88,13 @@ class Planner:
         """
         found = Listing()
         for topic in self.topics():
-            if self.options.cluster:
-                self._list_cluster(found, topic, timestamp_ms)
-                continue
-            try:
-                listed = self.admin.list_topic_offsets(topic, timestamp_ms)
-            except NotFoundError:
-                continue
-            if listed.incarnation:
-                found.incarnations[topic] = listed.incarnation
-            for q in listed.queues:
-                if q.consumer_visible:
-                    found.queues[(topic, q.queue_id)] = q
+            self._list_topic(found, topic, timestamp_ms)
         return found
 
-    def _list_cluster(self, found: Listing, topic: str, timestamp_ms: int | None) -> None:
-        """``listing`` of one topic over a cluster: every broker of its route;
-        a broker that does not answer is noted (``unreachable``), not fatal."""
+    def _list_topic(self, found: Listing, topic: str, timestamp_ms: int | None) -> None:
+        """``listing`` of one topic: every broker group of its route (one
+        broker: its one group); a group that does not answer is noted
+        (``unreachable``), not fatal."""
         try:
             route = self.admin.route(topic)
         except NotFoundError:
@@ -135,18 +125,14 @@ class Planner:
     def addresses(self, name: str) -> list[str]:
         """Where ``BROKER/TOPIC``'s records are read, in the order to try:
         the group's master and replicas (replicas first with
-        readFromReplicas); option ``broker`` for a bare topic."""
+        readFromReplicas); the broker for a bare topic (one broker)."""
         broker, topic = split_key(name)
-        if not broker:
-            return [self.options.broker]
         return self.admin.read_addresses(broker, topic, self.seed)
 
     def offset_for_bytes(
         self, key: QueueKey, start: int, end: int, max_bytes: int
     ) -> tuple[int, int]:
         broker, topic = split_key(key[0])
-        if not broker:
-            return self.admin.offset_for_bytes(topic, key[1], start, end, max_bytes)
         return self.admin.read_on(
             broker, topic, lambda a: a.offset_for_bytes(topic, key[1], start, end, max_bytes),
             self.seed,
@@ -157,7 +143,7 @@ class Planner:
         if it was written by a query of the other kind: a single-broker
         query's queues name no broker, a cluster query's name one."""
         offsets = from_json(document)
-        cluster = self.options.cluster
+        cluster = self.admin.routes.names_groups()
         wrong = sorted({k[0] for k in offsets if bool(split_key(k[0])[0]) != cluster})
         if wrong:
             kind = "a single broker" if cluster else "a cluster (option namesrv)"
@@ -223,8 +209,6 @@ class Planner:
 
     def _fetch_group(self, queues: Queues) -> Offsets:
         group = self.options.group
-        if not self.options.cluster:
-            return self.admin.fetch_offsets(group)
         committed: Offsets = {}
         for name in sorted({key[0] for key in queues}):
             broker, topic = split_key(name)
@@ -363,11 +347,8 @@ class Planner:
         for name, part in sorted(by_name.items()):
             broker, topic = split_key(name)
             try:
-                if broker:
-                    admin = self.admin.broker_admin(broker, topic)
-                    admin.commit_offsets(group, {(topic, q): o for (_, q), o in part.items()})
-                else:
-                    self.admin.commit_offsets(group, part)
+                admin = self.admin.broker_admin(broker, topic)
+                admin.commit_offsets(group, {(topic, q): o for (_, q), o in part.items()})
             except EqueueError as exc:
                 log.warning("could not commit group %r progress on %s: %s", group, name, exc)
                 continue

@@ -29,8 +29,9 @@ from equeue_proto.allocator import tune_malloc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
-from equeue_spark.client.errors import BrokerUnavailable, DeadlineExceeded
+from equeue_spark.client.errors import EqueueError
 from equeue_spark.client.reader import stream_replies
+from equeue_spark.client.routing import members_in_turn
 from equeue_spark.client.wire import PullReply
 from equeue_spark.spark.arrow import to_record_batch
 from equeue_spark.spark.errors import OffsetsLostError
@@ -66,10 +67,11 @@ class QueueRange:
     fail_on_data_loss: bool = True
     security: Security = field(default_factory=Security)
     broker_name: str = ""
-    """The broker's name in a cluster (option ``namesrv``), else empty."""
+    """The broker group's name in a cluster (option ``namesrv``); empty for
+    one broker (a cluster of one group, named ``""``)."""
     fallbacks: tuple[str, ...] = ()
-    """Cluster only: the group's other members, read in turn if ``broker``
-    (and each one before) stops answering."""
+    """The group's other members (none for one broker), read in turn if
+    ``broker`` (and each one before) stops answering."""
 
     @property
     def queue(self) -> str:
@@ -138,21 +140,24 @@ class Members:
 
 def _member_replies(members: Members, part: QueueRange) -> Iterator[PullReply]:
     """``_replies`` of the range from its first member; when a member stops
-    answering, the rest of the range from the next one."""
+    answering, the rest of the range from the next one (``members_in_turn``,
+    the client's one loop over a group's members)."""
     addresses = [part.broker, *part.fallbacks]
-    start = part.start
-    for index, address in enumerate(addresses):
+    reached = part.start
+
+    def attempt(address: str, _last: bool) -> Iterator[PullReply]:
+        nonlocal reached
         conn = members.open(address)
-        try:
-            for reply in _replies(conn, dataclasses.replace(part, start=start)):
-                start = max(start, reply.next_offset)
-                yield reply
-            return
-        except (BrokerUnavailable, DeadlineExceeded) as exc:
-            if index == len(addresses) - 1:
-                raise
-            log.warning("%s: %s does not answer (%s); reading from %d on %s",
-                        part.queue, address, exc, start, addresses[index + 1])  # fmt: skip
+        for reply in _replies(conn, dataclasses.replace(part, start=reached)):
+            reached = max(reached, reply.next_offset)
+            yield reply
+
+    def moved(address: str, exc: EqueueError) -> None:
+        following = addresses[addresses.index(address) + 1]
+        log.warning("%s: %s does not answer (%s); reading from %d on %s",
+                    part.queue, address, exc, reached, following)  # fmt: skip
+
+    return members_in_turn(addresses, attempt, moved)
 
 
 class ReadAhead(Generic[T]):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -37,8 +37,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from equeue_spark.client.connection import Connection
-from equeue_spark.client.transactions import abort_transactions, commit_transactions
+from equeue_spark.client.cluster import connect
 from equeue_spark.spark.arrow import arrow_schema, read_schema
 from equeue_spark.spark.errors import InvalidOption
 from equeue_spark.spark.offsets import (
@@ -242,9 +241,13 @@ def _check_read_options(raw: Any) -> None:
 
 def _write_options(raw: Any, schema: StructType) -> WriteOptions:
     options = WriteOptions.parse(raw)
-    check_schema(
-        {f.name: f.dataType.simpleString() for f in schema.fields}, options.topic, options.cluster
-    )
+    routes = connect(options.client)
+    try:  # in a cluster a queue id alone names no queue: the broker column must name it
+        queue_needs_broker = routes.names_groups()
+    finally:
+        routes.close()
+    fields = {f.name: f.dataType.simpleString() for f in schema.fields}
+    check_schema(fields, options.topic, queue_needs_broker)
     return options
 
 
@@ -480,33 +483,20 @@ class EqueueWriter(DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         summaries = _summaries(messages)
         rows = sum(s.rows for s in summaries)
-        if self.options.exactly_once and self.options.cluster:
+        if self.options.exactly_once:  # no sink: a job is never replayed
             outcomes = commit_on_brokers(
                 self.options, summaries, abort_prefix=transaction_prefix(self.job)
             )
             log.info(
-                "equeue write %s committed: %d rows on brokers %s",
-                self.job, rows, ", ".join(sorted(outcomes)),
-            )  # fmt: skip
-            return
-        if self.options.exactly_once:
-            refs = [(s.transaction, s.rows) for s in summaries if s.rows]
-            with Connection(self.options.client) as conn:  # no sink: a job is never replayed
-                outcome = commit_transactions(conn, refs, abort_prefix=transaction_prefix(self.job))
-            log.info(
-                "equeue write %s committed: %d rows in %d transactions (%d others aborted)",
-                self.job, rows, len(refs), outcome.aborted,
+                "equeue write %s committed: %d rows in %d transactions%s",
+                self.job, rows, sum(1 for s in summaries if s.rows), _on(outcomes),
             )  # fmt: skip
             return
         log.info("equeue batch write committed: %d rows from %d tasks", rows, len(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.options.exactly_once:
-            if self.options.cluster:
-                aborted = abort_on_brokers(self.options, transaction_prefix(self.job))
-            else:
-                with Connection(self.options.client) as conn:
-                    aborted = abort_transactions(conn, prefix=transaction_prefix(self.job))
+            aborted = abort_on_brokers(self.options, transaction_prefix(self.job))
             log.warning("equeue write %s aborted: %d transactions discarded", self.job, aborted)
         else:
             log.warning("equeue batch write aborted; rows already appended stay")
@@ -551,43 +541,35 @@ class EqueueStreamWriter(DataSourceStreamArrowWriter):
         if not self.options.exactly_once or not sink:
             log.info("equeue batch %d committed: %d rows", batchId, rows)
             return
-        if self.options.cluster:
-            outcomes = commit_on_brokers(
-                self.options, summaries, sink=sink, batch_id=batchId,
-                abort_prefix=transaction_prefix(sink, batchId),
-            )  # fmt: skip
-            replayed = sorted(b for b, o in outcomes.items() if o.already_committed)
-            log.info(
-                "equeue sink %s batch %d committed: %d rows on brokers %s%s", sink, batchId,
-                rows, ", ".join(sorted(outcomes)),
-                f" (already committed on {', '.join(replayed)}: a replay)" if replayed else "",
-            )  # fmt: skip
-            return
-        refs = [(s.transaction, s.rows) for s in summaries if s.rows]
-        with Connection(self.options.client) as conn:
-            outcome = commit_transactions(
-                conn, refs, sink=sink, batch_id=batchId,
-                abort_prefix=transaction_prefix(sink, batchId),
-            )  # fmt: skip
-        if outcome.already_committed:
+        outcomes = commit_on_brokers(
+            self.options, summaries, sink=sink, batch_id=batchId,
+            abort_prefix=transaction_prefix(sink, batchId),
+        )  # fmt: skip
+        replayed = sorted(b for b, o in outcomes.items() if o.already_committed)
+        if replayed:
             log.warning(
-                "equeue sink %s: batch %d was committed before (a replay); its %d rows "
-                "were discarded", sink, batchId, rows,
+                "equeue sink %s: batch %d was committed before%s (a replay); its rows there "
+                "were discarded (%d rows in the batch)", sink, batchId, _on(replayed), rows,
             )  # fmt: skip
         else:
-            log.info("equeue sink %s batch %d committed: %d rows", sink, batchId, rows)
+            log.info("equeue sink %s batch %d committed: %d rows%s", sink, batchId, rows,
+                     _on(outcomes))  # fmt: skip
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         sink = next((s.sink for s in _summaries(messages) if s.sink), "")
         if not self.options.exactly_once:
             log.warning("equeue batch %d aborted; its retry may duplicate rows", batchId)
             return
-        if sink and self.options.cluster:
+        if sink:
             abort_on_brokers(self.options, transaction_prefix(sink, batchId))
-        elif sink:
-            with Connection(self.options.client) as conn:
-                abort_transactions(conn, prefix=transaction_prefix(sink, batchId))
         log.warning("equeue batch %d aborted; its staged rows were discarded", batchId)
+
+
+def _on(groups: Iterable[str]) -> str:
+    """`` on brokers a, b`` naming a cluster's broker groups; nothing for one
+    broker (its one group has no name)."""
+    named = sorted(g for g in groups if g)
+    return f" on brokers {', '.join(named)}" if named else ""
 
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"

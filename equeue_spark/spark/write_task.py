@@ -35,7 +35,6 @@ attempts together and aborts the rest by id prefix (see source.py).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -51,7 +50,6 @@ from equeue_spark.client.errors import EqueueError, InvalidRequest
 from equeue_spark.client.producer import Producer
 from equeue_spark.client.transactions import (
     CommitOutcome,
-    Transaction,
     abort_transactions,
     commit_transactions,
 )
@@ -70,7 +68,7 @@ class WriteSummary:
     sink: str = ""
     """The sink the transaction belongs to (streaming exactly-once)."""
     brokers: dict[str, int] = field(default_factory=dict)
-    """Over a cluster, exactly-once: rows staged per broker name (the
+    """Exactly-once: rows staged per broker group (``""``: one broker; the
     transaction has the same id on each)."""
 
 
@@ -90,69 +88,38 @@ def write_batches(
     options: WriteOptions, batches: Iterator[pa.RecordBatch], txn_id: str = "", seed: int = 0
 ) -> WriteSummary:
     """Produce every row of ``batches`` - staged in transaction ``txn_id`` if
-    given; return what was written. ``seed`` (the partition) places keyless
-    rows of an exactly-once write over a cluster."""
-    if options.cluster:
-        return _write_cluster(options, batches, txn_id, seed)
+    given (aborted where it staged rows if the task fails); return what was
+    written. ``seed`` (the partition) places keyless rows of an exactly-once
+    write over a cluster."""
     summary = WriteSummary(transaction=txn_id)
     with Producer(config=options.client) as producer:
+        requests = _requests(options, batches)
         if not txn_id:
-            for results in producer.send_requests(_requests(options, batches)):
+            for results in producer.send_routed(requests):
                 summary.rows += len(results)
             return summary
-        txn = producer.transaction(txn_id)
-        try:
-            for results in txn.send_requests(_requests(options, batches)):
-                summary.rows += len(results)
-        except BaseException:
-            _abort_quietly(txn)
-            raise
+        for staged in producer.stage_requests(requests, txn_id, seed):
+            for broker, rows in staged.items():
+                summary.brokers[broker] = summary.brokers.get(broker, 0) + rows
+                summary.rows += rows
     return summary
 
 
-def _write_cluster(
-    options: WriteOptions, batches: Iterator[pa.RecordBatch], txn_id: str, seed: int
-) -> WriteSummary:
-    summary = WriteSummary(transaction=txn_id)
-    with Producer(config=options.client) as producer:
-        try:
-            for request, brokers in _cluster_requests(options, batches):
-                if not txn_id:
-                    summary.rows += len(producer.send_request(request, brokers))
-                    continue
-                for broker, rows in producer.stage(request, txn_id, brokers, seed).items():
-                    summary.brokers[broker] = summary.brokers.get(broker, 0) + rows
-                    summary.rows += rows
-        except BaseException:
-            cluster = producer.cluster()
-            if txn_id and cluster is not None:
-                for broker in summary.brokers:
-                    with contextlib.suppress(EqueueError):
-                        conn = cluster.connection(cluster.broker_address(broker))
-                        abort_transactions(conn, [txn_id])
-            raise
-    return summary
-
-
-def _cluster_requests(
+def _requests(
     options: WriteOptions, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[tuple[pb.ProduceRequest, list[str | None] | None]]:
+    """Each request with the broker column beside its queue column, if both."""
     size = options.batch_size
     for batch in batches:
         _check_values(batch)
         for start in range(0, batch.num_rows, size):
             piece = batch.slice(start, size)
             for topic, rows in _by_topic(options, piece):
-                request = build_produce(topic, rows)
+                names = rows.schema.names
                 brokers = None
-                if "queue" in rows.schema.names:
-                    if "broker" not in rows.schema.names:
-                        raise InvalidRequest(
-                            "over a cluster a queue column needs a broker column beside it "
-                            "(the queue's broker name)"
-                        )
+                if "queue" in names and "broker" in names:
                     brokers = rows.column("broker").to_pylist()
-                yield request, brokers
+                yield build_produce(topic, rows), brokers
 
 
 def commit_on_brokers(
@@ -164,8 +131,8 @@ def commit_on_brokers(
     abort_prefix: str = "",
     before: Callable[[str], None] | None = None,
 ) -> dict[str, CommitOutcome]:
-    """Commit an exactly-once write's transactions on each broker of a cluster
-    that holds some of its rows, brokers by name, each with the same ``sink``
+    """Commit an exactly-once write's transactions on each broker group that
+    holds some of its rows (one broker: its one group, ``""``), by name, each with the same ``sink``
     and ``batch_id``; then abort ``abort_prefix`` leftovers on the other live
     brokers (best effort). Each broker's commit is idempotent per sink and
     batch: if the driver dies between two brokers' commits, the replay of the
@@ -178,8 +145,7 @@ def commit_on_brokers(
                 by_broker.setdefault(broker, []).append((summary.transaction, rows))
     outcomes: dict[str, CommitOutcome] = {}
     with Admin(config=options.client) as admin:
-        cluster = admin.cluster
-        assert cluster is not None, "commit_on_brokers needs a cluster"
+        cluster = admin.routes
         for broker in sorted(by_broker):
             if before is not None:
                 before(broker)
@@ -201,11 +167,10 @@ def commit_on_brokers(
 
 
 def abort_on_brokers(options: WriteOptions, prefix: str) -> int:
-    """Abort every transaction starting with ``prefix`` on every live broker of a cluster."""
+    """Abort every transaction starting with ``prefix`` on every live broker (master)."""
     aborted = 0
     with Admin(config=options.client) as admin:
-        cluster = admin.cluster
-        assert cluster is not None
+        cluster = admin.routes
         for entry in cluster.brokers():
             if entry.replica_id:
                 continue
@@ -214,27 +179,6 @@ def abort_on_brokers(options: WriteOptions, prefix: str) -> int:
             except EqueueError as exc:
                 log.warning("could not abort %s* on %s: %s", prefix, entry.broker_name, exc)
     return aborted
-
-
-def _abort_quietly(txn: Transaction) -> None:
-    """Best effort: the driver's commit (by prefix) or the broker's timeout
-    aborts the transaction anyway if this fails."""
-    try:
-        txn.abort()
-    except EqueueError as exc:
-        log.warning("could not abort transaction %s: %s", txn.id, exc)
-
-
-def _requests(
-    options: WriteOptions, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pb.ProduceRequest]:
-    size = options.batch_size
-    for batch in batches:
-        _check_values(batch)
-        for start in range(0, batch.num_rows, size):
-            piece = batch.slice(start, size)
-            for topic, rows in _by_topic(options, piece):
-                yield build_produce(topic, rows)
 
 
 def _check_values(batch: pa.RecordBatch) -> None:
@@ -325,12 +269,16 @@ def _header_value(value: object) -> bytes:
     return b""  # a null header value
 
 
-def check_schema(fields: dict[str, str], topic_option: str, cluster: bool = False) -> None:
+def check_schema(
+    fields: dict[str, str], topic_option: str, queue_needs_broker: bool = False
+) -> None:
     """Reject a DataFrame the sink cannot write, before any task runs.
 
-    ``fields`` maps column name to Spark's simple type string.
+    ``fields`` maps column name to Spark's simple type string;
+    ``queue_needs_broker``: a queue id alone names no queue (a cluster's
+    routes, ``Routes.names_groups``).
     """
-    if cluster and "queue" in fields and "broker" not in fields:
+    if queue_needs_broker and "queue" in fields and "broker" not in fields:
         raise InvalidRequest(
             "over a cluster (option namesrv) a queue column needs a broker column beside it"
         )

@@ -18,6 +18,12 @@ from equeue_spark.cli.formatting import (
     one_line,
     proto_dict,
 )
+from equeue_spark.client.errors import InvalidRequest
+
+MESSAGE_AT_NEEDS_BROKER = (
+    "with --namesrv, get a message by its id (it names its broker), "
+    "or give --broker for --topic/--queue/--offset"
+)
 
 
 def cmd_message_get(args: argparse.Namespace, ui: Output) -> None:
@@ -30,11 +36,10 @@ def cmd_message_get(args: argparse.Namespace, ui: Output) -> None:
         if args.id is not None:
             m = admin.get_message(args.id)
         else:
-            if admin.cluster is not None:
-                raise UsageError(
-                    "with --namesrv, get a message by its id (it names its broker), "
-                    "or give --broker for --topic/--queue/--offset"
-                )
+            try:  # a queue of a cluster is (broker, queue id), and this has no broker
+                admin.routes.group("", MESSAGE_AT_NEEDS_BROKER)
+            except InvalidRequest as exc:
+                raise UsageError(str(exc)) from None
             m = admin.get_message_at(args.topic, args.queue, args.offset)
     if args.raw:
         sys.stdout.flush()

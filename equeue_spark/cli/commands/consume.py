@@ -5,7 +5,6 @@ messages or ``--timeout`` seconds without one."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from equeue_spark.cli.common import (
 )
 from equeue_spark.cli.formatting import Output, message_dict, message_line
 from equeue_spark.client.admin import Admin
-from equeue_spark.client.cluster_consumer import ClusterConsumer
+from equeue_spark.client.cluster import with_replica_reads
 from equeue_spark.client.consumer import Consumer, Start
 from equeue_spark.client.errors import InvalidRequest
 from equeue_spark.client.records import Message
@@ -42,9 +41,12 @@ def cmd_consume(args: argparse.Namespace, ui: Output) -> None:
     tags = [t for t in args.tags.split("|") if t] if args.tags else []
     config = client_config(args)
     if args.read_from_replicas:
-        if not config.is_cluster:
-            raise UsageError("--read-from-replicas needs --namesrv (one broker has no replicas)")
-        config = dataclasses.replace(config, read_from_replicas=True)
+        try:
+            config = with_replica_reads(config)
+        except ValueError:
+            raise UsageError(
+                "--read-from-replicas needs --namesrv (one broker has no replicas)"
+            ) from None
     with Admin(config=config) as admin:
         info = admin.describe_topic(args.topic)  # NOT_FOUND early; the queues to assign
     earliest = {(q.broker, q.queue_id): q.earliest_offset for q in info.queues}
@@ -58,32 +60,15 @@ def cmd_consume(args: argparse.Namespace, ui: Output) -> None:
         consumer_id=args.consumer_id,
     )
     with consumer:
-        if isinstance(consumer, ClusterConsumer):
-            _start_cluster(args, consumer, start, earliest)
-        else:
-            if not args.group:
-                consumer.assign(args.topic, sorted(q for _, q in earliest))
-            if start == "earliest":  # skip what retention deleted, without a warning
-                for topic, queue_id in consumer.assignment():
-                    consumer.seek(topic, queue_id, earliest.get(("", queue_id), 0))
+        if not args.group:
+            for broker in sorted({b for b, _ in earliest}):
+                consumer.assign(args.topic, sorted(q for b, q in earliest if b == broker), broker)
+        if start == "earliest":  # skip what retention deleted, without a warning
+            for broker, topic, queue_id in consumer.assignments():
+                consumer.seek(topic, queue_id, earliest.get((broker, queue_id), 0), broker)
         count = _print_messages(args, ui, consumer, idle_s)
     if not ui.json:
         sys.stderr.write(f"consumed {count} message(s)\n")
-
-
-def _start_cluster(
-    args: argparse.Namespace,
-    consumer: ClusterConsumer,
-    start: Start,
-    earliest: dict[tuple[str, int], int],
-) -> None:
-    """``cmd_consume``'s start over a cluster: queues are (broker, queue id)."""
-    if not args.group:
-        for broker in sorted({b for b, _ in earliest}):
-            consumer.assign(args.topic, sorted(q for b, q in earliest if b == broker), broker)
-    if start == "earliest":
-        for broker, topic, queue_id in consumer.assignments():
-            consumer.seek(topic, queue_id, earliest.get((broker, queue_id), 0), broker)
 
 
 def _print_messages(args: argparse.Namespace, ui: Output, consumer: Consumer, idle_s: float) -> int:
@@ -102,12 +87,12 @@ def _print_messages(args: argparse.Namespace, ui: Output, consumer: Consumer, id
             time.sleep(max(0.0, wait_s - (time.monotonic() - began)))
             continue
         wanted = messages if args.max is None else messages[: args.max - count]
-        cluster = isinstance(consumer, ClusterConsumer)
+        named = consumer.routes.names_groups()  # a cluster's messages name their broker
         for m in wanted:
             if ui.json:
-                ui.json_line(message_dict(m, broker=cluster))
+                ui.json_line(message_dict(m, broker=named))
             else:
-                ui.line(message_line(m, broker=cluster))
+                ui.line(message_line(m, broker=named))
         ui.out.flush()
         count += len(wanted)
         last_message = time.monotonic()
@@ -121,13 +106,10 @@ def _rewind(consumer: Consumer, unprinted: Sequence[Message]) -> None:
     """Put the queues back at the first message not printed (``--max`` cut a poll)."""
     first: dict[tuple[str, str, int], int] = {}
     for m in unprinted:
-        key = (m.broker_id, m.topic, m.queue_id)
+        key = (consumer.routes.message_group(m.broker_id), m.topic, m.queue_id)
         first[key] = min(first.get(key, m.offset), m.offset)
     for (broker, topic, queue_id), offset in first.items():
         try:
-            if isinstance(consumer, ClusterConsumer):
-                consumer.seek(topic, queue_id, offset, broker)
-            else:
-                consumer.seek(topic, queue_id, offset)
+            consumer.seek(topic, queue_id, offset, broker)
         except InvalidRequest:  # a rebalance took the queue meanwhile
             continue

@@ -8,14 +8,14 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, BinaryIO
 
 from equeue_spark.cli.common import CliError, UsageError, client_config
 from equeue_spark.cli.formatting import Output, format_bytes, format_pairs
 from equeue_spark.client.batches import SendResult, SendResults
-from equeue_spark.client.errors import EqueueError
+from equeue_spark.client.errors import EqueueError, InvalidRequest
 from equeue_spark.client.producer import Producer
 
 MAX_BATCH_BYTES = 16 << 20
@@ -89,7 +89,8 @@ class _Sent:
 
     per_queue: Counter[tuple[str, int]] = field(default_factory=Counter)
     """Messages per (broker name, queue id); the broker is "" for one broker."""
-    cluster: bool = False
+    group_of: Callable[[str], str] = str
+    """The broker group a result's ``broker_id`` names (``Routes.message_group``)."""
     first: SendResult | None = None
     last: SendResult | None = None
     messages: int = 0
@@ -99,10 +100,8 @@ class _Sent:
     def add(self, results: SendResults, taken: int) -> None:
         self.first = self.first or results[0]
         self.last = results[-1]
-        if self.cluster:
-            self.per_queue.update((r.broker_id, r.queue_id) for r in results)
-        else:
-            self.per_queue.update(("", q) for q in results.queue_ids)
+        groups = (self.group_of(results.broker_of(i)) for i in range(len(results)))
+        self.per_queue.update(zip(groups, results.queue_ids, strict=True))
         self.messages += len(results)
         self.input_bytes += taken
 
@@ -126,10 +125,16 @@ def _produce_from(
     progress = Progress(sys.stderr, total) if show and total is not None else None
     key = None if args.key is None else args.key.encode()
     config = client_config(args)
-    sent = _Sent(cluster=config.is_cluster)
-    if config.is_cluster and args.queue is not None and not args.on_broker:
-        raise UsageError("with --namesrv, --queue needs --on-broker NAME (the queue's broker)")
     with Producer(config=config) as producer:
+        routes = producer.cluster()
+        group = args.on_broker  # of --queue (one broker: its one group, whatever is given)
+        if args.queue is not None and not group:
+            missing = "with --namesrv, --queue needs --on-broker NAME (the queue's broker)"
+            try:
+                group = routes.group("", missing)
+            except InvalidRequest as exc:
+                raise UsageError(str(exc)) from None
+        sent = _Sent(group_of=routes.message_group)
         try:
             for values, taken in _batches(_lines(stream), args.batch_size, MAX_BATCH_BYTES):
                 n = len(values)
@@ -139,7 +144,7 @@ def _produce_from(
                     keys=None if key is None else [key] * n,
                     tags=None if not args.tag else [args.tag] * n,
                     queue_ids=None if args.queue is None else [args.queue] * n,
-                    brokers=[args.on_broker] * n if sent.cluster and args.on_broker else None,
+                    brokers=None if args.queue is None else [group] * n,
                 )
                 sent.add(results, taken)
                 if progress is not None:

@@ -1,0 +1,537 @@
+"""Where a client's calls go: one broker is a cluster of one.
+
+``Routes`` is the one view of the brokers that ``Producer``, ``Consumer``,
+``Admin``, the CLI and the Spark connector use (aiokafka's
+``ClusterMetadata`` is the model): a topic's route lists its broker groups,
+each with its master, replicas and queues. Two implementations:
+
+- ``StaticRoutes``: a broker address (``broker=`` or ``$EQUEUE_BROKER``).
+  Every topic has one broker group, named ``""`` (a single broker's queues
+  are named by their id alone, as they always were: ``Message.broker_id``,
+  ``QueueInfo.broker`` and Spark's offsets stay as before), whose master is
+  that address and whose queues are the broker's own.
+- ``NameServerRoutes`` (cluster.py): routes from name servers, cached.
+
+``cluster.connect(config)`` picks one by the settings; nothing else in the client
+asks which one it has. ``Routes`` also owns what to do when a member fails,
+the only failover code of the client: ``on_master`` (writes: the group's
+master, the route fetched again and the call retried there until
+``failover_timeout_s``), ``on_master_now`` (offset commits: the master or an
+error at once, the next commit sends them again), ``read_on`` (reads: the
+members in read order, the next one when one does not answer),
+``reader_on`` (the member a consumer reads a group from, probed; moving
+back once the first choice answers, ``keep_reader``) and ``on_any`` (a
+keyless batch: any group with a writable queue). ``members_in_turn`` is
+the loop over a group's members that reads use, a Spark read task's too.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.batches import stream_requests
+from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.errors import (
+    BrokerUnavailable,
+    DeadlineExceeded,
+    EqueueError,
+    InvalidRequest,
+    NotFoundError,
+    NotMasterError,
+    PermissionDeniedError,
+)
+from equeue_spark.client.replica_reads import DOWN_S, DownMarks, read_order
+from equeue_spark.client.route import Route, name_broker, split_request
+from equeue_spark.client.transactions import abort_transactions
+
+PROBE_S = 1.0
+"""Deadline of the call that checks a broker group's member answers before reading there."""
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+Brokers = Sequence[str | None] | None
+"""The broker group of each message's explicit queue id (``brokers=``), or None."""
+Routed = tuple[pb.ProduceRequest, Brokers]
+"""A produce request and the groups of its explicit queue ids."""
+
+Call = Callable[[Connection, bool], T]
+"""A call on one member: ``(connection, may_retry)``. ``may_retry`` is False
+when a failure is better retried elsewhere (another member, the group's new
+master) than on the same connection."""
+
+
+def members_in_turn(
+    addresses: Sequence[str],
+    attempt: Callable[[str, bool], Iterator[T]],
+    moved: Callable[[str, EqueueError], None],
+) -> Iterator[T]:
+    """What ``attempt(address, last)`` yields on the first of ``addresses``;
+    when a member does not answer (BrokerUnavailable, DeadlineExceeded, also
+    part way through), ``moved(address, error)`` and the next one's, to the
+    last, whose error is raised. The one loop over a group's members: reads
+    (``Routes.read_on``), a consumer's member (``Routes.reader_on``) and a
+    Spark read task's range (read_task.py) go through it."""
+    for index, address in enumerate(addresses):
+        last = index == len(addresses) - 1
+        try:
+            yield from attempt(address, last)
+            return
+        except (BrokerUnavailable, DeadlineExceeded) as exc:
+            if last:
+                raise
+            moved(address, exc)
+
+
+class Routes:
+    """Routes and broker connections of one client (thread-safe)."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._connections: dict[str, Connection] = {}
+        self._down = DownMarks()
+
+    # -- what an implementation says -------------------------------------------------
+
+    def route(self, topic: str, refresh: bool = False) -> Route:
+        """The topic's route, from the cache while it is fresh."""
+        raise NotImplementedError
+
+    def invalidate(self, topic: str) -> None:
+        """Fetch the route again at its next use (after an error on it)."""
+
+    def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
+        """The live brokers."""
+        raise NotImplementedError
+
+    def broker_address(self, broker: str) -> str:
+        """A broker group's master, topic-independent."""
+        raise NotImplementedError
+
+    def group(self, broker: str, missing: str) -> str:
+        """The broker group a call about one queue (or transaction) goes to:
+        ``broker``; none given, the only group if there is one, else
+        InvalidRequest(``missing``)."""
+        raise NotImplementedError
+
+    def only_address(self, what: str) -> str:
+        """The one broker a call about a broker (not a topic) goes to;
+        InvalidRequest naming ``what`` where there are many."""
+        raise NotImplementedError
+
+    def message_address(self, message_id: str) -> str:
+        """The broker that stored the message ``message_id`` names."""
+        raise NotImplementedError
+
+    def names_groups(self) -> bool:
+        """Whether queues are named (broker group, queue id) rather than by id alone."""
+        raise NotImplementedError
+
+    def groups_of(self, topic: str) -> list[str]:
+        """The broker groups hosting ``topic`` (a consumer joins its group on each)."""
+        return self.route(topic).broker_names()
+
+    def message_group(self, broker_id: str) -> str:
+        """The broker group of a message whose ``Message.broker_id`` is ``broker_id``
+        (a broker names itself by its group's name in a cluster)."""
+        return broker_id
+
+    # -- members -----------------------------------------------------------------------
+
+    def connection(self, address: str) -> Connection:
+        """The one connection to the broker at ``address``."""
+        with self._lock:
+            conn = self._connections.get(address)
+            if conn is None:
+                conn = Connection(self.config.for_broker(address))
+                self._connections[address] = conn
+            return conn
+
+    def broker_connection(self, topic: str, broker: str) -> Connection:
+        """The connection to ``broker``'s master, where ``topic``'s route says it is."""
+        return self.connection(self.route(topic).address(broker))
+
+    def read_addresses(self, topic: str, broker: str, seed: str = "") -> list[str]:
+        """The members of ``broker``'s group that serve ``topic``'s reads, in
+        the order to try them (members marked down last)."""
+        entry = self.route(topic).entry(broker)
+        order = read_order(entry, self.config.read_from_replicas, seed)
+        if not order:
+            raise BrokerUnavailable(f"broker group {broker!r} has no live member")
+        return self._down.order(order)
+
+    def mark_down(self, address: str, for_s: float = DOWN_S) -> None:
+        """``address`` failed a call: try it last for ``for_s``."""
+        self._down.mark(address, for_s)
+
+    def is_down(self, address: str) -> bool:
+        return self._down.is_down(address)
+
+    def keep_reader(
+        self, topic: str, broker: str, address: str, failed: bool, seed: str = ""
+    ) -> bool:
+        """Whether a reader of ``broker``'s group stays on ``address``: its
+        calls answer and it is the group's first choice (``reads_first``).
+        Otherwise the member is marked down if it ``failed``, the route is
+        fetched again at its next use, and ``reader_on`` chooses anew."""
+        if not failed and self.reads_first(topic, broker, address, seed):
+            return True
+        if failed:
+            self.mark_down(address)
+        self.invalidate(topic)
+        return False
+
+    def reads_first(self, topic: str, broker: str, address: str, seed: str = "") -> bool:
+        """Whether ``address`` is the member ``broker``'s group is best read
+        from (the master; a replica with ``read_from_replicas``)."""
+        entry = self.route(topic).entry(broker)
+        return read_order(entry, self.config.read_from_replicas, seed)[:1] == [address]
+
+    def probe(self, address: str) -> None:
+        """One quick call: does the member answer at all? (Any answer counts,
+        a refusal too: a token without the admin role gets PERMISSION_DENIED.)"""
+        conn = self.connection(address)
+        try:
+            conn.call(conn.admin.GetStats, pb.GetStatsRequest(), timeout_s=PROBE_S, retry=False)
+        except (BrokerUnavailable, DeadlineExceeded):
+            raise
+        except EqueueError:
+            return
+
+    # -- failover: the one place ---------------------------------------------------------
+
+    def on_master(self, topic: str, broker: str, call: Call[T]) -> T:
+        """``call`` on ``broker``'s master. When the master cannot be reached,
+        or the broker called is a replica now, the route is fetched again and
+        the call retried on the group's master, with backoff, for up to
+        ``failover_timeout_s``; then BrokerUnavailable naming the group."""
+        config = self.config
+        deadline = time.monotonic() + config.failover_timeout_s
+        delay = config.backoff_s
+        last: EqueueError | None = None
+        for _ in range(100_000):  # bounded by the deadline long before
+            address = self.route(topic).entry(broker).address
+            if address:
+                try:
+                    return call(self.connection(address), False)
+                except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
+                    self.mark_down(address)
+                    last = exc
+            else:
+                self.invalidate(topic)
+            if time.monotonic() + delay > deadline:
+                break
+            _sleep(delay)
+            delay = min(delay * 2, config.max_backoff_s)
+        why = f"last error: {last}" if last else "the name servers list no master"
+        raise BrokerUnavailable(
+            f"broker group {broker!r} has no reachable master (waited "
+            f"failover_timeout_s={config.failover_timeout_s:g}; {why}); retry later"
+        )
+
+    def read_on(self, topic: str, broker: str, call: Call[T], seed: str = "") -> T:
+        """``call`` on the member of ``broker``'s group that serves ``topic``'s
+        reads (the master; a replica with ``read_from_replicas``), moving to
+        the next member when one does not answer. For reads only: a replica
+        refuses writes. A member that is not the last to try does not retry
+        on its own (the next member is the better retry)."""
+        addresses = self.read_addresses(topic, broker, seed)
+        errors: list[str] = []
+
+        def attempt(address: str, last: bool) -> Iterator[T]:
+            yield call(self.connection(address), last)
+
+        def moved(address: str, exc: EqueueError) -> None:
+            self.mark_down(address)
+            errors.append(f"{address}: {exc}")
+
+        try:
+            return next(members_in_turn(addresses, attempt, moved))
+        except (BrokerUnavailable, DeadlineExceeded) as exc:
+            moved(addresses[-1], exc)
+        tried = "; ".join(errors)
+        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
+
+    def reader_on(
+        self, topic: str, broker: str, current: str, start: Callable[[Connection], T],
+        seed: str = "",
+    ) -> T | None:  # fmt: skip
+        """Where a long-lived reader of ``broker``'s group (a consumer's) reads:
+        the first member in read order that answers (probed). None when that
+        is ``current`` (the reader there stays), or when none answers and
+        there is a current reader (it stays: its member may come back); else
+        ``start`` on the member's connection. BrokerUnavailable when no member
+        answers and there is no reader yet."""
+        errors: list[str] = []
+
+        def attempt(address: str, last: bool) -> Iterator[T | None]:
+            if address == current:
+                yield None
+                return
+            self.probe(address)
+            yield start(self.connection(address))
+
+        def moved(address: str, exc: EqueueError) -> None:
+            self.mark_down(address)
+            errors.append(f"{address}: {exc}")
+
+        addresses = self.read_addresses(topic, broker, seed)
+        try:
+            return next(members_in_turn(addresses, attempt, moved))
+        except (BrokerUnavailable, DeadlineExceeded) as exc:
+            moved(addresses[-1], exc)
+        if current:
+            return None
+        tried = "; ".join(errors)
+        raise BrokerUnavailable(f"no member of broker group {broker!r} answers: {tried}")
+
+    def on_master_now(
+        self, topic: str, broker: str, call: Call[T], unreachable: Callable[[str], EqueueError]
+    ) -> T:
+        """``call`` on ``broker``'s master without waiting for a new one (an
+        offset commit: the next commit sends the offsets again). A master
+        that fails is marked down and skipped by the calls that follow until
+        it answers again; ``unreachable(why)`` is raised then."""
+        master = self.route(topic).entry(broker).address
+        why = "the name servers list no master" if not master else "it does not answer"
+        if master and not self.is_down(master):
+            try:
+                # The connection's retries ride out a blip.
+                return call(self.connection(master), True)
+            except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
+                self.mark_down(master)
+                why = str(exc)
+        self.invalidate(topic)
+        raise unreachable(why)
+
+    def on_any(self, topic: str, start: int, call: Call[T], again: bool = True) -> tuple[str, T]:
+        """``call`` on the master of a group with a writable queue of ``topic``,
+        round robin from ``start`` (groups that failed lately last); on one
+        that cannot be reached (or a replica, the route being stale), again
+        on the next, the route fetched again, until ``failover_timeout_s``.
+        Returns (group, result). A non-retriable error (any error without
+        ``again``: a staged batch is never sent twice) is raised at once,
+        naming its group."""
+        config = self.config
+        errors: list[str] = []
+        delay = config.backoff_s
+        deadline = time.monotonic() + max(config.failover_timeout_s, 0.0)
+        for _ in range(100_000):  # bounded by the deadline long before
+            route = self.route(topic)
+            writable = {b for b, _ in route.queues("writable")}
+            names = [n for n in route.broker_names() if n in writable]
+            if not names:
+                raise BrokerUnavailable(f"topic {topic!r} has no writable queue on a live broker")
+            ordered = sorted(
+                (names[(start + i) % len(names)] for i in range(len(names))),
+                key=lambda n: self.is_down(route.entry(n).address),
+            )
+            for broker in ordered:
+                address = route.entry(broker).address
+                try:
+                    address = route.address(broker)
+                    return broker, call(self.connection(address), len(names) == 1 and again)
+                except EqueueError as exc:
+                    if not again or not (exc.retriable or isinstance(exc, NotMasterError)):
+                        raise name_broker(exc, broker, address) from exc
+                    errors.append(f"{broker}: {exc}")
+                    if address:
+                        self.mark_down(address, config.max_backoff_s * 5)
+                    self.invalidate(topic)
+            if time.monotonic() + delay > deadline:
+                break
+            _sleep(delay)
+            delay = min(delay * 2, config.max_backoff_s)
+        raise BrokerUnavailable(
+            f"no broker of topic {topic!r} took the batch within failover_timeout_s="
+            f"{config.failover_timeout_s:g}: " + "; ".join(errors[-3:])
+        )
+
+    def send_requests(
+        self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]
+    ) -> Iterator[T]:
+        """Many requests of a producer, each with the broker groups of its
+        explicit queue ids: each routed and sent on its own (``send``)."""
+        return (send(request, brokers) for request, brokers in requests)
+
+    def stage_requests(
+        self, requests: Iterable[Routed], txn_id: str,
+        stage: Callable[[pb.ProduceRequest, Brokers], dict[str, int]],
+    ) -> Iterator[dict[str, int]]:  # fmt: skip
+        """Many requests staged in transaction ``txn_id`` (the same id on each
+        group they route to), each routed and staged on its own (``stage``:
+        messages staged per group). On an error the transaction is aborted on
+        the groups that staged some (best effort), and the error raised."""
+        staged: set[str] = set()
+        try:
+            for request, brokers in requests:
+                counts = stage(request, brokers)
+                staged.update(counts)
+                yield counts
+        except BaseException:
+            for broker in sorted(staged):
+                self._abort_quietly(broker, txn_id)
+            raise
+
+    def _abort_quietly(self, broker: str, txn_id: str) -> None:
+        """Best effort: the driver's commit (by prefix) or the broker's
+        timeout aborts the transaction anyway if this fails."""
+        try:
+            abort_transactions(self.connection(self.broker_address(broker)), [txn_id])
+        except EqueueError as exc:
+            log.warning("could not abort transaction %s on %r: %s", txn_id, broker, exc)
+
+    def close(self) -> None:
+        with self._lock:
+            connections = list(self._connections.values())
+            self._connections.clear()
+        for conn in connections:
+            conn.close()
+
+
+def _sleep(delay: float) -> None:
+    time.sleep(delay * (0.5 + random.random()))  # jitter spreads reconnects
+
+
+class StaticRoutes(Routes):
+    """One broker at a fixed address: a cluster of one group, named ``""``.
+
+    A topic's route is the broker's own queues (DescribeTopic), fetched at
+    each use that asks for it fresh and cached like a name server's route; a
+    topic the broker does not have has a route with the group and no queues
+    (the broker decides, as it always did). Its master never changes, so
+    ``on_master`` is one call with the connection's own retries.
+    """
+
+    def __init__(self, config: ClientConfig) -> None:
+        super().__init__(config)
+        self.address = config.target
+        self._routes: dict[str, Route] = {}
+
+    def route(self, topic: str, refresh: bool = False) -> Route:
+        with self._lock:
+            cached = self._routes.get(topic)
+        limit = self.config.route_refresh_s
+        if cached is not None and not refresh and time.monotonic() - cached.fetched < limit:
+            return cached
+        conn = self.connection(self.address)
+        try:
+            info = conn.call(conn.admin.DescribeTopic, pb.DescribeTopicRequest(name=topic))
+        except (NotFoundError, PermissionDeniedError):
+            # Not there yet (the broker creates it with the first message), or a
+            # token without the admin role: the broker chooses the queues.
+            info = pb.TopicInfo(name=topic)
+        entry = pb.BrokerRoute(broker_name="", address=self.address, incarnation=info.incarnation)
+        for q in info.queues:
+            entry.queues.add(
+                queue_id=q.queue_id, writable=q.producer_visible, readable=q.consumer_visible
+            )
+        route = Route(topic, (entry,), time.monotonic())
+        with self._lock:
+            self._routes[topic] = route
+        return route
+
+    def invalidate(self, topic: str) -> None:
+        with self._lock:
+            self._routes.pop(topic, None)
+
+    def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
+        return [pb.BrokerEntry(broker_name="", address=self.address, routed_master=True)]
+
+    def broker_address(self, broker: str) -> str:
+        if broker:
+            raise InvalidRequest(
+                f"broker {broker!r}: this client talks to one broker; give namesrv= for a cluster"
+            )
+        return self.address
+
+    def group(self, broker: str, missing: str) -> str:
+        return self.broker_address(broker) and ""
+
+    def only_address(self, what: str) -> str:
+        return self.address
+
+    def message_address(self, message_id: str) -> str:
+        return self.address
+
+    def names_groups(self) -> bool:
+        return False
+
+    def groups_of(self, topic: str) -> list[str]:
+        return [""]
+
+    def read_addresses(self, topic: str, broker: str, seed: str = "") -> list[str]:
+        return [self.broker_address(broker)]
+
+    def message_group(self, broker_id: str) -> str:
+        return ""  # a single broker names itself by its data directory's id
+
+    def reads_first(self, topic: str, broker: str, address: str, seed: str = "") -> bool:
+        return True
+
+    def reader_on(
+        self, topic: str, broker: str, current: str, start: Callable[[Connection], T],
+        seed: str = "",
+    ) -> T | None:  # fmt: skip
+        """The one member; its reader stays once there is one (no probe: the
+        reader's own calls say whether it answers)."""
+        return None if current else start(self.connection(self.broker_address(broker)))
+
+    def on_master_now(
+        self, topic: str, broker: str, call: Call[T], unreachable: Callable[[str], EqueueError]
+    ) -> T:
+        return call(self.connection(self.broker_address(broker)), True)
+
+    def on_master(self, topic: str, broker: str, call: Call[T]) -> T:
+        return call(self.connection(self.route(topic).address(broker)), True)
+
+    def read_on(self, topic: str, broker: str, call: Call[T], seed: str = "") -> T:
+        return call(self.connection(self.broker_address(broker)), True)
+
+    def on_any(self, topic: str, start: int, call: Call[T], again: bool = True) -> tuple[str, T]:
+        return "", call(self.connection(self.address), True)
+
+    def send_requests(
+        self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]
+    ) -> Iterator[Any]:
+        """Pipelined on one ``ProduceStream`` call to the broker, each keyed
+        request's queues chosen here first (``split_request``). One group: a
+        queue id alone names its queue (the groups given are not needed)."""
+        queued = (self._queued(request) for request, _ in requests)
+        return stream_requests(self.connection(self.address), queued)
+
+    def stage_requests(
+        self, requests: Iterable[Routed], txn_id: str,
+        stage: Callable[[pb.ProduceRequest, Brokers], dict[str, int]],
+    ) -> Iterator[dict[str, int]]:  # fmt: skip
+        """Pipelined on one ``ProduceStream`` call: the broker stages them in
+        the transaction; aborted there on an error (best effort)."""
+
+        def staged() -> Iterator[pb.ProduceRequest]:
+            for request, _ in requests:
+                request.transaction_id = txn_id
+                yield request
+
+        try:
+            for results in stream_requests(self.connection(self.address), staged()):
+                yield {"": len(results)}
+        except BaseException:
+            self._abort_quietly("", txn_id)
+            raise
+
+    def _queued(self, request: pb.ProduceRequest) -> pb.ProduceRequest:
+        if len(request.queue_ids) or all(k < 0 for k in request.messages.key_lengths):
+            return request  # explicit queues, or keyless: one queue, round robin
+        route = self.route(request.topic)
+        writable = route.queues("writable")
+        sticky = writable[0] if writable else ("", 0)
+        ((_, part),) = split_request(request, writable, sticky, None, "").values()
+        return part
