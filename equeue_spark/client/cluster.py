@@ -15,6 +15,13 @@ the master cannot be reached (``mark_down``), or a replica always with
 fetched again at its next use, so a new master is learnt as soon as the name
 servers know it (a broker registers at once when its role changes). What to
 do when a member fails is routing.py's (``Routes``).
+
+Name servers are dialled as brokers are (``connection.open_channel``): the
+same TLS settings and the same token (``ClientConfig.tls_ca``/``tls_cert``/
+``tls_key``, ``token``), so one set of settings reaches a secured cluster. A
+name server's UNAUTHENTICATED or PERMISSION_DENIED is final: raised at once
+(``AuthenticationError``, ``PermissionDeniedError``), naming the name server,
+not tried on the others (they share one token file) nor retried.
 """
 
 from __future__ import annotations
@@ -29,11 +36,13 @@ import grpc
 from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
-from equeue_spark.client.connection import ClientConfig
+from equeue_spark.client.connection import ClientConfig, open_channel
 from equeue_spark.client.errors import (
+    AuthenticationError,
     BrokerUnavailable,
     InvalidRequest,
     NotFoundError,
+    PermissionDeniedError,
     from_rpc_error,
 )
 from equeue_spark.client.replica_reads import DOWN_S
@@ -73,8 +82,10 @@ class NameServerRoutes(Routes):
         self._routes: dict[str, Route] = {}
         self._stale: set[str] = set()
         self._brokers: list[pb.BrokerEntry] = []
-        self._channels = [grpc.insecure_channel(a) for a in self.namesrvs]
-        self._stubs = [pb_grpc.NameServerStub(c) for c in self._channels]
+        # The brokers' TLS and token (ValueError for an unreadable TLS file).
+        channels = [open_channel(config, a) for a in self.namesrvs]
+        self._channels = [channel for channel, _ in channels]
+        self._stubs = [pb_grpc.NameServerStub(calls) for _, calls in channels]
         self._preferred = random.randrange(len(self._stubs))
         """The name server asked first: a random one at the start (clients spread
         their load over the name servers), then the last one that answered."""
@@ -83,8 +94,10 @@ class NameServerRoutes(Routes):
 
     def _ask(self, method: str, request: object) -> object:
         """Call ``method`` on the name servers, the last good one first;
-        ``NotFoundError`` at once (every name server knows the same), and
-        ``BrokerUnavailable`` naming them all if none answers."""
+        ``NotFoundError`` at once (every name server knows the same),
+        ``AuthenticationError``/``PermissionDeniedError`` at once naming the
+        name server (they share the token file: the others would refuse too),
+        and ``BrokerUnavailable`` naming them all if none answers."""
         errors: list[str] = []
         count = len(self._stubs)
         for step in range(count):
@@ -97,6 +110,8 @@ class NameServerRoutes(Routes):
                 error = from_rpc_error(exc)
                 if isinstance(error, NotFoundError | InvalidRequest):
                     raise error from exc
+                if isinstance(error, AuthenticationError | PermissionDeniedError):
+                    raise _refused(self.namesrvs[index], error) from exc
                 errors.append(f"{self.namesrvs[index]}: {error}")
                 continue
             self._preferred = index
@@ -188,6 +203,19 @@ class NameServerRoutes(Routes):
         super().close()
         for channel in self._channels:
             channel.close()
+
+
+def _refused(
+    address: str, error: AuthenticationError | PermissionDeniedError
+) -> AuthenticationError | PermissionDeniedError:
+    """``error`` from the name server at ``address``, saying so and which token it had."""
+    hint = (
+        " (the client sends name servers the token it sends brokers: ClientConfig.token or "
+        "$EQUEUE_TOKEN, the CLI's --token-file, Spark's option token)"
+        if isinstance(error, AuthenticationError)
+        else ""
+    )
+    return type(error)(f"name server {address} refused the call: {error}{hint}", error.code)
 
 
 def with_replica_reads(config: ClientConfig) -> ClientConfig:

@@ -137,12 +137,14 @@ class ClientConfig:
     """First retry delay; doubles each attempt, with jitter, up to ``max_backoff_s``."""
     max_backoff_s: float = 2.0
     token: str | None = field(default=None, repr=False)
-    """Access token sent with every call; None means ``$EQUEUE_TOKEN`` (if set)."""
+    """Access token sent with every call, to brokers and name servers alike;
+    None means ``$EQUEUE_TOKEN`` (if set)."""
     tls: bool | None = None
     """Use TLS; None means "if a CA is given" (``tls_ca`` or ``$EQUEUE_TLS_CA``)."""
     tls_ca: str | None = None
-    """PEM file of the CA that signed the broker's certificate; None means
-    ``$EQUEUE_TLS_CA``, and "" the system's roots."""
+    """PEM file of the CA that signed the broker's (and the name servers')
+    certificate; None means ``$EQUEUE_TLS_CA``, and "" the system's roots.
+    Name servers get the same TLS settings as brokers (``open_channel``)."""
     tls_cert: str | None = None
     """PEM client certificate for mutual TLS (else ``$EQUEUE_TLS_CERT``)."""
     tls_key: str | None = field(default=None, repr=False)
@@ -204,25 +206,34 @@ class ClientConfig:
         return check_address(*resolve_address(self.broker))
 
 
+def open_channel(config: ClientConfig, target: str) -> tuple[grpc.Channel, grpc.Channel]:
+    """(the channel to ``target``, the channel to call through) with
+    ``config``'s security: TLS credentials (``credentials()``) and the token
+    (``resolved_token()``) on every call. The one way the client dials
+    anything: a broker (``Connection``) or a name server (cluster.py's
+    ``NameServerRoutes``). Close the first; ``ValueError`` for an unreadable
+    TLS file."""
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+    credentials = config.credentials()
+    if credentials is None:
+        channel = grpc.insecure_channel(target, options=options)
+    else:
+        channel = grpc.secure_channel(target, credentials, options=options)
+    token = config.resolved_token()
+    calls = grpc.intercept_channel(channel, TokenInterceptor(token)) if token else channel
+    return channel, calls
+
+
 class Connection:
     """A channel plus the two service stubs; closes with ``close()`` or ``with``."""
 
     def __init__(self, config: ClientConfig | None = None) -> None:
         self.config = config or ClientConfig()
-        options = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
-        credentials = self.config.credentials()
-        if credentials is None:
-            self.channel = grpc.insecure_channel(self.config.target, options=options)
-        else:
-            self.channel = grpc.secure_channel(self.config.target, credentials, options=options)
-        token = self.config.resolved_token()
         # The raw channel is kept for close(); calls go through the token interceptor.
-        calls = (
-            grpc.intercept_channel(self.channel, TokenInterceptor(token)) if token else self.channel
-        )
+        self.channel, calls = open_channel(self.config, self.config.target)
         self.broker = pb_grpc.BrokerStub(calls)
         self.admin = pb_grpc.AdminStub(calls)
         # Pulls decode their replies with wire.py: the records stay in the
@@ -341,6 +352,7 @@ __all__ = [
     "EqueueError",
     "check_address",
     "default_broker",
+    "open_channel",
     "parse_namesrv",
     "resolve_address",
 ]

@@ -67,7 +67,13 @@ from equeue_spark.client.consumer_part import (
     QueueKey,
     Start,
 )
-from equeue_spark.client.errors import BrokerUnavailable, EqueueError, InvalidRequest
+from equeue_spark.client.errors import (
+    AuthenticationError,
+    BrokerUnavailable,
+    EqueueError,
+    InvalidRequest,
+    PermissionDeniedError,
+)
 from equeue_spark.client.records import Message
 
 __all__ = ["Committer", "Consumer", "Member", "OnDataLoss", "QueueKey", "Start"]
@@ -269,12 +275,16 @@ class Consumer:
     def _refresh_parts(self, first: bool = False) -> None:
         """Join the group on every broker group of the topics' routes not
         joined yet. On the ``first`` refresh, an error that left no group
-        joined is raised (a consumer that can read nothing says so)."""
+        joined is raised (a consumer that can read nothing says so); a
+        token the name servers refuse (``AuthenticationError``,
+        ``PermissionDeniedError``) is raised on any refresh."""
         self._refreshed = time.monotonic()
         hosted: dict[str, list[str]] = {}
         for topic in self.topics:
             try:
                 names = self.routes.groups_of(topic)
+            except (AuthenticationError, PermissionDeniedError):
+                raise  # the token: no later refresh would do better
             except EqueueError as exc:
                 log.warning("no route for %s yet: %s", topic, exc)
                 continue

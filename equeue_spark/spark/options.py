@@ -123,9 +123,10 @@ _SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
 
 @dataclass(frozen=True)
 class Security:
-    """How to reach a broker that requires TLS or a token (the same for reads and
-    writes). Unset fields fall back to the client's environment variables
-    (``$EQUEUE_TOKEN``, ``$EQUEUE_TLS_CA``, ...) where the task runs."""
+    """How to reach brokers and name servers that require TLS or a token (the
+    same for reads and writes, brokers and name servers). Unset fields fall
+    back to the client's environment variables (``$EQUEUE_TOKEN``,
+    ``$EQUEUE_TLS_CA``, ...) where the task runs."""
 
     token: str | None = field(default=None, repr=False)
     """Option ``token`` (Spark redacts option values named like it in plans and UIs)."""
