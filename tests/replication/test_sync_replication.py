@@ -277,7 +277,7 @@ def test_a_produce_stream_is_pipelined_and_acknowledged_only_with_the_replica(
     tmp_path: Path,
 ) -> None:
     """ProduceStream in sync mode writes batches while earlier ones wait for the
-    replica (broker/equeue_broker/server/pipelined.py): replies still come in order, and none
+    replica (equeue_broker/replication/pipelined.py): replies still come in order, and none
     before the replica has the batch."""
 
     def stream(m: Client, tag: bytes, batches: int) -> Iterator[pb.ProduceReply]:
