@@ -64,7 +64,6 @@ from equeue_broker.storage.epochs import EpochHistory, prepare_marker
 from equeue_broker.storage.errors import (
     InvalidArgument,
     NotFound,
-    PreconditionFailed,
     io_error,
 )
 from equeue_broker.storage.flush import SyncCommitter
@@ -88,7 +87,7 @@ from equeue_broker.storage.results import (
     RetentionReport,
 )
 from equeue_broker.storage.retention import delete_expired
-from equeue_broker.storage.topic_admin import TopicAdmin, queue_meta
+from equeue_broker.storage.topic_admin import TopicAdmin
 from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics
 from equeue_broker.storage.transactions import Transactions
 from equeue_broker.storage.txn_recovery import TxnScan
@@ -127,19 +126,13 @@ class Store:
             _release_files(self._lock_fd, queues, message_log)
             raise
         self._state = state = EngineState(
-            config, message_log, offsets, queues, checkpoint.index_position
+            config, message_log, offsets, queues, topics, checkpoint.index_position
         )
-        self._writer = LogWriter(state.log, state.fail)
+        self._writer = LogWriter(state)
         self._topic_admin = TopicAdmin(
-            config, lock=state.lock, admin_lock=state.admin_lock, message_log=state.log,
-            queues=state.queues, offsets=state.offsets, topics=topics,
-            check_open=state.check_open, flush=self.flush,
-            persist_offsets=self._persist_offsets, checkpoint=lambda: state.checkpoint,
-        )  # fmt: skip
-        self._reads = Reads(
-            config, state.lock, state.log, state.queues, self._topic_admin.live_queue,
-            state.check_open,
-        )  # fmt: skip
+            state, flush=self.flush, persist_offsets=self._persist_offsets
+        )
+        self._reads = Reads(state)
         self._committer: SyncCommitter | None = None
         if state.sync_flush:
             self._committer = SyncCommitter(self._commit_round)
@@ -196,11 +189,11 @@ class Store:
         queue = self._state.queues.get((topic, queue_id))
         if queue is None:
             with self._state.lock:
-                queue = self._writable_queue(topic, queue_id)  # raises the precise error
+                queue = self._state.writable_queue(topic, queue_id)  # raises the precise error
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
         if self._committer is None:
             with self._state.lock:
-                result = self._writer.write(self._writable_queue(topic, queue_id), prepared)
+                result = self._writer.write(self._state.writable_queue(topic, queue_id), prepared)
                 if self._state.visibility.limit is None:
                     queue.visible_end = end = queue.index.end
                     changed = [(queue, end)]
@@ -221,7 +214,7 @@ class Store:
     def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
         """Check ``batch`` as ``append`` would, without writing it (for staging)."""
         with self._state.lock:
-            queue = self._writable_queue(topic, queue_id)
+            queue = self._state.writable_queue(topic, queue_id)
         return prepare_batch(batch, queue.topic_bytes, self.config.limits)
 
     # -- transactions: the writes transactions.py asks for (txn_writes.py) -------------
@@ -241,7 +234,7 @@ class Store:
         never misses a transaction whose records are below it. Not fsynced:
         the commit's durability covers what it commits (docs/storage.md)."""
         with self._state.lock:
-            queue = self._writable_queue(topic, queue_id)
+            queue = self._state.writable_queue(topic, queue_id)
             first = -1 if begin is None else self._writer.write_control(begin)
             count = len(prepared.batch)
             entries, done = bytearray(count * ENTRY_SIZE), [0]
@@ -281,7 +274,7 @@ class Store:
         keys = list(entries)
 
         def work() -> dict[QueueKey, int]:
-            targets = {key: self._writable_queue(*key) for key in keys}
+            targets = {key: self._state.writable_queue(*key) for key in keys}
             firsts = {key: queue.index.end for key, queue in targets.items()}
             prepared = record(firsts)
             write_commit(self._writer, targets, prepared, entries, self._writer.now_ms())
@@ -316,7 +309,7 @@ class Store:
     def _write_pending(self, topic: str, queue_id: int, prepared: PreparedBatch) -> AppendResult:
         """Sync mode, on the committer thread inside a round (lock held): write;
         readable once the round is durable."""
-        queue = self._writable_queue(topic, queue_id)
+        queue = self._state.writable_queue(topic, queue_id)
         result = self._writer.write(queue, prepared)
         self._state.visibility.hold(self._state.log.write_position, queue, queue.index.end)
         return result
@@ -354,17 +347,6 @@ class Store:
             except OSError as exc:
                 log.error("cannot cut a failed round out of the log: %s", exc)
         log.error("fsync failed (%s); the store refuses writes until restarted", cause)
-
-    def _writable_queue(self, topic: str, queue_id: int) -> QueueState:
-        """The queue, if it takes appends now (lock held)."""
-        self._state.check_writable()
-        queue = self._state.queues.get((topic, queue_id))
-        if queue is None:  # find out why, for the error message
-            queue_meta(self._topic_admin.topic(topic), queue_id)
-            raise NotFound(f"queue {topic}/{queue_id} does not exist")
-        if not queue.producer_visible:
-            raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
-        return queue
 
     # -- the replicated high watermark (sync replication; docs/replication.md) ---------
 
@@ -453,7 +435,7 @@ class Store:
         on every topic or queue change and the version counts offset changes, so
         while neither moved, the topics and offsets are the same. Read it before
         them (a change in between then makes the next one differ)."""
-        return self._topic_admin.topics, self._state.offsets.version
+        return self._state.topics, self._state.offsets.version
 
     def offsets_snapshot(self) -> dict[str, GroupOffsets]:
         """Every group's committed offsets, copied."""
@@ -563,7 +545,7 @@ class Store:
         with self._state.lock:
             checked = []
             for topic, queue_id, next_offset in offsets:
-                end = self._topic_admin.live_queue(topic, queue_id).visible_end
+                end = self._state.live_queue(topic, queue_id).visible_end
                 if not isinstance(next_offset, int) or not 0 <= next_offset <= end:
                     raise InvalidArgument(
                         f"offset {next_offset!r} for {topic}/{queue_id} outside [0, {end}]"
@@ -647,10 +629,7 @@ class Store:
         self.flush()
         state = self._state
         with state.lock:
-            return delete_expired(
-                self.config.retention, state.log, state.queues, state.offsets, now,
-                pinned=self.transactions.pinned(),
-            )  # fmt: skip
+            return delete_expired(state, now, pinned=self.transactions.pinned())
 
     def _maintain(self) -> None:
         """The background thread: flush, persist offsets, expire transactions,
@@ -675,7 +654,7 @@ class Store:
     def stats(self) -> dict[str, int]:
         with self._state.lock:
             return {
-                "topics": len(self._topic_admin.topics),
+                "topics": len(self._state.topics),
                 "queues": len(self._state.queues),
                 "groups": len(self._state.offsets.groups()),
                 "log_chunks": len(self._state.log.chunks),
