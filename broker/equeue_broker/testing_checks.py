@@ -216,25 +216,25 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
         limits=MessageLimits(max_message_bytes=min(capacity, MessageLimits.max_message_bytes)),
     )
     with Store(config, background=False) as store:
-        wanted = {t.name for t in store.topics()} if topics is None else set(topics)
+        wanted = {t.name for t in store.topic_admin.listing()} if topics is None else set(topics)
         ends: dict[tuple[str, int], tuple[int, int]] = {}
         served: set[int] = set()
-        for meta in store.topics():
+        for meta in store.topic_admin.listing():
             if meta.name not in wanted:
                 continue
             for q in meta.queues:
-                info = store.queue_info(meta.name, q.queue_id)
+                info = store.topic_admin.queue_info(meta.name, q.queue_id)
                 ends[(meta.name, q.queue_id)] = (info.earliest, info.end)
                 got: list[tuple[int, bytes]] = []
                 offset = info.earliest
                 for _ in range(info.end - info.earliest + 1):
                     if offset >= info.end:
                         break
-                    read = store.read(meta.name, q.queue_id, offset, max_messages=PULL_BATCH)
+                    read = store.reads.read(meta.name, q.queue_id, offset, max_messages=PULL_BATCH)
                     for m in read.messages:
                         served.add(m.position)
                         got.append((m.queue_offset, m.value))
-                        again = store.read_at_position(m.position)
+                        again = store.reads.read_at_position(m.position)
                         if again != m:
                             result.problems.append(
                                 f"{meta.name}/{q.queue_id}@{m.queue_offset}: position "
@@ -271,7 +271,7 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                     f"outside the index's [{earliest}, {end})"
                 )
                 continue
-            indexed = store.position_of(key[0], key[1], meta_record.queue_offset)
+            indexed = store.reads.position_of(key[0], key[1], meta_record.queue_offset)
             if indexed != position:
                 result.problems.append(
                     f"log record at {position} is {key} offset {meta_record.queue_offset}, "

@@ -139,14 +139,14 @@ def test_topics_flipped_incarnation_digit_uses_backup(open_store: OpenStore) -> 
     store.create_topic(TOPIC, 1)
     sent = append(store, 0, "a", 3)
     store.create_topic("other", 1)  # a second save: the backup holds TOPIC too
-    incarnation = store.topic(TOPIC).incarnation
+    incarnation = store.topic_admin.describe(TOPIC).incarnation
     store.close()
     path = store.config.data_dir / "topics.json"
     data = path.read_bytes()
     at = data.index(b'"incarnation":%d' % incarnation) + len(b'"incarnation":%d' % incarnation)
     write_at(path, at - 1, bytes([data[at - 1] ^ 1]))  # one bit of the last digit
     store = open_store(store.config)
-    assert store.topic(TOPIC).incarnation == incarnation
+    assert store.topic_admin.describe(TOPIC).incarnation == incarnation
     assert_queue_holds(store, 0, sent)
 
 

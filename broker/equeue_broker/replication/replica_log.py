@@ -87,7 +87,7 @@ def decode_metadata(data: bytes) -> Metadata:
 
 def master_metadata(store: Store, broker_name: str) -> Metadata:
     """What a master sends its replicas."""
-    return Metadata(broker_name, tuple(store.topics()), store.offsets_snapshot())
+    return Metadata(broker_name, tuple(store.topic_admin.listing()), store.offsets_snapshot())
 
 
 class ReplicaLog:
@@ -128,12 +128,12 @@ class ReplicaLog:
         store = self._store
         changed = False
         wanted = {t.name: t for t in meta.topics}
-        for name, have in {t.name: t for t in store.topics()}.items():
+        for name, have in {t.name: t for t in store.topic_admin.listing()}.items():
             if name not in wanted or wanted[name].incarnation != have.incarnation:
                 log.info("replica: topic %s deleted (the master's is gone or newer)", name)
-                store.delete_topic(name)
+                store.topic_admin.delete_topic(name)
                 changed = True
-        if store.adopt_topics(wanted):
+        if store.topic_admin.adopt(wanted):
             changed = True
         if store.replace_offsets(meta.offsets):
             changed = True

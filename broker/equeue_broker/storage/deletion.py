@@ -1,6 +1,6 @@
 """What makes deleting a topic or queue final, and what clears a delete cut short.
 
-``Store.delete_topic`` (and ``delete_queue``) returns only once nothing of the
+``TopicAdmin.delete_topic`` (and ``delete_queue``) returns only once nothing of the
 deleted topic can come back, after a crash or in a topic created later under
 the same name:
 

@@ -24,7 +24,8 @@ writes such bytes through ``Store.append_at`` (here: ``append_at``), which
 files are deleted and the chunk holding the cut becomes the active one).
 On a master, ``read_piece`` is what a replica asks for: whole records from a
 position, within one chunk. Every function here takes the engine's state
-(engine.py) and is called with its lock held.
+(engine.py) and is called with its lock held (``append_at`` and
+``truncate_at`` assert it), except ``read_piece``, which takes it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def append_at(
     ``PreconditionFailed`` if ``position`` is not where this log can
     continue, ``CorruptionError`` if a frame fails its checks (nothing is
     written then)."""
+    assert state.held()
     state.check_writable()
     _place(state, position, len(data))
     check_frames_at(position, data)
@@ -138,6 +140,7 @@ def truncate_at(state: EngineState, position: int, epochs: EpochHistory, scan: T
     """Cut the log at ``position`` (a divergent tail), and every index entry,
     open transaction (of ``scan``) and epoch marker at or after it, into sealed
     chunks if need be (lock held). Loud: it drops records."""
+    assert state.held()
     message_log = state.log
     end = message_log.write_position
     if position >= end:

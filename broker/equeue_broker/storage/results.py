@@ -57,7 +57,7 @@ Piece = bytes | bytearray | memoryview
 
 Framer = Callable[[RecordsResult], tuple[bytes, bytes]]
 """(prefix, suffix) to join around a read's records in the same copy (see
-``Store.read_records``); called with the read's result, ``records`` still empty."""
+``Reads.read_records``); called with the read's result, ``records`` still empty."""
 
 
 @dataclass(frozen=True)
