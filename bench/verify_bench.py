@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
-from equeue_broker.storage.chunk import HEADER_SIZE
-from equeue_broker.storage.message_log import MessageLog
+from equeue_broker.storage.log.chunk import HEADER_SIZE
+from equeue_broker.storage.log.message_log import MessageLog
 from equeue_proto import accel
 
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import grpc
 
 from equeue_broker.storage import MessageLimits, StorageConfig, Store
-from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader
+from equeue_broker.storage.log.chunk import HEADER_SIZE, ChunkHeader
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.accel import CODEC
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, Buffer, check_frame, decode_record

@@ -26,21 +26,21 @@ from equeue_broker.storage import (
     PreconditionFailed,
     StorageError,
     Store,
-    record,
 )
-from equeue_broker.storage.atomic_file import save_json
 from equeue_broker.storage.config import KiB, MessageLimits, RetentionConfig, TransactionConfig
 from equeue_broker.storage.errors import CorruptionError
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import (
+from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     QueueIndex,
     entry_damaged,
     pack_entry,
 )
-from equeue_broker.storage.record import prepare_batch
-from equeue_broker.storage.txn_records import (
+from equeue_broker.storage.log import record
+from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.log.record import prepare_batch
+from equeue_broker.storage.meta.atomic_file import save_json
+from equeue_broker.storage.txn.txn_records import (
     Abort,
     Begin,
     Commit,

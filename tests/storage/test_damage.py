@@ -19,9 +19,9 @@ import grpc
 import pytest
 
 from equeue_broker.storage import FlushMode, RetentionConfig, StorageConfig
-from equeue_broker.storage.atomic_file import decode_document
 from equeue_broker.storage.errors import CorruptionError
-from equeue_broker.storage.offsets import OffsetsLost
+from equeue_broker.storage.meta.atomic_file import decode_document
+from equeue_broker.storage.meta.offsets import OffsetsLost
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_checks import details_of, status_of
 from equeue_proto.v1 import broker_pb2 as pb

@@ -27,8 +27,8 @@ from equeue_broker.storage import (
     ReadStatus,
     Store,
 )
-from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, QueueIndex
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE, QueueIndex
+from equeue_broker.storage.log.chunk import FOOTER_SIZE, HEADER_SIZE
 from tests.conftest import MakeConfig
 from tests.support.faults import (
     chunk_path,

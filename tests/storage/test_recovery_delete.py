@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from equeue_broker.storage import FlushMode, MessageBatch, Store
-from equeue_broker.storage.atomic_file import decode_document, encode_document
 from equeue_broker.storage.errors import NotFound
+from equeue_broker.storage.meta.atomic_file import decode_document, encode_document
 from tests.conftest import MakeConfig
 
 TOPIC = "doomed"

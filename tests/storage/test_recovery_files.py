@@ -19,10 +19,10 @@ from equeue_broker.storage import (
     StorageConfig,
     Store,
 )
-from equeue_broker.storage.chunk import chunk_file_name
-from equeue_broker.storage.message_log import LOG_SUFFIX
-from equeue_broker.storage.offsets import OffsetsLost
-from equeue_broker.storage.queue_index import INDEX_SUFFIX
+from equeue_broker.storage.index.queue_index import INDEX_SUFFIX
+from equeue_broker.storage.log.chunk import chunk_file_name
+from equeue_broker.storage.log.message_log import LOG_SUFFIX
+from equeue_broker.storage.meta.offsets import OffsetsLost
 from tests.conftest import MakeConfig
 from tests.support.faults import garble, read_document
 from tests.support.sent import (

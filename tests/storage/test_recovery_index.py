@@ -15,8 +15,8 @@ import logging
 import pytest
 
 from equeue_broker.storage import FlushMode, MessageBatch, ReadStatus, Store
-from equeue_broker.storage.chunk import HEADER_SIZE
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.log.chunk import HEADER_SIZE
 from tests.conftest import MakeConfig
 from tests.support.faults import (
     flip_index_byte,

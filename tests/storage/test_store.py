@@ -26,7 +26,7 @@ from equeue_broker.storage import (
     StoreClosed,
     StoredMessage,
 )
-from equeue_broker.storage.atomic_file import decode_document
+from equeue_broker.storage.meta.atomic_file import decode_document
 from equeue_proto.record import check_frame, decode_record
 from tests.conftest import MakeConfig
 

@@ -20,7 +20,7 @@ from equeue_broker.server.errors import BadRequest, PermissionDenied
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.storage import NotFound
 from equeue_broker.storage.errors import PreconditionFailed
-from equeue_broker.storage.names import validate_group
+from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
 from equeue_proto.record import read_meta
 from equeue_proto.v1 import broker_pb2 as pb

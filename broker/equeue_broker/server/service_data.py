@@ -26,8 +26,8 @@ from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
-from equeue_broker.storage.names import validate_group, validate_topic
-from equeue_broker.storage.transactions import CommitResult
+from equeue_broker.storage.meta.names import validate_group, validate_topic
+from equeue_broker.storage.txn.transactions import CommitResult
 from equeue_proto.protocol import consumer_id_problem, key_queue
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc

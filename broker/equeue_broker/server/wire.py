@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.storage import Framer, MessageBatch, ReadStatus, RecordsResult
-from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_proto import wire
 from equeue_proto.accel import CODEC
 from equeue_proto.protocol import BROKER_TIME

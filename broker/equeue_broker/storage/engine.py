@@ -27,12 +27,12 @@ from collections.abc import Callable, Iterable
 
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.errors import NotFound, PreconditionFailed, StorageError, StoreClosed
-from equeue_broker.storage.flush import GroupCommit
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.names import validate_topic
-from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.queue_state import QueueKey, QueueState
-from equeue_broker.storage.topics import TopicMeta, queue_meta
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.log.flush import GroupCommit
+from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.meta.names import validate_topic
+from equeue_broker.storage.meta.offsets import OffsetStore
+from equeue_broker.storage.meta.topics import TopicMeta, queue_meta
 from equeue_broker.storage.visibility import Change, Visibility
 
 Listener = Callable[[str, int, int], None]

@@ -35,8 +35,8 @@ from equeue_broker.storage.errors import (
     InvalidArgument,
     NotFound,
 )
-from equeue_broker.storage.index_repair import repair_entry
-from equeue_broker.storage.queue_index import (
+from equeue_broker.storage.index.index_repair import repair_entry
+from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     RUNS_DAMAGED,
@@ -47,8 +47,8 @@ from equeue_broker.storage.queue_index import (
     entry_unchecked,
     index_runs,
 )
-from equeue_broker.storage.queue_state import QueueState
-from equeue_broker.storage.record import patch_committed
+from equeue_broker.storage.index.queue_state import QueueState
+from equeue_broker.storage.log.record import patch_committed
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, StoredMessage
 

@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_proto.record import StoredMessage
 
 

@@ -29,8 +29,8 @@ the other functions look at one queue, for those two.
 from __future__ import annotations
 
 from equeue_broker.storage.engine import EngineState
-from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.queue_state import QueueKey, QueueState
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.meta.offsets import OffsetStore
 from equeue_broker.storage.results import RetentionReport
 
 

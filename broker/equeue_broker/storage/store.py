@@ -58,10 +58,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from equeue_broker.storage.atomic_file import remove_temp_files
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
-from equeue_broker.storage.data_dir import lock_data_dir
 from equeue_broker.storage.deletion import sweep
 from equeue_broker.storage.engine import EngineState, Listener
 from equeue_broker.storage.epochs import EpochHistory, prepare_marker
@@ -70,17 +68,20 @@ from equeue_broker.storage.errors import (
     NotFound,
     io_error,
 )
-from equeue_broker.storage.flush import SyncCommitter
-from equeue_broker.storage.log_writer import LogWriter
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.log.flush import SyncCommitter
+from equeue_broker.storage.log.log_writer import LogWriter
+from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.log.positioned import LogPiece, append_at, read_piece, truncate_at
+from equeue_broker.storage.log.record import MessageBatch, PreparedBatch, prepare_batch
 from equeue_broker.storage.maintenance import maintain
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.names import validate_group
-from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
-from equeue_broker.storage.positioned import LogPiece, append_at, read_piece, truncate_at
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.queue_state import QueueKey, QueueState
+from equeue_broker.storage.meta.atomic_file import remove_temp_files
+from equeue_broker.storage.meta.data_dir import lock_data_dir
+from equeue_broker.storage.meta.names import validate_group
+from equeue_broker.storage.meta.offsets import GroupOffsets, OffsetStore
+from equeue_broker.storage.meta.topics import TopicMeta, load_topics
 from equeue_broker.storage.reads import Reads
-from equeue_broker.storage.record import MessageBatch, PreparedBatch, prepare_batch
 from equeue_broker.storage.recovery import Checkpoint, recover, save_checkpoint
 from equeue_broker.storage.results import (
     AppendResult,
@@ -90,10 +91,9 @@ from equeue_broker.storage.results import (
 )
 from equeue_broker.storage.retention import delete_expired
 from equeue_broker.storage.topic_admin import TopicAdmin
-from equeue_broker.storage.topics import TopicMeta, load_topics
-from equeue_broker.storage.transactions import Transactions
-from equeue_broker.storage.txn_recovery import TxnScan
-from equeue_broker.storage.txn_writes import write_commit
+from equeue_broker.storage.txn.transactions import Transactions
+from equeue_broker.storage.txn.txn_recovery import TxnScan
+from equeue_broker.storage.txn.txn_writes import write_commit
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from equeue_broker.storage.errors import (
     PreconditionFailed,
     io_error,
 )
-from equeue_broker.storage.names import validate_topic
-from equeue_broker.storage.queue_state import QueueState, open_queue
+from equeue_broker.storage.index.queue_state import QueueState, open_queue
+from equeue_broker.storage.meta.names import validate_topic
+from equeue_broker.storage.meta.topics import QueueMeta, TopicMeta, queue_meta, save_topics
 from equeue_broker.storage.results import QueueInfo
-from equeue_broker.storage.topics import QueueMeta, TopicMeta, queue_meta, save_topics
 
 
 class TopicAdmin:

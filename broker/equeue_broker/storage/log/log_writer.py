@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterator
 
 from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.errors import InvalidArgument, io_error
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.queue_state import QueueState
-from equeue_broker.storage.record import PreparedBatch, encode_records, frame_sizes
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_state import QueueState
+from equeue_broker.storage.log.record import PreparedBatch, encode_records, frame_sizes
 from equeue_broker.storage.results import AppendResult
-from equeue_broker.storage.txn_records import encode_control
+from equeue_broker.storage.txn.txn_records import encode_control
 from equeue_proto.record import FLAG_TXN, FRAME_OVERHEAD
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from equeue_broker.storage.atomic_file import keep_damaged, load_json, save_json
 from equeue_broker.storage.errors import CorruptionError, InvalidName, NotFound
-from equeue_broker.storage.names import validate_topic
+from equeue_broker.storage.meta.atomic_file import keep_damaged, load_json, save_json
+from equeue_broker.storage.meta.names import validate_topic
 
 log = logging.getLogger(__name__)
 

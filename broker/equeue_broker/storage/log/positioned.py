@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.epochs import EpochHistory
 from equeue_broker.storage.errors import CorruptionError, PreconditionFailed
-from equeue_broker.storage.message_log import check_frames
+from equeue_broker.storage.log.message_log import check_frames
 from equeue_broker.storage.recovery import rebuild_indexes
-from equeue_broker.storage.txn_recovery import TxnScan
+from equeue_broker.storage.txn.txn_recovery import TxnScan
 from equeue_broker.storage.visibility import Change
 from equeue_proto.record import (
     AT_BODY,
