@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -30,7 +30,15 @@ from equeue_broker.storage import MessageLimits, StorageConfig, Store
 from equeue_broker.storage.log.chunk import HEADER_SIZE, ChunkHeader
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.accel import CODEC
-from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, Buffer, check_frame, decode_record
+from equeue_proto.record import (
+    FLAG_CONTROL,
+    FLAG_TXN,
+    Buffer,
+    RecordMeta,
+    check_frame,
+    decode_record,
+    read_meta,
+)
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -248,12 +256,8 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                     )
                 result.messages[(meta.name, q.queue_id)] = got
         # The other direction: every log record of a live queue is indexed.
-        log = getattr(store, "_log", None)
-        if log is None or not hasattr(log, "iter_records"):
-            result.problems.append("cannot scan the log: Store._log.iter_records is gone")
-            return result
         seen: dict[tuple[str, int], int] = {}
-        for position, meta_record in log.iter_records(log.start_position):
+        for position, meta_record in _log_records(store, result.problems):
             key = (meta_record.topic.decode(), meta_record.queue_id)
             if key not in ends or meta_record.flags & FLAG_CONTROL:
                 continue
@@ -283,6 +287,26 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                     f"{key}: {seen.get(key, 0)} log records for {end - earliest} index entries"
                 )
     return result
+
+
+def _log_records(store: Store, problems: list[str]) -> Iterator[tuple[int, RecordMeta]]:
+    """(position, meta) of every record in the store's log, from its start:
+    read through ``Store.read_log`` (what a replica reads: checked whole
+    records, a chunk at a time), the store's public scan of its log. A log
+    that cannot be read on adds to ``problems``."""
+    position = store.log_start
+    while True:
+        piece = store.read_log(position, 1 << 20)
+        if not piece.data:
+            if piece.position < piece.end:
+                problems.append(f"cannot scan the log on from {position}")
+            return
+        offset = 0
+        while offset < len(piece.data):
+            meta = read_meta(piece.data, offset)
+            yield piece.position + offset, meta
+            offset += meta.frame_size
+        position = piece.position + len(piece.data)
 
 
 def _log_capacity(data_dir: Path) -> int:

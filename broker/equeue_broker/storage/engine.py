@@ -6,18 +6,18 @@ queues, consumer-group offsets, what is written but not readable yet
 and the listeners told about newly readable records. ``EngineState`` holds
 it with the lock that guards it, and is passed explicitly to the modules that
 work on it (the store's write path in store.py, replica writes in
-positioned.py, reads in reads.py, topic admin in topic_admin.py, the log
+log/positioned.py, reads in reads.py, topic admin in topic_admin.py, the log
 writer, retention); none of them reaches into another's private fields.
 
 Thread safety: ``lock`` (reentrant) guards the log, the queues and the
 topics. A function or method that says "lock held" must be called with it
 held, and asserts so (``assert state.held()``): here ``fail``, the ``*_locked``
 methods and the lookups ``topic``, ``live_queue`` and ``writable_queue``;
-elsewhere every ``LogWriter`` method, ``retention.delete_expired``, the
-functions of positioned.py, the private methods of ``Reads`` and the
-changes of ``TopicAdmin``. ``admin_lock`` serialises topic and queue deletes
-and (re)creations (topic_admin.py). Listeners are called outside ``lock``,
-under ``notify_lock``.
+elsewhere the public ``LogWriter`` methods, ``retention.delete_expired``,
+``append_at`` and ``truncate_at`` of log/positioned.py, the private entry
+points of ``Reads`` and the changes of ``TopicAdmin``. ``admin_lock``
+serialises topic and queue deletes and (re)creations (topic_admin.py).
+Listeners are called outside ``lock``, under ``notify_lock``.
 """
 
 from __future__ import annotations
