@@ -217,13 +217,22 @@ class LocalCluster:
     ``start(namesrvs=2, brokers=("a", "b", "c"))`` starts the name servers
     first, then one broker per name (``--broker-name NAME --namesrv ...``,
     plus ``broker_flags``); ``namesrv`` is the comma-separated list clients take.
+    ``namesrv_env`` and ``broker_env`` add environment variables, e.g. a
+    secured cluster (docs/cluster.md, "Security and trust")::
+
+        LocalCluster(root, namesrv_flags=("--tokens-file", str(tokens)),
+                     broker_env={"EQUEUE_NAMESRV_TOKEN": broker_secret})
     """
 
     def __init__(self, root: Path, *, broker_flags: tuple[str, ...] = (),
-                 namesrv_flags: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 namesrv_flags: tuple[str, ...] = (),
+                 namesrv_env: Mapping[str, str] | None = None,
+                 broker_env: Mapping[str, str] | None = None) -> None:  # fmt: skip
         self.root = Path(root)
         self.broker_flags = broker_flags
         self.namesrv_flags = namesrv_flags
+        self.namesrv_env = dict(namesrv_env or {})
+        self.broker_env = dict(broker_env or {})
         self.namesrvs: list[NameServerProcess] = []
         self.brokers: dict[str, BrokerProcess] = {}
 
@@ -233,7 +242,9 @@ class LocalCluster:
 
     def start(self, namesrvs: int = 2, brokers: tuple[str, ...] = ("a", "b", "c")) -> LocalCluster:
         for i in range(namesrvs):
-            server = NameServerProcess(self.root / f"namesrv{i}", *self.namesrv_flags)
+            server = NameServerProcess(
+                self.root / f"namesrv{i}", *self.namesrv_flags, env=self.namesrv_env
+            )
             self.namesrvs.append(server)
             server.start()
         for name in brokers:
@@ -243,7 +254,7 @@ class LocalCluster:
     def add_broker(self, name: str, *flags: str) -> BrokerProcess:
         broker = BrokerProcess(
             self.root / f"broker-{name}", "--broker-name", name, "--namesrv", self.namesrv,
-            *self.broker_flags, *flags,
+            *self.broker_flags, *flags, env=self.broker_env,
         )  # fmt: skip
         self.brokers[name] = broker
         broker.start()
@@ -269,11 +280,13 @@ class LocalCluster:
 def local_cluster(
     namesrvs: int = 2, brokers: tuple[str, ...] = ("a", "b", "c"), *,
     broker_flags: tuple[str, ...] = (), namesrv_flags: tuple[str, ...] = (),
+    namesrv_env: Mapping[str, str] | None = None, broker_env: Mapping[str, str] | None = None,
 ) -> Iterator[LocalCluster]:  # fmt: skip
     """A cluster for the ``with`` block, in a temporary directory, stopped at the end."""
     with tempfile.TemporaryDirectory(prefix="equeue-cluster-") as scratch:
         cluster = LocalCluster(Path(scratch), broker_flags=broker_flags,
-                               namesrv_flags=namesrv_flags)  # fmt: skip
+                               namesrv_flags=namesrv_flags, namesrv_env=namesrv_env,
+                               broker_env=broker_env)  # fmt: skip
         try:
             yield cluster.start(namesrvs, brokers)
         finally:

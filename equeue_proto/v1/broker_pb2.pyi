@@ -814,6 +814,24 @@ class ListBrokersReply(_message.Message):
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerEntry]
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerEntry, _Mapping]]] = ...) -> None: ...
 
+class IdentifyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MemberIdentity(_message.Message):
+    __slots__ = ("broker_name", "instance_id", "role", "epoch", "master")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    instance_id: str
+    role: str
+    epoch: int
+    master: str
+    def __init__(self, broker_name: _Optional[str] = ..., instance_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ...) -> None: ...
+
 class ReplicateRequest(_message.Message):
     __slots__ = ("position", "max_bytes", "wait_ms", "replica_address", "chunk_capacity", "replica_id", "epoch", "last_epoch", "metadata_version", "unapplied")
     POSITION_FIELD_NUMBER: _ClassVar[int]

@@ -1568,6 +1568,111 @@ class NameServer:
             _registered_method=True)
 
 
+class MembershipStub:
+    """---------------------------------------------------------------------------
+    Membership: who a broker is in its group (docs/cluster.md, "Trust model")
+    ---------------------------------------------------------------------------
+
+    Served by every broker, without a token (like health checks): it tells
+    nothing a route does not. A name server calls it on the address a
+    registration names to check the claim (that address answers as that
+    group's member, in that role, with that epoch or a newer one) before
+    accepting it; a member of a group run without ZooKeeper calls the master a
+    name server names, and follows it only if it answers as its group's master
+    of a newer epoch.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Identify = channel.unary_unary(
+                '/equeue.v1.Membership/Identify',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.IdentifyRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.MemberIdentity.FromString,
+                _registered_method=True)
+
+
+class MembershipServicer:
+    """---------------------------------------------------------------------------
+    Membership: who a broker is in its group (docs/cluster.md, "Trust model")
+    ---------------------------------------------------------------------------
+
+    Served by every broker, without a token (like health checks): it tells
+    nothing a route does not. A name server calls it on the address a
+    registration names to check the claim (that address answers as that
+    group's member, in that role, with that epoch or a newer one) before
+    accepting it; a member of a group run without ZooKeeper calls the master a
+    name server names, and follows it only if it answers as its group's master
+    of a newer epoch.
+    """
+
+    def Identify(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_MembershipServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Identify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Identify,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.IdentifyRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.MemberIdentity.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'equeue.v1.Membership', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('equeue.v1.Membership', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Membership:
+    """---------------------------------------------------------------------------
+    Membership: who a broker is in its group (docs/cluster.md, "Trust model")
+    ---------------------------------------------------------------------------
+
+    Served by every broker, without a token (like health checks): it tells
+    nothing a route does not. A name server calls it on the address a
+    registration names to check the claim (that address answers as that
+    group's member, in that role, with that epoch or a newer one) before
+    accepting it; a member of a group run without ZooKeeper calls the master a
+    name server names, and follows it only if it answers as its group's master
+    of a newer epoch.
+    """
+
+    @staticmethod
+    def Identify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Membership/Identify',
+            equeue__proto_dot_v1_dot_broker__pb2.IdentifyRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.MemberIdentity.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class ReplicationStub:
     """---------------------------------------------------------------------------
     Replication (docs/replication.md)

@@ -753,6 +753,67 @@ class NameServerServicer(metaclass=_abc_1.ABCMeta):
 
 def add_NameServerServicer_to_server(servicer: NameServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
+class MembershipStub:
+    """---------------------------------------------------------------------------
+    Membership: who a broker is in its group (docs/cluster.md, "Trust model")
+    ---------------------------------------------------------------------------
+
+    Served by every broker, without a token (like health checks): it tells
+    nothing a route does not. A name server calls it on the address a
+    registration names to check the claim (that address answers as that
+    group's member, in that role, with that epoch or a newer one) before
+    accepting it; a member of a group run without ZooKeeper calls the master a
+    name server names, and follows it only if it answers as its group's master
+    of a newer epoch.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> MembershipAsyncStub: ...
+    Identify: _grpc.UnaryUnaryMultiCallable[_broker_pb2.IdentifyRequest, _broker_pb2.MemberIdentity]
+
+@_typing.type_check_only
+class MembershipAsyncStub(MembershipStub):
+    """---------------------------------------------------------------------------
+    Membership: who a broker is in its group (docs/cluster.md, "Trust model")
+    ---------------------------------------------------------------------------
+
+    Served by every broker, without a token (like health checks): it tells
+    nothing a route does not. A name server calls it on the address a
+    registration names to check the claim (that address answers as that
+    group's member, in that role, with that epoch or a newer one) before
+    accepting it; a member of a group run without ZooKeeper calls the master a
+    name server names, and follows it only if it answers as its group's master
+    of a newer epoch.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Identify: _aio.UnaryUnaryMultiCallable[_broker_pb2.IdentifyRequest, _broker_pb2.MemberIdentity]  # type: ignore[assignment]
+
+class MembershipServicer(metaclass=_abc_1.ABCMeta):
+    """---------------------------------------------------------------------------
+    Membership: who a broker is in its group (docs/cluster.md, "Trust model")
+    ---------------------------------------------------------------------------
+
+    Served by every broker, without a token (like health checks): it tells
+    nothing a route does not. A name server calls it on the address a
+    registration names to check the claim (that address answers as that
+    group's member, in that role, with that epoch or a newer one) before
+    accepting it; a member of a group run without ZooKeeper calls the master a
+    name server names, and follows it only if it answers as its group's master
+    of a newer epoch.
+    """
+
+    @_abc_1.abstractmethod
+    def Identify(
+        self,
+        request: _broker_pb2.IdentifyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.MemberIdentity, _abc.Awaitable[_broker_pb2.MemberIdentity]]: ...
+
+def add_MembershipServicer_to_server(servicer: MembershipServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
 class ReplicationStub:
     """---------------------------------------------------------------------------
     Replication (docs/replication.md)

@@ -34,8 +34,10 @@ FLAGS = [
     "--default-queues", "--max-wait-ms", "--max-parked-pulls", "--consumer-timeout-ms",
     "--transaction-timeout-ms", "--max-open-transactions", "--max-transaction-bytes",
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
-    "--library-log-level", "--namesrv", "--broker-name", "--cluster", "--advertise-address",
-    "--register-interval-ms", "--role", "--master", "--max-replicas", "--zookeeper",
+    "--library-log-level", "--namesrv", "--namesrv-tls-ca", "--namesrv-tls-cert",
+    "--namesrv-tls-key", "--namesrv-token-file", "--broker-name", "--cluster",
+    "--advertise-address", "--register-interval-ms", "--role", "--master", "--max-replicas",
+    "--zookeeper",
     "--zk-session-timeout-ms", "--replication", "--min-insync-replicas", "--replica-lag-max-ms",
 ]  # fmt: skip
 FILE_ONLY = [
@@ -103,12 +105,17 @@ def test_sample_config_states_each_unit_and_default() -> None:
 def test_commented_out_settings_parse_when_uncommented(tmp_path: Path) -> None:
     text = SAMPLE.read_text()
     commented = {k for k, (active, _) in documented().items() if not active}
-    assert commented == {"tls_cert", "tls_key", "tls_client_ca", "tokens_file"}
+    assert commented == {
+        "tls_cert", "tls_key", "tls_client_ca", "tokens_file",
+        "namesrv_tls_ca", "namesrv_tls_cert", "namesrv_tls_key", "namesrv_token_file",
+    }  # fmt: skip
     uncommented = tmp_path / "broker.toml"
     uncommented.write_text(re.sub(r"^# ([a-z-]+ = )", r"\1", text, flags=re.M))
     config = parse_args(["--config", str(uncommented)])
     assert config.tls_cert == Path("/etc/equeue/tls/broker.crt")
     assert config.tokens_file == Path("/etc/equeue/tokens.toml")
+    assert config.namesrv_tls_ca == Path("/etc/equeue/tls/ca.crt")
+    assert config.namesrv_token_file == Path("/etc/equeue/namesrv-token")
 
 
 def test_flags_and_keys_are_unchanged() -> None:

@@ -4,6 +4,11 @@ Prints one line, ``equeue namesrv listening on HOST:PORT``, to stdout once it
 accepts calls; SIGTERM/SIGINT stop it cleanly. It serves the ``NameServer``
 service (broker.proto), the gRPC health service and server reflection. Its
 state is soft (routes.py): nothing is written to disk.
+
+Security (docs/cluster.md, "Security and trust"): TLS and tokens as the
+broker's (auth.py: only a ``broker`` token registers, unregisters or reports a
+role; any token reads routes), and every registration's claim is checked with
+the address it names before it is taken (claims.py).
 """
 
 from __future__ import annotations
@@ -19,10 +24,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from equeue_broker.namesrv.auth import (
+    NameServerAuth,
+    broker_credentials,
+    load_tokens,
+    principal_of,
+    server_credentials,
+)
+from equeue_broker.namesrv.claims import ClaimChecker, ClaimRefused
 from equeue_broker.namesrv.config import NameServerConfig, parse_args
 from equeue_broker.namesrv.routes import Limits, NameServerError, RouteTable
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.startup import CannotBind, ExitCode, check_bindable
+from equeue_broker.server.tokens import TokenFileError, TokenTable
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -32,8 +46,12 @@ READY_PREFIX = "equeue namesrv listening on "
 
 
 class NameServerService(pb_grpc.NameServerServicer):
-    def __init__(self, table: RouteTable) -> None:
+    def __init__(
+        self, table: RouteTable, claims: ClaimChecker, tokens: TokenTable | None = None
+    ) -> None:
         self.table = table
+        self.claims = claims
+        self.tokens = tokens
 
     async def _fail(self, context: Any, exc: NameServerError) -> None:
         await context.abort(exc.code, str(exc))
@@ -42,10 +60,18 @@ class NameServerService(pb_grpc.NameServerServicer):
         self, request: pb.RegisterBrokerRequest, context: Any
     ) -> pb.RegisterBrokerReply:
         try:
+            role = self.table.validate(request)
+            # Only an address that answers as the member claimed registers:
+            # a name server's routes, and through its replies the members'
+            # roles, follow no unchecked word (claims.py).
+            await self.claims.check(request, role)
             new = self.table.register(request)
         except NameServerError as exc:
             await self._fail(context, exc)
             raise  # unreachable: abort raises
+        except ClaimRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)[:1024])
+            raise  # unreachable
         if new:
             log.info(
                 "broker registered",
@@ -68,6 +94,12 @@ class NameServerService(pb_grpc.NameServerServicer):
         return pb.UnregisterBrokerReply()
 
     async def GetRoute(self, request: pb.GetRouteRequest, context: Any) -> pb.TopicRoute:
+        principal = principal_of(self.tokens, context.invocation_metadata())
+        if principal is not None and not principal.may_use_topic(request.topic):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"token {principal.name!r} may not use topic {request.topic[:80]!r}",
+            )
         try:
             return self.table.route(request.topic)
         except NameServerError as exc:
@@ -80,7 +112,17 @@ class NameServerService(pb_grpc.NameServerServicer):
         return pb.ListBrokersReply(brokers=self.table.brokers(request.cluster))
 
 
-async def create_server(config: NameServerConfig) -> tuple[grpc.aio.Server, int, RouteTable]:
+async def create_server(
+    config: NameServerConfig, tokens: TokenTable | None = None
+) -> tuple[grpc.aio.Server, int, RouteTable]:
+    """A started name server (``tokens``: None, no authentication); ``OSError``
+    if a TLS file cannot be read."""
+    credentials = server_credentials(config)
+    claims = ClaimChecker(
+        timeout_s=config.member_check_timeout_ms / 1000,
+        credentials=broker_credentials(config),
+        max_in_flight=config.max_member_checks,
+    )
     table = RouteTable(
         expiry_s=config.broker_expiry_ms / 1000,
         limits=Limits(config.max_brokers, config.max_topics_per_broker,
@@ -92,8 +134,9 @@ async def create_server(config: NameServerConfig) -> tuple[grpc.aio.Server, int,
         ("grpc.so_reuseport", 0),
         ("grpc.max_allowed_incoming_connections", config.max_connections),
     ]
-    server = grpc.aio.server(options=options)
-    pb_grpc.add_NameServerServicer_to_server(NameServerService(table), server)
+    interceptors = [NameServerAuth(tokens)] if tokens is not None else []
+    server = grpc.aio.server(options=options, interceptors=interceptors)
+    pb_grpc.add_NameServerServicer_to_server(NameServerService(table, claims, tokens), server)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [
@@ -103,7 +146,11 @@ async def create_server(config: NameServerConfig) -> tuple[grpc.aio.Server, int,
     ]
     reflection.enable_server_reflection(names, server)
     try:
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError:
         port = 0
     if port == 0:
@@ -127,9 +174,9 @@ async def _expire_loop(table: RouteTable) -> None:
             )  # fmt: skip
 
 
-async def serve(config: NameServerConfig) -> None:
+async def serve(config: NameServerConfig, tokens: TokenTable | None) -> None:
     check_bindable(config.host, config.port)
-    server, port, table = await create_server(config)
+    server, port, table = await create_server(config, tokens)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -137,7 +184,9 @@ async def serve(config: NameServerConfig) -> None:
     expiry = asyncio.create_task(_expire_loop(table))
     log.info(
         "name server started on %s:%d", config.host, port,
-        extra={"port": port, "broker_expiry_ms": config.broker_expiry_ms},
+        extra={"port": port, "broker_expiry_ms": config.broker_expiry_ms,
+               "tls": bool(config.tls_cert), "auth_tokens": len(tokens or ()),
+               "broker_tls": bool(config.broker_tls_ca)},
     )  # fmt: skip
     sys.stdout.write(f"{READY_PREFIX}{config.host}:{port}\n")
     sys.stdout.flush()
@@ -153,8 +202,15 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)  # exits with code 2 on a bad flag or file
     configure_logging(config.log_level, config.log_format)
     try:
-        asyncio.run(serve(config))
+        tokens = load_tokens(config)
+        asyncio.run(serve(config, tokens))
+    except TokenFileError as exc:  # a config error like a bad flag
+        log.error("cannot start: %s", exc)
+        raise SystemExit(ExitCode.USAGE) from None
     except CannotBind as exc:
         log.error("cannot start: %s", exc)
         raise SystemExit(ExitCode.CANNOT_BIND) from None
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        raise SystemExit(ExitCode.CANNOT_START) from None
     os._exit(ExitCode.OK)

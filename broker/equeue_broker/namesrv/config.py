@@ -3,6 +3,12 @@
 Every setting is both a flag (``--broker-expiry-ms``) and a TOML key
 (``broker_expiry_ms`` or ``broker-expiry-ms``); ``--config FILE`` names the file.
 A bad flag, file or value exits with code 2 and one line on stderr, as the broker does.
+
+Security (docs/cluster.md, "Security and trust"): ``--tls-cert``/``--tls-key``
+(and ``--tls-client-ca`` for mutual TLS) and ``--tokens-file`` (or
+``$EQUEUE_NAMESRV_TOKENS``) are the broker's flags, with the broker's token
+file format; the ``broker_tls_*`` settings are how the name server itself
+calls brokers to check their registrations' claims.
 """
 
 from __future__ import annotations
@@ -39,6 +45,27 @@ class NameServerConfig:
     max_connections: int = 4096
     """TCP connections at once (every broker and client holds one)."""
     shutdown_grace_s: float = 2.0
+    tls_cert: str = ""
+    """PEM server certificate (chain): serve TLS instead of plaintext."""
+    tls_key: str = ""
+    """PEM private key of ``tls_cert``."""
+    tls_client_ca: str = ""
+    """PEM CA bundle: require client certificates signed by it (mutual TLS)."""
+    tokens_file: str = ""
+    """TOML token list (the broker's format, server/tokens.py); also
+    ``$EQUEUE_NAMESRV_TOKENS``. Empty: no authentication."""
+    broker_tls_ca: str = ""
+    """PEM CA bundle: check registrations' claims over TLS, trusting brokers'
+    certificates it signed (brokers serving TLS); empty: in plaintext."""
+    broker_tls_cert: str = ""
+    """PEM client certificate for those calls (brokers requiring mutual TLS)."""
+    broker_tls_key: str = ""
+    """PEM private key of ``broker_tls_cert``."""
+    member_check_timeout_ms: int = 2_000
+    """How long the address a registration names has to answer as the member
+    it claims to be (keep it under the brokers' 3 s registration timeout)."""
+    max_member_checks: int = 32
+    """Claim checks (calls to brokers) in flight at once; more wait."""
     log_level: str = "INFO"
     log_format: str = "text"
 
@@ -46,11 +73,20 @@ class NameServerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in ("broker_expiry_ms", "max_brokers", "max_topics_per_broker",
-                     "max_queues_per_topic", "max_request_bytes", "max_connections"):  # fmt: skip
+                     "max_queues_per_topic", "max_request_bytes", "max_connections",
+                     "member_check_timeout_ms", "max_member_checks"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("give both tls_cert and tls_key, or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
+        if bool(self.broker_tls_cert) != bool(self.broker_tls_key):
+            raise ValueError("give both broker_tls_cert and broker_tls_key, or neither")
+        if self.broker_tls_cert and not self.broker_tls_ca:
+            raise ValueError("broker_tls_cert needs broker_tls_ca (calls to brokers over TLS)")
         if self.log_level not in LEVELS:
             raise ValueError(
                 f"log_level must be one of {', '.join(LEVELS)}, got {self.log_level!r}"
@@ -70,6 +106,16 @@ HELP = {
     "max_request_bytes": "largest request accepted",
     "max_connections": "TCP connections at once",
     "shutdown_grace_s": "time in-flight requests get on SIGTERM",
+    "tls_cert": "PEM certificate: serve TLS",
+    "tls_key": "PEM private key of --tls-cert",
+    "tls_client_ca": "PEM CA: require client certificates it signed",
+    "tokens_file": "TOML list of access tokens (the broker's format; brokers need role "
+    "broker); unset: $EQUEUE_NAMESRV_TOKENS, else no auth",
+    "broker_tls_ca": "PEM CA: check registrations with brokers over TLS; unset: plaintext",
+    "broker_tls_cert": "PEM client certificate for those calls (brokers with mutual TLS)",
+    "broker_tls_key": "PEM private key of --broker-tls-cert",
+    "member_check_timeout_ms": "how long a registration's address has to confirm its claim",
+    "max_member_checks": "claim checks in flight at once",
     "log_level": "log threshold",
     "log_format": "json: one JSON object per line",
 }
@@ -90,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
     defaults = NameServerConfig()
     for f in fields(NameServerConfig):
-        options: dict[str, Any] = {"help": f"{HELP[f.name]} (default {getattr(defaults, f.name)})"}
+        default = getattr(defaults, f.name)
+        shown = f" (default {default})" if default != "" else ""
+        options: dict[str, Any] = {"help": f"{HELP[f.name]}{shown}"}
         if f.name == "log_level":
             options["choices"] = list(LEVELS)
         elif f.name == "log_format":

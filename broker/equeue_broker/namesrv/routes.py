@@ -97,8 +97,9 @@ class RouteTable:
 
     # -- writes ----------------------------------------------------------------
 
-    def register(self, request: pb.RegisterBrokerRequest) -> bool:
-        """Record a registration; True if the broker was not known before."""
+    def validate(self, request: pb.RegisterBrokerRequest) -> str:
+        """Check a registration's values and limits (``NameServerError``);
+        its role (MASTER or REPLICA)."""
         problem = broker_name_problem(request.broker_name)
         if problem is not None:
             raise invalid(problem)
@@ -123,7 +124,6 @@ class RouteTable:
                 f"name server keeps at most {self.limits.max_topics_per_broker} per broker "
                 "(max_topics_per_broker)",
             )
-        topics: dict[str, pb.RegisteredTopic] = {}
         for topic in request.topics:
             if not topic.name or len(topic.name) > MAX_TOPIC_NAME:
                 raise invalid(f"topic name {topic.name[:80]!r} is empty or too long")
@@ -134,7 +134,13 @@ class RouteTable:
                     f"{len(topic.queues)} queues; the name server keeps at most "
                     f"{self.limits.max_queues_per_topic} (max_queues_per_topic)",
                 )
-            topics[topic.name] = topic
+        return role
+
+    def register(self, request: pb.RegisterBrokerRequest) -> bool:
+        """Record a registration; True if the broker was not known before."""
+        role = self.validate(request)
+        key = (request.broker_name, request.instance_id[:64] or request.address)
+        topics = {topic.name: topic for topic in request.topics}
         before = self._brokers.get(key)
         self._registrations += 1
         since = 0

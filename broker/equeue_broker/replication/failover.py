@@ -125,20 +125,29 @@ class RoleSwitch:
             if new.master:
                 self._start_follower()
 
-    async def learned(self, master: str, epoch: int) -> None:
-        """A name server routes the group to ``master`` of ``epoch`` (manual
-        failover only: with ZooKeeper the election decides). An epoch newer
-        than any this broker has seen means it missed a promotion while down or
-        cut off (an old master restarted with ``--role master``, a replica
-        still following the old master): it follows the new master, and a
-        deposed master's divergent tail is truncated as it does. A replica
-        with no master takes the one of its own epoch."""
+    def would_learn(self, master: str, epoch: int) -> bool:
+        """Whether ``learned(master, epoch)`` would change this broker's role:
+        manual failover only (with ZooKeeper the election decides), another
+        member, and an epoch newer than any seen (or, for a replica with no
+        master, its own)."""
         view = self.role.view
         if self.mode != MANUAL or not master or master == self.address:
-            return
+            return False
         newer = epoch > view.epoch
-        if not newer and (view.is_master or view.master or epoch != view.epoch):
+        return newer or (not view.is_master and not view.master and epoch == view.epoch)
+
+    async def learned(self, master: str, epoch: int) -> None:
+        """A name server routes the group to ``master`` of ``epoch``, and that
+        master has confirmed it itself (server/membership.py, ``MasterCheck``:
+        the only caller; a name server's word alone moves nothing). An epoch
+        newer than any this broker has seen means it missed a promotion while
+        down or cut off (an old master restarted with ``--role master``, a
+        replica still following the old master): it follows the new master,
+        and a deposed master's divergent tail is truncated as it does. A
+        replica with no master takes the one of its own epoch."""
+        if not self.would_learn(master, epoch):
             return
+        view = self.role.view
         group = self.group
         if view.is_master:
             log.error(

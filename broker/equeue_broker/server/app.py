@@ -38,7 +38,8 @@ from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
-from equeue_broker.server.registration import Registrar, advertised
+from equeue_broker.server.membership import MembershipService
+from equeue_broker.server.registration import MasterCheck, Registrar, advertised
 from equeue_broker.server.replica_gate import ReplicaGate
 from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState, StoreCalls
@@ -137,6 +138,7 @@ async def create_server(
             store, config.namesrv_addresses(), cluster=config.cluster,
             broker_name=config.broker_name, address=address, instance_id=instance_id,
             interval_s=config.register_interval_ms / 1000, role=role,
+            credentials=namesrv_credentials(config), token=namesrv_token(config),
         )  # fmt: skip
     state = BrokerState(
         config=config,
@@ -172,12 +174,16 @@ async def create_server(
     pb_grpc.add_BrokerServicer_to_server(BrokerService(state), server)
     pb_grpc.add_AdminServicer_to_server(AdminService(state), server)
     pb_grpc.add_ReplicationServicer_to_server(ReplicationService(state, growth), server)
+    pb_grpc.add_MembershipServicer_to_server(
+        MembershipService(config.broker_name, instance_id, role), server
+    )
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [
         pb.DESCRIPTOR.services_by_name["Broker"].full_name,
         pb.DESCRIPTOR.services_by_name["Admin"].full_name,
         pb.DESCRIPTOR.services_by_name["Replication"].full_name,
+        pb.DESCRIPTOR.services_by_name["Membership"].full_name,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME,
     ]
@@ -253,6 +259,36 @@ def load_tokens(config: BrokerConfig) -> TokenTable | None:
         raise BadConfig(str(exc)) from None
 
 
+NAMESRV_TOKEN_ENV = "EQUEUE_NAMESRV_TOKEN"
+
+
+def namesrv_token(config: BrokerConfig) -> str:
+    """The token sent to the name servers: ``namesrv_token_file``'s content
+    (stripped), else ``$EQUEUE_NAMESRV_TOKEN``; "" for none."""
+    if config.namesrv_token_file is None:
+        return os.environ.get(NAMESRV_TOKEN_ENV, "").strip()
+    try:
+        token = config.namesrv_token_file.read_text().strip()
+    except OSError as exc:
+        raise OSError(f"cannot read the name-server token file: {exc}") from None
+    if not token:
+        raise BadConfig(f"namesrv_token_file {config.namesrv_token_file} is empty")
+    return token
+
+
+def namesrv_credentials(config: BrokerConfig) -> grpc.ChannelCredentials | None:
+    """TLS to the name servers (None: plaintext)."""
+    if config.namesrv_tls_ca is None:
+        return None
+    try:
+        ca = config.namesrv_tls_ca.read_bytes()
+        cert = config.namesrv_tls_cert.read_bytes() if config.namesrv_tls_cert else None
+        key = config.namesrv_tls_key.read_bytes() if config.namesrv_tls_key else None
+    except OSError as exc:
+        raise OSError(f"cannot read the name servers' TLS files: {exc}") from None
+    return grpc.ssl_channel_credentials(ca, key, cert)
+
+
 def server_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
     if config.tls_cert is None or config.tls_key is None:
         return None
@@ -292,8 +328,9 @@ async def serve(config: BrokerConfig) -> None:
     registering: asyncio.Task[None] | None = None
     if state.registrar is not None:
         state.registrar.follow()  # a role change registers at once
-        if election is None:  # without ZooKeeper: learn a promotion this broker missed
-            state.registrar.on_master = state.role_switch.learned
+        if election is None:  # without ZooKeeper: learn a promotion this broker missed,
+            # once the master a name server names has confirmed it itself
+            state.registrar.on_master = MasterCheck(state.role_switch)
         # The first registration before the ready line: a test (or script) that
         # waited for it finds the broker's topics on every live name server.
         await state.registrar.register_once(state.registrar.request())

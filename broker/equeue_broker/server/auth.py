@@ -6,7 +6,7 @@ text of ``$EQUEUE_BROKER_TOKENS``::
     [[tokens]]
     name = "etl"                      # unique; what logs and errors show, never the secret
     sha256 = "9f86d081884c7d65..."    # hex SHA-256 of the secret (or: secret = "...")
-    roles = ["produce", "consume"]    # any of admin, produce, consume
+    roles = ["produce", "consume"]    # any of admin, produce, consume, broker
     topics = ["orders*", "audit"]     # optional fnmatch patterns; default: every topic
 
 Clients send the secret as ``authorization: Bearer <secret>`` metadata. A call
@@ -16,7 +16,10 @@ PERMISSION_DENIED. Roles: ``consume`` covers the Broker service's read side
 (Pull, PullStream, offsets, heartbeats, ListOffsets, OffsetForBytes);
 ``produce`` its write side (Produce, ProduceStream, CommitTransactions,
 AbortTransactions); ``admin`` the Admin service and, being the operator's role,
-everything else. Topic patterns restrict every call of every role, admin
+everything else. ``broker`` is a broker's token to its name servers (namesrv/auth.py:
+only it may register, unregister and report a role there); on a broker it grants
+nothing, so a broker token that should also produce, consume or administer lists
+those roles too. Topic patterns restrict every call of every role, admin
 included: the interceptor checks the topics a request names (on every request
 of a stream, ``topics_of``); what a call reaches without naming it is checked
 by its handler with ``scoped``: a consumer group's topics (every group call
@@ -25,34 +28,36 @@ a message fetched by id, and the listings, cut to the token's topics. The
 transaction calls name no topic, their messages were checked when staged, and
 the transaction ids, sinks and prefixes of any token but an admin one for
 every topic are put in its own namespace (``<name>@``), so tokens cannot
-touch each other's transactions. Health checks need no token (probes);
+touch each other's transactions. Health checks need no token (probes), nor
+does ``Membership.Identify`` (membership.py: a group member's name, role and
+epoch, what name servers and the group's members check a claim against);
 server reflection needs a valid one.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-import hashlib
-import re
-import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from equeue_broker.server.errors import BadRequest, PermissionDenied, Unauthenticated, abort
 from equeue_broker.server.handlers import MethodHandler, rebuild, wrap_requests
+from equeue_broker.server.tokens import (
+    BROKER_ROLE,
+    ROLES,
+    Principal,
+    TokenFileError,
+    bearer,
+)
+from equeue_broker.server.tokens import TokenTable as _TokenTable
 from equeue_proto.v1 import broker_pb2 as pb
 
-ROLES = ("admin", "produce", "consume")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-"""Token names: they prefix the token's transaction ids (``namespace_transactions``)."""
-MAX_TOKENS = 10_000
 _BROKER = "/equeue.v1.Broker/"
 _ADMIN = "/equeue.v1.Admin/"
-_OPEN = "/grpc.health.v1.Health/"
+_OPEN = ("/grpc.health.v1.Health/", "/equeue.v1.Membership/")
+"""Services every caller may use without a token."""
 METHOD_ROLES = {
     **{_BROKER + m: "produce" for m in (
         "Produce", "ProduceStream", "CommitTransactions", "AbortTransactions",
@@ -65,30 +70,16 @@ METHOD_ROLES = {
 """The role each Broker method needs; every Admin method needs ``admin``."""
 
 
-@dataclass(frozen=True)
-class Principal:
-    """Who a valid token speaks for."""
+__all__ = [
+    "BROKER_ROLE", "METHOD_ROLES", "ROLES", "AuthInterceptor", "Principal", "TokenFileError",
+    "TokenTable", "bearer", "scoped",
+]  # fmt: skip
 
-    name: str
-    roles: frozenset[str]
-    topics: tuple[str, ...] | None
-    """fnmatch patterns; None = every topic."""
 
-    def may(self, role: str) -> bool:
-        return role in self.roles or "admin" in self.roles
+class TokenTable(_TokenTable):
+    """The broker's token table: a bad document is a ``BadRequest`` (tokens.py)."""
 
-    def may_use_topic(self, topic: str) -> bool:
-        return self.topics is None or any(fnmatch.fnmatchcase(topic, p) for p in self.topics)
-
-    def check_topic(self, topic: str) -> None:
-        if not self.may_use_topic(topic):
-            raise PermissionDenied(f"token {self.name!r} may not use topic {topic!r}")
-
-    def sees_every_transaction(self) -> bool:
-        """Only an admin token for every topic works outside its own transaction
-        namespace: a topic-scoped admin could otherwise abort or fence other
-        teams' transactions."""
-        return "admin" in self.roles and self.topics is None
+    error = BadRequest
 
 
 def scoped(tokens: TokenTable | None, metadata: Any) -> Principal | None:
@@ -103,97 +94,6 @@ def scoped(tokens: TokenTable | None, metadata: Any) -> Principal | None:
     if principal is None or principal.topics is None:
         return None
     return principal
-
-
-class TokenTable:
-    """Secrets (by SHA-256) to principals."""
-
-    def __init__(self, principals: dict[str, Principal]) -> None:
-        self._by_digest = principals
-
-    def __len__(self) -> int:
-        return len(self._by_digest)
-
-    @classmethod
-    def parse(cls, text: str, source: str) -> TokenTable:
-        """Parse a tokens document; ``BadRequest`` naming ``source`` and the entry."""
-        try:
-            document = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise BadRequest(f"{source}: not valid TOML: {exc}") from None
-        entries = document.get("tokens")
-        unknown = sorted(set(document) - {"tokens"})
-        if unknown or not isinstance(entries, list) or not entries:
-            raise BadRequest(f"{source}: expected one or more [[tokens]] tables only")
-        if len(entries) > MAX_TOKENS:
-            raise BadRequest(f"{source}: {len(entries)} tokens; the limit is {MAX_TOKENS}")
-        principals: dict[str, Principal] = {}
-        names: set[str] = set()
-        for n, entry in enumerate(entries):
-            digest, principal = _parse_entry(entry, f"{source}: token {n + 1}")
-            if digest in principals:
-                raise BadRequest(f"{source}: token {principal.name!r} repeats another's secret")
-            # A name is a transaction namespace (``<name>@``) and what logs and
-            # errors show: two tokens sharing one could commit each other's work.
-            if principal.name in names:
-                raise BadRequest(
-                    f"{source}: token {n + 1}: the name {principal.name!r} is already taken "
-                    "by another token; give each token its own name"
-                )
-            names.add(principal.name)
-            principals[digest] = principal
-        return cls(principals)
-
-    def lookup(self, secret: str) -> Principal | None:
-        # Looked up by digest: what an attacker varies (the secret) is not what
-        # the dict compares, so response times say nothing about a near miss.
-        return self._by_digest.get(hashlib.sha256(secret.encode()).hexdigest())
-
-
-def _parse_entry(entry: Any, where: str) -> tuple[str, Principal]:
-    if not isinstance(entry, dict):
-        raise BadRequest(f"{where}: not a table")
-    unknown = sorted(set(entry) - {"name", "sha256", "secret", "roles", "topics"})
-    if unknown:
-        raise BadRequest(f"{where}: unknown keys {', '.join(unknown)}")
-    name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise BadRequest(f"{where}: give a name of 1-64 ASCII letters, digits, '.', '_', '-'")
-    secret, digest = entry.get("secret"), entry.get("sha256")
-    if (secret is None) == (digest is None):
-        raise BadRequest(f"{where} ({name!r}): give exactly one of secret and sha256")
-    if secret is not None:
-        if not isinstance(secret, str) or len(secret) < 16:
-            raise BadRequest(f"{where} ({name!r}): a secret needs at least 16 characters")
-        digest = hashlib.sha256(secret.encode()).hexdigest()
-    elif not isinstance(digest, str) or len(digest) != 64 or not _is_hex(digest):
-        raise BadRequest(f"{where} ({name!r}): sha256 must be 64 hex digits")
-    roles = entry.get("roles")
-    if not isinstance(roles, list) or not roles or not set(roles) <= set(ROLES):
-        raise BadRequest(f"{where} ({name!r}): roles must be a list from {', '.join(ROLES)}")
-    topics = entry.get("topics")
-    if topics is not None and (
-        not isinstance(topics, list) or not all(isinstance(t, str) and t for t in topics)
-    ):
-        raise BadRequest(f"{where} ({name!r}): topics must be a list of patterns")
-    return digest.lower(), Principal(
-        name, frozenset(roles), None if topics is None else tuple(topics)
-    )
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        int(text, 16)
-    except ValueError:
-        return False
-    return True
-
-
-def bearer(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:
-    for key, value in metadata or ():
-        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-            return value[len("Bearer ") :]
-    return None
 
 
 _NAMED_TOPIC = (

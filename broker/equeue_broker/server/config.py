@@ -118,6 +118,16 @@ class BrokerConfig:
     namesrv: str = ""
     """Name servers to register with, ``HOST:PORT[,HOST:PORT...]``; empty: a
     standalone broker (no registration at all)."""
+    namesrv_tls_ca: Path | None = None
+    """PEM CA bundle: talk to the name servers over TLS, trusting certificates
+    it signed; unset: plaintext."""
+    namesrv_tls_cert: Path | None = None
+    """PEM client certificate for the name servers (mutual TLS)."""
+    namesrv_tls_key: Path | None = None
+    """PEM private key of ``namesrv_tls_cert``."""
+    namesrv_token_file: Path | None = None
+    """A file holding the token (a ``broker`` role one) sent to the name
+    servers; unset: ``$EQUEUE_NAMESRV_TOKEN``, else none."""
     broker_name: str = ""
     """The broker's name in a cluster: message ids, routes and Spark offsets
     use it, so it must stay the same across restarts. Empty: the data
@@ -173,13 +183,18 @@ class BrokerConfig:
                      "max_replication_waits"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file"):
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file", "namesrv_tls_ca",
+                     "namesrv_tls_cert", "namesrv_tls_key", "namesrv_token_file"):  # fmt: skip
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("give both tls_cert and tls_key, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise InvalidArgument("tls_client_ca needs tls_cert and tls_key")
+        if (self.namesrv_tls_cert is None) != (self.namesrv_tls_key is None):
+            raise InvalidArgument("give both namesrv_tls_cert and namesrv_tls_key, or neither")
+        if self.namesrv_tls_cert is not None and self.namesrv_tls_ca is None:
+            raise InvalidArgument("namesrv_tls_cert needs namesrv_tls_ca (TLS to name servers)")
         self._check_cluster()
         self._check_failover()
         self._check_replication()
@@ -515,6 +530,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "namesrv",
         "name servers to register with, HOST:PORT[,HOST:PORT...]; unset: a standalone broker",
+    ),
+    Setting("namesrv_tls_ca", "PEM CA: talk TLS to the name servers; unset: plaintext"),
+    Setting("namesrv_tls_cert", "PEM client certificate for name servers with mutual TLS"),
+    Setting("namesrv_tls_key", "PEM private key of --namesrv-tls-cert"),
+    Setting(
+        "namesrv_token_file",
+        "file holding the token (role broker) sent to the name servers;"
+        " unset: $EQUEUE_NAMESRV_TOKEN, else none",
     ),
     Setting("broker_name", "the broker's name in a cluster (message ids, routes); keep it stable"),
     Setting("cluster", "the cluster the broker registers under"),

@@ -16,7 +16,14 @@ registers at once (``follow``), so name servers and, through them, clients
 learn a new master within a registration round trip instead of an interval.
 A reply names the group's master when it is another member (``on_master``):
 in a group run without ZooKeeper, a member that missed a promotion (down, or
-cut off, while ``equeue cluster promote`` ran) learns of it so.
+cut off, while ``equeue cluster promote`` ran) learns of it so, but follows
+it only once that master itself has answered as the group's master of a newer
+epoch (``MasterCheck``): a name server's word alone moves no master.
+
+Name servers may serve TLS and require tokens (docs/cluster.md, "Security"):
+``credentials`` are the channel's (``--namesrv-tls-ca``, ``--namesrv-tls-cert``,
+``--namesrv-tls-key``), ``token`` the broker token sent with every call
+(``--namesrv-token-file`` or ``$EQUEUE_NAMESRV_TOKEN``).
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
+from equeue_broker.replication.failover import RoleSwitch
 from equeue_broker.replication.role import MASTER, BrokerRole, RoleView
+from equeue_broker.server.membership import claim_problem, describe, identify
 from equeue_broker.storage import Store
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -40,6 +49,13 @@ log = logging.getLogger("equeue.broker")
 CHECK_INTERVAL_S = 1.0
 """How often the topic snapshot is compared with the last one registered."""
 CALL_TIMEOUT_S = 3.0
+"""A registration's bound: a name server checks a new claim within it (its
+--member-check-timeout-ms, 2 s by default)."""
+IDENTIFY_TIMEOUT_S = 2.0
+"""A member's check of a master a name server names."""
+RECHECK_S = 10.0
+"""A master that failed that check is not asked again for this long (every
+registration reply names it again)."""
 
 
 def advertised(host: str, port: int, advertise_address: str) -> str:
@@ -74,6 +90,7 @@ class Registrar:
     def __init__(
         self, store: Store, namesrvs: list[str], *, cluster: str, broker_name: str,
         address: str, instance_id: str, interval_s: float, role: BrokerRole | None = None,
+        credentials: grpc.ChannelCredentials | None = None, token: str = "",
     ) -> None:  # fmt: skip
         self.store = store
         self.namesrvs = namesrvs
@@ -85,7 +102,13 @@ class Registrar:
         self.role = role or BrokerRole(MASTER)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
-        self._channels = {a: grpc.aio.insecure_channel(a) for a in namesrvs}
+        self._channels = {
+            a: grpc.aio.insecure_channel(a)
+            if credentials is None
+            else grpc.aio.secure_channel(a, credentials)
+            for a in namesrvs
+        }
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._stubs = {a: pb_grpc.NameServerStub(c) for a, c in self._channels.items()}
         self._failing: set[str] = set()
         self.registrations = 0
@@ -123,7 +146,9 @@ class Registrar:
 
     async def _register(self, address: str, request: pb.RegisterBrokerRequest) -> None:
         try:
-            reply = await self._stubs[address].RegisterBroker(request, timeout=CALL_TIMEOUT_S)
+            reply = await self._stubs[address].RegisterBroker(
+                request, timeout=CALL_TIMEOUT_S, metadata=self._metadata
+            )
         except grpc.RpcError as exc:
             if address not in self._failing:
                 self._failing.add(address)
@@ -163,13 +188,60 @@ class Registrar:
 
         async def leave(address: str) -> None:
             with contextlib.suppress(grpc.RpcError):
-                await self._stubs[address].UnregisterBroker(request, timeout=1.0)
+                await self._stubs[address].UnregisterBroker(
+                    request, timeout=1.0, metadata=self._metadata
+                )
 
         await asyncio.gather(*(leave(a) for a in self.namesrvs))
 
     async def close(self) -> None:
         for channel in self._channels.values():
             await channel.close(None)
+
+
+class MasterCheck:
+    """What a member run without ZooKeeper does with a master a name server
+    names (``Registrar.on_master``): asks that master itself, and only if it
+    answers as this group's master of a newer epoch (or, for a replica with no
+    master, of this member's epoch) does the switch follow it
+    (``RoleSwitch.learned``). A name server's word alone moves nothing."""
+
+    def __init__(self, switch: RoleSwitch, timeout_s: float = IDENTIFY_TIMEOUT_S) -> None:
+        self.switch = switch
+        self.timeout_s = timeout_s
+        self._lock = asyncio.Lock()  # several name servers answer at once: one check
+        self._refused: dict[tuple[str, int], float] = {}
+
+    async def __call__(self, master: str, epoch: int) -> None:
+        switch = self.switch
+        if not switch.would_learn(master, epoch):
+            return  # the usual reply: the master this member already follows
+        async with self._lock:
+            if not switch.would_learn(master, epoch):
+                return  # another name server's reply was acted on meanwhile
+            key = (master, epoch)
+            now = time.monotonic()
+            if now - self._refused.get(key, -RECHECK_S) < RECHECK_S:
+                return
+            try:  # plaintext, as replication itself is (follower.py)
+                identity = await identify(master, self.timeout_s)
+            except grpc.RpcError as exc:
+                problem: str | None = f"it does not answer ({describe(exc)})"
+            else:
+                problem = claim_problem(identity, switch.group, MASTER, epoch)
+            if problem is not None:
+                if len(self._refused) > 256:  # bounded: an old refusal may be checked again
+                    self._refused.clear()
+                self._refused[key] = now
+                log.warning(
+                    "a name server routes group %s to %s, master of epoch %d, but %s: "
+                    "keeping this broker's role (%s, epoch %d)", switch.group, master, epoch,
+                    problem, switch.role.view.role, switch.role.view.epoch,
+                    extra={"broker": switch.group, "claimed_master": master, "epoch": epoch},
+                )  # fmt: skip
+                return
+            # What the master itself says, not what the name server said.
+            await switch.learned(master, identity.epoch)
 
 
 def _describe(exc: grpc.RpcError) -> str:
