@@ -3,7 +3,7 @@
 The ``.proto`` is the contract; protobuf's generated code encodes and decodes
 every message. Three places skip it where it would copy a large ``bytes``
 field: the broker's pull and produce replies (``equeue_broker.server.wire``),
-the replication reply (``equeue_broker.replication`` / ``replicate_wire``) and
+the replication reply (``equeue_broker.replication.wire``) and
 the client's pull-reply decoder (``equeue_spark.client.wire``). They share this
 one reader and writer, so a varint, a field key and an unknown field are
 handled the same way everywhere.

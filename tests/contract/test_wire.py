@@ -1,6 +1,6 @@
 """Pull replies encoded by the broker (broker/equeue_broker/server/wire.py) and decoded by the
 client (equeue_spark/client/wire.py) without protobuf, and replication replies
-(broker/equeue_broker/server/replicate_wire.py), each held to protobuf."""
+(broker/equeue_broker/replication/wire.py), each held to protobuf."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from equeue_broker.server.wire import (
     pull_reply_framer,
 )
 from equeue_broker.storage import ReadStatus, RecordsResult
-from equeue_broker.storage.queue_index import ENTRY
+from equeue_broker.storage.index.queue_index import ENTRY
 from equeue_proto import accel, wire
 from equeue_proto.protocol import ERROR_KIND_KEY, NOT_ENOUGH_REPLICAS, NOT_MASTER, STALE_EPOCH
 from equeue_proto.v1 import broker_pb2 as pb
@@ -222,7 +222,7 @@ def _codec_split() -> Callable[[bytes, list[int]], list[bytes]]:
     return split_blob
 
 
-# -- ReplicateReply (equeue_broker/server/replicate_wire.py) -------------------------------
+# -- ReplicateReply (equeue_broker/replication/wire.py) ----------------------------------
 
 replicate_heads = st.builds(
     pb.ReplicateReply,

@@ -1,4 +1,4 @@
-"""A stream's writes in order with overlapping confirmations (server/pipelined.py),
+"""A stream's writes in order with overlapping confirmations (replication/pipelined.py),
 run on a real event loop: replies in request order, each only once confirmed,
 at most ``window`` unconfirmed, the first failure after the earlier replies."""
 

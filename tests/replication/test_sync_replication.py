@@ -29,7 +29,7 @@ from equeue_broker.server.config import BrokerConfig, parse_args
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import CorruptionError, InvalidArgument, LimitExceeded
-from equeue_broker.storage.positioned import check_frames_at, records_end
+from equeue_broker.storage.log.positioned import check_frames_at, records_end
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.protocol import NOT_ENOUGH_REPLICAS
 from equeue_proto.record import decode_record, read_meta
@@ -277,7 +277,7 @@ def test_a_produce_stream_is_pipelined_and_acknowledged_only_with_the_replica(
     tmp_path: Path,
 ) -> None:
     """ProduceStream in sync mode writes batches while earlier ones wait for the
-    replica (broker/equeue_broker/server/pipelined.py): replies still come in order, and none
+    replica (equeue_broker/replication/pipelined.py): replies still come in order, and none
     before the replica has the batch."""
 
     def stream(m: Client, tag: bytes, batches: int) -> Iterator[pb.ProduceReply]:

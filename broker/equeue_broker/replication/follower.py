@@ -143,7 +143,7 @@ class Follower:
 
         # Requests are written on the call itself (no request iterator, no queue
         # and task between): the master's sync-mode acks wait for each one.
-        # Replies decoded by replicate_wire: their log bytes are not copied.
+        # Replies decoded by replication.wire: their log bytes are not copied.
         call: Any = channel.stream_stream(
             REPLICATE_METHOD,
             request_serializer=pb.ReplicateRequest.SerializeToString,

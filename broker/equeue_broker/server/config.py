@@ -147,7 +147,7 @@ class BrokerConfig:
     """A replica's master, ``HOST:PORT``."""
     max_replicas: int = field(default=8, metadata={UNIT: "replicas"})
     """Replication streams a master serves at once."""
-    # -- failover (server/failover.py) --
+    # -- failover (replication/failover.py) --
     zookeeper: str = ""
     """``HOST:PORT[,HOST:PORT...][/chroot]``: elect the group's master through
     ZooKeeper (automatic failover); empty: roles by hand (``role``, ``master``)."""
@@ -155,7 +155,7 @@ class BrokerConfig:
     """ZooKeeper session timeout: how long after a member stops heartbeating
     (crash, hang, partition) an election may replace it. Within [1000, 120000];
     ZooKeeper's own min/max session timeouts (2..20 ticks) bound it too."""
-    # -- sync replication (server/insync.py; docs/replication.md, "Sync replication")
+    # -- sync replication (replication/insync.py; docs/replication.md, "Sync replication")
     replication: str = "async"
     """"async": a master acknowledges writes alone; "sync": once they are
     durable on every in-sync replica too (and readers see only those)."""
