@@ -87,6 +87,20 @@ def _unknown_message(key: str, value: str, names: dict[str, str]) -> str:
     return f"{message}; the equeue source knows: {', '.join(sorted(names.values()))}"
 
 
+STORE_TIME = (
+    "ms since the epoch, compared with the broker's store time (the storeTimestamp "
+    "column, Kafka's LogAppendTime), not the producer's timestamp"
+)
+
+
+def _store_time(o: _Options, key: str) -> int:
+    """A timestamp option: its errors say which time it compares."""
+    try:
+        return o.integer(key, 0, 0, 2**62)
+    except InvalidOption as exc:
+        raise InvalidOption(f"{exc} ({STORE_TIME})") from None
+
+
 class _Options:
     """Typed access to the raw option map, recording which keys were used."""
 
@@ -201,9 +215,12 @@ class ReadOptions:
     group_fallback: str = "earliest"
     """With ``startingOffsets=group``: where queues the group never committed start."""
     starting_timestamp_ms: int | None = None
+    """Option ``startingTimestamp``: compared with the broker's store time
+    (``storeTimestamp``, Kafka's LogAppendTime), not the producer's ``timestamp``."""
     ending: StartSpec = "latest"
     """Batch only: where the read stops (exclusive)."""
     ending_timestamp_ms: int | None = None
+    """Option ``endingTimestamp``: compared with the broker's store time, too."""
     max_offsets_per_trigger: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60_000
@@ -253,13 +270,13 @@ class ReadOptions:
             if o.has("startingoffsets"):
                 raise _bad("startingTimestamp", o.text("startingtimestamp"),
                            "give startingOffsets or startingTimestamp, not both")  # fmt: skip
-            kwargs["starting_timestamp_ms"] = o.integer("startingtimestamp", 0, 0, 2**62)
+            kwargs["starting_timestamp_ms"] = _store_time(o, "startingtimestamp")
         for key in ("endingoffsets", "endingtimestamp"):
             if streaming and o.has(key):
                 raise _bad(o.names[key], o.text(key), "only batch reads take it")
         kwargs["ending"] = _parse_offsets(o, "endingoffsets", False, topics, pattern, end=True)
         if o.has("endingtimestamp"):
-            kwargs["ending_timestamp_ms"] = o.integer("endingtimestamp", 0, 0, 2**62)
+            kwargs["ending_timestamp_ms"] = _store_time(o, "endingtimestamp")
         for key, attr in (
             ("maxoffsetspertrigger", "max_offsets_per_trigger"),
             ("minoffsetspertrigger", "min_offsets_per_trigger"),

@@ -181,3 +181,9 @@ def test_unknown_write_option_hints_only_write_options() -> None:
     assert "topicPattern" not in str(caught.value)
     with pytest.raises(InvalidOption, match="did you mean 'batchSize'"):
         WriteOptions.parse({"topic": "t", "batchsise": "1"})
+
+
+def test_timestamp_option_errors_say_which_time_they_compare() -> None:
+    for key in ("startingtimestamp", "endingtimestamp"):
+        with pytest.raises(InvalidOption, match="compared with the broker's store time"):
+            ReadOptions.parse({"topic": "t", key: "yesterday"}, streaming=False)
