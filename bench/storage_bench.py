@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from equeue_broker.storage import FlushMode, MessageBatch, StorageConfig, Store
-from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_proto.record import FRAME_OVERHEAD
 
 TOPIC = "bench"

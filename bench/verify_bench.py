@@ -1,6 +1,6 @@
 """What verifying sealed log data on the way out costs a pull (issue 15).
 
-Fills a store with sealed chunks, then times ``Store.read_records`` over the
+Fills a store with sealed chunks, then times ``store.reads.read_records`` over the
 whole queue: as the first reader of each chunk (``MessageLog.first_damaged``
 runs CRC32C over every byte served: what verifying every pull would cost), as
 a later reader (the chunk's watermark says it was verified), and with the
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
-from equeue_broker.storage.chunk import HEADER_SIZE
-from equeue_broker.storage.message_log import MessageLog
+from equeue_broker.storage.log.chunk import HEADER_SIZE
+from equeue_broker.storage.log.message_log import MessageLog
 from equeue_proto import accel
 
 
@@ -35,7 +35,9 @@ def _pull_all(store: Store, count: int) -> tuple[float, int]:
     offset, served = 0, 0
     started = time.perf_counter()
     while offset < count:
-        result = store.read_records("bench", 0, offset, max_messages=10_000, max_bytes=4 << 20)
+        result = store.reads.read_records(
+            "bench", 0, offset, max_messages=10_000, max_bytes=4 << 20
+        )
         offset, served = result.next_offset, served + len(result.records)
     return time.perf_counter() - started, served
 

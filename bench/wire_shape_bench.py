@@ -68,8 +68,8 @@ from typing import Any
 from crc32c import crc32c
 
 from equeue_broker.storage import MessageBatch, MessageLimits, StoredMessage
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
-from equeue_broker.storage.record import encode_records, prepare_batch
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.log.record import encode_records, prepare_batch
 from equeue_proto.accel import IMPLEMENTATION as ENCODER
 from equeue_proto.record import HEADER, TRAILER, decode_record
 

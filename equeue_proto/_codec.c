@@ -1,6 +1,6 @@
 /*
  * C accelerator for the equeue record format: the broker's record encoder and
- * transaction patch (equeue_broker/storage/record.py), its pull planner (index_runs) and
+ * transaction patch (equeue_broker/storage/log/record.py), its pull planner (index_runs) and
  * wire helpers (split_blob, varints), and the client's pull-reply decoders
  * (decode_frames for equeue_spark/client/records.py, decode_columns for
  * equeue_spark/client/columns.py).
@@ -116,7 +116,7 @@ static inline void put64(uint8_t *p, uint64_t v) {
 #define FLAG_HAS_KEY 1
 #define FLAG_BATCH_END 2
 #define FLAG_TXN 4     /* staged by a transaction: queue_offset holds its serial in the log */
-#define FLAG_CONTROL 8 /* a transaction's commit or abort record (broker/storage/txn_records.py) */
+#define FLAG_CONTROL 8 /* a transaction's commit or abort record (broker/storage/txn/txn_records.py) */
 /* Byte offsets of the fields in a frame, from its first byte. */
 #define AT_BODY 4 /* the checksummed body starts after the length prefix */
 #define AT_VERSION 4
@@ -328,7 +328,7 @@ static inline int entry_damaged(const uint8_t *e) {
  * index entry (``entries``, one per frame), and its checksum is adjusted by the
  * change (CRC-32C is affine), never recomputed: a record damaged in the log
  * still fails the client's check. None when ``src`` holds no FLAG_TXN record
- * (nothing to copy). The reference is broker/storage/record.py's
+ * (nothing to copy). The reference is broker/storage/log/record.py's
  * ``patch_committed_py``. */
 static const uint8_t zeros[4096];
 

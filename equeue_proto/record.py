@@ -2,7 +2,7 @@
 
 A pull reply carries records exactly as they lie in the broker's message log,
 so this format is part of the wire contract: the broker's storage encodes it
-(``equeue_broker.storage.record``), the client decodes it
+(``equeue_broker.storage.log.record``), the client decodes it
 (``equeue_spark.client.records`` and ``columns``). This module is the one place
 that specifies it; the C accelerator (``_codec.c``) implements the same layout
 and exports its constants, which ``accel.py`` checks against these at import.
@@ -41,7 +41,7 @@ The broker writes an append's records with BATCH_END on the last one only;
 its recovery discards trailing records after the last BATCH_END, so an append
 is all-or-nothing across a crash.
 
-Transactions (broker/equeue_broker/storage/transactions.py): a staged record is written to
+Transactions (broker/equeue_broker/storage/txn/transactions.py): a staged record is written to
 the log once, when it is staged, with TXN set; in the log its ``queue_offset``
 holds its transaction's serial (offsets are only known at commit) and its
 ``store_ms`` the staging time. A pull reply carries every TXN record with its
@@ -50,7 +50,7 @@ entry), and a ``crc`` adjusted for those two changes, never recomputed
 (CRC-32C is affine: ``crc(M xor D) = crc(M) xor crc(D) xor crc(0...)`` for
 equal lengths), so a record damaged in the log still fails a client's check.
 Clients need not know the TXN bit. CONTROL records (topic "") never leave the
-broker; their value is specified in broker/equeue_broker/storage/txn_records.py.
+broker; their value is specified in broker/equeue_broker/storage/txn/txn_records.py.
 """
 
 from __future__ import annotations

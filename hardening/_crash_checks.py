@@ -16,9 +16,9 @@ from pathlib import Path
 
 import grpc
 
-from equeue_broker.storage.atomic_file import load_json
-from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader, active_size
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.log.chunk import HEADER_SIZE, ChunkHeader, active_size
+from equeue_broker.storage.meta.atomic_file import load_json
 from equeue_broker.testing_checks import PulledMessage, check_store, pull_queue
 from equeue_proto.protocol import format_message_id
 from equeue_proto.v1 import broker_pb2 as pb

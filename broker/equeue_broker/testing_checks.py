@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -27,10 +27,18 @@ from typing import NamedTuple
 import grpc
 
 from equeue_broker.storage import MessageLimits, StorageConfig, Store
-from equeue_broker.storage.chunk import HEADER_SIZE, ChunkHeader
+from equeue_broker.storage.log.chunk import HEADER_SIZE, ChunkHeader
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.accel import CODEC
-from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, Buffer, check_frame, decode_record
+from equeue_proto.record import (
+    FLAG_CONTROL,
+    FLAG_TXN,
+    Buffer,
+    RecordMeta,
+    check_frame,
+    decode_record,
+    read_meta,
+)
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -216,25 +224,25 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
         limits=MessageLimits(max_message_bytes=min(capacity, MessageLimits.max_message_bytes)),
     )
     with Store(config, background=False) as store:
-        wanted = {t.name for t in store.topics()} if topics is None else set(topics)
+        wanted = {t.name for t in store.topic_admin.listing()} if topics is None else set(topics)
         ends: dict[tuple[str, int], tuple[int, int]] = {}
         served: set[int] = set()
-        for meta in store.topics():
+        for meta in store.topic_admin.listing():
             if meta.name not in wanted:
                 continue
             for q in meta.queues:
-                info = store.queue_info(meta.name, q.queue_id)
+                info = store.topic_admin.queue_info(meta.name, q.queue_id)
                 ends[(meta.name, q.queue_id)] = (info.earliest, info.end)
                 got: list[tuple[int, bytes]] = []
                 offset = info.earliest
                 for _ in range(info.end - info.earliest + 1):
                     if offset >= info.end:
                         break
-                    read = store.read(meta.name, q.queue_id, offset, max_messages=PULL_BATCH)
+                    read = store.reads.read(meta.name, q.queue_id, offset, max_messages=PULL_BATCH)
                     for m in read.messages:
                         served.add(m.position)
                         got.append((m.queue_offset, m.value))
-                        again = store.read_at_position(m.position)
+                        again = store.reads.read_at_position(m.position)
                         if again != m:
                             result.problems.append(
                                 f"{meta.name}/{q.queue_id}@{m.queue_offset}: position "
@@ -248,12 +256,8 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                     )
                 result.messages[(meta.name, q.queue_id)] = got
         # The other direction: every log record of a live queue is indexed.
-        log = getattr(store, "_log", None)
-        if log is None or not hasattr(log, "iter_records"):
-            result.problems.append("cannot scan the log: Store._log.iter_records is gone")
-            return result
         seen: dict[tuple[str, int], int] = {}
-        for position, meta_record in log.iter_records(log.start_position):
+        for position, meta_record in _log_records(store, result.problems):
             key = (meta_record.topic.decode(), meta_record.queue_id)
             if key not in ends or meta_record.flags & FLAG_CONTROL:
                 continue
@@ -271,7 +275,7 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                     f"outside the index's [{earliest}, {end})"
                 )
                 continue
-            indexed = store.position_of(key[0], key[1], meta_record.queue_offset)
+            indexed = store.reads.position_of(key[0], key[1], meta_record.queue_offset)
             if indexed != position:
                 result.problems.append(
                     f"log record at {position} is {key} offset {meta_record.queue_offset}, "
@@ -283,6 +287,26 @@ def check_store(data_dir: Path, topics: Iterable[str] | None = None) -> StoreChe
                     f"{key}: {seen.get(key, 0)} log records for {end - earliest} index entries"
                 )
     return result
+
+
+def _log_records(store: Store, problems: list[str]) -> Iterator[tuple[int, RecordMeta]]:
+    """(position, meta) of every record in the store's log, from its start:
+    read through ``Store.read_log`` (what a replica reads: checked whole
+    records, a chunk at a time), the store's public scan of its log. A log
+    that cannot be read on adds to ``problems``."""
+    position = store.log_start
+    while True:
+        piece = store.read_log(position, 1 << 20)
+        if not piece.data:
+            if piece.position < piece.end:
+                problems.append(f"cannot scan the log on from {position}")
+            return
+        offset = 0
+        while offset < len(piece.data):
+            meta = read_meta(piece.data, offset)
+            yield piece.position + offset, meta
+            offset += meta.frame_size
+        position = piece.position + len(piece.data)
 
 
 def _log_capacity(data_dir: Path) -> int:

@@ -398,7 +398,7 @@ def test_index_files_stay_within_their_descriptor_budget(make_config: MakeConfig
             store.append(f"t{n}", 0, MessageBatch([b"v%d" % n]))
         assert _open_index_files() - before <= 8
         for n in range(40):  # every queue still reads (and takes a descriptor back)
-            result = store.read_records(f"t{n}", 0, 0, max_messages=1, max_bytes=1 << 20)
+            result = store.reads.read_records(f"t{n}", 0, 0, max_messages=1, max_bytes=1 << 20)
             assert result.count == 1
         assert _open_index_files() - before <= 8
     finally:

@@ -55,19 +55,19 @@ def test_damaged_record_in_sealed_chunk_is_not_served(
     config = make_config()
     sent0, _ = _damaged_store(config)
     store = open_store(config)
-    result = store.read_records(TOPIC, 0, 0, max_messages=1000)
+    result = store.reads.read_records(TOPIC, 0, 0, max_messages=1000)
     assert (result.status, result.count, result.next_offset) == (ReadStatus.OK, VICTIM, VICTIM)
     for tags in (None, ["even"]):
         with pytest.raises(DamagedRecord) as caught:
-            store.read_records(TOPIC, 0, VICTIM, tags=tags)
+            store.reads.read_records(TOPIC, 0, VICTIM, tags=tags)
         assert (caught.value.topic, caught.value.queue_id, caught.value.offset) == (TOPIC, 0, 750)
         assert str(caught.value).startswith(f"damaged record: {TOPIC}/0 offset {VICTIM} (")
         assert len(str(caught.value)) < 300
-    even = store.read_records(TOPIC, 0, 700, max_messages=1000, tags=["even"])
+    even = store.reads.read_records(TOPIC, 0, 700, max_messages=1000, tags=["even"])
     assert (even.count, even.next_offset) == (25, VICTIM)
     with pytest.raises(DamagedRecord):
         store.read(TOPIC, 0, VICTIM)
-    after = store.read_records(TOPIC, 0, VICTIM + 1, max_messages=1000)
+    after = store.reads.read_records(TOPIC, 0, VICTIM + 1, max_messages=1000)
     assert after.count == len(sent0) - VICTIM - 1
 
 
@@ -250,7 +250,7 @@ def test_damaged_last_record_of_a_queue_still_opens(
 
     store = open_store(config)
     assert store.queue_info(TOPIC, 1).end == len(sent1)
-    assert store.read_records(TOPIC, 1, 0).count == len(sent1) - 1
+    assert store.reads.read_records(TOPIC, 1, 0).count == len(sent1) - 1
     with pytest.raises(DamagedRecord):
-        store.read_records(TOPIC, 1, len(sent1) - 1)
+        store.reads.read_records(TOPIC, 1, len(sent1) - 1)
     assert append(store, 1, "c")[0].offset == len(sent1)

@@ -26,21 +26,21 @@ from equeue_broker.storage import (
     PreconditionFailed,
     StorageError,
     Store,
-    record,
 )
-from equeue_broker.storage.atomic_file import save_json
 from equeue_broker.storage.config import KiB, MessageLimits, RetentionConfig, TransactionConfig
 from equeue_broker.storage.errors import CorruptionError
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import (
+from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     QueueIndex,
     entry_damaged,
     pack_entry,
 )
-from equeue_broker.storage.record import prepare_batch
-from equeue_broker.storage.txn_records import (
+from equeue_broker.storage.log import record
+from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.log.record import prepare_batch
+from equeue_broker.storage.meta.atomic_file import save_json
+from equeue_broker.storage.txn.txn_records import (
     Abort,
     Begin,
     Commit,
@@ -422,15 +422,15 @@ def test_an_open_transaction_never_blocks_readers(store: Store) -> None:
     tx.commit([("slow", 2)])
     # Offsets in commit order; the records lie in staging order in the log.
     assert staged_values(store) == [b"plain-0", b"plain-1", b"f-0", b"s-0", b"s-1"]
-    result = store.read_records(T, 0, 0, max_messages=10)
+    result = store.reads.read_records(T, 0, 0, max_messages=10)
     messages = decode_records(result.records, "b")
     assert [(m.offset, m.value) for m in messages] == list(enumerate(staged_values(store)))
     assert [m.value for m in store.read(T, 0, 3, max_messages=10).messages] == [b"s-0", b"s-1"]
     decoded = store.read(T, 0, 0, max_messages=10).messages
     assert [m.queue_offset for m in decoded] == [0, 1, 2, 3, 4]
     for m in decoded:  # by message id (log position): the committed offset and time too
-        assert store.read_at_position(m.position) == m
-        [again] = decode_records(store.record_at(m.position), "b")
+        assert store.reads.read_at_position(m.position) == m
+        [again] = decode_records(store.reads.record_at(m.position), "b")
         assert (again.offset, again.value) == (m.queue_offset, m.value)
 
 
@@ -440,7 +440,7 @@ def test_tag_filtered_reads_of_committed_records(store: Store) -> None:
     tx.stage("a", T, [(0, tagged)])
     store.append(T, 0, MessageBatch([b"x3"], tags=["x"]))
     tx.commit([("a", 3)])
-    result = store.read_records(T, 0, 0, max_messages=10, tags=["x"])
+    result = store.reads.read_records(T, 0, 0, max_messages=10, tags=["x"])
     got = [(m.offset, m.value) for m in decode_records(result.records, "b")]
     assert got == [(0, b"x3"), (1, b"x0"), (3, b"x2")]
 

@@ -30,7 +30,7 @@ from equeue_broker.server.wire import (
     pull_reply_framer,
 )
 from equeue_broker.storage import ReadStatus, RecordsResult
-from equeue_broker.storage.queue_index import ENTRY
+from equeue_broker.storage.index.queue_index import ENTRY
 from equeue_proto import accel, wire
 from equeue_proto.protocol import ERROR_KIND_KEY, NOT_ENOUGH_REPLICAS, NOT_MASTER, STALE_EPOCH
 from equeue_proto.v1 import broker_pb2 as pb

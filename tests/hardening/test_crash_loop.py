@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from equeue_broker.storage import FlushMode, MessageBatch, MessageLimits, StorageConfig, Store
-from equeue_broker.storage.queue_index import ENTRY
+from equeue_broker.storage.index.queue_index import ENTRY
 from hardening import crash_loop
 from hardening.crash_loop import CrashLoopConfig, CrashLoopResult, summary
 from tests.support.faults import simulate_machine_crash

@@ -40,7 +40,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from equeue_broker.storage.chunk import HEADER_SIZE
+from equeue_broker.storage.log.chunk import HEADER_SIZE
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_checks import check_store, details_of, pull_queue, status_of
 from equeue_proto.v1 import broker_pb2 as pb

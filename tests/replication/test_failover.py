@@ -24,7 +24,7 @@ from equeue_broker.replication.role import REPLICA, BrokerRole
 from equeue_broker.server.app import broker_id_for
 from equeue_broker.storage import Store
 from equeue_broker.storage.config import MessageLimits, StorageConfig
-from equeue_broker.storage.record import MessageBatch
+from equeue_broker.storage.log.record import MessageBatch
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from equeue_broker.replication.replica_log import Metadata, decode_metadata, encode_metadata
-from equeue_broker.storage.topics import QueueMeta, TopicMeta
+from equeue_broker.storage.meta.topics import QueueMeta, TopicMeta
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.protocol import NOT_MASTER
 from equeue_proto.v1 import broker_pb2 as pb

@@ -29,7 +29,7 @@ from equeue_broker.server.config import BrokerConfig, parse_args
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import CorruptionError, InvalidArgument, LimitExceeded
-from equeue_broker.storage.positioned import check_frames_at, records_end
+from equeue_broker.storage.log.positioned import check_frames_at, records_end
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.protocol import NOT_ENOUGH_REPLICAS
 from equeue_proto.record import decode_record, read_meta

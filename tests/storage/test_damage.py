@@ -19,9 +19,9 @@ import grpc
 import pytest
 
 from equeue_broker.storage import FlushMode, RetentionConfig, StorageConfig
-from equeue_broker.storage.atomic_file import decode_document
 from equeue_broker.storage.errors import CorruptionError
-from equeue_broker.storage.offsets import OffsetsLost
+from equeue_broker.storage.meta.atomic_file import decode_document
+from equeue_broker.storage.meta.offsets import OffsetsLost
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_checks import details_of, status_of
 from equeue_proto.v1 import broker_pb2 as pb
@@ -139,14 +139,14 @@ def test_topics_flipped_incarnation_digit_uses_backup(open_store: OpenStore) -> 
     store.create_topic(TOPIC, 1)
     sent = append(store, 0, "a", 3)
     store.create_topic("other", 1)  # a second save: the backup holds TOPIC too
-    incarnation = store.topic(TOPIC).incarnation
+    incarnation = store.topic_admin.describe(TOPIC).incarnation
     store.close()
     path = store.config.data_dir / "topics.json"
     data = path.read_bytes()
     at = data.index(b'"incarnation":%d' % incarnation) + len(b'"incarnation":%d' % incarnation)
     write_at(path, at - 1, bytes([data[at - 1] ^ 1]))  # one bit of the last digit
     store = open_store(store.config)
-    assert store.topic(TOPIC).incarnation == incarnation
+    assert store.topic_admin.describe(TOPIC).incarnation == incarnation
     assert_queue_holds(store, 0, sent)
 
 

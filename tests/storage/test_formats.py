@@ -11,18 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from equeue_broker.storage import CorruptionError, MessageBatch, MessageLimits, record
-from equeue_broker.storage.atomic_file import decode_document, load_json, save_json
-from equeue_broker.storage.chunk import (
-    CHUNK_TYPE_INDEX,
-    CHUNK_TYPE_LOG,
-    FOOTER_SIZE,
-    HEADER_SIZE,
-    ChunkFooter,
-    ChunkHeader,
-)
-from equeue_broker.storage.index_repair import entry_for
-from equeue_broker.storage.queue_index import (
+from equeue_broker.storage import CorruptionError, MessageBatch, MessageLimits
+from equeue_broker.storage.index.index_repair import entry_for
+from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     RUNS_DAMAGED,
@@ -34,7 +25,17 @@ from equeue_broker.storage.queue_index import (
     index_segments_py,
     pack_entry,
 )
-from equeue_broker.storage.record import prepare_batch
+from equeue_broker.storage.log import record
+from equeue_broker.storage.log.chunk import (
+    CHUNK_TYPE_INDEX,
+    CHUNK_TYPE_LOG,
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    ChunkFooter,
+    ChunkHeader,
+)
+from equeue_broker.storage.log.record import prepare_batch
+from equeue_broker.storage.meta.atomic_file import decode_document, load_json, save_json
 from equeue_proto import accel
 from equeue_proto.record import (
     FLAG_BATCH_END,

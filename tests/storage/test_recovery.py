@@ -27,8 +27,8 @@ from equeue_broker.storage import (
     ReadStatus,
     Store,
 )
-from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, QueueIndex
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE, QueueIndex
+from equeue_broker.storage.log.chunk import FOOTER_SIZE, HEADER_SIZE
 from tests.conftest import MakeConfig
 from tests.support.faults import (
     chunk_path,
@@ -391,12 +391,12 @@ def test_flipped_byte_in_completed_chunk(open_store: OpenStore) -> None:
     assert str(path) in str(caught.value)
     assert f"byte {record_at}" in str(caught.value)
     with pytest.raises(CorruptionError):
-        store.read_at_position(victim.position)
+        store.reads.read_at_position(victim.position)
     before = store.read(TOPIC, 0, 0, max_messages=victim.offset).messages
     assert [shape(m) for m in before] == [s.shape() for s in sent[: victim.offset]]
     after = read_queue(store, 0, victim.offset + 1)
     assert [shape(m) for m in after] == [s.shape() for s in sent[victim.offset + 1 :]]
-    assert shape(store.read_at_position(sent[21].position)) == sent[21].shape()
+    assert shape(store.reads.read_at_position(sent[21].position)) == sent[21].shape()
 
 
 def test_sealed_chunk_footer_size_mismatch_is_reported(open_store: OpenStore) -> None:
@@ -417,7 +417,7 @@ def test_sealed_chunk_footer_size_mismatch_is_reported(open_store: OpenStore) ->
     assert later
     assert [shape(m) for m in read_queue(store, 0, later[0].offset)] == [s.shape() for s in later]
     with pytest.raises(CorruptionError) as caught:
-        store.read_records(TOPIC, 0, 0)
+        store.reads.read_records(TOPIC, 0, 0)
     assert caught.value.path == str(sealed)
     assert f"{TOPIC}/0 offset 0" in str(caught.value)
 

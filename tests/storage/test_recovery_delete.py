@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from equeue_broker.storage import FlushMode, MessageBatch, Store
-from equeue_broker.storage.atomic_file import decode_document, encode_document
 from equeue_broker.storage.errors import NotFound
+from equeue_broker.storage.meta.atomic_file import decode_document, encode_document
 from tests.conftest import MakeConfig
 
 TOPIC = "doomed"
@@ -100,7 +100,7 @@ def assert_whole_or_gone(store: Store) -> None:
 def recreate(store: Store) -> None:
     """Delete the topic if it is still there, create it again, append ``new``."""
     with suppress(NotFound):
-        store.delete_topic(TOPIC)
+        store.topic_admin.delete_topic(TOPIC)
     store.create_topic(TOPIC, 2)
     store.append(TOPIC, 0, MessageBatch(values=[b"new"]))
 
@@ -108,7 +108,7 @@ def recreate(store: Store) -> None:
 def steps_of_a_delete(tmp_path: Path, make_config: MakeConfig) -> list[str]:
     store = build(tmp_path / "count", make_config)
     with cut_short(None, "crash") as calls:
-        store.delete_topic(TOPIC)
+        store.topic_admin.delete_topic(TOPIC)
     store.close()
     return calls
 
@@ -135,7 +135,7 @@ def test_delete_cut_short_by_a_crash_at_each_step(tmp_path: Path, make_config: M
 def crash_at(data: Path, make_config: MakeConfig, at: int, steps: int) -> None:
     store = build(data, make_config)
     with cut_short(at, "crash"), pytest.raises(Crash):
-        store.delete_topic(TOPIC)
+        store.topic_admin.delete_topic(TOPIC)
         raise Crash("after the delete returned")  # acknowledged, then killed
     store.abandon()
     store = Store(store.config, background=False)
@@ -144,7 +144,7 @@ def crash_at(data: Path, make_config: MakeConfig, at: int, steps: int) -> None:
             assert_whole_or_gone(store)
         else:
             with pytest.raises(NotFound):
-                store.topic(TOPIC)
+                store.topic_admin.describe(TOPIC)
         recreate(store)
         store.abandon()  # killed right after the topic was created again
         store = Store(store.config, background=False)
@@ -164,7 +164,7 @@ def test_delete_cut_short_by_an_io_error_at_each_step(
         store = build(data, make_config)
         with cut_short(at, "error") as calls:
             try:
-                store.delete_topic(TOPIC)
+                store.topic_admin.delete_topic(TOPIC)
             except Exception as exc:
                 print(f"step {at} ({calls[-1]}): {exc}")
         recreate(store)
@@ -204,11 +204,11 @@ def test_a_queue_added_after_a_killed_queue_delete_starts_empty(
     """``delete_queue`` is final when it returns too: the queue added next
     reuses the deleted one's id and must not inherit its records or offsets."""
     store = build(tmp_path / "data", make_config)
-    store.set_queue_visibility(TOPIC, 1, producer=False, consumer=False)
-    store.delete_queue(TOPIC, 1, force=True)
+    store.topic_admin.set_queue_visibility(TOPIC, 1, producer=False, consumer=False)
+    store.topic_admin.delete_queue(TOPIC, 1, force=True)
     store.abandon()  # killed right after the delete returned
     store = Store(store.config, background=False)
-    assert [q.queue_id for q in store.add_queues(TOPIC, 1).queues] == [0, 1]
+    assert [q.queue_id for q in store.topic_admin.add_queues(TOPIC, 1).queues] == [0, 1]
     assert store.read(TOPIC, 1, 0).messages == []
     assert store.committed_offsets(GROUP)[TOPIC] == {0: 7}
     store.abandon()

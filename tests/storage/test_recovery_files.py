@@ -19,10 +19,10 @@ from equeue_broker.storage import (
     StorageConfig,
     Store,
 )
-from equeue_broker.storage.chunk import chunk_file_name
-from equeue_broker.storage.message_log import LOG_SUFFIX
-from equeue_broker.storage.offsets import OffsetsLost
-from equeue_broker.storage.queue_index import INDEX_SUFFIX
+from equeue_broker.storage.index.queue_index import INDEX_SUFFIX
+from equeue_broker.storage.log.chunk import chunk_file_name
+from equeue_broker.storage.log.message_log import LOG_SUFFIX
+from equeue_broker.storage.meta.offsets import OffsetsLost
 from tests.conftest import MakeConfig
 from tests.support.faults import garble, read_document
 from tests.support.sent import (
@@ -61,7 +61,7 @@ def test_leftover_temp_chunk(open_store: OpenStore) -> None:
 
     store = open_store(store.config)
     assert [p for p in leftovers if p.exists()] == []
-    assert [t.name for t in store.topics()] == [TOPIC]
+    assert [t.name for t in store.topic_admin.listing()] == [TOPIC]
     assert store.groups() == []
     assert store.recovery.index_entries_rebuilt == 0
     assert_queue_holds(store, 0, sent)
@@ -124,7 +124,7 @@ def topics_twice(open_store: OpenStore) -> tuple[StorageConfig, list[Sent]]:
     topics.json.bak is the previous save, with queue 1 visible."""
     store = open_store()
     store.create_topic(TOPIC, 2)
-    store.set_queue_visibility(TOPIC, 1, producer=False)
+    store.topic_admin.set_queue_visibility(TOPIC, 1, producer=False)
     sent = append(store, 0, "a", 4)
     store.close()
     data = store.config.data_dir
@@ -141,7 +141,7 @@ def test_corrupt_topics_file_uses_backup(open_store: OpenStore) -> None:
     config, sent = topics_twice(open_store)
     garble(config.data_dir / "topics.json")
     store = open_store(config)
-    assert [t.name for t in store.topics()] == [TOPIC]
+    assert [t.name for t in store.topic_admin.listing()] == [TOPIC]
     assert store.queue_info(TOPIC, 1).producer_visible  # the previous round
     assert_queue_holds(store, 0, sent)
     more = append(store, 1, "b")
@@ -157,7 +157,7 @@ def test_corrupt_topics_file_and_backup(open_store: OpenStore) -> None:
     garble(main)
     garble(config.data_dir / "topics.json.bak")
     store = open_store(config)
-    assert [t.name for t in store.topics()] == [TOPIC]
+    assert [t.name for t in store.topic_admin.listing()] == [TOPIC]
     assert store.queue_info(TOPIC, 1).producer_visible  # hidden before: lost
     assert_queue_holds(store, 0, sent)
     [what] = store.damage().metadata()

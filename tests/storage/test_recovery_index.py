@@ -15,8 +15,8 @@ import logging
 import pytest
 
 from equeue_broker.storage import FlushMode, MessageBatch, ReadStatus, Store
-from equeue_broker.storage.chunk import HEADER_SIZE
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.log.chunk import HEADER_SIZE
 from tests.conftest import MakeConfig
 from tests.support.faults import (
     flip_index_byte,
@@ -136,7 +136,7 @@ def _pulled(store: Store, queue_id: int, tags: list[str] | None = None) -> bytes
     """Every record of the queue as a pull serves them (``read_records``)."""
     out, offset = b"", 0
     for _ in range(1000):
-        result = store.read_records(TOPIC, queue_id, offset, max_messages=7, tags=tags)
+        result = store.reads.read_records(TOPIC, queue_id, offset, max_messages=7, tags=tags)
         assert result.status is ReadStatus.OK
         if result.next_offset == offset:
             return out
@@ -150,7 +150,7 @@ def _three_batches(store: Store) -> tuple[list[Sent], bytes]:
     for round_ in range(3):
         sent += append(store, 0, f"a{round_}", 10)
         append(store, 1, f"b{round_}", 2)  # so queue 0's batches are not back to back
-    return sent, b"".join(store.record_at(s.position) for s in sent)
+    return sent, b"".join(store.reads.record_at(s.position) for s in sent)
 
 
 def test_flipped_position_in_middle_index_entry(
@@ -217,7 +217,7 @@ def test_flipped_tag_hash_in_unchecked_index_entry(open_store: OpenStore) -> Non
     )
 
     store = open_store(config)
-    want = b"".join(store.record_at(s.position) for s in even)
+    want = b"".join(store.reads.record_at(s.position) for s in even)
     assert _pulled(store, 0, tags=["even"]) == want  # the pull path (read_records)
     result = store.read(TOPIC, 0, 0, max_messages=1000, tags=["even"])
     assert [shape(m) for m in result.messages] == [s.shape() for s in even]
@@ -230,7 +230,7 @@ def test_flipped_tag_hash_in_index_entry(open_store: OpenStore) -> None:
     store = open_store()
     sent, _ = _three_batches(store)
     even = [s for s in sent if s.tag == "even"]
-    want = b"".join(store.record_at(s.position) for s in even)
+    want = b"".join(store.reads.record_at(s.position) for s in even)
     store.close()
     config = store.config
     flip_index_byte(config, 0, 14, 12)
@@ -252,18 +252,18 @@ def test_flipped_size_in_index_entry_for_lookups(open_store: OpenStore) -> None:
     wrong bytes; now the entry is rebuilt first."""
     store = open_store()
     sent, _ = _three_batches(store)
-    want = [store.record_at(s.position) for s in sent[4:7]]
+    want = [store.reads.record_at(s.position) for s in sent[4:7]]
     store.close()
     config = store.config
     flip_index_byte(config, 0, 5, 8)
     flip_index_byte(config, 0, 6, 3)
 
     store = open_store(config)
-    assert [store.record_at(s.position) for s in sent[4:7]] == want
+    assert [store.reads.record_at(s.position) for s in sent[4:7]] == want
     assert index_entry(config, 0, 5) == sent[5].entry
     flip_index_byte(config, 0, 5, 9)
-    assert shape(store.read_at_position(sent[5].position)) == sent[5].shape()
-    assert store.position_of(TOPIC, 0, 6) == sent[6].position
+    assert shape(store.reads.read_at_position(sent[5].position)) == sent[5].shape()
+    assert store.reads.position_of(TOPIC, 0, 6) == sent[6].position
     assert index_entry(config, 0, 6) == sent[6].entry
 
 
@@ -276,12 +276,12 @@ def test_flipped_store_time_in_index_entry_for_timestamp_lookups(open_store: Ope
     store = open_store()
     sent, _ = _three_batches(store)
     after_all = ENTRY.unpack(index_entry(store.config, 0, len(sent) - 1))[3] + 1
-    assert store.offset_for_timestamp(TOPIC, 0, after_all) == len(sent)
+    assert store.reads.offset_for_timestamp(TOPIC, 0, after_all) == len(sent)
     store.close()
     config = store.config
     middle = len(sent) // 2  # the first entry the search probes
     flip_index_byte(config, 0, middle, 22)  # a high byte of the store time: far in the future
 
     store = open_store(config)
-    assert store.offset_for_timestamp(TOPIC, 0, after_all) == len(sent)
+    assert store.reads.offset_for_timestamp(TOPIC, 0, after_all) == len(sent)
     assert index_entry(config, 0, middle) == sent[middle].entry

@@ -375,12 +375,12 @@ class StoreMachine(RuleBasedStateMachine):
         offset = data.draw(st.integers(0, len(acked) - 1), label="offset")
         position = acked[offset].position
         if offset >= self.earliest[queue]:
-            message = self.s.read_at_position(position)
+            message = self.s.reads.read_at_position(position)
             assert message.queue_offset == offset
             self.check_message(queue, message)
         else:
             try:
-                self.s.read_at_position(position)
+                self.s.reads.read_at_position(position)
             except NotFound:
                 pass
             else:

@@ -26,7 +26,7 @@ from equeue_broker.storage import (
     StoreClosed,
     StoredMessage,
 )
-from equeue_broker.storage.atomic_file import decode_document
+from equeue_broker.storage.meta.atomic_file import decode_document
 from equeue_proto.record import check_frame, decode_record
 from tests.conftest import MakeConfig
 
@@ -130,7 +130,7 @@ def test_batch_larger_than_a_chunk_is_split_and_readable(open_store: OpenStore) 
     positions = result.positions()
     assert positions == sorted(positions) and len({p // (64 * 1024) for p in positions}) > 5
     assert read_all(store, "t", 0) == batch
-    assert store.read_at_position(positions[123]).value == batch[123]
+    assert store.reads.read_at_position(positions[123]).value == batch[123]
 
 
 @pytest.mark.parametrize(
@@ -194,14 +194,14 @@ def test_topic_admin_and_metadata_persist(make_config: MakeConfig) -> None:
         store.append("nope", 0, MessageBatch([b"x"]))
     with pytest.raises(NotFound, match="no queue 5"):
         store.append("a", 5, MessageBatch([b"x"]))
-    assert [q.queue_id for q in store.add_queues("a", 2).queues] == [0, 1, 2, 3]
-    store.set_queue_visibility("a", 3, producer=False)
+    assert [q.queue_id for q in store.topic_admin.add_queues("a", 2).queues] == [0, 1, 2, 3]
+    store.topic_admin.set_queue_visibility("a", 3, producer=False)
     with pytest.raises(PreconditionFailed, match="hidden from producers"):
         store.append("a", 3, MessageBatch([b"x"]))
     store.close()
     store = Store(config, background=False)
     try:
-        meta = store.topic("a")
+        meta = store.topic_admin.describe("a")
         assert [(q.queue_id, q.producer_visible, q.consumer_visible) for q in meta.queues] == [
             (0, True, True),
             (1, True, True),
@@ -218,13 +218,13 @@ def test_delete_queue_requires_hidden_and_consumed(open_store: OpenStore) -> Non
     store.append("t", 1, MessageBatch(values(5)))
     store.commit_offset("g", "t", 1, 2)
     with pytest.raises(PreconditionFailed, match="hidden"):
-        store.delete_queue("t", 1)
-    store.set_queue_visibility("t", 1, producer=False, consumer=False)
+        store.topic_admin.delete_queue("t", 1)
+    store.topic_admin.set_queue_visibility("t", 1, producer=False, consumer=False)
     with pytest.raises(PreconditionFailed, match="3 unconsumed"):
-        store.delete_queue("t", 1)
+        store.topic_admin.delete_queue("t", 1)
     store.commit_offset("g", "t", 1, 5)
-    store.delete_queue("t", 1)
-    assert [q.queue_id for q in store.topic("t").queues] == [0]
+    store.topic_admin.delete_queue("t", 1)
+    assert [q.queue_id for q in store.topic_admin.describe("t").queues] == [0]
     assert store.committed_offsets("g") == {"t": {}}
 
 
@@ -233,7 +233,7 @@ def test_deleted_topic_records_never_come_back(make_config: MakeConfig) -> None:
     store = Store(config, background=False)
     store.create_topic("t", 1)
     store.append("t", 0, MessageBatch(values(10, tag="old")))
-    store.delete_topic("t")
+    store.topic_admin.delete_topic("t")
     store.create_topic("t", 1)
     store.append("t", 0, MessageBatch(values(3, tag="new")))
     store.close()
@@ -252,17 +252,17 @@ def test_topic_incarnation_survives_restart_and_changes_on_recreate(
     store = Store(config, background=False)
     first = store.create_topic("t", 1).incarnation
     assert 0 < first < 2**63
-    assert store.add_queues("t", 1).incarnation == first  # later changes keep it
+    assert store.topic_admin.add_queues("t", 1).incarnation == first  # later changes keep it
     store.close()
     store = Store(config, background=False)
-    assert store.topic("t").incarnation == first
-    store.delete_topic("t")
+    assert store.topic_admin.describe("t").incarnation == first
+    store.topic_admin.delete_topic("t")
     second = store.create_topic("t", 1).incarnation
     assert second != first
     store.close()
     store = Store(config, background=False)
     try:
-        assert store.topic("t").incarnation == second
+        assert store.topic_admin.describe("t").incarnation == second
     finally:
         store.close()
 
@@ -283,7 +283,7 @@ def test_topics_saved_without_incarnations_get_one_at_load_for_good(
     (config.data_dir / "topics.json.bak").unlink(missing_ok=True)
 
     store = Store(config, background=False)
-    assigned = store.topic("old").incarnation
+    assigned = store.topic_admin.describe("old").incarnation
     store.close()
     assert assigned > 0
     assert decode_document(topics_file.read_bytes()) == (
@@ -292,8 +292,8 @@ def test_topics_saved_without_incarnations_get_one_at_load_for_good(
     )
     store = Store(config, background=False)
     try:
-        assert store.topic("old").incarnation == assigned
-        assert [q.queue_id for q in store.topic("old").queues] == [0, 1]
+        assert store.topic_admin.describe("old").incarnation == assigned
+        assert [q.queue_id for q in store.topic_admin.describe("old").queues] == [0, 1]
     finally:
         store.close()
 
@@ -388,27 +388,27 @@ def test_offset_for_timestamp_uses_store_time(open_store: OpenStore) -> None:
     store.create_topic("t", 1)
     store.append("t", 0, MessageBatch(values(5)))
     first = store.read("t", 0, 0).messages[0].store_timestamp_ms
-    assert store.offset_for_timestamp("t", 0, 0) == 0
-    assert store.offset_for_timestamp("t", 0, first + 10**9) == 5
-    assert store.offset_for_timestamp("t", 0, first) == 0
+    assert store.reads.offset_for_timestamp("t", 0, 0) == 0
+    assert store.reads.offset_for_timestamp("t", 0, first + 10**9) == 5
+    assert store.reads.offset_for_timestamp("t", 0, first) == 0
 
 
 def test_offset_for_bytes_follows_record_sizes(open_store: OpenStore) -> None:
     store = open_store()
     store.create_topic("t", 1)
     store.append("t", 0, MessageBatch([b"x" * n for n in (10, 200, 30, 40)]))
-    sizes = [len(store.record_at(store.position_of("t", 0, i))) for i in range(4)]
-    assert store.offset_for_bytes("t", 0, 0, 4, sizes[0]) == (1, sizes[0])
+    sizes = [len(store.reads.record_at(store.reads.position_of("t", 0, i))) for i in range(4)]
+    assert store.reads.offset_for_bytes("t", 0, 0, 4, sizes[0]) == (1, sizes[0])
     # A budget smaller than one record still moves one record.
-    assert store.offset_for_bytes("t", 0, 1, 4, 1) == (2, sizes[1])
-    assert store.offset_for_bytes("t", 0, 0, 4, sum(sizes[:3]) + 5) == (3, sum(sizes[:3]))
-    assert store.offset_for_bytes("t", 0, 0, 99, 10**9) == (4, sum(sizes))
-    assert store.offset_for_bytes("t", 0, 4, 4, 10) == (4, 0)
-    assert store.offset_for_bytes("t", 0, 2, 1, 10**9) == (2, 0)
+    assert store.reads.offset_for_bytes("t", 0, 1, 4, 1) == (2, sizes[1])
+    assert store.reads.offset_for_bytes("t", 0, 0, 4, sum(sizes[:3]) + 5) == (3, sum(sizes[:3]))
+    assert store.reads.offset_for_bytes("t", 0, 0, 99, 10**9) == (4, sum(sizes))
+    assert store.reads.offset_for_bytes("t", 0, 4, 4, 10) == (4, 0)
+    assert store.reads.offset_for_bytes("t", 0, 2, 1, 10**9) == (2, 0)
     with pytest.raises(InvalidArgument, match="start offset 5"):
-        store.offset_for_bytes("t", 0, 5, 9, 10)
+        store.reads.offset_for_bytes("t", 0, 5, 9, 10)
     with pytest.raises(InvalidArgument, match="max_bytes"):
-        store.offset_for_bytes("t", 0, 0, 9, 0)
+        store.reads.offset_for_bytes("t", 0, 0, 9, 0)
 
 
 def test_offset_for_bytes_spans_index_chunks(
@@ -417,19 +417,19 @@ def test_offset_for_bytes_spans_index_chunks(
     store = open_store(make_config(index_entries_per_chunk=16))
     store.create_topic("t", 1)
     store.append("t", 0, MessageBatch(values(100)))
-    size = len(store.record_at(store.position_of("t", 0, 0)))
-    assert store.offset_for_bytes("t", 0, 3, 100, size * 40) == (43, size * 40)
-    assert store.offset_for_bytes("t", 0, 3, 100, size * 40 + size - 1) == (43, size * 40)
+    size = len(store.reads.record_at(store.reads.position_of("t", 0, 0)))
+    assert store.reads.offset_for_bytes("t", 0, 3, 100, size * 40) == (43, size * 40)
+    assert store.reads.offset_for_bytes("t", 0, 3, 100, size * 40 + size - 1) == (43, size * 40)
 
 
 def test_message_by_position(open_store: OpenStore) -> None:
     store = open_store()
     store.create_topic("t", 2)
     result = store.append("t", 1, MessageBatch(values(5), keys=[b"k"] * 5))
-    message = store.read_at_position(result.positions()[3])
+    message = store.reads.read_at_position(result.positions()[3])
     assert (message.topic, message.queue_id, message.queue_offset, message.key) == ("t", 1, 3, b"k")
     with pytest.raises(NotFound, match="position 999999999"):
-        store.read_at_position(999_999_999)
+        store.reads.read_at_position(999_999_999)
 
 
 def test_open_scans_only_the_last_chunk(make_config: MakeConfig) -> None:
@@ -514,12 +514,12 @@ def test_read_records_equals_read(open_store: OpenStore, tags: list[str] | None)
                                             tags=["a", "b", "c"] * (n // 3) + ["a"] * (n % 3)),
             )  # fmt: skip
     for offset, max_messages, max_bytes in [(0, 1000, 1 << 20), (13, 50, 4000), (200, 3, 1)]:
-        raw = store.read_records("t", 1, offset, max_messages=max_messages,
+        raw = store.reads.read_records("t", 1, offset, max_messages=max_messages,
                                  max_bytes=max_bytes, tags=tags)  # fmt: skip
         decoded = store.read("t", 1, offset, max_messages=max_messages,
                              max_bytes=max_bytes, tags=tags)  # fmt: skip
         assert raw.count == len(decoded.messages) > 0
         assert decode_all(raw.records) == decoded.messages
         assert (raw.next_offset, raw.end) == (decoded.next_offset, decoded.end)
-    low = store.read_records("t", 0, 10**6)
+    low = store.reads.read_records("t", 0, 10**6)
     assert (low.status, low.next_offset, low.records) == (ReadStatus.OFFSET_TOO_BIG, low.end, b"")

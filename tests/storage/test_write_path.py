@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from equeue_broker.storage import MessageBatch, StorageConfig, Store
-from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_proto import accel
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from equeue_broker.storage import StorageConfig, Store
-from equeue_broker.storage.atomic_file import decode_document
-from equeue_broker.storage.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_name
-from equeue_broker.storage.message_log import LOG_SUFFIX
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE, INDEX_SUFFIX
+from equeue_broker.storage.log.chunk import FOOTER_SIZE, HEADER_SIZE, chunk_file_name
+from equeue_broker.storage.log.message_log import LOG_SUFFIX
+from equeue_broker.storage.meta.atomic_file import decode_document
 from tests.support.sent import TOPIC, Sent
 
 TRAILER_SIZE = 8

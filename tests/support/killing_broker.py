@@ -25,8 +25,9 @@ def _die(*_args: Any, **_kwargs: Any) -> Any:
 
 
 def install(point: str) -> None:
-    from equeue_broker.storage import store, txn_writes
-    from equeue_broker.storage.log_writer import LogWriter
+    from equeue_broker.storage import store
+    from equeue_broker.storage.log.log_writer import LogWriter
+    from equeue_broker.storage.txn import txn_writes
 
     if point == "stage":
         LogWriter.write_staged = _die  # type: ignore[method-assign]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from equeue_broker.storage import MessageBatch, MessageLimits
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.record import PreparedBatch, encode_records, prepare_batch
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+from equeue_broker.storage.log.record import PreparedBatch, encode_records, prepare_batch
 from equeue_proto.record import Headers
 
 Row = tuple[bytes, bytes | None, str, Headers, int]

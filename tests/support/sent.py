@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from equeue_broker.storage import MessageBatch, ReadStatus, Store, StoredMessage
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE
 
 OpenStore = Callable[..., Store]
 """The ``open_store`` fixture of tests/conftest.py."""

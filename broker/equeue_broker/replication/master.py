@@ -4,7 +4,7 @@ Master side, ``Replicate`` (the gRPC servicer: server/service_replication.py):
 one bidirectional stream per replica. Each request carries the position the
 replica needs next; each is answered by one reply (flow control by request,
 whatever gRPC's windows would allow: at most two replies in flight), built by
-``Store.read_log`` (storage/positioned.py): up to ``MAX_REPLY_BYTES`` of whole
+``Store.read_log`` (storage/log/positioned.py): up to ``MAX_REPLY_BYTES`` of whole
 records within one chunk, or, at the end of the log, an empty reply after at
 most the request's ``wait_ms`` (woken through ``LogGrowth`` by the store's
 listener when records are appended). The group's metadata rides along when it

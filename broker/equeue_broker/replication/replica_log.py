@@ -4,7 +4,7 @@ A replica's message log is a byte-for-byte copy of its master's (every record
 at the same global position, chunks rolled where the master's were).
 ``ReplicaLog`` is the one entry point that writes such bytes: ``append``
 (checked, placed and indexed by the store: ``Store.append_at``,
-storage/positioned.py, with one ``TxnScan`` kept across pieces), ``truncate``
+storage/log/positioned.py, with one ``TxnScan`` kept across pieces), ``truncate``
 (a divergent tail, ``Store.truncate``), and ``apply_metadata``, which makes
 topics (with their incarnations) and consumer-group offsets the master's.
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from equeue_broker.storage.errors import InvalidArgument
-from equeue_broker.storage.offsets import GroupOffsets
+from equeue_broker.storage.meta.offsets import GroupOffsets
+from equeue_broker.storage.meta.topics import QueueMeta, TopicMeta
 from equeue_broker.storage.store import Store
-from equeue_broker.storage.topics import QueueMeta, TopicMeta
-from equeue_broker.storage.txn_recovery import TxnScan
+from equeue_broker.storage.txn.txn_recovery import TxnScan
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +87,12 @@ def decode_metadata(data: bytes) -> Metadata:
 
 def master_metadata(store: Store, broker_name: str) -> Metadata:
     """What a master sends its replicas."""
-    return Metadata(broker_name, tuple(store.topics()), store.offsets_snapshot())
+    return Metadata(broker_name, tuple(store.topic_admin.listing()), store.offsets_snapshot())
 
 
 class ReplicaLog:
     """Writes a master's log into ``store`` (the store must take no other writes),
-    through the store's log-by-position API (storage/positioned.py)."""
+    through the store's log-by-position API (storage/log/positioned.py)."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -128,12 +128,12 @@ class ReplicaLog:
         store = self._store
         changed = False
         wanted = {t.name: t for t in meta.topics}
-        for name, have in {t.name: t for t in store.topics()}.items():
+        for name, have in {t.name: t for t in store.topic_admin.listing()}.items():
             if name not in wanted or wanted[name].incarnation != have.incarnation:
                 log.info("replica: topic %s deleted (the master's is gone or newer)", name)
-                store.delete_topic(name)
+                store.topic_admin.delete_topic(name)
                 changed = True
-        if store.adopt_topics(wanted):
+        if store.topic_admin.adopt(wanted):
             changed = True
         if store.replace_offsets(meta.offsets):
             changed = True

@@ -47,8 +47,8 @@ from equeue_broker.server.service_data import BrokerService
 from equeue_broker.server.service_replication import ReplicationService
 from equeue_broker.server.startup import BadConfig, CannotBind, ExitCode, check_bindable
 from equeue_broker.storage import StorageError, Store
-from equeue_broker.storage.atomic_file import keep_damaged, load_json, save_json
 from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.meta.atomic_file import keep_damaged, load_json, save_json
 from equeue_proto.allocator import tune_malloc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc

@@ -80,7 +80,7 @@ def topic_snapshot(store: Store) -> list[pb.RegisteredTopic]:
                 for q in meta.queues
             ],
         )
-        for meta in store.topics()
+        for meta in store.topic_admin.listing()
     ]
 
 

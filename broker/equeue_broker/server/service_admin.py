@@ -21,7 +21,7 @@ from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDe
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.storage import NotFound
 from equeue_broker.storage.errors import PreconditionFailed
-from equeue_broker.storage.names import validate_group
+from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
 from equeue_proto.record import check_frame, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
@@ -36,10 +36,10 @@ class AdminService(pb_grpc.AdminServicer):
 
     def _topic_info(self, name: str) -> pb.TopicInfo:
         store = self.s.store
-        meta = store.topic(name)
+        meta = store.topic_admin.describe(name)
         info = pb.TopicInfo(name=name, created_ms=meta.created_ms, incarnation=meta.incarnation)
         for q in meta.queues:
-            queue = store.queue_info(name, q.queue_id)
+            queue = store.topic_admin.queue_info(name, q.queue_id)
             low = store.min_committed(name, q.queue_id)
             info.queues.add(
                 queue_id=q.queue_id,
@@ -55,7 +55,7 @@ class AdminService(pb_grpc.AdminServicer):
     @rpc
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.TopicInfo:
         def create() -> pb.TopicInfo:
-            meta = self.s.store.create_topic(request.name, request.queue_count or None)
+            meta = self.s.store.topic_admin.create_topic(request.name, request.queue_count or None)
             log.info("topic created", extra={"topic": meta.name, "queues": len(meta.queues)})
             return self._topic_info(request.name)
 
@@ -69,7 +69,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.DeleteTopicRequest, context: Any
     ) -> pb.DeleteTopicReply:
         try:
-            await self.s.call(self.s.store.delete_topic, request.name)
+            await self.s.call(self.s.store.topic_admin.delete_topic, request.name)
         finally:
             self.s.topology_changed()
         self.s.counters.forget(request.name)
@@ -78,7 +78,7 @@ class AdminService(pb_grpc.AdminServicer):
 
     def _visible_topics(self, scope: Principal | None) -> list[str]:
         """The topics a token may see: a topic-scoped admin token sees its own only."""
-        names = [t.name for t in self.s.store.topics()]
+        names = [t.name for t in self.s.store.topic_admin.listing()]
         return names if scope is None else [n for n in names if scope.may_use_topic(n)]
 
     def _replicas(self, end: int, in_sync: list[str]) -> list[pb.ReplicaStatus]:
@@ -122,7 +122,7 @@ class AdminService(pb_grpc.AdminServicer):
         def add() -> pb.TopicInfo:
             if request.count < 1:
                 raise BadRequest(f"count must be at least 1, got {request.count}")
-            self.s.store.add_queues(request.name, request.count)
+            self.s.store.topic_admin.add_queues(request.name, request.count)
             return self._topic_info(request.name)
 
         try:
@@ -135,7 +135,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.SetQueueVisibilityRequest, context: Any
     ) -> pb.TopicInfo:
         def set_() -> pb.TopicInfo:
-            self.s.store.set_queue_visibility(
+            self.s.store.topic_admin.set_queue_visibility(
                 request.name,
                 request.queue_id,
                 producer=request.producer_visible if request.HasField("producer_visible") else None,
@@ -151,7 +151,9 @@ class AdminService(pb_grpc.AdminServicer):
     @rpc
     async def DeleteQueue(self, request: pb.DeleteQueueRequest, context: Any) -> pb.TopicInfo:
         def delete() -> pb.TopicInfo:
-            dropped = self.s.store.delete_queue(request.name, request.queue_id, request.force)
+            dropped = self.s.store.topic_admin.delete_queue(
+                request.name, request.queue_id, request.force
+            )
             self.s.counters.forget(request.name, request.queue_id)
             fields = {"topic": request.name, "queue": request.queue_id, "dropped": dropped}
             # Dropping unconsumed messages is data loss an operator asked for:
@@ -185,7 +187,7 @@ class AdminService(pb_grpc.AdminServicer):
         topics = sorted(set(committed) | self.s.consumers.topics(group))
         for topic in topics:
             try:
-                meta = store.topic(topic)
+                meta = store.topic_admin.describe(topic)
             except NotFound:
                 continue
             visible = [q.queue_id for q in meta.queues if q.consumer_visible]
@@ -197,7 +199,7 @@ class AdminService(pb_grpc.AdminServicer):
                 for queue_id in queues
             }
             for q in meta.queues:
-                queue = store.queue_info(topic, q.queue_id)
+                queue = store.topic_admin.queue_info(topic, q.queue_id)
                 offset = committed.get(topic, {}).get(q.queue_id)
                 lag = queue.end - (
                     queue.earliest if offset is None else max(offset, queue.earliest)
@@ -220,19 +222,19 @@ class AdminService(pb_grpc.AdminServicer):
 
         def reset() -> pb.GroupInfo:
             store = self.s.store
-            meta = store.topic(request.topic)
+            meta = store.topic_admin.describe(request.topic)
             target = request.WhichOneof("target")
             if target is None:
                 raise BadRequest("give one of earliest, latest, timestamp_ms, explicit")
             entries = []
             for q in meta.queues:
-                info = store.queue_info(request.topic, q.queue_id)
+                info = store.topic_admin.queue_info(request.topic, q.queue_id)
                 if target == "earliest":
                     entries.append((request.topic, q.queue_id, info.earliest))
                 elif target == "latest":
                     entries.append((request.topic, q.queue_id, info.end))
                 elif target == "timestamp_ms":
-                    offset = store.offset_for_timestamp(
+                    offset = store.reads.offset_for_timestamp(
                         request.topic, q.queue_id, request.timestamp_ms
                     )
                     entries.append((request.topic, q.queue_id, offset))
@@ -277,10 +279,10 @@ class AdminService(pb_grpc.AdminServicer):
                     raise NotFound(f"message {request.message_id!r} is from broker {broker_id!r}")
             elif which == "address":
                 a = request.address
-                position = store.position_of(a.topic, a.queue_id, a.offset)
+                position = store.reads.position_of(a.topic, a.queue_id, a.offset)
             else:
                 raise BadRequest("give message_id or address")
-            record = store.record_at(position)
+            record = store.reads.record_at(position)
             verdict = check_frame(record, 0, len(record))
             if isinstance(verdict, str) or verdict != len(record):
                 # Never served with status OK (a pull answers the same way).

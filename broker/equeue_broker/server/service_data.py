@@ -26,8 +26,8 @@ from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
-from equeue_broker.storage.names import validate_group, validate_topic
-from equeue_broker.storage.transactions import CommitResult
+from equeue_broker.storage.meta.names import validate_group, validate_topic
+from equeue_broker.storage.txn.transactions import CommitResult
 from equeue_proto.protocol import consumer_id_problem, key_queue
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -202,14 +202,14 @@ class BrokerService(pb_grpc.BrokerServicer):
         store = self.s.store
         validate_topic(topic)
         try:
-            return store.topic(topic)
+            return store.topic_admin.describe(topic)
         except NotFound:
             if not self.s.config.auto_create_topics:
                 raise
         try:
-            return store.create_topic(topic)
+            return store.topic_admin.create_topic(topic)
         except AlreadyExists:  # another request created it meanwhile
-            return store.topic(topic)
+            return store.topic_admin.describe(topic)
 
     def _route(
         self, request: pb.ProduceRequest, batch: MessageBatch, visible: list[int]
@@ -261,7 +261,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         owner_check = self._owner_check(request)
         owner_check()
         read = functools.partial(
-            self.s.store.read_records, topic, queue_id,
+            self.s.store.reads.read_records, topic, queue_id,
             max_messages=max_messages, max_bytes=max_bytes, tags=tags, frame=self.pull_framer,
         )  # fmt: skip
         result, held = await self._budgeted_read(read, request.offset, max_bytes)
@@ -276,7 +276,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 (topic, queue_id),
                 result.end,
                 request.max_wait_ms / 1000,
-                lambda: self.s.store.visible_end(topic, queue_id),
+                lambda: self.s.store.reads.visible_end(topic, queue_id),
             )
             if arrived:
                 owner_check()  # the queue may have changed hands while we waited
@@ -332,11 +332,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         share = max(DEFAULT_PULL_BYTES, self.s.reply_bytes.limit // 8)
         batch_bytes = min(request.batch_bytes or DEFAULT_PULL_BYTES, share)
         read = functools.partial(
-            store.read_records, request.topic, request.queue_id,
+            store.reads.read_records, request.topic, request.queue_id,
             max_bytes=batch_bytes, tags=list(request.tags) or None, frame=self.pull_framer,
         )  # fmt: skip
         offset = request.offset
-        stop = request.end_offset or store.visible_end(request.topic, request.queue_id)
+        stop = request.end_offset or store.reads.visible_end(request.topic, request.queue_id)
         if stop < 0:  # no such queue: let the read raise the precise error
             read(offset, max_messages=1)
         for _ in range(MAX_STREAM_BATCHES):
@@ -420,7 +420,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             # An unknown topic is refused, not remembered: a heartbeat naming
             # made-up topics would otherwise make the broker keep them.
             try:
-                meta = self.s.store.topic(topic)
+                meta = self.s.store.topic_admin.describe(topic)
             except NotFound:
                 raise NotFound(
                     f"topic {topic!r} does not exist (a consumer group subscribes to existing"
@@ -459,13 +459,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         timestamp = request.timestamp_ms if request.HasField("timestamp_ms") else None
 
         def list_() -> pb.ListOffsetsReply:
-            meta = store.topic(request.topic)
+            meta = store.topic_admin.describe(request.topic)
             reply = pb.ListOffsetsReply(incarnation=meta.incarnation)
             for q in meta.queues:
-                info = store.queue_info(request.topic, q.queue_id)
+                info = store.topic_admin.queue_info(request.topic, q.queue_id)
                 found = -1
                 if timestamp is not None:
-                    found = store.offset_for_timestamp(request.topic, q.queue_id, timestamp)
+                    found = store.reads.offset_for_timestamp(request.topic, q.queue_id, timestamp)
                 reply.queues.add(
                     queue_id=q.queue_id,
                     earliest_offset=info.earliest,
@@ -482,7 +482,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.OffsetForBytesRequest, context: Any
     ) -> pb.OffsetForBytesReply:
         end, size = await self.s.call(
-            self.s.store.offset_for_bytes,
+            self.s.store.reads.offset_for_bytes,
             request.topic,
             request.queue_id,
             request.start_offset,

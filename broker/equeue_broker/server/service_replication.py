@@ -29,7 +29,7 @@ from equeue_broker.server.service_base import BrokerState, rpc_stream
 from equeue_broker.storage import Store
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import PreconditionFailed
-from equeue_broker.storage.positioned import LogPiece
+from equeue_broker.storage.log.positioned import LogPiece
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 

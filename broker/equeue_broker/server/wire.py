@@ -6,7 +6,7 @@
   records as stored. Built as a ``pb.PullReply`` it would be copied three times
   on the way out (into the message, into the serialized string, into gRPC's
   buffer). Instead the store joins a prefix, the records and a suffix in the
-  one copy it makes out of its memory maps (``Store.read_records(frame=...)``).
+  one copy it makes out of its memory maps (``store.reads.read_records(frame=...)``).
 - ``produce_reply``: the reply to a batch appended to one queue, its three
   per-message columns packed in C (``_codec.varints``) instead of protobuf
   building a Python int per message.
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.storage import Framer, MessageBatch, ReadStatus, RecordsResult
-from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_proto import wire
 from equeue_proto.accel import CODEC
 from equeue_proto.protocol import BROKER_TIME

@@ -17,7 +17,7 @@ from equeue_broker.storage.errors import (
     StorageError,
     StoreClosed,
 )
-from equeue_broker.storage.record import MessageBatch
+from equeue_broker.storage.log.record import MessageBatch
 from equeue_broker.storage.results import (
     AppendResult,
     Framer,

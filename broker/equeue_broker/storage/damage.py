@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from equeue_broker.storage.offsets import LostOffsets
+from equeue_broker.storage.meta.offsets import LostOffsets
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What makes deleting a topic or queue final, and what clears a delete cut short.
 
-``Store.delete_topic`` (and ``delete_queue``) returns only once nothing of the
+``TopicAdmin.delete_topic`` (and ``delete_queue``) returns only once nothing of the
 deleted topic can come back, after a crash or in a topic created later under
 the same name:
 
@@ -35,10 +35,10 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from equeue_broker.storage.atomic_file import fsync_dir
 from equeue_broker.storage.errors import io_error
-from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.topics import TopicMeta
+from equeue_broker.storage.meta.atomic_file import fsync_dir
+from equeue_broker.storage.meta.offsets import OffsetStore
+from equeue_broker.storage.meta.topics import TopicMeta
 
 log = logging.getLogger(__name__)
 

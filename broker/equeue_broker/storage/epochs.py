@@ -29,7 +29,7 @@ import threading
 
 from equeue_broker.storage.config import MessageLimits
 from equeue_broker.storage.errors import CorruptionError
-from equeue_broker.storage.record import MessageBatch, PreparedBatch, prepare_batch
+from equeue_broker.storage.log.record import MessageBatch, PreparedBatch, prepare_batch
 
 EPOCH_TAG = "epoch"
 _LIMITS = MessageLimits(max_batch_bytes=1 << 20, max_message_bytes=1 << 20)

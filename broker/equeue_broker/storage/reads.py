@@ -1,16 +1,18 @@
 """Reads: messages and stored records of a queue, and lookups by position, time or size.
 
-``Store.read``, ``read_records``, ``read_at_position``, ``record_at``,
-``position_of``, ``visible_end``, ``offset_for_timestamp`` and
-``offset_for_bytes`` delegate to ``Reads``. Reads only look at state the write
-path and admin keep up to date (the log, the queues' indexes and readable
-ends), so this module depends on that state and never on the store itself,
-which owns and creates a ``Reads``.
+``store.reads`` (a ``Reads``) serves ``read``, ``read_records``,
+``read_at_position``, ``record_at``, ``position_of``, ``visible_end``,
+``offset_for_timestamp`` and ``offset_for_bytes`` (``Store.read`` is the
+documented embedding entry point for the first). Reads only look at the
+engine state (engine.py) the write path and admin keep up to date (the log,
+the queues' indexes and readable ends, the topics), which they are given,
+and never at the store itself, which creates a ``Reads`` and exposes it.
 
-Locking: every public method of ``Reads`` takes the store lock itself, except
+Locking: every public method of ``Reads`` takes the engine lock itself, except
 ``visible_end`` (a lock-free snapshot for long polls). Every method whose name
-starts with ``_`` must be called with the store lock held: the lock is what
-keeps the log's memory maps, and the views of them a read returns, alive.
+starts with ``_`` must be called with the engine lock held (the entry points
+among them assert it): the lock is what keeps the log's memory maps, and the
+views of them a read returns, alive.
 """
 
 from __future__ import annotations
@@ -20,13 +22,12 @@ import dataclasses
 import itertools
 import logging
 import struct
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import cast
 
 from crc32c import crc32c
 
-from equeue_broker.storage.config import StorageConfig
+from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.errors import (
     ChunkQuarantined,
     CorruptionError,
@@ -34,9 +35,8 @@ from equeue_broker.storage.errors import (
     InvalidArgument,
     NotFound,
 )
-from equeue_broker.storage.index_repair import repair_entry
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import (
+from equeue_broker.storage.index.index_repair import repair_entry
+from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     RUNS_DAMAGED,
@@ -47,8 +47,8 @@ from equeue_broker.storage.queue_index import (
     entry_unchecked,
     index_runs,
 )
-from equeue_broker.storage.queue_state import QueueKey, QueueState
-from equeue_broker.storage.record import patch_committed
+from equeue_broker.storage.index.queue_state import QueueState
+from equeue_broker.storage.log.record import patch_committed
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, StoredMessage
 
@@ -73,25 +73,14 @@ _MAX_REPAIRS = 256
 class Reads:
     """The read paths over a store's log and queues (see the module docstring)."""
 
-    def __init__(  # noqa: PLR0917 (built in one place, by the store)
-        self,
-        config: StorageConfig,
-        lock: threading.RLock,
-        message_log: MessageLog,
-        queues: dict[QueueKey, QueueState],
-        lookup: Callable[[str, int], QueueState],
-        check_open: Callable[[], None],
-    ) -> None:
-        """``queues`` is the store's own dictionary (read, never changed here);
-        ``lookup(topic, queue_id)`` returns a live queue or raises ``NotFound``
-        or ``StoreClosed``, and ``check_open()`` raises ``StoreClosed``; both
-        are called with the store lock held."""
-        self._config = config
-        self._lock = lock
-        self._log = message_log
-        self._queues = queues
-        self._lookup = lookup
-        self._check_open = check_open
+    def __init__(self, state: EngineState) -> None:
+        """Reads of ``state`` (never changed here)."""
+        self._state = state
+        self._lock = state.lock
+        self._config = state.config
+        self._log = state.log
+        self._queues = state.queues
+        """The engine's own dictionary: read, never changed here."""
 
     def read(
         self,
@@ -172,7 +161,8 @@ class Reads:
         """(queue, earliest, end, status, offset to report) of a read (lock held).
 
         Out-of-range offsets are answered with the earliest or the end."""
-        queue = self._lookup(topic, queue_id)
+        assert self._state.held()
+        queue = self._state.live_queue(topic, queue_id)
         earliest, end = queue.index.earliest, queue.visible_end
         if offset < earliest:
             return queue, earliest, end, ReadStatus.OFFSET_TOO_SMALL, earliest
@@ -186,6 +176,7 @@ class Reads:
     ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
         """``_collect_runs`` or ``_collect_filtered``, again after each damaged
         index entry they meet and have rebuilt (lock held)."""
+        assert self._state.held()
         for _ in range(_MAX_REPAIRS):
             if wanted is None:
                 collected = self._collect_runs(
@@ -203,6 +194,7 @@ class Reads:
     def _repair(self, queue: QueueState, offset: int) -> None:
         """Rebuild the damaged index entry of ``offset`` from the log (lock held;
         no view of the log may be alive: the scan may unmap chunks)."""
+        assert self._state.held()
         key = (queue.topic, queue.queue_id)
         repair_entry(self._log, queue.index, key, offset, queue.index.end)
 
@@ -352,6 +344,7 @@ class Reads:
     ) -> tuple[list[StoredMessage], int] | None:  # fmt: skip
         """(messages, next offset) of a decoding read (lock held); None after
         rebuilding a damaged index entry (the caller starts again)."""
+        assert self._state.held()
         messages: list[StoredMessage] = []
         total = 0
         scan_end = min(
@@ -439,7 +432,8 @@ class Reads:
     def _indexed(self, position: object) -> tuple[int, int, bytes]:
         """(offset, size, index entry) of the record at ``position`` if a queue's
         index points at it, else ``NotFound`` (lock held)."""
-        self._check_open()
+        assert self._state.held()
+        self._state.check_open()
         found = None
         if isinstance(position, int) and (
             self._log.start_position <= position < self._log.write_position
@@ -496,6 +490,7 @@ class Reads:
     def _checked_entry(self, queue: QueueState, offset: int) -> tuple[int, int, int, int]:
         """The entry of ``offset`` (below the end), rebuilt from the log first if it
         fails its checksum or names another record (lock held)."""
+        assert self._state.held()
         raw = queue.index.read_raw(offset, 1)
         position_plus_one = ENTRY.unpack(raw)[0] if len(raw) == ENTRY_SIZE else 0
         if (
@@ -511,7 +506,7 @@ class Reads:
     def position_of(self, topic: str, queue_id: int, offset: int) -> int:
         """Log position of a queue offset (``NotFound`` outside [earliest, end))."""
         with self._lock:
-            queue = self._lookup(topic, queue_id)
+            queue = self._state.live_queue(topic, queue_id)
             if not isinstance(offset, int) or not (
                 queue.index.earliest <= offset < queue.visible_end
             ):
@@ -530,7 +525,7 @@ class Reads:
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """First offset whose store time is >= ``timestamp_ms`` (the end if none)."""
         with self._lock:
-            queue = self._lookup(topic, queue_id)
+            queue = self._state.live_queue(topic, queue_id)
             for _ in range(_MAX_REPAIRS):
                 found = self._search_time(queue, timestamp_ms)
                 if found is not None:
@@ -541,6 +536,7 @@ class Reads:
         """A binary search over the index's store times (they never decrease
         along a queue), checking every entry it probes: a damaged one would
         send the search the wrong way. None after rebuilding one from the log."""
+        assert self._state.held()
         index = queue.index
 
         def checked(offset: int) -> IndexEntry:
@@ -569,7 +565,7 @@ class Reads:
         if max_bytes < 1:
             raise InvalidArgument(f"max_bytes must be at least 1, got {max_bytes}")
         with self._lock:
-            queue = self._lookup(topic, queue_id)
+            queue = self._state.live_queue(topic, queue_id)
             earliest, visible = queue.index.earliest, queue.visible_end
             if not earliest <= start <= visible:
                 raise InvalidArgument(

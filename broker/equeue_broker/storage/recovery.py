@@ -50,31 +50,31 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from equeue_broker.storage.atomic_file import load_json, save_json
 from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.epochs import EpochHistory
 from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
-from equeue_broker.storage.index_repair import (
+from equeue_broker.storage.index.index_repair import (
     Wanted,
     entry_for,
     entry_matches,
     find_records,
     intact_end,
 )
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.queue_index import (
+from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     Segment,
     entry_damaged,
     index_segments,
 )
-from equeue_broker.storage.queue_state import QueueKey, QueueState, open_queue
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState, open_queue
+from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.meta.atomic_file import load_json, save_json
+from equeue_broker.storage.meta.offsets import OffsetStore
+from equeue_broker.storage.meta.topics import TopicMeta
 from equeue_broker.storage.results import RecoveryReport
 from equeue_broker.storage.retention import settle_earliest
-from equeue_broker.storage.topics import TopicMeta
-from equeue_broker.storage.txn_recovery import (
+from equeue_broker.storage.txn.txn_recovery import (
     RecoveredTxns,
     Sinks,
     TxnScan,

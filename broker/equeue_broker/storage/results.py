@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from equeue_broker.storage.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_proto.record import StoredMessage
 
 
@@ -57,7 +57,7 @@ Piece = bytes | bytearray | memoryview
 
 Framer = Callable[[RecordsResult], tuple[bytes, bytes]]
 """(prefix, suffix) to join around a read's records in the same copy (see
-``Store.read_records``); called with the read's result, ``records`` still empty."""
+``Reads.read_records``); called with the read's result, ``records`` still empty."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ are more than ``max_chunks`` of them or the oldest was sealed more than
 chunk while some group has committed on a queue but not consumed a record in
 it or before it. Once log chunks are gone, index chunks that only point into
 them go too. ``Store.apply_retention`` (run by the store's maintenance thread)
-flushes first, then calls ``delete_expired`` under the store lock.
+flushes first, then calls ``delete_expired`` with the engine state (engine.py)
+under its lock.
 
 Transactions (transactions.py) add two rules. A chunk holding a record of an
 open transaction is never deleted, nor any chunk after it (``pinned``): the
@@ -20,30 +21,29 @@ chunks holding the other side of the split expire too, and goes with them: no re
 still serves is ever deleted, and none is retired before the records of
 lower offsets.
 
-Locking: every function here must be called with the store lock held.
+Locking: ``delete_expired`` must be called with the engine lock held, and
+asserts it; ``settle_earliest`` runs at open, before the engine state exists;
+the other functions look at one queue, for those two.
 """
 
 from __future__ import annotations
 
-from equeue_broker.storage.config import RetentionConfig
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.offsets import OffsetStore
-from equeue_broker.storage.queue_state import QueueKey, QueueState
+from equeue_broker.storage.engine import EngineState
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.meta.offsets import OffsetStore
 from equeue_broker.storage.results import RetentionReport
 
 
 def delete_expired(
-    rules: RetentionConfig,
-    message_log: MessageLog,
-    queues: dict[QueueKey, QueueState],
-    offsets: OffsetStore,
-    now_ms: int,
-    *,
-    pinned: int | None = None,
+    state: EngineState, now_ms: int, *, pinned: int | None = None
 ) -> RetentionReport:
-    """Delete the log chunks ``rules`` let go at ``now_ms`` that end at or
-    before ``pinned`` (the first record of the oldest open transaction), then
-    the index chunks that only point into deleted log chunks (lock held)."""
+    """Delete the log chunks the retention rules (``state.config.retention``)
+    let go at ``now_ms`` that end at or before ``pinned`` (the first record of
+    the oldest open transaction), then the index chunks that only point into
+    deleted log chunks (lock held)."""
+    assert state.held()
+    rules, message_log = state.config.retention, state.log
+    queues, offsets = state.queues, state.offsets
     deleted = 0
     keeps: dict[QueueKey, int] = {}
     chunks = message_log.chunks

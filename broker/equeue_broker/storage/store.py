@@ -1,21 +1,24 @@
 """The store: one data directory's write paths, offsets and lifecycle.
 
 ``Store`` opens a data directory and holds its shared state as one
-``EngineState`` (engine.py: the store lock, the message log, the queues,
-group offsets, visibility, the checkpoint), which it passes explicitly to the
-modules that work on it. It keeps the write paths (``append``, the sync-mode
-group-commit rounds, and the transaction writes), group-offset admin, and
-opening, flushing, the maintenance thread and closing. The rest lives in
+``EngineState`` (engine.py: the engine lock, the message log, the queues,
+the topics, group offsets, visibility, the checkpoint), which it passes
+explicitly to the modules that work on it. It keeps the write paths
+(``append``, the sync-mode group-commit rounds, and the transaction writes),
+group-offset admin, and opening, flushing, the maintenance thread and
+closing, and exposes its readers instead of forwarding to them:
+``store.reads`` (reads.py: ``read``, ``read_records`` and the lookups) and
+``store.topic_admin`` (topic_admin.py: creating, deleting and describing
+topics and queues). ``create_topic``, ``read`` and ``queue_info`` stay on the
+store as the embedding API docs/storage.md documents. The rest lives in
 modules that depend on that state but never on this module: recovery.py runs
 at open, log_writer.py places an append in the log, visibility.py decides
-when written records become readable, reads.py serves ``read`` and the
-lookups, topic_admin.py creates and deletes topics and queues (the store
-delegates to both), positioned.py appends, cuts and reads the log by
-position for replication (``append_at``, ``truncate``, ``read_log``: with
-``set_hw_limit``, ``hold_back`` and ``write_epoch_marker``, the API
-replication/ uses), retention.py deletes expired chunks, and transactions.py
-reaches the store only through its ``TransactionStore`` protocol. The values
-the calls return are in results.py.
+when written records become readable, positioned.py appends, cuts and reads
+the log by position for replication (``append_at``, ``truncate``,
+``read_log``: with ``set_hw_limit``, ``hold_back`` and
+``write_epoch_marker``, the API replication/ uses), retention.py deletes
+expired chunks, and transactions.py reaches the store only through its
+``TransactionStore`` protocol. The values the calls return are in results.py.
 
 Data directory layout::
 
@@ -37,12 +40,13 @@ Committed offsets are persisted before a commit returns in sync mode.
 
 Thread safety: every public method may be called from any thread. The
 engine state's ``lock`` (reentrant) guards the log, the queues and the
-topics: a private method that says "lock held" must be called with it held,
-as must the helpers of log_writer.py, retention.py, positioned.py, the
-private methods of reads.py and the lookups and changes of topic_admin.py.
-Its ``admin_lock`` serialises topic and queue deletes and (re)creations
-(topic_admin.py). Listeners are called outside ``lock``, under
-``notify_lock`` (engine.py); ``_checkpoint_lock`` orders checkpoint saves.
+topics: a private method here that says "lock held" must be called with it
+held, as must what engine.py lists (its lookups, ``LogWriter``,
+``delete_expired``, positioned.py, the private methods of ``Reads``, the
+changes of ``TopicAdmin``), which assert it. Its ``admin_lock`` serialises
+topic and queue deletes and (re)creations (topic_admin.py). Listeners are
+called outside ``lock``, under ``notify_lock`` (engine.py);
+``_checkpoint_lock`` orders checkpoint saves.
 """
 
 from __future__ import annotations
@@ -54,46 +58,42 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from equeue_broker.storage.atomic_file import remove_temp_files
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
-from equeue_broker.storage.data_dir import lock_data_dir
 from equeue_broker.storage.deletion import sweep
 from equeue_broker.storage.engine import EngineState, Listener
 from equeue_broker.storage.epochs import EpochHistory, prepare_marker
 from equeue_broker.storage.errors import (
     InvalidArgument,
     NotFound,
-    PreconditionFailed,
     io_error,
 )
-from equeue_broker.storage.flush import SyncCommitter
-from equeue_broker.storage.log_writer import LogWriter
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.log.flush import SyncCommitter
+from equeue_broker.storage.log.log_writer import LogWriter
+from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.log.positioned import LogPiece, append_at, read_piece, truncate_at
+from equeue_broker.storage.log.record import MessageBatch, PreparedBatch, prepare_batch
 from equeue_broker.storage.maintenance import maintain
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.names import validate_group
-from equeue_broker.storage.offsets import GroupOffsets, OffsetStore
-from equeue_broker.storage.positioned import LogPiece, append_at, read_piece, truncate_at
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.queue_state import QueueKey, QueueState
+from equeue_broker.storage.meta.atomic_file import remove_temp_files
+from equeue_broker.storage.meta.data_dir import lock_data_dir
+from equeue_broker.storage.meta.names import validate_group
+from equeue_broker.storage.meta.offsets import GroupOffsets, OffsetStore
+from equeue_broker.storage.meta.topics import TopicMeta, load_topics
 from equeue_broker.storage.reads import Reads
-from equeue_broker.storage.record import MessageBatch, PreparedBatch, prepare_batch
 from equeue_broker.storage.recovery import Checkpoint, recover, save_checkpoint
 from equeue_broker.storage.results import (
     AppendResult,
-    Framer,
     QueueInfo,
     ReadResult,
-    RecordsResult,
     RetentionReport,
 )
 from equeue_broker.storage.retention import delete_expired
-from equeue_broker.storage.topic_admin import TopicAdmin, queue_meta
-from equeue_broker.storage.topics import QueueMeta, TopicMeta, load_topics
-from equeue_broker.storage.transactions import Transactions
-from equeue_broker.storage.txn_recovery import TxnScan
-from equeue_broker.storage.txn_writes import write_commit
-from equeue_proto.record import StoredMessage
+from equeue_broker.storage.topic_admin import TopicAdmin
+from equeue_broker.storage.txn.transactions import Transactions
+from equeue_broker.storage.txn.txn_recovery import TxnScan
+from equeue_broker.storage.txn.txn_writes import write_commit
 
 log = logging.getLogger(__name__)
 
@@ -127,19 +127,13 @@ class Store:
             _release_files(self._lock_fd, queues, message_log)
             raise
         self._state = state = EngineState(
-            config, message_log, offsets, queues, checkpoint.index_position
+            config, message_log, offsets, queues, topics, checkpoint.index_position
         )
-        self._writer = LogWriter(state.log, state.fail)
+        self._writer = LogWriter(state)
         self._topic_admin = TopicAdmin(
-            config, lock=state.lock, admin_lock=state.admin_lock, message_log=state.log,
-            queues=state.queues, offsets=state.offsets, topics=topics,
-            check_open=state.check_open, flush=self.flush,
-            persist_offsets=self._persist_offsets, checkpoint=lambda: state.checkpoint,
-        )  # fmt: skip
-        self._reads = Reads(
-            config, state.lock, state.log, state.queues, self._topic_admin.live_queue,
-            state.check_open,
-        )  # fmt: skip
+            state, flush=self.flush, persist_offsets=self._persist_offsets
+        )
+        self._reads = Reads(state)
         self._committer: SyncCommitter | None = None
         if state.sync_flush:
             self._committer = SyncCommitter(self._commit_round)
@@ -152,36 +146,46 @@ class Store:
             self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
             self._thread.start()
 
-    # -- topics and queues: topic_admin.py documents and implements them --------------
+    # -- the readers: reads.py and topic_admin.py document and implement them ---------
+
+    @property
+    def reads(self) -> Reads:
+        """Reads and lookups (reads.py): ``read``, ``read_records``,
+        ``read_at_position``, ``record_at``, ``position_of``, ``visible_end``,
+        ``offset_for_timestamp``, ``offset_for_bytes``."""
+        return self._reads
+
+    @property
+    def topic_admin(self) -> TopicAdmin:
+        """Topic and queue admin (topic_admin.py): ``create_topic``,
+        ``delete_topic``, ``add_queues``, ``set_queue_visibility``,
+        ``delete_queue``, ``listing``, ``describe``, ``queue_info``, ``adopt``."""
+        return self._topic_admin
+
+    # The embedding API of docs/storage.md (and examples/storage_quickstart.py)
+    # names these three on the store itself; the broker uses the readers.
 
     def create_topic(self, name: str, queue_count: int | None = None) -> TopicMeta:
+        """``topic_admin.create_topic``."""
         return self._topic_admin.create_topic(name, queue_count)
 
-    def delete_topic(self, name: str) -> None:
-        """Delete a topic, its indexes and groups' offsets, for good (deletion.py)."""
-        self._topic_admin.delete_topic(name)
-
-    def add_queues(self, name: str, count: int = 1) -> TopicMeta:
-        return self._topic_admin.add_queues(name, count)
-
-    def set_queue_visibility(
-        self, topic: str, queue_id: int, producer: bool | None = None, consumer: bool | None = None
-    ) -> QueueMeta:
-        return self._topic_admin.set_queue_visibility(topic, queue_id, producer, consumer)
-
-    def delete_queue(self, topic: str, queue_id: int, force: bool = False) -> int:
-        """Delete a queue hidden from producers and consumers; unless ``force``,
-        only if every group that committed on the topic consumed all of it, or
-        it is empty. The number of unconsumed messages it dropped."""
-        return self._topic_admin.delete_queue(topic, queue_id, force)
-
-    def topics(self) -> list[TopicMeta]:
-        return self._topic_admin.listing()
-
-    def topic(self, name: str) -> TopicMeta:
-        return self._topic_admin.describe(name)
+    def read(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 1 << 20,
+        tags: Iterable[str] | None = None,
+    ) -> ReadResult:
+        """``reads.read``: messages of a queue from ``offset``."""
+        return self._reads.read(
+            topic, queue_id, offset, max_messages=max_messages, max_bytes=max_bytes, tags=tags
+        )
 
     def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
+        """``topic_admin.queue_info``: a queue's earliest and end offsets, visibility."""
         return self._topic_admin.queue_info(topic, queue_id)
 
     # -- appends ----------------------------------------------------------------------
@@ -196,11 +200,11 @@ class Store:
         queue = self._state.queues.get((topic, queue_id))
         if queue is None:
             with self._state.lock:
-                queue = self._writable_queue(topic, queue_id)  # raises the precise error
+                queue = self._state.writable_queue(topic, queue_id)  # raises the precise error
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
         if self._committer is None:
             with self._state.lock:
-                result = self._writer.write(self._writable_queue(topic, queue_id), prepared)
+                result = self._writer.write(self._state.writable_queue(topic, queue_id), prepared)
                 if self._state.visibility.limit is None:
                     queue.visible_end = end = queue.index.end
                     changed = [(queue, end)]
@@ -221,7 +225,7 @@ class Store:
     def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
         """Check ``batch`` as ``append`` would, without writing it (for staging)."""
         with self._state.lock:
-            queue = self._writable_queue(topic, queue_id)
+            queue = self._state.writable_queue(topic, queue_id)
         return prepare_batch(batch, queue.topic_bytes, self.config.limits)
 
     # -- transactions: the writes transactions.py asks for (txn_writes.py) -------------
@@ -241,7 +245,7 @@ class Store:
         never misses a transaction whose records are below it. Not fsynced:
         the commit's durability covers what it commits (docs/storage.md)."""
         with self._state.lock:
-            queue = self._writable_queue(topic, queue_id)
+            queue = self._state.writable_queue(topic, queue_id)
             first = -1 if begin is None else self._writer.write_control(begin)
             count = len(prepared.batch)
             entries, done = bytearray(count * ENTRY_SIZE), [0]
@@ -281,7 +285,7 @@ class Store:
         keys = list(entries)
 
         def work() -> dict[QueueKey, int]:
-            targets = {key: self._writable_queue(*key) for key in keys}
+            targets = {key: self._state.writable_queue(*key) for key in keys}
             firsts = {key: queue.index.end for key, queue in targets.items()}
             prepared = record(firsts)
             write_commit(self._writer, targets, prepared, entries, self._writer.now_ms())
@@ -311,12 +315,14 @@ class Store:
 
     def _queues_of(self, keys: Iterable[QueueKey]) -> list[QueueState]:
         """The queues of ``keys`` that still exist (lock held)."""
+        assert self._state.held()
         return [q for q in map(self._state.queues.get, keys) if q is not None]
 
     def _write_pending(self, topic: str, queue_id: int, prepared: PreparedBatch) -> AppendResult:
         """Sync mode, on the committer thread inside a round (lock held): write;
         readable once the round is durable."""
-        queue = self._writable_queue(topic, queue_id)
+        assert self._state.held()
+        queue = self._state.writable_queue(topic, queue_id)
         result = self._writer.write(queue, prepared)
         self._state.visibility.hold(self._state.log.write_position, queue, queue.index.end)
         return result
@@ -354,17 +360,6 @@ class Store:
             except OSError as exc:
                 log.error("cannot cut a failed round out of the log: %s", exc)
         log.error("fsync failed (%s); the store refuses writes until restarted", cause)
-
-    def _writable_queue(self, topic: str, queue_id: int) -> QueueState:
-        """The queue, if it takes appends now (lock held)."""
-        self._state.check_writable()
-        queue = self._state.queues.get((topic, queue_id))
-        if queue is None:  # find out why, for the error message
-            queue_meta(self._topic_admin.topic(topic), queue_id)
-            raise NotFound(f"queue {topic}/{queue_id} does not exist")
-        if not queue.producer_visible:
-            raise PreconditionFailed(f"queue {topic}/{queue_id} is hidden from producers")
-        return queue
 
     # -- the replicated high watermark (sync replication; docs/replication.md) ---------
 
@@ -453,15 +448,11 @@ class Store:
         on every topic or queue change and the version counts offset changes, so
         while neither moved, the topics and offsets are the same. Read it before
         them (a change in between then makes the next one differ)."""
-        return self._topic_admin.topics, self._state.offsets.version
+        return self._state.topics, self._state.offsets.version
 
     def offsets_snapshot(self) -> dict[str, GroupOffsets]:
         """Every group's committed offsets, copied."""
         return self._state.offsets.snapshot()
-
-    def adopt_topics(self, wanted: dict[str, TopicMeta]) -> bool:
-        """Make the topics of ``wanted`` exactly these (``TopicAdmin.adopt``)."""
-        return self._topic_admin.adopt(wanted)
 
     def replace_offsets(self, groups: dict[str, GroupOffsets]) -> bool:
         """Make every group's committed offsets these; True if anything changed."""
@@ -487,66 +478,6 @@ class Store:
         """
         self._state.listeners.append(listener)
 
-    # -- reads: reads.py documents and implements them ----------------------------------
-
-    def read(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        *,
-        max_messages: int = 1000,
-        max_bytes: int = 1 << 20,
-        tags: Iterable[str] | None = None,
-    ) -> ReadResult:
-        """Messages of a queue from ``offset`` (see ``Reads.read``)."""
-        return self._reads.read(
-            topic, queue_id, offset, max_messages=max_messages, max_bytes=max_bytes, tags=tags
-        )
-
-    def read_records(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        *,
-        max_messages: int = 1000,
-        max_bytes: int = 1 << 20,
-        tags: Iterable[str] | None = None,
-        frame: Framer | None = None,
-    ) -> RecordsResult:
-        """Records of a queue as stored, for pulls (see ``Reads.read_records``)."""
-        return self._reads.read_records(
-            topic, queue_id, offset, max_messages=max_messages, max_bytes=max_bytes,
-            tags=tags, frame=frame,
-        )  # fmt: skip
-
-    def read_at_position(self, position: int) -> StoredMessage:
-        """The message at a global log position (see ``Reads.read_at_position``)."""
-        return self._reads.read_at_position(position)
-
-    def record_at(self, position: int) -> bytes:
-        """The stored record at a global log position (see ``Reads.record_at``)."""
-        return self._reads.record_at(position)
-
-    def position_of(self, topic: str, queue_id: int, offset: int) -> int:
-        """Log position of a queue offset (see ``Reads.position_of``)."""
-        return self._reads.position_of(topic, queue_id, offset)
-
-    def visible_end(self, topic: str, queue_id: int) -> int:
-        """A queue's readable end, without the lock (see ``Reads.visible_end``)."""
-        return self._reads.visible_end(topic, queue_id)
-
-    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        """First offset stored at or after a time (see ``Reads.offset_for_timestamp``)."""
-        return self._reads.offset_for_timestamp(topic, queue_id, timestamp_ms)
-
-    def offset_for_bytes(
-        self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
-    ) -> tuple[int, int]:
-        """Where a byte budget read from ``start`` stops (see ``Reads.offset_for_bytes``)."""
-        return self._reads.offset_for_bytes(topic, queue_id, start, end, max_bytes)
-
     # -- consumer offsets --------------------------------------------------------------
 
     def commit_offset(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
@@ -563,7 +494,7 @@ class Store:
         with self._state.lock:
             checked = []
             for topic, queue_id, next_offset in offsets:
-                end = self._topic_admin.live_queue(topic, queue_id).visible_end
+                end = self._state.live_queue(topic, queue_id).visible_end
                 if not isinstance(next_offset, int) or not 0 <= next_offset <= end:
                     raise InvalidArgument(
                         f"offset {next_offset!r} for {topic}/{queue_id} outside [0, {end}]"
@@ -647,10 +578,7 @@ class Store:
         self.flush()
         state = self._state
         with state.lock:
-            return delete_expired(
-                self.config.retention, state.log, state.queues, state.offsets, now,
-                pinned=self.transactions.pinned(),
-            )  # fmt: skip
+            return delete_expired(state, now, pinned=self.transactions.pinned())
 
     def _maintain(self) -> None:
         """The background thread: flush, persist offsets, expire transactions,
@@ -675,7 +603,7 @@ class Store:
     def stats(self) -> dict[str, int]:
         with self._state.lock:
             return {
-                "topics": len(self._topic_admin.topics),
+                "topics": len(self._state.topics),
                 "queues": len(self._state.queues),
                 "groups": len(self._state.offsets.groups()),
                 "log_chunks": len(self._state.log.chunks),

@@ -28,8 +28,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from equeue_broker.storage.atomic_file import backup_of, check_copy
-from equeue_broker.storage.chunk import (
+from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.log.chunk import (
     FOOTER_SIZE,
     HEADER_SIZE,
     ChunkFooter,
@@ -37,7 +37,7 @@ from equeue_broker.storage.chunk import (
     read_header,
     read_sealed_footer,
 )
-from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.meta.atomic_file import backup_of, check_copy
 from equeue_proto.record import BODY_TO_FRAME, HEADER, body_length, check_frame
 
 METADATA_FILES = ("topics.json", "offsets.json", "checkpoint.json", "broker.json")

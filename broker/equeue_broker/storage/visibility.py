@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from equeue_broker.storage.queue_state import QueueState
+from equeue_broker.storage.index.queue_state import QueueState
 
 Change = tuple[QueueState, int]
 """A queue whose readable end moved, and the new end."""

@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING
 
 from crc32c import crc32c
 
-from equeue_broker.storage.chunk import (
+from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.index.index_files import IndexFiles
+from equeue_broker.storage.log.chunk import (
     CHUNK_TYPE_INDEX,
     HEADER_SIZE,
     ChunkHeader,
@@ -50,8 +52,6 @@ from equeue_broker.storage.chunk import (
     read_backwards,
     read_header,
 )
-from equeue_broker.storage.errors import CorruptionError
-from equeue_broker.storage.index_files import IndexFiles
 from equeue_proto.accel import CODEC, check_layout
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, FRAME_OVERHEAD, Buffer, read_meta
 

@@ -18,7 +18,7 @@ from crc32c import crc32c
 
 from equeue_broker.storage.config import MessageLimits
 from equeue_broker.storage.errors import InvalidArgument, LimitExceeded
-from equeue_broker.storage.queue_index import ENTRY, ENTRY_SIZE, pack_entry_into
+from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE, pack_entry_into
 from equeue_proto.accel import CODEC
 from equeue_proto.record import (
     AT_BODY,

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from equeue_broker.storage.atomic_file import keep_damaged, load_json, save_json
 from equeue_broker.storage.errors import CorruptionError, PreconditionFailed
+from equeue_broker.storage.meta.atomic_file import keep_damaged, load_json, save_json
 
 log = logging.getLogger(__name__)
 

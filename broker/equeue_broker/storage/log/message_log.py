@@ -25,8 +25,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from equeue_broker.storage.atomic_file import fsync_dir
-from equeue_broker.storage.chunk import (
+from equeue_broker.storage.damage import QuarantinedChunk
+from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
+from equeue_broker.storage.index.queue_index import Segment, index_segments
+from equeue_broker.storage.log.chunk import (
     CHUNK_TYPE_LOG,
     FOOTER_SIZE,
     HEADER_SIZE,
@@ -40,9 +42,7 @@ from equeue_broker.storage.chunk import (
     read_sealed_footer,
     seal_chunk_file,
 )
-from equeue_broker.storage.damage import QuarantinedChunk
-from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
-from equeue_broker.storage.queue_index import Segment, index_segments
+from equeue_broker.storage.meta.atomic_file import fsync_dir
 from equeue_proto.accel import CODEC
 from equeue_proto.record import (
     FLAG_BATCH_END,

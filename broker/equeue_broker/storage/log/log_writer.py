@@ -8,9 +8,14 @@ splits one larger than a chunk into one atomic piece per chunk, encodes each
 piece straight into the log (C when built), writes its index entries, and cuts
 the piece out of the log again if its index write fails.
 
-Locking: every method must be called with the store lock held (the store calls
-them from its append paths, which hold it); that lock is what makes the log
-position an append gets, and its queue's end offset, its alone.
+``LogWriter`` is given the engine state (engine.py): it writes into its log
+and the queues' indexes, and marks it failed (``EngineState.fail``) when a
+failed write cannot even be cut out of the log again.
+
+Locking: every public method must be called with the engine lock held, and
+asserts it (the store calls them from its append paths, which hold it); that
+lock is what makes the log position an append gets, and its queue's end
+offset, its alone.
 """
 
 from __future__ import annotations
@@ -20,28 +25,24 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
+from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.errors import InvalidArgument, io_error
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.queue_state import QueueState
-from equeue_broker.storage.record import PreparedBatch, encode_records, frame_sizes
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_state import QueueState
+from equeue_broker.storage.log.record import PreparedBatch, encode_records, frame_sizes
 from equeue_broker.storage.results import AppendResult
-from equeue_broker.storage.txn_records import encode_control
+from equeue_broker.storage.txn.txn_records import encode_control
 from equeue_proto.record import FLAG_TXN, FRAME_OVERHEAD
 
 log = logging.getLogger(__name__)
 
 
 class LogWriter:
-    """Writes appends into ``message_log`` and their queues' indexes (lock held)."""
+    """Writes appends into the engine's log and their queues' indexes (lock held)."""
 
-    def __init__(
-        self, message_log: MessageLog, on_unrecoverable: Callable[[OSError], None]
-    ) -> None:
-        """``on_unrecoverable(cause)`` is called when a failed append cannot even
-        be cut out of the log again: the store must refuse writes from then on."""
-        self._log = message_log
-        self._on_unrecoverable = on_unrecoverable
+    def __init__(self, state: EngineState) -> None:
+        self._state = state
+        self._log = state.log
         self._last_store_ms = 0
 
     def _next_store_ms(self) -> int:
@@ -52,6 +53,7 @@ class LogWriter:
 
     def write(self, queue: QueueState, prepared: PreparedBatch) -> AppendResult:
         """Append a checked batch at the end of ``queue``."""
+        assert self._state.held()
         count = len(prepared.batch)
         entries = bytearray(count * ENTRY_SIZE)
         first_offset = queue.index.end
@@ -85,6 +87,7 @@ class LogWriter:
         will write (store time: now), a piece at a time, and ``done[0]`` the
         number of messages whose piece is in the log: if a piece fails, those
         before it stay (recovery will find them)."""
+        assert self._state.held()
         count = len(prepared.batch)
         store_ms = self._next_store_ms()
         fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
@@ -104,6 +107,7 @@ class LogWriter:
 
     def write_control(self, prepared: PreparedBatch, store_ms: int | None = None) -> int:
         """Append one control record (txn_records.py); return its log position."""
+        assert self._state.held()
         stamp = self._next_store_ms() if store_ms is None else store_ms
 
         def encode(out: memoryview, position: int) -> int:
@@ -122,6 +126,7 @@ class LogWriter:
 
     def undo(self, position: int, cause: OSError) -> None:
         """Cut the log back to ``position`` after a failed multi-part write."""
+        assert self._state.held()
         self._undo_write(position, cause)
 
     def _write_in_pieces(
@@ -228,4 +233,4 @@ class LogWriter:
                 self._log.truncate(position)
         except OSError as exc:
             log.error("cannot undo a failed append (%s); store refuses writes until restart", exc)
-            self._on_unrecoverable(cause)
+            self._state.fail(cause)

@@ -53,8 +53,8 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from equeue_broker.storage.atomic_file import fsync_dir
 from equeue_broker.storage.errors import CorruptionError
+from equeue_broker.storage.meta.atomic_file import fsync_dir
 
 FORMAT_VERSION = 1
 HEADER_SIZE = 128

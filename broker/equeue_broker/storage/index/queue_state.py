@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from equeue_broker.storage.index_files import IndexFiles
-from equeue_broker.storage.queue_index import QueueIndex
+from equeue_broker.storage.index.index_files import IndexFiles
+from equeue_broker.storage.index.queue_index import QueueIndex
 
 QueueKey = tuple[str, int]
 """(topic, queue id)."""

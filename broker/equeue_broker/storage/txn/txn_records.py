@@ -32,9 +32,14 @@ from typing import Any
 
 from equeue_broker.storage.config import MessageLimits
 from equeue_broker.storage.errors import CorruptionError
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.queue_state import QueueKey
-from equeue_broker.storage.record import MessageBatch, PreparedBatch, encode_records, prepare_batch
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_state import QueueKey
+from equeue_broker.storage.log.record import (
+    MessageBatch,
+    PreparedBatch,
+    encode_records,
+    prepare_batch,
+)
 from equeue_proto.record import FLAG_CONTROL
 
 BEGIN, COMMIT, ABORT = "begin", "commit", "abort"

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from equeue_broker.storage.atomic_file import keep_damaged, load_json, save_json
-from equeue_broker.storage.errors import CorruptionError, InvalidName
-from equeue_broker.storage.names import validate_topic
+from equeue_broker.storage.errors import CorruptionError, InvalidName, NotFound
+from equeue_broker.storage.meta.atomic_file import keep_damaged, load_json, save_json
+from equeue_broker.storage.meta.names import validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -158,3 +158,11 @@ def save_topics(path: Path, topics: dict[str, TopicMeta]) -> None:
             }
         },
     )
+
+
+def queue_meta(meta: TopicMeta, queue_id: int) -> QueueMeta:
+    """The queue's metadata, if ``meta``'s topic has it."""
+    qmeta = meta.queue(queue_id) if isinstance(queue_id, int) else None
+    if qmeta is None:
+        raise NotFound(f"topic {meta.name!r} has no queue {queue_id!r}")
+    return qmeta

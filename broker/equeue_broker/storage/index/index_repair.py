@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from equeue_broker.storage.errors import CorruptionError
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_index import (
+from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
     QueueIndex,
     entry_damaged,
     pack_entry,
 )
-from equeue_broker.storage.queue_state import QueueKey
+from equeue_broker.storage.index.queue_state import QueueKey
+from equeue_broker.storage.log.message_log import MessageLog
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, RecordMeta
 
 log = logging.getLogger(__name__)

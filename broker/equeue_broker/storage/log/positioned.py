@@ -24,7 +24,8 @@ writes such bytes through ``Store.append_at`` (here: ``append_at``), which
 files are deleted and the chunk holding the cut becomes the active one).
 On a master, ``read_piece`` is what a replica asks for: whole records from a
 position, within one chunk. Every function here takes the engine's state
-(engine.py) and is called with its lock held.
+(engine.py) and is called with its lock held (``append_at`` and
+``truncate_at`` assert it), except ``read_piece``, which takes it.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from dataclasses import dataclass
 from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.epochs import EpochHistory
 from equeue_broker.storage.errors import CorruptionError, PreconditionFailed
-from equeue_broker.storage.message_log import check_frames
+from equeue_broker.storage.log.message_log import check_frames
 from equeue_broker.storage.recovery import rebuild_indexes
-from equeue_broker.storage.txn_recovery import TxnScan
+from equeue_broker.storage.txn.txn_recovery import TxnScan
 from equeue_broker.storage.visibility import Change
 from equeue_proto.record import (
     AT_BODY,
@@ -65,6 +66,7 @@ def append_at(
     ``PreconditionFailed`` if ``position`` is not where this log can
     continue, ``CorruptionError`` if a frame fails its checks (nothing is
     written then)."""
+    assert state.held()
     state.check_writable()
     _place(state, position, len(data))
     check_frames_at(position, data)
@@ -138,6 +140,7 @@ def truncate_at(state: EngineState, position: int, epochs: EpochHistory, scan: T
     """Cut the log at ``position`` (a divergent tail), and every index entry,
     open transaction (of ``scan``) and epoch marker at or after it, into sealed
     chunks if need be (lock held). Loud: it drops records."""
+    assert state.held()
     message_log = state.log
     end = message_log.write_position
     if position >= end:

@@ -28,14 +28,14 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from equeue_broker.storage.atomic_file import load_json
 from equeue_broker.storage.epochs import EPOCH_TAG, EpochHistory, decode_marker
 from equeue_broker.storage.errors import CorruptionError, PreconditionFailed
-from equeue_broker.storage.index_repair import entry_for
-from equeue_broker.storage.message_log import MessageLog
-from equeue_broker.storage.queue_state import QueueKey
-from equeue_broker.storage.record import restamp_entries
-from equeue_broker.storage.txn_records import Abort, Begin, Commit, decode_value
+from equeue_broker.storage.index.index_repair import entry_for
+from equeue_broker.storage.index.queue_state import QueueKey
+from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.log.record import restamp_entries
+from equeue_broker.storage.meta.atomic_file import load_json
+from equeue_broker.storage.txn.txn_records import Abort, Begin, Commit, decode_value
 from equeue_proto.record import RecordMeta
 
 log = logging.getLogger(__name__)

@@ -48,12 +48,12 @@ from equeue_broker.storage.errors import (
     PreconditionFailed,
     StorageError,
 )
-from equeue_broker.storage.names import validate_transaction_id
-from equeue_broker.storage.queue_index import ENTRY_SIZE
-from equeue_broker.storage.queue_state import QueueKey
-from equeue_broker.storage.record import MessageBatch, PreparedBatch
-from equeue_broker.storage.txn_records import Abort, Begin, Commit, prepare_control
-from equeue_broker.storage.txn_recovery import RecoveredTxns, Sinks, StagedTxn
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_state import QueueKey
+from equeue_broker.storage.log.record import MessageBatch, PreparedBatch
+from equeue_broker.storage.meta.names import validate_transaction_id
+from equeue_broker.storage.txn.txn_records import Abort, Begin, Commit, prepare_control
+from equeue_broker.storage.txn.txn_recovery import RecoveredTxns, Sinks, StagedTxn
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 
 from equeue_broker.storage.errors import io_error
-from equeue_broker.storage.log_writer import LogWriter
-from equeue_broker.storage.queue_state import QueueKey, QueueState
-from equeue_broker.storage.record import PreparedBatch, restamp_entries
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.log.log_writer import LogWriter
+from equeue_broker.storage.log.record import PreparedBatch, restamp_entries
 
 
 def write_commit(

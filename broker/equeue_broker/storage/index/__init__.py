@@ -1,0 +1,3 @@
+"""The queue indexes: index chunk files, one open queue's state, and rebuilding
+a damaged entry from the log.
+"""
