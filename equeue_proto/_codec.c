@@ -747,6 +747,14 @@ static int scan_columns(const uint8_t *base, Py_ssize_t end, Py_ssize_t at, col_
                          at + pos, (long long)producer_ms);
             return -1;
         }
+        int64_t store_ms = (int64_t)get64(r + AT_STORE_MS);
+        if (store_ms > INT64_MAX / US_PER_MS || store_ms < INT64_MIN / US_PER_MS) {
+            PyErr_Format(PyExc_OverflowError,
+                         "record at byte %zd: store timestamp %lld ms is out of range "
+                         "for microseconds",
+                         at + pos, (long long)store_ms);
+            return -1;
+        }
         const uint8_t *p = r + HEADER_SIZE;
         if (good_topic == NULL || topic_len != good_topic_len ||
             memcmp(good_topic, p, topic_len) != 0) {
@@ -794,6 +802,7 @@ enum {
     C_KEY_OFFSETS, C_KEYS, C_KEY_VALIDITY, C_KEY_NULLS, C_VALUE_OFFSETS, C_VALUES,
     C_TAG_OFFSETS, C_TAGS, C_ID_OFFSETS, C_IDS, C_HEADER_LIST_OFFSETS,
     C_HEADER_KEY_OFFSETS, C_HEADER_KEYS, C_HEADER_VALUE_OFFSETS, C_HEADER_VALUES,
+    C_STORE_TIMESTAMPS_US,
     C_FIELDS
 };
 
@@ -870,6 +879,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
     ALLOC(C_QUEUE_IDS, 4 * n);
     ALLOC(C_OFFSETS, 8 * n);
     ALLOC(C_TIMESTAMPS_US, 8 * n);
+    ALLOC(C_STORE_TIMESTAMPS_US, 8 * n);
     ALLOC(C_KEY_OFFSETS, offsets_size);
     ALLOC(C_KEYS, sz.keys);
     ALLOC(C_VALUE_OFFSETS, offsets_size);
@@ -906,7 +916,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
 
     uint8_t *topic_off = BUF(C_TOPIC_OFFSETS), *topics = BUF(C_TOPICS);
     uint8_t *queue_ids = BUF(C_QUEUE_IDS), *offsets = BUF(C_OFFSETS);
-    uint8_t *stamps = BUF(C_TIMESTAMPS_US);
+    uint8_t *stamps = BUF(C_TIMESTAMPS_US), *store_stamps = BUF(C_STORE_TIMESTAMPS_US);
     uint8_t *key_off = BUF(C_KEY_OFFSETS), *keys = BUF(C_KEYS);
     uint8_t *value_off = BUF(C_VALUE_OFFSETS), *values = BUF(C_VALUES);
     uint8_t *tag_off = BUF(C_TAG_OFFSETS), *tags = BUF(C_TAGS);
@@ -943,6 +953,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
         out32(queue_ids + 4 * i, (int32_t)get16(r + AT_QUEUE_ID));
         out64(offsets + 8 * i, (int64_t)get64(r + AT_QUEUE_OFFSET));
         out64(stamps + 8 * i, (int64_t)get64(r + AT_PRODUCER_MS) * US_PER_MS); /* range checked */
+        out64(store_stamps + 8 * i, (int64_t)get64(r + AT_STORE_MS) * US_PER_MS); /* ditto */
 
         memcpy(topics + topic_at, p, topic_len);
         topic_at += topic_len;

@@ -54,6 +54,12 @@ NOT_ENOUGH_REPLICAS = "not-enough-replicas"
 """UNAVAILABLE: sync replication has too few in-sync members (Kafka's
 NOT_ENOUGH_REPLICAS); retry later, not on another broker."""
 
+DAMAGED_RECORD_KEY = "equeue-damaged-record"
+"""Trailing-metadata key of a DATA_LOSS naming a stored record that fails its
+checksum: JSON (ASCII) ``{"topic", "queue_id", "offset", "position"}``, each
+null when unknown (``position`` is the record's log position), so a client
+need not parse the message to log the record or seek past it."""
+
 
 def format_message_id(broker_id: str, position: int) -> str:
     """``<broker_id>-<log position as 16 hex digits>``: a message id names the

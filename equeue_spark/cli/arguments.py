@@ -93,7 +93,8 @@ def add_common(parser: argparse.ArgumentParser, *, top: bool) -> None:
         type=positive_float,
         metavar="S",
         default=default(None),
-        help=f"deadline of each call to the broker, seconds (default {DEFAULT_TIMEOUT_S:g})",
+        help=f"deadline of each call to the broker, seconds, and with --namesrv how long a "
+        f"write waits for a group's new master (default {DEFAULT_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--retries",

@@ -23,7 +23,8 @@ from equeue_spark.client.errors import InvalidAddress, InvalidRequest
 
 PROG = "equeue"
 DEFAULT_TIMEOUT_S = 10.0
-"""Deadline of each call to the broker (``--timeout-s``)."""
+"""Deadline of each call to the broker (``--timeout-s``); with ``--namesrv`` also
+how long a write waits for a broker group's new master."""
 DEFAULT_RETRIES = 2
 """Extra attempts on UNAVAILABLE / DEADLINE_EXCEEDED: few, so a dead broker fails fast."""
 DEFAULT_BATCH = 1000
@@ -52,10 +53,15 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
         except OSError as exc:
             raise UsageError(f"cannot read --token-file: {exc.strerror}") from None
     namesrv = namesrv_addresses(args)
+    timeout_s = args.timeout_s or DEFAULT_TIMEOUT_S
     config = ClientConfig(
         broker="" if namesrv else broker_address(args),
         namesrv=namesrv,
-        timeout_s=args.timeout_s or DEFAULT_TIMEOUT_S,
+        timeout_s=timeout_s,
+        # A write to a group without a reachable master waits for a new one no
+        # longer than a call may take: the library's 30 s failover wait would
+        # outlast --timeout-s.
+        failover_timeout_s=timeout_s,
         retries=DEFAULT_RETRIES if args.retries is None else args.retries,
         token=token,
         tls=True if args.tls else None,

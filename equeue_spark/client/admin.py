@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import EqueueError, NotFoundError
+from equeue_spark.client.errors import DataLossError, EqueueError, NotFoundError
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.route import Route, name_broker
 from equeue_spark.client.routing import Routes
@@ -344,18 +345,29 @@ class Admin:
         """A message by id; in a cluster the id names its broker (``NAME-POSITION``)."""
         conn = self.routes.connection(self.routes.message_address(message_id))
         request = pb.GetMessageRequest(message_id=message_id)
-        return self._one(conn.call(conn.admin.GetMessage, request))
+        return self._one(conn.call(conn.admin.GetMessage, request), f"message {message_id}")
 
     def get_message_at(self, topic: str, queue_id: int, offset: int, broker: str = "") -> Message:
         conn = self._queue_broker(topic, broker)
         address = pb.QueueOffset(topic=topic, queue_id=queue_id, offset=offset)
         request = pb.GetMessageRequest(address=address)
-        return self._one(conn.call(conn.admin.GetMessage, request))
+        reply = conn.call(conn.admin.GetMessage, request)
+        where = {"topic": topic, "queue_id": queue_id, "offset": offset}
+        return self._one(reply, f"{topic}/{queue_id} offset {offset}", **where)
 
     @staticmethod
-    def _one(reply: pb.GetMessageReply) -> Message:
+    def _one(reply: pb.GetMessageReply, asked: str, **where: Any) -> Message:
+        """The reply's message; a record damaged on the way (the broker checks
+        what it sends) raises DataLossError naming what was asked for."""
         broker_id = reply.message_id.rpartition("-")[0]
-        (message,) = decode_records(reply.record, broker_id)
+        try:
+            (message,) = decode_records(reply.record, broker_id)
+        except DataLossError as exc:
+            try:
+                position: int | None = parse_message_id(reply.message_id)[1]
+            except ValueError:
+                position = None
+            raise DataLossError(f"{asked}: {exc}", position=position, **where) from None
         return message
 
     def list_offsets(self, topic: str, timestamp_ms: int | None = None) -> list[pb.QueueOffsets]:

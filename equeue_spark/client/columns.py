@@ -12,7 +12,8 @@ little-endian, and the Arrow arrays they make (n records, m headers in all)::
     topic         string      [None, topic_offsets, topics]
     queue_id      int32       [None, queue_ids]
     offset        int64       [None, offsets]
-    timestamp     timestamp[us]  [None, timestamps_us]   producer time
+    timestamp     timestamp[us]  [None, timestamps_us]   producer time (store time if none)
+    store time    timestamp[us]  [None, store_timestamps_us]  the broker's store time
     key           binary      [key_validity, key_offsets, keys]  null_count=key_nulls
     value         binary      [None, value_offsets, values]
     tag           string      [None, tag_offsets, tags]    "" when untagged
@@ -79,6 +80,9 @@ class RecordColumns(NamedTuple):
     header_keys: bytes
     header_value_offsets: bytes
     header_values: bytes
+    store_timestamps_us: bytes
+    """The broker's store times in microseconds (Kafka's LogAppendTime): what
+    ``startingTimestamp``/``endingTimestamp`` and ``offset_for_timestamp`` compare."""
 
 
 _decode_c: Callable[..., tuple[Any, ...]] | None = CODEC.decode_columns if CODEC else None
@@ -131,6 +135,7 @@ class _Record(NamedTuple):
     offset: int
     position: int
     timestamp_us: int
+    store_us: int
     topic: bytes
     tag: bytes
     key: bytes | None
@@ -174,6 +179,7 @@ def decode_columns_py(records: Buffer, broker_id: str, want_headers: bool) -> Re
     queue_ids = array("i", (r.queue_id for r in rows))
     offsets = array("Q", (r.offset for r in rows))
     stamps = array("q", (r.timestamp_us for r in rows))
+    store_stamps = array("q", (r.store_us for r in rows))
     validity = bytearray((n + 7) // 8)
     key_nulls = 0
     for i, r in enumerate(rows):
@@ -207,6 +213,7 @@ def decode_columns_py(records: Buffer, broker_id: str, want_headers: bool) -> Re
         *_string_column([r.tag for r in rows]),
         *_string_column(ids),
         *header_columns,
+        _le(store_stamps),
     )
 
 
@@ -224,7 +231,7 @@ def _scan_record(data: memoryview, pos: int) -> _Record:
     """The fields of the (framing-checked) record at ``pos``, validated in the
     C decoder's order: version, lengths, timestamp, topic, tag, headers."""
     (
-        body, version, flags, queue_id, offset, position, producer_ms, _store_ms,
+        body, version, flags, queue_id, offset, position, producer_ms, store_ms,
         topic_len, tag_len, key_len, header_len, value_len,
     ) = HEADER.unpack_from(data, pos)  # fmt: skip
     if version != RECORD_VERSION:
@@ -235,6 +242,11 @@ def _scan_record(data: memoryview, pos: int) -> _Record:
         raise LimitError(
             f"cannot decode records into columns: record at byte {pos}: "
             f"producer timestamp {producer_ms} ms is out of range for microseconds"
+        )
+    if not -_MS_MAX <= store_ms <= _MS_MAX:
+        raise LimitError(
+            f"cannot decode records into columns: record at byte {pos}: "
+            f"store timestamp {store_ms} ms is out of range for microseconds"
         )
     p = pos + HEADER.size
     topic = bytes(data[p : p + topic_len])
@@ -252,7 +264,10 @@ def _scan_record(data: memoryview, pos: int) -> _Record:
         raise _damaged(pos, headers)
     p += header_len
     value = bytes(data[p : p + value_len])
-    return _Record(queue_id, offset, position, producer_ms * 1000, topic, tag, key, headers, value)
+    return _Record(
+        queue_id, offset, position, producer_ms * 1000, store_ms * 1000, topic, tag, key, headers,
+        value,
+    )  # fmt: skip
 
 
 def _scan_headers(raw: memoryview) -> list[tuple[bytes, bytes]] | str:

@@ -407,7 +407,10 @@ class ConsumerPart:
                     key[0], key[1], position, reply.next_offset,
                 )  # fmt: skip
             if not messages and damage is not None:  # nothing intact before it: stay
-                raise DataLossError(f"{key[0]}/{key[1]} offset {position}: {damage}")
+                raise DataLossError(
+                    f"{key[0]}/{key[1]} offset {position}: {damage}",
+                    topic=key[0], queue_id=key[1], offset=position,
+                )  # fmt: skip
             self._positions[key] = next_offset
         return messages
 
@@ -430,8 +433,10 @@ class ConsumerPart:
     ) -> list[Message]:
         """The broker reports a damaged stored record (DATA_LOSS): raise, or
         with ``on_data_loss="skip"`` move past that one record."""
-        found = _DAMAGED.search(str(error))
-        offset = int(found.group(1)) if found else -1
+        offset = error.offset
+        if offset is None:  # a broker that names the record in its message only
+            found = _DAMAGED.search(str(error))
+            offset = int(found.group(1)) if found else -1
         if self.on_data_loss != "skip" or offset < position:
             raise error
         with self._lock:

@@ -22,9 +22,12 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import grpc
 
-from equeue_proto.protocol import ERROR_KIND_KEY, NOT_MASTER
+from equeue_proto.protocol import DAMAGED_RECORD_KEY, ERROR_KIND_KEY, NOT_MASTER
 
 
 class EqueueError(Exception):
@@ -81,7 +84,24 @@ class DeadlineExceeded(EqueueError):
 
 
 class DataLossError(EqueueError):
-    """Corrupt data on the broker (DATA_LOSS) or in a received record."""
+    """Corrupt data on the broker (DATA_LOSS) or in a received record.
+
+    For a damaged record, where it is (None when unknown), as Kafka's
+    corrupt-record errors say: log it, and ``seek`` past it on purpose
+    (docs/client.md, "Damaged records")."""
+
+    def __init__(
+        self, message: str, code: grpc.StatusCode | None = None, *,
+        topic: str | None = None, queue_id: int | None = None,
+        offset: int | None = None, position: int | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(message, code)
+        self.topic = topic
+        self.queue_id = queue_id
+        self.offset = offset
+        """The damaged record's queue offset."""
+        self.position = position
+        """The damaged record's position in its broker's log."""
 
 
 class AuthenticationError(EqueueError):
@@ -134,14 +154,34 @@ def from_rpc_error(exc: grpc.RpcError) -> EqueueError:
         kind == NOT_MASTER or (not kind and NOT_MASTER_MARK in details)
     ):
         cls = NotMasterError
+    if cls is DataLossError:
+        return DataLossError(f"{details} ({code.name})", code, **_damaged_record(exc))
     return cls(f"{details} ({code.name})", code)
+
+
+def _trailer(exc: grpc.RpcError, wanted: str) -> str:
+    """The value of one trailing-metadata key of a failed call, or ""."""
+    trailers_of = getattr(exc, "trailing_metadata", None)
+    trailers = trailers_of() if callable(trailers_of) else None
+    for key, value in trailers or ():
+        if key == wanted:
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return ""
+
+
+def _damaged_record(exc: grpc.RpcError) -> dict[str, Any]:
+    """Where a damaged record is (``protocol.DAMAGED_RECORD_KEY``): DataLossError's
+    keyword arguments; none from a broker that does not send it."""
+    try:
+        where = json.loads(_trailer(exc, DAMAGED_RECORD_KEY) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(where, dict):
+        return {}
+    types = {"topic": str, "queue_id": int, "offset": int, "position": int}
+    return {k: where[k] for k, t in types.items() if isinstance(where.get(k), t)}
 
 
 def _kind(exc: grpc.RpcError) -> str:
     """The failure's kind (``protocol.ERROR_KIND_KEY`` trailer), or ""."""
-    trailers_of = getattr(exc, "trailing_metadata", None)
-    trailers = trailers_of() if callable(trailers_of) else None
-    for key, value in trailers or ():
-        if key == ERROR_KIND_KEY:
-            return value if isinstance(value, str) else value.decode("ascii", "replace")
-    return ""
+    return _trailer(exc, ERROR_KIND_KEY)

@@ -22,10 +22,20 @@ if TYPE_CHECKING:
 
 READ_SCHEMA = (
     "key binary, value binary, topic string, queue int, offset long, "
-    "timestamp timestamp, tag string, message_id string, broker string"
+    "timestamp timestamp, tag string, message_id string, broker string, "
+    "timestampType int, storeTimestamp timestamp"
 )
 """``broker``: the broker name in a cluster (option ``namesrv``), the broker's
-id (its name if it has one) on a single broker."""
+id (its name if it has one) on a single broker. ``timestamp`` is the
+producer's time (the broker's store time when the producer gave none), so
+``timestampType`` is always ``CREATE_TIME`` (Kafka's 0, CreateTime);
+``storeTimestamp`` is the broker's store time (Kafka's LogAppendTime), the
+time ``startingTimestamp``/``endingTimestamp`` compare. The two columns come
+after ``broker`` so existing positional uses of the columns keep working."""
+CREATE_TIME = 0
+"""``timestampType`` of a row whose ``timestamp`` is the producer's time (Kafka's CreateTime)."""
+LOG_APPEND_TIME = 1
+"""Kafka's LogAppendTime: the broker's store time (equeue's ``storeTimestamp``)."""
 HEADERS_COLUMN = "headers array<struct<key:string,value:binary>>"
 
 
@@ -71,6 +81,8 @@ def to_record_batch(cols: RecordColumns, schema: pa.Schema, broker: str = "") ->
         _varlen(pa.string(), n, cols.tag_offsets, cols.tags),
         _varlen(pa.string(), n, cols.id_offsets, cols.ids),
         pa.repeat(pa.scalar(broker, pa.string()), n),
+        pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), n),
+        _fixed(schema.field("storeTimestamp").type, n, cols.store_timestamps_us),
     ]
     if schema.get_field_index("headers") >= 0:
         arrays.append(_headers(cols, schema.field("headers").type))

@@ -12,6 +12,7 @@ Pyspark-free, so it can be tested without a Spark session.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -55,6 +56,51 @@ def _bad(name: str, value: str, why: str) -> InvalidOption:
     return InvalidOption(f"option {name}={value!r}: {why}")
 
 
+_KAFKA_NAMES = {
+    "subscribe": "topic",
+    "subscribePattern": "topicPattern",
+    "kafka.bootstrap.servers": "broker",
+    "startingOffsetsByTimestamp": "startingTimestamp",
+    "endingOffsetsByTimestamp": "endingTimestamp",
+}
+"""Kafka source options with an equeue counterpart: a user
+coming from Kafka is pointed at ours."""
+
+
+def _unknown_message(key: str, value: str, names: dict[str, str]) -> str:
+    """The error for an unknown option: the key as Spark handed it over (lower-cased;
+    the spelling the user wrote is gone by then), and the nearest known option in
+    its documented spelling (or the equeue counterpart of a near Kafka option)
+    when one is close, else the list of known options."""
+    kafka = {k.lower(): (k, v) for k, v in _KAFKA_NAMES.items() if v.lower() in names}
+    nearest = difflib.get_close_matches(key, [*names, *kafka], n=1, cutoff=0.6)
+    # A misspelled token must not be echoed: redacted when the name, or the
+    # option it is nearest to ('tokn' -> token), looks like a secret.
+    secret = _SECRET_KEY.search(key) or (nearest and _SECRET_KEY.search(nearest[0]))
+    shown = "<redacted>" if secret else repr(value)
+    message = f"unknown option {key!r} (value {shown}; Spark passes option names lower-cased)"
+    if nearest and nearest[0] in names:
+        return f"{message}; did you mean {names[nearest[0]]!r}?"
+    if nearest:
+        theirs, ours = kafka[nearest[0]]
+        return f"{message}; did you mean {ours!r} (equeue's name for Kafka's {theirs!r})?"
+    return f"{message}; the equeue source knows: {', '.join(sorted(names.values()))}"
+
+
+STORE_TIME = (
+    "ms since the epoch, compared with the broker's store time (the storeTimestamp "
+    "column, Kafka's LogAppendTime), not the producer's timestamp"
+)
+
+
+def _store_time(o: _Options, key: str) -> int:
+    """A timestamp option: its errors say which time it compares."""
+    try:
+        return o.integer(key, 0, 0, 2**62)
+    except InvalidOption as exc:
+        raise InvalidOption(f"{exc} ({STORE_TIME})") from None
+
+
 class _Options:
     """Typed access to the raw option map, recording which keys were used."""
 
@@ -63,12 +109,7 @@ class _Options:
         self.names = names  # lower-case key -> documented spelling
         unknown = sorted(set(self.raw) - set(names) - _SPARK_KEYS)
         if unknown:
-            known = ", ".join(sorted(names.values()))
-            secret = _SECRET_KEY.search(unknown[0])  # a misspelled token must not be echoed
-            value = "<redacted>" if secret else repr(self.raw[unknown[0]])
-            raise InvalidOption(
-                f"unknown option {unknown[0]!r} (value {value}); the equeue source knows: {known}"
-            )
+            raise InvalidOption(_unknown_message(unknown[0], self.raw[unknown[0]], names))
 
     def text(self, key: str, default: str = "") -> str:
         return self.raw.get(key, default).strip()
@@ -175,9 +216,12 @@ class ReadOptions:
     group_fallback: str = "earliest"
     """With ``startingOffsets=group``: where queues the group never committed start."""
     starting_timestamp_ms: int | None = None
+    """Option ``startingTimestamp``: compared with the broker's store time
+    (``storeTimestamp``, Kafka's LogAppendTime), not the producer's ``timestamp``."""
     ending: StartSpec = "latest"
     """Batch only: where the read stops (exclusive)."""
     ending_timestamp_ms: int | None = None
+    """Option ``endingTimestamp``: compared with the broker's store time, too."""
     max_offsets_per_trigger: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60_000
@@ -227,13 +271,13 @@ class ReadOptions:
             if o.has("startingoffsets"):
                 raise _bad("startingTimestamp", o.text("startingtimestamp"),
                            "give startingOffsets or startingTimestamp, not both")  # fmt: skip
-            kwargs["starting_timestamp_ms"] = o.integer("startingtimestamp", 0, 0, 2**62)
+            kwargs["starting_timestamp_ms"] = _store_time(o, "startingtimestamp")
         for key in ("endingoffsets", "endingtimestamp"):
             if streaming and o.has(key):
                 raise _bad(o.names[key], o.text(key), "only batch reads take it")
         kwargs["ending"] = _parse_offsets(o, "endingoffsets", False, topics, pattern, end=True)
         if o.has("endingtimestamp"):
-            kwargs["ending_timestamp_ms"] = o.integer("endingtimestamp", 0, 0, 2**62)
+            kwargs["ending_timestamp_ms"] = _store_time(o, "endingtimestamp")
         for key, attr in (
             ("maxoffsetspertrigger", "max_offsets_per_trigger"),
             ("minoffsetspertrigger", "min_offsets_per_trigger"),

@@ -80,8 +80,11 @@ class EqueueDataSource(DataSource):
     Name: ``equeue``
 
     Read schema: ``key binary, value binary, topic string, queue int, offset long,
-    timestamp timestamp, tag string, message_id string, broker string``, plus ``headers
-    array<struct<key:string,value:binary>>`` with ``includeHeaders``. Write columns:
+    timestamp timestamp, tag string, message_id string, broker string, timestampType int,
+    storeTimestamp timestamp``, plus ``headers array<struct<key:string,value:binary>>``
+    with ``includeHeaders``. ``timestamp`` is the producer's time (``timestampType`` 0,
+    Kafka's CreateTime); ``storeTimestamp`` the broker's store time (LogAppendTime),
+    which ``startingTimestamp``/``endingTimestamp`` compare. Write columns:
     ``value`` (binary or string, required), ``key``, ``topic``, ``queue``, ``tag``,
     ``headers``, ``timestamp``; other columns are ignored.
 
@@ -110,12 +113,14 @@ class EqueueDataSource(DataSource):
         committed start (``earliest`` or ``latest``).
     startingTimestamp : int
         Reads only. Ms since the epoch: start every queue at its first record
-        stored at or after it (instead of ``startingOffsets``).
+        stored at or after it (instead of ``startingOffsets``). Compared with
+        the broker's store time (``storeTimestamp``), not the producer's
+        ``timestamp``.
     endingOffsets : str, default ``latest``
         Batch reads only. ``latest`` or JSON as above (-1 latest); exclusive.
     endingTimestamp : int
         Batch reads only. Stop every queue before its first record stored at or
-        after this time (ms since the epoch).
+        after this time (ms since the epoch; the broker's store time, as above).
     maxOffsetsPerTrigger : int, default none
         Reads only. At most this many offsets per micro-batch, split over queues
         by backlog.

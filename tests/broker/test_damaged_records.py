@@ -22,7 +22,8 @@ from equeue_broker.storage import (
     Store,
 )
 from equeue_broker.testing import BrokerProcess
-from equeue_spark.client import Consumer, DataLossError, Message
+from equeue_proto.protocol import format_message_id
+from equeue_spark.client import Admin, Consumer, DataLossError, Message
 from tests.conftest import MakeConfig
 from tests.support.faults import chunk_path, flip_byte, log_chunks, value_offset
 from tests.support.sent import TOPIC, OpenStore, Sent, append
@@ -116,6 +117,9 @@ def test_consumer_stops_at_damaged_record(
                 break
         assert sorted((m.queue_id, m.offset) for m in got) == want  # each exactly once
         assert all(f"damaged record: {TOPIC}/0 offset {VICTIM}" in str(e) for e in errors)
+        # ... and says where as attributes (the broker's trailer), as Kafka's errors do.
+        where = {(e.topic, e.queue_id, e.offset, e.position) for e in errors}
+        assert where == {(TOPIC, 0, VICTIM, sent0[VICTIM].position)}
         assert len(errors) >= 2 and consumer.position(TOPIC, 0) == VICTIM  # never skipped
 
 
@@ -156,7 +160,68 @@ def test_consumer_keeps_intact_records_of_a_damaged_reply(
         got, error = _poll_until_error(consumer)
         assert [m.offset for m in got] == list(range(20))
         assert "offset 20" in str(error)
+        assert isinstance(error, DataLossError)
+        assert (error.topic, error.queue_id, error.offset) == (TOPIC, 0, 20)
         assert consumer.position(TOPIC, 0) == 20
+
+
+def test_get_message_does_not_serve_a_damaged_record(
+    broker_factory: StartBroker, make_config: MakeConfig
+) -> None:
+    """GetMessage (by queue and offset, or by message id) used to return the
+    damaged record with status OK: only the Python client's checksum noticed,
+    naming "byte 0". Now the broker verifies it and answers DATA_LOSS naming
+    topic, queue and offset (and the log position), as attributes too."""
+    config = make_config()
+    sent0, _ = _damaged_store(config)
+    broker = broker_factory(data_dir=config.data_dir)
+    victim = sent0[VICTIM]
+    with Admin(broker.address) as admin:
+        before = admin.get_message_at(TOPIC, 0, VICTIM - 1)
+        assert before.value == sent0[VICTIM - 1].value
+        assert admin.get_message_at(TOPIC, 0, VICTIM + 1).value == sent0[VICTIM + 1].value
+        broker_id = before.message_id.rpartition("-")[0]
+        message_id = format_message_id(broker_id, victim.position)
+        for by_id in (False, True):
+            with pytest.raises(DataLossError) as caught:
+                if by_id:
+                    admin.get_message(message_id)
+                else:
+                    admin.get_message_at(TOPIC, 0, VICTIM)
+            error = caught.value
+            assert error.code is grpc.StatusCode.DATA_LOSS
+            assert f"damaged record: {TOPIC}/0 offset {VICTIM} (log position" in str(error)
+            assert "checksum" in str(error)
+            assert (error.topic, error.queue_id, error.offset) == (TOPIC, 0, VICTIM)
+            assert error.position == victim.position
+
+
+def test_consumer_logs_and_seeks_past_a_damaged_record(
+    broker_factory: StartBroker, make_config: MakeConfig
+) -> None:
+    """docs/client.md's loop: on DataLossError, log the record it names and
+    seek past it; every intact record is read, the damaged one is not."""
+    config = make_config()
+    sent0, sent1 = _damaged_store(config)
+    broker = broker_factory(data_dir=config.data_dir)
+    logged: list[tuple[str | None, int | None, int | None]] = []
+    got: list[Message] = []
+    with Consumer(broker.address) as consumer:
+        consumer.assign(TOPIC, [0, 1])
+        for _ in range(100):
+            try:
+                got += consumer.poll(timeout_s=0.2)
+            except DataLossError as exc:
+                if exc.topic is None or exc.queue_id is None or exc.offset is None:
+                    raise
+                logged.append((exc.topic, exc.queue_id, exc.offset))
+                consumer.seek(exc.topic, exc.queue_id, exc.offset + 1)
+            if len(got) >= len(sent0) - 1 + len(sent1):
+                break
+    assert logged == [(TOPIC, 0, VICTIM)]
+    assert sorted(m.offset for m in got if m.queue_id == 0) == [
+        s.offset for s in sent0 if s.offset != VICTIM
+    ]
 
 
 def test_long_error_detail_is_cut_short() -> None:

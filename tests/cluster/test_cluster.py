@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from equeue_broker.testing import LocalCluster
+from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_proto.protocol import key_queue
 from equeue_spark.client import (
     Admin,
@@ -180,6 +180,32 @@ def test_cli_over_the_cluster(cluster: LocalCluster) -> None:
     assert both.returncode == 2 and "not both" in both.stderr
     no_ns = equeue("--broker", cluster.brokers["a"].address, "cluster", "list")
     assert no_ns.returncode == 2 and "--namesrv" in no_ns.stderr
+
+
+@pytest.mark.timeout(180)
+def test_cli_timeout_bounds_the_failover_wait(cluster: LocalCluster) -> None:
+    """``--timeout-s`` bounds a CLI write to a group without a master, too: the
+    CLI gives up after about that long (not the library's 30 s failover wait)
+    with an error naming the group. 20 s is a correctness bound, far from 3."""
+    ns = ["--namesrv", cluster.namesrv]
+    # Group b gets a replica: with its master gone the name servers list the
+    # group, with no master (a group of one would vanish from the route).
+    replica = BrokerProcess(
+        cluster.root / "broker-b-replica", "--broker-name", "b", "--namesrv", cluster.namesrv,
+        *cluster.broker_flags, "--role", "replica", "--master", cluster.brokers["b"].address,
+    )  # fmt: skip
+    cluster.brokers["b-replica"] = replica  # the fixture kills it
+    replica.start()
+    created = equeue(*ns, "topics", "create", "solo", "--queues", "1", "--brokers", "b")
+    assert created.returncode == 0, created.stderr
+    wait_for(lambda: equeue(*ns, "produce", "solo", "--key", "k", stdin="x\n").returncode == 0)
+    cluster.brokers["b"].kill()
+    started = time.monotonic()
+    produced = equeue(*ns, "--timeout-s", "3", "produce", "solo", "--key", "k", stdin="y\n")
+    elapsed = time.monotonic() - started
+    assert produced.returncode != 0, produced.stdout
+    assert elapsed < 20, f"took {elapsed:.1f} s: {produced.stderr}"
+    assert "broker group 'b' has no reachable master" in produced.stderr, produced.stderr
 
 
 @pytest.mark.timeout(300)

@@ -53,7 +53,7 @@ def encode(batches: list[Batch], position: int = 0, first_offset: int = 100) -> 
 def decode_both(records: Any, broker_id: str = "b1", want_headers: bool = True) -> RecordColumns:
     """Decode with both implementations; they must agree byte for byte."""
     py = decode_columns_py(records, broker_id, want_headers)
-    assert len(py) == len(RecordColumns._fields) == 21
+    assert len(py) == len(RecordColumns._fields) == 22
     if columns.DECODER == "c":
         c = decode_columns(records, broker_id, want_headers)
         assert type(c) is RecordColumns
@@ -100,6 +100,8 @@ def assert_matches(cols: RecordColumns, messages: list[Message], want_headers: b
     assert ints(cols.queue_ids, "i") == [m.queue_id for m in messages]
     assert ints(cols.offsets, "q") == [m.offset for m in messages]
     assert ints(cols.timestamps_us, "q") == [m.timestamp_ms * 1000 for m in messages]
+    stores = [m.store_timestamp_ms * 1000 for m in messages]
+    assert ints(cols.store_timestamps_us, "q") == stores
     keys = blobs(cols.key_offsets, cols.keys, n)
     nulls = [i for i, m in enumerate(messages) if m.key is None]
     assert cols.key_nulls == len(nulls)
@@ -121,7 +123,7 @@ def assert_matches(cols: RecordColumns, messages: list[Message], want_headers: b
         m.message_id for m in messages
     ]
     if not want_headers:
-        assert cols[-5:] == (b"", b"", b"", b"", b"")
+        assert _header_columns(cols) == (b"", b"", b"", b"", b"")
         return
     per_record = ints(cols.header_list_offsets, "i")
     total = sum(len(m.headers) for m in messages)
@@ -131,6 +133,13 @@ def assert_matches(cols: RecordColumns, messages: list[Message], want_headers: b
     pairs = list(zip(header_keys, header_values, strict=True))
     for m, (a, b) in zip(messages, itertools.pairwise(per_record), strict=True):
         assert tuple(pairs[a:b]) == m.headers
+
+
+def _header_columns(cols: RecordColumns) -> tuple[bytes, ...]:
+    return (
+        cols.header_list_offsets, cols.header_key_offsets, cols.header_keys,
+        cols.header_value_offsets, cols.header_values,
+    )  # fmt: skip
 
 
 def check(records: bytes, broker_id: str = "b1") -> RecordColumns:
@@ -157,9 +166,9 @@ def test_empty_input() -> None:
     cols = decode_both(b"")
     assert cols == RecordColumns(
         0, zero, b"", b"", b"", b"", zero, b"", None, 0, zero, b"", zero, b"", zero, b"",
-        zero, zero, b"", zero, b"",
+        zero, zero, b"", zero, b"", b"",
     )  # fmt: skip
-    assert decode_both(b"", want_headers=False)[-5:] == (b"",) * 5
+    assert _header_columns(decode_both(b"", want_headers=False)) == (b"",) * 5
     check(b"")
 
 
@@ -314,6 +323,7 @@ def raw_frame(
     version: int = RECORD_VERSION,
     producer_ms: int = 1,
     extra: bytes = b"",
+    store_ms: int = 0,
 ) -> bytes:
     """A frame with a valid checksum but any contents (the encoder refuses bad ones)."""
     key_bytes = key or b""
@@ -321,7 +331,7 @@ def raw_frame(
     body = FIXED_BODY_SIZE + len(payload)
     flags = FLAG_HAS_KEY if key is not None else 0
     head = HEADER.pack(
-        body, version, flags, 0, 0, 0, producer_ms, 0,
+        body, version, flags, 0, 0, 0, producer_ms, store_ms,
         len(topic), len(tag), len(key_bytes), len(headers), len(value),
     )  # fmt: skip
     return head + payload + struct.pack("<II", crc32c(head[4:] + payload), body)
@@ -382,6 +392,15 @@ def test_producer_timestamp_beyond_int64_microseconds() -> None:
         error = error_of(raw_frame() + raw_frame(producer_ms=ms))
         assert isinstance(error, LimitError)
         assert f"record at byte {len(raw_frame())}: producer timestamp {ms} ms" in str(error)
+
+
+def test_store_timestamp_beyond_int64_microseconds() -> None:
+    """The store time column (``storeTimestamp``) is range-checked like the producer's."""
+    check(raw_frame(store_ms=MS_MAX) + raw_frame(store_ms=-MS_MAX))
+    for ms in (MS_MAX + 1, -(2**63)):
+        error = error_of(raw_frame() + raw_frame(store_ms=ms))
+        assert isinstance(error, LimitError)
+        assert f"record at byte {len(raw_frame())}: store timestamp {ms} ms" in str(error)
 
 
 def test_too_large_for_32_bit_offsets() -> None:

@@ -160,6 +160,32 @@ def test_batch_offsets_timestamps_and_partition_split(
     assert early == 100
 
 
+def test_timestamp_options_compare_store_time(spark: SparkSession, broker: BrokerProcess) -> None:
+    """Issue 25 item 6: ``timestamp`` shows the producer's time (2023 here),
+    ``startingTimestamp`` compares the broker's store time: rows stamped in 2023
+    but stored now come back for ``startingTimestamp=<now>``. The schema says
+    so: ``timestampType`` 0 (CreateTime) and ``storeTimestamp`` (LogAppendTime)."""
+    stamp_2023 = 1_690_000_000_000  # 2023-07-22
+    with Admin(broker.address) as admin:
+        admin.create_topic("ts", queues=1)
+    produce(broker.address, "ts", [b"before"])
+    with Admin(broker.address) as admin:
+        cutoff = 1 + admin.get_message_at("ts", 0, 0).store_timestamp_ms
+    wait_for("the clock to pass the first store time", lambda: time.time() * 1000 > cutoff + 1)
+    with Producer(broker.address) as producer:
+        producer.send_batch("ts", [b"old-0", b"old-1"], timestamps_ms=[stamp_2023] * 2)
+    rows = reader(spark, broker, topic="ts", startingTimestamp=cutoff).load().collect()
+    assert sorted(r.value for r in rows) == [b"old-0", b"old-1"]
+    for r in rows:
+        assert r.timestamp.year == 2023 and r.timestampType == 0
+        assert r.storeTimestamp.timestamp() * 1000 >= cutoff
+    every = reader(spark, broker, topic="ts").load()
+    assert every.columns[-2:] == ["timestampType", "storeTimestamp"]
+    assert every.count() == 3
+    with pytest.raises(PySparkException, match="compared with the broker's store time"):
+        reader(spark, broker, topic="ts", startingTimestamp="now").load().collect()
+
+
 def test_write_columns_headers_tags_and_queues(spark: SparkSession, broker: BrokerProcess) -> None:
     with Admin(broker.address) as admin:
         admin.create_topic("cols", queues=3)

@@ -143,3 +143,47 @@ def test_a_checkpoint_of_the_other_kind_is_refused() -> None:
         cluster.offsets({"t": {"0": 5}})
     with pytest.raises(InvalidOption, match="written by a query over a cluster"):
         single.offsets({"t": {"a/0": 5}})
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        # Spark lower-cases option names before the source sees them: the error
+        # shows the key as received and the nearest option as documented.
+        (
+            {"topic": "t", "topicpatern": "x"},
+            "unknown option 'topicpatern' (value 'x'; Spark passes option names lower-cased);"
+            " did you mean 'topicPattern'?",
+        ),
+        ({"topic": "t", "startingoffset": "earliest"}, "did you mean 'startingOffsets'?"),
+        ({"topic": "t", "tokn": "s3cret"}, "unknown option 'tokn' (value <redacted>;"),
+        (
+            {"topic": "t", "subscribepatternx": "t.*"},
+            "did you mean 'topicPattern' (equeue's name for Kafka's 'subscribePattern')?",
+        ),
+        (
+            {"topic": "t", "subscribe": "t"},
+            "did you mean 'topic' (equeue's name for Kafka's 'subscribe')?",
+        ),
+        ({"topic": "t", "bogus": "1"}, "the equeue source knows: broker, endingOffsets"),
+    ],
+)
+def test_unknown_option_names_the_nearest_known_one(options: dict[str, str], fragment: str) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        ReadOptions.parse(options, streaming=True)
+    assert fragment in str(caught.value)
+
+
+def test_unknown_write_option_hints_only_write_options() -> None:
+    """The sink has no topicPattern: a Kafka subscribePattern gets no hint to it."""
+    with pytest.raises(InvalidOption) as caught:
+        WriteOptions.parse({"topic": "t", "subscribepattern": "x"})
+    assert "topicPattern" not in str(caught.value)
+    with pytest.raises(InvalidOption, match="did you mean 'batchSize'"):
+        WriteOptions.parse({"topic": "t", "batchsise": "1"})
+
+
+def test_timestamp_option_errors_say_which_time_they_compare() -> None:
+    for key in ("startingtimestamp", "endingtimestamp"):
+        with pytest.raises(InvalidOption, match="compared with the broker's store time"):
+            ReadOptions.parse({"topic": "t", key: "yesterday"}, streaming=False)

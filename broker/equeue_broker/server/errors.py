@@ -20,11 +20,18 @@ extend the storage hierarchy::
     ├── NotEnoughReplicas                  sync replication: too few in-sync replicas (replication/)
     ├── RequestTimeout                     a request body arrived too slowly (intake.py)
     ├── Unauthenticated                    no valid token (auth.py)
-    └── PermissionDenied                   the token lacks a role or topic (auth.py)
+    ├── PermissionDenied                   the token lacks a role or topic (auth.py)
+    └── CorruptionError (storage)
+        ├── DamagedRecord (storage)        a read met a record failing its checksum
+        └── DamagedMessage                 GetMessage's record fails its checksum
+
+A damaged record's DATA_LOSS carries its topic, queue, offset and log position
+in a ``protocol.DAMAGED_RECORD_KEY`` trailer too (``trailers_for``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, NoReturn
 
@@ -34,6 +41,7 @@ from equeue_broker.replication.errors import NotEnoughReplicas, ReplicaReadOnly,
 from equeue_broker.storage.errors import (
     AlreadyExists,
     CorruptionError,
+    DamagedRecord,
     DiskFullError,
     InvalidArgument,
     LimitExceeded,
@@ -42,14 +50,20 @@ from equeue_broker.storage.errors import (
     StorageError,
     StoreClosed,
 )
-from equeue_proto.protocol import ERROR_KIND_KEY, NOT_ENOUGH_REPLICAS, NOT_MASTER, STALE_EPOCH
+from equeue_proto.protocol import (
+    DAMAGED_RECORD_KEY,
+    ERROR_KIND_KEY,
+    NOT_ENOUGH_REPLICAS,
+    NOT_MASTER,
+    STALE_EPOCH,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = [  # replication's errors are named here too: this module maps every error
-    "BadRequest", "NotEnoughReplicas", "PermissionDenied", "ReplicaReadOnly", "RequestTimeout",
-    "ShuttingDown", "StaleEpoch", "TooManyPulls", "Unauthenticated", "abort", "status_for",
-    "trailers_for",
+    "BadRequest", "DamagedMessage", "NotEnoughReplicas", "PermissionDenied", "ReplicaReadOnly",
+    "RequestTimeout", "ShuttingDown", "StaleEpoch", "TooManyPulls", "Unauthenticated", "abort",
+    "status_for", "trailers_for",
 ]  # fmt: skip
 
 
@@ -75,6 +89,27 @@ class Unauthenticated(StorageError):
 
 class PermissionDenied(StorageError):
     """The call's token lacks the role or the topic it needs."""
+
+
+class DamagedMessage(CorruptionError):
+    """The record GetMessage would return fails its checksum. Names its log
+    position, and its topic, queue and offset where known (None otherwise:
+    a message id names only the position, and the damage may be in the
+    record's header)."""
+
+    def __init__(
+        self, position: int, why: str, topic: str | None = None,
+        queue_id: int | None = None, offset: int | None = None,
+    ) -> None:  # fmt: skip
+        if topic is not None and queue_id is not None and offset is not None:
+            what = f"damaged record: {topic}/{queue_id} offset {offset} (log position {position})"
+        else:
+            what = f"damaged record at log position {position}"
+        super().__init__(f"{what}: {why}")
+        self.position = position
+        self.topic = topic
+        self.queue_id = queue_id
+        self.offset = offset
 
 
 _CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
@@ -120,10 +155,17 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 def trailers_for(exc: BaseException) -> tuple[tuple[str, str], ...]:
     """The trailing metadata a failed request is answered with: its kind, for
-    the errors a client acts on by kind (``_KINDS``); else none."""
+    the errors a client acts on by kind (``_KINDS``), or the place of a damaged
+    record (``DAMAGED_RECORD_KEY``); else none."""
     for cls, kind in _KINDS:
         if isinstance(exc, cls):
             return ((ERROR_KIND_KEY, kind),)
+    if isinstance(exc, (DamagedRecord, DamagedMessage)):
+        where = {
+            "topic": exc.topic, "queue_id": exc.queue_id, "offset": exc.offset,
+            "position": exc.position if exc.position >= 0 else None,
+        }  # fmt: skip
+        return ((DAMAGED_RECORD_KEY, _short(json.dumps(where, ensure_ascii=True))),)
     return ()
 
 

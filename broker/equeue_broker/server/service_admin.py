@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,13 @@ from typing import Any
 from equeue_broker.replication.failover import ZOOKEEPER
 from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
-from equeue_broker.server.errors import BadRequest, PermissionDenied
+from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.storage import NotFound
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
-from equeue_proto.record import read_meta
+from equeue_proto.record import check_frame, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
@@ -282,6 +283,10 @@ class AdminService(pb_grpc.AdminServicer):
             else:
                 raise BadRequest("give message_id or address")
             record = store.reads.record_at(position)
+            verdict = check_frame(record, 0, len(record))
+            if isinstance(verdict, str) or verdict != len(record):
+                # Never served with status OK (a pull answers the same way).
+                raise _damaged(record, position, request, scope, str(verdict))
             if scope is not None:  # a message id does not name its topic: the record does
                 scope.check_topic(read_meta(record, 0).topic.decode())
             return pb.GetMessageReply(
@@ -435,3 +440,23 @@ def _disk_usage(root: Path) -> int:
             except FileNotFoundError:  # deleted by retention meanwhile
                 continue
     return total
+
+
+def _damaged(
+    record: bytes, position: int, request: pb.GetMessageRequest, scope: Principal | None, why: str
+) -> DamagedMessage:
+    """The DATA_LOSS for a record GetMessage found damaged: by address, the
+    topic, queue and offset asked for; by message id, the ones the record's
+    header names if it still reads (checked against the token's topics),
+    else the log position alone."""
+    if request.WhichOneof("key") == "address":
+        a = request.address
+        return DamagedMessage(position, why, a.topic, a.queue_id, a.offset)
+    try:
+        meta = read_meta(record, 0)
+        topic = meta.topic.decode()
+    except (ValueError, struct.error):
+        return DamagedMessage(position, why)
+    if scope is not None:
+        scope.check_topic(topic)
+    return DamagedMessage(position, why, topic, meta.queue_id, meta.queue_offset)
