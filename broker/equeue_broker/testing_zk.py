@@ -183,9 +183,14 @@ class ZooKeeperProcess:
             self.process.wait(STOP_TIMEOUT_S)
 
     def pause(self) -> None:
-        """SIGSTOP: the server hangs; connections stay open, nothing is answered."""
+        """SIGSTOP: the server hangs; connections stay open, nothing is answered.
+
+        Returns once every thread of the JVM is stopped: the signal stops each
+        thread only when it next enters the kernel, and a thread already
+        running could answer one more request (seen on a loaded machine)."""
         if self.alive():
             os.kill(self.pid, signal.SIGSTOP)
+            _wait_stopped(self.pid, timeout_s=10.0)
 
     def resume(self) -> None:
         """SIGCONT after ``pause``."""
@@ -227,3 +232,28 @@ def local_zookeeper(
             yield zk
         finally:
             zk.stop()
+
+
+def _wait_stopped(pid: int, timeout_s: float) -> None:
+    """Until every thread of ``pid`` is stopped (state T in /proc), or the
+    process is gone; AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    tasks = Path(f"/proc/{pid}/task")
+    while time.monotonic() < deadline:
+        try:
+            states = [_state(task / "stat") for task in tasks.iterdir()]
+        except FileNotFoundError:  # the process is gone
+            return
+        if all(state in ("T", "t", "X", "Z", "") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"ZooKeeper pid {pid}: its threads did not stop within {timeout_s:g} s")
+
+
+def _state(stat: Path) -> str:
+    """A /proc stat file's state letter ('' when the thread has gone)."""
+    try:
+        text = stat.read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+    return text.rsplit(")", 1)[-1].split()[0]
