@@ -92,10 +92,6 @@ def namesrv_addresses(args: argparse.Namespace) -> tuple[str, ...]:
         raise UsageError(str(exc)) from None
 
 
-def is_cluster(args: argparse.Namespace) -> bool:
-    return bool(namesrv_addresses(args))
-
-
 def split_names(text: str | None) -> list[str] | None:
     """``a,b`` -> ["a", "b"]; None or empty: None."""
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
@@ -112,17 +108,23 @@ def broker_address(args: argparse.Namespace) -> str:
         raise UsageError(str(exc)) from None
 
 
-def admin_client(args: argparse.Namespace, per_broker: str = "") -> Admin:
+def admin_client(args: argparse.Namespace, per_broker: str = "", cluster_view: str = "") -> Admin:
     """An ``Admin`` configured by the common options; ``per_broker`` names a
-    command that shows one broker (a usage error with ``--namesrv``)."""
+    command that shows one broker (a usage error with ``--namesrv``),
+    ``cluster_view`` one that shows what name servers know (a usage error
+    without them). The routes decide; this only words their refusal."""
     admin = Admin(config=client_config(args))
-    if per_broker:
-        try:  # the routes name one broker for it, or refuse (name servers)
+    try:  # the routes name one broker for it, or refuse (name servers)
+        if per_broker:
             admin.routes.only_address(per_broker)
-        except InvalidRequest:
-            admin.close()
-            raise UsageError(
-                f"{per_broker} shows one broker: give --broker HOST:PORT instead of --namesrv "
-                "(equeue cluster list shows the brokers' addresses)"
-            ) from None
+        if cluster_view:
+            admin.routes.cluster_view(cluster_view)
+    except InvalidRequest:
+        admin.close()
+        if cluster_view:
+            raise UsageError("give the cluster's name servers: --namesrv HOST:PORT[,...]") from None
+        raise UsageError(
+            f"{per_broker} shows one broker: give --broker HOST:PORT instead of --namesrv "
+            "(equeue cluster list shows the brokers' addresses)"
+        ) from None
     return admin

@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Sequence
 
 import grpc
 
@@ -198,6 +199,17 @@ class NameServerRoutes(Routes):
 
     def names_groups(self) -> bool:
         return True
+
+    kind = "a cluster"
+    other_kind = "a single broker"
+
+    def cluster_view(self, what: str) -> None:
+        return None
+
+    def group_members(self, group: str, given: Sequence[str] | None) -> list[str]:
+        if given:
+            raise InvalidRequest(f"name group {group!r}'s members or the name servers, not both")
+        return [e.address for e in self.brokers() if e.broker_name == group]
 
     def close(self) -> None:
         super().close()

@@ -135,6 +135,22 @@ class Routes:
         """Whether queues are named (broker group, queue id) rather than by id alone."""
         raise NotImplementedError
 
+    kind = ""
+    """What these routes read, for messages: "one broker" or "a cluster"."""
+    other_kind = ""
+    """The kind a checkpoint or an argument of the other shape was written for."""
+
+    def cluster_view(self, what: str) -> None:
+        """Nothing where the routes come from name servers (``what`` shows
+        what they know); InvalidRequest naming ``what`` for one broker."""
+        raise NotImplementedError
+
+    def group_members(self, group: str, given: Sequence[str] | None) -> list[str]:
+        """The addresses of broker group ``group``'s members: ``given``
+        (a list the caller names) for one broker, else the name servers'
+        registrations; InvalidRequest when there is none, or both."""
+        raise NotImplementedError
+
     def groups_of(self, topic: str) -> list[str]:
         """The broker groups hosting ``topic`` (a consumer joins its group on each)."""
         return self.route(topic).broker_names()
@@ -464,6 +480,17 @@ class StaticRoutes(Routes):
 
     def names_groups(self) -> bool:
         return False
+
+    kind = "one broker"
+    other_kind = "a cluster (option namesrv)"
+
+    def cluster_view(self, what: str) -> None:
+        raise InvalidRequest(f"{what} needs the cluster's name servers")
+
+    def group_members(self, group: str, given: Sequence[str] | None) -> list[str]:
+        if not given:
+            raise InvalidRequest(f"name group {group!r}'s members, or the name servers")
+        return list(given)
 
     def groups_of(self, topic: str) -> list[str]:
         return [""]

@@ -143,15 +143,15 @@ class Planner:
         if it was written by a query of the other kind: a single-broker
         query's queues name no broker, a cluster query's name one."""
         offsets = from_json(document)
-        cluster = self.admin.routes.names_groups()
-        wrong = sorted({k[0] for k in offsets if bool(split_key(k[0])[0]) != cluster})
+        routes = self.admin.routes
+        named = routes.names_groups()
+        wrong = sorted({k[0] for k in offsets if bool(split_key(k[0])[0]) != named})
         if wrong:
-            kind = "a single broker" if cluster else "a cluster (option namesrv)"
             raise InvalidOption(
-                f"the checkpoint's offsets were written by a query over {kind} (topics "
-                f"{', '.join(wrong[:5])}); this query reads "
-                f"{'a cluster' if cluster else 'one broker'}: give it a new checkpoint "
-                "location and startingOffsets (e.g. group, or a JSON of BROKER/QUEUE offsets)"
+                f"the checkpoint's offsets were written by a query over {routes.other_kind} "
+                f"(topics {', '.join(wrong[:5])}); this query reads {routes.kind}: give it a "
+                "new checkpoint location and startingOffsets (e.g. group, or a JSON of "
+                "BROKER/QUEUE offsets)"
             )
         return offsets
 

@@ -5,18 +5,12 @@ from __future__ import annotations
 import argparse
 
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.cli.common import UsageError, admin_client, is_cluster
+from equeue_spark.cli.common import admin_client
 from equeue_spark.cli.formatting import Output, format_table, format_time, proto_dict
 
 
-def _need_namesrv(args: argparse.Namespace) -> None:
-    if not is_cluster(args):
-        raise UsageError("give the cluster's name servers: --namesrv HOST:PORT[,...]")
-
-
 def cmd_cluster_list(args: argparse.Namespace, ui: Output) -> None:
-    _need_namesrv(args)
-    with admin_client(args) as admin:
+    with admin_client(args, cluster_view="equeue cluster list") as admin:
         brokers = admin.cluster_brokers(args.cluster)
     if ui.json:
         ui.document({"brokers": [proto_dict(b) for b in brokers]})
@@ -41,8 +35,7 @@ def _role(entry: pb.BrokerEntry) -> str:
 
 
 def cmd_cluster_routes(args: argparse.Namespace, ui: Output) -> None:
-    _need_namesrv(args)
-    with admin_client(args) as admin:
+    with admin_client(args, cluster_view="equeue cluster routes") as admin:
         route = admin.route(args.topic)
     if ui.json:
         ui.document(

@@ -18,10 +18,10 @@ import argparse
 from dataclasses import dataclass
 
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.cli.common import CliError, UsageError, client_config, is_cluster, split_names
+from equeue_spark.cli.common import CliError, UsageError, client_config, split_names
 from equeue_spark.cli.formatting import Output
 from equeue_spark.client.admin import Admin
-from equeue_spark.client.errors import EqueueError
+from equeue_spark.client.errors import EqueueError, InvalidRequest
 
 
 @dataclass
@@ -69,16 +69,15 @@ def cmd_cluster_promote(args: argparse.Namespace, ui: Output) -> None:
 
 
 def _member_addresses(args: argparse.Namespace) -> list[str]:
-    brokers = split_names(args.brokers)
-    if brokers and is_cluster(args):
-        raise UsageError("give --brokers or --namesrv, not both")
-    if brokers:
-        return brokers
-    if not is_cluster(args):
-        raise UsageError("give the group's brokers: --brokers HOST:PORT,... (or --namesrv)")
+    """The group's members: ``--brokers``, or the name servers' registrations
+    (the routes decide which applies)."""
     with Admin(config=client_config(args)) as admin:
-        entries = admin.cluster_brokers()
-    return [e.address for e in entries if e.broker_name == args.group]
+        try:
+            return admin.routes.group_members(args.group, split_names(args.brokers))
+        except InvalidRequest:
+            raise UsageError(
+                "give the group's brokers (--brokers HOST:PORT,...) or --namesrv, one of them"
+            ) from None
 
 
 def _reported_replicas(members: list[Member], known: list[str]) -> list[str]:
