@@ -30,34 +30,16 @@ from equeue_spark.client import (
     PermissionDeniedError,
     Producer,
 )
+from tests.support.namesrv_tokens import (
+    ADMIN_SECRET,
+    BROKER_SECRET,
+    CLIENT_SECRET,
+    SCOPED_SECRET,
+    tokens_toml,
+)
 from tests.support.waits import wait_for
 
-BROKER_SECRET = "broker-secret-0123456789"
-APP_SECRET = "app-secret-0123456789ab"
-ADMIN_SECRET = "admin-secret-01234567890"
-SCOPED_SECRET = "scoped-secret-0123456789"
-TOKENS = f"""
-[[tokens]]
-name = "brokers"
-secret = "{BROKER_SECRET}"
-roles = ["broker"]
-
-[[tokens]]
-name = "app"
-secret = "{APP_SECRET}"
-roles = ["produce", "consume"]
-
-[[tokens]]
-name = "ops"
-secret = "{ADMIN_SECRET}"
-roles = ["admin"]
-
-[[tokens]]
-name = "orders-only"
-secret = "{SCOPED_SECRET}"
-roles = ["produce", "consume"]
-topics = ["orders*"]
-"""
+TOKENS = tokens_toml("orders-only", ["produce", "consume"])
 # One tokens file for both (brokers ignore the broker role).
 NAMESRV_ENV = {"EQUEUE_NAMESRV_TOKENS": TOKENS}
 BROKER_ENV = {"EQUEUE_BROKER_TOKENS": TOKENS, "EQUEUE_NAMESRV_TOKEN": BROKER_SECRET}
@@ -124,7 +106,7 @@ def refused(call: Callable[[], object], error: type[Exception]) -> str:
 
 @pytest.mark.timeout(180)
 def test_clients_with_tokens_produce_and_consume(cluster: LocalCluster) -> None:
-    app = config(cluster, APP_SECRET)
+    app = config(cluster, CLIENT_SECRET)
     keys = [b"k%d" % i for i in range(40)]
     with Producer(config=app) as producer:
         results = producer.send_batch("orders", [b"v-" + k for k in keys], keys=keys)
@@ -192,7 +174,7 @@ def test_cli_with_a_token_file(
     cluster: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ns = ("--namesrv", cluster.namesrv)
-    app = ("--token-file", token_file(tmp_path, APP_SECRET))
+    app = ("--token-file", token_file(tmp_path, CLIENT_SECRET))
     code, out, err = cli(capsys, *ns, *app, "--json", "cluster", "routes", "orders")
     assert code == 0, err
     assert json.loads(out)["queues"] == [["a", 0], ["a", 1], ["b", 0], ["b", 1]]
@@ -255,7 +237,7 @@ def test_tls_and_tokens_to_name_servers(tmp_path: Path, capsys: pytest.CaptureFi
             admin.create_topic("t", queues=1)
             wait_for("t routed", functools.partial(queue_count, admin, "t", 1), 30)
             assert admin.route("t").queues() == [("a", 0)]
-        app = config(secured, APP_SECRET, **tls)
+        app = config(secured, CLIENT_SECRET, **tls)
         with Producer(config=app) as producer:
             producer.send_batch("t", [b"over tls"])
         with Consumer(config=app, group="g", topics=["t"], start="earliest") as consumer:
@@ -264,13 +246,13 @@ def test_tls_and_tokens_to_name_servers(tmp_path: Path, capsys: pytest.CaptureFi
         code, out, err = cli(
             capsys, "--namesrv", secured.namesrv, "--tls-ca", path["ca"],
             "--tls-cert", path["ccert"], "--tls-key", path["ckey"],
-            "--token-file", token_file(tmp_path, APP_SECRET), "--json", "cluster", "routes", "t",
+            "--token-file", token_file(tmp_path, CLIENT_SECRET), "--json", "cluster", "routes", "t",
         )  # fmt: skip
         assert code == 0, err
         assert json.loads(out)["queues"] == [["a", 0]]
         # No client certificate, or plaintext: the name server is not reached.
         for settings in ({"tls_ca": path["ca"]}, {}):
-            with Admin(config=config(secured, APP_SECRET, **settings)) as admin:
+            with Admin(config=config(secured, CLIENT_SECRET, **settings)) as admin:
                 message = refused(functools.partial(admin.route, "t"), BrokerUnavailable)
             assert "no name server answers" in message
         # TLS right, no token: the token is what is refused.
@@ -281,7 +263,7 @@ def test_tls_and_tokens_to_name_servers(tmp_path: Path, capsys: pytest.CaptureFi
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_spark_reads_through_a_secured_name_server(spark: Any, cluster: LocalCluster) -> None:
-    with Producer(config=config(cluster, APP_SECRET)) as producer:
+    with Producer(config=config(cluster, CLIENT_SECRET)) as producer:
         producer.send_batch("payments", [b"p%d" % i for i in range(20)])
 
     def load(token: str) -> Any:
@@ -293,7 +275,7 @@ def test_spark_reads_through_a_secured_name_server(spark: Any, cluster: LocalClu
             .load()
         )
 
-    rows = load(APP_SECRET).select("broker", "value").collect()
+    rows = load(CLIENT_SECRET).select("broker", "value").collect()
     assert sorted(r.value for r in rows) == sorted(b"p%d" % i for i in range(20))
     with pytest.raises(Exception, match="PERMISSION_DENIED"):
         load(SCOPED_SECRET).collect()

@@ -24,35 +24,17 @@ from equeue_broker.namesrv.claims import ClaimChecker, ClaimRefused
 from equeue_broker.testing import BrokerProcess, NameServerProcess, local_cluster
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from tests.support.namesrv_tokens import (
+    ADMIN_SECRET,
+    BROKER_SECRET,
+    CLIENT_SECRET,
+    SCOPED_SECRET,
+    tokens_toml,
+)
 from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
 
-BROKER_SECRET = "broker-secret-0123456789"
-CLIENT_SECRET = "client-secret-0123456789"
-ADMIN_SECRET = "admin-secret-01234567890"
-SCOPED_SECRET = "scoped-secret-0123456789"
-TOKENS = f"""
-[[tokens]]
-name = "brokers"
-secret = "{BROKER_SECRET}"
-roles = ["broker"]
-
-[[tokens]]
-name = "app"
-secret = "{CLIENT_SECRET}"
-roles = ["produce", "consume"]
-
-[[tokens]]
-name = "ops"
-secret = "{ADMIN_SECRET}"
-roles = ["admin"]
-
-[[tokens]]
-name = "orders-reader"
-secret = "{SCOPED_SECRET}"
-roles = ["consume"]
-topics = ["orders*"]
-"""
+TOKENS = tokens_toml("orders-reader", ["consume"])
 
 Start = Callable[..., BrokerProcess]
 
