@@ -60,7 +60,6 @@ from equeue_spark.client.routing import Routes, StaticRoutes
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "Cluster",
     "NameServerRoutes",
     "QueueRef",
     "Route",
@@ -245,7 +244,3 @@ def connect(config: ClientConfig) -> Routes:
     """The routes ``config`` names: name servers (``namesrv``, or
     ``$EQUEUE_NAMESRV``), else one broker (a cluster of one)."""
     return NameServerRoutes(config) if config.is_cluster else StaticRoutes(config)
-
-
-Cluster = NameServerRoutes
-"""The name this class had before routing.py (kept for imports)."""
