@@ -53,6 +53,14 @@ STALE_EPOCH = "stale-epoch"
 NOT_ENOUGH_REPLICAS = "not-enough-replicas"
 """UNAVAILABLE: sync replication has too few in-sync members (Kafka's
 NOT_ENOUGH_REPLICAS); retry later, not on another broker."""
+OUT_OF_ORDER_SEQUENCE = "out-of-order-sequence"
+"""FAILED_PRECONDITION: an idempotent batch's sequence is not the next of its
+queue (a gap, or a batch older than the broker's window)."""
+PRODUCER_FENCED = "producer-fenced"
+"""FAILED_PRECONDITION: an idempotent batch from an older epoch of its producer id."""
+UNKNOWN_PRODUCER = "unknown-producer"
+"""FAILED_PRECONDITION: a producer id the broker group does not know (expired,
+or never given out) sent a sequence other than 0: ask for a new epoch."""
 
 DAMAGED_RECORD_KEY = "equeue-damaged-record"
 """Trailing-metadata key of a DATA_LOSS naming a stored record that fails its

@@ -18,6 +18,30 @@ PULL_STATUS_OK: PullStatus
 PULL_STATUS_OFFSET_TOO_SMALL: PullStatus
 PULL_STATUS_OFFSET_TOO_BIG: PullStatus
 
+class InitProducerRequest(_message.Message):
+    __slots__ = ("producer_id",)
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    def __init__(self, producer_id: _Optional[int] = ...) -> None: ...
+
+class InitProducerReply(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "window")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    window: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
+
+class QueueSequence(_message.Message):
+    __slots__ = ("queue_id", "sequence")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    sequence: int
+    def __init__(self, queue_id: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+
 class MessageColumns(_message.Message):
     __slots__ = ("count", "values", "value_lengths", "keys", "key_lengths", "tags", "headers", "header_lengths", "timestamps_ms")
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -41,16 +65,22 @@ class MessageColumns(_message.Message):
     def __init__(self, count: _Optional[int] = ..., values: _Optional[bytes] = ..., value_lengths: _Optional[_Iterable[int]] = ..., keys: _Optional[bytes] = ..., key_lengths: _Optional[_Iterable[int]] = ..., tags: _Optional[_Iterable[str]] = ..., headers: _Optional[bytes] = ..., header_lengths: _Optional[_Iterable[int]] = ..., timestamps_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("topic", "messages", "queue_ids", "transaction_id")
+    __slots__ = ("topic", "messages", "queue_ids", "transaction_id", "producer_id", "producer_epoch", "sequences")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     topic: str
     messages: MessageColumns
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
     transaction_id: str
-    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ..., transaction_id: _Optional[str] = ...) -> None: ...
+    producer_id: int
+    producer_epoch: int
+    sequences: _containers.RepeatedCompositeFieldContainer[QueueSequence]
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ..., transaction_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[QueueSequence, _Mapping]]] = ...) -> None: ...
 
 class ProduceReply(_message.Message):
     __slots__ = ("broker_id", "queue_ids", "offsets", "positions", "transaction_messages")

@@ -94,6 +94,11 @@ class BrokerStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsReply.FromString,
                 _registered_method=True)
+        self.InitProducer = channel.unary_unary(
+                '/equeue.v1.Broker/InitProducer',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.InitProducerRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.InitProducerReply.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -203,6 +208,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitProducer(self, request, context):
+        """A producer id for idempotent produce (see "Idempotent produce"): a new
+        one, or, given one this group knows, the same id with its next epoch
+        (fencing the older epoch's batches). Served by the group's master.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -260,6 +274,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.AbortTransactions,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsReply.SerializeToString,
+            ),
+            'InitProducer': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducer,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.InitProducerRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.InitProducerReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -564,6 +583,33 @@ class Broker:
             '/equeue.v1.Broker/AbortTransactions',
             equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.AbortTransactionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Broker/InitProducer',
+            equeue__proto_dot_v1_dot_broker__pb2.InitProducerRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.InitProducerReply.FromString,
             options,
             channel_credentials,
             insecure,

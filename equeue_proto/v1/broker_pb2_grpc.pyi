@@ -69,6 +69,20 @@ sink and a batch id: the broker remembers each sink's last committed batch,
 which makes a replayed commit a no-op (exactly-once writers, e.g. the Spark
 sink, rely on it).
 
+Idempotent produce. A producer asks a broker group for an id
+(InitProducer) and sends each batch with that id, its epoch and, per queue
+the batch writes, a sequence number: 0 for the first batch of an epoch to a
+queue, then one more per batch. The broker appends a batch only if its
+sequence is the next one of its queue; a batch it appended already (one of
+the last `producer_window` of that queue) is acknowledged again with its
+original queues, offsets and positions and not appended; a gap is refused
+(FAILED_PRECONDITION, kind "out-of-order-sequence"), so is an epoch older
+than the producer's latest ("producer-fenced") and a producer the broker
+does not know (never given out, or expired) sending a sequence other than 0
+("unknown-producer"). Which producers exist and their last batches per queue
+live in the message log (a control record written atomically with each
+batch), so they survive restarts and reach the replicas with the records.
+
 Regenerate the Python code with `make proto`; a test fails when the
 checked-in code differs from a fresh generation.
 """
@@ -161,6 +175,11 @@ class BrokerStub:
     """
     AbortTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AbortTransactionsRequest, _broker_pb2.AbortTransactionsReply]
     """Discard open transactions, by id or id prefix. Unknown ids are ignored."""
+    InitProducer: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitProducerRequest, _broker_pb2.InitProducerReply]
+    """A producer id for idempotent produce (see "Idempotent produce"): a new
+    one, or, given one this group knows, the same id with its next epoch
+    (fencing the older epoch's batches). Served by the group's master.
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -225,6 +244,11 @@ class BrokerAsyncStub(BrokerStub):
     """
     AbortTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.AbortTransactionsRequest, _broker_pb2.AbortTransactionsReply]  # type: ignore[assignment]
     """Discard open transactions, by id or id prefix. Unknown ids are ignored."""
+    InitProducer: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitProducerRequest, _broker_pb2.InitProducerReply]  # type: ignore[assignment]
+    """A producer id for idempotent produce (see "Idempotent produce"): a new
+    one, or, given one this group knows, the same id with its next epoch
+    (fencing the older epoch's batches). Served by the group's master.
+    """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -352,6 +376,17 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.AbortTransactionsReply, _abc.Awaitable[_broker_pb2.AbortTransactionsReply]]:
         """Discard open transactions, by id or id prefix. Unknown ids are ignored."""
+
+    @_abc_1.abstractmethod
+    def InitProducer(
+        self,
+        request: _broker_pb2.InitProducerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.InitProducerReply, _abc.Awaitable[_broker_pb2.InitProducerReply]]:
+        """A producer id for idempotent produce (see "Idempotent produce"): a new
+        one, or, given one this group knows, the same id with its next epoch
+        (fencing the older epoch's batches). Served by the group's master.
+        """
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

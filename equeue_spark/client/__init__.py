@@ -22,8 +22,11 @@ from equeue_spark.client.errors import (
     LimitError,
     NotFoundError,
     NotMasterError,
+    OutOfOrderSequenceError,
     PermissionDeniedError,
     PreconditionError,
+    ProducerFencedError,
+    UnknownProducerError,
 )
 from equeue_spark.client.producer import Producer
 from equeue_spark.client.reader import read_range
@@ -49,12 +52,15 @@ __all__ = [
     "Message",
     "NotFoundError",
     "NotMasterError",
+    "OutOfOrderSequenceError",
     "PermissionDeniedError",
     "PreconditionError",
     "Producer",
+    "ProducerFencedError",
     "SendResult",
     "SendResults",
     "Transaction",
+    "UnknownProducerError",
     "default_broker",
     "read_range",
 ]

@@ -208,24 +208,35 @@ def send_request(conn: Connection, request: pb.ProduceRequest, retry: bool = Tru
 
 
 def stream_requests(
-    conn: Connection, requests: Iterable[pb.ProduceRequest]
+    conn: Connection,
+    requests: Iterable[pb.ProduceRequest],
+    sent: collections.deque[pb.ProduceRequest] | None = None,
 ) -> Iterator[SendResults]:
     """Send ``requests`` pipelined on one ``ProduceStream`` call; yield each
     one's acknowledgements in order. Not retried: a stream may have been partly
-    applied.
+    applied (an idempotent producer resends what was not acknowledged,
+    producer.py).
+
+    ``sent``: the requests taken from ``requests`` and not acknowledged yet;
+    when given, ``requests`` appends each one to it as it is taken (so that a
+    caller sees every request taken, even one taken as the stream broke).
 
     An exception raised while producing ``requests`` (a bad row in a batch
     being built) is re-raised here as itself, after the requests already sent
     are acknowledged: gRPC runs the iterator on its own thread and would only
     report ``Exception iterating requests! (UNKNOWN)``.
     """
-    sent: collections.deque[pb.ProduceRequest] = collections.deque()
+    track = sent is None
+    unacknowledged: collections.deque[pb.ProduceRequest] = (
+        collections.deque() if sent is None else sent
+    )
     failure: list[Exception] = []
 
     def tracked() -> Iterator[pb.ProduceRequest]:
         try:
             for request in requests:
-                sent.append(request)
+                if track:
+                    unacknowledged.append(request)
                 yield request
         except Exception as exc:  # kept for the caller; the stream just ends here
             failure.append(exc)
@@ -235,7 +246,7 @@ def stream_requests(
             tracked(), timeout=conn.config.timeout_s * STREAM_TIMEOUT_FACTOR
         )
         for reply in replies:
-            request = sent.popleft()
+            request = unacknowledged.popleft()
             _check_acknowledged(request, reply)
             yield SendResults(request.topic, reply)
     except grpc.RpcError as exc:

@@ -7,7 +7,10 @@
     ├── NotFoundError            NOT_FOUND: topic, queue, group or message missing
     ├── AlreadyExistsError       ALREADY_EXISTS
     ├── PreconditionError        FAILED_PRECONDITION: not allowed in the current state
-    │   └── NotMasterError       a write sent to a replica (the group's master moved)
+    │   ├── NotMasterError       a write sent to a replica (the group's master moved)
+    │   ├── OutOfOrderSequenceError  an idempotent batch's sequence is not its queue's next
+    │   ├── ProducerFencedError  an idempotent batch from an older epoch of its producer id
+    │   └── UnknownProducerError the broker group does not know the producer id (expired)
     ├── LimitError               RESOURCE_EXHAUSTED: a limit or back-pressure
     ├── BrokerUnavailable        UNAVAILABLE: broker down or shutting down (retriable)
     ├── DeadlineExceeded         DEADLINE_EXCEEDED: the call's deadline passed (retriable)
@@ -27,7 +30,14 @@ from typing import Any
 
 import grpc
 
-from equeue_proto.protocol import DAMAGED_RECORD_KEY, ERROR_KIND_KEY, NOT_MASTER
+from equeue_proto.protocol import (
+    DAMAGED_RECORD_KEY,
+    ERROR_KIND_KEY,
+    NOT_MASTER,
+    OUT_OF_ORDER_SEQUENCE,
+    PRODUCER_FENCED,
+    UNKNOWN_PRODUCER,
+)
 
 
 class EqueueError(Exception):
@@ -60,6 +70,20 @@ class NotMasterError(PreconditionError):
     """A write (produce, offset commit, transaction) refused by a replica: the
     broker group's master is elsewhere. Not retried on the same broker; the
     cluster clients refresh the route and retry on the group's master."""
+
+
+class OutOfOrderSequenceError(PreconditionError):
+    """An idempotent batch's sequence is not the next of its queue on the
+    broker: an earlier batch is missing, or the batch is older than the
+    broker's window (docs/client.md, "Idempotent produce")."""
+
+
+class ProducerFencedError(PreconditionError):
+    """A newer epoch of this producer id exists: another producer took it over."""
+
+
+class UnknownProducerError(PreconditionError):
+    """The broker group forgot this producer id (expired, or its state was lost)."""
 
 
 NOT_MASTER_MARK = "serves reads only"
@@ -141,6 +165,13 @@ _BY_CODE: dict[grpc.StatusCode, type[EqueueError]] = {
 }
 
 
+_PRODUCER_KINDS: dict[str, type[PreconditionError]] = {
+    OUT_OF_ORDER_SEQUENCE: OutOfOrderSequenceError,
+    PRODUCER_FENCED: ProducerFencedError,
+    UNKNOWN_PRODUCER: UnknownProducerError,
+}
+
+
 def from_rpc_error(exc: grpc.RpcError) -> EqueueError:
     """The client exception for a failed call (raise it ``from`` the RpcError)."""
     # Failed calls raise an object that is both RpcError and Call (code/details).
@@ -154,6 +185,8 @@ def from_rpc_error(exc: grpc.RpcError) -> EqueueError:
         kind == NOT_MASTER or (not kind and NOT_MASTER_MARK in details)
     ):
         cls = NotMasterError
+    elif cls is PreconditionError and kind in _PRODUCER_KINDS:
+        cls = _PRODUCER_KINDS[kind]
     if cls is DataLossError:
         return DataLossError(f"{details} ({code.name})", code, **_damaged_record(exc))
     return cls(f"{details} ({code.name})", code)

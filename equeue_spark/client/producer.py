@@ -8,9 +8,18 @@ accumulated, when ``linger_ms`` has passed since the first buffered message
 
 A message goes to its explicit ``queue_id``, else to its key's queue (Kafka's
 murmur2 partitioner, ``equeue_proto.protocol.key_queue``), else a keyless
-batch goes whole to one queue, round robin per request. Retries on
-UNAVAILABLE may duplicate a batch whose first attempt was applied but not
-acknowledged: at-least-once.
+batch goes whole to one queue, round robin per request.
+
+Idempotent by default (``enable_idempotence``; idempotence.py): each batch
+carries the producer id its broker group gave, an epoch and a sequence
+number per queue, so a retry of a batch the broker appended but never
+acknowledged (a lost reply, a master killed after replicating it, a broken
+stream) gets the original offsets and is not appended again. A keyless
+batch's queue is then chosen here (round robin per batch) and kept across
+retries, so a batch waits for its group's new master like a keyed one. With
+``enable_idempotence=False`` retries on UNAVAILABLE may duplicate a batch:
+at-least-once. The first batch to a topic that a single broker creates on
+first use goes without sequences (its queues are not known yet).
 
 The producer routes through ``Routes`` (routing.py), for one broker (a
 cluster of one group) as for a cluster (``namesrv=``): a topic's queues are
@@ -29,6 +38,7 @@ own: a part once acknowledged is never sent again.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -47,10 +57,18 @@ from equeue_spark.client.batches import (
     SendResults,
     build_request,
     send_request,
+    stream_requests,
 )
 from equeue_spark.client.cluster import connect
-from equeue_spark.client.connection import ClientConfig
-from equeue_spark.client.errors import EqueueError
+from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.errors import (
+    BrokerUnavailable,
+    DeadlineExceeded,
+    EqueueError,
+    OutOfOrderSequenceError,
+    UnknownProducerError,
+)
+from equeue_spark.client.idempotence import Init, Sequencer, init_producer
 from equeue_spark.client.route import name_broker, split_request
 from equeue_spark.client.routing import Brokers, Routed, Routes
 from equeue_spark.client.transactions import Transaction
@@ -84,6 +102,8 @@ class _Pending:
 
 MAX_FAN_OUT = 16
 """Brokers a keyed batch's parts are sent to at once."""
+STREAM_RESTARTS = 3
+"""Times an idempotent stream to one broker is started again after it broke."""
 
 
 def columns_count(request: pb.ProduceRequest) -> int:
@@ -112,9 +132,13 @@ class Producer:
         max_batch_bytes: int = 16 << 20,
         linger_ms: int = 0,
         failover_timeout_s: float | None = None,
+        enable_idempotence: bool = True,
     ) -> None:
         """``failover_timeout_s`` (cluster only; default: the config's, 30 s):
-        how long a batch waits for its broker group's new master."""
+        how long a batch waits for its broker group's new master.
+        ``enable_idempotence``: no batch appended twice by this producer's
+        retries (module doc); False: at-least-once, for brokers older than
+        InitProducer."""
         if batch_size < 1 or max_batch_bytes < 1 or linger_ms < 0:
             raise ValueError("batch_size and max_batch_bytes must be >= 1, linger_ms >= 0")
         config = config or ClientConfig(broker=broker, namesrv=namesrv)
@@ -133,6 +157,7 @@ class Producer:
         self._send_lock = threading.Lock()
         """Held while batches are cut and sent (taken before ``_lock``)."""
         self._pending: dict[str, _Pending] = {}
+        self._sequencer = Sequencer() if enable_idempotence else None
         self._closed = threading.Event()
         self._lingerer: threading.Thread | None = None
         if linger_ms > 0:
@@ -218,9 +243,12 @@ class Producer:
     ) -> SendResults:
         columns = request.messages
         keyless = not len(request.queue_ids) and all(k < 0 for k in columns.key_lengths)
-        if keyless:
+        if keyless and not self._idempotent(request):
             return self._send_anywhere(request)
         return self._send_routed(request, brokers)
+
+    def _idempotent(self, request: pb.ProduceRequest) -> bool:
+        return self._sequencer is not None and not request.transaction_id
 
     def _send_routed(
         self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None
@@ -239,6 +267,8 @@ class Producer:
             try:
                 if part.transaction_id:  # a failed staging may have staged: never again
                     return send_request(routes.connection(route.address(broker)), part)
+                if self._idempotent(part) and len(part.queue_ids):
+                    return self._send_idempotent(broker, part)
                 return routes.on_master(
                     topic, broker, lambda conn, retry: send_request(conn, part, retry=retry)
                 )
@@ -253,10 +283,56 @@ class Producer:
             futures = [(rows, self._fan_out().submit(send, b, part)) for b, (rows, part) in parts]
             wait([f for _, f in futures])
             done = [(rows, f.result()) for rows, f in futures]  # the first error, by broker name
+        if self._idempotent(request) and not writable:
+            routes.invalidate(topic)  # a topic the broker just created: its queues next time
         count = columns_count(request)
         if len(done) == 1 and list(done[0][0]) == list(range(count)):
             return done[0][1]
         return SendResults.merged(topic, columns_count(request), done)
+
+    def _send_idempotent(self, broker: str, part: pb.ProduceRequest) -> SendResults:
+        """Send a stamped part to its group's master (idempotence.py): retried
+        with the same sequences; once more under a new epoch if the broker
+        lost the producer's state or misses an earlier batch."""
+        sequencer = self._sequencer
+        assert sequencer is not None
+        routes = self._routes
+        topic = part.topic
+        with sequencer.lock(broker):
+            for attempt in range(2):
+                sequencer.stamp(broker, part, self._init(topic, broker))
+                try:
+                    return routes.on_master(
+                        topic, broker, lambda conn, retry: send_request(conn, part, retry=retry)
+                    )
+                except (OutOfOrderSequenceError, UnknownProducerError):
+                    sequencer.reset(broker)  # nothing of this batch was appended
+                    if attempt:
+                        raise
+                except BaseException:
+                    sequencer.reset(broker)  # its sequence may or may not be taken
+                    raise
+        raise AssertionError("unreachable")
+
+    def _init(self, topic: str, broker: str) -> Init:
+        """``InitProducer`` on ``broker``'s master (waiting for one like a batch)."""
+        routes = self._routes
+
+        def call(request: pb.InitProducerRequest) -> pb.InitProducerReply:
+            def on(conn: Connection, retry: bool) -> pb.InitProducerReply:
+                reply: pb.InitProducerReply = conn.call(
+                    conn.broker.InitProducer, request, retry=retry
+                )
+                return reply
+
+            return routes.on_master(topic, broker, on)
+
+        return init_producer(call)
+
+    def producer_identity(self, broker: str = "") -> tuple[int, int]:
+        """(producer id, epoch) this producer uses with ``broker``'s group
+        (``""``: one broker); (0, 0) before its first idempotent batch there."""
+        return self._sequencer.identity(broker) if self._sequencer else (0, 0)
 
     def _fan_out(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -301,12 +377,78 @@ class Producer:
         """``send_batches`` for requests built by the caller (e.g. straight from
         Arrow buffers by the Spark writer): pipelined on one ``ProduceStream``.
         In a cluster each request is routed and sent on its own (not pipelined)."""
-        return self._routes.send_requests(((r, None) for r in requests), self._send)
+        return self.send_routed((r, None) for r in requests)
 
     def send_routed(self, requests: Iterable[Routed]) -> Iterator[SendResults]:
         """``send_requests`` of (request, the broker group of each explicit queue
         id, or None) pairs (the Spark writer's queue and broker columns)."""
+        if self._sequencer is not None and not self._routes.names_groups():
+            return self._stream_idempotent(requests)
         return self._routes.send_requests(requests, self._send)
+
+    def _stream_idempotent(self, requests: Iterable[Routed]) -> Iterator[SendResults]:
+        """One broker, idempotent: the requests pipelined on a ``ProduceStream``,
+        each given its queues and sequences as it leaves. When the stream
+        breaks, what it did not acknowledge is sent again (same sequences: the
+        broker answers those it has with their offsets), then a new stream
+        carries on, up to ``STREAM_RESTARTS`` times."""
+        sequencer = self._sequencer
+        assert sequencer is not None
+        routes = self._routes
+        address = routes.broker_address("")
+        sent: collections.deque[pb.ProduceRequest] = collections.deque()
+        take = threading.Lock()
+        turn = [0]
+        source = iter(requests)
+
+        def stamped(mine: int) -> Iterator[pb.ProduceRequest]:
+            while True:
+                with take:  # a broken stream's sender stops here; none is lost
+                    if turn[0] != mine:
+                        return
+                    try:
+                        request, brokers = next(source)
+                    except StopIteration:
+                        return
+                    part = self._one_group_part(request, brokers)
+                    sent.append(part)
+                yield part
+
+        with sequencer.lock(""):
+            for restart in range(STREAM_RESTARTS + 1):
+                try:
+                    yield from stream_requests(routes.connection(address), stamped(restart), sent)
+                    return
+                except (BrokerUnavailable, DeadlineExceeded):
+                    with take:
+                        turn[0] += 1
+                    if restart == STREAM_RESTARTS:
+                        sequencer.reset("")
+                        raise
+                try:
+                    while sent:  # in order, each with the connection's retries
+                        yield send_request(routes.connection(address), sent[0])
+                        sent.popleft()
+                except BaseException:
+                    sequencer.reset("")
+                    raise
+
+    def _one_group_part(self, request: pb.ProduceRequest, brokers: Brokers) -> pb.ProduceRequest:
+        """``request`` for one broker, every message's queue chosen and the
+        batch stamped (``Sequencer.lock("")`` held)."""
+        sequencer = self._sequencer
+        assert sequencer is not None
+        if request.transaction_id:
+            return request
+        route = self._routes.route(request.topic)
+        writable = route.queues("writable")
+        if not writable:
+            self._routes.invalidate(request.topic)
+        sticky = writable[next(self._round_robin) % len(writable)] if writable else ("", 0)
+        ((_, (_, part)),) = split_request(request, writable, sticky, brokers, "").items()
+        if len(part.queue_ids):
+            sequencer.stamp("", part, self._init(request.topic, ""))
+        return part
 
     def stage_requests(
         self, requests: Iterable[Routed], txn_id: str, seed: int = 0

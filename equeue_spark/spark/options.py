@@ -156,7 +156,7 @@ _READ_NAMES = [
 ]  # fmt: skip
 _WRITE_NAMES = [
     "broker", "namesrv", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId",
-    "token", "tlsCa", "tlsCert", "tlsKey",
+    "enableIdempotence", "token", "tlsCa", "tlsCert", "tlsKey",
 ]  # fmt: skip
 DELIVERIES = ("exactly_once", "at_least_once")
 _SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
@@ -408,6 +408,10 @@ class WriteOptions:
     may duplicate)."""
     transactional_id: str = ""
     """Sink identity for exactly-once streaming writes; default: the query id."""
+    enable_idempotence: bool = True
+    """Option ``enableIdempotence``: at-least-once writes go through an
+    idempotent producer (a retry within a task appends nothing twice); false
+    for brokers without ``InitProducer``."""
     security: Security = field(default_factory=Security)
 
     @property
@@ -434,6 +438,7 @@ class WriteOptions:
             timeout_ms=o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS),
             delivery=_delivery(o),
             transactional_id=_transactional_id(o),
+            enable_idempotence=o.flag("enableidempotence", True),
             security=Security.parse(o),
         )
 

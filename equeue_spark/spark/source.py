@@ -152,6 +152,9 @@ class EqueueDataSource(DataSource):
         Writes only. Rows per produce request (1 to 10,000).
     delivery : str, default ``exactly_once``
         Writes only. ``exactly_once`` (broker transactions) or ``at_least_once``.
+    enableIdempotence : bool, default ``true``
+        Writes only. ``at_least_once`` writes through an idempotent producer
+        (its retries append nothing twice); ``false`` for older brokers.
     transactionalId : str, default the query id
         Writes only. Streaming exactly-once: the sink identity the broker keys
         replays by.

@@ -60,7 +60,7 @@ _OPEN = ("/grpc.health.v1.Health/", "/equeue.v1.Membership/")
 """Services every caller may use without a token."""
 METHOD_ROLES = {
     **{_BROKER + m: "produce" for m in (
-        "Produce", "ProduceStream", "CommitTransactions", "AbortTransactions",
+        "Produce", "ProduceStream", "CommitTransactions", "AbortTransactions", "InitProducer",
     )},
     **{_BROKER + m: "consume" for m in (
         "Pull", "PullStream", "CommitOffsets", "FetchOffsets", "Heartbeat", "ListOffsets",
@@ -171,7 +171,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         principal = self.tokens.lookup(secret) if secret else None
         if principal is None:
             return _refuse(handler, Unauthenticated("missing or unknown token"))
-        role = "admin" if method.startswith(_ADMIN) else METHOD_ROLES.get(method)
+        role = _role_for(method, principal)
         if role is not None and not principal.may(role):
             name = method.rsplit("/", 1)[-1]
             return _refuse(
@@ -191,6 +191,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 check(request)
 
         return wrap_requests(handler, check_all)
+
+
+DESCRIBE_TOPIC = _ADMIN + "DescribeTopic"
+"""Also open to the produce and consume roles (for their topics): a client
+learns a topic's queues from it, as a Kafka client reads topic metadata."""
+
+
+def _role_for(method: str, principal: Principal) -> str | None:
+    """The role ``method`` needs from ``principal`` (None: none)."""
+    if method == DESCRIBE_TOPIC and not principal.may("admin"):
+        return next((r for r in ("produce", "consume") if principal.may(r)), "admin")
+    return "admin" if method.startswith(_ADMIN) else METHOD_ROLES.get(method)
 
 
 def _refuse(handler: MethodHandler, error: Exception) -> MethodHandler:

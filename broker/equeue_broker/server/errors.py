@@ -14,7 +14,9 @@ extend the storage hierarchy::
     StorageError
     ├── InvalidArgument ── BadRequest      a malformed request field
     ├── PreconditionFailed ── ReplicaReadOnly  a write sent to a replica (replication/)
-    │                      └── StaleEpoch       a request from an older group epoch (replication/)
+    │                      ├── StaleEpoch       a request from an older group epoch (replication/)
+    │                      └── OutOfOrderSequence, ProducerFenced, UnknownProducer (storage)
+    │                                           an idempotent batch refused (kinds below)
     ├── LimitExceeded   ── TooManyPulls    the parked-pull limit
     ├── ShuttingDown                       the broker is stopping
     ├── NotEnoughReplicas                  sync replication: too few in-sync replicas (replication/)
@@ -46,16 +48,22 @@ from equeue_broker.storage.errors import (
     InvalidArgument,
     LimitExceeded,
     NotFound,
+    OutOfOrderSequence,
     PreconditionFailed,
+    ProducerFenced,
     StorageError,
     StoreClosed,
+    UnknownProducer,
 )
 from equeue_proto.protocol import (
     DAMAGED_RECORD_KEY,
     ERROR_KIND_KEY,
     NOT_ENOUGH_REPLICAS,
     NOT_MASTER,
+    OUT_OF_ORDER_SEQUENCE,
+    PRODUCER_FENCED,
     STALE_EPOCH,
+    UNKNOWN_PRODUCER,
 )
 
 log = logging.getLogger(__name__)
@@ -131,6 +139,9 @@ _CODES: list[tuple[type[StorageError], grpc.StatusCode]] = [
 
 _KINDS: list[tuple[type[StorageError], str]] = [
     (ReplicaReadOnly, NOT_MASTER),
+    (OutOfOrderSequence, OUT_OF_ORDER_SEQUENCE),
+    (ProducerFenced, PRODUCER_FENCED),
+    (UnknownProducer, UNKNOWN_PRODUCER),
     (StaleEpoch, STALE_EPOCH),
     (NotEnoughReplicas, NOT_ENOUGH_REPLICAS),
 ]

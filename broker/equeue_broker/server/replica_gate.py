@@ -20,7 +20,7 @@ WRITE_METHODS = frozenset(
     "/equeue.v1." + name
     for name in (
         "Broker/Produce", "Broker/ProduceStream", "Broker/CommitOffsets",
-        "Broker/CommitTransactions", "Broker/AbortTransactions",
+        "Broker/CommitTransactions", "Broker/AbortTransactions", "Broker/InitProducer",
         "Admin/CreateTopic", "Admin/DeleteTopic", "Admin/AddQueues",
         "Admin/SetQueueVisibility", "Admin/DeleteQueue", "Admin/ResetOffsets",
         "Admin/DeleteGroup",

@@ -27,6 +27,7 @@ from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsRes
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
 from equeue_broker.storage.meta.names import validate_group, validate_topic
+from equeue_broker.storage.producers.table import Idempotence
 from equeue_broker.storage.txn.transactions import CommitResult
 from equeue_proto.protocol import consumer_id_problem, key_queue
 from equeue_proto.v1 import broker_pb2 as pb
@@ -118,11 +119,19 @@ class BrokerService(pb_grpc.BrokerServicer):
         if not visible:
             raise BadRequest(f"topic {request.topic!r} has no producer-visible queue")
         targets = self._route(request, batch, visible)
+        sequences = _sequences(request, targets)
         if request.transaction_id:
+            if sequences is not None:
+                raise BadRequest(
+                    "a staged (transaction_id) request cannot be idempotent: a transaction "
+                    "commits all or nothing; send it without producer_id"
+                )
             return self._stage(request, batch, targets)
         if isinstance(targets, int):  # the common case: the whole batch went to one queue
-            result = store.append(request.topic, targets, batch)
-            self.s.counters.add(request.topic, targets, produced=result.count)
+            idem = None if sequences is None else sequences[targets]
+            result = store.append(request.topic, targets, batch, idem)
+            if not result.duplicate:
+                self.s.counters.add(request.topic, targets, produced=result.count)
             return produce_reply(self.s.broker_id, targets, result.first_offset, result.entries)
         reply = pb.ProduceReply(broker_id=self.s.broker_id)
         queue_ids = [0] * count
@@ -130,8 +139,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         positions = [0] * count
         for queue_id, indexes in _group_by_queue(targets, count):
             sub = batch if indexes is None else _take(batch, indexes)
-            result = store.append(request.topic, queue_id, sub)
-            self.s.counters.add(request.topic, queue_id, produced=result.count)
+            idem = None if sequences is None else sequences[queue_id]
+            result = store.append(request.topic, queue_id, sub, idem)
+            if not result.duplicate:
+                self.s.counters.add(request.topic, queue_id, produced=result.count)
             where = range(count) if indexes is None else indexes
             for n, (i, position) in enumerate(zip(where, result.positions(), strict=True)):
                 queue_ids[i] = queue_id
@@ -186,6 +197,14 @@ class BrokerService(pb_grpc.BrokerServicer):
                 topic=q.topic, queue_id=q.queue_id, first_offset=q.first_offset, count=q.count
             )
         return reply
+
+    @rpc
+    async def InitProducer(
+        self, request: pb.InitProducerRequest, context: Any
+    ) -> pb.InitProducerReply:
+        producer_id, epoch = self.s.store.init_producer(request.producer_id)
+        window = self.s.config.storage.producers.window
+        return pb.InitProducerReply(producer_id=producer_id, producer_epoch=epoch, window=window)
 
     @rpc
     async def AbortTransactions(
@@ -496,6 +515,36 @@ def check_consumer_id(consumer_id: str) -> None:
     problem = consumer_id_problem(consumer_id)
     if problem is not None:
         raise BadRequest(problem)
+
+
+def _sequences(
+    request: pb.ProduceRequest, targets: list[int] | int
+) -> dict[int, Idempotence] | None:
+    """Each written queue's ``Idempotence`` of an idempotent request, or None.
+    Its messages must name their queues, and ``sequences`` each queue once."""
+    if not request.producer_id:
+        if len(request.sequences):
+            raise BadRequest("sequences given without a producer_id; ask InitProducer for one")
+        return None
+    if not len(request.queue_ids) or min(request.queue_ids) < 0:
+        raise BadRequest(
+            "an idempotent request (producer_id set) must name every message's queue in "
+            "queue_ids: a retry must reach the same queue"
+        )
+    given: dict[int, Idempotence] = {}
+    for entry in request.sequences:
+        if entry.queue_id in given:
+            raise BadRequest(f"sequences names queue {entry.queue_id} twice")
+        given[entry.queue_id] = Idempotence(
+            request.producer_id, request.producer_epoch, entry.sequence
+        )
+    written = {targets} if isinstance(targets, int) else set(targets)
+    if set(given) != written:
+        raise BadRequest(
+            f"sequences name queues {sorted(given)} but the messages go to queues "
+            f"{sorted(written)}: give one sequence per queue written"
+        )
+    return given
 
 
 def _group_by_queue(targets: list[int] | int, count: int) -> list[tuple[int, list[int] | None]]:

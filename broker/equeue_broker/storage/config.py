@@ -118,6 +118,27 @@ class TransactionConfig:
 
 
 @dataclass(frozen=True)
+class ProducerConfig:
+    """Limits of idempotent producers' state (producers/table.py)."""
+
+    max_producers: int = field(default=10_000, metadata={UNIT: "producers"})
+    """Producer ids remembered at once; beyond it the least recently written
+    one is forgotten (its next batch with a sequence other than 0 is refused
+    as from an unknown producer, and it asks for a new epoch)."""
+    window: int = field(default=5, metadata={UNIT: "batches"})
+    """Batches per producer and queue whose offsets are remembered: a retry of
+    one of them is acknowledged again, an older one refused (Kafka keeps 5)."""
+    max_queues_per_producer: int = field(default=1_024, metadata={UNIT: "queues"})
+    """Queues one producer id may write (the state it makes the broker keep)."""
+    idle_expiry_ms: int = field(default=7 * 24 * 3600 * 1000, metadata={UNIT: "ms"})
+    """A producer that wrote nothing for this long is forgotten (7 days)."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_producers", "window", "max_queues_per_producer", "idle_expiry_ms")
+        _at_most(self, "window", 1_000)
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     """Configuration of one store (one data directory)."""
 
@@ -152,6 +173,7 @@ class StorageConfig:
     limits: MessageLimits = field(default_factory=MessageLimits)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     transactions: TransactionConfig = field(default_factory=TransactionConfig)
+    producers: ProducerConfig = field(default_factory=ProducerConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))

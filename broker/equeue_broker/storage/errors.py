@@ -11,6 +11,9 @@ layer itself knows nothing of gRPC::
     ├── NotFound                 a topic, queue or message that does not exist
     ├── AlreadyExists            a topic that already exists
     ├── PreconditionFailed       the operation is not allowed in the current state
+    │   ├── OutOfOrderSequence   an idempotent batch's sequence is not its queue's next
+    │   ├── ProducerFenced       an idempotent batch from an older producer epoch
+    │   └── UnknownProducer      a producer id the store does not know sent sequence > 0
     ├── CorruptionError          on-disk data failed validation (names file and position)
     │   ├── ChunkQuarantined     the data lies in a quarantined log chunk (damage.py)
     │   └── DamagedRecord        a read met a record that fails its checksum (names it)
@@ -52,6 +55,20 @@ class AlreadyExists(StorageError):
 
 class PreconditionFailed(StorageError):
     """The operation is not allowed in the object's current state."""
+
+
+class OutOfOrderSequence(PreconditionFailed):
+    """An idempotent batch's sequence is not the next one of its queue: a gap
+    (an earlier batch never arrived) or older than the remembered window."""
+
+
+class ProducerFenced(PreconditionFailed):
+    """An idempotent batch carries an older epoch than its producer id's latest."""
+
+
+class UnknownProducer(PreconditionFailed):
+    """A producer id the store does not know (expired, or never given out)
+    sent a batch with a sequence other than 0."""
 
 
 class CorruptionError(StorageError):

@@ -29,10 +29,12 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
      "next_serial": N,      serials below N may be in the log
      "sinks": {sink: [batch id, ms]},   sink progress as of P
      "epochs": [[epoch, start], ...],   the epoch markers below P (epochs.py)
-     "held_high_watermark": H}          the replicated high watermark when it
+     "held_high_watermark": H,          the replicated high watermark when it
                             held records back (below P), else null: a broker
                             restarted as a replica reads only below it until
                             its master's first reply
+     "producers": [...]}    idempotent producers' state as of P
+                            (producers/table.py ``snapshot``)
 
 A document without the later keys (older versions) means: no ends to trust,
 no transactions, no sinks, no held high watermark.
@@ -49,6 +51,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.epochs import EpochHistory
@@ -72,6 +75,7 @@ from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.meta.atomic_file import load_json, save_json
 from equeue_broker.storage.meta.offsets import OffsetStore
 from equeue_broker.storage.meta.topics import TopicMeta
+from equeue_broker.storage.producers.table import ProducerTable
 from equeue_broker.storage.results import RecoveryReport
 from equeue_broker.storage.retention import settle_earliest
 from equeue_broker.storage.txn.txn_recovery import (
@@ -105,6 +109,8 @@ class Checkpoint:
     """The replicated high watermark when it held records back (sync
     replication), else None: a broker restarted as a replica serves reads
     only below it until its master's first reply (visibility.py)."""
+    producers: list[Any] | None = None
+    """The producer table as of ``index_position`` (``ProducerTable.snapshot``)."""
 
     @property
     def scan_from(self) -> int:
@@ -132,6 +138,7 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         {str(s): (int(b), int(ms)) for s, (b, ms) in document.get("sinks", {}).items()},
         tuple((int(e), int(p)) for e, p in document.get("epochs", ())),
         _optional_int(document.get("held_high_watermark")),
+        document.get("producers"),
     )
 
 
@@ -155,6 +162,7 @@ def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
         "sinks": {s: [b, ms] for s, (b, ms) in sorted(checkpoint.sinks.items())},
         "epochs": [list(entry) for entry in checkpoint.epochs],
         "held_high_watermark": checkpoint.held_high_watermark,
+        "producers": checkpoint.producers or [],
     }
     save_json(data_dir / CHECKPOINT_FILE, document)
 
@@ -165,10 +173,12 @@ def recover(
     topics: Iterable[TopicMeta],
     offsets: OffsetStore,
     queues: dict[QueueKey, QueueState],
+    *,
+    producers: ProducerTable,
 ) -> tuple[RecoveryReport, Checkpoint, RecoveredTxns]:
     """Open ``message_log`` and the index of every queue of ``topics``, repair
-    them, recover transactions, and return the report, the new checkpoint and
-    the transactions.
+    them, recover transactions and ``producers``, and return the report, the
+    new checkpoint and the transactions.
 
     Each queue is put into ``queues`` as soon as it is open, so that a caller
     whose open fails part-way can still release every file opened so far.
@@ -204,10 +214,14 @@ def recover(
     sinks = saved.sinks if migrated is None else {**migrated, **saved.sinks}
     # Markers from scan_from on are read again by the scan (and cut with the log).
     epochs = EpochHistory([e for e in saved.epochs if e[1] < scan_from])
-    scan = TxnScan(saved.next_serial, sinks, scan_from <= message_log.start_position, epochs)
+    producers.restore(saved.producers)
+    scan = TxnScan(
+        saved.next_serial, sinks, scan_from <= message_log.start_position, epochs, producers
+    )
     rebuilt = _restore_ends(message_log, queues, checkpoint)
     more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)
     rebuilt += more
+    producers.truncate(message_log.write_position)  # a snapshot past a cut log
     same_start = saved.log_start == message_log.start_position
     for key, queue in queues.items():
         known = saved.earliest.get(key) if same_start else None
@@ -233,6 +247,7 @@ def recover(
         saved.held_high_watermark
         if saved.held_high_watermark is not None and saved.held_high_watermark < end
         else None,
+        producers.snapshot(),
     )
     save_checkpoint(config.data_dir, new)
     if migrated is not None:

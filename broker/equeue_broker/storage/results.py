@@ -68,6 +68,13 @@ class AppendResult:
     count: int
     entries: bytes | bytearray = field(repr=False)
     """The index entries written, one per message (see queue_index.py)."""
+    duplicate: bool = False
+    """An idempotent batch appended before: nothing was written, the result
+    is the original append's (its entries read back from the index)."""
+
+    def first_position(self) -> int:
+        """Global log position of the first message (-1 if not known)."""
+        return int.from_bytes(self.entries[:8], "little") - 1 if self.entries else -1
 
     def positions(self) -> list[int]:
         """Global log position of each message (the basis of message ids)."""

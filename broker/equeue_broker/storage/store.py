@@ -57,6 +57,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
@@ -81,6 +82,8 @@ from equeue_broker.storage.meta.data_dir import lock_data_dir
 from equeue_broker.storage.meta.names import validate_group
 from equeue_broker.storage.meta.offsets import GroupOffsets, OffsetStore
 from equeue_broker.storage.meta.topics import TopicMeta, load_topics
+from equeue_broker.storage.producers.records import ProducerBatch, prepare_record
+from equeue_broker.storage.producers.table import Appended, Idempotence, ProducerTable
 from equeue_broker.storage.reads import Reads
 from equeue_broker.storage.recovery import Checkpoint, recover, save_checkpoint
 from equeue_broker.storage.results import (
@@ -117,8 +120,11 @@ class Store:
             topics, self._topics_lost = load_topics(root / "topics.json")
             offsets = OffsetStore(root / "offsets.json")
             sweep(root, topics, offsets)
+            self.producers = ProducerTable(config.producers)
+            """Idempotent producers' state (producers/table.py): derived from
+            the log like the indexes; used with the engine lock held."""
             self.recovery, checkpoint, recovered = recover(
-                config, message_log, topics.values(), offsets, queues
+                config, message_log, topics.values(), offsets, queues, producers=self.producers
             )
             self.held_high_watermark = checkpoint.held_high_watermark
             """The checkpoint's high watermark, if it held records back when saved:
@@ -126,6 +132,8 @@ class Store:
         except BaseException:
             _release_files(self._lock_fd, queues, message_log)
             raise
+        self._snapshot_version = -1
+        self._snapshot: list[Any] = []
         self._state = state = EngineState(
             config, message_log, offsets, queues, topics, checkpoint.index_position
         )
@@ -190,12 +198,18 @@ class Store:
 
     # -- appends ----------------------------------------------------------------------
 
-    def append(self, topic: str, queue_id: int, batch: MessageBatch) -> AppendResult:
+    def append(
+        self, topic: str, queue_id: int, batch: MessageBatch, idem: Idempotence | None = None
+    ) -> AppendResult:
         """Append ``batch`` to one queue at consecutive offsets, all or nothing.
 
         Returns after the records are written (async) or durable (sync). In
         sync mode the write itself runs on the committer thread, batched with
         other appends into one fsync (see ``SyncCommitter``).
+
+        ``idem``: an idempotent producer's batch (producers/table.py): a
+        repeat of one of its last batches to this queue is not written again,
+        the result is the original's (``AppendResult.duplicate``).
         """
         queue = self._state.queues.get((topic, queue_id))
         if queue is None:
@@ -204,7 +218,9 @@ class Store:
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
         if self._committer is None:
             with self._state.lock:
-                result = self._writer.write(self._state.writable_queue(topic, queue_id), prepared)
+                result = self._write_locked(topic, queue_id, prepared, idem)
+                if result.duplicate:
+                    return result
                 if self._state.visibility.limit is None:
                     queue.visible_end = end = queue.index.end
                     changed = [(queue, end)]
@@ -217,7 +233,7 @@ class Store:
                 self._state.notify(changed)
             return result
         self._state.check_open()
-        work = functools.partial(self._write_pending, topic, queue_id, prepared)
+        work = functools.partial(self._write_pending, topic, queue_id, prepared, idem)
         outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
         assert isinstance(outcome, AppendResult)
         return outcome
@@ -318,14 +334,44 @@ class Store:
         assert self._state.held()
         return [q for q in map(self._state.queues.get, keys) if q is not None]
 
-    def _write_pending(self, topic: str, queue_id: int, prepared: PreparedBatch) -> AppendResult:
+    def _write_pending(
+        self, topic: str, queue_id: int, prepared: PreparedBatch, idem: Idempotence | None
+    ) -> AppendResult:
         """Sync mode, on the committer thread inside a round (lock held): write;
-        readable once the round is durable."""
+        readable once the round is durable (a duplicate's original is, by then)."""
+        assert self._state.held()
+        result = self._write_locked(topic, queue_id, prepared, idem)
+        if not result.duplicate:
+            queue = self._state.writable_queue(topic, queue_id)
+            self._state.visibility.hold(self._state.log.write_position, queue, queue.index.end)
+        return result
+
+    def _write_locked(
+        self, topic: str, queue_id: int, prepared: PreparedBatch, idem: Idempotence | None
+    ) -> AppendResult:
+        """Write a checked batch (lock held); an idempotent one with its
+        producer record, or not at all if it repeats a remembered batch."""
         assert self._state.held()
         queue = self._state.writable_queue(topic, queue_id)
-        result = self._writer.write(queue, prepared)
-        self._state.visibility.hold(self._state.log.write_position, queue, queue.index.end)
+        if idem is None:
+            return self._writer.write(queue, prepared)
+        count = len(prepared.batch)
+        seen = self.producers.check((topic, queue_id), idem, count)
+        if seen is not None:
+            return _repeated(queue, seen)
+        said = ProducerBatch(
+            idem.producer_id, idem.epoch, idem.sequence, topic, queue_id, queue.index.end, count
+        )
+        result = self._writer.write(queue, prepared, prepare_record(said))
+        self.producers.apply(said, result.first_position(), self._writer.now_ms())
         return result
+
+    def init_producer(self, producer_id: int) -> tuple[int, int]:
+        """(producer id, epoch) for a producer: a new id for 0, else the id's
+        next epoch (``ProducerTable.init``). Masters only: a replica refuses."""
+        with self._state.lock:
+            self._state.check_writable()
+            return self.producers.init(producer_id, _now_ms())
 
     def _commit_round(self, works: list[Callable[[], object]]) -> list[object]:
         """Run a round of sync-mode appends, then fsync once for all of them."""
@@ -543,8 +589,9 @@ class Store:
             epochs = tuple(self.epochs.entries())
             limit = self._state.visibility.limit
             held = limit if limit is not None and limit < target else None
+            producers = self._producer_snapshot()
         checkpoint = Checkpoint(
-            target, ends, earliest, start, txn_position, serial, sinks, epochs, held
+            target, ends, earliest, start, txn_position, serial, sinks, epochs, held, producers
         )
         try:
             self._state.commit.make_durable(target)
@@ -570,6 +617,15 @@ class Store:
                     raise io_error("checkpoint.json", exc) from exc
                 self._state.checkpoint = target
         self._persist_offsets()
+
+    def _producer_snapshot(self) -> list[Any]:
+        """The producer table as the checkpoint keeps it (lock held): taken
+        again only when the table changed since the last one."""
+        version = self.producers.version
+        if self._snapshot_version != version:
+            self._snapshot = self.producers.snapshot()
+            self._snapshot_version = version
+        return self._snapshot
 
     def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
         """Delete completed log chunks the retention rules allow, then the index
@@ -663,6 +719,17 @@ def _release_files(
     if message_log is not None:
         message_log.close()
     os.close(lock_fd)
+
+
+def _repeated(queue: QueueState, seen: Appended) -> AppendResult:
+    """The result of the remembered append ``seen`` (lock held): its entries
+    from the index, or (offsets retention deleted) entries without positions."""
+    first, count = seen.first_offset, seen.count
+    if first >= queue.index.earliest and first + count <= queue.index.end:
+        entries = bytearray(queue.index.read_raw(first, count))
+    else:
+        entries = bytearray(count * ENTRY_SIZE)
+    return AppendResult(queue.topic, queue.queue_id, first, count, entries, duplicate=True)
 
 
 def _first_offset_at(queue: QueueState, position: int) -> int:

@@ -29,7 +29,12 @@ from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.errors import InvalidArgument, io_error
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueState
-from equeue_broker.storage.log.record import PreparedBatch, encode_records, frame_sizes
+from equeue_broker.storage.log.record import (
+    PreparedBatch,
+    clear_batch_end,
+    encode_records,
+    frame_sizes,
+)
 from equeue_broker.storage.results import AppendResult
 from equeue_broker.storage.txn.txn_records import encode_control
 from equeue_proto.record import FLAG_TXN, FRAME_OVERHEAD
@@ -51,14 +56,29 @@ class LogWriter:
         self._last_store_ms = max(int(time.time() * 1000), self._last_store_ms)
         return self._last_store_ms
 
-    def write(self, queue: QueueState, prepared: PreparedBatch) -> AppendResult:
-        """Append a checked batch at the end of ``queue``."""
+    def write(
+        self, queue: QueueState, prepared: PreparedBatch, lead: PreparedBatch | None = None
+    ) -> AppendResult:
+        """Append a checked batch at the end of ``queue``.
+
+        ``lead``: a control record (a producer record) to write just before
+        the batch, in the same atomic piece: a crash keeps both or neither.
+        A batch larger than a chunk is written in pieces, and ``lead`` after
+        its last piece (a crash between them keeps the batch without it)."""
         assert self._state.held()
         count = len(prepared.batch)
         entries = bytearray(count * ENTRY_SIZE)
         first_offset = queue.index.end
         store_ms = self._next_store_ms()
         fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
+        if lead is not None and prepared.total_bytes + lead.total_bytes <= self._log.capacity:
+            if prepared.total_bytes + lead.total_bytes > self._log.room():
+                self._roll(queue.topic)
+            self._write_piece(
+                queue, prepared, start=0, stop=count, size=prepared.total_bytes,
+                first_offset=first_offset, store_ms=store_ms, entries=entries, lead=lead,
+            )  # fmt: skip
+            return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
 
         def sizes(start: int) -> Iterator[int]:
             all_sizes = frame_sizes(prepared.batch, prepared.tags, prepared.headers, fixed)
@@ -71,6 +91,8 @@ class LogWriter:
             )  # fmt: skip
 
         self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
+        if lead is not None:
+            self.write_control(lead, store_ms)
         return AppendResult(queue.topic, queue.queue_id, first_offset, count, entries)
 
     def write_staged(
@@ -167,16 +189,26 @@ class LogWriter:
     def _write_piece(
         self, queue: QueueState, prepared: PreparedBatch, *, start: int, stop: int, size: int,
         first_offset: int, store_ms: int, entries: bytearray, staged: bool = False,
+        lead: PreparedBatch | None = None,
     ) -> None:  # fmt: skip
         entry_view = memoryview(entries)[start * ENTRY_SIZE : stop * ENTRY_SIZE]
 
-        def encode(out: memoryview, position: int) -> int:
+        def encode_batch(out: memoryview, position: int) -> int:
             return encode_records(
                 out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
                 first_offset=first_offset + (0 if staged else start), store_ms=store_ms,
                 prepared=prepared, start=start, stop=stop, index_out=entry_view,
                 flags=FLAG_TXN if staged else 0,
             )  # fmt: skip
+
+        encode = encode_batch
+        if lead is not None:
+            size += lead.total_bytes
+
+            def encode(out: memoryview, position: int) -> int:
+                head = encode_control(out, position, lead, store_ms)
+                clear_batch_end(out, 0)  # the batch's last record ends the piece
+                return head + encode_batch(out[head:], position + head)
 
         def bad(exc: Exception) -> Exception:  # e.g. a bad timestamp
             return InvalidArgument(f"bad message batch: {exc}")

@@ -138,7 +138,7 @@ def _start_queues(state: EngineState, data: bytes | memoryview) -> None:
 
 def truncate_at(state: EngineState, position: int, epochs: EpochHistory, scan: TxnScan) -> None:
     """Cut the log at ``position`` (a divergent tail), and every index entry,
-    open transaction (of ``scan``) and epoch marker at or after it, into sealed
+    open transaction and producer batch (of ``scan``) and epoch marker at or after it, into sealed
     chunks if need be (lock held). Loud: it drops records."""
     assert state.held()
     message_log = state.log
@@ -171,6 +171,8 @@ def truncate_at(state: EngineState, position: int, epochs: EpochHistory, scan: T
             state.visibility.hold(position, queue, queue.index.end)
     state.checkpoint = min(state.checkpoint, position)
     epochs.cut(position)
+    if scan.producers is not None:
+        scan.producers.truncate(position)
     found = scan.found
     found.open = {s: t for s, t in found.open.items() if t.first_position < position}
     # To what the log holds, not what is readable: records held below the

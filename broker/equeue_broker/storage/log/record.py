@@ -395,6 +395,17 @@ def restamp_entries(entries: bytearray, store_ms: int) -> None:
         pack_entry_into(entries, at, position_plus_one, size, tag_hash, store_ms)
 
 
+def clear_batch_end(out: bytearray | memoryview, pos: int) -> None:
+    """Take the BATCH_END flag off the record at ``pos`` and re-seal it: a
+    record written in one atomic piece with the records after it (a
+    producer record before its batch, producers/records.py)."""
+    out[pos + AT_FLAGS] &= ~FLAG_BATCH_END & 0xFF
+    body = body_length(out, pos)
+    with memoryview(out) as view:
+        crc = crc32c(view[pos + AT_BODY : pos + AT_BODY + body])
+    _U32.pack_into(out, pos + AT_BODY + body, crc)
+
+
 def _set_batch_end(out: bytearray | memoryview, view: memoryview, pos: int) -> None:
     out[pos + AT_FLAGS] |= FLAG_BATCH_END
     body = body_length(out, pos)

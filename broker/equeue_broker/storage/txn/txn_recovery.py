@@ -35,6 +35,9 @@ from equeue_broker.storage.index.queue_state import QueueKey
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.log.record import restamp_entries
 from equeue_broker.storage.meta.atomic_file import load_json
+from equeue_broker.storage.producers.records import PRODUCER_TAG
+from equeue_broker.storage.producers.records import decode_value as decode_producer
+from equeue_broker.storage.producers.table import ProducerTable
 from equeue_broker.storage.txn.txn_records import Abort, Begin, Commit, decode_value
 from equeue_proto.record import RecordMeta
 
@@ -83,11 +86,14 @@ class TxnScan:
     """Feeds on the records of recovery's scan (``rebuild_indexes``)."""
 
     def __init__(
-        self, next_serial: int, sinks: Sinks, whole_log: bool, epochs: EpochHistory | None = None
-    ) -> None:
+        self, next_serial: int, sinks: Sinks, whole_log: bool, epochs: EpochHistory | None = None,
+        producers: ProducerTable | None = None,
+    ) -> None:  # fmt: skip
         self.found = RecoveredTxns({}, next_serial, dict(sinks))
         self.epochs = EpochHistory() if epochs is None else epochs
         """Epoch markers are control records too (epochs.py): the same scan finds them."""
+        self.producers = producers
+        """So are producer records (producers/records.py), applied to this table."""
         self._whole_log = whole_log
         """The scan starts at the log's start: a commit may name transactions
         whose records retention deleted (their offsets are gone with them)."""
@@ -106,6 +112,12 @@ class TxnScan:
         record = message_log.read(position, meta.frame_size)
         if record.tag == EPOCH_TAG:
             self.epochs.add(*decode_marker(record.value))
+            return []
+        if record.tag == PRODUCER_TAG:
+            if self.producers is not None:  # the batch follows its record at once
+                batch = decode_producer(record.value)
+                after = position + meta.frame_size
+                self.producers.apply(batch, after, record.store_timestamp_ms)
             return []
         control = decode_value(record.tag, record.value)
         found = self.found
