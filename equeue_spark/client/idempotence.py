@@ -10,7 +10,10 @@ of appending it again (broker.proto, "Idempotent produce").
 
 Order: a queue's batches must reach the broker in sequence order, so a
 group's stamped requests are sent one after another (``lock``: held from
-stamping until acknowledged) or pipelined in order on one stream. After a
+stamping until acknowledged) or pipelined in order on one stream, with at
+most the broker's window of them unacknowledged (Kafka's limit of 5
+requests in flight for an idempotent producer, for the same reason: a
+resend must still be among the batches the broker remembers). After a
 batch fails for good its sequence may or may not be taken, so the group
 starts a new epoch (``reset``): the next batch asks ``InitProducer`` with
 the same id, whose older epoch is then fenced.
@@ -24,14 +27,20 @@ from dataclasses import dataclass, field
 
 from equeue_proto.v1 import broker_pb2 as pb
 
-Init = Callable[[int], tuple[int, int]]
-"""``InitProducer`` on a group's master: (producer id or 0) -> (id, epoch)."""
+Init = Callable[[int], tuple[int, int, int]]
+"""``InitProducer`` on a group's master: (producer id or 0) -> (id, epoch, window)."""
+
+DEFAULT_WINDOW = 5
+"""Batches per queue a broker remembers unless it says otherwise."""
 
 
 @dataclass
 class _Group:
     producer_id: int = 0
     epoch: int = 0
+    window: int = DEFAULT_WINDOW
+    """The broker's window: at most this many of the group's batches may be
+    unacknowledged at once, or a resend could fall out of it."""
     fresh: bool = False
     """False: ask InitProducer before the next batch (first use, or after ``reset``)."""
     next: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -59,7 +68,7 @@ class Sequencer:
         producer id and epoch and each of its queues' next sequence."""
         state = self._group(group)
         if not state.fresh:
-            state.producer_id, state.epoch = init(state.producer_id)
+            state.producer_id, state.epoch, state.window = init(state.producer_id)
             state.next.clear()
             state.fresh = True
         request.producer_id = state.producer_id
@@ -76,6 +85,10 @@ class Sequencer:
         before the next one (its sequences start at 0 again)."""
         self._group(group).fresh = False
 
+    def window(self, group: str) -> int:
+        """Batches of ``group`` that may be unacknowledged at once."""
+        return max(1, self._group(group).window)
+
     def identity(self, group: str) -> tuple[int, int]:
         """(producer id, epoch) used with ``group`` (0, 0 before the first batch)."""
         state = self._group(group)
@@ -85,8 +98,9 @@ class Sequencer:
 def init_producer(call: Callable[[pb.InitProducerRequest], pb.InitProducerReply]) -> Init:
     """An ``Init`` from a way to call ``InitProducer``."""
 
-    def init(producer_id: int) -> tuple[int, int]:
+    def init(producer_id: int) -> tuple[int, int, int]:
         reply = call(pb.InitProducerRequest(producer_id=producer_id))
-        return int(reply.producer_id), int(reply.producer_epoch)
+        window = int(reply.window) or DEFAULT_WINDOW
+        return int(reply.producer_id), int(reply.producer_epoch), window
 
     return init

@@ -397,14 +397,23 @@ class Producer:
         routes = self._routes
         address = routes.broker_address("")
         sent: collections.deque[pb.ProduceRequest] = collections.deque()
-        take = threading.Lock()
+        take = threading.Condition()
         turn = [0]
         source = iter(requests)
+        patience = self._config.timeout_s * 4
+
+        def room(mine: int) -> bool:
+            """Wait (``take`` held) until fewer than the window are unacknowledged."""
+            deadline = time.monotonic() + patience
+            while len(sent) >= sequencer.window("") and turn[0] == mine:
+                if not take.wait(max(0.0, deadline - time.monotonic())):
+                    return False  # the stream's own deadline ends it
+            return turn[0] == mine
 
         def stamped(mine: int) -> Iterator[pb.ProduceRequest]:
             while True:
                 with take:  # a broken stream's sender stops here; none is lost
-                    if turn[0] != mine:
+                    if not room(mine):
                         return
                     try:
                         request, brokers = next(source)
@@ -414,14 +423,21 @@ class Producer:
                     sent.append(part)
                 yield part
 
+        def acknowledged(results: SendResults) -> SendResults:
+            with take:
+                take.notify_all()
+            return results
+
         with sequencer.lock(""):
             for restart in range(STREAM_RESTARTS + 1):
                 try:
-                    yield from stream_requests(routes.connection(address), stamped(restart), sent)
+                    stream = stream_requests(routes.connection(address), stamped(restart), sent)
+                    yield from map(acknowledged, stream)
                     return
                 except (BrokerUnavailable, DeadlineExceeded):
                     with take:
                         turn[0] += 1
+                        take.notify_all()
                     if restart == STREAM_RESTARTS:
                         sequencer.reset("")
                         raise
