@@ -46,7 +46,8 @@ FILE_ONLY = [
     "max_queue_locks", "max_pull_streams", "max_reply_bytes", "max_produce_bytes",
     "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
     "max_open_index_files", "max_connections", "max_streams_per_connection",
-    "max_connection_idle_ms", "handshake_timeout_ms", "budget_wait_ms", "store_threads",
+    "max_connection_idle_ms", "handshake_timeout_ms", "budget_wait_ms", "max_producers",
+    "producer_window", "max_queues_per_producer", "producer_idle_expiry_ms", "store_threads",
     "shutdown_grace_s", "max_replication_waits",
 ]  # fmt: skip
 

@@ -512,6 +512,30 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_transaction_bytes", "staged bytes per transaction", target="transactions.max_bytes"
     ),
+    Setting(
+        "max_producers",
+        "idempotent producer ids remembered; the least recently written forgotten first",
+        target="producers.max_producers",
+        flag=False,
+    ),
+    Setting(
+        "producer_window",
+        "batches per idempotent producer and queue remembered (a retry of an older is refused)",
+        target="producers.window",
+        flag=False,
+    ),
+    Setting(
+        "max_queues_per_producer",
+        "queues one idempotent producer id may write",
+        target="producers.max_queues_per_producer",
+        flag=False,
+    ),
+    Setting(
+        "producer_idle_expiry_ms",
+        "forget an idempotent producer that wrote nothing this long",
+        target="producers.idle_expiry_ms",
+        flag=False,
+    ),
     Setting("store_threads", "threads for blocking storage calls", flag=False),
     Setting("tls_cert", "PEM certificate: serve TLS"),
     Setting("tls_key", "PEM private key of --tls-cert"),
