@@ -79,7 +79,9 @@ original queues, offsets and positions and not appended; a gap is refused
 (FAILED_PRECONDITION, kind "out-of-order-sequence"), so is an epoch older
 than the producer's latest ("producer-fenced") and a producer the broker
 does not know (never given out, or expired) sending a sequence other than 0
-("unknown-producer"). Which producers exist and their last batches per queue
+("unknown-producer"). A staged request (transaction_id) may be idempotent
+too: a repeat stages nothing and answers the transaction's message count.
+Which producers exist and their last batches per queue
 live in the message log (a control record written atomically with each
 batch), so they survive restarts and reach the replicas with the records.
 

@@ -198,11 +198,13 @@ def build_request(
 def send_request(conn: Connection, request: pb.ProduceRequest, retry: bool = True) -> SendResults:
     """Send one request on a ``Produce`` call and check its acknowledgement.
 
-    A staged request (``transaction_id`` set) is not retried: a failed attempt
-    may or may not have been staged, and staging it twice would double it.
+    A staged request (``transaction_id`` set) is not retried unless it is
+    idempotent (``producer_id`` set): a failed attempt may or may not have
+    been staged, and staging it twice would double it.
     ``retry=False``: one attempt (a cluster producer retries on another broker).
     """
-    reply = conn.call(conn.broker.Produce, request, retry=retry and not request.transaction_id)
+    once = bool(request.transaction_id) and not request.producer_id
+    reply = conn.call(conn.broker.Produce, request, retry=retry and not once)
     _check_acknowledged(request, reply)
     return SendResults(request.topic, reply)
 

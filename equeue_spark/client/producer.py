@@ -71,7 +71,7 @@ from equeue_spark.client.errors import (
 from equeue_spark.client.idempotence import Init, Sequencer, init_producer
 from equeue_spark.client.route import name_broker, split_request
 from equeue_spark.client.routing import Brokers, Routed, Routes
-from equeue_spark.client.transactions import Transaction
+from equeue_spark.client.transactions import Stage, Transaction
 
 __all__ = ["Producer"]
 
@@ -195,7 +195,8 @@ class Producer:
         its messages go to that broker's queues."""
         routes = self._routes
         group = routes.group(broker, "in a cluster a transaction lives on one broker: give broker=")
-        return Transaction(routes.connection(routes.broker_address(group)), txn_id)
+        conn = routes.connection(routes.broker_address(group))
+        return Transaction(conn, txn_id, self._staging(group, conn))
 
     def send_request(
         self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
@@ -291,20 +292,29 @@ class Producer:
         return SendResults.merged(topic, columns_count(request), done)
 
     def _send_idempotent(self, broker: str, part: pb.ProduceRequest) -> SendResults:
-        """Send a stamped part to its group's master (idempotence.py): retried
-        with the same sequences; once more under a new epoch if the broker
-        lost the producer's state or misses an earlier batch."""
+        """Send a part (explicit queue ids) to its group's master, stamped."""
+        routes = self._routes
+
+        def send() -> SendResults:
+            return routes.on_master(
+                part.topic, broker, lambda conn, retry: send_request(conn, part, retry=retry)
+            )
+
+        return self._stamped(broker, part, send)
+
+    def _stamped(
+        self, broker: str, part: pb.ProduceRequest, send: Callable[[], SendResults]
+    ) -> SendResults:
+        """``send`` a part stamped for ``broker``'s group (idempotence.py): its
+        retries repeat the same sequences; sent once more under a new epoch if
+        the broker lost the producer's state or misses an earlier batch."""
         sequencer = self._sequencer
         assert sequencer is not None
-        routes = self._routes
-        topic = part.topic
         with sequencer.lock(broker):
             for attempt in range(2):
-                sequencer.stamp(broker, part, self._init(topic, broker))
+                sequencer.stamp(broker, part, self._init(part.topic, broker))
                 try:
-                    return routes.on_master(
-                        topic, broker, lambda conn, retry: send_request(conn, part, retry=retry)
-                    )
+                    return send()
                 except (OutOfOrderSequenceError, UnknownProducerError):
                     sequencer.reset(broker)  # nothing of this batch was appended
                     if attempt:
@@ -313,6 +323,25 @@ class Producer:
                     sequencer.reset(broker)  # its sequence may or may not be taken
                     raise
         raise AssertionError("unreachable")
+
+    def _staging(self, broker: str, conn: Connection) -> Stage | None:
+        """How a ``Transaction`` on ``broker``'s group stages a request: its
+        queues chosen over the group's queues, stamped, sent with retries."""
+        if self._sequencer is None:
+            return None
+        routes = self._routes
+
+        def stage(request: pb.ProduceRequest) -> SendResults:
+            route = routes.route(request.topic)
+            writable = [q for q in route.queues("writable") if q[0] == broker]
+            sticky = writable[next(self._round_robin) % len(writable)] if writable else ("", 0)
+            ((_, (_, part)),) = split_request(request, writable, sticky, None, broker).items()
+            if not len(part.queue_ids):  # a topic the broker creates now
+                routes.invalidate(request.topic)
+                return send_request(conn, part)
+            return self._stamped(broker, part, lambda: send_request(conn, part))
+
+        return stage
 
     def _init(self, topic: str, broker: str) -> Init:
         """``InitProducer`` on ``broker``'s master (waiting for one like a batch)."""

@@ -21,7 +21,7 @@ batches.py, so this module does not import producer.py (which imports it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from equeue_proto.v1 import broker_pb2 as pb
@@ -34,6 +34,10 @@ from equeue_spark.client.batches import (
 )
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.errors import PreconditionError
+
+Stage = Callable[[pb.ProduceRequest], SendResults]
+"""How an idempotent producer's transaction stages a request (producer.py):
+queues chosen, stamped with its sequences, sent with retries."""
 
 COMMIT_TIMEOUT_FACTOR = 10
 """A commit appends a whole transaction: it gets this many call deadlines."""
@@ -86,14 +90,18 @@ def abort_transactions(conn: Connection, ids: Sequence[str] = (), prefix: str = 
 class Transaction:
     """Messages staged under one id (see the module doc); from ``Producer.transaction``.
 
-    Staging calls are not retried: a failed one may or may not have been
-    staged, so the transaction should be aborted (a context manager does).
-    ``commit`` checks the broker holds exactly the messages acknowledged here.
+    ``send_batch`` through an idempotent producer is retried like a produce
+    (its sequences make a repeat stage nothing more); otherwise, and for
+    ``send_requests``, staging calls are not retried: a failed one may or may
+    not have been staged, so the transaction should be aborted (a context
+    manager does). ``commit`` checks the broker holds exactly the messages
+    acknowledged here.
     """
 
-    def __init__(self, conn: Connection, txn_id: str) -> None:
+    def __init__(self, conn: Connection, txn_id: str, stage: Stage | None = None) -> None:
         self.id = txn_id
         self._conn = conn
+        self._stage = stage
         self.messages = 0
         """Messages staged and acknowledged so far."""
         self.ended = False
@@ -112,7 +120,11 @@ class Transaction:
         """Stage one batch; results carry queue ids but no offsets yet."""
         self._check_open()
         columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
-        results = send_request(self._conn, columns.request(topic, self.id))
+        request = columns.request(topic, self.id)
+        if self._stage is not None:
+            results = self._stage(request)
+        else:
+            results = send_request(self._conn, request)
         self.messages += len(results)
         return results
 
@@ -164,6 +176,7 @@ class Transaction:
 
 __all__ = [
     "CommitOutcome",
+    "Stage",
     "Transaction",
     "abort_transactions",
     "commit_transactions",

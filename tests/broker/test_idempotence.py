@@ -111,10 +111,37 @@ def test_gaps_fenced_epochs_unknown_producers_and_malformed_requests_are_refused
         error = produce(request)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, why
         assert why in (error.details() or "")
-    staged = _request("t", [b"b"], [0], (producer[0], 1), {0: 0})
-    staged.transaction_id = "tx-1"
-    assert "cannot be idempotent" in (produce(staged).details() or "")
     assert _ends(client, "t") == [1, 0]  # nothing refused was appended
+    client.close()
+
+
+def test_a_repeated_staging_is_staged_once(broker_factory: Callable[..., BrokerProcess]) -> None:
+    """Transactions: an idempotent staging sent again (also after a restart)
+    stages nothing more; the commit appends each message once."""
+    broker = broker_factory()
+    client = RawClient(broker.address)
+    client.admin.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=2), timeout=10)
+    producer = _init(client)
+    plain = _request("t", [b"p"], [0], producer, {0: 0})
+    client.broker.Produce(plain, timeout=10)
+    staged = _request("t", [b"a", b"b", b"c"], [0, 1, 0], producer, {0: 1, 1: 0})
+    staged.transaction_id = "tx-1"
+    assert client.broker.Produce(staged, timeout=10).transaction_messages == 3
+    assert client.broker.Produce(staged, timeout=10).transaction_messages == 3
+    broker.kill()
+    client.close()
+    broker.start()
+    client = RawClient(broker.address)
+    assert client.broker.Produce(staged, timeout=10).transaction_messages == 3
+    gap = _refused(lambda: client.broker.Produce(_request("t", [b"x"], [0], producer, {0: 3})))
+    assert error_kind(gap) == OUT_OF_ORDER_SEQUENCE  # the staging took sequence 1 of queue 0
+    commit = pb.CommitTransactionsRequest()
+    commit.transactions.add(transaction_id="tx-1", expected_messages=3)
+    reply = client.broker.CommitTransactions(commit, timeout=10)
+    assert sorted((q.queue_id, q.first_offset, q.count) for q in reply.queues) == [
+        (0, 1, 2), (1, 0, 1),
+    ]  # fmt: skip
+    assert _ends(client, "t") == [3, 1]
     client.close()
 
 

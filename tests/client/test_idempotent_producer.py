@@ -113,3 +113,26 @@ def test_a_broken_stream_is_resent_and_each_batch_appended_once(broker: BrokerPr
     assert offsets == [list(range(i * 50, i * 50 + 50)) for i in range(12)]
     assert _values(admin, "events", 0) == [v for batch in batches for v in batch]
     admin.close()
+
+
+def test_a_transaction_staging_whose_acknowledgement_is_lost_is_staged_once(
+    broker: BrokerProcess,
+) -> None:
+    """``Transaction.send_batch`` through an idempotent producer is retried;
+    the commit (which checks the count the client saw) appends each once."""
+    admin = Admin(broker.address)
+    admin.create_topic("ledger", 1)
+
+    def send(producer: Producer) -> list[tuple[str, int, int, int]]:
+        with producer.transaction("tx-lost-ack") as txn:
+            txn.send_batch("ledger", [b"one"], keys=[b"k"])
+            txn.send_batch("ledger", [b"two", MARKER], keys=[b"k", b"k"])
+        return []
+
+    def staged(a: Admin) -> bool:
+        (txn,) = a.list_transactions().transactions or [None]
+        return txn is not None and txn.messages == 3
+
+    _, admin = _lose_ack(broker, send, True, staged)
+    assert _values(admin, "ledger", 0) == [b"one", b"two", MARKER]
+    admin.close()

@@ -121,12 +121,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         targets = self._route(request, batch, visible)
         sequences = _sequences(request, targets)
         if request.transaction_id:
-            if sequences is not None:
-                raise BadRequest(
-                    "a staged (transaction_id) request cannot be idempotent: a transaction "
-                    "commits all or nothing; send it without producer_id"
-                )
-            return self._stage(request, batch, targets)
+            return self._stage(request, batch, targets, sequences)
         if isinstance(targets, int):  # the common case: the whole batch went to one queue
             idem = None if sequences is None else sequences[targets]
             result = store.append(request.topic, targets, batch, idem)
@@ -158,15 +153,19 @@ class BrokerService(pb_grpc.BrokerServicer):
         request: pb.ProduceRequest,
         batch: MessageBatch,
         targets: list[int] | int,
+        sequences: dict[int, Idempotence] | None,
     ) -> pb.ProduceReply:
-        """A produce request with a transaction id: stage, do not append."""
+        """A produce request with a transaction id: stage, do not append (an
+        idempotent one's repeat: not again)."""
         reply = pb.ProduceReply(broker_id=self.s.broker_id)
         count = len(batch)
         parts = [
             (queue_id, batch if indexes is None else _take(batch, indexes))
             for queue_id, indexes in _group_by_queue(targets, count)
         ]
-        total = self.s.store.transactions.stage(request.transaction_id, request.topic, parts)
+        total = self.s.store.transactions.stage(
+            request.transaction_id, request.topic, parts, sequences
+        )
         reply.queue_ids.extend([targets] * count if isinstance(targets, int) else targets)
         reply.transaction_messages = total
         return reply

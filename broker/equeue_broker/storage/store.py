@@ -254,21 +254,36 @@ class Store:
         serial: int,
         begin: PreparedBatch | None,
         on_written: Callable[[int, bytearray], None],
-    ) -> None:
+        idem: Idempotence | None = None,
+    ) -> bool:
         """Append a transaction's checked batch to the log, invisible (after its
         ``begin`` record, if given); ``on_written(position of the first record
         written, index entries to be)`` runs under the lock, so a checkpoint
         never misses a transaction whose records are below it. Not fsynced:
-        the commit's durability covers what it commits (docs/storage.md)."""
+        the commit's durability covers what it commits (docs/storage.md).
+        ``idem``: an idempotent producer's batch, written with its producer
+        record; False (nothing written) if it repeats one staged already."""
         with self._state.lock:
             queue = self._state.writable_queue(topic, queue_id)
-            first = -1 if begin is None else self._writer.write_control(begin)
             count = len(prepared.batch)
+            said = None
+            if idem is not None:
+                if self.producers.check((topic, queue_id), idem, count) is not None:
+                    return False
+                said = ProducerBatch(
+                    idem.producer_id, idem.epoch, idem.sequence, topic, queue_id, -1, count
+                )
+            first = -1 if begin is None else self._writer.write_control(begin)
             entries, done = bytearray(count * ENTRY_SIZE), [0]
+            lead = None if said is None else prepare_record(said)
             try:
-                self._writer.write_staged(queue, prepared, serial, entries, done)
+                self._writer.write_staged(queue, prepared, serial, entries, done, lead)
             finally:  # what reached the log is the transaction's, as recovery will see
                 on_written(first, entries if done[0] == count else entries[: done[0] * ENTRY_SIZE])
+            if said is not None:
+                position = int.from_bytes(entries[:8], "little") - 1
+                self.producers.apply(said, position, self._writer.now_ms())
+            return True
 
     def write_control(self, prepared: PreparedBatch) -> None:
         """Append a control record (an abort) to the log; not fsynced."""

@@ -102,17 +102,27 @@ class LogWriter:
         serial: int,
         entries: bytearray,
         done: list[int],
+        lead: PreparedBatch | None = None,
     ) -> None:
         """Append a transaction's checked batch for ``queue``, invisible: flagged
         TXN with ``serial`` as every record's queue offset, and no index
         entries. ``entries`` (one slot per message) gets the entries a commit
         will write (store time: now), a piece at a time, and ``done[0]`` the
         number of messages whose piece is in the log: if a piece fails, those
-        before it stay (recovery will find them)."""
+        before it stay (recovery will find them). ``lead``: as for ``write``."""
         assert self._state.held()
         count = len(prepared.batch)
         store_ms = self._next_store_ms()
         fixed = FRAME_OVERHEAD + len(queue.topic_bytes)
+        if lead is not None and prepared.total_bytes + lead.total_bytes <= self._log.capacity:
+            if prepared.total_bytes + lead.total_bytes > self._log.room():
+                self._roll(queue.topic)
+            self._write_piece(
+                queue, prepared, start=0, stop=count, size=prepared.total_bytes,
+                first_offset=serial, store_ms=store_ms, entries=entries, staged=True, lead=lead,
+            )  # fmt: skip
+            done[0] = count
+            return
 
         def sizes(start: int) -> Iterator[int]:
             all_sizes = frame_sizes(prepared.batch, prepared.tags, prepared.headers, fixed)
@@ -126,6 +136,8 @@ class LogWriter:
             done[0] = stop
 
         self._write_in_pieces(queue.topic, prepared.total_bytes, count, sizes, write)
+        if lead is not None:
+            self.write_control(lead, store_ms)
 
     def write_control(self, prepared: PreparedBatch, store_ms: int | None = None) -> int:
         """Append one control record (txn_records.py); return its log position."""

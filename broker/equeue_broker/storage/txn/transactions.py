@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +52,7 @@ from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueKey
 from equeue_broker.storage.log.record import MessageBatch, PreparedBatch
 from equeue_broker.storage.meta.names import validate_transaction_id
+from equeue_broker.storage.producers.table import Idempotence
 from equeue_broker.storage.txn.txn_records import Abort, Begin, Commit, prepare_control
 from equeue_broker.storage.txn.txn_recovery import RecoveredTxns, Sinks, StagedTxn
 
@@ -117,8 +118,10 @@ class TransactionStore(Protocol):
         serial: int,
         begin: PreparedBatch | None,
         on_written: Callable[[int, bytearray], None],
-    ) -> None:
-        """Append staged records, invisible (``Store.stage_records``)."""
+        idem: Idempotence | None = None,
+    ) -> bool:
+        """Append staged records, invisible (``Store.stage_records``); False
+        if ``idem`` says they were staged already."""
         ...
 
     def write_control(self, prepared: PreparedBatch) -> None:
@@ -177,12 +180,19 @@ class Transactions:
 
     # -- staging ---------------------------------------------------------------------
 
-    def stage(self, txn_id: str, topic: str, parts: Sequence[tuple[int, MessageBatch]]) -> int:
+    def stage(
+        self,
+        txn_id: str,
+        topic: str,
+        parts: Sequence[tuple[int, MessageBatch]],
+        idems: Mapping[int, Idempotence] | None = None,
+    ) -> int:
         """Stage ``(queue_id, batch)`` parts under ``txn_id`` (created on first use);
         return the transaction's staged message count.
 
         Batches are checked as an append would check them, so a commit cannot
-        fail on their content.
+        fail on their content. ``idems``: an idempotent producer's batch per
+        queue (producers/table.py): a part staged already is not staged again.
         """
         validate_transaction_id(txn_id)
         prepared = [(queue_id, self._store.prepare(topic, queue_id, b)) for queue_id, b in parts]
@@ -202,11 +212,15 @@ class Transactions:
                     f"bytes; max_transaction_bytes={self.config.max_bytes}"
                 )
             for queue_id, batch in prepared:
-                self._stage_one(txn, topic, queue_id, batch)
+                idem = None if idems is None else idems[queue_id]
+                self._stage_one(txn, topic, queue_id, batch, idem)
             txn.last_ms = _now_ms()
             return txn.staged.messages
 
-    def _stage_one(self, txn: _Txn, topic: str, queue_id: int, batch: PreparedBatch) -> None:
+    def _stage_one(
+        self, txn: _Txn, topic: str, queue_id: int, batch: PreparedBatch,
+        idem: Idempotence | None = None,
+    ) -> None:  # fmt: skip
         staged = txn.staged
         begin = None
         if not txn.begun:
@@ -221,7 +235,7 @@ class Transactions:
                 sizes = memoryview(entries).cast("I")[2 :: ENTRY_SIZE // 4]
                 staged.add((topic, queue_id), entries, sum(sizes))
 
-        self._store.stage_records(topic, queue_id, batch, staged.serial, begin, written)
+        self._store.stage_records(topic, queue_id, batch, staged.serial, begin, written, idem)
 
     def _get_or_create(self, txn_id: str) -> _Txn:
         with self._lock:
