@@ -277,7 +277,7 @@ class Store:
             entries, done = bytearray(count * ENTRY_SIZE), [0]
             lead = None if said is None else prepare_record(said)
             try:
-                self._writer.write_staged(queue, prepared, serial, entries, done, lead)
+                self._writer.write_staged(queue, prepared, serial, entries, done, lead=lead)
             finally:  # what reached the log is the transaction's, as recovery will see
                 on_written(first, entries if done[0] == count else entries[: done[0] * ENTRY_SIZE])
             if said is not None:

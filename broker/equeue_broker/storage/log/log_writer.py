@@ -102,6 +102,7 @@ class LogWriter:
         serial: int,
         entries: bytearray,
         done: list[int],
+        *,
         lead: PreparedBatch | None = None,
     ) -> None:
         """Append a transaction's checked batch for ``queue``, invisible: flagged
