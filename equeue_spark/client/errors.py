@@ -13,6 +13,7 @@
     │   └── UnknownProducerError the broker group does not know the producer id (expired)
     ├── LimitError               RESOURCE_EXHAUSTED: a limit or back-pressure
     ├── BrokerUnavailable        UNAVAILABLE: broker down or shutting down (retriable)
+    │   └── NotSent              the attempt never reached the broker (no connection)
     ├── DeadlineExceeded         DEADLINE_EXCEEDED: the call's deadline passed (retriable)
     ├── DataLossError            DATA_LOSS: corruption on the broker, or a record that
     │                            fails its checksum on arrival
@@ -101,6 +102,17 @@ class BrokerUnavailable(EqueueError):
     retriable = True
 
 
+class NotSent(BrokerUnavailable):
+    """UNAVAILABLE before the attempt reached the broker (no connection could
+    be made): nothing of it can have been applied. An idempotent producer may
+    send such a keyless batch to another broker group; a multi-attempt call's
+    error says this of its last attempt only."""
+
+
+NOT_SENT_MARK = "failed to connect to all addresses"
+"""What gRPC says of a call that found no connection to send on."""
+
+
 class DeadlineExceeded(EqueueError):
     """The call did not finish before its deadline (DEADLINE_EXCEEDED)."""
 
@@ -187,6 +199,8 @@ def from_rpc_error(exc: grpc.RpcError) -> EqueueError:
         cls = NotMasterError
     elif cls is PreconditionError and kind in _PRODUCER_KINDS:
         cls = _PRODUCER_KINDS[kind]
+    if cls is BrokerUnavailable and NOT_SENT_MARK in details:
+        cls = NotSent
     if cls is DataLossError:
         return DataLossError(f"{details} ({code.name})", code, **_damaged_record(exc))
     return cls(f"{details} ({code.name})", code)

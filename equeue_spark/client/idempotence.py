@@ -80,6 +80,15 @@ class Sequencer:
             state.next[key] = sequence + 1
             request.sequences.add(queue_id=queue_id, sequence=sequence)
 
+    def unstamp(self, group: str, request: pb.ProduceRequest) -> None:
+        """Give back the sequences of ``request``, the group's last stamped
+        (``lock`` held): it never reached the broker."""
+        state = self._group(group)
+        for entry in request.sequences:
+            key = (request.topic, entry.queue_id)
+            if state.next.get(key) == entry.sequence + 1:
+                state.next[key] = entry.sequence
+
     def reset(self, group: str) -> None:
         """A stamped batch of ``group`` failed for good: start a new epoch
         before the next one (its sequences start at 0 again)."""

@@ -15,8 +15,10 @@ carries the producer id its broker group gave, an epoch and a sequence
 number per queue, so a retry of a batch the broker appended but never
 acknowledged (a lost reply, a master killed after replicating it, a broken
 stream) gets the original offsets and is not appended again. A keyless
-batch's queue is then chosen here (round robin per batch) and kept across
-retries, so a batch waits for its group's new master like a keyed one. With
+batch's queue is then chosen here (round robin per batch): a group whose
+master cannot be reached at all is left for the next, but once the batch
+may have been appended it stays with its queue and waits for the group's
+new master like a keyed one. With
 ``enable_idempotence=False`` retries on UNAVAILABLE may duplicate a batch:
 at-least-once. The first batch to a topic that a single broker creates on
 first use goes without sequences (its queues are not known yet).
@@ -65,6 +67,8 @@ from equeue_spark.client.errors import (
     BrokerUnavailable,
     DeadlineExceeded,
     EqueueError,
+    NotMasterError,
+    NotSent,
     OutOfOrderSequenceError,
     UnknownProducerError,
 )
@@ -244,7 +248,9 @@ class Producer:
     ) -> SendResults:
         columns = request.messages
         keyless = not len(request.queue_ids) and all(k < 0 for k in columns.key_lengths)
-        if keyless and not self._idempotent(request):
+        if keyless:
+            if self._idempotent(request):
+                return self._send_keyless(request)
             return self._send_anywhere(request)
         return self._send_routed(request, brokers)
 
@@ -302,9 +308,63 @@ class Producer:
 
         return self._stamped(broker, part, send)
 
+    def _send_keyless(self, request: pb.ProduceRequest) -> SendResults:
+        """An idempotent keyless batch: whole to one queue of a group chosen
+        round robin (``Routes.on_some``), stamped for it. A group whose master
+        the first attempt cannot reach (nothing sent) is left for the next;
+        once the batch may have been appended, it stays with its group and
+        waits for its master like a keyed one."""
+        routes = self._routes
+        topic = request.topic
+
+        def call(broker: str, conn: Connection) -> SendResults:
+            writable = [q for q in routes.route(topic).queues("writable") if q[0] == broker]
+            if not writable:  # a topic one broker creates now: its queues next time
+                routes.invalidate(topic)
+                return send_request(conn, request)
+            queue = writable[next(self._round_robin) % len(writable)]
+            ((_, (_, part)),) = split_request(request, writable, queue, None, broker).items()
+            first = [True]
+
+            def send() -> SendResults:
+                if first[0]:
+                    first[0] = False
+                    try:
+                        return send_request(conn, part, retry=False)
+                    except NotMasterError as exc:  # a replica refused it: not appended
+                        raise NotSent(str(exc), exc.code) from exc
+                    except NotSent:
+                        raise
+                    except (BrokerUnavailable, DeadlineExceeded):
+                        pass  # it may have been appended: its group's master only
+                return routes.on_master(
+                    topic, broker, lambda c, retry: send_request(c, part, retry=retry)
+                )
+
+            return self._stamped(broker, part, send, self._init_on(conn))
+
+        return routes.on_some(topic, next(self._round_robin), call)
+
+    @staticmethod
+    def _init_on(conn: Connection) -> Init:
+        """``InitProducer`` on ``conn``, once: it appends nothing, so any
+        failure to reach the group leaves the batch free to go elsewhere."""
+
+        def call(request: pb.InitProducerRequest) -> pb.InitProducerReply:
+            try:
+                reply: pb.InitProducerReply = conn.call(
+                    conn.broker.InitProducer, request, retry=False
+                )
+            except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
+                raise NotSent(str(exc), exc.code) from exc
+            return reply
+
+        return init_producer(call)
+
     def _stamped(
-        self, broker: str, part: pb.ProduceRequest, send: Callable[[], SendResults]
-    ) -> SendResults:
+        self, broker: str, part: pb.ProduceRequest, send: Callable[[], SendResults],
+        init: Init | None = None,
+    ) -> SendResults:  # fmt: skip
         """``send`` a part stamped for ``broker``'s group (idempotence.py): its
         retries repeat the same sequences; sent once more under a new epoch if
         the broker lost the producer's state or misses an earlier batch."""
@@ -312,13 +372,16 @@ class Producer:
         assert sequencer is not None
         with sequencer.lock(broker):
             for attempt in range(2):
-                sequencer.stamp(broker, part, self._init(part.topic, broker))
+                sequencer.stamp(broker, part, init or self._init(part.topic, broker))
                 try:
                     return send()
                 except (OutOfOrderSequenceError, UnknownProducerError):
                     sequencer.reset(broker)  # nothing of this batch was appended
                     if attempt:
                         raise
+                except NotSent:
+                    sequencer.unstamp(broker, part)  # another group may take it
+                    raise
                 except BaseException:
                     sequencer.reset(broker)  # its sequence may or may not be taken
                     raise

@@ -44,6 +44,7 @@ from equeue_spark.client.errors import (
     InvalidRequest,
     NotFoundError,
     NotMasterError,
+    NotSent,
     PermissionDeniedError,
 )
 from equeue_spark.client.replica_reads import DOWN_S, DownMarks, read_order
@@ -371,6 +372,51 @@ class Routes:
             f"{config.failover_timeout_s:g}: " + "; ".join(errors[-3:])
         )
 
+    def on_some(self, topic: str, start: int, call: Callable[[str, Connection], T]) -> T:
+        """``call(group, connection to its master)`` on a group with a writable
+        queue of ``topic``, round robin from ``start`` (groups that failed
+        lately last). A group without a master, or whose call raises
+        ``NotSent`` (nothing reached the broker), is left for the next one,
+        the route fetched again, until ``failover_timeout_s``; any other error
+        is raised: the call decides when a group must be kept (an idempotent
+        batch that may have been appended waits for its group's master)."""
+        config = self.config
+        errors: list[str] = []
+        delay = config.backoff_s
+        deadline = time.monotonic() + max(config.failover_timeout_s, 0.0)
+        for _ in range(100_000):  # bounded by the deadline long before
+            route = self.route(topic)
+            writable = {b for b, _ in route.queues("writable")}
+            names = [n for n in route.broker_names() if n in writable]
+            if not names:
+                raise BrokerUnavailable(f"topic {topic!r} has no writable queue on a live broker")
+            ordered = sorted(
+                (names[(start + i) % len(names)] for i in range(len(names))),
+                key=lambda n: self.is_down(route.entry(n).address),
+            )
+            for broker in ordered:
+                address = route.entry(broker).address
+                try:
+                    return call(broker, self.connection(route.address(broker)))
+                except NotSent as exc:
+                    errors.append(f"{broker}: {exc}")
+                    if address:
+                        self.mark_down(address, config.max_backoff_s * 5)
+                    self.invalidate(topic)
+                except BrokerUnavailable as exc:
+                    if address:  # raised by a call that reached the broker: its own
+                        raise name_broker(exc, broker, address) from exc
+                    errors.append(f"{broker}: {exc}")  # no master listed
+                    self.invalidate(topic)
+            if time.monotonic() + delay > deadline:
+                break
+            _sleep(delay)
+            delay = min(delay * 2, config.max_backoff_s)
+        raise BrokerUnavailable(
+            f"no broker of topic {topic!r} took the batch within failover_timeout_s="
+            f"{config.failover_timeout_s:g}: " + "; ".join(errors[-3:])
+        )
+
     def send_requests(
         self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]
     ) -> Iterator[T]:
@@ -525,6 +571,9 @@ class StaticRoutes(Routes):
 
     def on_any(self, topic: str, start: int, call: Call[T], again: bool = True) -> tuple[str, T]:
         return "", call(self.connection(self.address), True)
+
+    def on_some(self, topic: str, start: int, call: Callable[[str, Connection], T]) -> T:
+        return call("", self.connection(self.address))
 
     def send_requests(
         self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]
