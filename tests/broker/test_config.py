@@ -32,7 +32,8 @@ FLAGS = [
     "--max-message-bytes", "--retention-max-chunks", "--retention-max-age-hours",
     "--retention-keep-unconsumed", "--retention-check-interval-ms", "--auto-create-topics",
     "--default-queues", "--max-wait-ms", "--max-parked-pulls", "--consumer-timeout-ms",
-    "--transaction-timeout-ms", "--max-open-transactions", "--max-transaction-bytes",
+    "--transaction-timeout-ms", "--max-connections-per-address", "--max-open-transactions",
+    "--max-transaction-bytes",
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--log-level", "--log-format",
     "--library-log-level", "--namesrv", "--namesrv-tls-ca", "--namesrv-tls-cert",
     "--namesrv-tls-key", "--namesrv-token-file", "--broker-name", "--cluster",
@@ -46,8 +47,9 @@ FILE_ONLY = [
     "max_queue_locks", "max_pull_streams", "max_reply_bytes", "max_produce_bytes",
     "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
     "max_open_index_files", "max_connections", "max_streams_per_connection",
-    "max_connection_idle_ms", "handshake_timeout_ms", "budget_wait_ms", "max_producers",
-    "producer_window", "max_queues_per_producer", "producer_idle_expiry_ms", "store_threads",
+    "max_connection_idle_ms", "handshake_timeout_ms", "stream_send_timeout_ms", "budget_wait_ms",
+    "max_producers", "producer_window", "max_queues_per_producer", "producer_idle_expiry_ms",
+    "store_threads",
     "shutdown_grace_s", "max_replication_waits",
 ]  # fmt: skip
 

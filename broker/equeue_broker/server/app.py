@@ -32,6 +32,13 @@ from equeue_broker.replication.role import REPLICA, BrokerRole
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
+from equeue_broker.server.connections import (
+    STREAMS_BACKSTOP,
+    AddressLimit,
+    CallsPerConnection,
+    auto_max_connections,
+    defer_silent_connections,
+)
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
@@ -89,8 +96,10 @@ async def create_server(
         ("grpc.so_reuseport", 0),
         # Connections cost descriptors and memory whether or not they call:
         # cap them, and close the idle and the never-set-up ones.
-        ("grpc.max_allowed_incoming_connections", config.max_connections),
-        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        ("grpc.max_allowed_incoming_connections", max_connections(config)),
+        # Calls per connection are limited by CallsPerConnection (RESOURCE_EXHAUSTED);
+        # HTTP/2's own limit, whose excess streams are reset, is only a backstop.
+        ("grpc.max_concurrent_streams", STREAMS_BACKSTOP * config.max_streams_per_connection),
         ("grpc.max_connection_idle_ms", config.max_connection_idle_ms),
         ("grpc.server_handshake_timeout_ms", config.handshake_timeout_ms),
         # Request intake (intake.py): with BDP probing on, gRPC widens every
@@ -126,6 +135,8 @@ async def create_server(
     # DecodeGuard, which caches its handler per method and so would ask the
     # interceptors after it only on a method's first call.
     interceptors.insert(len(interceptors) - 1, ReplicaGate(config.broker_name, role))
+    # Outermost of all: a call over its connection's limit takes no other budget.
+    interceptors.insert(0, CallsPerConnection(config.max_streams_per_connection))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     port = bind(server, config)  # first: the role switch and the name servers need the address
     address = advertised(config.host, port, config.advertise_address)
@@ -140,6 +151,7 @@ async def create_server(
             interval_s=config.register_interval_ms / 1000, role=role,
             credentials=namesrv_credentials(config), token=namesrv_token(config),
         )  # fmt: skip
+    stream_half = max(1, config.max_reply_bytes // 2)
     state = BrokerState(
         config=config,
         store=store,
@@ -148,7 +160,13 @@ async def create_server(
         calls=calls,
         waiters=PullWaiters(asyncio.get_running_loop(), config.max_parked_pulls),
         consumers=ConsumerRegistry(config.consumer_timeout_ms / 1000, limits=group_limits(config)),
-        reply_bytes=ByteBudget("max_reply_bytes", config.max_reply_bytes, wait_s),
+        # Two halves, so that streams nobody reads never hold up a pull.
+        reply_bytes=ByteBudget(
+            "max_reply_bytes (the pulls' half)",
+            max(1, config.max_reply_bytes - stream_half),
+            wait_s,
+        ),
+        stream_reply_bytes=ByteBudget("max_reply_bytes (the streams' half)", stream_half, wait_s),
         produce_bytes=ByteBudget("max_produce_bytes", config.max_produce_bytes, wait_s),
         tokens=tokens,
         role=role,
@@ -189,6 +207,8 @@ async def create_server(
     ]
     reflection.enable_server_reflection(names, server)
     await server.start()
+    # Connections that say nothing wait in the kernel, not in a connection slot.
+    defer_silent_connections(port, -(-config.handshake_timeout_ms // 1000))
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, state
@@ -223,6 +243,15 @@ def in_sync_set(
             "slots",
         ),
     )  # fmt: skip
+
+
+def max_connections(config: BrokerConfig) -> int:
+    """``max_connections``, or for 0 the limit the open-files limit allows."""
+    if config.max_connections:
+        return config.max_connections
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    open_files = soft if soft != resource.RLIM_INFINITY else 1 << 20
+    return auto_max_connections(open_files, config.storage.max_open_index_files)
 
 
 def reply_limit(config: BrokerConfig) -> int:
@@ -335,6 +364,10 @@ async def serve(config: BrokerConfig) -> None:
         # waited for it finds the broker's topics on every live name server.
         await state.registrar.register_once(state.registrar.request())
         registering = asyncio.create_task(state.registrar.run())
+    per_address = None
+    if config.max_connections_per_address:
+        per_address = AddressLimit(port, config.max_connections_per_address)
+        per_address.start()
     log.info(
         "broker %s started on %s:%d", state.broker_id, config.host, port,
         extra={"broker_id": state.broker_id, "port": port,
@@ -342,7 +375,8 @@ async def serve(config: BrokerConfig) -> None:
                "flush": config.storage.flush_mode.value, "recovery_s": store.recovery.seconds,
                "broker_name": config.broker_name, "namesrv": config.namesrv,
                "tls": config.tls_cert is not None, "auth_tokens": state.auth_tokens,
-               "rebuilt_index_entries": store.recovery.index_entries_rebuilt},
+               "rebuilt_index_entries": store.recovery.index_entries_rebuilt,
+               "max_connections": max_connections(config)},
     )  # fmt: skip
     sys.stdout.write(f"equeue broker listening on {config.host}:{port}\n")
     sys.stdout.flush()
@@ -355,6 +389,8 @@ async def serve(config: BrokerConfig) -> None:
     if election is not None:
         await election.close()  # first: the group elects another master now
     await state.role_switch.stop()
+    if per_address is not None:
+        await per_address.stop()
     state.calls.shutting_down = True
     state.insync.stop()
     await server.stop(config.shutdown_grace_s)

@@ -15,10 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
+import grpc
+
+from equeue_broker.server.errors import abort
 from equeue_broker.storage.errors import LimitExceeded
+
+log = logging.getLogger("equeue.broker")
 
 
 class ByteBudget:
@@ -104,3 +112,71 @@ class Held:
 
     def release(self) -> None:
         self.shrink_to(0)
+
+
+class StalledStream:
+    """Ends a reply stream whose client does not take a reply in time.
+
+    gRPC resumes a streaming handler only once its client has taken the last
+    reply, so a client that never reads would keep that reply's bytes (and
+    budget) for as long as the call lives. ``watch`` starts a timer when a
+    reply is handed to gRPC and ``taken`` stops it when the handler is
+    resumed. If it fires first, the call is aborted with RESOURCE_EXHAUSTED
+    (from a task of its own: the handler's is blocked in gRPC's write), and,
+    because gRPC's Python server cannot cancel a call and would keep the
+    unsent reply queued in front of that status for as long as the client
+    stays connected, the client's connection is shut down (``close``); only
+    then do the bytes go back to the budget.
+    """
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], timeout_s: float,
+                 what: str, close: Callable[[str], bool]) -> None:  # fmt: skip
+        self.context = context
+        self.close = close
+        """Shuts down the connection of a peer (``context.peer()``)."""
+        self.timeout_s = timeout_s
+        self.what = what
+        """The stream's topic and queue, for the log and the status."""
+        self.stalled = False
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._ending: asyncio.Task[None] | None = None
+
+    def watch(self, held: Held) -> None:
+        self._timer = self._loop.call_later(self.timeout_s, self._stall, held)
+
+    def taken(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _stall(self, held: Held) -> None:
+        self._timer = None
+        self.stalled = True
+        log.warning(
+            "ending the pull stream of %s and closing its connection %s: its client took no"
+            " reply for %g s (stream_send_timeout_ms); %d bytes of max_reply_bytes given back",
+            self.what, self.context.peer(), self.timeout_s, held.taken,
+        )  # fmt: skip
+        self._ending = self._loop.create_task(self._end(held))
+
+    async def _end(self, held: Held) -> None:
+        # The status waits behind the unsent reply, so the abort does not end
+        # before the connection does: close it without waiting.
+        aborting = self._loop.create_task(self._abort())
+        try:
+            await asyncio.to_thread(self.close, self.context.peer())
+            await asyncio.wait_for(aborting, self.timeout_s)
+        except TimeoutError:
+            log.warning("the pull stream of %s did not end after its connection closed", self.what)
+        finally:
+            held.release()
+
+    async def _abort(self) -> None:
+        refusal = LimitExceeded(
+            f"max_reply_bytes: the client took no reply of the pull stream of {self.what} for"
+            f" {self.timeout_s:g} s (stream_send_timeout_ms); read the stream as it comes,"
+            " or ask for smaller batch_bytes"
+        )
+        with contextlib.suppress(grpc.aio.AbortError, grpc.aio.UsageError):
+            await abort(self.context, refusal)

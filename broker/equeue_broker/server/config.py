@@ -86,15 +86,24 @@ class BrokerConfig:
     full-size requests arrive together, more wait their turn."""
     request_read_timeout_ms: int = field(default=30_000, metadata={UNIT: "ms"})
     """Longest a request body may take to arrive once its receive started."""
-    max_connections: int = field(default=1_024, metadata={UNIT: "connections"})
+    max_connections: int = field(default=0, metadata={UNIT: "connections"})
     """TCP connections at once; more are closed as they are accepted (each
-    holds a descriptor, and storage needs its own: see operations.md)."""
+    holds a descriptor, and storage needs its own: see operations.md). 0: from
+    the open-files limit (``connections.auto_max_connections``)."""
+    max_connections_per_address: int = field(default=0, metadata={UNIT: "connections"})
+    """TCP connections from one client IP address; the newest over it are
+    closed within about a second (connections.py). 0: no per-address limit."""
     max_streams_per_connection: int = field(default=256, metadata={UNIT: "streams"})
-    """Calls one connection may have in flight (HTTP/2 concurrent streams)."""
+    """Calls one connection may have in flight; more get RESOURCE_EXHAUSTED
+    (connections.py). HTTP/2 admits four times this, then resets streams."""
     max_connection_idle_ms: int = field(default=300_000, metadata={UNIT: "ms"})
     """A connection without a call for this long is closed (clients reconnect)."""
-    handshake_timeout_ms: int = field(default=10_000, metadata={UNIT: "ms"})
+    handshake_timeout_ms: int = field(default=3_000, metadata={UNIT: "ms"})
     """A connection that has not finished its TLS/HTTP/2 handshake by then is closed."""
+    stream_send_timeout_ms: int = field(default=30_000, metadata={UNIT: "ms"})
+    """A PullStream whose client has not taken a reply for this long is ended
+    (RESOURCE_EXHAUSTED) and its connection closed, which frees the reply and
+    gives its share of ``max_reply_bytes`` back (budgets.StalledStream)."""
     budget_wait_ms: int = field(default=5_000, metadata={UNIT: "ms"})
     """How long a request waits for max_reply_bytes, max_produce_bytes or max_intake_bytes
     before RESOURCE_EXHAUSTED."""
@@ -177,12 +186,15 @@ class BrokerConfig:
                      "max_consumers_per_group", "max_heartbeat_topics", "max_queue_locks",
                      "max_pull_streams", "max_reply_bytes", "max_produce_bytes",
                      "max_produce_streams", "max_intake_bytes", "request_read_timeout_ms",
-                     "budget_wait_ms", "max_connections", "max_streams_per_connection",
-                     "max_connection_idle_ms", "handshake_timeout_ms",
+                     "budget_wait_ms", "max_streams_per_connection",
+                     "max_connection_idle_ms", "handshake_timeout_ms", "stream_send_timeout_ms",
                      "register_interval_ms", "max_replicas", "replica_lag_max_ms",
                      "max_replication_waits"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_connections", "max_connections_per_address"):  # 0: auto, none
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name} must be 0 or more, got {getattr(self, name)}")
         for name in ("tls_cert", "tls_key", "tls_client_ca", "tokens_file", "namesrv_tls_ca",
                      "namesrv_tls_cert", "namesrv_tls_key", "namesrv_token_file"):  # fmt: skip
             if getattr(self, name) is not None:
@@ -499,10 +511,27 @@ SETTINGS: tuple[Setting, ...] = (
         target="max_open_index_files",
         flag=False,
     ),
-    Setting("max_connections", "TCP connections at once; more are closed", flag=False),
-    Setting("max_streams_per_connection", "calls in flight on one connection", flag=False),
+    Setting(
+        "max_connections",
+        "TCP connections at once, more are closed; 0 = from the open-files limit",
+        flag=False,
+    ),
+    Setting(
+        "max_connections_per_address",
+        "TCP connections from one client address, the newest over it are closed; 0 = no limit",
+    ),
+    Setting(
+        "max_streams_per_connection",
+        "calls in flight on one connection; more get RESOURCE_EXHAUSTED",
+        flag=False,
+    ),
     Setting("max_connection_idle_ms", "close connections without a call this long", flag=False),
     Setting("handshake_timeout_ms", "close connections not set up by then", flag=False),
+    Setting(
+        "stream_send_timeout_ms",
+        "end a PullStream whose client has not taken a reply this long",
+        flag=False,
+    ),
     Setting(
         "budget_wait_ms",
         "longest a request waits for a byte budget (reply, produce, intake)",

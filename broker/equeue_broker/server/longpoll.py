@@ -52,7 +52,10 @@ class PullWaiters:
         between the caller's read and this call are not missed.
         """
         if self.parked >= self._max_parked:
-            raise TooManyPulls(f"{self.parked} pulls are parked already (max_parked_pulls)")
+            raise TooManyPulls(
+                f"max_parked_pulls: {self.parked} pulls are parked already ({self._max_parked}"
+                " allowed); retry later or pull with a shorter max_wait_ms"
+            )
         future: asyncio.Future[None] = self._loop.create_future()
         self._waiting.setdefault(key, []).append((known_end, future))
         self.parked += 1

@@ -83,7 +83,9 @@ class BrokerState:
     waiters: PullWaiters
     consumers: ConsumerRegistry
     reply_bytes: ByteBudget
-    """Pull and stream replies being read or sent (``max_reply_bytes``)."""
+    """Pull replies being read or sent (the pulls' half of ``max_reply_bytes``)."""
+    stream_reply_bytes: ByteBudget
+    """PullStream replies being read or sent (the streams' half of ``max_reply_bytes``)."""
     produce_bytes: ByteBudget
     """Produce requests being decoded and appended (``max_produce_bytes``)."""
     tokens: TokenTable | None

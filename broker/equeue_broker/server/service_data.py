@@ -18,7 +18,8 @@ from typing import Any
 import grpc
 
 from equeue_broker.replication.pipelined import confirmed_in_order
-from equeue_broker.server.budgets import Held
+from equeue_broker.server.budgets import Held, StalledStream
+from equeue_broker.server.connections import close_connection
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
 from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
@@ -329,25 +330,30 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         gRPC resumes this generator only once it has taken the previous reply,
         so an unread stream stops here and reads no more of the log; the reply
-        it is stuck on stays counted in ``max_reply_bytes``, and at most
-        ``max_pull_streams`` streams are open.
+        it is stuck on stays counted in the streams' half of ``max_reply_bytes``
+        until the client takes it or ``stream_send_timeout_ms`` ends the stream,
+        and at most ``max_pull_streams`` streams are open.
         """
         if self.s.pull_streams >= self.s.config.max_pull_streams:
             raise LimitExceeded(f"{self.s.pull_streams} pull streams are open (max_pull_streams)")
         self.s.pull_streams += 1
         try:
-            async for reply in self._stream_replies(request):
+            async for reply in self._stream_replies(request, context):
                 yield reply
         finally:
             self.s.pull_streams -= 1
 
-    async def _stream_replies(self, request: pb.PullStreamRequest) -> AsyncIterator[bytes]:
+    async def _stream_replies(
+        self, request: pb.PullStreamRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
         store = self.s.store
+        budget = self.s.stream_reply_bytes
         batch = request.batch_messages or DEFAULT_PULL_MESSAGES
-        # One stuck stream holds at most an eighth of the reply budget, so a few
+        # One stuck stream holds at most an eighth of the streams' budget, so a few
         # unread streams slow the others down rather than stop them (a reply
-        # carries at most batch_bytes anyway: smaller replies change nothing else).
-        share = max(DEFAULT_PULL_BYTES, self.s.reply_bytes.limit // 8)
+        # carries at most batch_bytes anyway: smaller replies change nothing else),
+        # and only until stream_send_timeout_ms ends them.
+        share = max(DEFAULT_PULL_BYTES, budget.limit // 8)
         batch_bytes = min(request.batch_bytes or DEFAULT_PULL_BYTES, share)
         read = functools.partial(
             store.reads.read_records, request.topic, request.queue_id,
@@ -357,17 +363,23 @@ class BrokerService(pb_grpc.BrokerServicer):
         stop = request.end_offset or store.reads.visible_end(request.topic, request.queue_id)
         if stop < 0:  # no such queue: let the read raise the precise error
             read(offset, max_messages=1)
+        stalled = StalledStream(
+            context, self.s.config.stream_send_timeout_ms / 1000,
+            f"{request.topic}/{request.queue_id}", close_connection,
+        )  # fmt: skip
         for _ in range(MAX_STREAM_BATCHES):
             if offset >= stop:
                 return
-            held = await Held.take(self.s.reply_bytes, batch_bytes)
+            held = await Held.take(budget, batch_bytes)
             try:
                 result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
                 held.shrink_to(len(result.records))
                 if result.count:
                     self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
+                stalled.watch(held)
                 yield result.records
             finally:
+                stalled.taken()
                 held.release()  # gRPC took the reply (or the stream is gone)
             if result.status is not ReadStatus.OK or result.next_offset >= result.end:
                 return
