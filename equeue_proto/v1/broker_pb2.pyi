@@ -552,7 +552,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -583,6 +583,7 @@ class BrokerStats(_message.Message):
     FAILOVER_FIELD_NUMBER: _ClassVar[int]
     ROLE_REASON_FIELD_NUMBER: _ClassVar[int]
     ROLE_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_PRODUCERS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -613,7 +614,8 @@ class BrokerStats(_message.Message):
     failover: str
     role_reason: str
     role_since_ms: int
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ...) -> None: ...
+    idempotent_producers: int
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("address", "position", "lag_bytes", "last_seen_s", "connected", "replica_id", "in_sync")

@@ -389,6 +389,27 @@ def test_stats(cli: Cli) -> None:
     assert "flush mode      async" in human.out
 
 
+def test_produce_is_idempotent_unless_told_not_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--no-idempotence`` asks the broker for no producer id; the default does
+    (``stats``: idempotent producers remembered)."""
+    with BrokerProcess(tmp_path / "data") as own:
+        address = own.address
+        path = _write_lines(tmp_path / "in.txt", ["a", "b", "c"])
+
+        def run(*args: str) -> str:
+            assert main(["--broker", address, *args]) == 0
+            return capsys.readouterr().out
+
+        run("topics", "create", "idem", "--queues", "2")
+        run("produce", "idem", "--file", str(path), "--no-idempotence")
+        assert json.loads(run("stats", "--json"))["idempotent_producers"] == 0
+        run("produce", "idem", "--file", str(path))
+        assert json.loads(run("stats", "--json"))["idempotent_producers"] == 1
+        assert "producer ids    1\n" in run("stats")
+
+
 def test_transactions_list_and_abort(cli: Cli, broker: str) -> None:
     with Producer(broker) as producer:
         producer.send_batch("cli-tx", [b"a", b"b"], queue_ids=[0, 1], transaction_id="cli:job:0")

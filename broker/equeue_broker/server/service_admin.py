@@ -337,6 +337,7 @@ class AdminService(pb_grpc.AdminServicer):
                 flush_mode=self.s.config.storage.flush_mode.value,
                 uptime_s=time.monotonic() - self.s.counters.started,
                 open_transactions=raw["open_transactions"],
+                idempotent_producers=raw["idempotent_producers"],
                 staged_bytes=raw["staged_bytes"],
                 quarantined_chunks=[
                     pb.QuarantinedChunk(

@@ -683,6 +683,7 @@ class Store:
                 "durable_position": self._state.commit.durable,
                 "fsyncs": self._state.commit.fsyncs,
                 "quarantined_chunks": len(self._state.log.quarantined),
+                "idempotent_producers": len(self.producers),
                 **self.transactions.stats(),
             }
 

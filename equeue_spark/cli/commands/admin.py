@@ -100,6 +100,7 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
                     "transactions",
                     f"{s.open_transactions} open, {format_bytes(s.staged_bytes)} staged",
                 ),
+                ("producer ids", s.idempotent_producers),
                 ("role", f"{s.role or 'master'}" + (f", following {s.master}" if s.master else "")),
                 ("epoch", f"{s.epoch} (failover: {s.failover or 'manual'})"),
                 ("role since", _role_since(s)),

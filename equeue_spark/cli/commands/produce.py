@@ -125,7 +125,7 @@ def _produce_from(
     progress = Progress(sys.stderr, total) if show and total is not None else None
     key = None if args.key is None else args.key.encode()
     config = client_config(args)
-    with Producer(config=config) as producer:
+    with Producer(config=config, enable_idempotence=args.idempotence) as producer:
         routes = producer.cluster()
         group = args.on_broker  # of --queue (one broker: its one group, whatever is given)
         if args.queue is not None and not group:

@@ -63,6 +63,13 @@ def add_produce(commands: Commands) -> None:
         default=None,
         help="progress bar on stderr for --file (default: when stderr is a terminal)",
     )
+    p.add_argument(
+        "--idempotence",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="retries append no batch twice (default); --no-idempotence for brokers "
+        "without InitProducer",
+    )
 
 
 def add_consume(commands: Commands) -> None:
