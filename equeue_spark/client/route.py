@@ -177,7 +177,11 @@ def split_request(
         targets.setdefault(target[0], []).append(target[1])
     out = {}
     for broker, indexes in rows.items():
-        part = take_rows(request, indexes)
+        if len(indexes) == len(keys):  # every row, in order: a copy of the blobs, no slicing
+            part = pb.ProduceRequest()
+            part.CopyFrom(request)
+        else:
+            part = take_rows(request, indexes)
         del part.queue_ids[:]
         part.queue_ids.extend(targets[broker])
         out[broker] = (indexes, part)
