@@ -64,8 +64,10 @@ class Sequencer:
         return self._group(group).lock
 
     def stamp(self, group: str, request: pb.ProduceRequest, init: Init) -> None:
-        """Give ``request`` (explicit queue ids, ``lock`` held) the group's
-        producer id and epoch and each of its queues' next sequence."""
+        """Give ``request`` (``lock`` held) the group's producer id and epoch
+        and each of its queues' next sequence: the queues of its queue ids,
+        or, a batch for one queue without them, the queue its one sequence
+        entry names."""
         state = self._group(group)
         if not state.fresh:
             state.producer_id, state.epoch, state.window = init(state.producer_id)
@@ -73,8 +75,9 @@ class Sequencer:
             state.fresh = True
         request.producer_id = state.producer_id
         request.producer_epoch = state.epoch
+        queues = sorted(set(request.queue_ids)) or [e.queue_id for e in request.sequences]
         del request.sequences[:]
-        for queue_id in sorted(set(request.queue_ids)):
+        for queue_id in queues:
             key = (request.topic, queue_id)
             sequence = state.next.get(key, 0)
             state.next[key] = sequence + 1

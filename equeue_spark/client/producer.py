@@ -114,6 +114,22 @@ def columns_count(request: pb.ProduceRequest) -> int:
     return int(request.messages.count)
 
 
+def _keyless(request: pb.ProduceRequest) -> bool:
+    """No message names a queue or has a key: the batch goes whole to one queue."""
+    return not len(request.queue_ids) and all(k < 0 for k in request.messages.key_lengths)
+
+
+def _whole_to(request: pb.ProduceRequest, queue_id: int) -> pb.ProduceRequest:
+    """A copy of a keyless ``request`` for one queue: no queue id per message,
+    its one sequence entry names the queue (broker.proto, "Idempotent
+    produce"), so a batch costs neither a loop over its messages nor their
+    queue ids on the wire. ``Sequencer.stamp`` gives it its sequence."""
+    part = pb.ProduceRequest()
+    part.CopyFrom(request)
+    part.sequences.add(queue_id=queue_id)
+    return part
+
+
 def _older_than(cutoff: float, _topic: str, pending: _Pending) -> bool:
     return pending.since <= cutoff
 
@@ -246,9 +262,7 @@ class Producer:
     def _send(
         self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
     ) -> SendResults:
-        columns = request.messages
-        keyless = not len(request.queue_ids) and all(k < 0 for k in columns.key_lengths)
-        if keyless:
+        if _keyless(request):
             if self._idempotent(request):
                 return self._send_keyless(request)
             return self._send_anywhere(request)
@@ -322,8 +336,7 @@ class Producer:
             if not writable:  # a topic one broker creates now: its queues next time
                 routes.invalidate(topic)
                 return send_request(conn, request)
-            queue = writable[next(self._round_robin) % len(writable)]
-            ((_, (_, part)),) = split_request(request, writable, queue, None, broker).items()
+            part = _whole_to(request, writable[next(self._round_robin) % len(writable)][1])
             first = [True]
 
             def send() -> SendResults:
@@ -480,44 +493,57 @@ class Producer:
 
     def _stream_idempotent(self, requests: Iterable[Routed]) -> Iterator[SendResults]:
         """One broker, idempotent: the requests pipelined on a ``ProduceStream``,
-        each given its queues and sequences as it leaves. When the stream
-        breaks, what it did not acknowledge is sent again (same sequences: the
-        broker answers those it has with their offsets), then a new stream
-        carries on, up to ``STREAM_RESTARTS`` times."""
+        each given its queues and sequences as it leaves, at most the broker's
+        window of them unacknowledged. When the stream breaks, what it did not
+        acknowledge is sent again, with the next request if there is one (in
+        order, each with the connection's retries: the broker answers those it
+        has with their offsets), then a new stream carries on, up to
+        ``STREAM_RESTARTS`` times. A stream that breaks after its last
+        acknowledgement has done its work."""
         sequencer = self._sequencer
         assert sequencer is not None
         routes = self._routes
         address = routes.broker_address("")
         sent: collections.deque[pb.ProduceRequest] = collections.deque()
-        take = threading.Condition()
+        pull = threading.Lock()
+        """Taking from ``requests`` (your code runs under it, never the acks')."""
+        acks = threading.Condition()
+        """Notified at each acknowledgement, and when a stream breaks."""
         turn = [0]
         source = iter(requests)
         patience = self._config.timeout_s * 4
 
-        def room(mine: int) -> bool:
-            """Wait (``take`` held) until fewer than the window are unacknowledged."""
+        def room(mine: int) -> None:
+            """Wait until fewer than the window are unacknowledged (bounded:
+            the stream's own deadline ends a stream that stalls)."""
             deadline = time.monotonic() + patience
-            while len(sent) >= sequencer.window("") and turn[0] == mine:
-                if not take.wait(max(0.0, deadline - time.monotonic())):
-                    return False  # the stream's own deadline ends it
-            return turn[0] == mine
+            with acks:
+                while len(sent) >= sequencer.window("") and turn[0] == mine:
+                    if not acks.wait(max(0.0, deadline - time.monotonic())):
+                        return
+
+        def take_next() -> bool:
+            """Take the next request, stamped, into ``sent`` (``pull`` held);
+            False when there is none."""
+            try:
+                request, brokers = next(source)
+            except StopIteration:
+                return False
+            sent.append(self._one_group_part(request, brokers))
+            return True
 
         def stamped(mine: int) -> Iterator[pb.ProduceRequest]:
             while True:
-                with take:  # a broken stream's sender stops here; none is lost
-                    if not room(mine):
+                room(mine)
+                with pull:  # a broken stream's sender stops here; none is lost
+                    if turn[0] != mine or not take_next():
                         return
-                    try:
-                        request, brokers = next(source)
-                    except StopIteration:
-                        return
-                    part = self._one_group_part(request, brokers)
-                    sent.append(part)
+                    part = sent[-1]
                 yield part
 
         def acknowledged(results: SendResults) -> SendResults:
-            with take:
-                take.notify_all()
+            with acks:
+                acks.notify_all()
             return results
 
         with sequencer.lock(""):
@@ -527,13 +553,17 @@ class Producer:
                     yield from map(acknowledged, stream)
                     return
                 except (BrokerUnavailable, DeadlineExceeded):
-                    with take:
+                    with acks:
                         turn[0] += 1
-                        take.notify_all()
+                        acks.notify_all()
                     if restart == STREAM_RESTARTS:
                         sequencer.reset("")
                         raise
                 try:
+                    with pull:
+                        more = take_next()
+                    if not sent and not more:
+                        return  # every request was acknowledged before the break
                     while sent:  # in order, each with the connection's retries
                         yield send_request(routes.connection(address), sent[0])
                         sent.popleft()
@@ -553,8 +583,11 @@ class Producer:
         if not writable:
             self._routes.invalidate(request.topic)
         sticky = writable[next(self._round_robin) % len(writable)] if writable else ("", 0)
-        ((_, (_, part)),) = split_request(request, writable, sticky, brokers, "").items()
-        if len(part.queue_ids):
+        if writable and _keyless(request):
+            part = _whole_to(request, sticky[1])
+        else:
+            ((_, (_, part)),) = split_request(request, writable, sticky, brokers, "").items()
+        if len(part.queue_ids) or len(part.sequences):
             sequencer.stamp("", part, self._init(request.topic, ""))
         return part
 

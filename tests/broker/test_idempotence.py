@@ -102,7 +102,9 @@ def test_gaps_fenced_epochs_unknown_producers_and_malformed_requests_are_refused
         grpc.StatusCode.FAILED_PRECONDITION, PRODUCER_FENCED,
     )  # fmt: skip
     bad = {
-        "must name every message's queue": _request("t", [b"b"], [], (producer[0], 1), {0: 0}),
+        "must name every message's queue": _request(
+            "t", [b"b", b"c"], [], (producer[0], 1), {0: 0, 1: 0}
+        ),
         "give one sequence per queue": _request("t", [b"b", b"c"], [0, 1], (producer[0], 1),
                                                 {0: 0}),
         "without a producer_id": _request("t", [b"b"], [0], (0, 0), {0: 0}),
@@ -142,6 +144,24 @@ def test_a_repeated_staging_is_staged_once(broker_factory: Callable[..., BrokerP
         (0, 1, 2), (1, 0, 1),
     ]  # fmt: skip
     assert _ends(client, "t") == [3, 1]
+    client.close()
+
+
+def test_a_batch_for_one_queue_may_name_it_once(broker: BrokerProcess) -> None:
+    """No queue id per message: the one sequence entry names the queue."""
+    client = RawClient(broker.address)
+    client.admin.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=3), timeout=10)
+    producer = _init(client)
+    request = _request("t", [b"a", b"b"], [], producer, {2: 0})
+    first = client.broker.Produce(request, timeout=10)
+    again = client.broker.Produce(request, timeout=10)
+    assert list(first.queue_ids) == list(again.queue_ids) == [2, 2]
+    assert list(first.offsets) == list(again.offsets) == [0, 1]
+    assert _ends(client, "t") == [0, 0, 2]
+    missing = _refused(
+        lambda: client.broker.Produce(_request("t", [b"x"], [], producer, {7: 0}), timeout=10)
+    )
+    assert missing.code() == grpc.StatusCode.NOT_FOUND
     client.close()
 
 

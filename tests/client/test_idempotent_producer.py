@@ -136,3 +136,25 @@ def test_a_transaction_staging_whose_acknowledgement_is_lost_is_staged_once(
     _, admin = _lose_ack(broker, send, True, staged)
     assert _values(admin, "ledger", 0) == [b"one", b"two", MARKER]
     admin.close()
+
+
+def test_a_stream_that_breaks_after_its_last_acknowledgement_has_done_its_work(
+    broker: BrokerProcess,
+) -> None:
+    """The broker dies after acknowledging the last batch, before the stream's
+    end: ``send_batches`` returns every result instead of raising."""
+    Admin(broker.address).create_topic("tail", 1)
+    acknowledged = threading.Event()
+
+    def batches() -> Iterator[list[bytes]]:
+        yield [b"only"]
+        assert acknowledged.wait(60)
+        broker.kill()  # the stream ends with UNAVAILABLE, nothing left to send
+
+    config = ClientConfig(broker=broker.address, timeout_s=10, retries=1, backoff_s=0.05)
+    with Producer(config=config) as producer:
+        results = []
+        for result in producer.send_batches("tail", batches()):
+            results.append([r.offset for r in result])
+            acknowledged.set()
+    assert results == [[0]]

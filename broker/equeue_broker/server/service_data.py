@@ -119,7 +119,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         visible = [q.queue_id for q in meta.queues if q.producer_visible]
         if not visible:
             raise BadRequest(f"topic {request.topic!r} has no producer-visible queue")
-        targets = self._route(request, batch, visible)
+        one = _one_sequenced_queue(request)
+        targets = self._route(request, batch, visible) if one is None else one
         sequences = _sequences(request, targets)
         if request.transaction_id:
             return self._stage(request, batch, targets, sequences)
@@ -244,6 +245,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         explicit = list(request.queue_ids)
         if explicit and len(explicit) != count:
             raise BadRequest(f"queue_ids has {len(explicit)} entries for {count} messages")
+        if explicit and len(set(explicit)) == 1 and explicit[0] >= 0:
+            return explicit[0]  # one queue named for all: no loop over the messages
         keys = batch.keys
         if not explicit and keys is None:
             return visible[self.s.next_round_robin(request.topic) % len(visible)]
@@ -528,16 +531,27 @@ def check_consumer_id(consumer_id: str) -> None:
         raise BadRequest(problem)
 
 
+def _one_sequenced_queue(request: pb.ProduceRequest) -> int | None:
+    """The queue of an idempotent batch for one queue that names it once, in
+    its one sequence entry, instead of per message; else None."""
+    if request.producer_id and not len(request.queue_ids) and len(request.sequences) == 1:
+        return int(request.sequences[0].queue_id)
+    return None
+
+
 def _sequences(
     request: pb.ProduceRequest, targets: list[int] | int
 ) -> dict[int, Idempotence] | None:
     """Each written queue's ``Idempotence`` of an idempotent request, or None.
-    Its messages must name their queues, and ``sequences`` each queue once."""
+    Its messages must name their queues (or its one sequence entry the one
+    queue of all), and ``sequences`` each queue once."""
     if not request.producer_id:
         if len(request.sequences):
             raise BadRequest("sequences given without a producer_id; ask InitProducer for one")
         return None
-    if not len(request.queue_ids) or min(request.queue_ids) < 0:
+    if _one_sequenced_queue(request) is not None:
+        pass
+    elif not len(request.queue_ids) or min(request.queue_ids) < 0:
         raise BadRequest(
             "an idempotent request (producer_id set) must name every message's queue in "
             "queue_ids: a retry must reach the same queue"
