@@ -92,9 +92,7 @@ def write_batches(
     written. ``seed`` (the partition) places keyless rows of an exactly-once
     write over a cluster."""
     summary = WriteSummary(transaction=txn_id)
-    with Producer(
-        config=options.client, enable_idempotence=options.enable_idempotence
-    ) as producer:
+    with Producer(config=options.client, enable_idempotence=options.enable_idempotence) as producer:
         requests = _requests(options, batches)
         if not txn_id:
             for results in producer.send_routed(requests):

@@ -161,7 +161,8 @@ def test_tokens_roles_and_topic_scopes(broker_factory: StartBroker, tokens_file:
     with (
         Producer(config=fast(address, token=READER)) as reader,
         pytest.raises(
-            PermissionDeniedError, match="token 'reader' lacks role 'produce' for (InitProducer|Produce)"
+            PermissionDeniedError,
+            match=r"token 'reader' lacks role 'produce' for (InitProducer|Produce)",
         ),
     ):
         reader.send_batch("orders", [b"nope"])

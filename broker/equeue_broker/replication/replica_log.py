@@ -97,9 +97,7 @@ class ReplicaLog:
     def __init__(self, store: Store) -> None:
         self._store = store
         found = store.transactions.recovered()
-        self._scan = TxnScan(
-            found.next_serial, found.sinks, False, store.epochs, store.producers
-        )
+        self._scan = TxnScan(found.next_serial, found.sinks, False, store.epochs, store.producers)
         """Transactions found in the replicated bytes, kept across pieces."""
         self._scan.found.open = found.open
 
