@@ -41,6 +41,8 @@ QUEUES = 4
 BATCH = 500
 BATCHES = 160
 KILLS = 3
+MARGIN = 10
+"""Batches the producer may send beyond a kill's point (so it is mid-stream)."""
 WINDOW_BUG = "remembered (last"
 """The refusal of a resent batch older than the broker's window (module doc)."""
 SEND_BUDGET_S = 90.0
@@ -82,15 +84,20 @@ def run_with_kills(tmp_path: Path, *, idempotent: bool, unary: bool) -> tuple[Se
             # Streaming: one send_batches call for the whole run, so every kill
             # breaks it mid-stream (it restarts a broken stream up to 3 times).
             sending = Sending(producer, TOPIC, BATCHES, BATCH, unary=unary, per_stream=BATCHES,
-                              group_of=lambda _broker_id: "").start()  # fmt: skip
+                              group_of=lambda _broker_id: "")  # fmt: skip
+            step = BATCHES // (KILLS + 1)
+            sending.allow(step + MARGIN)  # mid-stream at every kill
+            sending.start()
             rng = random.Random()
             for k in range(1, KILLS + 1):
-                sending.wait_acked(k * BATCHES // (KILLS + 1), SEND_BUDGET_S)
+                sending.allow(k * step + MARGIN)
+                sending.wait_acked(k * step, SEND_BUDGET_S)
                 # A random moment within the next batch or so, not the instant
                 # an acknowledgement arrived (when no request is on its way).
                 threading.Event().wait(rng.uniform(0.0, 0.06))
                 broker.kill()
                 assert broker.start() == f"127.0.0.1:{port}"
+            sending.allow(BATCHES)
             sending.join(SEND_BUDGET_S)
             if idempotent:
                 assert producer.producer_identity()[0] > 0

@@ -130,7 +130,10 @@ class Sending:
     ``group_of`` names the group of an acknowledged record from
     ``SendResults.broker_of`` (identity for a cluster's merged batches; one
     broker: always ""). ``wait_acked(n)`` blocks until ``n`` batches are
-    acknowledged (bounded), so a test kills mid-stream without sleeping.
+    acknowledged (bounded), so a test kills mid-stream without sleeping;
+    ``allow(n)`` lets the sender take only the first ``n`` batches until
+    allowed more, so that it cannot finish before the test's last kill
+    (every batch allowed by default).
     """
 
     def __init__(
@@ -151,6 +154,8 @@ class Sending:
         self.in_doubt: set[int] = set()
         self.errors: list[str] = []
         self.acked_batches = 0
+        self.allowed = batches
+        self.taken = 0
         self._next = 0
         self._changed = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="sending", daemon=True)
@@ -159,7 +164,24 @@ class Sending:
         self.thread.start()
         return self
 
+    def allow(self, batches: int) -> None:
+        with self._changed:
+            self.allowed = min(batches, self.batches)
+            self._changed.notify_all()
+
+    def _take(self, timeout_s: float = 300.0) -> None:
+        """Wait until the next batch is allowed (the test allows every batch in the end)."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self.taken >= self.allowed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"batch {self.taken} never allowed")
+                self._changed.wait(left)
+            self.taken += 1
+
     def _values(self) -> tuple[list[int], list[bytes], list[bytes | None]]:
+        self._take()
         first = self._next
         self._next += self.batch
         idents = list(range(first, first + self.batch))
