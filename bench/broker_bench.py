@@ -41,6 +41,12 @@ sync = ``appendfsync always`` (AOF on, RDB and AOF rewrites off). NATS 2.9 has
 no per-write fsync setting (``sync_interval`` arrived in 2.10): its file store is
 measured once, labelled async, and is the least durable of the three.
 
+``--scenario idempotence`` measures instead produce with idempotence on
+(the default) beside off, on one equeue broker, same run
+(``bench/_broker_idempotence.py``: 100 B and 1 KiB, unary and streaming,
+keyless and keyed, the ratio on / off; about 80 s a round). The produce rows
+above use the default, so they are idempotent since idempotent produce.
+
 Rates count messages; MB/s counts value bytes (10^6 B). "equeue / this" is the
 equeue rate for the same workload, size and flush mode divided by the row's
 rate, both medians of this run's repeats.
@@ -63,6 +69,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
+from bench._broker_idempotence import run_idempotence
 from bench._broker_measure import (
     BATCH,
     DRAIN_TIMEOUT_S,
@@ -423,6 +430,19 @@ def versions() -> str:
 # -- main --------------------------------------------------------------------------------------
 
 
+def idempotence(plan: Plan, repeat: int, flush: str) -> None:
+    began = time.perf_counter()
+    root = Path(tempfile.mkdtemp(prefix="equeue-broker-bench-", dir="/tmp"))
+    try:
+        report = run_idempotence(root, plan, repeat, flush)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    mode = "quick" if plan is QUICK else "full"
+    print(f"\n## Produce, idempotence on / off ({mode}, {time.perf_counter() - began:.0f} s)\n")
+    print(report)
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="smoke run (~20 s)")
@@ -432,9 +452,21 @@ def main(argv: list[str] | None = None) -> None:
         default="equeue,redis,nats",
         help="comma-separated subset of equeue,redis,nats (default: all)",
     )
+    parser.add_argument(
+        "--scenario",
+        choices=["compare", "idempotence"],
+        default="compare",
+        help="compare: equeue beside Redis and NATS (default); idempotence: equeue's "
+        "produce with idempotence on beside off",
+    )
+    parser.add_argument("--flush", choices=["async", "sync"], default="async",
+                        help="the idempotence scenario's flush mode")  # fmt: skip
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
+    if args.scenario == "idempotence":
+        idempotence(QUICK if args.quick else FULL, args.repeat, args.flush)
+        return
     systems = {s.strip() for s in args.systems.split(",") if s.strip()}
     if unknown := systems - {"equeue", "redis", "nats"}:
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")

@@ -10,12 +10,21 @@ retries, so that "acknowledged" is exact:
   failed request's ids are "in doubt" (maybe applied) and the next request
   carries new ones. After a failure it looks for the master again (each member's
   ``GetStats``, its own channels) and goes on.
+- a **client producer** (``--client-producers``) sends keyed batches (1-32
+  values, keys over every queue) with ``equeue_spark.client.Producer`` through
+  the group's name server, idempotent unless ``--no-idempotence``: its
+  retries across a failover resend a batch with the same ids, producer id,
+  epoch and sequences, so an acknowledged id present twice is a batch
+  appended twice (what idempotent produce prevents). A batch that fails for
+  good is in doubt, and the next carries new ids.
 - a **consumer** pulls every queue from the master in turn, checking that
   offsets are contiguous, and notes (queue, offset, fingerprint) of what it
   read, resuming after a failover where it was.
 
 ``account`` then reads every queue of the final master from offset 0 and
-checks each acknowledged id present exactly once at its acknowledged queue
+checks each acknowledged id present exactly once (an acknowledged id held
+more than once counts in ``duplicated``, an in-doubt one in
+``duplicated_in_doubt``; either fails the run) at its acknowledged queue
 and offset with identical bytes (0 lost, 0 duplicated, 0 moved), every
 record read by the consumer still there (a failover never took back what a
 consumer saw), every record of the log one that was sent (acknowledged or
@@ -39,6 +48,7 @@ from equeue_broker.testing_checks import details_of, pull_queue, status_of
 from equeue_broker.testing_group import CHANNEL_OPTIONS, Group, Member
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
+from equeue_spark.client import ClientConfig, EqueueError, Producer
 from equeue_spark.client.records import decode_records
 from hardening._crash_cycle import ID, fingerprint, ident_of
 
@@ -115,6 +125,15 @@ class LoadConfig:
     """Messages per second over all producers (0: as fast as they can). Unbounded
     producers saturate a 2-core machine, and a restarted broker then never
     catches up: not what the loop is about."""
+    client_producers: int = 1
+    """Producers on the client library through the name server (the group needs one)."""
+    idempotence: bool = True
+    """The client producers' ``enable_idempotence``."""
+    client_failover_timeout_s: float = 30.0
+
+
+CLIENT_PRODUCER_BASE = 100
+"""The producer number (in each id) of client producer 0."""
 
 
 class Load:
@@ -127,6 +146,7 @@ class Load:
         self.kill_number = 0
         """Stamped into each id: the kill count when it was sent."""
         self.producer_logs = [WorkerLog() for _ in range(config.producers)]
+        self.client_logs = [WorkerLog() for _ in range(config.client_producers)]
         self.consumer_logs = [WorkerLog() for _ in range(config.consumers)]
         self.threads: list[threading.Thread] = []
         self._ack_lock = threading.Lock()
@@ -136,6 +156,10 @@ class Load:
     def start(self) -> None:
         for p, log in enumerate(self.producer_logs):
             self._spawn(self._produce, log, p)
+        if self.client_logs and self.group.namesrv is None:
+            raise RuntimeError("client producers route through the group's name server")
+        for p, log in enumerate(self.client_logs):
+            self._spawn(self._client_produce, log, CLIENT_PRODUCER_BASE + p)
         for c, log in enumerate(self.consumer_logs):
             queues = [q for q in range(self.config.queues) if q % self.config.consumers == c]
             self._spawn(self._consume, log, queues)
@@ -177,7 +201,8 @@ class Load:
         rng = random.Random(config.seed * 1000 + producer)
         locator = Locator(self.group)
         seq = 0
-        per_second = config.rate / config.producers if config.rate > 0 else 0.0
+        every = config.producers + config.client_producers
+        per_second = config.rate / every if config.rate > 0 else 0.0
         due = time.monotonic()
         try:
             while not self.stopping.is_set():
@@ -222,6 +247,47 @@ class Load:
                     log.acked[ident_of(v)] = Sent(queue, offset, fingerprint(v), now)
         finally:
             locator.close()
+
+    def _client_produce(self, log: WorkerLog, producer: int) -> None:
+        config = self.config
+        assert self.group.namesrv is not None
+        rng = random.Random(config.seed * 1000 + producer)
+        keys = [b"key-%d" % k for k in range(64)]
+        every = config.producers + config.client_producers
+        per_second = config.rate / every if config.rate > 0 else 0.0
+        client = ClientConfig(
+            namesrv=self.group.namesrv.address, timeout_s=config.rpc_timeout_s,
+            failover_timeout_s=config.client_failover_timeout_s,
+        )  # fmt: skip
+        seq = 0
+        due = time.monotonic()
+        with Producer(config=client, enable_idempotence=config.idempotence) as sender:
+            while not self.stopping.is_set():
+                if per_second:
+                    self.stopping.wait(max(0.0, due - time.monotonic()))  # pacing, bounded
+                values = []
+                for _ in range(rng.randint(1, config.max_batch)):
+                    seq += 1
+                    head = ID.pack(self.kill_number, producer, seq)
+                    values.append(head + rng.randbytes(rng.randint(0, config.max_value_bytes)))
+                if per_second:
+                    due = max(due, time.monotonic() - 1.0) + len(values) / per_second
+                batch_keys: list[bytes | None] = [rng.choice(keys) for _ in values]
+                try:
+                    results = sender.send_batch(TOPIC, values, keys=batch_keys)
+                except EqueueError as exc:
+                    for v in values:
+                        log.in_doubt[ident_of(v)] = fingerprint(v)
+                    name = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    log.failures[name] = log.failures.get(name, 0) + 1
+                    continue
+                now = self._acked_now()
+                if len(results) != len(values) or len(results.offsets) != len(values):
+                    log.errors.append(f"send_batch acknowledged {len(results)} of {len(values)}")
+                    continue
+                for i, v in enumerate(values):
+                    sent = Sent(results.queue_ids[i], results.offsets[i], fingerprint(v), now)
+                    log.acked[ident_of(v)] = sent
 
     # consumers ------------------------------------------------------------------
 
@@ -272,6 +338,14 @@ class Accounting:
     """Unacknowledged but present: requests that failed at a kill yet were applied."""
     lost: int = 0
     duplicated: int = 0
+    """Extra copies of acknowledged ids (an acknowledged batch appended twice)."""
+    duplicated_in_doubt: int = 0
+    """Extra copies of in-doubt ids (a failed batch appended twice)."""
+    client_acked: int = 0
+    """Of ``acked``: the client producers' (whose retries resend the same ids)."""
+    client_in_doubt: int = 0
+    client_failures: dict[str, int] = field(default_factory=dict)
+    """The client producers' failed batches by error."""
     moved: int = 0
     """Acknowledged at one offset, found at another (or with other bytes)."""
     unknown: int = 0
@@ -300,10 +374,15 @@ def account(load: Load, master: Member, others: list[Member], queues: int) -> Ac
     log = read_log(master.address, queues)
     acked: dict[int, Sent] = {}
     in_doubt: dict[int, int] = {}
-    for w in load.producer_logs:
+    for w in [*load.producer_logs, *load.client_logs]:
         acked.update(w.acked)
         in_doubt.update(w.in_doubt)
         result.problems += w.errors
+    result.client_acked = sum(len(w.acked) for w in load.client_logs)
+    result.client_in_doubt = sum(len(w.in_doubt) for w in load.client_logs)
+    for w in load.client_logs:
+        for name, count in w.failures.items():
+            result.client_failures[name] = result.client_failures.get(name, 0) + count
     result.acked, result.in_doubt = len(acked), len(in_doubt)
     found: dict[int, list[tuple[int, int, int]]] = {}
     at: dict[tuple[int, int], int] = {}
@@ -325,8 +404,10 @@ def account(load: Load, master: Member, others: list[Member], queues: int) -> Ac
         elif (sent.queue_id, sent.offset, sent.fingerprint) not in places:
             result.moved += 1
     for ident, places in found.items():
-        if len(places) > 1:
+        if len(places) > 1 and ident in acked:
             result.duplicated += len(places) - 1
+        elif len(places) > 1:
+            result.duplicated_in_doubt += len(places) - 1
         if ident in in_doubt:
             result.in_doubt_present += 1
         elif ident not in acked:
@@ -348,7 +429,9 @@ def account(load: Load, master: Member, others: list[Member], queues: int) -> Ac
             continue
         if copy != log:
             result.replicas_differ.append(f"{member.name}: its copy differs from the master's")
-    counts = (("lost", result.lost), ("duplicated", result.duplicated),
+    counts = (("lost", result.lost),
+              ("acknowledged appended more than once (extra copies)", result.duplicated),
+              ("in doubt appended more than once (extra copies)", result.duplicated_in_doubt),
               ("moved", result.moved), ("unknown", result.unknown),
               ("read by a consumer, then gone", result.consumed_missing))  # fmt: skip
     for what, count in counts:

@@ -7,9 +7,13 @@ runs the quick mode.
 The group: a private ZooKeeper (``equeue_broker.testing_zk``) and three brokers
 of one broker name with ``--zookeeper``, ``--zk-session-timeout-ms`` (2000 by
 default) and ``--replication sync`` (every acknowledged write is on every
-in-sync member). Producers (paced to ``--rate`` messages/s in all, 3,000 by
-default) and a consumer (``hardening/_crash_cluster.py``) run for the whole loop
-on raw gRPC stubs, following the master through each member's ``GetStats``. Each kill:
+in-sync member), registered with a name server. Producers (paced to ``--rate``
+messages/s in all, 3,000 by default) and a consumer (``hardening/_crash_cluster.py``)
+run for the whole loop: two producers and the consumer on raw gRPC stubs,
+following the master through each member's ``GetStats``, and one producer on
+the client library (``--client-producers``), keyed, through the name server,
+idempotent (``--no-idempotence``: at-least-once, the control), whose retries
+resend a batch across a failover. Each kill:
 
 1. waits until every member is in the master's in-sync set with its log end
    (a kill before that could leave no in-sync replica, and no election: not
@@ -23,7 +27,8 @@ on raw gRPC stubs, following the master through each member's ``GetStats``. Each
 
 At the end the workers stop and the final master's log is read from offset 0
 (``Pull``): every acknowledged message must be there exactly once, at its
-acknowledged queue and offset with its bytes (0 lost, 0 duplicated), every
+acknowledged queue and offset with its bytes (0 lost; 0 duplicated: no
+acknowledged message, and no message of a failed request, held twice), every
 record a consumer read must still be there, every record must be one that
 was sent, and every member's copy must equal the master's. Messages of failed
 requests (in doubt at a kill) that turn out present are counted separately:
@@ -63,6 +68,10 @@ class ClusterLoopConfig:
     rate: float = 3000.0
     """Messages per second over all producers (0: unbounded)."""
     consumers: int = 1
+    client_producers: int = 1
+    """Keyed producers on the client library, through the group's name server."""
+    idempotence: bool = True
+    """The client producers' ``enable_idempotence`` (False: the at-least-once control)."""
     queues: int = 4
     seed: int = 1
     failover_timeout_s: float = 60.0
@@ -121,7 +130,8 @@ def run(
     result = ClusterLoopResult(config)
     group_config = GroupConfig(
         replication=config.replication, session_timeout_ms=config.session_timeout_ms,
-        flush=config.flush, zk_hosts=config.zk_hosts,
+        flush=config.flush, zk_hosts=config.zk_hosts, namesrv=config.client_producers > 0,
+        extra_flags=("--register-interval-ms", "300"),
     )  # fmt: skip
     rng = random.Random(config.seed)
     with Group(work_dir, group_config) as group:
@@ -131,7 +141,8 @@ def run(
             admin.create_topic(TOPIC, queues=config.queues)
         load_config = LoadConfig(
             producers=config.producers, consumers=config.consumers, queues=config.queues,
-            seed=config.seed, rate=config.rate,
+            seed=config.seed, rate=config.rate, client_producers=config.client_producers,
+            idempotence=config.idempotence,
         )  # fmt: skip
         load = Load(group, load_config)
         load.start()
@@ -209,12 +220,18 @@ def summary(result: ClusterLoopResult) -> str:
     rows: list[list[object]] = [
         ["group", f"3 brokers, --replication {c.replication}, --flush {c.flush}, "
                   f"--zk-session-timeout-ms {c.session_timeout_ms}"],
-        ["load", f"{c.producers} producers at {c.rate:,.0f} msg/s in all, {c.consumers} "
-                 "consumer(s)"],
+        ["load", f"{c.producers} raw producers and {c.client_producers} client producer(s) "
+                 f"(idempotence {'on' if c.idempotence else 'off'}) at {c.rate:,.0f} msg/s in "
+                 f"all, {c.consumers} consumer(s)"],
         ["kills done / asked", f"{len(kills)} / {c.kills}"],
         ["messages acknowledged", a.acked],
         ["lost (acknowledged, missing from the final master)", a.lost],
-        ["duplicated", a.duplicated],
+        ["duplicated: extra copies of acknowledged messages", a.duplicated],
+        ["duplicated: extra copies of in-doubt messages", a.duplicated_in_doubt],
+        ["of the acknowledged, the client producers' / their in-doubt messages",
+         f"{a.client_acked:,} / {a.client_in_doubt:,}"],
+        ["the client producers' failed batches", "; ".join(
+            f"{count} x {what}" for what, count in sorted(a.client_failures.items())) or "none"],
         ["moved (acknowledged at another offset or with other bytes)", a.moved],
         ["unknown records (never sent)", a.unknown],
         ["in doubt (request failed) / present in the log (not errors)",
@@ -243,6 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--rate", type=float, default=3000.0, help="messages/s, 0: unbounded")
     parser.add_argument("--consumers", type=int, default=1)
+    parser.add_argument(
+        "--client-producers",
+        type=int,
+        default=1,
+        help="keyed producers on the client library, via the name server",
+    )
+    parser.add_argument(
+        "--no-idempotence",
+        action="store_true",
+        help="the client producers at-least-once (a control: may duplicate)",
+    )
     parser.add_argument("--queues", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--work-dir", type=Path, help="keep the data here (default: temp dir)")
@@ -254,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         kills=kills, min_run_s=min_run, max_run_s=max_run,
         session_timeout_ms=args.zk_session_timeout_ms, replication=args.replication,
         flush=args.flush, producers=args.producers, rate=args.rate, consumers=args.consumers,
-        queues=args.queues, seed=args.seed,
+        queues=args.queues, seed=args.seed, client_producers=args.client_producers,
+        idempotence=not args.no_idempotence,
     )  # fmt: skip
     print(f"cluster crash loop: {config}", flush=True)
     print(table(HEADERS, []), flush=True)

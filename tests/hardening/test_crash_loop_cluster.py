@@ -1,9 +1,11 @@
 """The cluster crash loop of ``hardening/crash_loop_cluster.py``, bounded: two master kills.
 
 A group of three brokers (ZooKeeper failover, ``--replication sync``) under two
-producers and a consumer; its master is SIGKILLed twice, each time a new master
+raw producers, an idempotent client producer (through the name server) and a
+consumer; its master is SIGKILLed twice, each time a new master
 takes over and the killed broker rejoins as a replica. At the end every
-acknowledged message is in the final master's log exactly once, at its
+acknowledged message is in the final master's log exactly once (the client
+producer's retries across the failovers appended nothing twice), at its
 acknowledged offset, nothing a consumer read is gone, and every member holds
 the same log. ``make crash-loop-cluster`` runs 20 kills.
 """
@@ -35,6 +37,8 @@ def test_two_master_kills_lose_and_duplicate_nothing(tmp_path: Path, zk_hosts: s
     assert accounting.acked >= 500, "too little traffic to mean anything"
     assert accounting.lost == 0
     assert accounting.duplicated == 0
+    assert accounting.duplicated_in_doubt == 0
+    assert accounting.client_acked > 0, "the idempotent client producer got nothing through"
     assert accounting.moved == 0
     assert accounting.consumed > 0
     assert all(k.new_master and k.first_ack_s is not None for k in result.kills)
