@@ -43,8 +43,6 @@ BATCHES = 160
 KILLS = 3
 MARGIN = 10
 """Batches the producer may send beyond a kill's point (so it is mid-stream)."""
-WINDOW_BUG = "remembered (last"
-"""The refusal of a resent batch older than the broker's window (module doc)."""
 SEND_BUDGET_S = 90.0
 """The whole send, kills included (about 10 s alone on 2 cores)."""
 
@@ -115,8 +113,6 @@ def run_with_kills(tmp_path: Path, *, idempotent: bool, unary: bool) -> tuple[Se
 def test_every_acknowledged_record_once_across_restarts(tmp_path: Path, unary: bool) -> None:
     sending, result = run_with_kills(tmp_path, idempotent=True, unary=unary)
     assert result.problems() == []  # whatever else happened: no acknowledged record twice
-    if not unary and sending.errors and all(WINDOW_BUG in e for e in sending.errors):
-        pytest.xfail(f"known client bug: {sending.errors[0]} (module doc)")
     assert sending.errors == [], "every batch rides over the restarts"
     assert len(sending.acked) == BATCHES * BATCH
 
