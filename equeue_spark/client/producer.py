@@ -107,7 +107,10 @@ class _Pending:
 MAX_FAN_OUT = 16
 """Brokers a keyed batch's parts are sent to at once."""
 STREAM_RESTARTS = 3
-"""Times an idempotent stream to one broker is started again after it broke."""
+"""Times in a row an idempotent stream to one broker is started again after
+it broke without acknowledging anything."""
+MAX_STREAMS = 10_000
+"""Streams one ``send_batches`` call may open in all (a bound, not a budget)."""
 
 
 def columns_count(request: pb.ProduceRequest) -> int:
@@ -497,8 +500,9 @@ class Producer:
         window of them unacknowledged. When the stream breaks, what it did not
         acknowledge is sent again, with the next request if there is one (in
         order, each with the connection's retries: the broker answers those it
-        has with their offsets), then a new stream carries on, up to
-        ``STREAM_RESTARTS`` times. A stream that breaks after its last
+        has with their offsets), then a new stream carries on (given up after
+        ``STREAM_RESTARTS`` streams in a row broke without an acknowledgement).
+        A stream that breaks after its last
         acknowledgement has done its work."""
         sequencer = self._sequencer
         assert sequencer is not None
@@ -541,22 +545,28 @@ class Producer:
                     part = sent[-1]
                 yield part
 
+        acked = [0]
+
         def acknowledged(results: SendResults) -> SendResults:
             with acks:
+                acked[0] += 1
                 acks.notify_all()
             return results
 
+        failures = 0
         with sequencer.lock(""):
-            for restart in range(STREAM_RESTARTS + 1):
+            for attempt in range(MAX_STREAMS):
+                acked_before = acked[0]
                 try:
-                    stream = stream_requests(routes.connection(address), stamped(restart), sent)
+                    stream = stream_requests(routes.connection(address), stamped(attempt), sent)
                     yield from map(acknowledged, stream)
                     return
                 except (BrokerUnavailable, DeadlineExceeded):
                     with acks:
                         turn[0] += 1
                         acks.notify_all()
-                    if restart == STREAM_RESTARTS:
+                    failures = 0 if acked[0] > acked_before else failures + 1
+                    if failures > STREAM_RESTARTS or attempt == MAX_STREAMS - 1:
                         sequencer.reset("")
                         raise
                 try:
