@@ -573,7 +573,22 @@ class StaticRoutes(Routes):
         return "", call(self.connection(self.address), True)
 
     def on_some(self, topic: str, start: int, call: Callable[[str, Connection], T]) -> T:
-        return call("", self.connection(self.address))
+        """The one group: no other to try. A call that found no connection is
+        tried again with the connection's backoff (``retries`` times, as any
+        call); a refusal that left the batch free (a replica's
+        ``NotMasterError``) is raised as itself."""
+        delay = self.config.backoff_s
+        for attempt in range(self.config.retries + 1):
+            try:
+                return call("", self.connection(self.address))
+            except NotSent as exc:
+                if isinstance(exc.__cause__, EqueueError):
+                    raise exc.__cause__ from None
+                if attempt == self.config.retries:
+                    raise
+            _sleep(delay)
+            delay = min(delay * 2, self.config.max_backoff_s)
+        raise AssertionError("unreachable")
 
     def send_requests(
         self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]

@@ -69,7 +69,9 @@ def patient(address: str) -> ClientConfig:
                         max_backoff_s=0.5)  # fmt: skip
 
 
-def run_with_kills(tmp_path: Path, *, idempotent: bool, unary: bool) -> tuple[Sending, Tally]:
+def run_with_kills(
+    tmp_path: Path, *, idempotent: bool, unary: bool, keyed: bool = True
+) -> tuple[Sending, Tally]:
     """The scenario: a broker, a producer sending ``BATCHES`` keyed batches,
     ``KILLS`` SIGKILLs and restarts mid-stream; (the sender, the log's tally)."""
     port = free_low_port()
@@ -82,7 +84,7 @@ def run_with_kills(tmp_path: Path, *, idempotent: bool, unary: bool) -> tuple[Se
             # Streaming: one send_batches call for the whole run, so every kill
             # breaks it mid-stream (it restarts a broken stream up to 3 times).
             sending = Sending(producer, TOPIC, BATCHES, BATCH, unary=unary, per_stream=BATCHES,
-                              group_of=lambda _broker_id: "")  # fmt: skip
+                              group_of=lambda _broker_id: "", keyed=keyed)  # fmt: skip
             step = BATCHES // (KILLS + 1)
             sending.allow(step + MARGIN)  # mid-stream at every kill
             sending.start()
@@ -109,9 +111,16 @@ def run_with_kills(tmp_path: Path, *, idempotent: bool, unary: bool) -> tuple[Se
 
 
 @pytest.mark.timeout(240)  # above SEND_BUDGET_S and the broker's starts (60 s each at most)
-@pytest.mark.parametrize("unary", [True, False], ids=["send_batch", "send_batches"])
-def test_every_acknowledged_record_once_across_restarts(tmp_path: Path, unary: bool) -> None:
-    sending, result = run_with_kills(tmp_path, idempotent=True, unary=unary)
+@pytest.mark.parametrize(
+    ("unary", "keyed"), [(True, True), (False, True), (True, False)],
+    ids=["send_batch", "send_batches", "send_batch-keyless"],
+)  # fmt: skip
+def test_every_acknowledged_record_once_across_restarts(
+    tmp_path: Path, unary: bool, keyed: bool
+) -> None:
+    """Keyless batches too: the producer picks their queue and keeps it (one
+    broker: it waits for the broker to come back, with the connection's backoff)."""
+    sending, result = run_with_kills(tmp_path, idempotent=True, unary=unary, keyed=keyed)
     assert result.problems() == []  # whatever else happened: no acknowledged record twice
     assert sending.errors == [], "every batch rides over the restarts"
     assert len(sending.acked) == BATCHES * BATCH

@@ -123,7 +123,7 @@ def tally(
 
 
 class Sending:
-    """A producer's keyed batches sent from a thread (``unary``: ``send_batch`` one
+    """A producer's keyed (or keyless) batches sent from a thread (``unary``: ``send_batch`` one
     at a time; else ``send_batches`` calls of ``per_stream`` batches each), noting
     where each acknowledged record went and the ids of failed batches.
 
@@ -139,7 +139,7 @@ class Sending:
     def __init__(
         self, producer: Producer, topic: str, batches: int, batch: int, *, unary: bool = True,
         per_stream: int = 20, size: int = 100, keys: int = 64,
-        group_of: Callable[[str], str] = lambda name: name,
+        group_of: Callable[[str], str] = lambda name: name, keyed: bool = True,
     ) -> None:  # fmt: skip
         self.producer = producer
         self.topic = topic
@@ -149,6 +149,8 @@ class Sending:
         self.per_stream = per_stream
         self.size = size
         self.keys = [b"key-%d" % k for k in range(keys)]
+        self.keyed = keyed
+        """False: keyless batches (each goes whole to one queue the producer picks)."""
         self.group_of = group_of
         self.acked: dict[int, Place] = {}
         self.in_doubt: set[int] = set()
@@ -185,7 +187,9 @@ class Sending:
         first = self._next
         self._next += self.batch
         idents = list(range(first, first + self.batch))
-        keys: list[bytes | None] = [self.keys[i % len(self.keys)] for i in idents]
+        keys: list[bytes | None] = [
+            self.keys[i % len(self.keys)] if self.keyed else None for i in idents
+        ]
         return idents, [value(i, self.size) for i in idents], keys
 
     def _acknowledge(self, idents: Sequence[int], results: SendResults) -> None:
