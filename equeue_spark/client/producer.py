@@ -123,14 +123,15 @@ def _keyless(request: pb.ProduceRequest) -> bool:
 
 
 def _whole_to(request: pb.ProduceRequest, queue_id: int) -> pb.ProduceRequest:
-    """A copy of a keyless ``request`` for one queue: no queue id per message,
-    its one sequence entry names the queue (broker.proto, "Idempotent
-    produce"), so a batch costs neither a loop over its messages nor their
-    queue ids on the wire. ``Sequencer.stamp`` gives it its sequence."""
-    part = pb.ProduceRequest()
-    part.CopyFrom(request)
-    part.sequences.add(queue_id=queue_id)
-    return part
+    """A keyless ``request`` marked for one queue, in place (the producer's
+    own request, or one given to ``send_request(s)``, which it owns from
+    then on): no queue id per message, its one sequence entry names the
+    queue (broker.proto, "Idempotent produce"), so a batch costs neither a
+    loop over its messages nor a copy nor their queue ids on the wire.
+    ``Sequencer.stamp`` gives it its sequence."""
+    del request.sequences[:]
+    request.sequences.add(queue_id=queue_id)
+    return request
 
 
 def _older_than(cutoff: float, _topic: str, pending: _Pending) -> bool:
@@ -225,7 +226,9 @@ class Producer:
         self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
     ) -> SendResults:
         """Send a request built by the caller (``build_request``) now; in a
-        cluster routed like ``send_batch`` (``brokers``: beside explicit queue ids)."""
+        cluster routed like ``send_batch`` (``brokers``: beside explicit queue ids).
+        The producer may set the request's routing and idempotence fields
+        (its producer id and sequences): do not send it again elsewhere."""
         return self._send(request, brokers)
 
     def stage(
