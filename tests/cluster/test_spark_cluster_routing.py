@@ -276,6 +276,8 @@ def test_a_streaming_query_rides_out_a_broker_restart(spark: Any, cluster: Local
     )  # fmt: skip
 
     def seen() -> int:
+        if not query.isActive:  # say why at once, not after the wait
+            raise AssertionError(f"the query stopped: {query.exception()}")
         count: int = spark.sql("select count(*) from live_rows").collect()[0][0]
         return count
 
