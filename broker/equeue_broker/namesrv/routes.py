@@ -344,7 +344,7 @@ class RouteTable:
                 master=r.master,
                 routed_master=masters.get(r.broker_name) is r,
                 state=DOWN if _key(r) in self._down else self.state(r),
-                silent_ms=int((now - r.seen) * 1000),
+                silent_ms=round((now - r.seen) * 1000),
                 topic_names=sorted(r.topics) if with_topic_names else (),
             )
             for r in members
