@@ -32,7 +32,8 @@ from equeue_broker.replication.follower import Failures
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_proto.protocol import key_queue
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.client import Admin, BrokerUnavailable, ClientConfig, Producer
+from equeue_spark.client import Admin, BrokerUnavailable, ClientConfig, NotFoundError, Producer
+from equeue_spark.client.route import Route
 from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
@@ -60,11 +61,23 @@ def equeue(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def routed(admin: Admin, topic: str) -> Route | None:
+    """The topic's route, None until a broker registered it (registrations are asynchronous)."""
+    try:
+        return admin.route(topic)
+    except NotFoundError:
+        return None
+
+
 def topic_on_both(cluster: LocalCluster, topic: str) -> list[tuple[str, int]]:
     with Admin(namesrv=cluster.namesrv) as admin:
         admin.create_topic(topic, queues=2)
-        wait_for("both brokers in the route", lambda: len(admin.route(topic).queues()) == 4)
-        return admin.route(topic).queues("writable")
+
+        def both() -> Route | None:
+            route = routed(admin, topic)
+            return route if route is not None and len(route.queues()) == 4 else None
+
+        return wait_for("both brokers in the route", both).queues("writable")
 
 
 def key_on(writable: list[tuple[str, int]], broker: str) -> bytes:
@@ -107,7 +120,10 @@ def test_keyed_write_to_a_dead_group_fails_within_the_clients_timeout(
     # Its registration expires while a write waits: said at once, naming it as
     # down (not "topic 'orders' has no queues on broker 'b'").
     cluster.brokers["b"].start()
-    wait_for("b back", lambda: len(Admin(namesrv=cluster.namesrv).route("orders").queues()) == 4)
+    with Admin(namesrv=cluster.namesrv) as admin:
+        wait_for(
+            "b back", lambda: (r := routed(admin, "orders")) is not None and len(r.queues()) == 4
+        )
     config = ClientConfig(namesrv=cluster.namesrv, timeout_s=60.0, failover_timeout_s=60.0)
     with Producer(config=config) as producer:
         producer.send_batch("orders", [b"again"], keys=[key])
@@ -133,6 +149,7 @@ def test_partial_views_name_the_missing_group(cluster: LocalCluster) -> None:
     assert consumed.returncode == 0, consumed.stderr
     with Admin(namesrv=cluster.namesrv) as admin:
         admin.create_topic("only-b", queues=1, brokers=["b"])
+        wait_for("b to register only-b", lambda: routed(admin, "only-b"))
     cluster.brokers["b"].kill()
     expired(cluster, "b")
     with Admin(namesrv=cluster.namesrv) as admin:
@@ -205,6 +222,13 @@ def test_name_server_marks_a_late_registration_suspect() -> None:
     assert not table.route("t").down_brokers
 
 
+def copied(admin: Admin) -> bool:
+    try:
+        return admin.describe_topic("solo").queues[0].end_offset == 1
+    except NotFoundError:  # the topic not replicated yet
+        return False
+
+
 @pytest.mark.timeout(240)
 def test_a_producer_says_once_that_it_waits_for_a_new_master(
     cluster: LocalCluster, caplog: pytest.LogCaptureFixture
@@ -220,15 +244,16 @@ def test_a_producer_says_once_that_it_waits_for_a_new_master(
         admin.create_topic("solo", queues=1, brokers=["b"])
         wait_for(
             "b's replica in the route",
-            lambda: list(admin.route("solo").brokers[0].replica_addresses) == [replica.address],
+            lambda: (
+                (r := routed(admin, "solo")) is not None
+                and list(r.brokers[0].replica_addresses) == [replica.address]
+            ),
         )
     config = ClientConfig(namesrv=cluster.namesrv, timeout_s=2.0, failover_timeout_s=90.0)
     producer = Producer(config=config)
     producer.send_batch("solo", [b"before"], keys=[b"k"])
-    wait_for(
-        "the replica to copy it",
-        lambda: Admin(replica.address).describe_topic("solo").queues[0].end_offset == 1,
-    )
+    with Admin(replica.address) as copy:
+        wait_for("the replica to copy it", lambda: copied(copy))
     cluster.brokers["b"].kill()
     caplog.set_level(logging.INFO, logger="equeue_spark.client.routing")
     outcome: list[object] = []
