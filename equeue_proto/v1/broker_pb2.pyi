@@ -415,16 +415,18 @@ class DeleteQueueRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
-    __slots__ = ("name", "queues", "created_ms", "incarnation")
+    __slots__ = ("name", "queues", "created_ms", "incarnation", "unreachable_brokers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
     created_ms: int
     incarnation: int
-    def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
     __slots__ = ("queue_id", "earliest_offset", "end_offset", "min_committed_offset", "backlog", "producer_visible", "consumer_visible", "broker")
@@ -463,16 +465,18 @@ class DescribeGroupRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
-    __slots__ = ("group", "queues", "consumer_ids", "total_lag")
+    __slots__ = ("group", "queues", "consumer_ids", "total_lag", "unreachable_brokers")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_IDS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_LAG_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
     group: str
     queues: _containers.RepeatedCompositeFieldContainer[GroupQueue]
     consumer_ids: _containers.RepeatedScalarFieldContainer[str]
     total_lag: int
-    def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., consumer_ids: _Optional[_Iterable[str]] = ..., total_lag: _Optional[int] = ...) -> None: ...
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., consumer_ids: _Optional[_Iterable[str]] = ..., total_lag: _Optional[int] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GroupQueue(_message.Message):
     __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id", "broker")
@@ -801,21 +805,27 @@ class BrokerRoute(_message.Message):
     def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ..., replicas: _Optional[_Mapping[int, str]] = ..., epoch: _Optional[int] = ..., replica_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TopicRoute(_message.Message):
-    __slots__ = ("topic", "brokers")
+    __slots__ = ("topic", "brokers", "down_brokers")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
+    DOWN_BROKERS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerRoute]
-    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerRoute, _Mapping]]] = ...) -> None: ...
+    down_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerRoute, _Mapping]]] = ..., down_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListBrokersRequest(_message.Message):
-    __slots__ = ("cluster",)
+    __slots__ = ("cluster", "include_down", "with_topic_names")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_DOWN_FIELD_NUMBER: _ClassVar[int]
+    WITH_TOPIC_NAMES_FIELD_NUMBER: _ClassVar[int]
     cluster: str
-    def __init__(self, cluster: _Optional[str] = ...) -> None: ...
+    include_down: bool
+    with_topic_names: bool
+    def __init__(self, cluster: _Optional[str] = ..., include_down: _Optional[bool] = ..., with_topic_names: _Optional[bool] = ...) -> None: ...
 
 class BrokerEntry(_message.Message):
-    __slots__ = ("broker_name", "cluster", "replica_id", "address", "last_registration_ms", "topics", "instance_id", "role", "epoch", "master", "routed_master")
+    __slots__ = ("broker_name", "cluster", "replica_id", "address", "last_registration_ms", "topics", "instance_id", "role", "epoch", "master", "routed_master", "state", "silent_ms", "topic_names")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -827,6 +837,9 @@ class BrokerEntry(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MASTER_FIELD_NUMBER: _ClassVar[int]
     ROUTED_MASTER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SILENT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_NAMES_FIELD_NUMBER: _ClassVar[int]
     broker_name: str
     cluster: str
     replica_id: int
@@ -838,7 +851,10 @@ class BrokerEntry(_message.Message):
     epoch: int
     master: str
     routed_master: bool
-    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., last_registration_ms: _Optional[int] = ..., topics: _Optional[int] = ..., instance_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., routed_master: _Optional[bool] = ...) -> None: ...
+    state: str
+    silent_ms: int
+    topic_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., last_registration_ms: _Optional[int] = ..., topics: _Optional[int] = ..., instance_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., routed_master: _Optional[bool] = ..., state: _Optional[str] = ..., silent_ms: _Optional[int] = ..., topic_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListBrokersReply(_message.Message):
     __slots__ = ("brokers",)

@@ -5,6 +5,7 @@ on stderr instead of a traceback."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -14,8 +15,31 @@ from equeue_spark.cli.parser import build_parser
 from equeue_spark.client.errors import EqueueError
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """The client's own lines (a write waiting for a group's new master, and
+    when it has one) on stderr as ``equeue: ...``, looked up per line so
+    redirection works."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.setStream(sys.stderr)
+        super().emit(record)
+
+
+def _client_logs() -> None:
+    """Say what the client's routing says (INFO and up), once per process."""
+    logger = logging.getLogger("equeue_spark.client.routing")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr())
+        logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return the exit code (0 ok, 1 failed, 2 usage, 130 interrupted)."""
+    _client_logs()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

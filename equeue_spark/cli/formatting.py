@@ -63,6 +63,18 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def format_partial(unreachable: Sequence[str], why: dict[str, str], what: str) -> str:
+    """The line a cluster view that misses broker groups ends with:
+    ``partial: broker group b unreachable (down: not heard from for 40 s); WHAT``."""
+    names = sorted(set(unreachable))
+    said = "; ".join(f"{n}: {why.get(n, 'not answering')}" for n in names)
+    if len(names) == 1:
+        head = f"broker group {names[0]} unreachable ({why.get(names[0], 'not answering')})"
+    else:
+        head = f"broker groups {', '.join(names)} unreachable ({said})"
+    return f"partial: {head}; {what}"
+
+
 def text_of(data: bytes) -> str:
     """Bytes as text: UTF-8, with undecodable bytes escaped as ``\\xNN``."""
     return data.decode("utf-8", errors="backslashreplace")

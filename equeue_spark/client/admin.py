@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.errors import DataLossError, EqueueError, NotFoundError
+from equeue_spark.client.errors import (
+    BrokerUnavailable,
+    DataLossError,
+    DeadlineExceeded,
+    EqueueError,
+    NotFoundError,
+)
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.route import Route, name_broker
 from equeue_spark.client.routing import Routes
@@ -41,6 +49,32 @@ def commit_offsets(
 
 
 T = TypeVar("T")
+
+PROBE_TIMEOUT_S = 2.0
+"""Deadline of each member's GetStats in ``cluster_stats`` (no retry): a member
+that does not answer within it is shown as unreachable."""
+
+
+@dataclass(frozen=True)
+class MemberStats:
+    """One member of a cluster as ``Admin.cluster_stats`` found it."""
+
+    entry: pb.BrokerEntry
+    """What the name servers know of it (group name, role, epoch, address, state)."""
+    state: str
+    """"live", "suspect" (its registration is late, but it answers), "unreachable"
+    (registered, but it did not answer) or "down" (its registration expired:
+    the name servers remember it, nobody asked it)."""
+    stats: pb.BrokerStats | None
+    """Its GetStats reply; None when it was not asked or refused (``error``)."""
+    error: str = ""
+    """Why there are no stats: its error, or "" """
+
+
+def member_state(entry: pb.BrokerEntry) -> str:
+    """The name servers' state of a member ("live" from one before states)."""
+    return entry.state or "live"
+
 
 QUEUE_NEEDS_BROKER = "in a cluster a queue of {topic!r} is (broker, queue id): give its broker"
 
@@ -152,6 +186,44 @@ class Admin:
     def _all_brokers(self) -> list[str]:
         return sorted({b.broker_name for b in self.routes.brokers()})
 
+    def down_brokers(self) -> dict[str, str]:
+        """{broker group: why} for the groups the name servers remember as
+        down (every member's registration expired): a view spanning the
+        cluster misses their queues. Empty for one broker."""
+        if not self.routes.names_groups():
+            return {}
+        entries = self.routes.brokers(include_down=True)
+        live = {e.broker_name for e in entries if member_state(e) != "down"}
+        out: dict[str, str] = {}
+        for e in entries:
+            if e.broker_name not in live:
+                out.setdefault(
+                    e.broker_name, f"down: not heard from for {e.silent_ms / 1000:.0f} s"
+                )
+        return out
+
+    def _each_reachable(
+        self, brokers: Sequence[str], call: Callable[[Connection], T]
+    ) -> tuple[list[tuple[str, T]], dict[str, str]]:
+        """``call`` on each broker's master, as ``_each``; in a cluster a broker
+        that cannot be reached (unavailable, deadline) is left out and
+        returned with why, ``{broker: why}``; BrokerUnavailable when none
+        answers. One broker: its error is raised."""
+        if not self.routes.names_groups():
+            return self._each(brokers, call), {}
+        out: list[tuple[str, T]] = []
+        missing: dict[str, str] = {}
+        for broker in brokers:
+            try:
+                out.extend(self._each([broker], call))
+            except (BrokerUnavailable, DeadlineExceeded) as exc:
+                missing[broker] = f"not answering: {exc}"
+        if brokers and not out:
+            raise BrokerUnavailable(
+                "no broker answers: " + "; ".join(f"{b}: {why}" for b, why in missing.items())
+            )
+        return out, missing
+
     @staticmethod
     def _merged(name: str, parts: list[tuple[str, pb.TopicInfo]]) -> pb.TopicInfo:
         info = pb.TopicInfo(name=name)
@@ -186,24 +258,48 @@ class Admin:
         self.routes.invalidate(name)
 
     def list_topics(self) -> list[pb.TopicInfo]:
+        """Every topic, merged over the brokers. In a cluster, a broker group
+        that is down (name servers remember it) or does not answer is named
+        in ``TopicInfo.unreachable_brokers`` of each topic it registered
+        (a topic only there is listed without queues): a partial view says so."""
         by_name: dict[str, list[tuple[str, pb.TopicInfo]]] = {}
-        listed = self._each(
+        listed, missing = self._each_reachable(
             self._all_brokers(), lambda c: c.call(c.admin.ListTopics, pb.ListTopicsRequest())
         )
         for broker, reply in listed:
             for topic in reply.topics:
                 by_name.setdefault(topic.name, []).append((broker, topic))
-        return [self._merged(name, parts) for name, parts in sorted(by_name.items())]
+        missing.update(self.down_brokers())
+        lost: dict[str, set[str]] = {}
+        if missing:  # which topics they hold, as they last registered
+            for entry in self.routes.brokers(include_down=True, with_topic_names=True):
+                if entry.broker_name in missing:
+                    for name in entry.topic_names:
+                        lost.setdefault(name, set()).add(entry.broker_name)
+                        by_name.setdefault(name, [])
+        out = []
+        for name, parts in sorted(by_name.items()):
+            info = self._merged(name, parts)
+            info.unreachable_brokers.extend(sorted(lost.get(name, ())))
+            out.append(info)
+        return out
 
     def describe_topic(self, name: str) -> pb.TopicInfo:
+        """The topic's queues on every broker group of its route (a replica
+        answers for a group whose master does not); a group that does not
+        answer raises, naming it. Groups the name servers remember as down
+        are named in ``unreachable_brokers`` (their queues are missing)."""
         request = pb.DescribeTopicRequest(name=name)
         parts = []
-        for broker in self._route_brokers(name):  # a read: a replica may answer it
+        route = self.routes.route(name, refresh=True)
+        for broker in route.broker_names():  # a read: a replica may answer it
             try:
                 parts.append((broker, self.read_on(broker, name, lambda a: a._describe(request))))
             except EqueueError as exc:
                 raise name_broker(exc, broker, "") from exc
-        return self._merged(name, parts)
+        info = self._merged(name, parts)
+        info.unreachable_brokers.extend(route.down)
+        return info
 
     def _describe(self, request: pb.DescribeTopicRequest) -> pb.TopicInfo:
         conn = self._only("describe_topic")
@@ -261,35 +357,59 @@ class Admin:
     # -- groups ------------------------------------------------------------------------
 
     def list_groups(self) -> list[str]:
-        groups = self._each(
+        """Every consumer group of the brokers that answer (in a cluster, the
+        ones on groups that are down or do not answer are missing: see
+        ``describe_group``'s ``unreachable_brokers``)."""
+        groups, _ = self._each_reachable(
             self._all_brokers(), lambda c: c.call(c.admin.ListGroups, pb.ListGroupsRequest())
         )
         return sorted({g for _, reply in groups for g in reply.groups})
 
-    def _on_each_having(self, group: str, call: Callable[[Connection], T]) -> list[tuple[str, T]]:
+    def _on_each_having(
+        self, group: str, call: Callable[[Connection], T], unreachable: list[str] | None = None
+    ) -> list[tuple[str, T]]:
         """``call`` on every live broker; those that do not know ``group``
         (NotFoundError) are left out. NotFoundError if none knows it (the
-        broker's own when there is one broker)."""
+        broker's own when there is one broker). With ``unreachable`` (a
+        cluster's read), brokers that do not answer, and groups remembered as
+        down, are appended to it instead of failing the call."""
         out = []
         missing: list[NotFoundError] = []
         brokers = self._all_brokers()
+        tolerate = unreachable is not None and self.routes.names_groups()
         for broker in brokers:
             try:
                 out.extend(self._each([broker], call))
             except NotFoundError as exc:
                 missing.append(exc)
+            except (BrokerUnavailable, DeadlineExceeded):
+                if not tolerate:
+                    raise
+                assert unreachable is not None
+                unreachable.append(broker)
+        if tolerate:
+            assert unreachable is not None
+            unreachable.extend(self.down_brokers())
+            unreachable.sort()
         if not out:
-            if len(missing) == 1:
+            down = f" ({', '.join(unreachable)} could not be asked)" if unreachable else ""
+            if len(missing) == 1 and not unreachable:
                 raise missing[0]
-            raise NotFoundError(f"group {group!r} is on no live broker")
+            raise NotFoundError(f"group {group!r} is on no live broker{down}")
         return out
 
     def describe_group(self, group: str) -> pb.GroupInfo:
         """A group's progress; in a cluster, every broker's queues (lag per
-        (broker, queue)) and the union of the members each broker sees."""
+        (broker, queue)) and the union of the members each broker sees. Broker
+        groups that are down or do not answer are named in
+        ``unreachable_brokers``: their queues are missing from ``queues`` and
+        ``total_lag`` (a partial view)."""
         request = pb.DescribeGroupRequest(group=group)
-        parts = self._on_each_having(group, lambda c: c.call(c.admin.DescribeGroup, request))
-        info = pb.GroupInfo(group=group)
+        unreachable: list[str] = []
+        parts = self._on_each_having(
+            group, lambda c: c.call(c.admin.DescribeGroup, request), unreachable
+        )
+        info = pb.GroupInfo(group=group, unreachable_brokers=unreachable)
         members: set[str] = set()
         for broker, part in parts:
             members.update(part.consumer_ids)
@@ -418,6 +538,38 @@ class Admin:
     def abort_transactions(self, ids: Sequence[str] = (), prefix: str = "") -> int:
         """Abort open transactions by id or id prefix; return how many."""
         return abort_transactions(self._only("abort_transactions"), ids, prefix)
+
+    def cluster_stats(self, cluster: str = "", timeout_s: float = PROBE_TIMEOUT_S) -> (
+        list[MemberStats]
+    ):  # fmt: skip
+        """Every member's ``GetStats``, asked at once (``timeout_s`` each, no
+        retry): masters and replicas the name servers list, and those they
+        remember as down (not asked). A member that does not answer is
+        ``unreachable``; one that refuses (a token without the admin role)
+        answers, without stats. One broker: its own, as a member named ""."""
+        entries = self.routes.brokers(cluster, include_down=True)
+
+        def ask(entry: pb.BrokerEntry) -> MemberStats:
+            state = member_state(entry)
+            if state == "down":
+                why = f"registration expired: not heard from for {entry.silent_ms / 1000:.0f} s"
+                return MemberStats(entry, "down", None, why)
+            conn = self.routes.connection(entry.address)
+            try:
+                reply = conn.call(
+                    conn.admin.GetStats, pb.GetStatsRequest(), timeout_s=timeout_s, retry=False
+                )
+            except (BrokerUnavailable, DeadlineExceeded) as exc:
+                self.routes.mark_down(entry.address)
+                return MemberStats(entry, "unreachable", None, str(exc))
+            except EqueueError as exc:
+                return MemberStats(entry, state, None, str(exc))
+            return MemberStats(entry, state, reply)
+
+        if len(entries) <= 1:
+            return [ask(e) for e in entries]
+        with ThreadPoolExecutor(min(len(entries), 16), thread_name_prefix="equeue-stats") as pool:
+            return list(pool.map(ask, entries))
 
     def stats(self) -> pb.BrokerStats:
         conn = self._only("stats")

@@ -137,7 +137,7 @@ class NameServerRoutes(Routes):
             log.warning("using the cached route of %s: %s", topic, exc)
             return cached
         assert isinstance(reply, pb.TopicRoute)
-        route = Route(topic, tuple(reply.brokers), time.monotonic())
+        route = Route(topic, tuple(reply.brokers), time.monotonic(), tuple(reply.down_brokers))
         with self._lock:
             self._routes[topic] = route
             self._stale.discard(topic)
@@ -155,17 +155,25 @@ class NameServerRoutes(Routes):
         with self._lock:
             self._stale.update(self._routes)
 
-    def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
-        """The live brokers (the last list known if no name server answers)."""
+    def brokers(
+        self, cluster: str = "", include_down: bool = False, with_topic_names: bool = False
+    ) -> list[pb.BrokerEntry]:
+        """The live brokers (the last list known if no name server answers);
+        with ``include_down`` also those remembered as down."""
+        request = pb.ListBrokersRequest(
+            cluster=cluster, include_down=include_down, with_topic_names=with_topic_names
+        )
+        plain = not (cluster or include_down or with_topic_names)
         try:
-            reply = self._ask("ListBrokers", pb.ListBrokersRequest(cluster=cluster))
+            reply = self._ask("ListBrokers", request)
         except BrokerUnavailable:
-            if not self._brokers:
+            if not self._brokers or not plain:
                 raise
             return list(self._brokers)
         assert isinstance(reply, pb.ListBrokersReply)
-        with self._lock:
-            self._brokers = list(reply.brokers)
+        if plain:
+            with self._lock:
+                self._brokers = list(reply.brokers)
         return list(reply.brokers)
 
     def broker_address(self, broker: str) -> str:

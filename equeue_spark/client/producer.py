@@ -320,13 +320,21 @@ class Producer:
     def _send_idempotent(self, broker: str, part: pb.ProduceRequest) -> SendResults:
         """Send a part (explicit queue ids) to its group's master, stamped."""
         routes = self._routes
+        deadline = self._deadline()  # one wait for the part: its InitProducer and its send
 
         def send() -> SendResults:
             return routes.on_master(
-                part.topic, broker, lambda conn, retry: send_request(conn, part, retry=retry)
+                part.topic,
+                broker,
+                lambda conn, retry: send_request(conn, part, retry=retry),
+                deadline,
             )
 
-        return self._stamped(broker, part, send)
+        return self._stamped(broker, part, send, deadline=deadline)
+
+    def _deadline(self) -> float:
+        """When a part stops waiting for its group's master (``Routes.on_master``)."""
+        return time.monotonic() + self._config.failover_timeout_s
 
     def _send_keyless(self, request: pb.ProduceRequest) -> SendResults:
         """An idempotent keyless batch: whole to one queue of a group chosen
@@ -357,7 +365,10 @@ class Producer:
                     except (BrokerUnavailable, DeadlineExceeded):
                         pass  # it may have been appended: its group's master only
                 return routes.on_master(
-                    topic, broker, lambda c, retry: send_request(c, part, retry=retry)
+                    topic,
+                    broker,
+                    lambda c, retry: send_request(c, part, retry=retry),
+                    self._deadline(),
                 )
 
             return self._stamped(broker, part, send, self._init_on(conn))
@@ -382,7 +393,7 @@ class Producer:
 
     def _stamped(
         self, broker: str, part: pb.ProduceRequest, send: Callable[[], SendResults],
-        init: Init | None = None,
+        init: Init | None = None, deadline: float | None = None,
     ) -> SendResults:  # fmt: skip
         """``send`` a part stamped for ``broker``'s group (idempotence.py): its
         retries repeat the same sequences; sent once more under a new epoch if
@@ -391,7 +402,7 @@ class Producer:
         assert sequencer is not None
         with sequencer.lock(broker):
             for attempt in range(2):
-                sequencer.stamp(broker, part, init or self._init(part.topic, broker))
+                sequencer.stamp(broker, part, init or self._init(part.topic, broker, deadline))
                 try:
                     return send()
                 except (OutOfOrderSequenceError, UnknownProducerError):
@@ -425,8 +436,9 @@ class Producer:
 
         return stage
 
-    def _init(self, topic: str, broker: str) -> Init:
-        """``InitProducer`` on ``broker``'s master (waiting for one like a batch)."""
+    def _init(self, topic: str, broker: str, deadline: float | None = None) -> Init:
+        """``InitProducer`` on ``broker``'s master (waiting for one like a batch,
+        until ``deadline``: the batch's own)."""
         routes = self._routes
 
         def call(request: pb.InitProducerRequest) -> pb.InitProducerReply:
@@ -436,7 +448,7 @@ class Producer:
                 )
                 return reply
 
-            return routes.on_master(topic, broker, on)
+            return routes.on_master(topic, broker, on, deadline)
 
         return init_producer(call)
 

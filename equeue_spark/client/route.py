@@ -35,6 +35,9 @@ class Route:
     topic: str
     brokers: tuple[pb.BrokerRoute, ...]
     fetched: float
+    down: tuple[str, ...] = ()
+    """Broker groups that hosted the topic and are down (the name servers
+    remember their expired registrations: ``TopicRoute.down_brokers``)."""
 
     def queues(self, which: str = "all") -> list[QueueRef]:
         """The ordered (broker name, queue id) list: every queue, or only the

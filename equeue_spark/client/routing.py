@@ -99,6 +99,8 @@ class Routes:
         self._lock = threading.Lock()
         self._connections: dict[str, Connection] = {}
         self._down = DownMarks()
+        self._waits: set[str] = set()
+        """Broker groups whose writes wait for a new master (logged once each)."""
 
     # -- what an implementation says -------------------------------------------------
 
@@ -109,8 +111,11 @@ class Routes:
     def invalidate(self, topic: str) -> None:
         """Fetch the route again at its next use (after an error on it)."""
 
-    def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
-        """The live brokers."""
+    def brokers(
+        self, cluster: str = "", include_down: bool = False, with_topic_names: bool = False
+    ) -> list[pb.BrokerEntry]:
+        """The live brokers; with ``include_down`` also those the name servers
+        remember as down (``BrokerEntry.state``)."""
         raise NotImplementedError
 
     def broker_address(self, broker: str) -> str:
@@ -225,34 +230,115 @@ class Routes:
 
     # -- failover: the one place ---------------------------------------------------------
 
-    def on_master(self, topic: str, broker: str, call: Call[T]) -> T:
+    def on_master(self, topic: str, broker: str, call: Call[T], deadline: float | None = None) -> T:
         """``call`` on ``broker``'s master. When the master cannot be reached,
         or the broker called is a replica now, the route is fetched again and
-        the call retried on the group's master, with backoff, for up to
-        ``failover_timeout_s``; then BrokerUnavailable naming the group."""
+        the call retried on the group's master, with backoff, until
+        ``deadline`` (monotonic; default: ``failover_timeout_s`` from now),
+        then BrokerUnavailable naming the group. The wait is bounded by what
+        can end it (the rule in docs/client.md, "A broker down"):
+
+        - a group with replicas in its route waits for a new master, up to
+          ``failover_timeout_s``, logging once when it starts waiting and
+          once when it has one;
+        - a group with no replica cannot fail over: only the broker coming
+          back ends the wait, which is bounded by the call's ``timeout_s``;
+        - a group the name servers no longer list (its registration expired,
+          or it stopped) is not waited for: BrokerUnavailable at once,
+          saying so (down or unregistered)."""
         config = self.config
-        deadline = time.monotonic() + config.failover_timeout_s
+        started = time.monotonic()
+        limit = started + config.failover_timeout_s if deadline is None else deadline
         delay = config.backoff_s
         last: EqueueError | None = None
+        address = ""
+        replicas = True
         for _ in range(100_000):  # bounded by the deadline long before
-            address = self.route(topic).entry(broker).address
+            entry = self._entry_or_gone(topic, broker, last)
+            address = entry.address
+            replicas = bool(entry.replica_addresses)
             if address:
                 try:
-                    return call(self.connection(address), False)
+                    result = call(self.connection(address), False)
                 except (BrokerUnavailable, DeadlineExceeded, NotMasterError) as exc:
                     self.mark_down(address)
                     last = exc
+                else:
+                    self._waited(broker, address, started)
+                    return result
             else:
                 self.invalidate(topic)
-            if time.monotonic() + delay > deadline:
+            if not replicas:  # nothing to fail over to: the call's own timeout
+                limit = min(limit, started + config.timeout_s)
+            else:
+                self._waiting(broker, address, last, limit - started)
+            if time.monotonic() + delay > limit:
                 break
             _sleep(delay)
             delay = min(delay * 2, config.max_backoff_s)
+        self._gave_up(broker)
         why = f"last error: {last}" if last else "the name servers list no master"
+        if not replicas:
+            raise BrokerUnavailable(
+                f"broker group {broker!r} is unreachable ({why}); "
+                f"it has no replica to fail over to, so the client gave up after its "
+                f"timeout_s={config.timeout_s:g}; retry once the broker is back"
+            )
         raise BrokerUnavailable(
             f"broker group {broker!r} has no reachable master (waited "
-            f"failover_timeout_s={config.failover_timeout_s:g}; {why}); retry later"
+            f"failover_timeout_s={min(config.failover_timeout_s, limit - started):g}; "
+            f"{why}); retry later"
         )
+
+    def _entry_or_gone(self, topic: str, broker: str, last: EqueueError | None) -> pb.BrokerRoute:
+        """``broker``'s entry in ``topic``'s route; BrokerUnavailable naming it
+        as down or unregistered when the name servers no longer list it."""
+        try:
+            route = self.route(topic)
+        except NotFoundError as exc:  # the topic is on no live broker now
+            state = str(exc)
+        else:
+            try:
+                return route.entry(broker)
+            except NotFoundError:
+                state = (
+                    "down: its registration expired, not heard from within the name "
+                    "servers' expiry" if broker in route.down
+                    else "not registered: stopped, or expired and forgotten"
+                )  # fmt: skip
+        self._gave_up(broker)
+        after = f"; last error: {last}" if last else ""
+        raise BrokerUnavailable(
+            f"broker group {broker!r} is unreachable: the name servers no longer list it "
+            f"for topic {topic!r} ({state}){after}; retry once it is back"
+        )
+
+    def _waiting(self, broker: str, address: str, last: EqueueError | None, for_s: float) -> None:
+        """Log once per wait that ``broker``'s writes wait for a new master."""
+        with self._lock:
+            if broker in self._waits:
+                return
+            self._waits.add(broker)
+        why = f"master {address} does not answer ({last})" if address else "it has no master"
+        log.warning(
+            "broker group %r: %s; writes wait up to %.0f s for a new master",
+            broker, why, for_s,
+        )  # fmt: skip
+
+    def _waited(self, broker: str, address: str, started: float) -> None:
+        """Log once that a wait for ``broker``'s master ended on ``address``."""
+        with self._lock:
+            if broker not in self._waits:
+                return
+            self._waits.discard(broker)
+        log.info(
+            "broker group %r: writing to master %s (waited %.1f s)",
+            broker, address, time.monotonic() - started,
+        )  # fmt: skip
+
+    def _gave_up(self, broker: str) -> None:
+        with self._lock:
+            self._waits.discard(broker)
 
     def read_on(self, topic: str, broker: str, call: Call[T], seed: str = "") -> T:
         """``call`` on the member of ``broker``'s group that serves ``topic``'s
@@ -505,8 +591,12 @@ class StaticRoutes(Routes):
         with self._lock:
             self._routes.pop(topic, None)
 
-    def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
-        return [pb.BrokerEntry(broker_name="", address=self.address, routed_master=True)]
+    def brokers(
+        self, cluster: str = "", include_down: bool = False, with_topic_names: bool = False
+    ) -> list[pb.BrokerEntry]:
+        return [
+            pb.BrokerEntry(broker_name="", address=self.address, routed_master=True, state="live")
+        ]
 
     def broker_address(self, broker: str) -> str:
         if broker:
@@ -563,7 +653,9 @@ class StaticRoutes(Routes):
     ) -> T:
         return call(self.connection(self.broker_address(broker)), True)
 
-    def on_master(self, topic: str, broker: str, call: Call[T]) -> T:
+    def on_master(self, topic: str, broker: str, call: Call[T], deadline: float | None = None) -> T:
+        """One call with the connection's own retries (one member: nothing to
+        fail over to, ``deadline`` aside)."""
         return call(self.connection(self.route(topic).address(broker)), True)
 
     def read_on(self, topic: str, broker: str, call: Call[T], seed: str = "") -> T:

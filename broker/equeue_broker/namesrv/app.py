@@ -109,7 +109,10 @@ class NameServerService(pb_grpc.NameServerServicer):
     async def ListBrokers(
         self, request: pb.ListBrokersRequest, context: Any
     ) -> pb.ListBrokersReply:
-        return pb.ListBrokersReply(brokers=self.table.brokers(request.cluster))
+        brokers = self.table.brokers(
+            request.cluster, request.include_down, request.with_topic_names
+        )
+        return pb.ListBrokersReply(brokers=brokers)
 
 
 async def create_server(
@@ -125,6 +128,7 @@ async def create_server(
     )
     table = RouteTable(
         expiry_s=config.broker_expiry_ms / 1000,
+        down_retention_s=config.down_retention_ms / 1000,
         limits=Limits(config.max_brokers, config.max_topics_per_broker,
                       config.max_queues_per_topic),
     )  # fmt: skip

@@ -34,6 +34,9 @@ class NameServerConfig:
     broker_expiry_ms: int = 30_000
     """A broker not heard from for this long is dropped from every route
     (brokers re-register every --register-interval-ms, 5 s by default)."""
+    down_retention_ms: int = 3_600_000
+    """How long a broker whose registration expired is remembered as down
+    (clients say which broker groups a view misses)."""
     max_brokers: int = 1024
     """Brokers (name and replica id) kept at once."""
     max_topics_per_broker: int = 100_000
@@ -72,8 +75,9 @@ class NameServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("broker_expiry_ms", "max_brokers", "max_topics_per_broker",
-                     "max_queues_per_topic", "max_request_bytes", "max_connections",
+        for name in ("broker_expiry_ms", "down_retention_ms", "max_brokers",
+                     "max_topics_per_broker", "max_queues_per_topic", "max_request_bytes",
+                     "max_connections",
                      "member_check_timeout_ms", "max_member_checks"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -100,6 +104,7 @@ HELP = {
     "host": "address to listen on; 0.0.0.0 for every interface",
     "port": "0 = pick a free port",
     "broker_expiry_ms": "drop a broker not heard from for this long",
+    "down_retention_ms": "remember a broker whose registration expired as down for this long",
     "max_brokers": "brokers kept at once",
     "max_topics_per_broker": "topics one broker may register",
     "max_queues_per_topic": "queues of one topic on one broker",

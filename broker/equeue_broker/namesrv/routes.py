@@ -5,7 +5,15 @@ brokers' next registrations (every few seconds) fill it again. A registration
 is a full snapshot of one member of a broker group (broker name, identity:
 its instance id, else its address): it replaces whatever the table held for
 it, so a topic the broker deleted disappears with its next registration. A
-broker silent for ``expiry_s`` is dropped (``expire``).
+broker silent for ``expiry_s`` is dropped (``expire``) from routes, but
+remembered as *down* for ``down_retention_s`` (what it registered, and when
+it was last heard from), so clients can say which broker groups a view
+misses (``TopicRoute.down_brokers``, ``ListBrokers(include_down=True)``). A
+member that registers again, or unregisters (a clean stop), is forgotten as
+down at once. A member whose registration is late, by more than 1.5 times
+its usual interval (the longest of its last gaps between registrations) plus
+half a second, is *suspect* (``BrokerEntry.state``): still routed, but
+probably dead.
 
 Roles: every member of a group registers, with its role and epoch. The
 group's master in a route is the registered master with the newest epoch
@@ -75,6 +83,13 @@ class Registration:
     """Wall-clock time of the last registration (shown to operators)."""
     seen: float
     """Monotonic time of the last registration (what expiry uses)."""
+    gaps: tuple[float, ...] = ()
+    """The last gaps between its registrations, seconds (its usual interval)."""
+
+
+GAPS = 4
+"""Gaps between registrations kept per member (its usual interval is their maximum)."""
+LIVE, SUSPECT, DOWN = "live", "suspect", "down"
 
 
 @dataclass
@@ -94,6 +109,10 @@ class RouteTable:
     """Registrations so far: orders when members became master."""
     _warned: set[tuple[str, str, tuple[str, ...]]] = field(default_factory=set)
     """Same-epoch master conflicts warned about (once each)."""
+    down_retention_s: float = 3600.0
+    _down: dict[BrokerKey, Registration] = field(default_factory=dict)
+    """Members whose registration expired, remembered for ``down_retention_s``
+    (at most ``max_brokers``, the oldest forgotten first)."""
 
     # -- writes ----------------------------------------------------------------
 
@@ -144,6 +163,9 @@ class RouteTable:
         before = self._brokers.get(key)
         self._registrations += 1
         since = 0
+        self._down.pop(key, None)
+        now = self.clock()
+        gaps = (*before.gaps, now - before.seen)[-GAPS:] if before is not None else ()
         if role == MASTER:  # still master: keeps when it became one
             kept = before is not None and before.role == MASTER
             since = before.master_since if kept and before else self._registrations
@@ -159,7 +181,8 @@ class RouteTable:
             master=request.master[:MAX_ADDRESS],
             master_since=since,
             last_ms=int(time.time() * 1000),
-            seen=self.clock(),
+            seen=now,
+            gaps=gaps,
         )
         if before is not None and (before.role, before.epoch) != (role, request.epoch):
             log.info(
@@ -172,21 +195,57 @@ class RouteTable:
     def unregister(self, broker_name: str, replica_id: int, address: str) -> bool:
         """Forget the member of ``broker_name`` at ``address`` (without an
         address: the one registered with ``replica_id``)."""
-        for key, found in list(self._brokers.items()):
-            if found.broker_name != broker_name:
-                continue
-            if found.address == address if address else found.replica_id == replica_id:
-                del self._brokers[key]
-                return True
+        for table in (self._down, self._brokers):  # a clean stop: not "down"
+            for key, found in list(table.items()):
+                if found.broker_name != broker_name:
+                    continue
+                if found.address == address if address else found.replica_id == replica_id:
+                    del table[key]
+                    if table is self._brokers:
+                        return True
         return False
 
     def expire(self) -> list[Registration]:
         """Drop the brokers silent for ``expiry_s``; return them."""
-        cutoff = self.clock() - self.expiry_s
+        now = self.clock()
+        cutoff = now - self.expiry_s
         gone = [r for r in self._brokers.values() if r.seen < cutoff]
         for registration in gone:
-            del self._brokers[_key(registration)]
+            key = _key(registration)
+            del self._brokers[key]
+            self._down[key] = registration
+        forget = now - self.down_retention_s
+        for key, registration in list(self._down.items()):
+            if registration.seen < forget:
+                del self._down[key]
+        while len(self._down) > self.limits.max_brokers:
+            oldest = min(self._down, key=lambda k: self._down[k].seen)
+            del self._down[oldest]
         return gone
+
+    def state(self, registration: Registration) -> str:
+        """LIVE, or SUSPECT when its registration is late (module doc)."""
+        silent = self.clock() - registration.seen
+        usual = max(registration.gaps) if registration.gaps else self.expiry_s / 3
+        return SUSPECT if silent > usual * 1.5 + 0.5 else LIVE
+
+    def down_groups(self, topic: str = "") -> list[str]:
+        """The broker groups remembered as down (every member's registration
+        expired, none live), only those that hosted ``topic`` when given."""
+        live = {r.broker_name for r in self._brokers.values()}
+        return sorted(
+            {
+                r.broker_name
+                for r in self._down.values()
+                if r.broker_name not in live and (not topic or topic in r.topics)
+            }
+        )
+
+    def silent_s(self, broker_name: str) -> float:
+        """Seconds since any member of ``broker_name`` was last heard from."""
+        seen = [r.seen for r in (*self._brokers.values(), *self._down.values())
+                if r.broker_name == broker_name]  # fmt: skip
+        return self.clock() - max(seen) if seen else 0.0
 
     def master_of(self, members: list[Registration]) -> Registration | None:
         """The group's master: the registered master with the newest epoch; a
@@ -218,11 +277,15 @@ class RouteTable:
         for registration in self._brokers.values():
             if topic in registration.topics:
                 by_name.setdefault(registration.broker_name, []).append(registration)
+        down = self.down_groups(topic)
         if not by_name:
+            said = ", ".join(f"{g} (not heard from for {self.silent_s(g):.0f} s)" for g in down)
             raise NameServerError(
-                grpc.StatusCode.NOT_FOUND, f"topic {topic[:80]!r} is on no live broker"
+                grpc.StatusCode.NOT_FOUND,
+                f"topic {topic[:80]!r} is on no live broker"
+                + (f"; its broker groups are down: {said}" if said else ""),
             )
-        route = pb.TopicRoute(topic=topic)
+        route = pb.TopicRoute(topic=topic, down_brokers=down)
         for name in sorted(by_name):
             members = sorted(by_name[name], key=lambda r: r.address)
             master = self.master_of(self._group(name))
@@ -254,12 +317,19 @@ class RouteTable:
     def _group(self, broker_name: str) -> list[Registration]:
         return [r for r in self._brokers.values() if r.broker_name == broker_name]
 
-    def brokers(self, cluster: str = "") -> list[pb.BrokerEntry]:
+    def brokers(
+        self, cluster: str = "", include_down: bool = False, with_topic_names: bool = False
+    ) -> list[pb.BrokerEntry]:
+        """The live members (their state: LIVE or SUSPECT); with
+        ``include_down`` also those remembered as DOWN."""
         self.expire()
         masters = {name: self.master_of(self._group(name)) for name, _ in self._brokers}
+        down = list(self._down.values()) if include_down else []
         members = sorted(
-            self._brokers.values(), key=lambda r: (r.broker_name, r.role != MASTER, r.address)
+            [*self._brokers.values(), *down],
+            key=lambda r: (r.broker_name, r.role != MASTER, r.address),
         )
+        now = self.clock()
         return [
             pb.BrokerEntry(
                 broker_name=r.broker_name,
@@ -273,6 +343,9 @@ class RouteTable:
                 epoch=r.epoch,
                 master=r.master,
                 routed_master=masters.get(r.broker_name) is r,
+                state=DOWN if _key(r) in self._down else self.state(r),
+                silent_ms=round((now - r.seen) * 1000),
+                topic_names=sorted(r.topics) if with_topic_names else (),
             )
             for r in members
             if not cluster or r.cluster == cluster

@@ -35,6 +35,53 @@ NO_MASTER_POLL_S = 0.1
 STEADY_S = 1.0
 """A stream that replicated for this long resets the reconnection back-off
 (a master that ends every stream at once is retried at most every 2 s)."""
+REPEAT_LOG_S = 60.0
+"""A replica's failures to replicate from one master are logged at WARNING
+once, then summarised at most this often until it replicates again."""
+
+
+class Failures:
+    """Rate-limited warnings of one follower: the first failure in a run of
+    failures at once, then one summary per ``every_s`` (how many, the last
+    error), and one line when replication resumes (after how long)."""
+
+    def __init__(self, every_s: float = REPEAT_LOG_S, clock: Callable[[], float] = time.monotonic):
+        self.every_s = every_s
+        self.clock = clock
+        self.master = ""
+        self.count = 0
+        self.since = 0.0
+        self.said = 0.0
+        """When the last line about this run was logged."""
+        self.suppressed = 0
+
+    def failed(self, master: str, message: str, *args: object) -> None:
+        now = self.clock()
+        if master != self.master:
+            self.master, self.count, self.since, self.said, self.suppressed = master, 0, now, 0.0, 0
+        self.count += 1
+        if self.count == 1:
+            log.warning(
+                message + " (retrying; repeats are summarised every %.0f s)", *args, self.every_s
+            )
+            self.said = now
+        elif now - self.said >= self.every_s:
+            log.warning(
+                message + " (%d failed attempts in %.0f s, still retrying)",
+                *args, self.suppressed + 1, now - self.said,
+            )  # fmt: skip
+            self.said, self.suppressed = now, 0
+        else:
+            self.suppressed += 1
+
+    def resumed(self) -> None:
+        """It replicates again: the next failure is news."""
+        if self.count:
+            log.warning(
+                "replication from %s resumed after %d failed attempts over %.1f s",
+                self.master, self.count, self.clock() - self.since,
+            )  # fmt: skip
+        self.master, self.count = "", 0
 
 
 P = ParamSpec("P")
@@ -79,6 +126,8 @@ class Follower:
         self.metadata_version = 0
         """The master's metadata version of the last reply applied (insync.py)."""
         self.sync_flush = store.config.flush_mode is FlushMode.SYNC
+        self.failures = Failures()
+        """The failures to replicate, logged rate-limited."""
 
     async def run(self) -> None:
         try:
@@ -102,13 +151,15 @@ class Follower:
             except asyncio.CancelledError:
                 raise
             except asyncio.InvalidStateError as exc:  # a write on a stream the master ended
-                log.warning("replication from %s: the stream ended (%s)", master, exc)
+                self.failures.failed(master, "replication from %s: the stream ended (%s)",
+                                     master, exc)  # fmt: skip
             except grpc.aio.AioRpcError as exc:
-                log.warning("replication from %s: %s %s", master, exc.code().name, exc.details())
                 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     self.stopped = str(exc.details())
+                self.failures.failed(master, "replication from %s: %s %s", master,
+                                     exc.code().name, exc.details())  # fmt: skip
             except StaleReply as exc:
-                log.warning("replication from %s refused: %s", master, exc)
+                self.failures.failed(master, "replication from %s refused: %s", master, exc)
             except (StorageError, OSError) as exc:
                 log.error("replication from %s stopped: %s", master, exc)
                 self.stopped = str(exc)
@@ -157,6 +208,8 @@ class Follower:
                 return
             reply, data = received
             check_reply_epoch(self.role, reply.epoch)
+            if self.failures.count:
+                self.failures.resumed()
             self.last_contact = time.monotonic()
             self.master_end = reply.master_end
             if reply.metadata:

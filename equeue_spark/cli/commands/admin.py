@@ -7,17 +7,20 @@ import sys
 import time
 
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.cli.common import UsageError, admin_client
+from equeue_spark.cli.commands.cluster import probe_timeout, state_text
+from equeue_spark.cli.common import CliError, UsageError, admin_client
 from equeue_spark.cli.formatting import (
     Output,
     format_bytes,
     format_duration,
     format_pairs,
+    format_table,
     format_time,
     message_dict,
     one_line,
     proto_dict,
 )
+from equeue_spark.client.admin import MemberStats
 from equeue_spark.client.errors import InvalidRequest
 
 MESSAGE_AT_NEEDS_BROKER = (
@@ -75,7 +78,11 @@ def _replication(s: pb.BrokerStats) -> str:
 
 
 def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
-    with admin_client(args, per_broker="stats") as admin:
+    with admin_client(args) as admin:
+        if admin.routes.names_groups():
+            members = admin.cluster_stats(timeout_s=probe_timeout(args))
+            _cluster_stats(ui, members)
+            return
         s = admin.stats()
     if ui.json:
         ui.document(proto_dict(s))
@@ -133,3 +140,66 @@ def _role_since(s: pb.BrokerStats) -> str:
         return "-"
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.role_since_ms / 1000))
     return f"{when} ({s.role_reason or 'no reason given'})"
+
+
+def _cluster_stats(ui: Output, members: list[MemberStats]) -> None:
+    """``equeue --namesrv ... stats``: one row per member of every broker group
+    (role, epoch, state, replication lag as its master reports it, disk,
+    rates, backlog), the replicas each master reports, and a line naming the
+    members that could not be asked. Exit 1 when none answered."""
+    lag = {
+        r.address: r for m in members if m.stats is not None for r in m.stats.replicas
+    }  # a replica's lag, as its master reports it
+    missing = [m for m in members if m.stats is None]
+    if ui.json:
+        ui.document(
+            {
+                "brokers": [
+                    {
+                        "broker": m.entry.broker_name,
+                        "address": m.entry.address,
+                        "role": (m.stats.role if m.stats else m.entry.role) or "master",
+                        "epoch": m.stats.epoch if m.stats else m.entry.epoch,
+                        "state": m.state,
+                        "error": m.error or None,
+                        "stats": proto_dict(m.stats) if m.stats is not None else None,
+                    }
+                    for m in members
+                ],
+                "unreachable": [
+                    {"broker": m.entry.broker_name, "address": m.entry.address,
+                     "state": m.state, "error": m.error}
+                    for m in missing
+                ],
+            }
+        )  # fmt: skip
+    else:
+        rows = []
+        for m in members:
+            s = m.stats
+            behind = lag.get(m.entry.address)
+            rows.append(
+                (
+                    m.entry.broker_name,
+                    (s.role if s else m.entry.role) or "master",
+                    s.epoch if s else m.entry.epoch,
+                    m.entry.address,
+                    state_text(m),
+                    None
+                    if behind is None
+                    else format_bytes(behind.lag_bytes)
+                    + ("" if behind.in_sync else " (not in sync)"),
+                    None if s is None else format_bytes(s.bytes_on_disk),
+                    None if s is None else s.produce_rate,
+                    None if s is None else s.consume_rate,
+                    None if s is None else s.total_backlog,
+                )
+            )
+        headers = ("BROKER", "ROLE", "EPOCH", "ADDRESS", "STATE", "LAG", "DISK",
+                   "PRODUCE/S", "CONSUME/S", "BACKLOG")  # fmt: skip
+        ui.line(format_table(headers, rows) if rows else "no brokers")
+        for m in missing:
+            ui.line(f"no stats from {m.entry.broker_name} ({m.entry.address}): {m.state}: "
+                    f"{m.error}")  # fmt: skip
+    if members and len(missing) == len(members):
+        raise CliError("no broker answered (see above); check the brokers and --namesrv")

@@ -7,12 +7,21 @@ from typing import Any
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli.common import CliError, admin_client
-from equeue_spark.cli.formatting import Output, format_pairs, format_table, format_time, proto_dict
+from equeue_spark.cli.formatting import (
+    Output,
+    format_pairs,
+    format_partial,
+    format_table,
+    format_time,
+    proto_dict,
+)
 from equeue_spark.client.admin import Admin
 from equeue_spark.client.errors import EqueueError, NotFoundError, PreconditionError
 
 
-def _show_group(ui: Output, info: pb.GroupInfo, headline: str | None = None) -> None:
+def _show_group(
+    ui: Output, info: pb.GroupInfo, headline: str | None = None, why: dict[str, str] | None = None
+) -> None:
     if ui.json:
         ui.document(proto_dict(info))
         return
@@ -37,10 +46,14 @@ def _show_group(ui: Output, info: pb.GroupInfo, headline: str | None = None) -> 
     ui.line()
     consumers = ", ".join(info.consumer_ids) or "none"
     ui.line(format_pairs([("total lag", info.total_lag), ("live consumers", consumers)]))
+    if info.unreachable_brokers:
+        what = "the group's queues there and their lag are not counted"
+        ui.line(format_partial(info.unreachable_brokers, why or {}, what))
 
 
 def cmd_groups_list(args: argparse.Namespace, ui: Output) -> None:
     rows: list[dict[str, Any]] = []
+    missing: set[str] = set()
     with admin_client(args) as admin:
         for group in admin.list_groups():
             try:
@@ -48,6 +61,7 @@ def cmd_groups_list(args: argparse.Namespace, ui: Output) -> None:
             except EqueueError:  # deleted meanwhile, or its offsets just expired
                 rows.append({"group": group, "topics": [], "total_lag": None, "consumers": None})
                 continue
+            missing.update(info.unreachable_brokers)
             topics = sorted({q.topic for q in info.queues})
             consumers = len(info.consumer_ids)
             rows.append(
@@ -58,9 +72,12 @@ def cmd_groups_list(args: argparse.Namespace, ui: Output) -> None:
                     "consumers": consumers,
                 }
             )
+        why = admin.down_brokers() if missing else {}
     if ui.json:
-        ui.document({"groups": rows})
-    elif not rows:
+        unreachable = [{"broker": b, "why": why.get(b, "not answering")} for b in sorted(missing)]
+        ui.document({"groups": rows, "unreachable_brokers": unreachable})
+        return
+    if not rows:
         ui.line("no groups")
     else:
         table = [
@@ -68,12 +85,16 @@ def cmd_groups_list(args: argparse.Namespace, ui: Output) -> None:
             for r in rows
         ]
         ui.line(format_table(("GROUP", "TOPICS", "TOTAL LAG", "CONSUMERS"), table))
+    if missing:
+        what = "groups and lag there are not counted"
+        ui.line(format_partial(sorted(missing), why, what))
 
 
 def cmd_groups_describe(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
         info = admin.describe_group(args.group)
-    _show_group(ui, info)
+        why = admin.down_brokers() if info.unreachable_brokers else {}
+    _show_group(ui, info, why=why)
 
 
 def _refuse_live_members(admin: Admin, args: argparse.Namespace, action: str) -> None:

@@ -6,10 +6,18 @@ import argparse
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli.common import UsageError, admin_client, split_names
-from equeue_spark.cli.formatting import Output, format_table, format_time, proto_dict
+from equeue_spark.cli.formatting import (
+    Output,
+    format_partial,
+    format_table,
+    format_time,
+    proto_dict,
+)
 
 
-def _show_topic(ui: Output, info: pb.TopicInfo, headline: str | None = None) -> None:
+def _show_topic(
+    ui: Output, info: pb.TopicInfo, headline: str | None = None, why: dict[str, str] | None = None
+) -> None:
     if ui.json:
         ui.document(proto_dict(info))
         return
@@ -44,6 +52,8 @@ def _show_topic(ui: Output, info: pb.TopicInfo, headline: str | None = None) -> 
         "CONSUMER",
     )
     ui.line(format_table(headers, rows))
+    if info.unreachable_brokers:
+        ui.line(format_partial(info.unreachable_brokers, why or {}, "its queues are not shown"))
 
 
 def cmd_topics_create(args: argparse.Namespace, ui: Output) -> None:
@@ -55,8 +65,17 @@ def cmd_topics_create(args: argparse.Namespace, ui: Output) -> None:
 def cmd_topics_list(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
         topics = admin.list_topics()
+        missing = sorted({b for t in topics for b in t.unreachable_brokers})
+        why = admin.down_brokers() if missing else {}
     if ui.json:
-        ui.document({"topics": [proto_dict(t) for t in topics]})
+        ui.document(
+            {
+                "topics": [proto_dict(t) for t in topics],
+                "unreachable_brokers": [
+                    {"broker": b, "why": why.get(b, "not answering")} for b in missing
+                ],
+            }
+        )
         return
     if not topics:
         ui.line("no topics")
@@ -72,12 +91,16 @@ def cmd_topics_list(args: argparse.Namespace, ui: Output) -> None:
         for t in topics
     ]
     ui.line(format_table(("TOPIC", "QUEUES", "MESSAGES", "BACKLOG", "CREATED"), rows))
+    if missing:
+        hit = ", ".join(t.name for t in topics if t.unreachable_brokers)
+        ui.line(format_partial(missing, why, f"their queues are not counted (topics {hit})"))
 
 
 def cmd_topics_describe(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
         info = admin.describe_topic(args.name)
-    _show_topic(ui, info)
+        why = admin.down_brokers() if info.unreachable_brokers else {}
+    _show_topic(ui, info, why=why)
 
 
 def cmd_topics_delete(args: argparse.Namespace, ui: Output) -> None:
