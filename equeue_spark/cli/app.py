@@ -15,31 +15,44 @@ from equeue_spark.cli.parser import build_parser
 from equeue_spark.client.errors import EqueueError
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _Stderr(logging.Handler):
     """The client's own lines (a write waiting for a group's new master, and
     when it has one) on stderr as ``equeue: ...``, looked up per line so
-    redirection works."""
+    redirection works (never a stream captured once and closed since)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.setStream(sys.stderr)
-        super().emit(record)
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # a closed or broken stderr must not break the client
+            self.handleError(record)
 
 
-def _client_logs() -> None:
-    """Say what the client's routing says (INFO and up), once per process."""
-    logger = logging.getLogger("equeue_spark.client.routing")
-    if not any(isinstance(h, _Stderr) for h in logger.handlers):
-        logger.addHandler(_Stderr())
-        logger.setLevel(logging.INFO)
+_ROUTING_LOG = "equeue_spark.client.routing"
+
+
+def _client_logs() -> _Stderr:
+    """Say what the client's routing says (INFO and up) while a command runs."""
+    logger = logging.getLogger(_ROUTING_LOG)
+    handler = _Stderr()
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return the exit code (0 ok, 1 failed, 2 usage, 130 interrupted)."""
-    _client_logs()
+    handler = _client_logs()
+    try:
+        return _main(argv)
+    finally:
+        logging.getLogger(_ROUTING_LOG).removeHandler(handler)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -102,8 +102,6 @@ def test_cli_refuses_broker_and_namesrv_together_and_per_broker_commands(
     assert "not both" in capsys.readouterr().err
     assert main(["--namesrv", "b", "topics", "list"]) == 2
     assert "--namesrv address 'b' has no port" in capsys.readouterr().err
-    assert main(["--namesrv", "b:2", "stats"]) == 2
-    assert "stats shows one broker: give --broker" in capsys.readouterr().err
     assert main(["--broker", "127.0.0.1:1", "cluster", "list"]) == 2
     assert "--namesrv" in capsys.readouterr().err
 
