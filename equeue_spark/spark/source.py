@@ -146,19 +146,22 @@ class EqueueDataSource(DataSource):
         ``"BROKER/QUEUE"``, writes route like the producer. Reads and writes.
     topic : str
         Reads: one topic or a comma list (exactly one of ``topic`` and
-        ``topicPattern``). Writes: the topic of every row (overrides the column).
+        ``topicPattern``); a batch read fails naming one that does not exist.
+        Writes: the topic of every row (overrides the column).
     topicPattern : str
         Reads only. Regex matched against whole topic names before every
         micro-batch; new topics and queues start at their earliest offset.
     group : str
-        Reads only. Consumer group whose progress the query commits on the broker.
-    startingOffsets : str, default ``latest`` (streaming), ``earliest`` (batch)
-        Reads only. ``earliest``, ``latest``, ``group``, or JSON
-        ``{"topic": {"0": 12, "1": -2}}`` (-2 earliest, -1 latest). A restarted
+        Reads only. Consumer group whose progress the query commits on the broker;
+        a new query starts at its committed offsets unless ``startingOffsets`` says.
+    startingOffsets : str, default ``group`` with a group, else ``latest``/``earliest``
+        Reads only (``latest`` streaming, ``earliest`` batch). ``earliest``,
+        ``latest``, ``group``, or JSON ``{"topic": {"0": 12, "1": -2}}``
+        (-2 earliest, -1 latest). A restarted
         query resumes from its checkpoint instead.
     groupFallback : str, default ``earliest``
         Reads only. With ``startingOffsets=group``: where queues the group never
-        committed start (``earliest`` or ``latest``).
+        committed start (``earliest`` or ``latest``), so a new group reads the topic.
     startingTimestamp : int
         Reads only. Ms since the epoch: start every queue at its first record
         stored at or after it (instead of ``startingOffsets``). Compared with
@@ -195,7 +198,8 @@ class EqueueDataSource(DataSource):
         recreated topic); ``false`` skips them and logs how many, and reads a
         recreated topic (a new incarnation) from its earliest offset.
     timeoutMs : int, default ``30000``
-        Deadline of every broker call, on the driver and in tasks. Reads and writes.
+        Deadline of every broker call, its retries included, on the driver and
+        in tasks: a dead broker fails the query within it. Reads and writes.
     batchSize : int, default ``5000``
         Writes only. Rows per produce request (1 to 10,000).
     delivery : str, default ``exactly_once``
