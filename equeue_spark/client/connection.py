@@ -136,6 +136,11 @@ class ClientConfig:
     backoff_s: float = 0.1
     """First retry delay; doubles each attempt, with jitter, up to ``max_backoff_s``."""
     max_backoff_s: float = 2.0
+    retries_within_timeout: bool = False
+    """True: a call's retries share its deadline (``timeout_s``), so a call that
+    keeps failing fails within it (each attempt gets what is left, backoffs
+    end at it). False: every attempt has the full deadline. The Spark
+    connector sets it: its ``timeoutMs`` bounds a failure, not one attempt."""
     token: str | None = field(default=None, repr=False)
     """Access token sent with every call, to brokers and name servers alike;
     None means ``$EQUEUE_TOKEN`` (if set)."""
@@ -227,6 +232,11 @@ def open_channel(config: ClientConfig, target: str) -> tuple[grpc.Channel, grpc.
     return channel, calls
 
 
+MIN_ATTEMPT_S = 0.001
+"""An attempt's smallest deadline (``retries_within_timeout``): the first attempt
+always gets the whole timeout; a later one at least this."""
+
+
 class Connection:
     """A channel plus the two service stubs; closes with ``close()`` or ``with``."""
 
@@ -268,14 +278,18 @@ class Connection:
         timeout = config.timeout_s if timeout_s is None else timeout_s
         attempts = 1 + (config.retries if retry else 0)
         delay = config.backoff_s
+        deadline = time.monotonic() + timeout if config.retries_within_timeout else None
         for attempt in range(attempts):
+            left = timeout if deadline is None else deadline - time.monotonic()
             try:
-                return method(request, timeout=timeout)
+                return method(request, timeout=max(left, MIN_ATTEMPT_S))
             except grpc.RpcError as exc:
                 error = from_rpc_error(exc)
-                if not error.retriable or attempt == attempts - 1:
+                pause = delay * (0.5 + random.random())  # jitter spreads reconnects
+                out_of_time = deadline is not None and time.monotonic() + pause >= deadline
+                if not error.retriable or attempt == attempts - 1 or out_of_time:
                     raise error from exc
-            time.sleep(delay * (0.5 + random.random()))  # jitter spreads reconnects
+            time.sleep(pause)
             delay = min(delay * 2, config.max_backoff_s)
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -3,17 +3,23 @@
     EqueueError
     ├── InvalidOption        an unknown option, or an option with a bad value
     │                        (the message names both); raised when the query starts
-    └── OffsetsLostError     records the query still had to read were removed
-                             (retention, or a topic recreated) and
-                             failOnDataLoss is true
+    ├── OffsetsLostError     records the query still had to read were removed
+    │                        (retention, or a topic recreated) and
+    │                        failOnDataLoss is true
+    └── BrokerUnavailable (the client's)
+        └── BrokerUnreachable  no answer within timeoutMs (a dead or wrong
+                               address): names the address and timeoutMs
 
 Spark wraps them in its own exceptions; the message text survives, so a user
-sees the option or the offsets named in the query's failure.
+sees the option or the offsets named in the query's failure. The data
+source's entry points (source.py) raise them without the call chain below
+(``from None``), so Spark's rendering of the Python traceback is a few lines
+ending in the one that matters.
 """
 
 from __future__ import annotations
 
-from equeue_spark.client.errors import EqueueError
+from equeue_spark.client.errors import BrokerUnavailable, EqueueError
 
 
 class InvalidOption(EqueueError, ValueError):
@@ -22,3 +28,7 @@ class InvalidOption(EqueueError, ValueError):
 
 class OffsetsLostError(EqueueError):
     """Records between the query's position and the queue's earliest offset are gone."""
+
+
+class BrokerUnreachable(BrokerUnavailable):
+    """The broker (or a cluster's name servers) did not answer within ``timeoutMs``."""

@@ -194,6 +194,8 @@ class Security:
             broker=broker, namesrv=namesrv, timeout_s=timeout_ms / 1000, token=self.token,
             tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key,
             read_from_replicas=read_from_replicas,
+            # timeoutMs bounds a failing call, retries included, not each attempt.
+            retries_within_timeout=True,
         )  # fmt: skip
 
 
@@ -212,7 +214,8 @@ class ReadOptions:
     group: str = ""
     """Consumer group whose progress the query commits on the broker."""
     starting: StartSpec = "latest"
-    """Where a new query starts (option ``startingOffsets``)."""
+    """Where a new query starts (option ``startingOffsets``); ``group`` when the
+    option is not given but ``group`` is."""
     group_fallback: str = "earliest"
     """With ``startingOffsets=group``: where queues the group never committed start."""
     starting_timestamp_ms: int | None = None
@@ -261,6 +264,10 @@ class ReadOptions:
         kwargs["topic_pattern"] = pattern
         kwargs["group"] = o.text("group")
         kwargs["starting"] = _parse_offsets(o, "startingoffsets", streaming, topics, pattern)
+        if kwargs["group"] and not o.has("startingoffsets") and not o.has("startingtimestamp"):
+            # As a Kafka consumer with a group.id: resume where the group left off,
+            # and read from groupFallback (earliest) where it never committed.
+            kwargs["starting"] = "group"
         if kwargs["starting"] == "group" and not kwargs["group"]:
             raise _bad("startingOffsets", "group", "needs the group option")
         fallback = o.text("groupfallback", "earliest").lower()

@@ -83,22 +83,31 @@ class Planner:
         """Offsets of every consumer-visible queue of the query's topics, and
         the topics' incarnations (one broker call per topic).
 
-        A named topic that does not exist yet simply has no queues (the query
-        waits for it), as Kafka's ``subscribe`` does.
+        In a streaming query a named topic that does not exist yet simply has
+        no queues (the query waits for it), as Kafka's ``subscribe`` does; a
+        batch read of one fails (``NotFoundError`` naming it), as Kafka's
+        ``assign`` does. A ``topicPattern`` may match none.
         """
         found = Listing()
-        for topic in self.topics():
-            self._list_topic(found, topic, timestamp_ms)
+        missing = [t for t in self.topics() if not self._list_topic(found, t, timestamp_ms)]
+        if missing and not self.options.streaming and self.options.topic_pattern is None:
+            o = self.options
+            where = f"name servers {','.join(o.namesrv)}" if o.cluster else f"broker {o.broker}"
+            raise NotFoundError(
+                f"topic {missing[0]!r} does not exist on {where}: check the topic option "
+                "(a batch read needs existing topics; a streaming read waits for them)"
+            )
         return found
 
-    def _list_topic(self, found: Listing, topic: str, timestamp_ms: int | None) -> None:
+    def _list_topic(self, found: Listing, topic: str, timestamp_ms: int | None) -> bool:
         """``listing`` of one topic: every broker group of its route (one
         broker: its one group); a group that does not answer is noted
-        (``unreachable``), not fatal."""
+        (``unreachable``), not fatal. False if the topic does not exist."""
         try:
             route = self.admin.route(topic)
         except NotFoundError:
-            return
+            return False
+        exists = False
         for broker in route.broker_names():
             name = cluster_key(broker, topic)
             try:  # the master, a replica when it does not answer (or readFromReplicas)
@@ -110,12 +119,15 @@ class Planner:
             except BrokerUnavailable as exc:
                 log.warning("broker %s of topic %s does not answer: %s", broker, topic, exc)
                 found.unreachable.add(name)
+                exists = True  # as far as anyone can tell
                 continue
+            exists = True
             if listed.incarnation:
                 found.incarnations[name] = listed.incarnation
             for q in listed.queues:
                 if q.consumer_visible:
                     found.queues[(name, q.queue_id)] = q
+        return exists
 
     @property
     def seed(self) -> str:

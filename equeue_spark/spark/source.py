@@ -10,11 +10,12 @@ workers and must rebuild everything from their (pickled) arguments.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -38,8 +39,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from equeue_spark.client.cluster import connect
+from equeue_spark.client.errors import BrokerUnavailable, DeadlineExceeded, EqueueError
 from equeue_spark.spark.arrow import arrow_schema, read_schema
-from equeue_spark.spark.errors import InvalidOption
+from equeue_spark.spark.errors import BrokerUnreachable, InvalidOption
 from equeue_spark.spark.offsets import (
     Offsets,
     backlog,
@@ -65,6 +67,52 @@ from equeue_spark.spark.write_task import (
 )
 
 log = logging.getLogger("equeue.spark")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _standalone(exc: EqueueError, options: ReadOptions | WriteOptions) -> EqueueError:
+    """``exc`` as the one line a user needs: a broker that does not answer is
+    named with the address and ``timeoutMs``; other errors keep their message."""
+    if not isinstance(exc, BrokerUnavailable | DeadlineExceeded):
+        return exc.with_traceback(None)
+    if options.namesrv:
+        where, option = f"the cluster behind name servers {','.join(options.namesrv)}", "namesrv"
+    else:
+        where, option = f"broker {options.broker}", "broker"
+    return BrokerUnreachable(
+        f"{where} did not answer within timeoutMs={options.timeout_ms} ({exc}): check that "
+        f"it runs at that address (option {option}), or raise timeoutMs",
+        exc.code,
+    )
+
+
+def _one_line(method: Callable[P, R]) -> Callable[P, R]:
+    """For the methods Spark calls on the driver: an ``EqueueError`` leaves
+    without the call chain under it (``from None``), so Spark's rendering of
+    the Python traceback is a few lines that end in the message, and a broker
+    that does not answer says which and within what (``_standalone``). The
+    first argument is the reader or writer (its ``options``)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except EqueueError as exc:
+            raise _standalone(exc, args[0].options) from None  # type: ignore[attr-defined]
+
+    return wrapper
+
+
+def _plain_errors(
+    batches: Iterator[pa.RecordBatch], options: ReadOptions
+) -> Iterator[pa.RecordBatch]:
+    """A read task's batches, with ``_one_line``'s errors."""
+    try:
+        yield from batches
+    except EqueueError as exc:
+        raise _standalone(exc, options) from None
 
 
 class EqueueDataSource(DataSource):
@@ -98,19 +146,22 @@ class EqueueDataSource(DataSource):
         ``"BROKER/QUEUE"``, writes route like the producer. Reads and writes.
     topic : str
         Reads: one topic or a comma list (exactly one of ``topic`` and
-        ``topicPattern``). Writes: the topic of every row (overrides the column).
+        ``topicPattern``); a batch read fails naming one that does not exist.
+        Writes: the topic of every row (overrides the column).
     topicPattern : str
         Reads only. Regex matched against whole topic names before every
         micro-batch; new topics and queues start at their earliest offset.
     group : str
-        Reads only. Consumer group whose progress the query commits on the broker.
-    startingOffsets : str, default ``latest`` (streaming), ``earliest`` (batch)
-        Reads only. ``earliest``, ``latest``, ``group``, or JSON
-        ``{"topic": {"0": 12, "1": -2}}`` (-2 earliest, -1 latest). A restarted
+        Reads only. Consumer group whose progress the query commits on the broker;
+        a new query starts at its committed offsets unless ``startingOffsets`` says.
+    startingOffsets : str, default ``group`` with a group, else ``latest``/``earliest``
+        Reads only (``latest`` streaming, ``earliest`` batch). ``earliest``,
+        ``latest``, ``group``, or JSON ``{"topic": {"0": 12, "1": -2}}``
+        (-2 earliest, -1 latest). A restarted
         query resumes from its checkpoint instead.
     groupFallback : str, default ``earliest``
         Reads only. With ``startingOffsets=group``: where queues the group never
-        committed start (``earliest`` or ``latest``).
+        committed start (``earliest`` or ``latest``), so a new group reads the topic.
     startingTimestamp : int
         Reads only. Ms since the epoch: start every queue at its first record
         stored at or after it (instead of ``startingOffsets``). Compared with
@@ -147,7 +198,8 @@ class EqueueDataSource(DataSource):
         recreated topic); ``false`` skips them and logs how many, and reads a
         recreated topic (a new incarnation) from its earliest offset.
     timeoutMs : int, default ``30000``
-        Deadline of every broker call, on the driver and in tasks. Reads and writes.
+        Deadline of every broker call, its retries included, on the driver and
+        in tasks: a dead broker fails the query within it. Reads and writes.
     batchSize : int, default ``5000``
         Writes only. Rows per produce request (1 to 10,000).
     delivery : str, default ``exactly_once``
@@ -266,12 +318,14 @@ class EqueuePartition(InputPartition):
         super().__init__(queue_range)
 
 
-def _read(partition: InputPartition, schema: StructType) -> Iterator[pa.RecordBatch]:
+def _read(
+    partition: InputPartition, schema: StructType, options: ReadOptions
+) -> Iterator[pa.RecordBatch]:
     if partition.value is None:
         # Spark runs one task with InputPartition(None) when partitions() is
         # empty (nothing to read): it reads nothing.
         return iter(())
-    return read_range(partition.value, arrow_schema(schema))
+    return _plain_errors(read_range(partition.value, arrow_schema(schema)), options)
 
 
 # -- batch reads -------------------------------------------------------------------
@@ -284,6 +338,7 @@ class EqueueBatchReader(DataSourceReader):
         self.options = options
         self.schema = schema
 
+    @_one_line
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
         planner = Planner(o)
@@ -298,7 +353,7 @@ class EqueueBatchReader(DataSourceReader):
         return [EqueuePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(partition, self.schema)
+        return _read(partition, self.schema, self.options)
 
 
 # -- streaming reads -----------------------------------------------------------------
@@ -332,6 +387,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._planner = Planner(self.options)
         return self._planner
 
+    @_one_line
     def initialOffset(self) -> dict[str, Any]:
         o = self.options
         listing = self.planner.listing(o.starting_timestamp_ms)
@@ -350,9 +406,11 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMinRows(o.min_offsets_per_trigger)
         return ReadAllAvailable()
 
+    @_one_line
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {k: q.end_offset for k, q in self.planner.queues().items()}
 
+    @_one_line
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         listing = self._listed = self.planner.listing()
         queues = listing.queues
@@ -408,10 +466,12 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             capped[key], _ = self.planner.offset_for_bytes(key, begin, ends[key], share)
         return capped
 
+    @_one_line
     def reportLatestOffset(self) -> dict[str, Any]:
         listing = self.planner.listing() if self._listed is None else self._listed
         return to_json({k: q.end_offset for k, q in listing.queues.items()}, listing.incarnations)
 
+    @_one_line
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         # A restarted query's first partitions() (a batch replayed from the
         # checkpoint) comes before any latestOffset: then the planner lists.
@@ -424,8 +484,9 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [EqueuePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(partition, self.schema)
+        return _read(partition, self.schema, self.options)
 
+    @_one_line
     def commit(self, end: dict[str, Any]) -> None:
         offsets = from_json(end)
         if self._listed is not None:  # Spark commits one batch late: the topic may be new
@@ -480,6 +541,7 @@ class EqueueWriter(DataSourceArrowWriter):
         self.job = f"spark-write-{uuid.uuid4().hex}"
         """Made on the driver, pickled to every task: names this job's transactions."""
 
+    @_one_line
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
         txn = ""
         partition = 0
@@ -488,6 +550,7 @@ class EqueueWriter(DataSourceArrowWriter):
             txn = transaction_id(self.job, partition, attempt)
         return WriteResult(write_batches(self.options, iterator, txn, partition))
 
+    @_one_line
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         summaries = _summaries(messages)
         rows = sum(s.rows for s in summaries)
@@ -502,6 +565,7 @@ class EqueueWriter(DataSourceArrowWriter):
             return
         log.info("equeue batch write committed: %d rows from %d tasks", rows, len(messages))
 
+    @_one_line
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.options.exactly_once:
             aborted = abort_on_brokers(self.options, transaction_prefix(self.job))
@@ -525,6 +589,7 @@ class EqueueStreamWriter(DataSourceStreamArrowWriter):
         self.run = uuid.uuid4().hex[:12]
         """Distinguishes this driver run's transactions from a crashed run's."""
 
+    @_one_line
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
         if not self.options.exactly_once:
             return WriteResult(write_batches(self.options, iterator))
@@ -542,6 +607,7 @@ class EqueueStreamWriter(DataSourceStreamArrowWriter):
         summary.sink = sink
         return WriteResult(summary)
 
+    @_one_line
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         summaries = _summaries(messages)
         rows = sum(s.rows for s in summaries)
@@ -563,6 +629,7 @@ class EqueueStreamWriter(DataSourceStreamArrowWriter):
             log.info("equeue sink %s batch %d committed: %d rows%s", sink, batchId, rows,
                      _on(outcomes))  # fmt: skip
 
+    @_one_line
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         sink = next((s.sink for s in _summaries(messages) if s.sink), "")
         if not self.options.exactly_once:
