@@ -284,10 +284,10 @@ class Routes:
                 f"it has no replica to fail over to, so the client gave up after its "
                 f"timeout_s={config.timeout_s:g}; retry once the broker is back"
             )
+        waited = min(config.failover_timeout_s, round(limit - started, 1))
         raise BrokerUnavailable(
             f"broker group {broker!r} has no reachable master (waited "
-            f"failover_timeout_s={min(config.failover_timeout_s, limit - started):g}; "
-            f"{why}); retry later"
+            f"failover_timeout_s={waited:g}; {why}); retry later"
         )
 
     def _entry_or_gone(self, topic: str, broker: str, last: EqueueError | None) -> pb.BrokerRoute:
