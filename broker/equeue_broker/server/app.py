@@ -21,7 +21,7 @@ from pathlib import Path
 from types import EllipsisType
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from equeue_broker.replication.failover import MANUAL, ZOOKEEPER, RoleSwitch, ZkFailover
@@ -42,6 +42,7 @@ from equeue_broker.server.connections import (
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
+from equeue_broker.server.health import BrokerHealth
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
@@ -192,6 +193,7 @@ async def create_server(
             instance_id=instance_id,
         ),
         registrar=registrar,
+        health=BrokerHealth(role),
     )
     store.add_listener(state.waiters.notify_threadsafe)
     growth = LogGrowth(asyncio.get_running_loop())
@@ -204,8 +206,7 @@ async def create_server(
     pb_grpc.add_MembershipServicer_to_server(
         MembershipService(config.broker_name, instance_id, role), server
     )
-    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, server)
     names = [
         pb.DESCRIPTOR.services_by_name["Broker"].full_name,
         pb.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -218,8 +219,7 @@ async def create_server(
     await server.start()
     # Connections that say nothing wait in the kernel, not in a connection slot.
     defer_silent_connections(port, -(-config.handshake_timeout_ms // 1000))
-    for name in ("", *names[:2]):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await state.health.start()  # SERVING; writes only on a master (health.py)
     return server, port, state
 
 
@@ -405,6 +405,7 @@ async def serve(config: BrokerConfig) -> None:
     sys.stdout.flush()
     await stop.wait()
     log.info("shutting down")
+    await state.health.stop()  # NOT_SERVING: load balancers stop sending calls here
     if state.registrar is not None and registering is not None:
         registering.cancel()
         await state.registrar.unregister()  # clients stop routing here at once
