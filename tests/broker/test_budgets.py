@@ -216,6 +216,7 @@ NO_DEADLINE_MS = 3_600_000
 """Longer than any test's pytest timeout: a wait that ends only when its turn comes."""
 
 
+@pytest.mark.slow  # 480 MiB through one broker: 6-10 s idle, minutes under load (make test runs it)
 @pytest.mark.timeout(300)
 def test_concurrent_full_size_produces_are_received_within_the_intake_budget(
     broker_factory: StartBroker, tmp_path: Path
