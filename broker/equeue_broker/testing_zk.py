@@ -19,18 +19,32 @@ data in a directory of its own::
 Readiness is ZooKeeper's own ``srvr`` four-letter command (the only one enabled):
 ``ruok`` answers "imok" before the server accepts sessions, ``srvr`` says
 "not currently serving requests" until it does. Nothing here imports kazoo.
+
+As a command, a ZooKeeper for development (docs/replication.md, "A
+single-node ZooKeeper for development")::
+
+    python -m equeue_broker.testing_zk --port 2181 --data-dir ~/equeue-zk
+
+prints ``zookeeper listening on 127.0.0.1:2181`` once it serves sessions and
+runs until Ctrl-C (or SIGTERM), then stops the server and exits 0; started
+again on the same ``--data-dir`` it has its znodes back. Without
+``--data-dir`` its data go to a temporary directory, removed at exit.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -85,7 +99,7 @@ class ZooKeeperProcess:
     its snapshot and gives each a full timeout to reconnect)."""
 
     def __init__(self, base_dir: Path, port: int = 0, tick_ms: int = TICK_MS) -> None:
-        self.base_dir = Path(base_dir)
+        self.base_dir = Path(base_dir).absolute()  # the JVM runs in it: dataDir absolute
         self.data_dir = self.base_dir / "data"
         self.config_path = self.base_dir / "zoo.cfg"
         self.log_path = self.base_dir / "zookeeper.log"
@@ -257,3 +271,54 @@ def _state(stat: Path) -> str:
     except (FileNotFoundError, ProcessLookupError):
         return ""
     return text.rsplit(")", 1)[-1].split()[0]
+
+
+READY_PREFIX = "zookeeper listening on "
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m equeue_broker.testing_zk``: one ZooKeeper until Ctrl-C (module doc)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m equeue_broker.testing_zk",
+        description="Run a single-node ZooKeeper on 127.0.0.1 for development and tests"
+        " (Debian's zookeeper package: make zookeeper). Ctrl-C or SIGTERM stops it.",
+    )
+    parser.add_argument("--port", type=int, default=2181, help="client port (0: a free one)")
+    parser.add_argument(
+        "--data-dir", type=Path, help="its snapshots, logs and zoo.cfg (kept); default: a"
+        " temporary directory, removed at exit",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tick-ms", type=int, default=TICK_MS,
+        help=f"ZooKeeper's tickTime; sessions may last 2 ticks to 60 s (default {TICK_MS})",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port} is not a port; give 0 to 65535 (0: a free one)")
+    if args.port and four_letter(args.port, "srvr", timeout_s=1.0):
+        parser.error(f"port {args.port} already answers (another ZooKeeper?); give another --port")
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    with contextlib.ExitStack() as cleanup:
+        base = args.data_dir or Path(cleanup.enter_context(tempfile.TemporaryDirectory()))
+        if base.exists() and not base.is_dir():
+            parser.error(f"--data-dir {base} is a file, not a directory")
+        zk = ZooKeeperProcess(base, args.port, args.tick_ms)
+        try:
+            zk.start()
+        except RuntimeError as exc:
+            print(f"zookeeper did not start: {exc}", file=sys.stderr)
+            return 1
+        cleanup.callback(zk.stop)
+        print(f"{READY_PREFIX}{zk.hosts}", flush=True)
+        print(f"data in {base}, log in {zk.log_path}; Ctrl-C stops it", file=sys.stderr)
+        while not stop.wait(1.0):
+            if not zk.alive():
+                print(f"zookeeper exited\n{zk.log_tail()}", file=sys.stderr)
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -212,19 +212,31 @@ def _rss_anon(broker: BrokerProcess) -> int:
     return int(broker.proc_status()["RssAnon"].split()[0]) * KiB
 
 
-@pytest.mark.timeout(180)
+NO_DEADLINE_MS = 3_600_000
+"""Longer than any test's pytest timeout: a wait that ends only when its turn comes."""
+
+
+@pytest.mark.slow  # 480 MiB through one broker: 6-10 s idle, minutes under load (make test runs it)
+@pytest.mark.timeout(300)
 def test_concurrent_full_size_produces_are_received_within_the_intake_budget(
     broker_factory: StartBroker, tmp_path: Path
 ) -> None:
     """Item 11 within the request limit: 24 produces of 20 MiB at once. gRPC
     used to receive all of them before any handler ran (RssAnon 750-1,100 MiB);
-    the intake gate receives four at a time, the rest wait in their 64 KiB
+    the intake gate receives four at a time, the rest wait in their 256 KiB
     flow window.
 
-    What is asserted is memory, not speed: the last of six rounds of four may
-    wait longer than the default ``budget_wait_ms`` (5 s) on a loaded machine
-    and be refused as documented, so the wait here is the calls' own 120 s."""
-    broker = _broker_with(broker_factory, tmp_path, budget_wait_ms=120_000)
+    What is asserted is memory, which the gate bounds whatever the machine's
+    speed; nothing here depends on time. The six rounds of four take 5-10 s
+    idle and over a minute on a loaded 2-core machine, where the last ones
+    outwaited the default ``budget_wait_ms`` (5 s) and then even 120 s, and
+    were refused (RESOURCE_EXHAUSTED, issue 26): so every call and every
+    budget wait here waits for its turn however long it takes
+    (``NO_DEADLINE_MS``), and only the test's own timeout bounds the run."""
+    broker = _broker_with(
+        broker_factory, tmp_path, budget_wait_ms=NO_DEADLINE_MS,
+        request_read_timeout_ms=NO_DEADLINE_MS,
+    )  # fmt: skip
     request = pb.ProduceRequest(topic="p", messages=_messages(20, MiB - 64))
     options = [("grpc.max_send_message_length", 64 * MiB)]
     channels = [grpc.insecure_channel(broker.address, options=options) for _ in range(12)]
@@ -232,16 +244,25 @@ def test_concurrent_full_size_produces_are_received_within_the_intake_budget(
     try:
         with ThreadPoolExecutor(24) as pool:
             stubs = [pb_grpc.BrokerStub(c) for c in channels for _ in range(2)]
-            calls = [pool.submit(_code, functools.partial(s.Produce, request, timeout=120))
+            calls = [pool.submit(_outcome, functools.partial(s.Produce, request))
                      for s in stubs]  # fmt: skip
             while not all(f.done() for f in calls):
                 peak = max(peak, _rss_anon(broker))
                 wait([*calls], timeout=0.02)
-        assert [f.result() for f in calls] == [grpc.StatusCode.OK] * 24
+        assert [f.result() for f in calls] == [(grpc.StatusCode.OK, "")] * 24
     finally:
         for channel in channels:
             channel.close()
     assert peak < 512 * MiB, f"broker RssAnon peaked at {peak // MiB} MiB"
+
+
+def _outcome(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    """The call's status code and details (OK and "" on success): a refusal says why."""
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
 
 
 def _produce_as_stream(channel: grpc.Channel) -> Any:

@@ -20,6 +20,7 @@ from equeue_broker.server.config import (
     DEFAULT_DATA_DIR,
     SETTINGS,
     BrokerConfig,
+    Setting,
     parse_args,
 )
 from equeue_broker.storage.config import FlushMode, StorageConfig
@@ -91,7 +92,7 @@ def test_sample_config_names_every_setting() -> None:
     assert names == set(BY_KEY), (
         f"missing from docs/equeue-broker.toml: {sorted(set(BY_KEY) - names)}"
     )
-    server = {f.name for f in fields(BrokerConfig)} - {"storage"}
+    server = {f.name for f in fields(BrokerConfig)} - {"storage", "origins"}
     assert server <= names
 
 
@@ -152,10 +153,45 @@ def test_units_convert_both_ways(tmp_path: Path) -> None:
     assert config.storage.transactions.max_bytes == 4096
 
 
-def test_storage_errors_name_the_setting(capsys: pytest.CaptureFixture[str]) -> None:
+STORAGE_NAMES = {name for s in SETTINGS if s.target for name in (s.target, s.path[-1])}
+"""The ``StorageConfig`` fields settings set: names no operator gave."""
+CHECKED = [s for s in SETTINGS if s.target and s.kind() in (int, float)]
+
+
+@pytest.mark.parametrize("setting", CHECKED, ids=[s.key for s in CHECKED])
+def test_storage_errors_name_the_setting_as_given(
+    setting: Setting, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every setting that sets a storage field (issue 26, item 10): a bad value
+    given by flag is named by the flag, one in the config file by its key and
+    the file; never by the storage field's internal name (``--chunk-size -5``
+    answered ``chunk_capacity_bytes must be ...``); the value as given."""
+    if setting.flag:
+        argv, shown = [setting.flag_name, "-5"], setting.flag_name
+    else:
+        config_file = tmp_path / "broker.toml"
+        config_file.write_text(f"{setting.key} = -5\n")
+        argv, shown = ["--config", str(config_file)], f"{setting.key} in {config_file}"
     with pytest.raises(SystemExit):
-        parse_args(["--transaction-timeout-ms", "0"])
-    assert "(from setting transaction_timeout_ms)" in capsys.readouterr().err
+        parse_args(argv)
+    error = capsys.readouterr().err
+    assert error.startswith(f"equeue-broker: error: {shown} must be "), error
+    assert error.count("\n") == 1 and ", got -5 " in error, error
+    internal = {n for n in STORAGE_NAMES - {setting.key} if re.search(rf"\b{n}\b", error)}
+    assert not internal, error
+
+
+def test_a_storage_error_names_every_setting_it_is_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = tmp_path / "broker.toml"
+    config_file.write_text("chunk_size = 65536\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(config_file), "--max-message-bytes", "131072"])
+    assert capsys.readouterr().err.startswith(
+        f"equeue-broker: error: --max-message-bytes (131072) must not exceed chunk_size in"
+        f" {config_file} (65536): records never span chunks"
+    )
 
 
 def test_help_shows_each_default_and_unit(capsys: pytest.CaptureFixture[str]) -> None:

@@ -71,6 +71,7 @@ def test_the_default_connection_limit_follows_the_open_files_limit() -> None:
     assert auto_max_connections(1 << 20, 4_096) == 16_384  # ceiling: memory, not descriptors
 
 
+@pytest.mark.slow  # 9 s of 2,000 silent connections: hardening (make test runs it)
 @pytest.mark.timeout(120)
 def test_silent_connections_leave_room_for_clients_that_speak(
     broker_factory: StartBroker, tmp_path: Path

@@ -6,6 +6,7 @@ they are about; DEBUG is the broker's, not gRPC's). Real broker processes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import socket
@@ -134,6 +135,74 @@ def test_an_address_not_of_this_host_is_one_line_and_exit_3(tmp_path: Path) -> N
     line = one_line(done)
     assert "cannot listen on 192.0.2.1:0: Cannot assign requested address" in line
     assert "--host" in line  # says what to do
+
+
+def _start_fails(tmp_path: Path, *flags: str) -> str:
+    """The one line of a broker that cannot start for a reason other than usage."""
+    command = [sys.executable, "-m", "equeue_broker", "--port", "0", *flags]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=tmp_path,
+        stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    line = one_line(done)
+    assert "cannot start: " in line and "Errno" not in line, line
+    return line.split("cannot start: ", 1)[1]
+
+
+def test_a_data_dir_that_is_a_file_is_said_in_words(tmp_path: Path) -> None:
+    """Issue 26, item 10: not ``[Errno 17] File exists: 'afile'``."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "afile").write_text("")
+    line = _start_fails(tmp_path, "--data-dir", "bad/afile")
+    assert line.startswith("--data-dir bad/afile is a file, not a directory; "), line
+    line = _start_fails(tmp_path, "--data-dir", "bad/afile/data")
+    assert line.startswith(
+        "--data-dir bad/afile/data cannot be created: bad/afile is a file, not a directory; "
+    ), line
+    config = tmp_path / "broker.toml"
+    config.write_text('data_dir = "bad/afile"\n')
+    line = _start_fails(tmp_path, "--config", str(config))
+    assert line.startswith(f"bad/afile (data_dir in {config}) is a file, not a directory"), line
+
+
+def test_unreadable_files_are_named_by_their_setting(tmp_path: Path) -> None:
+    line = _start_fails(
+        tmp_path, "--data-dir", "data", "--tls-cert", "missing.pem", "--tls-key", "missing.key"
+    )
+    assert line == (
+        "cannot read --tls-cert missing.pem: no such file or directory;"
+        " give --tls-cert an existing file"
+    )
+    assert not (tmp_path / "data").exists()  # refused before touching the data directory
+    line = _start_fails(tmp_path, "--tokens-file", "missing.toml")
+    assert line.startswith("cannot read --tokens-file missing.toml: no such file or directory")
+
+
+OBJECT_DUMP = re.compile(r"\b[A-Z]\w*\(\w+=")
+"""A dataclass's repr (``RecoveryReport(tail_records_scanned=0, ...``)."""
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_start_up_log_has_fields_not_object_dumps(tmp_path: Path, log_format: str) -> None:
+    """Issue 26, item 11: ``store opened: RecoveryReport(...)`` was a repr in
+    both formats; its figures are fields now (numbers in JSON)."""
+    with BrokerProcess(tmp_path / "data", "--log-format", log_format) as broker:
+        log = broker.log_since_start()
+    assert "store opened" in log
+    assert OBJECT_DUMP.findall(log) == [], log
+    if log_format == "text":
+        (opened,) = [line for line in log.splitlines() if "store opened" in line]
+        assert re.search(r": store opened in \d+\.\d{3} s recovery_s=\d+\.\d+ bytes_scanned=0 ",
+                         opened), opened  # fmt: skip
+        return
+    records = [json.loads(line) for line in log.splitlines()]
+    (opened,) = [r for r in records if r["msg"].startswith("store opened")]
+    for name in ("recovery_s", "bytes_scanned", "tail_records_scanned", "tail_bytes_discarded",
+                 "index_entries_rebuilt", "records_of_deleted_topics"):  # fmt: skip
+        assert isinstance(opened[name], int | float), (name, opened)
+    (started,) = [r for r in records if r["msg"].startswith("broker ")]
+    assert started["recovery_s"] == round(started["recovery_s"], 3)
 
 
 def test_text_log_lines_name_their_topic_and_group(broker: BrokerProcess) -> None:

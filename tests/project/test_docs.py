@@ -1,16 +1,25 @@
-"""The documentation against the code: the Spark option table, links, the front page.
+"""The documentation against the code: the Spark option table, links, paths,
+the shipped files, the front page.
 
 - The option table in docs/spark.md and ``equeue_spark/spark/options.py`` name
   the same options, for reads and for writes; so does ``EqueueDataSource``'s
   docstring (read from the source file, so pyspark is not imported).
 - Every relative link in README.md and docs/*.md points to an existing file,
   and an anchor into a markdown file to one of its headings.
+- Every repository path a doc names in backticks or in a code block
+  (``hardening/budgets.py``, ``tests/support/acked.py``, a file named alone
+  such as ``test_startup.py``, a module such as ``equeue_broker.testing_zk``)
+  exists in the repository (issue 26: docs cited files that are not in it).
+- A systemd unit shown in a doc is the shipped ``docs/equeue-broker.service``,
+  verbatim; a broker config shown in a doc parses through the broker's own
+  parser, and one that long is the shipped ``docs/equeue-broker.toml``.
 - README.md is a front page: at most 200 lines.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -25,10 +34,8 @@ SPARK_DOC = DOCS / "spark.md"
 SOURCE = ROOT / "equeue_spark" / "spark" / "source.py"
 README_MAX_LINES = 200
 
-WRITTEN_ON_ANOTHER_BRANCH = {"docs/equeue-broker.toml", "docs/equeue-broker.service"}
-"""Linked from the docs, written in parallel with them (the sample broker config
-and the systemd unit). Until they land, their links alone make the link test
-xfail instead of fail; any other broken link fails it."""
+UNIT = DOCS / "equeue-broker.service"
+SAMPLE_CONFIG = DOCS / "equeue-broker.toml"
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -37,7 +44,7 @@ _NAME = re.compile(r"^`([A-Za-z][A-Za-z0-9]*)`$")
 
 
 def _markdown_files() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, *sorted(DOCS.glob("*.md")), ROOT / "protos" / "README.md"]
 
 
 def _without_code_blocks(text: str) -> str:
@@ -135,18 +142,159 @@ def _broken_links() -> list[tuple[str, Path]]:
 
 
 def test_relative_links_point_to_existing_files() -> None:
-    broken = _broken_links()
-    pending = [where for where, path in broken if _relative(path) in WRITTEN_ON_ANOTHER_BRANCH]
-    assert [where for where, path in broken if where not in pending] == []
-    if pending:
-        pytest.xfail(f"not written yet (another branch): {pending}")
+    assert _broken_links() == []
 
 
-def _relative(path: Path) -> str:
-    try:
-        return path.relative_to(ROOT).as_posix()
-    except ValueError:
-        return str(path)
+# -- paths named in the docs ------------------------------------------------------
+
+_NOT_SOURCE = {".git", ".venv", "build", "__pycache__", ".mypy_cache", ".ruff_cache",
+               ".pytest_cache", ".hypothesis", "equeue_mq.egg-info"}  # fmt: skip
+
+
+def _repository_files() -> list[str]:
+    """Every file of the checkout (paths relative to the root), without the
+    virtualenv, build output and caches."""
+    found = []
+    for directory, subdirectories, names in os.walk(ROOT):
+        subdirectories[:] = [d for d in subdirectories if d not in _NOT_SOURCE]
+        found += [(Path(directory) / n).relative_to(ROOT).as_posix() for n in names]
+    return found
+
+
+_TICKED = re.compile(r"`([^`\s]+)`")
+_SOURCE_SUFFIXES = (".py", ".md", ".proto", ".c", ".pyi", ".service", ".toml", ".sh")
+_PACKAGES = {"equeue_broker": "broker/equeue_broker", "equeue_spark": "equeue_spark",
+             "equeue_proto": "equeue_proto"}  # fmt: skip
+_MODULE = re.compile(rf"^(?:{'|'.join(_PACKAGES)})(?:\.\w+)+$")
+
+
+def _named_paths(text: str, top: set[str]) -> set[str]:
+    """What a doc names that looks like a repository path: backticked tokens
+    that start with a top-level folder of the repository or end in a source
+    file's suffix, and, in prose and code blocks alike, any word starting with
+    ``<top-level folder>/``. Absolute paths and URLs are not the repository's."""
+    folders = "|".join(re.escape(t) for t in sorted(top) if (ROOT / t).is_dir())
+    in_text = re.findall(rf"(?<![\w./<~$-])((?:{folders})/[\w./*{{}},-]*)", text)
+    named = set()
+    for found in [*_TICKED.findall(text), *in_text]:
+        token = found.split("#")[0].rstrip(".,:;)")
+        if not token or token.startswith((".", "/", "<", "~", "$", "-")) or "://" in token:
+            continue
+        if token.split("/")[0] in top or (token.endswith(_SOURCE_SUFFIXES) and "/" in token):
+            named.update(_expand_braces(token))
+        elif token.endswith(_SOURCE_SUFFIXES[:4]) or _MODULE.match(token):
+            named.add(token)  # a source file named alone (test_startup.py), a module
+    return named
+
+
+def _expand_braces(token: str) -> list[str]:
+    """``a{,_grpc}.py`` -> ``a.py``, ``a_grpc.py`` (as a shell writes two files)."""
+    match = re.search(r"\{([^{}]*)\}", token)
+    if match is None:
+        return [token]
+    head, tail = token[: match.start()], token[match.end() :]
+    return [p for part in match[1].split(",") for p in _expand_braces(head + part + tail)]
+
+
+def _exists(token: str, page: Path, files: list[str], folders: set[str]) -> bool:
+    if _MODULE.match(token):  # a module, or a name in one (equeue_broker.testing.BrokerProcess)
+        package, *parts = token.split(".")
+        for n in range(len(parts), max(0, len(parts) - 2), -1):
+            base = "/".join([_PACKAGES[package], *parts[:n]])
+            if f"{base}.py" in files or f"{base}/__init__.py" in files:
+                return True
+        return False
+    path = token.rstrip("/")
+    if "*" in path:
+        return any(Path(f).match(path) for f in files)
+    relative = (page.parent / path).resolve()
+    if path in files or path in folders or relative.exists():
+        return True
+    # Named from inside its folder (``replication/role.py``, ``test_budgets.py``).
+    return any(f.endswith("/" + path) for f in files) or any(
+        d.endswith("/" + path) for d in folders
+    )
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    files = _repository_files()
+    folders = {p.as_posix() for f in files for p in Path(f).parents if p != Path(".")}
+    top = {f.split("/")[0] for f in files}
+    missing = [
+        f"{page.relative_to(ROOT)}: {token}"
+        for page in _markdown_files()
+        for token in sorted(_named_paths(page.read_text(), top))
+        if not _exists(token, page, files, folders)
+    ]
+    assert missing == [], "paths the docs name that are not in the repository"
+
+
+def test_the_path_check_finds_a_missing_path() -> None:
+    """The check itself: what issue 26 found is caught, what is there passes."""
+    files = _repository_files()
+    folders = {p.as_posix() for f in files for p in Path(f).parents if p != Path(".")}
+    top = {f.split("/")[0] for f in files}
+    text = (
+        "see the workspace's `shared/reference/cluster.md`, `hardening/gone.py`,"
+        " `test_nothing_here.py`, `equeue_broker.testing_none` and `docs/nowhere.md`;"
+        " run `python bench/missing_bench.py`; kept: `hardening/budgets.py`,"
+        " `equeue_broker.testing_zk`, `test_startup.py`, `/etc/equeue/broker.toml`,"
+        " `equeue_proto/v1/broker_pb2{,_grpc}.py`\n```sh\npython hardening/none.py\n```\n"
+    )
+    page = DOCS / "example.md"
+    named = _named_paths(text, top)
+    assert sorted(t for t in named if not _exists(t, page, files, folders)) == [
+        "bench/missing_bench.py", "docs/nowhere.md", "equeue_broker.testing_none",
+        "hardening/gone.py", "hardening/none.py", "shared/reference/cluster.md",
+        "test_nothing_here.py",
+    ]  # fmt: skip
+
+
+# -- the shipped unit and config, as the docs show them ---------------------------
+
+
+def _code_blocks(text: str) -> list[tuple[str, str]]:
+    """(info string, body) of every fenced code block."""
+    return [
+        (m[2].strip(), m[3])
+        for m in re.finditer(r"^(```|~~~)([^\n]*)\n(.*?)^\1[ \t]*$", text, re.MULTILINE | re.DOTALL)
+    ]
+
+
+def test_a_systemd_unit_shown_in_the_docs_is_the_shipped_one() -> None:
+    shipped = UNIT.read_text()
+    shown = [
+        (page.relative_to(ROOT), body)
+        for page in _markdown_files()
+        for _, body in _code_blocks(page.read_text())
+        if re.search(r"^\[(Unit|Service|Install)\]$", body, re.MULTILINE)
+    ]
+    for page, body in shown:
+        assert body == shipped, f"{page} shows a unit that is not docs/equeue-broker.service"
+
+
+_ASSIGNMENT = re.compile(r"^([A-Za-z][\w-]*)\s*=", re.MULTILINE)
+
+
+def test_a_broker_config_shown_in_the_docs_parses_and_a_whole_one_is_the_sample(
+    tmp_path: Path,
+) -> None:
+    from equeue_broker.server.config import BY_KEY, parse_args
+
+    shipped = SAMPLE_CONFIG.read_text()
+    for page in _markdown_files():
+        for info, body in _code_blocks(page.read_text()):
+            if info not in ("toml", "") or body.lstrip().startswith("[["):
+                continue  # not TOML, or a tokens file ([[tokens]])
+            keys = [k.replace("-", "_") for k in _ASSIGNMENT.findall(body)]
+            if not keys or not all(k in BY_KEY for k in keys):
+                continue  # not a broker config
+            where = f"{page.relative_to(ROOT)}: {body[:60]!r}"
+            config = tmp_path / "shown.toml"
+            config.write_text(body)
+            parse_args(["--config", str(config)])  # exits 2 naming the bad line
+            if len(keys) >= 5:
+                assert body == shipped, f"{where} copies docs/equeue-broker.toml, not verbatim"
 
 
 def test_readme_is_a_front_page() -> None:

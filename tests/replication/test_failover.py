@@ -98,6 +98,7 @@ def kazoo(zk: ZooKeeperProcess) -> Iterator[KazooClient]:
     client.close()
 
 
+@pytest.mark.slow  # 16 s: three brokers, a kill, an election (make test runs it)
 @pytest.mark.timeout(240)
 def test_zookeeper_failover(tmp_path: Path, zk: ZooKeeperProcess, kazoo: KazooClient) -> None:
     hosts = f"{zk.hosts}/failover"

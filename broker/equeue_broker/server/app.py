@@ -21,7 +21,7 @@ from pathlib import Path
 from types import EllipsisType
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from equeue_broker.replication.failover import MANUAL, ZOOKEEPER, RoleSwitch, ZkFailover
@@ -42,6 +42,7 @@ from equeue_broker.server.connections import (
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
+from equeue_broker.server.health import BrokerHealth
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.longpoll import PullWaiters
@@ -52,7 +53,16 @@ from equeue_broker.server.service_admin import AdminService
 from equeue_broker.server.service_base import BrokerState, StoreCalls
 from equeue_broker.server.service_data import BrokerService
 from equeue_broker.server.service_replication import ReplicationService
-from equeue_broker.server.startup import BadConfig, CannotBind, ExitCode, check_bindable
+from equeue_broker.server.startup import (
+    BadConfig,
+    CannotBind,
+    CannotStart,
+    ExitCode,
+    check_bindable,
+    data_dir_problem,
+    os_reason,
+    unreadable,
+)
 from equeue_broker.storage import StorageError, Store
 from equeue_broker.storage.errors import CorruptionError
 from equeue_broker.storage.meta.atomic_file import keep_damaged, load_json, save_json
@@ -183,6 +193,7 @@ async def create_server(
             instance_id=instance_id,
         ),
         registrar=registrar,
+        health=BrokerHealth(role),
     )
     store.add_listener(state.waiters.notify_threadsafe)
     growth = LogGrowth(asyncio.get_running_loop())
@@ -195,8 +206,7 @@ async def create_server(
     pb_grpc.add_MembershipServicer_to_server(
         MembershipService(config.broker_name, instance_id, role), server
     )
-    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, server)
     names = [
         pb.DESCRIPTOR.services_by_name["Broker"].full_name,
         pb.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -209,8 +219,7 @@ async def create_server(
     await server.start()
     # Connections that say nothing wait in the kernel, not in a connection slot.
     defer_silent_connections(port, -(-config.handshake_timeout_ms // 1000))
-    for name in ("", *names[:2]):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await state.health.start()  # SERVING; writes only on a master (health.py)
     return server, port, state
 
 
@@ -276,7 +285,7 @@ def load_tokens(config: BrokerConfig) -> TokenTable | None:
         try:
             text = config.tokens_file.read_text()
         except OSError as exc:
-            raise OSError(f"cannot read tokens file: {exc}") from None
+            raise unreadable(config.named("tokens_file"), config.tokens_file, exc) from None
         source = str(config.tokens_file)
     else:
         text, source = os.environ.get(TOKENS_ENV, ""), f"${TOKENS_ENV}"
@@ -299,7 +308,8 @@ def namesrv_token(config: BrokerConfig) -> str:
     try:
         token = config.namesrv_token_file.read_text().strip()
     except OSError as exc:
-        raise OSError(f"cannot read the name-server token file: {exc}") from None
+        name = config.named("namesrv_token_file")
+        raise unreadable(name, config.namesrv_token_file, exc) from None
     if not token:
         raise BadConfig(f"namesrv_token_file {config.namesrv_token_file} is empty")
     return token
@@ -309,27 +319,34 @@ def namesrv_credentials(config: BrokerConfig) -> grpc.ChannelCredentials | None:
     """TLS to the name servers (None: plaintext)."""
     if config.namesrv_tls_ca is None:
         return None
-    try:
-        ca = config.namesrv_tls_ca.read_bytes()
-        cert = config.namesrv_tls_cert.read_bytes() if config.namesrv_tls_cert else None
-        key = config.namesrv_tls_key.read_bytes() if config.namesrv_tls_key else None
-    except OSError as exc:
-        raise OSError(f"cannot read the name servers' TLS files: {exc}") from None
+    ca = _read(config, "namesrv_tls_ca")
+    cert = _read(config, "namesrv_tls_cert")
+    key = _read(config, "namesrv_tls_key")
     return grpc.ssl_channel_credentials(ca, key, cert)
 
 
 def server_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
     if config.tls_cert is None or config.tls_key is None:
         return None
-    try:
-        chain = config.tls_cert.read_bytes()
-        key = config.tls_key.read_bytes()
-        client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
-    except OSError as exc:
-        raise OSError(f"cannot read TLS files: {exc}") from None
+    chain = _read(config, "tls_cert")
+    key = _read(config, "tls_key")
+    client_ca = _read(config, "tls_client_ca")
+    assert chain is not None and key is not None  # both set: checked above
     return grpc.ssl_server_credentials(
         [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
     )
+
+
+def _read(config: BrokerConfig, key: str) -> bytes | None:
+    """The content of the file setting ``key`` names (None: not set);
+    ``CannotStart`` naming the setting and the file if it cannot be read."""
+    path: Path | None = getattr(config, key)
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise unreadable(config.named(key), path, exc) from None
 
 
 async def serve(config: BrokerConfig) -> None:
@@ -337,7 +354,12 @@ async def serve(config: BrokerConfig) -> None:
     # on a live one's port must not touch anything.
     check_bindable(config.host, config.port)
     tokens = load_tokens(config)  # a bad tokens file is a config error: the data stays untouched
-    store = Store(config.storage)
+    server_credentials(config)  # unreadable TLS files too
+    try:
+        store = Store(config.storage)
+    except OSError as exc:  # the data directory: said in words, not Python's errno line
+        data_dir = config.storage.data_dir
+        raise CannotStart(data_dir_problem(data_dir, config.named("data_dir"), exc)) from None
     try:
         server, port, state = await create_server(config, store, tokens)
     except BaseException:
@@ -372,7 +394,8 @@ async def serve(config: BrokerConfig) -> None:
         "broker %s started on %s:%d", state.broker_id, config.host, port,
         extra={"broker_id": state.broker_id, "port": port,
                "data_dir": str(config.storage.data_dir),
-               "flush": config.storage.flush_mode.value, "recovery_s": store.recovery.seconds,
+               "flush": config.storage.flush_mode.value,
+               "recovery_s": round(store.recovery.seconds, 3),
                "broker_name": config.broker_name, "namesrv": config.namesrv,
                "tls": config.tls_cert is not None, "auth_tokens": state.auth_tokens,
                "rebuilt_index_entries": store.recovery.index_entries_rebuilt,
@@ -382,6 +405,7 @@ async def serve(config: BrokerConfig) -> None:
     sys.stdout.flush()
     await stop.wait()
     log.info("shutting down")
+    await state.health.stop()  # NOT_SERVING: load balancers stop sending calls here
     if state.registrar is not None and registering is not None:
         registering.cancel()
         await state.registrar.unregister()  # clients stop routing here at once
@@ -435,7 +459,14 @@ def main(argv: list[str] | None = None) -> None:
     except BadConfig as exc:
         log.error("cannot start: %s", exc)
         raise SystemExit(ExitCode.USAGE) from None
-    except (OSError, StorageError) as exc:
+    except CannotStart as exc:
+        log.error("cannot start: %s", exc)
+        raise SystemExit(ExitCode.CANNOT_START) from None
+    except OSError as exc:  # said as the OS says it, without Python's "[Errno N]"
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        log.error("cannot start: %s%s", where, os_reason(exc))
+        raise SystemExit(ExitCode.CANNOT_START) from None
+    except StorageError as exc:
         log.error("cannot start: %s", exc)
         raise SystemExit(ExitCode.CANNOT_START) from None
     os._exit(ExitCode.OK)  # grpc's threads are done; skip interpreter teardown races

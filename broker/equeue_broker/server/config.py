@@ -177,6 +177,9 @@ class BrokerConfig:
     max_replication_waits: int = field(default=10_000, metadata={UNIT: "requests"})
     """Sync-mode writes waiting for their replicas at once; more wait up to
     ``budget_wait_ms`` for a slot, then get RESOURCE_EXHAUSTED (unwritten)."""
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Not a setting: where each given setting came from, as errors name it
+    (``--chunk-size``, or ``chunk_size in broker.toml``); ``parse_args`` fills it."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -282,14 +285,24 @@ class BrokerConfig:
                 "in the cluster (stable across restarts)"
             )
 
+    def named(self, key: str) -> str:
+        """Setting ``key`` as the operator gave it (its flag, or its key in the
+        config file); one not given by its flag, else its key."""
+        return _shown(BY_KEY[key], self.origins)
+
     def namesrv_addresses(self) -> list[str]:
         return [a.strip() for a in self.namesrv.split(",") if a.strip()]
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> BrokerConfig:
+    def from_settings(
+        cls, settings: Mapping[str, Any], origins: Mapping[str, str] | None = None
+    ) -> BrokerConfig:
         """A config from settings named and measured as in ``SETTINGS``
         (``{"chunk_size": 1 << 20, "retention_max_age_hours": 24}``); the
-        rest keep their defaults."""
+        rest keep their defaults. ``origins`` says where each came from
+        (``{"chunk_size": "--chunk-size"}``), for errors to name it so."""
+        origins = dict(origins or {})
+        origins.update({key: key for key in settings if key not in origins})
         unknown = sorted(set(settings) - set(BY_KEY))
         if unknown:
             raise InvalidArgument(f"unknown settings: {', '.join(unknown)}")
@@ -304,8 +317,8 @@ class BrokerConfig:
         try:
             built = _build(StorageConfig, storage)
         except InvalidArgument as exc:
-            raise InvalidArgument(_name_settings(str(exc))) from None
-        return cls(storage=built, **server)
+            raise InvalidArgument(_name_settings(str(exc), settings, origins)) from None
+        return cls(storage=built, origins=origins, **server)
 
     def setting(self, key: str) -> Any:
         """The value of setting ``key`` as operators give it (its key's unit)."""
@@ -643,14 +656,18 @@ def parse_args(argv: Sequence[str] | None = None) -> BrokerConfig:
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     settings: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     config_file = args.pop("config")
     try:
         if config_file is not None:
             settings.update(_load_file(config_file))
-        settings.update({k: v for k, v in args.items() if v is not None})
+            origins.update({key: f"{key} in {config_file}" for key in settings})
+        flags = {k: v for k, v in args.items() if v is not None}
+        settings.update(flags)
+        origins.update({key: BY_KEY[key].flag_name for key in flags})
         if settings.get("zookeeper") and ("role" in settings or "master" in settings):
             raise InvalidArgument(ZK_AND_ROLE)  # even --role master: one source of roles
-        return BrokerConfig.from_settings(settings)
+        return BrokerConfig.from_settings(settings, origins)
     except InvalidArgument as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
@@ -751,14 +768,29 @@ def _build(cls: type[T], values: Mapping[tuple[str, ...], Any]) -> T:
     return cls(**kwargs)
 
 
-def _name_settings(message: str) -> str:
-    """A storage error names storage fields: add the settings that set them."""
-    keys = [
-        s.key
-        for s in SETTINGS
-        if s.target and s.key != s.path[-1] and re.search(rf"\b{s.path[-1]}\b", message)
-    ]
-    return f"{message} (from setting {' and '.join(keys)})" if keys else message
+def _shown(setting: Setting, origins: Mapping[str, str]) -> str:
+    return origins.get(setting.key) or (setting.flag_name if setting.flag else setting.key)
+
+
+def _name_settings(message: str, given: Mapping[str, Any], origins: Mapping[str, str]) -> str:
+    """A storage error names ``StorageConfig`` fields (``chunk_capacity_bytes``,
+    ``retention.max_age_ms``), which are no operator's names: name the settings
+    that set them instead, as the operator gave them (``--chunk-size``, or
+    ``chunk_size in broker.toml``; one not given by its flag), and a converted
+    value in the setting's unit (``got -5``, not ``got -18000000``)."""
+    by_name: dict[str, Setting] = {}
+    for setting in SETTINGS:
+        if setting.target:
+            by_name[setting.target] = setting
+            by_name[setting.path[-1]] = setting  # _positive names the field alone
+    names = "|".join(re.escape(name) for name in sorted(by_name, key=len, reverse=True))
+    mentioned = re.compile(rf"(?<![\w.-])(?:{names})(?![\w.])")
+    for name in mentioned.findall(message):
+        setting = by_name[name]
+        if setting.per_unit != 1 and given.get(setting.key) is not None:
+            value = given[setting.key]
+            message = message.replace(f"got {setting.to_target(value)}", f"got {value:g}")
+    return mentioned.sub(lambda match: _shown(by_name[match.group(0)], origins), message)
 
 
 def _binary(size: int) -> str:
@@ -771,7 +803,7 @@ def _binary(size: int) -> str:
 def _check_table() -> None:
     """Fail at import, not when a flag is first used, if the table and the
     dataclasses disagree."""
-    server = {f.name for f in fields(BrokerConfig)} - {"storage"}
+    server = {f.name for f in fields(BrokerConfig)} - {"storage", "origins"}
     missing = server - {s.key for s in SETTINGS if not s.target}
     if missing or len(BY_KEY) != len(SETTINGS):
         raise RuntimeError(f"SETTINGS lacks {sorted(missing)} or repeats a key")

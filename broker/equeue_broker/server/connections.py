@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 
 from equeue_broker.server.errors import abort
-from equeue_broker.server.handlers import MethodHandler, rebuild
+from equeue_broker.server.handlers import MethodHandler, rebuild, replies
 from equeue_broker.storage.errors import LimitExceeded
 
 log = logging.getLogger("equeue.broker")
@@ -157,7 +157,7 @@ class CallsPerConnection(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 except LimitExceeded as exc:
                     await abort(context, exc)
                 try:
-                    async for reply in inner(request, context):
+                    async for reply in replies(inner, request, context):
                         yield reply
                 finally:
                     self._leave(peer)

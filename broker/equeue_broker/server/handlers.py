@@ -12,6 +12,7 @@ through ``errors.status_for``, like every other bad value.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -45,6 +46,21 @@ def rebuild(
     )
 
 
+async def replies(
+    behaviour: Callable[[Any, Any], Any], request: Any, context: Any
+) -> AsyncIterator[Any]:
+    """The replies of a response-streaming behaviour of either style gRPC
+    allows: an async generator's, or none from a coroutine that sends its
+    own with ``context.write`` (grpc_health's ``Watch``). Interceptors wrap
+    streaming methods as async generators and iterate through this."""
+    result = behaviour(request, context)
+    if inspect.isawaitable(result):
+        await result
+        return
+    async for reply in result:
+        yield reply
+
+
 def _pre_encoded_or(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
     """``serializer``, except that ``bytes`` (a reply already in wire format) pass as they are."""
     if serializer is None or getattr(serializer, "passes_bytes", False):
@@ -75,7 +91,7 @@ def wrap_requests(
         if handler.response_streaming:
 
             async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-                async for reply in inner(checked(requests), context):
+                async for reply in replies(inner, checked(requests), context):
                     yield reply
 
             return rebuild(handler, None, stream_stream, request_deserializer)
@@ -97,7 +113,7 @@ def wrap_requests(
                 check(request)
             except Exception as exc:  # every error becomes a status; see errors.py
                 await refuse(context, exc)
-            async for reply in inner(request, context):
+            async for reply in replies(inner, request, context):
                 yield reply
 
         return rebuild(handler, None, unary_stream, request_deserializer)

@@ -36,7 +36,7 @@ import grpc
 
 from equeue_broker.server.budgets import ByteBudget, Held
 from equeue_broker.server.errors import BadRequest, RequestTimeout, abort
-from equeue_broker.server.handlers import MethodHandler
+from equeue_broker.server.handlers import MethodHandler, replies
 
 _END = object()
 
@@ -112,7 +112,7 @@ class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 except Exception as exc:  # every error becomes a status; see errors.py
                     await abort(context, exc)
                 held.release()  # a stream's request is small; its replies have their budget
-                async for reply in inner_us(request, context):
+                async for reply in replies(inner_us, request, context):
                     yield reply
 
             return grpc.stream_stream_rpc_method_handler(

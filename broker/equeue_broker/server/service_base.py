@@ -31,6 +31,7 @@ from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.errors import PermissionDenied, ShuttingDown, abort
 from equeue_broker.server.groups import ConsumerRegistry
+from equeue_broker.server.health import BrokerHealth
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar
 from equeue_broker.server.stats import Counters
@@ -101,6 +102,8 @@ class BrokerState:
     (replication/failover.py)."""
     registrar: Registrar | None
     """The name-server registration (--namesrv); None: a standalone broker."""
+    health: BrokerHealth
+    """The grpc.health.v1 statuses, per role (health.py)."""
     counters: Counters = field(default_factory=Counters)
     pull_streams: int = 0
     """PullStreams open now (at most ``max_pull_streams``)."""

@@ -8,14 +8,20 @@ Every start-up failure ends in one line on stderr and a documented exit code
   tokens document that is not valid (``BadConfig``);
 - 3, cannot bind: the address is in use (another broker?) or not this host's;
 - 1, cannot start: anything else found while starting (the data directory is
-  locked or damaged, TLS or token files unreadable).
+  locked, damaged or not a directory, TLS or token files unreadable).
+
+The line says what is wrong in words and names the setting as the operator
+gave it (``--data-dir bad/afile is a file, not a directory``), never Python's
+``[Errno 17] File exists: 'bad/afile'``.
 """
 
 from __future__ import annotations
 
 import enum
 import errno
+import os
 import socket
+from pathlib import Path
 from typing import Any
 
 
@@ -28,6 +34,10 @@ class ExitCode(enum.IntEnum):
 
 class BadConfig(ValueError):
     """A configuration document read at start (the tokens file) holds a bad value."""
+
+
+class CannotStart(Exception):
+    """The broker cannot start, for a reason already put in words (exit code 1)."""
 
 
 class CannotBind(OSError):
@@ -82,3 +92,60 @@ def _reason(error: OSError) -> str:
     reason = error.strerror or str(error)
     hint = _HINTS.get(error.errno or 0)
     return f"{reason}; {hint}" if hint else reason
+
+
+def os_reason(error: OSError) -> str:
+    """What the OS said, without Python's ``[Errno N]`` and repr quotes."""
+    reason = error.strerror or str(error)
+    return f"{reason[:1].lower()}{reason[1:]}"
+
+
+def given(name: str, value: object) -> str:
+    """A setting and its value as the operator gave them: ``--data-dir x``,
+    or ``x (data_dir in broker.toml)``."""
+    return f"{name} {value}" if name.startswith("--") else f"{value} ({name})"
+
+
+def unreadable(name: str, path: Path, error: OSError) -> CannotStart:
+    """A file a setting names cannot be read: say which and why."""
+    hint = {
+        errno.ENOENT: f"give {name} an existing file",
+        errno.EACCES: "make it readable by the broker's user",
+        errno.EISDIR: f"give {name} a file",
+    }.get(error.errno or 0)
+    return CannotStart(
+        f"cannot read {given(name, path)}: {os_reason(error)}" + (f"; {hint}" if hint else "")
+    )
+
+
+def data_dir_problem(path: Path, name: str, error: OSError) -> str:
+    """Why the data directory ``path`` (the setting shown as ``name``) cannot
+    be opened, in words: a file where a directory should be, no permission,
+    a read-only or full file system; otherwise the OS's reason and the file."""
+    shown = given(name, path)
+    blocker = _file_in_the_way(path)
+    if blocker == path:
+        return f"{shown} is a file, not a directory; give a directory (created if missing)"
+    if blocker is not None:
+        return (
+            f"{shown} cannot be created: {blocker} is a file, not a directory; give another {name}"
+        )
+    where = error.filename if error.filename is not None else path
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return (
+            f"{shown}: the broker's user may not write {where}; give a {name} it may"
+            " write, or change the directory's owner"
+        )
+    if error.errno == errno.EROFS:
+        return f"{shown}: {where} is on a read-only file system; give a {name} on a writable one"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{shown}: no space left for {where}; free some, or give a {name} on another disk"
+    return f"{shown}: {'' if Path(where) == path else f'{where}: '}{os_reason(error)}"
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """``path`` or the nearest of its parents that exists, if that is not a directory."""
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            return None if candidate.is_dir() else candidate
+    return None
