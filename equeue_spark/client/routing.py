@@ -415,6 +415,18 @@ class Routes:
         self.invalidate(topic)
         raise unreachable(why)
 
+    def _writable_in_turn(self, route: Route, start: int) -> list[str]:
+        """The groups with a writable queue of ``route``'s topic, round robin
+        from ``start``, those that failed lately last (``on_any``, ``on_some``)."""
+        writable = {b for b, _ in route.queues("writable")}
+        names = [n for n in route.broker_names() if n in writable]
+        if not names:
+            raise BrokerUnavailable(f"topic {route.topic!r} has no writable queue on a live broker")
+        return sorted(
+            (names[(start + i) % len(names)] for i in range(len(names))),
+            key=lambda n: self.is_down(route.entry(n).address),
+        )
+
     def on_any(self, topic: str, start: int, call: Call[T], again: bool = True) -> tuple[str, T]:
         """``call`` on the master of a group with a writable queue of ``topic``,
         round robin from ``start`` (groups that failed lately last); on one
@@ -429,19 +441,12 @@ class Routes:
         deadline = time.monotonic() + max(config.failover_timeout_s, 0.0)
         for _ in range(100_000):  # bounded by the deadline long before
             route = self.route(topic)
-            writable = {b for b, _ in route.queues("writable")}
-            names = [n for n in route.broker_names() if n in writable]
-            if not names:
-                raise BrokerUnavailable(f"topic {topic!r} has no writable queue on a live broker")
-            ordered = sorted(
-                (names[(start + i) % len(names)] for i in range(len(names))),
-                key=lambda n: self.is_down(route.entry(n).address),
-            )
+            ordered = self._writable_in_turn(route, start)
             for broker in ordered:
                 address = route.entry(broker).address
                 try:
                     address = route.address(broker)
-                    return broker, call(self.connection(address), len(names) == 1 and again)
+                    return broker, call(self.connection(address), len(ordered) == 1 and again)
                 except EqueueError as exc:
                     if not again or not (exc.retriable or isinstance(exc, NotMasterError)):
                         raise name_broker(exc, broker, address) from exc
@@ -472,14 +477,7 @@ class Routes:
         deadline = time.monotonic() + max(config.failover_timeout_s, 0.0)
         for _ in range(100_000):  # bounded by the deadline long before
             route = self.route(topic)
-            writable = {b for b, _ in route.queues("writable")}
-            names = [n for n in route.broker_names() if n in writable]
-            if not names:
-                raise BrokerUnavailable(f"topic {topic!r} has no writable queue on a live broker")
-            ordered = sorted(
-                (names[(start + i) % len(names)] for i in range(len(names))),
-                key=lambda n: self.is_down(route.entry(n).address),
-            )
+            ordered = self._writable_in_turn(route, start)
             for broker in ordered:
                 address = route.entry(broker).address
                 try:
