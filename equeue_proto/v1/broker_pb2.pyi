@@ -18,6 +18,64 @@ PULL_STATUS_OK: PullStatus
 PULL_STATUS_OFFSET_TOO_SMALL: PullStatus
 PULL_STATUS_OFFSET_TOO_BIG: PullStatus
 
+class CancelDelayedRequest(_message.Message):
+    __slots__ = ("message_id",)
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    def __init__(self, message_id: _Optional[str] = ...) -> None: ...
+
+class CancelDelayedReply(_message.Message):
+    __slots__ = ("topic", "queue_id", "deliver_at_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    deliver_at_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+
+class NackEntry(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset", "delay_ms", "error")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    delay_ms: int
+    error: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., delay_ms: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class NackRequest(_message.Message):
+    __slots__ = ("group", "entries", "max_reconsume_times")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    entries: _containers.RepeatedCompositeFieldContainer[NackEntry]
+    max_reconsume_times: int
+    def __init__(self, group: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[NackEntry, _Mapping]]] = ..., max_reconsume_times: _Optional[int] = ...) -> None: ...
+
+class NackOutcome(_message.Message):
+    __slots__ = ("action", "deliveries", "deliver_at_ms", "message_id")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    deliveries: int
+    deliver_at_ms: int
+    message_id: str
+    def __init__(self, action: _Optional[str] = ..., deliveries: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., message_id: _Optional[str] = ...) -> None: ...
+
+class NackReply(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[NackOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[NackOutcome, _Mapping]]] = ...) -> None: ...
+
 class InitProducerRequest(_message.Message):
     __slots__ = ("producer_id",)
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -65,7 +123,7 @@ class MessageColumns(_message.Message):
     def __init__(self, count: _Optional[int] = ..., values: _Optional[bytes] = ..., value_lengths: _Optional[_Iterable[int]] = ..., keys: _Optional[bytes] = ..., key_lengths: _Optional[_Iterable[int]] = ..., tags: _Optional[_Iterable[str]] = ..., headers: _Optional[bytes] = ..., header_lengths: _Optional[_Iterable[int]] = ..., timestamps_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("topic", "messages", "queue_ids", "transaction_id", "producer_id", "producer_epoch", "sequences")
+    __slots__ = ("topic", "messages", "queue_ids", "transaction_id", "producer_id", "producer_epoch", "sequences", "deliver_at_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +131,7 @@ class ProduceRequest(_message.Message):
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     messages: MessageColumns
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -80,21 +139,24 @@ class ProduceRequest(_message.Message):
     producer_id: int
     producer_epoch: int
     sequences: _containers.RepeatedCompositeFieldContainer[QueueSequence]
-    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ..., transaction_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[QueueSequence, _Mapping]]] = ...) -> None: ...
+    deliver_at_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ..., transaction_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[QueueSequence, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProduceReply(_message.Message):
-    __slots__ = ("broker_id", "queue_ids", "offsets", "positions", "transaction_messages")
+    __slots__ = ("broker_id", "queue_ids", "offsets", "positions", "transaction_messages", "deliver_at_ms")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     positions: _containers.RepeatedScalarFieldContainer[int]
     transaction_messages: int
-    def __init__(self, broker_id: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., transaction_messages: _Optional[int] = ...) -> None: ...
+    deliver_at_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, broker_id: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., transaction_messages: _Optional[int] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TransactionRef(_message.Message):
     __slots__ = ("transaction_id", "expected_messages")
@@ -415,18 +477,22 @@ class DeleteQueueRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., queue_id: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
-    __slots__ = ("name", "queues", "created_ms", "incarnation", "unreachable_brokers")
+    __slots__ = ("name", "queues", "created_ms", "incarnation", "unreachable_brokers", "delayed_pending", "delayed_next_due_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_PENDING_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_NEXT_DUE_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
     created_ms: int
     incarnation: int
     unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+    delayed_pending: int
+    delayed_next_due_ms: int
+    def __init__(self, name: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ..., delayed_pending: _Optional[int] = ..., delayed_next_due_ms: _Optional[int] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
     __slots__ = ("queue_id", "earliest_offset", "end_offset", "min_committed_offset", "backlog", "producer_visible", "consumer_visible", "broker")
@@ -556,7 +622,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers", "delayed_pending", "delayed_next_due_ms")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -588,6 +654,8 @@ class BrokerStats(_message.Message):
     ROLE_REASON_FIELD_NUMBER: _ClassVar[int]
     ROLE_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENT_PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_PENDING_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_NEXT_DUE_MS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -619,7 +687,9 @@ class BrokerStats(_message.Message):
     role_reason: str
     role_since_ms: int
     idempotent_producers: int
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ...) -> None: ...
+    delayed_pending: int
+    delayed_next_due_ms: int
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ..., delayed_pending: _Optional[int] = ..., delayed_next_due_ms: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("address", "position", "lag_bytes", "last_seen_s", "connected", "replica_id", "in_sync")

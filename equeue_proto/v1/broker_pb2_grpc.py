@@ -99,6 +99,16 @@ class BrokerStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.InitProducerRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.InitProducerReply.FromString,
                 _registered_method=True)
+        self.CancelDelayed = channel.unary_unary(
+                '/equeue.v1.Broker/CancelDelayed',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.CancelDelayedRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.CancelDelayedReply.FromString,
+                _registered_method=True)
+        self.Nack = channel.unary_unary(
+                '/equeue.v1.Broker/Nack',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.NackRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.NackReply.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -217,6 +227,26 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelDelayed(self, request, context):
+        """Cancel a delayed message that is still pending (see "Delayed delivery"):
+        it is never delivered. NOT_FOUND if the id names no pending delayed
+        message on this broker (unknown, already delivered, or cancelled).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Nack(self, request, context):
+        """Give messages back after a failed processing (see "Retry and dead
+        letters"): each is copied to the group's retry topic "%RETRY%<group>"
+        for delivery after its next back-off step, or, once it has been
+        delivered max_reconsume_times + 1 times, to "%DLQ%<group>". The group's
+        own progress is not touched: commit past the message as usual.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -279,6 +309,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.InitProducer,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.InitProducerRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.InitProducerReply.SerializeToString,
+            ),
+            'CancelDelayed': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelDelayed,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.CancelDelayedRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.CancelDelayedReply.SerializeToString,
+            ),
+            'Nack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nack,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.NackRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.NackReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -610,6 +650,60 @@ class Broker:
             '/equeue.v1.Broker/InitProducer',
             equeue__proto_dot_v1_dot_broker__pb2.InitProducerRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.InitProducerReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelDelayed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Broker/CancelDelayed',
+            equeue__proto_dot_v1_dot_broker__pb2.CancelDelayedRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.CancelDelayedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Broker/Nack',
+            equeue__proto_dot_v1_dot_broker__pb2.NackRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.NackReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -85,6 +85,26 @@ Which producers exist and their last batches per queue
 live in the message log (a control record written atomically with each
 batch), so they survive restarts and reach the replicas with the records.
 
+Delayed delivery. A ProduceRequest with deliver_at_ms in the future writes
+its messages into the log at once (acknowledged, durable, replicated) but
+into no queue: no pull sees them. When a message is due, the master appends
+it to its queue's end (it then takes an offset, and its store time is the
+delivery time); its message id, given by Produce, stays valid throughout.
+Pending messages survive restarts and fail over with the log; a broker's
+--max-delay (default 7 days, at most 1 year) bounds how far ahead a time
+may be. CancelDelayed withdraws a pending one.
+
+Retry and dead letters. A consumer that cannot process a message gives it
+back with Nack. The broker copies it to "%RETRY%<group>" (one queue,
+created on first use), delayed by the group's next back-off step (10s, 30s,
+1m, 2m, ... 2h), with headers saying where it came from: "equeue.origin.topic",
+"equeue.origin.queue", "equeue.origin.offset", "equeue.origin.id" (the
+original message id), "equeue.deliveries" (deliveries so far) and
+"equeue.error". A group's consumers read its retry topic along with their
+topics. After max_reconsume_times retries the copy goes to "%DLQ%<group>"
+instead, which nobody consumes automatically. Topic and group names
+starting with '%' are reserved for these.
+
 Regenerate the Python code with `make proto`; a test fails when the
 checked-in code differs from a fresh generation.
 """
@@ -182,6 +202,18 @@ class BrokerStub:
     one, or, given one this group knows, the same id with its next epoch
     (fencing the older epoch's batches). Served by the group's master.
     """
+    CancelDelayed: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CancelDelayedRequest, _broker_pb2.CancelDelayedReply]
+    """Cancel a delayed message that is still pending (see "Delayed delivery"):
+    it is never delivered. NOT_FOUND if the id names no pending delayed
+    message on this broker (unknown, already delivered, or cancelled).
+    """
+    Nack: _grpc.UnaryUnaryMultiCallable[_broker_pb2.NackRequest, _broker_pb2.NackReply]
+    """Give messages back after a failed processing (see "Retry and dead
+    letters"): each is copied to the group's retry topic "%RETRY%<group>"
+    for delivery after its next back-off step, or, once it has been
+    delivered max_reconsume_times + 1 times, to "%DLQ%<group>". The group's
+    own progress is not touched: commit past the message as usual.
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -250,6 +282,18 @@ class BrokerAsyncStub(BrokerStub):
     """A producer id for idempotent produce (see "Idempotent produce"): a new
     one, or, given one this group knows, the same id with its next epoch
     (fencing the older epoch's batches). Served by the group's master.
+    """
+    CancelDelayed: _aio.UnaryUnaryMultiCallable[_broker_pb2.CancelDelayedRequest, _broker_pb2.CancelDelayedReply]  # type: ignore[assignment]
+    """Cancel a delayed message that is still pending (see "Delayed delivery"):
+    it is never delivered. NOT_FOUND if the id names no pending delayed
+    message on this broker (unknown, already delivered, or cancelled).
+    """
+    Nack: _aio.UnaryUnaryMultiCallable[_broker_pb2.NackRequest, _broker_pb2.NackReply]  # type: ignore[assignment]
+    """Give messages back after a failed processing (see "Retry and dead
+    letters"): each is copied to the group's retry topic "%RETRY%<group>"
+    for delivery after its next back-off step, or, once it has been
+    delivered max_reconsume_times + 1 times, to "%DLQ%<group>". The group's
+    own progress is not touched: commit past the message as usual.
     """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -388,6 +432,30 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         """A producer id for idempotent produce (see "Idempotent produce"): a new
         one, or, given one this group knows, the same id with its next epoch
         (fencing the older epoch's batches). Served by the group's master.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelDelayed(
+        self,
+        request: _broker_pb2.CancelDelayedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.CancelDelayedReply, _abc.Awaitable[_broker_pb2.CancelDelayedReply]]:
+        """Cancel a delayed message that is still pending (see "Delayed delivery"):
+        it is never delivered. NOT_FOUND if the id names no pending delayed
+        message on this broker (unknown, already delivered, or cancelled).
+        """
+
+    @_abc_1.abstractmethod
+    def Nack(
+        self,
+        request: _broker_pb2.NackRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.NackReply, _abc.Awaitable[_broker_pb2.NackReply]]:
+        """Give messages back after a failed processing (see "Retry and dead
+        letters"): each is copied to the group's retry topic "%RETRY%<group>"
+        for delivery after its next back-off step, or, once it has been
+        delivered max_reconsume_times + 1 times, to "%DLQ%<group>". The group's
+        own progress is not touched: commit past the message as usual.
         """
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
