@@ -402,6 +402,40 @@ class OffsetForBytesReply(_message.Message):
     bytes: int
     def __init__(self, end_offset: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
+class ResendDeadLettersRequest(_message.Message):
+    __slots__ = ("group", "message_ids", "all")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    all: bool
+    def __init__(self, group: _Optional[str] = ..., message_ids: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class ResendDeadLettersReply(_message.Message):
+    __slots__ = ("resent", "already_resent", "not_found", "new_message_ids")
+    RESENT_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_RESENT_FIELD_NUMBER: _ClassVar[int]
+    NOT_FOUND_FIELD_NUMBER: _ClassVar[int]
+    NEW_MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    resent: int
+    already_resent: int
+    not_found: _containers.RepeatedScalarFieldContainer[str]
+    new_message_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, resent: _Optional[int] = ..., already_resent: _Optional[int] = ..., not_found: _Optional[_Iterable[str]] = ..., new_message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PurgeDeadLettersRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class PurgeDeadLettersReply(_message.Message):
+    __slots__ = ("purged",)
+    PURGED_FIELD_NUMBER: _ClassVar[int]
+    purged: int
+    def __init__(self, purged: _Optional[int] = ...) -> None: ...
+
 class SetRoleRequest(_message.Message):
     __slots__ = ("role", "master", "epoch")
     ROLE_FIELD_NUMBER: _ClassVar[int]

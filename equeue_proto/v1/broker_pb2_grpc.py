@@ -804,6 +804,16 @@ class AdminStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.SetRoleRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.FromString,
                 _registered_method=True)
+        self.ResendDeadLetters = channel.unary_unary(
+                '/equeue.v1.Admin/ResendDeadLetters',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.ResendDeadLettersRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ResendDeadLettersReply.FromString,
+                _registered_method=True)
+        self.PurgeDeadLetters = channel.unary_unary(
+                '/equeue.v1.Admin/PurgeDeadLetters',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -927,6 +937,22 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResendDeadLetters(self, request, context):
+        """Append dead letters of a group ("%DLQ%<group>") back to the topic and
+        queue they came from, each at most once (a resent one is remembered and
+        skipped when named again); by id, or every one not resent yet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeDeadLetters(self, request, context):
+        """Delete a group's dead-letter topic and everything in it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1004,6 +1030,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetRole,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.SetRoleRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.SerializeToString,
+            ),
+            'ResendDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResendDeadLetters,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.ResendDeadLettersRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.ResendDeadLettersReply.SerializeToString,
+            ),
+            'PurgeDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeDeadLetters,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1416,6 +1452,60 @@ class Admin:
             '/equeue.v1.Admin/SetRole',
             equeue__proto_dot_v1_dot_broker__pb2.SetRoleRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.BrokerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResendDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/ResendDeadLetters',
+            equeue__proto_dot_v1_dot_broker__pb2.ResendDeadLettersRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.ResendDeadLettersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/PurgeDeadLetters',
+            equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersReply.FromString,
             options,
             channel_credentials,
             insecure,

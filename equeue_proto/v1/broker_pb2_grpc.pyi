@@ -514,6 +514,13 @@ class AdminStub:
     (follow master from epoch on, epoch >= the newest seen). FAILED_PRECONDITION
     when the epoch is too old or the group fails over through ZooKeeper.
     """
+    ResendDeadLetters: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ResendDeadLettersRequest, _broker_pb2.ResendDeadLettersReply]
+    """Append dead letters of a group ("%DLQ%<group>") back to the topic and
+    queue they came from, each at most once (a resent one is remembered and
+    skipped when named again); by id, or every one not resent yet.
+    """
+    PurgeDeadLetters: _grpc.UnaryUnaryMultiCallable[_broker_pb2.PurgeDeadLettersRequest, _broker_pb2.PurgeDeadLettersReply]
+    """Delete a group's dead-letter topic and everything in it."""
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -567,6 +574,13 @@ class AdminAsyncStub(AdminStub):
     (follow master from epoch on, epoch >= the newest seen). FAILED_PRECONDITION
     when the epoch is too old or the group fails over through ZooKeeper.
     """
+    ResendDeadLetters: _aio.UnaryUnaryMultiCallable[_broker_pb2.ResendDeadLettersRequest, _broker_pb2.ResendDeadLettersReply]  # type: ignore[assignment]
+    """Append dead letters of a group ("%DLQ%<group>") back to the topic and
+    queue they came from, each at most once (a resent one is remembered and
+    skipped when named again); by id, or every one not resent yet.
+    """
+    PurgeDeadLetters: _aio.UnaryUnaryMultiCallable[_broker_pb2.PurgeDeadLettersRequest, _broker_pb2.PurgeDeadLettersReply]  # type: ignore[assignment]
+    """Delete a group's dead-letter topic and everything in it."""
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -707,6 +721,25 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         (follow master from epoch on, epoch >= the newest seen). FAILED_PRECONDITION
         when the epoch is too old or the group fails over through ZooKeeper.
         """
+
+    @_abc_1.abstractmethod
+    def ResendDeadLetters(
+        self,
+        request: _broker_pb2.ResendDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ResendDeadLettersReply, _abc.Awaitable[_broker_pb2.ResendDeadLettersReply]]:
+        """Append dead letters of a group ("%DLQ%<group>") back to the topic and
+        queue they came from, each at most once (a resent one is remembered and
+        skipped when named again); by id, or every one not resent yet.
+        """
+
+    @_abc_1.abstractmethod
+    def PurgeDeadLetters(
+        self,
+        request: _broker_pb2.PurgeDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.PurgeDeadLettersReply, _abc.Awaitable[_broker_pb2.PurgeDeadLettersReply]]:
+        """Delete a group's dead-letter topic and everything in it."""
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
