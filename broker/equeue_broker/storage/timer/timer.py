@@ -102,16 +102,26 @@ class Timer:
 
     # -- open and checkpoints --------------------------------------------------------
 
-    def restore(self, doc: dict[str, Any] | None, position: int) -> None:
-        """Take the checkpoint's "timer" section as of log ``position``; None:
-        rebuild from the whole scan (the index directory starts empty)."""
-        if doc is None:
-            self.wheel = Wheel(self._directory, None)
-            self._base = self._log.start_position
-            return
+    def restore(self, doc: dict[str, Any] | None, position: int, *, usable: bool) -> bool:
+        """Take the checkpoint's "timer" section as of log ``position``. None
+        (no checkpoint, or one of a version before delayed delivery): start
+        empty. False if it cannot be used (``usable`` False, or the index
+        files are not what it says): the timer starts empty and the caller
+        must scan the whole log."""
+        if doc is not None and usable:
+            segments = {int(s): int(d) for s, d in doc.get("segments", [])}
+            wheel = Wheel(self._directory, int(doc["entries"]), segments, int(doc.get("first", 0)))
+            if wheel.intact:
+                self.wheel = wheel
+                self._restore_counts(doc, position)
+                return True
+            wheel.close()
+        self.wheel = Wheel(self._directory, None)
+        self._base = self._log.start_position
+        return doc is None
+
+    def _restore_counts(self, doc: dict[str, Any], position: int) -> None:
         self.from_position = position
-        segments = {int(s): int(d) for s, d in doc.get("segments", [])}
-        self.wheel = Wheel(self._directory, int(doc["entries"]), segments)
         self.through = (int(doc["through"][0]), int(doc["through"][1]))
         self.cursor_sec = int(doc.get("cursor", 0))
         self.pending = int(doc["pending"])
@@ -133,6 +143,7 @@ class Timer:
             ],
             "chunks": sorted(self._chunks.items()),
             "entries": count,
+            "first": self.wheel.first_after(self.through[0]),
             "segments": sorted(self.wheel.max_due.items()),
         }
         return doc, dirty
@@ -147,7 +158,7 @@ class Timer:
         longer needs (timer log segments due before its watermark)."""
         assert self.wheel is not None
         self.wheel.written(dirty)
-        self.wheel.delete_below(int(doc["through"][0]))
+        self.wheel.delete_below(int(doc["first"]))
 
     def close(self) -> None:
         if self.wheel is not None:

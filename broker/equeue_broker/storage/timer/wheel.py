@@ -30,10 +30,13 @@ numbers); an add written after a cancel (a replica that cut the cancel off
 adds its record again) is alive. Several adds of one target are one record
 (recovery adds what it finds after the checkpoint again).
 
-At open, the entries from the checkpoint's count on are kept while their
-checksums hold (a process killed after the checkpoint left them; they repeat
-what the scan adds again); the first bad one ends the log. A segment whose
-entries are all due before the timer watermark is deleted (oldest first);
+At open, a segment missing or shorter than the checkpoint's count says
+means a damaged index: it is rebuilt from the whole log (recovery.py). The
+entries from the checkpoint's count on are kept while their checksums hold
+(a process killed after the checkpoint left them; they repeat what the scan
+adds again); the first bad one ends the log. At a checkpoint, the oldest
+segments whose entries are all due before the timer watermark go (the
+checkpoint names the oldest entry kept, "first");
 a chain that reaches a deleted segment ends there.
 """
 
@@ -81,11 +84,12 @@ class Wheel:
     except ``write_heads`` and ``sync``, which checkpoints call outside it)."""
 
     def __init__(
-        self, directory: Path, count: int | None, max_due: dict[int, int] | None = None
-    ) -> None:
+        self, directory: Path, count: int | None, max_due: dict[int, int] | None = None,
+        first: int = 0,
+    ) -> None:  # fmt: skip
         """Open (or create) the index in ``directory``; ``count``: the number of
         entries the checkpoint says are durable (None: start empty), ``max_due``
-        its latest due time per segment."""
+        its latest due time per segment, ``first`` its oldest entry kept."""
         self.directory = directory
         if count is None and directory.exists():
             shutil.rmtree(directory)
@@ -98,15 +102,30 @@ class Wheel:
         self.max_due: dict[int, int] = dict(max_due or {}) if count is not None else {}
         """Latest due time of each segment's entries."""
         numbers = sorted(int(p.stem) for p in directory.glob("*.tlog"))
-        self.first = numbers[0] * SEGMENT_ENTRIES if numbers else 0
+        self.first = first if count is not None else 0
         """Number of the oldest entry kept (chains end below it)."""
+        for number in [n for n in numbers if n < self.first // SEGMENT_ENTRIES]:
+            self._segment_path(number).unlink()  # the checkpoint let it go
+            numbers.remove(number)
         self.count = max(count or 0, self.first)
         self._dirty: dict[int, int] = {}
         self._flushing: dict[int, int] = {}
         self._synced: set[int] = set()
         for number in numbers:
             self._segments[number] = os.open(self._segment_path(number), os.O_RDWR)
-        self._recover_tail()
+        self.intact = self._covers(self.count)
+        """Every entry the checkpoint counts is in the files (else: rebuild)."""
+        if self.intact:
+            self._recover_tail()
+
+    def _covers(self, count: int) -> bool:
+        """The segment files hold the entries [first, count)."""
+        for segment in range(self.first // SEGMENT_ENTRIES, -(-count // SEGMENT_ENTRIES)):
+            fd = self._segments.get(segment)
+            need = min(count - segment * SEGMENT_ENTRIES, SEGMENT_ENTRIES) * ENTRY_SIZE
+            if fd is None or os.fstat(fd).st_size < need:
+                return False
+        return True
 
     def _segment_path(self, number: int) -> Path:
         return self.directory / f"{number:09d}.tlog"
@@ -242,21 +261,25 @@ class Wheel:
             if self._flushing.get(slot) == head:
                 del self._flushing[slot]
 
-    def delete_below(self, through_due: int) -> int:
-        """Delete the oldest segments whose entries are all due before
-        ``through_due`` (never the one being written); return how many."""
-        deleted = 0
+    def first_after(self, through_due: int) -> int:
+        """The oldest entry kept once the oldest segments whose entries are all
+        due before ``through_due`` go (never the one being written)."""
+        first = self.first
         active = self.count // SEGMENT_ENTRIES
-        for segment in sorted(self._segments):
-            if segment >= active or self.max_due.get(segment, 1 << 62) >= through_due:
+        for segment in range(self.first // SEGMENT_ENTRIES, active):
+            if self.max_due.get(segment, 1 << 62) >= through_due:
                 break
+            first = (segment + 1) * SEGMENT_ENTRIES
+        return first
+
+    def delete_below(self, first: int) -> None:
+        """Delete the segments below entry ``first`` (a saved checkpoint's)."""
+        for segment in [s for s in self._segments if s < first // SEGMENT_ENTRIES]:
             os.close(self._segments.pop(segment))
             with contextlib.suppress(FileNotFoundError):
                 self._segment_path(segment).unlink()
             self.max_due.pop(segment, None)
-            self.first = (segment + 1) * SEGMENT_ENTRIES
-            deleted += 1
-        return deleted
+        self.first = max(self.first, first)
 
     def close(self) -> None:
         for fd in self._segments.values():
