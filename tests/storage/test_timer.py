@@ -312,3 +312,29 @@ def test_the_timer_thread_delivers(open_store: OpenStore, make_config: MakeConfi
     while not arrived and time.monotonic() < deadline:
         time.sleep(0.02)
     assert values(store) == [b"soon"]
+
+
+@pytest.mark.parametrize("damage", ["lost", "torn tail"])
+def test_a_damaged_timer_index_is_rebuilt(
+    open_store: OpenStore, make_config: MakeConfig, damage: str
+) -> None:
+    config = make_config()
+    store = open_store(config)
+    store.create_topic("t", 2)
+    now = now_ms()
+    due = _spread(store, now, 100)
+    deliver_all(store, now + 4_000)
+    store.close()
+    directory = config.data_dir / "timer"
+    if damage == "lost":
+        for path in directory.iterdir():
+            path.unlink()
+    else:  # garbage past what the checkpoint counts, as a power loss may leave
+        (segment,) = directory.glob("*.tlog")
+        with segment.open("ab") as f:
+            f.write(b"\xff" * 100)
+    store = open_store(config)
+    assert store.delayed_summary()[0] == 100 - len(values(store, "t", 0) + values(store, "t", 1))
+    deliver_all(store, now + 100_000)
+    _check_exactly_once(store, due)
+    assert store.delayed_summary() == (0, None)

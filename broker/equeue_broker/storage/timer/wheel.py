@@ -111,6 +111,8 @@ class Wheel:
         self._dirty: dict[int, int] = {}
         self._flushing: dict[int, int] = {}
         self._synced: set[int] = set()
+        self._cache: tuple[int, int, list[Entry]] | None = None
+        """(second, head, entries) of the last chain read."""
         for number in numbers:
             self._segments[number] = os.open(self._segment_path(number), os.O_RDWR)
         self.intact = self._covers(self.count)
@@ -219,10 +221,16 @@ class Wheel:
             sec += n
 
     def chain(self, sec: int) -> list[Entry]:
-        """The entries of second ``sec``, newest first."""
-        out = []
-        number_plus_one = self.head(sec % SLOTS)
+        """The entries of second ``sec``, newest first. The last chain read is
+        kept: the timer reads the current second's every tick, and a chain
+        only grows at its head, so only the entries added since are read."""
+        out: list[Entry] = []
+        head = number_plus_one = self.head(sec % SLOTS)
+        known = self._cache if self._cache is not None and self._cache[0] == sec else None
         while number_plus_one > self.first:
+            if known is not None and number_plus_one == known[1]:
+                out.extend(e for e in known[2] if e.number >= self.first)
+                break
             number = number_plus_one - 1
             raw = self._pread_entry(number)
             if raw is None:
@@ -233,6 +241,7 @@ class Wheel:
                     Entry(number, due_ms, target & ~CANCEL_BIT, bool(target & CANCEL_BIT), topic)
                 )
             number_plus_one = prev
+        self._cache = (sec, head, out)
         return out
 
     # -- checkpoints -----------------------------------------------------------------
