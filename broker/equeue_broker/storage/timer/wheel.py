@@ -43,6 +43,7 @@ a chain that reaches a deleted segment ends there.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import shutil
 import struct
@@ -58,6 +59,8 @@ ENTRY_SIZE = ENTRY.size
 SEGMENT_ENTRIES = 1 << 20
 CANCEL_BIT = 1 << 63
 _HEAD = struct.Struct("<Q")
+_FIELDS = struct.Struct("<QQQI")
+_CRC = struct.Struct("<I")
 _READ_SLOTS = 1 << 16
 """Wheel slots read in one ``pread`` while looking for the next busy slot."""
 
@@ -97,6 +100,10 @@ class Wheel:
         self._wheel_fd = os.open(directory / "wheel", os.O_RDWR | os.O_CREAT, 0o600)
         if os.fstat(self._wheel_fd).st_size < SLOTS * 8:
             os.ftruncate(self._wheel_fd, SLOTS * 8)
+        # Read through a shared read-only map: page cache (RssFile), not the
+        # process's anonymous memory; written with pwrite at checkpoints.
+        self._map = mmap.mmap(self._wheel_fd, SLOTS * 8, prot=mmap.PROT_READ)
+        self._heads = memoryview(self._map).cast("Q")
         self._segments: dict[int, int] = {}
         """Open segment fds by number."""
         self.max_due: dict[int, int] = dict(max_due or {}) if count is not None else {}
@@ -172,24 +179,32 @@ class Wheel:
         """Append an entry per (due_ms, target, topic_id) (lock held)."""
         buffer = bytearray()
         start = self.count
+        dirty, flushing, heads = self._dirty, self._flushing, self._heads
+        flag = CANCEL_BIT if cancel else 0
+        pack, first = _FIELDS.pack, self.first
+        latest = 0
         for due_ms, target, topic in items:
-            slot = slot_of(due_ms)
-            prev = self.head(slot)
-            fields = (due_ms, target | (CANCEL_BIT if cancel else 0), prev, topic)
-            packed = struct.pack("<QQQI", *fields)
-            buffer += packed + struct.pack("<I", crc32c(packed))
-            number = self.count
-            self._dirty[slot] = number + 1
-            self._note_due(number, due_ms)
+            slot = (due_ms // 1000) % SLOTS
+            prev = dirty.get(slot)
+            if prev is None:
+                prev = flushing.get(slot)
+                if prev is None:
+                    prev = heads[slot]
+            packed = pack(due_ms, target | flag, prev if prev > first else 0, topic)
+            buffer += packed
+            buffer += _CRC.pack(crc32c(packed))
             self.count += 1
+            dirty[slot] = self.count
+            latest = max(latest, due_ms)
             if self.count % SEGMENT_ENTRIES == 0:
-                self._write(start, buffer)
-                buffer, start = bytearray(), self.count
+                self._write(start, buffer, latest)
+                buffer, start, latest = bytearray(), self.count, 0
         if buffer:
-            self._write(start, buffer)
+            self._write(start, buffer, latest)
 
-    def _write(self, start: int, data: bytes | bytearray) -> None:
+    def _write(self, start: int, data: bytes | bytearray, latest: int) -> None:
         segment = start // SEGMENT_ENTRIES
+        self.max_due[segment] = max(self.max_due.get(segment, 0), latest)
         os.pwrite(self._fd(segment), data, (start % SEGMENT_ENTRIES) * ENTRY_SIZE)
         self._synced.discard(segment)
 
@@ -201,7 +216,7 @@ class Wheel:
         if head is None:
             head = self._flushing.get(slot)
         if head is None:
-            (head,) = _HEAD.unpack(os.pread(self._wheel_fd, 8, slot * 8))
+            head = self._heads[slot]
         return head if head > self.first else 0
 
     def busy_seconds(self, first_sec: int, last_sec: int) -> Iterator[int]:
@@ -210,9 +225,9 @@ class Wheel:
         while sec <= last_sec:
             slot = sec % SLOTS
             n = min(_READ_SLOTS, last_sec - sec + 1, SLOTS - slot)
-            data = os.pread(self._wheel_fd, n * 8, slot * 8)
             marked = {s - slot for s in (*self._dirty, *self._flushing) if slot <= s < slot + n}
-            if len(data) == n * 8 and data.count(0) != len(data):  # some heads on disk
+            data = self._map[slot * 8 : (slot + n) * 8]
+            if data.count(0) != len(data):  # some heads on disk
                 heads = memoryview(data).cast("Q")
                 marked.update(i for i in range(n) if heads[i])
             for i in sorted(marked):
@@ -291,6 +306,8 @@ class Wheel:
         self.first = max(self.first, first)
 
     def close(self) -> None:
+        self._heads.release()
+        self._map.close()
         for fd in self._segments.values():
             os.close(fd)
         self._segments.clear()
