@@ -178,8 +178,9 @@ class Timer:
         latest = now_ms + self.config.max_delay_ms
         earliest = now_ms - self.config.past_tolerance_ms
         for due in deliver_at_ms:
-            if not isinstance(due, int) or isinstance(due, bool):
+            if type(due) is not int:
                 raise InvalidArgument(f"deliver_at_ms {due!r} is not an integer (ms since epoch)")
+        for due in (min(deliver_at_ms), max(deliver_at_ms)):
             if due > latest:
                 raise InvalidArgument(
                     f"deliver_at_ms {due} is {due - now_ms} ms from now, beyond the maximum "
@@ -192,10 +193,11 @@ class Timer:
                 )
         return list(deliver_at_ms) * count if len(deliver_at_ms) == 1 else list(deliver_at_ms)
 
-    def clamp(self, due_ms: int) -> int:
-        """The due time a new delayed record gets: never at or below ``through``
+    def clamp(self, dues: Sequence[int]) -> list[int]:
+        """The due times new delayed records get: never below ``through``'s
         (a due time in the past is due at once), nor before the cursor's slot."""
-        return max(due_ms, self._floor_ms, self.through[0], self.cursor_sec * 1000)
+        floor = max(self._floor_ms, self.through[0], self.cursor_sec * 1000)
+        return [d if d > floor else floor for d in dues]
 
     def added(self, topic: str, positions: Sequence[int], dues: Sequence[int]) -> None:
         """Delayed records of ``topic`` were written at ``positions`` (lock held)."""
