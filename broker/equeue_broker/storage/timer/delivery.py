@@ -192,6 +192,18 @@ class Delivery:
                 entries.setdefault(key, bytearray()).extend(entry_for(p.key[1], p.meta))
         return entries
 
+    def summary(self, topic: str | None) -> tuple[int, int | None]:
+        """(pending delayed records, earliest due ms or None), of ``topic`` or all."""
+        with self._state.lock:
+            return self.timer.summary(topic)
+
+    def set_delivering(self, active: bool) -> None:
+        """Deliver (a master) or not (a replica); off: returns once a delivery
+        in flight is written, so none follows (a demoted master's)."""
+        self.timer.delivering = active
+        with self.timer.deliver_lock:
+            pass
+
     def undo_tail(self, position: int) -> None:
         """The log is about to be cut at ``position`` (a replica): the timer
         undoes the tail's deliveries and cancels, and the index entries those

@@ -77,7 +77,9 @@ class Picked:
 class Timer:
     """The delayed records of one store."""
 
-    def __init__(self, config: TimerConfig, directory: Path, message_log: MessageLog) -> None:
+    def __init__(
+        self, config: TimerConfig, directory: Path, message_log: MessageLog, delivering: bool
+    ) -> None:
         self.config = config
         self._directory = directory
         self._log = message_log
@@ -95,7 +97,8 @@ class Timer:
         self._base = 0
         """A delivery of a record below it was never counted (a rebuild from a
         log whose start retention deleted)."""
-        self.delivering = True
+        self.delivering = delivering
+        """Whether the timer thread delivers (a master) or not (a replica)."""
         self.deliver_lock = threading.Lock()
         self.persist_lock = threading.Lock()
         self._version = 0
@@ -279,14 +282,14 @@ class Timer:
         assert self.wheel is not None
         cuts: dict[QueueKey, int] = {}
         found = list(self._log.iter_records(position))
+        # Every record of the log was applied (by the checkpoint's counts or
+        # after it): every one cut is undone; what is copied again is applied.
+        self.from_position = min(self.from_position, position)
         for at, meta in reversed(found):
             if meta.flags & FLAG_DELAYED and not meta.flags & FLAG_CONTROL:
-                if at >= self.from_position:
-                    self._count(meta.topic.decode(errors="replace"), meta.queue_offset, at, -1)
+                self._count(meta.topic.decode(errors="replace"), meta.queue_offset, at, -1)
                 continue
             if not meta.flags & FLAG_CONTROL or meta.tag.decode(errors="replace") not in TAGS:
-                continue
-            if at < self.from_position:
                 continue
             record = self._log.read(at, meta.frame_size)
             control = decode_value(record.tag, record.value)
