@@ -369,3 +369,33 @@ def test_timer_index_format_round_trip(tmp_path: Path) -> None:
         assert list(wheel.busy_seconds(second - 5, second + 5)) == [second]
     finally:
         wheel.close()
+
+
+def test_a_restarted_replica_cuts_below_its_checkpoint(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """The cut undoes records the checkpoint's counts hold, and what is copied
+    again after the cut is applied again."""
+    master = open_store()
+    master.create_topic("t", 2)
+    now = now_ms()
+    due = _spread(master, now, 60)
+    cut = master.log_end
+    deliver_all(master, now + 3_000)
+    replica = _replica(make_config, "replica")
+    config = replica.config
+    try:
+        _copy(master, replica, _scan(replica))
+        replica.close()
+        replica = Store(config, background=False, delivering=False)  # checkpoint past the cut
+        scan = _scan(replica)
+        replica.truncate(cut, scan)
+        assert replica.delayed_summary()[0] == 60
+        _copy(master, replica, scan)  # the same bytes again
+        assert replica.delayed_summary() == master.delayed_summary()
+        deliver_all(master, now + 100_000)
+        _copy(master, replica, scan)
+        _check_exactly_once(replica, due)
+        assert replica.delayed_summary() == (0, None)
+    finally:
+        replica.close()

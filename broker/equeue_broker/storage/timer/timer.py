@@ -32,6 +32,7 @@ Locking: the methods run with the engine lock held, except where they say;
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 from collections import Counter
@@ -55,6 +56,8 @@ from equeue_broker.storage.timer.timer_records import (
 )
 from equeue_broker.storage.timer.wheel import Wheel, topic_id
 from equeue_proto.record import FLAG_CONTROL, FLAG_DELAYED, FLAG_TXN, RecordMeta, StoredMessage
+
+log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
 NOTHING: Key = (0, -1)
@@ -250,6 +253,13 @@ class Timer:
         metas = [self._meta(p) for p in control.positions]
         self._apply_deliver(control, metas)
         if not derive:
+            return []
+        start = self._log.start_position
+        if any(m is None and p < start for p, m in zip(control.positions, metas, strict=True)):
+            # Records retention deleted (an empty replica starting at its master's
+            # log start): their offsets are gone with them; the log says where
+            # the queues continue.
+            log.warning("deliver at %d: some of its records were deleted", position)
             return []
         return _derive(control, metas, record.store_timestamp_ms)
 
