@@ -6,6 +6,8 @@ runs every tick), so "not before its time" is checked against a given clock.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ from equeue_broker.storage import (
     RetentionConfig,
     Store,
 )
+from equeue_broker.storage.config import TimerConfig
 from equeue_broker.storage.producers.table import Idempotence
 from equeue_broker.storage.timer.timer_records import (
     Cancel,
@@ -42,6 +45,20 @@ def now_ms() -> int:
 
 def values(store: Store, topic: str = "t", queue_id: int = 0) -> list[bytes]:
     return [m.value for m in store.read(topic, queue_id, 0, max_messages=10_000).messages]
+
+
+def wait_for(store: Store, done: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait until ``done()``, checked whenever the store makes records readable
+    (its listener: what a delivery does), for at most ``timeout_s``."""
+    changed = threading.Condition()
+
+    def listener(topic: str, queue_id: int, end: int) -> None:
+        with changed:
+            changed.notify_all()
+
+    store.add_listener(listener)
+    with changed:
+        return changed.wait_for(done, timeout_s)
 
 
 def deliver_all(store: Store, at_ms: int) -> int:
@@ -308,12 +325,8 @@ def test_retention_keeps_a_chunk_with_a_pending_record(make_config: MakeConfig) 
 def test_the_timer_thread_delivers(open_store: OpenStore, make_config: MakeConfig) -> None:
     store = open_store(make_config(), background=True)
     store.create_topic("t", 1)
-    arrived: list[int] = []
-    store.add_listener(lambda topic, queue_id, end: arrived.append(end))
     store.append("t", 0, MessageBatch([b"soon"]), deliver_at_ms=[now_ms() + 200])
-    deadline = time.monotonic() + 10
-    while not arrived and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert wait_for(store, lambda: store.queue_info("t", 0).end == 1, 30)
     assert values(store) == [b"soon"]
 
 
@@ -399,3 +412,34 @@ def test_a_restarted_replica_cuts_below_its_checkpoint(
         assert replica.delayed_summary() == (0, None)
     finally:
         replica.close()
+
+
+@pytest.mark.timeout(120)
+def test_appends_racing_the_timer_thread(open_store: OpenStore, make_config: MakeConfig) -> None:
+    """Writers append delayed records (some due at once) while the timer thread
+    delivers and a cancel runs: each delivered once, cancelled ones never."""
+    store = open_store(make_config(timer=TimerConfig(tick_ms=5, max_deliver_batch=7)), True)
+    store.create_topic("t", 2)
+    now = now_ms()
+    cancelled: set[bytes] = set()
+
+    def write(queue_id: int) -> None:
+        for i in range(150):
+            value = f"{queue_id}-{i}".encode()
+            due = now - 1000 if i % 3 == 0 else now_ms() + i % 7 * 40
+            result = store.append("t", queue_id, MessageBatch([value]), deliver_at_ms=[due])
+            if i % 25 == 1:
+                with contextlib.suppress(NotFound):  # delivered already: fine
+                    store.cancel_delayed(result.positions()[0])
+                    cancelled.add(value)
+
+    writers = [threading.Thread(target=write, args=(q,)) for q in (0, 1)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert wait_for(store, lambda: store.delayed_summary()[0] == 0, 60)
+    assert store.delayed_summary() == (0, None)
+    seen = values(store, "t", 0) + values(store, "t", 1)
+    expected = {f"{q}-{i}".encode() for q in (0, 1) for i in range(150)} - cancelled
+    assert sorted(seen) == sorted(expected)
