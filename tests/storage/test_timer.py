@@ -443,3 +443,29 @@ def test_appends_racing_the_timer_thread(open_store: OpenStore, make_config: Mak
     seen = values(store, "t", 0) + values(store, "t", 1)
     expected = {f"{q}-{i}".encode() for q in (0, 1) for i in range(150)} - cancelled
     assert sorted(seen) == sorted(expected)
+
+
+def test_timer_log_is_compacted_past_a_far_future_record(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """A record due in 6 days would keep its timer log segment, and every later
+    one, until then: its entry is copied forward and old segments go."""
+    config = make_config(timer=TimerConfig(segment_entries=64))
+    store = open_store(config)
+    store.create_topic("t", 1)
+    now = now_ms()
+    far = now + 6 * 24 * 3600 * 1000
+    kept = store.append("t", 0, MessageBatch([b"far"]), deliver_at_ms=[far])
+    for i in range(40):
+        store.append("t", 0, MessageBatch([b"x"] * 50), deliver_at_ms=[now + 1000 + i])
+        deliver_all(store, now + 2000)
+        store.flush()
+    segments = sorted((config.data_dir / "timer").glob("*.tlog"))
+    assert len(segments) <= 8  # of 2,001 entries in 64-entry segments
+    assert segments[0].name != "000000000.tlog"
+    store.close()
+    store = open_store(config)
+    assert store.delayed_summary() == (1, far)
+    assert store.cancel_delayed(kept.positions()[0]).deliver_at_ms == far
+    assert store.delayed_summary() == (0, None)
+    assert values(store) == [b"x"] * 2000

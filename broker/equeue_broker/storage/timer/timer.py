@@ -105,6 +105,8 @@ class Timer:
         self.deliver_lock = threading.Lock()
         self.persist_lock = threading.Lock()
         self._version = 0
+        self._compacting: int | None = None
+        """The next timer log entry compaction looks at, while it runs."""
         self._earliest: dict[str | None, tuple[int, int | None]] = {}
 
     # -- open and checkpoints --------------------------------------------------------
@@ -117,13 +119,15 @@ class Timer:
         must scan the whole log."""
         if doc is not None and usable:
             segments = {int(s): int(d) for s, d in doc.get("segments", [])}
-            wheel = Wheel(self._directory, int(doc["entries"]), segments, int(doc.get("first", 0)))
+            per_segment = int(doc.get("segment_entries", self.config.segment_entries))
+            first = int(doc.get("first", 0))
+            wheel = Wheel(self._directory, int(doc["entries"]), segments, first, per_segment)
             if wheel.intact:
                 self.wheel = wheel
                 self._restore_counts(doc, position)
                 return True
             wheel.close()
-        self.wheel = Wheel(self._directory, None)
+        self.wheel = Wheel(self._directory, None, segment_entries=self.config.segment_entries)
         self._base = self._log.start_position
         return doc is None
 
@@ -152,6 +156,7 @@ class Timer:
             "entries": count,
             "first": self.wheel.first_after(self.through[0]),
             "segments": sorted(self.wheel.max_due.items()),
+            "segment_entries": self.wheel.segment_entries,
         }
         return doc, dirty
 
@@ -166,6 +171,50 @@ class Timer:
         assert self.wheel is not None
         self.wheel.written(dirty)
         self.wheel.delete_below(int(doc["first"]))
+        self.compact()
+
+    def compact(self, budget: int = 16_384) -> int:
+        """A step of compaction of the timer log (lock held): when it holds far
+        more entries than records pending, copy the live entries of its oldest
+        segment (one due far later than the others keeps it) to its end, at most
+        ``budget`` entries looked at per step; once all are, the segment goes
+        with the next checkpoint. Returns the entries copied."""
+        assert self.wheel is not None
+        wheel = self.wheel
+        per = wheel.segment_entries
+        oldest, active = wheel.first // per, wheel.count // per
+        if self._compacting is None or self._compacting < wheel.first:
+            self._compacting = None
+            garbage = wheel.count - wheel.first - 4 * self.pending
+            if active - oldest < 2 or garbage < 2 * per:
+                return 0
+            self._compacting = oldest * per
+        at = self._compacting
+        entries = wheel.read_entries(at, budget)
+        if not entries:  # its segment is gone
+            self._compacting = None
+            return 0
+        live: dict[int, set[Key]] = {}
+        moves = []
+        for entry in entries:
+            key = (entry.due_ms, entry.target)
+            if entry.cancel or key <= self.through:
+                continue
+            second = entry.due_ms // 1000
+            if second not in live:
+                live[second] = set(self._live(second))
+            if key in live[second]:
+                live[second].discard(key)  # one copy of a record's entries
+                moves.append((entry.due_ms, entry.target, entry.topic_id))
+        if moves:
+            wheel.add(moves)
+        at += len(entries)
+        if at % per == 0:
+            wheel.max_due[(at - 1) // per] = 0  # nothing in it is needed any more
+            self._compacting = None
+        else:
+            self._compacting = at
+        return len(moves)
 
     def close(self) -> None:
         if self.wheel is not None:
