@@ -33,6 +33,7 @@ from equeue_broker.storage.timer.timer_records import (
 )
 from equeue_broker.storage.timer.wheel import CANCEL_BIT, ENTRY, ENTRY_SIZE, Wheel, topic_id
 from equeue_broker.storage.txn.txn_recovery import TxnScan
+from equeue_proto.accel import CODEC
 from tests.conftest import MakeConfig
 from tests.support.faults import simulate_machine_crash
 
@@ -469,3 +470,24 @@ def test_timer_log_is_compacted_past_a_far_future_record(
     assert store.cancel_delayed(kept.positions()[0]).deliver_at_ms == far
     assert store.delayed_summary() == (0, None)
     assert values(store) == [b"x"] * 2000
+
+
+@pytest.mark.skipif(CODEC is None, reason="the C codec is not built")
+def test_c_timer_entries_are_the_reference_ones(tmp_path: Path) -> None:
+    dues = [1_800_000_000_123, 1_800_000_000_999, 1_800_000_001_000, 1_800_000_000_500]
+    targets = [64, 128, 4096, 1 << 40]
+    built: list[object] = []
+    for name in ("c", "python"):
+        wheel = Wheel(tmp_path / name, None)
+        try:
+            wheel.add([(dues[0], 7, 5)])  # a head to chain to
+            if name == "c":
+                wheel.add_topic(dues, targets, 99)
+            else:
+                wheel.add([(d, t, 99) for d, t in zip(dues, targets, strict=True)])
+            chains = [wheel.chain(second) for second in (1_800_000_000, 1_800_000_001)]
+            built.append((wheel.count, wheel.take_dirty()[1], chains))
+        finally:
+            wheel.close()
+        built.append((tmp_path / name / "000000000.tlog").read_bytes())
+    assert built[:2] == built[2:]

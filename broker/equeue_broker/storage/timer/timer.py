@@ -258,7 +258,7 @@ class Timer:
         """Delayed records of ``topic`` were written at ``positions`` (lock held)."""
         assert self.wheel is not None
         tid = topic_id(topic)
-        self.wheel.add([(due, p, tid) for p, due in zip(positions, dues, strict=True)])
+        self.wheel.add_topic(dues, positions, tid)
         self._count_many(topic, dues, positions, 1)
 
     def _count(self, topic: str, due_ms: int, position: int, delta: int) -> None:

@@ -47,11 +47,13 @@ import mmap
 import os
 import shutil
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
+
+from equeue_proto.accel import CODEC
 
 SLOTS = 367 * 86400
 ENTRY = struct.Struct("<QQQII")
@@ -60,6 +62,7 @@ SEGMENT_ENTRIES = 1 << 20
 CANCEL_BIT = 1 << 63
 _FIELDS = struct.Struct("<QQQI")
 _CRC = struct.Struct("<I")
+_timer_entries_c: Callable[..., bytearray] | None = CODEC.timer_entries if CODEC else None
 _READ_SLOTS = 1 << 16
 """Wheel slots read in one ``pread`` while looking for the next busy slot."""
 
@@ -198,6 +201,25 @@ class Wheel:
             start = self.count
             self._write(start, self._entries(run, cancel), max(d for d, _, _ in run))
             done += len(run)
+
+    def add_topic(self, dues: Sequence[int], targets: Sequence[int], topic: int) -> None:
+        """``add`` for records of one topic (an append): the C codec builds the
+        entries where it is built."""
+        if _timer_entries_c is None:
+            self.add([(d, t, topic) for d, t in zip(dues, targets, strict=True)])
+            return
+        done = 0
+        while done < len(dues):  # a run per segment
+            room = self.segment_entries - self.count % self.segment_entries
+            run_dues = dues[done : done + room]
+            start = self.count
+            data = _timer_entries_c(
+                run_dues, targets[done : done + room], topic, False, self.first, start,
+                self._dirty, self._flushing, self._map, SLOTS,
+            )  # fmt: skip
+            self.count += len(run_dues)
+            self._write(start, data, max(run_dues))
+            done += len(run_dues)
 
     def _entries(self, items: Sequence[tuple[int, int, int]], cancel: bool) -> bytearray:
         """The entries of ``items``, chained to their slots' heads (which move)."""
