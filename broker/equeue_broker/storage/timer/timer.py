@@ -32,7 +32,9 @@ Locking: the methods run with the engine lock held, except where they say;
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import struct
 import threading
 from collections import Counter
@@ -274,11 +276,10 @@ class Timer:
         self.pending += delta * len(dues)
         pending = self._topics.setdefault(topic, _TopicPending())
         pending.count += delta * len(dues)
-        _add_counts(pending.hours, Counter(d // HOUR_MS for d in dues), delta)
+        _add_counts(pending.hours, _buckets(dues, HOUR_MS), delta)
         if not pending.count and not pending.hours:
             del self._topics[topic]
-        capacity = self._log.capacity
-        _add_counts(self._chunks, Counter(p // capacity for p in positions), delta)
+        _add_counts(self._chunks, _buckets(positions, self._log.capacity), delta)
         self._version += 1
 
     # -- what recovery and replicas apply (TxnScan) ----------------------------------
@@ -485,6 +486,14 @@ class Timer:
         if meta.position != position or meta.flags & FLAG_CONTROL:
             return None
         return meta if meta.flags & FLAG_DELAYED else None
+
+
+def _buckets(values: Sequence[int], size: int) -> Counter[int]:
+    """How many of ``values`` fall in each bucket of ``size`` (key: value // size)."""
+    low, high = min(values) // size, max(values) // size
+    if low == high:  # the usual case: one batch, one chunk (or hour)
+        return Counter({low: len(values)})
+    return Counter(map(operator.floordiv, values, itertools.repeat(size)))
 
 
 def _add_counts(counts: dict[int, int], changes: Counter[int], delta: int) -> None:

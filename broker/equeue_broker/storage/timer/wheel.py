@@ -298,9 +298,13 @@ class Wheel:
     # -- checkpoints -----------------------------------------------------------------
 
     def take_dirty(self) -> tuple[int, dict[int, int]]:
-        """(entry count, heads changed) for a checkpoint (lock held)."""
+        """(entry count, heads changed) for a checkpoint (lock held). Checkpoints
+        run one at a time (``Timer.persist_lock``); heads a failed one did not
+        write are written with these."""
         dirty, self._dirty = self._dirty, {}
-        self._flushing.update(dirty)
+        if self._flushing:
+            dirty = {**self._flushing, **dirty}
+        self._flushing = dirty
         return self.count, dirty
 
     def write_heads(self, dirty: dict[int, int]) -> None:
@@ -318,10 +322,9 @@ class Wheel:
             os.fsync(self._wheel_fd)
 
     def written(self, dirty: dict[int, int]) -> None:
-        """The heads of ``dirty`` are on disk (lock held)."""
-        for slot, head in dirty.items():
-            if self._flushing.get(slot) == head:
-                del self._flushing[slot]
+        """The heads of ``dirty`` (the last ``take_dirty``) are on disk (lock held)."""
+        if self._flushing is dirty:
+            self._flushing = {}
 
     def first_after(self, through_due: int) -> int:
         """The oldest entry kept once the oldest segments whose entries are all
