@@ -170,6 +170,8 @@ class Delivery:
                 before = timer.through
 
             def record(firsts: dict[QueueKey, int]) -> PreparedBatch:
+                if timer.through != before:  # an earlier one timed out, then ran after all
+                    raise StorageError("the timer moved since this delivery was chosen")
                 queues = tuple((k, firsts[k], len(e) // ENTRY_SIZE) for k, e in entries.items())
                 positions = tuple(p.key[1] for p in picked)
                 deliver = Deliver(positions, queues, picked[-1].key, before)
