@@ -232,9 +232,13 @@ class Delivery:
                 if meta is None:
                     raise NotFound(f"no pending delayed message at log position {position!r}")
             cancel = Cancel(position, meta.queue_offset)
-            self._commit_staged(
-                {}, lambda _: prepare_timer_control(cancel), lambda: timer.cancelled(cancel)
-            )
+
+            def record(_: dict[QueueKey, int]) -> PreparedBatch:
+                if timer.pending_at(position) is None:  # delivered meanwhile (a timeout)
+                    raise NotFound(f"no pending delayed message at log position {position}")
+                return prepare_timer_control(cancel)
+
+            self._commit_staged({}, record, lambda: timer.cancelled(cancel))
         return DelayedMessage(meta.topic.decode(errors="replace"), meta.queue_id, meta.queue_offset)
 
 
