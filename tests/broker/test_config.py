@@ -41,6 +41,7 @@ FLAGS = [
     "--advertise-address", "--register-interval-ms", "--role", "--master", "--max-replicas",
     "--zookeeper",
     "--zk-session-timeout-ms", "--replication", "--min-insync-replicas", "--replica-lag-max-ms",
+    "--max-reconsume-times",
 ]  # fmt: skip
 FILE_ONLY = [
     "max_queues_per_topic", "max_pull_messages", "max_pull_bytes", "max_request_bytes",
@@ -51,7 +52,7 @@ FILE_ONLY = [
     "max_connection_idle_ms", "handshake_timeout_ms", "stream_send_timeout_ms", "budget_wait_ms",
     "max_producers", "producer_window", "max_queues_per_producer", "producer_idle_expiry_ms",
     "store_threads",
-    "shutdown_grace_s", "max_replication_waits",
+    "shutdown_grace_s", "max_replication_waits", "retry_backoff",
 ]  # fmt: skip
 
 

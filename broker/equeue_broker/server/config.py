@@ -19,9 +19,10 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, get_type_hints
+from typing import Any, NoReturn, TypeVar, get_origin, get_type_hints
 
 from equeue_broker.replication.election import parse_hosts
+from equeue_broker.server.durations import EXAMPLE, format_ms
 from equeue_broker.server.settings import BY_KEY, SETTINGS, Setting
 from equeue_broker.storage.config import UNIT, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
@@ -40,6 +41,20 @@ MAX_NAMESRVS = 16
 
 DEFAULT_DATA_DIR = Path("equeue-data")
 """The one storage default the server owns: ``StorageConfig.data_dir`` has none."""
+
+_S, _M, _H = 1_000, 60_000, 3_600_000
+DEFAULT_RETRY_BACKOFF_MS = (
+    10 * _S, 30 * _S, *(n * _M for n in range(1, 11)), 20 * _M, 30 * _M, _H, 2 * _H,
+)  # fmt: skip
+"""RocketMQ 5's delay levels from 10s on (10s 30s 1m 2m ... 10m 20m 30m 1h 2h)."""
+MAX_RETRY_STEPS = 64
+MAX_RECONSUME_TIMES = 10_000
+
+
+def max_delay_ms(storage: StorageConfig) -> int:
+    """The longest delay the store accepts (``--max-delay``)."""
+    timer = getattr(storage, "timer", None)  # absent until the store has a timer
+    return int(timer.max_delay_ms) if timer is not None else 7 * 86_400_000
 
 
 @dataclass(frozen=True)
@@ -179,6 +194,12 @@ class BrokerConfig:
     max_replication_waits: int = field(default=10_000, metadata={UNIT: "requests"})
     """Sync-mode writes waiting for their replicas at once; more wait up to
     ``budget_wait_ms`` for a slot, then get RESOURCE_EXHAUSTED (unwritten)."""
+    # -- retries and dead letters (retry.py; docs/operations.md, "Retry and dead letters")
+    max_reconsume_times: int = field(default=16, metadata={UNIT: "retries"})
+    """Retries a Nacked message gets (a NackRequest may ask for another
+    count); the failure after the last goes to the group's dead-letter topic."""
+    retry_backoff: tuple[int, ...] = DEFAULT_RETRY_BACKOFF_MS
+    """The delay before each retry, in order (ms); past the end, the last again."""
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Not a setting: where each given setting came from, as errors name it
     (``--chunk-size``, or ``chunk_size in broker.toml``); ``parse_args`` fills it."""
@@ -215,6 +236,27 @@ class BrokerConfig:
         self._check_cluster()
         self._check_failover()
         self._check_replication()
+        self._check_retries()
+
+    def _check_retries(self) -> None:
+        if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
+            raise InvalidArgument(
+                f"{self.named('max_reconsume_times')} must be in [0, {MAX_RECONSUME_TIMES}], "
+                f"got {self.max_reconsume_times}"
+            )
+        steps = self.retry_backoff
+        if not 1 <= len(steps) <= MAX_RETRY_STEPS:
+            raise InvalidArgument(
+                f"{self.named('retry_backoff')} has {len(steps)} steps; give 1 to "
+                f"{MAX_RETRY_STEPS} durations"
+            )
+        longest = max_delay_ms(self.storage)
+        for step in steps:
+            if not 0 < step <= longest:
+                raise InvalidArgument(
+                    f"{self.named('retry_backoff')} step {format_ms(step)} must be more "
+                    f"than 0 and at most the longest delay, {format_ms(longest)} (--max-delay)"
+                )
 
     def _check_failover(self) -> None:
         if not self.zookeeper:
@@ -313,9 +355,9 @@ class BrokerConfig:
         for key, value in settings.items():
             setting = BY_KEY[key]
             if setting.target:
-                storage[setting.path] = setting.to_target(value)
+                storage[setting.path] = setting.to_target(value, origins[key])
             else:
-                server[key] = value
+                server[key] = setting.to_target(value, origins[key])
         try:
             built = _build(StorageConfig, storage)
         except InvalidArgument as exc:
@@ -326,7 +368,7 @@ class BrokerConfig:
         """The value of setting ``key`` as operators give it (its key's unit)."""
         setting = BY_KEY[key]
         if not setting.target:
-            return getattr(self, key)
+            return setting.from_target(getattr(self, key))
         value: Any = self.storage
         for name in setting.path:
             value = getattr(value, name)
@@ -392,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
         kind = setting.kind()
         if setting.choices:
             options["choices"] = list(setting.choices)
+        elif setting.duration:  # a string: BrokerConfig.from_settings parses it
+            pass
         elif kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif isinstance(kind, type) and issubclass(kind, enum.Enum):
@@ -429,6 +473,12 @@ def _load_file(path: Path) -> dict[str, Any]:
 def _expected(setting: Setting, value: Any) -> str:
     """What the setting takes, if ``value`` (as TOML gave it) is not that; else ""."""
     kind = setting.kind()
+    if setting.duration:
+        many = get_origin(kind) is tuple
+        if many:
+            fine = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            return "" if fine else f'a list of durations like ["10s", "1m", "2h"]'
+        return "" if isinstance(value, str) else f"{EXAMPLE} (a string)"
     choices = setting.choices
     if not choices and isinstance(kind, type) and issubclass(kind, enum.Enum):
         choices = tuple(str(m.value) for m in kind)

@@ -17,6 +17,7 @@ import types
 from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 
+from equeue_broker.server.durations import format_ms, parse_ms
 from equeue_broker.storage.config import UNIT, GiB, KiB, MiB, StorageConfig
 
 
@@ -48,6 +49,9 @@ class Setting:
     choices: tuple[str, ...] = ()
     flag: bool = True
     """False: only the config file takes it (as before this table existed)."""
+    duration: bool = False
+    """The key takes durations (``"30s"``, ``"7d"``: durations.py), a list of
+    them for a tuple field; the field holds milliseconds."""
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -80,10 +84,16 @@ class Setting:
         (target,) = [f for f in fields(owner) if f.name == name]
         return str(target.metadata.get(UNIT, ""))
 
-    def to_target(self, value: Any) -> Any:
-        """A value in the key's unit as the target field takes it."""
+    def to_target(self, value: Any, name: str = "") -> Any:
+        """A value in the key's unit as the target field takes it; ``name``:
+        the setting as the operator gave it, for a bad duration's error."""
         if value is None or (self.minus_one_is_none and value == -1):
             return None
+        if self.duration:
+            shown = name or self.key
+            if isinstance(value, list | tuple):
+                return tuple(parse_ms(v, f"{shown}: entry") for v in value)
+            return parse_ms(value, shown)
         # Enum values ("sync") go through as they are: StorageConfig converts
         # and checks them, and its error then names the setting (_name_settings).
         if self.per_unit != 1:
@@ -96,6 +106,8 @@ class Setting:
             return -1 if self.minus_one_is_none else None
         if isinstance(value, enum.Enum):
             return value.value
+        if self.duration:
+            return [format_ms(v) for v in value] if isinstance(value, tuple) else format_ms(value)
         if self.per_unit != 1:
             return value / self.per_unit
         return value
@@ -112,6 +124,8 @@ class Setting:
             return "true" if value else "false"
         if isinstance(value, float):
             return f"{value:g}"
+        if isinstance(value, list):
+            return " ".join(value)
         if self.unit_name() == "bytes" and value >= KiB and value % KiB == 0:
             return f"{value} = {_binary(value)}"
         return str(value)
@@ -336,6 +350,16 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "max_replication_waits", "sync-mode writes waiting for their replicas at once", flag=False
+    ),
+    Setting(
+        "max_reconsume_times",
+        "retries a Nacked message gets before it goes to the group's dead-letter topic",
+    ),
+    Setting(
+        "retry_backoff",
+        "delay before each retry of a Nacked message, in order; past the end the last repeats",
+        flag=False,
+        duration=True,
     ),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
