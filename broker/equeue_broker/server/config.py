@@ -477,7 +477,7 @@ def _expected(setting: Setting, value: Any) -> str:
         many = get_origin(kind) is tuple
         if many:
             fine = isinstance(value, list) and all(isinstance(v, str) for v in value)
-            return "" if fine else f'a list of durations like ["10s", "1m", "2h"]'
+            return "" if fine else 'a list of durations like ["10s", "1m", "2h"]'
         return "" if isinstance(value, str) else f"{EXAMPLE} (a string)"
     choices = setting.choices
     if not choices and isinstance(kind, type) and issubclass(kind, enum.Enum):
