@@ -26,7 +26,7 @@ from equeue_broker.server.retry import (
     ensure_topic,
     resent_topic,
 )
-from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, Store
+from equeue_broker.storage import MessageBatch, NotFound, Store
 from equeue_proto.protocol import format_message_id, parse_message_id
 from equeue_proto.record import RecordError, StoredMessage, decode_record
 
@@ -168,9 +168,8 @@ class DeadLetters:
             while True:
                 result = self.store.reads.read(topic, q.queue_id, offset, max_messages=_READ_BATCH)
                 yield from result.messages
-                if result.status is not ReadStatus.OK or result.next_offset >= result.end:
-                    break
-                if not result.messages and result.next_offset == offset:
+                # Past retention's cut the read answers with the earliest offset: go on there.
+                if result.next_offset >= result.end or result.next_offset <= offset:
                     break
                 offset = result.next_offset
 
