@@ -53,8 +53,7 @@ MAX_RECONSUME_TIMES = 10_000
 
 def max_delay_ms(storage: StorageConfig) -> int:
     """The longest delay the store accepts (``--max-delay``)."""
-    timer = getattr(storage, "timer", None)  # absent until the store has a timer
-    return int(timer.max_delay_ms) if timer is not None else 7 * 86_400_000
+    return storage.timer.max_delay_ms
 
 
 @dataclass(frozen=True)
@@ -255,7 +254,8 @@ class BrokerConfig:
             if not 0 < step <= longest:
                 raise InvalidArgument(
                     f"{self.named('retry_backoff')} step {format_ms(step)} must be more "
-                    f"than 0 and at most the longest delay, {format_ms(longest)} (--max-delay)"
+                    f"than 0 and at most the longest delay, {format_ms(longest)} "
+                    f"({self.named('max_delay')})"
                 )
 
     def _check_failover(self) -> None:

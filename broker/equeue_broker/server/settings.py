@@ -18,7 +18,8 @@ from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 
 from equeue_broker.server.durations import format_ms, parse_ms
-from equeue_broker.storage.config import UNIT, GiB, KiB, MiB, StorageConfig
+from equeue_broker.storage.config import MAX_DELAY_LIMIT_MS, UNIT, GiB, KiB, MiB, StorageConfig
+from equeue_broker.storage.errors import InvalidArgument
 
 
 def _server_config() -> Any:
@@ -52,6 +53,9 @@ class Setting:
     duration: bool = False
     """The key takes durations (``"30s"``, ``"7d"``: durations.py), a list of
     them for a tuple field; the field holds milliseconds."""
+    longest_ms: int = 0
+    """A duration setting's upper limit, checked here so that the error says
+    it as a duration (the target's own check still applies); 0: none here."""
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -80,6 +84,8 @@ class Setting:
     def unit_name(self) -> str:
         if self.unit:
             return self.unit
+        if self.duration:  # each value says its unit ("30s")
+            return ""
         owner, name = self._field()
         (target,) = [f for f in fields(owner) if f.name == name]
         return str(target.metadata.get(UNIT, ""))
@@ -93,7 +99,13 @@ class Setting:
             shown = name or self.key
             if isinstance(value, list | tuple):
                 return tuple(parse_ms(v, f"{shown}: entry") for v in value)
-            return parse_ms(value, shown)
+            ms = parse_ms(value, shown)
+            if self.longest_ms and not 0 < ms <= self.longest_ms:
+                raise InvalidArgument(
+                    f"{shown} {value!r} is out of range: give more than 0 and at most "
+                    f"{format_ms(self.longest_ms)}"
+                )
+            return ms
         # Enum values ("sync") go through as they are: StorageConfig converts
         # and checks them, and its error then names the setting (_name_settings).
         if self.per_unit != 1:
@@ -350,6 +362,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "max_replication_waits", "sync-mode writes waiting for their replicas at once", flag=False
+    ),
+    Setting(
+        "max_delay",
+        "longest delay of a delayed message (a produce's delivery time, a Nack's delay)",
+        target="timer.max_delay_ms",
+        duration=True,
+        longest_ms=MAX_DELAY_LIMIT_MS,
     ),
     Setting(
         "max_reconsume_times",
