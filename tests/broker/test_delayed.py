@@ -108,3 +108,12 @@ def test_bad_delivery_times_and_ids_are_clear_errors(client: RawClient) -> None:
     )
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert unknown in str(error.details())
+
+
+def test_produce_stream_takes_delivery_times(client: RawClient) -> None:
+    due = now_ms() + 500
+    columns = pb.MessageColumns(count=1, values=b"s", value_lengths=[1])
+    requests = [pb.ProduceRequest(topic="orders", messages=columns, deliver_at_ms=[due])] * 3
+    replies = list(client.broker.ProduceStream(iter(requests), timeout=30))
+    assert [(list(r.offsets), list(r.deliver_at_ms)) for r in replies] == [([-1], [due])] * 3
+    assert [m.value for m in pull_until(client, "orders", 0, 3)] == [b"s"] * 3
