@@ -17,6 +17,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.delayed_support import error_of, header, now_ms, produce, pull, pull_until
 from tests.support.raw_client import RawClient
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -218,10 +219,16 @@ def test_purge_and_delete_group_remove_the_group_topics(client: RawClient) -> No
         group=GROUP, offsets=[pb.QueueOffset(topic="orders", queue_id=0, offset=1)]
     )
     client.broker.CommitOffsets(commit, timeout=10)
-    nack(client, "orders", 1, delay_ms=60_000)  # pending in the retry topic
+    nack(client, "orders", 1, delay_ms=1_000)  # pending in the retry topic
     client.admin.DeleteGroup(pb.DeleteGroupRequest(group=GROUP), timeout=30)
     names = [t.name for t in client.admin.ListTopics(pb.ListTopicsRequest(), timeout=10).topics]
     assert names == ["orders"]
+    # Its due time passes with its topic gone: dropped, not delivered anywhere.
+    wait_for("the pending retry to go", lambda: client.stats().delayed_pending == 0, 30)
+    names = [t.name for t in client.admin.ListTopics(pb.ListTopicsRequest(), timeout=10).topics]
+    assert names == ["orders"]
+    orders = client.admin.DescribeTopic(pb.DescribeTopicRequest(name="orders"), timeout=10)
+    assert sum(q.end_offset for q in orders.queues) == 2
 
 
 SCOPED_TOKENS = """
