@@ -28,7 +28,7 @@ RETRY, DLQ = f"%RETRY%{GROUP}", f"%DLQ%{GROUP}"
 @pytest.fixture
 def client(broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> Iterator[RawClient]:
     config = tmp_path / "broker.toml"
-    config.write_text('retry-backoff = ["1s", "2s"]\n')
+    config.write_text('retry-backoff = ["1s", "2s"]\nretry-backoff-groups = {audit = ["5m"]}\n')
     broker = broker_factory("--max-reconsume-times", "3", "--config", str(config))
     raw = RawClient(broker.address)
     yield raw
@@ -101,6 +101,11 @@ def test_backoff_steps_and_a_request_limit(client: RawClient) -> None:
     assert (first.action, first.deliveries) == ("retry", 1)
     (copy,) = pull_until(client, RETRY, 1, 1)
     assert nack(client, RETRY, copy.offset, max_=1).action == "dlq"
+    # A group with its own steps (retry-backoff-groups).
+    entry = pb.NackEntry(topic="orders", queue_id=0, offset=0, delay_ms=-1)
+    before = now_ms()
+    reply = client.broker.Nack(pb.NackRequest(group="audit", entries=[entry]), timeout=10)
+    assert before + 300_000 <= reply.outcomes[0].deliver_at_ms <= now_ms() + 300_000
 
 
 def test_nack_refuses_what_it_cannot_do(client: RawClient) -> None:
