@@ -28,7 +28,7 @@ from equeue_broker.replication.failover import MANUAL, ZOOKEEPER, RoleSwitch, Zk
 from equeue_broker.replication.insync import InSyncSet
 from equeue_broker.replication.master import LogGrowth
 from equeue_broker.replication.replicas import ReplicaTracker
-from equeue_broker.replication.role import REPLICA, BrokerRole
+from equeue_broker.replication.role import MASTER, REPLICA, BrokerRole
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
@@ -136,6 +136,7 @@ async def create_server(
     start_role = REPLICA if config.zookeeper else config.role
     why = "started; elections through ZooKeeper decide" if config.zookeeper else "--role at start"
     role = BrokerRole(start_role, config.master, store.epochs.last_epoch, why)
+    deliver_on_master(store, role)
     if start_role == REPLICA and store.held_high_watermark is not None:
         # Until its master's first reply: what the replicated high watermark
         # held back before the restart stays hidden (a failover may lose it).
@@ -221,6 +222,14 @@ async def create_server(
     defer_silent_connections(port, -(-config.handshake_timeout_ms // 1000))
     await state.health.start()  # SERVING; writes only on a master (health.py)
     return server, port, state
+
+
+def deliver_on_master(store: Store, role: BrokerRole) -> None:
+    """Only a master delivers due delayed messages (a replica's log is a byte
+    copy of its master's, deliveries included); a promotion starts delivering
+    what is due, a demotion stops it (storage/timer)."""
+    store.set_delivering(role.is_master)
+    role.add_listener(lambda _old, new: store.set_delivering(new.is_master))
 
 
 def bind(server: grpc.aio.Server, config: BrokerConfig) -> int:
@@ -356,7 +365,9 @@ async def serve(config: BrokerConfig) -> None:
     tokens = load_tokens(config)  # a bad tokens file is a config error: the data stays untouched
     server_credentials(config)  # unreadable TLS files too
     try:
-        store = Store(config.storage)
+        # A replica (and, with ZooKeeper, every member until elected) never
+        # delivers, not even in the moment before create_server says so.
+        store = Store(config.storage, delivering=config.role == MASTER and not config.zookeeper)
     except OSError as exc:  # the data directory: said in words, not Python's errno line
         data_dir = config.storage.data_dir
         raise CannotStart(data_dir_problem(data_dir, config.named("data_dir"), exc)) from None
