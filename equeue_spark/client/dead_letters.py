@@ -10,6 +10,7 @@ came from (each at most once; the broker remembers) and purges them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -28,6 +29,13 @@ T = TypeVar("T")
 
 MAX_LIST = 100_000
 """Dead letters one ``list_dead_letters`` call returns at most."""
+MAX_RESEND_IDS = 1_000
+"""Ids per ResendDeadLetters request (the broker's limit); more go in several."""
+MAX_RESEND_ALL = 10_000
+"""Dead letters the broker resends per ``all`` request; a fuller topic takes
+more requests (sent until one resends fewer)."""
+MAX_RESEND_CALLS = 10_000
+"""A bound on the requests of one ``all`` resend (10^8 dead letters)."""
 
 
 def _hosts(routes: Routes, group: str) -> list[tuple[str, int]]:
@@ -89,27 +97,34 @@ def resend_dead_letters(
     if bool(message_ids) == every:
         raise InvalidRequest("name the dead letters to resend (ids), or resend all, not both")
     merged = pb.ResendDeadLettersReply()
+    requests: list[tuple[str, pb.ResendDeadLettersRequest]] = []
     if every:
-        targets: dict[str, list[str]] = {broker: [] for broker, _ in _hosts(routes, group)}
+        for broker in sorted({broker for broker, _ in _hosts(routes, group)}):
+            requests.append((broker, pb.ResendDeadLettersRequest(group=group, all=True)))
     else:
-        targets = _by_broker(routes, message_ids)
-    for broker, ids in sorted(targets.items()):
-        request = pb.ResendDeadLettersRequest(group=group, message_ids=ids, all=every)
-
-        def resend(
-            conn: Connection, r: pb.ResendDeadLettersRequest = request
-        ) -> pb.ResendDeadLettersReply:
-            reply: pb.ResendDeadLettersReply = conn.call(
-                conn.admin.ResendDeadLetters, r, retry=False
-            )
-            return reply
-
-        reply = _on_master(routes, broker, resend)
-        merged.resent += reply.resent
-        merged.already_resent += reply.already_resent
-        merged.not_found.extend(reply.not_found)
-        merged.new_message_ids.extend(reply.new_message_ids)
+        for broker, ids in sorted(_by_broker(routes, message_ids).items()):
+            for start in range(0, len(ids), MAX_RESEND_IDS):
+                chunk = ids[start : start + MAX_RESEND_IDS]
+                requests.append(
+                    (broker, pb.ResendDeadLettersRequest(group=group, message_ids=chunk))
+                )
+    for broker, request in requests:
+        for _ in range(MAX_RESEND_CALLS):
+            reply = _on_master(routes, broker, functools.partial(_resend, request=request))
+            merged.resent += reply.resent
+            merged.already_resent += reply.already_resent
+            merged.not_found.extend(reply.not_found)
+            merged.new_message_ids.extend(reply.new_message_ids)
+            if not request.all or reply.resent < MAX_RESEND_ALL:
+                break
     return merged
+
+
+def _resend(conn: Connection, request: pb.ResendDeadLettersRequest) -> pb.ResendDeadLettersReply:
+    """Not retried: a resend that was applied but not answered would be
+    skipped as "already resent" by the retry, and reported wrongly."""
+    reply: pb.ResendDeadLettersReply = conn.call(conn.admin.ResendDeadLetters, request, retry=False)
+    return reply
 
 
 def purge_dead_letters(routes: Routes, group: str) -> int:

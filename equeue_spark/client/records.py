@@ -23,6 +23,7 @@ ORIGIN_OFFSET = "equeue.origin.offset"
 ORIGIN_ID = "equeue.origin.id"
 DELIVERIES = "equeue.deliveries"
 ERROR = "equeue.error"
+DLQ_REASON = "equeue.dlq.reason"
 """Headers the broker puts on a copy in a retry or dead-letter topic
 (broker.proto, "Retry and dead letters")."""
 RETRY_PREFIX = "%RETRY%"

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 MAX_ERROR_BYTES = 1024
 """Error text kept with a given-back message (the broker keeps no more)."""
-MAX_NACK_ENTRIES = 10_000
-"""Messages per Nack request; more are sent in several."""
+MAX_NACK_ENTRIES = 1_000
+"""Messages per Nack request (the broker's limit); more are sent in several."""
 MAX_RECONSUME_TIMES = 0xFFFF_FFFF
 
 

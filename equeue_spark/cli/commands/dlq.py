@@ -6,7 +6,7 @@ import argparse
 
 from equeue_spark.cli.common import UsageError, admin_client, split_names
 from equeue_spark.cli.formatting import Output, format_table, message_dict, one_line
-from equeue_spark.client.records import Message, dlq_topic
+from equeue_spark.client.records import DLQ_REASON, Message, dlq_topic
 
 
 def _row(m: Message) -> tuple[object, ...]:
@@ -14,6 +14,10 @@ def _row(m: Message) -> tuple[object, ...]:
     where = "-" if origin is None else f"{origin.topic}/{origin.queue_id}@{origin.offset}"
     return (m.message_id, where, m.deliveries, one_line((m.error or "").encode()) or None,
             one_line(m.value))  # fmt: skip
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "replace")
 
 
 def cmd_dlq_list(args: argparse.Namespace, ui: Output) -> None:
@@ -31,6 +35,7 @@ def cmd_dlq_list(args: argparse.Namespace, ui: Output) -> None:
                         "origin": None if m.origin is None else m.origin._asdict(),
                         "deliveries": m.deliveries,
                         "error": m.error,
+                        "reason": _text(m.header(DLQ_REASON)),
                     }
                     for m in letters
                 ],
