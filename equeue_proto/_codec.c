@@ -117,6 +117,7 @@ static inline void put64(uint8_t *p, uint64_t v) {
 #define FLAG_BATCH_END 2
 #define FLAG_TXN 4     /* staged by a transaction: queue_offset holds its serial in the log */
 #define FLAG_CONTROL 8 /* a transaction's commit or abort record (broker/storage/txn/txn_records.py) */
+#define FLAG_DELAYED 16 /* with FLAG_TXN: a delayed record, queue_offset holds its due time (ms) */
 /* Byte offsets of the fields in a frame, from its first byte. */
 #define AT_BODY 4 /* the checksummed body starts after the length prefix */
 #define AT_VERSION 4
@@ -260,7 +261,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         }
         uint8_t *r = base + pos;
         uint8_t flags = (uint8_t)((have_key ? FLAG_HAS_KEY : 0) | (i == stop - 1 ? FLAG_BATCH_END : 0) |
-                                  (extra_flags & (FLAG_TXN | FLAG_CONTROL)));
+                                  (extra_flags & (FLAG_TXN | FLAG_CONTROL | FLAG_DELAYED)));
         put32(r, (uint32_t)body);
         put8(r + AT_VERSION, RECORD_VERSION);
         put8(r + AT_FLAGS, flags);
@@ -1424,6 +1425,7 @@ PyMODINIT_FUNC PyInit__codec(void) {
         {"RECORD_VERSION", RECORD_VERSION}, {"FLAG_HAS_KEY", FLAG_HAS_KEY},
         {"FLAG_BATCH_END", FLAG_BATCH_END}, {"AT_BODY", AT_BODY},
         {"FLAG_TXN", FLAG_TXN},             {"FLAG_CONTROL", FLAG_CONTROL},
+        {"FLAG_DELAYED", FLAG_DELAYED},
         {"AT_VERSION", AT_VERSION},         {"AT_FLAGS", AT_FLAGS},
         {"AT_QUEUE_ID", AT_QUEUE_ID},       {"AT_QUEUE_OFFSET", AT_QUEUE_OFFSET},
         {"AT_POSITION", AT_POSITION},       {"AT_PRODUCER_MS", AT_PRODUCER_MS},

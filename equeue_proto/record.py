@@ -16,7 +16,9 @@ Grammar (all integers little-endian)::
                                  bit 1 BATCH_END (last record of an atomic append),
                                  bit 2 TXN (staged by a transaction, see below),
                                  bit 3 CONTROL (a transaction's commit or abort
-                                 record: never served to clients)
+                                 record: never served to clients),
+                                 bit 4 DELAYED (with TXN: a delayed record,
+                                 see below)
              queue_id      u16
              queue_offset  u64
              position      u64   global log position of this frame's first byte
@@ -51,6 +53,13 @@ entry), and a ``crc`` adjusted for those two changes, never recomputed
 equal lengths), so a record damaged in the log still fails a client's check.
 Clients need not know the TXN bit. CONTROL records (topic "") never leave the
 broker; their value is specified in broker/equeue_broker/storage/txn/txn_records.py.
+
+Delayed records (broker/equeue_broker/storage/timer/): written once, flagged
+TXN | DELAYED, with their due time (ms since the epoch) as ``queue_offset`` in
+the log; a "deliver" control record later gives them offsets, exactly as a
+commit does for staged records, so a pull reply restamps them like any TXN
+record (offset and store time from the index entry) and clients need not know
+the DELAYED bit either.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ FLAG_HAS_KEY = 1
 FLAG_BATCH_END = 2
 FLAG_TXN = 4
 FLAG_CONTROL = 8
+FLAG_DELAYED = 16
 
 _PREFIX = "<I"
 """body_length."""
@@ -119,6 +129,7 @@ LAYOUT = {
     "FLAG_BATCH_END": FLAG_BATCH_END,
     "FLAG_TXN": FLAG_TXN,
     "FLAG_CONTROL": FLAG_CONTROL,
+    "FLAG_DELAYED": FLAG_DELAYED,
     "AT_BODY": AT_BODY,
     **{f"AT_{name.upper()}": at for name, at in _AT.items()},
 }

@@ -41,6 +41,7 @@ FLAGS = [
     "--advertise-address", "--register-interval-ms", "--role", "--master", "--max-replicas",
     "--zookeeper",
     "--zk-session-timeout-ms", "--replication", "--min-insync-replicas", "--replica-lag-max-ms",
+    "--max-delay", "--max-reconsume-times",
 ]  # fmt: skip
 FILE_ONLY = [
     "max_queues_per_topic", "max_pull_messages", "max_pull_bytes", "max_request_bytes",
@@ -51,7 +52,7 @@ FILE_ONLY = [
     "max_connection_idle_ms", "handshake_timeout_ms", "stream_send_timeout_ms", "budget_wait_ms",
     "max_producers", "producer_window", "max_queues_per_producer", "producer_idle_expiry_ms",
     "store_threads",
-    "shutdown_grace_s", "max_replication_waits",
+    "shutdown_grace_s", "max_replication_waits", "retry_backoff",
 ]  # fmt: skip
 
 
@@ -155,7 +156,7 @@ def test_units_convert_both_ways(tmp_path: Path) -> None:
 
 STORAGE_NAMES = {name for s in SETTINGS if s.target for name in (s.target, s.path[-1])}
 """The ``StorageConfig`` fields settings set: names no operator gave."""
-CHECKED = [s for s in SETTINGS if s.target and s.kind() in (int, float)]
+CHECKED = [s for s in SETTINGS if s.target and s.kind() in (int, float) and not s.duration]
 
 
 @pytest.mark.parametrize("setting", CHECKED, ids=[s.key for s in CHECKED])
@@ -179,6 +180,43 @@ def test_storage_errors_name_the_setting_as_given(
     assert error.count("\n") == 1 and ", got -5 " in error, error
     internal = {n for n in STORAGE_NAMES - {setting.key} if re.search(rf"\b{n}\b", error)}
     assert not internal, error
+
+
+@pytest.mark.parametrize(
+    ("file", "flags", "said"),
+    [
+        ("", ["--max-delay", "400d"], "--max-delay '400d' is out of range: give more than 0 "
+         "and at most 366d"),
+        ("", ["--max-delay", "7 days"], "--max-delay '7 days' is not a duration like 500ms, "
+         "30s, 15m, 2h or 7d"),
+        ("", ["--max-reconsume-times", "-1"], "--max-reconsume-times must be in [0, 10000], "
+         "got -1"),
+        ('retry-backoff = "1m"', [], 'retry_backoff = "1m": expected a list of durations'),
+        ('retry-backoff = ["1m", "soon"]', [], "retry_backoff in {file}: entry 'soon' is not a "
+         "duration"),
+        ('retry-backoff = ["1m", "2d"]', ["--max-delay", "1d"], "retry_backoff in {file} step 2d"
+         " must be more than 0 and at most the longest delay, 1d (--max-delay)"),
+        ("retry-backoff = []", [], "retry_backoff in {file} has 0 steps; give 1 to 64"),
+    ],
+)  # fmt: skip
+def test_delay_and_retry_settings_say_what_is_wrong(
+    file: str, flags: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = tmp_path / "broker.toml"
+    config_file.write_text(file + "\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(config_file), *flags])
+    error = capsys.readouterr().err
+    assert said.format(file=config_file) in error, error
+    assert error.count("\n") == 1, error
+
+
+def test_delay_and_retry_settings_reach_their_targets() -> None:
+    config = parse_args(["--max-delay", "30d", "--max-reconsume-times", "3"])
+    assert config.storage.timer.max_delay_ms == 30 * 86_400_000
+    assert (config.setting("max_delay"), config.max_reconsume_times) == ("30d", 3)
+    assert config.retry_backoff[:3] == (10_000, 30_000, 60_000)
+    assert config.setting("retry_backoff")[-1] == "2h"
 
 
 def test_a_storage_error_names_every_setting_it_is_about(

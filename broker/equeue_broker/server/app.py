@@ -136,6 +136,7 @@ async def create_server(
     start_role = REPLICA if config.zookeeper else config.role
     why = "started; elections through ZooKeeper decide" if config.zookeeper else "--role at start"
     role = BrokerRole(start_role, config.master, store.epochs.last_epoch, why)
+    deliver_on_master(store, role)
     if start_role == REPLICA and store.held_high_watermark is not None:
         # Until its master's first reply: what the replicated high watermark
         # held back before the restart stays hidden (a failover may lose it).
@@ -221,6 +222,14 @@ async def create_server(
     defer_silent_connections(port, -(-config.handshake_timeout_ms // 1000))
     await state.health.start()  # SERVING; writes only on a master (health.py)
     return server, port, state
+
+
+def deliver_on_master(store: Store, role: BrokerRole) -> None:
+    """Only a master delivers due delayed messages (a replica's log is a byte
+    copy of its master's, deliveries included); a promotion starts delivering
+    what is due, a demotion stops it (storage/timer)."""
+    store.set_delivering(role.is_master)
+    role.add_listener(lambda _old, new: store.set_delivering(new.is_master))
 
 
 def bind(server: grpc.aio.Server, config: BrokerConfig) -> int:

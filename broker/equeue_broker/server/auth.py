@@ -13,9 +13,10 @@ Clients send the secret as ``authorization: Bearer <secret>`` metadata. A call
 without a known secret gets UNAUTHENTICATED; one whose token lacks the role the
 method needs, or names a topic outside the token's patterns, gets
 PERMISSION_DENIED. Roles: ``consume`` covers the Broker service's read side
-(Pull, PullStream, offsets, heartbeats, ListOffsets, OffsetForBytes);
-``produce`` its write side (Produce, ProduceStream, CommitTransactions,
-AbortTransactions); ``admin`` the Admin service and, being the operator's role,
+(Pull, PullStream, offsets, heartbeats, ListOffsets, OffsetForBytes, and Nack,
+which gives a consumed message back to its group's retry topic); ``produce``
+its write side (Produce, ProduceStream, CommitTransactions, AbortTransactions,
+CancelDelayed); ``admin`` the Admin service and, being the operator's role,
 everything else. ``broker`` is a broker's token to its name servers (namesrv/auth.py:
 only it may register, unregister and report a role there); on a broker it grants
 nothing, so a broker token that should also produce, consume or administer lists
@@ -61,10 +62,11 @@ _OPEN = ("/grpc.health.v1.Health/", "/equeue.v1.Membership/")
 METHOD_ROLES = {
     **{_BROKER + m: "produce" for m in (
         "Produce", "ProduceStream", "CommitTransactions", "AbortTransactions", "InitProducer",
+        "CancelDelayed",
     )},
     **{_BROKER + m: "consume" for m in (
         "Pull", "PullStream", "CommitOffsets", "FetchOffsets", "Heartbeat", "ListOffsets",
-        "OffsetForBytes",
+        "OffsetForBytes", "Nack",
     )},
 }  # fmt: skip
 """The role each Broker method needs; every Admin method needs ``admin``."""
@@ -109,6 +111,8 @@ def topics_of(request: Any) -> list[str]:
     (``BrokerState.scope``)."""
     if isinstance(request, pb.CommitOffsetsRequest):
         return [o.topic for o in request.offsets]
+    if isinstance(request, pb.NackRequest):  # the retry topics come with the group
+        return [e.topic for e in request.entries if not e.topic.startswith("%")]
     if isinstance(request, pb.HeartbeatRequest):
         return list(request.topics) + [r.topic for r in request.released]
     if isinstance(request, pb.FetchOffsetsRequest) and not request.topic:

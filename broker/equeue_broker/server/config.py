@@ -1,15 +1,12 @@
-"""Broker configuration: the settings table, command-line flags, the TOML file.
+"""Broker configuration: the typed settings (``BrokerConfig``), command-line
+flags and the TOML file.
 
 Precedence: flags > config file > defaults. Every duration carries its unit.
 
 ``BrokerConfig`` holds the server's own settings and nests the store's
 ``StorageConfig``, which stays the one source of every storage default, unit
-and check. ``SETTINGS`` names each setting the way operators do: its TOML key
-(``chunk_size`` or ``chunk-size``) and its flag (``--chunk-size``), which are a
-documented interface and keep their historical names and units; for a storage
-setting the table says which ``StorageConfig`` field it sets and how the unit
-converts (``retention_max_age_hours`` sets ``retention.max_age_ms``). Flags,
-the file parser, ``--help`` and docs/equeue-broker.toml's test all read it.
+and check. How operators name each setting (its TOML key, flag, unit and help)
+is the table in settings.py; this module parses flags and files with it.
 """
 
 from __future__ import annotations
@@ -19,17 +16,23 @@ import enum
 import json
 import re
 import tomllib
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, get_type_hints
+from typing import Any, NoReturn, TypeVar, get_origin, get_type_hints
 
 from equeue_broker.replication.election import parse_hosts
-from equeue_broker.storage.config import UNIT, GiB, KiB, MiB, StorageConfig
+from equeue_broker.server.durations import EXAMPLE, format_ms
+from equeue_broker.server.settings import BY_KEY, SETTINGS, Setting
+from equeue_broker.storage.config import UNIT, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
 from equeue_proto import __version__
 from equeue_proto.protocol import broker_name_problem
+
+__all__ = [
+    "BY_KEY", "DEFAULT_DATA_DIR", "MAX_NAMESRVS", "SETTINGS", "BrokerConfig", "Setting",
+    "build_parser", "parse_args",
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -38,6 +41,19 @@ MAX_NAMESRVS = 16
 
 DEFAULT_DATA_DIR = Path("equeue-data")
 """The one storage default the server owns: ``StorageConfig.data_dir`` has none."""
+
+_S, _M, _H = 1_000, 60_000, 3_600_000
+DEFAULT_RETRY_BACKOFF_MS = (
+    10 * _S, 30 * _S, *(n * _M for n in range(1, 11)), 20 * _M, 30 * _M, _H, 2 * _H,
+)  # fmt: skip
+"""RocketMQ 5's delay levels from 10s on (10s 30s 1m 2m ... 10m 20m 30m 1h 2h)."""
+MAX_RETRY_STEPS = 64
+MAX_RECONSUME_TIMES = 10_000
+
+
+def max_delay_ms(storage: StorageConfig) -> int:
+    """The longest delay the store accepts (``--max-delay``)."""
+    return storage.timer.max_delay_ms
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,12 @@ class BrokerConfig:
     max_replication_waits: int = field(default=10_000, metadata={UNIT: "requests"})
     """Sync-mode writes waiting for their replicas at once; more wait up to
     ``budget_wait_ms`` for a slot, then get RESOURCE_EXHAUSTED (unwritten)."""
+    # -- retries and dead letters (retry.py; docs/operations.md, "Retry and dead letters")
+    max_reconsume_times: int = field(default=16, metadata={UNIT: "retries"})
+    """Retries a Nacked message gets (a NackRequest may ask for another
+    count); the failure after the last goes to the group's dead-letter topic."""
+    retry_backoff: tuple[int, ...] = DEFAULT_RETRY_BACKOFF_MS
+    """The delay before each retry, in order (ms); past the end, the last again."""
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Not a setting: where each given setting came from, as errors name it
     (``--chunk-size``, or ``chunk_size in broker.toml``); ``parse_args`` fills it."""
@@ -213,6 +235,28 @@ class BrokerConfig:
         self._check_cluster()
         self._check_failover()
         self._check_replication()
+        self._check_retries()
+
+    def _check_retries(self) -> None:
+        if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
+            raise InvalidArgument(
+                f"{self.named('max_reconsume_times')} must be in [0, {MAX_RECONSUME_TIMES}], "
+                f"got {self.max_reconsume_times}"
+            )
+        steps = self.retry_backoff
+        if not 1 <= len(steps) <= MAX_RETRY_STEPS:
+            raise InvalidArgument(
+                f"{self.named('retry_backoff')} has {len(steps)} steps; give 1 to "
+                f"{MAX_RETRY_STEPS} durations"
+            )
+        longest = max_delay_ms(self.storage)
+        for step in steps:
+            if not 0 < step <= longest:
+                raise InvalidArgument(
+                    f"{self.named('retry_backoff')} step {format_ms(step)} must be more "
+                    f"than 0 and at most the longest delay, {format_ms(longest)} "
+                    f"({self.named('max_delay')})"
+                )
 
     def _check_failover(self) -> None:
         if not self.zookeeper:
@@ -311,9 +355,9 @@ class BrokerConfig:
         for key, value in settings.items():
             setting = BY_KEY[key]
             if setting.target:
-                storage[setting.path] = setting.to_target(value)
+                storage[setting.path] = setting.to_target(value, origins[key])
             else:
-                server[key] = value
+                server[key] = setting.to_target(value, origins[key])
         try:
             built = _build(StorageConfig, storage)
         except InvalidArgument as exc:
@@ -324,324 +368,11 @@ class BrokerConfig:
         """The value of setting ``key`` as operators give it (its key's unit)."""
         setting = BY_KEY[key]
         if not setting.target:
-            return getattr(self, key)
+            return setting.from_target(getattr(self, key))
         value: Any = self.storage
         for name in setting.path:
             value = getattr(value, name)
         return setting.from_target(value)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting as operators name it: a TOML key and, mostly, a flag."""
-
-    key: str
-    """The TOML key (``-`` or ``_``); the flag is ``--`` and the key with ``-``."""
-    help: str
-    target: str = ""
-    """The ``StorageConfig`` field it sets, dotted (``retention.max_age_ms``);
-    empty: the ``BrokerConfig`` field named ``key``."""
-    unit: str = ""
-    """The key's unit where it differs from the field's (then ``per_unit``
-    converts); empty: the field's ``UNIT`` metadata."""
-    per_unit: int = 1
-    """Target units per unit of the key (3,600,000 ms per hour)."""
-    minus_one_is_none: bool = False
-    """-1 means None (no limit): TOML has no null."""
-    choices: tuple[str, ...] = ()
-    flag: bool = True
-    """False: only the config file takes it (as before this table existed)."""
-
-    @property
-    def path(self) -> tuple[str, ...]:
-        return tuple(self.target.split("."))
-
-    @property
-    def flag_name(self) -> str:
-        return "--" + self.key.replace("_", "-")
-
-    def _field(self) -> tuple[Any, str]:
-        """The dataclass owning the field this setting sets, and the field's name."""
-        owner: Any = StorageConfig if self.target else BrokerConfig
-        names = self.path if self.target else (self.key,)
-        for name in names[:-1]:
-            owner = get_type_hints(owner)[name]
-        return owner, names[-1]
-
-    def kind(self) -> Any:
-        """The type of the field it sets, without ``None``."""
-        owner, name = self._field()
-        hint = get_type_hints(owner)[name]
-        if isinstance(hint, types.UnionType):
-            (hint,) = [h for h in hint.__args__ if h is not type(None)]
-        return hint
-
-    def unit_name(self) -> str:
-        if self.unit:
-            return self.unit
-        owner, name = self._field()
-        (target,) = [f for f in fields(owner) if f.name == name]
-        return str(target.metadata.get(UNIT, ""))
-
-    def to_target(self, value: Any) -> Any:
-        """A value in the key's unit as the target field takes it."""
-        if value is None or (self.minus_one_is_none and value == -1):
-            return None
-        # Enum values ("sync") go through as they are: StorageConfig converts
-        # and checks them, and its error then names the setting (_name_settings).
-        if self.per_unit != 1:
-            return int(value * self.per_unit)
-        return value
-
-    def from_target(self, value: Any) -> Any:
-        """``to_target`` reversed: the value in the key's unit."""
-        if value is None:
-            return -1 if self.minus_one_is_none else None
-        if isinstance(value, enum.Enum):
-            return value.value
-        if self.per_unit != 1:
-            return value / self.per_unit
-        return value
-
-    def default(self) -> Any:
-        return BrokerConfig().setting(self.key)
-
-    def describe_default(self) -> str:
-        """The default as --help and docs/equeue-broker.toml show it."""
-        value = self.default()
-        if value is None or value == "":
-            return "unset"
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, float):
-            return f"{value:g}"
-        if self.unit_name() == "bytes" and value >= KiB and value % KiB == 0:
-            return f"{value} = {_binary(value)}"
-        return str(value)
-
-    def unit_and_default(self) -> str:
-        unit = self.unit_name()
-        return f"{unit + '; ' if unit else ''}default {self.describe_default()}"
-
-    def help_text(self) -> str:
-        return f"{self.help} ({self.unit_and_default()})"
-
-
-# Flag order is the order --help has always listed them in.
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "data_dir",
-        "directory of the message log, queue indexes, consumer offsets and staged"
-        " transactions; created if missing; a relative path is taken from the working"
-        " directory; one broker per directory",
-        target="data_dir",
-    ),
-    Setting("host", "address to listen on; 0.0.0.0 for every interface"),
-    Setting("port", "0 = pick a free port"),
-    Setting(
-        "flush",
-        "sync: fsync before acking an append; async: every flush interval",
-        target="flush_mode",
-    ),
-    Setting(
-        "flush_interval_ms",
-        "async fsync period; index and checkpoint sync period",
-        target="flush_interval_ms",
-    ),
-    Setting("chunk_size", "message log chunk capacity", target="chunk_capacity_bytes"),
-    Setting("max_message_bytes", "largest encoded record", target="limits.max_message_bytes"),
-    Setting(
-        "retention_max_chunks",
-        "completed chunks to keep; -1 = no count limit",
-        target="retention.max_chunks",
-        minus_one_is_none=True,
-    ),
-    Setting(
-        "retention_max_age_hours",
-        "delete chunks sealed longer ago; -1 = no age limit",
-        target="retention.max_age_ms",
-        unit="hours",
-        per_unit=3_600_000,
-        minus_one_is_none=True,
-    ),
-    Setting(
-        "retention_keep_unconsumed",
-        "keep chunks a consumer group has not consumed yet",
-        target="retention.keep_unconsumed",
-    ),
-    Setting(
-        "retention_check_interval_ms", "how often to apply it", target="retention.check_interval_ms"
-    ),
-    Setting("auto_create_topics", "create a topic on its first produce"),
-    Setting(
-        "default_queues", "queues of a topic created without a count", target="default_queue_count"
-    ),
-    Setting(
-        "max_queues_per_topic",
-        "most queues a topic may have",
-        target="max_queues_per_topic",
-        flag=False,
-    ),
-    Setting("max_wait_ms", "longest a pull may be parked"),
-    Setting("max_parked_pulls", "pulls parked at once"),
-    Setting(
-        "max_pull_messages",
-        "most messages one pull returns",
-        target="max_read_messages",
-        flag=False,
-    ),
-    Setting(
-        "max_pull_bytes", "most record bytes one pull returns", target="max_read_bytes", flag=False
-    ),
-    Setting("max_request_bytes", "largest request gRPC accepts", flag=False),
-    Setting(
-        "consumer_timeout_ms",
-        "a consumer without a heartbeat this long leaves its group",
-    ),
-    Setting(
-        "transaction_timeout_ms",
-        "abort transactions idle this long",
-        target="transactions.timeout_ms",
-    ),
-    Setting("max_consumer_groups", "consumer groups with live members at once", flag=False),
-    Setting("max_consumers", "live members of all consumer groups together", flag=False),
-    Setting("max_consumers_per_group", "live members of one consumer group", flag=False),
-    Setting("max_heartbeat_topics", "topics one heartbeat may subscribe to", flag=False),
-    Setting("max_queue_locks", "queue locks all consumer groups may hold", flag=False),
-    Setting("max_pull_streams", "PullStreams open at once", flag=False),
-    Setting(
-        "max_reply_bytes",
-        "record bytes of pull and stream replies being read or sent at once",
-        flag=False,
-    ),
-    Setting("max_produce_bytes", "bytes of produce requests being handled at once", flag=False),
-    Setting("max_produce_streams", "ProduceStreams open at once", flag=False),
-    Setting("max_intake_bytes", "unary request bodies being received at once", flag=False),
-    Setting("request_read_timeout_ms", "longest a request body may take to arrive", flag=False),
-    Setting(
-        "max_open_index_files",
-        "index files kept open, least recently used closed first",
-        target="max_open_index_files",
-        flag=False,
-    ),
-    Setting(
-        "max_connections",
-        "TCP connections at once, more are closed; 0 = from the open-files limit",
-        flag=False,
-    ),
-    Setting(
-        "max_connections_per_address",
-        "TCP connections from one client address, the newest over it are closed; 0 = no limit",
-    ),
-    Setting(
-        "max_streams_per_connection",
-        "calls in flight on one connection; more get RESOURCE_EXHAUSTED",
-        flag=False,
-    ),
-    Setting("max_connection_idle_ms", "close connections without a call this long", flag=False),
-    Setting("handshake_timeout_ms", "close connections not set up by then", flag=False),
-    Setting(
-        "stream_send_timeout_ms",
-        "end a PullStream whose client has not taken a reply this long",
-        flag=False,
-    ),
-    Setting(
-        "budget_wait_ms",
-        "longest a request waits for a byte budget (reply, produce, intake)",
-        flag=False,
-    ),
-    Setting("max_open_transactions", "open transactions at once", target="transactions.max_open"),
-    Setting(
-        "max_transaction_bytes", "staged bytes per transaction", target="transactions.max_bytes"
-    ),
-    Setting(
-        "max_producers",
-        "idempotent producer ids remembered; the least recently written forgotten first",
-        target="producers.max_producers",
-        flag=False,
-    ),
-    Setting(
-        "producer_window",
-        "batches per idempotent producer and queue remembered (a retry of an older is refused)",
-        target="producers.window",
-        flag=False,
-    ),
-    Setting(
-        "max_queues_per_producer",
-        "queues one idempotent producer id may write",
-        target="producers.max_queues_per_producer",
-        flag=False,
-    ),
-    Setting(
-        "producer_idle_expiry_ms",
-        "forget an idempotent producer that wrote nothing this long",
-        target="producers.idle_expiry_ms",
-        flag=False,
-    ),
-    Setting("store_threads", "threads for blocking storage calls", flag=False),
-    Setting("tls_cert", "PEM certificate: serve TLS"),
-    Setting("tls_key", "PEM private key of --tls-cert"),
-    Setting("tls_client_ca", "PEM CA: require client certificates it signed"),
-    Setting(
-        "tokens_file", "TOML list of access tokens; unset: $EQUEUE_BROKER_TOKENS, else no auth"
-    ),
-    Setting("shutdown_grace_s", "time in-flight requests get on SIGTERM", flag=False),
-    Setting("log_level", "log threshold", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
-    Setting("log_format", "json: one JSON object per line", choices=("text", "json")),
-    Setting(
-        "library_log_level",
-        "log threshold of gRPC and asyncio, never below --log-level",
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-    ),
-    Setting(
-        "namesrv",
-        "name servers to register with, HOST:PORT[,HOST:PORT...]; unset: a standalone broker",
-    ),
-    Setting("namesrv_tls_ca", "PEM CA: talk TLS to the name servers; unset: plaintext"),
-    Setting("namesrv_tls_cert", "PEM client certificate for name servers with mutual TLS"),
-    Setting("namesrv_tls_key", "PEM private key of --namesrv-tls-cert"),
-    Setting(
-        "namesrv_token_file",
-        "file holding the token (role broker) sent to the name servers;"
-        " unset: $EQUEUE_NAMESRV_TOKEN, else none",
-    ),
-    Setting("broker_name", "the broker's name in a cluster (message ids, routes); keep it stable"),
-    Setting("cluster", "the cluster the broker registers under"),
-    Setting("advertise_address", "HOST:PORT the name servers give clients; unset: host:port"),
-    Setting("register_interval_ms", "how often to re-register with the name servers"),
-    Setting(
-        "role",
-        "master: takes writes, replicas may follow it; replica: copies --master's log"
-        " and serves reads only (docs/replication.md)",
-        choices=("master", "replica"),
-    ),
-    Setting("master", "a replica's master, HOST:PORT"),
-    Setting("max_replicas", "replication streams a master serves at once"),
-    Setting(
-        "zookeeper",
-        "HOST:PORT[,HOST:PORT...][/chroot]: elect the group's master through ZooKeeper"
-        " (automatic failover; not with --role/--master; needs --broker-name)",
-    ),
-    Setting("zk_session_timeout_ms", "ZooKeeper session timeout (failover detection time)"),
-    Setting(
-        "replication",
-        "sync: acknowledge a write once it is durable on every in-sync replica too;"
-        " async: on the master alone (docs/replication.md)",
-        choices=("async", "sync"),
-    ),
-    Setting(
-        "min_insync_replicas",
-        "in-sync members, the master included, a sync-mode write needs; fewer: UNAVAILABLE",
-    ),
-    Setting(
-        "replica_lag_max_ms",
-        "a replica not caught up with the master's log end this long leaves the in-sync set",
-    ),
-    Setting(
-        "max_replication_waits", "sync-mode writes waiting for their replicas at once", flag=False
-    ),
-)
-BY_KEY = {s.key: s for s in SETTINGS}
 
 
 ZK_AND_ROLE = (
@@ -703,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
         kind = setting.kind()
         if setting.choices:
             options["choices"] = list(setting.choices)
+        elif setting.duration:  # a string: BrokerConfig.from_settings parses it
+            pass
         elif kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif isinstance(kind, type) and issubclass(kind, enum.Enum):
@@ -740,6 +473,12 @@ def _load_file(path: Path) -> dict[str, Any]:
 def _expected(setting: Setting, value: Any) -> str:
     """What the setting takes, if ``value`` (as TOML gave it) is not that; else ""."""
     kind = setting.kind()
+    if setting.duration:
+        many = get_origin(kind) is tuple
+        if many:
+            fine = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            return "" if fine else 'a list of durations like ["10s", "1m", "2h"]'
+        return "" if isinstance(value, str) else f"{EXAMPLE} (a string)"
     choices = setting.choices
     if not choices and isinstance(kind, type) and issubclass(kind, enum.Enum):
         choices = tuple(str(m.value) for m in kind)
@@ -791,13 +530,6 @@ def _name_settings(message: str, given: Mapping[str, Any], origins: Mapping[str,
             value = given[setting.key]
             message = message.replace(f"got {setting.to_target(value)}", f"got {value:g}")
     return mentioned.sub(lambda match: _shown(by_name[match.group(0)], origins), message)
-
-
-def _binary(size: int) -> str:
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if size % scale == 0:
-            return f"{size // scale} {unit}"
-    return f"{size} bytes"
 
 
 def _check_table() -> None:

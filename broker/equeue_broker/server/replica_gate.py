@@ -23,7 +23,8 @@ WRITE_METHODS = frozenset(
         "Broker/CommitTransactions", "Broker/AbortTransactions", "Broker/InitProducer",
         "Admin/CreateTopic", "Admin/DeleteTopic", "Admin/AddQueues",
         "Admin/SetQueueVisibility", "Admin/DeleteQueue", "Admin/ResetOffsets",
-        "Admin/DeleteGroup",
+        "Admin/DeleteGroup", "Broker/CancelDelayed", "Broker/Nack",
+        "Admin/ResendDeadLetters", "Admin/PurgeDeadLetters",
     )
 )  # fmt: skip
 """The calls a replica refuses: everything that changes the log or metadata."""

@@ -7,6 +7,7 @@ these calls walk topics and queues and are not latency-critical.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import struct
@@ -17,7 +18,9 @@ from typing import Any
 from equeue_broker.replication.failover import ZOOKEEPER
 from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
+from equeue_broker.server.dead_letters import DeadLetters, Resent
 from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
+from equeue_broker.server.retry import check_user_name, group_topics, user_group
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.storage import NotFound
 from equeue_broker.storage.errors import PreconditionFailed
@@ -33,11 +36,23 @@ log = logging.getLogger("equeue.broker")
 class AdminService(pb_grpc.AdminServicer):
     def __init__(self, state: BrokerState) -> None:
         self.s = state
+        ids = (state.broker_id, state.instance_id)
+        # Resends run on the thread pool; the name servers are told on the loop.
+        loop = asyncio.get_running_loop()
+
+        def created() -> None:
+            loop.call_soon_threadsafe(state.topology_changed)
+
+        self.dead_letters = DeadLetters(state.store, ids, created)
 
     def _topic_info(self, name: str) -> pb.TopicInfo:
         store = self.s.store
         meta = store.topic_admin.describe(name)
-        info = pb.TopicInfo(name=name, created_ms=meta.created_ms, incarnation=meta.incarnation)
+        pending, next_due = store.delayed_summary(name)
+        info = pb.TopicInfo(
+            name=name, created_ms=meta.created_ms, incarnation=meta.incarnation,
+            delayed_pending=pending, delayed_next_due_ms=next_due or 0,
+        )  # fmt: skip
         for q in meta.queues:
             queue = store.topic_admin.queue_info(name, q.queue_id)
             low = store.min_committed(name, q.queue_id)
@@ -54,6 +69,8 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.TopicInfo:
+        check_user_name("topic", request.name)
+
         def create() -> pb.TopicInfo:
             meta = self.s.store.topic_admin.create_topic(request.name, request.queue_count or None)
             log.info("topic created", extra={"topic": meta.name, "queues": len(meta.queues)})
@@ -172,7 +189,7 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def DescribeGroup(self, request: pb.DescribeGroupRequest, context: Any) -> pb.GroupInfo:
-        validate_group(request.group)
+        user_group(request.group)
         self.s.check_group(self.s.scope(context), request.group)
         return await self.s.call(self._group_info, request.group)
 
@@ -217,7 +234,7 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def ResetOffsets(self, request: pb.ResetOffsetsRequest, context: Any) -> pb.GroupInfo:
-        validate_group(request.group)
+        user_group(request.group)
         self.s.check_group(self.s.scope(context), request.group)  # the topic: auth.py
 
         def reset() -> pb.GroupInfo:
@@ -256,12 +273,71 @@ class AdminService(pb_grpc.AdminServicer):
     async def DeleteGroup(
         self, request: pb.DeleteGroupRequest, context: Any
     ) -> pb.DeleteGroupReply:
-        validate_group(request.group)
+        user_group(request.group)
         self.s.check_group(self.s.scope(context), request.group)
-        await self.s.call(self.s.store.delete_group, request.group)
+        try:
+            await self.s.call(self._delete_group, request.group)
+        finally:
+            self.s.topology_changed()
         self.s.consumers.forget(request.group)
         log.info("group deleted", extra={"group": request.group})
         return pb.DeleteGroupReply()
+
+    def _delete_group(self, group: str) -> None:
+        """The group's offsets and the topics the broker keeps for it (retry,
+        dead letters, resend records); NotFound if it had neither."""
+        store = self.s.store
+        deleted = []
+        for topic in group_topics(group):
+            try:
+                store.topic_admin.delete_topic(topic)
+            except NotFound:
+                continue
+            self.s.counters.forget(topic)
+            deleted.append(topic)
+        try:
+            store.delete_group(group)
+        except NotFound:
+            if not deleted:
+                raise
+        if deleted:
+            log.info("group topics deleted", extra={"group": group, "topics": deleted})
+
+    @rpc
+    async def ResendDeadLetters(
+        self, request: pb.ResendDeadLettersRequest, context: Any
+    ) -> pb.ResendDeadLettersReply:
+        user_group(request.group)
+        scope = self.s.scope(context)
+        self.s.check_group(scope, request.group)
+        ids, every = list(request.message_ids), request.all
+
+        async def resend() -> Resent:
+            return await self.s.call(self.dead_letters.resend, request.group, ids, every, scope)
+
+        insync = self.s.insync  # sync replication: acked once on the in-sync replicas
+        done = await (insync.replicated(resend) if insync.sync else resend())
+        log.info(
+            "dead letters resent",
+            extra={"group": request.group, "resent": done.resent, "skipped": done.already_resent},
+        )
+        return pb.ResendDeadLettersReply(
+            resent=done.resent, already_resent=done.already_resent,
+            not_found=done.not_found, new_message_ids=done.new_message_ids,
+        )  # fmt: skip
+
+    @rpc
+    async def PurgeDeadLetters(
+        self, request: pb.PurgeDeadLettersRequest, context: Any
+    ) -> pb.PurgeDeadLettersReply:
+        user_group(request.group)
+        self.s.check_group(self.s.scope(context), request.group)
+        try:
+            purged = await self.s.call(self.dead_letters.purge, request.group)
+        finally:
+            self.s.topology_changed()
+        log.warning("dead letters purged", extra={"group": request.group, "purged": purged})
+        return pb.PurgeDeadLettersReply(purged=purged)
 
     @rpc
     async def GetMessage(self, request: pb.GetMessageRequest, context: Any) -> pb.GetMessageReply:
@@ -302,6 +378,7 @@ class AdminService(pb_grpc.AdminServicer):
         def stats() -> pb.BrokerStats:
             store = self.s.store
             raw = store.stats()
+            pending, next_due = store.delayed_summary()
             damage = store.damage()
             backlog = 0
             queues: set[tuple[str, int]] = set()
@@ -361,6 +438,8 @@ class AdminService(pb_grpc.AdminServicer):
                 failover=self.s.role_switch.mode,
                 role_reason=self.s.role.why,
                 role_since_ms=self.s.role.since_ms,
+                delayed_pending=pending,
+                delayed_next_due_ms=next_due or 0,
             )
 
         view = self.s.role.view

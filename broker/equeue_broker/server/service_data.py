@@ -19,15 +19,26 @@ import grpc
 
 from equeue_broker.replication.pipelined import confirmed_in_order
 from equeue_broker.server.budgets import Held, StalledStream
+from equeue_broker.server.config import max_delay_ms
 from equeue_broker.server.connections import close_connection
-from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.delayed import append_delayed, cancel, delivery_times
+from equeue_broker.server.errors import BadRequest, PermissionDenied
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
+from equeue_broker.server.retry import (
+    NackEntry,
+    Outcome,
+    Retries,
+    check_user_name,
+    dlq_topic,
+    retry_topic,
+    user_group,
+)
 from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
-from equeue_broker.storage.meta.names import validate_group, validate_topic
+from equeue_broker.storage.meta.names import validate_topic
 from equeue_broker.storage.producers.table import Idempotence
 from equeue_broker.storage.txn.transactions import CommitResult
 from equeue_proto.protocol import consumer_id_problem, key_queue
@@ -52,6 +63,17 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.pull_framer = pull_reply_framer(state.broker_id, _PULL_STATUS)
         # A sync-mode append waits for its fsync, so it runs off the event loop.
         self.sync_appends = state.config.storage.flush_mode is FlushMode.SYNC
+        config = state.config
+        # Nack runs on the thread pool; the name servers are told on the loop.
+        loop = asyncio.get_running_loop()
+
+        def created() -> None:
+            loop.call_soon_threadsafe(state.topology_changed)
+
+        self.retries = Retries(
+            state.store, state.broker_id, config.retry_backoff, max_delay_ms(config.storage),
+            created,
+        )  # fmt: skip
 
     @rpc
     async def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceReply | bytes:
@@ -122,6 +144,17 @@ class BrokerService(pb_grpc.BrokerServicer):
         one = _one_sequenced_queue(request)
         targets = self._route(request, batch, visible) if one is None else one
         sequences = _sequences(request, targets)
+        times = delivery_times(request, count)
+        if times is not None:
+            parts = [
+                (queue_id, indexes, batch if indexes is None else _take(batch, indexes))
+                for queue_id, indexes in _group_by_queue(targets, count)
+            ]
+            counted = functools.partial(self._counted, request.topic)
+            return append_delayed(
+                store, request.topic, parts, times, broker_id=self.s.broker_id, count=count,
+                sequences=sequences, counted=counted,
+            )  # fmt: skip
         if request.transaction_id:
             return self._stage(request, batch, targets, sequences)
         if isinstance(targets, int):  # the common case: the whole batch went to one queue
@@ -149,6 +182,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         reply.offsets.extend(offsets)
         reply.positions.extend(positions)
         return reply
+
+    def _counted(self, topic: str, queue_id: int, count: int) -> None:
+        self.s.counters.add(topic, queue_id, produced=count)
 
     def _stage(
         self,
@@ -220,6 +256,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def _topic_for_produce(self, topic: str) -> Any:
         store = self.s.store
+        check_user_name("topic", topic)  # the broker alone writes its % topics
         validate_topic(topic)
         try:
             return store.topic_admin.describe(topic)
@@ -395,7 +432,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         entries = [(o.topic, o.queue_id, o.offset) for o in request.offsets]
         if not entries:
             raise BadRequest("offsets must not be empty")
-        validate_group(request.group)
+        user_group(request.group)
         self.s.check_group(self.s.scope(context), request.group)
         keys = [(topic, queue_id) for topic, queue_id, _ in entries]
         if request.consumer_id:
@@ -427,7 +464,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatReply:
-        validate_group(request.group)
+        user_group(request.group)
         check_consumer_id(request.consumer_id)
         limit = self.s.config.max_heartbeat_topics
         if len(request.topics) > limit:
@@ -478,11 +515,55 @@ class BrokerService(pb_grpc.BrokerServicer):
         queue's lock (groups.py); a plain read (no consumer_id) needs nothing."""
         if not request.consumer_id:
             return lambda: None
-        validate_group(request.group)
+        user_group(request.group)
         check_consumer_id(request.consumer_id)
         check = self.s.consumers.check_owner
         key = [(request.topic, request.queue_id)]
         return functools.partial(check, request.group, request.consumer_id, request.session, key)
+
+    @rpc
+    async def CancelDelayed(
+        self, request: pb.CancelDelayedRequest, context: Any
+    ) -> pb.CancelDelayedReply:
+        if self.s.scope(context) is not None:
+            # A message id does not name its topic, and the store tells it only
+            # by cancelling: a token limited to some topics cannot prove its reach.
+            raise PermissionDenied(
+                "CancelDelayed needs a token for every topic: a message id does not name its topic"
+            )
+        ids = (self.s.broker_id, self.s.instance_id)
+
+        async def cancel_() -> pb.CancelDelayedReply:
+            return await self.s.call(cancel, self.s.store, ids, request.message_id)
+
+        insync = self.s.insync  # sync replication: acked once on the in-sync replicas
+        return await (insync.replicated(cancel_) if insync.sync else cancel_())
+
+    @rpc
+    async def Nack(self, request: pb.NackRequest, context: Any) -> pb.NackReply:
+        user_group(request.group)
+        scope = self.s.scope(context)
+        self.s.check_group(scope, request.group)
+        if scope is not None:  # it writes them: the token must cover them (docs/operations.md)
+            scope.check_topic(retry_topic(request.group))
+            scope.check_topic(dlq_topic(request.group))
+        entries = [
+            NackEntry(e.topic, e.queue_id, e.offset, e.delay_ms, e.error) for e in request.entries
+        ]
+        retries = request.max_reconsume_times or self.s.config.max_reconsume_times
+
+        async def nack() -> list[Outcome]:
+            return await self.s.call(self.retries.nack, request.group, entries, retries)
+
+        insync = self.s.insync  # sync replication: acked once on the in-sync replicas
+        outcomes = await (insync.replicated(nack) if insync.sync else nack())
+        reply = pb.NackReply()
+        for o in outcomes:
+            reply.outcomes.add(
+                action=o.action, deliveries=o.deliveries, deliver_at_ms=o.deliver_at_ms,
+                message_id=o.message_id,
+            )  # fmt: skip
+        return reply
 
     @rpc
     async def ListOffsets(

@@ -138,6 +138,35 @@ class ProducerConfig:
         _at_most(self, "window", 1_000)
 
 
+MAX_DELAY_LIMIT_MS = 366 * 24 * 3600 * 1000
+"""The longest delay a store can be configured for (its timer wheel covers it)."""
+
+
+@dataclass(frozen=True)
+class TimerConfig:
+    """Delayed delivery (storage/timer/)."""
+
+    max_delay_ms: int = field(default=7 * 24 * 3600 * 1000, metadata={UNIT: "ms"})
+    """A delivery time later than now plus this is refused (at most 366 days)."""
+    past_tolerance_ms: int = field(default=15 * 60_000, metadata={UNIT: "ms"})
+    """A delivery time earlier than now minus this is refused; a later past one
+    is due at once."""
+    tick_ms: int = field(default=100, metadata={UNIT: "ms"})
+    """How often the store's timer thread delivers what is due."""
+    max_deliver_batch: int = field(default=4096, metadata={UNIT: "messages"})
+    """Records one deliver record makes visible at most."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "tick_ms", "max_deliver_batch", "past_tolerance_ms")
+        if not isinstance(self.max_delay_ms, int) or not (
+            0 < self.max_delay_ms <= MAX_DELAY_LIMIT_MS
+        ):
+            raise InvalidArgument(
+                f"max_delay_ms must be in [1, {MAX_DELAY_LIMIT_MS}] (366 days), "
+                f"got {self.max_delay_ms!r}"
+            )
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     """Configuration of one store (one data directory)."""
@@ -174,6 +203,7 @@ class StorageConfig:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     transactions: TransactionConfig = field(default_factory=TransactionConfig)
     producers: ProducerConfig = field(default_factory=ProducerConfig)
+    timer: TimerConfig = field(default_factory=TimerConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))

@@ -33,8 +33,14 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
                             held records back (below P), else null: a broker
                             restarted as a replica reads only below it until
                             its master's first reply
-     "producers": [...]}    idempotent producers' state as of P
+     "producers": [...],    idempotent producers' state as of P
                             (producers/table.py ``snapshot``)
+     "timer": {...}}        delayed delivery as of P (timer/timer.py
+                            ``checkpoint_state``): "through", "cursor",
+                            "pending", "topics" [[topic, count, [[hour, n],
+                            ...]], ...], "chunks" [[chunk, n], ...],
+                            "entries" (timer log entries fsynced),
+                            "segments" [[segment, latest due], ...]
 
 A document without the later keys (older versions) means: no ends to trust,
 no transactions, no sinks, no held high watermark.
@@ -78,6 +84,7 @@ from equeue_broker.storage.meta.topics import TopicMeta
 from equeue_broker.storage.producers.table import ProducerTable
 from equeue_broker.storage.results import RecoveryReport
 from equeue_broker.storage.retention import settle_earliest
+from equeue_broker.storage.timer.timer import Timer
 from equeue_broker.storage.txn.txn_recovery import (
     RecoveredTxns,
     Sinks,
@@ -111,6 +118,8 @@ class Checkpoint:
     only below it until its master's first reply (visibility.py)."""
     producers: list[Any] | None = None
     """The producer table as of ``index_position`` (``ProducerTable.snapshot``)."""
+    timer: dict[str, Any] | None = None
+    """Delayed delivery as of ``index_position`` (``Timer.checkpoint_state``)."""
 
     @property
     def scan_from(self) -> int:
@@ -139,6 +148,7 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         tuple((int(e), int(p)) for e, p in document.get("epochs", ())),
         _optional_int(document.get("held_high_watermark")),
         document.get("producers"),
+        document.get("timer"),
     )
 
 
@@ -163,6 +173,7 @@ def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
         "epochs": [list(entry) for entry in checkpoint.epochs],
         "held_high_watermark": checkpoint.held_high_watermark,
         "producers": checkpoint.producers or [],
+        "timer": checkpoint.timer,
     }
     save_json(data_dir / CHECKPOINT_FILE, document)
 
@@ -175,6 +186,7 @@ def recover(
     queues: dict[QueueKey, QueueState],
     *,
     producers: ProducerTable,
+    timer: Timer,
 ) -> tuple[RecoveryReport, Checkpoint, RecoveredTxns]:
     """Open ``message_log`` and the index of every queue of ``topics``, repair
     them, recover transactions and ``producers``, and return the report, the
@@ -218,6 +230,9 @@ def recover(
     scan = TxnScan(
         saved.next_serial, sinks, scan_from <= message_log.start_position, epochs, producers
     )
+    # A checkpoint past a log cut short is not the log's: rebuilt from the scan.
+    timer.restore(saved.timer if checkpoint == saved.index_position else None, checkpoint)
+    scan.timer = timer
     rebuilt = _restore_ends(message_log, queues, checkpoint)
     more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)
     rebuilt += more
@@ -234,6 +249,8 @@ def recover(
     os.fsync(message_log.sync_target()[1])
     found = scan.found
     end = message_log.write_position
+    timer_doc, heads = timer.checkpoint_state()
+    timer.persist(heads)
     new = Checkpoint(
         end,
         {key: q.index.end for key, q in queues.items()},
@@ -248,8 +265,10 @@ def recover(
         if saved.held_high_watermark is not None and saved.held_high_watermark < end
         else None,
         producers.snapshot(),
+        timer_doc,
     )
     save_checkpoint(config.data_dir, new)
+    timer.persisted(heads, timer_doc)
     if migrated is not None:
         remove_stage_dir(config.data_dir)
     tail = message_log.tail

@@ -71,6 +71,9 @@ class AppendResult:
     duplicate: bool = False
     """An idempotent batch appended before: nothing was written, the result
     is the original append's (its entries read back from the index)."""
+    deliver_at_ms: tuple[int, ...] = ()
+    """Delayed records (``first_offset`` -1): each one's due time, as stored
+    (a time in the past is raised to the timer's watermark: due at once)."""
 
     def first_position(self) -> int:
         """Global log position of the first message (-1 if not known)."""

@@ -56,7 +56,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from equeue_broker.storage.config import FlushMode, StorageConfig
@@ -93,6 +93,8 @@ from equeue_broker.storage.results import (
     RetentionReport,
 )
 from equeue_broker.storage.retention import delete_expired
+from equeue_broker.storage.timer.delivery import DelayedMessage, Delivery
+from equeue_broker.storage.timer.timer import Timer
 from equeue_broker.storage.topic_admin import TopicAdmin
 from equeue_broker.storage.txn.transactions import Transactions
 from equeue_broker.storage.txn.txn_recovery import TxnScan
@@ -112,6 +114,7 @@ class Store:
         self._lock_fd = lock_data_dir(root)
         queues: dict[QueueKey, QueueState] = {}
         message_log: MessageLog | None = None
+        self.timer: Timer | None = None
         try:
             remove_temp_files(root)
             message_log = MessageLog(
@@ -123,13 +126,18 @@ class Store:
             self.producers = ProducerTable(config.producers)
             """Idempotent producers' state (producers/table.py): derived from
             the log like the indexes; used with the engine lock held."""
+            self.timer = timer = Timer(config.timer, root / "timer", message_log)
+            """Delayed records (timer/): derived from the log like the indexes."""
             self.recovery, checkpoint, recovered = recover(
-                config, message_log, topics.values(), offsets, queues, producers=self.producers
-            )
+                config, message_log, topics.values(), offsets, queues,
+                producers=self.producers, timer=timer,
+            )  # fmt: skip
             self.held_high_watermark = checkpoint.held_high_watermark
             """The checkpoint's high watermark, if it held records back when saved:
             the server holds a restarted replica's reads there (``set_hw_limit``)."""
         except BaseException:
+            if self.timer is not None:
+                self.timer.close()
             _release_files(self._lock_fd, queues, message_log)
             raise
         self._snapshot_version = -1
@@ -150,7 +158,9 @@ class Store:
         self.transactions = Transactions(self, config.transactions, recovered)
         self.epochs = EpochHistory(list(checkpoint.epochs))
         """The log's epoch markers (epochs.py): derived from the log like the indexes."""
+        self._delivery = Delivery(state, self._writer, timer, self.producers, self.commit_staged)
         if background:
+            self._delivery.start()
             self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
             self._thread.start()
 
@@ -199,8 +209,9 @@ class Store:
     # -- appends ----------------------------------------------------------------------
 
     def append(
-        self, topic: str, queue_id: int, batch: MessageBatch, idem: Idempotence | None = None
-    ) -> AppendResult:
+        self, topic: str, queue_id: int, batch: MessageBatch, idem: Idempotence | None = None,
+        *, deliver_at_ms: Sequence[int] | None = None,
+    ) -> AppendResult:  # fmt: skip
         """Append ``batch`` to one queue at consecutive offsets, all or nothing.
 
         Returns after the records are written (async) or durable (sync). In
@@ -210,13 +221,25 @@ class Store:
         ``idem``: an idempotent producer's batch (producers/table.py): a
         repeat of one of its last batches to this queue is not written again,
         the result is the original's (``AppendResult.duplicate``).
+
+        ``deliver_at_ms``: delayed records (timer/delivery.py), one due time
+        for the batch or one per message; invisible until delivered, so
+        ``first_offset`` is -1 (``positions()`` and ``deliver_at_ms`` hold).
         """
         queue = self._state.queues.get((topic, queue_id))
         if queue is None:
             with self._state.lock:
                 queue = self._state.writable_queue(topic, queue_id)  # raises the precise error
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
-        if self._committer is None:
+        if deliver_at_ms is not None:
+            dues = self._delivery.timer.due_times(deliver_at_ms, len(prepared.batch), _now_ms())
+            work = functools.partial(
+                self._delivery.write_locked, (topic, queue_id), prepared, dues, idem
+            )
+            if self._committer is None:
+                with self._state.lock:
+                    return work()
+        elif self._committer is None:
             with self._state.lock:
                 result = self._write_locked(topic, queue_id, prepared, idem)
                 if result.duplicate:
@@ -233,10 +256,32 @@ class Store:
                 self._state.notify(changed)
             return result
         self._state.check_open()
-        work = functools.partial(self._write_pending, topic, queue_id, prepared, idem)
+        if deliver_at_ms is None:
+            work = functools.partial(self._write_pending, topic, queue_id, prepared, idem)
         outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
         assert isinstance(outcome, AppendResult)
         return outcome
+
+    # -- delayed delivery (timer/) -----------------------------------------------------
+
+    def cancel_delayed(self, position: int) -> DelayedMessage:
+        """Cancel the pending delayed record at log ``position`` (``NotFound``
+        if none lies there); durable as an append is when it returns."""
+        return self._delivery.cancel(position)
+
+    def delayed_summary(self, topic: str | None = None) -> tuple[int, int | None]:
+        """(pending delayed records, earliest due ms or None), of ``topic`` or all."""
+        with self._state.lock:
+            return self._delivery.timer.summary(topic)
+
+    def set_delivering(self, active: bool) -> None:
+        """Deliver due records (a master) or not (a replica: it applies its
+        master's deliveries). True for a store until told otherwise."""
+        self._delivery.timer.delivering = active
+
+    def deliver_due(self, now_ms: int | None = None) -> int:
+        """Deliver what is due now (the timer thread's work; for tests)."""
+        return self._delivery.deliver_due(now_ms)
 
     def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
         """Check ``batch`` as ``append`` would, without writing it (for staging)."""
@@ -307,16 +352,21 @@ class Store:
         entries: dict[QueueKey, bytearray],
         record: Callable[[dict[QueueKey, int]], PreparedBatch],
         on_written: Callable[[], None],
+        *,
+        hidden: bool = False,
     ) -> dict[QueueKey, int]:
         """Make staged records visible: ``record(first offsets)`` is the commit
         record (it may raise to cancel), written with ``entries`` (per queue,
         in offset order) by ``txn_writes.write_commit``; ``on_written`` runs
         under the lock after. Readers see every queue's records at once, in
-        sync mode once the commit record is durable. Returns the first offsets."""
+        sync mode once the commit record is durable. Returns the first offsets.
+        ``hidden``: queues hidden from producers too (delayed deliveries)."""
         keys = list(entries)
+        lookup = self._state.live_queue if hidden else self._state.writable_queue
 
         def work() -> dict[QueueKey, int]:
-            targets = {key: self._state.writable_queue(*key) for key in keys}
+            self._state.check_writable()
+            targets = {key: lookup(*key) for key in keys}
             firsts = {key: queue.index.end for key, queue in targets.items()}
             prepared = record(firsts)
             write_commit(self._writer, targets, prepared, entries, self._writer.now_ms())
@@ -478,6 +528,7 @@ class Store:
         (which ``Transactions`` adopts). In sync flush mode durable when it
         returns. Raises as ``positioned.append_at`` does."""
         state = self._state
+        scan.timer = self._delivery.timer
         with state.lock:
             end, changed = append_at(state, position, data, scan)
         self.transactions.adopt(scan.found)
@@ -496,6 +547,8 @@ class Store:
         """Cut the log at ``position``, and every index entry, epoch marker and
         open transaction of ``scan`` at or after it (``positioned.truncate_at``)."""
         with self._state.lock:
+            if position < self._state.log.write_position:
+                self._delivery.timer.undo_tail(position)
             truncate_at(self._state, position, self.epochs, scan)
         self.transactions.adopt(scan.found)
 
@@ -605,13 +658,16 @@ class Store:
             limit = self._state.visibility.limit
             held = limit if limit is not None and limit < target else None
             producers = self._producer_snapshot()
+            timer_doc, heads = self._delivery.timer.checkpoint_state()
         checkpoint = Checkpoint(
-            target, ends, earliest, start, txn_position, serial, sinks, epochs, held, producers
-        )
+            target, ends, earliest, start, txn_position, serial, sinks, epochs, held, producers,
+            timer_doc,
+        )  # fmt: skip
         try:
             self._state.commit.make_durable(target)
             for fd in fds:
                 os.fsync(fd)
+            self._delivery.timer.persist(heads)
         except OSError as exc:
             if self.config.flush_mode is FlushMode.SYNC:
                 with self._state.lock:
@@ -631,6 +687,8 @@ class Store:
                 except OSError as exc:
                     raise io_error("checkpoint.json", exc) from exc
                 self._state.checkpoint = target
+                with self._state.lock:
+                    self._delivery.timer.persisted(heads, timer_doc)
         self._persist_offsets()
 
     def _producer_snapshot(self) -> list[Any]:
@@ -649,7 +707,9 @@ class Store:
         self.flush()
         state = self._state
         with state.lock:
-            return delete_expired(state, now, pinned=self.transactions.pinned())
+            pins = [self.transactions.pinned(), self._delivery.timer.pinned()]
+            pinned = min((p for p in pins if p is not None), default=None)
+            return delete_expired(state, now, pinned=pinned)
 
     def _maintain(self) -> None:
         """The background thread: flush, persist offsets, expire transactions,
@@ -684,6 +744,7 @@ class Store:
                 "fsyncs": self._state.commit.fsyncs,
                 "quarantined_chunks": len(self._state.log.quarantined),
                 "idempotent_producers": len(self.producers),
+                "delayed_pending": self._delivery.timer.pending,
                 **self.transactions.stats(),
             }
 
@@ -696,6 +757,7 @@ class Store:
         self.transactions.close()
         with self._state.lock:
             self._state.closed = True
+            self._delivery.timer.close()
             for queue in self._state.queues.values():
                 queue.index.close()
             self._state.log.close()
@@ -710,9 +772,11 @@ class Store:
         self.transactions.close()
         with self._state.lock:
             self._state.closed = True
+            self._delivery.timer.close()
             _release_files(self._lock_fd, self._state.queues, self._state.log)
 
     def _stop_background(self) -> None:
+        self._delivery.stop()
         if self._committer is not None:
             self._committer.close()  # finishes the appends already queued
         self._stop.set()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.errors import InvalidArgument, io_error
@@ -34,10 +34,11 @@ from equeue_broker.storage.log.record import (
     clear_batch_end,
     encode_records,
     frame_sizes,
+    set_queue_offsets,
 )
 from equeue_broker.storage.results import AppendResult
 from equeue_broker.storage.txn.txn_records import encode_control
-from equeue_proto.record import FLAG_TXN, FRAME_OVERHEAD
+from equeue_proto.record import FLAG_DELAYED, FLAG_TXN, FRAME_OVERHEAD
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +105,16 @@ class LogWriter:
         done: list[int],
         *,
         lead: PreparedBatch | None = None,
+        dues: Sequence[int] | None = None,
     ) -> None:
         """Append a transaction's checked batch for ``queue``, invisible: flagged
         TXN with ``serial`` as every record's queue offset, and no index
         entries. ``entries`` (one slot per message) gets the entries a commit
         will write (store time: now), a piece at a time, and ``done[0]`` the
         number of messages whose piece is in the log: if a piece fails, those
-        before it stay (recovery will find them). ``lead``: as for ``write``."""
+        before it stay (recovery will find them). ``lead``: as for ``write``.
+        ``dues``: delayed records instead (timer/): flagged TXN | DELAYED, each
+        with its due time as its queue offset (``serial`` unused)."""
         assert self._state.held()
         count = len(prepared.batch)
         store_ms = self._next_store_ms()
@@ -121,6 +125,7 @@ class LogWriter:
             self._write_piece(
                 queue, prepared, start=0, stop=count, size=prepared.total_bytes,
                 first_offset=serial, store_ms=store_ms, entries=entries, staged=True, lead=lead,
+                dues=dues,
             )  # fmt: skip
             done[0] = count
             return
@@ -132,7 +137,7 @@ class LogWriter:
         def write(start: int, stop: int, size: int) -> None:
             self._write_piece(
                 queue, prepared, start=start, stop=stop, size=size,
-                first_offset=serial, store_ms=store_ms, entries=entries, staged=True,
+                first_offset=serial, store_ms=store_ms, entries=entries, staged=True, dues=dues,
             )  # fmt: skip
             done[0] = stop
 
@@ -202,17 +207,23 @@ class LogWriter:
     def _write_piece(
         self, queue: QueueState, prepared: PreparedBatch, *, start: int, stop: int, size: int,
         first_offset: int, store_ms: int, entries: bytearray, staged: bool = False,
-        lead: PreparedBatch | None = None,
+        lead: PreparedBatch | None = None, dues: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         entry_view = memoryview(entries)[start * ENTRY_SIZE : stop * ENTRY_SIZE]
+        flags = (FLAG_TXN if staged else 0) | (FLAG_DELAYED if dues is not None else 0)
+        piece_dues = None if dues is None else dues[start:stop]
+        if piece_dues is not None:
+            first_offset = piece_dues[0]
 
         def encode_batch(out: memoryview, position: int) -> int:
-            return encode_records(
+            size = encode_records(
                 out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
                 first_offset=first_offset + (0 if staged else start), store_ms=store_ms,
-                prepared=prepared, start=start, stop=stop, index_out=entry_view,
-                flags=FLAG_TXN if staged else 0,
+                prepared=prepared, start=start, stop=stop, index_out=entry_view, flags=flags,
             )  # fmt: skip
+            if piece_dues is not None and min(piece_dues) != max(piece_dues):
+                set_queue_offsets(out, piece_dues)  # due times differ within the piece
+            return size
 
         encode = encode_batch
         if lead is not None:

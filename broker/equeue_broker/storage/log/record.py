@@ -29,6 +29,7 @@ from equeue_proto.record import (
     FIXED_BODY_SIZE,
     FLAG_BATCH_END,
     FLAG_CONTROL,
+    FLAG_DELAYED,
     FLAG_HAS_KEY,
     FLAG_TXN,
     FRAME_OVERHEAD,
@@ -268,7 +269,7 @@ def encode_records_py(
     topic_len = len(topic)
     fixed_body = FIXED_BODY_SIZE + topic_len
     pos = last = entry_pos = count = 0
-    step, extra = (0 if flags & FLAG_TXN else 1), flags & (FLAG_TXN | FLAG_CONTROL)
+    step, extra = (0 if flags & FLAG_TXN else 1), flags & (FLAG_TXN | FLAG_CONTROL | FLAG_DELAYED)
     for value, key, tag, headers, producer_ms in _columns(prepared, store_ms, start, stop):
         key_len = 0 if key is None else len(key)
         body = fixed_body + len(tag) + key_len + len(headers) + len(value)
@@ -410,3 +411,21 @@ def _set_batch_end(out: bytearray | memoryview, view: memoryview, pos: int) -> N
     out[pos + AT_FLAGS] |= FLAG_BATCH_END
     body = body_length(out, pos)
     _U32.pack_into(out, pos + AT_BODY + body, crc32c(view[pos + AT_BODY : pos + AT_BODY + body]))
+
+
+def set_queue_offsets(out: bytearray | memoryview, offsets: Sequence[int]) -> None:
+    """Give the frames at the start of ``out`` the queue offsets ``offsets``
+    (one each, in order), their checksums recomputed: delayed records whose
+    due times differ within one piece (the encoder gives a piece one)."""
+    view = memoryview(out)
+    pos = 0
+    for offset in offsets:
+        (body,) = _U32_AT.unpack_from(view, pos)
+        _U64_AT.pack_into(view, pos + AT_QUEUE_OFFSET, offset)
+        end = pos + AT_BODY + body
+        _U32_AT.pack_into(view, end, crc32c(view[pos + AT_BODY : end]))
+        pos = end + TRAILER.size
+
+
+_U32_AT = struct.Struct("<I")
+_U64_AT = struct.Struct("<Q")

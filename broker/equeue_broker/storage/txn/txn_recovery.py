@@ -38,8 +38,10 @@ from equeue_broker.storage.meta.atomic_file import load_json
 from equeue_broker.storage.producers.records import PRODUCER_TAG
 from equeue_broker.storage.producers.records import decode_value as decode_producer
 from equeue_broker.storage.producers.table import ProducerTable
+from equeue_broker.storage.timer.timer import Timer
+from equeue_broker.storage.timer.timer_records import TAGS as TIMER_TAGS
 from equeue_broker.storage.txn.txn_records import Abort, Begin, Commit, decode_value
-from equeue_proto.record import RecordMeta
+from equeue_proto.record import FLAG_DELAYED, RecordMeta
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +96,18 @@ class TxnScan:
         """Epoch markers are control records too (epochs.py): the same scan finds them."""
         self.producers = producers
         """So are producer records (producers/records.py), applied to this table."""
+        self.timer: Timer | None = None
+        """Delayed records and timer control records (timer/timer.py) are
+        applied to it; the store sets it before a scan."""
         self._whole_log = whole_log
         """The scan starts at the log's start: a commit may name transactions
         whose records retention deleted (their offsets are gone with them)."""
 
     def staged(self, position: int, meta: RecordMeta) -> None:
+        if meta.flags & FLAG_DELAYED:
+            if self.timer is not None:
+                self.timer.scan_added(position, meta)
+            return
         txn = self.found.open.get(meta.queue_offset)
         if txn is not None:
             key = (meta.topic.decode(), meta.queue_id)
@@ -119,6 +128,8 @@ class TxnScan:
                 after = position + meta.frame_size
                 self.producers.apply(batch, after, record.store_timestamp_ms)
             return []
+        if record.tag in TIMER_TAGS:
+            return [] if self.timer is None else self.timer.scan_control(position, record, derive)
         control = decode_value(record.tag, record.value)
         found = self.found
         if isinstance(control, Begin):

@@ -1,0 +1,1 @@
+"""Delayed delivery: records written once, delivered at their due time (timer.py)."""

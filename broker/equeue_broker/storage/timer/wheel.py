@@ -1,0 +1,264 @@
+"""The timer index on disk: a wheel of 1-second slots over an append-only timer log.
+
+Derived state (like the queue indexes): rebuilt from the message log after
+the checkpoint, never trusted beyond it. Memory does not grow with the number
+of pending delayed records: the wheel and the entries are files, read with
+``pread``; what stays in memory is the slots changed since the last
+checkpoint (``_dirty``) and a few numbers per timer log segment.
+
+Files, in ``<data_dir>/timer/`` (all integers little-endian)::
+
+    wheel           SLOTS u64: slot s (= due_ms // 1000 % SLOTS) holds the
+                    number + 1 of the newest entry of its chain, 0 for none.
+                    A sparse file; SLOTS covers 367 days, so entries of one
+                    slot normally share one second (others are skipped).
+                    Written only at checkpoints, after the timer log is
+                    fsynced: a head on disk never names a lost entry.
+    <n:09d>.tlog    timer log segment n: entries n * SEGMENT_ENTRIES on,
+                    ENTRY_SIZE (32) bytes each:
+                      due_ms   u64
+                      target   u64   log position of the delayed record;
+                                     bit 63 set: a cancel of it
+                      prev     u64   number + 1 of the previous (older) entry
+                                     of the same slot, 0 for none
+                      topic_id u32   crc32c of the topic name (stats only)
+                      crc      u32   crc32c of the 28 bytes before it
+
+An entry is either an *add* (a delayed record to deliver at ``due_ms``) or a
+*cancel*. A cancel kills the adds of its target that are older (lower
+numbers); an add written after a cancel (a replica that cut the cancel off
+adds its record again) is alive. Several adds of one target are one record
+(recovery adds what it finds after the checkpoint again).
+
+At open, the entries from the checkpoint's count on are kept while their
+checksums hold (a process killed after the checkpoint left them; they repeat
+what the scan adds again); the first bad one ends the log. A segment whose
+entries are all due before the timer watermark is deleted (oldest first);
+a chain that reaches a deleted segment ends there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from crc32c import crc32c
+
+SLOTS = 367 * 86400
+ENTRY = struct.Struct("<QQQII")
+ENTRY_SIZE = ENTRY.size
+SEGMENT_ENTRIES = 1 << 20
+CANCEL_BIT = 1 << 63
+_HEAD = struct.Struct("<Q")
+_READ_SLOTS = 1 << 16
+"""Wheel slots read in one ``pread`` while looking for the next busy slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    number: int
+    due_ms: int
+    target: int
+    cancel: bool
+    topic_id: int
+
+
+def slot_of(due_ms: int) -> int:
+    return (due_ms // 1000) % SLOTS
+
+
+def topic_id(topic: str) -> int:
+    return crc32c(topic.encode())
+
+
+class Wheel:
+    """The wheel file and timer log segments of one store (engine lock held,
+    except ``write_heads`` and ``sync``, which checkpoints call outside it)."""
+
+    def __init__(
+        self, directory: Path, count: int | None, max_due: dict[int, int] | None = None
+    ) -> None:
+        """Open (or create) the index in ``directory``; ``count``: the number of
+        entries the checkpoint says are durable (None: start empty), ``max_due``
+        its latest due time per segment."""
+        self.directory = directory
+        if count is None and directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._wheel_fd = os.open(directory / "wheel", os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(self._wheel_fd).st_size < SLOTS * 8:
+            os.ftruncate(self._wheel_fd, SLOTS * 8)
+        self._segments: dict[int, int] = {}
+        """Open segment fds by number."""
+        self.max_due: dict[int, int] = dict(max_due or {}) if count is not None else {}
+        """Latest due time of each segment's entries."""
+        numbers = sorted(int(p.stem) for p in directory.glob("*.tlog"))
+        self.first = numbers[0] * SEGMENT_ENTRIES if numbers else 0
+        """Number of the oldest entry kept (chains end below it)."""
+        self.count = max(count or 0, self.first)
+        self._dirty: dict[int, int] = {}
+        self._flushing: dict[int, int] = {}
+        self._synced: set[int] = set()
+        for number in numbers:
+            self._segments[number] = os.open(self._segment_path(number), os.O_RDWR)
+        self._recover_tail()
+
+    def _segment_path(self, number: int) -> Path:
+        return self.directory / f"{number:09d}.tlog"
+
+    def _recover_tail(self) -> None:
+        """Keep the entries past ``count`` while their checksums hold."""
+        while True:
+            raw = self._pread_entry(self.count)
+            if raw is None or crc32c(raw[:28]) != ENTRY.unpack(raw)[4]:
+                break
+            self._note_due(self.count, ENTRY.unpack(raw)[0])
+            self.count += 1
+        segment = self.count // SEGMENT_ENTRIES
+        fd = self._segments.get(segment)
+        if fd is not None:
+            os.ftruncate(fd, (self.count % SEGMENT_ENTRIES) * ENTRY_SIZE)
+        for number in [n for n in self._segments if n > segment]:
+            os.close(self._segments.pop(number))
+            self._segment_path(number).unlink()
+
+    def _note_due(self, number: int, due_ms: int) -> None:
+        segment = number // SEGMENT_ENTRIES
+        self.max_due[segment] = max(self.max_due.get(segment, 0), due_ms)
+
+    def _fd(self, segment: int) -> int:
+        fd = self._segments.get(segment)
+        if fd is None:
+            fd = os.open(self._segment_path(segment), os.O_RDWR | os.O_CREAT, 0o600)
+            self._segments[segment] = fd
+        return fd
+
+    def _pread_entry(self, number: int) -> bytes | None:
+        fd = self._segments.get(number // SEGMENT_ENTRIES)
+        if fd is None:
+            return None
+        raw = os.pread(fd, ENTRY_SIZE, (number % SEGMENT_ENTRIES) * ENTRY_SIZE)
+        return raw if len(raw) == ENTRY_SIZE else None
+
+    # -- writing ---------------------------------------------------------------------
+
+    def add(self, items: Iterable[tuple[int, int, int]], cancel: bool = False) -> None:
+        """Append an entry per (due_ms, target, topic_id) (lock held)."""
+        buffer = bytearray()
+        start = self.count
+        for due_ms, target, topic in items:
+            slot = slot_of(due_ms)
+            prev = self.head(slot)
+            fields = (due_ms, target | (CANCEL_BIT if cancel else 0), prev, topic)
+            packed = struct.pack("<QQQI", *fields)
+            buffer += packed + struct.pack("<I", crc32c(packed))
+            number = self.count
+            self._dirty[slot] = number + 1
+            self._note_due(number, due_ms)
+            self.count += 1
+            if self.count % SEGMENT_ENTRIES == 0:
+                self._write(start, buffer)
+                buffer, start = bytearray(), self.count
+        if buffer:
+            self._write(start, buffer)
+
+    def _write(self, start: int, data: bytes | bytearray) -> None:
+        segment = start // SEGMENT_ENTRIES
+        os.pwrite(self._fd(segment), data, (start % SEGMENT_ENTRIES) * ENTRY_SIZE)
+        self._synced.discard(segment)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def head(self, slot: int) -> int:
+        """Number + 1 of the newest entry of ``slot`` (0: none)."""
+        head = self._dirty.get(slot)
+        if head is None:
+            head = self._flushing.get(slot)
+        if head is None:
+            (head,) = _HEAD.unpack(os.pread(self._wheel_fd, 8, slot * 8))
+        return head if head > self.first else 0
+
+    def busy_seconds(self, first_sec: int, last_sec: int) -> Iterator[int]:
+        """The seconds in [first_sec, last_sec] whose slot has a chain."""
+        sec = first_sec
+        while sec <= last_sec:
+            slot = sec % SLOTS
+            n = min(_READ_SLOTS, last_sec - sec + 1, SLOTS - slot)
+            data = os.pread(self._wheel_fd, n * 8, slot * 8)
+            heads = memoryview(data).cast("Q") if len(data) == n * 8 else None
+            for i in range(n):
+                s = slot + i
+                if s in self._dirty or s in self._flushing or (heads is not None and heads[i]):
+                    if self.head(s):
+                        yield sec + i
+            sec += n
+
+    def chain(self, sec: int) -> list[Entry]:
+        """The entries of second ``sec``, newest first."""
+        out = []
+        number_plus_one = self.head(sec % SLOTS)
+        while number_plus_one > self.first:
+            number = number_plus_one - 1
+            raw = self._pread_entry(number)
+            if raw is None:
+                break
+            due_ms, target, prev, topic, _crc = ENTRY.unpack(raw)
+            if due_ms // 1000 == sec:
+                out.append(
+                    Entry(number, due_ms, target & ~CANCEL_BIT, bool(target & CANCEL_BIT), topic)
+                )
+            number_plus_one = prev
+        return out
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def take_dirty(self) -> tuple[int, dict[int, int]]:
+        """(entry count, heads changed) for a checkpoint (lock held)."""
+        dirty, self._dirty = self._dirty, {}
+        self._flushing.update(dirty)
+        return self.count, dirty
+
+    def write_heads(self, dirty: dict[int, int]) -> None:
+        """Make the entries durable, then the heads ``dirty`` names (outside
+        the lock: what ``take_dirty`` moved stays readable meanwhile)."""
+        for segment, fd in list(self._segments.items()):
+            if segment not in self._synced:
+                os.fsync(fd)
+                self._synced.add(segment)
+        for slot, head in dirty.items():
+            os.pwrite(self._wheel_fd, _HEAD.pack(head), slot * 8)
+        if dirty:
+            os.fsync(self._wheel_fd)
+
+    def written(self, dirty: dict[int, int]) -> None:
+        """The heads of ``dirty`` are on disk (lock held)."""
+        for slot, head in dirty.items():
+            if self._flushing.get(slot) == head:
+                del self._flushing[slot]
+
+    def delete_below(self, through_due: int) -> int:
+        """Delete the oldest segments whose entries are all due before
+        ``through_due`` (never the one being written); return how many."""
+        deleted = 0
+        active = self.count // SEGMENT_ENTRIES
+        for segment in sorted(self._segments):
+            if segment >= active or self.max_due.get(segment, 1 << 62) >= through_due:
+                break
+            os.close(self._segments.pop(segment))
+            with contextlib.suppress(FileNotFoundError):
+                self._segment_path(segment).unlink()
+            self.max_due.pop(segment, None)
+            self.first = (segment + 1) * SEGMENT_ENTRIES
+            deleted += 1
+        return deleted
+
+    def close(self) -> None:
+        for fd in self._segments.values():
+            os.close(fd)
+        self._segments.clear()
+        os.close(self._wheel_fd)

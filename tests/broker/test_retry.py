@@ -1,0 +1,211 @@
+"""Retry and dead-letter topics on a real broker: Nack, the '%' names,
+ResendDeadLetters (once, across a restart), PurgeDeadLetters, DeleteGroup.
+
+Raw gRPC (the broker's wire behaviour); the client's Consumer.nack has its own tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from equeue_broker.testing import BrokerProcess
+from equeue_proto.v1 import broker_pb2 as pb
+from tests.broker.delayed_support import error_of, header, now_ms, produce, pull, pull_until
+from tests.support.raw_client import RawClient
+
+pytestmark = pytest.mark.timeout(120)
+
+GROUP = "billing"
+RETRY, DLQ = f"%RETRY%{GROUP}", f"%DLQ%{GROUP}"
+
+
+@pytest.fixture
+def client(broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> Iterator[RawClient]:
+    config = tmp_path / "broker.toml"
+    config.write_text('retry-backoff = ["1s", "2s"]\n')
+    broker = broker_factory("--max-reconsume-times", "3", "--config", str(config))
+    raw = RawClient(broker.address)
+    yield raw
+    raw.close()
+
+
+def nack(
+    client: RawClient,
+    topic: str,
+    offset: int,
+    *,
+    delay_ms: int = 100,
+    error: str = "",
+    max_: int = 0,
+) -> pb.NackOutcome:
+    entry = pb.NackEntry(topic=topic, queue_id=0, offset=offset, delay_ms=delay_ms, error=error)
+    request = pb.NackRequest(group=GROUP, entries=[entry], max_reconsume_times=max_)
+    reply: pb.NackReply = client.broker.Nack(request, timeout=30)
+    (outcome,) = reply.outcomes
+    return outcome
+
+
+def test_three_retries_then_a_dead_letter_with_its_history(client: RawClient) -> None:
+    client.admin.CreateTopic(pb.CreateTopicRequest(name="orders", queue_count=1), timeout=10)
+    sent = produce(client, "orders", [b"order-1"], headers=[("trace", b"t1")], key=b"k", tag="t")
+    original_id = f"{sent.broker_id}-{sent.positions[0]:016x}"
+    (first,), _ = pull(client, "orders", 0)
+    deliveries = [first]
+    topic, offset = "orders", 0
+    for attempt in range(1, 4):
+        outcome = nack(client, topic, offset, error=f"boom {attempt}")
+        assert (outcome.action, outcome.deliveries) == ("retry", attempt)
+        (copy,) = pull_until(client, RETRY, attempt - 1, 1)
+        assert copy.store_timestamp_ms >= outcome.deliver_at_ms  # not before its time
+        assert copy.message_id == outcome.message_id  # the id Nack gave resolves
+        assert header(copy, "equeue.deliveries") == str(attempt).encode()
+        assert header(copy, "equeue.error") == f"boom {attempt}".encode()
+        deliveries.append(copy)
+        topic, offset = RETRY, copy.offset
+    last = nack(client, topic, offset, error="boom 4")
+    assert (last.action, last.deliveries, last.deliver_at_ms) == ("dlq", 4, 0)
+    assert len(deliveries) == 4  # delivered exactly 4 times: the original and 3 retries
+    (letter,) = pull_until(client, DLQ, 0, 1)
+    assert letter.message_id == last.message_id
+    assert (letter.value, letter.key, letter.tag) == (b"order-1", b"k", "t")
+    assert header(letter, "trace") == b"t1"  # the producer's own headers stay
+    assert header(letter, "equeue.origin.topic") == b"orders"
+    assert header(letter, "equeue.origin.queue") == b"0"
+    assert header(letter, "equeue.origin.offset") == b"0"
+    assert header(letter, "equeue.origin.id") == original_id.encode()
+    assert header(letter, "equeue.deliveries") == b"4"
+    assert header(letter, "equeue.error") == b"boom 4"
+    assert b"max_reconsume_times 3" in (header(letter, "equeue.dlq.reason") or b"")
+    assert letter.timestamp_ms == first.timestamp_ms  # the producer's time travels along
+    # Nothing more reaches the retry topic.
+    assert pull(client, RETRY, 3)[0] == []
+
+
+def test_backoff_steps_and_a_request_limit(client: RawClient) -> None:
+    produce(client, "orders", [b"a", b"b"])
+    before = now_ms()
+    outcome = nack(client, "orders", 0, delay_ms=-1)  # the first step of retry-backoff: 1s
+    assert before + 1_000 <= outcome.deliver_at_ms <= now_ms() + 1_000
+    (copy,) = pull_until(client, RETRY, 0, 1)
+    outcome = nack(client, RETRY, copy.offset, delay_ms=-1)  # the second: 2s
+    assert outcome.deliveries == 2
+    assert outcome.deliver_at_ms >= before + 2_000
+    # A request may lower the limit: one retry, then the dead-letter topic.
+    first = nack(client, "orders", 1, max_=1, delay_ms=0)
+    assert (first.action, first.deliveries) == ("retry", 1)
+    (copy,) = pull_until(client, RETRY, 1, 1)
+    assert nack(client, RETRY, copy.offset, max_=1).action == "dlq"
+
+
+def test_nack_refuses_what_it_cannot_do(client: RawClient) -> None:
+    produce(client, "orders", [b"a"])
+    error = error_of(lambda: nack(client, "orders", 5))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert "orders/0 has no message at offset 5" in error.details()
+    error = error_of(lambda: nack(client, "orders", 0, delay_ms=400 * 86_400_000))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "delay_ms 34560000000" in error.details()
+    error = error_of(lambda: nack(client, "%DLQ%other", 0))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    request = pb.NackRequest(group="%x", entries=[pb.NackEntry(topic="orders")])
+    error = error_of(lambda: client.broker.Nack(request, timeout=10))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'%x' is reserved" in error.details()
+    entries = [pb.NackEntry(topic="orders", offset=0)] * 1_001
+    error = error_of(lambda: client.broker.Nack(pb.NackRequest(group=GROUP, entries=entries)))
+    assert "1001 entries; the limit is 1000" in error.details()
+
+
+def test_reserved_names_are_refused_to_users(client: RawClient) -> None:
+    for name in ("%RETRY%billing", "%mine"):
+        error = error_of(lambda n=name: client.admin.CreateTopic(pb.CreateTopicRequest(name=n)))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"topic name {name!r} is reserved" in error.details()
+        assert "retry and dead-letter topics" in error.details()
+    error = error_of(lambda: produce(client, DLQ, [b"x"]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    heartbeat = pb.HeartbeatRequest(group="%g", consumer_id="c1", topics=[])
+    error = error_of(lambda: client.broker.Heartbeat(heartbeat, timeout=10))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "group name '%g' is reserved" in error.details()
+
+
+def test_resend_puts_a_dead_letter_back_once(
+    client: RawClient, broker_factory: Callable[..., BrokerProcess]
+) -> None:
+    client.admin.CreateTopic(pb.CreateTopicRequest(name="orders", queue_count=1), timeout=10)
+    produce(client, "orders", [b"first", b"second"])
+    ids = []
+    for offset in (0, 1):
+        nack(client, "orders", offset, max_=1, delay_ms=0)
+        (copy,) = pull_until(client, RETRY, offset, 1)
+        ids.append(nack(client, RETRY, copy.offset, max_=1).message_id)
+    resend = pb.ResendDeadLettersRequest(group=GROUP, message_ids=[ids[0], "ffff-0000000000000001"])
+    reply = client.admin.ResendDeadLetters(resend, timeout=30)
+    assert (reply.resent, reply.already_resent) == (1, 0)
+    assert list(reply.not_found) == ["ffff-0000000000000001"]
+    (back,) = pull_until(client, "orders", 2, 1)
+    assert back.value == b"first"
+    assert back.message_id == reply.new_message_ids[0]
+    assert header(back, "equeue.dlq.id") == ids[0].encode()
+    again = client.admin.ResendDeadLetters(resend, timeout=30)
+    assert (again.resent, again.already_resent) == (0, 1)
+    every = client.admin.ResendDeadLetters(
+        pb.ResendDeadLettersRequest(group=GROUP, all=True), timeout=30
+    )
+    assert every.resent == 1  # only the second: the first was resent already
+    (second,) = pull_until(client, "orders", 3, 1)
+    assert second.value == b"second"
+    again = client.admin.ResendDeadLetters(
+        pb.ResendDeadLettersRequest(group=GROUP, all=True), timeout=30
+    )
+    assert again.resent == 0
+    assert pull(client, "orders", 4)[0] == []
+    bad = pb.ResendDeadLettersRequest(group=GROUP, message_ids=[ids[0]], all=True)
+    error = error_of(lambda: client.admin.ResendDeadLetters(bad, timeout=10))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_resent_ids_are_remembered_across_a_restart(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "b", "--max-reconsume-times", "0")
+    broker.start()
+    try:
+        client = RawClient(broker.address)
+        produce(client, "orders", [b"x"])
+        (letter_id,) = [nack(client, "orders", 0).message_id]  # 0 retries: dead at once
+        request = pb.ResendDeadLettersRequest(group=GROUP, message_ids=[letter_id])
+        assert client.admin.ResendDeadLetters(request, timeout=30).resent == 1
+        client.close()
+        broker.kill()  # SIGKILL: what was acknowledged is in the log
+        broker.start()
+        client = RawClient(broker.address)
+        reply = client.admin.ResendDeadLetters(request, timeout=30)
+        assert (reply.resent, reply.already_resent) == (0, 1)
+        client.close()
+    finally:
+        broker.kill()
+
+
+def test_purge_and_delete_group_remove_the_group_topics(client: RawClient) -> None:
+    produce(client, "orders", [b"a", b"b"])
+    assert nack(client, "orders", 0, max_=1, delay_ms=0).action == "retry"
+    (copy,) = pull_until(client, RETRY, 0, 1)
+    assert nack(client, RETRY, copy.offset, max_=1).action == "dlq"
+    info = client.admin.DescribeTopic(pb.DescribeTopicRequest(name=DLQ), timeout=10)
+    assert [q.end_offset for q in info.queues] == [1]
+    purged = client.admin.PurgeDeadLetters(pb.PurgeDeadLettersRequest(group=GROUP), timeout=30)
+    assert purged.purged == 1
+    error = error_of(lambda: client.admin.DescribeTopic(pb.DescribeTopicRequest(name=DLQ)))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    commit = pb.CommitOffsetsRequest(
+        group=GROUP, offsets=[pb.QueueOffset(topic="orders", queue_id=0, offset=1)]
+    )
+    client.broker.CommitOffsets(commit, timeout=10)
+    nack(client, "orders", 1, delay_ms=60_000)  # pending in the retry topic
+    client.admin.DeleteGroup(pb.DeleteGroupRequest(group=GROUP), timeout=30)
+    names = [t.name for t in client.admin.ListTopics(pb.ListTopicsRequest(), timeout=10).topics]
+    assert names == ["orders"]
