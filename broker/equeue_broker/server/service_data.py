@@ -72,7 +72,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         self.retries = Retries(
             state.store, state.broker_id, config.retry_backoff, max_delay_ms(config.storage),
-            created,
+            created=created, group_backoff_ms=config.retry_backoff_groups,
         )  # fmt: skip
 
     @rpc
