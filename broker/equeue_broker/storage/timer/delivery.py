@@ -146,7 +146,7 @@ class Delivery:
             if not self.timer.delivering:
                 continue
             try:
-                while self.deliver_due() >= self.timer.config.max_deliver_batch:
+                while self.deliver_due() >= self._batch_limit():
                     if self._stop.is_set() or not self.timer.delivering:
                         break
             except StorageError as exc:
@@ -163,7 +163,7 @@ class Delivery:
                 if not timer.delivering or self._state.closed or self._state.failed is not None:
                     return 0
                 now = int(time.time() * 1000) if now_ms is None else now_ms
-                picked = timer.select(now, timer.config.max_deliver_batch)
+                picked = timer.select(now, self._batch_limit())
                 if not picked:
                     return 0
                 entries = self._entries(picked)
@@ -182,6 +182,11 @@ class Delivery:
             )
             return len(picked)
 
+    def _batch_limit(self) -> int:
+        """Records per deliver record: ``max_deliver_batch``, fewer if the
+        record (about 40 bytes per record at most) would not fit a chunk."""
+        return max(1, min(self.timer.config.max_deliver_batch, self._state.log.capacity // 64))
+
     def _entries(self, picked: Sequence[Picked]) -> dict[QueueKey, bytearray]:
         """Index entries to be of the records ``picked``, per live queue (lock
         held); a record whose queue was deleted is dropped."""
@@ -191,6 +196,18 @@ class Delivery:
             if key in self._state.queues:
                 entries.setdefault(key, bytearray()).extend(entry_for(p.key[1], p.meta))
         return entries
+
+    def summary(self, topic: str | None) -> tuple[int, int | None]:
+        """(pending delayed records, earliest due ms or None), of ``topic`` or all."""
+        with self._state.lock:
+            return self.timer.summary(topic)
+
+    def set_delivering(self, active: bool) -> None:
+        """Deliver (a master) or not (a replica); off: returns once a delivery
+        in flight is written, so none follows (a demoted master's)."""
+        self.timer.delivering = active
+        with self.timer.deliver_lock:
+            pass
 
     def undo_tail(self, position: int) -> None:
         """The log is about to be cut at ``position`` (a replica): the timer

@@ -32,6 +32,10 @@ Locking: the methods run with the engine lock held, except where they say;
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import logging
+import operator
 import struct
 import threading
 from collections import Counter
@@ -53,8 +57,10 @@ from equeue_broker.storage.timer.timer_records import (
     Key,
     decode_value,
 )
-from equeue_broker.storage.timer.wheel import Wheel, topic_id
+from equeue_broker.storage.timer.wheel import SLOTS, Wheel, topic_id
 from equeue_proto.record import FLAG_CONTROL, FLAG_DELAYED, FLAG_TXN, RecordMeta, StoredMessage
+
+log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
 NOTHING: Key = (0, -1)
@@ -77,7 +83,9 @@ class Picked:
 class Timer:
     """The delayed records of one store."""
 
-    def __init__(self, config: TimerConfig, directory: Path, message_log: MessageLog) -> None:
+    def __init__(
+        self, config: TimerConfig, directory: Path, message_log: MessageLog, delivering: bool
+    ) -> None:
         self.config = config
         self._directory = directory
         self._log = message_log
@@ -95,10 +103,15 @@ class Timer:
         self._base = 0
         """A delivery of a record below it was never counted (a rebuild from a
         log whose start retention deleted)."""
-        self.delivering = True
+        self.delivering = delivering
+        """Whether the timer thread delivers (a master) or not (a replica)."""
         self.deliver_lock = threading.Lock()
         self.persist_lock = threading.Lock()
         self._version = 0
+        self._live_kept: tuple[int, int, list[Key]] | None = None
+        """(second, its chain's head, ``_alive`` of it): see ``_live``."""
+        self._compacting: int | None = None
+        """The next timer log entry compaction looks at, while it runs."""
         self._earliest: dict[str | None, tuple[int, int | None]] = {}
 
     # -- open and checkpoints --------------------------------------------------------
@@ -111,13 +124,15 @@ class Timer:
         must scan the whole log."""
         if doc is not None and usable:
             segments = {int(s): int(d) for s, d in doc.get("segments", [])}
-            wheel = Wheel(self._directory, int(doc["entries"]), segments, int(doc.get("first", 0)))
+            per_segment = int(doc.get("segment_entries", self.config.segment_entries))
+            first = int(doc.get("first", 0))
+            wheel = Wheel(self._directory, int(doc["entries"]), segments, first, per_segment)
             if wheel.intact:
                 self.wheel = wheel
                 self._restore_counts(doc, position)
                 return True
             wheel.close()
-        self.wheel = Wheel(self._directory, None)
+        self.wheel = Wheel(self._directory, None, segment_entries=self.config.segment_entries)
         self._base = self._log.start_position
         return doc is None
 
@@ -146,6 +161,7 @@ class Timer:
             "entries": count,
             "first": self.wheel.first_after(self.through[0]),
             "segments": sorted(self.wheel.max_due.items()),
+            "segment_entries": self.wheel.segment_entries,
         }
         return doc, dirty
 
@@ -160,6 +176,50 @@ class Timer:
         assert self.wheel is not None
         self.wheel.written(dirty)
         self.wheel.delete_below(int(doc["first"]))
+        self.compact()
+
+    def compact(self, budget: int = 16_384) -> int:
+        """A step of compaction of the timer log (lock held): when it holds far
+        more entries than records pending, copy the live entries of its oldest
+        segment (one due far later than the others keeps it) to its end, at most
+        ``budget`` entries looked at per step; once all are, the segment goes
+        with the next checkpoint. Returns the entries copied."""
+        assert self.wheel is not None
+        wheel = self.wheel
+        per = wheel.segment_entries
+        oldest, active = wheel.first // per, wheel.count // per
+        if self._compacting is None or self._compacting < wheel.first:
+            self._compacting = None
+            garbage = wheel.count - wheel.first - 4 * self.pending
+            if active - oldest < 2 or garbage < 2 * per:
+                return 0
+            self._compacting = oldest * per
+        at = self._compacting
+        entries = wheel.read_entries(at, budget)
+        if not entries:  # its segment is gone
+            self._compacting = None
+            return 0
+        live: dict[int, set[Key]] = {}
+        moves = []
+        for entry in entries:
+            key = (entry.due_ms, entry.target)
+            if entry.cancel or key <= self.through:
+                continue
+            second = entry.due_ms // 1000
+            if second not in live:
+                live[second] = set(self._live(second))
+            if key in live[second]:
+                live[second].discard(key)  # one copy of a record's entries
+                moves.append((entry.due_ms, entry.target, entry.topic_id))
+        if moves:
+            wheel.add(moves)
+        at += len(entries)
+        if at % per == 0:
+            wheel.max_due[(at - 1) // per] = 0  # nothing in it is needed any more
+            self._compacting = None
+        else:
+            self._compacting = at
+        return len(moves)
 
     def close(self) -> None:
         if self.wheel is not None:
@@ -203,7 +263,7 @@ class Timer:
         """Delayed records of ``topic`` were written at ``positions`` (lock held)."""
         assert self.wheel is not None
         tid = topic_id(topic)
-        self.wheel.add([(due, p, tid) for p, due in zip(positions, dues, strict=True)])
+        self.wheel.add_topic(dues, positions, tid)
         self._count_many(topic, dues, positions, 1)
 
     def _count(self, topic: str, due_ms: int, position: int, delta: int) -> None:
@@ -219,11 +279,10 @@ class Timer:
         self.pending += delta * len(dues)
         pending = self._topics.setdefault(topic, _TopicPending())
         pending.count += delta * len(dues)
-        _add_counts(pending.hours, Counter(d // HOUR_MS for d in dues), delta)
+        _add_counts(pending.hours, _buckets(dues, HOUR_MS), delta)
         if not pending.count and not pending.hours:
             del self._topics[topic]
-        capacity = self._log.capacity
-        _add_counts(self._chunks, Counter(p // capacity for p in positions), delta)
+        _add_counts(self._chunks, _buckets(positions, self._log.capacity), delta)
         self._version += 1
 
     # -- what recovery and replicas apply (TxnScan) ----------------------------------
@@ -247,6 +306,13 @@ class Timer:
         metas = [self._meta(p) for p in control.positions]
         self._apply_deliver(control, metas)
         if not derive:
+            return []
+        start = self._log.start_position
+        if any(m is None and p < start for p, m in zip(control.positions, metas, strict=True)):
+            # Records retention deleted (an empty replica starting at its master's
+            # log start): their offsets are gone with them; the log says where
+            # the queues continue.
+            log.warning("deliver at %d: some of its records were deleted", position)
             return []
         return _derive(control, metas, record.store_timestamp_ms)
 
@@ -279,14 +345,14 @@ class Timer:
         assert self.wheel is not None
         cuts: dict[QueueKey, int] = {}
         found = list(self._log.iter_records(position))
+        # Every record of the log was applied (by the checkpoint's counts or
+        # after it): every one cut is undone; what is copied again is applied.
+        self.from_position = min(self.from_position, position)
         for at, meta in reversed(found):
             if meta.flags & FLAG_DELAYED and not meta.flags & FLAG_CONTROL:
-                if at >= self.from_position:
-                    self._count(meta.topic.decode(errors="replace"), meta.queue_offset, at, -1)
+                self._count(meta.topic.decode(errors="replace"), meta.queue_offset, at, -1)
                 continue
             if not meta.flags & FLAG_CONTROL or meta.tag.decode(errors="replace") not in TAGS:
-                continue
-            if at < self.from_position:
                 continue
             record = self._log.read(at, meta.frame_size)
             control = decode_value(record.tag, record.value)
@@ -341,7 +407,22 @@ class Timer:
         return picked
 
     def _live(self, sec: int, topic: int | None = None) -> list[Key]:
-        """The live keys above ``through`` in the slot of second ``sec``, sorted."""
+        """The live keys above ``through`` in the slot of second ``sec``, sorted.
+        The last second's (of all topics) is kept while its chain's head stays:
+        the timer thread reads the current second's every tick."""
+        assert self.wheel is not None
+        if topic is not None:
+            keys = self._alive(sec, topic)
+        else:
+            head = self.wheel.head(sec % SLOTS)
+            kept = self._live_kept
+            if kept is None or kept[:2] != (sec, head):
+                self._live_kept = kept = (sec, head, self._alive(sec, None))
+            keys = kept[2]
+        return keys[bisect.bisect_right(keys, self.through) :]
+
+    def _alive(self, sec: int, topic: int | None) -> list[Key]:
+        """The keys of the slot of ``sec`` not cancelled, sorted."""
         assert self.wheel is not None
         cancelled: dict[int, int] = {}
         adds: list[tuple[int, int, int]] = []
@@ -350,11 +431,7 @@ class Timer:
                 cancelled[entry.target] = max(cancelled.get(entry.target, -1), entry.number)
             elif topic is None or entry.topic_id == topic:
                 adds.append((entry.due_ms, entry.target, entry.number))
-        keys = {
-            (due, target)
-            for due, target, number in adds
-            if number > cancelled.get(target, -1) and (due, target) > self.through
-        }
+        keys = {(due, target) for due, target, number in adds if number > cancelled.get(target, -1)}
         return sorted(keys)
 
     def delivered(self, deliver: Deliver, picked: Sequence[Picked]) -> None:
@@ -423,6 +500,14 @@ class Timer:
         if meta.position != position or meta.flags & FLAG_CONTROL:
             return None
         return meta if meta.flags & FLAG_DELAYED else None
+
+
+def _buckets(values: Sequence[int], size: int) -> Counter[int]:
+    """How many of ``values`` fall in each bucket of ``size`` (key: value // size)."""
+    low, high = min(values) // size, max(values) // size
+    if low == high:  # the usual case: one batch, one chunk (or hour)
+        return Counter({low: len(values)})
+    return Counter(map(operator.floordiv, values, itertools.repeat(size)))
 
 
 def _add_counts(counts: dict[int, int], changes: Counter[int], delta: int) -> None:
