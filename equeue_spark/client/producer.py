@@ -61,9 +61,10 @@ from equeue_spark.client.batches import (
     send_request,
     stream_requests,
 )
+from equeue_spark.client.cancel import cancel_delayed
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.delays import When, cancel_delayed, deliver_at_ms, refuse_staged
+from equeue_spark.client.delays import When, deliver_at_ms, refuse_staged
 from equeue_spark.client.errors import (
     BrokerUnavailable,
     DeadlineExceeded,
