@@ -334,7 +334,7 @@ def test_a_restarted_replica_keeps_hiding_what_the_high_watermark_held(tmp_path:
             saved = json.loads(checkpoint.read_text()) if checkpoint.exists() else {}
             document = saved.get("document", {})  # atomic_file.py
             held = document.get("held_high_watermark")
-            return held == before and document.get("index_position", 0) > before
+            return bool(held == before and document.get("index_position", 0) > before)
 
         wait_for("the witness to save a held high watermark", held_and_saved, 30)
         assert w.values() == acked  # held back while running
