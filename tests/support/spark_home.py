@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 
@@ -46,13 +48,28 @@ def shadow_spark_home(into: Path) -> Path | None:
     if given and Path(given).resolve() != home.resolve():
         return None  # another Spark: its zip may not match site-packages' pyspark
     shadow = into / "spark-home"
-    shadow.mkdir(parents=True, exist_ok=True)
+    if (shadow / "python").is_dir():
+        return shadow  # built by an earlier driver over the same directory
+    into.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=".spark-home-", dir=into))
     for entry in home.iterdir():
         if entry.name != "python":
-            (shadow / entry.name).symlink_to(entry)
-    python = shadow / "python"
+            (building / entry.name).symlink_to(entry)
+    python = building / "python"
     python.mkdir()
     for entry in (home / "python").iterdir():
         if entry.name != "lib":
             (python / entry.name).symlink_to(entry)
+    try:
+        building.rename(shadow)  # whole or not at all: drivers may start side by side
+    except OSError:
+        shutil.rmtree(building)
     return shadow
+
+
+def use_shadow_spark_home(into: Path) -> None:
+    """For a Spark driver process of its own (not yet started): its JVM starts
+    with the linked ``SPARK_HOME`` built under ``into`` (kept for the next driver)."""
+    shadow = shadow_spark_home(into)
+    if shadow is not None:
+        os.environ["SPARK_HOME"] = str(shadow)
