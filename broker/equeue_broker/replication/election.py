@@ -56,6 +56,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState, WatchedEvent
 from kazoo.retry import KazooRetry
 
+from equeue_broker.replication.zk_hosts import parse_hosts
+
 log = logging.getLogger(__name__)
 
 BASE_PATH = "/equeue"
@@ -89,17 +91,6 @@ class StaleEpoch(ElectionError):
 class Role(Enum):
     MASTER = "master"
     REPLICA = "replica"
-
-
-def parse_hosts(spec: str) -> tuple[str, str]:
-    """``HOST:PORT[,HOST:PORT...][/chroot]`` -> (hosts, chroot without a trailing /).
-
-    The chroot is applied as a path prefix here rather than by kazoo, so that
-    it need not exist beforehand."""
-    hosts, slash, chroot = spec.partition("/")
-    if not hosts or any(not h.rpartition(":")[2].isdigit() for h in hosts.split(",")):
-        raise ValueError(f"--zookeeper wants HOST:PORT[,HOST:PORT...][/chroot], not {spec!r}")
-    return hosts, ("/" + chroot.strip("/")) if slash and chroot.strip("/") else ""
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,17 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from equeue_broker.replication.election import ElectionError, Epoch, GroupElection
 from equeue_broker.replication.errors import StaleEpoch
 from equeue_broker.replication.follower import Follower, Runner
 from equeue_broker.replication.insync import InSyncSet
 from equeue_broker.replication.role import MASTER, REPLICA, BrokerRole
 from equeue_broker.storage import Store
 from equeue_broker.storage.errors import PreconditionFailed
+
+if TYPE_CHECKING:  # kazoo is loaded only by a broker with --zookeeper (ZkFailover)
+    from equeue_broker.replication.election import Epoch
 
 log = logging.getLogger("equeue.failover")
 
@@ -212,6 +214,8 @@ class ZkFailover:
         store are the switch's."""
         self.switch = switch
         self.loop = asyncio.get_running_loop()
+        from equeue_broker.replication.election import GroupElection  # kazoo: only with --zookeeper
+
         store = switch.store
         self.election = GroupElection(
             hosts, switch.group, switch.instance_id, switch.address,
@@ -286,6 +290,8 @@ class ZkFailover:
         self._publisher.submit(self._publish, list(members))
 
     def _publish(self, members: list[str]) -> None:
+        from equeue_broker.replication.election import ElectionError  # kazoo: only with --zookeeper
+
         try:
             self.election.publish_isr(members)
         except ElectionError as exc:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar, get_origin, get_type_hints
 
-from equeue_broker.replication.election import parse_hosts
+from equeue_broker.replication.zk_hosts import parse_hosts
 from equeue_broker.server.durations import EXAMPLE, format_ms
 from equeue_broker.server.retry import reserved_problem
 from equeue_broker.server.settings import Setting, table

@@ -14,6 +14,7 @@ describes BrokerConfig's fields without importing it.
 from __future__ import annotations
 
 import enum
+import functools
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -22,6 +23,13 @@ from typing import Any, get_type_hints
 from equeue_broker.server.durations import format_ms, parse_ms
 from equeue_broker.storage.config import MAX_DELAY_LIMIT_MS, UNIT, GiB, KiB, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
+
+
+@functools.cache
+def _hints(owner: type) -> dict[str, Any]:
+    """A config dataclass's resolved field types, once per class: resolving
+    them is most of what a broker's start spends checking its settings table."""
+    return get_type_hints(owner)
 
 
 @dataclass(frozen=True)
@@ -67,13 +75,13 @@ class Setting:
         owner: Any = StorageConfig if self.target else self.server
         names = self.path if self.target else (self.key,)
         for name in names[:-1]:
-            owner = get_type_hints(owner)[name]
+            owner = _hints(owner)[name]
         return owner, names[-1]
 
     def kind(self) -> Any:
         """The type of the field it sets, without ``None``."""
         owner, name = self._field()
-        hint = get_type_hints(owner)[name]
+        hint = _hints(owner)[name]
         if isinstance(hint, types.UnionType):
             (hint,) = [h for h in hint.__args__ if h is not type(None)]
         return hint
