@@ -32,9 +32,9 @@ from equeue_broker.replication.election import (
     StaleEpoch,
     claim,
     decide,
-    parse_hosts,
     read_view,
 )
+from equeue_broker.replication.zk_hosts import parse_hosts
 from equeue_broker.testing_zk import ZooKeeperProcess, free_port, java_available
 from tests.support.waits import wait_for
 

@@ -18,9 +18,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from equeue_broker.replication.election import BASE_PATH, Layout, parse_hosts, read_view
+from equeue_broker.replication.election import BASE_PATH, Layout, read_view
 from equeue_broker.replication.follower import StaleReply, check_reply_epoch
 from equeue_broker.replication.role import REPLICA, BrokerRole
+from equeue_broker.replication.zk_hosts import parse_hosts
 from equeue_broker.server.app import broker_id_for
 from equeue_broker.storage import Store
 from equeue_broker.storage.config import MessageLimits, StorageConfig
