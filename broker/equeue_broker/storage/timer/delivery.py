@@ -168,7 +168,7 @@ class Delivery:
                 picked = timer.select(now, self._batch_limit())
                 if not picked:
                     return 0
-                entries = self._entries(picked)
+                entries, dropped = self._entries(picked)
                 before = timer.through
 
             def record(firsts: dict[QueueKey, int]) -> PreparedBatch:
@@ -176,7 +176,7 @@ class Delivery:
                     raise StorageError("the timer moved since this delivery was chosen")
                 queues = tuple((k, firsts[k], len(e) // ENTRY_SIZE) for k, e in entries.items())
                 positions = tuple(p.key[1] for p in picked)
-                deliver = Deliver(positions, queues, picked[-1].key, before)
+                deliver = Deliver(positions, queues, picked[-1].key, before, dropped)
                 written.append(deliver)
                 return prepare_timer_control(deliver)
 
@@ -191,15 +191,30 @@ class Delivery:
         record (about 40 bytes per record at most) would not fit a chunk."""
         return max(1, min(self.timer.config.max_deliver_batch, self._state.log.capacity // 64))
 
-    def _entries(self, picked: Sequence[Picked]) -> dict[QueueKey, bytearray]:
-        """Index entries to be of the records ``picked``, per live queue (lock
-        held); a record whose queue was deleted is dropped."""
+    def _entries(
+        self, picked: Sequence[Picked]
+    ) -> tuple[dict[QueueKey, bytearray], tuple[int, ...]]:
+        """Index entries to be of the records ``picked``, per live queue, and
+        the positions dropped although their queue exists (lock held). A record
+        whose queue was deleted is dropped, and so is one written before its
+        topic was created (the topic it was sent to was deleted, and one of
+        the same name created since: a group's retry topic after the group's
+        deletion, say)."""
         entries: dict[QueueKey, bytearray] = {}
+        dropped: list[int] = []
+        topics = self._state.topics
         for p in picked:
             key = (p.meta.topic.decode(errors="replace"), p.meta.queue_id)
-            if key in self._state.queues:
-                entries.setdefault(key, bytearray()).extend(entry_for(p.key[1], p.meta))
-        return entries
+            if key not in self._state.queues:
+                continue
+            topic = topics.get(key[0])
+            if topic is not None and p.meta.store_timestamp_ms < topic.created_ms:
+                dropped.append(p.key[1])
+                continue
+            entries.setdefault(key, bytearray()).extend(entry_for(p.key[1], p.meta))
+        if dropped:
+            log.info("%d delayed records dropped: their topics were deleted", len(dropped))
+        return entries, tuple(dropped)
 
     def summary(self, topic: str | None) -> tuple[int, int | None]:
         """(pending delayed records, earliest due ms or None), of ``topic`` or all."""

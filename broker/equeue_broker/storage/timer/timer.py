@@ -531,8 +531,9 @@ def _derive(
 ) -> list[tuple[QueueKey, int, bytearray]]:
     """The index entries a deliver record made, per queue (as a commit's)."""
     by_queue: dict[QueueKey, bytearray] = {}
+    dropped = set(deliver.dropped)
     for position, meta in zip(deliver.positions, metas, strict=True):
-        if meta is not None:
+        if meta is not None and position not in dropped:
             key = (meta.topic.decode(errors="replace"), meta.queue_id)
             by_queue.setdefault(key, bytearray()).extend(entry_for(position, meta))
     out = []

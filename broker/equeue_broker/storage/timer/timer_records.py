@@ -9,13 +9,17 @@ offset 0, the kind as tag, a compact UTF-8 JSON object as value)::
     tag "deliver" {"positions": [p, ...],
                    "queues": [[topic, queue_id, first_offset, count], ...],
                    "through": [due_ms, position],
-                   "from": [due_ms, position]}
+                   "from": [due_ms, position],
+                   "dropped": [p, ...]}
                   the delayed records at ``positions`` (in (due, position)
                   order) take offsets like a transaction commit's records:
                   each listed queue's records, in the order of ``positions``,
                   the offsets ``first_offset`` .. ``first_offset + count - 1``
                   (store time: this record's); a position whose queue is
-                  not listed was dropped (its queue was deleted). ``through``
+                  not listed was dropped (its queue was deleted), and so was
+                  each of ``dropped`` (optional; written before its topic's
+                  current incarnation: the topic was deleted and created
+                  again while it waited). ``through``
                   is the timer watermark after it: every delayed record with
                   (due, position) <= ``through`` is delivered or cancelled;
                   ``from`` is the watermark before it (a replica that cuts
@@ -54,6 +58,9 @@ class Deliver:
     """((topic, queue_id), first offset, count) per queue."""
     through: Key
     before: Key
+    dropped: tuple[int, ...] = ()
+    """Positions not delivered although their queue exists: written for an
+    earlier incarnation of their topic."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ def encode_value(control: TimerControl) -> tuple[str, bytes]:
             "through": list(control.through),
             "from": list(control.before),
         }
+        if control.dropped:
+            document["dropped"] = list(control.dropped)
     else:
         tag, document = CANCEL, {"position": control.position, "due": control.due_ms}
     return tag, json.dumps(document, separators=(",", ":")).encode()
@@ -95,6 +104,7 @@ def decode_value(tag: str, value: bytes) -> TimerControl:
                 queues,
                 (int(through[0]), int(through[1])),
                 (int(before[0]), int(before[1])),
+                tuple(int(p) for p in document.get("dropped", ())),
             )
         if tag == CANCEL:
             return Cancel(int(document["position"]), int(document["due"]))
