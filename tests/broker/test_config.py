@@ -230,6 +230,16 @@ def test_delay_and_retry_settings_reach_their_targets() -> None:
     assert config.setting("retry_backoff_groups") == {"billing": ["1s", "1m"]}
 
 
+def test_a_short_max_delay_cuts_the_default_back_off_steps() -> None:
+    """The documented ``--max-delay 15m`` starts: the default steps (up to 2 h)
+    are cut to it; steps an operator gives must fit it (refused above)."""
+    config = parse_args(["--max-delay", "15m"])
+    steps = config.backoff_steps()
+    assert steps[:3] == (10_000, 30_000, 60_000)
+    assert max(steps) == 15 * 60_000 == steps[-1]
+    assert parse_args([]).backoff_steps() == parse_args([]).retry_backoff
+
+
 def test_a_storage_error_names_every_setting_it_is_about(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -248,7 +248,8 @@ class BrokerConfig:
                 f"{self.named('max_reconsume_times')} must be in [0, {MAX_RECONSUME_TIMES}], "
                 f"got {self.max_reconsume_times}"
             )
-        self._check_steps(self.named("retry_backoff"), self.retry_backoff)
+        if "retry_backoff" in self.origins:  # the default steps are cut to --max-delay
+            self._check_steps(self.named("retry_backoff"), self.retry_backoff)
         groups = self.retry_backoff_groups
         if len(groups) > MAX_BACKOFF_GROUPS:
             raise InvalidArgument(
@@ -276,8 +277,17 @@ class BrokerConfig:
             if not 0 < step <= longest:
                 raise InvalidArgument(
                     f"{name} step {format_ms(step)} must be more than 0 and at most the "
-                    f"longest delay, {format_ms(longest)} ({self.named('max_delay')})"
+                    f"longest delay, {format_ms(longest)} ({self.named('max_delay')}): "
+                    "shorten the step or raise the longest delay"
                 )
+
+    def backoff_steps(self) -> tuple[int, ...]:
+        """``retry_backoff`` as Nack uses it: the default steps (RocketMQ's,
+        up to 2 h) no longer than ``--max-delay`` when that is shorter."""
+        if "retry_backoff" in self.origins:
+            return self.retry_backoff
+        longest = max_delay_ms(self.storage)
+        return tuple(min(step, longest) for step in self.retry_backoff)
 
     def _check_failover(self) -> None:
         if not self.zookeeper:

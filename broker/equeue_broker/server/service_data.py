@@ -71,7 +71,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             loop.call_soon_threadsafe(state.topology_changed)
 
         self.retries = Retries(
-            state.store, state.broker_id, config.retry_backoff, max_delay_ms(config.storage),
+            state.store, state.broker_id, config.backoff_steps(), max_delay_ms(config.storage),
             created=created, group_backoff_ms=config.retry_backoff_groups,
         )  # fmt: skip
 
