@@ -141,6 +141,28 @@ def test_reserved_names_are_refused_to_users(client: RawClient) -> None:
     assert "group name '%g' is reserved" in str(error.details())
 
 
+def test_a_group_topic_keeps_its_shape(client: RawClient) -> None:
+    """A retry topic keeps its one queue, visible, and goes with its group:
+    users cannot add queues, hide, delete it or its queue."""
+    produce(client, "orders", [b"x"])
+    nack(client, "orders", 0)
+    retry = f"%RETRY%{GROUP}"
+    calls = (
+        lambda: client.admin.AddQueues(pb.AddQueuesRequest(name=retry, count=1)),
+        lambda: client.admin.SetQueueVisibility(
+            pb.SetQueueVisibilityRequest(name=retry, queue_id=0, consumer_visible=False)
+        ),
+        lambda: client.admin.DeleteTopic(pb.DeleteTopicRequest(name=retry)),
+        lambda: client.admin.DeleteQueue(pb.DeleteQueueRequest(name=retry, queue_id=0)),
+    )
+    for call in calls:
+        error = error_of(call)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "equeue groups delete GROUP" in str(error.details())
+    info = client.admin.DescribeTopic(pb.DescribeTopicRequest(name=retry), timeout=10)
+    assert [(q.queue_id, q.consumer_visible) for q in info.queues] == [(0, True)]
+
+
 def test_resend_puts_a_dead_letter_back_once(
     client: RawClient, broker_factory: Callable[..., BrokerProcess]
 ) -> None:

@@ -89,6 +89,19 @@ def check_user_name(kind: str, name: str) -> None:
         raise BadRequest(problem)
 
 
+def check_reshape(name: str, change: str) -> None:
+    """INVALID_ARGUMENT for a change (``change``: "deleted", "given queues", ...)
+    to a topic the broker keeps for a group: they have one queue, and go with
+    their group."""
+    if name.startswith(RESERVED):
+        raise BadRequest(
+            f"topic {name!r} is a group's retry or dead-letter topic, which the broker "
+            f"keeps (one queue, consumed by the group) and cannot be {change}: delete "
+            "the group (equeue groups delete GROUP) or purge its dead letters "
+            "(equeue dlq purge GROUP) instead"
+        )
+
+
 def user_group(name: str) -> str:
     """A group name from a request: valid, and not a reserved one."""
     check_user_name("group", name)

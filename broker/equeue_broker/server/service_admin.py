@@ -20,7 +20,7 @@ from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
 from equeue_broker.server.dead_letters import DeadLetters, Resent
 from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
-from equeue_broker.server.retry import check_user_name, group_topics, user_group
+from equeue_broker.server.retry import check_reshape, check_user_name, group_topics, user_group
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.storage import NotFound
 from equeue_broker.storage.errors import PreconditionFailed
@@ -85,6 +85,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def DeleteTopic(
         self, request: pb.DeleteTopicRequest, context: Any
     ) -> pb.DeleteTopicReply:
+        check_reshape(request.name, "deleted on its own")
         try:
             await self.s.call(self.s.store.topic_admin.delete_topic, request.name)
         finally:
@@ -136,6 +137,8 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def AddQueues(self, request: pb.AddQueuesRequest, context: Any) -> pb.TopicInfo:
+        check_reshape(request.name, "given more queues")
+
         def add() -> pb.TopicInfo:
             if request.count < 1:
                 raise BadRequest(f"count must be at least 1, got {request.count}")
@@ -151,6 +154,8 @@ class AdminService(pb_grpc.AdminServicer):
     async def SetQueueVisibility(
         self, request: pb.SetQueueVisibilityRequest, context: Any
     ) -> pb.TopicInfo:
+        check_reshape(request.name, "hidden from its producers or consumers")
+
         def set_() -> pb.TopicInfo:
             self.s.store.topic_admin.set_queue_visibility(
                 request.name,
@@ -167,6 +172,8 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc
     async def DeleteQueue(self, request: pb.DeleteQueueRequest, context: Any) -> pb.TopicInfo:
+        check_reshape(request.name, "left without its queue")
+
         def delete() -> pb.TopicInfo:
             dropped = self.s.store.topic_admin.delete_queue(
                 request.name, request.queue_id, request.force
