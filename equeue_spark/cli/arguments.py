@@ -11,6 +11,7 @@ from typing import TypeAlias
 
 from equeue_spark.cli.common import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, Handler
 from equeue_spark.client.delays import parse_duration_s, parse_time_ms
+from equeue_spark.client.errors import InvalidRequest
 
 # A string: argparse's _SubParsersAction cannot be subscripted at run time.
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -54,19 +55,28 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+MAX_DELAY_S = 366 * 86_400
+"""The longest delay a broker may be set to take (``--max-delay`` at most)."""
+
+
 def duration_s(text: str) -> float:
     """``30s``, ``500ms``, ``1.5m``, ``2h``, ``7d`` or seconds (``--delay``)."""
     try:
-        return parse_duration_s(text)
+        seconds = parse_duration_s(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds > MAX_DELAY_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than any broker delays (at most 366 days, its --max-delay)"
+        )
+    return seconds
 
 
 def iso_time_ms(text: str) -> int:
     """An ISO 8601 time as ms since the epoch (``--deliver-at``)."""
     try:
         return parse_time_ms(text)
-    except ValueError as exc:
+    except (ValueError, InvalidRequest) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

@@ -29,6 +29,8 @@ When = dt.datetime | int
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DURATION_FORMS = "a duration like 500ms, 30s, 1.5m, 2h or 7d (a bare number is seconds)"
+MAX_TIME_MS = (1 << 63) - 1
+"""The wire's int64: no broker takes a time near it (its --max-delay is at most 366 days)."""
 
 
 def parse_duration_s(text: str) -> float:
@@ -58,23 +60,32 @@ def time_ms(when: When) -> int:
     if isinstance(when, dt.datetime):
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
-        ms = round(when.timestamp() * 1000)
+        try:
+            ms = round(when.timestamp() * 1000)
+        except (OverflowError, ValueError, OSError):  # year 1 in some zones
+            ms = -1
     elif isinstance(when, int) and not isinstance(when, bool):
         ms = when
     else:
         raise InvalidRequest(
             f"deliver_at {when!r}: give a datetime or an int of ms since the epoch"
         )
-    if ms < 0:
-        raise InvalidRequest(f"deliver_at {when!r} is before 1970; give a time to deliver at")
+    if not 0 <= ms <= MAX_TIME_MS:
+        raise InvalidRequest(
+            f"deliver_at {when!r} is out of range (before 1970 or past year 292 million); "
+            "give a time to deliver at"
+        )
     return ms
 
 
 def _delay_ms(delay_s: float, now_ms: int) -> int:
     if isinstance(delay_s, bool) or not isinstance(delay_s, int | float):
         raise InvalidRequest(f"delay_s {delay_s!r}: give a number of seconds")
-    if not math.isfinite(delay_s) or delay_s < 0:
-        raise InvalidRequest(f"delay_s {delay_s!r} must be a finite number of seconds >= 0")
+    if not math.isfinite(delay_s) or not 0 <= delay_s * 1000 <= MAX_TIME_MS - now_ms:
+        raise InvalidRequest(
+            f"delay_s {delay_s!r} must be a finite number of seconds >= 0 that the broker "
+            "can take (its --max-delay: at most 366 days)"
+        )
     return now_ms + round(delay_s * 1000)
 
 
@@ -92,6 +103,12 @@ def deliver_at_ms(
     if delay_s is None and deliver_at is None:
         return []
     now = int(time.time() * 1000) if now_ms is None else now_ms
+    if isinstance(delay_s, str | bytes) or isinstance(deliver_at, str | bytes):
+        raise InvalidRequest(
+            f"delay_s {delay_s!r} / deliver_at {deliver_at!r}: give numbers of seconds, "
+            "datetimes or ms since the epoch, not text (equeue_spark.client.delays."
+            "parse_duration_s and parse_time_ms read text)"
+        )
     if delay_s is not None:
         if isinstance(delay_s, Sequence):
             return _per_message("delay_s", [_delay_ms(d, now) for d in delay_s], count)
