@@ -246,7 +246,8 @@ class Timer:
             if due > latest:
                 raise InvalidArgument(
                     f"deliver_at_ms {due} is {due - now_ms} ms from now, beyond the maximum "
-                    f"delay max_delay_ms={self.config.max_delay_ms}; deliver sooner"
+                    f"delay max_delay_ms={self.config.max_delay_ms} (the broker's --max-delay); "
+                    "deliver sooner, or raise --max-delay (at most 366d)"
                 )
             if due < earliest:
                 raise InvalidArgument(
