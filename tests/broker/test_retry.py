@@ -329,3 +329,20 @@ def test_roles_and_topics_of_the_new_calls(
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert admin.PurgeDeadLetters(purge, metadata=ops, timeout=10).purged == 0
     channel.close()
+
+
+def test_a_deleted_groups_pending_retries_stay_out_of_its_next_retry_topic(
+    client: RawClient,
+) -> None:
+    """A group deleted with retries pending, then nacking again (its retry
+    topic created anew): the old retries are dropped at their time, only the
+    new one is delivered there."""
+    produce(client, "orders", [b"old", b"new"])
+    nack(client, "orders", 0, delay_ms=1_000)
+    client.admin.DeleteGroup(pb.DeleteGroupRequest(group=GROUP), timeout=30)
+    nack(client, "orders", 1, delay_ms=1_000)  # %RETRY% of the group again, a new one
+    wait_for("both due", lambda: client.stats().delayed_pending == 0, 30)
+    (copy,) = pull_until(client, RETRY, 0, 1)
+    assert copy.value == b"new"
+    messages, _ = pull(client, RETRY, 0)
+    assert [m.value for m in messages] == [b"new"]

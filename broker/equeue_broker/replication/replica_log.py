@@ -12,6 +12,7 @@ Metadata document (JSON, UTF-8; ``encode_metadata``/``decode_metadata``)::
 
     {"broker_name": "broker-a",
      "topics": [{"name": "t", "incarnation": 123, "created_ms": 1700000000000,
+                 "created_position": 4096,
                  "queues": [[queue_id, producer_visible, consumer_visible], ...]}],
      "offsets": {"group": {"topic": [[queue_id, next_offset], ...]}}}
 
@@ -51,6 +52,7 @@ def encode_metadata(meta: Metadata) -> bytes:
                 "name": t.name,
                 "incarnation": t.incarnation,
                 "created_ms": t.created_ms,
+                "created_position": t.created_position,
                 "queues": [[q.queue_id, q.producer_visible, q.consumer_visible] for q in t.queues],
             }
             for t in meta.topics
@@ -73,6 +75,7 @@ def decode_metadata(data: bytes) -> Metadata:
                 tuple(QueueMeta(int(q), bool(p), bool(c)) for q, p, c in t["queues"]),
                 int(t["created_ms"]),
                 incarnation=int(t["incarnation"]),
+                created_position=int(t.get("created_position", 0)),
             )
             for t in document["topics"]
         )

@@ -84,9 +84,13 @@ class TopicAdmin:
                 bury_index(config.data_dir, name)  # what a failed delete left
                 if len(self.topics) >= config.max_topics:
                     raise LimitExceeded(
-                        f"cannot create topic {name!r}: max_topics={config.max_topics}"
+                        f"cannot create topic {name!r}: max_topics={config.max_topics}; "
+                        "delete topics or groups no longer used (a group's deletion "
+                        "removes its retry and dead-letter topics), or raise --max-topics"
                     )
-                meta = TopicMeta(name, tuple(QueueMeta(i) for i in range(count)), _now_ms())
+                queues = tuple(QueueMeta(i) for i in range(count))
+                position = self._state.log.write_position
+                meta = TopicMeta(name, queues, _now_ms(), created_position=position)
                 before = self.topics
                 self.save({**before, name: meta})
                 self.open_queues(name, [q.queue_id for q in meta.queues], before)

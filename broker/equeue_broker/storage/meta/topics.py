@@ -50,6 +50,10 @@ class TopicMeta:
     extra: dict[str, Any] = field(default_factory=dict)
     incarnation: int = field(default_factory=new_incarnation)
     """Drawn at creation (the default); kept by every later change of the topic."""
+    created_position: int = 0
+    """The log's end when this incarnation was created (0: not known, a topic
+    from an older version): a delayed record below it was sent to an earlier
+    topic of the same name, and is not delivered into this one (timer/)."""
 
     def queue(self, queue_id: int) -> QueueMeta | None:
         return next((q for q in self.queues if q.queue_id == queue_id), None)
@@ -120,6 +124,7 @@ def _parse_topics(document: Any, path: Path) -> dict[str, TopicMeta]:
                 int(entry["created_ms"]),
                 dict(entry.get("extra", {})),
                 _incarnation(entry),
+                int(entry.get("created_position", 0)),
             )
             for name, entry in document["topics"].items()
         }
@@ -153,6 +158,7 @@ def save_topics(path: Path, topics: dict[str, TopicMeta]) -> None:
                     "created_ms": t.created_ms,
                     "extra": t.extra,
                     "incarnation": t.incarnation,
+                    "created_position": t.created_position,
                 }
                 for t in topics.values()
             }

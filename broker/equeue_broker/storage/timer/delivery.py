@@ -208,7 +208,7 @@ class Delivery:
             if key not in self._state.queues:
                 continue
             topic = topics.get(key[0])
-            if topic is not None and p.meta.store_timestamp_ms < topic.created_ms:
+            if topic is not None and p.key[1] < topic.created_position:
                 dropped.append(p.key[1])
                 continue
             entries.setdefault(key, bytearray()).extend(entry_for(p.key[1], p.meta))
