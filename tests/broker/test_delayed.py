@@ -40,6 +40,12 @@ def test_a_delayed_message_appears_at_its_time_with_a_fresh_offset(client: RawCl
     assert stats.delayed_next_due_ms == due
     info = client.admin.DescribeTopic(pb.DescribeTopicRequest(name="orders"), timeout=10)
     assert (info.delayed_pending, info.delayed_next_due_ms) == (2, due)
+    # Its id says it is pending, and until when.
+    request = pb.GetMessageRequest(message_id=ids[0])
+    error = error_of(lambda: client.admin.GetMessage(request, timeout=10))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert "is a delayed message for orders/0, pending until" in str(error.details())
+    assert str(due) in str(error.details())
     # Invisible to every reader until due: the queue ends after the plain message.
     messages, pulled = pull(client, "orders", 0)
     assert [m.value for m in messages] == [b"now"]

@@ -22,7 +22,7 @@ from equeue_broker.server.dead_letters import DeadLetters, Resent
 from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
 from equeue_broker.server.retry import check_reshape, check_user_name, group_topics, user_group
 from equeue_broker.server.service_base import BrokerState, rpc
-from equeue_broker.storage import NotFound
+from equeue_broker.storage import NotFound, Store
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
@@ -365,7 +365,10 @@ class AdminService(pb_grpc.AdminServicer):
                 position = store.reads.position_of(a.topic, a.queue_id, a.offset)
             else:
                 raise BadRequest("give message_id or address")
-            record = store.reads.record_at(position)
+            try:
+                record = store.reads.record_at(position)
+            except NotFound:
+                raise _not_yet(store, position, request, scope) from None
             verdict = check_frame(record, 0, len(record))
             if isinstance(verdict, str) or verdict != len(record):
                 # Never served with status OK (a pull answers the same way).
@@ -547,3 +550,19 @@ def _damaged(
     if scope is not None:
         scope.check_topic(topic)
     return DamagedMessage(position, why, topic, meta.queue_id, meta.queue_offset)
+
+
+def _not_yet(
+    store: Store, position: int, request: pb.GetMessageRequest, scope: Principal | None
+) -> NotFound:
+    """GetMessage of a message that is not readable: a pending delayed one says
+    when it is due (to a token covering its topic)."""
+    pending = store.delivery.pending(position) if request.message_id else None
+    if pending is None or (scope is not None and not scope.may_use_topic(pending.topic)):
+        return NotFound(f"no message at log position {position}")
+    due = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pending.deliver_at_ms / 1000))
+    return NotFound(
+        f"message {request.message_id!r} is a delayed message for {pending.topic}/"
+        f"{pending.queue_id}, pending until {due} ({pending.deliver_at_ms} ms): readable "
+        "once delivered (equeue message cancel ID withdraws it)"
+    )

@@ -239,6 +239,15 @@ class Delivery:
                 end = min(queue.visible_end, queue.index.end)
                 queue.visible_end = queue.notified_end = end
 
+    def pending(self, position: int) -> DelayedMessage | None:
+        """The delayed record at ``position`` if it is pending (not delivered
+        or cancelled yet), else None."""
+        with self._state.lock:
+            meta = self.timer.pending_at(position)
+        if meta is None:
+            return None
+        return DelayedMessage(meta.topic.decode(errors="replace"), meta.queue_id, meta.queue_offset)
+
     def cancel(self, position: int, check: TopicCheck = None) -> DelayedMessage:
         """Cancel the pending delayed record at ``position``; ``check(topic)``
         may refuse it (by raising) before anything is written."""
