@@ -140,7 +140,9 @@ class DeadLetters:
         except NotFound:
             raise NotFound(
                 f"dead letter {letter_id} came from {topic}/{queue_id}, which no longer "
-                "exists; nothing was resent"
+                "exists; nothing was resent: resend the others by id (equeue dlq resend "
+                "GROUP --ids ...), create the queue again, or purge the dead letters "
+                "(equeue dlq purge GROUP)"
             ) from None
         return topic, queue_id
 
