@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, Store
-from equeue_broker.storage.errors import AlreadyExists
+from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
 from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import format_message_id
 from equeue_proto.record import StoredMessage
@@ -116,6 +116,15 @@ def ensure_topic(store: Store, name: str, created: Callable[[], None]) -> None:
         return
     except NotFound:
         pass
+    limit = store.config.max_topics // 2
+    owned = sum(1 for t in store.topic_admin.listing() if t.name.startswith(RESERVED))
+    if owned >= limit:  # Nack names any group: keep room for users' own topics
+        raise LimitExceeded(
+            f"cannot create {name!r}: the broker keeps {owned} retry and dead-letter "
+            f"topics, at most half the broker's topics ({limit} of "
+            f"{store.config.max_topics}); delete groups no longer used (equeue groups "
+            "delete GROUP removes theirs)"
+        )
     try:
         store.topic_admin.create_topic(name, 1)
     except AlreadyExists:  # another Nack made it meanwhile

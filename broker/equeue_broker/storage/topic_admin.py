@@ -86,7 +86,7 @@ class TopicAdmin:
                     raise LimitExceeded(
                         f"cannot create topic {name!r}: max_topics={config.max_topics}; "
                         "delete topics or groups no longer used (a group's deletion "
-                        "removes its retry and dead-letter topics), or raise --max-topics"
+                        "removes its retry and dead-letter topics)"
                     )
                 queues = tuple(QueueMeta(i) for i in range(count))
                 position = self._state.log.write_position
