@@ -6,16 +6,21 @@ Raw gRPC (the broker's wire behaviour); the client's Consumer.nack has its own t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from equeue_broker.server.retry import ensure_topic
+from equeue_broker.storage import Store
+from equeue_broker.storage.errors import LimitExceeded
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.delayed_support import error_of, header, now_ms, produce, pull, pull_until
+from tests.conftest import MakeConfig
 from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
 
@@ -346,3 +351,21 @@ def test_a_deleted_groups_pending_retries_stay_out_of_its_next_retry_topic(
     assert copy.value == b"new"
     messages, _ = pull(client, RETRY, 0)
     assert [m.value for m in messages] == [b"new"]
+
+
+def test_the_brokers_own_topics_take_at_most_half_of_its_topics(
+    make_config: MakeConfig,
+) -> None:
+    """Nack names any group: past half the topic limit it refuses to make
+    another group's topics, and users' topics still fit."""
+    store = Store(dataclasses.replace(make_config(), max_topics=6), background=False)
+    try:
+        for group in ("a", "b", "c"):
+            ensure_topic(store, f"%RETRY%{group}", lambda: None)
+        with pytest.raises(LimitExceeded, match="at most half the broker's topics"):
+            ensure_topic(store, "%RETRY%d", lambda: None)
+        ensure_topic(store, "%RETRY%a", lambda: None)  # one that exists is fine
+        for name in ("x", "y", "z"):
+            store.create_topic(name, 1)
+    finally:
+        store.close()
