@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from equeue_spark.cli.common import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, Handler
+from equeue_spark.client.delays import parse_duration_s, parse_time_ms
 
 # A string: argparse's _SubParsersAction cannot be subscripted at run time.
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -51,6 +52,22 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:  # also rejects nan
         raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
     return value
+
+
+def duration_s(text: str) -> float:
+    """``30s``, ``500ms``, ``1.5m``, ``2h``, ``7d`` or seconds (``--delay``)."""
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def iso_time_ms(text: str) -> int:
+    """An ISO 8601 time as ms since the epoch (``--deliver-at``)."""
+    try:
+        return parse_time_ms(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def on_off(text: str) -> bool:

@@ -10,6 +10,7 @@ from equeue_spark.cli.arguments import Commands, add_common
 from equeue_spark.cli.common import PROG
 from equeue_spark.cli.parsers.admin import add_message, add_stats
 from equeue_spark.cli.parsers.cluster import add_cluster
+from equeue_spark.cli.parsers.dlq import add_dlq
 from equeue_spark.cli.parsers.groups import add_groups
 from equeue_spark.cli.parsers.messaging import add_consume, add_produce
 from equeue_spark.cli.parsers.topics import add_topics
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_produce(commands)
     add_consume(commands)
     add_groups(commands)
+    add_dlq(commands)
     add_transactions(commands)
     add_message(commands)
     add_stats(commands)

@@ -16,6 +16,12 @@ from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.dead_letters import (
+    list_dead_letters,
+    purge_dead_letters,
+    resend_dead_letters,
+)
+from equeue_spark.client.delays import cancel_delayed
 from equeue_spark.client.errors import (
     BrokerUnavailable,
     DataLossError,
@@ -230,6 +236,11 @@ class Admin:
         for broker, part in parts:
             info.created_ms = min(info.created_ms or part.created_ms, part.created_ms)
             info.incarnation = info.incarnation or part.incarnation
+            info.delayed_pending += part.delayed_pending
+            if part.delayed_next_due_ms and (
+                not info.delayed_next_due_ms or part.delayed_next_due_ms < info.delayed_next_due_ms
+            ):
+                info.delayed_next_due_ms = part.delayed_next_due_ms
             for queue in part.queues:
                 info.queues.add().CopyFrom(queue)
                 info.queues[-1].broker = broker
@@ -489,6 +500,30 @@ class Admin:
                 position = None
             raise DataLossError(f"{asked}: {exc}", position=position, **where) from None
         return message
+
+    def cancel_delayed(self, message_id: str) -> pb.CancelDelayedReply:
+        """Withdraw a pending delayed message by the id its send returned
+        (``Producer.cancel_delayed``); NotFoundError if none is pending there."""
+        return cancel_delayed(self.routes, message_id)
+
+    # -- dead letters (dead_letters.py) ------------------------------------------------
+
+    def dead_letters(self, group: str, max_messages: int = 1000) -> list[Message]:
+        """The group's dead letters (``%DLQ%<group>``), oldest first, at most
+        ``max_messages``; each says where it came from (``Message.origin``),
+        how often it was delivered and the last error it was given back with."""
+        return list_dead_letters(self.routes, group, max_messages)
+
+    def resend_dead_letters(
+        self, group: str, message_ids: Sequence[str] = (), *, all: bool = False
+    ) -> pb.ResendDeadLettersReply:
+        """Append dead letters back to the topic and queue they came from, each
+        at most once: by id, or ``all=True`` every one not resent yet."""
+        return resend_dead_letters(self.routes, group, message_ids, all)
+
+    def purge_dead_letters(self, group: str) -> int:
+        """Delete the group's dead-letter topic; the messages it held."""
+        return purge_dead_letters(self.routes, group)
 
     def list_offsets(self, topic: str, timestamp_ms: int | None = None) -> list[pb.QueueOffsets]:
         """Every queue's earliest and end offsets (and, given ``timestamp_ms``,

@@ -25,6 +25,7 @@ from equeue_proto.protocol import BROKER_TIME, format_message_id
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import Connection
+from equeue_spark.client.delays import refuse_staged
 from equeue_spark.client.errors import BrokerError, from_rpc_error
 
 Headers = Sequence[tuple[str, bytes]]
@@ -41,6 +42,9 @@ class SendResult:
     position: int
     """Global log position on its broker."""
     broker_id: str
+    deliver_at_ms: int = 0
+    """A delayed message: when it is due (ms since the epoch); its ``offset``
+    is -1 until then (it takes one when delivered). 0: not delayed."""
 
     @property
     def message_id(self) -> str:
@@ -55,7 +59,10 @@ class SendResults(Sequence[SendResult]):
     items a caller looks at, so acknowledging a batch costs nothing per message.
     """
 
-    __slots__ = ("_broker_id", "_broker_ids", "_offsets", "_positions", "_queue_ids", "_topic")
+    __slots__ = (
+        "_broker_id", "_broker_ids", "_deliver_at", "_offsets", "_positions", "_queue_ids",
+        "_topic",
+    )  # fmt: skip
 
     def __init__(self, topic: str, reply: pb.ProduceReply) -> None:
         self._topic = topic
@@ -65,6 +72,8 @@ class SendResults(Sequence[SendResult]):
         self._queue_ids: Sequence[int] = reply.queue_ids
         self._offsets: Sequence[int] = reply.offsets
         self._positions: Sequence[int] = reply.positions
+        self._deliver_at: Sequence[int] = reply.deliver_at_ms
+        """Delayed messages: one due time per message (or one for all); else empty."""
 
     @classmethod
     def merged(
@@ -77,15 +86,19 @@ class SendResults(Sequence[SendResult]):
         queue_ids = [0] * count
         offsets = [-1] * count
         positions = [-1] * count
-        staged = False
+        deliver_at = [0] * count
+        staged = delayed = False
         for rows, results in parts:
             staged = staged or not results.offsets
+            delayed = delayed or bool(results._deliver_at)
             for j, i in enumerate(rows):
                 broker_ids[i] = results.broker_of(j)
                 queue_ids[i] = results.queue_ids[j]
+                deliver_at[i] = results.deliver_at_of(j)
                 if results.offsets:
                     offsets[i] = results.offsets[j]
                     positions[i] = results._positions[j]
+        out._deliver_at = deliver_at if delayed else []
         out._broker_ids = broker_ids
         out._queue_ids = queue_ids
         out._offsets = [] if staged else offsets
@@ -95,6 +108,11 @@ class SendResults(Sequence[SendResult]):
     def broker_of(self, index: int) -> str:
         """The id (in a cluster: the name) of the broker that took message ``index``."""
         return self._broker_id if self._broker_ids is None else self._broker_ids[index]
+
+    def deliver_at_of(self, index: int) -> int:
+        """When delayed message ``index`` is due (ms since the epoch); 0 if not delayed."""
+        due = self._deliver_at
+        return 0 if not due else due[index] if len(due) > 1 else due[0]
 
     def __len__(self) -> int:
         return len(self._queue_ids)
@@ -117,13 +135,20 @@ class SendResults(Sequence[SendResult]):
             -1 if staged else self._offsets[index],
             -1 if staged else self._positions[index],
             self.broker_of(index),
+            self.deliver_at_of(index),
         )
 
     @property
     def offsets(self) -> Sequence[int]:
         """Queue offset of each message (no per-message objects); empty for
-        staged messages, which get offsets when their transaction commits."""
+        staged messages, which get offsets when their transaction commits;
+        -1 for delayed ones, which get theirs when they are delivered."""
         return self._offsets
+
+    @property
+    def delayed(self) -> bool:
+        """Whether the messages were sent for later delivery (``deliver_at_of``)."""
+        return bool(self._deliver_at)
 
     @property
     def queue_ids(self) -> Sequence[int]:
@@ -154,6 +179,9 @@ class BatchColumns:
     headers: Sequence[Headers] | None = None
     queue_ids: Sequence[int | None] | None = None
     timestamps_ms: Sequence[int | None] | None = None
+    deliver_at_ms: Sequence[int] = ()
+    """``ProduceRequest.deliver_at_ms`` (delays.py): empty = now, one = the
+    batch's, else one per message."""
 
     def request(self, topic: str, transaction_id: str = "") -> pb.ProduceRequest:
         """A ProduceRequest in column form (one blob per column, packed lengths)."""
@@ -177,6 +205,8 @@ class BatchColumns:
         if queue_ids is not None and any(q is not None for q in queue_ids):
             request.queue_ids.extend(-1 if q is None else q for q in queue_ids)
         request.transaction_id = transaction_id
+        request.deliver_at_ms.extend(self.deliver_at_ms)
+        refuse_staged(request)
         return request
 
 

@@ -56,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from equeue_proto.protocol import consumer_id_problem, default_consumer_id
+from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import commit_offsets
 from equeue_spark.client.cluster import connect, name_broker, with_replica_reads
 from equeue_spark.client.connection import ClientConfig, Connection
@@ -74,7 +75,14 @@ from equeue_spark.client.errors import (
     InvalidRequest,
     PermissionDeniedError,
 )
-from equeue_spark.client.records import Message
+from equeue_spark.client.records import Message, retry_topic
+from equeue_spark.client.retries import (
+    as_messages,
+    check_reconsume_times,
+    is_retry_copy,
+    redelivered,
+    send_nacks,
+)
 
 __all__ = ["Committer", "Consumer", "Member", "OnDataLoss", "QueueKey", "Start"]
 
@@ -125,6 +133,7 @@ class Consumer:
         consumer_id: str | None = None,
         on_data_loss: OnDataLoss = "raise",
         read_from_replicas: bool = False,
+        max_reconsume_times: int | None = None,
     ) -> None:
         """``on_data_loss`` says what ``poll`` does when the broker reports a
         stored record of a queue as damaged (DATA_LOSS): "raise" (the default)
@@ -134,7 +143,12 @@ class Consumer:
 
         ``read_from_replicas`` (cluster only): read every broker group from a
         replica, the master only when no replica is live (commits still go to
-        the master)."""
+        the master).
+
+        ``max_reconsume_times`` (with a group): deliveries after which a
+        message given back with ``nack`` goes to the group's dead-letter
+        topic instead of its retry topic; None or 0: the broker's default
+        (``--max-reconsume-times``, 16)."""
         config = config or ClientConfig(broker=broker, namesrv=namesrv)
         if read_from_replicas:
             config = with_replica_reads(config)
@@ -144,6 +158,7 @@ class Consumer:
             raise ValueError(f"on_data_loss must be raise or skip, got {on_data_loss!r}")
         if topics and group is None:
             raise ValueError("subscribing to topics needs a group; use assign() without one")
+        self.max_reconsume_times = check_reconsume_times(max_reconsume_times)
         self.consumer_id = consumer_id or default_consumer_id(
             socket.gethostname(), os.getpid(), secrets.token_hex(3)
         )
@@ -156,6 +171,8 @@ class Consumer:
         """Picks the replica read (replica_reads.py): a group's members agree."""
         self.group = group
         self.topics = list(topics)
+        self.retry_topic = retry_topic(group) if group is not None and self.topics else ""
+        """The group's retry topic, read beside ``topics`` once it exists (retries.py)."""
         self.start = start
         self.on_data_loss = on_data_loss
         self.max_messages = max_messages
@@ -290,11 +307,17 @@ class Consumer:
                 continue
             for name in names:
                 hosted.setdefault(name, []).append(topic)
+        for name in self._retry_groups():
+            if name in hosted:  # read where the group reads its topics
+                hosted[name].append(self.retry_topic)
         errors: list[EqueueError] = []
         for broker, topics in sorted(hosted.items()):
             with self._parts_lock:
                 part = self._parts.get(broker)
             if part is not None and sorted(part.topics) == sorted(topics):
+                continue
+            if part is not None and self._only_retry_differs(part.topics, topics):
+                part.topics = list(topics)  # its next heartbeat asks for the retry queues
                 continue
             if part is not None:
                 part.close()
@@ -307,6 +330,23 @@ class Consumer:
                 errors.append(exc)
         if first and errors and not self.parts():
             raise errors[0]
+
+    def _retry_groups(self) -> list[str]:
+        """The broker groups where the group's retry topic exists now (it is
+        made on the first ``nack``): none before, and none without a group."""
+        if not self.retry_topic:
+            return []
+        try:
+            route = self.routes.route(self.retry_topic, refresh=True)
+        except EqueueError as exc:  # not there yet (the usual case), or not reachable now
+            log.debug("retry topic %s: %s", self.retry_topic, exc)
+            return []
+        return sorted({broker for broker, _ in route.queues()})
+
+    def _only_retry_differs(self, old: Sequence[str], new: Sequence[str]) -> bool:
+        """Whether a part's topics change by the retry topic alone: the part
+        keeps its membership and positions (no leaving and joining again)."""
+        return set(old) ^ set(new) == {self.retry_topic}
 
     def parts(self) -> dict[str, ConsumerPart]:
         """The per-group readers, by broker group name (``""``: one broker)."""
@@ -411,7 +451,56 @@ class Consumer:
                     raise errors[0]
                 self._deferred = errors[0]
             if messages or time.monotonic() >= deadline or self._closed.is_set():
-                return messages
+                return self._as_origin(messages)
+
+    def _as_origin(self, messages: list[Message]) -> list[Message]:
+        """Messages of the retry topic dressed as their origin (retries.py)."""
+        retry = self.retry_topic
+        if not retry or not any(m.topic == retry for m in messages):
+            return messages
+        return [redelivered(m) if is_retry_copy(m, retry) else m for m in messages]
+
+    # -- giving back ---------------------------------------------------------------------
+
+    def nack(
+        self,
+        messages: Message | Iterable[Message],
+        delay_s: float | None = None,
+        error: object = None,
+    ) -> list[pb.NackOutcome]:
+        """Give back messages this consumer could not process (one, or many at
+        one round trip per broker group): each is delivered to the group again
+        after ``delay_s`` seconds (None: the group's next back-off step, 10 s,
+        30 s, 1 m, ... 2 h), through its retry topic, which this consumer
+        reads, or, once delivered more than ``max_reconsume_times`` times,
+        goes to the dead-letter topic ``%DLQ%<group>``. ``error`` (text, or an
+        exception) is kept with it (1 KiB). Then carry on and ``commit`` as
+        usual: the position moves past it. Retried messages come back later,
+        out of their queue's order. One ``NackOutcome`` per message ("retry"
+        or "dlq", deliveries so far, when it is due, the copy's id)."""
+        if self.group is None:
+            raise InvalidRequest("nack needs a consumer group (Consumer(group=...))")
+        given = as_messages(messages)
+        if not given:
+            return []
+        outcomes = send_nacks(
+            self.routes, self.group, given, delay_s=delay_s, error=error,
+            max_reconsume_times=self.max_reconsume_times,
+        )  # fmt: skip
+        if self.retry_topic and any(o.action == "retry" for o in outcomes):
+            self._read_retries({self.routes.message_group(m.broker_id) for m in given})
+        return outcomes
+
+    reconsume_later = nack
+    """RocketMQ's name for ``nack``."""
+
+    def _read_retries(self, groups: set[str]) -> None:
+        """Join the retry topic at the next poll where it is not read yet on
+        ``groups`` (it may have just been made there): a refresh then, not at
+        the next periodic one."""
+        parts = self.parts()
+        if any(g in parts and self.retry_topic not in parts[g].topics for g in groups):
+            self._refreshed = 0.0
 
     # -- progress ------------------------------------------------------------------------
 

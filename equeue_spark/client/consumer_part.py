@@ -38,7 +38,7 @@ from equeue_spark.client.errors import (
     PreconditionError,
     from_rpc_error,
 )
-from equeue_spark.client.records import Message, decode_intact, decode_records
+from equeue_spark.client.records import RETRY_PREFIX, Message, decode_intact, decode_records
 from equeue_spark.client.wire import PullReply
 
 log = logging.getLogger("equeue_spark.client.consumer")
@@ -164,8 +164,10 @@ class ConsumerPart:
                     self._committed[key] = entry.offset
                     return entry.offset
         # No committed offset: `start` decides (Kafka's auto.offset.reset). Offset 0
-        # gets the earliest retained one from the broker's first pull answer.
-        if self.start == "latest":
+        # gets the earliest retained one from the broker's first pull answer. A
+        # retry topic starts at its earliest always: what it holds was given back
+        # by the group (joined after the first nack, "latest" would skip retries).
+        if self.start == "latest" and not topic.startswith(RETRY_PREFIX):
             return self._end_of(topic, queue_id)
         return 0
 

@@ -63,6 +63,7 @@ from equeue_spark.client.batches import (
 )
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.delays import When, cancel_delayed, deliver_at_ms, refuse_staged
 from equeue_spark.client.errors import (
     BrokerUnavailable,
     DeadlineExceeded,
@@ -202,15 +203,32 @@ class Producer:
         timestamps_ms: Sequence[int | None] | None = None,
         transaction_id: str = "",
         brokers: Sequence[str | None] | None = None,
+        delay_s: float | Sequence[float] | None = None,
+        deliver_at: When | Sequence[When] | None = None,
     ) -> SendResults:
         """Send ``values`` (and the optional columns) in one request, now.
 
         With ``transaction_id`` the messages are staged (see ``transaction``),
         and the call is not retried. In a cluster an explicit queue id needs
         the broker name beside it (``brokers``).
+
+        Delayed delivery (delays.py): ``delay_s`` seconds from now, or
+        ``deliver_at`` (an aware ``datetime``, a naive one being UTC, or ms
+        since the epoch); one for the batch or a sequence, one per message.
+        Nobody reads a delayed message before its time; its result has offset
+        -1 (it takes one when delivered), its ``message_id`` (for
+        ``cancel_delayed``) and ``deliver_at_ms``. Not with ``transaction_id``.
         """
-        columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
+        due = deliver_at_ms(len(values), delay_s, deliver_at)
+        columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms, due)
         return self._send(columns.request(topic, transaction_id), brokers)
+
+    def cancel_delayed(self, message_id: str) -> pb.CancelDelayedReply:
+        """Withdraw a delayed message that is still pending (the id its send
+        returned): it is never delivered. ``NotFoundError`` when the id names
+        no pending delayed message (unknown, delivered or cancelled already).
+        Returns where and when it would have been delivered."""
+        return cancel_delayed(self._routes, message_id)
 
     def transaction(self, txn_id: str, broker: str = "") -> Transaction:
         """A transaction staged through this producer (see transactions.py).
@@ -244,6 +262,8 @@ class Producer:
         to the writable queue ``seed`` picks, so staging the same request
         again with the same seed (a replay) routes it the same way while the
         route is unchanged."""
+        request.transaction_id = txn_id
+        refuse_staged(request)
         routes = self._routes
         route = routes.route(request.topic)
         writable = route.queues("writable")

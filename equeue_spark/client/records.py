@@ -17,6 +17,44 @@ from equeue_proto.protocol import format_message_id
 from equeue_proto.record import Buffer, check_frame, decode_record
 from equeue_spark.client.errors import DataLossError
 
+ORIGIN_TOPIC = "equeue.origin.topic"
+ORIGIN_QUEUE = "equeue.origin.queue"
+ORIGIN_OFFSET = "equeue.origin.offset"
+ORIGIN_ID = "equeue.origin.id"
+DELIVERIES = "equeue.deliveries"
+ERROR = "equeue.error"
+DLQ_REASON = "equeue.dlq.reason"
+"""Headers the broker puts on a copy in a retry or dead-letter topic
+(broker.proto, "Retry and dead letters")."""
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+
+
+def retry_topic(group: str) -> str:
+    """The topic a group's given-back messages wait in (read by its consumers)."""
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """The group's dead-letter topic (read by nobody automatically)."""
+    return DLQ_PREFIX + group
+
+
+class Origin(NamedTuple):
+    """Where a retried or dead-lettered message was first read."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    message_id: str
+
+
+def _int(value: bytes | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
 
 class Message(NamedTuple):
     """One message. A named tuple: the C decoder builds these directly."""
@@ -39,6 +77,46 @@ class Message(NamedTuple):
     def message_id(self) -> str:
         """``<broker_id>-<position>``: fetch it again with ``Admin.get_message``."""
         return format_message_id(self.broker_id, self.position)
+
+    def header(self, name: str) -> bytes | None:
+        """The value of header ``name`` (the last one, if repeated); None if absent."""
+        found = None
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+    @property
+    def retry(self) -> bool:
+        """A message given back (``Consumer.nack``) and delivered again, or
+        one read from a dead-letter topic: ``origin`` says where it was first."""
+        return self.header(ORIGIN_TOPIC) is not None
+
+    @property
+    def origin(self) -> Origin | None:
+        """Where a retried or dead-lettered message came from (its headers); None otherwise."""
+        topic = self.header(ORIGIN_TOPIC)
+        if topic is None:
+            return None
+        queue, offset = self.header(ORIGIN_QUEUE), self.header(ORIGIN_OFFSET)
+        message_id = self.header(ORIGIN_ID) or b""
+        return Origin(
+            topic.decode("utf-8", "replace"), _int(queue, 0), _int(offset, -1),
+            message_id.decode("utf-8", "replace"),
+        )  # fmt: skip
+
+    @property
+    def deliveries(self) -> int:
+        """Deliveries of this message: 1 for a first delivery; a retried one
+        a consumer hands you counts this delivery too; one read from a
+        dead-letter topic, every delivery it had."""
+        return _int(self.header(DELIVERIES), 1)
+
+    @property
+    def error(self) -> str | None:
+        """The error text the last ``nack`` gave (retried or dead-lettered messages)."""
+        text = self.header(ERROR)
+        return None if text is None else text.decode("utf-8", "replace")
 
 
 _decode_c: Callable[[Buffer, type[Message], str], list[Message]] | None = (

@@ -122,6 +122,11 @@ def take_rows(request: pb.ProduceRequest, rows: Sequence[int]) -> pb.ProduceRequ
     )
     if len(request.queue_ids):
         out.queue_ids.extend(request.queue_ids[i] for i in rows)
+    due = request.deliver_at_ms
+    if len(due) > 1:  # one per message: the rows' own; one for all: kept
+        out.deliver_at_ms.extend(due[i] for i in rows)
+    else:
+        out.deliver_at_ms.extend(due)
     return out
 
 

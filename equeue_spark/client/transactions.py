@@ -33,6 +33,7 @@ from equeue_spark.client.batches import (
     stream_requests,
 )
 from equeue_spark.client.connection import Connection
+from equeue_spark.client.delays import refuse_staged, staged_delay_error
 from equeue_spark.client.errors import PreconditionError
 
 Stage = Callable[[pb.ProduceRequest], SendResults]
@@ -116,9 +117,15 @@ class Transaction:
         headers: Sequence[Headers] | None = None,
         queue_ids: Sequence[int | None] | None = None,
         timestamps_ms: Sequence[int | None] | None = None,
+        delay_s: object = None,
+        deliver_at: object = None,
     ) -> SendResults:
-        """Stage one batch; results carry queue ids but no offsets yet."""
+        """Stage one batch; results carry queue ids but no offsets yet.
+        ``delay_s``/``deliver_at`` are refused (InvalidRequest): a delayed
+        message cannot wait inside a transaction."""
         self._check_open()
+        if delay_s is not None or deliver_at is not None:
+            raise staged_delay_error(self.id)
         columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
         request = columns.request(topic, self.id)
         if self._stage is not None:
@@ -135,6 +142,7 @@ class Transaction:
         def staged() -> Iterator[pb.ProduceRequest]:
             for request in requests:
                 request.transaction_id = self.id
+                refuse_staged(request)
                 yield request
 
         for results in stream_requests(self._conn, staged()):

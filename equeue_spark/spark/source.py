@@ -307,7 +307,7 @@ def _write_options(raw: Any, schema: StructType) -> WriteOptions:
     finally:
         routes.close()
     fields = {f.name: f.dataType.simpleString() for f in schema.fields}
-    check_schema(fields, options.topic, queue_needs_broker)
+    check_schema(fields, options.topic, queue_needs_broker, exactly_once=options.exactly_once)
     return options
 
 

@@ -13,6 +13,10 @@ written to another as is):
     broker     string, optional; over a cluster (option ``namesrv``) the broker
                name of the ``queue`` column's queue (required beside it); ignored
                on a single broker
+    deliver_at timestamp, optional: delayed delivery (nobody reads the row's
+               message before then; null = at once); needs
+               ``delivery=at_least_once`` (a transaction cannot hold a delayed
+               message)
 
 Over a cluster rows route like the producer's (``Producer.send_request``):
 a key over the topic's ordered (broker, queue) list, keyless rows round robin.
@@ -36,6 +40,7 @@ attempts together and aborts the rest by id prefix (see source.py).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -250,7 +255,21 @@ def build_produce(topic: str, batch: pa.RecordBatch) -> pb.ProduceRequest:
     request = pb.ProduceRequest(topic=topic, messages=cols)
     if "queue" in names:
         request.queue_ids.extend(batch.column("queue").fill_null(-1).to_pylist())
+    if "deliver_at" in names:
+        request.deliver_at_ms.extend(_deliver_at_ms(batch.column("deliver_at")))
     return request
+
+
+def _deliver_at_ms(column: pa.Array) -> list[int]:
+    """The ``deliver_at`` column as ``ProduceRequest.deliver_at_ms``: one
+    time per row (a null row: now, delivered at once); none when every row
+    is null (the request is not a delayed one)."""
+    if column.null_count == len(column):
+        return []
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.timestamp("ms", tz=column.type.tz)).cast(pa.int64())
+    now = int(time.time() * 1000)
+    return [int(t) for t in column.fill_null(now).to_pylist()]
 
 
 def _encode_headers(headers: list[dict[str, object]] | None) -> bytes:
@@ -270,14 +289,24 @@ def _header_value(value: object) -> bytes:
 
 
 def check_schema(
-    fields: dict[str, str], topic_option: str, queue_needs_broker: bool = False
+    fields: dict[str, str],
+    topic_option: str,
+    queue_needs_broker: bool = False,
+    *,
+    exactly_once: bool = False,
 ) -> None:
     """Reject a DataFrame the sink cannot write, before any task runs.
 
     ``fields`` maps column name to Spark's simple type string;
     ``queue_needs_broker``: a queue id alone names no queue (a cluster's
-    routes, ``Routes.names_groups``).
+    routes, ``Routes.names_groups``); ``exactly_once``: rows are staged in
+    transactions, which cannot hold delayed messages (``deliver_at``).
     """
+    if exactly_once and "deliver_at" in fields:
+        raise InvalidRequest(
+            "a deliver_at column (delayed delivery) needs option delivery=at_least_once: "
+            "exactly-once writes stage rows in transactions, which cannot hold delayed messages"
+        )
     if queue_needs_broker and "queue" in fields and "broker" not in fields:
         raise InvalidRequest(
             "over a cluster (option namesrv) a queue column needs a broker column beside it"
@@ -290,6 +319,7 @@ def check_schema(
         "tag": ("string",),
         "timestamp": ("timestamp", "timestamp_ntz", "bigint"),
         "broker": ("string",),
+        "deliver_at": ("timestamp", "timestamp_ntz", "bigint"),
     }
     if "value" not in fields:
         raise InvalidRequest(f"the DataFrame has no value column (columns: {sorted(fields)})")

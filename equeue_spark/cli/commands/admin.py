@@ -108,6 +108,7 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
                     f"{s.open_transactions} open, {format_bytes(s.staged_bytes)} staged",
                 ),
                 ("producer ids", s.idempotent_producers),
+                ("delayed", _delayed(s.delayed_pending, s.delayed_next_due_ms)),
                 ("role", f"{s.role or 'master'}" + (f", following {s.master}" if s.master else "")),
                 ("epoch", f"{s.epoch} (failover: {s.failover or 'manual'})"),
                 ("role since", _role_since(s)),
@@ -132,6 +133,25 @@ def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
         )
     for damaged in s.damaged_metadata:
         ui.line(f"DAMAGED metadata: {damaged}")
+
+
+def _delayed(pending: int, next_due_ms: int) -> str:
+    """``3 pending, next due 2027-...Z`` (``0 pending``)."""
+    if not pending:
+        return "0 pending"
+    return f"{pending} pending, next due {format_time(next_due_ms)}"
+
+
+def cmd_message_cancel(args: argparse.Namespace, ui: Output) -> None:
+    with admin_client(args) as admin:
+        reply = admin.cancel_delayed(args.id)
+    if ui.json:
+        ui.document({"message_id": args.id, "cancelled": True, **proto_dict(reply)})
+        return
+    ui.line(
+        f"cancelled {args.id} (was due {format_time(reply.deliver_at_ms)} "
+        f"on {reply.topic}/{reply.queue_id})"
+    )
 
 
 def _role_since(s: pb.BrokerStats) -> str:
@@ -193,10 +213,11 @@ def _cluster_stats(ui: Output, members: list[MemberStats]) -> None:
                     None if s is None else s.produce_rate,
                     None if s is None else s.consume_rate,
                     None if s is None else s.total_backlog,
+                    None if s is None else s.delayed_pending,
                 )
             )
         headers = ("BROKER", "ROLE", "EPOCH", "ADDRESS", "STATE", "LAG", "DISK",
-                   "PRODUCE/S", "CONSUME/S", "BACKLOG")  # fmt: skip
+                   "PRODUCE/S", "CONSUME/S", "BACKLOG", "DELAYED")  # fmt: skip
         ui.line(format_table(headers, rows) if rows else "no brokers")
         for m in missing:
             ui.line(f"no stats from {m.entry.broker_name} ({m.entry.address}): {m.state}: "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import IO, BinaryIO
 
 from equeue_spark.cli.common import CliError, UsageError, client_config
-from equeue_spark.cli.formatting import Output, format_bytes, format_pairs
+from equeue_spark.cli.formatting import Output, format_bytes, format_pairs, format_time
 from equeue_spark.client.batches import SendResult, SendResults
 from equeue_spark.client.errors import EqueueError, InvalidRequest
 from equeue_spark.client.producer import Producer
@@ -145,6 +145,8 @@ def _produce_from(
                     tags=None if not args.tag else [args.tag] * n,
                     queue_ids=None if args.queue is None else [args.queue] * n,
                     brokers=None if args.queue is None else [group] * n,
+                    delay_s=args.delay,
+                    deliver_at=args.deliver_at,
                 )
                 sent.add(results, taken)
                 if progress is not None:
@@ -173,6 +175,7 @@ def _report(ui: Output, topic: str, sent: _Sent) -> None:
                 "queues": queues,
                 "first_message_id": first.message_id if first else None,
                 "last_message_id": last.message_id if last else None,
+                "deliver_at_ms": (first.deliver_at_ms or None) if first else None,
             }
         )
         return
@@ -187,6 +190,15 @@ def _report(ui: Output, topic: str, sent: _Sent) -> None:
                 ("queues", used or None),
                 ("first id", first.message_id if first else None),
                 ("last id", last.message_id if last else None),
+                *_delayed(first),
             ]
         )
     )
+
+
+def _delayed(first: SendResult | None) -> list[tuple[str, object]]:
+    """The delivery time of a delayed run (its messages have no offsets yet)."""
+    if first is None or not first.deliver_at_ms:
+        return []
+    return [("deliver at", f"{format_time(first.deliver_at_ms)} (cancel one with "
+             "'equeue message cancel ID')")]  # fmt: skip

@@ -52,6 +52,11 @@ def _show_topic(
         "CONSUMER",
     )
     ui.line(format_table(headers, rows))
+    if info.delayed_pending:
+        ui.line(
+            f"delayed: {info.delayed_pending} pending, next due "
+            f"{format_time(info.delayed_next_due_ms)}"
+        )
     if info.unreachable_brokers:
         ui.line(format_partial(info.unreachable_brokers, why or {}, "its queues are not shown"))
 

@@ -6,6 +6,8 @@ import argparse
 
 from equeue_spark.cli.arguments import (
     Commands,
+    duration_s,
+    iso_time_ms,
     non_negative_float,
     non_negative_int,
     positive_int,
@@ -62,6 +64,21 @@ def add_produce(commands: Commands) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="progress bar on stderr for --file (default: when stderr is a terminal)",
+    )
+    when = p.add_mutually_exclusive_group()
+    when.add_argument(
+        "--delay",
+        type=duration_s,
+        metavar="DURATION",
+        help="deliver the messages this long from now (30s, 500ms, 15m, 2h, 7d; a bare "
+        "number is seconds); nobody reads them before",
+    )
+    when.add_argument(
+        "--deliver-at",
+        type=iso_time_ms,
+        metavar="TIME",
+        help="deliver the messages at this ISO 8601 time (2027-01-31T09:00:00Z; without a "
+        "zone: UTC)",
     )
     p.add_argument(
         "--idempotence",
