@@ -53,6 +53,7 @@ FILE_ONLY = [
     "max_producers", "producer_window", "max_queues_per_producer", "producer_idle_expiry_ms",
     "store_threads",
     "shutdown_grace_s", "max_replication_waits", "retry_backoff",
+    "retry_backoff_groups",
 ]  # fmt: skip
 
 
@@ -197,6 +198,12 @@ def test_storage_errors_name_the_setting_as_given(
         ('retry-backoff = ["1m", "2d"]', ["--max-delay", "1d"], "retry_backoff in {file} step 2d"
          " must be more than 0 and at most the longest delay, 1d (--max-delay)"),
         ("retry-backoff = []", [], "retry_backoff in {file} has 0 steps; give 1 to 64"),
+        ('retry-backoff-groups = {billing = "1s"}', [], "expected a table of groups and "
+         "durations"),
+        ('retry-backoff-groups = {"%x" = ["1s"]}', [], "retry_backoff_groups in {file}: group "
+         "'%x': group name '%x' is reserved"),
+        ('retry-backoff-groups = {billing = ["1s", "9d"]}', [], "retry_backoff_groups in {file}:"
+         " group 'billing' step 9d must be more than 0 and at most the longest delay, 7d"),
     ],
 )  # fmt: skip
 def test_delay_and_retry_settings_say_what_is_wrong(
@@ -217,6 +224,10 @@ def test_delay_and_retry_settings_reach_their_targets() -> None:
     assert (config.setting("max_delay"), config.max_reconsume_times) == ("30d", 3)
     assert config.retry_backoff[:3] == (10_000, 30_000, 60_000)
     assert config.setting("retry_backoff")[-1] == "2h"
+    assert config.retry_backoff_groups == {}
+    config = BrokerConfig.from_settings({"retry_backoff_groups": {"billing": ["1s", "1m"]}})
+    assert config.retry_backoff_groups == {"billing": (1_000, 60_000)}
+    assert config.setting("retry_backoff_groups") == {"billing": ["1s", "1m"]}
 
 
 def test_a_storage_error_names_every_setting_it_is_about(

@@ -73,7 +73,7 @@ def test_cancel(client: RawClient) -> None:
     assert (done.topic, done.queue_id, done.deliver_at_ms) == ("orders", 0, due)
     error = error_of(lambda: client.broker.CancelDelayed(request, timeout=10))
     assert error.code() == grpc.StatusCode.NOT_FOUND
-    assert "no pending delayed message" in error.details()
+    assert "no pending delayed message" in str(error.details())
     (kept,) = pull_until(client, "orders", 0, 1)
     assert kept.value == b"kept"
     # Both were due at once: had the cancelled one been delivered, it would be here.
@@ -85,26 +85,35 @@ def test_bad_delivery_times_and_ids_are_clear_errors(client: RawClient) -> None:
     far = now_ms() + 8 * DAY_MS
     error = error_of(lambda: produce(client, "orders", [b"x"], deliver_at_ms=[far]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert str(far) in error.details()
+    assert str(far) in str(error.details())
     error = error_of(lambda: produce(client, "orders", [b"x"], deliver_at_ms=[1_000]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "1000" in error.details()
+    assert "1000" in str(error.details())
     error = error_of(lambda: produce(client, "orders", [b"x"] * 3, deliver_at_ms=[1, 2]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "deliver_at_ms has 2 entries for 3 messages" in error.details()
+    assert "deliver_at_ms has 2 entries for 3 messages" in str(error.details())
     soon = [now_ms() + 1_000]
     error = error_of(lambda: produce(client, "orders", [b"x"], deliver_at_ms=soon, txn="t1"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "transaction_id 't1'" in error.details()
+    assert "transaction_id 't1'" in str(error.details())
     assert client.stats().delayed_pending == 0  # nothing of them was written
     for bad in ("nonsense", "x-zz"):
         request = pb.CancelDelayedRequest(message_id=bad)
         error = error_of(lambda r=request: client.broker.CancelDelayed(r, timeout=10))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert repr(bad) in error.details()
+        assert repr(bad) in str(error.details())
     unknown = f"{client.stats().broker_id}-{123456:016x}"
     error = error_of(
         lambda: client.broker.CancelDelayed(pb.CancelDelayedRequest(message_id=unknown))
     )
     assert error.code() == grpc.StatusCode.NOT_FOUND
-    assert unknown in error.details()
+    assert unknown in str(error.details())
+
+
+def test_produce_stream_takes_delivery_times(client: RawClient) -> None:
+    due = now_ms() + 500
+    columns = pb.MessageColumns(count=1, values=b"s", value_lengths=[1])
+    requests = [pb.ProduceRequest(topic="orders", messages=columns, deliver_at_ms=[due])] * 3
+    replies = list(client.broker.ProduceStream(iter(requests), timeout=30))
+    assert [(list(r.offsets), list(r.deliver_at_ms)) for r in replies] == [([-1], [due])] * 3
+    assert [m.value for m in pull_until(client, "orders", 0, 3)] == [b"s"] * 3

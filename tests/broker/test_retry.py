@@ -14,8 +14,10 @@ import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.delayed_support import error_of, header, now_ms, produce, pull, pull_until
 from tests.support.raw_client import RawClient
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,7 +28,7 @@ RETRY, DLQ = f"%RETRY%{GROUP}", f"%DLQ%{GROUP}"
 @pytest.fixture
 def client(broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> Iterator[RawClient]:
     config = tmp_path / "broker.toml"
-    config.write_text('retry-backoff = ["1s", "2s"]\n')
+    config.write_text('retry-backoff = ["1s", "2s"]\nretry-backoff-groups = {audit = ["5m"]}\n')
     broker = broker_factory("--max-reconsume-times", "3", "--config", str(config))
     raw = RawClient(broker.address)
     yield raw
@@ -99,39 +101,44 @@ def test_backoff_steps_and_a_request_limit(client: RawClient) -> None:
     assert (first.action, first.deliveries) == ("retry", 1)
     (copy,) = pull_until(client, RETRY, 1, 1)
     assert nack(client, RETRY, copy.offset, max_=1).action == "dlq"
+    # A group with its own steps (retry-backoff-groups).
+    entry = pb.NackEntry(topic="orders", queue_id=0, offset=0, delay_ms=-1)
+    before = now_ms()
+    reply = client.broker.Nack(pb.NackRequest(group="audit", entries=[entry]), timeout=10)
+    assert before + 300_000 <= reply.outcomes[0].deliver_at_ms <= now_ms() + 300_000
 
 
 def test_nack_refuses_what_it_cannot_do(client: RawClient) -> None:
     produce(client, "orders", [b"a"])
     error = error_of(lambda: nack(client, "orders", 5))
     assert error.code() == grpc.StatusCode.NOT_FOUND
-    assert "orders/0 has no message at offset 5" in error.details()
+    assert "orders/0 has no message at offset 5" in str(error.details())
     error = error_of(lambda: nack(client, "orders", 0, delay_ms=400 * 86_400_000))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "delay_ms 34560000000" in error.details()
+    assert "delay_ms 34560000000" in str(error.details())
     error = error_of(lambda: nack(client, "%DLQ%other", 0))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     request = pb.NackRequest(group="%x", entries=[pb.NackEntry(topic="orders")])
     error = error_of(lambda: client.broker.Nack(request, timeout=10))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "'%x' is reserved" in error.details()
+    assert "'%x' is reserved" in str(error.details())
     entries = [pb.NackEntry(topic="orders", offset=0)] * 1_001
     error = error_of(lambda: client.broker.Nack(pb.NackRequest(group=GROUP, entries=entries)))
-    assert "1001 entries; the limit is 1000" in error.details()
+    assert "1001 entries; the limit is 1000" in str(error.details())
 
 
 def test_reserved_names_are_refused_to_users(client: RawClient) -> None:
     for name in ("%RETRY%billing", "%mine"):
         error = error_of(lambda n=name: client.admin.CreateTopic(pb.CreateTopicRequest(name=n)))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert f"topic name {name!r} is reserved" in error.details()
-        assert "retry and dead-letter topics" in error.details()
+        assert f"topic name {name!r} is reserved" in str(error.details())
+        assert "retry and dead-letter topics" in str(error.details())
     error = error_of(lambda: produce(client, DLQ, [b"x"]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     heartbeat = pb.HeartbeatRequest(group="%g", consumer_id="c1", topics=[])
     error = error_of(lambda: client.broker.Heartbeat(heartbeat, timeout=10))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "group name '%g' is reserved" in error.details()
+    assert "group name '%g' is reserved" in str(error.details())
 
 
 def test_resend_puts_a_dead_letter_back_once(
@@ -197,6 +204,18 @@ def test_purge_and_delete_group_remove_the_group_topics(client: RawClient) -> No
     assert nack(client, RETRY, copy.offset, max_=1).action == "dlq"
     info = client.admin.DescribeTopic(pb.DescribeTopicRequest(name=DLQ), timeout=10)
     assert [q.end_offset for q in info.queues] == [1]
+    # The group's topics read like any other: offsets, streams, subscriptions, commits.
+    offsets = client.broker.ListOffsets(pb.ListOffsetsRequest(topic=DLQ), timeout=10)
+    assert [(q.earliest_offset, q.end_offset) for q in offsets.queues] == [(0, 1)]
+    stream = client.broker.PullStream(pb.PullStreamRequest(topic=DLQ, queue_id=0), timeout=10)
+    assert sum(reply.count for reply in stream) == 1
+    joined = client.broker.Heartbeat(
+        pb.HeartbeatRequest(group=GROUP, consumer_id="c1", topics=["orders", RETRY]), timeout=10
+    )
+    assert {t.topic for t in joined.topics} == {"orders", RETRY}
+    client.broker.Heartbeat(pb.HeartbeatRequest(group=GROUP, consumer_id="c1", leave=True))
+    retry_commit = [pb.QueueOffset(topic=RETRY, queue_id=0, offset=1)]
+    client.broker.CommitOffsets(pb.CommitOffsetsRequest(group=GROUP, offsets=retry_commit))
     purged = client.admin.PurgeDeadLetters(pb.PurgeDeadLettersRequest(group=GROUP), timeout=30)
     assert purged.purged == 1
     error = error_of(lambda: client.admin.DescribeTopic(pb.DescribeTopicRequest(name=DLQ)))
@@ -205,7 +224,75 @@ def test_purge_and_delete_group_remove_the_group_topics(client: RawClient) -> No
         group=GROUP, offsets=[pb.QueueOffset(topic="orders", queue_id=0, offset=1)]
     )
     client.broker.CommitOffsets(commit, timeout=10)
-    nack(client, "orders", 1, delay_ms=60_000)  # pending in the retry topic
+    nack(client, "orders", 1, delay_ms=1_000)  # pending in the retry topic
     client.admin.DeleteGroup(pb.DeleteGroupRequest(group=GROUP), timeout=30)
     names = [t.name for t in client.admin.ListTopics(pb.ListTopicsRequest(), timeout=10).topics]
     assert names == ["orders"]
+    # Its due time passes with its topic gone: dropped, not delivered anywhere.
+    wait_for("the pending retry to go", lambda: client.stats().delayed_pending == 0, 30)
+    names = [t.name for t in client.admin.ListTopics(pb.ListTopicsRequest(), timeout=10).topics]
+    assert names == ["orders"]
+    orders = client.admin.DescribeTopic(pb.DescribeTopicRequest(name="orders"), timeout=10)
+    assert sum(q.end_offset for q in orders.queues) == 2
+
+
+SCOPED_TOKENS = """
+[[tokens]]
+name = "ops"
+secret = "ops-secret-0123456789ab"
+roles = ["admin", "produce", "consume"]
+
+[[tokens]]
+name = "narrow"
+secret = "narrow-secret-01234567"
+roles = ["produce", "consume"]
+topics = ["orders"]
+
+[[tokens]]
+name = "billing"
+secret = "billing-secret-0123456"
+roles = ["consume"]
+topics = ["orders", "%RETRY%billing", "%DLQ%billing"]
+"""
+
+
+def test_roles_and_topics_of_the_new_calls(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(SCOPED_TOKENS)
+    tokens.chmod(0o600)
+    broker = broker_factory("--tokens-file", str(tokens))
+    channel = grpc.insecure_channel(broker.address)
+    stub, admin = pb_grpc.BrokerStub(channel), pb_grpc.AdminStub(channel)
+
+    def as_(secret: str) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {secret}"),)
+
+    ops, narrow = as_("ops-secret-0123456789ab"), as_("narrow-secret-01234567")
+    billing = as_("billing-secret-0123456")
+    admin.CreateTopic(pb.CreateTopicRequest(name="orders", queue_count=1), metadata=ops)
+    columns = pb.MessageColumns(count=1, values=b"x", value_lengths=[1])
+    delayed = pb.ProduceRequest(topic="orders", messages=columns, deliver_at_ms=[now_ms() + 60_000])
+    reply = stub.Produce(delayed, metadata=ops, timeout=10)
+    nack_ = pb.NackRequest(group=GROUP, entries=[pb.NackEntry(topic="orders", offset=0)])
+    stub.Produce(pb.ProduceRequest(topic="orders", messages=columns), metadata=ops, timeout=10)
+    # Nack writes the group's retry topic: a token must cover it.
+    error = error_of(lambda: stub.Nack(nack_, metadata=narrow, timeout=10))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "%RETRY%billing" in str(error.details())
+    assert stub.Nack(nack_, metadata=billing, timeout=10).outcomes[0].action == "retry"
+    # CancelDelayed: the produce role, and a token for every topic.
+    cancel = pb.CancelDelayedRequest(message_id=f"{reply.broker_id}-{reply.positions[0]:016x}")
+    error = error_of(lambda: stub.CancelDelayed(cancel, metadata=billing, timeout=10))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "lacks role 'produce'" in str(error.details())
+    error = error_of(lambda: stub.CancelDelayed(cancel, metadata=narrow, timeout=10))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert stub.CancelDelayed(cancel, metadata=ops, timeout=10).topic == "orders"
+    # The dead-letter calls are Admin calls.
+    purge = pb.PurgeDeadLettersRequest(group=GROUP)
+    error = error_of(lambda: admin.PurgeDeadLetters(purge, metadata=billing, timeout=10))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert admin.PurgeDeadLetters(purge, metadata=ops, timeout=10).purged == 0
+    channel.close()

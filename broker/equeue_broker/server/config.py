@@ -23,9 +23,11 @@ from typing import Any, NoReturn, TypeVar, get_origin, get_type_hints
 
 from equeue_broker.replication.election import parse_hosts
 from equeue_broker.server.durations import EXAMPLE, format_ms
+from equeue_broker.server.retry import reserved_problem
 from equeue_broker.server.settings import BY_KEY, SETTINGS, Setting
 from equeue_broker.storage.config import UNIT, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
+from equeue_broker.storage.meta.names import validate_group
 from equeue_proto import __version__
 from equeue_proto.protocol import broker_name_problem
 
@@ -48,6 +50,7 @@ DEFAULT_RETRY_BACKOFF_MS = (
 )  # fmt: skip
 """RocketMQ 5's delay levels from 10s on (10s 30s 1m 2m ... 10m 20m 30m 1h 2h)."""
 MAX_RETRY_STEPS = 64
+MAX_BACKOFF_GROUPS = 1_000
 MAX_RECONSUME_TIMES = 10_000
 
 
@@ -199,6 +202,8 @@ class BrokerConfig:
     count); the failure after the last goes to the group's dead-letter topic."""
     retry_backoff: tuple[int, ...] = DEFAULT_RETRY_BACKOFF_MS
     """The delay before each retry, in order (ms); past the end, the last again."""
+    retry_backoff_groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Groups with their own ``retry_backoff`` (ms)."""
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Not a setting: where each given setting came from, as errors name it
     (``--chunk-size``, or ``chunk_size in broker.toml``); ``parse_args`` fills it."""
@@ -243,19 +248,35 @@ class BrokerConfig:
                 f"{self.named('max_reconsume_times')} must be in [0, {MAX_RECONSUME_TIMES}], "
                 f"got {self.max_reconsume_times}"
             )
-        steps = self.retry_backoff
+        self._check_steps(self.named("retry_backoff"), self.retry_backoff)
+        groups = self.retry_backoff_groups
+        if len(groups) > MAX_BACKOFF_GROUPS:
+            raise InvalidArgument(
+                f"{self.named('retry_backoff_groups')} names {len(groups)} groups; the limit "
+                f"is {MAX_BACKOFF_GROUPS}"
+            )
+        for group, steps in groups.items():
+            name = f"{self.named('retry_backoff_groups')}: group {group!r}"
+            problem = reserved_problem("group", group)
+            try:
+                validate_group(group)
+            except InvalidArgument as exc:
+                problem = problem or str(exc)
+            if problem:
+                raise InvalidArgument(f"{name}: {problem}")
+            self._check_steps(name, steps)
+
+    def _check_steps(self, name: str, steps: tuple[int, ...]) -> None:
         if not 1 <= len(steps) <= MAX_RETRY_STEPS:
             raise InvalidArgument(
-                f"{self.named('retry_backoff')} has {len(steps)} steps; give 1 to "
-                f"{MAX_RETRY_STEPS} durations"
+                f"{name} has {len(steps)} steps; give 1 to {MAX_RETRY_STEPS} durations"
             )
         longest = max_delay_ms(self.storage)
         for step in steps:
             if not 0 < step <= longest:
                 raise InvalidArgument(
-                    f"{self.named('retry_backoff')} step {format_ms(step)} must be more "
-                    f"than 0 and at most the longest delay, {format_ms(longest)} "
-                    f"({self.named('max_delay')})"
+                    f"{name} step {format_ms(step)} must be more than 0 and at most the "
+                    f"longest delay, {format_ms(longest)} ({self.named('max_delay')})"
                 )
 
     def _check_failover(self) -> None:
@@ -474,6 +495,11 @@ def _expected(setting: Setting, value: Any) -> str:
     """What the setting takes, if ``value`` (as TOML gave it) is not that; else ""."""
     kind = setting.kind()
     if setting.duration:
+        if get_origin(kind) in (Mapping, dict):
+            fine = isinstance(value, dict) and all(
+                isinstance(v, list) and all(isinstance(d, str) for d in v) for v in value.values()
+            )
+            return "" if fine else 'a table of groups and durations like {billing = ["1s", "1m"]}'
         many = get_origin(kind) is tuple
         if many:
             fine = isinstance(value, list) and all(isinstance(v, str) for v in value)

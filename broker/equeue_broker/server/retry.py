@@ -20,7 +20,7 @@ headers, so nothing else has to survive a restart or travel to replicas.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from equeue_broker.server.errors import BadRequest
@@ -148,11 +148,14 @@ class Retries:
         broker_id: str,
         backoff_ms: Sequence[int],
         max_delay_ms: int,
+        *,
         created: Callable[[], None],
+        group_backoff_ms: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.store = store
         self.broker_id = broker_id
         self.backoff_ms = tuple(backoff_ms)
+        self.group_backoff_ms = {g: tuple(s) for g, s in (group_backoff_ms or {}).items()}
         self.max_delay_ms = max_delay_ms
         self.created = created
 
@@ -216,13 +219,14 @@ class Retries:
             reason = f"delivered {deliveries} times, more than max_reconsume_times {max_retries}"
             headers.append((DLQ_REASON, reason.encode()))
             return NackPlan(DLQ, deliveries, 0, message, tuple(headers))
-        delay = entry.delay_ms if entry.delay_ms >= 0 else self.step(deliveries)
+        delay = entry.delay_ms if entry.delay_ms >= 0 else self.step(group, deliveries)
         return NackPlan(RETRY, deliveries, now + delay, message, tuple(headers))
 
-    def step(self, deliveries: int) -> int:
-        """The back-off before retry number ``deliveries`` (1: the first step);
-        past the table's end, its last step."""
-        return self.backoff_ms[min(deliveries, len(self.backoff_ms)) - 1]
+    def step(self, group: str, deliveries: int) -> int:
+        """The group's back-off before retry number ``deliveries`` (1: the
+        first step); past the table's end, its last step."""
+        steps = self.group_backoff_ms.get(group, self.backoff_ms)
+        return steps[min(deliveries, len(steps)) - 1]
 
     def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage:
         result = self.store.reads.read(topic, queue_id, offset, max_messages=1)

@@ -8,7 +8,6 @@ these calls walk topics and queues and are not latency-critical.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import struct
@@ -39,9 +38,11 @@ class AdminService(pb_grpc.AdminServicer):
         self.s = state
         ids = (state.broker_id, state.instance_id)
         # Resends run on the thread pool; the name servers are told on the loop.
-        created = functools.partial(
-            asyncio.get_running_loop().call_soon_threadsafe, state.topology_changed
-        )
+        loop = asyncio.get_running_loop()
+
+        def created() -> None:
+            loop.call_soon_threadsafe(state.topology_changed)
+
         self.dead_letters = DeadLetters(state.store, ids, created)
 
     def _topic_info(self, name: str) -> pb.TopicInfo:

@@ -65,12 +65,14 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.sync_appends = state.config.storage.flush_mode is FlushMode.SYNC
         config = state.config
         # Nack runs on the thread pool; the name servers are told on the loop.
-        created = functools.partial(
-            asyncio.get_running_loop().call_soon_threadsafe, state.topology_changed
-        )
+        loop = asyncio.get_running_loop()
+
+        def created() -> None:
+            loop.call_soon_threadsafe(state.topology_changed)
+
         self.retries = Retries(
             state.store, state.broker_id, config.retry_backoff, max_delay_ms(config.storage),
-            created,
+            created=created, group_backoff_ms=config.retry_backoff_groups,
         )  # fmt: skip
 
     @rpc

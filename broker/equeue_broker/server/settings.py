@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 
@@ -97,6 +98,10 @@ class Setting:
             return None
         if self.duration:
             shown = name or self.key
+            if isinstance(value, Mapping):
+                return {
+                    str(k): tuple(parse_ms(d, f"{shown}: {k}") for d in v) for k, v in value.items()
+                }
             if isinstance(value, list | tuple):
                 return tuple(parse_ms(v, f"{shown}: entry") for v in value)
             ms = parse_ms(value, shown)
@@ -119,6 +124,8 @@ class Setting:
         if isinstance(value, enum.Enum):
             return value.value
         if self.duration:
+            if isinstance(value, Mapping):
+                return {k: [format_ms(d) for d in v] for k, v in value.items()}
             return [format_ms(v) for v in value] if isinstance(value, tuple) else format_ms(value)
         if self.per_unit != 1:
             return value / self.per_unit
@@ -130,7 +137,7 @@ class Setting:
     def describe_default(self) -> str:
         """The default as --help and docs/equeue-broker.toml show it."""
         value = self.default()
-        if value is None or value == "":
+        if value is None or value in ("", {}):
             return "unset"
         if isinstance(value, bool):
             return "true" if value else "false"
@@ -377,6 +384,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "retry_backoff",
         "delay before each retry of a Nacked message, in order; past the end the last repeats",
+        flag=False,
+        duration=True,
+    ),
+    Setting(
+        "retry_backoff_groups",
+        "groups with their own retry_backoff: a table of group names and lists of durations",
         flag=False,
         duration=True,
     ),

@@ -70,7 +70,7 @@ from equeue_broker.storage.errors import (
     io_error,
 )
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
-from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState, first_offset_at
 from equeue_broker.storage.log.flush import SyncCommitter
 from equeue_broker.storage.log.log_writer import LogWriter
 from equeue_broker.storage.log.message_log import MessageLog
@@ -83,7 +83,7 @@ from equeue_broker.storage.meta.names import validate_group
 from equeue_broker.storage.meta.offsets import GroupOffsets, OffsetStore
 from equeue_broker.storage.meta.topics import TopicMeta, load_topics
 from equeue_broker.storage.producers.records import ProducerBatch, prepare_record
-from equeue_broker.storage.producers.table import Appended, Idempotence, ProducerTable
+from equeue_broker.storage.producers.table import Idempotence, ProducerTable, repeated_append
 from equeue_broker.storage.reads import Reads
 from equeue_broker.storage.recovery import Checkpoint, recover, save_checkpoint
 from equeue_broker.storage.results import (
@@ -114,7 +114,7 @@ class Store:
         self._lock_fd = lock_data_dir(root)
         queues: dict[QueueKey, QueueState] = {}
         message_log: MessageLog | None = None
-        self.timer: Timer | None = None
+        self.timer: Timer | None = None  # delayed records (timer/), derived from the log
         try:
             remove_temp_files(root)
             message_log = MessageLog(
@@ -127,7 +127,6 @@ class Store:
             """Idempotent producers' state (producers/table.py): derived from
             the log like the indexes; used with the engine lock held."""
             self.timer = timer = Timer(config.timer, root / "timer", message_log)
-            """Delayed records (timer/): derived from the log like the indexes."""
             self.recovery, checkpoint, recovered = recover(
                 config, message_log, topics.values(), offsets, queues,
                 producers=self.producers, timer=timer,
@@ -232,10 +231,7 @@ class Store:
                 queue = self._state.writable_queue(topic, queue_id)  # raises the precise error
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
         if deliver_at_ms is not None:
-            dues = self._delivery.timer.due_times(deliver_at_ms, len(prepared.batch), _now_ms())
-            work = functools.partial(
-                self._delivery.write_locked, (topic, queue_id), prepared, dues, idem
-            )
+            work = self._delivery.work((topic, queue_id), prepared, deliver_at_ms, idem)
             if self._committer is None:
                 with self._state.lock:
                     return work()
@@ -265,8 +261,7 @@ class Store:
     # -- delayed delivery (timer/) -----------------------------------------------------
 
     def cancel_delayed(self, position: int) -> DelayedMessage:
-        """Cancel the pending delayed record at log ``position`` (``NotFound``
-        if none lies there); durable as an append is when it returns."""
+        """Cancel the pending delayed record at log ``position`` (else ``NotFound``)."""
         return self._delivery.cancel(position)
 
     def delayed_summary(self, topic: str | None = None) -> tuple[int, int | None]:
@@ -275,8 +270,7 @@ class Store:
             return self._delivery.timer.summary(topic)
 
     def set_delivering(self, active: bool) -> None:
-        """Deliver due records (a master) or not (a replica: it applies its
-        master's deliveries). True for a store until told otherwise."""
+        """Deliver due records (a master, the default) or not (a replica)."""
         self._delivery.timer.delivering = active
 
     def deliver_due(self, now_ms: int | None = None) -> int:
@@ -423,7 +417,7 @@ class Store:
         count = len(prepared.batch)
         seen = self.producers.check((topic, queue_id), idem, count)
         if seen is not None:
-            return _repeated(queue, seen)
+            return repeated_append(queue, seen)
         said = ProducerBatch(
             idem.producer_id, idem.epoch, idem.sequence, topic, queue_id, queue.index.end, count
         )
@@ -497,7 +491,7 @@ class Store:
             if position >= end:
                 return
             for queue in self._state.queues.values():
-                first = _first_offset_at(queue, position)
+                first = first_offset_at(queue, position)
                 if first < queue.visible_end:
                     queue.visible_end = queue.notified_end = first
                     self._state.visibility.hold(end, queue, queue.index.end)
@@ -548,7 +542,7 @@ class Store:
         open transaction of ``scan`` at or after it (``positioned.truncate_at``)."""
         with self._state.lock:
             if position < self._state.log.write_position:
-                self._delivery.timer.undo_tail(position)
+                self._delivery.undo_tail(position)
             truncate_at(self._state, position, self.epochs, scan)
         self.transactions.adopt(scan.found)
 
@@ -799,31 +793,6 @@ def _release_files(
     if message_log is not None:
         message_log.close()
     os.close(lock_fd)
-
-
-def _repeated(queue: QueueState, seen: Appended) -> AppendResult:
-    """The result of the remembered append ``seen`` (lock held): its entries
-    from the index, or (offsets retention deleted) entries without positions."""
-    first, count = seen.first_offset, seen.count
-    if first >= queue.index.earliest and first + count <= queue.index.end:
-        entries = bytearray(queue.index.read_raw(first, count))
-    else:
-        entries = bytearray(count * ENTRY_SIZE)
-    return AppendResult(queue.topic, queue.queue_id, first, count, entries, duplicate=True)
-
-
-def _first_offset_at(queue: QueueState, position: int) -> int:
-    """The first readable offset of ``queue`` whose record lies at or after log
-    ``position`` (its ``visible_end`` if none): a queue's records are in log
-    order, so a binary search over its index (lock held)."""
-    low, high = queue.index.earliest, queue.visible_end
-    while low < high:
-        middle = (low + high) // 2
-        if queue.index.entry(middle)[0] - 1 < position:  # an entry holds position + 1
-            low = middle + 1
-        else:
-            high = middle
-    return low
 
 
 def _now_ms() -> int:

@@ -44,3 +44,17 @@ def open_queue(
     files = IndexFiles.for_dir(data_dir, max_open_files) if max_open_files > 0 else None
     index = QueueIndex(directory, entries_per_chunk, files)
     return QueueState(topic, topic.encode(), queue_id, index)
+
+
+def first_offset_at(queue: QueueState, position: int) -> int:
+    """The first readable offset of ``queue`` whose record lies at or after log
+    ``position`` (its ``visible_end`` if none): a queue's records are in log
+    order, so a binary search over its index (lock held)."""
+    low, high = queue.index.earliest, queue.visible_end
+    while low < high:
+        middle = (low + high) // 2
+        if queue.index.entry(middle)[0] - 1 < position:  # an entry holds position + 1
+            low = middle + 1
+        else:
+            high = middle
+    return low

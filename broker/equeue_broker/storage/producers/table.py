@@ -42,8 +42,10 @@ from equeue_broker.storage.errors import (
     ProducerFenced,
     UnknownProducer,
 )
-from equeue_broker.storage.index.queue_state import QueueKey
+from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+from equeue_broker.storage.index.queue_state import QueueKey, QueueState
 from equeue_broker.storage.producers.records import ProducerBatch
+from equeue_broker.storage.results import AppendResult
 
 MAX_PRODUCER_ID = (1 << 63) - 1
 MAX_EPOCH = (1 << 32) - 1
@@ -286,3 +288,14 @@ class ProducerTable:
         except (TypeError, ValueError):
             self._producers.clear()
         self.version += 1
+
+
+def repeated_append(queue: QueueState, seen: Appended) -> AppendResult:
+    """The result of the remembered append ``seen`` (lock held): its entries
+    from the index, or (offsets retention deleted) entries without positions."""
+    first, count = seen.first_offset, seen.count
+    if first >= queue.index.earliest and first + count <= queue.index.end:
+        entries = bytearray(queue.index.read_raw(first, count))
+    else:
+        entries = bytearray(count * ENTRY_SIZE)
+    return AppendResult(queue.topic, queue.queue_id, first, count, entries, duplicate=True)

@@ -18,6 +18,7 @@ delivery may have chosen already (``Timer.clamp``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -69,6 +70,14 @@ class Delivery:
 
     # -- appends ---------------------------------------------------------------------
 
+    def work(
+        self, queue_key: QueueKey, prepared: PreparedBatch, deliver_at_ms: Sequence[int],
+        idem: Idempotence | None,
+    ) -> Callable[[], AppendResult]:  # fmt: skip
+        """The write of a delayed append (``write_locked``), its times checked."""
+        dues = self.timer.due_times(deliver_at_ms, len(prepared.batch), int(time.time() * 1000))
+        return functools.partial(self.write_locked, queue_key, prepared, dues, idem)
+
     def write_locked(
         self, queue_key: QueueKey, prepared: PreparedBatch, dues: Sequence[int],
         idem: Idempotence | None,
@@ -104,7 +113,7 @@ class Delivery:
         """The result of the remembered delayed batch ``seen``: its records'
         positions, found in the log from its first (lock held)."""
         topic, queue_id = queue_key
-        entries, dues = bytearray(), []
+        entries, dues = bytearray(), list[int]()
         name = topic.encode()
         if seen.position >= self._state.log.start_position:
             for position, meta in self._state.log.iter_records(seen.position):
@@ -146,11 +155,12 @@ class Delivery:
                 log.exception("delayed delivery failed (retried next tick)")
 
     def deliver_due(self, now_ms: int | None = None) -> int:
-        """Deliver what is due (at most ``max_deliver_batch``); return how many."""
+        """Deliver what is due (at most ``max_deliver_batch``); return how many
+        (none while not delivering: a replica)."""
         timer = self.timer
         with timer.deliver_lock:
             with self._state.lock:
-                if self._state.closed or self._state.failed is not None:
+                if not timer.delivering or self._state.closed or self._state.failed is not None:
                     return 0
                 now = int(time.time() * 1000) if now_ms is None else now_ms
                 picked = timer.select(now, timer.config.max_deliver_batch)
@@ -160,7 +170,7 @@ class Delivery:
                 before = timer.through
 
             def record(firsts: dict[QueueKey, int]) -> PreparedBatch:
-                queues = tuple((key, firsts[key], len(e) // ENTRY_SIZE) for key, e in entries.items())
+                queues = tuple((k, firsts[k], len(e) // ENTRY_SIZE) for k, e in entries.items())
                 positions = tuple(p.key[1] for p in picked)
                 deliver = Deliver(positions, queues, picked[-1].key, before)
                 written.append(deliver)
@@ -181,6 +191,17 @@ class Delivery:
             if key in self._state.queues:
                 entries.setdefault(key, bytearray()).extend(entry_for(p.key[1], p.meta))
         return entries
+
+    def undo_tail(self, position: int) -> None:
+        """The log is about to be cut at ``position`` (a replica): the timer
+        undoes the tail's deliveries and cancels, and the index entries those
+        deliveries made go (they point before the cut) (lock held)."""
+        for key, first in self.timer.undo_tail(position).items():
+            queue = self._state.queues.get(key)
+            if queue is not None and queue.index.end > first:
+                queue.index.truncate(max(first, queue.index.earliest))
+                end = min(queue.visible_end, queue.index.end)
+                queue.visible_end = queue.notified_end = end
 
     def cancel(self, position: int) -> DelayedMessage:
         """Cancel the pending delayed record at ``position``."""

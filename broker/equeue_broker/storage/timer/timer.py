@@ -182,8 +182,8 @@ class Timer:
 
     def clamp(self, due_ms: int) -> int:
         """The due time a new delayed record gets: never at or below ``through``
-        (a due time in the past is due at once)."""
-        return max(due_ms, self._floor_ms, self.through[0])
+        (a due time in the past is due at once), nor before the cursor's slot."""
+        return max(due_ms, self._floor_ms, self.through[0], self.cursor_sec * 1000)
 
     def added(self, topic: str, positions: Sequence[int], dues: Sequence[int]) -> None:
         """Delayed records of ``topic`` were written at ``positions`` (lock held)."""
@@ -253,10 +253,13 @@ class Timer:
         self.cursor_sec = max(self.cursor_sec, self.through[0] // 1000)
         self._floor_ms = max(self._floor_ms, self.through[0])
 
-    def undo_tail(self, position: int) -> None:
+    def undo_tail(self, position: int) -> dict[QueueKey, int]:
         """The log is about to be cut at ``position`` (a replica's divergent
-        tail): undo what its delayed and timer records did (lock held)."""
+        tail): undo what its delayed and timer records did (lock held); return
+        the first offset each cut deliver gave per queue (the index entries
+        from there point before the cut, but go with it)."""
         assert self.wheel is not None
+        cuts: dict[QueueKey, int] = {}
         found = list(self._log.iter_records(position))
         for at, meta in reversed(found):
             if meta.flags & FLAG_DELAYED and not meta.flags & FLAG_CONTROL:
@@ -272,6 +275,8 @@ class Timer:
             targets = [control.position] if isinstance(control, Cancel) else control.positions
             if isinstance(control, Deliver):
                 self.through = min(self.through, control.before)
+                for key, first, _ in control.queues:
+                    cuts[key] = min(cuts.get(key, first), first)
             for target in targets:  # pending again: added anew (a cancel's is older)
                 target_meta = self._meta(target)
                 if target_meta is None:
@@ -281,6 +286,7 @@ class Timer:
                 self._count(topic, target_meta.queue_offset, target, 1)
         self.cursor_sec = min(self.cursor_sec, self.through[0] // 1000)
         self._floor_ms = self.through[0]
+        return cuts
 
     # -- delivery --------------------------------------------------------------------
 
@@ -290,7 +296,12 @@ class Timer:
         assert self.wheel is not None
         picked: list[Picked] = []
         last_sec = now_ms // 1000
+        if not self.pending:  # nothing to find before now (stale entries aside)
+            self.cursor_sec = max(self.cursor_sec, last_sec)
+            return picked
         start = max(self.cursor_sec, self.through[0] // 1000)
+        if last_sec - start > 3600:  # no pending record is due before its hour
+            start = max(start, self._first_hour(None) * 3600)
         full = False
         for sec in self.wheel.busy_seconds(start, last_sec):
             for key in self._live(sec):
@@ -359,13 +370,17 @@ class Timer:
         pending = self._topics.get(topic)
         return (0 if pending is None else pending.count), earliest
 
-    def _find_earliest(self, topic: str | None) -> int | None:
-        assert self.wheel is not None
+    def _first_hour(self, topic: str | None) -> int:
+        """The earliest hour a pending record (of ``topic``) is due in, or -1."""
         pendings = self._topics.values() if topic is None else [self._topics.get(topic)]
         hours = [h for p in pendings if p is not None for h, n in p.hours.items() if n > 0]
-        if not hours:
+        return min(hours, default=-1)
+
+    def _find_earliest(self, topic: str | None) -> int | None:
+        assert self.wheel is not None
+        hour = self._first_hour(topic)
+        if hour < 0:
             return None
-        hour = min(hours)
         tid = None if topic is None else topic_id(topic)
         first = max(hour * 3600, self.cursor_sec, self.through[0] // 1000)
         for sec in self.wheel.busy_seconds(first, hour * 3600 + 3599):

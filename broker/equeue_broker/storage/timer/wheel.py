@@ -190,12 +190,13 @@ class Wheel:
             slot = sec % SLOTS
             n = min(_READ_SLOTS, last_sec - sec + 1, SLOTS - slot)
             data = os.pread(self._wheel_fd, n * 8, slot * 8)
-            heads = memoryview(data).cast("Q") if len(data) == n * 8 else None
-            for i in range(n):
-                s = slot + i
-                if s in self._dirty or s in self._flushing or (heads is not None and heads[i]):
-                    if self.head(s):
-                        yield sec + i
+            marked = {s - slot for s in (*self._dirty, *self._flushing) if slot <= s < slot + n}
+            if len(data) == n * 8 and data.count(0) != len(data):  # some heads on disk
+                heads = memoryview(data).cast("Q")
+                marked.update(i for i in range(n) if heads[i])
+            for i in sorted(marked):
+                if self.head(slot + i):
+                    yield sec + i
             sec += n
 
     def chain(self, sec: int) -> list[Entry]:
