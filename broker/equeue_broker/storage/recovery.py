@@ -40,6 +40,7 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
                             "pending", "topics" [[topic, count, [[hour, n],
                             ...]], ...], "chunks" [[chunk, n], ...],
                             "entries" (timer log entries fsynced),
+                            "first" (oldest timer log entry kept),
                             "segments" [[segment, latest due], ...]
 
 A document without the later keys (older versions) means: no ends to trust,
@@ -224,14 +225,16 @@ def recover(
                 index = queue.index
                 index.suspect |= index.earliest < index.end < saved_end
     sinks = saved.sinks if migrated is None else {**migrated, **saved.sinks}
+    # A damaged timer index (or a checkpoint that is not the log's) is rebuilt
+    # from the whole log: no pending delayed record may be missed.
+    if not timer.restore(saved.timer, checkpoint, usable=checkpoint == saved.index_position):
+        scan_from = message_log.start_position
     # Markers from scan_from on are read again by the scan (and cut with the log).
     epochs = EpochHistory([e for e in saved.epochs if e[1] < scan_from])
     producers.restore(saved.producers)
     scan = TxnScan(
         saved.next_serial, sinks, scan_from <= message_log.start_position, epochs, producers
     )
-    # A checkpoint past a log cut short is not the log's: rebuilt from the scan.
-    timer.restore(saved.timer if checkpoint == saved.index_position else None, checkpoint)
     scan.timer = timer
     rebuilt = _restore_ends(message_log, queues, checkpoint)
     more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,16 +103,26 @@ class Timer:
 
     # -- open and checkpoints --------------------------------------------------------
 
-    def restore(self, doc: dict[str, Any] | None, position: int) -> None:
-        """Take the checkpoint's "timer" section as of log ``position``; None:
-        rebuild from the whole scan (the index directory starts empty)."""
-        if doc is None:
-            self.wheel = Wheel(self._directory, None)
-            self._base = self._log.start_position
-            return
+    def restore(self, doc: dict[str, Any] | None, position: int, *, usable: bool) -> bool:
+        """Take the checkpoint's "timer" section as of log ``position``. None
+        (no checkpoint, or one of a version before delayed delivery): start
+        empty. False if it cannot be used (``usable`` False, or the index
+        files are not what it says): the timer starts empty and the caller
+        must scan the whole log."""
+        if doc is not None and usable:
+            segments = {int(s): int(d) for s, d in doc.get("segments", [])}
+            wheel = Wheel(self._directory, int(doc["entries"]), segments, int(doc.get("first", 0)))
+            if wheel.intact:
+                self.wheel = wheel
+                self._restore_counts(doc, position)
+                return True
+            wheel.close()
+        self.wheel = Wheel(self._directory, None)
+        self._base = self._log.start_position
+        return doc is None
+
+    def _restore_counts(self, doc: dict[str, Any], position: int) -> None:
         self.from_position = position
-        segments = {int(s): int(d) for s, d in doc.get("segments", [])}
-        self.wheel = Wheel(self._directory, int(doc["entries"]), segments)
         self.through = (int(doc["through"][0]), int(doc["through"][1]))
         self.cursor_sec = int(doc.get("cursor", 0))
         self.pending = int(doc["pending"])
@@ -133,6 +144,7 @@ class Timer:
             ],
             "chunks": sorted(self._chunks.items()),
             "entries": count,
+            "first": self.wheel.first_after(self.through[0]),
             "segments": sorted(self.wheel.max_due.items()),
         }
         return doc, dirty
@@ -147,7 +159,7 @@ class Timer:
         longer needs (timer log segments due before its watermark)."""
         assert self.wheel is not None
         self.wheel.written(dirty)
-        self.wheel.delete_below(int(doc["through"][0]))
+        self.wheel.delete_below(int(doc["first"]))
 
     def close(self) -> None:
         if self.wheel is not None:
@@ -190,27 +202,26 @@ class Timer:
         assert self.wheel is not None
         tid = topic_id(topic)
         self.wheel.add((due, p, tid) for p, due in zip(positions, dues, strict=True))
-        for position, due in zip(positions, dues, strict=True):
-            self._count(topic, due, position, 1)
+        self._count_many(topic, dues, positions, 1)
 
     def _count(self, topic: str, due_ms: int, position: int, delta: int) -> None:
-        self.pending += delta
+        self._count_many(topic, [due_ms], [position], delta)
+
+    def _count_many(
+        self, topic: str, dues: Sequence[int], positions: Sequence[int], delta: int
+    ) -> None:
+        """Records of ``topic`` due at ``dues``, lying at ``positions``, are
+        pending (``delta`` 1) or no longer (-1)."""
+        if not dues:
+            return
+        self.pending += delta * len(dues)
         pending = self._topics.setdefault(topic, _TopicPending())
-        pending.count += delta
-        hour = due_ms // HOUR_MS
-        left = pending.hours.get(hour, 0) + delta
-        if left:
-            pending.hours[hour] = left
-        else:
-            pending.hours.pop(hour, None)
+        pending.count += delta * len(dues)
+        _add_counts(pending.hours, Counter(d // HOUR_MS for d in dues), delta)
         if not pending.count and not pending.hours:
             del self._topics[topic]
-        chunk = position // self._log.capacity
-        left = self._chunks.get(chunk, 0) + delta
-        if left:
-            self._chunks[chunk] = left
-        else:
-            self._chunks.pop(chunk, None)
+        capacity = self._log.capacity
+        _add_counts(self._chunks, Counter(p // capacity for p in positions), delta)
         self._version += 1
 
     # -- what recovery and replicas apply (TxnScan) ----------------------------------
@@ -246,9 +257,14 @@ class Timer:
             self._count(topic, cancel.due_ms, cancel.position, -1)
 
     def _apply_deliver(self, deliver: Deliver, metas: Sequence[RecordMeta | None]) -> None:
+        by_topic: dict[bytes, tuple[list[int], list[int]]] = {}
         for position, meta in zip(deliver.positions, metas, strict=True):
             if meta is not None and position >= self._base:
-                self._count(meta.topic.decode(errors="replace"), meta.queue_offset, position, -1)
+                dues, positions = by_topic.setdefault(meta.topic, ([], []))
+                dues.append(meta.queue_offset)
+                positions.append(position)
+        for topic, (dues, positions) in by_topic.items():
+            self._count_many(topic.decode(errors="replace"), dues, positions, -1)
         self.through = max(self.through, deliver.through)
         self.cursor_sec = max(self.cursor_sec, self.through[0] // 1000)
         self._floor_ms = max(self._floor_ms, self.through[0])
@@ -405,6 +421,15 @@ class Timer:
         if meta.position != position or meta.flags & FLAG_CONTROL:
             return None
         return meta if meta.flags & FLAG_DELAYED else None
+
+
+def _add_counts(counts: dict[int, int], changes: Counter[int], delta: int) -> None:
+    for key, n in changes.items():
+        left = counts.get(key, 0) + n * delta
+        if left:
+            counts[key] = left
+        else:
+            counts.pop(key, None)
 
 
 def _derive(

@@ -30,16 +30,20 @@ numbers); an add written after a cancel (a replica that cut the cancel off
 adds its record again) is alive. Several adds of one target are one record
 (recovery adds what it finds after the checkpoint again).
 
-At open, the entries from the checkpoint's count on are kept while their
-checksums hold (a process killed after the checkpoint left them; they repeat
-what the scan adds again); the first bad one ends the log. A segment whose
-entries are all due before the timer watermark is deleted (oldest first);
+At open, a segment missing or shorter than the checkpoint's count says
+means a damaged index: it is rebuilt from the whole log (recovery.py). The
+entries from the checkpoint's count on are kept while their checksums hold
+(a process killed after the checkpoint left them; they repeat what the scan
+adds again); the first bad one ends the log. At a checkpoint, the oldest
+segments whose entries are all due before the timer watermark go (the
+checkpoint names the oldest entry kept, "first");
 a chain that reaches a deleted segment ends there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import shutil
 import struct
@@ -55,6 +59,8 @@ ENTRY_SIZE = ENTRY.size
 SEGMENT_ENTRIES = 1 << 20
 CANCEL_BIT = 1 << 63
 _HEAD = struct.Struct("<Q")
+_FIELDS = struct.Struct("<QQQI")
+_CRC = struct.Struct("<I")
 _READ_SLOTS = 1 << 16
 """Wheel slots read in one ``pread`` while looking for the next busy slot."""
 
@@ -81,11 +87,12 @@ class Wheel:
     except ``write_heads`` and ``sync``, which checkpoints call outside it)."""
 
     def __init__(
-        self, directory: Path, count: int | None, max_due: dict[int, int] | None = None
-    ) -> None:
+        self, directory: Path, count: int | None, max_due: dict[int, int] | None = None,
+        first: int = 0,
+    ) -> None:  # fmt: skip
         """Open (or create) the index in ``directory``; ``count``: the number of
         entries the checkpoint says are durable (None: start empty), ``max_due``
-        its latest due time per segment."""
+        its latest due time per segment, ``first`` its oldest entry kept."""
         self.directory = directory
         if count is None and directory.exists():
             shutil.rmtree(directory)
@@ -93,20 +100,41 @@ class Wheel:
         self._wheel_fd = os.open(directory / "wheel", os.O_RDWR | os.O_CREAT, 0o600)
         if os.fstat(self._wheel_fd).st_size < SLOTS * 8:
             os.ftruncate(self._wheel_fd, SLOTS * 8)
+        # Read through a shared read-only map: page cache (RssFile), not the
+        # process's anonymous memory; written with pwrite at checkpoints.
+        self._map = mmap.mmap(self._wheel_fd, SLOTS * 8, prot=mmap.PROT_READ)
+        self._heads = memoryview(self._map).cast("Q")
         self._segments: dict[int, int] = {}
         """Open segment fds by number."""
         self.max_due: dict[int, int] = dict(max_due or {}) if count is not None else {}
         """Latest due time of each segment's entries."""
         numbers = sorted(int(p.stem) for p in directory.glob("*.tlog"))
-        self.first = numbers[0] * SEGMENT_ENTRIES if numbers else 0
+        self.first = first if count is not None else 0
         """Number of the oldest entry kept (chains end below it)."""
+        for number in [n for n in numbers if n < self.first // SEGMENT_ENTRIES]:
+            self._segment_path(number).unlink()  # the checkpoint let it go
+            numbers.remove(number)
         self.count = max(count or 0, self.first)
         self._dirty: dict[int, int] = {}
         self._flushing: dict[int, int] = {}
         self._synced: set[int] = set()
+        self._cache: tuple[int, int, list[Entry]] | None = None
+        """(second, head, entries) of the last chain read."""
         for number in numbers:
             self._segments[number] = os.open(self._segment_path(number), os.O_RDWR)
-        self._recover_tail()
+        self.intact = self._covers(self.count)
+        """Every entry the checkpoint counts is in the files (else: rebuild)."""
+        if self.intact:
+            self._recover_tail()
+
+    def _covers(self, count: int) -> bool:
+        """The segment files hold the entries [first, count)."""
+        for segment in range(self.first // SEGMENT_ENTRIES, -(-count // SEGMENT_ENTRIES)):
+            fd = self._segments.get(segment)
+            need = min(count - segment * SEGMENT_ENTRIES, SEGMENT_ENTRIES) * ENTRY_SIZE
+            if fd is None or os.fstat(fd).st_size < need:
+                return False
+        return True
 
     def _segment_path(self, number: int) -> Path:
         return self.directory / f"{number:09d}.tlog"
@@ -151,24 +179,32 @@ class Wheel:
         """Append an entry per (due_ms, target, topic_id) (lock held)."""
         buffer = bytearray()
         start = self.count
+        dirty, flushing, heads = self._dirty, self._flushing, self._heads
+        flag = CANCEL_BIT if cancel else 0
+        pack, first = _FIELDS.pack, self.first
+        latest = 0
         for due_ms, target, topic in items:
-            slot = slot_of(due_ms)
-            prev = self.head(slot)
-            fields = (due_ms, target | (CANCEL_BIT if cancel else 0), prev, topic)
-            packed = struct.pack("<QQQI", *fields)
-            buffer += packed + struct.pack("<I", crc32c(packed))
-            number = self.count
-            self._dirty[slot] = number + 1
-            self._note_due(number, due_ms)
+            slot = (due_ms // 1000) % SLOTS
+            prev = dirty.get(slot)
+            if prev is None:
+                prev = flushing.get(slot)
+                if prev is None:
+                    prev = heads[slot]
+            packed = pack(due_ms, target | flag, prev if prev > first else 0, topic)
+            buffer += packed
+            buffer += _CRC.pack(crc32c(packed))
             self.count += 1
+            dirty[slot] = self.count
+            latest = max(latest, due_ms)
             if self.count % SEGMENT_ENTRIES == 0:
-                self._write(start, buffer)
-                buffer, start = bytearray(), self.count
+                self._write(start, buffer, latest)
+                buffer, start, latest = bytearray(), self.count, 0
         if buffer:
-            self._write(start, buffer)
+            self._write(start, buffer, latest)
 
-    def _write(self, start: int, data: bytes | bytearray) -> None:
+    def _write(self, start: int, data: bytes | bytearray, latest: int) -> None:
         segment = start // SEGMENT_ENTRIES
+        self.max_due[segment] = max(self.max_due.get(segment, 0), latest)
         os.pwrite(self._fd(segment), data, (start % SEGMENT_ENTRIES) * ENTRY_SIZE)
         self._synced.discard(segment)
 
@@ -180,7 +216,7 @@ class Wheel:
         if head is None:
             head = self._flushing.get(slot)
         if head is None:
-            (head,) = _HEAD.unpack(os.pread(self._wheel_fd, 8, slot * 8))
+            head = self._heads[slot]
         return head if head > self.first else 0
 
     def busy_seconds(self, first_sec: int, last_sec: int) -> Iterator[int]:
@@ -189,9 +225,9 @@ class Wheel:
         while sec <= last_sec:
             slot = sec % SLOTS
             n = min(_READ_SLOTS, last_sec - sec + 1, SLOTS - slot)
-            data = os.pread(self._wheel_fd, n * 8, slot * 8)
             marked = {s - slot for s in (*self._dirty, *self._flushing) if slot <= s < slot + n}
-            if len(data) == n * 8 and data.count(0) != len(data):  # some heads on disk
+            data = self._map[slot * 8 : (slot + n) * 8]
+            if data.count(0) != len(data):  # some heads on disk
                 heads = memoryview(data).cast("Q")
                 marked.update(i for i in range(n) if heads[i])
             for i in sorted(marked):
@@ -200,10 +236,16 @@ class Wheel:
             sec += n
 
     def chain(self, sec: int) -> list[Entry]:
-        """The entries of second ``sec``, newest first."""
-        out = []
-        number_plus_one = self.head(sec % SLOTS)
+        """The entries of second ``sec``, newest first. The last chain read is
+        kept: the timer reads the current second's every tick, and a chain
+        only grows at its head, so only the entries added since are read."""
+        out: list[Entry] = []
+        head = number_plus_one = self.head(sec % SLOTS)
+        known = self._cache if self._cache is not None and self._cache[0] == sec else None
         while number_plus_one > self.first:
+            if known is not None and number_plus_one == known[1]:
+                out.extend(e for e in known[2] if e.number >= self.first)
+                break
             number = number_plus_one - 1
             raw = self._pread_entry(number)
             if raw is None:
@@ -214,6 +256,7 @@ class Wheel:
                     Entry(number, due_ms, target & ~CANCEL_BIT, bool(target & CANCEL_BIT), topic)
                 )
             number_plus_one = prev
+        self._cache = (sec, head, out)
         return out
 
     # -- checkpoints -----------------------------------------------------------------
@@ -242,23 +285,29 @@ class Wheel:
             if self._flushing.get(slot) == head:
                 del self._flushing[slot]
 
-    def delete_below(self, through_due: int) -> int:
-        """Delete the oldest segments whose entries are all due before
-        ``through_due`` (never the one being written); return how many."""
-        deleted = 0
+    def first_after(self, through_due: int) -> int:
+        """The oldest entry kept once the oldest segments whose entries are all
+        due before ``through_due`` go (never the one being written)."""
+        first = self.first
         active = self.count // SEGMENT_ENTRIES
-        for segment in sorted(self._segments):
-            if segment >= active or self.max_due.get(segment, 1 << 62) >= through_due:
+        for segment in range(self.first // SEGMENT_ENTRIES, active):
+            if self.max_due.get(segment, 1 << 62) >= through_due:
                 break
+            first = (segment + 1) * SEGMENT_ENTRIES
+        return first
+
+    def delete_below(self, first: int) -> None:
+        """Delete the segments below entry ``first`` (a saved checkpoint's)."""
+        for segment in [s for s in self._segments if s < first // SEGMENT_ENTRIES]:
             os.close(self._segments.pop(segment))
             with contextlib.suppress(FileNotFoundError):
                 self._segment_path(segment).unlink()
             self.max_due.pop(segment, None)
-            self.first = (segment + 1) * SEGMENT_ENTRIES
-            deleted += 1
-        return deleted
+        self.first = max(self.first, first)
 
     def close(self) -> None:
+        self._heads.release()
+        self._map.close()
         for fd in self._segments.values():
             os.close(fd)
         self._segments.clear()
