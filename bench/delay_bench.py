@@ -297,10 +297,9 @@ def watch_rss(broker: BrokerProcess, seconds: float) -> list[int]:
 
 
 def log_bytes(broker: BrokerProcess) -> int:
-    """Bytes of the message log chunks (the ``log`` directory, else the whole data dir)."""
-    log_dir = broker.data_dir / "log"
-    target = log_dir if log_dir.is_dir() else broker.data_dir
-    return sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+    """The broker's log end position: bytes of log written."""
+    with Admin(config=config_for(broker)) as admin:
+        return int(admin.stats().log_end_position)
 
 
 def pending_one(root: Path, name: str, count: int, delayed: bool, restarts: int) -> PendingResult:
@@ -338,7 +337,7 @@ def run_pending(root: Path, args: argparse.Namespace) -> str:
         f"a day starting a day ahead); restarts timed from spawn to the first GetStats answer, "
         f"median (max) of {args.restarts}",
         "",
-        "| broker | fill s (ProduceStream) | log bytes | RssAnon while waiting (max) | RssAnon "
+        "| broker | fill s (ProduceStream) | log bytes written | RssAnon while waiting (max) | RssAnon "
         "after restarts (max) | restart after clean stop s | restart after kill -9 s |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
