@@ -52,6 +52,7 @@ import argparse
 import datetime as dt
 import os
 import platform
+import re
 import shutil
 import statistics
 import struct
@@ -89,11 +90,11 @@ SCENARIOS = ("produce", "pending", "lateness", "nack")
 # -- common --------------------------------------------------------------------------------------
 
 
-def start_broker(root: Path, name: str) -> BrokerProcess:
+def start_broker(root: Path, name: str, log_level: str = "WARNING") -> BrokerProcess:
     data = root / name / "data"
     data.mkdir(parents=True, exist_ok=True)
     broker = BrokerProcess(
-        data, "--flush", "async", "--log-level", "WARNING", log_path=root / name / "broker.log"
+        data, "--flush", "async", "--log-level", log_level, log_path=root / name / "broker.log"
     )
     broker.start(START_TIMEOUT_S)
     return broker
@@ -155,8 +156,8 @@ class Cell:
     cpu: list[float] = field(default_factory=list)
 
 
-def produce_once(producer: Producer, topic: str, size: int, seconds: float, delay_s: float | None,
-                 broker_pid: int) -> tuple[float, float]:  # fmt: skip
+def produce_once(producer: Producer, topic: str, size: int, seconds: float, *,
+                 delay_s: float | None, broker_pid: int) -> tuple[float, float]:  # fmt: skip
     """(msgs/s, broker CPU s per million messages) of one timed run."""
     values = values_for(size)
     producer.send_batch(topic, values, delay_s=delay_s)  # warm-up: InitProducer, chunk
@@ -184,8 +185,8 @@ def run_produce(root: Path, args: argparse.Namespace) -> str:
                         topic = f"produce-{next(names)}"
                         admin.create_topic(topic, queues=QUEUES)
                         rate, cpu = produce_once(
-                            producer, topic, size, args.seconds, 3600.0 if delayed else None,
-                            broker.pid,
+                            producer, topic, size, args.seconds,
+                            delay_s=3600.0 if delayed else None, broker_pid=broker.pid,
                         )  # fmt: skip
                         cell = cells.setdefault((size, delayed), Cell())
                         cell.rates.append(rate)
@@ -208,20 +209,19 @@ def run_produce(root: Path, args: argparse.Namespace) -> str:
         "|---|---:|---:|---:|---|---:|",
     ]
     for size in args.sizes:
-        plain, delayed = cells[(size, False)], cells[(size, True)]
-        p, d = statistics.median(plain.rates), statistics.median(delayed.rates)
+        base, late = cells[(size, False)], cells[(size, True)]
+        p, d = statistics.median(base.rates), statistics.median(late.rates)
         ratio = d / p
         met = "met" if ratio >= PRODUCE_TARGET else "**not met**"
         lines.append(
             f"| {size_label(size)} | {p:,.0f} | {d:,.0f} | {ratio:.2f}x | "
-            f">= {PRODUCE_TARGET}x: {met} | {statistics.median(plain.cpu):.2f} / "
-            f"{statistics.median(delayed.cpu):.2f} |"
+            f">= {PRODUCE_TARGET}x: {met} | {statistics.median(base.cpu):.2f} / "
+            f"{statistics.median(late.cpu):.2f} |"
         )
-    per_round = [
-        f"{size_label(s)}: "
-        + ", ".join(f"{d / p:.2f}x" for p, d in zip(cells[(s, False)].rates, cells[(s, True)].rates))
-        for s in args.sizes
-    ]
+    per_round = []
+    for size in args.sizes:
+        pairs = zip(cells[(size, False)].rates, cells[(size, True)].rates, strict=True)
+        per_round.append(f"{size_label(size)}: " + ", ".join(f"{d / p:.2f}x" for p, d in pairs))
     lines += ["", "ratio per round: " + "; ".join(per_round)]
     return "\n".join(lines)
 
@@ -257,9 +257,12 @@ def fill(broker: BrokerProcess, topic: str, count: int, delayed: bool) -> float:
     return time.monotonic() - start
 
 
-def answer_time(broker: BrokerProcess, kill: bool, expect_pending: int) -> tuple[float, float]:
+def answer_time(
+    broker: BrokerProcess, kill: bool, expect_pending: int
+) -> tuple[float, float, float]:
     """Stop (``kill``: SIGKILL, else SIGTERM) and start ``broker``; (seconds
-    from spawn to its first GetStats answer, seconds from spawn to ready line)."""
+    from spawn to its first GetStats answer, seconds from spawn to ready line,
+    the store's open as it logged it: "store opened in X s")."""
     if kill:
         broker.kill()
     else:
@@ -275,7 +278,13 @@ def answer_time(broker: BrokerProcess, kill: bool, expect_pending: int) -> tuple
             f"after the restart GetStats says {stats.delayed_pending:,} pending, "
             f"expected {expect_pending:,}"
         )
-    return answered, ready
+    return answered, ready, store_open_s(broker.log_since_start())
+
+
+def store_open_s(log: str) -> float:
+    """Seconds of "store opened in X s" in a broker's INFO log (nan if absent)."""
+    found = re.search(r"store opened in ([0-9.]+) s", log)
+    return float(found.group(1)) if found else float("nan")
 
 
 @dataclass
@@ -283,7 +292,7 @@ class PendingResult:
     fill_s: float
     log_bytes: int
     rss_waiting: list[int]
-    restarts: dict[str, list[tuple[float, float]]]
+    restarts: dict[str, list[tuple[float, float, float]]]
     rss_after: list[int]
 
 
@@ -303,9 +312,9 @@ def log_bytes(broker: BrokerProcess) -> int:
 
 
 def pending_one(root: Path, name: str, count: int, delayed: bool, restarts: int) -> PendingResult:
-    broker = start_broker(root, name)
+    broker = start_broker(root, name, "INFO")
     try:
-        fill_s = fill(broker, "pending", count, delayed)
+        fill_s = fill(broker, "pending", count, delayed) if count else 0.0
         expect = count if delayed else 0
         rss_waiting = watch_rss(broker, 5.0)
         result = PendingResult(fill_s, log_bytes(broker), rss_waiting, {}, [])
@@ -316,8 +325,8 @@ def pending_one(root: Path, name: str, count: int, delayed: bool, restarts: int)
                 result.rss_after.append(max(watch_rss(broker, 2.0)))
                 progress(
                     f"pending: {name} restart after {kind}: answered {took[0]:.2f} s "
-                    f"(ready line {took[1]:.2f} s), RssAnon {mib(result.rss_after[-1])}, "
-                    f"load {loadavg()}"
+                    f"(ready line {took[1]:.2f} s, store opened in {took[2]:.2f} s), "
+                    f"RssAnon {mib(result.rss_after[-1])}, load {loadavg()}"
                 )
         return result
     finally:
@@ -329,35 +338,42 @@ def pending_one(root: Path, name: str, count: int, delayed: bool, restarts: int)
 def run_pending(root: Path, args: argparse.Namespace) -> str:
     count = args.pending // BATCH * BATCH
     results = {
+        "empty": pending_one(root, "empty", 0, False, args.restarts),
         "plain": pending_one(root, "plain", count, False, args.restarts),
         "delayed": pending_one(root, "delayed", count, True, args.restarts),
     }
     lines = [
         f"pending: {count:,} messages of 100 B on {QUEUES} queues per broker (delayed: due over "
-        f"a day starting a day ahead); restarts timed from spawn to the first GetStats answer, "
-        f"median (max) of {args.restarts}",
+        f"a day starting a day ahead; empty: no message, the start-up cost alone); restarts "
+        f"timed from spawn to the first GetStats answer, median (max) of {args.restarts}, "
+        f"and the store's open as the broker logs it (median)",
         "",
-        "| broker | fill s (ProduceStream) | log bytes written | RssAnon while waiting (max) | RssAnon "
-        "after restarts (max) | restart after clean stop s | restart after kill -9 s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| broker | fill s (ProduceStream) | log bytes written | RssAnon while waiting (max) "
+        "| RssAnon after restarts (max) | restart after clean stop s | restart after kill -9 s "
+        "| store open s, clean / kill -9 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         cells = []
         for kind in ("clean stop", "kill -9"):
             times = [t[0] for t in r.restarts[kind]]
             cells.append(f"{statistics.median(times):.2f} ({max(times):.2f})")
+        opens = [statistics.median(t[2] for t in r.restarts[k]) for k in ("clean stop", "kill -9")]
         lines.append(
             f"| {name} | {r.fill_s:.0f} | {r.log_bytes:,} | {mib(max(r.rss_waiting))} | "
-            f"{mib(max(r.rss_after))} | {cells[0]} | {cells[1]} |"
+            f"{mib(max(r.rss_after))} | {cells[0]} | {cells[1]} | {opens[0]:.2f} / {opens[1]:.2f} |"
         )
     lines.append("")
     for kind in ("clean stop", "kill -9"):
         d = statistics.median(t[0] for t in results["delayed"].restarts[kind])
         p = statistics.median(t[0] for t in results["plain"].restarts[kind])
+        od = statistics.median(t[2] for t in results["delayed"].restarts[kind])
+        op = statistics.median(t[2] for t in results["plain"].restarts[kind])
         met = "met" if d - p < RESTART_TARGET_S else "**not met**"
         lines.append(
             f"- restart after {kind}: delayed {d:.2f} s, plain {p:.2f} s, difference "
-            f"{d - p:+.2f} s (target < {RESTART_TARGET_S:g} s beside it: {met})"
+            f"{d - p:+.2f} s (target < {RESTART_TARGET_S:g} s beside it: {met}); store open "
+            f"{od:.2f} s against {op:.2f} s"
         )
     rss = max(results["delayed"].rss_waiting + results["delayed"].rss_after)
     met = "met" if rss <= RSS_BUDGET else "**not met**"
@@ -371,7 +387,7 @@ def run_pending(root: Path, args: argparse.Namespace) -> str:
 def run_lateness(root: Path, args: argparse.Namespace) -> str:
     count = args.messages // BATCH * BATCH
     broker = start_broker(root, "lateness")
-    store_late: list[int] = []
+    store_late: list[float] = []
     seen_late: list[float] = []
     try:
         with Admin(config=config_for(broker)) as admin, \
@@ -425,7 +441,7 @@ def send_spread(producer: Producer, count: int, first_ms: int, step_ms: float) -
     for b in range(count // BATCH):
         dues = [first_ms + int((b * BATCH + i) * step_ms) for i in range(BATCH)]
         values = [DUE.pack(d) + pad for d in dues]
-        producer.send_batch("late", values, deliver_at=dues)  # type: ignore[arg-type]
+        producer.send_batch("late", values, deliver_at=dues)
     return time.monotonic() - start
 
 
