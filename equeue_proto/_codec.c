@@ -200,13 +200,15 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
     int queue_id;
     PyObject *values_obj, *keys_obj, *tags_obj, *headers_obj, *stamps_obj;
     int extra_flags = 0, offset_step = 1; /* a transaction's staged records: FLAG_TXN, step 0 */
-    if (!PyArg_ParseTuple(args, "w*Ly#iLLOOOOOnnw*|ii", &out, &position, &topic, &topic_len,
+    PyObject *offsets_obj = Py_None; /* delayed records: each one's queue offset (its due time) */
+    if (!PyArg_ParseTuple(args, "w*Ly#iLLOOOOOnnw*|iiO", &out, &position, &topic, &topic_len,
                           &queue_id, &first_offset, &store_ms, &values_obj, &keys_obj,
                           &tags_obj, &headers_obj, &stamps_obj, &start, &stop, &index_out,
-                          &extra_flags, &offset_step))
+                          &extra_flags, &offset_step, &offsets_obj))
         return NULL;
 
     PyObject *values = NULL, *keys = NULL, *tags = NULL, *headers = NULL, *stamps = NULL;
+    PyObject *offsets = NULL;
     PyObject *result = NULL;
     values = PySequence_Fast(values_obj, "values must be a sequence");
     if (values == NULL) goto done;
@@ -216,7 +218,8 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
     }
     if (column(keys_obj, &keys, stop, "keys") < 0 || column(tags_obj, &tags, stop, "tags") < 0 ||
         column(headers_obj, &headers, stop, "headers") < 0 ||
-        column(stamps_obj, &stamps, stop, "timestamps_ms") < 0)
+        column(stamps_obj, &stamps, stop, "timestamps_ms") < 0 ||
+        column(offsets_obj, &offsets, stop, "offsets") < 0)
         goto done;
     if (index_out.len < (stop - start) * ENTRY_SIZE) {
         PyErr_SetString(PyExc_ValueError, "index buffer too small");
@@ -266,7 +269,12 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         put8(r + AT_VERSION, RECORD_VERSION);
         put8(r + AT_FLAGS, flags);
         put16(r + AT_QUEUE_ID, (uint16_t)queue_id);
-        put64(r + AT_QUEUE_OFFSET, (uint64_t)(first_offset + (i - start) * offset_step));
+        long long queue_offset = first_offset + (i - start) * offset_step;
+        if (offsets != NULL) {
+            queue_offset = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(offsets, i));
+            if (queue_offset == -1 && PyErr_Occurred()) goto fail_item;
+        }
+        put64(r + AT_QUEUE_OFFSET, (uint64_t)queue_offset);
         put64(r + AT_POSITION, (uint64_t)(position + pos));
         put64(r + AT_PRODUCER_MS, (uint64_t)producer_ms);
         put64(r + AT_STORE_MS, (uint64_t)store_ms);
@@ -301,6 +309,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
     result = PyLong_FromSsize_t(pos);
 done:
     Py_XDECREF(values); Py_XDECREF(keys); Py_XDECREF(tags); Py_XDECREF(headers); Py_XDECREF(stamps);
+    Py_XDECREF(offsets);
     PyBuffer_Release(&out);
     PyBuffer_Release(&index_out);
     return result;

@@ -30,7 +30,8 @@ from equeue_spark.client.errors import (
 )
 from equeue_spark.client.producer import Producer
 from equeue_spark.client.reader import read_range
-from equeue_spark.client.records import Message
+from equeue_spark.client.records import Message, Origin
+from equeue_spark.client.retries import RetryMessage
 from equeue_spark.client.transactions import CommitOutcome, Transaction
 
 __all__ = [
@@ -52,11 +53,13 @@ __all__ = [
     "Message",
     "NotFoundError",
     "NotMasterError",
+    "Origin",
     "OutOfOrderSequenceError",
     "PermissionDeniedError",
     "PreconditionError",
     "Producer",
     "ProducerFencedError",
+    "RetryMessage",
     "SendResult",
     "SendResults",
     "Transaction",

@@ -267,7 +267,8 @@ def _deliver_at_ms(column: pa.Array) -> list[int]:
     if column.null_count == len(column):
         return []
     if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.timestamp("ms", tz=column.type.tz)).cast(pa.int64())
+        # Microseconds cut to ms (a cast that keeps them all would refuse).
+        column = column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False).cast(pa.int64())
     now = int(time.time() * 1000)
     return [int(t) for t in column.fill_null(now).to_pylist()]
 

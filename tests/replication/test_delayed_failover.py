@@ -1,19 +1,21 @@
 """Delayed messages fail over: a master holding pending delayed messages is
 SIGKILLed once its replica has copied them; the replica, promoted by hand
-(SetRole), delivers every one exactly once and none before its time (a
-replica that delivered on its own would have written deliveries its master
-also writes: duplicates).
+(SetRole) or elected through ZooKeeper, delivers every one exactly once and
+none before its time (a replica that delivered on its own would have written
+deliveries its master also writes: duplicates).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.records import Message
 from tests.broker.delayed_support import now_ms, produce, pull
@@ -33,6 +35,30 @@ def read_all(client: RawClient, out: list[Message], ends: list[int]) -> int:
             return len(out)
 
 
+def produce_pending(client: RawClient) -> dict[bytes, int]:
+    """COUNT messages due 3 to 8 s from now; value -> due time."""
+    rng = random.Random(27)
+    due: dict[bytes, int] = {}
+    for start in range(0, COUNT, 500):
+        values = [b"m%06d" % i for i in range(start, start + 500)]
+        times = [now_ms() + rng.randint(3_000, 8_000) for _ in values]
+        produce(client, "timed", values, deliver_at_ms=times)
+        due.update(zip(values, times, strict=True))
+    return due
+
+
+def check_delivered_once(client: RawClient, due: dict[bytes, int]) -> None:
+    got: list[Message] = []
+    ends = [0]
+    wait_for("every delivery", lambda: read_all(client, got, ends) >= COUNT, 60)
+    wait_for("nothing pending", lambda: client.stats().delayed_pending == 0, 30)
+    read_all(client, got, ends)  # anything more would be a duplicate
+    copies = Counter(m.value for m in got)
+    assert set(copies) == set(due)
+    assert max(copies.values()) == 1, copies.most_common(3)
+    assert not [m for m in got if m.store_timestamp_ms < due[m.value]]
+
+
 @pytest.mark.slow  # about 20 s: two brokers, a kill, a promotion, deliveries over 8 s
 @pytest.mark.timeout(180)
 def test_the_promoted_replica_delivers_the_pending_messages(tmp_path: Path) -> None:
@@ -44,13 +70,7 @@ def test_the_promoted_replica_delivers_the_pending_messages(tmp_path: Path) -> N
         replica.start()
         mc = RawClient(master.address)
         mc.admin.CreateTopic(pb.CreateTopicRequest(name="timed", queue_count=1), timeout=10)
-        rng = random.Random(27)
-        due: dict[bytes, int] = {}
-        for start in range(0, COUNT, 500):
-            values = [b"m%06d" % i for i in range(start, start + 500)]
-            times = [now_ms() + rng.randint(3_000, 8_000) for _ in values]
-            produce(mc, "timed", values, deliver_at_ms=times)
-            due.update(zip(values, times, strict=True))
+        due = produce_pending(mc)
         rc = RawClient(replica.address)
         end = mc.stats().log_end_position
         wait_for("the replica to copy them", lambda: rc.stats().log_end_position >= end, 30)
@@ -58,16 +78,50 @@ def test_the_promoted_replica_delivers_the_pending_messages(tmp_path: Path) -> N
         master.kill()
         mc.close()
         rc.admin.SetRole(pb.SetRoleRequest(role="master", epoch=1), timeout=10)
-        got: list[Message] = []
-        ends = [0]
-        wait_for("every delivery", lambda: read_all(rc, got, ends) >= COUNT, 60)
-        wait_for("nothing pending", lambda: rc.stats().delayed_pending == 0, 30)
-        read_all(rc, got, ends)
-        copies = Counter(m.value for m in got)
-        assert set(copies) == set(due)
-        assert max(copies.values()) == 1, copies.most_common(3)
-        assert not [m for m in got if m.store_timestamp_ms < due[m.value]]
+        check_delivered_once(rc, due)
         rc.close()
     finally:
         master.kill()
         replica.kill()
+
+
+@pytest.mark.slow  # about 25 s: ZooKeeper, two brokers, a kill, an election
+@pytest.mark.timeout(240)
+def test_the_elected_replica_delivers_the_pending_messages(
+    tmp_path: Path, zookeeper_factory: Callable[[], ZooKeeperProcess]
+) -> None:
+    zk = zookeeper_factory()
+    flags = ("--broker-name", GROUP, "--zookeeper", f"{zk.hosts}/delayed",
+             "--zk-session-timeout-ms", "2000")  # fmt: skip
+    first, second = BrokerProcess(tmp_path / "a", *flags), BrokerProcess(tmp_path / "b", *flags)
+    try:
+        first.start()
+        wait_for("a master", lambda: stats_of(first).role == "master", 30)
+        second.start()
+        fc = RawClient(first.address)
+        fc.admin.CreateTopic(pb.CreateTopicRequest(name="timed", queue_count=1), timeout=10)
+        due = produce_pending(fc)
+        sc = RawClient(second.address)
+        end = fc.stats().log_end_position
+        # In sync (an election takes only an in-sync replica) with every record.
+        wait_for(
+            "the replica in sync",
+            lambda: len(fc.stats().in_sync) == 2 and sc.stats().log_end_position >= end,
+            30,
+        )
+        first.kill()
+        fc.close()
+        wait_for("the replica elected", lambda: stats_of(second).role == "master", 60)
+        check_delivered_once(sc, due)
+        sc.close()
+    finally:
+        first.kill()
+        second.kill()
+
+
+def stats_of(broker: BrokerProcess) -> pb.BrokerStats:
+    client = RawClient(broker.address)
+    try:
+        return client.try_stats() or pb.BrokerStats()
+    finally:
+        client.close()

@@ -34,6 +34,7 @@ def test_deliver_at_column_delays_each_row(spark: SparkSession, broker: BrokerPr
     with pytest.raises(SparkError, match="delivery=at_least_once"):
         writer.option("topic", "spark-later").save()  # exactly-once: refused before any task
     writer.option("topic", "spark-later").option("delivery", "at_least_once").save()
+    written_ms = int(time.time() * 1000)
     due_ms = int(due.timestamp() * 1000)
     with Consumer(broker.address) as consumer:
         consumer.assign("spark-later", range(4))
@@ -44,7 +45,9 @@ def test_deliver_at_column_delays_each_row(spark: SparkSession, broker: BrokerPr
             for m in consumer.poll(timeout_s=0.5):
                 seen[m.value] = m
     assert seen[b"later"].store_timestamp_ms >= due_ms  # not before its time
-    assert seen[b"now"].store_timestamp_ms < due_ms  # a null row: at once
+    if written_ms < due_ms - 1000:  # the write ended well before the due time (a loaded
+        # machine may be past it): the null row did not wait for it
+        assert seen[b"now"].store_timestamp_ms < due_ms
 
 
 @pytest.mark.timeout(300)

@@ -46,7 +46,7 @@ def values(store: Store, topic: str = "t", queue_id: int = 0) -> list[bytes]:
 
 def deliver_all(store: Store, at_ms: int) -> int:
     total = 0
-    while n := store.deliver_due(at_ms):
+    while n := store.delivery.deliver_due(at_ms):
         total += n
     return total
 
@@ -66,10 +66,10 @@ def test_delivered_in_due_order_never_before(open_store: OpenStore) -> None:
     store.append("t", 0, MessageBatch([b"a", b"b"]), deliver_at_ms=[now + 1000, now + 2000])
     store.append("t", 0, MessageBatch([b"plain"]))
     assert late.first_offset == -1 and late.deliver_at_ms == (now + 3000,)
-    assert store.deliver_due(now + 999) == 0
+    assert store.delivery.deliver_due(now + 999) == 0
     assert values(store) == [b"plain"]
     assert store.delayed_summary() == (3, now + 1000)
-    assert store.deliver_due(now + 1000) == 1
+    assert store.delivery.deliver_due(now + 1000) == 1
     assert values(store) == [b"plain", b"a"]
     assert deliver_all(store, now + 2999) == 1
     assert store.delayed_summary("t") == (1, now + 3000)
@@ -86,10 +86,10 @@ def test_a_time_in_the_past_is_due_at_once(open_store: OpenStore) -> None:
     store.create_topic("t", 1)
     now = now_ms()
     store.append("t", 0, MessageBatch([b"x"]), deliver_at_ms=[now + 500])
-    assert store.deliver_due(now + 600) == 1
+    assert store.delivery.deliver_due(now + 600) == 1
     past = store.append("t", 0, MessageBatch([b"y"]), deliver_at_ms=[now - 60_000])
     assert past.deliver_at_ms[0] >= now - 60_000  # raised to the watermark
-    assert store.deliver_due(now + 700) == 1
+    assert store.delivery.deliver_due(now + 700) == 1
     assert values(store) == [b"x", b"y"]
 
 
@@ -172,7 +172,7 @@ def test_survives_close_and_reopen(open_store: OpenStore, make_config: MakeConfi
     store.close()
     store = open_store(config)
     assert store.delayed_summary()[0] == 300 - delivered
-    assert store.deliver_due(now + 10_000) == 0  # nothing twice
+    assert store.delivery.deliver_due(now + 10_000) == 0  # nothing twice
     deliver_all(store, now + 100_000)
     _check_exactly_once(store, due)
     assert store.delayed_summary() == (0, None)
@@ -206,8 +206,8 @@ def test_crash_without_checkpoint_delivers_each_once(
 
 
 def _replica(make_config: MakeConfig, name: str) -> Store:
-    replica = Store(make_config(data_dir=make_config().data_dir.parent / name), background=False)
-    replica.set_delivering(False)
+    config = make_config(data_dir=make_config().data_dir.parent / name)
+    replica = Store(config, background=False, delivering=False)
     replica.create_topic("t", 2)
     return replica
 
@@ -241,7 +241,7 @@ def test_replica_holds_the_same_pending_and_deliveries(
         _copy(master, replica, scan)
         assert replica.delayed_summary() == master.delayed_summary()
         assert replica.delayed_summary("t") == master.delayed_summary("t")
-        assert replica.deliver_due(now + 100_000) == 0  # a replica never delivers
+        assert replica.delivery.deliver_due(now + 100_000) == 0  # a replica never delivers
         for queue_id in (0, 1):
             assert values(replica, "t", queue_id) == values(master, "t", queue_id)
         deliver_all(master, now + 100_000)
@@ -278,7 +278,7 @@ def test_truncate_undoes_a_delivery(open_store: OpenStore, make_config: MakeConf
         replica.close()
         replica = Store(config, background=False)
         assert replica.delayed_summary() == (0, None)
-        assert replica.deliver_due(now + 200_000) == 0
+        assert replica.delivery.deliver_due(now + 200_000) == 0
         _check_exactly_once(replica, due)
     finally:
         replica.close()
@@ -369,3 +369,33 @@ def test_timer_index_format_round_trip(tmp_path: Path) -> None:
         assert list(wheel.busy_seconds(second - 5, second + 5)) == [second]
     finally:
         wheel.close()
+
+
+def test_a_restarted_replica_cuts_below_its_checkpoint(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """The cut undoes records the checkpoint's counts hold, and what is copied
+    again after the cut is applied again."""
+    master = open_store()
+    master.create_topic("t", 2)
+    now = now_ms()
+    due = _spread(master, now, 60)
+    cut = master.log_end
+    deliver_all(master, now + 3_000)
+    replica = _replica(make_config, "replica")
+    config = replica.config
+    try:
+        _copy(master, replica, _scan(replica))
+        replica.close()
+        replica = Store(config, background=False, delivering=False)  # checkpoint past the cut
+        scan = _scan(replica)
+        replica.truncate(cut, scan)
+        assert replica.delayed_summary()[0] == 60
+        _copy(master, replica, scan)  # the same bytes again
+        assert replica.delayed_summary() == master.delayed_summary()
+        deliver_all(master, now + 100_000)
+        _copy(master, replica, scan)
+        _check_exactly_once(replica, due)
+        assert replica.delayed_summary() == (0, None)
+    finally:
+        replica.close()

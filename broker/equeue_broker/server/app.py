@@ -28,7 +28,7 @@ from equeue_broker.replication.failover import MANUAL, ZOOKEEPER, RoleSwitch, Zk
 from equeue_broker.replication.insync import InSyncSet
 from equeue_broker.replication.master import LogGrowth
 from equeue_broker.replication.replicas import ReplicaTracker
-from equeue_broker.replication.role import REPLICA, BrokerRole
+from equeue_broker.replication.role import MASTER, REPLICA, BrokerRole
 from equeue_broker.server.auth import AuthInterceptor, TokenTable
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.config import BrokerConfig
@@ -365,7 +365,9 @@ async def serve(config: BrokerConfig) -> None:
     tokens = load_tokens(config)  # a bad tokens file is a config error: the data stays untouched
     server_credentials(config)  # unreadable TLS files too
     try:
-        store = Store(config.storage)
+        # A replica (and, with ZooKeeper, every member until elected) never
+        # delivers, not even in the moment before create_server says so.
+        store = Store(config.storage, delivering=config.role == MASTER and not config.zookeeper)
     except OSError as exc:  # the data directory: said in words, not Python's errno line
         data_dir = config.storage.data_dir
         raise CannotStart(data_dir_problem(data_dir, config.named("data_dir"), exc)) from None

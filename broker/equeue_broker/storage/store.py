@@ -106,7 +106,9 @@ log = logging.getLogger(__name__)
 class Store:
     """A message store rooted at ``config.data_dir``; opens and recovers on creation."""
 
-    def __init__(self, config: StorageConfig, background: bool = True) -> None:
+    def __init__(
+        self, config: StorageConfig, background: bool = True, *, delivering: bool = True
+    ) -> None:
         self.config = config
         self._checkpoint_lock = threading.Lock()
         root = config.data_dir
@@ -126,7 +128,7 @@ class Store:
             self.producers = ProducerTable(config.producers)
             """Idempotent producers' state (producers/table.py): derived from
             the log like the indexes; used with the engine lock held."""
-            self.timer = timer = Timer(config.timer, root / "timer", message_log)
+            self.timer = timer = Timer(config.timer, root / "timer", message_log, delivering)
             self.recovery, checkpoint, recovered = recover(
                 config, message_log, topics.values(), offsets, queues,
                 producers=self.producers, timer=timer,
@@ -157,9 +159,9 @@ class Store:
         self.transactions = Transactions(self, config.transactions, recovered)
         self.epochs = EpochHistory(list(checkpoint.epochs))
         """The log's epoch markers (epochs.py): derived from the log like the indexes."""
-        self._delivery = Delivery(state, self._writer, timer, self.producers, self.commit_staged)
+        self.delivery = Delivery(state, self._writer, timer, self.producers, self.commit_staged)
         if background:
-            self._delivery.start()
+            self.delivery.start()
             self._thread = threading.Thread(target=self._maintain, name="equeue-store", daemon=True)
             self._thread.start()
 
@@ -221,9 +223,8 @@ class Store:
         repeat of one of its last batches to this queue is not written again,
         the result is the original's (``AppendResult.duplicate``).
 
-        ``deliver_at_ms``: delayed records (timer/delivery.py), one due time
-        for the batch or one per message; invisible until delivered, so
-        ``first_offset`` is -1 (``positions()`` and ``deliver_at_ms`` hold).
+        ``deliver_at_ms``: delayed records (timer/delivery.py), a due time for the
+        batch or per message; ``first_offset`` -1 (``positions()`` hold).
         """
         queue = self._state.queues.get((topic, queue_id))
         if queue is None:
@@ -231,7 +232,7 @@ class Store:
                 queue = self._state.writable_queue(topic, queue_id)  # raises the precise error
         prepared = prepare_batch(batch, queue.topic_bytes, self.config.limits)
         if deliver_at_ms is not None:
-            work = self._delivery.work((topic, queue_id), prepared, deliver_at_ms, idem)
+            work = self.delivery.work((topic, queue_id), prepared, deliver_at_ms, idem)
             if self._committer is None:
                 with self._state.lock:
                     return work()
@@ -262,20 +263,15 @@ class Store:
 
     def cancel_delayed(self, position: int) -> DelayedMessage:
         """Cancel the pending delayed record at log ``position`` (else ``NotFound``)."""
-        return self._delivery.cancel(position)
+        return self.delivery.cancel(position)
 
     def delayed_summary(self, topic: str | None = None) -> tuple[int, int | None]:
         """(pending delayed records, earliest due ms or None), of ``topic`` or all."""
-        with self._state.lock:
-            return self._delivery.timer.summary(topic)
+        return self.delivery.summary(topic)
 
     def set_delivering(self, active: bool) -> None:
         """Deliver due records (a master, the default) or not (a replica)."""
-        self._delivery.timer.delivering = active
-
-    def deliver_due(self, now_ms: int | None = None) -> int:
-        """Deliver what is due now (the timer thread's work; for tests)."""
-        return self._delivery.deliver_due(now_ms)
+        self.delivery.set_delivering(active)
 
     def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
         """Check ``batch`` as ``append`` would, without writing it (for staging)."""
@@ -522,7 +518,7 @@ class Store:
         (which ``Transactions`` adopts). In sync flush mode durable when it
         returns. Raises as ``positioned.append_at`` does."""
         state = self._state
-        scan.timer = self._delivery.timer
+        scan.timer = self.delivery.timer
         with state.lock:
             end, changed = append_at(state, position, data, scan)
         self.transactions.adopt(scan.found)
@@ -542,7 +538,7 @@ class Store:
         open transaction of ``scan`` at or after it (``positioned.truncate_at``)."""
         with self._state.lock:
             if position < self._state.log.write_position:
-                self._delivery.undo_tail(position)
+                self.delivery.undo_tail(position)
             truncate_at(self._state, position, self.epochs, scan)
         self.transactions.adopt(scan.found)
 
@@ -640,6 +636,10 @@ class Store:
 
     def flush(self) -> None:
         """Make everything written so far durable, and advance the index checkpoint."""
+        with self.delivery.timer.persist_lock:  # one at a time: timer heads in order
+            self._flush()
+
+    def _flush(self) -> None:
         with self._state.lock:
             self._state.check_open()
             target = self._state.log.write_position
@@ -652,7 +652,7 @@ class Store:
             limit = self._state.visibility.limit
             held = limit if limit is not None and limit < target else None
             producers = self._producer_snapshot()
-            timer_doc, heads = self._delivery.timer.checkpoint_state()
+            timer_doc, heads = self.delivery.timer.checkpoint_state()
         checkpoint = Checkpoint(
             target, ends, earliest, start, txn_position, serial, sinks, epochs, held, producers,
             timer_doc,
@@ -661,7 +661,7 @@ class Store:
             self._state.commit.make_durable(target)
             for fd in fds:
                 os.fsync(fd)
-            self._delivery.timer.persist(heads)
+            self.delivery.timer.persist(heads)
         except OSError as exc:
             if self.config.flush_mode is FlushMode.SYNC:
                 with self._state.lock:
@@ -682,7 +682,7 @@ class Store:
                     raise io_error("checkpoint.json", exc) from exc
                 self._state.checkpoint = target
                 with self._state.lock:
-                    self._delivery.timer.persisted(heads, timer_doc)
+                    self.delivery.timer.persisted(heads, timer_doc)
         self._persist_offsets()
 
     def _producer_snapshot(self) -> list[Any]:
@@ -701,7 +701,7 @@ class Store:
         self.flush()
         state = self._state
         with state.lock:
-            pins = [self.transactions.pinned(), self._delivery.timer.pinned()]
+            pins = [self.transactions.pinned(), self.delivery.timer.pinned()]
             pinned = min((p for p in pins if p is not None), default=None)
             return delete_expired(state, now, pinned=pinned)
 
@@ -738,7 +738,7 @@ class Store:
                 "fsyncs": self._state.commit.fsyncs,
                 "quarantined_chunks": len(self._state.log.quarantined),
                 "idempotent_producers": len(self.producers),
-                "delayed_pending": self._delivery.timer.pending,
+                "delayed_pending": self.delivery.timer.pending,
                 **self.transactions.stats(),
             }
 
@@ -751,7 +751,7 @@ class Store:
         self.transactions.close()
         with self._state.lock:
             self._state.closed = True
-            self._delivery.timer.close()
+            self.delivery.timer.close()
             for queue in self._state.queues.values():
                 queue.index.close()
             self._state.log.close()
@@ -766,11 +766,11 @@ class Store:
         self.transactions.close()
         with self._state.lock:
             self._state.closed = True
-            self._delivery.timer.close()
+            self.delivery.timer.close()
             _release_files(self._lock_fd, self._state.queues, self._state.log)
 
     def _stop_background(self) -> None:
-        self._delivery.stop()
+        self.delivery.stop()
         if self._committer is not None:
             self._committer.close()  # finishes the appends already queued
         self._stop.set()

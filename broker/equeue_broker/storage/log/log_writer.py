@@ -34,7 +34,6 @@ from equeue_broker.storage.log.record import (
     clear_batch_end,
     encode_records,
     frame_sizes,
-    set_queue_offsets,
 )
 from equeue_broker.storage.results import AppendResult
 from equeue_broker.storage.txn.txn_records import encode_control
@@ -211,19 +210,14 @@ class LogWriter:
     ) -> None:  # fmt: skip
         entry_view = memoryview(entries)[start * ENTRY_SIZE : stop * ENTRY_SIZE]
         flags = (FLAG_TXN if staged else 0) | (FLAG_DELAYED if dues is not None else 0)
-        piece_dues = None if dues is None else dues[start:stop]
-        if piece_dues is not None:
-            first_offset = piece_dues[0]
 
         def encode_batch(out: memoryview, position: int) -> int:
-            size = encode_records(
+            return encode_records(
                 out, position=position, topic=queue.topic_bytes, queue_id=queue.queue_id,
                 first_offset=first_offset + (0 if staged else start), store_ms=store_ms,
                 prepared=prepared, start=start, stop=stop, index_out=entry_view, flags=flags,
+                offsets=dues,
             )  # fmt: skip
-            if piece_dues is not None and min(piece_dues) != max(piece_dues):
-                set_queue_offsets(out, piece_dues)  # due times differ within the piece
-            return size
 
         encode = encode_batch
         if lead is not None:

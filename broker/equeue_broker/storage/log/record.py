@@ -220,6 +220,7 @@ def encode_records(
     stop: int,
     index_out: bytearray | memoryview,
     flags: int = 0,
+    offsets: Sequence[int] | None = None,
 ) -> int:
     """Encode messages ``[start, stop)`` into ``out`` (from byte 0) and their index
     entries into ``index_out``; return the number of bytes written to ``out``.
@@ -227,7 +228,8 @@ def encode_records(
     ``position`` is the global log position of ``out[0]``. The last record gets
     the BATCH_END flag. ``flags`` are set on every record; with TXN (a
     transaction's staged records) every one gets ``first_offset`` (the
-    transaction's serial) as its queue offset.
+    transaction's serial) as its queue offset; ``offsets`` (delayed records:
+    their due times), message ``i`` gets ``offsets[i]``.
     Uses the C accelerator when it is built (see ``equeue_proto.accel``), else
     the pure-Python reference encoder; both produce the same bytes.
     """
@@ -235,13 +237,13 @@ def encode_records(
         return encode_records_py(
             out, position=position, topic=topic, queue_id=queue_id,
             first_offset=first_offset, store_ms=store_ms, prepared=prepared,
-            start=start, stop=stop, index_out=index_out, flags=flags,
+            start=start, stop=stop, index_out=index_out, flags=flags, offsets=offsets,
         )  # fmt: skip
     batch = prepared.batch
     return _encode_c(
         out, position, topic, queue_id, first_offset, store_ms, batch.values, batch.keys,
         prepared.tags, prepared.headers, batch.timestamps_ms, start, stop, index_out,
-        flags, 0 if flags & FLAG_TXN else 1,
+        flags, 0 if flags & FLAG_TXN else 1, offsets,
     )  # fmt: skip
 
 
@@ -258,6 +260,7 @@ def encode_records_py(
     stop: int,
     index_out: bytearray | memoryview,
     flags: int = 0,
+    offsets: Sequence[int] | None = None,
 ) -> int:
     """Encode messages ``[start, stop)`` into ``out`` (from byte 0) and their index
     entries into ``index_out``; return the number of bytes written to ``out``.
@@ -275,7 +278,8 @@ def encode_records_py(
         body = fixed_body + len(tag) + key_len + len(headers) + len(value)
         HEADER.pack_into(
             out, pos, body, RECORD_VERSION, extra | (0 if key is None else FLAG_HAS_KEY),
-            queue_id, first_offset + count * step, position + pos, producer_ms, store_ms,
+            queue_id, first_offset + count * step if offsets is None else offsets[start + count],
+            position + pos, producer_ms, store_ms,
             topic_len, len(tag), key_len,
             len(headers), len(value),
         )  # fmt: skip
@@ -411,21 +415,3 @@ def _set_batch_end(out: bytearray | memoryview, view: memoryview, pos: int) -> N
     out[pos + AT_FLAGS] |= FLAG_BATCH_END
     body = body_length(out, pos)
     _U32.pack_into(out, pos + AT_BODY + body, crc32c(view[pos + AT_BODY : pos + AT_BODY + body]))
-
-
-def set_queue_offsets(out: bytearray | memoryview, offsets: Sequence[int]) -> None:
-    """Give the frames at the start of ``out`` the queue offsets ``offsets``
-    (one each, in order), their checksums recomputed: delayed records whose
-    due times differ within one piece (the encoder gives a piece one)."""
-    view = memoryview(out)
-    pos = 0
-    for offset in offsets:
-        (body,) = _U32_AT.unpack_from(view, pos)
-        _U64_AT.pack_into(view, pos + AT_QUEUE_OFFSET, offset)
-        end = pos + AT_BODY + body
-        _U32_AT.pack_into(view, end, crc32c(view[pos + AT_BODY : end]))
-        pos = end + TRAILER.size
-
-
-_U32_AT = struct.Struct("<I")
-_U64_AT = struct.Struct("<Q")

@@ -32,6 +32,7 @@ Locking: the methods run with the engine lock held, except where they say;
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 from collections import Counter
@@ -56,6 +57,8 @@ from equeue_broker.storage.timer.timer_records import (
 from equeue_broker.storage.timer.wheel import Wheel, topic_id
 from equeue_proto.record import FLAG_CONTROL, FLAG_DELAYED, FLAG_TXN, RecordMeta, StoredMessage
 
+log = logging.getLogger(__name__)
+
 HOUR_MS = 3_600_000
 NOTHING: Key = (0, -1)
 
@@ -77,7 +80,9 @@ class Picked:
 class Timer:
     """The delayed records of one store."""
 
-    def __init__(self, config: TimerConfig, directory: Path, message_log: MessageLog) -> None:
+    def __init__(
+        self, config: TimerConfig, directory: Path, message_log: MessageLog, delivering: bool
+    ) -> None:
         self.config = config
         self._directory = directory
         self._log = message_log
@@ -95,7 +100,8 @@ class Timer:
         self._base = 0
         """A delivery of a record below it was never counted (a rebuild from a
         log whose start retention deleted)."""
-        self.delivering = True
+        self.delivering = delivering
+        """Whether the timer thread delivers (a master) or not (a replica)."""
         self.deliver_lock = threading.Lock()
         self.persist_lock = threading.Lock()
         self._version = 0
@@ -178,8 +184,9 @@ class Timer:
         latest = now_ms + self.config.max_delay_ms
         earliest = now_ms - self.config.past_tolerance_ms
         for due in deliver_at_ms:
-            if not isinstance(due, int) or isinstance(due, bool):
+            if type(due) is not int:
                 raise InvalidArgument(f"deliver_at_ms {due!r} is not an integer (ms since epoch)")
+        for due in (min(deliver_at_ms), max(deliver_at_ms)):
             if due > latest:
                 raise InvalidArgument(
                     f"deliver_at_ms {due} is {due - now_ms} ms from now, beyond the maximum "
@@ -192,16 +199,17 @@ class Timer:
                 )
         return list(deliver_at_ms) * count if len(deliver_at_ms) == 1 else list(deliver_at_ms)
 
-    def clamp(self, due_ms: int) -> int:
-        """The due time a new delayed record gets: never at or below ``through``
+    def clamp(self, dues: Sequence[int]) -> list[int]:
+        """The due times new delayed records get: never below ``through``'s
         (a due time in the past is due at once), nor before the cursor's slot."""
-        return max(due_ms, self._floor_ms, self.through[0], self.cursor_sec * 1000)
+        floor = max(self._floor_ms, self.through[0], self.cursor_sec * 1000)
+        return [d if d > floor else floor for d in dues]
 
     def added(self, topic: str, positions: Sequence[int], dues: Sequence[int]) -> None:
         """Delayed records of ``topic`` were written at ``positions`` (lock held)."""
         assert self.wheel is not None
         tid = topic_id(topic)
-        self.wheel.add((due, p, tid) for p, due in zip(positions, dues, strict=True))
+        self.wheel.add([(due, p, tid) for p, due in zip(positions, dues, strict=True)])
         self._count_many(topic, dues, positions, 1)
 
     def _count(self, topic: str, due_ms: int, position: int, delta: int) -> None:
@@ -246,6 +254,13 @@ class Timer:
         self._apply_deliver(control, metas)
         if not derive:
             return []
+        start = self._log.start_position
+        if any(m is None and p < start for p, m in zip(control.positions, metas, strict=True)):
+            # Records retention deleted (an empty replica starting at its master's
+            # log start): their offsets are gone with them; the log says where
+            # the queues continue.
+            log.warning("deliver at %d: some of its records were deleted", position)
+            return []
         return _derive(control, metas, record.store_timestamp_ms)
 
     def _apply_cancel(self, cancel: Cancel) -> None:
@@ -277,14 +292,14 @@ class Timer:
         assert self.wheel is not None
         cuts: dict[QueueKey, int] = {}
         found = list(self._log.iter_records(position))
+        # Every record of the log was applied (by the checkpoint's counts or
+        # after it): every one cut is undone; what is copied again is applied.
+        self.from_position = min(self.from_position, position)
         for at, meta in reversed(found):
             if meta.flags & FLAG_DELAYED and not meta.flags & FLAG_CONTROL:
-                if at >= self.from_position:
-                    self._count(meta.topic.decode(errors="replace"), meta.queue_offset, at, -1)
+                self._count(meta.topic.decode(errors="replace"), meta.queue_offset, at, -1)
                 continue
             if not meta.flags & FLAG_CONTROL or meta.tag.decode(errors="replace") not in TAGS:
-                continue
-            if at < self.from_position:
                 continue
             record = self._log.read(at, meta.frame_size)
             control = decode_value(record.tag, record.value)

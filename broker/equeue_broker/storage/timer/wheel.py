@@ -47,7 +47,7 @@ import mmap
 import os
 import shutil
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +58,6 @@ ENTRY = struct.Struct("<QQQII")
 ENTRY_SIZE = ENTRY.size
 SEGMENT_ENTRIES = 1 << 20
 CANCEL_BIT = 1 << 63
-_HEAD = struct.Struct("<Q")
 _FIELDS = struct.Struct("<QQQI")
 _CRC = struct.Struct("<I")
 _READ_SLOTS = 1 << 16
@@ -100,9 +99,9 @@ class Wheel:
         self._wheel_fd = os.open(directory / "wheel", os.O_RDWR | os.O_CREAT, 0o600)
         if os.fstat(self._wheel_fd).st_size < SLOTS * 8:
             os.ftruncate(self._wheel_fd, SLOTS * 8)
-        # Read through a shared read-only map: page cache (RssFile), not the
-        # process's anonymous memory; written with pwrite at checkpoints.
-        self._map = mmap.mmap(self._wheel_fd, SLOTS * 8, prot=mmap.PROT_READ)
+        # A shared map of the file: page cache (RssFile), not the process's
+        # anonymous memory. Heads are written into it at checkpoints only.
+        self._map = mmap.mmap(self._wheel_fd, SLOTS * 8)
         self._heads = memoryview(self._map).cast("Q")
         self._segments: dict[int, int] = {}
         """Open segment fds by number."""
@@ -175,32 +174,32 @@ class Wheel:
 
     # -- writing ---------------------------------------------------------------------
 
-    def add(self, items: Iterable[tuple[int, int, int]], cancel: bool = False) -> None:
+    def add(self, items: Sequence[tuple[int, int, int]], cancel: bool = False) -> None:
         """Append an entry per (due_ms, target, topic_id) (lock held)."""
+        done = 0
+        while done < len(items):  # a run per segment
+            room = SEGMENT_ENTRIES - self.count % SEGMENT_ENTRIES
+            run = items[done : done + room]
+            start = self.count
+            self._write(start, self._entries(run, cancel), max(d for d, _, _ in run))
+            done += len(run)
+
+    def _entries(self, items: Sequence[tuple[int, int, int]], cancel: bool) -> bytearray:
+        """The entries of ``items``, chained to their slots' heads (which move)."""
         buffer = bytearray()
-        start = self.count
         dirty, flushing, heads = self._dirty, self._flushing, self._heads
         flag = CANCEL_BIT if cancel else 0
-        pack, first = _FIELDS.pack, self.first
-        latest = 0
+        pack, crc, first, count = _FIELDS.pack, _CRC.pack, self.first, self.count
         for due_ms, target, topic in items:
-            slot = (due_ms // 1000) % SLOTS
-            prev = dirty.get(slot)
-            if prev is None:
-                prev = flushing.get(slot)
-                if prev is None:
-                    prev = heads[slot]
+            slot = due_ms // 1000 % SLOTS
+            prev = dirty.get(slot) or flushing.get(slot) or heads[slot]
             packed = pack(due_ms, target | flag, prev if prev > first else 0, topic)
             buffer += packed
-            buffer += _CRC.pack(crc32c(packed))
-            self.count += 1
-            dirty[slot] = self.count
-            latest = max(latest, due_ms)
-            if self.count % SEGMENT_ENTRIES == 0:
-                self._write(start, buffer, latest)
-                buffer, start, latest = bytearray(), self.count, 0
-        if buffer:
-            self._write(start, buffer, latest)
+            buffer += crc(crc32c(packed))
+            count += 1
+            dirty[slot] = count
+        self.count = count
+        return buffer
 
     def _write(self, start: int, data: bytes | bytearray, latest: int) -> None:
         segment = start // SEGMENT_ENTRIES
@@ -274,9 +273,11 @@ class Wheel:
             if segment not in self._synced:
                 os.fsync(fd)
                 self._synced.add(segment)
+        heads = self._heads
         for slot, head in dirty.items():
-            os.pwrite(self._wheel_fd, _HEAD.pack(head), slot * 8)
+            heads[slot] = head
         if dirty:
+            self._map.flush()
             os.fsync(self._wheel_fd)
 
     def written(self, dirty: dict[int, int]) -> None:
