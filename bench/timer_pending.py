@@ -1,12 +1,14 @@
 """Delayed delivery at rest: memory and reopen time of a store holding many pending messages.
 
 Run ``python bench/timer_pending.py`` (10 million pending messages of 100 B,
-due over 7 days: a few minutes and about 2 GB of disk; ``--count N`` for
-another volume, ``--quick`` for 200,000). Beside it, a store holding the same
-number of plain (not delayed) messages: the difference is what pending
+due over 7 days: a few minutes and about 2 GB of disk per store; ``--count
+N`` for another volume, ``--quick`` for 200,000). Three stores: plain (not
+delayed) messages, delayed ones with one due time per batch of 1,000, and
+delayed ones each with its own due time (the worst case for the timer index:
+every entry in another slot); the difference to plain is what pending
 messages cost. Each figure is taken in a fresh process (``RssAnon`` of
 /proc/self/status: the anonymous memory the broker's budget counts; the timer
-index is files read with ``pread``, page cache only).
+index is files and a shared map, page cache only).
 
 Rows: append rate (messages/s, async mode, batches of 1,000), RssAnon after
 the last append, reopen time (``Store(...)`` until it returns, after a clean
@@ -46,8 +48,9 @@ def config(directory: Path) -> StorageConfig:
     return StorageConfig(data_dir=directory, flush_mode=FlushMode.ASYNC)
 
 
-def fill(directory: Path, count: int, delayed: bool) -> dict[str, float]:
-    """Append ``count`` messages (delayed: due over the next 7 days)."""
+def fill(directory: Path, count: int, delayed: str) -> dict[str, float]:
+    """Append ``count`` messages (delayed "message": each its own due time over
+    the next 7 days; "batch": one per batch)."""
     store = Store(config(directory), background=False)
     store.create_topic("t", QUEUES)
     values = [os.urandom(100) for _ in range(BATCH)]
@@ -55,8 +58,10 @@ def fill(directory: Path, count: int, delayed: bool) -> dict[str, float]:
     started = time.monotonic()
     for i in range(0, count, BATCH):
         due = None
-        if delayed:  # spread over the week, each batch its own times
+        if delayed == "message":  # spread over the week
             due = [now + 60_000 + (j * 7919 * 613) % SPREAD_MS for j in range(i, i + BATCH)]
+        elif delayed == "batch":
+            due = [now + 60_000 + (i * 7919) % SPREAD_MS]
         store.append("t", i // BATCH % QUEUES, MessageBatch(values), deliver_at_ms=due)
         if i // BATCH % 100 == 99:
             store.flush()  # what the background thread does every 100 ms
@@ -96,9 +101,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.step:
         step, directory, count = args.step
-        delayed = step == "fill-delayed"
-        if step.startswith("fill"):
-            result = fill(Path(directory), int(count), delayed)
+        if step.startswith("fill-"):
+            result = fill(Path(directory), int(count), step.removeprefix("fill-"))
         else:
             result = reopen(Path(directory))
         print(json.dumps(result))
@@ -107,8 +111,13 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="timer-bench-", dir=args.dir))
     try:
         rows = []
-        for name, step in (("plain", "fill-plain"), ("delayed", "fill-delayed")):
-            directory = root / name
+        steps = (
+            ("plain", "fill-plain"),
+            ("delayed, a time per batch", "fill-batch"),
+            ("delayed, a time per message", "fill-message"),
+        )
+        for name, step in steps:
+            directory = root / step
             filled = child([step, str(directory), str(count)])
             opened = child(["reopen", str(directory), str(count)])
             rows.append((name, filled, opened))

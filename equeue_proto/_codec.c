@@ -1386,7 +1386,90 @@ done:
     return out;
 }
 
+/* timer_entries(dues, targets, topic_id, cancel, first, count, dirty, flushing, heads, slots)
+ * -> bytearray: the timer log entries (broker/equeue_broker/storage/timer/wheel.py) of
+ * delayed records of one topic, each chained to its slot's head (dirty, then flushing,
+ * then the wheel map ``heads``; a head at or below ``first`` is none), which it becomes
+ * in ``dirty``: entry numbers count from ``count``. Wheel._entries is the reference. */
+static PyObject *timer_entries(PyObject *self, PyObject *args) {
+    PyObject *dues_obj, *targets_obj, *dirty, *flushing, *heads_obj;
+    unsigned int topic_id;
+    int cancel;
+    long long first, count, slots;
+    if (!PyArg_ParseTuple(args, "OOIpLLO!O!OL", &dues_obj, &targets_obj, &topic_id, &cancel,
+                          &first, &count, &PyDict_Type, &dirty, &PyDict_Type, &flushing,
+                          &heads_obj, &slots))
+        return NULL;
+    if (slots <= 0) {
+        PyErr_SetString(PyExc_ValueError, "slots must be positive");
+        return NULL;
+    }
+    PyObject *dues = NULL, *targets = NULL, *out = NULL, *result = NULL;
+    Py_buffer heads;
+    if (PyObject_GetBuffer(heads_obj, &heads, PyBUF_SIMPLE) < 0) return NULL;
+    dues = PySequence_Fast(dues_obj, "dues must be a sequence");
+    if (dues == NULL) goto done;
+    targets = PySequence_Fast(targets_obj, "targets must be a sequence");
+    if (targets == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(dues);
+    if (PySequence_Fast_GET_SIZE(targets) != n) {
+        PyErr_SetString(PyExc_ValueError, "dues and targets differ in length");
+        goto done;
+    }
+    out = PyByteArray_FromStringAndSize(NULL, n * 32);
+    if (out == NULL) goto done;
+    uint8_t *o = (uint8_t *)PyByteArray_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++, o += 32) {
+        long long due = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dues, i));
+        if (due == -1 && PyErr_Occurred()) goto done;
+        long long target = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(targets, i));
+        if (target == -1 && PyErr_Occurred()) goto done;
+        if (due < 0 || target < 0) {
+            PyErr_SetString(PyExc_ValueError, "negative due time or position");
+            goto done;
+        }
+        long long slot = (due / 1000) % slots;
+        if ((slot + 1) * 8 > (long long)heads.len) {
+            PyErr_SetString(PyExc_ValueError, "heads shorter than the slots");
+            goto done;
+        }
+        PyObject *key = PyLong_FromLongLong(slot);
+        if (key == NULL) goto done;
+        PyObject *known = PyDict_GetItemWithError(dirty, key);
+        if (known == NULL && !PyErr_Occurred()) known = PyDict_GetItemWithError(flushing, key);
+        if (known == NULL && PyErr_Occurred()) { Py_DECREF(key); goto done; }
+        unsigned long long prev;
+        if (known != NULL) {
+            prev = PyLong_AsUnsignedLongLong(known);
+            if (prev == (unsigned long long)-1 && PyErr_Occurred()) { Py_DECREF(key); goto done; }
+        } else {
+            prev = get64((const uint8_t *)heads.buf + slot * 8);
+        }
+        if ((long long)prev <= first) prev = 0;
+        put64(o, (uint64_t)due);
+        put64(o + 8, (uint64_t)target | (cancel ? (1ULL << 63) : 0));
+        put64(o + 16, (uint64_t)prev);
+        put32(o + 24, (uint32_t)topic_id);
+        put32(o + 28, crc32c(o, 28));
+        count++;
+        PyObject *number = PyLong_FromLongLong(count);
+        int failed = number == NULL || PyDict_SetItem(dirty, key, number) < 0;
+        Py_XDECREF(number);
+        Py_DECREF(key);
+        if (failed) goto done;
+    }
+    result = out;
+    out = NULL;
+done:
+    Py_XDECREF(dues); Py_XDECREF(targets); Py_XDECREF(out);
+    PyBuffer_Release(&heads);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"timer_entries", timer_entries, METH_VARARGS,
+     "timer_entries(dues, targets, topic_id, cancel, first, count, dirty, flushing, heads, "
+     "slots) -> bytearray of timer log entries (dirty updated)"},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(out, position, topic, queue_id, first_offset, store_ms, values, keys, "
      "tags, headers, timestamps_ms, start, stop, index_out) -> bytes written"},

@@ -6,6 +6,8 @@ runs every tick), so "not before its time" is checked against a given clock.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ from equeue_broker.storage import (
     RetentionConfig,
     Store,
 )
+from equeue_broker.storage.config import TimerConfig
 from equeue_broker.storage.producers.table import Idempotence
 from equeue_broker.storage.timer.timer_records import (
     Cancel,
@@ -30,6 +33,7 @@ from equeue_broker.storage.timer.timer_records import (
 )
 from equeue_broker.storage.timer.wheel import CANCEL_BIT, ENTRY, ENTRY_SIZE, Wheel, topic_id
 from equeue_broker.storage.txn.txn_recovery import TxnScan
+from equeue_proto.accel import CODEC
 from tests.conftest import MakeConfig
 from tests.support.faults import simulate_machine_crash
 
@@ -42,6 +46,20 @@ def now_ms() -> int:
 
 def values(store: Store, topic: str = "t", queue_id: int = 0) -> list[bytes]:
     return [m.value for m in store.read(topic, queue_id, 0, max_messages=10_000).messages]
+
+
+def wait_for(store: Store, done: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait until ``done()``, checked whenever the store makes records readable
+    (its listener: what a delivery does), for at most ``timeout_s``."""
+    changed = threading.Condition()
+
+    def listener(topic: str, queue_id: int, end: int) -> None:
+        with changed:
+            changed.notify_all()
+
+    store.add_listener(listener)
+    with changed:
+        return changed.wait_for(done, timeout_s)
 
 
 def deliver_all(store: Store, at_ms: int) -> int:
@@ -308,12 +326,8 @@ def test_retention_keeps_a_chunk_with_a_pending_record(make_config: MakeConfig) 
 def test_the_timer_thread_delivers(open_store: OpenStore, make_config: MakeConfig) -> None:
     store = open_store(make_config(), background=True)
     store.create_topic("t", 1)
-    arrived: list[int] = []
-    store.add_listener(lambda topic, queue_id, end: arrived.append(end))
     store.append("t", 0, MessageBatch([b"soon"]), deliver_at_ms=[now_ms() + 200])
-    deadline = time.monotonic() + 10
-    while not arrived and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert wait_for(store, lambda: store.queue_info("t", 0).end == 1, 30)
     assert values(store) == [b"soon"]
 
 
@@ -399,3 +413,81 @@ def test_a_restarted_replica_cuts_below_its_checkpoint(
         assert replica.delayed_summary() == (0, None)
     finally:
         replica.close()
+
+
+@pytest.mark.timeout(120)
+def test_appends_racing_the_timer_thread(open_store: OpenStore, make_config: MakeConfig) -> None:
+    """Writers append delayed records (some due at once) while the timer thread
+    delivers and a cancel runs: each delivered once, cancelled ones never."""
+    store = open_store(make_config(timer=TimerConfig(tick_ms=5, max_deliver_batch=7)), True)
+    store.create_topic("t", 2)
+    now = now_ms()
+    cancelled: set[bytes] = set()
+
+    def write(queue_id: int) -> None:
+        for i in range(150):
+            value = f"{queue_id}-{i}".encode()
+            due = now - 1000 if i % 3 == 0 else now_ms() + i % 7 * 40
+            result = store.append("t", queue_id, MessageBatch([value]), deliver_at_ms=[due])
+            if i % 25 == 1:
+                with contextlib.suppress(NotFound):  # delivered already: fine
+                    store.cancel_delayed(result.positions()[0])
+                    cancelled.add(value)
+
+    writers = [threading.Thread(target=write, args=(q,)) for q in (0, 1)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert wait_for(store, lambda: store.delayed_summary()[0] == 0, 60)
+    assert store.delayed_summary() == (0, None)
+    seen = values(store, "t", 0) + values(store, "t", 1)
+    expected = {f"{q}-{i}".encode() for q in (0, 1) for i in range(150)} - cancelled
+    assert sorted(seen) == sorted(expected)
+
+
+def test_timer_log_is_compacted_past_a_far_future_record(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """A record due in 6 days would keep its timer log segment, and every later
+    one, until then: its entry is copied forward and old segments go."""
+    config = make_config(timer=TimerConfig(segment_entries=64))
+    store = open_store(config)
+    store.create_topic("t", 1)
+    now = now_ms()
+    far = now + 6 * 24 * 3600 * 1000
+    kept = store.append("t", 0, MessageBatch([b"far"]), deliver_at_ms=[far])
+    for i in range(40):
+        store.append("t", 0, MessageBatch([b"x"] * 50), deliver_at_ms=[now + 1000 + i])
+        deliver_all(store, now + 2000)
+        store.flush()
+    segments = sorted((config.data_dir / "timer").glob("*.tlog"))
+    assert len(segments) <= 8  # of 2,001 entries in 64-entry segments
+    assert segments[0].name != "000000000.tlog"
+    store.close()
+    store = open_store(config)
+    assert store.delayed_summary() == (1, far)
+    assert store.cancel_delayed(kept.positions()[0]).deliver_at_ms == far
+    assert store.delayed_summary() == (0, None)
+    assert values(store) == [b"x"] * 2000
+
+
+@pytest.mark.skipif(CODEC is None, reason="the C codec is not built")
+def test_c_timer_entries_are_the_reference_ones(tmp_path: Path) -> None:
+    dues = [1_800_000_000_123, 1_800_000_000_999, 1_800_000_001_000, 1_800_000_000_500]
+    targets = [64, 128, 4096, 1 << 40]
+    built: list[object] = []
+    for name in ("c", "python"):
+        wheel = Wheel(tmp_path / name, None)
+        try:
+            wheel.add([(dues[0], 7, 5)])  # a head to chain to
+            if name == "c":
+                wheel.add_topic(dues, targets, 99)
+            else:
+                wheel.add([(d, t, 99) for d, t in zip(dues, targets, strict=True)])
+            chains = [wheel.chain(second) for second in (1_800_000_000, 1_800_000_001)]
+            built.append((wheel.count, wheel.take_dirty()[1], chains))
+        finally:
+            wheel.close()
+        built.append((tmp_path / name / "000000000.tlog").read_bytes())
+    assert built[:2] == built[2:]

@@ -155,9 +155,11 @@ class TimerConfig:
     """How often the store's timer thread delivers what is due."""
     max_deliver_batch: int = field(default=4096, metadata={UNIT: "messages"})
     """Records one deliver record makes visible at most."""
+    segment_entries: int = field(default=1 << 20, metadata={UNIT: "entries"})
+    """Entries per timer log segment file (32 bytes each), for a new timer index."""
 
     def __post_init__(self) -> None:
-        _positive(self, "tick_ms", "max_deliver_batch", "past_tolerance_ms")
+        _positive(self, "tick_ms", "max_deliver_batch", "past_tolerance_ms", "segment_entries")
         if not isinstance(self.max_delay_ms, int) or not (
             0 < self.max_delay_ms <= MAX_DELAY_LIMIT_MS
         ):

@@ -146,7 +146,7 @@ class Delivery:
             if not self.timer.delivering:
                 continue
             try:
-                while self.deliver_due() >= self.timer.config.max_deliver_batch:
+                while self.deliver_due() >= self._batch_limit():
                     if self._stop.is_set() or not self.timer.delivering:
                         break
             except StorageError as exc:
@@ -163,7 +163,7 @@ class Delivery:
                 if not timer.delivering or self._state.closed or self._state.failed is not None:
                     return 0
                 now = int(time.time() * 1000) if now_ms is None else now_ms
-                picked = timer.select(now, timer.config.max_deliver_batch)
+                picked = timer.select(now, self._batch_limit())
                 if not picked:
                     return 0
                 entries = self._entries(picked)
@@ -181,6 +181,11 @@ class Delivery:
                 entries, record, lambda: timer.delivered(written[0], picked), hidden=True
             )
             return len(picked)
+
+    def _batch_limit(self) -> int:
+        """Records per deliver record: ``max_deliver_batch``, fewer if the
+        record (about 40 bytes per record at most) would not fit a chunk."""
+        return max(1, min(self.timer.config.max_deliver_batch, self._state.log.capacity // 64))
 
     def _entries(self, picked: Sequence[Picked]) -> dict[QueueKey, bytearray]:
         """Index entries to be of the records ``picked``, per live queue (lock

@@ -32,7 +32,9 @@ Locking: the methods run with the engine lock held, except where they say;
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import struct
 import threading
 from collections import Counter
@@ -105,6 +107,8 @@ class Timer:
         self.deliver_lock = threading.Lock()
         self.persist_lock = threading.Lock()
         self._version = 0
+        self._compacting: int | None = None
+        """The next timer log entry compaction looks at, while it runs."""
         self._earliest: dict[str | None, tuple[int, int | None]] = {}
 
     # -- open and checkpoints --------------------------------------------------------
@@ -117,13 +121,15 @@ class Timer:
         must scan the whole log."""
         if doc is not None and usable:
             segments = {int(s): int(d) for s, d in doc.get("segments", [])}
-            wheel = Wheel(self._directory, int(doc["entries"]), segments, int(doc.get("first", 0)))
+            per_segment = int(doc.get("segment_entries", self.config.segment_entries))
+            first = int(doc.get("first", 0))
+            wheel = Wheel(self._directory, int(doc["entries"]), segments, first, per_segment)
             if wheel.intact:
                 self.wheel = wheel
                 self._restore_counts(doc, position)
                 return True
             wheel.close()
-        self.wheel = Wheel(self._directory, None)
+        self.wheel = Wheel(self._directory, None, segment_entries=self.config.segment_entries)
         self._base = self._log.start_position
         return doc is None
 
@@ -152,6 +158,7 @@ class Timer:
             "entries": count,
             "first": self.wheel.first_after(self.through[0]),
             "segments": sorted(self.wheel.max_due.items()),
+            "segment_entries": self.wheel.segment_entries,
         }
         return doc, dirty
 
@@ -166,6 +173,50 @@ class Timer:
         assert self.wheel is not None
         self.wheel.written(dirty)
         self.wheel.delete_below(int(doc["first"]))
+        self.compact()
+
+    def compact(self, budget: int = 16_384) -> int:
+        """A step of compaction of the timer log (lock held): when it holds far
+        more entries than records pending, copy the live entries of its oldest
+        segment (one due far later than the others keeps it) to its end, at most
+        ``budget`` entries looked at per step; once all are, the segment goes
+        with the next checkpoint. Returns the entries copied."""
+        assert self.wheel is not None
+        wheel = self.wheel
+        per = wheel.segment_entries
+        oldest, active = wheel.first // per, wheel.count // per
+        if self._compacting is None or self._compacting < wheel.first:
+            self._compacting = None
+            garbage = wheel.count - wheel.first - 4 * self.pending
+            if active - oldest < 2 or garbage < 2 * per:
+                return 0
+            self._compacting = oldest * per
+        at = self._compacting
+        entries = wheel.read_entries(at, budget)
+        if not entries:  # its segment is gone
+            self._compacting = None
+            return 0
+        live: dict[int, set[Key]] = {}
+        moves = []
+        for entry in entries:
+            key = (entry.due_ms, entry.target)
+            if entry.cancel or key <= self.through:
+                continue
+            second = entry.due_ms // 1000
+            if second not in live:
+                live[second] = set(self._live(second))
+            if key in live[second]:
+                live[second].discard(key)  # one copy of a record's entries
+                moves.append((entry.due_ms, entry.target, entry.topic_id))
+        if moves:
+            wheel.add(moves)
+        at += len(entries)
+        if at % per == 0:
+            wheel.max_due[(at - 1) // per] = 0  # nothing in it is needed any more
+            self._compacting = None
+        else:
+            self._compacting = at
+        return len(moves)
 
     def close(self) -> None:
         if self.wheel is not None:
@@ -209,7 +260,7 @@ class Timer:
         """Delayed records of ``topic`` were written at ``positions`` (lock held)."""
         assert self.wheel is not None
         tid = topic_id(topic)
-        self.wheel.add([(due, p, tid) for p, due in zip(positions, dues, strict=True)])
+        self.wheel.add_topic(dues, positions, tid)
         self._count_many(topic, dues, positions, 1)
 
     def _count(self, topic: str, due_ms: int, position: int, delta: int) -> None:
@@ -225,11 +276,10 @@ class Timer:
         self.pending += delta * len(dues)
         pending = self._topics.setdefault(topic, _TopicPending())
         pending.count += delta * len(dues)
-        _add_counts(pending.hours, Counter(d // HOUR_MS for d in dues), delta)
+        _add_counts(pending.hours, _buckets(dues, HOUR_MS), delta)
         if not pending.count and not pending.hours:
             del self._topics[topic]
-        capacity = self._log.capacity
-        _add_counts(self._chunks, Counter(p // capacity for p in positions), delta)
+        _add_counts(self._chunks, _buckets(positions, self._log.capacity), delta)
         self._version += 1
 
     # -- what recovery and replicas apply (TxnScan) ----------------------------------
@@ -436,6 +486,14 @@ class Timer:
         if meta.position != position or meta.flags & FLAG_CONTROL:
             return None
         return meta if meta.flags & FLAG_DELAYED else None
+
+
+def _buckets(values: Sequence[int], size: int) -> Counter[int]:
+    """How many of ``values`` fall in each bucket of ``size`` (key: value // size)."""
+    low, high = min(values) // size, max(values) // size
+    if low == high:  # the usual case: one batch, one chunk (or hour)
+        return Counter({low: len(values)})
+    return Counter(map(operator.floordiv, values, itertools.repeat(size)))
 
 
 def _add_counts(counts: dict[int, int], changes: Counter[int], delta: int) -> None:

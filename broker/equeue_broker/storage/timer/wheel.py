@@ -47,11 +47,13 @@ import mmap
 import os
 import shutil
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
+
+from equeue_proto.accel import CODEC
 
 SLOTS = 367 * 86400
 ENTRY = struct.Struct("<QQQII")
@@ -60,6 +62,7 @@ SEGMENT_ENTRIES = 1 << 20
 CANCEL_BIT = 1 << 63
 _FIELDS = struct.Struct("<QQQI")
 _CRC = struct.Struct("<I")
+_timer_entries_c: Callable[..., bytearray] | None = CODEC.timer_entries if CODEC else None
 _READ_SLOTS = 1 << 16
 """Wheel slots read in one ``pread`` while looking for the next busy slot."""
 
@@ -87,12 +90,13 @@ class Wheel:
 
     def __init__(
         self, directory: Path, count: int | None, max_due: dict[int, int] | None = None,
-        first: int = 0,
+        first: int = 0, segment_entries: int = SEGMENT_ENTRIES,
     ) -> None:  # fmt: skip
         """Open (or create) the index in ``directory``; ``count``: the number of
         entries the checkpoint says are durable (None: start empty), ``max_due``
         its latest due time per segment, ``first`` its oldest entry kept."""
         self.directory = directory
+        self.segment_entries = segment_entries
         if count is None and directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -110,7 +114,7 @@ class Wheel:
         numbers = sorted(int(p.stem) for p in directory.glob("*.tlog"))
         self.first = first if count is not None else 0
         """Number of the oldest entry kept (chains end below it)."""
-        for number in [n for n in numbers if n < self.first // SEGMENT_ENTRIES]:
+        for number in [n for n in numbers if n < self.first // self.segment_entries]:
             self._segment_path(number).unlink()  # the checkpoint let it go
             numbers.remove(number)
         self.count = max(count or 0, self.first)
@@ -128,9 +132,9 @@ class Wheel:
 
     def _covers(self, count: int) -> bool:
         """The segment files hold the entries [first, count)."""
-        for segment in range(self.first // SEGMENT_ENTRIES, -(-count // SEGMENT_ENTRIES)):
+        for segment in range(self.first // self.segment_entries, -(-count // self.segment_entries)):
             fd = self._segments.get(segment)
-            need = min(count - segment * SEGMENT_ENTRIES, SEGMENT_ENTRIES) * ENTRY_SIZE
+            need = min(count - segment * self.segment_entries, self.segment_entries) * ENTRY_SIZE
             if fd is None or os.fstat(fd).st_size < need:
                 return False
         return True
@@ -146,16 +150,16 @@ class Wheel:
                 break
             self._note_due(self.count, ENTRY.unpack(raw)[0])
             self.count += 1
-        segment = self.count // SEGMENT_ENTRIES
+        segment = self.count // self.segment_entries
         fd = self._segments.get(segment)
         if fd is not None:
-            os.ftruncate(fd, (self.count % SEGMENT_ENTRIES) * ENTRY_SIZE)
+            os.ftruncate(fd, (self.count % self.segment_entries) * ENTRY_SIZE)
         for number in [n for n in self._segments if n > segment]:
             os.close(self._segments.pop(number))
             self._segment_path(number).unlink()
 
     def _note_due(self, number: int, due_ms: int) -> None:
-        segment = number // SEGMENT_ENTRIES
+        segment = number // self.segment_entries
         self.max_due[segment] = max(self.max_due.get(segment, 0), due_ms)
 
     def _fd(self, segment: int) -> int:
@@ -165,11 +169,25 @@ class Wheel:
             self._segments[segment] = fd
         return fd
 
+    def read_entries(self, number: int, n: int) -> list[Entry]:
+        """Up to ``n`` entries from ``number`` on, within its segment."""
+        fd = self._segments.get(number // self.segment_entries)
+        if fd is None:
+            return []
+        at = number % self.segment_entries
+        n = min(n, self.segment_entries - at, self.count - number)
+        raw = os.pread(fd, n * ENTRY_SIZE, at * ENTRY_SIZE) if n > 0 else b""
+        out = []
+        for i, (due_ms, target, _prev, topic, _crc) in enumerate(ENTRY.iter_unpack(raw)):
+            cancel = bool(target & CANCEL_BIT)
+            out.append(Entry(number + i, due_ms, target & ~CANCEL_BIT, cancel, topic))
+        return out
+
     def _pread_entry(self, number: int) -> bytes | None:
-        fd = self._segments.get(number // SEGMENT_ENTRIES)
+        fd = self._segments.get(number // self.segment_entries)
         if fd is None:
             return None
-        raw = os.pread(fd, ENTRY_SIZE, (number % SEGMENT_ENTRIES) * ENTRY_SIZE)
+        raw = os.pread(fd, ENTRY_SIZE, (number % self.segment_entries) * ENTRY_SIZE)
         return raw if len(raw) == ENTRY_SIZE else None
 
     # -- writing ---------------------------------------------------------------------
@@ -178,11 +196,30 @@ class Wheel:
         """Append an entry per (due_ms, target, topic_id) (lock held)."""
         done = 0
         while done < len(items):  # a run per segment
-            room = SEGMENT_ENTRIES - self.count % SEGMENT_ENTRIES
+            room = self.segment_entries - self.count % self.segment_entries
             run = items[done : done + room]
             start = self.count
             self._write(start, self._entries(run, cancel), max(d for d, _, _ in run))
             done += len(run)
+
+    def add_topic(self, dues: Sequence[int], targets: Sequence[int], topic: int) -> None:
+        """``add`` for records of one topic (an append): the C codec builds the
+        entries where it is built."""
+        if _timer_entries_c is None:
+            self.add([(d, t, topic) for d, t in zip(dues, targets, strict=True)])
+            return
+        done = 0
+        while done < len(dues):  # a run per segment
+            room = self.segment_entries - self.count % self.segment_entries
+            run_dues = dues[done : done + room]
+            start = self.count
+            data = _timer_entries_c(
+                run_dues, targets[done : done + room], topic, False, self.first, start,
+                self._dirty, self._flushing, self._map, SLOTS,
+            )  # fmt: skip
+            self.count += len(run_dues)
+            self._write(start, data, max(run_dues))
+            done += len(run_dues)
 
     def _entries(self, items: Sequence[tuple[int, int, int]], cancel: bool) -> bytearray:
         """The entries of ``items``, chained to their slots' heads (which move)."""
@@ -202,9 +239,9 @@ class Wheel:
         return buffer
 
     def _write(self, start: int, data: bytes | bytearray, latest: int) -> None:
-        segment = start // SEGMENT_ENTRIES
+        segment = start // self.segment_entries
         self.max_due[segment] = max(self.max_due.get(segment, 0), latest)
-        os.pwrite(self._fd(segment), data, (start % SEGMENT_ENTRIES) * ENTRY_SIZE)
+        os.pwrite(self._fd(segment), data, (start % self.segment_entries) * ENTRY_SIZE)
         self._synced.discard(segment)
 
     # -- reading ---------------------------------------------------------------------
@@ -261,9 +298,13 @@ class Wheel:
     # -- checkpoints -----------------------------------------------------------------
 
     def take_dirty(self) -> tuple[int, dict[int, int]]:
-        """(entry count, heads changed) for a checkpoint (lock held)."""
+        """(entry count, heads changed) for a checkpoint (lock held). Checkpoints
+        run one at a time (``Timer.persist_lock``); heads a failed one did not
+        write are written with these."""
         dirty, self._dirty = self._dirty, {}
-        self._flushing.update(dirty)
+        if self._flushing:
+            dirty = {**self._flushing, **dirty}
+        self._flushing = dirty
         return self.count, dirty
 
     def write_heads(self, dirty: dict[int, int]) -> None:
@@ -281,25 +322,24 @@ class Wheel:
             os.fsync(self._wheel_fd)
 
     def written(self, dirty: dict[int, int]) -> None:
-        """The heads of ``dirty`` are on disk (lock held)."""
-        for slot, head in dirty.items():
-            if self._flushing.get(slot) == head:
-                del self._flushing[slot]
+        """The heads of ``dirty`` (the last ``take_dirty``) are on disk (lock held)."""
+        if self._flushing is dirty:
+            self._flushing = {}
 
     def first_after(self, through_due: int) -> int:
         """The oldest entry kept once the oldest segments whose entries are all
         due before ``through_due`` go (never the one being written)."""
         first = self.first
-        active = self.count // SEGMENT_ENTRIES
-        for segment in range(self.first // SEGMENT_ENTRIES, active):
+        active = self.count // self.segment_entries
+        for segment in range(self.first // self.segment_entries, active):
             if self.max_due.get(segment, 1 << 62) >= through_due:
                 break
-            first = (segment + 1) * SEGMENT_ENTRIES
+            first = (segment + 1) * self.segment_entries
         return first
 
     def delete_below(self, first: int) -> None:
         """Delete the segments below entry ``first`` (a saved checkpoint's)."""
-        for segment in [s for s in self._segments if s < first // SEGMENT_ENTRIES]:
+        for segment in [s for s in self._segments if s < first // self.segment_entries]:
             os.close(self._segments.pop(segment))
             with contextlib.suppress(FileNotFoundError):
                 self._segment_path(segment).unlink()
