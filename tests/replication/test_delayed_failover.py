@@ -12,13 +12,14 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.records import Message
-from tests.broker.delayed_support import now_ms, produce, pull
+from tests.broker.delayed_support import error_of, now_ms, produce, pull
 from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
 
@@ -75,6 +76,14 @@ def test_the_promoted_replica_delivers_the_pending_messages(tmp_path: Path) -> N
         end = mc.stats().log_end_position
         wait_for("the replica to copy them", lambda: rc.stats().log_end_position >= end, 30)
         assert rc.stats().delayed_pending > 0  # the replica holds them too
+        # A replica takes no Nack, cancel or dead-letter call: they write.
+        for call, request in (
+            (rc.broker.Nack, pb.NackRequest(group="g", entries=[pb.NackEntry(topic="timed")])),
+            (rc.broker.CancelDelayed, pb.CancelDelayedRequest(message_id="x-0000000000000000")),
+            (rc.admin.PurgeDeadLetters, pb.PurgeDeadLettersRequest(group="g")),
+        ):
+            error = error_of(lambda c=call, r=request: c(r, timeout=10))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error
         master.kill()
         mc.close()
         rc.admin.SetRole(pb.SetRoleRequest(role="master", epoch=1), timeout=10)

@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar, get_origin, get_type_hints
 from equeue_broker.replication.election import parse_hosts
 from equeue_broker.server.durations import EXAMPLE, format_ms
 from equeue_broker.server.retry import reserved_problem
-from equeue_broker.server.settings import BY_KEY, SETTINGS, Setting
+from equeue_broker.server.settings import Setting, table
 from equeue_broker.storage.config import UNIT, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
 from equeue_broker.storage.meta.names import validate_group
@@ -395,6 +395,9 @@ class BrokerConfig:
             value = getattr(value, name)
         return setting.from_target(value)
 
+
+SETTINGS = table(BrokerConfig)
+BY_KEY = {s.key: s for s in SETTINGS}
 
 ZK_AND_ROLE = (
     "zookeeper and role/master together: with --zookeeper the group elects its master "

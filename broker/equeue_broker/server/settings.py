@@ -7,7 +7,8 @@ setting the table says which ``StorageConfig`` field it sets and how the unit
 converts (``retention_max_age_hours`` sets ``retention.max_age_ms``). Flags,
 the file parser (config.py), ``--help`` and docs/equeue-broker.toml's test all
 read it. The typed settings themselves (``BrokerConfig``) and the parsing are
-in config.py.
+in config.py, which builds the table for its class (``table``): this module
+describes BrokerConfig's fields without importing it.
 """
 
 from __future__ import annotations
@@ -15,20 +16,12 @@ from __future__ import annotations
 import enum
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, get_type_hints
 
 from equeue_broker.server.durations import format_ms, parse_ms
 from equeue_broker.storage.config import MAX_DELAY_LIMIT_MS, UNIT, GiB, KiB, MiB, StorageConfig
 from equeue_broker.storage.errors import InvalidArgument
-
-
-def _server_config() -> Any:
-    """``BrokerConfig``, whose fields the server settings set. Looked up when
-    used, not imported above: config.py builds it from this table."""
-    from equeue_broker.server.config import BrokerConfig
-
-    return BrokerConfig
 
 
 @dataclass(frozen=True)
@@ -57,6 +50,9 @@ class Setting:
     longest_ms: int = 0
     """A duration setting's upper limit, checked here so that the error says
     it as a duration (the target's own check still applies); 0: none here."""
+    server: Any = field(default=None, compare=False, repr=False)
+    """``BrokerConfig``, whose fields the server settings set: given by
+    ``table``, which config.py calls (this module does not import it)."""
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -68,7 +64,7 @@ class Setting:
 
     def _field(self) -> tuple[Any, str]:
         """The dataclass owning the field this setting sets, and the field's name."""
-        owner: Any = StorageConfig if self.target else _server_config()
+        owner: Any = StorageConfig if self.target else self.server
         names = self.path if self.target else (self.key,)
         for name in names[:-1]:
             owner = get_type_hints(owner)[name]
@@ -132,7 +128,7 @@ class Setting:
         return value
 
     def default(self) -> Any:
-        return _server_config()().setting(self.key)
+        return self.server().setting(self.key)
 
     def describe_default(self) -> str:
         """The default as --help and docs/equeue-broker.toml show it."""
@@ -157,8 +153,13 @@ class Setting:
         return f"{self.help} ({self.unit_and_default()})"
 
 
+def table(server: type) -> tuple[Setting, ...]:
+    """The settings, their server ones setting fields of ``server`` (BrokerConfig)."""
+    return tuple(replace(s, server=server) for s in _ENTRIES)
+
+
 # Flag order is the order --help has always listed them in.
-SETTINGS: tuple[Setting, ...] = (
+_ENTRIES: tuple[Setting, ...] = (
     Setting(
         "data_dir",
         "directory of the message log, queue indexes, consumer offsets and staged"
@@ -394,7 +395,6 @@ SETTINGS: tuple[Setting, ...] = (
         duration=True,
     ),
 )
-BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def _binary(size: int) -> str:

@@ -32,6 +32,7 @@ Locking: the methods run with the engine lock held, except where they say;
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import operator
@@ -56,7 +57,7 @@ from equeue_broker.storage.timer.timer_records import (
     Key,
     decode_value,
 )
-from equeue_broker.storage.timer.wheel import Wheel, topic_id
+from equeue_broker.storage.timer.wheel import SLOTS, Wheel, topic_id
 from equeue_proto.record import FLAG_CONTROL, FLAG_DELAYED, FLAG_TXN, RecordMeta, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ class Timer:
         self.deliver_lock = threading.Lock()
         self.persist_lock = threading.Lock()
         self._version = 0
+        self._live_kept: tuple[int, int, list[Key]] | None = None
+        """(second, its chain's head, ``_alive`` of it): see ``_live``."""
         self._compacting: int | None = None
         """The next timer log entry compaction looks at, while it runs."""
         self._earliest: dict[str | None, tuple[int, int | None]] = {}
@@ -404,7 +407,22 @@ class Timer:
         return picked
 
     def _live(self, sec: int, topic: int | None = None) -> list[Key]:
-        """The live keys above ``through`` in the slot of second ``sec``, sorted."""
+        """The live keys above ``through`` in the slot of second ``sec``, sorted.
+        The last second's (of all topics) is kept while its chain's head stays:
+        the timer thread reads the current second's every tick."""
+        assert self.wheel is not None
+        if topic is not None:
+            keys = self._alive(sec, topic)
+        else:
+            head = self.wheel.head(sec % SLOTS)
+            kept = self._live_kept
+            if kept is None or kept[:2] != (sec, head):
+                self._live_kept = kept = (sec, head, self._alive(sec, None))
+            keys = kept[2]
+        return keys[bisect.bisect_right(keys, self.through) :]
+
+    def _alive(self, sec: int, topic: int | None) -> list[Key]:
+        """The keys of the slot of ``sec`` not cancelled, sorted."""
         assert self.wheel is not None
         cancelled: dict[int, int] = {}
         adds: list[tuple[int, int, int]] = []
@@ -413,11 +431,7 @@ class Timer:
                 cancelled[entry.target] = max(cancelled.get(entry.target, -1), entry.number)
             elif topic is None or entry.topic_id == topic:
                 adds.append((entry.due_ms, entry.target, entry.number))
-        keys = {
-            (due, target)
-            for due, target, number in adds
-            if number > cancelled.get(target, -1) and (due, target) > self.through
-        }
+        keys = {(due, target) for due, target, number in adds if number > cancelled.get(target, -1)}
         return sorted(keys)
 
     def delivered(self, deliver: Deliver, picked: Sequence[Picked]) -> None:
