@@ -3,7 +3,13 @@
 This package imports nothing from the server, the client or Spark.
 """
 
-from equeue_broker.storage.config import FlushMode, MessageLimits, RetentionConfig, StorageConfig
+from equeue_broker.storage.config import (
+    FlushMode,
+    MessageLimits,
+    RetentionConfig,
+    StorageConfig,
+    TimerConfig,
+)
 from equeue_broker.storage.errors import (
     AlreadyExists,
     CorruptionError,
@@ -29,6 +35,7 @@ from equeue_broker.storage.results import (
     RetentionReport,
 )
 from equeue_broker.storage.store import Store
+from equeue_broker.storage.timer.delivery import DelayedMessage
 from equeue_proto.record import StoredMessage
 
 __all__ = [
@@ -36,6 +43,7 @@ __all__ = [
     "AppendResult",
     "CorruptionError",
     "DamagedRecord",
+    "DelayedMessage",
     "DiskFullError",
     "FlushMode",
     "Framer",
@@ -58,4 +66,5 @@ __all__ = [
     "Store",
     "StoreClosed",
     "StoredMessage",
+    "TimerConfig",
 ]

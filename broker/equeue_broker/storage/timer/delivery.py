@@ -170,6 +170,8 @@ class Delivery:
                 before = timer.through
 
             def record(firsts: dict[QueueKey, int]) -> PreparedBatch:
+                if timer.through != before:  # an earlier one timed out, then ran after all
+                    raise StorageError("the timer moved since this delivery was chosen")
                 queues = tuple((k, firsts[k], len(e) // ENTRY_SIZE) for k, e in entries.items())
                 positions = tuple(p.key[1] for p in picked)
                 deliver = Deliver(positions, queues, picked[-1].key, before)
@@ -230,9 +232,13 @@ class Delivery:
                 if meta is None:
                     raise NotFound(f"no pending delayed message at log position {position!r}")
             cancel = Cancel(position, meta.queue_offset)
-            self._commit_staged(
-                {}, lambda _: prepare_timer_control(cancel), lambda: timer.cancelled(cancel)
-            )
+
+            def record(_: dict[QueueKey, int]) -> PreparedBatch:
+                if timer.pending_at(position) is None:  # delivered meanwhile (a timeout)
+                    raise NotFound(f"no pending delayed message at log position {position}")
+                return prepare_timer_control(cancel)
+
+            self._commit_staged({}, record, lambda: timer.cancelled(cancel))
         return DelayedMessage(meta.topic.decode(errors="replace"), meta.queue_id, meta.queue_offset)
 
 
