@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from hypothesis import settings
 from equeue_broker.storage import MessageLimits, StorageConfig, Store
 from equeue_broker.testing import BrokerProcess
 from equeue_broker.testing_zk import ZooKeeperProcess, java_available
+from tests.support.spark_home import shadow_spark_home
 
 KiB = 1024
 
@@ -90,12 +92,25 @@ def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local SparkSession for the whole run (starting one takes seconds)."""
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local SparkSession for the whole run (starting one takes seconds). Its
+    JVM starts with a ``SPARK_HOME`` whose Python workers import pyspark from
+    site-packages, with cached bytecode, not from pyspark.zip: fast enough to
+    connect back within Spark's fixed 10 s on a loaded machine (spark_home.py)."""
     pytest.importorskip("pyspark")
     from equeue_spark.spark.testing import local_session
 
-    session = local_session()
+    shadow = shadow_spark_home(tmp_path_factory.mktemp("spark"))
+    given = os.environ.get("SPARK_HOME")
+    if shadow is not None:
+        os.environ["SPARK_HOME"] = str(shadow)
+    try:
+        session = local_session()
+    finally:  # the JVM keeps it; other children of this process see the user's
+        if given is None:
+            os.environ.pop("SPARK_HOME", None)
+        else:
+            os.environ["SPARK_HOME"] = given
     yield session
     session.stop()
 

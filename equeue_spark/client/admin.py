@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.cancel import cancel_delayed
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.dead_letters import (
@@ -21,7 +22,6 @@ from equeue_spark.client.dead_letters import (
     purge_dead_letters,
     resend_dead_letters,
 )
-from equeue_spark.client.delays import cancel_delayed
 from equeue_spark.client.errors import (
     BrokerUnavailable,
     DataLossError,

@@ -19,14 +19,9 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import InvalidRequest
-
-if TYPE_CHECKING:  # routing.py imports batches.py, which imports this module
-    from equeue_spark.client.routing import Routes
 
 When = dt.datetime | int
 """A delivery time: a ``datetime`` (naive = UTC) or ms since the epoch."""
@@ -126,16 +121,3 @@ def staged_delay_error(txn_id: str) -> InvalidRequest:
         "(its messages become readable at the commit); send it outside the transaction "
         "with Producer.send_batch(..., delay_s=...)"
     )
-
-
-def cancel_delayed(routes: Routes, message_id: str) -> pb.CancelDelayedReply:
-    """``CancelDelayed`` on the master of the broker (group) the id names
-    (``Producer.cancel_delayed``, ``Admin.cancel_delayed``)."""
-    try:
-        parse_message_id(message_id)
-    except ValueError as exc:
-        raise InvalidRequest(f"{exc}; give the id the delayed send returned") from None
-    conn = routes.connection(routes.message_address(message_id))
-    request = pb.CancelDelayedRequest(message_id=message_id)
-    reply: pb.CancelDelayedReply = conn.call(conn.broker.CancelDelayed, request, retry=True)
-    return reply

@@ -61,9 +61,10 @@ from equeue_spark.client.batches import (
     send_request,
     stream_requests,
 )
+from equeue_spark.client.cancel import cancel_delayed
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
-from equeue_spark.client.delays import When, cancel_delayed, deliver_at_ms, refuse_staged
+from equeue_spark.client.delays import When, deliver_at_ms, refuse_staged
 from equeue_spark.client.errors import (
     BrokerUnavailable,
     DeadlineExceeded,
@@ -172,6 +173,11 @@ class Producer:
         self._routes = connect(config)
         self._config = config
         self._round_robin = itertools.count(random.randrange(1 << 16))
+        """Which broker group a keyless batch goes to next."""
+        self._queue_turns: dict[str, Iterator[int]] = {}
+        """Per group, which of its queues a keyless batch takes next: a counter of
+        its own (one shared with the groups' turns would, with two groups, give
+        each group every other queue only)."""
         self._pool: ThreadPoolExecutor | None = None
         """Sends a keyed batch's per-broker parts at once (made on first use)."""
         self.batch_size = batch_size
@@ -370,7 +376,7 @@ class Producer:
             if not writable:  # a topic one broker creates now: its queues next time
                 routes.invalidate(topic)
                 return send_request(conn, request)
-            part = _whole_to(request, writable[next(self._round_robin) % len(writable)][1])
+            part = _whole_to(request, writable[self._queue_turn(broker) % len(writable)][1])
             first = [True]
 
             def send() -> SendResults:
@@ -394,6 +400,13 @@ class Producer:
             return self._stamped(broker, part, send, self._init_on(conn))
 
         return routes.on_some(topic, next(self._round_robin), call)
+
+    def _queue_turn(self, broker: str) -> int:
+        with self._lock:
+            turns = self._queue_turns.get(broker)
+            if turns is None:
+                turns = self._queue_turns[broker] = itertools.count(random.randrange(1 << 16))
+            return next(turns)
 
     @staticmethod
     def _init_on(conn: Connection) -> Init:

@@ -1,8 +1,11 @@
-"""Delayed messages across SIGKILLs: a real broker killed and restarted twice
-while 10,000 delayed messages wait; every one is delivered exactly once and
-none before its time (the broker's store time), with the pending count
-falling to zero. The issue's 100,000-message, three-kill version with
-lateness figures is a bench/ run; this is its correctness check.
+"""Delayed messages across SIGKILLs: a real broker killed and restarted three
+times while 100,000 delayed messages, due 1 to 60 s after they were sent,
+wait (once with all of them pending, twice part-way through the deliveries);
+every one is delivered exactly once and none before its time (the broker's
+store time), with the pending count falling to zero. Lateness (store time of
+the delivery minus the due time) is printed, not asserted: under load it
+says more about the machine than about the broker (bench/delay_bench.py
+measures it).
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from tests.broker.delayed_support import now_ms, produce, pull
 from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
 
-COUNT = 10_000
-BATCH = 500
+COUNT = 100_000
+BATCH = 1_000
+MAX_DELAY_MS = 60_000
+KILLS_DURING = (0.25, 0.6)
+"""Kills once these shares of the messages are delivered (after one with all pending)."""
 QUEUES = 2
 
 
@@ -38,20 +44,20 @@ def delivered(client: RawClient, ends: dict[int, int], out: list[Message]) -> in
 
 
 def produce_delayed(client: RawClient, rng: random.Random) -> dict[bytes, int]:
-    """COUNT messages, each due 1 to 10 s from now; value -> due time."""
+    """COUNT messages, each due 1 to 60 s from now; value -> due time."""
     due: dict[bytes, int] = {}
     for start in range(0, COUNT, BATCH):
         values = [b"m%06d" % i for i in range(start, start + BATCH)]
         base = now_ms()
-        times = [base + rng.randint(1_000, 10_000) for _ in values]
+        times = [base + rng.randint(1_000, MAX_DELAY_MS) for _ in values]
         reply = produce(client, "timed", values, deliver_at_ms=times)
         assert set(reply.offsets) == {-1}
         due.update(zip(values, times, strict=True))
     return due
 
 
-@pytest.mark.slow  # about 30 s: 10,000 messages waiting up to 10 s, two kills
-@pytest.mark.timeout(240)
+@pytest.mark.slow  # about 90 s: 100,000 messages waiting up to 60 s, three kills
+@pytest.mark.timeout(600)
 def test_delayed_messages_survive_kills_and_are_delivered_once(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "b")
     broker.start()
@@ -66,13 +72,18 @@ def test_delayed_messages_survive_kills_and_are_delivered_once(tmp_path: Path) -
         client = RawClient(broker.address)
         got: list[Message] = []
         ends = dict.fromkeys(range(QUEUES), 0)
-        # Killed again part-way through the deliveries.
-        wait_for("some deliveries", lambda: delivered(client, ends, got) >= COUNT // 4, 60)
-        client.close()
-        broker.kill()
-        broker.start()
-        client = RawClient(broker.address)
-        wait_for("every delivery", lambda: delivered(client, ends, got) >= COUNT, 90)
+        for share in KILLS_DURING:  # killed again part-way through the deliveries
+            target = int(COUNT * share)
+
+            def reached(c: RawClient = client, t: int = target) -> bool:
+                return delivered(c, ends, got) >= t
+
+            wait_for(f"{target} deliveries", reached, 180)
+            client.close()
+            broker.kill()
+            broker.start()
+            client = RawClient(broker.address)
+        wait_for("every delivery", lambda: delivered(client, ends, got) >= COUNT, 240)
         wait_for("nothing pending", lambda: client.stats().delayed_pending == 0, 30)
         delivered(client, ends, got)  # anything after the last due one would be a duplicate
         copies = Counter(m.value for m in got)
@@ -81,7 +92,8 @@ def test_delayed_messages_survive_kills_and_are_delivered_once(tmp_path: Path) -
         early = [m for m in got if m.store_timestamp_ms < due[m.value]]
         assert not early, early[:3]
         lateness = sorted(m.store_timestamp_ms - due[m.value] for m in got)
-        print(f"lateness p50 {lateness[len(lateness) // 2]} ms, max {lateness[-1]} ms")
+        p50, p99 = lateness[len(lateness) // 2], lateness[len(lateness) * 99 // 100]
+        print(f"lateness p50 {p50} ms, p99 {p99} ms, max {lateness[-1]} ms")
         client.close()
     finally:
         broker.kill()

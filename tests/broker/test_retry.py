@@ -249,6 +249,12 @@ roles = ["produce", "consume"]
 topics = ["orders"]
 
 [[tokens]]
+name = "payments"
+secret = "payments-secret-012345"
+roles = ["produce"]
+topics = ["payments"]
+
+[[tokens]]
 name = "billing"
 secret = "billing-secret-0123456"
 roles = ["consume"]
@@ -282,14 +288,19 @@ def test_roles_and_topics_of_the_new_calls(
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "%RETRY%billing" in str(error.details())
     assert stub.Nack(nack_, metadata=billing, timeout=10).outcomes[0].action == "retry"
-    # CancelDelayed: the produce role, and a token for every topic.
+    # CancelDelayed: the produce role, and a token covering the message's topic
+    # (the broker finds it from the pending record before cancelling anything).
     cancel = pb.CancelDelayedRequest(message_id=f"{reply.broker_id}-{reply.positions[0]:016x}")
     error = error_of(lambda: stub.CancelDelayed(cancel, metadata=billing, timeout=10))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "lacks role 'produce'" in str(error.details())
-    error = error_of(lambda: stub.CancelDelayed(cancel, metadata=narrow, timeout=10))
+    payments = as_("payments-secret-012345")
+    error = error_of(lambda: stub.CancelDelayed(cancel, metadata=payments, timeout=10))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert stub.CancelDelayed(cancel, metadata=ops, timeout=10).topic == "orders"
+    assert "orders" in str(error.details())
+    stats = admin.GetStats(pb.GetStatsRequest(), metadata=ops, timeout=10)
+    assert stats.delayed_pending == 2  # the message and the retry: nothing cancelled
+    assert stub.CancelDelayed(cancel, metadata=narrow, timeout=10).topic == "orders"
     # The dead-letter calls are Admin calls.
     purge = pb.PurgeDeadLettersRequest(group=GROUP)
     error = error_of(lambda: admin.PurgeDeadLetters(purge, metadata=billing, timeout=10))

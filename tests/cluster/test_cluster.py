@@ -109,7 +109,9 @@ def test_produce_and_consume_across_three_brokers(cluster: LocalCluster) -> None
         for result, key in zip(keyed, keys, strict=True):
             assert (result.broker_id, result.queue_id) == writable[key_queue(key, len(writable))]
         keyless = [producer.send_batch("orders", [b"plain-%d" % i] * 10) for i in range(30)]
-        assert {r.broker_id for results in keyless for r in results} == set(BROKERS)
+        # Round robin over the groups, and within each group over its queues:
+        # every queue gets keyless batches.
+        assert {(r.broker_id, r.queue_id) for rs in keyless for r in rs} == set(writable)
         futures = [producer.send("orders", b"buffered", key=b"customer-7") for _ in range(5)]
         producer.flush()
         assert {f.result().broker_id for f in futures} == {keyed[7].broker_id}

@@ -491,3 +491,31 @@ def test_c_timer_entries_are_the_reference_ones(tmp_path: Path) -> None:
             wheel.close()
         built.append((tmp_path / name / "000000000.tlog").read_bytes())
     assert built[:2] == built[2:]
+
+
+@pytest.mark.parametrize("stop", ["close", "crash"])
+def test_hidden_and_deleted_queues(
+    open_store: OpenStore, make_config: MakeConfig, stop: str
+) -> None:
+    """A queue hidden from producers still gets its delayed records; a deleted
+    topic's are dropped at their time (counted no more), also after a reopen."""
+    config = make_config()
+    store = open_store(config)
+    store.create_topic("t", 1)
+    store.create_topic("gone", 1)
+    now = now_ms()
+    store.append("t", 0, MessageBatch([b"h"]), deliver_at_ms=[now + 100])
+    store.append("gone", 0, MessageBatch([b"g"]), deliver_at_ms=[now + 100])
+    store.topic_admin.set_queue_visibility("t", 0, producer=False)
+    store.topic_admin.delete_topic("gone")
+    assert store.delayed_summary() == (2, now + 100)
+    assert deliver_all(store, now + 1000) == 2
+    assert values(store) == [b"h"]
+    assert store.delayed_summary() == (0, None)
+    if stop == "close":
+        store.close()
+    else:
+        store.abandon()  # the deliver record is after the checkpoint
+    store = open_store(config)
+    assert store.delayed_summary() == (0, None)
+    assert values(store) == [b"h"]

@@ -12,8 +12,10 @@ A failed query (e.g. the broker went away) exits 1. ``BROKER`` may be
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from equeue_spark.spark.testing import local_session
+from tests.support.spark_home import use_shadow_spark_home
 
 
 def main() -> int:
@@ -26,6 +28,9 @@ def main() -> int:
     per_trigger = "20000"
     if "--max-per-trigger" in flags:
         per_trigger = flags[flags.index("--max-per-trigger") + 1]
+    # Each driver start runs a new streaming source runner, which has Spark's
+    # fixed 10 s to connect back: pyspark imported with cached bytecode (spark_home.py).
+    use_shadow_spark_home(Path(checkpoint).parent)
     spark = local_session("equeue-eo-kill-driver")
     spark.sparkContext.setLogLevel("ERROR")
     stream = (

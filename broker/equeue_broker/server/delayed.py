@@ -77,8 +77,14 @@ def append_delayed(
     )
 
 
-def cancel(store: Store, broker_ids: Sequence[str], message_id: str) -> pb.CancelDelayedReply:
-    """Cancel the pending delayed message ``message_id`` names."""
+def cancel(
+    store: Store,
+    broker_ids: Sequence[str],
+    message_id: str,
+    check: Callable[[str], None] | None = None,
+) -> pb.CancelDelayedReply:
+    """Cancel the pending delayed message ``message_id`` names; ``check(topic)``
+    refuses it (a token limited to topics that do not include its topic)."""
     try:
         broker_id, position = parse_message_id(message_id)
     except ValueError as exc:
@@ -89,7 +95,7 @@ def cancel(store: Store, broker_ids: Sequence[str], message_id: str) -> pb.Cance
             f"({broker_ids[0]!r}): cancel it on the broker that took it"
         )
     try:
-        pending = store.cancel_delayed(position)
+        pending = store.cancel_delayed(position, check)
     except NotFound:
         raise NotFound(
             f"message {message_id!r} is no pending delayed message: it is unknown, "

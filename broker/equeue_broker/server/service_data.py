@@ -22,7 +22,7 @@ from equeue_broker.server.budgets import Held, StalledStream
 from equeue_broker.server.config import max_delay_ms
 from equeue_broker.server.connections import close_connection
 from equeue_broker.server.delayed import append_delayed, cancel, delivery_times
-from equeue_broker.server.errors import BadRequest, PermissionDenied
+from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
 from equeue_broker.server.retry import (
     NackEntry,
@@ -525,16 +525,14 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def CancelDelayed(
         self, request: pb.CancelDelayedRequest, context: Any
     ) -> pb.CancelDelayedReply:
-        if self.s.scope(context) is not None:
-            # A message id does not name its topic, and the store tells it only
-            # by cancelling: a token limited to some topics cannot prove its reach.
-            raise PermissionDenied(
-                "CancelDelayed needs a token for every topic: a message id does not name its topic"
-            )
+        scope = self.s.scope(context)
+        # A message id does not name its topic: the store checks the topic of
+        # the pending record before it cancels anything.
+        check = None if scope is None else scope.check_topic
         ids = (self.s.broker_id, self.s.instance_id)
 
         async def cancel_() -> pb.CancelDelayedReply:
-            return await self.s.call(cancel, self.s.store, ids, request.message_id)
+            return await self.s.call(cancel, self.s.store, ids, request.message_id, check)
 
         insync = self.s.insync  # sync replication: acked once on the in-sync replicas
         return await (insync.replicated(cancel_) if insync.sync else cancel_())

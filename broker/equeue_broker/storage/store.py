@@ -93,7 +93,7 @@ from equeue_broker.storage.results import (
     RetentionReport,
 )
 from equeue_broker.storage.retention import delete_expired
-from equeue_broker.storage.timer.delivery import DelayedMessage, Delivery
+from equeue_broker.storage.timer.delivery import DelayedMessage, Delivery, TopicCheck
 from equeue_broker.storage.timer.timer import Timer
 from equeue_broker.storage.topic_admin import TopicAdmin
 from equeue_broker.storage.txn.transactions import Transactions
@@ -261,9 +261,9 @@ class Store:
 
     # -- delayed delivery (timer/) -----------------------------------------------------
 
-    def cancel_delayed(self, position: int) -> DelayedMessage:
-        """Cancel the pending delayed record at log ``position`` (else ``NotFound``)."""
-        return self.delivery.cancel(position)
+    def cancel_delayed(self, position: int, check: TopicCheck = None) -> DelayedMessage:
+        """Cancel the delayed record at ``position`` unless ``check(topic)`` raises (NotFound)."""
+        return self.delivery.cancel(position, check)
 
     def delayed_summary(self, topic: str | None = None) -> tuple[int, int | None]:
         """(pending delayed records, earliest due ms or None), of ``topic`` or all."""

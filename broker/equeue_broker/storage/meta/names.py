@@ -16,6 +16,9 @@ from equeue_broker.storage.errors import InvalidName
 
 MAX_NAME_LENGTH = 128
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RESERVED_PREFIXES = ("%RETRY%", "%DLQ%", "%RESENT%")
+"""A consumer group's retry and dead-letter topics: the prefix and the group's
+name (the broker creates them; users cannot, server/retry.py)."""
 
 
 def validate_name(kind: str, name: object) -> str:
@@ -25,6 +28,11 @@ def validate_name(kind: str, name: object) -> str:
     """
     if not isinstance(name, str):
         raise InvalidName(f"{kind} name must be a string, got {type(name).__name__}")
+    if kind == "topic":
+        for prefix in RESERVED_PREFIXES:
+            if name.startswith(prefix):  # the group's name follows the group rules
+                validate_name("group", name[len(prefix) :])
+                return name
     if not name:
         raise InvalidName(f"{kind} name must not be empty")
     if len(name) > MAX_NAME_LENGTH:

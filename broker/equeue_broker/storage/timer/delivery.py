@@ -42,6 +42,8 @@ from equeue_proto.record import FLAG_CONTROL, FLAG_DELAYED
 log = logging.getLogger(__name__)
 
 CommitStaged = Callable[..., dict[QueueKey, int]]
+TopicCheck = Callable[[str], None] | None
+"""Given a pending record's topic, refuses its cancel by raising (a token's reach)."""
 
 
 @dataclass(frozen=True)
@@ -222,8 +224,9 @@ class Delivery:
                 end = min(queue.visible_end, queue.index.end)
                 queue.visible_end = queue.notified_end = end
 
-    def cancel(self, position: int) -> DelayedMessage:
-        """Cancel the pending delayed record at ``position``."""
+    def cancel(self, position: int, check: TopicCheck = None) -> DelayedMessage:
+        """Cancel the pending delayed record at ``position``; ``check(topic)``
+        may refuse it (by raising) before anything is written."""
         timer = self.timer
         with timer.deliver_lock:
             with self._state.lock:
@@ -231,6 +234,8 @@ class Delivery:
                 meta = None if not isinstance(position, int) else timer.pending_at(position)
                 if meta is None:
                     raise NotFound(f"no pending delayed message at log position {position!r}")
+            if check is not None:
+                check(meta.topic.decode(errors="replace"))
             cancel = Cancel(position, meta.queue_offset)
 
             def record(_: dict[QueueKey, int]) -> PreparedBatch:

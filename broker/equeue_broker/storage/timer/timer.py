@@ -63,6 +63,8 @@ from equeue_proto.record import FLAG_CONTROL, FLAG_DELAYED, FLAG_TXN, RecordMeta
 log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
+_EARLIEST_SECONDS = 256
+"""Busy seconds a next-due lookup reads at most (then it answers a lower bound)."""
 NOTHING: Key = (0, -1)
 
 
@@ -421,12 +423,13 @@ class Timer:
             keys = kept[2]
         return keys[bisect.bisect_right(keys, self.through) :]
 
-    def _alive(self, sec: int, topic: int | None) -> list[Key]:
-        """The keys of the slot of ``sec`` not cancelled, sorted."""
+    def _alive(self, sec: int, topic: int | None, *, keep: bool = True) -> list[Key]:
+        """The keys of the slot of ``sec`` not cancelled, sorted (``keep``: see
+        ``Wheel.chain``)."""
         assert self.wheel is not None
         cancelled: dict[int, int] = {}
         adds: list[tuple[int, int, int]] = []
-        for entry in self.wheel.chain(sec):
+        for entry in self.wheel.chain(sec, keep=keep):
             if entry.cancel:
                 cancelled[entry.target] = max(cancelled.get(entry.target, -1), entry.number)
             elif topic is None or entry.topic_id == topic:
@@ -478,9 +481,13 @@ class Timer:
             return None
         tid = None if topic is None else topic_id(topic)
         first = max(hour * 3600, self.cursor_sec, self.through[0] // 1000)
-        for sec in self.wheel.busy_seconds(first, hour * 3600 + 3599):
-            for key in self._live(sec, tid):
-                return key[0]
+        for visited, sec in enumerate(self.wheel.busy_seconds(first, hour * 3600 + 3599)):
+            if visited >= _EARLIEST_SECONDS:  # a crowded hour: a lower bound will do
+                return sec * 1000
+            keys = self._alive(sec, tid, keep=False)
+            at = bisect.bisect_right(keys, self.through)
+            if at < len(keys):
+                return keys[at][0]
         return hour * HOUR_MS
 
     def pinned(self) -> int | None:

@@ -271,10 +271,10 @@ class Wheel:
                     yield sec + i
             sec += n
 
-    def chain(self, sec: int) -> list[Entry]:
-        """The entries of second ``sec``, newest first. The last chain read is
-        kept: the timer reads the current second's every tick, and a chain
-        only grows at its head, so only the entries added since are read."""
+    def chain(self, sec: int, *, keep: bool = True) -> list[Entry]:
+        """The entries of second ``sec``, newest first. The last chain read with
+        ``keep`` is kept: the timer reads the current second's every tick, and a
+        chain only grows at its head, so only the entries added since are read."""
         out: list[Entry] = []
         head = number_plus_one = self.head(sec % SLOTS)
         known = self._cache if self._cache is not None and self._cache[0] == sec else None
@@ -292,7 +292,8 @@ class Wheel:
                     Entry(number, due_ms, target & ~CANCEL_BIT, bool(target & CANCEL_BIT), topic)
                 )
             number_plus_one = prev
-        self._cache = (sec, head, out)
+        if keep:
+            self._cache = (sec, head, out)
         return out
 
     # -- checkpoints -----------------------------------------------------------------
