@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-broker demo proto clean
+.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -116,6 +116,9 @@ bench: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(BIN)/python bench/spark_bench.py
+
+bench-delay: $(STAMP)
+	$(BIN)/python bench/delay_bench.py --scenario all
 
 # Against Redis Streams and NATS JetStream, when their servers are installed
 # (apt-get install redis-server nats-server).

@@ -547,3 +547,22 @@ def test_a_topic_created_again_gets_none_of_its_predecessors_records(
     store = open_store(config)
     assert values(store) == [b"new"]
     assert store.delayed_summary() == (0, None)
+
+
+def test_next_due_of_a_crowded_second_is_its_start(open_store: OpenStore) -> None:
+    """Stats must not walk a second holding millions (they run under the
+    engine lock): past a budget of entries the next due time is the start of
+    its second, a lower bound within the timer's one-second precision."""
+    store = open_store()
+    store.create_topic("t", 1)
+    store.create_topic("u", 1)
+    due = now_ms() + 3_600_000 // 1000 * 1000 + 700  # 700 ms into its second
+    for _ in range(5):
+        store.append("t", 0, MessageBatch([b"x"] * 1000), deliver_at_ms=[due])
+    store.append("u", 0, MessageBatch([b"y"]), deliver_at_ms=[due + 5])
+    start = due // 1000 * 1000
+    assert store.delayed_summary() == (5001, start)
+    assert store.delayed_summary("u") == (1, start)
+    store.create_topic("few", 1)
+    store.append("few", 0, MessageBatch([b"z"]), deliver_at_ms=[due - 600_000])
+    assert store.delayed_summary("few") == (1, due - 600_000)  # exact when cheap

@@ -57,7 +57,7 @@ from equeue_broker.storage.timer.timer_records import (
     Key,
     decode_value,
 )
-from equeue_broker.storage.timer.wheel import SLOTS, Wheel, topic_id
+from equeue_broker.storage.timer.wheel import SLOTS, Entry, Wheel, topic_id
 from equeue_proto.record import FLAG_CONTROL, FLAG_DELAYED, FLAG_TXN, RecordMeta, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 HOUR_MS = 3_600_000
 _EARLIEST_SECONDS = 256
 """Busy seconds a next-due lookup reads at most (then it answers a lower bound)."""
+_EARLIEST_ENTRIES = 4096
+"""Timer entries a next-due lookup reads at most (then it answers a lower
+bound): it runs under the engine lock, and one second may hold a million."""
 NOTHING: Key = (0, -1)
 
 
@@ -428,15 +431,7 @@ class Timer:
         """The keys of the slot of ``sec`` not cancelled, sorted (``keep``: see
         ``Wheel.chain``)."""
         assert self.wheel is not None
-        cancelled: dict[int, int] = {}
-        adds: list[tuple[int, int, int]] = []
-        for entry in self.wheel.chain(sec, keep=keep):
-            if entry.cancel:
-                cancelled[entry.target] = max(cancelled.get(entry.target, -1), entry.number)
-            elif topic is None or entry.topic_id == topic:
-                adds.append((entry.due_ms, entry.target, entry.number))
-        keys = {(due, target) for due, target, number in adds if number > cancelled.get(target, -1)}
-        return sorted(keys)
+        return _alive_keys(self.wheel.chain(sec, keep=keep), topic)
 
     def delivered(self, deliver: Deliver, picked: Sequence[Picked]) -> None:
         """The deliver record of ``picked`` is written (lock held)."""
@@ -481,11 +476,22 @@ class Timer:
         if hour < 0:
             return None
         tid = None if topic is None else topic_id(topic)
-        first = max(hour * 3600, self.cursor_sec, self.through[0] // 1000)
+        through_sec = self.through[0] // 1000
+        first = max(hour * 3600, self.cursor_sec, through_sec)
+        budget = _EARLIEST_ENTRIES
         for visited, sec in enumerate(self.wheel.busy_seconds(first, hour * 3600 + 3599)):
             if visited >= _EARLIEST_SECONDS:  # a crowded hour: a lower bound will do
                 return sec * 1000
-            keys = self._alive(sec, tid, keep=False)
+            if tid is None and sec == through_sec:
+                keys = self._live(sec)  # the current second: the timer thread keeps it
+                if keys:
+                    return keys[0][0]
+                continue
+            entries = self.wheel.chain(sec, keep=False, limit=budget)
+            budget -= len(entries)
+            if budget <= 0:  # a crowded second: a lower bound will do
+                return sec * 1000
+            keys = _alive_keys(entries, tid)
             at = bisect.bisect_right(keys, self.through)
             if at < len(keys):
                 return keys[at][0]
@@ -508,6 +514,20 @@ class Timer:
         if meta.position != position or meta.flags & FLAG_CONTROL:
             return None
         return meta if meta.flags & FLAG_DELAYED else None
+
+
+def _alive_keys(chain: Sequence[Entry], topic: int | None) -> list[Key]:
+    """The keys of a slot's ``chain`` (of ``topic``'s records, or all) not
+    cancelled, sorted."""
+    cancelled: dict[int, int] = {}
+    adds: list[tuple[int, int, int]] = []
+    for entry in chain:
+        if entry.cancel:
+            cancelled[entry.target] = max(cancelled.get(entry.target, -1), entry.number)
+        elif topic is None or entry.topic_id == topic:
+            adds.append((entry.due_ms, entry.target, entry.number))
+    keys = {(due, target) for due, target, number in adds if number > cancelled.get(target, -1)}
+    return sorted(keys)
 
 
 def _buckets(values: Sequence[int], size: int) -> Counter[int]:

@@ -271,14 +271,15 @@ class Wheel:
                     yield sec + i
             sec += n
 
-    def chain(self, sec: int, *, keep: bool = True) -> list[Entry]:
+    def chain(self, sec: int, *, keep: bool = True, limit: int | None = None) -> list[Entry]:
         """The entries of second ``sec``, newest first. The last chain read with
         ``keep`` is kept: the timer reads the current second's every tick, and a
-        chain only grows at its head, so only the entries added since are read."""
+        chain only grows at its head, so only the entries added since are read.
+        ``limit``: read at most that many entries (then the list is partial)."""
         out: list[Entry] = []
         head = number_plus_one = self.head(sec % SLOTS)
         known = self._cache if self._cache is not None and self._cache[0] == sec else None
-        while number_plus_one > self.first:
+        while number_plus_one > self.first and (limit is None or len(out) < limit):
             if known is not None and number_plus_one == known[1]:
                 out.extend(e for e in known[2] if e.number >= self.first)
                 break
