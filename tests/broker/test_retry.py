@@ -368,3 +368,16 @@ def test_the_brokers_own_topics_take_at_most_half_of_its_topics(
             store.create_topic(name, 1)
     finally:
         store.close()
+
+
+def test_one_nack_of_runs_of_offsets_keeps_request_order(client: RawClient) -> None:
+    """A Nack's messages are read a run of consecutive offsets at a time; the
+    copies still follow the request's order, each naming its own origin."""
+    produce(client, "orders", [b"m0", b"m1", b"m2", b"m3", b"m4"])
+    order = [3, 0, 1, 4]
+    entries = [pb.NackEntry(topic="orders", queue_id=0, offset=o, delay_ms=0) for o in order]
+    reply = client.broker.Nack(pb.NackRequest(group=GROUP, entries=entries), timeout=30)
+    assert [o.action for o in reply.outcomes] == ["retry"] * 4
+    copies = pull_until(client, RETRY, 0, 4)
+    assert [m.value for m in copies] == [b"m3", b"m0", b"m1", b"m4"]
+    assert [header(m, "equeue.origin.offset") for m in copies] == [b"3", b"0", b"1", b"4"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, Store
-from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
+from equeue_broker.storage.errors import AlreadyExists, LimitExceeded, StorageError
 from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import format_message_id
 from equeue_proto.record import StoredMessage
@@ -189,7 +189,8 @@ class Retries:
                 f"{len(entries)} entries; the limit is {MAX_NACK_ENTRIES} per Nack: split them"
             )
         now = int(time.time() * 1000)
-        plans = [self._plan(group, entry, max_retries, now) for entry in entries]
+        read = self._prefetch(entries)
+        plans = [self._plan(group, entry, max_retries, now, read) for entry in entries]
         ids: dict[int, str] = {}
         for action, topic in ((RETRY, retry_topic(group)), (DLQ, dlq_topic(group))):
             chosen = [i for i, plan in enumerate(plans) if plan.action == action]
@@ -203,7 +204,35 @@ class Retries:
             for i, plan in enumerate(plans)
         ]
 
-    def _plan(self, group: str, entry: NackEntry, max_retries: int, now: int) -> NackPlan:
+    def _prefetch(self, entries: Sequence[NackEntry]) -> dict[tuple[str, int, int], StoredMessage]:
+        """The messages of ``entries`` read a run of consecutive offsets at a
+        time (a consumer gives back what one poll returned: runs of a few
+        queues), instead of one read each; what is missing here is read (and
+        refused) one by one in ``_plan``."""
+        wanted: dict[tuple[str, int], set[int]] = {}
+        for entry in entries:
+            if entry.offset >= 0:
+                wanted.setdefault((entry.topic, entry.queue_id), set()).add(entry.offset)
+        found: dict[tuple[str, int, int], StoredMessage] = {}
+        for (topic, queue_id), offsets in wanted.items():
+            for first, count in _runs(sorted(offsets)):
+                try:
+                    result = self.store.reads.read(topic, queue_id, first, max_messages=count)
+                except StorageError:
+                    continue  # refused precisely by the read of its own
+                if result.status is ReadStatus.OK:
+                    for message in result.messages:
+                        found[(topic, queue_id, message.queue_offset)] = message
+        return found
+
+    def _plan(
+        self,
+        group: str,
+        entry: NackEntry,
+        max_retries: int,
+        now: int,
+        read: dict[tuple[str, int, int], StoredMessage],
+    ) -> NackPlan:
         source = entry.topic
         if source.startswith(RESERVED) and source != retry_topic(group):
             raise BadRequest(
@@ -216,7 +245,9 @@ class Retries:
                 f"of range: give 0 to {self.max_delay_ms} (--max-delay), or -1 for the "
                 "group's next back-off step"
             )
-        message = self._read(source, entry.queue_id, entry.offset)
+        message = read.get((source, entry.queue_id, entry.offset))
+        if message is None:
+            message = self._read(source, entry.queue_id, entry.offset)
         own = dict(message.headers)
         if source.startswith(RETRY_PREFIX) and ORIGIN_TOPIC in own:
             deliveries = _count(own.get(DELIVERIES)) + 1
@@ -288,3 +319,14 @@ def _truncated(error: str) -> bytes:
     if len(raw) <= MAX_ERROR_BYTES:
         return raw
     return raw[:MAX_ERROR_BYTES].decode(errors="ignore").encode()
+
+
+def _runs(offsets: Sequence[int]) -> list[tuple[int, int]]:
+    """(first, count) of each run of consecutive ``offsets`` (sorted)."""
+    runs: list[tuple[int, int]] = []
+    for offset in offsets:
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((offset, 1))
+    return runs
