@@ -153,7 +153,9 @@ _TOP_LEVEL_FILES = {
 }  # fmt: skip
 _LOG_FILE = re.compile(r"\d{9}\.chunk")
 _INDEX_FILE = re.compile(r"\d{9}\.idx")
-_NAME = re.compile(NAME)
+_TIMER_FILE = re.compile(r"wheel|\d{9}\.tlog")
+_NAME = re.compile(rf"(?:%(?:RETRY|DLQ|RESENT)%)?{NAME}")
+"""A topic's name: a user's, or a group's retry or dead-letter topic's."""
 
 
 def layout_violations(data_dir: Path, *, allow_temp: bool = False) -> list[str]:
@@ -178,11 +180,13 @@ def layout_violations(data_dir: Path, *, allow_temp: bool = False) -> list[str]:
 
 def _layout_ok(parts: tuple[str, ...], is_dir: bool) -> bool:
     if len(parts) == 1:
-        return (parts[0] in ("log", "index") and is_dir) or (
+        return (parts[0] in ("log", "index", "timer") and is_dir) or (
             parts[0] in _TOP_LEVEL_FILES and not is_dir
         )
     if parts[0] == "log":
         return len(parts) == 2 and not is_dir and bool(_LOG_FILE.fullmatch(parts[1]))
+    if parts[0] == "timer":  # delayed records' index (storage/timer/wheel.py)
+        return len(parts) == 2 and not is_dir and bool(_TIMER_FILE.fullmatch(parts[1]))
     if parts[0] == "index":
         if not _NAME.fullmatch(parts[1]):
             return False

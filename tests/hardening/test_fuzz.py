@@ -152,11 +152,13 @@ def test_the_layout_check_flags_what_is_outside_the_layout(tmp_path: Path) -> No
         "LOCK", "topics.json", "topics.json.bak", "offsets.json", "checkpoint.json.bak",
         "broker.json", "log/000000000.chunk", "log/000000001.chunk",
         "index/fz0/0/000000000.idx", "index/a..b/12/000000003.idx",
+        "index/%RETRY%g1/0/000000000.idx", "timer/wheel", "timer/000000002.tlog",
     ]  # fmt: skip
     bad = [
         "x", "log/0.chunk", "log/000000000.chunk.tmp", "index/..x/0/000000000.idx",
         "index/fz0/00/000000000.idx", "index/fz0/0/x", "index/fz0/0/1/000000000.idx",
         "txn/notes.txt", "txn/sinks.json", "topics.json.tmp", "log/sub/000000000.chunk",
+        "index/%mine%x/0/000000000.idx", "timer/1.tlog", "timer/sub/wheel",
     ]  # fmt: skip
     for name in good + bad:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

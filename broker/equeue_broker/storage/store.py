@@ -26,12 +26,12 @@ Data directory layout::
     <data_dir>/log/<n:09d>.chunk          message log chunks (message_log.py)
     <data_dir>/index/<topic>/<q>/<n>.idx  queue index chunks (queue_index.py)
     <data_dir>/index/.deleted.<hex>/      an index being deleted (deletion.py)
+    <data_dir>/timer/wheel, <n:09d>.tlog  delayed records' timer index (timer/wheel.py)
     <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py, topic_admin.py)
     <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
-    <data_dir>/checkpoint.json[.bak]      log position below which every index
-                                          entry is fsynced (recovery.py)
-                                          and transaction and sink state (recovery.py);
-                                          transactions live in the log (transactions.py)
+    <data_dir>/checkpoint.json[.bak]      log position below which every index entry is
+                                          fsynced, and what is derived from the log as of
+                                          it (recovery.py)
 
 Durability (see ``FlushMode``): in sync mode an append returns after an fsync
 of its records (group commit), and readers see only durable records; in async
