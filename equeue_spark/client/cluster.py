@@ -248,6 +248,14 @@ def with_replica_reads(config: ClientConfig) -> ClientConfig:
     return dataclasses.replace(config, read_from_replicas=True)
 
 
+def target(config: ClientConfig) -> tuple[str, str]:
+    """How an error names what ``config`` reaches, and the option that sets it:
+    a cluster behind name servers, or one broker (a cluster of one)."""
+    if config.is_cluster:
+        return f"the cluster behind name servers {','.join(config.namesrvs())}", "namesrv"
+    return f"broker {config.broker}", "broker"
+
+
 def connect(config: ClientConfig) -> Routes:
     """The routes ``config`` names: name servers (``namesrv``, or
     ``$EQUEUE_NAMESRV``), else one broker (a cluster of one)."""

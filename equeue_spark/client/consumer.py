@@ -56,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from equeue_proto.protocol import consumer_id_problem, default_consumer_id
+from equeue_proto.retry_topics import retry_topic
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import commit_offsets
 from equeue_spark.client.cluster import connect, name_broker, with_replica_reads
@@ -75,7 +76,7 @@ from equeue_spark.client.errors import (
     InvalidRequest,
     PermissionDeniedError,
 )
-from equeue_spark.client.records import Message, retry_topic
+from equeue_spark.client.records import Message
 from equeue_spark.client.retries import (
     as_messages,
     check_reconsume_times,

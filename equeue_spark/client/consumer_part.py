@@ -28,6 +28,7 @@ from typing import Literal
 
 import grpc
 
+from equeue_proto.retry_topics import RETRY_PREFIX
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.errors import (
@@ -38,7 +39,7 @@ from equeue_spark.client.errors import (
     PreconditionError,
     from_rpc_error,
 )
-from equeue_spark.client.records import RETRY_PREFIX, Message, decode_intact, decode_records
+from equeue_spark.client.records import Message, decode_intact, decode_records
 from equeue_spark.client.wire import PullReply
 
 log = logging.getLogger("equeue_spark.client.consumer")

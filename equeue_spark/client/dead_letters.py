@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from equeue_proto.protocol import parse_message_id
+from equeue_proto.retry_topics import dlq_topic
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import EqueueError, InvalidRequest, NotFoundError
 from equeue_spark.client.reader import stream_replies
-from equeue_spark.client.records import Message, decode_records, dlq_topic
+from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.route import name_broker
 
 if TYPE_CHECKING:

@@ -15,29 +15,15 @@ from typing import NamedTuple
 from equeue_proto.accel import CODEC
 from equeue_proto.protocol import format_message_id
 from equeue_proto.record import Buffer, check_frame, decode_record
+from equeue_proto.retry_topics import (
+    DELIVERIES,
+    ERROR,
+    ORIGIN_ID,
+    ORIGIN_OFFSET,
+    ORIGIN_QUEUE,
+    ORIGIN_TOPIC,
+)
 from equeue_spark.client.errors import DataLossError
-
-ORIGIN_TOPIC = "equeue.origin.topic"
-ORIGIN_QUEUE = "equeue.origin.queue"
-ORIGIN_OFFSET = "equeue.origin.offset"
-ORIGIN_ID = "equeue.origin.id"
-DELIVERIES = "equeue.deliveries"
-ERROR = "equeue.error"
-DLQ_REASON = "equeue.dlq.reason"
-"""Headers the broker puts on a copy in a retry or dead-letter topic
-(broker.proto, "Retry and dead letters")."""
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
-
-
-def retry_topic(group: str) -> str:
-    """The topic a group's given-back messages wait in (read by its consumers)."""
-    return RETRY_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    """The group's dead-letter topic (read by nobody automatically)."""
-    return DLQ_PREFIX + group
 
 
 class Origin(NamedTuple):

@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from equeue_proto.retry_topics import ORIGIN_TOPIC
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import EqueueError, InvalidRequest
-from equeue_spark.client.records import ORIGIN_TOPIC, Message
+from equeue_spark.client.records import Message
 from equeue_spark.client.route import name_broker
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import Admin
+from equeue_spark.client.cluster import target
 from equeue_spark.client.errors import BrokerUnavailable, EqueueError, NotFoundError
 from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
 from equeue_spark.spark.offsets import (
@@ -91,8 +92,7 @@ class Planner:
         found = Listing()
         missing = [t for t in self.topics() if not self._list_topic(found, t, timestamp_ms)]
         if missing and not self.options.streaming and self.options.topic_pattern is None:
-            o = self.options
-            where = f"name servers {','.join(o.namesrv)}" if o.cluster else f"broker {o.broker}"
+            where, _ = target(self.options.client)
             raise NotFoundError(
                 f"topic {missing[0]!r} does not exist on {where}: check the topic option "
                 "(a batch read needs existing topics; a streaming read waits for them)"

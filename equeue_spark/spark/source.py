@@ -38,7 +38,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from equeue_spark.client.cluster import connect
+from equeue_spark.client.cluster import connect, target
 from equeue_spark.client.errors import BrokerUnavailable, DeadlineExceeded, EqueueError
 from equeue_spark.spark.arrow import arrow_schema, read_schema
 from equeue_spark.spark.errors import BrokerUnreachable, InvalidOption
@@ -77,10 +77,7 @@ def _standalone(exc: EqueueError, options: ReadOptions | WriteOptions) -> Equeue
     named with the address and ``timeoutMs``; other errors keep their message."""
     if not isinstance(exc, BrokerUnavailable | DeadlineExceeded):
         return exc.with_traceback(None)
-    if options.namesrv:
-        where, option = f"the cluster behind name servers {','.join(options.namesrv)}", "namesrv"
-    else:
-        where, option = f"broker {options.broker}", "broker"
+    where, option = target(options.client)
     return BrokerUnreachable(
         f"{where} did not answer within timeoutMs={options.timeout_ms} ({exc}): check that "
         f"it runs at that address (option {option}), or raise timeoutMs",

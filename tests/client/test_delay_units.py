@@ -10,6 +10,16 @@ import pickle
 import pyarrow as pa
 import pytest
 
+from equeue_proto.retry_topics import (
+    DELIVERIES,
+    ERROR,
+    ORIGIN_ID,
+    ORIGIN_OFFSET,
+    ORIGIN_QUEUE,
+    ORIGIN_TOPIC,
+    dlq_topic,
+    retry_topic,
+)
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli import main
 from equeue_spark.client import InvalidRequest, Message
@@ -21,17 +31,7 @@ from equeue_spark.client.delays import (
     refuse_staged,
     time_ms,
 )
-from equeue_spark.client.records import (
-    DELIVERIES,
-    ERROR,
-    ORIGIN_ID,
-    ORIGIN_OFFSET,
-    ORIGIN_QUEUE,
-    ORIGIN_TOPIC,
-    Origin,
-    dlq_topic,
-    retry_topic,
-)
+from equeue_spark.client.records import Origin
 from equeue_spark.client.retries import (
     RetryMessage,
     address_of,

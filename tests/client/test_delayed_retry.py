@@ -24,6 +24,7 @@ from collections.abc import Callable
 import pytest
 
 from equeue_broker.testing import BrokerProcess
+from equeue_proto.retry_topics import dlq_topic, retry_topic
 from equeue_spark.client import (
     Admin,
     Consumer,
@@ -32,7 +33,6 @@ from equeue_spark.client import (
     NotFoundError,
     Producer,
 )
-from equeue_spark.client.records import dlq_topic, retry_topic
 
 BUDGET_S = 60.0
 """How long a test waits for what it expects (far above an idle machine's

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from equeue_broker.testing import LocalCluster
+from equeue_proto.retry_topics import retry_topic
 from equeue_spark.client import Admin, ClientConfig, Consumer, Message, Producer
-from equeue_spark.client.records import retry_topic
 
 pytestmark = pytest.mark.slow
 

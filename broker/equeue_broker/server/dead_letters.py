@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 
 from equeue_broker.server.auth import Principal
 from equeue_broker.server.errors import BadRequest
-from equeue_broker.server.retry import (
+from equeue_broker.server.retry import ensure_topic
+from equeue_broker.storage import MessageBatch, NotFound, Store
+from equeue_proto.protocol import format_message_id, parse_message_id
+from equeue_proto.record import RecordError, StoredMessage, decode_record
+from equeue_proto.retry_topics import (
     ORIGIN_QUEUE,
     ORIGIN_TOPIC,
     OWN_HEADERS,
     dlq_topic,
-    ensure_topic,
     resent_topic,
 )
-from equeue_broker.storage import MessageBatch, NotFound, Store
-from equeue_proto.protocol import format_message_id, parse_message_id
-from equeue_proto.record import RecordError, StoredMessage, decode_record
 
 DEAD_LETTER_ID = "equeue.dlq.id"
 """On a resent copy and its %RESENT% record: the dead letter's id."""

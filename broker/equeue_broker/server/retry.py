@@ -29,41 +29,26 @@ from equeue_broker.storage.errors import AlreadyExists, LimitExceeded, StorageEr
 from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import format_message_id
 from equeue_proto.record import StoredMessage
-
-RESERVED = "%"
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
-RESENT_PREFIX = "%RESENT%"
-"""dead_letters.py: which dead letters were resent (one record per resend)."""
-
-ORIGIN_TOPIC = "equeue.origin.topic"
-ORIGIN_QUEUE = "equeue.origin.queue"
-ORIGIN_OFFSET = "equeue.origin.offset"
-ORIGIN_ID = "equeue.origin.id"
-DELIVERIES = "equeue.deliveries"
-ERROR = "equeue.error"
-DLQ_REASON = "equeue.dlq.reason"
-OWN_HEADERS = frozenset(
-    (ORIGIN_TOPIC, ORIGIN_QUEUE, ORIGIN_OFFSET, ORIGIN_ID, DELIVERIES, ERROR, DLQ_REASON)
+from equeue_proto.retry_topics import (
+    DELIVERIES,
+    DLQ_REASON,
+    ERROR,
+    ORIGIN_ID,
+    ORIGIN_OFFSET,
+    ORIGIN_QUEUE,
+    ORIGIN_TOPIC,
+    OWN_HEADERS,
+    RESERVED,
+    RETRY_PREFIX,
+    dlq_topic,
+    resent_topic,
+    retry_topic,
 )
-"""Headers the broker writes on copies; a consumer's own are kept as they are."""
 
 MAX_NACK_ENTRIES = 1_000
 MAX_ERROR_BYTES = 1_024
 RETRY = "retry"
 DLQ = "dlq"
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_PREFIX + group
-
-
-def resent_topic(group: str) -> str:
-    return RESENT_PREFIX + group
 
 
 def group_topics(group: str) -> tuple[str, str, str]:

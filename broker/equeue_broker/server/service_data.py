@@ -29,8 +29,6 @@ from equeue_broker.server.retry import (
     Outcome,
     Retries,
     check_user_name,
-    dlq_topic,
-    retry_topic,
     user_group,
 )
 from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
@@ -42,6 +40,7 @@ from equeue_broker.storage.meta.names import validate_topic
 from equeue_broker.storage.producers.table import Idempotence
 from equeue_broker.storage.txn.transactions import CommitResult
 from equeue_proto.protocol import consumer_id_problem, key_queue
+from equeue_proto.retry_topics import dlq_topic, retry_topic
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 

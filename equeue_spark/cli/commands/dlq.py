@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from equeue_proto.retry_topics import DLQ_REASON, dlq_topic
 from equeue_spark.cli.common import UsageError, admin_client, split_names
 from equeue_spark.cli.formatting import Output, format_table, message_dict, one_line
-from equeue_spark.client.records import DLQ_REASON, Message, dlq_topic
+from equeue_spark.client.records import Message
 
 
 def _row(m: Message) -> tuple[object, ...]:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 
 from equeue_broker.storage.errors import InvalidName
+from equeue_proto.retry_topics import DLQ_PREFIX, RESENT_PREFIX, RETRY_PREFIX
 
 MAX_NAME_LENGTH = 128
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-RESERVED_PREFIXES = ("%RETRY%", "%DLQ%", "%RESENT%")
+RESERVED_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, RESENT_PREFIX)
 """A consumer group's retry and dead-letter topics: the prefix and the group's
 name (the broker creates them; users cannot, server/retry.py)."""
 
