@@ -30,6 +30,7 @@ from equeue_broker.storage.index.queue_index import (
 )
 from equeue_broker.storage.index.queue_state import QueueKey
 from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.log.record import restamp_entries
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, RecordMeta
 
 log = logging.getLogger(__name__)
@@ -152,3 +153,27 @@ def repair_entry(
         "index entry of %s/%d offset %d was damaged; rebuilt from the log (scanned [%d, %d))",
         key[0], key[1], offset, start, stop,
     )  # fmt: skip
+
+
+def derived_entries(
+    queues: tuple[tuple[QueueKey, int, int], ...],
+    found: dict[QueueKey, bytearray],
+    store_ms: int,
+    kind: str,
+    what: str,
+) -> list[tuple[QueueKey, int, bytearray]]:
+    """The index entries a commit-like record (``kind``: a commit, a delayed
+    records' deliver) makes: per queue it lists (first offset, count), the
+    entries ``found`` in the log for it, stamped with the record's store time;
+    ``CorruptionError`` if the log holds another number of them."""
+    out = []
+    for key, first, count in queues:
+        entries = found.get(key, bytearray())
+        if len(entries) // 32 != count:
+            raise CorruptionError(
+                f"{kind} of {key[0]}/{key[1]} offsets [{first}, {first + count}) finds "
+                f"{len(entries) // 32} {what} in the log"
+            )
+        restamp_entries(entries, store_ms)
+        out.append((key, first, entries))
+    return out

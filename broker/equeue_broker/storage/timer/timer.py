@@ -45,11 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from equeue_broker.storage.config import TimerConfig
-from equeue_broker.storage.errors import CorruptionError, InvalidArgument, StorageError
-from equeue_broker.storage.index.index_repair import entry_for
+from equeue_broker.storage.errors import InvalidArgument, StorageError
+from equeue_broker.storage.index.index_repair import derived_entries, entry_for
 from equeue_broker.storage.index.queue_state import QueueKey
 from equeue_broker.storage.log.message_log import MessageLog
-from equeue_broker.storage.log.record import restamp_entries
 from equeue_broker.storage.timer.timer_records import (
     TAGS,
     Cancel,
@@ -557,14 +556,4 @@ def _derive(
         if meta is not None and position not in dropped:
             key = (meta.topic.decode(errors="replace"), meta.queue_id)
             by_queue.setdefault(key, bytearray()).extend(entry_for(position, meta))
-    out = []
-    for key, first, count in deliver.queues:
-        entries = by_queue.get(key, bytearray())
-        if len(entries) // 32 != count:
-            raise CorruptionError(
-                f"deliver of {key[0]}/{key[1]} offsets [{first}, {first + count}) finds "
-                f"{len(entries) // 32} delayed records in the log"
-            )
-        restamp_entries(entries, store_ms)
-        out.append((key, first, entries))
-    return out
+    return derived_entries(deliver.queues, by_queue, store_ms, "deliver", "delayed records")

@@ -30,10 +30,9 @@ from pathlib import Path
 
 from equeue_broker.storage.epochs import EPOCH_TAG, EpochHistory, decode_marker
 from equeue_broker.storage.errors import CorruptionError, PreconditionFailed
-from equeue_broker.storage.index.index_repair import entry_for
+from equeue_broker.storage.index.index_repair import derived_entries, entry_for
 from equeue_broker.storage.index.queue_state import QueueKey
 from equeue_broker.storage.log.message_log import MessageLog
-from equeue_broker.storage.log.record import restamp_entries
 from equeue_broker.storage.meta.atomic_file import load_json
 from equeue_broker.storage.producers.records import PRODUCER_TAG
 from equeue_broker.storage.producers.records import decode_value as decode_producer
@@ -166,17 +165,11 @@ def _apply_sink(sinks: Sinks, commit: Commit, store_ms: int) -> None:
 def _derive(
     commit: Commit, txns: list[StagedTxn], store_ms: int
 ) -> list[tuple[QueueKey, int, bytearray]]:
-    out = []
-    for key, first, count in commit.queues:
-        entries = bytearray(b"".join(e for txn in txns for e in txn.entries.get(key, ())))
-        if len(entries) // 32 != count:
-            raise CorruptionError(
-                f"commit of {key[0]}/{key[1]} offsets [{first}, {first + count}) finds "
-                f"{len(entries) // 32} staged records in the log"
-            )
-        restamp_entries(entries, store_ms)
-        out.append((key, first, entries))
-    return out
+    found = {
+        key: bytearray(b"".join(e for txn in txns for e in txn.entries.get(key, ())))
+        for key, _, _ in commit.queues
+    }
+    return derived_entries(commit.queues, found, store_ms, "commit", "staged records")
 
 
 def migrate_stage_dir(data_dir: Path) -> Sinks | None:
