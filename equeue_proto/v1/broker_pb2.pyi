@@ -7,16 +7,67 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TransactionResolution(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRANSACTION_RESOLUTION_UNSPECIFIED: _ClassVar[TransactionResolution]
+    TRANSACTION_RESOLUTION_COMMIT: _ClassVar[TransactionResolution]
+    TRANSACTION_RESOLUTION_ROLLBACK: _ClassVar[TransactionResolution]
+    TRANSACTION_RESOLUTION_UNKNOWN: _ClassVar[TransactionResolution]
+
 class PullStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PULL_STATUS_UNSPECIFIED: _ClassVar[PullStatus]
     PULL_STATUS_OK: _ClassVar[PullStatus]
     PULL_STATUS_OFFSET_TOO_SMALL: _ClassVar[PullStatus]
     PULL_STATUS_OFFSET_TOO_BIG: _ClassVar[PullStatus]
+TRANSACTION_RESOLUTION_UNSPECIFIED: TransactionResolution
+TRANSACTION_RESOLUTION_COMMIT: TransactionResolution
+TRANSACTION_RESOLUTION_ROLLBACK: TransactionResolution
+TRANSACTION_RESOLUTION_UNKNOWN: TransactionResolution
 PULL_STATUS_UNSPECIFIED: PullStatus
 PULL_STATUS_OK: PullStatus
 PULL_STATUS_OFFSET_TOO_SMALL: PullStatus
 PULL_STATUS_OFFSET_TOO_BIG: PullStatus
+
+class CheckStreamRequest(_message.Message):
+    __slots__ = ("hello", "answer")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    hello: CheckHello
+    answer: CheckAnswer
+    def __init__(self, hello: _Optional[_Union[CheckHello, _Mapping]] = ..., answer: _Optional[_Union[CheckAnswer, _Mapping]] = ...) -> None: ...
+
+class CheckHello(_message.Message):
+    __slots__ = ("group", "client_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    client_id: str
+    def __init__(self, group: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class CheckAnswer(_message.Message):
+    __slots__ = ("transaction_id", "check", "resolution")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    check: int
+    resolution: TransactionResolution
+    def __init__(self, transaction_id: _Optional[str] = ..., check: _Optional[int] = ..., resolution: _Optional[_Union[TransactionResolution, str]] = ...) -> None: ...
+
+class TransactionCheck(_message.Message):
+    __slots__ = ("transaction_id", "check", "created_ms", "queues", "broker_id")
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    transaction_id: str
+    check: int
+    created_ms: int
+    queues: _containers.RepeatedCompositeFieldContainer[CommittedQueue]
+    broker_id: str
+    def __init__(self, transaction_id: _Optional[str] = ..., check: _Optional[int] = ..., created_ms: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[CommittedQueue, _Mapping]]] = ..., broker_id: _Optional[str] = ...) -> None: ...
 
 class CancelDelayedRequest(_message.Message):
     __slots__ = ("message_id",)
@@ -123,7 +174,7 @@ class MessageColumns(_message.Message):
     def __init__(self, count: _Optional[int] = ..., values: _Optional[bytes] = ..., value_lengths: _Optional[_Iterable[int]] = ..., keys: _Optional[bytes] = ..., key_lengths: _Optional[_Iterable[int]] = ..., tags: _Optional[_Iterable[str]] = ..., headers: _Optional[bytes] = ..., header_lengths: _Optional[_Iterable[int]] = ..., timestamps_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("topic", "messages", "queue_ids", "transaction_id", "producer_id", "producer_epoch", "sequences", "deliver_at_ms")
+    __slots__ = ("topic", "messages", "queue_ids", "transaction_id", "producer_id", "producer_epoch", "sequences", "deliver_at_ms", "producer_group")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +183,7 @@ class ProduceRequest(_message.Message):
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
     topic: str
     messages: MessageColumns
     queue_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -140,7 +192,8 @@ class ProduceRequest(_message.Message):
     producer_epoch: int
     sequences: _containers.RepeatedCompositeFieldContainer[QueueSequence]
     deliver_at_ms: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ..., transaction_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[QueueSequence, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ...) -> None: ...
+    producer_group: str
+    def __init__(self, topic: _Optional[str] = ..., messages: _Optional[_Union[MessageColumns, _Mapping]] = ..., queue_ids: _Optional[_Iterable[int]] = ..., transaction_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[QueueSequence, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ..., producer_group: _Optional[str] = ...) -> None: ...
 
 class ProduceReply(_message.Message):
     __slots__ = ("broker_id", "queue_ids", "offsets", "positions", "transaction_messages", "deliver_at_ms")
@@ -215,7 +268,7 @@ class AbortTransactionsReply(_message.Message):
     def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_bytes", "tags", "max_wait_ms", "group", "consumer_id", "session")
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_bytes", "tags", "max_wait_ms", "group", "consumer_id", "session", "filter")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +279,7 @@ class PullRequest(_message.Message):
     GROUP_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
@@ -236,10 +290,11 @@ class PullRequest(_message.Message):
     group: str
     consumer_id: str
     session: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_wait_ms: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., session: _Optional[int] = ...) -> None: ...
+    filter: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_wait_ms: _Optional[int] = ..., group: _Optional[str] = ..., consumer_id: _Optional[str] = ..., session: _Optional[int] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class PullStreamRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "end_offset", "batch_messages", "batch_bytes", "tags")
+    __slots__ = ("topic", "queue_id", "offset", "end_offset", "batch_messages", "batch_bytes", "tags", "filter")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +302,7 @@ class PullStreamRequest(_message.Message):
     BATCH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
@@ -254,7 +310,8 @@ class PullStreamRequest(_message.Message):
     batch_messages: int
     batch_bytes: int
     tags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., batch_messages: _Optional[int] = ..., batch_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+    filter: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., batch_messages: _Optional[int] = ..., batch_bytes: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class PullReply(_message.Message):
     __slots__ = ("status", "records", "count", "next_offset", "earliest_offset", "end_offset", "broker_id")
@@ -401,6 +458,32 @@ class OffsetForBytesReply(_message.Message):
     end_offset: int
     bytes: int
     def __init__(self, end_offset: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class QueryMessagesRequest(_message.Message):
+    __slots__ = ("topic", "key", "by_key", "start_ms", "end_ms", "limit")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BY_KEY_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: bytes
+    by_key: bool
+    start_ms: int
+    end_ms: int
+    limit: int
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[bytes] = ..., by_key: _Optional[bool] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class QueryMessagesReply(_message.Message):
+    __slots__ = ("messages", "truncated", "broker_id")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[GetMessageReply]
+    truncated: bool
+    broker_id: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[GetMessageReply, _Mapping]]] = ..., truncated: _Optional[bool] = ..., broker_id: _Optional[str] = ...) -> None: ...
 
 class ResendDeadLettersRequest(_message.Message):
     __slots__ = ("group", "message_ids", "all")
@@ -656,7 +739,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers", "delayed_pending", "delayed_next_due_ms")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers", "delayed_pending", "delayed_next_due_ms", "records_served", "records_filtered", "features", "transaction_checks_sent", "transaction_checks_answered", "check_streams")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -690,6 +773,12 @@ class BrokerStats(_message.Message):
     IDEMPOTENT_PRODUCERS_FIELD_NUMBER: _ClassVar[int]
     DELAYED_PENDING_FIELD_NUMBER: _ClassVar[int]
     DELAYED_NEXT_DUE_MS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FILTERED_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_CHECKS_SENT_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_CHECKS_ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    CHECK_STREAMS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -723,7 +812,13 @@ class BrokerStats(_message.Message):
     idempotent_producers: int
     delayed_pending: int
     delayed_next_due_ms: int
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ..., delayed_pending: _Optional[int] = ..., delayed_next_due_ms: _Optional[int] = ...) -> None: ...
+    records_served: int
+    records_filtered: int
+    features: _containers.RepeatedScalarFieldContainer[str]
+    transaction_checks_sent: int
+    transaction_checks_answered: int
+    check_streams: int
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ..., delayed_pending: _Optional[int] = ..., delayed_next_due_ms: _Optional[int] = ..., records_served: _Optional[int] = ..., records_filtered: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ..., transaction_checks_sent: _Optional[int] = ..., transaction_checks_answered: _Optional[int] = ..., check_streams: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("address", "position", "lag_bytes", "last_seen_s", "connected", "replica_id", "in_sync")
@@ -756,16 +851,18 @@ class QuarantinedChunk(_message.Message):
     def __init__(self, file: _Optional[str] = ..., reason: _Optional[str] = ..., start_position: _Optional[int] = ..., end_position: _Optional[int] = ...) -> None: ...
 
 class QueueCounters(_message.Message):
-    __slots__ = ("topic", "queue_id", "produced", "consumed")
+    __slots__ = ("topic", "queue_id", "produced", "consumed", "filtered")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCED_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     produced: int
     consumed: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., produced: _Optional[int] = ..., consumed: _Optional[int] = ...) -> None: ...
+    filtered: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., produced: _Optional[int] = ..., consumed: _Optional[int] = ..., filtered: _Optional[int] = ...) -> None: ...
 
 class ListTransactionsRequest(_message.Message):
     __slots__ = ("prefix",)
@@ -774,7 +871,7 @@ class ListTransactionsRequest(_message.Message):
     def __init__(self, prefix: _Optional[str] = ...) -> None: ...
 
 class TransactionInfo(_message.Message):
-    __slots__ = ("transaction_id", "created_ms", "last_write_ms", "messages", "bytes", "committing", "queues")
+    __slots__ = ("transaction_id", "created_ms", "last_write_ms", "messages", "bytes", "committing", "queues", "group", "checks", "last_check_ms", "next_check_ms")
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_WRITE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -782,6 +879,10 @@ class TransactionInfo(_message.Message):
     BYTES_FIELD_NUMBER: _ClassVar[int]
     COMMITTING_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECK_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CHECK_MS_FIELD_NUMBER: _ClassVar[int]
     transaction_id: str
     created_ms: int
     last_write_ms: int
@@ -789,7 +890,11 @@ class TransactionInfo(_message.Message):
     bytes: int
     committing: bool
     queues: _containers.RepeatedCompositeFieldContainer[CommittedQueue]
-    def __init__(self, transaction_id: _Optional[str] = ..., created_ms: _Optional[int] = ..., last_write_ms: _Optional[int] = ..., messages: _Optional[int] = ..., bytes: _Optional[int] = ..., committing: _Optional[bool] = ..., queues: _Optional[_Iterable[_Union[CommittedQueue, _Mapping]]] = ...) -> None: ...
+    group: str
+    checks: int
+    last_check_ms: int
+    next_check_ms: int
+    def __init__(self, transaction_id: _Optional[str] = ..., created_ms: _Optional[int] = ..., last_write_ms: _Optional[int] = ..., messages: _Optional[int] = ..., bytes: _Optional[int] = ..., committing: _Optional[bool] = ..., queues: _Optional[_Iterable[_Union[CommittedQueue, _Mapping]]] = ..., group: _Optional[str] = ..., checks: _Optional[int] = ..., last_check_ms: _Optional[int] = ..., next_check_ms: _Optional[int] = ...) -> None: ...
 
 class SinkInfo(_message.Message):
     __slots__ = ("sink", "batch_id", "updated_ms")

@@ -109,6 +109,11 @@ class BrokerStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.NackRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.NackReply.FromString,
                 _registered_method=True)
+        self.TransactionChecks = channel.stream_stream(
+                '/equeue.v1.Broker/TransactionChecks',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.CheckStreamRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.TransactionCheck.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -247,6 +252,19 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TransactionChecks(self, request_iterator, context):
+        """A producer group's check-back channel (see "Transaction check-back"):
+        the producer opens it, sends a CheckHello, and keeps it open; the broker
+        sends a TransactionCheck down it for each check of the group's open
+        transactions, and the producer answers each with a CheckAnswer. A bad
+        hello, a second hello or an answer before the hello: INVALID_ARGUMENT.
+        More than --max-check-streams open: RESOURCE_EXHAUSTED. A replica keeps
+        the stream open and idle (only a master checks).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -319,6 +337,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Nack,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.NackRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.NackReply.SerializeToString,
+            ),
+            'TransactionChecks': grpc.stream_stream_rpc_method_handler(
+                    servicer.TransactionChecks,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.CheckStreamRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.TransactionCheck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -714,6 +737,33 @@ class Broker:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def TransactionChecks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/equeue.v1.Broker/TransactionChecks',
+            equeue__proto_dot_v1_dot_broker__pb2.CheckStreamRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.TransactionCheck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class AdminStub:
     """---------------------------------------------------------------------------
@@ -813,6 +863,11 @@ class AdminStub:
                 '/equeue.v1.Admin/PurgeDeadLetters',
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersReply.FromString,
+                _registered_method=True)
+        self.QueryMessages = channel.unary_unary(
+                '/equeue.v1.Admin/QueryMessages',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesReply.FromString,
                 _registered_method=True)
 
 
@@ -953,6 +1008,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryMessages(self, request, context):
+        """A topic's messages by key and/or store-time range (see "Keys and
+        queries"), newest first. By key with --key-index off: FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1040,6 +1103,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.PurgeDeadLetters,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersReply.SerializeToString,
+            ),
+            'QueryMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryMessages,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1506,6 +1574,33 @@ class Admin:
             '/equeue.v1.Admin/PurgeDeadLetters',
             equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.PurgeDeadLettersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/QueryMessages',
+            equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -105,6 +105,34 @@ topics. After max_reconsume_times retries the copy goes to "%DLQ%<group>"
 instead, which nobody consumes automatically. Topic and group names
 starting with '%' are reserved for these.
 
+Transaction check-back. A transaction staged with a producer_group is
+checked when it stays open: the broker asks a live producer of that group
+(over the TransactionChecks stream the producer holds open; the broker never
+connects to clients) whether it committed. The first check comes
+--txn-check-after (6 s) after the transaction's last staged write, then
+again every --txn-check-interval (30 s) while the answer is unknown or no
+producer of the group is connected, at most --txn-check-max (15) times;
+then the transaction is rolled back (or, with --txn-check-exhausted keep,
+left to --transaction-timeout-ms). Each check is a control record in the
+log, so the count survives restarts and fails over with the log; only a
+master checks. A transaction staged without a group (the Spark sink's) is
+never checked.
+
+Keys and queries. A message's keys are its key and the space-separated
+keys of its "keys" header (RocketMQ's KEYS). The broker keeps an on-disk
+index of keys per time window, derived from the log (replicas derive
+theirs from the copied bytes). Admin.QueryMessages finds a topic's
+messages by key and/or store-time range; a hash collision never returns
+another key's message, and staged, pending or aborted records never show.
+
+Filters. PullRequest.filter and PullStreamRequest.filter take an
+expression in RocketMQ's SQL92 subset over the record's tag, key, keys,
+timestamp, storeTimestamp and header values (grammar: docs/client.md,
+"Filters"; equeue_proto/selector.py), e.g. "region = 'eu' AND amount >
+100". Records for which it is not TRUE are never sent; next_offset moves
+past them as for tag filters. A malformed expression is INVALID_ARGUMENT
+naming its position.
+
 Regenerate the Python code with `make proto`; a test fails when the
 checked-in code differs from a fresh generation.
 """
@@ -214,6 +242,15 @@ class BrokerStub:
     delivered max_reconsume_times + 1 times, to "%DLQ%<group>". The group's
     own progress is not touched: commit past the message as usual.
     """
+    TransactionChecks: _grpc.StreamStreamMultiCallable[_broker_pb2.CheckStreamRequest, _broker_pb2.TransactionCheck]
+    """A producer group's check-back channel (see "Transaction check-back"):
+    the producer opens it, sends a CheckHello, and keeps it open; the broker
+    sends a TransactionCheck down it for each check of the group's open
+    transactions, and the producer answers each with a CheckAnswer. A bad
+    hello, a second hello or an answer before the hello: INVALID_ARGUMENT.
+    More than --max-check-streams open: RESOURCE_EXHAUSTED. A replica keeps
+    the stream open and idle (only a master checks).
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -294,6 +331,15 @@ class BrokerAsyncStub(BrokerStub):
     for delivery after its next back-off step, or, once it has been
     delivered max_reconsume_times + 1 times, to "%DLQ%<group>". The group's
     own progress is not touched: commit past the message as usual.
+    """
+    TransactionChecks: _aio.StreamStreamMultiCallable[_broker_pb2.CheckStreamRequest, _broker_pb2.TransactionCheck]  # type: ignore[assignment]
+    """A producer group's check-back channel (see "Transaction check-back"):
+    the producer opens it, sends a CheckHello, and keeps it open; the broker
+    sends a TransactionCheck down it for each check of the group's open
+    transactions, and the producer answers each with a CheckAnswer. A bad
+    hello, a second hello or an answer before the hello: INVALID_ARGUMENT.
+    More than --max-check-streams open: RESOURCE_EXHAUSTED. A replica keeps
+    the stream open and idle (only a master checks).
     """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -458,6 +504,21 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         own progress is not touched: commit past the message as usual.
         """
 
+    @_abc_1.abstractmethod
+    def TransactionChecks(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broker_pb2.CheckStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broker_pb2.TransactionCheck], _abc.AsyncIterator[_broker_pb2.TransactionCheck]]:
+        """A producer group's check-back channel (see "Transaction check-back"):
+        the producer opens it, sends a CheckHello, and keeps it open; the broker
+        sends a TransactionCheck down it for each check of the group's open
+        transactions, and the producer answers each with a CheckAnswer. A bad
+        hello, a second hello or an answer before the hello: INVALID_ARGUMENT.
+        More than --max-check-streams open: RESOURCE_EXHAUSTED. A replica keeps
+        the stream open and idle (only a master checks).
+        """
+
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class AdminStub:
@@ -521,6 +582,10 @@ class AdminStub:
     """
     PurgeDeadLetters: _grpc.UnaryUnaryMultiCallable[_broker_pb2.PurgeDeadLettersRequest, _broker_pb2.PurgeDeadLettersReply]
     """Delete a group's dead-letter topic and everything in it."""
+    QueryMessages: _grpc.UnaryUnaryMultiCallable[_broker_pb2.QueryMessagesRequest, _broker_pb2.QueryMessagesReply]
+    """A topic's messages by key and/or store-time range (see "Keys and
+    queries"), newest first. By key with --key-index off: FAILED_PRECONDITION.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -581,6 +646,10 @@ class AdminAsyncStub(AdminStub):
     """
     PurgeDeadLetters: _aio.UnaryUnaryMultiCallable[_broker_pb2.PurgeDeadLettersRequest, _broker_pb2.PurgeDeadLettersReply]  # type: ignore[assignment]
     """Delete a group's dead-letter topic and everything in it."""
+    QueryMessages: _aio.UnaryUnaryMultiCallable[_broker_pb2.QueryMessagesRequest, _broker_pb2.QueryMessagesReply]  # type: ignore[assignment]
+    """A topic's messages by key and/or store-time range (see "Keys and
+    queries"), newest first. By key with --key-index off: FAILED_PRECONDITION.
+    """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------
@@ -740,6 +809,16 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.PurgeDeadLettersReply, _abc.Awaitable[_broker_pb2.PurgeDeadLettersReply]]:
         """Delete a group's dead-letter topic and everything in it."""
+
+    @_abc_1.abstractmethod
+    def QueryMessages(
+        self,
+        request: _broker_pb2.QueryMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.QueryMessagesReply, _abc.Awaitable[_broker_pb2.QueryMessagesReply]]:
+        """A topic's messages by key and/or store-time range (see "Keys and
+        queries"), newest first. By key with --key-index off: FAILED_PRECONDITION.
+        """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -16,7 +16,7 @@ PERMISSION_DENIED. Roles: ``consume`` covers the Broker service's read side
 (Pull, PullStream, offsets, heartbeats, ListOffsets, OffsetForBytes, and Nack,
 which gives a consumed message back to its group's retry topic); ``produce``
 its write side (Produce, ProduceStream, CommitTransactions, AbortTransactions,
-CancelDelayed); ``admin`` the Admin service and, being the operator's role,
+CancelDelayed, and TransactionChecks, a producer group's check-back stream); ``admin`` the Admin service and, being the operator's role,
 everything else. ``broker`` is a broker's token to its name servers (namesrv/auth.py:
 only it may register, unregister and report a role there); on a broker it grants
 nothing, so a broker token that should also produce, consume or administer lists
@@ -62,7 +62,7 @@ _OPEN = ("/grpc.health.v1.Health/", "/equeue.v1.Membership/")
 METHOD_ROLES = {
     **{_BROKER + m: "produce" for m in (
         "Produce", "ProduceStream", "CommitTransactions", "AbortTransactions", "InitProducer",
-        "CancelDelayed",
+        "CancelDelayed", "TransactionChecks",
     )},
     **{_BROKER + m: "consume" for m in (
         "Pull", "PullStream", "CommitOffsets", "FetchOffsets", "Heartbeat", "ListOffsets",

@@ -98,6 +98,9 @@ class BrokerConfig:
     """ProduceStreams open at once (a Spark write task holds one). Each has
     at most one message being received, outside ``max_intake_bytes``, so
     this times ``max_request_bytes`` bounds what streams pin."""
+    max_check_streams: int = field(default=1_024, metadata={UNIT: "streams"})
+    """Producers' TransactionChecks streams open at once (each an idle call
+    holding a small queue of checks)."""
     max_intake_bytes: int = field(default=96 * MiB, metadata={UNIT: "bytes"})
     """Unary request bodies being received or handled at once: each receive
     takes ``max_request_bytes`` until its message is in, then the message's
@@ -219,7 +222,7 @@ class BrokerConfig:
                      "budget_wait_ms", "max_streams_per_connection",
                      "max_connection_idle_ms", "handshake_timeout_ms", "stream_send_timeout_ms",
                      "register_interval_ms", "max_replicas", "replica_lag_max_ms",
-                     "max_replication_waits"):  # fmt: skip
+                     "max_replication_waits", "max_check_streams"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("max_connections", "max_connections_per_address"):  # 0: auto, none

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from equeue_broker.replication.failover import ZOOKEEPER
 from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
@@ -332,6 +334,13 @@ class AdminService(pb_grpc.AdminServicer):
             resent=done.resent, already_resent=done.already_resent,
             not_found=done.not_found, new_message_ids=done.new_message_ids,
         )  # fmt: skip
+
+    async def QueryMessages(
+        self, request: pb.QueryMessagesRequest, context: Any
+    ) -> pb.QueryMessagesReply:
+        # Placeholder until the key index lands (issue 28): the contract is in the proto.
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "queries are not served yet")
+        raise AssertionError("context.abort raises")
 
     @rpc
     async def PurgeDeadLetters(

@@ -536,6 +536,14 @@ class BrokerService(pb_grpc.BrokerServicer):
         insync = self.s.insync  # sync replication: acked once on the in-sync replicas
         return await (insync.replicated(cancel_) if insync.sync else cancel_())
 
+    async def TransactionChecks(
+        self, request_iterator: Any, context: Any
+    ) -> AsyncIterator[pb.TransactionCheck]:
+        # Placeholder until check-back lands (issue 28): the contract is in the proto.
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "transaction checks are not served yet")
+        if request_iterator is None:  # never: makes this an async generator
+            yield pb.TransactionCheck()
+
     @rpc
     async def Nack(self, request: pb.NackRequest, context: Any) -> pb.NackReply:
         user_group(request.group)

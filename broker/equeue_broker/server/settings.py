@@ -291,6 +291,54 @@ _ENTRIES: tuple[Setting, ...] = (
     ),
     Setting("max_open_transactions", "open transactions at once", target="transactions.max_open"),
     Setting(
+        "txn_check_after",
+        "check a producer group's open transaction with a producer of the group this long"
+        " after its last staged write",
+        target="transactions.check_after_ms",
+        duration=True,
+    ),
+    Setting(
+        "txn_check_interval",
+        "check it again this often while the answer is unknown or nobody answers",
+        target="transactions.check_every_ms",
+        duration=True,
+    ),
+    Setting("txn_check_max", "checks of one transaction at most", target="transactions.check_max"),
+    Setting(
+        "txn_check_exhausted",
+        "after the last check: rollback, or keep it until --transaction-timeout-ms",
+        target="transactions.check_exhausted",
+        choices=("rollback", "keep"),
+    ),
+    Setting("max_check_streams", "producers' TransactionChecks streams open at once"),
+    Setting(
+        "key_index",
+        "index messages' keys for queries by key (--no-key-index: write no key index)",
+        target="key_index.enabled",
+    ),
+    Setting(
+        "key_index_slots",
+        "hash slots per key index file (4 bytes each; the active file's are in memory)",
+        target="key_index.slot_count",
+    ),
+    Setting(
+        "key_index_capacity",
+        "entries per key index file (32 bytes each)",
+        target="key_index.entries_per_file",
+    ),
+    Setting(
+        "key_index_window",
+        "store time one key index file covers at most",
+        target="key_index.window_ms",
+        duration=True,
+    ),
+    Setting(
+        "max_key_scan",
+        "key index entries one query walks at most (then the reply says truncated)",
+        target="key_index.max_scan",
+        flag=False,
+    ),
+    Setting(
         "max_transaction_bytes", "staged bytes per transaction", target="transactions.max_bytes"
     ),
     Setting(

@@ -111,10 +111,29 @@ class TransactionConfig:
     """Sinks whose last committed batch is remembered (oldest forgotten first)."""
     sink_ttl_ms: int = field(default=7 * 24 * 3600 * 1000, metadata={UNIT: "ms"})
     """A sink not committed to for this long is forgotten (7 days)."""
+    check_after_ms: int = field(default=6_000, metadata={UNIT: "ms"})
+    """A transaction with a producer group is first checked with a producer of
+    the group this long after its last staged write (RocketMQ's 6 s)."""
+    check_every_ms: int = field(default=30_000, metadata={UNIT: "ms"})
+    """Then again this often while the answer is unknown or nobody answers."""
+    check_max: int = field(default=15, metadata={UNIT: "checks"})
+    """Checks of one transaction at most; then ``check_exhausted`` applies."""
+    check_exhausted: str = "rollback"
+    """After ``check_max`` unanswered checks: "rollback" at once, or "keep"
+    (left open until ``timeout_ms`` aborts it)."""
 
     def __post_init__(self) -> None:
         _positive(self, "timeout_ms", "max_open", "max_bytes", "max_per_commit", "max_sinks")
-        _positive(self, "sink_ttl_ms")
+        _positive(self, "sink_ttl_ms", "check_after_ms", "check_every_ms", "check_max")
+        if self.check_exhausted not in ("rollback", "keep"):
+            raise InvalidArgument(
+                f"check_exhausted must be 'rollback' or 'keep', got {self.check_exhausted!r}"
+            )
+        if self.check_after_ms >= self.timeout_ms:
+            raise InvalidArgument(
+                f"check_after_ms ({self.check_after_ms}) must be shorter than the "
+                f"transaction timeout ({self.timeout_ms} ms), or no check is ever made"
+            )
 
 
 @dataclass(frozen=True)
@@ -170,6 +189,32 @@ class TimerConfig:
 
 
 @dataclass(frozen=True)
+class KeyIndexConfig:
+    """The key index (storage/keys/): which records are found by key."""
+
+    enabled: bool = True
+    """Index every record's keys as it is written; off: nothing is written and
+    a query by key is refused (a query by time still works)."""
+    slot_count: int = field(default=1 << 22, metadata={UNIT: "slots"})
+    """Hash slots per index file (4 bytes each: 16 MiB, held in memory for the
+    active file)."""
+    entries_per_file: int = field(default=1 << 24, metadata={UNIT: "entries"})
+    """Entries per index file (32 bytes each; the file is sparse)."""
+    window_ms: int = field(default=3_600_000, metadata={UNIT: "ms"})
+    """Store time one index file covers at most (a time query skips whole files)."""
+    max_scan: int = field(default=100_000, metadata={UNIT: "entries"})
+    """Index entries one query walks at most; then its reply says truncated."""
+    max_extra_keys: int = field(default=32, metadata={UNIT: "keys"})
+    """Keys of one message's "keys" header that are indexed; more are ignored."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "slot_count", "entries_per_file", "window_ms", "max_scan", "max_extra_keys")
+        _at_most(self, "slot_count", 1 << 30)
+        _at_most(self, "entries_per_file", (1 << 32) - 2)
+        _at_most(self, "window_ms", 49 * 24 * 3600 * 1000)
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     """Configuration of one store (one data directory)."""
 
@@ -206,6 +251,7 @@ class StorageConfig:
     transactions: TransactionConfig = field(default_factory=TransactionConfig)
     producers: ProducerConfig = field(default_factory=ProducerConfig)
     timer: TimerConfig = field(default_factory=TimerConfig)
+    key_index: KeyIndexConfig = field(default_factory=KeyIndexConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
