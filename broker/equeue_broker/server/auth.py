@@ -18,8 +18,8 @@ which gives a consumed message back to its group's retry topic); ``produce``
 its write side (Produce, ProduceStream, CommitTransactions, AbortTransactions,
 CancelDelayed, and TransactionChecks, a producer group's check-back stream);
 ``admin`` the Admin service and, being the operator's role, everything else.
-``broker`` is a broker's token to its name servers (namesrv/auth.py: only it may register, unregister and report a role there); on a broker it grants
-nothing, so a broker token that should also produce, consume or administer lists
+``broker`` is a broker's token to its name servers (namesrv/auth.py: only it
+may register, unregister and report a role there); on a broker it grants nothing, so a broker token that should also produce, consume or administer lists
 those roles too. Topic patterns restrict every call of every role, admin
 included: the interceptor checks the topics a request names (on every request
 of a stream, ``topics_of``); what a call reaches without naming it is checked
