@@ -19,20 +19,21 @@ its write side (Produce, ProduceStream, CommitTransactions, AbortTransactions,
 CancelDelayed, and TransactionChecks, a producer group's check-back stream);
 ``admin`` the Admin service and, being the operator's role, everything else.
 ``broker`` is a broker's token to its name servers (namesrv/auth.py: only it
-may register, unregister and report a role there); on a broker it grants nothing, so a broker token that should also produce, consume or administer lists
-those roles too. Topic patterns restrict every call of every role, admin
+may register, unregister and report a role there); on a broker it grants
+nothing, so a broker token that should also produce, consume or administer
+lists those roles too. Topic patterns restrict every call of every role, admin
 included: the interceptor checks the topics a request names (on every request
 of a stream, ``topics_of``); what a call reaches without naming it is checked
 by its handler with ``scoped``: a consumer group's topics (every group call
 needs a token covering all of them, ``BrokerState.check_group``), the topic of
 a message fetched by id, and the listings, cut to the token's topics. The
 transaction calls name no topic, their messages were checked when staged, and
-the transaction ids, sinks and prefixes of any token but an admin one for
-every topic are put in its own namespace (``<name>@``), so tokens cannot
-touch each other's transactions. Health checks need no token (probes), nor
-does ``Membership.Identify`` (membership.py: a group member's name, role and
-epoch, what name servers and the group's members check a claim against);
-server reflection needs a valid one.
+the transaction ids, sinks and prefixes of any token but an admin one for every
+topic are put in its own namespace (``<name>@``), so tokens cannot touch each
+other's transactions. Health checks need no token (probes), nor does
+``Membership.Identify`` (membership.py: a group member's name, role and epoch,
+what name servers and the group's members check a claim against); server
+reflection needs a valid one.
 """
 
 from __future__ import annotations
