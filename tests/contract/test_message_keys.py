@@ -8,7 +8,7 @@ from equeue_proto.message_keys import MAX_EXTRA_KEYS, encode_keys, split_keys
 
 
 def test_round_trip() -> None:
-    keys = [b"order-1", "客户-7", b"\x00\xff"]
+    keys: list[bytes | str] = [b"order-1", "客户-7", b"\x00\xff"]
     assert split_keys(encode_keys(keys)) == [b"order-1", "客户-7".encode(), b"\x00\xff"]
 
 
