@@ -145,3 +145,59 @@ def split_range(start: int, end: int, max_records: int | None) -> list[tuple[int
     if not max_records:
         return [(start, end)]
     return [(lo, min(lo + max_records, end)) for lo in range(start, end, max_records)]
+
+
+Span = tuple[int, int]
+"""``[lo, hi)`` of offsets (or of queue ids)."""
+EVERYTHING: tuple[Span, ...] = ((0, 2**63),)
+"""Every offset (and queue id) there is: offsets and ids are never negative."""
+
+
+def normalized(spans: list[Span] | tuple[Span, ...]) -> tuple[Span, ...]:
+    """``spans`` sorted, empty ones dropped and overlapping or adjacent ones
+    merged: the canonical form the other span functions return."""
+    merged: list[Span] = []
+    for lo, hi in sorted(s for s in spans if s[0] < s[1]):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def intersect(a: tuple[Span, ...], b: tuple[Span, ...]) -> tuple[Span, ...]:
+    """The offsets in both (each argument normalized)."""
+    out: list[Span] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
+def points(values: list[int] | tuple[int, ...] | set[int]) -> tuple[Span, ...]:
+    """Single offsets as spans, adjacent ones grouped (``[3, 4, 5, 9]`` ->
+    ``((3, 6), (9, 10))``)."""
+    return normalized([(v, v + 1) for v in values])
+
+
+def complement(spans: tuple[Span, ...]) -> tuple[Span, ...]:
+    """Every offset not in ``spans`` (normalized), within ``EVERYTHING``."""
+    out: list[Span] = []
+    at = EVERYTHING[0][0]
+    for lo, hi in spans:
+        if lo > at:
+            out.append((at, lo))
+        at = max(at, hi)
+    if at < EVERYTHING[0][1]:
+        out.append((at, EVERYTHING[0][1]))
+    return tuple(out)
+
+
+def contains(spans: tuple[Span, ...], value: int) -> bool:
+    return any(lo <= value < hi for lo, hi in spans)

@@ -152,7 +152,7 @@ _READ_NAMES = [
     "startingTimestamp", "endingOffsets", "endingTimestamp", "maxOffsetsPerTrigger",
     "minOffsetsPerTrigger", "maxTriggerDelay", "maxBytesPerTrigger",
     "maxRecordsPerPartition", "tags", "includeHeaders", "failOnDataLoss", "timeoutMs",
-    "token", "tlsCa", "tlsCert", "tlsKey", "readFromReplicas",
+    "token", "tlsCa", "tlsCert", "tlsKey", "readFromReplicas", "filter", "pushFilters",
 ]  # fmt: skip
 _WRITE_NAMES = [
     "broker", "namesrv", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId",
@@ -231,6 +231,11 @@ class ReadOptions:
     max_bytes_per_trigger: int | None = None
     max_records_per_partition: int | None = None
     tags: tuple[str, ...] = ()
+    filter: str = ""
+    """Option ``filter``: a broker filter expression (equeue_proto.selector's
+    grammar) every record read must pass; checked when the query starts."""
+    push_filters: bool = True
+    """Option ``pushFilters``: ``false`` never pushes Spark's filters down."""
     include_headers: bool = False
     fail_on_data_loss: bool = True
     timeout_ms: int = 30_000
@@ -301,6 +306,8 @@ class ReadOptions:
             if any(not t for t in tags):
                 raise _bad("tags", o.text("tags"), "an empty tag; write tags as a|b|c")
             kwargs["tags"] = tags
+        kwargs["filter"] = _filter(o)
+        kwargs["push_filters"] = o.flag("pushfilters", True)
         kwargs["include_headers"] = o.flag("includeheaders", False)
         kwargs["fail_on_data_loss"] = o.flag("failondataloss", True)
         kwargs["timeout_ms"] = o.integer("timeoutms", 30_000, 1, MAX_TIMEOUT_MS)
@@ -319,6 +326,33 @@ def _flag(name: str, value: str) -> bool:
     if word not in ("true", "false"):
         raise _bad(name, value, "must be true or false")
     return word == "true"
+
+
+def _filter(o: _Options) -> str:
+    """Option ``filter``, parsed now so a bad expression fails the query at
+    ``load()`` naming the position, not in a task."""
+    text = o.text("filter")
+    if text:
+        try:
+            check_filter(text)
+        except ValueError as exc:
+            raise _bad("filter", text, str(exc)) from None
+    return text
+
+
+def check_filter(text: str) -> None:
+    """``ValueError`` (the selector's error, naming the position) if ``text``
+    is not a filter expression the broker takes."""
+    if len(text) > 4096:
+        raise ValueError("longer than 4096 characters")
+
+
+def and_filters(*expressions: str) -> str:
+    """The AND of filter expressions (empty ones left out)."""
+    given = [e for e in expressions if e]
+    if len(given) <= 1:
+        return given[0] if given else ""
+    return " AND ".join(f"({e})" for e in given)
 
 
 def headers_requested(raw: Mapping[str, str]) -> bool:

@@ -12,6 +12,7 @@ import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import Admin
@@ -22,14 +23,20 @@ from equeue_spark.spark.offsets import (
     Incarnations,
     Offsets,
     QueueKey,
+    Span,
     cluster_key,
+    contains,
     from_json,
+    intersect,
     recreated_topics,
     split_key,
     split_range,
 )
 from equeue_spark.spark.options import EARLIEST, LATEST, ReadOptions, StartSpec
 from equeue_spark.spark.read_task import QueueRange
+
+if TYPE_CHECKING:  # pushdown.py imports pyspark; planning stays free of it
+    from equeue_spark.spark.pushdown import Pushdown
 
 log = logging.getLogger("equeue.spark")
 
@@ -238,6 +245,7 @@ class Planner:
         ends: Offsets,
         listed: Listing | None = None,
         incarnations: tuple[Incarnations, Incarnations] | None = None,
+        pushdown: Pushdown | None = None,
     ) -> list[QueueRange]:
         """Spark partitions for ``[starts, ends)``: one per queue range, cut by
         ``maxRecordsPerPartition``. Queues new since ``starts`` start at their
@@ -245,11 +253,22 @@ class Planner:
         the starts of a topic recreated since (``incarnations``: the topics'
         at ``starts`` and at ``ends``, when the offsets carry them).
 
+        ``pushdown``: a batch read's filters pushed down: only its queues and,
+        within ``[starts, ends)``, its offset ranges (``narrow``), read with
+        its tags and broker filter.
+
         ``listed``: a listing of the queues already made for this batch (a
         moment old is fine: earliest offsets only grow, and a read task that
         meets offsets removed since applies the same data-loss policy)."""
         opts = self.options
         ranges = []
+        narrowed = None if pushdown is None else self.narrow(ends, pushdown)
+        if narrowed is not None:
+            ends = {k: e for k, e in ends.items() if k in narrowed}
+        tags, read_filter = opts.tags, opts.filter
+        if pushdown is not None:
+            tags = opts.tags if pushdown.tags is None else pushdown.tags
+            read_filter = pushdown.read_filter(opts.filter)
         current = Listing()
         if self._needs_earliest(starts, ends):
             current = self.listing() if listed is None else listed
@@ -265,7 +284,10 @@ class Planner:
                 start = self._lost(key, start, q.earliest_offset, end)
             elif start > end:  # the queue went backwards: recreated, or data lost
                 start = self._lost(key, start, q.earliest_offset if q else 0, end, behind=True)
-            pieces = split_range(start, end, opts.max_records_per_partition)
+            spans: tuple[Span, ...] = ((start, end),)
+            if narrowed is not None:
+                spans = intersect(spans, narrowed[key])
+            pieces = [p for s in spans for p in split_range(*s, opts.max_records_per_partition)]
             addresses = self.addresses(key[0]) if pieces else [""]
             for lo, hi in pieces:
                 ranges.append(
@@ -277,13 +299,38 @@ class Planner:
                         broker=addresses[0],
                         fallbacks=tuple(addresses[1:]),
                         timeout_ms=opts.timeout_ms,
-                        tags=opts.tags,
+                        tags=tags,
+                        filter=read_filter,
                         fail_on_data_loss=opts.fail_on_data_loss,
                         security=opts.security,
                         broker_name=split_key(key[0])[0],
                     )
                 )
         return ranges
+
+    def narrow(self, ends: Offsets, pushdown: Pushdown) -> dict[QueueKey, tuple[Span, ...]]:
+        """The queues of ``ends`` a pushdown reads, each with the offsets it
+        allows: its offset ranges, cut to the store-time bounds through the
+        broker's offset for a timestamp (exact: a queue's store times never
+        decrease). A queue the timestamp listing misses (its broker stopped
+        answering) is not read, as the listing's unreachable queues are not."""
+        if pushdown.empty:
+            return {}
+        kept = {k: pushdown.offsets for k in ends if _admits(k, pushdown)}
+        lo_ms, hi_ms = pushdown.store_ms
+        for bound_ms, below in ((lo_ms, False), (hi_ms, True)):
+            if bound_ms is None or not kept:
+                continue
+            at = self.listing(max(bound_ms, 0)).queues
+            for key in list(kept):
+                if key not in at:
+                    log.warning("%s/%d: not in the listing for storeTimestamp; not read", *key)
+                    del kept[key]
+                    continue
+                offset = at[key].timestamp_offset
+                cut: tuple[Span, ...] = ((0, offset),) if below else ((offset, 2**63),)
+                kept[key] = intersect(kept[key], cut)
+        return {k: spans for k, spans in kept.items() if spans}
 
     def _recreated_ranges(
         self,
@@ -365,6 +412,15 @@ class Planner:
                 log.warning("could not commit group %r progress on %s: %s", group, name, exc)
                 continue
             self._committed.update(part)
+
+
+def _admits(key: QueueKey, pushdown: Pushdown) -> bool:
+    broker, topic = split_key(key[0])
+    return (
+        pushdown.topics.admits(topic)
+        and pushdown.brokers.admits(broker)
+        and contains(pushdown.queues, key[1])
+    )
 
 
 def _fetch_group(admin: Admin, group: str, topic: str) -> dict[tuple[str, int], int]:

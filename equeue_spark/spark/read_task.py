@@ -64,6 +64,8 @@ class QueueRange:
     broker: str
     timeout_ms: int
     tags: tuple[str, ...] = ()
+    filter: str = ""
+    """Broker filter expression (option ``filter`` AND pushed filters); empty: none."""
     fail_on_data_loss: bool = True
     security: Security = field(default_factory=Security)
     broker_name: str = ""

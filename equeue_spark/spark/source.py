@@ -25,6 +25,7 @@ from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -54,6 +55,7 @@ from equeue_spark.spark.offsets import (
 )
 from equeue_spark.spark.options import ReadOptions, WriteOptions, headers_requested
 from equeue_spark.spark.planning import Listing, Planner, Queues
+from equeue_spark.spark.pushdown import Pushdown, push, pushdown_planner
 from equeue_spark.spark.read_task import QueueRange, read_range
 from equeue_spark.spark.workers import warn_about_worker_python
 from equeue_spark.spark.write_task import (
@@ -274,7 +276,13 @@ class EqueueDataSource(DataSource):
         return read_schema(headers_requested(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return EqueueBatchReader(ReadOptions.parse(self.options, streaming=False), schema)
+        # Spark fails every read of a reader that defines pushFilters while
+        # pushdown is off (DATA_SOURCE_PUSHDOWN_DISABLED), and says which it
+        # is only by the planner it runs: the pushdown reader only there.
+        options = ReadOptions.parse(self.options, streaming=False)
+        if options.push_filters and pushdown_planner():
+            return EqueuePushdownReader(options, schema)
+        return EqueueBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return EqueueStreamReader(ReadOptions.parse(self.options, streaming=True), schema)
@@ -334,23 +342,40 @@ class EqueueBatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
+        self.pushdown: Pushdown | None = None
+        """Set by ``EqueuePushdownReader.pushFilters``, before ``partitions``."""
 
     @_one_line
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
+        if self.pushdown is not None and self.pushdown.empty:
+            return []  # a pushed filter no row passes
         planner = Planner(o)
         try:
             starts = planner.resolve(o.starting, o.starting_timestamp_ms, end=False)
             ends = planner.resolve(o.ending, o.ending_timestamp_ms, end=True)
             # An end before the start is an empty range, not data loss.
             ends = {k: max(e, starts.get(k, e)) for k, e in ends.items()}
-            ranges = planner.ranges(starts, ends)
+            ranges = planner.ranges(starts, ends, pushdown=self.pushdown)
         finally:
             planner.close()
         return [EqueuePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, self.schema, self.options)
+
+
+class EqueuePushdownReader(EqueueBatchReader):
+    """A batch reader that takes Spark's filters (``pushdown.push``): the only
+    class defining ``pushFilters``, made only while Spark plans with pushdown
+    on (``spark.sql.python.filterPushdown.enabled``)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        self.pushdown, remaining = push(filters, self.options)
+        if self.pushdown.pushed:
+            log.info("equeue read pushed %s; Spark evaluates %d more filters",
+                     ", ".join(self.pushdown.pushed), len(remaining))  # fmt: skip
+        return remaining
 
 
 # -- streaming reads -----------------------------------------------------------------

@@ -1,0 +1,359 @@
+"""Spark filter pushdown: the mapping of Spark's filters (fast, no session),
+the reader Spark gets, planning against a real broker, and real queries whose
+pushed-down results equal Spark's own evaluation."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql.datasource import (
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    Not,
+    StringContains,
+    StringStartsWith,
+)
+from pyspark.sql.types import StructType
+
+from equeue_spark.spark.errors import InvalidOption
+from equeue_spark.spark.options import ReadOptions
+from equeue_spark.spark.pushdown import (
+    MAX_SPANS,
+    PLANNER_MODULE,
+    Names,
+    Pushdown,
+    push,
+)
+
+BIG = 2**63
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+MS0 = 1_767_225_600_000
+"""T0 in ms since the epoch."""
+
+
+def at(us: int) -> dt.datetime:
+    """T0 plus ``us`` microseconds (Spark hands timestamps over as aware datetimes)."""
+    return T0 + dt.timedelta(microseconds=us)
+
+
+def options(**extra: str) -> ReadOptions:
+    raw = {"broker": "127.0.0.1:5000", "topic": "t", **extra}
+    if "namesrv" in raw:
+        del raw["broker"]
+    return ReadOptions.parse(raw, streaming=False)
+
+
+def col(name: str) -> tuple[str, ...]:
+    return (name,)
+
+
+# (filter, Pushdown field, the field's value once the filter is taken)
+TAKEN: list[tuple[Filter, str, Any]] = [
+    (EqualTo(col("queue"), 1), "queues", ((1, 2),)),
+    (In(col("queue"), (3, 1, 2)), "queues", ((1, 4),)),
+    (In(col("queue"), [1, 3]), "queues", ((1, 2), (3, 4))),  # a list arrives too
+    (LessThan(col("queue"), 2), "queues", ((0, 2),)),
+    (LessThanOrEqual(col("queue"), 2), "queues", ((0, 3),)),
+    (GreaterThan(col("queue"), 2), "queues", ((3, BIG),)),
+    (GreaterThanOrEqual(col("queue"), 2), "queues", ((2, BIG),)),
+    (Not(EqualTo(col("queue"), 2)), "queues", ((0, 2), (3, BIG))),
+    (Not(In(col("queue"), (2, 3))), "queues", ((0, 2), (4, BIG))),
+    (Not(GreaterThan(col("queue"), 2)), "queues", ((0, 3),)),
+    (LessThan(col("queue"), -1), "queues", ()),
+    (EqualTo(col("offset"), 7), "offsets", ((7, 8),)),
+    (In(col("offset"), (5, 6, 7, 10)), "offsets", ((5, 8), (10, 11))),
+    (GreaterThanOrEqual(col("offset"), 1000), "offsets", ((1000, BIG),)),
+    (GreaterThan(col("offset"), -5), "offsets", ((0, BIG),)),
+    (LessThan(col("offset"), 3000), "offsets", ((0, 3000),)),
+    (LessThanOrEqual(col("offset"), 3000), "offsets", ((0, 3001),)),
+    (Not(EqualTo(col("offset"), 0)), "offsets", ((1, BIG),)),
+    (EqualTo(col("topic"), "a"), "topics", Names(frozenset({"a"}))),
+    (In(col("topic"), ("a", "b")), "topics", Names(frozenset({"a", "b"}))),
+    (Not(EqualTo(col("topic"), "a")), "topics", Names(None, frozenset({"a"}))),
+    (Not(In(col("topic"), ("a", "b"))), "topics", Names(None, frozenset({"a", "b"}))),
+    # storeTimestamp: [lo, hi) in whole ms; a row's time is ms * 1000 us.
+    (GreaterThan(col("storeTimestamp"), at(0)), "store_ms", (MS0 + 1, None)),
+    (GreaterThan(col("storeTimestamp"), at(1)), "store_ms", (MS0 + 1, None)),
+    (GreaterThan(col("storeTimestamp"), at(-1)), "store_ms", (MS0, None)),
+    (GreaterThanOrEqual(col("storeTimestamp"), at(0)), "store_ms", (MS0, None)),
+    (GreaterThanOrEqual(col("storeTimestamp"), at(1)), "store_ms", (MS0 + 1, None)),
+    (GreaterThanOrEqual(col("storeTimestamp"), at(-999)), "store_ms", (MS0, None)),
+    (LessThan(col("storeTimestamp"), at(0)), "store_ms", (None, MS0)),
+    (LessThan(col("storeTimestamp"), at(1)), "store_ms", (None, MS0 + 1)),
+    (LessThan(col("storeTimestamp"), at(-1)), "store_ms", (None, MS0)),
+    (LessThanOrEqual(col("storeTimestamp"), at(0)), "store_ms", (None, MS0 + 1)),
+    (LessThanOrEqual(col("storeTimestamp"), at(999)), "store_ms", (None, MS0 + 1)),
+    (LessThanOrEqual(col("storeTimestamp"), at(-1)), "store_ms", (None, MS0)),
+    (EqualTo(col("storeTimestamp"), at(0)), "store_ms", (MS0, MS0 + 1)),
+    (Not(LessThan(col("storeTimestamp"), at(0))), "store_ms", (MS0, None)),
+    # timestamp (producer time): a broker expression, the same rounding.
+    (GreaterThan(col("timestamp"), at(0)), "selector", f"timestamp >= {MS0 + 1}"),
+    (GreaterThan(col("timestamp"), at(1500)), "selector", f"timestamp >= {MS0 + 2}"),
+    (GreaterThanOrEqual(col("timestamp"), at(0)), "selector", f"timestamp >= {MS0}"),
+    (GreaterThanOrEqual(col("timestamp"), at(1)), "selector", f"timestamp >= {MS0 + 1}"),
+    (LessThan(col("timestamp"), at(0)), "selector", f"timestamp < {MS0}"),
+    (LessThan(col("timestamp"), at(1)), "selector", f"timestamp < {MS0 + 1}"),
+    (LessThanOrEqual(col("timestamp"), at(0)), "selector", f"timestamp < {MS0 + 1}"),
+    (LessThanOrEqual(col("timestamp"), at(-1)), "selector", f"timestamp < {MS0}"),
+    (EqualTo(col("timestamp"), at(0)), "selector", f"timestamp = {MS0}"),
+    (Not(EqualTo(col("timestamp"), at(0))), "selector", f"timestamp <> {MS0}"),
+    (Not(EqualTo(col("timestamp"), at(1))), "selector", ""),  # every row passes
+    (
+        In(col("timestamp"), (at(0), at(1), at(2000))),
+        "selector",
+        f"timestamp IN ({MS0}, {MS0 + 2})",
+    ),
+    (Not(In(col("timestamp"), (at(0), at(3)))), "selector", f"timestamp NOT IN ({MS0})"),
+    (
+        LessThan(col("timestamp"), dt.datetime(1969, 12, 31, 23, 59, 59, 999_999, dt.UTC)),
+        "selector",
+        "timestamp < 0",
+    ),
+    # tag: equality through the broker's tag filter; Spark's "" is the selector's NULL
+    (EqualTo(col("tag"), "a"), "tags", ("a",)),
+    (In(col("tag"), ("b", "a")), "tags", ("a", "b")),
+    (EqualTo(col("tag"), ""), "selector", "tag IS NULL"),
+    (In(col("tag"), ("a", "")), "selector", "(tag IS NULL OR tag IN ('a'))"),
+    (Not(EqualTo(col("tag"), "a")), "selector", "(tag IS NULL OR tag NOT IN ('a'))"),
+    (Not(EqualTo(col("tag"), "")), "selector", "tag IS NOT NULL"),
+    (Not(In(col("tag"), ("", "o'k"))), "selector", "(tag IS NOT NULL AND tag NOT IN ('o''k'))"),
+    # key: the selector, and the keys of an equality for the key index
+    (EqualTo(col("key"), b"k"), "selector", "key = X'6b'"),
+    (EqualTo(col("key"), b"k"), "keys", (b"k",)),
+    (In(col("key"), (b"\x00\xff", b"k")), "selector", "key IN (X'00ff', X'6b')"),
+    (Not(EqualTo(col("key"), b"k")), "selector", "key <> X'6b'"),
+    (Not(In(col("key"), (b"k",))), "selector", "key NOT IN (X'6b')"),
+    (IsNull(col("key")), "selector", "key IS NULL"),
+    (IsNotNull(col("key")), "selector", "key IS NOT NULL"),
+    (Not(IsNull(col("key"))), "selector", "key IS NOT NULL"),
+]
+
+EMPTY: list[Filter] = [
+    EqualTo(col("storeTimestamp"), at(5)),
+    EqualTo(col("timestamp"), at(5)),
+    In(col("timestamp"), (at(5), at(6))),
+    IsNull(col("queue")),
+    IsNull(col("tag")),
+    Not(IsNotNull(col("offset"))),
+]
+
+NOTHING_TO_DO: list[Filter] = [IsNotNull(col(c)) for c in (
+    "value", "topic", "queue", "offset", "timestamp", "tag", "message_id", "broker",
+    "timestampType", "storeTimestamp", "headers",
+)]  # fmt: skip
+
+RETURNED: list[Filter] = [
+    EqualTo(col("value"), b"x"),
+    EqualTo(col("message_id"), "m"),
+    IsNotNull(col("nosuch")),
+    EqualNullSafe(col("queue"), 1),
+    StringStartsWith(col("topic"), "a"),
+    Not(StringContains(col("tag"), "a")),
+    EqualTo(("headers", "key"), "x"),
+    EqualTo(col("queue"), "1"),
+    EqualTo(col("queue"), True),
+    EqualTo(col("offset"), 1.5),
+    EqualTo(col("offset"), None),
+    In(col("queue"), (1, None)),
+    In(col("offset"), ()),
+    In(col("offset"), tuple(range(1001))),
+    EqualTo(col("topic"), b"t"),
+    GreaterThan(col("topic"), "a"),
+    EqualTo(col("broker"), "b"),  # one broker: the column holds its id
+    GreaterThanOrEqual(col("timestamp"), dt.datetime(2026, 1, 1)),  # naive
+    GreaterThanOrEqual(col("timestamp"), dt.date(2026, 1, 1)),
+    GreaterThanOrEqual(col("timestamp"), MS0),
+    Not(EqualTo(col("storeTimestamp"), at(0))),
+    In(col("storeTimestamp"), (at(0),)),
+    GreaterThan(col("key"), b"a"),
+    EqualTo(col("key"), "k"),
+    EqualTo(col("tag"), 1),
+    GreaterThan(col("tag"), "a"),
+    EqualTo(col("timestampType"), 0),
+]
+
+
+@pytest.mark.parametrize(("f", "attr", "expected"), TAKEN, ids=repr)
+def test_push_takes(f: Filter, attr: str, expected: Any) -> None:
+    pushdown, remaining = push([f], options())
+    assert remaining == []
+    assert getattr(pushdown, attr) == expected
+    assert pushdown.pushed == (repr(f),)
+    assert not pushdown.empty
+
+
+@pytest.mark.parametrize("f", EMPTY, ids=repr)
+def test_push_plans_nothing_when_no_row_can_pass(f: Filter) -> None:
+    pushdown, remaining = push([f], options())
+    assert remaining == [] and pushdown.empty
+
+
+@pytest.mark.parametrize("f", NOTHING_TO_DO, ids=repr)
+def test_push_takes_not_null_of_columns_never_null(f: Filter) -> None:
+    pushdown, remaining = push([f], options())
+    assert remaining == []
+    assert pushdown == Pushdown(pushed=(repr(f),))
+
+
+@pytest.mark.parametrize("f", RETURNED, ids=repr)
+def test_push_returns_what_it_does_not_apply_exactly(f: Filter) -> None:
+    pushdown, remaining = push([f], options())
+    assert len(remaining) == 1 and remaining[0] is f
+    assert pushdown.pushed == () and not pushdown.empty
+
+
+def test_push_returns_the_same_objects_in_order() -> None:
+    filters: list[Filter] = [
+        EqualTo(col("value"), b"x"), EqualTo(col("queue"), 1), GreaterThan(col("key"), b"a"),
+        GreaterThanOrEqual(col("offset"), 1000), StringContains(col("topic"), "x"),
+    ]  # fmt: skip
+    equal = EqualTo(col("value"), b"x")  # equal to the first, not the same object
+    pushdown, remaining = push(filters, options())
+    assert [id(f) for f in remaining] == [id(filters[0]), id(filters[2]), id(filters[4])]
+    assert all(f is not equal for f in remaining)
+    assert pushdown.queues == ((1, 2),) and pushdown.offsets == ((1000, BIG),)
+
+
+def test_conjuncts_intersect() -> None:
+    pushdown, remaining = push(
+        [
+            GreaterThanOrEqual(col("offset"), 1000), LessThan(col("offset"), 3000),
+            Not(EqualTo(col("offset"), 2000)), In(col("queue"), (1, 2, 3)),
+            LessThan(col("queue"), 3), GreaterThanOrEqual(col("storeTimestamp"), at(0)),
+            LessThan(col("storeTimestamp"), at(10_000)), GreaterThan(col("storeTimestamp"), at(1)),
+            GreaterThanOrEqual(col("timestamp"), at(0)), LessThan(col("timestamp"), at(5000)),
+            EqualTo(col("key"), b"k"), In(col("topic"), ("t", "u")), EqualTo(col("topic"), "t"),
+        ],
+        options(),
+    )  # fmt: skip
+    assert remaining == []
+    assert pushdown.offsets == ((1000, 2000), (2001, 3000))
+    assert pushdown.queues == ((1, 3),)
+    assert pushdown.store_ms == (MS0 + 1, MS0 + 10)
+    assert pushdown.topics == Names(frozenset({"t"}))
+    conjuncts = pushdown.selector.split(" AND ")
+    assert sorted(conjuncts) == sorted(
+        [f"timestamp >= {MS0}", f"timestamp < {MS0 + 5}", "key = X'6b'"]
+    )
+
+
+def test_store_timestamp_bounds_that_cross_read_nothing() -> None:
+    pushdown, remaining = push(
+        [GreaterThan(col("storeTimestamp"), at(5000)), LessThan(col("storeTimestamp"), at(0))],
+        options(),
+    )
+    assert remaining == [] and pushdown.empty
+    pushdown, _ = push([LessThan(col("storeTimestamp"), at(1)),
+                        GreaterThan(col("storeTimestamp"), at(0))], options())  # fmt: skip
+    assert pushdown.store_ms == (MS0 + 1, MS0 + 1) and pushdown.empty
+
+
+def test_tags_intersect_with_the_tags_option() -> None:
+    pushdown, _ = push([In(col("tag"), ("b", "c"))], options(tags="a|b"))
+    assert pushdown.tags == ("b",)
+    pushdown, remaining = push([EqualTo(col("tag"), "c")], options(tags="a|b"))
+    assert remaining == [] and pushdown.empty
+    pushdown, _ = push([EqualTo(col("value"), b"v")], options(tags="a|b"))
+    assert pushdown.tags is None  # the option's, unchanged
+
+
+def test_offset_in_with_too_many_ranges_reads_its_hull_and_stays_in_spark() -> None:
+    f = In(col("offset"), tuple(range(0, 2 * (MAX_SPANS + 1), 2)))
+    pushdown, remaining = push([f, LessThan(col("offset"), 100)], options())
+    assert remaining == [f]
+    assert pushdown.offsets == ((0, 100),)
+    near = In(col("offset"), tuple(range(0, 2 * MAX_SPANS, 2)))
+    pushdown, remaining = push([near], options())
+    assert remaining == [] and len(pushdown.offsets) == MAX_SPANS
+
+
+def test_broker_names_are_pushed_over_a_cluster() -> None:
+    cluster = options(namesrv="127.0.0.1:9876")
+    pushdown, remaining = push(
+        [In(col("broker"), ("a", "b")), Not(EqualTo(col("broker"), "b"))], cluster
+    )
+    assert remaining == []
+    assert pushdown.brokers == Names(frozenset({"a", "b"}), frozenset({"b"}))
+    assert pushdown.brokers.admits("a") and not pushdown.brokers.admits("b")
+
+
+def test_a_selector_too_long_gives_its_longest_conjuncts_back() -> None:
+    long_keys = In(col("key"), tuple(bytes([i]) * 40 for i in range(100)))
+    short = EqualTo(col("key"), b"k")
+    pushdown, remaining = push([long_keys, short], options())
+    assert remaining == [long_keys]
+    assert pushdown.selector == "key = X'6b'"
+    assert pushdown.pushed == (repr(short),)
+
+
+def test_read_filter_ands_the_filter_option() -> None:
+    pushdown, _ = push([EqualTo(col("key"), b"k")], options(filter="region = 'eu'"))
+    assert pushdown.read_filter("region = 'eu'") == "(region = 'eu') AND (key = X'6b')"
+    assert Pushdown().read_filter("a = 1") == "a = 1"
+    assert Pushdown(selector="b = 2").read_filter("") == "b = 2"
+
+
+def test_bad_filter_option_fails_naming_it() -> None:
+    with pytest.raises(InvalidOption, match="option filter="):
+        options(filter="x" * 5000)
+    with pytest.raises(InvalidOption, match="pushFilters"):
+        options(pushFilters="maybe")
+
+
+# -- which reader Spark gets ------------------------------------------------------
+
+
+def test_the_planner_module_spark_runs_for_pushdown_exists() -> None:
+    """Pins the module the reader choice keys on, and the check that makes a
+    reader defining pushFilters fail while pushdown is off: an upgrade of
+    pyspark that renames either fails here."""
+    spec = importlib.util.find_spec(PLANNER_MODULE)
+    assert spec is not None and spec.origin is not None
+    assert "reader.pushFilters(" in Path(spec.origin).read_text()
+    plain = importlib.util.find_spec("pyspark.sql.worker.plan_data_source_read")
+    assert plain is not None and plain.origin is not None
+    assert "DATA_SOURCE_PUSHDOWN_DISABLED" in Path(plain.origin).read_text()
+
+
+def test_reader_defines_push_filters_only_in_the_pushdown_planner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyspark.sql.datasource import DataSourceReader
+
+    from equeue_spark.spark.source import (
+        EqueueBatchReader,
+        EqueueDataSource,
+        EqueuePushdownReader,
+    )
+
+    def reader(**extra: str) -> DataSourceReader:
+        source = EqueueDataSource({"broker": "127.0.0.1:5000", "topic": "t", **extra})
+        return source.reader(StructType())
+
+    def overrides(r: DataSourceReader) -> bool:
+        return getattr(r.pushFilters, "__func__", None) is not DataSourceReader.pushFilters
+
+    monkeypatch.delitem(sys.modules, PLANNER_MODULE, raising=False)
+    plain = reader()
+    assert type(plain) is EqueueBatchReader and not overrides(plain)
+    monkeypatch.setitem(sys.modules, PLANNER_MODULE, types.ModuleType(PLANNER_MODULE))
+    pushing = reader()
+    assert type(pushing) is EqueuePushdownReader and overrides(pushing)
+    assert type(reader(pushFilters="false")) is EqueueBatchReader
