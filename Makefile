@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-broker demo proto clean
+.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-pushdown bench-delay bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -116,6 +116,9 @@ bench: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(BIN)/python bench/spark_bench.py
+
+bench-pushdown: $(STAMP)
+	$(BIN)/python bench/spark_pushdown_bench.py
 
 bench-delay: $(STAMP)
 	$(BIN)/python bench/delay_bench.py --scenario all
