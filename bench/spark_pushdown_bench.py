@@ -79,7 +79,8 @@ def store_window(admin: Admin, total: int) -> tuple[int, int]:
     def selected(hi: int) -> int:
         at_lo = admin.list_topic_offsets(TOPIC, lo).queues
         at_hi = admin.list_topic_offsets(TOPIC, hi).queues
-        return sum(b.timestamp_offset - a.timestamp_offset for a, b in zip(at_lo, at_hi, strict=True))
+        pairs = zip(at_lo, at_hi, strict=True)
+        return sum(b.timestamp_offset - a.timestamp_offset for a, b in pairs)
 
     low, high = lo + 1, last  # the smallest hi that selects enough: a binary search
     while low < high:
