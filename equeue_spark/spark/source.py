@@ -185,6 +185,13 @@ class EqueueDataSource(DataSource):
         (default: one task per queue).
     tags : str, default all
         Reads only. Tag filter applied on the broker, ``a|b``.
+    filter : str
+        Reads only. Filter expression applied on the broker, e.g.
+        ``region = 'eu' AND amount > 100``; parsed at ``load()``.
+    pushFilters : bool, default ``true``
+        Batch reads only. ``false`` takes none of Spark's filters (with
+        ``spark.sql.python.filterPushdown.enabled`` on, queue, offset,
+        timestamp, tag and key conditions are applied by the source).
     includeHeaders : bool, default ``false``
         Reads only. Add the ``headers`` column.
     readFromReplicas : bool, default ``false``
