@@ -201,3 +201,19 @@ def complement(spans: tuple[Span, ...]) -> tuple[Span, ...]:
 
 def contains(spans: tuple[Span, ...], value: int) -> bool:
     return any(lo <= value < hi for lo, hi in spans)
+
+
+def pack_spans(spans: list[Span], max_records: int | None) -> list[tuple[Span, ...]]:
+    """Consecutive ``spans`` of one queue grouped into tasks of at most
+    ``max_records`` offsets each (all in one without a limit): a span longer
+    than the limit (``split_range`` cuts none) is a task alone."""
+    groups: list[list[Span]] = []
+    size = 0
+    for lo, hi in spans:
+        if groups and (max_records is None or size + hi - lo <= max_records):
+            groups[-1].append((lo, hi))
+            size += hi - lo
+        else:
+            groups.append([(lo, hi)])
+            size = hi - lo
+    return [tuple(g) for g in groups]

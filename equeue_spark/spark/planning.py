@@ -19,6 +19,7 @@ from equeue_spark.client.admin import Admin
 from equeue_spark.client.cluster import target
 from equeue_spark.client.errors import BrokerUnavailable, EqueueError, NotFoundError
 from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
+from equeue_spark.spark.key_plan import key_offsets
 from equeue_spark.spark.offsets import (
     Incarnations,
     Offsets,
@@ -28,6 +29,7 @@ from equeue_spark.spark.offsets import (
     contains,
     from_json,
     intersect,
+    pack_spans,
     recreated_topics,
     split_key,
     split_range,
@@ -287,15 +289,17 @@ class Planner:
             spans: tuple[Span, ...] = ((start, end),)
             if narrowed is not None:
                 spans = intersect(spans, narrowed[key])
-            pieces = [p for s in spans for p in split_range(*s, opts.max_records_per_partition)]
+            limit = opts.max_records_per_partition
+            pieces = [p for s in spans for p in split_range(*s, limit)]
             addresses = self.addresses(key[0]) if pieces else [""]
-            for lo, hi in pieces:
+            for group in pack_spans(pieces, limit):  # spans of one queue share a task
                 ranges.append(
                     QueueRange(
                         topic=split_key(key[0])[1],
                         queue_id=key[1],
-                        start=lo,
-                        end=hi,
+                        start=group[0][0],
+                        end=group[-1][1],
+                        spans=group if len(group) > 1 else (),
                         broker=addresses[0],
                         fallbacks=tuple(addresses[1:]),
                         timeout_ms=opts.timeout_ms,
@@ -312,7 +316,8 @@ class Planner:
         """The queues of ``ends`` a pushdown reads, each with the offsets it
         allows: its offset ranges, cut to the store-time bounds through the
         broker's offset for a timestamp (exact: a queue's store times never
-        decrease). A queue the timestamp listing misses (its broker stopped
+        decrease) and to the offsets the key index finds for pushed keys
+        (``key_plan``). A queue the timestamp listing misses (its broker stopped
         answering) is not read, as the listing's unreachable queues are not."""
         if pushdown.empty:
             return {}
@@ -330,6 +335,13 @@ class Planner:
                 offset = at[key].timestamp_offset
                 cut: tuple[Span, ...] = ((0, offset),) if below else ((offset, 2**63),)
                 kept[key] = intersect(kept[key], cut)
+        if pushdown.keys and kept:  # only the offsets the key index finds
+            names = {k[0] for k in kept}
+            found = key_offsets(
+                self.admin.routes, names, pushdown.keys, pushdown.store_ms, self.seed
+            )
+            if found is not None:
+                kept = {k: intersect(spans, found.get(k, ())) for k, spans in kept.items()}
         return {k: spans for k, spans in kept.items() if spans}
 
     def _recreated_ranges(

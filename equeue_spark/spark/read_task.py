@@ -74,6 +74,15 @@ class QueueRange:
     fallbacks: tuple[str, ...] = ()
     """The group's other members (none for one broker), read in turn if
     ``broker`` (and each one before) stops answering."""
+    spans: tuple[tuple[int, int], ...] = ()
+    """Sub-ranges of ``[start, end)`` to read, in order (pushed-down filters
+    planned several in one queue); empty: all of ``[start, end)``."""
+
+    def pieces(self) -> list[QueueRange]:
+        """The ranges a task reads: itself, or one per span."""
+        if not self.spans:
+            return [self]
+        return [dataclasses.replace(self, start=lo, end=hi, spans=()) for lo, hi in self.spans]
 
     @property
     def queue(self) -> str:
@@ -92,8 +101,9 @@ def read_range(part: QueueRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     broker_id = ""
     ahead: ReadAhead[PullReply] = ReadAhead(PREFETCH_REPLIES)
     members = Members(part)
+    replies = (r for piece in part.pieces() for r in _member_replies(members, piece))
     try:
-        for reply in ahead.run(_member_replies(members, part)):
+        for reply in ahead.run(replies):
             broker_id = reply.broker_id
             if not reply.count:
                 continue
@@ -120,22 +130,24 @@ class Members:
     def __init__(self, part: QueueRange) -> None:
         self.part = part
         self._lock = threading.Lock()
-        self._conns: list[Connection] = []
+        self._conns: dict[str, Connection] = {}
         self._closed = False
 
     def open(self, address: str) -> Connection:
-        conn = Connection(self.part.security.client(address, self.part.timeout_ms))
+        """The channel to ``address`` (one per member, shared by the range's spans)."""
         with self._lock:
             if self._closed:
-                conn.close()
                 raise OffsetsLostError(f"{self.part.queue}: the read was stopped")
-            self._conns.append(conn)
-        return conn
+            if address not in self._conns:
+                self._conns[address] = Connection(
+                    self.part.security.client(address, self.part.timeout_ms)
+                )
+            return self._conns[address]
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            conns, self._conns = self._conns, []
+            conns, self._conns = list(self._conns.values()), {}
         for conn in conns:
             conn.close()
 

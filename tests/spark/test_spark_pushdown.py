@@ -541,3 +541,25 @@ def test_with_pushdown_off_or_refused_the_same_query_works_unpushed(
         assert sorted(r.offset for r in refused.collect()) == list(range(100, 200))
     finally:
         spark.conf.set(CONF, "false")
+
+
+def test_coarsen_groups_found_offsets_into_few_ranges() -> None:
+    from equeue_spark.spark.key_plan import coarsen
+
+    assert coarsen([], 4) == ()
+    assert coarsen([9, 3, 4, 5, 5], 4) == ((3, 6), (9, 10))
+    assert coarsen([1, 3, 10, 11, 30], 2) == ((1, 12), (30, 31))  # the widest gap kept
+    assert coarsen([1, 3, 10, 11, 30], 1) == ((1, 31),)
+    found = list(range(0, 10_000, 7))
+    spans = coarsen(found, 256)
+    assert len(spans) == 256 and all(any(lo <= o < hi for lo, hi in spans) for o in found)
+
+
+def test_pack_spans_shares_tasks_up_to_the_partition_limit() -> None:
+    from equeue_spark.spark.offsets import pack_spans
+
+    spans = [(0, 5), (10, 20), (30, 31)]
+    assert pack_spans(spans, None) == [((0, 5), (10, 20), (30, 31))]
+    assert pack_spans(spans, 15) == [((0, 5), (10, 20)), ((30, 31),)]
+    assert pack_spans([(0, 10), (10, 20)], 10) == [((0, 10),), ((10, 20),)]
+    assert pack_spans([], 10) == []
