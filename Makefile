@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-pushdown bench-delay bench-broker demo proto clean
+.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -117,6 +117,7 @@ bench: $(STAMP)
 bench-spark: $(STAMP)
 	$(BIN)/python bench/spark_bench.py
 
+.PHONY: bench-pushdown
 bench-pushdown: $(STAMP)
 	$(BIN)/python bench/spark_pushdown_bench.py
 
