@@ -24,6 +24,7 @@ from equeue_broker.server.dead_letters import DeadLetters, Resent
 from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
 from equeue_broker.server.retry import check_reshape, check_user_name, group_topics, user_group
 from equeue_broker.server.service_base import BrokerState, rpc
+from equeue_broker.server.stats import FEATURES
 from equeue_broker.storage import NotFound, Store
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.meta.names import validate_group
@@ -459,6 +460,8 @@ class AdminService(pb_grpc.AdminServicer):
                 role_since_ms=self.s.role.since_ms,
                 delayed_pending=pending,
                 delayed_next_due_ms=next_due or 0,
+                features=FEATURES,
+                **self.s.checker.stats(),  # transaction check-back (txn_checks.py)
             )
 
         view = self.s.role.view
@@ -488,7 +491,8 @@ class AdminService(pb_grpc.AdminServicer):
                 info = reply.transactions.add(
                     transaction_id=t.txn_id, created_ms=t.created_ms,
                     last_write_ms=t.last_write_ms, messages=t.messages, bytes=t.bytes,
-                    committing=t.committing,
+                    committing=t.committing, group=t.group, checks=t.checks,
+                    last_check_ms=t.last_check_ms, next_check_ms=t.next_check_ms,
                 )  # fmt: skip
                 for (topic, queue_id), count in sorted(t.queues.items()):
                     info.queues.add(topic=topic, queue_id=queue_id, count=count)
