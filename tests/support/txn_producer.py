@@ -56,9 +56,7 @@ def main() -> int:
             return "commit"
         return str(ANSWERS[args.checker](n))
 
-    producer = Producer(
-        config=config, group=args.group, checker=checker if args.checker else None
-    )
+    producer = Producer(config=config, group=args.group, checker=checker if args.checker else None)
     if args.stage:
         values = [f"m{i}".encode() for i in range(args.count)]
         producer.transaction(args.stage, broker=args.broker).send_batch(args.topic, values)
