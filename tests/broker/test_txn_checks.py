@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -239,7 +240,9 @@ def test_unknown_answers_and_raising_checkers_are_asked_again(
     assert _stats(broker.address).check_streams == 1  # B stayed connected
 
 
-def _stream(address: str, *requests: pb.CheckStreamRequest, hold: threading.Event | None = None):  # type: ignore[no-untyped-def]
+def _stream(
+    address: str, *requests: pb.CheckStreamRequest, hold: threading.Event | None = None
+) -> Any:
     """A raw TransactionChecks call sending ``requests`` (then waiting for ``hold``)."""
 
     def send() -> Iterator[pb.CheckStreamRequest]:
@@ -251,11 +254,12 @@ def _stream(address: str, *requests: pb.CheckStreamRequest, hold: threading.Even
     return conn.broker.TransactionChecks(send(), timeout=WAIT_S)
 
 
-def _code(call: object) -> grpc.StatusCode:
+def _code(call: Any) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as caught:
-        for _ in call:  # type: ignore[attr-defined]
+        for _ in call:
             pass
-    return caught.value.code()  # type: ignore[no-any-return]
+    code: grpc.StatusCode = caught.value.code()
+    return code
 
 
 HELLO = pb.CheckStreamRequest(hello=pb.CheckHello(group=GROUP, client_id="test"))

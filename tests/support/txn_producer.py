@@ -18,10 +18,11 @@ import argparse
 import itertools
 import sys
 import threading
+from collections.abc import Callable
 
 from equeue_spark.client import ClientConfig, Producer
 
-ANSWERS = {
+ANSWERS: dict[str, Callable[[int], str]] = {
     "commit": lambda n: "commit",
     "rollback": lambda n: "rollback",
     "unknown": lambda n: "unknown",
