@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -45,10 +46,11 @@ WAIT_S = 30.0
 class ProducerProcess:
     """tests/support/txn_producer.py in a child process; its output lines queued."""
 
-    def __init__(self, target: str, *args: str) -> None:
+    def __init__(self, target: str, *args: str, token: str = "") -> None:
+        env = {**os.environ, "EQUEUE_TOKEN": token} if token else None
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.txn_producer", target, GROUP, *args],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -88,8 +90,8 @@ class ProducerProcess:
 def producers() -> Iterator[Callable[..., ProducerProcess]]:
     started: list[ProducerProcess] = []
 
-    def start(target: str, *args: str) -> ProducerProcess:
-        started.append(ProducerProcess(target, *args))
+    def start(target: str, *args: str, token: str = "") -> ProducerProcess:
+        started.append(ProducerProcess(target, *args, token=token))
         return started[-1]
 
     yield start
@@ -313,3 +315,65 @@ def test_cli_transactions_list_shows_group_age_and_checks(
     assert row[:2] == ["T7", GROUP] and row[2].endswith("s") and row[3] in ("1", "2")
     [raw] = json.loads(run("--json"))["transactions"]
     assert raw["group"] == GROUP and int(raw["checks"]) >= 1 and int(raw["next_check_ms"]) > 0
+
+
+TOKENS = """
+[[tokens]]
+name = "ops"
+secret = "ops-secret-0123456789ab"
+roles = ["admin"]
+
+[[tokens]]
+name = "etl"
+secret = "etl-secret-0123456789ab"
+roles = ["produce", "consume"]
+
+[[tokens]]
+name = "other"
+secret = "other-secret-0123456789"
+roles = ["produce", "consume"]
+"""
+ETL = "etl-secret-0123456789ab"
+
+
+@pytest.mark.timeout(120)
+def test_a_token_is_asked_only_about_its_own_transactions_by_the_ids_it_knows(
+    broker_factory: Callable[..., BrokerProcess],
+    producers: Callable[..., ProducerProcess],
+    tmp_path: Path,
+) -> None:
+    """With auth, a non-admin token's transaction ids are ``<name>@<id>`` on the
+    broker (auth.py): its checker is asked about "T8", not "etl@T8", and
+    another token's producers of the same group are never asked about it."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(TOKENS)
+    path.chmod(0o600)
+    broker = broker_factory(*CHECK_FLAGS, "--tokens-file", str(path))
+    ops = ClientConfig(broker=broker.address, token="ops-secret-0123456789ab")
+    with Admin(config=ops) as admin:
+        admin.create_topic(TOPIC, 2)
+
+    def stats() -> pb.BrokerStats:
+        with Admin(config=ops) as admin:
+            return admin.stats()
+
+    other = producers(broker.address, "--checker", "commit", token="other-secret-0123456789")
+    other.expect("READY")
+    wait_for("the other token's stream", lambda: stats().check_streams == 1, WAIT_S)
+    a = producers(
+        broker.address, "--stage", "T8", "--topic", TOPIC, token="etl-secret-0123456789ab"
+    )
+    a.expect("STAGED")
+    a.kill()
+    with Admin(config=ops) as admin:
+        wait_for("a check", lambda: admin.list_transactions().transactions[0].checks >= 1, WAIT_S)
+    etl = producers(broker.address, "--checker", "commit", token=ETL)
+    etl.expect("READY")
+
+    def committed() -> bool:
+        with Admin(config=ops) as admin:
+            return not admin.list_transactions().transactions
+
+    wait_for("the commit", committed, WAIT_S)
+    assert [line.split()[1] for line in etl.checks()] == ["T8"]
+    assert other.checks() == []
