@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-txn-check bench-broker demo proto clean
+.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -120,6 +120,7 @@ bench-spark: $(STAMP)
 bench-delay: $(STAMP)
 	$(BIN)/python bench/delay_bench.py --scenario all
 
+.PHONY: bench-txn-check
 bench-txn-check: $(STAMP)
 	$(BIN)/python bench/txn_check_bench.py
 
