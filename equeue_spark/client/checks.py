@@ -104,6 +104,8 @@ class _GroupStream:
             except EqueueError as exc:
                 if not responder.stopped.is_set():
                     log.info("check stream to broker group %r: %s", self.broker, exc)
+            except Exception:  # never let the thread die: checks would stop for good
+                log.exception("check stream to broker group %r failed", self.broker)
             if time.monotonic() - started >= STABLE_S:
                 delay = responder.backoff_s
             if responder.stopped.wait(delay):
@@ -202,7 +204,7 @@ class CheckResponder:
             try:
                 masters = {e.broker_name: e.address for e in self.routes.brokers()
                            if e.routed_master}  # fmt: skip
-            except EqueueError as exc:
+            except Exception as exc:  # the name servers down, say: asked again soon
                 log.info("transaction checks: the brokers are not known now: %s", exc)
                 masters = {}
             with self._lock:

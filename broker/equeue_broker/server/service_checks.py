@@ -27,6 +27,9 @@ from equeue_proto.v1 import broker_pb2 as pb
 
 log = logging.getLogger(__name__)
 
+HELLO_TIMEOUT_S = 30.0
+"""A stream that says nothing this long is ended: it holds a call slot."""
+
 
 class CheckServiceMixin:
     """``TransactionChecks`` for ``BrokerService``."""
@@ -39,7 +42,12 @@ class CheckServiceMixin:
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.TransactionCheck]:  # fmt: skip
         checker = self.s.checker
-        hello = await _hello(request_iterator)
+        try:
+            hello = await asyncio.wait_for(_hello(request_iterator), HELLO_TIMEOUT_S)
+        except TimeoutError:
+            raise BadRequest(
+                f"no CheckHello within {HELLO_TIMEOUT_S:.0f} s of opening TransactionChecks"
+            ) from None
         stream = checker.streams.open(hello.group, hello.client_id, _namespace(self.s, context))
         log.info("check stream of producer group %s opened (%s)", hello.group, hello.client_id)
         reader = asyncio.ensure_future(_read_answers(checker, stream, request_iterator))
