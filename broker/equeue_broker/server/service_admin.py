@@ -24,7 +24,6 @@ from equeue_broker.server.dead_letters import DeadLetters, Resent
 from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
 from equeue_broker.server.retry import check_reshape, check_user_name, group_topics, user_group
 from equeue_broker.server.service_base import BrokerState, rpc
-from equeue_broker.server.stats import FEATURES
 from equeue_broker.storage import NotFound, Store
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.meta.names import validate_group
@@ -436,6 +435,7 @@ class AdminService(pb_grpc.AdminServicer):
                 open_transactions=raw["open_transactions"],
                 idempotent_producers=raw["idempotent_producers"],
                 staged_bytes=raw["staged_bytes"],
+                **self.s.checker.stats(),  # transaction check-back (txn_checks.py)
                 quarantined_chunks=[
                     pb.QuarantinedChunk(
                         file=str(c.path),
@@ -460,8 +460,6 @@ class AdminService(pb_grpc.AdminServicer):
                 role_since_ms=self.s.role.since_ms,
                 delayed_pending=pending,
                 delayed_next_due_ms=next_due or 0,
-                features=FEATURES,
-                **self.s.checker.stats(),  # transaction check-back (txn_checks.py)
             )
 
         view = self.s.role.view

@@ -8,9 +8,6 @@ import time
 
 WINDOW_S = 60
 
-FEATURES = ("txn-check",)
-"""Optional features this broker serves (``BrokerStats.features``): each adds its word."""
-
 
 class Counters:
     def __init__(self) -> None:

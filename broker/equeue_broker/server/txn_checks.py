@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 Call = Callable[..., Awaitable[Any]]
 """Runs a blocking storage call off the event loop (``BrokerState.call``)."""
 
+FEATURE = "txn-check"
+"""This broker's word in ``BrokerStats.features``: it serves TransactionChecks."""
 TICK_S = 1.0
 STREAM_QUEUE = 1_000
 """Checks waiting to be sent on one stream; a full stream is skipped."""
@@ -146,12 +148,14 @@ class TransactionChecker:
                 await self._task
             self._task = None
 
-    def stats(self) -> dict[str, int]:
-        """GetStats' figures."""
+    def stats(self) -> dict[str, Any]:
+        """GetStats' fields (``features`` lists ``FEATURE``; other packages' words
+        are added to it by stats.py)."""
         return {
             "transaction_checks_sent": self.sent,
             "transaction_checks_answered": self.answered,
             "check_streams": len(self.streams),
+            "features": [FEATURE],
         }
 
     async def _run(self) -> None:
