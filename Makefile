@@ -117,12 +117,12 @@ bench: $(STAMP)
 bench-spark: $(STAMP)
 	$(BIN)/python bench/spark_bench.py
 
-bench-delay: $(STAMP)
-	$(BIN)/python bench/delay_bench.py --scenario all
-
 .PHONY: bench-txn-check
 bench-txn-check: $(STAMP)
 	$(BIN)/python bench/txn_check_bench.py
+
+bench-delay: $(STAMP)
+	$(BIN)/python bench/delay_bench.py --scenario all
 
 # Against Redis Streams and NATS JetStream, when their servers are installed
 # (apt-get install redis-server nats-server).
