@@ -117,10 +117,6 @@ bench: $(STAMP)
 bench-spark: $(STAMP)
 	$(BIN)/python bench/spark_bench.py
 
-.PHONY: bench-txn-check
-bench-txn-check: $(STAMP)
-	$(BIN)/python bench/txn_check_bench.py
-
 bench-delay: $(STAMP)
 	$(BIN)/python bench/delay_bench.py --scenario all
 
@@ -129,6 +125,10 @@ bench-delay: $(STAMP)
 bench-broker: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python bench/broker_bench.py --repeat 3
+
+.PHONY: bench-txn-check
+bench-txn-check: $(STAMP)
+	$(BIN)/python bench/txn_check_bench.py
 
 # Spark's Python workers must run this interpreter (the examples set PYSPARK_PYTHON).
 demo: $(DEMO_STAMP)
