@@ -3,14 +3,14 @@
 Run ``python bench/spark_pushdown_bench.py`` (``make bench-pushdown``; about 8
 minutes here, most of it the full reads; ``--quick`` for a smoke run of 200,000
 messages; ``--messages N``; ``--repeat N`` reports medians of N rounds, 3 by
-default). It starts one broker (async flush)
-on 127.0.0.1 in a temporary directory and one local Spark session
-(``local[2]``) with ``spark.sql.python.filterPushdown.enabled`` on; both are
-stopped and the directory removed at the end.
+default). It starts one broker (async flush) on 127.0.0.1 in a temporary
+directory and one local Spark session (``local[2]``) with
+``spark.sql.python.filterPushdown.enabled`` on; both are stopped and the
+directory removed at the end.
 
-The topic: ``--messages`` (default 20,000,000: the 1% reads then take well
-above Spark's fixed cost of a query) messages of 100 random bytes
-with 10-byte keys over 4 queues, produced as ``spark_bench.py`` fills its read
+The topic: ``--messages`` messages (default 20,000,000, so that a 1% read
+takes well above Spark's fixed cost of a query) of 100 random bytes with
+10-byte keys over 4 queues, produced as ``spark_bench.py`` fills its read
 topic (10,000-message batches, queue round robin by batch; no producer
 timestamps, so ``timestamp`` is the store time). Every scenario is one
 ``spark.read.format("equeue")`` batch query written to the ``noop`` sink
