@@ -301,6 +301,8 @@ class _Builder:
             keys = tuple(sorted(set(values)))
             if self.pd.keys:  # two equalities: the keys both allow
                 keys = tuple(k for k in self.pd.keys if k in keys)
+                if not keys:
+                    return self._nothing()
             self.pd = replace(self.pd, keys=keys if len(keys) <= MAX_KEYS else ())
         if c.op == "=":
             return self.where(f, f"key = {listed}")
