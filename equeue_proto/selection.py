@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 
 from equeue_proto.accel import CODEC
-from equeue_proto.record import BODY_TO_FRAME, FLAG_HAS_KEY, HEADER, Buffer
+from equeue_proto.record import AT_BODY, BODY_TO_FRAME, FLAG_HAS_KEY, HEADER, TRAILER, Buffer
 from equeue_proto.selector import Selector
 
 Span = tuple[int, int, int, int]
@@ -40,6 +40,12 @@ class FrameRecord:
 
     def frame_size(self) -> int:
         return int(self._fields[0]) + BODY_TO_FRAME
+
+    def fits(self, room: int) -> bool:
+        """True if the frame lies within ``room`` bytes and its fields within its body."""
+        body, fields = int(self._fields[0]), self._fields
+        variable = fields[8] + fields[9] + fields[10] + fields[11] + fields[12]
+        return body + BODY_TO_FRAME <= room and HEADER.size + variable <= body + AT_BODY
 
     def tag(self) -> bytes | None:
         tag_len = self._fields[9]
@@ -90,8 +96,12 @@ def select_frames_py(selector: Selector, view: Buffer, max_frames: int) -> tuple
     spans: list[Span] = []
     pos, index, end = 0, 0, len(view)
     while pos < end and index < max_frames:
+        if end - pos < HEADER.size + TRAILER.size:
+            raise ValueError(f"select_frames: the frame at byte {pos} runs past the buffer")
         record = FrameRecord(view, pos)
         size = record.frame_size()
+        if not record.fits(end - pos):
+            raise ValueError(f"select_frames: the frame at byte {pos} runs past the buffer")
         if selector.matches(record):
             if spans and spans[-1][1] == pos:
                 start, _, first, count = spans[-1]
@@ -105,7 +115,7 @@ def select_frames_py(selector: Selector, view: Buffer, max_frames: int) -> tuple
 
 def select_frames(selector: Selector, view: Buffer, max_frames: int) -> tuple[list[Span], int]:
     """``select_frames_py`` in C when the accelerator is built."""
-    if CODEC is not None and hasattr(CODEC, "select_frames"):
+    if CODEC is not None:
         spans, scanned = CODEC.select_frames(selector.program, view, max_frames)
         return spans, scanned
     return select_frames_py(selector, view, max_frames)

@@ -3,7 +3,7 @@
 The contract: client, CLI and Spark parse an expression here to refuse a bad
 one early; the broker parses it here and evaluates it on every record a
 filtered pull inspects (``equeue_proto.selection`` runs it over stored frames,
-in C when built). This module imports nothing of ours.
+in C when built). This module imports only the ``keys`` header's definition (``message_keys``).
 
 Grammar (keywords case-insensitive, whitespace insignificant)::
 
@@ -54,14 +54,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from equeue_proto.message_keys import KEYS_HEADER, split_keys
+
 MAX_TEXT_BYTES = 4096
 MAX_NODES = 256
 MAX_DEPTH = 32
 MAX_IN_ITEMS = 1000
 ERROR_KIND = "bad-filter"
 """The broker's error kind (``protocol.ERROR_KIND_KEY`` trailer) for a bad expression."""
-KEYS_HEADER = "keys"
-"""The extra keys' header (``message_keys.KEYS_HEADER``; not imported: no deps)."""
 
 # Truth values (SQL three-valued logic).
 FALSE, TRUE, UNKNOWN = 0, 1, 2
@@ -554,7 +554,8 @@ def parse(text: str) -> Selector:
         raise SelectorError(f"expected a string, got {type(text).__name__}", 0, "")
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_TEXT_BYTES:
-        raise SelectorError(f"longer than {MAX_TEXT_BYTES} bytes ({size})", 0, text[:40])
+        at = len(text.encode("utf-8", "surrogatepass")[:MAX_TEXT_BYTES].decode("utf-8", "ignore"))
+        raise SelectorError(f"longer than {MAX_TEXT_BYTES} bytes ({size})", at, text)
     root = _Parser(text).parse()
     return Selector(
         root,
@@ -682,14 +683,15 @@ def _operand_raw(operand: Operand, record: Record) -> bytes | None:
 
 
 def record_keys(record: Record) -> list[bytes]:
-    """The key and the extra keys of a record (``keys``)."""
+    """The key and the extra keys of a record (``keys``: the first
+    ``MAX_EXTRA_KEYS`` of its ``keys`` header, as the key index takes them)."""
     keys = []
     key = record.key()
     if key is not None:
         keys.append(key)
     extra = record.header(KEYS_HEADER)
     if extra is not None:
-        keys.extend(k for k in extra.split(b" ") if k)
+        keys.extend(split_keys(extra))
     return keys
 
 
