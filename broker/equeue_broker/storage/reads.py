@@ -482,7 +482,8 @@ class Reads:
                     raise DamagedRecord(
                         queue.topic, queue.queue_id, cursor, exc.path, exc.position
                     ) from None
-                if message.queue_offset != cursor:  # a transaction's: offset and time at commit
+                # A transaction's: offset and time at commit (its serial may equal its offset).
+                if message.queue_offset != cursor or message.store_timestamp_ms != stamp:
                     message = dataclasses.replace(
                         message, queue_offset=cursor, store_timestamp_ms=stamp
                     )
@@ -520,9 +521,9 @@ class Reads:
         with self._lock:
             offset, size, raw = self._indexed(position)
             message = self._log.read(position, size)
-            if message.queue_offset == offset:
-                return message
             stamp = ENTRY.unpack(raw)[3]
+            if message.queue_offset == offset and message.store_timestamp_ms == stamp:
+                return message
             return dataclasses.replace(message, queue_offset=offset, store_timestamp_ms=stamp)
 
     def record_at(self, position: int) -> bytes:
