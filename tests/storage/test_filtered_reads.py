@@ -47,11 +47,7 @@ class _Stored:
         )
 
     def store_ms(self) -> int:
-        return (
-            self.m.store_timestamp_ms
-            if isinstance(self.m, StoredMessage)
-            else self.m.store_timestamp_ms
-        )
+        return self.m.store_timestamp_ms
 
 
 def _fill(store: Store, count: int, seed: int = 3) -> None:
