@@ -55,7 +55,15 @@ class Taken:
         """Take the spans of passing frames of ``piece`` (whose entries are ``run``);
         the index of the first passing frame not taken if a limit was reached."""
         for start, end, index, frames in spans:
-            fits = self._room(run[index * ENTRY_SIZE : (index + frames) * ENTRY_SIZE])
+            whole = (
+                self.count + frames <= self._max_messages
+                and self.total + (end - start) <= self._max_bytes
+            )  # the common case, decided without a look at each record
+            fits = (
+                frames
+                if whole
+                else self._room(run[index * ENTRY_SIZE : (index + frames) * ENTRY_SIZE])
+            )
             if fits < frames:
                 sizes = ENTRY.iter_unpack(run[index * ENTRY_SIZE : (index + fits) * ENTRY_SIZE])
                 end = start + sum(size for _p, size, _t, _s in sizes)  # noqa: PLW2901 (cut)
