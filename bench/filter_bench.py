@@ -55,9 +55,7 @@ def _fill(address: str, topic: str, messages: int, share: float, seed: int) -> N
                 amount = b"150" if hit else str(rnd.randint(0, 100)).encode()
                 tags.append(region.decode() if hit else "us")
                 headers.append([("region", region), ("amount", amount)])
-            producer.send_batch(
-                topic, [value] * n, tags=tags, headers=headers, queue_ids=[0] * n
-            )
+            producer.send_batch(topic, [value] * n, tags=tags, headers=headers, queue_ids=[0] * n)
 
 
 def _drain(conn: Connection, topic: str, tags: list[str], expression: str) -> tuple[float, int]:
