@@ -335,6 +335,9 @@ class BrokerService(pb_grpc.BrokerServicer):
             and result.next_offset >= result.end
         ):
             held.release()  # a parked pull holds no budget
+            # What it skipped counts now (a parked pull may wait long).
+            self.s.counters.pulled(topic, queue_id, 0, filtered)
+            filtered = 0
             arrived = await self.s.waiters.wait(
                 (topic, queue_id),
                 result.end,
@@ -347,7 +350,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 with contextlib.suppress(LimitExceeded):
                     parked_at = result.next_offset
                     result, held = await self._budgeted_read(read, parked_at, max_bytes, offload)
-                    filtered += left_out(result, parked_at)
+                    filtered = left_out(result, parked_at)
         # The reply's bytes stay counted until gRPC is done with the call.
         context.add_done_callback(lambda _: held.release())
         self.s.counters.pulled(topic, queue_id, result.count, filtered)
