@@ -456,7 +456,8 @@ class _Parser:
             raise self.fail("keys compares only with =, <>, IN or IS NULL, not BETWEEN", token)
         if type_ == T_BOOL:
             raise self.fail("BETWEEN does not apply to TRUE/FALSE", token)
-        self.nodes += 2  # the two comparisons it stands for
+        self.count(token)  # the two comparisons it stands for
+        self.count(token)
         node: Node = And((Compare(GE, type_, operand, low), Compare(LE, type_, operand, high)))
         return Not(node) if negated else node
 

@@ -237,6 +237,34 @@ def test_cli_consume_filter(broker: BrokerProcess) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_cli_produce_headers_and_extra_keys(broker: BrokerProcess) -> None:
+    base = [sys.executable, "-m", "equeue_spark.cli", "--broker", broker.address]
+    with Admin(broker.address) as admin:
+        admin.create_topic("cli-keys", queues=1)
+    done = subprocess.run(
+        [*base, "produce", "cli-keys", "--key", "order-7", "--header", "region=eu",
+         "--header", "note=a=b", "--extra-key", "cust-3", "--extra-key", "ref-9"],
+        input=b"one\ntwo\n", capture_output=True, timeout=50, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with Consumer(broker.address, filter="keys = 'ref-9' AND region = 'eu'") as consumer:
+        consumer.assign("cli-keys", [0])
+        got = _poll_to_end(consumer, {("cli-keys", 0): 2}, 30)
+    assert [m.value for m in got] == [b"one", b"two"]
+    assert got[0].headers == (("region", b"eu"), ("note", b"a=b"), (KEYS_HEADER, b"cust-3 ref-9"))
+    both = subprocess.run(
+        [*base, "produce", "cli-keys", "--header", "keys=x", "--extra-key", "y"],
+        input=b"z\n", capture_output=True, timeout=50, check=False,
+    )  # fmt: skip
+    assert both.returncode == 2 and b"--extra-key" in both.stderr
+    spaced = subprocess.run(
+        [*base, "produce", "cli-keys", "--extra-key", "a b"],
+        input=b"z\n", capture_output=True, timeout=50, check=False,
+    )  # fmt: skip
+    assert spaced.returncode == 2 and b"holds a space" in spaced.stderr
+
+
+@pytest.mark.timeout(60)
 def test_a_parked_filtered_pull_wakes_for_a_match(
     broker: BrokerProcess, stub: pb_grpc.BrokerStub
 ) -> None:
