@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -20,6 +21,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client import Admin, Consumer, InvalidRequest, Message, Producer
 from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.filters import UnsupportedFilter
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.records import decode_records
 
@@ -323,3 +325,31 @@ def test_a_consume_only_token_checks_filters_by_a_probe(
         consumer.assign("scoped-t", [0])
         got = _poll_to_end(consumer, {("scoped-t", 0): 2}, 30)
     assert [m.value for m in got] == [b"b"]
+
+
+def _old_stats(request: pb.GetStatsRequest, context: object) -> pb.BrokerStats:
+    """GetStats as a broker from before filters answers it: no features."""
+    return pb.BrokerStats(broker_id="old")
+
+
+def test_a_broker_without_the_filter_feature_is_refused_before_reading() -> None:
+    # No older broker release can run here: a server answering GetStats as one does.
+    server = grpc.server(ThreadPoolExecutor(2))
+    handler = grpc.unary_unary_rpc_method_handler(
+        _old_stats,
+        request_deserializer=pb.GetStatsRequest.FromString,
+        response_serializer=pb.BrokerStats.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("equeue.v1.Admin", {"GetStats": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Connection(ClientConfig(broker=f"127.0.0.1:{port}")) as conn:
+            with pytest.raises(UnsupportedFilter, match="does not apply filter expressions"):
+                next(stream_replies(conn, "t", 0, 0, filter="a = 1"))
+            with pytest.raises(InvalidRequest, match="position 3"):
+                next(stream_replies(conn, "t", 0, 0, filter="a ="))
+    finally:
+        server.stop(None)
