@@ -164,6 +164,8 @@ _IDENT_START = re.compile(r"[A-Za-z_]")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _NUM_TOKEN = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _HEX = re.compile(r"[0-9A-Fa-f]*")
+_DIGITS = frozenset("0123456789")
+"""ASCII digits only (``str.isdigit`` takes other scripts' digits too)."""
 
 
 def _quoted(text: str, pos: int, quote: str, what: str) -> tuple[str, int]:
@@ -210,7 +212,7 @@ def _tokens(text: str) -> list[_Token]:
                 raise SelectorError("odd number of hex digits in X'..'", i, text)
             tokens.append(_Token("bytes", body, i, bytes.fromhex(body)))
             i = end
-        elif c.isdigit() or (c == "-" and i + 1 < n and text[i + 1].isdigit()):
+        elif c in _DIGITS or (c == "-" and i + 1 < n and text[i + 1] in _DIGITS):
             m = _NUM_TOKEN.match(text, i)
             assert m is not None
             end = m.end()

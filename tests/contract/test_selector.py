@@ -140,7 +140,8 @@ BAD = [
     ("a > TRUE", 2, "TRUE/FALSE compare only"), ("keys > 'a'", 5, "keys compares only"),
     ("keys = region", 5, "keys compares only with literals"), ('"" = 1', 0, "empty quoted"),
     ("a BETWEEN TRUE AND FALSE", 2, "BETWEEN does not apply"), ("NOT", 3, "expected a condition"),
-    ("a IN (1 2)", 8, "expected ',' or ')'"),
+    ("a IN (1 2)", 8, "expected ',' or ')'"), ("a = \u0663", 4, "unexpected character"),
+    ("a = -\u0663", 4, "unexpected character '-'"),
 ]  # fmt: skip
 
 
@@ -309,3 +310,20 @@ def test_frame_record_reads_the_stored_fields() -> None:
     assert select_frames_py(parse("a = 2 AND timestamp = 77"), view, 10) == (
         [(0, len(view), 0, 1)], 1,
     )  # fmt: skip
+
+
+GRAMMAR_CHARS = st.sampled_from(
+    list("()=<>!,'\"xX- .e0123456789abn_٣é\t") + ["AND", "OR", "NOT", "IN", "IS", "NULL",
+                                                  "BETWEEN", "TRUE", "keys", "tag"]
+)  # fmt: skip
+
+
+@settings(max_examples=2000, deadline=None)
+@given(text=st.text(max_size=60) | st.lists(GRAMMAR_CHARS, max_size=40).map(" ".join))
+def test_any_text_parses_or_names_a_position(text: str) -> None:
+    try:
+        selector = parse(text)
+    except SelectorError as exc:
+        assert 0 <= exc.position <= len(text)
+        return
+    assert parse(selector.text).text == selector.text  # the normalized text is stable
