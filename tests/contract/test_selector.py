@@ -5,6 +5,7 @@ Python reference (equeue_proto/selection.py)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -327,3 +328,48 @@ def test_any_text_parses_or_names_a_position(text: str) -> None:
         assert 0 <= exc.position <= len(text)
         return
     assert parse(selector.text).text == selector.text  # the normalized text is stable
+
+
+FIXED_FRAMES = encode_frames(
+    [("a", b"k", [(KEYS_HEADER, b"x y"), ("n", b"5")], 10), ("", None, [("n", b"7")], 3)]
+)
+FIXED_SELECTORS = [
+    parse(t)
+    for t in (
+        "n = 5",
+        "keys IN ('x', 'z') AND NOT tag IS NULL",
+        "n BETWEEN 1 AND 9",
+        "keys IS NULL",
+    )
+]
+
+
+def _outcome(run: Callable[[], object]) -> object:
+    try:
+        return run()
+    except ValueError:
+        return "refused"
+
+
+@pytest.mark.skipif(CODEC is None, reason="the C accelerator is not built")
+@settings(max_examples=500, deadline=None)
+@given(
+    which=st.integers(0, len(FIXED_SELECTORS) - 1),
+    flips=st.lists(st.tuples(st.integers(0, len(FIXED_FRAMES) - 1), st.integers(0, 255)),
+                   min_size=1, max_size=3),
+    program_flips=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=3),
+)  # fmt: skip
+def test_damaged_frames_and_programs_are_refused_never_misread(
+    which: int, flips: list[tuple[int, int]], program_flips: list[tuple[int, int]]
+) -> None:
+    selector = FIXED_SELECTORS[which]
+    frames = bytearray(FIXED_FRAMES)
+    for at, value in flips:
+        frames[at] = value
+    c = _outcome(lambda: select_frames(selector, bytes(frames), 10))
+    assert c == _outcome(lambda: select_frames_py(selector, bytes(frames), 10))
+    assert CODEC is not None
+    program = bytearray(selector.program)
+    for at, value in program_flips:
+        program[at % len(program)] = value
+    _outcome(lambda: CODEC.select_frames(bytes(program), FIXED_FRAMES, 10))  # no crash
