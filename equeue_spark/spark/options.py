@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from equeue_proto.selector import parse
 from equeue_spark.client.connection import (
     ClientConfig,
     check_address,
@@ -341,10 +342,9 @@ def _filter(o: _Options) -> str:
 
 
 def check_filter(text: str) -> None:
-    """``ValueError`` (the selector's error, naming the position) if ``text``
-    is not a filter expression the broker takes."""
-    if len(text) > 4096:
-        raise ValueError("longer than 4096 characters")
+    """``SelectorError`` (a ``ValueError`` naming the position) if ``text`` is
+    not a filter expression the broker takes."""
+    parse(text)
 
 
 def and_filters(*expressions: str) -> str:

@@ -41,6 +41,7 @@ from pyspark.sql.datasource import (
     Not,
 )
 
+from equeue_proto.selector import MAX_TEXT_BYTES, SelectorError, parse
 from equeue_spark.spark.offsets import (
     EVERYTHING,
     Span,
@@ -65,8 +66,8 @@ MAX_SPANS = 64
 offsets that makes more is narrowed to its hull and left to Spark."""
 MAX_KEYS = 100
 """Most keys a ``key`` equality may list for the key-index plan."""
-MAX_SELECTOR = 3500
-"""Longest pushed selector text (the broker takes 4 KiB, with the filter option)."""
+MAX_SELECTOR = MAX_TEXT_BYTES
+"""Longest filter a read sends (the option's and the pushed expressions)."""
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
@@ -313,19 +314,15 @@ class _Builder:
     # -- result ---------------------------------------------------------------------
 
     def result(self, taken: list[Filter], returned: list[Filter]) -> Pushdown:
-        """The pushdown, with selector conjuncts beyond ``MAX_SELECTOR`` (the
-        longest first) given back to Spark (appended to ``returned``)."""
-        conjuncts = sorted(self.conjuncts, key=lambda c: len(c[0]))
-        kept: list[str] = []
-        size = len(self.options.filter)
-        for expression, f in conjuncts:
-            if size + len(expression) + 5 > MAX_SELECTOR:
-                returned.append(f)
-                taken.remove(f)
-                continue
-            kept.append(expression)
-            size += len(expression) + 5
-        selector = " AND ".join(kept)
+        """The pushdown. Selector conjuncts the broker would refuse together
+        with the filter option (beyond its limits of text and nodes) are given
+        back to Spark, the longest first (appended to ``returned``)."""
+        kept = sorted(self.conjuncts, key=lambda c: len(c[0]))
+        while kept and not _acceptable(self.options.filter, [e for e, _ in kept]):
+            _, f = kept.pop()
+            returned.append(f)
+            taken.remove(f)
+        selector = " AND ".join(e for e, _ in kept)
         return replace(self.pd, selector=selector, pushed=tuple(repr(f) for f in taken))
 
 
@@ -350,6 +347,18 @@ def push(filters: Sequence[Filter], options: ReadOptions) -> tuple[Pushdown, lis
 
 
 # -- values ---------------------------------------------------------------------------
+
+
+def _acceptable(option: str, conjuncts: list[str]) -> bool:
+    """Whether the broker takes the filter option AND ``conjuncts``."""
+    text = and_filters(option, " AND ".join(conjuncts))
+    if len(text.encode()) > MAX_SELECTOR:
+        return False
+    try:
+        parse(text)
+    except SelectorError:
+        return False
+    return True
 
 
 def _is_int(value: object) -> bool:

@@ -252,6 +252,7 @@ def _replies(conn: Connection, part: QueueRange) -> Iterator[PullReply]:
         for reply in stream_replies(
             conn, part.topic, part.queue_id, offset, part.end,
             batch_messages=REPLY_MESSAGES, batch_bytes=REPLY_BYTES, tags=part.tags,
+            filter=part.filter,
         ):  # fmt: skip
             last = reply
             if reply.status in (pb.PULL_STATUS_OFFSET_TOO_SMALL, pb.PULL_STATUS_OFFSET_TOO_BIG):

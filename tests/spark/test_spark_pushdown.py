@@ -323,8 +323,8 @@ def test_read_filter_ands_the_filter_option() -> None:
 
 
 def test_bad_filter_option_fails_naming_it() -> None:
-    with pytest.raises(InvalidOption, match="option filter="):
-        options(filter="x" * 5000)
+    with pytest.raises(InvalidOption, match=r"option filter='amount >': .* at position 8"):
+        options(filter="amount >")
     with pytest.raises(InvalidOption, match="pushFilters"):
         options(pushFilters="maybe")
 
@@ -386,7 +386,9 @@ def producer_ms(i: int) -> int:
 
 
 def message_key(i: int) -> bytes | None:
-    return None if i % 97 == 0 else b"k%d" % (i % 40)
+    if i % 9_973 == 5:
+        return b"rare"  # 11 messages: the key index finds them without a scan
+    return None if i % 97 == 0 else b"k%d" % (i % 41)
 
 
 def message_tag(i: int) -> str:
@@ -432,8 +434,14 @@ def table(spark: SparkSession, broker: BrokerProcess, **extra: str) -> DataFrame
 
 
 def served(broker: BrokerProcess) -> int:
+    return inspected(broker)[0]
+
+
+def inspected(broker: BrokerProcess) -> tuple[int, int]:
+    """(records sent, records read and left out by a filter) so far."""
     with Admin(broker.address) as admin:
-        return int(admin.stats().records_served)
+        stats = admin.stats()
+        return int(stats.records_served), int(stats.records_filtered)
 
 
 def rows_both_ways(
@@ -550,6 +558,45 @@ def test_with_pushdown_off_or_refused_the_same_query_works_unpushed(
         spark.conf.set(CONF, "false")
 
 
+@pytest.mark.timeout(300)
+def test_filter_option_applies_to_batch_and_streaming_reads(
+    pushdown_spark: SparkSession, loaded: BrokerProcess
+) -> None:
+    """The ``filter`` option is evaluated on the broker for batch reads (ANDed
+    with what is pushed) and streaming reads (which get no pushdown); a bad
+    expression fails at load() naming its position."""
+    spark = pushdown_spark
+    expression = "tag = 'a' AND key = X'6b37'"
+    wanted = {
+        (i % QUEUES, i // QUEUES)
+        for i in range(RECORDS)
+        if message_tag(i) == "a" and message_key(i) == b"k7"
+    }
+    before = served(loaded)
+    batch = table(spark, loaded, filter=expression).where("offset < 1000").collect()
+    assert {(r.queue, r.offset) for r in batch} == {(q, o) for q, o in wanted if o < 1000}
+    assert served(loaded) - before == len(batch)
+
+    stream = (
+        spark.readStream.format("equeue").option("broker", loaded.address).option("topic", TOPIC)
+        .option("startingOffsets", "earliest").option("filter", expression).load()
+    )  # fmt: skip
+    query = (
+        stream.writeStream.format("memory").queryName("pushdown_filter")
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    try:
+        assert query.awaitTermination(240), "the AvailableNow query did not finish"
+        assert query.exception() is None
+        got = spark.sql("select queue, offset from pushdown_filter").collect()
+    finally:
+        query.stop()
+    assert {(r.queue, r.offset) for r in got} == wanted and len(got) == len(wanted)
+
+    with pytest.raises(Exception, match=r"option filter=.* at position \d+"):
+        table(spark, loaded, filter="tag = ")
+
+
 def test_coarsen_groups_found_offsets_into_few_ranges() -> None:
     from equeue_spark.spark.key_plan import coarsen
 
@@ -570,3 +617,21 @@ def test_pack_spans_shares_tasks_up_to_the_partition_limit() -> None:
     assert pack_spans(spans, 15) == [((0, 5), (10, 20)), ((30, 31),)]
     assert pack_spans([(0, 10), (10, 20)], 10) == [((0, 10),), ((10, 20),)]
     assert pack_spans([], 10) == []
+
+
+@pytest.mark.timeout(300)
+def test_key_equality_reads_only_what_the_key_index_finds(
+    pushdown_spark: SparkSession, loaded: BrokerProcess
+) -> None:
+    """A pushed ``key =`` plans only the offsets the broker's key index finds:
+    the broker reads no record it then leaves out (``records_filtered`` does
+    not move), and one task per queue reads them."""
+    spark = pushdown_spark
+    wanted = sorted((i % QUEUES, i // QUEUES) for i in range(RECORDS) if message_key(i) == b"rare")
+    sent_before, filtered_before = inspected(loaded)
+    df = table(spark, loaded).where("key = X'72617265'")  # 'rare'
+    rows = sorted((r.queue, r.offset) for r in df.collect())
+    sent_after, filtered_after = inspected(loaded)
+    assert rows == wanted and sent_after - sent_before == len(wanted)
+    assert filtered_after == filtered_before, "the broker inspected records it did not send"
+    assert df.rdd.getNumPartitions() == len({q for q, _ in wanted})
