@@ -79,6 +79,8 @@ def append_at(
         state.fail(exc)  # the log on disk is no longer known: restart
         raise
     rebuild_indexes(message_log, state.queues, position, position, scan, appended=data)
+    if state.keys is not None:
+        state.keys.add_frames(data, position)
     end = message_log.write_position
     # Readable once durable here and below the master's high watermark
     # (visibility.py).
@@ -170,6 +172,8 @@ def truncate_at(state: EngineState, position: int, epochs: EpochHistory, scan: T
         if queue.index.end > queue.visible_end:  # a held piece was cut in two
             state.visibility.hold(position, queue, queue.index.end)
     state.checkpoint = min(state.checkpoint, position)
+    if state.keys is not None:
+        state.keys.truncate(position)
     epochs.cut(position)
     if scan.producers is not None:
         scan.producers.truncate(position)
