@@ -72,13 +72,13 @@ from equeue_broker.storage.errors import (
 )
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState, first_offset_at
+from equeue_broker.storage.keys.key_index import KeyIndex
+from equeue_broker.storage.keys.query import KeyQuery
 from equeue_broker.storage.log.flush import SyncCommitter
 from equeue_broker.storage.log.log_writer import LogWriter
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.log.positioned import LogPiece, append_at, read_piece, truncate_at
 from equeue_broker.storage.log.record import MessageBatch, PreparedBatch, prepare_batch
-from equeue_broker.storage.keys.key_index import KeyIndex
-from equeue_broker.storage.keys.query import KeyQuery
 from equeue_broker.storage.maintenance import maintain
 from equeue_broker.storage.meta.atomic_file import remove_temp_files
 from equeue_broker.storage.meta.data_dir import lock_data_dir

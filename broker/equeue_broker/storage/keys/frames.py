@@ -41,9 +41,7 @@ def header_keys(buf: Buffer, pos: int, end: int, limit: int) -> list[bytes]:
     return []
 
 
-def frame_keys(
-    buf: Buffer, pos: int, limit: int
-) -> tuple[int, int, bytes, int, list[bytes]]:
+def frame_keys(buf: Buffer, pos: int, limit: int) -> tuple[int, int, bytes, int, list[bytes]]:
     """(frame size, flags, topic, store ms, keys) of the frame at ``pos``: its
     key (when it has one) then at most ``limit`` keys of its ``keys`` header.
     A CONTROL record has no keys. Frame size 0: no frame (zeros)."""

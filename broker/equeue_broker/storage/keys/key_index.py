@@ -89,7 +89,7 @@ _READ_ENTRIES = 4096
 _ENTRY_FIELDS = struct.Struct("<QQIII")
 
 
-class KeyIndexDamaged(Exception):  # noqa: N818 (a condition, handled by rebuilding)
+class KeyIndexDamaged(Exception):
     """A window file or entry fails its checks: the index must be rebuilt."""
 
 
@@ -369,8 +369,10 @@ class KeyIndex:
                 break
             if keys:
                 need = min(len(keys), self.config.entries_per_file)  # a record's keys: one window
-                if window is None or window.count + need > window.capacity or (
-                    window.count and store_ms - window.header.begin_ms >= self.config.window_ms
+                if (
+                    window is None
+                    or window.count + need > window.capacity
+                    or (window.count and store_ms - window.header.begin_ms >= self.config.window_ms)
                 ):
                     if window is not None:
                         self._write(window, pending)
@@ -500,9 +502,7 @@ class KeyIndex:
 
     # -- reading ---------------------------------------------------------------------
 
-    def candidates(
-        self, topic: bytes, key: bytes, end_ms: int, max_entries: int
-    ) -> Iterator[int]:
+    def candidates(self, topic: bytes, key: bytes, end_ms: int, max_entries: int) -> Iterator[int]:
         """Log positions whose entry matches ``topic`` and ``key``'s hash, newest
         first, in windows that begin before ``end_ms``; at most ``max_entries``
         entries walked (lock held). ``KeyIndexDamaged`` if an entry fails its check."""
@@ -535,5 +535,5 @@ class KeyIndex:
         self._unsynced.clear()
 
 
-class ScanLimit(Exception):  # noqa: N818 (a condition, not an error)
+class ScanLimit(Exception):
     """A query walked ``max_scan`` entries."""

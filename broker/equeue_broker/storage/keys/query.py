@@ -79,7 +79,7 @@ class KeyQuery:
                 keys.rebuild(self._state.log, str(exc))
                 return self._by_key(keys, topic, key, start_ms, end_ms, limit, created)
 
-    def _by_key(  # noqa: PLR0913, PLR0917 (the query's parts, called twice)
+    def _by_key(  # noqa: PLR0917 (the query's parts, called twice)
         self, keys: KeyIndex, topic: str, key: bytes, start_ms: int, end_ms: int, limit: int,
         created: int,
     ) -> QueryResult:  # fmt: skip
