@@ -28,7 +28,8 @@ Files, in ``<data_dir>/keys/`` (all integers little-endian)::
                      topic_id u32   crc32c(topic) (a cheap pre-check)
                      crc      u32   crc32c of the 28 bytes before it
 
-    hash64(topic, key) = crc32c(topic 0x00 key) << 32 | crc32(topic 0x00 key)
+    hash64(topic, key) = crc32c(topic 0x00 key) << 32 | murmur2(topic 0x00 key)
+                         (murmur2: 32 bits, seed 0x9747b28c, as Kafka's)
     slot = key_hash % slots
 
 A window is sealed (header rewritten with ``sealed`` 1, its counts and ranges)
@@ -57,11 +58,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
 import shutil
 import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +70,7 @@ from crc32c import crc32c
 
 from equeue_broker.storage.config import KeyIndexConfig
 from equeue_broker.storage.errors import ChunkQuarantined
-from equeue_broker.storage.keys.frames import frame_keys
+from equeue_broker.storage.keys.keyhash import hash64_joined, key_entries
 from equeue_broker.storage.log.message_log import MessageLog
 
 log = logging.getLogger(__name__)
@@ -83,10 +82,23 @@ HEADER_SIZE = HEADER.size
 ENTRY = struct.Struct("<QQIIII")
 ENTRY_SIZE = ENTRY.size
 SUFFIX = ".kidx"
-_MAX_DELTA = (1 << 32) - 1
+PAGE_SLOTS = 1024
+"""Slots per 4 KiB page (the dirty map's unit)."""
 _READ_ENTRIES = 4096
 """Entries read in one pread while relinking or rebuilding."""
 _ENTRY_FIELDS = struct.Struct("<QQIII")
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """What a checkpoint writes of the key index (``KeyIndex.persist``)."""
+
+    fds: list[int]
+    """Window files written since the last checkpoint (dup'ed: a window
+    dropped meanwhile is still fsynced harmlessly)."""
+    slots_fd: int
+    pages: list[tuple[int, bytes]]
+    """(file offset, bytes) of the active window's changed slot pages."""
 
 
 class KeyIndexDamaged(Exception):
@@ -143,8 +155,8 @@ def decode_entry(raw: bytes | memoryview) -> tuple[int, int, int, int, int]:
 
 
 def hash64(topic: bytes, key: bytes) -> int:
-    data = b"%s\x00%s" % (topic, key)
-    return (crc32c(data) << 32) | zlib.crc32(data)
+    """hash64(topic, key) of the format (C when built: keyhash.py)."""
+    return hash64_joined(b"%s\x00%s" % (topic, key))
 
 
 def topic_id(topic: bytes) -> int:
@@ -162,8 +174,12 @@ class Window:
         self.header = WindowHeader(slots, capacity, False, 0, 0, 0, 0, 0)
         self.count = 0
         self.fd = -1
-        self._map: mmap.mmap | None = None
+        self._memory: bytearray | None = None
         self.slots: memoryview | None = None
+        """The active window's slot array (anonymous memory: huge pages, no page
+        faults on the write path), written to the file at checkpoints."""
+        self.dirty = bytearray(-(-slots // PAGE_SLOTS))
+        """One byte per 4 KiB page of slots: changed since the last checkpoint."""
 
     @property
     def entries_at(self) -> int:
@@ -173,7 +189,8 @@ class Window:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(self.fd, self.entries_at + self.capacity * ENTRY_SIZE)
         self.write_header()
-        self.map_slots()
+        self._memory = bytearray(self.slot_count * 4)
+        self.slots = memoryview(self._memory).cast("I")
 
     def open(self) -> WindowHeader:
         """Open an existing file and check its header (``KeyIndexDamaged``)."""
@@ -188,17 +205,46 @@ class Window:
             raise KeyIndexDamaged(f"{self.path.name} is short")
         return header
 
-    def map_slots(self) -> None:
-        self._map = mmap.mmap(self.fd, self.entries_at)
-        self.slots = memoryview(self._map)[HEADER_SIZE:].cast("I")
+    def load_slots(self) -> None:
+        """Read the slot array from the file (the window becomes the active one)."""
+        memory = bytearray(self.slot_count * 4)
+        done = 0
+        while done < len(memory):
+            piece = os.pread(self.fd, min(len(memory) - done, 1 << 24), HEADER_SIZE + done)
+            if not piece:
+                break
+            memory[done : done + len(piece)] = piece
+            done += len(piece)
+        self._memory = memory
+        self.slots = memoryview(memory).cast("I")
+
+    def dirty_pages(self) -> list[tuple[int, bytes]]:
+        """(file offset, bytes) of the slot pages changed since the last call."""
+        memory = self._memory
+        if memory is None:
+            return []
+        pages = []
+        page_bytes = PAGE_SLOTS * 4
+        at = self.dirty.find(1)
+        while at >= 0:
+            start = at * page_bytes
+            pages.append((HEADER_SIZE + start, bytes(memory[start : start + page_bytes])))
+            self.dirty[at] = 0
+            at = self.dirty.find(1, at + 1)
+        return pages
+
+    def write_slots(self) -> None:
+        """Write the whole slot array to the file (at sealing)."""
+        if self._memory is not None:
+            os.pwrite(self.fd, self._memory, HEADER_SIZE)
+            self.dirty[:] = bytes(len(self.dirty))
 
     def unmap(self) -> None:
+        """Drop the slot array from memory (reads go to the file)."""
         if self.slots is not None:
             self.slots.release()
             self.slots = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        self._memory = None
 
     def write_header(self) -> None:
         self.header.entries = self.count
@@ -221,9 +267,10 @@ class Window:
 
     def relink(self) -> None:
         """Rebuild the slot heads from the entries [0, count) (a cut window)."""
-        assert self.slots is not None
+        assert self._memory is not None and self.slots is not None
         slots = self.slots
-        os.pwrite(self.fd, bytes(self.slot_count * 4), HEADER_SIZE)  # map shows zeros
+        self._memory[:] = bytes(len(self._memory))
+        self.dirty[:] = b"\x01" * len(self.dirty)
         done = 0
         while done < self.count:
             n = min(_READ_ENTRIES, self.count - done)
@@ -237,10 +284,8 @@ class Window:
         """Keep entries [0, count): the rest become zeros (sparse again)."""
         self.count = count
         size = self.entries_at + self.capacity * ENTRY_SIZE
-        self.unmap()
         os.ftruncate(self.fd, self.entries_at + count * ENTRY_SIZE)
         os.ftruncate(self.fd, size)
-        self.map_slots()
 
     def close(self) -> None:
         self.unmap()
@@ -310,7 +355,7 @@ class KeyIndex:
         active = self.active
         if active is not None:
             active.header.sealed = False
-            active.map_slots()
+            active.load_slots()
             self._cut_active(active, active.count)
 
     def _cut_active(self, window: Window, count: int) -> None:
@@ -358,71 +403,44 @@ class KeyIndex:
 
     def add_frames(self, data: bytes | bytearray | memoryview, first_position: int) -> None:
         """Index the keys of the whole frames ``data``, which lie at log
-        ``first_position`` (lock held)."""
-        limit = self.config.max_extra_keys
-        window = self.active
-        pending = bytearray()
-        pos, size = 0, len(data)
-        while pos < size:
-            frame, _flags, topic, store_ms, keys = frame_keys(data, pos, limit)
-            if not frame:
-                break
-            if keys:
-                need = min(len(keys), self.config.entries_per_file)  # a record's keys: one window
-                if (
-                    window is None
-                    or window.count + need > window.capacity
-                    or (window.count and store_ms - window.header.begin_ms >= self.config.window_ms)
-                ):
-                    if window is not None:
-                        self._write(window, pending)
-                        pending = bytearray()
-                    window = self._roll(first_position + pos, store_ms)
-                pending += self._entries(window, topic, keys, first_position + pos, store_ms)
-            pos += frame
-        if window is not None and pending:
-            self._write(window, pending)
+        ``first_position`` (lock held): one C call per window (keyhash.py)."""
+        done, size = 0, len(data)
+        view = memoryview(data)
+        while done < size:
+            window = self.active
+            if window is None:
+                window = self._roll(first_position + done)
+            assert window.slots is not None
+            header = window.header
+            entries, used, count, begin, first, end, end_ms = key_entries(
+                view[done:], first_position + done, window.slots, window.dirty,
+                window.count,
+                window.capacity, header.begin_ms, self.config.window_ms,
+                self.config.max_extra_keys,
+            )  # fmt: skip
+            if entries:
+                window.write_entries(window.count, entries)
+                if window.count == 0:
+                    header.first_position = first
+                header.begin_ms = begin
+                header.end_position = end
+                header.end_ms = max(header.end_ms, end_ms)
+                window.count = count
+                self._unsynced.add(window.number)
+            done += used
+            if done < size:  # the window is full, or its time span is reached
+                if window.count == 0:
+                    break  # cannot happen (an empty window takes any record): no loop
+                self._roll(first_position + done)
 
-    def _entries(
-        self, window: Window, topic: bytes, keys: list[bytes], position: int, store_ms: int
-    ) -> bytearray:
-        """The entries of one record's keys, linked into ``window``'s slots."""
-        header = window.header
-        if window.count == 0:
-            header.begin_ms = store_ms
-            header.first_position = position
-        header.end_position = position + 1
-        header.end_ms = max(header.end_ms, store_ms)
-        delta = min(max(store_ms - header.begin_ms, 0), _MAX_DELTA)
-        slots = window.slots
-        assert slots is not None
-        tid = crc32c(topic)
-        out = bytearray()
-        for key in dict.fromkeys(keys):  # a key given twice is one entry
-            if window.count >= window.capacity:
-                break  # the rest of this record's keys: not indexed (rare: a full window)
-            data = b"%s\x00%s" % (topic, key)
-            key_hash = (crc32c(data) << 32) | zlib.crc32(data)
-            slot = key_hash % window.slot_count
-            raw = _ENTRY_FIELDS.pack(key_hash, position, delta, slots[slot], tid)
-            out += raw
-            out += crc32c(raw).to_bytes(4, "little")
-            window.count += 1
-            slots[slot] = window.count
-        return out
-
-    def _write(self, window: Window, pending: bytearray) -> None:
-        if pending:
-            window.write_entries(window.count - len(pending) // ENTRY_SIZE, pending)
-            self._unsynced.add(window.number)
-
-    def _roll(self, position: int, store_ms: int) -> Window:
+    def _roll(self, position: int) -> Window:
         """Seal the active window and start the next."""
         active = self.active
         number = 0
         if active is not None:
             active.header.sealed = True
             active.write_header()
+            active.write_slots()
             active.unmap()
             self._unsynced.add(active.number)
             number = active.number + 1
@@ -430,7 +448,6 @@ class KeyIndex:
                         self.config.entries_per_file)  # fmt: skip
         window.create()
         window.header.first_position = position
-        window.header.begin_ms = store_ms
         self.windows.append(window)
         self._unsynced.add(number)
         return window
@@ -447,7 +464,7 @@ class KeyIndex:
             return
         if active.header.sealed:  # the window after it was cut: it is the active one again
             active.header.sealed = False
-            active.map_slots()
+            active.load_slots()
             active.write_header()
             self._unsynced.add(active.number)
         if active.header.end_position <= position:
@@ -475,30 +492,38 @@ class KeyIndex:
 
     # -- checkpoints -----------------------------------------------------------------
 
-    def checkpoint_state(self) -> tuple[dict[str, Any], list[int]]:
-        """(the checkpoint's "keys" document, fds to fsync first) (lock held)."""
+    def checkpoint_state(self) -> tuple[dict[str, Any], Persist]:
+        """(the checkpoint's "keys" document, what ``persist`` writes) (lock held):
+        the files written since the last one and the active window's changed
+        slot pages, as of now."""
         doc = {"windows": [w.describe() for w in self.windows]}
-        fds = []
-        for window in self.windows:
-            if window.number in self._unsynced:
-                fds.append(os.dup(window.fd))
+        fds = [os.dup(w.fd) for w in self.windows if w.number in self._unsynced]
         self._unsynced.clear()
-        return doc, fds
+        active = self.active
+        pages = [] if active is None else active.dirty_pages()
+        slots_fd = os.dup(active.fd) if pages and active is not None else -1
+        return doc, Persist(fds, slots_fd, pages)
 
     @staticmethod
-    def checkpoint_of(keys: KeyIndex | None) -> tuple[dict[str, Any] | None, list[int]]:
-        """``keys.checkpoint_state()``, (None, []) without a key index."""
-        return (None, []) if keys is None else keys.checkpoint_state()
+    def checkpoint_of(keys: KeyIndex | None) -> tuple[dict[str, Any] | None, Persist]:
+        """``keys.checkpoint_state()``; nothing without a key index."""
+        return (None, Persist([], -1, [])) if keys is None else keys.checkpoint_state()
 
     @staticmethod
-    def persist(fds: list[int]) -> None:
-        """Fsync the files ``checkpoint_state`` named (entries and slots), and close them."""
+    def persist(work: Persist) -> None:
+        """Fsync the entries, then write and fsync the slot pages: a slot on
+        disk never names an entry that is not (outside the lock)."""
         try:
-            for fd in fds:
+            for fd in work.fds:
                 os.fsync(fd)
+            if work.slots_fd >= 0:
+                for offset, page in work.pages:
+                    os.pwrite(work.slots_fd, page, offset)
+                os.fsync(work.slots_fd)
         finally:
-            for fd in fds:
-                os.close(fd)
+            for fd in [*work.fds, work.slots_fd]:
+                if fd >= 0:
+                    os.close(fd)
 
     # -- reading ---------------------------------------------------------------------
 

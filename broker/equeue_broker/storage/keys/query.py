@@ -23,6 +23,7 @@ more may match (the limit, or ``max_scan`` entries walked).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from equeue_broker.storage.engine import EngineState
@@ -159,6 +160,6 @@ class KeyQuery:
         return out
 
 
-def _newest_first(messages: object, limit: int) -> list[FoundMessage]:
-    ordered = sorted(messages, key=lambda m: (m.store_ms, m.position), reverse=True)  # type: ignore[call-overload]
+def _newest_first(messages: Iterable[FoundMessage], limit: int) -> list[FoundMessage]:
+    ordered = sorted(messages, key=lambda m: (m.store_ms, m.position), reverse=True)
     return ordered[:limit]
