@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ T = "t"
 
 
 def keyed_config(make_config: MakeConfig, **keys: int) -> StorageConfig:
-    settings = {"slot_count": 4, "entries_per_file": 1 << 12, **keys}
+    settings: dict[str, Any] = {"slot_count": 4, "entries_per_file": 1 << 12, **keys}
     return make_config(key_index=KeyIndexConfig(**settings))
 
 
@@ -206,7 +207,9 @@ def test_retention_drops_windows_below_the_log_start(
     after = sorted(int(p.stem) for p in (config.data_dir / "keys").glob("*.kidx"))
     assert len(after) < before
     start = store.log_start
-    for window in store._state.keys.windows[1:]:
+    index = store._state.keys
+    assert index is not None
+    for window in index.windows[1:]:
         assert window.header.end_position > start
     # Every answer is a record still in the log, and every record of k0 still there is found.
     earliest = store.queue_info(T, 0).earliest
