@@ -7,7 +7,7 @@ the caller's arguments into the request, checked before anything is sent.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from equeue_proto.v1 import broker_pb2 as pb
 
@@ -18,10 +18,12 @@ MAX_QUERY_LIMIT = 10_000
 
 def time_ms(value: datetime | int | None, name: str) -> int:
     """``value`` as ms since the epoch (0 for None: unbounded); a naive
-    datetime is local time."""
+    datetime is UTC (as for delivery times)."""
     if value is None:
         return 0
     if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
         return int(value.timestamp() * 1000)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name}={value!r}: give a datetime or ms since 1970 (>= 0)")
