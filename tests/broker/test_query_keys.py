@@ -94,7 +94,7 @@ def check_answers(address: str, sample: list[bytes], sent: Sent) -> None:
             assert stamps == sorted(stamps, reverse=True)
 
 
-@pytest.mark.slow  # about 60 s: 1 M messages, two restarts (one rebuilding the index)
+@pytest.mark.slow  # about 40 s: 1 M messages, two restarts (one rebuilding the index)
 @pytest.mark.timeout(600)
 def test_million_keyed_messages_across_restart_and_rebuild(
     broker_factory: Callable[..., BrokerProcess],
