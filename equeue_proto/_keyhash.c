@@ -307,6 +307,34 @@ done:
     return result;
 }
 
+/* key_relink(entries, first_number, slots, dirty): make each entry the head of its
+ * slot, in order (entry i is number first_number + i): the heads a window's slot
+ * array has after these entries, given its heads before them. */
+static PyObject *py_key_relink(PyObject *self, PyObject *args) {
+    Py_buffer entries, slots, dirty;
+    unsigned long long first;
+    if (!PyArg_ParseTuple(args, "y*Kw*w*", &entries, &first, &slots, &dirty)) return NULL;
+    size_t slot_count = (size_t)slots.len / 4;
+    PyObject *result = NULL;
+    if (slot_count == 0 || (size_t)dirty.len < (slot_count + 1023) / 1024) {
+        PyErr_SetString(PyExc_ValueError, "no slots, or a dirty map shorter than slots / 1024");
+    } else {
+        const uint8_t *e = entries.buf;
+        uint8_t *slot_bytes = slots.buf, *dirty_pages = dirty.buf;
+        size_t n = (size_t)entries.len / ENTRY_SIZE;
+        for (size_t i = 0; i < n; i++) {
+            size_t slot = (size_t)(get64(e + i * ENTRY_SIZE) % slot_count);
+            put32(slot_bytes + 4 * slot, (uint32_t)(first + i + 1));
+            dirty_pages[slot >> 10] = 1;
+        }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&entries);
+    PyBuffer_Release(&slots);
+    PyBuffer_Release(&dirty);
+    return result;
+}
+
 static PyObject *py_hash64(PyObject *self, PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
@@ -319,6 +347,7 @@ static PyMethodDef methods[] = {
     {"key_entries", py_key_entries, METH_VARARGS,
      "key_entries(data, first_position, slots, dirty, count, capacity, begin_ms, window_ms, "
      "max_extra)"},
+    {"key_relink", py_key_relink, METH_VARARGS, "key_relink(entries, first_number, slots, dirty)"},
     {"hash64", py_hash64, METH_VARARGS, "hash64(topic + b'\\0' + key) -> int"},
     {NULL, NULL, 0, NULL},
 };

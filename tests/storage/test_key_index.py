@@ -24,7 +24,7 @@ import pytest
 from equeue_broker.storage import MessageBatch, RetentionConfig, Store
 from equeue_broker.storage.config import KeyIndexConfig, StorageConfig
 from equeue_broker.storage.errors import NotFound, PreconditionFailed
-from equeue_broker.storage.keys import keyhash
+from equeue_broker.storage.keys import key_index, keyhash
 from equeue_broker.storage.keys.key_index import (
     ENTRY_SIZE,
     HEADER_SIZE,
@@ -237,9 +237,14 @@ def test_truncate_then_append_again(open_store: OpenStore, make_config: MakeConf
     assert len(found(reopened.keys, b"b")) == 10
 
 
+@pytest.mark.parametrize("slots_every_s", [0.0, 3600.0])
 def test_recovery_after_a_kill_past_the_checkpoint(
-    open_store: OpenStore, make_config: MakeConfig
-) -> None:
+    open_store: OpenStore, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+    slots_every_s: float,
+) -> None:  # fmt: skip
+    """Slot pages written at every checkpoint (recovery relinks the entries
+    after the last one) or never (it relinks all of them)."""
+    monkeypatch.setattr(key_index, "SLOTS_EVERY_S", slots_every_s)
     config = keyed_config(make_config)
     store = open_store(config)
     store.create_topic(T, 2)
@@ -251,6 +256,11 @@ def test_recovery_after_a_kill_past_the_checkpoint(
     store.abandon()  # killed: entries and slots after the checkpoint are only in the page cache
     store = open_store(config)
     assert_answers(store, sent)
+    more = produce(store, 10, 5)  # and it goes on indexing
+    store.close()
+    store = open_store(config)
+    for key, values in more.items():
+        assert found(store.keys, key)[: len(values)] == list(reversed(values))
 
 
 def _damage(path: Path, offset: int) -> None:
@@ -398,5 +408,13 @@ def test_c_key_entries_equal_the_python_reference(
                 done += out[1]
             results.append((outs, bytes(slot_array), bytes(dirty)))
         assert results[0] == results[1]
+    entries = keyhash.key_entries_py(data, 0, memoryview(bytearray(4 * 64)).cast("I"),
+                                     bytearray(1), 0, 1 << 20, 0, 1 << 40, 32)[0]  # fmt: skip
+    relinked = []
+    for relink in (keyhash.key_relink, keyhash.key_relink_py):
+        slot_array, dirty = memoryview(bytearray(4 * 64)).cast("I"), bytearray(1)
+        relink(entries, 5, slot_array, dirty)
+        relinked.append(bytes(slot_array))
+    assert relinked[0] == relinked[1]
     joined = b"t\x00key"
     assert keyhash.hash64_joined(joined) == keyhash.hash64_py(joined)

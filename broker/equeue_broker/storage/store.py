@@ -749,7 +749,7 @@ class Store:
             self._state.closed = True
             self.delivery.timer.close()
             if self._state.keys is not None:
-                self._state.keys.close()
+                self._state.keys.close(persist=True)
             for queue in self._state.queues.values():
                 queue.index.close()
             self._state.log.close()

@@ -61,6 +61,7 @@ import logging
 import os
 import shutil
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,7 @@ from crc32c import crc32c
 
 from equeue_broker.storage.config import KeyIndexConfig
 from equeue_broker.storage.errors import ChunkQuarantined
-from equeue_broker.storage.keys.keyhash import hash64_joined, key_entries
+from equeue_broker.storage.keys.keyhash import hash64_joined, key_entries, key_relink
 from equeue_broker.storage.log.message_log import MessageLog
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,13 @@ HEADER_SIZE = HEADER.size
 ENTRY = struct.Struct("<QQIIII")
 ENTRY_SIZE = ENTRY.size
 SUFFIX = ".kidx"
+SLOTS_EVERY_S = 10.0
+"""How often a checkpoint writes the active window's slot pages (random keys
+dirty them all: 16 MiB at the default size); recovery relinks what came after
+from the entries (C, one pass over them)."""
 PAGE_SLOTS = 1024
 """Slots per 4 KiB page (the dirty map's unit)."""
-_READ_ENTRIES = 4096
+_READ_ENTRIES = 1 << 16
 """Entries read in one pread while relinking or rebuilding."""
 _ENTRY_FIELDS = struct.Struct("<QQIII")
 
@@ -99,6 +104,7 @@ class Persist:
     slots_fd: int
     pages: list[tuple[int, bytes]]
     """(file offset, bytes) of the active window's changed slot pages."""
+    window: Window | None
 
 
 class KeyIndexDamaged(Exception):
@@ -179,7 +185,9 @@ class Window:
         """The active window's slot array (anonymous memory: huge pages, no page
         faults on the write path), written to the file at checkpoints."""
         self.dirty = bytearray(-(-slots // PAGE_SLOTS))
-        """One byte per 4 KiB page of slots: changed since the last checkpoint."""
+        """One byte per 4 KiB page of slots: changed since last written."""
+        self.slots_count = 0
+        """The entry count the slot array in the file is (at least) as of."""
 
     @property
     def entries_at(self) -> int:
@@ -234,10 +242,10 @@ class Window:
         return pages
 
     def write_slots(self) -> None:
-        """Write the whole slot array to the file (at sealing)."""
-        if self._memory is not None:
-            os.pwrite(self.fd, self._memory, HEADER_SIZE)
-            self.dirty[:] = bytes(len(self.dirty))
+        """Write the slot pages changed to the file (sealing, closing)."""
+        for offset, page in self.dirty_pages():
+            os.pwrite(self.fd, page, offset)
+        self.slots_count = self.count
 
     def unmap(self) -> None:
         """Drop the slot array from memory (reads go to the file)."""
@@ -265,19 +273,20 @@ class Window:
     def write_entries(self, first: int, data: bytes | bytearray) -> None:
         os.pwrite(self.fd, data, self.entries_at + first * ENTRY_SIZE)
 
-    def relink(self) -> None:
-        """Rebuild the slot heads from the entries [0, count) (a cut window)."""
+    def relink(self, start: int = 0) -> None:
+        """Make the slot heads those after entries [0, count), given heads as
+        of entry ``start`` (0: from nothing; one C call per piece read)."""
         assert self._memory is not None and self.slots is not None
-        slots = self.slots
-        self._memory[:] = bytes(len(self._memory))
-        self.dirty[:] = b"\x01" * len(self.dirty)
-        done = 0
+        if start == 0:
+            self._memory[:] = bytes(len(self._memory))
+            self.dirty[:] = b"\x01" * len(self.dirty)
+        done = start
         while done < self.count:
             n = min(_READ_ENTRIES, self.count - done)
             raw = os.pread(self.fd, n * ENTRY_SIZE, self.entries_at + done * ENTRY_SIZE)
-            hashes = memoryview(raw).cast("Q")[::4]
-            for i in range(len(hashes)):
-                slots[hashes[i] % self.slot_count] = done + i + 1
+            if len(raw) != n * ENTRY_SIZE:
+                raise KeyIndexDamaged(f"{self.path.name}: entries before {self.count} missing")
+            key_relink(raw, done, self.slots, self.dirty)
             done += n
 
     def cut_entries(self, count: int) -> None:
@@ -307,6 +316,7 @@ class KeyIndex:
         self.config = config
         self.windows: list[Window] = []
         self._unsynced: set[int] = set()
+        self._slots_written = time.monotonic()
         self.rebuilds = 0
 
     @property
@@ -356,17 +366,17 @@ class KeyIndex:
         if active is not None:
             active.header.sealed = False
             active.load_slots()
-            self._cut_active(active, active.count)
+            self._cut_active(active, active.count, min(int(doc.get("slots", 0)), active.count))
 
-    def _cut_active(self, window: Window, count: int) -> None:
-        """Make ``window`` (the active one) hold entries [0, count) exactly."""
-        stale = count < window.capacity and any(
-            os.pread(window.fd, ENTRY_SIZE, window.entries_at + count * ENTRY_SIZE)
-        )
+    def _cut_active(self, window: Window, count: int, slots_as_of: int = 0) -> None:
+        """Make ``window`` (the active one) hold entries [0, count) exactly, its
+        slot heads (as of entry ``slots_as_of`` or later) those of that count."""
         window.cut_entries(count)
         assert window.slots is not None
-        if stale or (window.slots and max(window.slots) > count):
-            window.relink()
+        if max(window.slots, default=0) > count:  # heads of entries cut (or a crash's)
+            slots_as_of = 0
+        window.relink(slots_as_of)
+        window.slots_count = slots_as_of  # the file's slots are as of it, or later
         window.write_header()
         self._unsynced.add(window.number)
 
@@ -494,20 +504,31 @@ class KeyIndex:
 
     def checkpoint_state(self) -> tuple[dict[str, Any], Persist]:
         """(the checkpoint's "keys" document, what ``persist`` writes) (lock held):
-        the files written since the last one and the active window's changed
-        slot pages, as of now."""
-        doc = {"windows": [w.describe() for w in self.windows]}
+        the files written since the last one; every ``SLOTS_EVERY_S``, also the
+        active window's changed slot pages, as of now ("slots": the entry count
+        the slot array in the file is as of, once persisted; recovery relinks
+        the entries after it)."""
         fds = [os.dup(w.fd) for w in self.windows if w.number in self._unsynced]
         self._unsynced.clear()
         active = self.active
-        pages = [] if active is None else active.dirty_pages()
-        slots_fd = os.dup(active.fd) if pages and active is not None else -1
-        return doc, Persist(fds, slots_fd, pages)
+        pages: list[tuple[int, bytes]] = []
+        slots_fd = -1
+        now = time.monotonic()
+        if active is not None and now - self._slots_written >= SLOTS_EVERY_S:
+            self._slots_written = now
+            pages = active.dirty_pages()
+            active.slots_count = active.count
+            slots_fd = os.dup(active.fd)
+        doc = {
+            "windows": [w.describe() for w in self.windows],
+            "slots": 0 if active is None else active.slots_count,
+        }
+        return doc, Persist(fds, slots_fd, pages, active)
 
     @staticmethod
     def checkpoint_of(keys: KeyIndex | None) -> tuple[dict[str, Any] | None, Persist]:
         """``keys.checkpoint_state()``; nothing without a key index."""
-        return (None, Persist([], -1, [])) if keys is None else keys.checkpoint_state()
+        return (None, Persist([], -1, [], None)) if keys is None else keys.checkpoint_state()
 
     @staticmethod
     def persist(work: Persist) -> None:
@@ -520,6 +541,11 @@ class KeyIndex:
                 for offset, page in work.pages:
                     os.pwrite(work.slots_fd, page, offset)
                 os.fsync(work.slots_fd)
+        except OSError:
+            if work.window is not None and work.pages:  # written again next time
+                work.window.dirty[:] = b"\x01" * len(work.window.dirty)
+                work.window.slots_count = 0
+            raise
         finally:
             for fd in [*work.fds, work.slots_fd]:
                 if fd >= 0:
@@ -552,7 +578,15 @@ class KeyIndex:
                     yield position
                 number = prev
 
-    def close(self) -> None:
+    def close(self, persist: bool = False) -> None:
+        """Close every file; ``persist``: a clean close after the last checkpoint
+        (nothing written since), which also writes the active window's slot
+        pages, so a restart has no entries to relink."""
+        active = self.active
+        if persist and active is not None:
+            with contextlib.suppress(OSError):
+                active.write_slots()
+                os.fsync(active.fd)
         for window in self.windows:
             with contextlib.suppress(OSError):
                 window.close()

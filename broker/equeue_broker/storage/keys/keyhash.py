@@ -1,4 +1,4 @@
-"""The key index's hash and entry builder: C (equeue_proto/_keyhash.c) when built,
+"""The key index's hash, entry builder and relink: C (equeue_proto/_keyhash.c) when built,
 else the Python reference here (a test holds the two equal).
 
 ``key_entries(data, first_position, slots, dirty, count, capacity, begin_ms,
@@ -12,6 +12,10 @@ entries, ``window_ms`` of store time from ``begin_ms`` while it holds
 entries): ``consumed`` < len(data) says the caller must start the next window.
 ``first_position`` is the first indexed record's (-1: none), ``end_position``
 the last one's + 1 (0: none), ``end_ms`` the latest store time indexed (0: none).
+
+``key_relink(entries, first_number, slots, dirty)`` makes each of the
+``entries`` (numbers ``first_number`` on) the head of its slot, in order: the
+slot array after those entries, given the one before them (recovery, a cut).
 """
 
 from __future__ import annotations
@@ -112,14 +116,31 @@ def key_entries_py(  # noqa: PLR0917 (the C function's signature)
     return bytes(out), size, count, begin_ms, first, end_position, end_ms
 
 
-def _load() -> tuple[KeyEntries, Callable[[bytes], int]]:
+def key_relink_py(
+    entries: bytes, first_number: int, slots: memoryview, dirty: bytearray | memoryview
+) -> None:
+    """The Python reference of ``_keyhash.key_relink``: entry i (number
+    ``first_number + i``) becomes the head of its slot, in order."""
+    if slots.format != "I":
+        slots = slots.cast("B").cast("I")
+    slot_count = len(slots)
+    for i, key_hash in enumerate(memoryview(entries).cast("Q")[::4]):
+        slot = key_hash % slot_count
+        slots[slot] = first_number + i + 1
+        dirty[slot >> 10] = 1
+
+
+KeyRelink = Callable[[bytes, int, memoryview, bytearray], None]
+
+
+def _load() -> tuple[KeyEntries, KeyRelink, Callable[[bytes], int]]:
     if os.environ.get("EQUEUE_PURE_PYTHON"):
-        return key_entries_py, hash64_py
+        return key_entries_py, key_relink_py, hash64_py
     try:
         module: Any = importlib.import_module("equeue_proto._keyhash")
     except ImportError:
-        return key_entries_py, hash64_py
-    return module.key_entries, module.hash64
+        return key_entries_py, key_relink_py, hash64_py
+    return module.key_entries, module.key_relink, module.hash64
 
 
-key_entries, hash64_joined = _load()
+key_entries, key_relink, hash64_joined = _load()
