@@ -169,20 +169,32 @@ static int unique_keys(Key *keys, int n) {
     return out;
 }
 
-typedef struct {
-    uint8_t *buf;
-    size_t len, cap;
-} Out;
+/* The keys of the (whole, non-CONTROL) record at r, ``frame`` bytes: its key (HAS_KEY),
+ * then its "keys" header's, without repeats; -1 if its lengths do not fit the frame. */
+static int record_keys(const uint8_t *r, size_t frame, Key *keys, int max_extra) {
+    uint8_t flags = r[AT_FLAGS];
+    size_t topic_len = get16(r + AT_TOPIC_LEN), tag_len = r[AT_TAG_LEN];
+    size_t key_len = get32(r + AT_KEY_LEN), headers_len = get32(r + AT_HEADERS_LEN);
+    if (HEADER_SIZE + topic_len + tag_len + key_len + headers_len > frame) return -1;
+    const uint8_t *key = r + HEADER_SIZE + topic_len + tag_len;
+    int nk = 0;
+    if (flags & FLAG_HAS_KEY) keys[nk++] = (Key){key, key_len};
+    if (headers_len) header_keys(key + key_len, headers_len, keys, &nk, max_extra);
+    return nk > 1 ? unique_keys(keys, nk) : nk;
+}
 
-static int out_room(Out *o, size_t more) {
-    if (o->len + more <= o->cap) return 0;
-    size_t cap = o->cap ? o->cap * 2 : 4096;
-    while (cap < o->len + more) cap *= 2;
-    uint8_t *b = PyMem_Realloc(o->buf, cap);
-    if (!b) return -1;
-    o->buf = b;
-    o->cap = cap;
-    return 0;
+typedef struct {
+    unsigned long long count, capacity;
+    long long begin_ms, window_ms;
+} Fit;
+
+/* Whether a record of nk keys stored at store_ms fits the window; if so, count it. */
+static int fits(Fit *w, int nk, long long store_ms) {
+    unsigned long long need = (unsigned long long)nk < w->capacity ? (unsigned long long)nk : w->capacity;
+    if (w->count + need > w->capacity || (w->count && store_ms - w->begin_ms >= w->window_ms)) return 0;
+    if (w->count == 0) w->begin_ms = store_ms;
+    w->count += need;
+    return 1;
 }
 
 /* key_entries(data, first_position, slots, dirty, count, capacity, begin_ms, window_ms, max_extra)
@@ -192,17 +204,18 @@ static int out_room(Out *o, size_t more) {
  * holds entries): ``consumed`` < len(data), the caller starts the next window.
  * first_position: of the first record indexed (-1: none); end_position: the last
  * one's + 1 (0: none); end_ms: the latest store time indexed (0: none). dirty: one byte
- * per 1024 slots (a 4 KiB page of the slot array), set to 1 when a slot in it changes. */
+ * per 1024 slots (a 4 KiB page of the slot array), set to 1 when a slot in it changes.
+ * Two passes: the first counts the entries (so the one allocation is the result, 32 B
+ * a key), the second makes them. */
 static PyObject *py_key_entries(PyObject *self, PyObject *args) {
     Py_buffer data, slots, dirty;
     long long first_position, begin_ms, window_ms;
     unsigned long long count, capacity;
     int max_extra;
-    if (!PyArg_ParseTuple(args, "y*Lw*w*KKLLi", &data, &first_position, &slots, &dirty, &count, &capacity,
-                          &begin_ms, &window_ms, &max_extra))
+    if (!PyArg_ParseTuple(args, "y*Lw*w*KKLLi", &data, &first_position, &slots, &dirty, &count,
+                          &capacity, &begin_ms, &window_ms, &max_extra))
         return NULL;
-    PyObject *result = NULL;
-    Out out = {NULL, 0, 0};
+    PyObject *result = NULL, *entries = NULL;
     uint8_t *scratch = NULL;
     size_t scratch_cap = 0;
     Key keys[MAX_KEYS];
@@ -213,40 +226,42 @@ static PyObject *py_key_entries(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "no slots, or a dirty map shorter than slots / 1024");
         goto done;
     }
-    uint8_t *slot_bytes = slots.buf, *dirty_pages = dirty.buf;
     const uint8_t *b = data.buf;
-    size_t n = (size_t)data.len, pos = 0;
-    long long first = -1, end_position = 0, end_ms = 0;
+    size_t n = (size_t)data.len, end = n;
+    /* Pass 1: how far this window goes, and how many entries that is. */
+    Fit fit = {count, capacity, begin_ms, window_ms};
     int full = 0;
+    size_t pos = 0;
     while (pos + HEADER_SIZE + TRAILER_SIZE <= n) {
-        size_t body = get32(b + pos);
-        size_t frame = body + 12;
+        size_t body = get32(b + pos), frame = body + 12;
         if (body == 0 || frame > n - pos) break;
         const uint8_t *r = b + pos;
-        uint8_t flags = r[AT_FLAGS];
-        if (flags & FLAG_CONTROL) {
+        if (!(r[AT_FLAGS] & FLAG_CONTROL)) {
+            int nk = record_keys(r, frame, keys, max_extra);
+            if (nk < 0) break;
+            if (nk && !fits(&fit, nk, (long long)get64(r + AT_STORE_MS))) {
+                full = 1;
+                break;
+            }
+        }
+        pos += frame;
+    }
+    end = pos;
+    entries = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((fit.count - count) * ENTRY_SIZE));
+    if (!entries) goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(entries);
+    uint8_t *slot_bytes = slots.buf, *dirty_pages = dirty.buf;
+    long long first = -1, end_position = 0, end_ms = 0;
+    /* Pass 2: the entries of the records before ``end``. */
+    for (pos = 0; pos < end;) {
+        const uint8_t *r = b + pos;
+        size_t frame = get32(r) + 12;
+        int nk = r[AT_FLAGS] & FLAG_CONTROL ? 0 : record_keys(r, frame, keys, max_extra);
+        if (nk <= 0) {
             pos += frame;
             continue;
         }
-        size_t topic_len = get16(r + AT_TOPIC_LEN), tag_len = r[AT_TAG_LEN];
-        size_t key_len = get32(r + AT_KEY_LEN), headers_len = get32(r + AT_HEADERS_LEN);
-        if (HEADER_SIZE + topic_len + tag_len + key_len + headers_len > frame) break;
-        const uint8_t *topic = r + HEADER_SIZE;
-        const uint8_t *key = topic + topic_len + tag_len;
-        int nk = 0;
-        if (flags & FLAG_HAS_KEY) keys[nk++] = (Key){key, key_len};
-        if (headers_len) header_keys(key + key_len, headers_len, keys, &nk, max_extra);
-        if (nk == 0) {
-            pos += frame;
-            continue;
-        }
-        nk = unique_keys(keys, nk);
         long long store_ms = (long long)get64(r + AT_STORE_MS);
-        unsigned long long need = (unsigned long long)nk < capacity ? (unsigned long long)nk : capacity;
-        if (count + need > capacity || (count && store_ms - begin_ms >= window_ms)) {
-            full = 1;
-            break;
-        }
         long long position = first_position + (long long)pos;
         if (count == 0) begin_ms = store_ms;
         if (first < 0) first = position;
@@ -255,11 +270,9 @@ static PyObject *py_key_entries(PyObject *self, PyObject *args) {
         long long delta = store_ms - begin_ms;
         if (delta < 0) delta = 0;
         if (delta > 0xFFFFFFFFLL) delta = 0xFFFFFFFFLL;
+        size_t topic_len = get16(r + AT_TOPIC_LEN);
+        const uint8_t *topic = r + HEADER_SIZE;
         uint32_t topic_id = crc32c(topic, topic_len);
-        if (out_room(&out, (size_t)nk * ENTRY_SIZE) < 0) {
-            PyErr_NoMemory();
-            goto done;
-        }
         for (int i = 0; i < nk && count < capacity; i++) {
             size_t joined = topic_len + 1 + keys[i].len;
             if (joined > scratch_cap) {
@@ -276,30 +289,24 @@ static PyObject *py_key_entries(PyObject *self, PyObject *args) {
             memcpy(scratch + topic_len + 1, keys[i].ptr, keys[i].len);
             uint64_t hash = (uint64_t)crc32c(scratch, joined) << 32 | murmur2(scratch, joined);
             size_t slot = (size_t)(hash % slot_count);
-            uint8_t *e = out.buf + out.len;
+            uint8_t *e = out;
             put64(e, hash);
             put64(e + 8, (uint64_t)position);
             put32(e + 16, (uint32_t)delta);
             put32(e + 20, get32(slot_bytes + 4 * slot));
             put32(e + 24, topic_id);
             put32(e + 28, crc32c(e, 28));
-            out.len += ENTRY_SIZE;
+            out += ENTRY_SIZE;
             count++;
             put32(slot_bytes + 4 * slot, (uint32_t)count);
             dirty_pages[slot >> 10] = 1;
         }
         pos += frame;
     }
-    if (!full) pos = n; /* the rest holds no whole frame */
-    {
-        PyObject *entries = PyBytes_FromStringAndSize((const char *)(out.buf ? out.buf : (uint8_t *)""),
-                                                      (Py_ssize_t)out.len);
-        if (entries)
-            result = Py_BuildValue("NnKLLLL", entries, (Py_ssize_t)pos, count, begin_ms, first,
-                                   end_position, end_ms);
-    }
+    result = Py_BuildValue("OnKLLLL", entries, (Py_ssize_t)(full ? end : n), count, begin_ms, first,
+                           end_position, end_ms);
 done:
-    PyMem_Free(out.buf);
+    Py_XDECREF(entries);
     PyMem_Free(scratch);
     PyBuffer_Release(&data);
     PyBuffer_Release(&slots);

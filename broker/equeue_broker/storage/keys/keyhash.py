@@ -29,7 +29,7 @@ from typing import Any
 from crc32c import crc32c
 
 from equeue_broker.storage.keys.frames import frame_keys
-from equeue_proto.record import HEADER
+from equeue_proto.record import FLAG_CONTROL, HEADER
 
 _MAX_DELTA = (1 << 32) - 1
 _FIELDS = struct.Struct("<QQIII")
@@ -84,6 +84,9 @@ def key_entries_py(  # noqa: PLR0917 (the C function's signature)
         body = int.from_bytes(data[pos : pos + 4], "little")
         if body == 0 or body + 12 > size - pos:
             break
+        fields = HEADER.unpack_from(data, pos)
+        if not fields[2] & FLAG_CONTROL and HEADER.size + sum(fields[8:12]) > body + 12:
+            break  # lengths that do not fit the frame: not a record (as the C code)
         frame, _flags, topic, store_ms, keys = frame_keys(data, pos, max_extra)
         if not keys:
             pos += frame
