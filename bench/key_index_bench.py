@@ -29,6 +29,7 @@ Nothing here is imported by the broker or the client.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import statistics
@@ -86,14 +87,24 @@ POOL = 200
 client's own work per batch stays out of the measurement."""
 
 
-def produce_once(broker: BrokerProcess, topic: str, seconds: float, pipelined: bool) -> float:
-    """msgs/s of one timed run on a fresh topic."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc)."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def produce_once(
+    broker: BrokerProcess, topic: str, seconds: float, pipelined: bool
+) -> tuple[float, float]:
+    """(msgs/s, broker CPU s per million messages) of one timed run on a fresh topic."""
     pool = [keyed_batch(i * BATCH, 1 << 62) for i in range(POOL)]
     requests_pool = [b.request(topic) for b in pool]
     with Admin(config=config_for(broker)) as admin, Producer(config=config_for(broker)) as producer:
         admin.create_topic(topic, queues=QUEUES)
         producer.send_batch(topic, pool[0].values, keys=pool[0].keys)  # InitProducer, chunks
         sent = 0
+        cpu = cpu_seconds(broker.pid)
         start = time.perf_counter()
         deadline = start + seconds
         if pipelined:
@@ -112,7 +123,8 @@ def produce_once(broker: BrokerProcess, topic: str, seconds: float, pipelined: b
                 batch = pool[i % POOL]
                 sent += len(producer.send_batch(topic, batch.values, keys=batch.keys))
                 i += 1
-        return sent / (time.perf_counter() - start)
+        rate = sent / (time.perf_counter() - start)
+        return rate, (cpu_seconds(broker.pid) - cpu) / sent * 1e6
 
 
 def run_produce(root: Path, args: argparse.Namespace) -> str:
@@ -121,17 +133,21 @@ def run_produce(root: Path, args: argparse.Namespace) -> str:
         "off": start_broker(root, "plain", "--no-key-index"),
     }
     rates: dict[tuple[str, bool], list[float]] = {}
+    cpus: dict[tuple[str, bool], list[float]] = {}
     names = iter(range(1_000_000))
     try:
         for round_ in range(args.repeat):
             for pipelined in (False, True):
                 order = ("on", "off") if round_ % 2 == 0 else ("off", "on")
                 for which in order:
-                    rate = produce_once(brokers[which], f"p{next(names)}", args.seconds, pipelined)
+                    topic = f"p{next(names)}"
+                    rate, cpu = produce_once(brokers[which], topic, args.seconds, pipelined)
                     rates.setdefault((which, pipelined), []).append(rate)
+                    cpus.setdefault((which, pipelined), []).append(cpu)
                     way = "ProduceStream" if pipelined else "send_batch"
                     progress(
-                        f"produce round {round_ + 1} {way:13} index {which:3} {rate:12,.0f} msgs/s"
+                        f"produce round {round_ + 1} {way:13} index {which:3} {rate:12,.0f} msgs/s "
+                        f"broker {cpu:.2f} CPU s per M"
                     )
     finally:
         for broker in brokers.values():
@@ -141,8 +157,9 @@ def run_produce(root: Path, args: argparse.Namespace) -> str:
         f"idempotent, `--flush async`, {args.seconds:g} s per run, medians of {args.repeat} "
         "round(s)",
         "",
-        "| path | no key index msgs/s | key index msgs/s | indexed / not | target |",
-        "|---|---:|---:|---:|---|",
+        "| path | no key index msgs/s | key index msgs/s | indexed / not | target | broker CPU s "
+        "per M msgs, not / indexed |",
+        "|---|---:|---:|---:|---|---:|",
     ]
     for pipelined in (False, True):
         off = statistics.median(rates[("off", pipelined)])
@@ -150,8 +167,11 @@ def run_produce(root: Path, args: argparse.Namespace) -> str:
         ratio = on / off
         met = "met" if ratio >= PRODUCE_TARGET else "**not met**"
         way = "`send_requests` (ProduceStream)" if pipelined else "`send_batch`"
+        cpu_off = statistics.median(cpus[("off", pipelined)])
+        cpu_on = statistics.median(cpus[("on", pipelined)])
         lines.append(
-            f"| {way} | {off:,.0f} | {on:,.0f} | {ratio:.3f}x | >= {PRODUCE_TARGET}x: {met} |"
+            f"| {way} | {off:,.0f} | {on:,.0f} | {ratio:.3f}x | >= {PRODUCE_TARGET}x: {met} | "
+            f"{cpu_off:.2f} / {cpu_on:.2f} |"
         )
     return "\n".join(lines)
 
