@@ -28,6 +28,7 @@ from equeue_spark.cli import main
 from equeue_spark.client import Admin, Producer
 from equeue_spark.client.errors import NotFoundError, PreconditionError
 from tests.support.raw_client import RawClient
+from tests.support.waits import wait_for
 
 SLOTS = 65_536
 TOTAL = 1_000_000
@@ -231,6 +232,11 @@ def test_cluster_answers_merged_from_every_group() -> None:
         Admin(namesrv=cluster.namesrv) as admin,
     ):
         admin.create_topic("spread", queues=2)
+        # The name server routes the topic to both groups once each registered it.
+        wait_for(
+            "the topic routed to both groups",
+            lambda: sorted(admin.route("spread").broker_names()) == ["a", "b"], 30,
+        )  # fmt: skip
         with Producer(namesrv=cluster.namesrv) as producer:
             for i in range(40):  # through the keys header, to both groups
                 producer.send_batch(
