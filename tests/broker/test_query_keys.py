@@ -111,7 +111,15 @@ def test_million_keyed_messages_across_restart_and_rebuild(
     sample = [b"order-%d" % rng.randrange(DISTINCT) for _ in range(SAMPLE)]
     sample += [b"order-0", *sent.by_key]  # the colliding keys share order-0's slot
     check_answers(broker.address, sample, sent)
-    broker.kill()  # SIGKILL: the index past the last checkpoint is derived again
+    # A last batch, then SIGKILL at once (before the next checkpoint, 100 ms, most
+    # likely): the index past the last checkpoint is derived again at the restart.
+    late = [b"late-%d" % (i % 50) for i in range(5_000)]
+    with Producer(broker.address) as producer:
+        producer.send_batch(TOPIC, [b"late%d" % i for i in range(5_000)], keys=late)
+    broker.kill()
+    for i, key in enumerate(late):
+        sent.by_key.setdefault(key, []).append(b"late%d" % i)
+    sample += sorted(set(late))
     broker.start()
     check_answers(broker.address, sample, sent)
     broker.stop()
