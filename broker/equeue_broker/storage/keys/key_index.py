@@ -317,6 +317,10 @@ class KeyIndex:
         self.windows: list[Window] = []
         self._unsynced: set[int] = set()
         self._slots_written = time.monotonic()
+        self._next_number = 0
+        """The number of the first window when none is open: after a reset,
+        past every number used before, so that a checkpoint taken before it
+        never names a window of the rebuilt index."""
         self.rebuilds = 0
 
     @property
@@ -382,6 +386,10 @@ class KeyIndex:
 
     def reset(self) -> None:
         """Forget every window and delete the files (a rebuild follows)."""
+        used = [w.number for w in self.windows]
+        if self.directory.exists():
+            used += [int(p.stem) for p in self.directory.glob(f"*{SUFFIX}") if p.stem.isdigit()]
+        self._next_number = max([self._next_number - 1, *used]) + 1
         self.close()
         if self.directory.exists():
             shutil.rmtree(self.directory)
@@ -446,14 +454,14 @@ class KeyIndex:
     def _roll(self, position: int) -> Window:
         """Seal the active window and start the next."""
         active = self.active
-        number = 0
+        number = self._next_number
         if active is not None:
             active.header.sealed = True
             active.write_header()
             active.write_slots()
             active.unmap()
             self._unsynced.add(active.number)
-            number = active.number + 1
+            number = max(active.number + 1, self._next_number)
         window = Window(self.directory, number, self.config.slot_count,
                         self.config.entries_per_file)  # fmt: skip
         window.create()
@@ -466,6 +474,7 @@ class KeyIndex:
         """Drop every entry of a record at or after ``position`` (lock held)."""
         while self.windows and self.windows[-1].header.first_position >= position:
             window = self.windows.pop()
+            self._next_number = max(self._next_number, window.number + 1)  # never reused
             window.close()
             window.path.unlink(missing_ok=True)
             self._unsynced.discard(window.number)
