@@ -129,6 +129,10 @@ bench-broker: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python bench/broker_bench.py --repeat 3
 
+.PHONY: bench-txn-check
+bench-txn-check: $(STAMP)
+	$(BIN)/python bench/txn_check_bench.py
+
 # Spark's Python workers must run this interpreter (the examples set PYSPARK_PYTHON).
 demo: $(DEMO_STAMP)
 	$(BIN)/python examples/streaming_demo.py

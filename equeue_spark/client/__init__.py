@@ -32,7 +32,7 @@ from equeue_spark.client.producer import Producer
 from equeue_spark.client.reader import read_range
 from equeue_spark.client.records import Message, Origin
 from equeue_spark.client.retries import RetryMessage
-from equeue_spark.client.transactions import CommitOutcome, Transaction
+from equeue_spark.client.transactions import CommitOutcome, Transaction, TransactionResolution
 
 __all__ = [
     "Admin",
@@ -63,6 +63,7 @@ __all__ = [
     "SendResult",
     "SendResults",
     "Transaction",
+    "TransactionResolution",
     "UnknownProducerError",
     "default_broker",
     "read_range",

@@ -36,6 +36,11 @@ replica now, the route is fetched again and the part retried on the group's
 new master for up to ``failover_timeout_s`` (``Routes.on_master``), then it
 fails with an error naming the group. Each broker's part is retried on its
 own: a part once acknowledged is never sent again.
+
+Transaction check-back (checks.py): with ``group`` every staged request names
+the producer group, so the broker asks a live producer of the group what
+became of a transaction whose commit or rollback is late; with ``checker``
+this producer answers such checks, from a thread of its own.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from equeue_spark.client.batches import (
     stream_requests,
 )
 from equeue_spark.client.cancel import cancel_delayed
+from equeue_spark.client.checks import Checker, CheckResponder
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.delays import When, deliver_at_ms, refuse_staged
@@ -74,6 +80,7 @@ from equeue_spark.client.errors import (
     OutOfOrderSequenceError,
     UnknownProducerError,
 )
+from equeue_spark.client.extra_keys import keyed_headers
 from equeue_spark.client.idempotence import Init, Sequencer, init_producer
 from equeue_spark.client.route import name_broker, split_request
 from equeue_spark.client.routing import Brokers, Routed, Routes
@@ -159,14 +166,21 @@ class Producer:
         linger_ms: int = 0,
         failover_timeout_s: float | None = None,
         enable_idempotence: bool = True,
+        group: str = "",
+        checker: Checker | None = None,
     ) -> None:
         """``failover_timeout_s`` (cluster only; default: the config's, 30 s):
         how long a batch waits for its broker group's new master.
         ``enable_idempotence``: no batch appended twice by this producer's
         retries (module doc); False: at-least-once, for brokers older than
-        InitProducer."""
+        InitProducer. ``group``: the producer group its transactions belong
+        to (the broker checks late ones with the group); ``checker``:
+        ``fn(transaction_id)`` -> "commit" | "rollback" | "unknown", answering
+        the broker's checks (checks.py; needs ``group``)."""
         if batch_size < 1 or max_batch_bytes < 1 or linger_ms < 0:
             raise ValueError("batch_size and max_batch_bytes must be >= 1, linger_ms >= 0")
+        if checker is not None and not group:
+            raise ValueError("a checker answers for a producer group: give group= too")
         config = config or ClientConfig(broker=broker, namesrv=namesrv)
         if failover_timeout_s is not None:
             config = dataclasses.replace(config, failover_timeout_s=failover_timeout_s)
@@ -190,6 +204,8 @@ class Producer:
         self._pending: dict[str, _Pending] = {}
         self._sequencer = Sequencer() if enable_idempotence else None
         self._closed = threading.Event()
+        self.group = group
+        self._checks = None if checker is None else CheckResponder(self._routes, group, checker)
         self._lingerer: threading.Thread | None = None
         if linger_ms > 0:
             self._lingerer = threading.Thread(
@@ -211,8 +227,11 @@ class Producer:
         brokers: Sequence[str | None] | None = None,
         delay_s: float | Sequence[float] | None = None,
         deliver_at: When | Sequence[When] | None = None,
+        extra_keys: Sequence[Sequence[str | bytes] | None] | None = None,
     ) -> SendResults:
         """Send ``values`` (and the optional columns) in one request, now.
+        ``extra_keys``: per message, keys beside its key that the broker
+        indexes for queries (the ``keys`` header).
 
         With ``transaction_id`` the messages are staged (see ``transaction``),
         and the call is not retried. In a cluster an explicit queue id needs
@@ -226,6 +245,8 @@ class Producer:
         ``cancel_delayed``) and ``deliver_at_ms``. Not with ``transaction_id``.
         """
         due = deliver_at_ms(len(values), delay_s, deliver_at)
+        if extra_keys is not None:
+            headers = keyed_headers(len(values), headers, extra_keys)
         columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms, due)
         return self._send(columns.request(topic, transaction_id), brokers)
 
@@ -244,7 +265,7 @@ class Producer:
         routes = self._routes
         group = routes.group(broker, "in a cluster a transaction lives on one broker: give broker=")
         conn = routes.connection(routes.broker_address(group))
-        return Transaction(conn, txn_id, self._staging(group, conn))
+        return Transaction(conn, txn_id, self._staging(group, conn), self.group)
 
     def send_request(
         self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
@@ -269,6 +290,7 @@ class Producer:
         again with the same seed (a replay) routes it the same way while the
         route is unchanged."""
         request.transaction_id = txn_id
+        request.producer_group = self.group
         refuse_staged(request)
         routes = self._routes
         route = routes.route(request.topic)
@@ -294,6 +316,8 @@ class Producer:
     def _send(
         self, request: pb.ProduceRequest, brokers: Sequence[str | None] | None = None
     ) -> SendResults:
+        if request.transaction_id:
+            request.producer_group = self.group
         if _keyless(request):
             if self._idempotent(request):
                 return self._send_keyless(request)
@@ -671,10 +695,14 @@ class Producer:
         tag: str = "",
         headers: Headers = (),
         queue_id: int | None = None,
+        extra_keys: Sequence[str | bytes] | None = None,
     ) -> Future[SendResult]:
-        """Buffer one message; its future completes when its batch is acknowledged."""
+        """Buffer one message; its future completes when its batch is acknowledged.
+        ``extra_keys``: keys beside ``key`` that the broker indexes (the ``keys`` header)."""
         if self._closed.is_set():
             raise RuntimeError("producer is closed")
+        if extra_keys is not None:
+            headers = keyed_headers(1, [headers], [extra_keys])[0]
         future: Future[SendResult] = Future()
         with self._lock:
             pending = self._pending.setdefault(topic, _Pending(since=time.monotonic()))
@@ -730,6 +758,8 @@ class Producer:
         if self._closed.is_set():
             return
         self._closed.set()
+        if self._checks is not None:
+            self._checks.close()
         if self._lingerer is not None:
             self._lingerer.join(timeout=self._config.timeout_s)
         self.flush()

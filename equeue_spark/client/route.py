@@ -118,7 +118,10 @@ def take_rows(request: pb.ProduceRequest, rows: Sequence[int]) -> pb.ProduceRequ
     if len(columns.timestamps_ms):
         part.timestamps_ms.extend(columns.timestamps_ms[i] for i in rows)
     out = pb.ProduceRequest(
-        topic=request.topic, messages=part, transaction_id=request.transaction_id
+        topic=request.topic,
+        messages=part,
+        transaction_id=request.transaction_id,
+        producer_group=request.producer_group,
     )
     if len(request.queue_ids):
         out.queue_ids.extend(request.queue_ids[i] for i in rows)

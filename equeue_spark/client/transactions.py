@@ -21,6 +21,7 @@ batches.py, so this module does not import producer.py (which imports it).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,15 @@ from equeue_spark.client.errors import PreconditionError
 Stage = Callable[[pb.ProduceRequest], SendResults]
 """How an idempotent producer's transaction stages a request (producer.py):
 queues chosen, stamped with its sequences, sent with retries."""
+
+
+class TransactionResolution(enum.StrEnum):
+    """What a producer group's checker says became of a transaction (checks.py)."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    UNKNOWN = "unknown"
+
 
 COMMIT_TIMEOUT_FACTOR = 10
 """A commit appends a whole transaction: it gets this many call deadlines."""
@@ -99,8 +109,12 @@ class Transaction:
     acknowledged here.
     """
 
-    def __init__(self, conn: Connection, txn_id: str, stage: Stage | None = None) -> None:
+    def __init__(
+        self, conn: Connection, txn_id: str, stage: Stage | None = None, group: str = ""
+    ) -> None:
         self.id = txn_id
+        self.group = group
+        """The producer group the broker checks the transaction with ("": none)."""
         self._conn = conn
         self._stage = stage
         self.messages = 0
@@ -128,6 +142,7 @@ class Transaction:
             raise staged_delay_error(self.id)
         columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms)
         request = columns.request(topic, self.id)
+        request.producer_group = self.group
         if self._stage is not None:
             results = self._stage(request)
         else:
@@ -142,6 +157,7 @@ class Transaction:
         def staged() -> Iterator[pb.ProduceRequest]:
             for request in requests:
                 request.transaction_id = self.id
+                request.producer_group = self.group
                 refuse_staged(request)
                 yield request
 
@@ -186,6 +202,7 @@ __all__ = [
     "CommitOutcome",
     "Stage",
     "Transaction",
+    "TransactionResolution",
     "abort_transactions",
     "commit_transactions",
 ]

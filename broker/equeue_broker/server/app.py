@@ -63,6 +63,7 @@ from equeue_broker.server.startup import (
     os_reason,
     unreadable,
 )
+from equeue_broker.server.txn_checks import CheckStreams, TransactionChecker
 from equeue_broker.storage import StorageError, Store
 from equeue_broker.storage.errors import CorruptionError
 from equeue_broker.storage.meta.atomic_file import keep_damaged, load_json, save_json
@@ -195,7 +196,16 @@ async def create_server(
         ),
         registrar=registrar,
         health=BrokerHealth(role),
+        checker=TransactionChecker(
+            store,
+            CheckStreams(config.max_check_streams),
+            config.broker_name or instance_id,
+            calls.call,
+        ),
     )
+    state.checker.counted = lambda t, q, n: state.counters.add(t, q, produced=n)
+    check_on_master(state.checker, role)
+    state.checker.start()
     store.add_listener(state.waiters.notify_threadsafe)
     growth = LogGrowth(asyncio.get_running_loop())
     store.add_listener(growth.notify_threadsafe)
@@ -230,6 +240,13 @@ def deliver_on_master(store: Store, role: BrokerRole) -> None:
     what is due, a demotion stops it (storage/timer)."""
     store.set_delivering(role.is_master)
     role.add_listener(lambda _old, new: store.set_delivering(new.is_master))
+
+
+def check_on_master(checker: TransactionChecker, role: BrokerRole) -> None:
+    """Only a master checks transactions with their producer groups (a
+    promoted replica continues the counts its log holds), as it delivers."""
+    checker.set_active(role.is_master)
+    role.add_listener(lambda _old, new: checker.set_active(new.is_master))
 
 
 def bind(server: grpc.aio.Server, config: BrokerConfig) -> int:
@@ -426,6 +443,7 @@ async def serve(config: BrokerConfig) -> None:
     await state.role_switch.stop()
     if per_address is not None:
         await per_address.stop()
+    await state.checker.stop()
     state.calls.shutting_down = True
     state.insync.stop()
     await server.stop(config.shutdown_grace_s)

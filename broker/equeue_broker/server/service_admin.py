@@ -458,6 +458,7 @@ class AdminService(pb_grpc.AdminServicer):
                 open_transactions=raw["open_transactions"],
                 idempotent_producers=raw["idempotent_producers"],
                 staged_bytes=raw["staged_bytes"],
+                **self.s.checker.stats(),  # transaction check-back (txn_checks.py)
                 quarantined_chunks=[
                     pb.QuarantinedChunk(
                         file=str(c.path),
@@ -511,7 +512,8 @@ class AdminService(pb_grpc.AdminServicer):
                 info = reply.transactions.add(
                     transaction_id=t.txn_id, created_ms=t.created_ms,
                     last_write_ms=t.last_write_ms, messages=t.messages, bytes=t.bytes,
-                    committing=t.committing,
+                    committing=t.committing, group=t.group, checks=t.checks,
+                    last_check_ms=t.last_check_ms, next_check_ms=t.next_check_ms,
                 )  # fmt: skip
                 for (topic, queue_id), count in sorted(t.queues.items()):
                     info.queues.add(topic=topic, queue_id=queue_id, count=count)

@@ -35,6 +35,7 @@ from equeue_broker.server.health import BrokerHealth
 from equeue_broker.server.longpoll import PullWaiters
 from equeue_broker.server.registration import Registrar
 from equeue_broker.server.stats import Counters
+from equeue_broker.server.txn_checks import TransactionChecker
 from equeue_broker.storage import Store
 
 P = ParamSpec("P")
@@ -104,6 +105,9 @@ class BrokerState:
     """The name-server registration (--namesrv); None: a standalone broker."""
     health: BrokerHealth
     """The grpc.health.v1 statuses, per role (health.py)."""
+    checker: TransactionChecker
+    """Transaction check-back: the producer groups' check streams and the
+    checking task (txn_checks.py)."""
     counters: Counters = field(default_factory=Counters)
     pull_streams: int = 0
     """PullStreams open now (at most ``max_pull_streams``)."""

@@ -32,6 +32,7 @@ from equeue_broker.server.retry import (
     user_group,
 )
 from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
+from equeue_broker.server.service_checks import CheckServiceMixin
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
 from equeue_broker.storage.config import FlushMode
@@ -56,7 +57,7 @@ _PULL_STATUS = {
 }
 
 
-class BrokerService(pb_grpc.BrokerServicer):
+class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
     def __init__(self, state: BrokerState) -> None:
         self.s = state
         self.pull_framer = pull_reply_framer(state.broker_id, _PULL_STATUS)
@@ -201,7 +202,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             for queue_id, indexes in _group_by_queue(targets, count)
         ]
         total = self.s.store.transactions.stage(
-            request.transaction_id, request.topic, parts, sequences
+            request.transaction_id, request.topic, parts, sequences, request.producer_group
         )
         reply.queue_ids.extend([targets] * count if isinstance(targets, int) else targets)
         reply.transaction_messages = total
@@ -535,14 +536,6 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         insync = self.s.insync  # sync replication: acked once on the in-sync replicas
         return await (insync.replicated(cancel_) if insync.sync else cancel_())
-
-    async def TransactionChecks(
-        self, request_iterator: Any, context: Any
-    ) -> AsyncIterator[pb.TransactionCheck]:
-        # Placeholder until check-back lands (issue 28): the contract is in the proto.
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "transaction checks are not served yet")
-        if request_iterator is None:  # never: makes this an async generator
-            yield pb.TransactionCheck()
 
     @rpc
     async def Nack(self, request: pb.NackRequest, context: Any) -> pb.NackReply:

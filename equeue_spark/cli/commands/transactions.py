@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from equeue_spark.cli.common import UsageError, admin_client
 from equeue_spark.cli.formatting import Output, format_bytes, format_table, format_time, proto_dict
+
+HEADERS = (
+    "ID", "GROUP", "AGE", "CHECKS", "NEXT CHECK", "MESSAGES", "BYTES", "QUEUES", "STATE",
+)  # fmt: skip
+
+
+def short_duration(ms: int) -> str:
+    """``12s``, ``4m``, ``3h``, ``2d``: the largest whole unit."""
+    seconds = max(0, ms) // 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _next_check(next_ms: int, now_ms: int, committing: bool) -> str:
+    """When the broker checks (or, after its last check, rolls back) next."""
+    if committing or next_ms <= 0:
+        return "-"
+    return "due" if next_ms <= now_ms else f"in {short_duration(next_ms - now_ms)}"
 
 
 def cmd_transactions_list(args: argparse.Namespace, ui: Output) -> None:
@@ -14,21 +35,23 @@ def cmd_transactions_list(args: argparse.Namespace, ui: Output) -> None:
     if ui.json:
         ui.document(proto_dict(listing))
         return
+    now_ms = int(time.time() * 1000)
     rows = [
         (
             t.transaction_id,
+            t.group or "-",
+            short_duration(now_ms - t.created_ms),
+            t.checks,
+            _next_check(t.next_check_ms, now_ms, t.committing),
             t.messages,
             format_bytes(t.bytes),
             ", ".join(f"{q.topic}/{q.queue_id}" for q in t.queues),
-            format_time(t.created_ms),
-            format_time(t.last_write_ms),
             "committing" if t.committing else "open",
         )
         for t in listing.transactions
     ]
     if rows:
-        headers = ("TRANSACTION", "MESSAGES", "BYTES", "QUEUES", "CREATED", "LAST WRITE", "STATE")
-        ui.line(format_table(headers, rows))
+        ui.line(format_table(HEADERS, rows))
     else:
         ui.line("no open transactions")
     if listing.sinks:

@@ -9,7 +9,10 @@ from equeue_spark.cli.commands.transactions import cmd_transactions_abort, cmd_t
 def add_transactions(commands: Commands) -> None:
     help_ = "list and abort open (staged, uncommitted) transactions"
     transactions = commands.group("transactions", help_)
-    list_help = "open transactions and every sink's last committed batch"
+    list_help = (
+        "open transactions (id, producer group, age, checks so far, next check, messages, "
+        "bytes, queues, state) and every sink's last committed batch"
+    )
     p = transactions.command("list", list_help, cmd_transactions_list)
     p.add_argument("--prefix", metavar="P", help="only transactions whose id starts with P")
     p = transactions.command("abort", "discard open transactions", cmd_transactions_abort)

@@ -179,6 +179,7 @@ def truncate_at(state: EngineState, position: int, epochs: EpochHistory, scan: T
         scan.producers.truncate(position)
     found = scan.found
     found.open = {s: t for s, t in found.open.items() if t.first_position < position}
+    scan.cut(position)  # check records cut: un-counted (txn_recovery.py)
     # To what the log holds, not what is readable: records held below the
     # high watermark are not lost.
     state.offsets.clamp({k: q.index.end for k, q in state.queues.items()})

@@ -25,6 +25,10 @@ and in the checkpoint), so replaying a batch that was committed already is a
 no-op (its transactions are aborted instead), and a batch id below the last
 one is refused (the sink id was reused).
 
+Check-back: a transaction staged with a producer group is checked with a
+live producer of the group when its outcome is late (check_policy.py,
+server/txn_checks.py); each check is a check record in the log.
+
 Recovery rebuilds all of it from the log (txn_recovery.py). Durability is
 the log's (docs/storage.md): staging is never fsynced on its own; in sync
 mode a commit returns once its commit record, and so every staged record
@@ -51,9 +55,17 @@ from equeue_broker.storage.errors import (
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueKey
 from equeue_broker.storage.log.record import MessageBatch, PreparedBatch
-from equeue_broker.storage.meta.names import validate_transaction_id
+from equeue_broker.storage.meta.names import validate_group, validate_transaction_id
 from equeue_broker.storage.producers.table import Idempotence
-from equeue_broker.storage.txn.txn_records import Abort, Begin, Commit, prepare_control
+from equeue_broker.storage.txn.check_policy import (
+    MAX_DUE_PER_TICK,
+    CheckDue,
+    CheckPolicy,
+    is_due,
+    is_exhausted,
+    next_check_ms,
+)
+from equeue_broker.storage.txn.txn_records import Abort, Begin, Check, Commit, prepare_control
 from equeue_broker.storage.txn.txn_recovery import RecoveredTxns, Sinks, StagedTxn
 
 log = logging.getLogger(__name__)
@@ -72,6 +84,11 @@ class TransactionInfo:
     queues: dict[QueueKey, int]
     """Staged messages per (topic, queue)."""
     committing: bool
+    group: str = ""
+    checks: int = 0
+    last_check_ms: int = 0
+    next_check_ms: int = 0
+    """The next check (or the rollback after the last one); 0: none."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +143,11 @@ class TransactionStore(Protocol):
 
     def write_control(self, prepared: PreparedBatch) -> None:
         """Append a control record (``Store.write_control``)."""
+        ...
+
+    @property
+    def log_end(self) -> int:
+        """The log's write position (``Store.log_end``)."""
         ...
 
     def commit_staged(
@@ -186,22 +208,34 @@ class Transactions:
         topic: str,
         parts: Sequence[tuple[int, MessageBatch]],
         idems: Mapping[int, Idempotence] | None = None,
+        group: str = "",
     ) -> int:
         """Stage ``(queue_id, batch)`` parts under ``txn_id`` (created on first use);
         return the transaction's staged message count.
+
+        ``group``: the producer group checked about the transaction if its
+        outcome is late; fixed by the call that creates the transaction.
 
         Batches are checked as an append would check them, so a commit cannot
         fail on their content. ``idems``: an idempotent producer's batch per
         queue (producers/table.py): a part staged already is not staged again.
         """
         validate_transaction_id(txn_id)
+        if group:
+            validate_group(group)
         prepared = [(queue_id, self._store.prepare(topic, queue_id, b)) for queue_id, b in parts]
         size = sum(p.total_bytes for _, p in prepared)
         if size > self.config.max_bytes:  # before an empty transaction is created
             raise LimitExceeded(
                 f"{size} bytes to stage exceed max_transaction_bytes={self.config.max_bytes}"
             )
-        txn = self._get_or_create(txn_id)
+        txn = self._get_or_create(txn_id, group)
+        if group and txn.staged.group != group:
+            had = f"group {txn.staged.group!r}" if txn.staged.group else "no producer group"
+            raise PreconditionFailed(
+                f"transaction {txn_id!r} belongs to {had}, not to group {group!r}: "
+                "a transaction's group is fixed by its first stage call"
+            )
         with txn.lock:
             if txn.ended or txn.committing:
                 state = "being committed" if txn.committing else "ended"
@@ -224,7 +258,9 @@ class Transactions:
         staged = txn.staged
         begin = None
         if not txn.begun:
-            begin = prepare_control(Begin(staged.serial, staged.txn_id, staged.created_ms))
+            begin = prepare_control(
+                Begin(staged.serial, staged.txn_id, staged.created_ms, staged.group)
+            )
 
         def written(first: int, entries: bytearray) -> None:
             # Under the store lock: a checkpoint sees the transaction and its
@@ -234,10 +270,11 @@ class Transactions:
             if entries:
                 sizes = memoryview(entries).cast("I")[2 :: ENTRY_SIZE // 4]
                 staged.add((topic, queue_id), entries, sum(sizes))
+                staged.last_staged_ms = _now_ms()
 
         self._store.stage_records(topic, queue_id, batch, staged.serial, begin, written, idem)
 
-    def _get_or_create(self, txn_id: str) -> _Txn:
+    def _get_or_create(self, txn_id: str, group: str = "") -> _Txn:
         with self._lock:
             txn = self._open.get(txn_id)
             if txn is not None:
@@ -253,7 +290,8 @@ class Transactions:
             now = _now_ms()
             serial = self._next_serial
             self._next_serial += 1
-            txn = self._open[txn_id] = _Txn(StagedTxn(serial, txn_id, now, -1), now)
+            staged = StagedTxn(serial, txn_id, now, -1, group=group)
+            txn = self._open[txn_id] = _Txn(staged, now)
             return txn
 
     # -- commit ----------------------------------------------------------------------
@@ -462,6 +500,7 @@ class Transactions:
     # -- state -----------------------------------------------------------------------
 
     def list_open(self, prefix: str = "") -> list[TransactionInfo]:
+        policy = CheckPolicy.of(self.config)
         with self._lock:
             return [
                 TransactionInfo(
@@ -472,9 +511,60 @@ class Transactions:
                     t.staged.size,
                     {key: t.staged.count(key) for key in t.staged.entries},
                     t.committing,
+                    t.staged.group,
+                    t.staged.checks,
+                    t.staged.last_check_ms,
+                    0 if t.committing else next_check_ms(t.staged, policy),
                 )
                 for txn_id, t in sorted(self._open.items())
                 if txn_id.startswith(prefix)
+            ]
+
+    # -- check-back (check_policy.py) ------------------------------------------------
+
+    def due_checks(self, now_ms: int, policy: CheckPolicy | None = None) -> list[CheckDue]:
+        """Open transactions due for a check with their producer group now, the
+        oldest first, at most ``MAX_DUE_PER_TICK``."""
+        policy = CheckPolicy.of(self.config) if policy is None else policy
+        with self._lock:
+            due = [
+                t.staged
+                for t in self._open.values()
+                if t.begun and not t.committing and is_due(t.staged, now_ms, policy)
+            ]
+            due.sort(key=lambda s: (s.created_ms, s.serial))
+            return [_check_due(s) for s in due[:MAX_DUE_PER_TICK]]
+
+    def record_check(
+        self, txn_id: str, checks: int, answer: str, now_ms: int | None = None
+    ) -> bool:
+        """Write the check record of check ``checks`` of ``txn_id`` (before the
+        check is sent: a crash after sending still counts it); False if the
+        transaction is no longer open (nothing written)."""
+        now = _now_ms() if now_ms is None else now_ms
+        with self._lock:
+            txn = self._open.get(txn_id)
+        if txn is None:
+            return False
+        with txn.lock:  # not while its stage call or commit is running
+            if txn.ended or txn.committing or not txn.begun:
+                return False
+            staged = txn.staged
+            self._store.write_control(prepare_control(Check(staged.serial, checks, now, answer)))
+            # Not its exact position (the store does not say): the log end, past
+            # it; a cut below that un-counts it at worst once too often.
+            staged.checked(self._store.log_end - 1, checks, now)
+        return True
+
+    def exhausted(self, now_ms: int, policy: CheckPolicy | None = None) -> list[CheckDue]:
+        """Transactions checked ``max_checks`` times without an answer, an
+        interval ago: to be rolled back (none with ``on_exhausted == "keep"``)."""
+        policy = CheckPolicy.of(self.config) if policy is None else policy
+        with self._lock:
+            return [
+                _check_due(t.staged)
+                for t in self._open.values()
+                if not t.committing and is_exhausted(t.staged, now_ms, policy)
             ]
 
     def sinks(self) -> list[SinkProgress]:
@@ -538,6 +628,13 @@ def _check_count(txn: _Txn, txn_id: str, expected: int) -> None:
             f"transaction {txn_id!r} holds {txn.staged.messages} staged messages; "
             f"the writer staged {expected}"
         )
+
+
+def _check_due(staged: StagedTxn) -> CheckDue:
+    queues = {key: staged.count(key) for key in staged.entries}
+    return CheckDue(
+        staged.txn_id, staged.serial, staged.group, staged.created_ms, staged.checks, queues
+    )
 
 
 def _now_ms() -> int:

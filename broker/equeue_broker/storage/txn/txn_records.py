@@ -9,8 +9,10 @@ A control record is a record of the record format with the CONTROL flag set,
 topic "" (no topic may have that name), queue id 0, queue offset 0, its kind as
 its tag and a JSON object (UTF-8, compact) as its value::
 
-    tag "begin"   {"serial": s, "txn": id, "created_ms": ms}
-                  written just before a transaction's first staged records
+    tag "begin"   {"serial": s, "txn": id, "created_ms": ms, "group": g}
+                  written just before a transaction's first staged records;
+                  "group" (optional, "" when absent): the producer group
+                  asked about the transaction if its outcome is late
     tag "commit"  {"serials": [s, ...], "sink": "", "batch": -1,
                    "queues": [[topic, queue_id, first_offset, count], ...]}
                   makes the staged records of ``serials`` visible: each queue's
@@ -20,6 +22,11 @@ its tag and a JSON object (UTF-8, compact) as its value::
                   ``batch`` (when ``sink`` is not "")
     tag "abort"   {"serials": [s, ...]}
                   the staged records of ``serials`` stay invisible for ever
+    tag "check"   {"serial": s, "checks": n, "ms": t, "answer": "unknown"|"none"}
+                  the transaction of ``serial`` was checked for the n-th time
+                  at t (ms) with a producer of its group ("none": nobody was
+                  there to ask); written before the check is sent, so the
+                  count survives restarts and failover (server/txn_checks.py)
 
 Unknown keys are ignored, so fields can be added.
 """
@@ -42,7 +49,7 @@ from equeue_broker.storage.log.record import (
 )
 from equeue_proto.record import FLAG_CONTROL
 
-BEGIN, COMMIT, ABORT = "begin", "commit", "abort"
+BEGIN, COMMIT, ABORT, CHECK = "begin", "commit", "abort", "check"
 _LIMITS = MessageLimits(max_batch_bytes=1 << 30, max_message_bytes=1 << 30)
 """Control records are the broker's own: not held to client limits."""
 
@@ -52,6 +59,8 @@ class Begin:
     serial: int
     txn_id: str
     created_ms: int
+    group: str = ""
+    """The producer group checked about the transaction ("": never checked)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,17 @@ class Abort:
     serials: tuple[int, ...]
 
 
-Control = Begin | Commit | Abort
+@dataclass(frozen=True)
+class Check:
+    serial: int
+    checks: int
+    """The number of this check (1-based)."""
+    ms: int
+    answer: str
+    """"unknown" (a producer was asked) or "none" (no producer was there)."""
+
+
+Control = Begin | Commit | Abort | Check
 
 
 def encode_value(control: Control) -> tuple[str, bytes]:
@@ -78,6 +97,8 @@ def encode_value(control: Control) -> tuple[str, bytes]:
         tag = BEGIN
         document = {"serial": control.serial, "txn": control.txn_id}
         document["created_ms"] = control.created_ms
+        if control.group:  # absent otherwise: older brokers' records look the same
+            document["group"] = control.group
     elif isinstance(control, Commit):
         tag = COMMIT
         document = {
@@ -86,6 +107,10 @@ def encode_value(control: Control) -> tuple[str, bytes]:
             "batch": control.batch,
             "queues": [[t, q, first, n] for (t, q), first, n in control.queues],
         }
+    elif isinstance(control, Check):
+        tag = CHECK
+        document = {"serial": control.serial, "checks": control.checks, "ms": control.ms}
+        document["answer"] = control.answer
     else:
         tag, document = ABORT, {"serials": list(control.serials)}
     return tag, json.dumps(document, separators=(",", ":")).encode()
@@ -97,13 +122,19 @@ def decode_value(tag: str, value: bytes) -> Control:
     try:
         document = json.loads(value)
         if tag == BEGIN:
-            return Begin(int(document["serial"]), str(document["txn"]), int(document["created_ms"]))
+            group = str(document.get("group", ""))
+            return Begin(
+                int(document["serial"]), str(document["txn"]), int(document["created_ms"]), group
+            )
         if tag == COMMIT:
             queues = tuple(((str(t), int(q)), int(f), int(n)) for t, q, f, n in document["queues"])
             serials = tuple(int(s) for s in document["serials"])
             return Commit(serials, str(document["sink"]), int(document["batch"]), queues)
         if tag == ABORT:
             return Abort(tuple(int(s) for s in document["serials"]))
+        if tag == CHECK:
+            serial, checks = int(document["serial"]), int(document["checks"])
+            return Check(serial, checks, int(document["ms"]), str(document["answer"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptionError(f"unreadable {tag!r} control record: {exc}") from None
     raise CorruptionError(f"unknown control record {tag!r}")

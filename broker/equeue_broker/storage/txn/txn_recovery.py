@@ -14,7 +14,9 @@ checkpoint. Each record there is one of:
   not have been written (or fsynced) before a crash, so they are derived again
   from the staged records and the commit (``Commit.queues``), which is what the
   commit wrote at runtime;
-* an abort record: its transactions are no longer open.
+* an abort record: its transactions are no longer open;
+* a check record: the open transaction of its serial was checked with its
+  producer group once more (its count and time; server/txn_checks.py).
 
 What is open at the end of the log stays open, with every staged record the
 log kept. Sink progress is the checkpoint's, plus every commit after it (a
@@ -39,10 +41,14 @@ from equeue_broker.storage.producers.records import decode_value as decode_produ
 from equeue_broker.storage.producers.table import ProducerTable
 from equeue_broker.storage.timer.timer import Timer
 from equeue_broker.storage.timer.timer_records import TAGS as TIMER_TAGS
-from equeue_broker.storage.txn.txn_records import Abort, Begin, Commit, decode_value
+from equeue_broker.storage.txn.txn_records import Abort, Begin, Check, Commit, decode_value
 from equeue_proto.record import FLAG_DELAYED, RecordMeta
 
 log = logging.getLogger(__name__)
+
+_CHECK_LOG = 64
+"""Check records remembered per transaction (a count above it is never cut
+back by a truncation below it: at worst a check is repeated)."""
 
 Sinks = dict[str, tuple[int, int]]
 """sink -> (last committed batch id, when (ms))."""
@@ -61,11 +67,38 @@ class StagedTxn:
     messages: int = 0
     size: int = 0
     """Staged bytes (frames)."""
+    group: str = ""
+    """The producer group its check-backs go to ("": never checked)."""
+    checks: int = 0
+    """Checks made so far (the check records' count)."""
+    last_check_ms: int = 0
+    last_staged_ms: int = 0
+    """When its last staged record was written (its store time): checks wait
+    ``check_after_ms`` from it, so a producer still staging is not asked."""
+    check_log: list[tuple[int, int, int]] = field(default_factory=list)
+    """(log position, count, ms) of its check records, so a replica's
+    truncation un-counts the checks it cuts (``TxnScan.cut``)."""
 
     def add(self, key: QueueKey, entries: bytearray, nbytes: int) -> None:
         self.entries.setdefault(key, []).append(entries)
         self.messages += len(entries) // 32
         self.size += nbytes
+
+    def checked(self, position: int, checks: int, ms: int) -> None:
+        """A check record (at ``position``) counted ``checks`` at ``ms``."""
+        self.checks = max(self.checks, checks)
+        self.last_check_ms = max(self.last_check_ms, ms)
+        self.check_log.append((position, checks, ms))
+        del self.check_log[:-_CHECK_LOG]
+
+    def cut(self, position: int) -> None:
+        """Forget the check records at or after ``position`` (cut from the log)."""
+        kept = [c for c in self.check_log if c[0] < position]
+        if len(kept) == len(self.check_log):
+            return
+        self.check_log = kept
+        self.checks = max((n for _, n, _ in kept), default=0)
+        self.last_check_ms = max((ms for _, _, ms in kept), default=0)
 
     def count(self, key: QueueKey) -> int:
         return sum(len(e) for e in self.entries.get(key, ())) // 32
@@ -111,6 +144,13 @@ class TxnScan:
         if txn is not None:
             key = (meta.topic.decode(), meta.queue_id)
             txn.add(key, bytearray(entry_for(position, meta)), meta.frame_size)
+            txn.last_staged_ms = max(txn.last_staged_ms, meta.store_timestamp_ms)
+
+    def cut(self, position: int) -> None:
+        """A replica's log was cut at ``position``: check records at or after
+        it no longer count (``positioned.truncate_at``)."""
+        for txn in self.found.open.values():
+            txn.cut(position)
 
     def control(
         self, message_log: MessageLog, position: int, meta: RecordMeta, derive: bool
@@ -133,9 +173,14 @@ class TxnScan:
         found = self.found
         if isinstance(control, Begin):
             found.open[control.serial] = StagedTxn(
-                control.serial, control.txn_id, control.created_ms, position
+                control.serial, control.txn_id, control.created_ms, position, group=control.group
             )
             found.next_serial = max(found.next_serial, control.serial + 1)
+            return []
+        if isinstance(control, Check):
+            checked = found.open.get(control.serial)
+            if checked is not None:  # one of a transaction already ended: nothing to count
+                checked.checked(position, control.checks, control.ms)
             return []
         txns = [found.open.pop(serial, None) for serial in control.serials]
         if isinstance(control, Abort):

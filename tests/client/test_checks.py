@@ -1,0 +1,61 @@
+"""The client side of check-back and extra keys: what a checker's answer
+means, the Producer's arguments, and the ``keys`` header on a real broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from equeue_broker.testing import BrokerProcess
+from equeue_spark.client import ClientConfig, Producer, TransactionResolution, read_range
+from equeue_spark.client.checks import resolve
+
+
+def _raises(txn_id: str) -> str:
+    raise RuntimeError(f"no record of {txn_id}")
+
+
+@pytest.mark.parametrize(
+    ("said", "meant"),
+    [
+        ("commit", TransactionResolution.COMMIT),
+        ("ROLLBACK", TransactionResolution.ROLLBACK),
+        (TransactionResolution.COMMIT, TransactionResolution.COMMIT),
+        ("unknown", TransactionResolution.UNKNOWN),
+        ("maybe", TransactionResolution.UNKNOWN),
+        (None, TransactionResolution.UNKNOWN),
+        (True, TransactionResolution.UNKNOWN),
+    ],
+)
+def test_a_checkers_answer_and_anything_else_is_unknown(said: object, meant: str) -> None:
+    assert resolve(lambda _t: said, "t") == meant
+
+
+def test_a_raising_checker_is_unknown_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    assert resolve(_raises, "t1") == TransactionResolution.UNKNOWN
+    assert "transaction checker raised for t1" in caplog.text
+
+
+def test_a_checker_needs_a_group() -> None:
+    with pytest.raises(ValueError, match="give group= too"):
+        Producer("127.0.0.1:1", checker=lambda _t: "commit")
+
+
+def test_extra_keys_travel_in_the_keys_header(broker: BrokerProcess) -> None:
+    with Producer(broker.address) as producer:
+        producer.send_batch(
+            "k", [b"a", b"b"], queue_ids=[0, 0], extra_keys=[["order-1", b"cust-7"], None],
+            headers=[[("region", b"eu")], []],
+        )  # fmt: skip
+        producer.send("k", b"c", queue_id=0, extra_keys=["order-2"])
+        producer.flush()
+        with pytest.raises(ValueError, match="has a 'keys' header and extra_keys"):
+            producer.send_batch("k", [b"x"], headers=[[("keys", b"a")]], extra_keys=[["b"]])
+        with pytest.raises(ValueError, match="holds a space"):
+            producer.send("k", b"x", extra_keys=["a b"])
+    config = ClientConfig(broker=broker.address)
+    got = [m for batch in read_range("k", 0, 0, config=config) for m in batch]
+    assert [m.headers for m in got] == [
+        (("region", b"eu"), ("keys", b"order-1 cust-7")),
+        (),
+        (("keys", b"order-2"),),
+    ]
