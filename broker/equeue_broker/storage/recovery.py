@@ -35,13 +35,20 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
                             its master's first reply
      "producers": [...],    idempotent producers' state as of P
                             (producers/table.py ``snapshot``)
-     "timer": {...}}        delayed delivery as of P (timer/timer.py
+     "timer": {...},        delayed delivery as of P (timer/timer.py
                             ``checkpoint_state``): "through", "cursor",
                             "pending", "topics" [[topic, count, [[hour, n],
                             ...]], ...], "chunks" [[chunk, n], ...],
                             "entries" (timer log entries fsynced),
                             "first" (oldest timer log entry kept),
                             "segments" [[segment, latest due], ...]
+     "keys": {...}}         the key index as of P (keys/key_index.py
+                            ``checkpoint_state``): "windows" [[n, first
+                            position, end position, begin ms, end ms,
+                            entries, sealed], ...], "slots" (the entry count
+                            the active window's slot array on disk is as of);
+                            null when the key index is off (rebuilt from the
+                            log when it is turned on again)
 
 A document without the later keys (older versions) means: no ends to trust,
 no transactions, no sinks, no held high watermark.
