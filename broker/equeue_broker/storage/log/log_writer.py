@@ -5,8 +5,9 @@ transaction writes of txn_writes.py) decide *when* an append runs and when
 readers see it; ``LogWriter`` does the writing itself, the same way for every path: it
 keeps an append in one chunk when it can (so a crash keeps all of it or none),
 splits one larger than a chunk into one atomic piece per chunk, encodes each
-piece straight into the log (C when built), writes its index entries, and cuts
-the piece out of the log again if its index write fails.
+piece straight into the log (C when built), hands the encoded records to the
+key index (keys/key_index.py) when there is one, writes its index entries, and
+cuts the piece out of the log (and the key index) again if a write fails.
 
 ``LogWriter`` is given the engine state (engine.py): it writes into its log
 and the queues' indexes, and marks it failed (``EngineState.fail``) when a
