@@ -18,7 +18,8 @@ writes such bytes through ``Store.append_at`` (here: ``append_at``), which
    entries are derived from the staged records (txn_recovery.py), with the
    caller's ``TxnScan`` kept across pieces (the store's ``Transactions``
    adopts what it found, so checkpoints, and a restart's recovery, agree with
-   the log).
+   the log); the records' keys go into the key index (keys/key_index.py)
+   from the same bytes.
 
 ``truncate_at`` cuts a divergent tail (into sealed chunks too: later chunk
 files are deleted and the chunk holding the cut becomes the active one).
