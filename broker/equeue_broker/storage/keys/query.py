@@ -143,9 +143,12 @@ class KeyQuery:
         out: list[FoundMessage] = []
         offset = first
         while offset < end:
+            config = self._state.config
             result = self._reads.read_records(
-                topic, queue_id, offset, max_messages=min(end - offset, 1000), max_bytes=4 << 20
-            )
+                topic, queue_id, offset,
+                max_messages=min(end - offset, 1000, config.max_read_messages),
+                max_bytes=min(4 << 20, config.max_read_bytes),
+            )  # fmt: skip
             if result.count == 0:
                 break
             data = result.records
