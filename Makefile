@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-keys bench-broker demo proto clean
+.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-filter bench-keys bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -119,6 +119,9 @@ bench-spark: $(STAMP)
 
 bench-delay: $(STAMP)
 	$(BIN)/python bench/delay_bench.py --scenario all
+
+bench-filter: $(STAMP)
+	$(BIN)/python bench/filter_bench.py
 
 bench-keys: $(STAMP)
 	$(BIN)/python bench/key_index_bench.py

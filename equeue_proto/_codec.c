@@ -20,6 +20,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -1466,6 +1468,558 @@ done:
     return result;
 }
 
+/* ---- filter expressions: select_frames -------------------------------------- */
+
+/* select_frames(program, buffer, max_frames) -> ([(start, end, first, count)], scanned)
+ *
+ * Runs a filter expression's compiled program (equeue_proto/selector.py,
+ * "the compiled program": postfix, tri-state values) over the first
+ * ``max_frames`` frames of ``buffer`` (whole frames back to back, as a read's
+ * run of the log) in place: the fixed fields, tag, key and headers are read
+ * where they lie, nothing is decoded into Python objects. Answers the spans of
+ * consecutive frames for which the expression is TRUE and how many frames it
+ * inspected. Mirrors equeue_proto.selection.select_frames_py (which evaluates
+ * the expression's tree with selector.evaluate); a property test holds them
+ * equal. ValueError for a malformed program or a frame that runs past the
+ * buffer. The GIL is released while frames are evaluated: the caller keeps
+ * the buffer alive (the store lock keeps the log mapped). */
+
+enum { SOP_END, SOP_CONST, SOP_CMP, SOP_IN, SOP_ISNULL, SOP_NOT, SOP_AND, SOP_OR };
+enum { SF_TAG = 1, SF_KEY, SF_KEYS, SF_TS, SF_STORE_TS, SF_HEADER };
+enum { ST_STR = 1, ST_BYTES, ST_NUM, ST_BOOL };
+enum { SC_EQ = 1, SC_NE, SC_LT, SC_LE, SC_GT, SC_GE };
+enum { SV_NULL, SV_BYTES, SV_INT, SV_FLOAT, SV_BOOL };
+#define S_FALSE 0
+#define S_TRUE 1
+#define S_UNKNOWN 2
+#define S_MAX_EXTRA_KEYS 32 /* equeue_proto/message_keys.py MAX_EXTRA_KEYS */
+#define S_MAX_STACK 1024
+
+typedef struct {
+    int kind; /* SV_* */
+    const uint8_t *p;
+    size_t n;
+    int64_t i; /* SV_INT, SV_BOOL */
+    double f;  /* SV_FLOAT */
+    char text[24]; /* a timestamp's decimal text */
+} sval_t;
+
+typedef struct {
+    const uint8_t *tag, *key, *hdr;
+    uint32_t tag_len, key_len, hdr_len;
+    int has_key;
+    int64_t producer_ms, store_ms;
+} sframe_t;
+
+/* Skip one literal code at p (end: program end); NULL if malformed. */
+static const uint8_t *slit_skip(const uint8_t *p, const uint8_t *end) {
+    if (p >= end) return NULL;
+    switch (*p) {
+    case 0: return p + 1;
+    case 1:
+        if (end - p < 5) return NULL;
+        if ((size_t)(end - p - 5) < get32(p + 1)) return NULL;
+        return p + 5 + get32(p + 1);
+    case 2: case 3: return end - p < 9 ? NULL : p + 9;
+    case 4: return end - p < 2 ? NULL : p + 2;
+    default: return NULL;
+    }
+}
+
+static const uint8_t *soperand_skip(const uint8_t *p, const uint8_t *end) {
+    if (p >= end) return NULL;
+    if (*p == 0) return p + 1;
+    if (*p == 1) return slit_skip(p + 1, end);
+    if (*p == 2) {
+        if (end - p < 4 || p[1] < SF_TAG || p[1] > SF_HEADER) return NULL;
+        uint16_t n = get16(p + 2);
+        return end - p - 4 < n ? NULL : p + 4 + n;
+    }
+    return NULL;
+}
+
+/* Check a program's structure once (every read in bounds, the stack never
+ * under- or overflows, one value left at END); 0 if bad. */
+static int sprogram_valid(const uint8_t *p, size_t len) {
+    const uint8_t *end = p + len;
+    long depth = 0;
+    while (p < end) {
+        uint8_t op = *p++;
+        switch (op) {
+        case SOP_END: return depth == 1 && p == end;
+        case SOP_CONST: if (p >= end) return 0; p++; depth++; break;
+        case SOP_CMP:
+            if (end - p < 2 || p[0] < SC_EQ || p[0] > SC_GE || p[1] < ST_STR || p[1] > ST_BOOL)
+                return 0;
+            p += 2;
+            if ((p = soperand_skip(p, end)) == NULL || (p = soperand_skip(p, end)) == NULL) return 0;
+            depth++;
+            break;
+        case SOP_IN: {
+            if (end - p < 2 || p[0] < ST_STR || p[0] > ST_BOOL) return 0;
+            p += 2;
+            if ((p = soperand_skip(p, end)) == NULL || end - p < 2) return 0;
+            uint16_t count = get16(p);
+            p += 2;
+            for (uint16_t i = 0; i < count; i++)
+                if ((p = slit_skip(p, end)) == NULL) return 0;
+            depth++;
+            break;
+        }
+        case SOP_ISNULL:
+            if (p >= end) return 0;
+            if ((p = soperand_skip(p + 1, end)) == NULL) return 0;
+            depth++;
+            break;
+        case SOP_NOT: if (depth < 1) return 0; break;
+        case SOP_AND: case SOP_OR: {
+            if (end - p < 2) return 0;
+            uint16_t n = get16(p);
+            p += 2;
+            if (n < 1 || depth < n) return 0;
+            depth -= n - 1;
+            break;
+        }
+        default: return 0;
+        }
+        if (depth > S_MAX_STACK) return 0;
+    }
+    return 0;
+}
+
+/* A literal code as a value; returns the code's end. */
+static const uint8_t *slit_read(const uint8_t *p, sval_t *v) {
+    v->kind = SV_NULL;
+    switch (*p) {
+    case 1: v->kind = SV_BYTES; v->n = get32(p + 1); v->p = p + 5; return p + 5 + v->n;
+    case 2: v->kind = SV_INT; v->i = (int64_t)get64(p + 1); return p + 9;
+    case 3: { uint64_t bits = get64(p + 1); v->kind = SV_FLOAT; memcpy(&v->f, &bits, 8); return p + 9; }
+    case 4: v->kind = SV_BOOL; v->i = p[1]; return p + 2;
+    default: return p + 1;
+    }
+}
+
+/* The last header called name (as Message.header reads it); 0 if absent. */
+static int sheader(const sframe_t *f, const uint8_t *name, size_t name_len, const uint8_t **out,
+                   size_t *out_len) {
+    const uint8_t *h = f->hdr;
+    uint64_t end = f->hdr_len, pos = 2;
+    int found = 0;
+    if (end < 2) return 0;
+    uint16_t count = get16(h);
+    for (uint32_t i = 0; i < count; i++) {
+        if (pos + 2 > end) return found;
+        uint64_t klen = get16(h + pos);
+        pos += 2;
+        uint64_t kend = pos + klen;
+        if (kend + 4 > end) return found;
+        uint64_t vlen = get32(h + kend), vat = kend + 4;
+        if (vat + vlen > end) return found;
+        if (klen == name_len && memcmp(h + pos, name, name_len) == 0) {
+            *out = h + vat;
+            *out_len = (size_t)vlen;
+            found = 1;
+        }
+        pos = vat + vlen;
+    }
+    return found;
+}
+
+/* A decimal number as selector.to_number reads it: -?D+(.D+)?([eE][+-]?D+)?,
+ * an int64 when written without . or e in at most 20 characters and in range,
+ * else a double; anything else NULL. */
+static void snumber(const uint8_t *s, size_t n, sval_t *v) {
+    v->kind = SV_NULL;
+    if (n == 0 || n > 400) return;
+    size_t i = 0;
+    int is_int = 1;
+    if (s[i] == '-') i++;
+    size_t digits = i;
+    while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    if (i == digits) return;
+    if (i < n && s[i] == '.') {
+        is_int = 0;
+        size_t frac = ++i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == frac) return;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        is_int = 0;
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        size_t exp = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == exp) return;
+    }
+    if (i != n) return;
+    if (is_int && n <= 20) {
+        int neg = s[0] == '-';
+        uint64_t acc = 0, limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+        int over = 0;
+        for (size_t k = (size_t)neg; k < n; k++) {
+            uint64_t d = (uint64_t)(s[k] - '0');
+            if (acc > (limit - d) / 10) { over = 1; break; }
+            acc = acc * 10 + d;
+        }
+        if (!over) {
+            v->kind = SV_INT;
+            v->i = neg ? (acc == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)acc) : (int64_t)acc;
+            return;
+        }
+    }
+    char buf[401];
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    v->kind = SV_FLOAT;
+    v->f = strtod(buf, NULL);
+}
+
+static int sascii_ieq(const uint8_t *s, size_t n, const char *word) {
+    size_t w = strlen(word);
+    if (n != w) return 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = s[i];
+        if (c >= 'A' && c <= 'Z') c = (uint8_t)(c + 32);
+        if (c != (uint8_t)word[i]) return 0;
+    }
+    return 1;
+}
+
+/* Bytes (or NULL: p == NULL) converted to a comparison type (selector.convert). */
+static void sconvert(const uint8_t *p, size_t n, int type, sval_t *v) {
+    v->kind = SV_NULL;
+    if (p == NULL) return;
+    switch (type) {
+    case ST_BYTES: v->kind = SV_BYTES; v->p = p; v->n = n; return;
+    case ST_STR:
+        if (utf8_valid(p, n)) { v->kind = SV_BYTES; v->p = p; v->n = n; }
+        return;
+    case ST_BOOL:
+        if (sascii_ieq(p, n, "true")) { v->kind = SV_BOOL; v->i = 1; }
+        else if (sascii_ieq(p, n, "false")) { v->kind = SV_BOOL; v->i = 0; }
+        return;
+    default: snumber(p, n, v); return;
+    }
+}
+
+/* An operand's value for a comparison of `type`; returns the operand's end. */
+static const uint8_t *soperand(const uint8_t *p, const sframe_t *f, int type, sval_t *v) {
+    v->kind = SV_NULL;
+    if (*p == 0) return p + 1;
+    if (*p == 1) return slit_read(p + 1, v);
+    uint8_t kind = p[1];
+    uint16_t name_len = get16(p + 2);
+    const uint8_t *name = p + 4;
+    const uint8_t *raw = NULL;
+    size_t raw_len = 0;
+    switch (kind) {
+    case SF_TAG: if (f->tag_len) { raw = f->tag; raw_len = f->tag_len; } break;
+    case SF_KEY: if (f->has_key) { raw = f->key; raw_len = f->key_len; } break;
+    case SF_TS: case SF_STORE_TS: {
+        int64_t ms = kind == SF_TS ? f->producer_ms : f->store_ms;
+        if (type == ST_NUM) { v->kind = SV_INT; v->i = ms; return name + name_len; }
+        int w = snprintf(v->text, sizeof v->text, "%lld", (long long)ms);
+        sconvert((const uint8_t *)v->text, (size_t)w, type, v);
+        return name + name_len;
+    }
+    case SF_HEADER: sheader(f, name, name_len, &raw, &raw_len); break;
+    default: break; /* SF_KEYS is handled by its callers */
+    }
+    sconvert(raw, raw_len, type, v);
+    return name + name_len;
+}
+
+/* 0 if a == b, <0 or >0 otherwise; both non-NULL, converted to the same type. */
+static int scompare(const sval_t *a, const sval_t *b) {
+    if (a->kind == SV_BYTES) {
+        size_t n = a->n < b->n ? a->n : b->n;
+        int c = n ? memcmp(a->p, b->p, n) : 0;
+        if (c) return c;
+        return a->n < b->n ? -1 : a->n > b->n;
+    }
+    if ((a->kind == SV_INT || a->kind == SV_BOOL) && (b->kind == SV_INT || b->kind == SV_BOOL))
+        return a->i < b->i ? -1 : a->i > b->i;
+    double x = a->kind == SV_FLOAT ? a->f : (double)a->i;
+    double y = b->kind == SV_FLOAT ? b->f : (double)b->i;
+    return x < y ? -1 : x > y;
+}
+
+static int sapply(int op, int c) {
+    switch (op) {
+    case SC_EQ: return c == 0;
+    case SC_NE: return c != 0;
+    case SC_LT: return c < 0;
+    case SC_LE: return c <= 0;
+    case SC_GT: return c > 0;
+    default: return c >= 0;
+    }
+}
+
+static int sis_keys(const uint8_t *operand) { return operand[0] == 2 && operand[1] == SF_KEYS; }
+
+/* The i-th key of a frame (its key, then the extra keys of the keys header,
+ * empty parts skipped, at most S_MAX_EXTRA_KEYS: message_keys.split_keys);
+ * 0 when there is none. */
+typedef struct {
+    const sframe_t *f;
+    int key_done, extra;
+    const uint8_t *h;
+    size_t h_len, at;
+    int has_h;
+} skeys_t;
+
+static void skeys_start(skeys_t *k, const sframe_t *f) {
+    k->f = f;
+    k->key_done = 0;
+    k->extra = 0;
+    k->at = 0;
+    k->has_h = sheader(f, (const uint8_t *)"keys", 4, &k->h, &k->h_len);
+}
+
+static int skeys_next(skeys_t *k, const uint8_t **p, size_t *n) {
+    if (!k->key_done) {
+        k->key_done = 1;
+        if (k->f->has_key) { *p = k->f->key; *n = k->f->key_len; return 1; }
+    }
+    if (!k->has_h) return 0;
+    while (k->at < k->h_len && k->extra < S_MAX_EXTRA_KEYS) {
+        size_t start = k->at;
+        while (k->at < k->h_len && k->h[k->at] != ' ') k->at++;
+        size_t stop = k->at;
+        if (k->at < k->h_len) k->at++; /* the separator */
+        if (stop > start) {
+            k->extra++;
+            *p = k->h + start;
+            *n = stop - start;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* TRUE if any key of the frame equals one of the `count` literal codes at
+ * `items` (converted to `type`); UNKNOWN if no key converts. */
+static int skeys_match(const sframe_t *f, int type, const uint8_t *items, int count,
+                       const sval_t *single) {
+    skeys_t k;
+    skeys_start(&k, f);
+    const uint8_t *p;
+    size_t n;
+    int any = 0;
+    while (skeys_next(&k, &p, &n)) {
+        sval_t v;
+        sconvert(p, n, type, &v);
+        if (v.kind == SV_NULL) continue;
+        any = 1;
+        if (single != NULL) {
+            if (scompare(&v, single) == 0) return S_TRUE;
+            continue;
+        }
+        const uint8_t *q = items;
+        for (int i = 0; i < count; i++) {
+            sval_t w;
+            q = slit_read(q, &w);
+            if (w.kind != SV_NULL && scompare(&v, &w) == 0) return S_TRUE;
+        }
+    }
+    return any ? S_FALSE : S_UNKNOWN;
+}
+
+static int snegate(int t) { return t == S_UNKNOWN ? S_UNKNOWN : 1 - t; }
+
+/* The expression's truth value over one frame (the program is valid). */
+static int seval(const uint8_t *p, const uint8_t *pend, const sframe_t *f) {
+    uint8_t stack[S_MAX_STACK];
+    int sp = 0;
+    for (;;) {
+        uint8_t op = *p++;
+        switch (op) {
+        case SOP_END: return stack[0];
+        case SOP_CONST: stack[sp++] = *p++ ? S_TRUE : S_FALSE; break;
+        case SOP_CMP: {
+            int cmp = p[0], type = p[1];
+            const uint8_t *a_at = p + 2;
+            const uint8_t *b_at = soperand_skip(a_at, pend);
+            const uint8_t *after = soperand_skip(b_at, pend);
+            int result;
+            if (sis_keys(a_at) || sis_keys(b_at)) {
+                sval_t wanted;
+                soperand(sis_keys(a_at) ? b_at : a_at, f, type, &wanted);
+                if (wanted.kind == SV_NULL) {
+                    result = S_UNKNOWN;
+                } else {
+                    int found = skeys_match(f, type, NULL, 0, &wanted);
+                    result = cmp == SC_EQ ? found : snegate(found);
+                }
+            } else {
+                sval_t a, b;
+                soperand(a_at, f, type, &a);
+                soperand(b_at, f, type, &b);
+                if (a.kind == SV_NULL || b.kind == SV_NULL)
+                    result = S_UNKNOWN;
+                else
+                    result = sapply(cmp, scompare(&a, &b)) ? S_TRUE : S_FALSE;
+            }
+            stack[sp++] = (uint8_t)result;
+            p = after;
+            break;
+        }
+        case SOP_IN: {
+            int type = p[0], negated = p[1];
+            const uint8_t *x_at = p + 2;
+            const uint8_t *q = soperand_skip(x_at, pend);
+            int count = get16(q);
+            const uint8_t *items = q + 2;
+            const uint8_t *after = items;
+            for (int i = 0; i < count; i++) after = slit_skip(after, pend);
+            int found;
+            if (sis_keys(x_at)) {
+                found = skeys_match(f, type, items, count, NULL);
+            } else {
+                sval_t x;
+                soperand(x_at, f, type, &x);
+                if (x.kind == SV_NULL) {
+                    found = -1;
+                } else {
+                    found = S_FALSE;
+                    const uint8_t *r = items;
+                    for (int i = 0; i < count; i++) {
+                        sval_t w;
+                        r = slit_read(r, &w);
+                        if (w.kind != SV_NULL && scompare(&x, &w) == 0) { found = S_TRUE; break; }
+                    }
+                }
+            }
+            int result = found < 0 ? S_UNKNOWN : negated ? snegate(found) : found;
+            stack[sp++] = (uint8_t)result;
+            p = after;
+            break;
+        }
+        case SOP_ISNULL: {
+            int negated = p[0];
+            const uint8_t *x_at = p + 1;
+            int missing;
+            if (sis_keys(x_at)) {
+                skeys_t k;
+                const uint8_t *kp;
+                size_t kn;
+                skeys_start(&k, f);
+                missing = !skeys_next(&k, &kp, &kn);
+            } else {
+                sval_t x;
+                soperand(x_at, f, ST_BYTES, &x);
+                missing = x.kind == SV_NULL;
+            }
+            stack[sp++] = missing != negated ? S_TRUE : S_FALSE;
+            p = soperand_skip(x_at, pend);
+            break;
+        }
+        case SOP_NOT: stack[sp - 1] = (uint8_t)snegate(stack[sp - 1]); break;
+        case SOP_AND: case SOP_OR: {
+            int n = get16(p);
+            p += 2;
+            int result = op == SOP_AND ? S_TRUE : S_FALSE;
+            int decisive = op == SOP_AND ? S_FALSE : S_TRUE;
+            for (int i = sp - n; i < sp; i++) {
+                if (stack[i] == decisive) { result = decisive; break; }
+                if (stack[i] == S_UNKNOWN) result = S_UNKNOWN;
+            }
+            sp -= n;
+            stack[sp++] = (uint8_t)result;
+            break;
+        }
+        default: return S_UNKNOWN; /* unreachable: the program was checked */
+        }
+    }
+}
+
+typedef struct { Py_ssize_t start, end, first, count; } sspan_t;
+
+static PyObject *select_frames(PyObject *self, PyObject *args) {
+    Py_buffer prog, in;
+    Py_ssize_t max_frames;
+    if (!PyArg_ParseTuple(args, "y*y*n", &prog, &in, &max_frames)) return NULL;
+    PyObject *result = NULL;
+    sspan_t *spans = NULL;
+    Py_ssize_t nspans = 0, cap = 0, index = 0, pos = 0, bad = -1;
+    int nomem = 0;
+    if (!sprogram_valid((const uint8_t *)prog.buf, (size_t)prog.len)) {
+        PyErr_SetString(PyExc_ValueError, "select_frames: malformed program");
+        goto done;
+    }
+    const uint8_t *b = (const uint8_t *)in.buf;
+    const uint8_t *program = (const uint8_t *)prog.buf;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < in.len && index < max_frames) {
+        if (in.len - pos < HEADER_SIZE + TRAILER_SIZE) { bad = pos; break; }
+        const uint8_t *fr = b + pos;
+        uint64_t body = get32(fr);
+        uint64_t size = body + AT_BODY + TRAILER_SIZE;
+        uint64_t topic_len = get16(fr + AT_TOPIC_LEN), tag_len = fr[AT_TAG_LEN];
+        uint64_t key_len = get32(fr + AT_KEY_LEN), hdr_len = get32(fr + AT_HEADERS_LEN);
+        uint64_t value_len = get32(fr + AT_VALUE_LEN);
+        if (size > (uint64_t)(in.len - pos) || body < HEADER_SIZE - AT_BODY ||
+            HEADER_SIZE + topic_len + tag_len + key_len + hdr_len + value_len > body + AT_BODY) {
+            bad = pos;
+            break;
+        }
+        sframe_t f;
+        f.tag = fr + HEADER_SIZE + topic_len;
+        f.tag_len = (uint32_t)tag_len;
+        f.key = f.tag + tag_len;
+        f.key_len = (uint32_t)key_len;
+        f.has_key = (fr[AT_FLAGS] & FLAG_HAS_KEY) != 0;
+        f.hdr = f.key + key_len;
+        f.hdr_len = (uint32_t)hdr_len;
+        f.producer_ms = (int64_t)get64(fr + AT_PRODUCER_MS);
+        f.store_ms = (int64_t)get64(fr + AT_STORE_MS);
+        if (seval(program, program + prog.len, &f) == S_TRUE) {
+            if (nspans && spans[nspans - 1].end == pos) {
+                spans[nspans - 1].end = pos + (Py_ssize_t)size;
+                spans[nspans - 1].count++;
+            } else {
+                if (nspans == cap) {
+                    Py_ssize_t grown = cap ? cap * 2 : 16;
+                    sspan_t *more = PyMem_RawRealloc(spans, (size_t)grown * sizeof *spans);
+                    if (more == NULL) { nomem = 1; break; }
+                    spans = more;
+                    cap = grown;
+                }
+                spans[nspans++] = (sspan_t){pos, pos + (Py_ssize_t)size, index, 1};
+            }
+        }
+        pos += (Py_ssize_t)size;
+        index++;
+    }
+    Py_END_ALLOW_THREADS
+    if (nomem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "select_frames: the frame at byte %zd runs past the buffer",
+                     bad);
+        goto done;
+    }
+    PyObject *list = PyList_New(nspans);
+    if (list == NULL) goto done;
+    for (Py_ssize_t i = 0; i < nspans; i++) {
+        PyObject *t = Py_BuildValue("(nnnn)", spans[i].start, spans[i].end, spans[i].first,
+                                    spans[i].count);
+        if (t == NULL) {
+            Py_DECREF(list);
+            goto done;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    result = Py_BuildValue("(Nn)", list, index);
+done:
+    PyMem_RawFree(spans);
+    PyBuffer_Release(&prog);
+    PyBuffer_Release(&in);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"timer_entries", timer_entries, METH_VARARGS,
      "timer_entries(dues, targets, topic_id, cancel, first, count, dirty, flushing, heads, "
@@ -1497,6 +2051,8 @@ static PyMethodDef methods[] = {
     {"split_blob", split_blob, METH_VARARGS, "split_blob(blob, lengths) -> [bytes]"},
     {"varints", varints, METH_VARARGS,
      "varints(values, count, stride, add, step) -> packed int64 varint payload"},
+    {"select_frames", select_frames, METH_VARARGS,
+     "select_frames(program, buffer, max_frames) -> ([(start, end, first, count)], scanned)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data) -> int (CRC-32C, Castagnoli)"},
     {"murmur2", py_murmur2, METH_VARARGS,
      "murmur2(data) -> int (Kafka's Utils.murmur2, signed 32-bit)"},

@@ -28,6 +28,7 @@ from equeue_spark.client.errors import (
     ProducerFencedError,
     UnknownProducerError,
 )
+from equeue_spark.client.filters import UnsupportedFilter
 from equeue_spark.client.producer import Producer
 from equeue_spark.client.reader import read_range
 from equeue_spark.client.records import Message, Origin
@@ -65,6 +66,7 @@ __all__ = [
     "Transaction",
     "TransactionResolution",
     "UnknownProducerError",
+    "UnsupportedFilter",
     "default_broker",
     "read_range",
 ]

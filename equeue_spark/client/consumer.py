@@ -76,6 +76,7 @@ from equeue_spark.client.errors import (
     InvalidRequest,
     PermissionDeniedError,
 )
+from equeue_spark.client.filters import check_filter
 from equeue_spark.client.records import Message
 from equeue_spark.client.retries import (
     as_messages,
@@ -130,6 +131,7 @@ class Consumer:
         max_bytes: int = 1 << 20,
         max_wait_ms: int = 1000,
         tags: Sequence[str] = (),
+        filter: str = "",
         heartbeat_interval_s: float = 1.0,
         consumer_id: str | None = None,
         on_data_loss: OnDataLoss = "raise",
@@ -149,7 +151,14 @@ class Consumer:
         ``max_reconsume_times`` (with a group): deliveries after which a
         message given back with ``nack`` goes to the group's dead-letter
         topic instead of its retry topic; None or 0: the broker's default
-        (``--max-reconsume-times``, 16)."""
+        (``--max-reconsume-times``, 16).
+
+        ``filter``: a filter expression the brokers apply before sending
+        (``region = 'eu' AND amount > 100``; grammar in docs/client.md,
+        "Filters"), with ``tags`` too if given: only records that pass are
+        returned. A bad one raises ``InvalidRequest`` here, naming the position;
+        a broker too old to apply filters raises ``UnsupportedFilter`` at the
+        first read from it rather than sending everything."""
         config = config or ClientConfig(broker=broker, namesrv=namesrv)
         if read_from_replicas:
             config = with_replica_reads(config)
@@ -159,6 +168,7 @@ class Consumer:
             raise ValueError(f"on_data_loss must be raise or skip, got {on_data_loss!r}")
         if topics and group is None:
             raise ValueError("subscribing to topics needs a group; use assign() without one")
+        self.filter = check_filter(filter)
         self.max_reconsume_times = check_reconsume_times(max_reconsume_times)
         self.consumer_id = consumer_id or default_consumer_id(
             socket.gethostname(), os.getpid(), secrets.token_hex(3)
@@ -230,7 +240,7 @@ class Consumer:
         return ConsumerPart(
             conn, committer=committer, group=self.group, topics=topics, start=self.start,
             max_messages=self.max_messages, max_bytes=self.max_bytes,
-            max_wait_ms=self.max_wait_ms, tags=self.tags,
+            max_wait_ms=self.max_wait_ms, tags=self.tags, filter=self.filter,
             heartbeat_interval_s=self.heartbeat_interval_s, consumer_id=self.consumer_id,
             on_data_loss=self.on_data_loss,
         )  # fmt: skip

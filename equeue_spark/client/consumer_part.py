@@ -39,6 +39,7 @@ from equeue_spark.client.errors import (
     PreconditionError,
     from_rpc_error,
 )
+from equeue_spark.client.filters import require_filters
 from equeue_spark.client.records import Message, decode_intact, decode_records
 from equeue_spark.client.wire import PullReply
 
@@ -78,6 +79,7 @@ class ConsumerPart:
         max_wait_ms: int,
         tags: Sequence[str],
         heartbeat_interval_s: float,
+        filter: str = "",
         consumer_id: str,
         on_data_loss: OnDataLoss,
     ) -> None:
@@ -97,6 +99,10 @@ class ConsumerPart:
         self.max_bytes = max_bytes
         self.max_wait_ms = max_wait_ms
         self.tags = list(tags)
+        self.filter = filter
+        """A filter expression (selector.py), checked already; "" = none."""
+        self._filters_checked = not filter
+        """True once the broker is known to apply ``filter`` (filters.py)."""
         self._lock = threading.Lock()
         self._positions: dict[QueueKey, int] = {}
         self._committed: dict[QueueKey, int] = {}
@@ -357,7 +363,11 @@ class ConsumerPart:
             max_bytes=self.max_bytes,
             tags=self.tags,
             max_wait_ms=wait_ms,
+            filter=self.filter,
         )
+        if not self._filters_checked:  # an older broker would send every record
+            require_filters(self._conn, key[0])
+            self._filters_checked = True
         if session and self.group is not None:  # a member's pull: must hold the queue
             request.group, request.consumer_id, request.session = (
                 self.group, self.consumer_id, session,

@@ -13,6 +13,7 @@ import grpc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.errors import from_rpc_error
+from equeue_spark.client.filters import check_filter, require_filters
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.wire import PullReply
 
@@ -27,10 +28,20 @@ def stream_replies(
     batch_messages: int = 1000,
     batch_bytes: int = 1 << 20,
     tags: Sequence[str] = (),
+    filter: str = "",
 ) -> Iterator[PullReply]:
     """The raw replies of a PullStream over ``[start, end)`` (``end`` 0: the
     queue's end when the call starts). The deadline covers the whole stream.
-    Each reply's ``records`` is a view of the received message (wire.py)."""
+    Each reply's ``records`` is a view of the received message (wire.py).
+
+    With ``filter`` (an expression, docs/client.md "Filters") only records
+    that pass are sent; a reply may then carry none and still move
+    ``next_offset`` on (the broker inspects at most ``max_filter_scan``
+    records a reply). ``InvalidRequest`` for a bad expression, or for a broker
+    too old to apply one (``UnsupportedFilter``), before anything is read."""
+    if filter:
+        check_filter(filter)
+        require_filters(conn, topic)
     request = pb.PullStreamRequest(
         topic=topic,
         queue_id=queue_id,
@@ -39,6 +50,7 @@ def stream_replies(
         batch_messages=batch_messages,
         batch_bytes=batch_bytes,
         tags=tags,
+        filter=filter,
     )
     try:
         yield from conn.pull_stream(request, timeout=conn.config.timeout_s)

@@ -13,6 +13,7 @@ extend the storage hierarchy::
 
     StorageError
     ├── InvalidArgument ── BadRequest      a malformed request field
+    │                      └── BadFilter    a filter expression that does not parse (kind below)
     ├── PreconditionFailed ── ReplicaReadOnly  a write sent to a replica (replication/)
     │                      ├── StaleEpoch       a request from an older group epoch (replication/)
     │                      └── OutOfOrderSequence, ProducerFenced, UnknownProducer (storage)
@@ -65,18 +66,23 @@ from equeue_proto.protocol import (
     STALE_EPOCH,
     UNKNOWN_PRODUCER,
 )
+from equeue_proto.selector import ERROR_KIND as BAD_FILTER
 
 log = logging.getLogger(__name__)
 
 __all__ = [  # replication's errors are named here too: this module maps every error
-    "BadRequest", "DamagedMessage", "NotEnoughReplicas", "PermissionDenied", "ReplicaReadOnly",
-    "RequestTimeout", "ShuttingDown", "StaleEpoch", "TooManyPulls", "Unauthenticated", "abort",
-    "status_for", "trailers_for",
+    "BadFilter", "BadRequest", "DamagedMessage", "NotEnoughReplicas", "PermissionDenied",
+    "ReplicaReadOnly", "RequestTimeout", "ShuttingDown", "StaleEpoch", "TooManyPulls",
+    "Unauthenticated", "abort", "status_for", "trailers_for",
 ]  # fmt: skip
 
 
 class BadRequest(InvalidArgument):
     """A request field is missing, malformed or inconsistent."""
+
+
+class BadFilter(BadRequest):
+    """A pull's filter expression does not parse (the message names the position)."""
 
 
 class TooManyPulls(LimitExceeded):
@@ -144,6 +150,7 @@ _KINDS: list[tuple[type[StorageError], str]] = [
     (UnknownProducer, UNKNOWN_PRODUCER),
     (StaleEpoch, STALE_EPOCH),
     (NotEnoughReplicas, NOT_ENOUGH_REPLICAS),
+    (BadFilter, BAD_FILTER),
 ]
 """The errors a client tells apart by kind (``protocol.ERROR_KIND_KEY``)."""
 

@@ -22,6 +22,7 @@ from equeue_broker.server.dead_letters import DeadLetters, Resent
 from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
 from equeue_broker.server.retry import check_reshape, check_user_name, group_topics, user_group
 from equeue_broker.server.service_base import BrokerState, rpc
+from equeue_broker.server.stats import fill_stats
 from equeue_broker.storage import NotFound, Store
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.keys.query import DEFAULT_LIMIT, MAX_LIMIT, NO_END
@@ -438,7 +439,7 @@ class AdminService(pb_grpc.AdminServicer):
                 for t, q, p, c in self.s.counters.per_queue()
                 if (t, q) in queues
             ]
-            return pb.BrokerStats(
+            return fill_stats(pb.BrokerStats(
                 queue_counters=counters,
                 broker_id=self.s.broker_id,
                 # A topic-scoped token counts its own topics, queues and groups;
@@ -483,7 +484,7 @@ class AdminService(pb_grpc.AdminServicer):
                 role_since_ms=self.s.role.since_ms,
                 delayed_pending=pending,
                 delayed_next_due_ms=next_due or 0,
-            )
+            ), self.s.counters)  # fmt: skip
 
         view = self.s.role.view
         # The in-sync set lives on the event loop (insync.py): read it here.

@@ -23,6 +23,7 @@ from equeue_broker.server.config import max_delay_ms
 from equeue_broker.server.connections import close_connection
 from equeue_broker.server.delayed import append_delayed, cancel, delivery_times
 from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.filters import Selectors, left_out
 from equeue_broker.server.groups import MAX_LOCKS_PER_GROUP
 from equeue_broker.server.retry import (
     NackEntry,
@@ -61,6 +62,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
     def __init__(self, state: BrokerState) -> None:
         self.s = state
         self.pull_framer = pull_reply_framer(state.broker_id, _PULL_STATUS)
+        self.selectors = Selectors()
         # A sync-mode append waits for its fsync, so it runs off the event loop.
         self.sync_appends = state.config.storage.flush_mode is FlushMode.SYNC
         config = state.config
@@ -316,14 +318,17 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
                 f"max_wait_ms {request.max_wait_ms} exceeds the broker's limit {config.max_wait_ms}"
             )
         tags = list(request.tags) or None
+        selector = self.selectors.get(request.filter)
         topic, queue_id = request.topic, request.queue_id
         owner_check = self._owner_check(request)
         owner_check()
         read = functools.partial(
-            self.s.store.reads.read_records, topic, queue_id,
-            max_messages=max_messages, max_bytes=max_bytes, tags=tags, frame=self.pull_framer,
+            self.s.store.reads.read_records, topic, queue_id, max_messages=max_messages,
+            max_bytes=max_bytes, tags=tags, frame=self.pull_framer, selector=selector,
         )  # fmt: skip
-        result, held = await self._budgeted_read(read, request.offset, max_bytes)
+        offload = selector is not None  # may inspect many records: off the event loop
+        result, held = await self._budgeted_read(read, request.offset, max_bytes, offload)
+        filtered = left_out(result, request.offset)
         if (
             result.status is ReadStatus.OK
             and result.count == 0
@@ -331,6 +336,9 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
             and result.next_offset >= result.end
         ):
             held.release()  # a parked pull holds no budget
+            # What it skipped counts now (a parked pull may wait long).
+            self.s.counters.pulled(topic, queue_id, 0, filtered)
+            filtered = 0
             arrived = await self.s.waiters.wait(
                 (topic, queue_id),
                 result.end,
@@ -341,21 +349,25 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
                 owner_check()  # the queue may have changed hands while we waited
                 # Woken but no budget in time: answer as a timeout would (empty).
                 with contextlib.suppress(LimitExceeded):
-                    result, held = await self._budgeted_read(read, result.next_offset, max_bytes)
+                    parked_at = result.next_offset
+                    result, held = await self._budgeted_read(read, parked_at, max_bytes, offload)
+                    filtered = left_out(result, parked_at)
         # The reply's bytes stay counted until gRPC is done with the call.
         context.add_done_callback(lambda _: held.release())
-        if result.count:
-            self.s.counters.add(topic, queue_id, consumed=result.count)
+        self.s.counters.pulled(topic, queue_id, result.count, filtered)
         return result.records
 
     async def _budgeted_read(
-        self, read: Callable[..., Any], offset: int, max_bytes: int
+        self, read: Callable[..., Any], offset: int, max_bytes: int, offload: bool = False
     ) -> tuple[RecordsResult, Held]:
-        """``read(offset)`` within ``max_reply_bytes``, and the bytes its reply
-        holds there (the caller gives them back)."""
+        """``read(offset)`` within ``max_reply_bytes`` (on the thread pool if
+        ``offload``), and the bytes its reply holds there (the caller gives them back)."""
         held = await Held.take(self.s.reply_bytes, max_bytes)
         try:
-            result: RecordsResult = self.s.inline(read, offset)
+            if offload:
+                result: RecordsResult = await self.s.call(read, offset)
+            else:
+                result = self.s.inline(read, offset)
         except BaseException:
             held.release()
             raise
@@ -395,14 +407,17 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         # and only until stream_send_timeout_ms ends them.
         share = max(DEFAULT_PULL_BYTES, budget.limit // 8)
         batch_bytes = min(request.batch_bytes or DEFAULT_PULL_BYTES, share)
+        selector = self.selectors.get(request.filter)
         read = functools.partial(
             store.reads.read_records, request.topic, request.queue_id,
             max_bytes=batch_bytes, tags=list(request.tags) or None, frame=self.pull_framer,
+            selector=selector,
         )  # fmt: skip
         offset = request.offset
         stop = request.end_offset or store.reads.visible_end(request.topic, request.queue_id)
         if stop < 0:  # no such queue: let the read raise the precise error
             read(offset, max_messages=1)
+        read = functools.partial(read, until=stop)  # a filtered read scans no further
         stalled = StalledStream(
             context, self.s.config.stream_send_timeout_ms / 1000,
             f"{request.topic}/{request.queue_id}", close_connection,
@@ -412,10 +427,15 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
                 return
             held = await Held.take(budget, batch_bytes)
             try:
-                result = self.s.inline(read, offset, max_messages=min(batch, stop - offset))
+                count = min(batch, stop - offset)
+                if selector is None:
+                    result = self.s.inline(read, offset, max_messages=count)
+                else:  # may inspect many records: off the event loop
+                    result = await self.s.call(read, offset, max_messages=count)
                 held.shrink_to(len(result.records))
-                if result.count:
-                    self.s.counters.add(request.topic, request.queue_id, consumed=result.count)
+                self.s.counters.pulled(
+                    request.topic, request.queue_id, result.count, left_out(result, offset)
+                )
                 stalled.watch(held)
                 yield result.records
             finally:

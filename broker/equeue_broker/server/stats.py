@@ -6,7 +6,13 @@ import collections
 import threading
 import time
 
+from equeue_proto.v1 import broker_pb2 as pb
+
 WINDOW_S = 60
+
+FEATURES: tuple[str, ...] = ("filter",)
+"""``BrokerStats.features``: what this broker serves that older ones do not
+(clients check before relying on it): "filter" = Pull/PullStream ``filter``."""
 
 
 class Counters:
@@ -19,6 +25,9 @@ class Counters:
         # Kept apart from the per-queue counters, which forget deleted topics.
         self._produced_total = 0
         self._consumed_total = 0
+        self.filtered: collections.Counter[tuple[str, int]] = collections.Counter()
+        self._served_total = 0
+        self._filtered_total = 0
 
     def add(self, topic: str, queue_id: int, produced: int = 0, consumed: int = 0) -> None:
         second = int(time.monotonic())
@@ -37,12 +46,28 @@ class Counters:
             while self._seconds and self._seconds[0][0] <= second - WINDOW_S:
                 self._seconds.popleft()
 
+    def pulled(self, topic: str, queue_id: int, served: int, filtered: int) -> None:
+        """A pull reply: ``served`` records sent, ``filtered`` inspected and left
+        out by its tags or filter expression (``add`` counts them consumed)."""
+        if served:
+            self.add(topic, queue_id, consumed=served)
+        with self._lock:
+            self._served_total += served
+            self._filtered_total += filtered
+            if filtered:
+                self.filtered[(topic, queue_id)] += filtered
+
+    def pull_totals(self) -> tuple[int, int]:
+        """(records served in pull replies, records filtered out) since start."""
+        with self._lock:
+            return self._served_total, self._filtered_total
+
     def forget(self, topic: str, queue_id: int | None = None) -> None:
         """Drop a deleted topic's (or queue's) counters: a topic or queue created
         later under the same name or id starts at zero. The broker-wide totals
         and rates keep counting what it did (they are since the broker started)."""
         with self._lock:
-            for counter in (self.produced, self.consumed):
+            for counter in (self.produced, self.consumed, self.filtered):
                 for key in [k for k in counter if k[0] == topic and queue_id in (None, k[1])]:
                     del counter[key]
 
@@ -63,3 +88,15 @@ class Counters:
     def totals(self) -> tuple[int, int]:
         with self._lock:
             return self._produced_total, self._consumed_total
+
+
+def fill_stats(reply: pb.BrokerStats, counters: Counters) -> pb.BrokerStats:
+    """``reply`` (GetStats) with the pull figures and features filled in."""
+    served, filtered = counters.pull_totals()
+    reply.records_served = served
+    reply.records_filtered = filtered
+    reply.features.extend(FEATURES)
+    with counters._lock:
+        for queue in reply.queue_counters:
+            queue.filtered = counters.filtered[(queue.topic, queue.queue_id)]
+    return reply

@@ -49,13 +49,21 @@ from equeue_broker.storage.index.queue_index import (
 )
 from equeue_broker.storage.index.queue_state import QueueState
 from equeue_broker.storage.log.record import patch_committed
+from equeue_broker.storage.read_filters import (
+    NO_BYTE_LIMIT,
+    SELECT_BATCH,
+    TagFilter,
+    Taken,
+    before_damage,
+    tag_filter,
+    wanted_tags,
+)
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, StoredMessage
+from equeue_proto.selection import select_frames
+from equeue_proto.selector import Selector
 
 log = logging.getLogger(__name__)
-
-TagFilter = dict[int, frozenset[bytes]]
-"""{tag hash: tag strings with that hash} of a tag-filtered read."""
 
 
 class _Damaged(Exception):
@@ -126,6 +134,8 @@ class Reads:
         max_bytes: int = 1 << 20,
         tags: Iterable[str] | None = None,
         frame: Framer | None = None,
+        selector: Selector | None = None,
+        until: int | None = None,
     ) -> RecordsResult:
         """Like ``read``, but return the records as stored (the record format of
         ``record.py``, concatenated) instead of decoding them.
@@ -136,17 +146,27 @@ class Reads:
         With ``frame``, ``records`` is ``prefix + records + suffix`` for the
         (prefix, suffix) that ``frame`` returns for the read: one copy from the
         log builds a caller's whole reply (the broker's pre-encoded PullReply).
+
+        With ``selector`` (a filter expression, ``equeue_proto.selector``), only
+        records for which it is TRUE are returned (and with ``tags`` too, only
+        those that also carry one of them). A filtered read inspects at most
+        ``max_filter_scan`` index entries and ``next_offset`` is past the last
+        it inspected, so a selective filter still advances a consumer; the
+        ``nbytes``/``count`` are the returned records', and ``next_offset -
+        offset - count`` were inspected and left out. With ``until``, offsets
+        from it on are neither inspected nor returned (a range read's end).
         """
         self._check_read_limits(offset, max_messages, max_bytes)
-        wanted = tag_filter(tags)
+        wanted = wanted_tags(tags, selector)
         with self._lock:
             queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
             if status is not ReadStatus.OK:
                 pieces: list[Piece] = []
                 count, nbytes, next_offset = 0, 0, corrected
             else:
+                stop = end if until is None else max(offset, min(end, until))
                 pieces, count, nbytes, next_offset = self._collect_repairing(
-                    queue, offset, end, max_messages, max_bytes, wanted
+                    queue, offset, stop, max_messages, max_bytes, wanted, selector
                 )
             result = RecordsResult(status, b"", count, next_offset, earliest, end, nbytes)
             if frame is not None:
@@ -172,20 +192,25 @@ class Reads:
 
     def _collect_repairing(  # noqa: PLR0917 (read_records' arguments, passed on)
         self, queue: QueueState, offset: int, end: int, max_messages: int, max_bytes: int,
-        wanted: TagFilter | None,
+        wanted: TagFilter | None, selector: Selector | None = None,
     ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
-        """``_collect_runs`` or ``_collect_filtered``, again after each damaged
-        index entry they meet and have rebuilt (lock held)."""
+        """``_collect_runs``, ``_collect_selected`` or ``_collect_filtered``, again
+        after each damaged index entry they meet and have rebuilt (lock held)."""
         assert self._state.held()
         for _ in range(_MAX_REPAIRS):
-            if wanted is None:
+            if wanted is None and selector is not None:
+                collected = self._collect_selected(
+                    queue, offset=offset, end=end, max_messages=max_messages,
+                    max_bytes=max_bytes, selector=selector,
+                )  # fmt: skip
+            elif wanted is None:
                 collected = self._collect_runs(
                     queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
                 )
             else:
                 collected = self._collect_filtered(
                     queue, offset=offset, end=end, max_messages=max_messages,
-                    max_bytes=max_bytes, wanted=wanted,
+                    max_bytes=max_bytes, wanted=wanted, selector=selector,
                 )  # fmt: skip
             if collected is not None:
                 return collected
@@ -272,12 +297,14 @@ class Reads:
 
     def _collect_filtered(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
-        wanted: TagFilter,
+        wanted: TagFilter, selector: Selector | None = None,
     ) -> tuple[list[Piece], int, int, int] | None:  # fmt: skip
         """``_collect_runs`` for a tag-filtered read: entry by entry, as skipped
         records break runs (scans at most ``max_filter_scan`` entries; lock held).
         A skip trusts the entry's tag hash, so each entry's checksum is checked
-        first: None after rebuilding a damaged entry."""
+        first: None after rebuilding a damaged entry. With ``selector`` (whose
+        tag prefilter ``wanted`` came from), a record of a wanted tag is also
+        run through it."""
         out = bytearray()
         count = total = 0
         run_start = run_end = -1
@@ -307,15 +334,21 @@ class Reads:
                 if tag_hash not in wanted or self._log.tag_at(position) not in wanted[tag_hash]:
                     cursor += 1
                     continue
-                if count and total + size > max_bytes:
-                    scan_end = cursor  # stop both loops
-                    break
                 bad = self._log.first_damaged(position, position + size)
                 if bad is not None:  # serve the records before it, else say which
                     if not count:
                         path = self._log.chunk_path(bad)
                         raise DamagedRecord(queue.topic, queue.queue_id, cursor, path, bad)
                     scan_end = cursor
+                    break
+                if selector is not None and not self._selected(
+                    queue, selector, position, size, raw[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE],
+                    cursor,
+                ):  # fmt: skip
+                    cursor += 1
+                    continue
+                if count and total + size > max_bytes:
+                    scan_end = cursor  # stop both loops
                     break
                 if position != run_end or position % capacity == 0 or cursor != run_next:
                     if run_end > run_start:  # a new run: serve the one before
@@ -337,6 +370,76 @@ class Reads:
         if run_end > run_start:
             out += _served(self._log.copy(run_start, run_end), run_entries, run_offset)
         return [out], count, total, cursor
+
+    def _selected(  # noqa: PLR0917 (the record and its entry)
+        self, queue: QueueState, selector: Selector, position: int, size: int, entry: bytes,
+        offset: int,
+    ) -> bool:  # fmt: skip
+        """True if the (checked) record at ``position`` passes ``selector``, as
+        served (a transaction's with its commit time)."""
+        piece = _served(self._log.copy(position, position + size), entry, offset)
+        spans, _ = select_frames(selector, piece, 1)
+        return bool(spans)
+
+    def _collect_selected(
+        self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
+        selector: Selector,
+    ) -> tuple[list[Piece], int, int, int] | None:  # fmt: skip
+        """``_collect_runs`` for a read filtered by an expression with no tag
+        prefilter: runs of adjacent records planned from the index as for an
+        unfiltered read, each run's frames passed through ``select_frames`` (in C:
+        no Python object per record), the spans of passing frames served. At
+        most ``max_filter_scan`` entries are inspected (lock held). None after
+        rebuilding a damaged entry: the caller starts again."""
+        taken = Taken(max_messages, max_bytes)
+        cursor = offset
+        scan_end = min(end, offset + self._config.max_filter_scan)
+        capacity = self._log.capacity
+        mapped_chunk = -1
+        while cursor < scan_end and taken.count < max_messages:
+            entries = queue.index.read_raw(cursor, min(scan_end - cursor, SELECT_BATCH))
+            if not entries:
+                break
+            n = len(entries) // ENTRY_SIZE
+            runs, planned, _, _, stop = index_runs(entries, capacity, n, NO_BYTE_LIMIT, 0, 0)
+            bounds = [first for _, _, first in runs[1:]] + [planned]
+            for (start, run_end, first), after in zip(runs, bounds, strict=True):
+                if start // capacity != mapped_chunk:
+                    # Touching another chunk may unmap an older one, which
+                    # must not have views alive: copy what we hold first.
+                    taken.detach()
+                mapped_chunk = start // capacity
+                if not self._log.record_is(
+                    start, queue.topic_bytes, queue.queue_id, cursor + first
+                ):
+                    taken.pieces.clear()
+                    self._repair(queue, cursor + first)
+                    return None
+                run = entries[first * ENTRY_SIZE : after * ENTRY_SIZE]
+                bad = self._log.first_damaged(start, run_end)
+                good, good_end = before_damage(run, start, run_end, bad)
+                if bad is not None and good == 0:
+                    if not taken.count and cursor + first == offset:
+                        taken.pieces.clear()
+                        path = self._log.chunk_path(bad)
+                        raise DamagedRecord(queue.topic, queue.queue_id, offset, path, bad)
+                    return taken.result(cursor + first)
+                served = _served(
+                    self._log.copy(start, good_end), run[: good * ENTRY_SIZE], cursor + first
+                )
+                piece = memoryview(served)
+                spans, _ = select_frames(selector, piece, good)
+                stopped = taken.take(piece, spans, run)
+                if stopped is not None:  # a limit: resume at the first record not taken
+                    return taken.result(cursor + first + stopped)
+                if bad is not None:  # resume at the damaged record: the next read says so
+                    return taken.result(cursor + first + good)
+            cursor += planned
+            if stop in {RUNS_EMPTY, RUNS_DAMAGED}:  # an empty entry below the end is damage too
+                taken.pieces.clear()
+                self._repair(queue, cursor)
+                return None
+        return taken.result(cursor)
 
     def _collect(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,
@@ -379,7 +482,8 @@ class Reads:
                     raise DamagedRecord(
                         queue.topic, queue.queue_id, cursor, exc.path, exc.position
                     ) from None
-                if message.queue_offset != cursor:  # a transaction's: offset and time at commit
+                # A transaction's: offset and time at commit (its serial may equal its offset).
+                if message.queue_offset != cursor or message.store_timestamp_ms != stamp:
                     message = dataclasses.replace(
                         message, queue_offset=cursor, store_timestamp_ms=stamp
                     )
@@ -417,9 +521,9 @@ class Reads:
         with self._lock:
             offset, size, raw = self._indexed(position)
             message = self._log.read(position, size)
-            if message.queue_offset == offset:
-                return message
             stamp = ENTRY.unpack(raw)[3]
+            if message.queue_offset == offset and message.store_timestamp_ms == stamp:
+                return message
             return dataclasses.replace(message, queue_offset=offset, store_timestamp_ms=stamp)
 
     def record_at(self, position: int) -> bytes:
@@ -600,16 +704,3 @@ def _too_damaged(queue: QueueState) -> CorruptionError:
         f"index of {queue.topic}/{queue.queue_id}: more than {_MAX_REPAIRS} damaged entries "
         "in one read", str(queue.index.directory),
     )  # fmt: skip
-
-
-def tag_filter(tags: Iterable[str] | None) -> TagFilter | None:
-    """{tag hash: tag strings with that hash} for a tag-filtered read, else None."""
-    if tags is None:
-        return None
-    encoded = frozenset(t.encode() for t in tags)
-    if not encoded:
-        raise InvalidArgument("tags must name at least one tag (None reads every message)")
-    by_hash: dict[int, set[bytes]] = {}
-    for tag in encoded:
-        by_hash.setdefault(crc32c(tag), set()).add(tag)
-    return {h: frozenset(v) for h, v in by_hash.items()}

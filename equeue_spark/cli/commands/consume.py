@@ -21,6 +21,7 @@ from equeue_spark.client.admin import Admin
 from equeue_spark.client.cluster import with_replica_reads
 from equeue_spark.client.consumer import Consumer, Start
 from equeue_spark.client.errors import InvalidRequest
+from equeue_spark.client.filters import check_filter
 from equeue_spark.client.records import Message
 
 POLL_SLICE_S = 1.0
@@ -39,6 +40,10 @@ def cmd_consume(args: argparse.Namespace, ui: Output) -> None:
     else:
         idle_s = float("inf") if args.max is None else DEFAULT_CONSUME_TIMEOUT_S
     tags = [t for t in args.tags.split("|") if t] if args.tags else []
+    try:  # a bad expression: exit 2 with the parser's message, before connecting
+        expression = check_filter(args.filter)
+    except InvalidRequest as exc:
+        raise UsageError(f"--filter: {exc}") from None
     config = client_config(args)
     if args.read_from_replicas:
         try:
@@ -57,6 +62,7 @@ def cmd_consume(args: argparse.Namespace, ui: Output) -> None:
         start=start,
         max_messages=min(DEFAULT_BATCH, args.max or DEFAULT_BATCH),
         tags=tags,
+        filter=expression,
         consumer_id=args.consumer_id,
     )
     with consumer:

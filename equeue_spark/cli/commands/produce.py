@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, BinaryIO
 
+from equeue_proto.message_keys import KEYS_HEADER, encode_keys
 from equeue_spark.cli.common import CliError, UsageError, client_config
 from equeue_spark.cli.formatting import Output, format_bytes, format_pairs, format_time
 from equeue_spark.client.batches import SendResult, SendResults
@@ -124,6 +125,7 @@ def _produce_from(
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = Progress(sys.stderr, total) if show and total is not None else None
     key = None if args.key is None else args.key.encode()
+    headers = message_headers(args.header, args.extra_key)
     config = client_config(args)
     with Producer(config=config, enable_idempotence=args.idempotence) as producer:
         routes = producer.cluster()
@@ -143,6 +145,7 @@ def _produce_from(
                     values,
                     keys=None if key is None else [key] * n,
                     tags=None if not args.tag else [args.tag] * n,
+                    headers=None if not headers else [headers] * n,
                     queue_ids=None if args.queue is None else [args.queue] * n,
                     brokers=None if args.queue is None else [group] * n,
                     delay_s=args.delay,
@@ -158,6 +161,28 @@ def _produce_from(
     if progress is not None:
         progress.finish(sent.input_bytes, sent.messages)
     _report(ui, args.topic, sent)
+
+
+def message_headers(given: list[str], extra_keys: list[str]) -> list[tuple[str, bytes]]:
+    """The headers of every message: ``--header NAME=VALUE``s, then the ``keys``
+    header of the ``--extra-key``s (``message_keys.encode_keys``)."""
+    headers = []
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--header {item!r}: give NAME=VALUE")
+        headers.append((name, value.encode()))
+    if extra_keys:
+        if any(name == KEYS_HEADER for name, _ in headers):
+            raise UsageError(
+                f"--extra-key and --header {KEYS_HEADER}=... both set the {KEYS_HEADER!r} "
+                "header: use one"
+            )
+        try:
+            headers.append((KEYS_HEADER, encode_keys(extra_keys)))
+        except ValueError as exc:
+            raise UsageError(f"--extra-key: {exc}") from None
+    return headers
 
 
 def _report(ui: Output, topic: str, sent: _Sent) -> None:

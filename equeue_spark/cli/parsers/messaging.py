@@ -50,6 +50,22 @@ def add_produce(commands: Commands) -> None:
     p.add_argument("--file", metavar="PATH", help="read this file instead of stdin")
     p.add_argument("--key", help="key of every message (routes them all to one queue)")
     p.add_argument("--tag", help="tag of every message")
+    p.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header of every message (repeatable; filters read headers: "
+        "equeue consume --filter \"region = 'eu'\")",
+    )
+    p.add_argument(
+        "--extra-key",
+        action="append",
+        default=[],
+        metavar="K",
+        help="an extra key of every message, besides --key (repeatable; at most 32, "
+        "no spaces): sent in the 'keys' header, which --header must not also set",
+    )
     p.add_argument("--queue", type=non_negative_int, metavar="N", help="send to this queue")
     p.add_argument("--on-broker", metavar="NAME", help="with --namesrv and --queue: its broker")
     p.add_argument(
@@ -104,6 +120,13 @@ def add_consume(commands: Commands) -> None:
         help="stop after this long without a message",
     )
     p.add_argument("--tags", metavar="A|B", help="only messages with one of these tags")
+    p.add_argument(
+        "--filter",
+        metavar="EXPR",
+        default="",
+        help="only messages for which this expression is true, applied by the broker "
+        "(\"region = 'eu' AND amount > 100\"; grammar: docs/client.md, Filters)",
+    )
     p.add_argument("--consumer-id", metavar="ID", help=CONSUMER_ID_HELP)
     p.add_argument(
         "--read-from-replicas",

@@ -1,0 +1,158 @@
+"""Reads filtered by an expression (``Reads.read_records(selector=...)``):
+exactly the records for which it is TRUE, within the read's limits, never
+stalling, across chunks, with transactions' records as a reply carries them."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import pytest
+
+from equeue_broker.storage import Store
+from equeue_broker.storage.log.record import MessageBatch
+from equeue_proto.record import StoredMessage
+from equeue_proto.selector import Selector, parse
+from equeue_spark.client.records import Message, decode_records
+
+OpenStore = Callable[..., Store]
+T = "t"
+
+
+class _Stored:
+    """A decoded message as an expression reads it (the brute-force side)."""
+
+    def __init__(self, m: Message | StoredMessage) -> None:
+        self.m = m
+
+    def tag(self) -> bytes | None:
+        return self.m.tag.encode() or None
+
+    def key(self) -> bytes | None:
+        return self.m.key
+
+    def header(self, name: str) -> bytes | None:
+        found = None
+        for k, v in self.m.headers:
+            if k == name:
+                found = v
+        return found
+
+    def producer_ms(self) -> int:
+        return (
+            self.m.producer_timestamp_ms
+            if isinstance(self.m, StoredMessage)
+            else self.m.timestamp_ms
+        )
+
+    def store_ms(self) -> int:
+        return self.m.store_timestamp_ms
+
+
+def _fill(store: Store, count: int, seed: int = 3) -> None:
+    rnd = random.Random(seed)
+    store.create_topic(T, 1)
+    for start in range(0, count, 250):
+        n = min(250, count - start)
+        values = [b"v" * rnd.randint(1, 300) for _ in range(n)]
+        tags = [rnd.choice(["a", "b", ""]) for _ in range(n)]
+        keys = [rnd.choice([None, b"k1", b"k2"]) for _ in range(n)]
+        headers = [
+            [("region", rnd.choice([b"eu", b"us"])), ("amount", str(rnd.randint(0, 200)).encode())]
+            for _ in range(n)
+        ]
+        store.append(T, 0, MessageBatch(values, keys, tags, headers))
+
+
+def _read_all(store: Store, selector: Selector, max_messages: int, max_bytes: int) -> list[Message]:
+    got: list[Message] = []
+    offset, end = 0, store.queue_info(T, 0).end
+    while offset < end:
+        result = store.reads.read_records(
+            T, 0, offset, max_messages=max_messages, max_bytes=max_bytes, selector=selector
+        )
+        batch = decode_records(result.records, "b")
+        assert len(batch) == result.count <= max_messages
+        assert result.count <= 1 or result.nbytes <= max_bytes
+        assert result.next_offset > offset  # never stalls
+        if batch:
+            assert result.next_offset > batch[-1].offset
+        got += batch
+        offset = result.next_offset
+    return got
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "region = 'eu' AND amount > 100",
+        "tag = 'a' AND amount < 20",  # the tag prefilter path
+        "tag IN ('a', 'b') AND key = 'k1'",
+        "amount BETWEEN 10 AND 12 OR key IS NULL AND region <> 'eu'",
+        "TRUE",
+        "FALSE",
+    ],
+)
+@pytest.mark.parametrize(("max_messages", "max_bytes"), [(1000, 1 << 20), (7, 1 << 20), (50, 900)])
+def test_filtered_reads_return_exactly_the_passing_records(
+    open_store: OpenStore, expression: str, max_messages: int, max_bytes: int
+) -> None:
+    store = open_store()
+    _fill(store, 3000)  # many 64 KiB chunks (tests/conftest.py)
+    selector = parse(expression)
+    everything = store.read(T, 0, 0, max_messages=10_000).messages
+    want = [m.queue_offset for m in everything if selector.matches(_Stored(m))]
+    got = _read_all(store, selector, max_messages, max_bytes)
+    assert [m.offset for m in got] == want
+    assert all(selector.matches(_Stored(m)) for m in got)
+
+
+def test_a_filtered_read_inspects_at_most_max_filter_scan(
+    open_store: OpenStore, make_config: Callable[..., object]
+) -> None:
+    store = open_store(make_config(max_filter_scan=500))
+    _fill(store, 2000)
+    result = store.reads.read_records(T, 0, 0, selector=parse("region = 'nowhere'"))
+    assert (result.count, result.next_offset) == (0, 500)
+    prefiltered = store.reads.read_records(T, 0, 0, selector=parse("tag = 'none' AND x = 1"))
+    assert (prefiltered.count, prefiltered.next_offset) == (0, 500)
+
+
+def test_until_bounds_a_filtered_read(open_store: OpenStore) -> None:
+    store = open_store()
+    _fill(store, 1000)
+    result = store.reads.read_records(T, 0, 100, selector=parse("TRUE"), until=130)
+    assert [m.offset for m in decode_records(result.records, "b")] == list(range(100, 130))
+    assert result.next_offset == 130
+    tagged = store.reads.read_records(T, 0, 0, tags=["a"], until=40)
+    assert all(m.offset < 40 for m in decode_records(tagged.records, "b"))
+    assert tagged.next_offset <= 40
+
+
+def test_transactions_records_are_filtered_as_served(open_store: OpenStore) -> None:
+    store = open_store()
+    store.create_topic(T, 1)
+    staged = MessageBatch([b"s0", b"s1"], tags=["x", "y"], headers=[[("n", b"0")], [("n", b"1")]])
+    store.transactions.stage("tx", T, [(0, staged)])
+    staged_ms = int(time.time() * 1000)
+    while int(time.time() * 1000) <= staged_ms + 1:  # bounded: the clock moves on
+        time.sleep(0.001)
+    store.append(T, 0, MessageBatch([b"p0"], tags=["x"], headers=[[("n", b"2")]]))
+    store.transactions.commit([("tx", 2)])
+    served = {m.value: m for m in store.read(T, 0, 0).messages}
+    committed_ms = served[b"s0"].store_timestamp_ms
+    assert committed_ms > staged_ms
+    for text in (
+        f"storeTimestamp = {committed_ms}",
+        f"tag = 'x' AND storeTimestamp = {committed_ms}",
+    ):
+        result = store.reads.read_records(T, 0, 0, selector=parse(text))
+        got = decode_records(result.records, "b")
+        assert b"s0" in [m.value for m in got], text
+        assert all(m.store_timestamp_ms == committed_ms for m in got)
+    result = store.reads.read_records(T, 0, 0, selector=parse("n IN (0, 1)"))
+    assert [(m.offset, m.value) for m in decode_records(result.records, "b")] == [
+        (1, b"s0"),
+        (2, b"s1"),
+    ]
