@@ -213,6 +213,7 @@ def test_request_checks(small: tuple[BrokerProcess, list[int]]) -> None:
         reply = raw.admin.QueryMessages(pb.QueryMessagesRequest(topic="q"), timeout=10)
         assert len(reply.messages) == 30  # limit 0: the default 32
         assert reply.broker_id and not reply.truncated
+        assert "query" in raw.stats().features  # what clients check before asking
     finally:
         raw.close()
     with Admin(broker.address) as admin:
