@@ -253,6 +253,8 @@ static PyObject *py_key_entries(PyObject *self, PyObject *args) {
     uint8_t *slot_bytes = slots.buf, *dirty_pages = dirty.buf;
     long long first = -1, end_position = 0, end_ms = 0;
     unsigned long long filled = count;
+    size_t prefix_len = 0; /* "topic 0x00" in scratch: 0 = none yet */
+    uint32_t prefix_crc = 0, topic_id = 0;
     /* Pass 2: each entry's hash, position, delta and topic id, its slot prefetched (random
      * slots of a 16 MiB array miss the caches: the misses overlap here instead of each
      * stalling the link below). */
@@ -275,9 +277,26 @@ static PyObject *py_key_entries(PyObject *self, PyObject *args) {
         if (delta > 0xFFFFFFFFLL) delta = 0xFFFFFFFFLL;
         size_t topic_len = get16(r + AT_TOPIC_LEN);
         const uint8_t *topic = r + HEADER_SIZE;
-        uint32_t topic_id = crc32c(topic, topic_len);
+        /* The records of one write are mostly one topic's: its id, its "topic 0x00"
+         * in the scratch buffer and the CRC register after it are kept from the last. */
+        if (topic_len + 1 != prefix_len || memcmp(scratch, topic, topic_len) != 0) {
+            if (topic_len + 1 > scratch_cap) {
+                uint8_t *s = PyMem_Realloc(scratch, topic_len + 1);
+                if (!s) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                scratch = s;
+                scratch_cap = topic_len + 1;
+            }
+            memcpy(scratch, topic, topic_len);
+            scratch[topic_len] = 0;
+            prefix_len = topic_len + 1;
+            prefix_crc = crc_raw(0xFFFFFFFFu, scratch, prefix_len);
+            topic_id = crc32c(topic, topic_len);
+        }
         for (int i = 0; i < nk && filled < capacity; i++) {
-            size_t joined = topic_len + 1 + keys[i].len;
+            size_t joined = prefix_len + keys[i].len;
             if (joined > scratch_cap) {
                 uint8_t *s = PyMem_Realloc(scratch, joined);
                 if (!s) {
@@ -287,10 +306,9 @@ static PyObject *py_key_entries(PyObject *self, PyObject *args) {
                 scratch = s;
                 scratch_cap = joined;
             }
-            memcpy(scratch, topic, topic_len);
-            scratch[topic_len] = 0;
-            memcpy(scratch + topic_len + 1, keys[i].ptr, keys[i].len);
-            uint64_t hash = (uint64_t)crc32c(scratch, joined) << 32 | murmur2(scratch, joined);
+            memcpy(scratch + prefix_len, keys[i].ptr, keys[i].len);
+            uint32_t crc = ~crc_raw(prefix_crc, keys[i].ptr, keys[i].len);
+            uint64_t hash = (uint64_t)crc << 32 | murmur2(scratch, joined);
             __builtin_prefetch(slot_bytes + 4 * (size_t)(hash % slot_count), 1);
             put64(out, hash);
             put64(out + 8, (uint64_t)position);
