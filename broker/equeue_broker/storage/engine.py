@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.errors import NotFound, PreconditionFailed, StorageError, StoreClosed
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.keys.key_index import KeyIndex
 from equeue_broker.storage.log.flush import GroupCommit
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.meta.names import validate_topic
@@ -73,6 +74,9 @@ class EngineState:
         """Sync flush mode: appends are readable once fsynced (group commit)."""
         self.checkpoint = checkpoint
         """Log position below which every index entry is fsynced (recovery.py)."""
+        self.keys: KeyIndex | None = None
+        """The key index (keys/key_index.py), None when it is off: every write
+        of records into the log adds their keys to it (lock held)."""
         self.closed = False
         self.failed: BaseException | None = None
         self.listeners: list[Listener] = []
