@@ -22,6 +22,7 @@ Listeners are called outside ``lock``, under ``notify_lock``.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable
 
@@ -178,3 +179,14 @@ class EngineState:
                 queue.notified_end = end
                 for listener in self.listeners:
                     listener(queue.topic, queue.queue_id, end)
+
+
+def release_files(
+    lock_fd: int, queues: dict[QueueKey, QueueState], message_log: MessageLog | None
+) -> None:
+    """Close every file without flushing (failed open, abandon)."""
+    for queue in queues.values():
+        queue.index.release()
+    if message_log is not None:
+        message_log.close()
+    os.close(lock_fd)

@@ -63,7 +63,7 @@ from typing import Any
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
 from equeue_broker.storage.deletion import sweep
-from equeue_broker.storage.engine import EngineState, Listener
+from equeue_broker.storage.engine import EngineState, Listener, release_files
 from equeue_broker.storage.epochs import EpochHistory, prepare_marker
 from equeue_broker.storage.errors import (
     InvalidArgument,
@@ -146,7 +146,7 @@ class Store:
                 self.timer.close()
             if key_index is not None:
                 key_index.close()
-            _release_files(self._lock_fd, queues, message_log)
+            release_files(self._lock_fd, queues, message_log)
             raise
         self._snapshot_version = -1
         self._snapshot: list[Any] = []
@@ -280,8 +280,13 @@ class Store:
         return self.delivery.summary(topic)
 
     def set_delivering(self, active: bool) -> None:
-        """Deliver due records (a master, the default) or not (a replica)."""
+        """Deliver due records and expire idle transactions (a master, the
+        default) or not (a replica: its log only copies the master's)."""
         self.delivery.set_delivering(active)
+
+    def _expire_idle(self) -> None:
+        if self.delivery.timer.delivering:  # a replica's aborts would fork its log
+            self.transactions.expire()
 
     def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
         """Check ``batch`` as ``append`` would, without writing it (for staging)."""
@@ -708,7 +713,7 @@ class Store:
         maintain(self._stop, config.flush_interval_ms / 1000, [
             ("flush", self.flush, None),
             ("offsets", self._persist_offsets, config.offsets_flush_interval_ms / 1000),
-            ("transactions", self.transactions.expire, None),
+            ("transactions", self._expire_idle, None),
             ("retention", self.apply_retention, config.retention.check_interval_ms / 1000),
         ])  # fmt: skip
 
@@ -767,7 +772,7 @@ class Store:
             self.delivery.timer.close()
             if self._state.keys is not None:
                 self._state.keys.close()
-            _release_files(self._lock_fd, self._state.queues, self._state.log)
+            release_files(self._lock_fd, self._state.queues, self._state.log)
 
     def _stop_background(self) -> None:
         self.delivery.stop()
@@ -782,17 +787,6 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _release_files(
-    lock_fd: int, queues: dict[QueueKey, QueueState], message_log: MessageLog | None
-) -> None:
-    """Close every file without flushing (failed open, abandon)."""
-    for queue in queues.values():
-        queue.index.release()
-    if message_log is not None:
-        message_log.close()
-    os.close(lock_fd)
 
 
 def _now_ms() -> int:
