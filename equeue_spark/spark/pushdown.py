@@ -12,7 +12,9 @@ returns everything else (the same objects) for Spark to evaluate:
 - ``tag`` equality: the broker's tag filter (index skip, records never read);
 - ``timestamp`` (the producer's time, in no order), ``key``, and the other
   ``tag`` comparisons: a broker filter expression (equeue_proto's selector
-  grammar) evaluated on the broker, so failing records are never sent.
+  grammar) evaluated on the broker, so failing records are never sent; the
+  keys of a ``key`` equality also go to the planner, which asks the broker's
+  key index for their offsets (``key_plan.py``).
 
 Value types are checked: a filter whose value is not what the column holds
 (after a cast, a naive datetime, a null) is returned. Spark's times are
