@@ -34,8 +34,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from equeue_broker.testing import BrokerProcess
-from equeue_spark.client import Admin, Producer
+from equeue_broker.testing import BrokerProcess, LocalCluster
+from equeue_spark.client import Admin, ClientConfig, Producer
+from equeue_spark.client.errors import NotFoundError
 from equeue_spark.spark.errors import InvalidOption
 from equeue_spark.spark.options import ReadOptions
 from equeue_spark.spark.pushdown import (
@@ -46,6 +47,7 @@ from equeue_spark.spark.pushdown import (
     Pushdown,
     push,
 )
+from tests.support.waits import wait_for
 
 BIG = 2**63
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -635,3 +637,50 @@ def test_key_equality_reads_only_what_the_key_index_finds(
     assert rows == wanted and sent_after - sent_before == len(wanted)
     assert filtered_after == filtered_before, "the broker inspected records it did not send"
     assert df.rdd.getNumPartitions() == len({q for q, _ in wanted})
+
+
+@pytest.mark.timeout(300)
+def test_broker_conditions_over_a_cluster_read_only_that_group(
+    pushdown_spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Over a cluster (``namesrv``) ``broker = 'b'`` is pushed: broker group a
+    sends nothing, b only the queue and offsets asked for."""
+    spark = pushdown_spark
+    equeue = LocalCluster(tmp_path / "equeue", broker_flags=("--register-interval-ms", "300"))
+    try:
+        equeue.start(1, ("a", "b"))
+        with Admin(namesrv=equeue.namesrv) as admin:
+            wait_for(
+                "both brokers to register",
+                lambda: {"a", "b"} <= {b.broker_name for b in admin.cluster_brokers()},
+            )
+            admin.create_topic("pdc", queues=2)
+
+            def both() -> bool:
+                try:
+                    return len(admin.route("pdc").queues()) == 4
+                except NotFoundError:
+                    return False
+
+            wait_for("both brokers in the topic's route", both)
+        with Producer(config=ClientConfig(namesrv=equeue.namesrv)) as producer:
+            ids = range(400)  # message i: broker "ab"[i % 2], queue (i // 2) % 2
+            producer.send_batch(
+                "pdc", [b"v%d" % i for i in ids], queue_ids=[(i // 2) % 2 for i in ids],
+                brokers=["ab"[i % 2] for i in ids],
+            )  # fmt: skip
+        df = spark.read.format("equeue").option("namesrv", equeue.namesrv).option("topic", "pdc")
+        query = df.load().where("broker = 'b' and queue = 1 and offset >= 10")
+        query.explain("formatted")
+        assert "EqualTo(broker,b)" in capsys.readouterr().out
+        before = {name: served(b) for name, b in equeue.brokers.items()}
+        rows = sorted((r.broker, r.queue, r.offset) for r in query.collect())
+        assert rows == [("b", 1, o) for o in range(10, 100)]
+        assert {name: served(b) - before[name] for name, b in equeue.brokers.items()} == {
+            "a": 0, "b": 90,
+        }  # fmt: skip
+        spark.conf.set(CONF, "false")
+        assert sorted((r.broker, r.queue, r.offset) for r in query.collect()) == rows
+    finally:
+        spark.conf.set(CONF, "true")
+        equeue.stop()
