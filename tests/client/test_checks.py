@@ -3,11 +3,19 @@ means, the Producer's arguments, and the ``keys`` header on a real broker."""
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import ClientConfig, Producer, TransactionResolution, read_range
 from equeue_spark.client.checks import resolve
+
+
+class Said(enum.Enum):
+    YES = "commit"
+    NO = "Rollback"
+    WHAT = 3
 
 
 def _raises(txn_id: str) -> str:
@@ -24,6 +32,9 @@ def _raises(txn_id: str) -> str:
         ("maybe", TransactionResolution.UNKNOWN),
         (None, TransactionResolution.UNKNOWN),
         (True, TransactionResolution.UNKNOWN),
+        (Said.YES, TransactionResolution.COMMIT),  # the application's own enum
+        (Said.NO, TransactionResolution.ROLLBACK),
+        (Said.WHAT, TransactionResolution.UNKNOWN),
     ],
 )
 def test_a_checkers_answer_and_anything_else_is_unknown(said: object, meant: str) -> None:
@@ -38,6 +49,12 @@ def test_a_raising_checker_is_unknown_and_logged(caplog: pytest.LogCaptureFixtur
 def test_a_checker_needs_a_group() -> None:
     with pytest.raises(ValueError, match="give group= too"):
         Producer("127.0.0.1:1", checker=lambda _t: "commit")
+
+
+@pytest.mark.parametrize("group", ["orders svc", "x" * 129, "-lead", "a\nb"])
+def test_a_bad_group_name_is_refused_by_the_constructor(group: str) -> None:
+    with pytest.raises(ValueError, match=r"producer group .* is invalid"):
+        Producer("127.0.0.1:1", group=group, checker=lambda _t: "commit")
 
 
 def test_extra_keys_travel_in_the_keys_header(broker: BrokerProcess) -> None:
