@@ -324,7 +324,7 @@ class RawStream:
         self.code: grpc.StatusCode | None = None
         self.conn = Connection(ClientConfig(broker=address))
         self.send(hello=pb.CheckHello(group=group, client_id="raw"))
-        self.call = self.conn.broker.TransactionChecks(self._requests(), timeout=4 * WAIT_S)
+        self.call: Any = self.conn.broker.TransactionChecks(self._requests(), timeout=4 * WAIT_S)
         self.ended = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -343,7 +343,7 @@ class RawStream:
     def send(self, **kind: Any) -> None:
         self.out.put(pb.CheckStreamRequest(**kind))
 
-    def answer(self, txn_id: str, resolution: int) -> None:
+    def answer(self, txn_id: str, resolution: pb.TransactionResolution.ValueType) -> None:
         self.send(answer=pb.CheckAnswer(transaction_id=txn_id, check=1, resolution=resolution))
 
     def barrier(self) -> None:
