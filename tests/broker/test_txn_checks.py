@@ -343,7 +343,7 @@ class RawStream:
     def send(self, **kind: Any) -> None:
         self.out.put(pb.CheckStreamRequest(**kind))
 
-    def answer(self, txn_id: str, resolution: pb.TransactionResolution.ValueType) -> None:
+    def answer(self, txn_id: str, resolution: pb.TransactionResolution) -> None:
         self.send(answer=pb.CheckAnswer(transaction_id=txn_id, check=1, resolution=resolution))
 
     def barrier(self) -> None:
