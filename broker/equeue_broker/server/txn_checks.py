@@ -14,8 +14,12 @@ as an unknown answer). Transactions checked ``check_max`` times are then rolled
 back, with a WARNING, unless ``check_exhausted`` is "keep".
 
 Answers: COMMIT commits, ROLLBACK aborts, UNKNOWN does nothing (the count has
-moved already). A transaction that is no longer open, or being committed,
-makes an answer a no-op: the producer itself or another answer won.
+moved already). Only a master applies one (``active``, looked at right before
+each write: a replica's log is the master's copy), and only to an open
+transaction of the stream's own group checked at least once
+(``Transactions.resolve_checked``): any other answer is moot, logged at DEBUG
+(the producer itself or another answer won, or it is not the group's to end).
+Ids from clients are logged through ``shown`` (truncated, repr).
 
 Token namespaces (auth.py): a non-admin token's transaction ids are stored as
 ``<name>@<id>``; a stream opened with such a token is asked only about ids of

@@ -309,7 +309,10 @@ class Transactions:
 
         With ``sink``, ``batch_id`` is recorded as the sink's last committed
         batch; if it is that batch already, nothing is appended and ``refs`` are
-        aborted (a replay); if it is older, ``PreconditionFailed``.
+        aborted (a replay); if it is older, ``PreconditionFailed``. Without
+        ``sink``, if every one of ``refs`` is remembered as committed (a check
+        answer, or a retry of this call, won), nothing is appended and the
+        result says ``already_committed``.
         """
         self._check_commit_args(refs, sink, batch_id, abort_prefix)
         if not sink and self._all_committed(refs):
