@@ -9,6 +9,7 @@ wait polls a readiness signal (ListTransactions, reads, stats) with a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -25,11 +26,15 @@ from typing import Any
 import grpc
 import pytest
 
+from equeue_broker.server.txn_checks import STREAM_QUEUE, CheckStreams, TransactionChecker
+from equeue_broker.storage import FlushMode, MessageBatch, Store
+from equeue_broker.storage.config import TransactionConfig
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli import main as cli_main
 from equeue_spark.client import Admin, ClientConfig, Producer, read_range
 from equeue_spark.client.connection import Connection
+from tests.conftest import MakeConfig
 from tests.support.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -555,3 +560,55 @@ def test_a_token_is_asked_only_about_its_own_transactions_by_the_ids_it_knows(
     wait_for("the commit", committed, WAIT_S)
     assert [line.split()[1] for line in etl.checks()] == ["T8"]
     assert other.checks() == []
+
+
+def test_a_checker_that_is_not_a_master_writes_nothing(
+    open_store: Callable[..., Store], make_config: MakeConfig
+) -> None:
+    """In process (a demotion during a tick cannot be timed from outside):
+    with ``active`` off, neither an answer nor a tick, whose checks are due and
+    exhausted, writes to the log."""
+    txn_config = TransactionConfig(check_max=2)  # exhausted after the second check
+    store = open_store(make_config(flush_mode=FlushMode.SYNC, transactions=txn_config))
+    store.create_topic(TOPIC, 1)
+    store.transactions.stage("T", TOPIC, [(0, MessageBatch([b"x"]))], group=GROUP)
+    assert store.transactions.record_check("T", 1, "none")
+    streams = CheckStreams(4)
+
+    async def call(fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    checker = TransactionChecker(store, streams, "b", call)
+    commit = pb.CheckAnswer(transaction_id="T", check=1, resolution=COMMIT)
+
+    async def run() -> None:
+        stream = streams.open(GROUP, "c", "")
+        end = store.log_end
+        await checker.answer(stream, commit)
+        await checker.tick(int(time.time() * 1000) + 10**9)  # due: no check written
+        assert store.log_end == end
+        assert store.transactions.record_check("T", 2, "none")  # (as the master wrote)
+        end = store.log_end
+        await checker.tick(int(time.time() * 1000) + 10**10)  # exhausted: no rollback
+        assert store.log_end == end and stream.queue.empty()
+        assert [i.checks for i in store.transactions.list_open()] == [2]
+        assert [i.txn_id for i in store.transactions.list_open()] == ["T"]
+        checker.set_active(True)
+        await checker.answer(stream, commit)
+        assert not store.transactions.list_open() and checker.answered == 1
+
+    asyncio.run(run())
+
+
+def test_a_full_stream_is_skipped_for_one_with_room() -> None:
+    async def run() -> None:
+        streams = CheckStreams(4)
+        stuck, healthy = streams.open(GROUP, "stuck", ""), streams.open(GROUP, "healthy", "")
+        for i in range(STREAM_QUEUE):
+            stuck.queue.put_nowait(pb.TransactionCheck(transaction_id=f"old{i}"))
+        assert {streams.pick(GROUP, f"T{i}") for i in range(4)} == {healthy}
+        for i in range(STREAM_QUEUE):
+            healthy.queue.put_nowait(pb.TransactionCheck(transaction_id=f"new{i}"))
+        assert streams.pick(GROUP, "T") is None  # every stream full: counted as "none"
+
+    asyncio.run(run())
