@@ -4,12 +4,16 @@ means, the Producer's arguments, and the ``keys`` header on a real broker."""
 from __future__ import annotations
 
 import enum
+import logging
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import ClientConfig, Producer, TransactionResolution, read_range
 from equeue_spark.client.checks import resolve
+from tests.support.waits import wait_for
 
 
 class Said(enum.Enum):
@@ -76,3 +80,37 @@ def test_extra_keys_travel_in_the_keys_header(broker: BrokerProcess) -> None:
         (),
         (("keys", b"order-2"),),
     ]
+
+
+TOKENS = """
+[[tokens]]
+name = "ops"
+secret = "ops-secret-0123456789ab"
+roles = ["admin"]
+
+[[tokens]]
+name = "reader"
+secret = "reader-secret-0123456789"
+roles = ["consume"]
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_check_stream_is_a_warning_and_the_broker_stays_up(
+    broker_factory: Callable[..., BrokerProcess],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(TOKENS)
+    path.chmod(0o600)
+    broker = broker_factory("--tokens-file", str(path))
+    config = ClientConfig(broker=broker.address, token="reader-secret-0123456789")  # no produce
+    with caplog.at_level(logging.WARNING, logger="equeue_spark.client.checks"):
+        producer = Producer(config=config, group="svc", checker=lambda _t: "commit")
+        try:
+            wait_for("the refusal", lambda: "refused the check stream" in caplog.text, 30.0)
+            assert "PERMISSION" in caplog.text or "produce" in caplog.text
+            assert not producer._routes.is_down(broker.address)
+        finally:
+            producer.close()
