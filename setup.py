@@ -22,6 +22,12 @@ setup(
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             # Without a compiler the pure-Python code paths are used (much slower).
             optional=True,
-        )
+        ),
+        Extension(  # the broker's key index (storage/keys/keyhash.py is its reference)
+            "equeue_proto._keyhash",
+            ["equeue_proto/_keyhash.c"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
     ],
 )

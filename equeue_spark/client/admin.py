@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from equeue_proto.protocol import parse_message_id
@@ -29,6 +30,7 @@ from equeue_spark.client.errors import (
     EqueueError,
     NotFoundError,
 )
+from equeue_spark.client.queries import DEFAULT_QUERY_LIMIT, query_request
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.route import Route, name_broker
 from equeue_spark.client.routing import Routes
@@ -485,6 +487,38 @@ class Admin:
         reply = conn.call(conn.admin.GetMessage, request)
         where = {"topic": topic, "queue_id": queue_id, "offset": offset}
         return self._one(reply, f"{topic}/{queue_id} offset {offset}", **where)
+
+    def query_messages(
+        self,
+        topic: str,
+        key: bytes | str | None = None,
+        start: datetime | int | None = None,
+        end: datetime | int | None = None,
+        limit: int = DEFAULT_QUERY_LIMIT,
+    ) -> list[Message]:
+        """Messages of ``topic`` whose key, or one of whose extra keys (the
+        ``keys`` header), equals ``key`` byte for byte, stored in [start, end)
+        (datetime, or ms since the epoch; None: unbounded); with ``key`` None,
+        every message in the range. Newest store time first, at most ``limit``
+        (1 to 10,000). Staged, aborted and pending delayed messages never
+        show. In a cluster every broker group of the topic's route is asked (a
+        replica answers for a group whose master does not) and the answers
+        merged. FailedPreconditionError by key when the broker's key index is
+        off (``--no-key-index``)."""
+        request = query_request(topic, key, start, end, limit)
+        found: list[Message] = []
+        for broker in self.routes.route(topic, refresh=True).broker_names():
+            try:
+                reply = self.read_on(broker, topic, lambda a: a._query(request))
+            except EqueueError as exc:
+                raise name_broker(exc, broker, "") from exc
+            found += (self._one(m, f"{topic} query") for m in reply.messages)
+        found.sort(key=lambda m: (m.store_timestamp_ms, m.position), reverse=True)
+        return found[:limit]
+
+    def _query(self, request: pb.QueryMessagesRequest) -> pb.QueryMessagesReply:
+        conn = self._only("query_messages")
+        return conn.call(conn.admin.QueryMessages, request)
 
     @staticmethod
     def _one(reply: pb.GetMessageReply, asked: str, **where: Any) -> Message:

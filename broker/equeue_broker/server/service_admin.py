@@ -15,8 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from equeue_broker.replication.failover import ZOOKEEPER
 from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
@@ -27,6 +25,7 @@ from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.server.stats import fill_stats
 from equeue_broker.storage import NotFound, Store
 from equeue_broker.storage.errors import PreconditionFailed
+from equeue_broker.storage.keys.query import DEFAULT_LIMIT, MAX_LIMIT, NO_END
 from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
 from equeue_proto.record import check_frame, read_meta
@@ -336,12 +335,36 @@ class AdminService(pb_grpc.AdminServicer):
             not_found=done.not_found, new_message_ids=done.new_message_ids,
         )  # fmt: skip
 
+    @rpc
     async def QueryMessages(
         self, request: pb.QueryMessagesRequest, context: Any
     ) -> pb.QueryMessagesReply:
-        # Placeholder until the key index lands (issue 28): the contract is in the proto.
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "queries are not served yet")
-        raise AssertionError("context.abort raises")
+        """A topic's messages by key and/or store-time range (storage/keys/query.py);
+        served by replicas too (a read). The topic was checked against the
+        caller's token by the interceptor (``auth.topics_of``)."""
+        limit, start, end = query_bounds(request)
+        if not request.topic:
+            raise BadRequest("give the topic to query")
+
+        def query() -> pb.QueryMessagesReply:
+            keys = self.s.store.keys
+            if request.by_key:
+                result = keys.by_key(request.topic, request.key, start, end, limit)
+            else:
+                result = keys.by_time(request.topic, start, end, limit)
+            broker_id = self.s.broker_id
+            return pb.QueryMessagesReply(
+                messages=[
+                    pb.GetMessageReply(
+                        record=m.record, message_id=format_message_id(broker_id, m.position)
+                    )
+                    for m in result.messages
+                ],
+                truncated=result.truncated,
+                broker_id=broker_id,
+            )
+
+        return await self.s.call(query)
 
     @rpc
     async def PurgeDeadLetters(
@@ -562,6 +585,20 @@ def _damaged(
     if scope is not None:
         scope.check_topic(topic)
     return DamagedMessage(position, why, topic, meta.queue_id, meta.queue_offset)
+
+
+def query_bounds(request: pb.QueryMessagesRequest) -> tuple[int, int, int]:
+    """(limit, start ms, end ms) of a query, checked: 0 means the default
+    limit / an unbounded side."""
+    limit = request.limit or DEFAULT_LIMIT
+    if limit > MAX_LIMIT:
+        raise BadRequest(f"limit {limit} is above the maximum {MAX_LIMIT}: ask for fewer")
+    start, end = request.start_ms, request.end_ms or NO_END
+    if start < 0 or end < 0:
+        raise BadRequest(f"time range [{start}, {request.end_ms}) is negative: give ms since 1970")
+    if start >= end:
+        raise BadRequest(f"time range [{start}, {end}) is empty: start_ms must be below end_ms")
+    return limit, start, end
 
 
 def _not_yet(

@@ -10,7 +10,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 
 WINDOW_S = 60
 
-FEATURES: tuple[str, ...] = ("filter",)
+FEATURES: tuple[str, ...] = ("filter", "query")
 """``BrokerStats.features``: what this broker serves that older ones do not
 (clients check before relying on it): "filter" = Pull/PullStream ``filter``."""
 

@@ -22,12 +22,14 @@ Listeners are called outside ``lock``, under ``notify_lock``.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable
 
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.errors import NotFound, PreconditionFailed, StorageError, StoreClosed
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState
+from equeue_broker.storage.keys.key_index import KeyIndex
 from equeue_broker.storage.log.flush import GroupCommit
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.meta.names import validate_topic
@@ -73,6 +75,9 @@ class EngineState:
         """Sync flush mode: appends are readable once fsynced (group commit)."""
         self.checkpoint = checkpoint
         """Log position below which every index entry is fsynced (recovery.py)."""
+        self.keys: KeyIndex | None = None
+        """The key index (keys/key_index.py), None when it is off: every write
+        of records into the log adds their keys to it (lock held)."""
         self.closed = False
         self.failed: BaseException | None = None
         self.listeners: list[Listener] = []
@@ -174,3 +179,14 @@ class EngineState:
                 queue.notified_end = end
                 for listener in self.listeners:
                     listener(queue.topic, queue.queue_id, end)
+
+
+def release_files(
+    lock_fd: int, queues: dict[QueueKey, QueueState], message_log: MessageLog | None
+) -> None:
+    """Close every file without flushing (failed open, abandon)."""
+    for queue in queues.values():
+        queue.index.release()
+    if message_log is not None:
+        message_log.close()
+    os.close(lock_fd)

@@ -35,13 +35,20 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
                             its master's first reply
      "producers": [...],    idempotent producers' state as of P
                             (producers/table.py ``snapshot``)
-     "timer": {...}}        delayed delivery as of P (timer/timer.py
+     "timer": {...},        delayed delivery as of P (timer/timer.py
                             ``checkpoint_state``): "through", "cursor",
                             "pending", "topics" [[topic, count, [[hour, n],
                             ...]], ...], "chunks" [[chunk, n], ...],
                             "entries" (timer log entries fsynced),
                             "first" (oldest timer log entry kept),
                             "segments" [[segment, latest due], ...]
+     "keys": {...}}         the key index as of P (keys/key_index.py
+                            ``checkpoint_state``): "windows" [[n, first
+                            position, end position, begin ms, end ms,
+                            entries, sealed], ...], "slots" (the entry count
+                            the active window's slot array on disk is as of);
+                            null when the key index is off (rebuilt from the
+                            log when it is turned on again)
 
 A document without the later keys (older versions) means: no ends to trust,
 no transactions, no sinks, no held high watermark.
@@ -78,6 +85,7 @@ from equeue_broker.storage.index.queue_index import (
     index_segments,
 )
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState, open_queue
+from equeue_broker.storage.keys.key_index import KeyIndex
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.meta.atomic_file import load_json, save_json
 from equeue_broker.storage.meta.offsets import OffsetStore
@@ -121,6 +129,8 @@ class Checkpoint:
     """The producer table as of ``index_position`` (``ProducerTable.snapshot``)."""
     timer: dict[str, Any] | None = None
     """Delayed delivery as of ``index_position`` (``Timer.checkpoint_state``)."""
+    keys: dict[str, Any] | None = None
+    """The key index as of ``index_position`` (``KeyIndex.checkpoint_state``)."""
 
     @property
     def scan_from(self) -> int:
@@ -150,6 +160,7 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         _optional_int(document.get("held_high_watermark")),
         document.get("producers"),
         document.get("timer"),
+        document.get("keys"),
     )
 
 
@@ -175,6 +186,7 @@ def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
         "held_high_watermark": checkpoint.held_high_watermark,
         "producers": checkpoint.producers or [],
         "timer": checkpoint.timer,
+        "keys": checkpoint.keys,
     }
     save_json(data_dir / CHECKPOINT_FILE, document)
 
@@ -188,6 +200,7 @@ def recover(
     *,
     producers: ProducerTable,
     timer: Timer,
+    keys: KeyIndex | None = None,
 ) -> tuple[RecoveryReport, Checkpoint, RecoveredTxns]:
     """Open ``message_log`` and the index of every queue of ``topics``, repair
     them, recover transactions and ``producers``, and return the report, the
@@ -240,6 +253,8 @@ def recover(
     more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)
     rebuilt += more
     producers.truncate(message_log.write_position)  # a snapshot past a cut log
+    if keys is not None:
+        _recover_keys(keys, saved, message_log, checkpoint)
     same_start = saved.log_start == message_log.start_position
     for key, queue in queues.items():
         known = saved.earliest.get(key) if same_start else None
@@ -254,6 +269,8 @@ def recover(
     end = message_log.write_position
     timer_doc, heads = timer.checkpoint_state()
     timer.persist(heads)
+    keys_doc, key_fds = KeyIndex.checkpoint_of(keys)
+    KeyIndex.persist(key_fds)
     new = Checkpoint(
         end,
         {key: q.index.end for key, q in queues.items()},
@@ -269,6 +286,7 @@ def recover(
         else None,
         producers.snapshot(),
         timer_doc,
+        keys_doc,
     )
     save_checkpoint(config.data_dir, new)
     timer.persisted(heads, timer_doc)
@@ -299,6 +317,20 @@ def recover(
             len(found.open), found.commits, found.aborts,
         )  # fmt: skip
     return report, new, found
+
+
+def _recover_keys(
+    keys: KeyIndex, saved: Checkpoint, message_log: MessageLog, checkpoint: int
+) -> None:
+    """Open the key index as of the checkpoint and index the records after it,
+    or rebuild it from the whole log when it cannot be trusted."""
+    if keys.restore(saved.keys):
+        keys.truncate(checkpoint)  # the log may have lost records below the saved position
+        keys.index_log(message_log, checkpoint)
+        return
+    keys.reset()
+    if message_log.write_position > message_log.start_position:
+        keys.rebuild(message_log, "its files are missing, damaged or not the log's")
 
 
 def rebuild_indexes(

@@ -68,6 +68,8 @@ def delete_expired(
         for key, queue in queues.items():
             index_deleted += queue.index.delete_chunks_below(message_log.start_position)
             queue.index.earliest = min(max(keeps[key], queue.index.earliest), queue.index.end)
+        if state.keys is not None:  # key index windows go with the records they name
+            state.keys.drop_below(message_log.start_position)
     return RetentionReport(deleted, index_deleted, message_log.start_position)
 
 

@@ -27,6 +27,7 @@ Data directory layout::
     <data_dir>/index/<topic>/<q>/<n>.idx  queue index chunks (queue_index.py)
     <data_dir>/index/.deleted.<hex>/      an index being deleted (deletion.py)
     <data_dir>/timer/wheel, <n:09d>.tlog  delayed records' timer index (timer/wheel.py)
+    <data_dir>/keys/<n:09d>.kidx          the key index (keys/key_index.py)
     <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py, topic_admin.py)
     <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
     <data_dir>/checkpoint.json[.bak]      log position below which every index entry is
@@ -62,7 +63,7 @@ from typing import Any
 from equeue_broker.storage.config import FlushMode, StorageConfig
 from equeue_broker.storage.damage import Damage
 from equeue_broker.storage.deletion import sweep
-from equeue_broker.storage.engine import EngineState, Listener
+from equeue_broker.storage.engine import EngineState, Listener, release_files
 from equeue_broker.storage.epochs import EpochHistory, prepare_marker
 from equeue_broker.storage.errors import (
     InvalidArgument,
@@ -71,6 +72,8 @@ from equeue_broker.storage.errors import (
 )
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState, first_offset_at
+from equeue_broker.storage.keys.key_index import KeyIndex
+from equeue_broker.storage.keys.query import KeyQuery
 from equeue_broker.storage.log.flush import SyncCommitter
 from equeue_broker.storage.log.log_writer import LogWriter
 from equeue_broker.storage.log.message_log import MessageLog
@@ -93,6 +96,7 @@ from equeue_broker.storage.results import (
     RetentionReport,
 )
 from equeue_broker.storage.retention import delete_expired
+from equeue_broker.storage.rounds import abandon_round
 from equeue_broker.storage.timer.delivery import DelayedMessage, Delivery, TopicCheck
 from equeue_broker.storage.timer.timer import Timer
 from equeue_broker.storage.topic_admin import TopicAdmin
@@ -117,6 +121,7 @@ class Store:
         queues: dict[QueueKey, QueueState] = {}
         message_log: MessageLog | None = None
         self.timer: Timer | None = None  # delayed records (timer/), derived from the log
+        key_index = KeyIndex(root / "keys", config.key_index) if config.key_index.enabled else None
         try:
             remove_temp_files(root)
             message_log = MessageLog(
@@ -131,7 +136,7 @@ class Store:
             self.timer = timer = Timer(config.timer, root / "timer", message_log, delivering)
             self.recovery, checkpoint, recovered = recover(
                 config, message_log, topics.values(), offsets, queues,
-                producers=self.producers, timer=timer,
+                producers=self.producers, timer=timer, keys=key_index,
             )  # fmt: skip
             self.held_high_watermark = checkpoint.held_high_watermark
             """The checkpoint's high watermark, if it held records back when saved:
@@ -139,18 +144,23 @@ class Store:
         except BaseException:
             if self.timer is not None:
                 self.timer.close()
-            _release_files(self._lock_fd, queues, message_log)
+            if key_index is not None:
+                key_index.close()
+            release_files(self._lock_fd, queues, message_log)
             raise
         self._snapshot_version = -1
         self._snapshot: list[Any] = []
         self._state = state = EngineState(
             config, message_log, offsets, queues, topics, checkpoint.index_position
         )
+        state.keys = key_index
         self._writer = LogWriter(state)
         self._topic_admin = TopicAdmin(
             state, flush=self.flush, persist_offsets=self._persist_offsets
         )
         self._reads = Reads(state)
+        self.keys = KeyQuery(state, self._reads, key_index)
+        """Queries by key and by time (keys/query.py)."""
         self._committer: SyncCommitter | None = None
         if state.sync_flush:
             self._committer = SyncCommitter(self._commit_round)
@@ -270,8 +280,13 @@ class Store:
         return self.delivery.summary(topic)
 
     def set_delivering(self, active: bool) -> None:
-        """Deliver due records (a master, the default) or not (a replica)."""
+        """Deliver due records and expire idle transactions (a master, the
+        default) or not (a replica: its log only copies the master's)."""
         self.delivery.set_delivering(active)
+
+    def _expire_idle(self) -> None:
+        if self.delivery.timer.delivering:  # a replica's aborts would fork its log
+            self.transactions.expire()
 
     def prepare(self, topic: str, queue_id: int, batch: MessageBatch) -> PreparedBatch:
         """Check ``batch`` as ``append`` would, without writing it (for staging)."""
@@ -442,25 +457,9 @@ class Store:
         try:
             self._state.commit.make_durable(target)
         except OSError as exc:
-            self._abandon_round(start, exc)
+            abandon_round(self._state, start, exc)
             raise io_error("the message log (fsync)", exc) from exc
         return outcomes
-
-    def _abandon_round(self, start: int, cause: OSError) -> None:
-        """Sync mode, the round's fsync failed: its appends were not made durable,
-        so they must never become readable, now or after a restart. Cut them out
-        of the log and refuse writes until a restart (after a failed fsync the
-        kernel's view of the file cannot be trusted; recovery rebuilds it)."""
-        with self._state.lock:
-            self._state.fail(cause)
-            self._state.visibility.cut(start)
-            try:
-                message_log = self._state.log
-                if message_log.start_of(message_log.active) <= start < message_log.write_position:
-                    message_log.truncate(start)
-            except OSError as exc:
-                log.error("cannot cut a failed round out of the log: %s", exc)
-        log.error("fsync failed (%s); the store refuses writes until restarted", cause)
 
     # -- the replicated high watermark (sync replication; docs/replication.md) ---------
 
@@ -653,15 +652,17 @@ class Store:
             held = limit if limit is not None and limit < target else None
             producers = self._producer_snapshot()
             timer_doc, heads = self.delivery.timer.checkpoint_state()
+            keys_doc, key_fds = KeyIndex.checkpoint_of(self._state.keys)
         checkpoint = Checkpoint(
             target, ends, earliest, start, txn_position, serial, sinks, epochs, held, producers,
-            timer_doc,
+            timer_doc, keys_doc,
         )  # fmt: skip
         try:
             self._state.commit.make_durable(target)
             for fd in fds:
                 os.fsync(fd)
             self.delivery.timer.persist(heads)
+            KeyIndex.persist(key_fds)  # entries and slots before the checkpoint names them
         except OSError as exc:
             if self.config.flush_mode is FlushMode.SYNC:
                 with self._state.lock:
@@ -712,7 +713,7 @@ class Store:
         maintain(self._stop, config.flush_interval_ms / 1000, [
             ("flush", self.flush, None),
             ("offsets", self._persist_offsets, config.offsets_flush_interval_ms / 1000),
-            ("transactions", self.transactions.expire, None),
+            ("transactions", self._expire_idle, None),
             ("retention", self.apply_retention, config.retention.check_interval_ms / 1000),
         ])  # fmt: skip
 
@@ -752,6 +753,8 @@ class Store:
         with self._state.lock:
             self._state.closed = True
             self.delivery.timer.close()
+            if self._state.keys is not None:
+                self._state.keys.close(persist=True)
             for queue in self._state.queues.values():
                 queue.index.close()
             self._state.log.close()
@@ -767,7 +770,9 @@ class Store:
         with self._state.lock:
             self._state.closed = True
             self.delivery.timer.close()
-            _release_files(self._lock_fd, self._state.queues, self._state.log)
+            if self._state.keys is not None:
+                self._state.keys.close()
+            release_files(self._lock_fd, self._state.queues, self._state.log)
 
     def _stop_background(self) -> None:
         self.delivery.stop()
@@ -782,17 +787,6 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _release_files(
-    lock_fd: int, queues: dict[QueueKey, QueueState], message_log: MessageLog | None
-) -> None:
-    """Close every file without flushing (failed open, abandon)."""
-    for queue in queues.values():
-        queue.index.release()
-    if message_log is not None:
-        message_log.close()
-    os.close(lock_fd)
 
 
 def _now_ms() -> int:

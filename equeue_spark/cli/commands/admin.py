@@ -1,4 +1,4 @@
-"""``equeue message get`` and ``equeue stats``: one message, and the broker's statistics."""
+"""``equeue message get|query`` and ``equeue stats``: messages, and the broker's statistics."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from equeue_spark.cli.formatting import (
     format_table,
     format_time,
     message_dict,
+    message_line,
     one_line,
     proto_dict,
 )
@@ -69,6 +70,33 @@ def cmd_message_get(args: argparse.Namespace, ui: Output) -> None:
                 ]
             )
         )
+
+
+def cmd_message_query(args: argparse.Namespace, ui: Output) -> None:
+    """``message query TOPIC --key K [--since D | --from T --to T] [--limit N]``:
+    newest first, one line each (a JSON line each with --json)."""
+    if args.since is not None and (args.from_ms is not None or args.to_ms is not None):
+        raise UsageError("give --since or --from/--to, not both")
+    if args.key is None and args.since is None and args.from_ms is None and args.to_ms is None:
+        raise UsageError("give --key, a time range (--since, --from/--to), or both")
+    start, end = args.from_ms, args.to_ms
+    if args.since is not None:
+        start = int((time.time() - args.since) * 1000)
+    if start is not None and end is not None and start >= end:
+        raise UsageError(f"--from {start} is not before --to {end}: an empty range")
+    with admin_client(args) as admin:
+        cluster = admin.routes.names_groups()
+        try:
+            found = admin.query_messages(args.topic, args.key, start, end, args.limit)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    for m in found:
+        if ui.json:
+            ui.json_line(message_dict(m, broker=cluster))
+        else:
+            ui.line(
+                f"{m.message_id} {format_time(m.store_timestamp_ms)} {message_line(m, cluster)}"
+            )
 
 
 def _replication(s: pb.BrokerStats) -> str:

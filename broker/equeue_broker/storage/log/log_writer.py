@@ -5,8 +5,9 @@ transaction writes of txn_writes.py) decide *when* an append runs and when
 readers see it; ``LogWriter`` does the writing itself, the same way for every path: it
 keeps an append in one chunk when it can (so a crash keeps all of it or none),
 splits one larger than a chunk into one atomic piece per chunk, encodes each
-piece straight into the log (C when built), writes its index entries, and cuts
-the piece out of the log again if its index write fails.
+piece straight into the log (C when built), hands the encoded records to the
+key index (keys/key_index.py) when there is one, writes its index entries, and
+cuts the piece out of the log (and the key index) again if a write fails.
 
 ``LogWriter`` is given the engine state (engine.py): it writes into its log
 and the queues' indexes, and marks it failed (``EngineState.fail``) when a
@@ -29,6 +30,7 @@ from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.errors import InvalidArgument, io_error
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueState
+from equeue_broker.storage.keys.key_index import KeyIndex
 from equeue_broker.storage.log.record import (
     PreparedBatch,
     clear_batch_end,
@@ -243,12 +245,22 @@ class LogWriter:
         encode: Callable[[memoryview, int], int],
         bad_input: Callable[[Exception], Exception],
     ) -> int:
-        """Append ``size`` bytes that ``encode`` writes; return their position."""
+        """Append ``size`` bytes that ``encode`` writes; return their position.
+        The key index gets the encoded records' keys while they are in hand
+        (and loses them again if the write fails)."""
+        keys = self._state.keys
+        if keys is not None:
+            encode = _indexing(encode, keys)
+        before = self._log.write_position
         try:
             return self._log.append(size, encode)
         except (TypeError, ValueError, OverflowError) as exc:
+            if keys is not None:
+                keys.truncate(before)
             raise bad_input(exc) from None
         except OSError as exc:
+            if keys is not None:
+                keys.truncate(before)
             raise io_error(topic, exc) from exc
 
     def _append_indexed(  # noqa: PLR0917 (private, called in two places)
@@ -281,6 +293,21 @@ class LogWriter:
         try:
             if self._log.write_position > position:
                 self._log.truncate(position)
+            if self._state.keys is not None:
+                self._state.keys.truncate(position)
         except OSError as exc:
             log.error("cannot undo a failed append (%s); store refuses writes until restart", exc)
             self._state.fail(cause)
+
+
+def _indexing(
+    encode: Callable[[memoryview, int], int], keys: KeyIndex
+) -> Callable[[memoryview, int], int]:
+    """``encode``, then the keys of the records it wrote into ``keys``."""
+
+    def encode_and_index(out: memoryview, position: int) -> int:
+        written = encode(out, position)
+        keys.add_frames(out[:written], position)
+        return written
+
+    return encode_and_index

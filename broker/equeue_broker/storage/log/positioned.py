@@ -18,7 +18,8 @@ writes such bytes through ``Store.append_at`` (here: ``append_at``), which
    entries are derived from the staged records (txn_recovery.py), with the
    caller's ``TxnScan`` kept across pieces (the store's ``Transactions``
    adopts what it found, so checkpoints, and a restart's recovery, agree with
-   the log).
+   the log); the records' keys go into the key index (keys/key_index.py)
+   from the same bytes.
 
 ``truncate_at`` cuts a divergent tail (into sealed chunks too: later chunk
 files are deleted and the chunk holding the cut becomes the active one).
@@ -79,6 +80,8 @@ def append_at(
         state.fail(exc)  # the log on disk is no longer known: restart
         raise
     rebuild_indexes(message_log, state.queues, position, position, scan, appended=data)
+    if state.keys is not None:
+        state.keys.add_frames(data, position)
     end = message_log.write_position
     # Readable once durable here and below the master's high watermark
     # (visibility.py).
@@ -170,6 +173,8 @@ def truncate_at(state: EngineState, position: int, epochs: EpochHistory, scan: T
         if queue.index.end > queue.visible_end:  # a held piece was cut in two
             state.visibility.hold(position, queue, queue.index.end)
     state.checkpoint = min(state.checkpoint, position)
+    if state.keys is not None:
+        state.keys.truncate(position)
     epochs.cut(position)
     if scan.producers is not None:
         scan.producers.truncate(position)
