@@ -19,9 +19,11 @@ changes while the old one lives on as a replica (where a stream stays idle).
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -31,6 +33,7 @@ from typing import Any
 
 import grpc
 
+from equeue_proto.protocol import default_consumer_id
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import EqueueError, from_rpc_error
 from equeue_spark.client.routing import Routes
@@ -54,8 +57,30 @@ _RESOLUTIONS = {
     TransactionResolution.ROLLBACK: pb.TRANSACTION_RESOLUTION_ROLLBACK,
     TransactionResolution.UNKNOWN: pb.TRANSACTION_RESOLUTION_UNKNOWN,
 }
+_REFUSED = (
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
+"""Stream errors logged at WARNING: a mistake to fix, not a passing failure."""
+_BROKER_UP = (*_REFUSED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+"""Stream errors that say nothing against the broker's health (never marked down)."""
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""The broker's group name rule (storage/meta/names.py)."""
 _END = object()
 """Put on a stream's outgoing queue: end the request stream."""
+
+
+def group_problem(group: str) -> str | None:
+    """Why the broker refuses ``group`` as a producer group name, or None."""
+    if _GROUP.fullmatch(group):
+        return None
+    shown = repr(group[:40]) + ("..." if len(group) > 40 else "")
+    return (
+        f"producer group {shown} is invalid: give 1 to 128 ASCII letters, digits, '.', "
+        "'_' and '-', starting with a letter or digit"
+    )
 
 
 def resolve(checker: Checker, txn_id: str) -> TransactionResolution:
@@ -66,9 +91,10 @@ def resolve(checker: Checker, txn_id: str) -> TransactionResolution:
     except Exception:  # the application's code: logged, never the broker's problem
         log.exception("transaction checker raised for %s: answered unknown", txn_id)
         return TransactionResolution.UNKNOWN
-    if isinstance(said, str):  # the enum's members are strings too
+    value = said.value if isinstance(said, enum.Enum) else said  # the application's own enum
+    if isinstance(value, str):  # TransactionResolution's members are strings too
         try:
-            return TransactionResolution(said.lower())
+            return TransactionResolution(value.lower())
         except ValueError:
             pass
     log.warning(
@@ -139,9 +165,17 @@ class _GroupStream:
             for check in self.call:
                 self._take(check, outgoing)
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
+            code = exc.code()
+            if code == grpc.StatusCode.CANCELLED:
+                return
+            if code in _REFUSED:  # the broker is up and said no: retrying will not help soon
+                log.warning(
+                    "the broker at %s refused the check stream of producer group %r: %s",
+                    address, responder.group, exc.details(),
+                )  # fmt: skip
+            elif code not in _BROKER_UP:
                 responder.routes.mark_down(address)
-                raise from_rpc_error(exc) from exc
+            raise from_rpc_error(exc) from exc
         finally:
             outgoing.put(_END)
 
@@ -184,7 +218,7 @@ class CheckResponder:
         self.routes = routes
         self.group = group
         self.checker = checker
-        self.client_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.client_id = default_consumer_id(socket.gethostname(), os.getpid(), "checks")
         self.backoff_s = max(0.05, routes.config.backoff_s)
         self.stopped = threading.Event()
         self.pool = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="equeue-checker")
@@ -233,4 +267,4 @@ class CheckResponder:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["CheckResponder", "Checker", "resolve"]
+__all__ = ["CheckResponder", "Checker", "group_problem", "resolve"]

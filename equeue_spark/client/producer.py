@@ -67,7 +67,7 @@ from equeue_spark.client.batches import (
     stream_requests,
 )
 from equeue_spark.client.cancel import cancel_delayed
-from equeue_spark.client.checks import Checker, CheckResponder
+from equeue_spark.client.checks import Checker, CheckResponder, group_problem
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
 from equeue_spark.client.delays import When, deliver_at_ms, refuse_staged
@@ -181,6 +181,8 @@ class Producer:
             raise ValueError("batch_size and max_batch_bytes must be >= 1, linger_ms >= 0")
         if checker is not None and not group:
             raise ValueError("a checker answers for a producer group: give group= too")
+        if group and (problem := group_problem(group)) is not None:
+            raise ValueError(problem)
         config = config or ClientConfig(broker=broker, namesrv=namesrv)
         if failover_timeout_s is not None:
             config = dataclasses.replace(config, failover_timeout_s=failover_timeout_s)

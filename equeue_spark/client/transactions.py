@@ -57,7 +57,9 @@ COMMIT_TIMEOUT_FACTOR = 10
 @dataclass(frozen=True)
 class CommitOutcome:
     already_committed: bool
-    """The sink had committed this batch before; nothing was appended."""
+    """Nothing was appended: the sink had committed this batch before, or
+    (no sink) every transaction named was committed already, by a check
+    answer say (docs/client.md, "Transaction check-back")."""
     queues: list[tuple[str, int, int, int]]
     """(topic, queue id, first offset, count) per queue written."""
     aborted: int
@@ -166,7 +168,9 @@ class Transaction:
             yield results
 
     def commit(self, *, sink: str = "", batch_id: int = -1) -> CommitOutcome:
-        """Make every staged message visible at once (see ``commit_transactions``)."""
+        """Make every staged message visible at once (see ``commit_transactions``).
+        If a check answer committed the transaction first, this succeeds with
+        ``already_committed``."""
         self._check_open()
         if self.messages == 0:  # nothing was staged: the broker never heard of it
             self.ended = True
@@ -178,7 +182,8 @@ class Transaction:
         return outcome
 
     def abort(self) -> None:
-        """Discard every staged message (a no-op if nothing was staged)."""
+        """Discard every staged message (a no-op if nothing was staged, or if
+        the transaction ended already, e.g. a check answer rolled it back)."""
         if not self.ended:
             self.ended = True
             abort_transactions(self._conn, [self.id])

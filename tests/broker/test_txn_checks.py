@@ -9,6 +9,7 @@ wait polls a readiness signal (ListTransactions, reads, stats) with a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -25,11 +26,15 @@ from typing import Any
 import grpc
 import pytest
 
+from equeue_broker.server.txn_checks import STREAM_QUEUE, CheckStreams, TransactionChecker
+from equeue_broker.storage import FlushMode, MessageBatch, Store
+from equeue_broker.storage.config import TransactionConfig
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli import main as cli_main
 from equeue_spark.client import Admin, ClientConfig, Producer, read_range
 from equeue_spark.client.connection import Connection
+from tests.conftest import MakeConfig
 from tests.support.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,12 +292,185 @@ def test_bad_hellos_and_the_stream_limit(broker_factory: Callable[..., BrokerPro
         hold.set()
         first.cancel()
     wait_for("the stream closed", lambda: _stats(address).check_streams == 0, WAIT_S)
-    # An answer for a transaction that is not open is a no-op, not an error.
-    hold = threading.Event()
-    call = _stream(address, HELLO, answer, hold=hold)
-    wait_for("the answer", lambda: _stats(address).transaction_checks_answered == 1, WAIT_S)
-    hold.set()
-    call.cancel()
+    # An answer for a transaction that is not open is moot, not an error: the
+    # stream goes on to the next request (a bad one, which ends it).
+    bad_answer = pb.CheckStreamRequest(answer=pb.CheckAnswer(transaction_id="bad id", check=1))
+    assert _code(_stream(address, HELLO, answer, bad_answer)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert _stats(address).transaction_checks_answered == 0  # only applied answers count
+
+
+@pytest.mark.timeout(120)
+def test_long_or_unprintable_client_ids_and_answer_ids_are_refused_unlogged(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory()
+    long_id = "x" * 1000
+    refused = [
+        (pb.CheckStreamRequest(hello=pb.CheckHello(group=GROUP, client_id=long_id)),),
+        (pb.CheckStreamRequest(hello=pb.CheckHello(group=GROUP, client_id="a\nforged line")),),
+        (pb.CheckStreamRequest(hello=pb.CheckHello(group=GROUP, client_id="")),),
+        (HELLO, pb.CheckStreamRequest(answer=pb.CheckAnswer(transaction_id=long_id, check=1))),
+        (HELLO, pb.CheckStreamRequest(answer=pb.CheckAnswer(transaction_id="a\nb", check=1))),
+    ]
+    for requests in refused:
+        assert _code(_stream(broker.address, *requests)) == grpc.StatusCode.INVALID_ARGUMENT
+    log = broker.log_since_start()
+    assert "x" * 200 not in log
+    assert not any(line.startswith("forged line") for line in log.splitlines())
+    assert _stats(broker.address).check_streams == 0
+
+
+class RawStream:
+    """A TransactionChecks call fed request by request; its checks collected."""
+
+    def __init__(self, address: str, group: str) -> None:
+        self.out: queue.Queue[pb.CheckStreamRequest | None] = queue.Queue()
+        self.checks: queue.Queue[pb.TransactionCheck] = queue.Queue()
+        self.code: grpc.StatusCode | None = None
+        self.conn = Connection(ClientConfig(broker=address))
+        self.send(hello=pb.CheckHello(group=group, client_id="raw"))
+        self.call: Any = self.conn.broker.TransactionChecks(self._requests(), timeout=4 * WAIT_S)
+        self.ended = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _requests(self) -> Iterator[pb.CheckStreamRequest]:
+        while (request := self.out.get()) is not None:
+            yield request
+
+    def _read(self) -> None:
+        try:
+            for check in self.call:
+                self.checks.put(check)
+        except grpc.RpcError as exc:
+            self.code = exc.code()
+        self.ended.set()
+
+    def send(self, **kind: Any) -> None:
+        self.out.put(pb.CheckStreamRequest(**kind))
+
+    def answer(self, txn_id: str, resolution: pb.TransactionResolution) -> None:
+        self.send(answer=pb.CheckAnswer(transaction_id=txn_id, check=1, resolution=resolution))
+
+    def barrier(self) -> None:
+        """Send a bad answer and wait for the stream to end on it: every answer
+        before it has been handled."""
+        self.answer("bad id", pb.TRANSACTION_RESOLUTION_UNKNOWN)
+        assert self.ended.wait(WAIT_S)
+        assert self.code == grpc.StatusCode.INVALID_ARGUMENT
+
+    def close(self) -> None:
+        self.out.put(None)
+        self.call.cancel()
+        self.conn.close()
+
+
+COMMIT = pb.TRANSACTION_RESOLUTION_COMMIT
+ROLLBACK = pb.TRANSACTION_RESOLUTION_ROLLBACK
+
+
+@pytest.mark.timeout(120)
+def test_answers_apply_only_to_transactions_of_the_streams_group(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = _broker(broker_factory, "--txn-check-interval", "60s")
+    address = broker.address
+    with (
+        Producer(address, group="other") as other,
+        Producer(address) as plain,  # no group: a Spark sink's transactions
+    ):
+        txns = {"T-other": other.transaction("T-other"), "T-plain": plain.transaction("T-plain")}
+        for txn in txns.values():
+            txn.send_batch(TOPIC, [b"x"], queue_ids=[0])
+
+        def checked() -> bool:  # group "other" has no stream: checked with "none"
+            return any(t.transaction_id == "T-other" and t.checks >= 1 for t in _open(address))
+
+        wait_for("T-other checked", checked, WAIT_S)
+        stream = RawStream(address, GROUP)
+        try:
+            for txn_id in txns:
+                stream.answer(txn_id, COMMIT)
+            stream.answer("T-other", ROLLBACK)
+            stream.barrier()
+        finally:
+            stream.close()
+        assert sorted(t.transaction_id for t in _open(address)) == sorted(txns)
+        assert _stats(address).transaction_checks_answered == 0
+        for txn in txns.values():
+            assert not txn.commit().already_committed
+    assert _values(address) == [b"x"] * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_commit_or_abort_after_a_checks_answer_is_not_an_error(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = _broker(broker_factory, "--txn-check-interval", "60s")
+    address = broker.address
+    stream = RawStream(address, GROUP)
+    try:
+        wait_for("the stream", lambda: _stats(address).check_streams == 1, WAIT_S)
+        with Producer(address, group=GROUP) as producer:
+            committed = producer.transaction("T-commit")
+            committed.send_batch(TOPIC, [b"c"], queue_ids=[0])
+            rolled_back = producer.transaction("T-rollback")
+            rolled_back.send_batch(TOPIC, [b"r"], queue_ids=[0])
+            asked = {stream.checks.get(timeout=WAIT_S).transaction_id for _ in range(2)}
+            assert asked == {"T-commit", "T-rollback"}
+            stream.answer("T-commit", COMMIT)
+            stream.answer("T-rollback", ROLLBACK)
+            wait_for("both answers", lambda: not _open(address), WAIT_S)
+            assert _stats(address).transaction_checks_answered == 2
+            outcome = committed.commit()  # the check committed it first: success
+            assert outcome.already_committed and outcome.queues == []
+            rolled_back.abort()  # idempotent: rolled back already
+    finally:
+        stream.close()
+    assert _values(address) == [b"c"]
+
+
+@pytest.mark.timeout(180)
+def test_a_replica_applies_no_answer(broker_factory: Callable[..., BrokerProcess]) -> None:
+    flags = ("--txn-check-after", "1s", "--txn-check-interval", "60s", "--flush", "sync")
+    master = _broker(broker_factory, *flags)
+    replica = broker_factory(*flags, "--role", "replica", "--master", master.address)
+    with Producer(master.address, group=GROUP) as producer:
+        txn = producer.transaction("T1")
+        txn.send_batch(TOPIC, [b"x1", b"x2"], queue_ids=[0, 0])
+
+        def checked_on_replica() -> bool:  # checked on the master (no stream: "none")
+            return [(t.transaction_id, t.checks >= 1) for t in _open(replica.address)] == [
+                ("T1", True)
+            ]
+
+        wait_for("T1 checked, on the replica", checked_on_replica, WAIT_S)
+        stream = RawStream(replica.address, GROUP)
+        try:
+            stream.answer("T1", COMMIT)
+            stream.barrier()
+        finally:
+            stream.close()
+        assert _stats(replica.address).transaction_checks_answered == 0
+        assert [t.transaction_id for t in _open(replica.address)] == ["T1"]
+        txn.abort()  # the master's decision, which the replica follows
+    wait_for("the replica follows", lambda: not _open(replica.address), WAIT_S)
+    assert "TRUNCAT" not in replica.log_since_start().upper()
+
+
+@pytest.mark.timeout(120)
+def test_cancelled_streams_leave_no_pending_task(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory()
+    for _ in range(5):
+        hold = threading.Event()
+        call = _stream(broker.address, HELLO, hold=hold)
+        wait_for("the stream", lambda: _stats(broker.address).check_streams == 1, WAIT_S)
+        call.cancel()
+        hold.set()
+        wait_for("its end", lambda: _stats(broker.address).check_streams == 0, WAIT_S)
+    broker.stop()  # a pending task is reported when it is destroyed, at the latest here
+    assert "Task was destroyed" not in broker.log_since_start()
 
 
 @pytest.mark.timeout(120)
@@ -382,3 +560,55 @@ def test_a_token_is_asked_only_about_its_own_transactions_by_the_ids_it_knows(
     wait_for("the commit", committed, WAIT_S)
     assert [line.split()[1] for line in etl.checks()] == ["T8"]
     assert other.checks() == []
+
+
+def test_a_checker_that_is_not_a_master_writes_nothing(
+    open_store: Callable[..., Store], make_config: MakeConfig
+) -> None:
+    """In process (a demotion during a tick cannot be timed from outside):
+    with ``active`` off, neither an answer nor a tick, whose checks are due and
+    exhausted, writes to the log."""
+    txn_config = TransactionConfig(check_max=2)  # exhausted after the second check
+    store = open_store(make_config(flush_mode=FlushMode.SYNC, transactions=txn_config))
+    store.create_topic(TOPIC, 1)
+    store.transactions.stage("T", TOPIC, [(0, MessageBatch([b"x"]))], group=GROUP)
+    assert store.transactions.record_check("T", 1, "none")
+    streams = CheckStreams(4)
+
+    async def call(fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    checker = TransactionChecker(store, streams, "b", call)
+    commit = pb.CheckAnswer(transaction_id="T", check=1, resolution=COMMIT)
+
+    async def run() -> None:
+        stream = streams.open(GROUP, "c", "")
+        end = store.log_end
+        await checker.answer(stream, commit)
+        await checker.tick(int(time.time() * 1000) + 10**9)  # due: no check written
+        assert store.log_end == end
+        assert store.transactions.record_check("T", 2, "none")  # (as the master wrote)
+        end = store.log_end
+        await checker.tick(int(time.time() * 1000) + 10**10)  # exhausted: no rollback
+        assert store.log_end == end and stream.queue.empty()
+        assert [i.checks for i in store.transactions.list_open()] == [2]
+        assert [i.txn_id for i in store.transactions.list_open()] == ["T"]
+        checker.set_active(True)
+        await checker.answer(stream, commit)
+        assert not store.transactions.list_open() and checker.answered == 1
+
+    asyncio.run(run())
+
+
+def test_a_full_stream_is_skipped_for_one_with_room() -> None:
+    async def run() -> None:
+        streams = CheckStreams(4)
+        stuck, healthy = streams.open(GROUP, "stuck", ""), streams.open(GROUP, "healthy", "")
+        for i in range(STREAM_QUEUE):
+            stuck.queue.put_nowait(pb.TransactionCheck(transaction_id=f"old{i}"))
+        assert {streams.pick(GROUP, f"T{i}") for i in range(4)} == {healthy}
+        for i in range(STREAM_QUEUE):
+            healthy.queue.put_nowait(pb.TransactionCheck(transaction_id=f"new{i}"))
+        assert streams.pick(GROUP, "T") is None  # every stream full: counted as "none"
+
+    asyncio.run(run())

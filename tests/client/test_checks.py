@@ -3,11 +3,23 @@ means, the Producer's arguments, and the ``keys`` header on a real broker."""
 
 from __future__ import annotations
 
+import enum
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import ClientConfig, Producer, TransactionResolution, read_range
 from equeue_spark.client.checks import resolve
+from tests.support.waits import wait_for
+
+
+class Said(enum.Enum):
+    YES = "commit"
+    NO = "Rollback"
+    WHAT = 3
 
 
 def _raises(txn_id: str) -> str:
@@ -24,6 +36,9 @@ def _raises(txn_id: str) -> str:
         ("maybe", TransactionResolution.UNKNOWN),
         (None, TransactionResolution.UNKNOWN),
         (True, TransactionResolution.UNKNOWN),
+        (Said.YES, TransactionResolution.COMMIT),  # the application's own enum
+        (Said.NO, TransactionResolution.ROLLBACK),
+        (Said.WHAT, TransactionResolution.UNKNOWN),
     ],
 )
 def test_a_checkers_answer_and_anything_else_is_unknown(said: object, meant: str) -> None:
@@ -38,6 +53,12 @@ def test_a_raising_checker_is_unknown_and_logged(caplog: pytest.LogCaptureFixtur
 def test_a_checker_needs_a_group() -> None:
     with pytest.raises(ValueError, match="give group= too"):
         Producer("127.0.0.1:1", checker=lambda _t: "commit")
+
+
+@pytest.mark.parametrize("group", ["orders svc", "x" * 129, "-lead", "a\nb"])
+def test_a_bad_group_name_is_refused_by_the_constructor(group: str) -> None:
+    with pytest.raises(ValueError, match=r"producer group .* is invalid"):
+        Producer("127.0.0.1:1", group=group, checker=lambda _t: "commit")
 
 
 def test_extra_keys_travel_in_the_keys_header(broker: BrokerProcess) -> None:
@@ -59,3 +80,37 @@ def test_extra_keys_travel_in_the_keys_header(broker: BrokerProcess) -> None:
         (),
         (("keys", b"order-2"),),
     ]
+
+
+TOKENS = """
+[[tokens]]
+name = "ops"
+secret = "ops-secret-0123456789ab"
+roles = ["admin"]
+
+[[tokens]]
+name = "reader"
+secret = "reader-secret-0123456789"
+roles = ["consume"]
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_check_stream_is_a_warning_and_the_broker_stays_up(
+    broker_factory: Callable[..., BrokerProcess],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(TOKENS)
+    path.chmod(0o600)
+    broker = broker_factory("--tokens-file", str(path))
+    config = ClientConfig(broker=broker.address, token="reader-secret-0123456789")  # no produce
+    with caplog.at_level(logging.WARNING, logger="equeue_spark.client.checks"):
+        producer = Producer(config=config, group="svc", checker=lambda _t: "commit")
+        try:
+            wait_for("the refusal", lambda: "refused the check stream" in caplog.text, 30.0)
+            assert "PERMISSION" in caplog.text or "produce" in caplog.text
+            assert not producer._routes.is_down(broker.address)
+        finally:
+            producer.close()

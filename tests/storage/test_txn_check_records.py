@@ -12,7 +12,7 @@ import pytest
 from equeue_broker.replication.replica_log import ReplicaLog
 from equeue_broker.storage import FlushMode, MessageBatch, PreconditionFailed, Store
 from equeue_broker.storage.config import TransactionConfig
-from equeue_broker.storage.errors import InvalidArgument
+from equeue_broker.storage.errors import InvalidArgument, NotFound
 from equeue_broker.storage.txn.check_policy import CheckPolicy
 from equeue_broker.storage.txn.txn_records import (
     Begin,
@@ -20,6 +20,7 @@ from equeue_broker.storage.txn.txn_records import (
     decode_value,
     encode_value,
 )
+from equeue_broker.storage.txn.txn_recovery import _CHECK_LOG, StagedTxn
 from tests.conftest import MakeConfig
 
 OpenStore = Callable[..., Store]
@@ -129,3 +130,48 @@ def test_a_replica_counts_checks_and_uncounts_cut_ones(
 def test_check_settings_are_validated() -> None:
     with pytest.raises(InvalidArgument, match="check_exhausted"):
         TransactionConfig(check_exhausted="maybe")
+
+
+def test_a_check_answer_ends_only_a_checked_transaction_of_its_group(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    txns = _store(open_store, make_config).transactions
+    txns.stage("plain", T, [(0, _batch(1))])
+    txns.stage("mine", T, [(0, _batch(2))], group="g")
+    txns.stage("theirs", T, [(1, _batch(1))], group="h")
+    for txn_id, group, why in (
+        ("plain", "g", "no producer group"),
+        ("theirs", "g", "belongs to group 'h'"),
+        ("mine", "g", "never checked"),
+        ("gone", "g", "not open"),
+    ):
+        for commit in (True, False):
+            with pytest.raises(NotFound, match=why):
+                txns.resolve_checked(txn_id, group, commit)
+    txns.record_check("mine", 1, "unknown")
+    txns.record_check("theirs", 1, "unknown")
+    with pytest.raises(NotFound, match="belongs to group 'g'"):
+        txns.resolve_checked("mine", "h", True)
+    result = txns.resolve_checked("mine", "g", True)
+    assert [(q.queue_id, q.count) for q in result.queues] == [(0, 2)]
+    assert txns.resolve_checked("theirs", "h", False).aborted == 1
+    with pytest.raises(NotFound, match="it was committed"):
+        txns.resolve_checked("mine", "g", False)
+    assert [i.txn_id for i in txns.list_open()] == ["plain"]
+    # The producer's own commit after the check's: done already, not an error.
+    assert txns.commit([("mine", 2)]).already_committed
+    with pytest.raises(NotFound, match="it was aborted"):
+        txns.commit([("theirs", 1)])
+    assert txns.abort(["theirs"]) == 0
+
+
+def test_a_cut_of_every_remembered_check_keeps_the_older_ones() -> None:
+    staged = StagedTxn(1, "t", 0, 0, group="g")
+    for n in range(1, _CHECK_LOG + 11):  # more checks than are remembered
+        staged.checked(n * 100, n, n * 1_000)
+    staged.cut(0)  # every remembered record is cut; the 10 before them are not
+    assert (staged.checks, staged.last_check_ms) == (10, 11_000)
+    staged = StagedTxn(2, "u", 0, 0, group="g")
+    staged.checked(100, 1, 1_000)
+    staged.cut(50)
+    assert (staged.checks, staged.last_check_ms) == (0, 0)

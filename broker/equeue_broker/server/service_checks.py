@@ -22,7 +22,9 @@ from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.service_base import BrokerState, rpc_stream
 from equeue_broker.server.tokens import bearer
 from equeue_broker.server.txn_checks import CheckStream, TransactionChecker
-from equeue_broker.storage.meta.names import validate_group
+from equeue_broker.storage.errors import InvalidName
+from equeue_broker.storage.meta.names import validate_group, validate_transaction_id
+from equeue_proto.protocol import consumer_id_problem
 from equeue_proto.v1 import broker_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -51,20 +53,25 @@ class CheckServiceMixin:
         stream = checker.streams.open(hello.group, hello.client_id, _namespace(self.s, context))
         log.info("check stream of producer group %s opened (%s)", hello.group, hello.client_id)
         reader = asyncio.ensure_future(_read_answers(checker, stream, request_iterator))
+        taken: asyncio.Future[pb.TransactionCheck] | None = None
         try:
             while True:
                 taken = asyncio.ensure_future(stream.queue.get())
                 done, _ = await asyncio.wait({taken, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if taken in done:
-                    yield taken.result()
+                    check, taken = taken.result(), None
+                    yield check
                     continue
-                taken.cancel()
                 reader.result()  # a bad request: its error ends the stream
                 return  # the producer closed its side
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            # Both tasks are awaited: a task left pending when the call is
+            # cancelled is destroyed later with an ERROR in the log.
+            for task in (reader, taken):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
             checker.streams.close(stream)
             log.info("check stream of producer group %s closed (%s)", hello.group, hello.client_id)
 
@@ -77,6 +84,9 @@ async def _hello(requests: AsyncIterator[pb.CheckStreamRequest]) -> pb.CheckHell
         if not group:
             raise BadRequest("CheckHello.group is empty: name the producer group")
         validate_group(group)
+        problem = consumer_id_problem(request.hello.client_id)
+        if problem is not None:
+            raise BadRequest("CheckHello.client_id: " + problem.replace("consumer_id ", "", 1))
         return request.hello
     raise BadRequest("the TransactionChecks stream ended before its CheckHello")
 
@@ -88,8 +98,10 @@ async def _read_answers(
         if request.WhichOneof("kind") != "answer":
             raise BadRequest("a second CheckHello on a TransactionChecks stream")
         answer = request.answer
-        if not answer.transaction_id:
-            raise BadRequest("CheckAnswer.transaction_id is empty")
+        try:
+            validate_transaction_id(answer.transaction_id, "CheckAnswer.transaction_id")
+        except InvalidName as exc:
+            raise BadRequest(str(exc)) from None
         await checker.answer(stream, answer)
 
 

@@ -14,8 +14,12 @@ as an unknown answer). Transactions checked ``check_max`` times are then rolled
 back, with a WARNING, unless ``check_exhausted`` is "keep".
 
 Answers: COMMIT commits, ROLLBACK aborts, UNKNOWN does nothing (the count has
-moved already). A transaction that is no longer open, or being committed,
-makes an answer a no-op: the producer itself or another answer won.
+moved already). Only a master applies one (``active``, looked at right before
+each write: a replica's log is the master's copy), and only to an open
+transaction of the stream's own group checked at least once
+(``Transactions.resolve_checked``): any other answer is moot, logged at DEBUG
+(the producer itself or another answer won, or it is not the group's to end).
+Ids from clients are logged through ``shown`` (truncated, repr).
 
 Token namespaces (auth.py): a non-admin token's transaction ids are stored as
 ``<name>@<id>``; a stream opened with such a token is asked only about ids of
@@ -35,8 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from equeue_broker.storage import Store
-from equeue_broker.storage.errors import LimitExceeded, NotFound, PreconditionFailed, StorageError
+from equeue_broker.storage.errors import (
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    StorageError,
+)
 from equeue_broker.storage.txn.check_policy import CheckDue, CheckPolicy
+from equeue_broker.storage.txn.transactions import CommitResult
 from equeue_proto.v1 import broker_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -106,8 +116,9 @@ class CheckStreams:
             self._turns.pop(stream.group, None)
 
     def pick(self, group: str, txn_id: str) -> CheckStream | None:
-        """A live stream of ``group`` that may be asked about ``txn_id``, round robin."""
-        streams = [s for s in self._groups.get(group, ()) if s.knows(txn_id)]
+        """A live stream of ``group`` that may be asked about ``txn_id`` and has
+        room for a check (a full one is skipped), round robin."""
+        streams = [s for s in self._groups.get(group, ()) if s.knows(txn_id) and not s.queue.full()]
         if not streams:
             return None
         turn = next(self._turns.setdefault(group, itertools.count()))
@@ -181,23 +192,33 @@ class TransactionChecker:
                 if ok and target is not None and target.offer(self._check(d)):
                     self.sent += 1
         exhausted: list[CheckDue] = await self.call(transactions.exhausted, now_ms, self.policy)
+        if not self.active:
+            return
         for d in exhausted:
             log.warning(
                 "rolling back transaction %s of producer group %s: %d checks unanswered",
                 d.txn_id, d.group, d.checks,
             )  # fmt: skip
         if exhausted:
-            await self.call(transactions.abort, [d.txn_id for d in exhausted])
+            await self.call(self._roll_back, [d.txn_id for d in exhausted])
+
+    def _roll_back(self, ids: list[str]) -> None:
+        """Roll back exhausted transactions (a thread of the pool), if still a master."""
+        if self.active:
+            self.store.transactions.abort(ids)
 
     def _record(self, due: list[CheckDue], answers: list[str], now_ms: int) -> list[bool]:
         """Write the check records (a thread of the pool); which were written."""
         record = self.store.transactions.record_check
         written = []
         for d, answer in zip(due, answers, strict=True):
+            if not self.active:  # demoted while this tick ran: a replica writes nothing
+                written.append(False)
+                continue
             try:
                 written.append(record(d.txn_id, d.checks + 1, answer, now_ms))
             except StorageError as exc:  # demoted meanwhile, or the disk: next tick
-                log.warning("could not record a check of transaction %s: %s", d.txn_id, exc)
+                log.warning("could not record a check of transaction %s: %s", shown(d.txn_id), exc)
                 written.append(False)
         return written
 
@@ -213,29 +234,49 @@ class TransactionChecker:
         return check
 
     async def answer(self, stream: CheckStream, answer: pb.CheckAnswer) -> None:
-        """Apply a producer's answer (COMMIT, ROLLBACK; UNKNOWN: nothing)."""
-        self.answered += 1
-        txn_id = stream.namespace + answer.transaction_id
+        """Apply a producer's answer (COMMIT, ROLLBACK; UNKNOWN: nothing), only
+        to an open transaction of the stream's group that was checked, and only
+        on a master: a replica's log is the master's copy (it writes nothing)."""
         resolution = answer.resolution
-        transactions = self.store.transactions
+        if resolution not in _APPLIED:
+            return
+        commit = resolution == pb.TRANSACTION_RESOLUTION_COMMIT
+        txn_id = stream.namespace + answer.transaction_id
         try:
-            if resolution == pb.TRANSACTION_RESOLUTION_COMMIT:
-                result = await self.call(transactions.commit, [(txn_id, -1)])
-                if self.counted is not None:
-                    for q in result.queues:
-                        self.counted(q.topic, q.queue_id, q.count)
-            elif resolution == pb.TRANSACTION_RESOLUTION_ROLLBACK:
-                await self.call(transactions.abort, [txn_id])
-            else:
-                return
-        except (NotFound, PreconditionFailed) as exc:  # ended (or ending) another way
-            log.debug("check answer for %s is moot: %s", txn_id, exc)
+            result = await self.call(self._apply, txn_id, stream.group, commit)
+        except (NotFound, InvalidArgument) as exc:  # ended, another group's, unchecked, no id
+            log.debug("check answer for %s is moot: %s", shown(txn_id), exc)
             return
         except StorageError as exc:  # a demoted master, the disk: the next check asks again
-            log.warning("check answer for %s not applied: %s", txn_id, exc)
+            log.warning("check answer for %s not applied: %s", shown(txn_id), exc)
             return
+        if result is None:
+            log.debug("check answer for %s ignored: this broker is not a master", shown(txn_id))
+            return
+        self.answered += 1
+        if self.counted is not None:
+            for q in result.queues:
+                self.counted(q.topic, q.queue_id, q.count)
         log.info(
-            "transaction %s %s on check %d by producer group %s (%s)", txn_id,
-            "committed" if resolution == pb.TRANSACTION_RESOLUTION_COMMIT else "rolled back",
-            answer.check, stream.group, stream.client_id,
+            "transaction %s %s on check %d by producer group %s (%s)", shown(txn_id),
+            "committed" if commit else "rolled back", answer.check, stream.group,
+            stream.client_id,
         )  # fmt: skip
+
+    def _apply(self, txn_id: str, group: str, commit: bool) -> CommitResult | None:
+        """A thread of the pool: None when not a master (looked at right before
+        writing, so a demotion meanwhile writes nothing)."""
+        if not self.active:
+            return None
+        return self.store.transactions.resolve_checked(txn_id, group, commit)
+
+
+_APPLIED = (pb.TRANSACTION_RESOLUTION_COMMIT, pb.TRANSACTION_RESOLUTION_ROLLBACK)
+SHOWN_ID = 64
+"""Characters of a transaction id a log line shows."""
+
+
+def shown(txn_id: str) -> str:
+    """``txn_id`` for a log line: truncated, and printable on one line."""
+    cut = txn_id[:SHOWN_ID] + ("..." if len(txn_id) > SHOWN_ID else "")
+    return repr(cut)

@@ -309,9 +309,17 @@ class Transactions:
 
         With ``sink``, ``batch_id`` is recorded as the sink's last committed
         batch; if it is that batch already, nothing is appended and ``refs`` are
-        aborted (a replay); if it is older, ``PreconditionFailed``.
+        aborted (a replay); if it is older, ``PreconditionFailed``. Without
+        ``sink``, if every one of ``refs`` is remembered as committed (a check
+        answer, or a retry of this call, won), nothing is appended and the
+        result says ``already_committed``.
         """
         self._check_commit_args(refs, sink, batch_id, abort_prefix)
+        if not sink and self._all_committed(refs):
+            # A check answer (or an earlier try of this call) committed them:
+            # the outcome the caller wants, not an error (docs/client.md).
+            aborted = self._abort_where([], abort_prefix) if abort_prefix else 0
+            return CommitResult(True, (), aborted)
         with self._commit_lock:
             if sink and self._is_replay(sink, batch_id):
                 aborted = self._abort_where([i for i, _ in refs], abort_prefix)
@@ -379,6 +387,11 @@ class Transactions:
                 self._unclaim(txns)
             raise
         return tuple(CommittedQueue(t, q, firsts[(t, q)], n) for (t, q), n in counts.items())
+
+    def _all_committed(self, refs: Sequence[tuple[str, int]]) -> bool:
+        """Every one of ``refs`` is remembered as committed (none is open)."""
+        with self._lock:
+            return bool(refs) and all(self._ended.get(i) == "committed" for i, _ in refs)
 
     def _record_sink(self, sink: str, batch_id: int) -> None:
         last = self._sinks.get(sink)
@@ -460,6 +473,11 @@ class Transactions:
             ]
             for txn in victims:
                 self._end(txn, "aborted")
+        self._log_aborts(victims)
+        return len(victims)
+
+    def _log_aborts(self, victims: Sequence[_Txn]) -> None:
+        """Write the abort record of ``victims`` (ended already, lock not held)."""
         serials = []
         for txn in victims:
             with txn.lock:  # a stage call in flight finishes first: its records are covered
@@ -472,7 +490,6 @@ class Transactions:
                 # Not lost: without the record, a restart finds them open again
                 # and the idle timeout aborts them once more.
                 log.warning("could not log the abort of %d transactions: %s", len(serials), exc)
-        return len(victims)
 
     def expire(self, now_ms: int | None = None) -> int:
         """Abort transactions idle longer than the timeout; return how many."""
@@ -555,6 +572,41 @@ class Transactions:
             # it; a cut below that un-counts it at worst once too often.
             staged.checked(self._store.log_end - 1, checks, now)
         return True
+
+    def resolve_checked(self, txn_id: str, group: str, commit: bool) -> CommitResult:
+        """Apply a check answer of producer group ``group``: commit (or roll
+        back) ``txn_id`` if it is open, of that group, not being committed and
+        checked at least once; otherwise ``NotFound`` saying why the answer is
+        moot. Decided under the lock, so nothing else ends it in between."""
+        validate_transaction_id(txn_id)
+        with self._commit_lock:  # as commit(): one commit at a time
+            with self._lock:
+                txn = self._checked(txn_id, group)
+                if commit:
+                    txn.committing = True
+                else:
+                    self._end(txn, "aborted")
+            if not commit:
+                self._log_aborts([txn])
+                return CommitResult(False, (), 1)
+            with txn.lock:  # waits for a stage call that passed its check before the claim
+                pass
+            return CommitResult(False, self._commit_claimed([txn], "", -1), 0)
+
+    def _checked(self, txn_id: str, group: str) -> _Txn:
+        """The open transaction a check answer of ``group`` may end (lock held)."""
+        txn = self._open.get(txn_id)
+        if txn is None:
+            ended = self._ended.get(txn_id)
+            raise NotFound("it is not open" + (f" (it was {ended})" if ended else ""))
+        if not group or txn.staged.group != group:
+            had = f"group {txn.staged.group!r}" if txn.staged.group else "no producer group"
+            raise NotFound(f"it belongs to {had}, not to the answering group {group!r}")
+        if txn.staged.checks < 1:
+            raise NotFound("it was never checked")
+        if txn.committing:
+            raise NotFound("it is being committed")
+        return txn
 
     def exhausted(self, now_ms: int, policy: CheckPolicy | None = None) -> list[CheckDue]:
         """Transactions checked ``max_checks`` times without an answer, an

@@ -96,9 +96,18 @@ class StagedTxn:
         kept = [c for c in self.check_log if c[0] < position]
         if len(kept) == len(self.check_log):
             return
+        if kept:
+            self.checks = max(n for _, n, _ in kept)
+            self.last_check_ms = max(ms for _, _, ms in kept)
+        else:
+            # Every remembered record is cut, but older ones (beyond
+            # _CHECK_LOG) may not be: the oldest remembered one counted the
+            # checks before it too. Its time stands in for the one before it
+            # (that check comes a little late at worst).
+            _, oldest, ms = self.check_log[0]
+            self.checks = oldest - 1
+            self.last_check_ms = ms if self.checks else 0
         self.check_log = kept
-        self.checks = max((n for _, n, _ in kept), default=0)
-        self.last_check_ms = max((ms for _, _, ms in kept), default=0)
 
     def count(self, key: QueueKey) -> int:
         return sum(len(e) for e in self.entries.get(key, ())) // 32
