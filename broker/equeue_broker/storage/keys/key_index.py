@@ -61,6 +61,7 @@ import logging
 import os
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -105,6 +106,9 @@ class Persist:
     pages: list[tuple[int, bytes]]
     """(file offset, bytes) of the active window's changed slot pages."""
     window: Window | None
+    generation: int = 0
+    """``window.slot_generation`` when the pages were copied: if it changed
+    (the window was sealed, or reloaded), the pages are stale: not written."""
 
 
 class KeyIndexDamaged(Exception):
@@ -188,6 +192,12 @@ class Window:
         """One byte per 4 KiB page of slots: changed since last written."""
         self.slots_count = 0
         """The entry count the slot array in the file is (at least) as of."""
+        self.slot_generation = 0
+        """Bumped whenever the whole slot array is written (sealing) or reloaded
+        from the file: a checkpoint's pages copied before are stale then."""
+        self.slot_lock = threading.Lock()
+        """Orders a checkpoint's page writes (``KeyIndex.persist``, outside the
+        engine lock) against sealing's full write: never old pages over new."""
 
     @property
     def entries_at(self) -> int:
@@ -216,6 +226,8 @@ class Window:
     def load_slots(self) -> None:
         """Read the slot array from the file (the window becomes the active one)."""
         memory = bytearray(self.slot_count * 4)
+        with self.slot_lock:
+            self.slot_generation += 1  # pages a checkpoint copied before are stale
         done = 0
         while done < len(memory):
             piece = os.pread(self.fd, min(len(memory) - done, 1 << 24), HEADER_SIZE + done)
@@ -242,9 +254,24 @@ class Window:
         return pages
 
     def write_slots(self) -> None:
-        """Write the slot pages changed to the file (sealing, closing)."""
-        for offset, page in self.dirty_pages():
-            os.pwrite(self.fd, page, offset)
+        """Write the slot pages changed to the file (closing)."""
+        with self.slot_lock:
+            for offset, page in self.dirty_pages():
+                os.pwrite(self.fd, page, offset)
+        self.slots_count = self.count
+
+    def write_all_slots(self) -> None:
+        """Write the whole slot array to the file (sealing): a page a checkpoint
+        copied earlier and writes later must not land over it (``slot_lock``,
+        ``slot_generation``)."""
+        assert self._memory is not None
+        with self.slot_lock:
+            self.slot_generation += 1
+            done, size = 0, len(self._memory)
+            view = memoryview(self._memory)
+            while done < size:
+                done += os.pwrite(self.fd, view[done : done + (1 << 24)], HEADER_SIZE + done)
+            self.dirty[:] = bytes(len(self.dirty))
         self.slots_count = self.count
 
     def unmap(self) -> None:
@@ -456,9 +483,9 @@ class KeyIndex:
         active = self.active
         number = self._next_number
         if active is not None:
+            active.write_all_slots()  # the slots before the header that says sealed
             active.header.sealed = True
             active.write_header()
-            active.write_slots()
             active.unmap()
             self._unsynced.add(active.number)
             number = max(active.number + 1, self._next_number)
@@ -522,17 +549,19 @@ class KeyIndex:
         active = self.active
         pages: list[tuple[int, bytes]] = []
         slots_fd = -1
+        generation = 0
         now = time.monotonic()
         if active is not None and now - self._slots_written >= SLOTS_EVERY_S:
             self._slots_written = now
             pages = active.dirty_pages()
             active.slots_count = active.count
             slots_fd = os.dup(active.fd)
+            generation = active.slot_generation
         doc = {
             "windows": [w.describe() for w in self.windows],
             "slots": 0 if active is None else active.slots_count,
         }
-        return doc, Persist(fds, slots_fd, pages, active)
+        return doc, Persist(fds, slots_fd, pages, active, generation)
 
     @staticmethod
     def checkpoint_of(keys: KeyIndex | None) -> tuple[dict[str, Any] | None, Persist]:
@@ -547,8 +576,7 @@ class KeyIndex:
             for fd in work.fds:
                 os.fsync(fd)
             if work.slots_fd >= 0:
-                for offset, page in work.pages:
-                    os.pwrite(work.slots_fd, page, offset)
+                KeyIndex._write_pages(work)
                 os.fsync(work.slots_fd)
         except OSError:
             if work.window is not None and work.pages:  # written again next time
@@ -559,6 +587,19 @@ class KeyIndex:
             for fd in [*work.fds, work.slots_fd]:
                 if fd >= 0:
                     os.close(fd)
+
+    @staticmethod
+    def _write_pages(work: Persist) -> None:
+        """Write the pages copied at the checkpoint, unless the window's whole
+        slot array was written (sealed) or reloaded since: they would be older
+        than the file's (a key query would miss entries for good)."""
+        window = work.window
+        assert window is not None
+        with window.slot_lock:
+            if window.slot_generation != work.generation:
+                return
+            for offset, page in work.pages:
+                os.pwrite(work.slots_fd, page, offset)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -573,7 +614,8 @@ class KeyIndex:
             if window.count == 0 or window.header.begin_ms >= end_ms:
                 continue
             begin = window.header.begin_ms
-            number = window.head(key_hash % window.slot_count)
+            slot = key_hash % window.slot_count
+            number = window.head(slot)
             while number:
                 if number > window.count:
                     raise KeyIndexDamaged(f"{window.path.name}: slot names entry {number}")
@@ -583,6 +625,8 @@ class KeyIndex:
                 entry_hash, position, delta, prev, entry_topic = window.entry(number - 1)
                 if prev >= number:
                     raise KeyIndexDamaged(f"{window.path.name}: entry {number} links forward")
+                if entry_hash % window.slot_count != slot:  # a slot page over another's
+                    raise KeyIndexDamaged(f"{window.path.name}: entry {number} in a wrong slot")
                 if entry_hash == key_hash and entry_topic == tid and begin + delta < end_ms:
                     yield position
                 number = prev
