@@ -24,7 +24,7 @@ import pytest
 from equeue_broker.storage import MessageBatch, RetentionConfig, Store
 from equeue_broker.storage.config import KeyIndexConfig, StorageConfig
 from equeue_broker.storage.errors import NotFound, PreconditionFailed
-from equeue_broker.storage.keys import key_index, keyhash
+from equeue_broker.storage.keys import key_index, keyhash, query
 from equeue_broker.storage.keys.key_index import (
     ENTRY_SIZE,
     HEADER_SIZE,
@@ -462,3 +462,63 @@ def test_an_entry_in_a_wrong_slot_is_damage(open_store: OpenStore, make_config: 
     active.slots[a], active.slots[b] = hb, ha  # two slot heads swapped
     assert_answers(store, sent)  # detected, rebuilt from the log
     assert store._state.keys.rebuilds == 1  # type: ignore[union-attr]
+
+
+def test_results_stop_at_max_read_bytes(open_store: OpenStore, make_config: MakeConfig) -> None:
+    """A reply never carries more than ``max_read_bytes`` of records (it must
+    fit a gRPC message, and the broker's memory): the newest that fit, truncated."""
+    config = keyed_config(make_config)
+    config = make_config(key_index=config.key_index, max_read_bytes=10_000)
+    store = open_store(config)
+    store.create_topic(T, 2)
+    for q in range(2):
+        store.append(T, q, MessageBatch(values=[b"x" * 1000] * 20, keys=[b"k"] * 20))
+    for result in (store.keys.by_key(T, b"k", limit=100), store.keys.by_time(T, limit=100)):
+        assert result.truncated
+        assert 5 <= len(result.messages) < 40
+        assert sum(len(m.record) for m in result.messages) <= 10_000
+        times = [(m.store_ms, m.position) for m in result.messages]
+        assert times == sorted(times, reverse=True)
+    small = store.keys.by_key(T, b"k", limit=3)
+    assert len(small.messages) == 3 and small.truncated
+
+
+def test_a_walk_in_chunks_stops_when_windows_go_meanwhile(
+    open_store: OpenStore, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine lock is released between chunks of a walk: a window dropped
+    meanwhile (retention) ends the walk (truncated), never a read of its file."""
+    store = open_store(keyed_config(make_config, entries_per_file=8))
+    store.create_topic(T, 1)
+    sent = produce(store, 40, 1)  # one key, five windows
+    index = store._state.keys
+    assert index is not None and len(index.windows) == 5
+    monkeypatch.setattr(query, "CHUNK", 3)
+    whole = store.keys.by_key(T, b"k0", limit=100)
+    assert len(whole.messages) == 40 and not whole.truncated  # many chunks, same answer
+    walk_chunk = KeyQuery._walk
+    calls = []
+
+    def then_drop(self: KeyQuery, *args: Any) -> bool:
+        done = walk_chunk(self, *args)
+        if not calls:
+            index.drop_below(1 << 62)  # as retention would: every sealed window goes
+        calls.append(done)
+        return done
+
+    monkeypatch.setattr(KeyQuery, "_walk", then_drop)
+    cut = store.keys.by_key(T, b"k0", limit=100)
+    assert cut.truncated and len(calls) == 1
+    assert [decode_record(m.record, 0).value for m in cut.messages] == expected(sent, b"k0")[:3]
+
+
+def test_a_query_stops_at_its_time_budget(
+    open_store: OpenStore, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(keyed_config(make_config))
+    store.create_topic(T, 1)
+    produce(store, 20, 1)
+    monkeypatch.setattr(query, "CHUNK", 4)
+    monkeypatch.setattr(query, "TIME_BUDGET_S", 0.0)
+    result = store.keys.by_key(T, b"k0", limit=100)
+    assert result.truncated and len(result.messages) == 4

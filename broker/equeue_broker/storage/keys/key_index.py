@@ -349,6 +349,10 @@ class KeyIndex:
         past every number used before, so that a checkpoint taken before it
         never names a window of the rebuilt index."""
         self.rebuilds = 0
+        self.generation = 0
+        """Bumped whenever windows are dropped, cut or closed: a query walking
+        in chunks (lock released between them) stops if it changed, rather
+        than read a window freed meanwhile (query.py)."""
 
     @property
     def active(self) -> Window | None:
@@ -413,6 +417,7 @@ class KeyIndex:
 
     def reset(self) -> None:
         """Forget every window and delete the files (a rebuild follows)."""
+        self.generation += 1
         used = [w.number for w in self.windows]
         if self.directory.exists():
             used += [int(p.stem) for p in self.directory.glob(f"*{SUFFIX}") if p.stem.isdigit()]
@@ -499,6 +504,7 @@ class KeyIndex:
 
     def truncate(self, position: int) -> None:
         """Drop every entry of a record at or after ``position`` (lock held)."""
+        self.generation += 1
         while self.windows and self.windows[-1].header.first_position >= position:
             window = self.windows.pop()
             self._next_number = max(self._next_number, window.number + 1)  # never reused
@@ -530,6 +536,7 @@ class KeyIndex:
         dropped = 0
         while len(self.windows) > 1 and self.windows[0].header.end_position <= log_start:
             window = self.windows.pop(0)
+            self.generation += 1
             window.close()
             window.path.unlink(missing_ok=True)
             self._unsynced.discard(window.number)
@@ -606,11 +613,13 @@ class KeyIndex:
     def candidates(self, topic: bytes, key: bytes, end_ms: int, max_entries: int) -> Iterator[int]:
         """Log positions whose entry matches ``topic`` and ``key``'s hash, newest
         first, in windows that begin before ``end_ms``; at most ``max_entries``
-        entries walked (lock held). ``KeyIndexDamaged`` if an entry fails its check."""
+        entries walked. Resumed with the lock held; a caller that releases it
+        between resumptions stops when ``generation`` changed meanwhile (a window
+        walked may be gone). ``KeyIndexDamaged`` if an entry fails its check."""
         key_hash = hash64(topic, key)
         tid = topic_id(topic)
         walked = 0
-        for window in reversed(self.windows):
+        for window in reversed(list(self.windows)):  # a roll may append meanwhile
             if window.count == 0 or window.header.begin_ms >= end_ms:
                 continue
             begin = window.header.begin_ms
@@ -635,6 +644,7 @@ class KeyIndex:
         """Close every file; ``persist``: a clean close after the last checkpoint
         (nothing written since), which also writes the active window's slot
         pages, so a restart has no entries to relink."""
+        self.generation += 1
         active = self.active
         if persist and active is not None:
             with contextlib.suppress(OSError):

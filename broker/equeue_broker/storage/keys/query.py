@@ -17,14 +17,21 @@ first; each candidate's record is read and kept only when
 By time alone: per queue, the offsets of the range (``offset_for_timestamp``),
 its newest ``limit`` records, merged by store time.
 
-Results are newest store time first, at most ``limit``; ``truncated`` says
-more may match (the limit, or ``max_scan`` entries walked).
+Results are newest store time first, at most ``limit`` and at most
+``max_read_bytes`` of records (the reply stays under the gRPC size limit);
+``truncated`` says more may match: the limit or the byte limit reached,
+``max_scan`` entries walked, ``TIME_BUDGET_S`` spent, or the index changed
+under a walk (retention, a replica's truncation, a rebuild).
+
+A query by key walks its candidates ``CHUNK`` at a time and releases the
+engine lock between chunks, so writes are not held behind a long walk.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 from equeue_broker.storage.engine import EngineState
 from equeue_broker.storage.errors import CorruptionError, NotFound, PreconditionFailed
@@ -36,6 +43,34 @@ from equeue_proto.record import AT_POSITION, BODY_TO_FRAME, HEADER
 MAX_LIMIT = 10_000
 DEFAULT_LIMIT = 32
 NO_END = (1 << 63) - 1
+CHUNK = 1000
+"""Candidates walked per hold of the engine lock."""
+TIME_BUDGET_S = 0.5
+"""A query by key stops (``truncated``) after this long: a key with millions
+of entries (or a slow disk) cannot make one query run for minutes."""
+
+
+@dataclass(slots=True)
+class _Found:
+    """What a query collected so far, within its limits."""
+
+    limit: int
+    max_bytes: int
+    messages: dict[int, FoundMessage] = field(default_factory=dict)
+    size: int = 0
+    truncated: bool = False
+
+    def full(self) -> bool:
+        return len(self.messages) >= self.limit or self.size >= self.max_bytes
+
+    def add(self, message: FoundMessage) -> None:
+        """Keep ``message`` unless it would pass the byte limit (the first always fits)."""
+        if self.messages and self.size + len(message.record) > self.max_bytes:
+            self.truncated = True
+            self.size = self.max_bytes
+            return
+        self.messages[message.position] = message
+        self.size += len(message.record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,35 +107,60 @@ class KeyQuery:
                 "storage.key_index.enabled = false): query by time only, or turn it on"
             )
         keys = self._keys
-        with self._state.lock:
-            created = self._state.topic(topic).created_position
-            try:
-                return self._by_key(keys, topic, key, start_ms, end_ms, limit, created)
-            except KeyIndexDamaged as exc:
+        deadline = time.monotonic() + TIME_BUDGET_S
+        try:
+            return self._by_key(keys, topic, key, (start_ms, end_ms), limit, deadline)
+        except KeyIndexDamaged as exc:
+            with self._state.lock:
                 keys.rebuild(self._state.log, str(exc))
-                return self._by_key(keys, topic, key, start_ms, end_ms, limit, created)
+            return self._by_key(keys, topic, key, (start_ms, end_ms), limit, deadline)
 
     def _by_key(  # noqa: PLR0917 (the query's parts, called twice)
-        self, keys: KeyIndex, topic: str, key: bytes, start_ms: int, end_ms: int, limit: int,
-        created: int,
+        self, keys: KeyIndex, topic: str, key: bytes, span: tuple[int, int], limit: int,
+        deadline: float,
     ) -> QueryResult:  # fmt: skip
         topic_bytes = topic.encode()
-        found: dict[int, FoundMessage] = {}
-        truncated = False
-        walk = keys.candidates(topic_bytes, key, end_ms, keys.config.max_scan)
-        try:
-            for position in walk:
-                if position < created or position in found:
-                    continue
-                if len(found) >= limit:
-                    truncated = True
+        found = _Found(limit, self._state.config.max_read_bytes)
+        walk: Iterator[int] | None = None
+        generation = keys.generation
+        done = False
+        while not done:
+            with self._state.lock:
+                created = self._state.topic(topic).created_position  # deleted meanwhile: NotFound
+                if walk is None:
+                    walk = keys.candidates(topic_bytes, key, span[1], keys.config.max_scan)
+                    generation = keys.generation
+                elif keys.generation != generation:  # a window walked may be gone
+                    found.truncated = True
                     break
-                message = self._matching(position, topic_bytes, key)
-                if message is not None and start_ms <= message.store_ms < end_ms:
-                    found[position] = message
+                done = self._walk(walk, found, topic_bytes, key, span, created)
+            if not done and time.monotonic() >= deadline:
+                found.truncated = True
+                break
+        return QueryResult(_newest_first(found.messages.values(), limit), found.truncated)
+
+    def _walk(  # noqa: PLR0917 (one chunk of _by_key's walk)
+        self, walk: Iterator[int], found: _Found, topic: bytes, key: bytes,
+        span: tuple[int, int], created: int,
+    ) -> bool:  # fmt: skip
+        """Walk up to ``CHUNK`` candidates (lock held); True when the walk is over."""
+        try:
+            for _ in range(CHUNK):
+                position = next(walk, None)
+                if position is None:
+                    return True
+                if position < created or position in found.messages:
+                    continue
+                if found.full():
+                    found.truncated = True
+                    return True
+                message = self._matching(position, topic, key)
+                if message is not None and span[0] <= message.store_ms < span[1]:
+                    found.add(message)
         except ScanLimit:
-            truncated = True
-        return QueryResult(_newest_first(found.values(), limit), truncated)
+            found.truncated = True
+            return True
+        return False
 
     def _matching(self, position: int, topic: bytes, key: bytes) -> FoundMessage | None:
         """The readable record at ``position`` if it is ``topic``'s and has ``key``."""
@@ -122,6 +182,7 @@ class KeyQuery:
         reads = self._reads
         found: list[FoundMessage] = []
         truncated = False
+        max_bytes = self._state.config.max_read_bytes
         with self._state.lock:
             meta = self._state.topic(topic)
             for q in meta.queues:
@@ -134,9 +195,9 @@ class KeyQuery:
                 first = max(low, high - limit)
                 truncated |= first > low
                 found += self._read_range(topic, q.queue_id, first, high)
-        if len(found) > limit:
-            truncated = True
-        return QueryResult(_newest_first(found, limit), truncated)
+                found, cut = _newest_within(found, limit, max_bytes)
+                truncated |= cut
+        return QueryResult(found, truncated)
 
     def _read_range(self, topic: str, queue_id: int, first: int, end: int) -> list[FoundMessage]:
         """The records of offsets [first, end) of a queue (lock held)."""
@@ -160,7 +221,24 @@ class KeyQuery:
                 out.append(FoundMessage(bytes(data[pos : pos + size]), position, fields[7]))
                 pos += size
             offset = result.next_offset
+            out, _cut = _newest_within(out, len(out), config.max_read_bytes)  # memory bound
         return out
+
+
+def _newest_within(
+    messages: Iterable[FoundMessage], limit: int, max_bytes: int
+) -> tuple[list[FoundMessage], bool]:
+    """The newest ``limit`` of ``messages`` whose records total at most
+    ``max_bytes`` (the newest always), newest first; True if any was left out."""
+    ordered = sorted(messages, key=lambda m: (m.store_ms, m.position), reverse=True)
+    kept: list[FoundMessage] = []
+    size = 0
+    for message in ordered:
+        if len(kept) >= limit or (kept and size + len(message.record) > max_bytes):
+            return kept, True
+        kept.append(message)
+        size += len(message.record)
+    return kept, False
 
 
 def _newest_first(messages: Iterable[FoundMessage], limit: int) -> list[FoundMessage]:
