@@ -497,7 +497,7 @@ def test_a_walk_in_chunks_stops_when_windows_go_meanwhile(
     whole = store.keys.by_key(T, b"k0", limit=100)
     assert len(whole.messages) == 40 and not whole.truncated  # many chunks, same answer
     walk_chunk = KeyQuery._walk
-    calls = []
+    calls: list[bool] = []
 
     def then_drop(self: KeyQuery, *args: Any) -> bool:
         done = walk_chunk(self, *args)
