@@ -30,7 +30,7 @@ from equeue_spark.client.errors import (
     EqueueError,
     NotFoundError,
 )
-from equeue_spark.client.queries import DEFAULT_QUERY_LIMIT, query_request
+from equeue_spark.client.queries import DEFAULT_QUERY_LIMIT, QueryResult, query_request
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.route import Route, name_broker
 from equeue_spark.client.routing import Routes
@@ -495,7 +495,7 @@ class Admin:
         start: datetime | int | None = None,
         end: datetime | int | None = None,
         limit: int = DEFAULT_QUERY_LIMIT,
-    ) -> list[Message]:
+    ) -> QueryResult:
         """Messages of ``topic`` whose key, or one of whose extra keys (the
         ``keys`` header), equals ``key`` byte for byte, stored in [start, end)
         (datetime, or ms since the epoch; None: unbounded); with ``key`` None,
@@ -503,18 +503,23 @@ class Admin:
         (1 to 10,000). Staged, aborted and pending delayed messages never
         show. In a cluster every broker group of the topic's route is asked (a
         replica answers for a group whose master does not) and the answers
-        merged. FailedPreconditionError by key when the broker's key index is
-        off (``--no-key-index``)."""
+        merged. A ``QueryResult`` (a list) whose ``truncated`` is True when
+        more may match (a limit reached by a broker group, or the merge). The
+        broker ends a query at its reply's byte limit, its scan limit or its
+        time budget. FailedPreconditionError by key when the broker's key
+        index is off (``--no-key-index``)."""
         request = query_request(topic, key, start, end, limit)
         found: list[Message] = []
+        truncated = False
         for broker in self.routes.route(topic, refresh=True).broker_names():
             try:
                 reply = self.read_on(broker, topic, lambda a: a._query(request))
             except EqueueError as exc:
                 raise name_broker(exc, broker, "") from exc
             found += (self._one(m, f"{topic} query") for m in reply.messages)
+            truncated |= reply.truncated
         found.sort(key=lambda m: (m.store_timestamp_ms, m.position), reverse=True)
-        return found[:limit]
+        return QueryResult(found[:limit], truncated or len(found) > limit)
 
     def _query(self, request: pb.QueryMessagesRequest) -> pb.QueryMessagesReply:
         conn = self._only("query_messages")

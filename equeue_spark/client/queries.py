@@ -10,10 +10,24 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.records import Message
 
 DEFAULT_QUERY_LIMIT = 32
 MAX_QUERY_LIMIT = 10_000
 """Most messages one query returns (the broker's limit too)."""
+
+
+class QueryResult(list[Message]):
+    """The messages a query found (a list: newest first), and ``truncated``:
+    True when more may match than returned (the limit, the reply's byte
+    limit, or the broker's scan or time budget was reached, in any broker
+    group asked): narrow the time range or raise the limit."""
+
+    truncated: bool
+
+    def __init__(self, messages: list[Message] | None = None, truncated: bool = False) -> None:
+        super().__init__(messages or [])
+        self.truncated = truncated
 
 
 def time_ms(value: datetime | int | None, name: str) -> int:

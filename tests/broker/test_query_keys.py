@@ -172,12 +172,12 @@ def test_cli_message_query(
     assert out.code == 0, out.err
     lines = out.out.splitlines()
     assert len(lines) == 3 and all("key=k1" in line for line in lines)
+    assert "more may match: narrow the time range or raise --limit" in out.err
     assert all("value=b" in line for line in lines)  # newest first: the second round
-    docs = [
-        json.loads(line)
-        for line in cli(capsys, broker, "q", "--key", "k1", "--json").out.splitlines()
-    ]
+    whole = cli(capsys, broker, "q", "--key", "k1", "--json")
+    docs = [json.loads(line) for line in whole.out.splitlines()]
     assert len(docs) == 10 and {d["key"] for d in docs} == {"k1"}
+    assert "more may match" not in whole.err
     ranged = cli(
         capsys, broker, "q", "--from", str(first), "--to", str(second), "--json", "--limit", "100"
     )
@@ -191,6 +191,18 @@ def test_cli_message_query(
         assert result.code == 2 and "Traceback" not in result.err, bad
     missing = cli(capsys, broker, "nope", "--key", "k1")
     assert missing.code == 1 and "NOT_FOUND" in missing.err
+
+
+@pytest.mark.timeout(120)
+def test_the_client_says_when_more_may_match(small: tuple[BrokerProcess, list[int]]) -> None:
+    broker, _ = small
+    with Admin(broker.address) as admin:
+        cut = admin.query_messages("q", key="k1", limit=3)
+        assert isinstance(cut, list) and len(cut) == 3 and cut.truncated
+        whole = admin.query_messages("q", key="k1", limit=100)
+        assert len(whole) == 10 and not whole.truncated
+        assert admin.query_messages("q", limit=5).truncated
+        assert not admin.query_messages("q", limit=100).truncated
 
 
 @pytest.mark.timeout(120)

@@ -97,6 +97,10 @@ def cmd_message_query(args: argparse.Namespace, ui: Output) -> None:
             ui.line(
                 f"{m.message_id} {format_time(m.store_timestamp_ms)} {message_line(m, cluster)}"
             )
+    if found.truncated:
+        sys.stderr.write(
+            f"equeue: {len(found)} shown; more may match: narrow the time range or raise --limit\n"
+        )
 
 
 def _replication(s: pb.BrokerStats) -> str:
