@@ -43,7 +43,7 @@ from equeue_proto.record import AT_POSITION, BODY_TO_FRAME, HEADER
 MAX_LIMIT = 10_000
 DEFAULT_LIMIT = 32
 NO_END = (1 << 63) - 1
-CHUNK = 1000
+CHUNK = 256
 """Candidates walked per hold of the engine lock."""
 TIME_BUDGET_S = 0.5
 """A query by key stops (``truncated``) after this long: a key with millions
@@ -137,6 +137,7 @@ class KeyQuery:
             if not done and time.monotonic() >= deadline:
                 found.truncated = True
                 break
+            time.sleep(0)  # let a writer waiting for the lock take it before the next chunk
         return QueryResult(_newest_first(found.messages.values(), limit), found.truncated)
 
     def _walk(  # noqa: PLR0917 (one chunk of _by_key's walk)
