@@ -217,11 +217,19 @@ def test_request_checks(small: tuple[BrokerProcess, list[int]]) -> None:
             ),
             (pb.QueryMessagesRequest(topic="q", start_ms=5, end_ms=5), "INVALID_ARGUMENT"),
             (pb.QueryMessagesRequest(topic="q", start_ms=-1), "INVALID_ARGUMENT"),
+            (pb.QueryMessagesRequest(topic="q", key=b"k"), "INVALID_ARGUMENT"),  # by_key unset
+            (
+                pb.QueryMessagesRequest(topic="q", key=b"k" * (64 * 1024 + 1), by_key=True),
+                "INVALID_ARGUMENT",
+            ),
             (pb.QueryMessagesRequest(topic="gone", by_key=True, key=b"k"), "NOT_FOUND"),
         ):
             with pytest.raises(grpc.RpcError) as caught:
                 raw.admin.QueryMessages(request, timeout=10)
             assert caught.value.code().name == code, request
+            assert "Traceback" not in (caught.value.details() or "")
+        with pytest.raises(grpc.RpcError, match="start_ms -1 is negative"):
+            raw.admin.QueryMessages(pb.QueryMessagesRequest(topic="q", start_ms=-1), timeout=10)
         reply = raw.admin.QueryMessages(pb.QueryMessagesRequest(topic="q"), timeout=10)
         assert len(reply.messages) == 30  # limit 0: the default 32
         assert reply.broker_id and not reply.truncated

@@ -345,6 +345,14 @@ class AdminService(pb_grpc.AdminServicer):
         limit, start, end = query_bounds(request)
         if not request.topic:
             raise BadRequest("give the topic to query")
+        if request.key and not request.by_key:
+            raise BadRequest("a key was given with by_key false: set by_key, or leave the key out")
+        max_key = self.s.store.config.limits.max_key_bytes
+        if len(request.key) > max_key:
+            raise BadRequest(
+                f"key of {len(request.key)} bytes is above max_key_bytes ({max_key}): "
+                "no stored message has such a key"
+            )
 
         def query() -> pb.QueryMessagesReply:
             keys = self.s.store.keys
@@ -594,8 +602,9 @@ def query_bounds(request: pb.QueryMessagesRequest) -> tuple[int, int, int]:
     if limit > MAX_LIMIT:
         raise BadRequest(f"limit {limit} is above the maximum {MAX_LIMIT}: ask for fewer")
     start, end = request.start_ms, request.end_ms or NO_END
-    if start < 0 or end < 0:
-        raise BadRequest(f"time range [{start}, {request.end_ms}) is negative: give ms since 1970")
+    for name, value in (("start_ms", start), ("end_ms", request.end_ms)):
+        if value < 0:
+            raise BadRequest(f"{name} {value} is negative: give ms since 1970 (0: unbounded)")
     if start >= end:
         raise BadRequest(f"time range [{start}, {end}) is empty: start_ms must be below end_ms")
     return limit, start, end
