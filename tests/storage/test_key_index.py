@@ -522,3 +522,25 @@ def test_a_query_stops_at_its_time_budget(
     monkeypatch.setattr(query, "TIME_BUDGET_S", 0.0)
     result = store.keys.by_key(T, b"k0", limit=100)
     assert result.truncated and len(result.messages) == 4
+
+
+def test_a_checkpoint_never_writes_slot_pages_of_entries_cut_meanwhile(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """A replica's truncation between the checkpoint's copy of the slot pages
+    and their write: the pages name entries that are gone; not written."""
+    store = open_store(keyed_config(make_config, slot_count=8, entries_per_file=1 << 10))
+    store.create_topic(T, 1)
+    index = store._state.keys
+    assert index is not None
+    store.append(T, 0, batch([b"a", b"b"] * 10, tag="one"))
+    cut = store.log_end
+    store.append(T, 0, batch([b"a", b"b"] * 10, tag="two"))
+    index._slots_written = float("-inf")
+    _doc, work = index.checkpoint_state()
+    store.truncate(cut, TxnScan(1, {}, False, store.epochs, store.producers))
+    key_index.KeyIndex.persist(work)
+    window = index.windows[-1]
+    window.slots = None  # read the slot array from the file
+    on_disk = [window.head(s) for s in range(8)]
+    assert max(on_disk) <= window.count == 20

@@ -408,6 +408,8 @@ class KeyIndex:
         slot heads (as of entry ``slots_as_of`` or later) those of that count."""
         window.cut_entries(count)
         assert window.slots is not None
+        with window.slot_lock:
+            window.slot_generation += 1  # pages a checkpoint copied may name entries cut
         if max(window.slots, default=0) > count:  # heads of entries cut (or a crash's)
             slots_as_of = 0
         window.relink(slots_as_of)
