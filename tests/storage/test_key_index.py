@@ -544,3 +544,22 @@ def test_a_checkpoint_never_writes_slot_pages_of_entries_cut_meanwhile(
     window.slots = None  # read the slot array from the file
     on_disk = [window.head(s) for s in range(8)]
     assert max(on_disk) <= window.count == 20
+
+
+def test_a_start_bound_skips_plain_records_but_reads_staged_ones(
+    open_store: OpenStore, make_config: MakeConfig
+) -> None:
+    """Plain records stored before ``start_ms`` are skipped from their fixed
+    fields; a transactional one written before it but committed after still shows."""
+    store = open_store(keyed_config(make_config))
+    store.create_topic(T, 1)
+    store.transactions.stage("live", T, [(0, batch([b"k"], tag="live"))])
+    store.append(T, 0, batch([b"k"], tag="plain"))
+    written = int(time.time() * 1000)
+    while int(time.time() * 1000) <= written + 1:  # the commit is stored later
+        pass
+    store.transactions.commit([("live", 1)])
+    newest = store.keys.by_key(T, b"k").messages
+    assert [decode_record(m.record, 0).value for m in newest] == [b"live-0", b"plain-0"]
+    later = store.keys.by_key(T, b"k", start_ms=newest[0].store_ms).messages
+    assert [decode_record(m.record, 0).value for m in later] == [b"live-0"]

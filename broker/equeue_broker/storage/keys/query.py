@@ -29,20 +29,27 @@ engine lock between chunks, so writes are not held behind a long walk.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from equeue_broker.storage.engine import EngineState
-from equeue_broker.storage.errors import CorruptionError, NotFound, PreconditionFailed
+from equeue_broker.storage.errors import (
+    ChunkQuarantined,
+    CorruptionError,
+    NotFound,
+    PreconditionFailed,
+)
 from equeue_broker.storage.keys.frames import frame_keys
 from equeue_broker.storage.keys.key_index import KeyIndex, KeyIndexDamaged, ScanLimit
 from equeue_broker.storage.reads import Reads
-from equeue_proto.record import AT_POSITION, BODY_TO_FRAME, HEADER
+from equeue_proto.record import AT_POSITION, BODY_TO_FRAME, FLAG_DELAYED, FLAG_TXN, HEADER
 
 MAX_LIMIT = 10_000
 DEFAULT_LIMIT = 32
 NO_END = (1 << 63) - 1
+_STAGED = FLAG_TXN | FLAG_DELAYED
 CHUNK = 256
 """Candidates walked per hold of the engine lock."""
 TIME_BUDGET_S = 0.5
@@ -155,6 +162,8 @@ class KeyQuery:
                 if found.full():
                     found.truncated = True
                     return True
+                if self._skippable(position, topic, span[0]):
+                    continue
                 message = self._matching(position, topic, key)
                 if message is not None and span[0] <= message.store_ms < span[1]:
                     found.add(message)
@@ -162,6 +171,19 @@ class KeyQuery:
             found.truncated = True
             return True
         return False
+
+    def _skippable(self, position: int, topic: bytes, start_ms: int) -> bool:
+        """True when the record at ``position`` cannot match, from its fixed
+        fields alone (no copy): another topic's (a hash collision), or a plain
+        record stored before ``start_ms`` (its store time is final; a staged or
+        delayed record's is its commit's or delivery's: read it)."""
+        try:
+            meta = self._state.log.meta_at(position)
+        except (CorruptionError, ChunkQuarantined, struct.error, ValueError):
+            return False  # _matching decides (and skips what it cannot read)
+        if meta.topic != topic:
+            return True
+        return not meta.flags & _STAGED and meta.store_timestamp_ms < start_ms
 
     def _matching(self, position: int, topic: bytes, key: bytes) -> FoundMessage | None:
         """The readable record at ``position`` if it is ``topic``'s and has ``key``."""
