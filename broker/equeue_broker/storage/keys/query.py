@@ -117,9 +117,7 @@ class KeyQuery:
         deadline = time.monotonic() + TIME_BUDGET_S
         try:
             return self._by_key(keys, topic, key, (start_ms, end_ms), limit, deadline)
-        except KeyIndexDamaged as exc:
-            with self._state.lock:
-                keys.rebuild(self._state.log, str(exc))
+        except KeyIndexDamaged:  # rebuilt where it was met (lock held): ask again
             return self._by_key(keys, topic, key, (start_ms, end_ms), limit, deadline)
 
     def _by_key(  # noqa: PLR0917 (the query's parts, called twice)
@@ -140,7 +138,11 @@ class KeyQuery:
                 elif keys.generation != generation:  # a window walked may be gone
                     found.truncated = True
                     break
-                done = self._walk(walk, found, topic_bytes, key, span, created)
+                try:
+                    done = self._walk(walk, found, topic_bytes, key, span, created)
+                except KeyIndexDamaged as exc:  # rebuilt before another query meets it too
+                    keys.rebuild(self._state.log, str(exc))
+                    raise
             if not done and time.monotonic() >= deadline:
                 found.truncated = True
                 break
