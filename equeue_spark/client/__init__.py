@@ -30,6 +30,7 @@ from equeue_spark.client.errors import (
 )
 from equeue_spark.client.filters import UnsupportedFilter
 from equeue_spark.client.producer import Producer
+from equeue_spark.client.queries import QueryResult
 from equeue_spark.client.reader import read_range
 from equeue_spark.client.records import Message, Origin
 from equeue_spark.client.retries import RetryMessage
@@ -60,6 +61,7 @@ __all__ = [
     "PreconditionError",
     "Producer",
     "ProducerFencedError",
+    "QueryResult",
     "RetryMessage",
     "SendResult",
     "SendResults",
