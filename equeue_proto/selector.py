@@ -109,6 +109,9 @@ _TYPE_NAMES = {T_STR: "string", T_BYTES: "bytes", T_NUM: "number", T_BOOL: "bool
 _OPS = {"=": EQ, "<>": NE, "!=": NE, "<": LT, "<=": LE, ">": GT, ">=": GE}
 _OP_TEXT = {EQ: "=", NE: "<>", LT: "<", LE: "<=", GT: ">", GE: ">="}
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate (from ``surrogateescape``d argv bytes, say): no UTF-8 for it."""
+
 _KEYWORDS = frozenset({"AND", "OR", "NOT", "BETWEEN", "IN", "IS", "NULL", "TRUE", "FALSE"})
 
 
@@ -117,8 +120,11 @@ class SelectorError(ValueError):
     character index of the problem in the text."""
 
     def __init__(self, what: str, position: int, text: str) -> None:
-        before = text[max(0, position - 20) : position]
-        after = text[position : position + 20]
+        # backslashreplace: a lone surrogate shown as \udXXX (it has no UTF-8).
+        shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        position_shown = len(text[:position].encode("utf-8", "backslashreplace").decode("utf-8"))
+        before = shown[max(0, position_shown - 20) : position_shown]
+        after = shown[position_shown : position_shown + 20]
         lead = "..." if position > 20 else ""
         tail = "..." if position + 20 < len(text) else ""
         super().__init__(
@@ -506,6 +512,10 @@ def parse(text: str) -> Selector:
     """The selector of ``text``; ``SelectorError`` naming the position if it is bad."""
     if not isinstance(text, str):
         raise SelectorError(f"expected a string, got {type(text).__name__}", 0, "")
+    surrogate = _SURROGATE.search(text)
+    if surrogate is not None:  # not UTF-8: the wire and the C evaluator carry UTF-8 only
+        at = surrogate.start()
+        raise SelectorError(f"character U+{ord(text[at]):04X} is not valid text", at, text)
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_TEXT_BYTES:
         at = len(text.encode("utf-8", "surrogatepass")[:MAX_TEXT_BYTES].decode("utf-8", "ignore"))
