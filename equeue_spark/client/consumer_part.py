@@ -324,9 +324,7 @@ class ConsumerPart:
                 messages += self._take_noting(key, call, positions[key], session, errors) or []
         finally:
             # Unfinished pulls carry on: the next poll takes their replies.
-            self._inflight = {
-                key: (positions[key], session, call) for key, call in pending.items()
-            }
+            self._inflight = {key: (positions[key], session, call) for key, call in pending.items()}
         if errors:  # raised now, or by the next poll once the messages taken are returned
             if not messages:
                 raise errors[0]
