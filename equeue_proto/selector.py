@@ -87,6 +87,7 @@ from equeue_proto.selector_tree import (
     compile_program,
     evaluate,
 )
+from equeue_proto.selector_tree import cost as tree_cost
 
 __all__ = [
     "FALSE", "MAX_DEPTH", "MAX_IN_ITEMS", "MAX_NODES", "MAX_TEXT_BYTES", "TRUE", "UNKNOWN",
@@ -148,6 +149,8 @@ class Selector:
     """Likewise for ``key =``/``key IN`` (the key's bytes)."""
     program: bytes = field(repr=False, default=b"")
     """The compiled postfix form the C evaluator runs (``compile_program``)."""
+    cost: int = 1
+    """About how many comparisons it makes over a record at most (``selector_tree.cost``)."""
 
     def matches(self, record: Record) -> bool:
         """True if the expression is TRUE for ``record`` (the reference evaluator)."""
@@ -527,6 +530,7 @@ def parse(text: str) -> Selector:
         _prefilter(root, TAG),
         _prefilter(root, KEY),
         compile_program(root),
+        tree_cost(root),
     )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from equeue_proto.message_keys import KEYS_HEADER, split_keys
+from equeue_proto.message_keys import KEYS_HEADER, MAX_EXTRA_KEYS, split_keys
 
 # Truth values (SQL three-valued logic).
 FALSE, TRUE, UNKNOWN = 0, 1, 2
@@ -308,7 +308,7 @@ def _in_code(node: In) -> tuple[bytes, int, bytes]:
         # order both sides agree on), so scanned.
         items = b"".join(_value_code(v, node.type) for v in values)
         return bytes([flags]), len(values), items
-    codes = [_value_code(v, node.type) for v in sorted(set(values))]  # type: ignore[type-var] (one kind)
+    codes = [_value_code(v, node.type) for v in sorted(set(values))]
     offsets, at = bytearray(), 0
     for code in codes:
         offsets += struct.pack("<I", at)
@@ -320,7 +320,7 @@ def _literal_code(raw: bytes | None, type_: int) -> bytes:
     return _value_code(convert(raw, type_), type_)
 
 
-def _value_code(value: object, type_: int) -> bytes:
+def _value_code(value: Value, type_: int) -> bytes:
     if value is None:
         return b"\x00"
     if isinstance(value, bytes):
@@ -359,6 +359,28 @@ def _emit(node: Node, out: bytearray) -> None:
             _emit(child, out)
         out += bytes([OP_AND if isinstance(node, And) else OP_OR])
         out += struct.pack("<H", len(node.children))
+
+
+def cost(node: Node) -> int:
+    """About how many value comparisons ``node`` makes over one record at most
+    (``keys`` stands for a record's key and extra keys; an IN list is
+    binary-searched once long): what bounds a filtered read's scan."""
+    if isinstance(node, Compare | In | IsNull):
+        operands = (node.left, node.right) if isinstance(node, Compare) else (node.operand,)
+        values = 1 + MAX_EXTRA_KEYS if any(_is_keys(o) for o in operands) else 1
+        if isinstance(node, In):
+            n = len(node.items)
+            return values * (n if n < SORT_IN_FROM else n.bit_length() + 1)
+        return values
+    if isinstance(node, Const):
+        return 1
+    if isinstance(node, Not):
+        return 1 + cost(node.child)
+    return 1 + sum(cost(child) for child in node.children)
+
+
+def _is_keys(operand: Operand) -> bool:
+    return isinstance(operand, Field) and operand.kind == KEYS
 
 
 def compile_program(root: Node) -> bytes:

@@ -268,8 +268,12 @@ def _long_lists() -> st.SearchStrategy[list[str]]:
     strings = st.sampled_from(["'eu'", "'us'", "'a'", "'k'", "''", "'5'", "'150'", "'é'", "'a b'"])
     ints = st.sampled_from(["5", "150", "-3", "0", "7", "99999999999999999999", "-9", "1000"])
     floats = st.sampled_from(["2.5", "1e2", "0.0", "-0.5", "150.0", "3.25", "5.0"])
-    size = {"min_size": SORT_IN_FROM, "max_size": SORT_IN_FROM + 6}
-    return st.lists(strings, **size) | st.lists(ints, **size) | st.lists(ints | floats, **size)
+    low, high = SORT_IN_FROM, SORT_IN_FROM + 6
+    return (
+        st.lists(strings, min_size=low, max_size=high)
+        | st.lists(ints, min_size=low, max_size=high)
+        | st.lists(ints | floats, min_size=low, max_size=high)
+    )
 
 
 def _condition() -> st.SearchStrategy[str]:

@@ -24,6 +24,18 @@ TagFilter = dict[int, frozenset[bytes]]
 SELECT_BATCH = 16_384
 """Index entries a filtered read plans at a time (it stops at a limit between)."""
 NO_BYTE_LIMIT = 1 << 62
+FREE_COST = 64
+"""An expression costing up to this many comparisons a record (``Selector.cost``)
+scans the whole ``max_filter_scan``; a costlier one proportionally fewer entries,
+so that one read's work under the engine lock stays bounded (``keys IN`` a long
+list compares each of a record's 33 keys)."""
+
+
+def scan_limit(max_scan: int, selector: Selector | None) -> int:
+    """The index entries a read filtered by ``selector`` may inspect."""
+    if selector is None or selector.cost <= FREE_COST:
+        return max_scan
+    return max(1, max_scan * FREE_COST // selector.cost)
 
 
 def before_damage(run: bytes, start: int, stop_at: int, bad: int | None) -> tuple[int, int]:

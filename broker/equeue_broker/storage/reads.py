@@ -55,6 +55,7 @@ from equeue_broker.storage.read_filters import (
     TagFilter,
     Taken,
     before_damage,
+    scan_limit,
     tag_filter,
     wanted_tags,
 )
@@ -313,7 +314,7 @@ class Reads:
         run_start = run_end = -1
         run_offset = run_next = -1  # the run's first offset, the offset that would extend it
         run_entries = bytearray()
-        scan_end = min(end, offset + self._config.max_filter_scan)
+        scan_end = min(end, offset + scan_limit(self._config.max_filter_scan, selector))
         cursor = offset
         capacity = self._log.capacity
         while cursor < scan_end and count < max_messages:
@@ -396,7 +397,7 @@ class Reads:
         rebuilding a damaged entry: the caller starts again."""
         taken = Taken(max_messages, max_bytes)
         cursor = offset
-        scan_end = min(end, offset + self._config.max_filter_scan)
+        scan_end = min(end, offset + scan_limit(self._config.max_filter_scan, selector))
         capacity = self._log.capacity
         mapped_chunk = -1
         while cursor < scan_end and taken.count < max_messages:
