@@ -275,20 +275,47 @@ def test_a_parked_filtered_pull_wakes_for_a_match(
         admin.create_topic("parked", queues=1)
         producer.send_batch("parked", [b"old"], headers=[[("kind", b"noise")]], queue_ids=[0])
         request = pb.PullRequest(
-            topic="parked", queue_id=0, offset=0, filter="kind = 'signal'", max_wait_ms=20_000
+            topic="parked", queue_id=0, offset=0, filter="kind = 'signal'", max_wait_ms=50_000
         )
-        call = stub.Pull.future(request, timeout=30)
-        # Parked: the noise was inspected and skipped, nothing answered yet. The
-        # broker counts the skipped record before it parks (the readiness signal).
-        deadline = time.monotonic() + 20
-        while admin.stats().records_filtered < 1:
-            assert time.monotonic() < deadline, "the pull never inspected the noise"
-            time.sleep(0.01)
-        assert not call.done()
+        # It skipped the noise: answered at once with where it got to, not parked
+        # (a parked pull that a consumer cancels would lose that progress).
+        skipped = stub.Pull(request, timeout=40)
+        assert (skipped.records, skipped.next_offset) == (b"", 1)
+        request.offset = 1  # nothing to skip: parked until a record comes
+        call = stub.Pull.future(request, timeout=60)
         producer.send_batch("parked", [b"new"], headers=[[("kind", b"signal")]], queue_ids=[0])
-        reply = call.result(timeout=20)
+        reply = call.result(timeout=50)
+        stats = admin.stats()
     assert [m.value for m in decode_records(reply.records, reply.broker_id)] == [b"new"]
     assert reply.next_offset == 2
+    assert (stats.records_served, stats.records_filtered) == (1, 1)
+
+
+@pytest.mark.timeout(120)
+def test_a_filtered_consumer_passes_a_queue_of_non_matching_records(
+    broker: BrokerProcess,
+) -> None:
+    """Queue 0 holds only records the filter leaves out, queue 1 plenty that
+    pass: queue 0's position still reaches its end long before queue 1 is read
+    (its pull answered with the offset it scanned to, and a poll that returns
+    with queue 1's messages keeps that pull for the next poll, not cancel it)."""
+    noise, signal = 20_000, 30_000
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic("starve", queues=2)
+        for queue, count, n in ((0, noise, b"0"), (1, signal, b"1")):
+            for _ in range(count // 10_000):
+                producer.send_batch("starve", [b"v"] * 10_000, headers=[[("n", n)]] * 10_000,
+                                    queue_ids=[queue] * 10_000)  # fmt: skip
+    got = 0
+    with Consumer(broker.address, filter="n = 1", max_wait_ms=100, max_messages=10) as consumer:
+        consumer.assign("starve", [0, 1])
+        consumer.seek("starve", 0, 0)
+        consumer.seek("starve", 1, 0)
+        deadline = time.monotonic() + 90
+        while consumer.positions()[("starve", 0)] < noise:
+            assert time.monotonic() < deadline, f"queue 0 stuck at {consumer.positions()}"
+            got += len(consumer.poll(timeout_s=0.5))
+    assert got < signal  # queue 1 still had messages all along
 
 
 TOKENS = """
