@@ -380,3 +380,33 @@ def test_a_broker_without_the_filter_feature_is_refused_before_reading() -> None
                 next(stream_replies(conn, "t", 0, 0, filter="a ="))
     finally:
         server.stop(None)
+
+
+@pytest.mark.timeout(90)
+def test_cli_arguments_that_are_not_utf8(broker: BrokerProcess) -> None:
+    """Bytes that are not UTF-8 on the command line: a key or a header value is
+    sent as the bytes given (surrogateescape); a header name, a tag or a filter
+    is text, so refused with exit 2 and a message, never a traceback."""
+    base: list[str | bytes] = [sys.executable, "-m", "equeue_spark.cli", "--broker", broker.address]
+    with Admin(broker.address) as admin:
+        admin.create_topic("cli-raw", queues=1)
+    done = subprocess.run(
+        [*base, "produce", "cli-raw", "--key", b"k\xfe", "--header", b"raw=\xff\x01",
+         "--extra-key", b"x\xfd"],
+        input=b"one\n", capture_output=True, timeout=50, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with Consumer(broker.address, filter="raw = X'ff01' AND keys = X'78fd'") as consumer:
+        consumer.assign("cli-raw", [0])
+        got = _poll_to_end(consumer, {("cli-raw", 0): 1}, 30)
+    assert [(m.value, m.key, m.header("raw")) for m in got] == [(b"one", b"k\xfe", b"\xff\x01")]
+    for args, what in (
+        (["produce", "cli-raw", "--header", b"\xff=1"], b"not valid UTF-8"),
+        (["produce", "cli-raw", "--tag", b"t\xff"], b"not valid UTF-8"),
+        (["consume", "cli-raw", "--filter", b"a = '\xff'"], b"position 5"),
+    ):
+        bad = subprocess.run(
+            [*base, *args], input=b"z\n", capture_output=True, timeout=50, check=False
+        )
+        assert bad.returncode == 2, bad.stderr
+        assert what in bad.stderr and b"Traceback" not in bad.stderr
