@@ -400,11 +400,12 @@ def test_cli_arguments_that_are_not_utf8(broker: BrokerProcess) -> None:
         consumer.assign("cli-raw", [0])
         got = _poll_to_end(consumer, {("cli-raw", 0): 1}, 30)
     assert [(m.value, m.key, m.header("raw")) for m in got] == [(b"one", b"k\xfe", b"\xff\x01")]
-    for args, what in (
+    refused: list[tuple[list[str | bytes], bytes]] = [
         (["produce", "cli-raw", "--header", b"\xff=1"], b"not valid UTF-8"),
         (["produce", "cli-raw", "--tag", b"t\xff"], b"not valid UTF-8"),
         (["consume", "cli-raw", "--filter", b"a = '\xff'"], b"position 5"),
-    ):
+    ]
+    for args, what in refused:
         bad = subprocess.run(
             [*base, *args], input=b"z\n", capture_output=True, timeout=50, check=False
         )
