@@ -594,7 +594,54 @@ def render(node: Node) -> str:
         return f"{_operand_text(node.operand)} IS {'NOT ' if node.negated else ''}NULL"
     if isinstance(node, Const):
         return "TRUE" if node.value else "FALSE"
+    between = _between_text(node, "")
+    if between is not None:
+        return between
     if isinstance(node, Not):
-        return f"NOT ({render(node.child)})"
-    joiner = " AND " if isinstance(node, And) else " OR "
-    return joiner.join(f"({render(c)})" for c in node.children)
+        between = _between_text(node.child, "NOT ")
+        if between is not None:
+            return between
+        inner = render(node.child)
+        # NOT binds tighter than AND and OR; no parentheses a text did not need
+        # (each one nests a level, and MAX_DEPTH applies to the text again).
+        return f"NOT ({inner})" if isinstance(node.child, And | Or) else f"NOT {inner}"
+    if isinstance(node, And):
+        return " AND ".join(_conjuncts_text(node.children))
+    return " OR ".join(f"({render(c)})" if isinstance(c, Or) else render(c) for c in node.children)
+
+
+def _conjuncts_text(children: tuple[Node, ...]) -> list[str]:
+    """An AND's operands as text (an OR in parentheses: AND binds tighter). A
+    BETWEEN flattened into the AND is written as one again: its type comes from
+    both bounds, which its two comparisons written apart may not have."""
+    out: list[str] = []
+    i = 0
+    while i < len(children):
+        pair = _between_text(And(children[i : i + 2]), "") if i + 1 < len(children) else None
+        if pair is not None:
+            out.append(pair)
+            i += 2
+            continue
+        child = children[i]
+        out.append(f"({render(child)})" if isinstance(child, Or | And) else render(child))
+        i += 1
+    return out
+
+
+def _between_text(node: Node, negation: str) -> str | None:
+    """``x [NOT ]BETWEEN lo AND hi`` if ``node`` is the tree BETWEEN parses to."""
+    if not isinstance(node, And) or len(node.children) != 2:
+        return None
+    low, high = node.children
+    if not (
+        isinstance(low, Compare)
+        and isinstance(high, Compare)
+        and (low.op, high.op) == (GE, LE)
+        and low.left == high.left
+        and low.type == high.type == _type_of(low.left, low.right, high.right)
+        and low.type != T_BOOL
+        and not (isinstance(low.left, Field) and low.left.kind == KEYS)
+    ):
+        return None
+    x, lo, hi = (_operand_text(o) for o in (low.left, low.right, high.right))
+    return f"{x} {negation}BETWEEN {lo} AND {hi}"

@@ -124,8 +124,10 @@ def test_grammar_table(text: str, expected: int) -> None:
 @pytest.mark.parametrize(
     ("text", "normal"),
     [
-        ("a=1 and b='x' or not c is null", "((a = 1) AND (b = 'x')) OR (NOT (c IS NULL))"),
-        ("x between 1 and 2", "(x >= 1) AND (x <= 2)"),
+        ("a=1 and b='x' or not c is null", "a = 1 AND b = 'x' OR NOT c IS NULL"),
+        ("(a=1 or b=2) and not (c=3 or d=4)", "(a = 1 OR b = 2) AND NOT (c = 3 OR d = 4)"),
+        ("x between 1 and 2", "x BETWEEN 1 AND 2"),
+        ("not x between 1 and 2 or not not y = 1", "x NOT BETWEEN 1 AND 2 OR NOT NOT y = 1"),
         ("\"tag\" in ('a')", "\"tag\" IN ('a')"),
         ("key = x'0a'", "key = X'0A'"),
     ],
@@ -467,3 +469,24 @@ def test_crafted_programs_with_wrong_literals_are_refused(program: bytes) -> Non
     frames = encode_frames([("t", b"k", [("a", b"5")], 1)])
     with pytest.raises(ValueError, match="malformed program"):
         CODEC.select_frames(program, frames, 10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=expressions)
+def test_the_normalized_text_parses_back_to_the_same_tree(text: str) -> None:
+    selector = _parsed(text)
+    if selector is not None:
+        assert parse(selector.text).root == selector.root
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "NOT " * (MAX_DEPTH - 1) + "a = 1",  # each NOT nests a level; "NOT (" would nest two
+        "(" * (MAX_DEPTH - 1) + "a = 1 OR b = 2" + ")" * (MAX_DEPTH - 1),
+        " OR ".join(["a NOT BETWEEN 1 AND 2"] * 60),
+    ],
+)
+def test_the_normalized_text_of_a_text_at_the_limits_parses(text: str) -> None:
+    selector = parse(text)
+    assert parse(selector.text).root == selector.root
