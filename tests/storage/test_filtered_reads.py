@@ -12,7 +12,7 @@ import pytest
 
 from equeue_broker.storage import Store
 from equeue_broker.storage.log.record import MessageBatch
-from equeue_broker.storage.read_filters import FREE_COST, scan_limit
+from equeue_broker.storage.read_filters import FREE_COST, SELECT_RUN_BYTES, scan_limit
 from equeue_proto.record import StoredMessage
 from equeue_proto.selection import select_frames
 from equeue_proto.selector import Selector, parse
@@ -227,3 +227,34 @@ def test_a_costly_expression_scans_proportionally_fewer_entries(
     assert limit == 10_000 * FREE_COST // costly.cost < 3000
     result = store.reads.read_records(T, 0, 0, selector=costly)
     assert (result.count, result.next_offset) == (0, limit)
+
+
+def test_a_filtered_read_patches_transactions_records_a_bounded_run_at_a_time(
+    open_store: OpenStore, make_config: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction's records are copied to be patched with their commit offsets
+    before the expression sees them: at most SELECT_RUN_BYTES at a time, not a
+    whole chunk's run whatever the read's max_bytes."""
+    from equeue_broker.storage import reads
+
+    sizes: list[int] = []
+    real = reads._served
+
+    def measured(piece: object, entries: bytes, first_offset: int) -> object:
+        sizes.append(len(piece))  # type: ignore[arg-type]
+        return real(piece, entries, first_offset)  # type: ignore[arg-type]
+
+    store = open_store(make_config(chunk_capacity_bytes=64 << 20))
+    store.create_topic(T, 1)
+    value = b"z" * 10_000
+    for i in range(3):  # 3 transactions of 200 x 10 KB: one 6 MB run in one chunk
+        staged = MessageBatch([value] * 200, headers=[[("n", b"1")]] * 200)
+        store.transactions.stage(f"tx{i}", T, [(0, staged)])
+        store.transactions.commit([(f"tx{i}", 200)])
+    monkeypatch.setattr(reads, "_served", measured)
+    result = store.reads.read_records(T, 0, 0, selector=parse("n = 'never'"), max_bytes=1000)
+    assert (result.count, result.next_offset) == (0, 600)
+    assert sizes and max(sizes) <= SELECT_RUN_BYTES + 11_000
+    passing = store.reads.read_records(T, 0, 0, selector=parse("n = 1"), max_messages=1000,
+                                       max_bytes=64 << 20)  # fmt: skip
+    assert [m.offset for m in decode_records(passing.records, "b")] == list(range(600))

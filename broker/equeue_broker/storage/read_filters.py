@@ -23,7 +23,9 @@ TagFilter = dict[int, frozenset[bytes]]
 
 SELECT_BATCH = 16_384
 """Index entries a filtered read plans at a time (it stops at a limit between)."""
-NO_BYTE_LIMIT = 1 << 62
+SELECT_RUN_BYTES = 4 << 20
+"""Bytes of records a filtered read plans at a time (one record more if larger):
+bounds the copy a run of transactions' records takes to be patched as served."""
 FREE_COST = 64
 """An expression costing up to this many comparisons a record (``Selector.cost``)
 scans the whole ``max_filter_scan``; a costlier one proportionally fewer entries,

@@ -50,8 +50,8 @@ from equeue_broker.storage.index.queue_index import (
 from equeue_broker.storage.index.queue_state import QueueState
 from equeue_broker.storage.log.record import patch_committed
 from equeue_broker.storage.read_filters import (
-    NO_BYTE_LIMIT,
     SELECT_BATCH,
+    SELECT_RUN_BYTES,
     TagFilter,
     Taken,
     before_damage,
@@ -405,7 +405,7 @@ class Reads:
             if not entries:
                 break
             n = len(entries) // ENTRY_SIZE
-            runs, planned, _, _, stop = index_runs(entries, capacity, n, NO_BYTE_LIMIT, 0, 0)
+            runs, planned, _, _, stop = index_runs(entries, capacity, n, SELECT_RUN_BYTES, 0, 0)
             bounds = [first for _, _, first in runs[1:]] + [planned]
             for (start, run_end, first), after in zip(runs, bounds, strict=True):
                 if start // capacity != mapped_chunk:
