@@ -3,10 +3,12 @@ Consumer, the counters that prove what was sent, and the CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -411,3 +413,28 @@ def test_cli_arguments_that_are_not_utf8(broker: BrokerProcess) -> None:
         )
         assert bad.returncode == 2, bad.stderr
         assert what in bad.stderr and b"Traceback" not in bad.stderr
+
+
+def test_a_filter_not_compiled_yet_is_parsed_off_the_event_loop() -> None:
+    """A new expression is parsed on the thread pool (milliseconds for a long
+    one); a known one comes from the cache without leaving the event loop."""
+    from equeue_broker.server.filters import Selectors
+
+    selectors = Selectors()
+    threads: list[str] = []
+
+    async def offload(fn: Callable[..., object], *args: object) -> object:
+        def run() -> object:
+            threads.append(threading.current_thread().name)
+            return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    async def twice() -> tuple[object, object, object]:
+        first = await selectors.compiled(EXPRESSION, offload)  # type: ignore[arg-type]
+        again = await selectors.compiled(EXPRESSION, offload)  # type: ignore[arg-type]
+        return first, again, await selectors.compiled("", offload)  # type: ignore[arg-type]
+
+    first, again, none = asyncio.run(twice())
+    assert first is again and none is None
+    assert len(threads) == 1 and threads[0] != threading.main_thread().name

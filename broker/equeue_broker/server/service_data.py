@@ -318,7 +318,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
                 f"max_wait_ms {request.max_wait_ms} exceeds the broker's limit {config.max_wait_ms}"
             )
         tags = list(request.tags) or None
-        selector = self.selectors.get(request.filter)
+        selector = await self.selectors.compiled(request.filter, self.s.call)
         topic, queue_id = request.topic, request.queue_id
         owner_check = self._owner_check(request)
         owner_check()
@@ -409,7 +409,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         # and only until stream_send_timeout_ms ends them.
         share = max(DEFAULT_PULL_BYTES, budget.limit // 8)
         batch_bytes = min(request.batch_bytes or DEFAULT_PULL_BYTES, share)
-        selector = self.selectors.get(request.filter)
+        selector = await self.selectors.compiled(request.filter, self.s.call)
         read = functools.partial(
             store.reads.read_records, request.topic, request.queue_id,
             max_bytes=batch_bytes, tags=list(request.tags) or None, frame=self.pull_framer,
