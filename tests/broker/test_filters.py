@@ -23,6 +23,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client import Admin, Consumer, InvalidRequest, Message, Producer
 from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.errors import PermissionDeniedError
 from equeue_spark.client.filters import UnsupportedFilter
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.records import decode_records
@@ -354,6 +355,13 @@ def test_a_consume_only_token_checks_filters_by_a_probe(
         consumer.assign("scoped-t", [0])
         got = _poll_to_end(consumer, {("scoped-t", 0): 2}, 30)
     assert [m.value for m in got] == [b"b"]
+    with Admin(config=admin_config) as admin:
+        admin.create_topic("other-t", queues=1)
+    # The probe pull of a topic the token may not read: that refusal is the error
+    # (not "the broker does not apply filters").
+    with Consumer(config=reader, filter="n = 2") as consumer, pytest.raises(PermissionDeniedError):
+        consumer.assign("other-t", [0])
+        consumer.poll(timeout_s=1)
 
 
 def _old_stats(request: pb.GetStatsRequest, context: object) -> pb.BrokerStats:
