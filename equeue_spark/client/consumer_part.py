@@ -87,11 +87,11 @@ class ConsumerPart:
         self.damaged_skipped: dict[QueueKey, list[int]] = {}
         """Offsets of damaged records skipped (``on_data_loss="skip"``), per queue."""
         self._deferred: EqueueError | None = None
+        """A poll's error held back to return the messages it had taken first."""
         # Pulls a poll left unfinished, kept for the next one: {queue: (offset,
         # session, call)}. Cancelling them would lose a filtered pull's progress
         # (records it scanned past) whenever another queue answers first.
         self._inflight: dict[QueueKey, tuple[int, int, grpc.Future[PullReply]]] = {}
-        """A poll's error held back to return the messages it had taken first."""
         self.consumer_id = consumer_id
         self._conn = conn
         self.address = conn.config.target
@@ -325,6 +325,8 @@ class ConsumerPart:
         finally:
             # Unfinished pulls carry on: the next poll takes their replies.
             self._inflight = {key: (positions[key], session, call) for key, call in pending.items()}
+            if self._closed.is_set():  # closed meanwhile (another thread)
+                self.cancel_pulls()
         if errors:  # raised now, or by the next poll once the messages taken are returned
             if not messages:
                 raise errors[0]
@@ -359,15 +361,20 @@ class ConsumerPart:
         """A pull per queue: the previous poll's unfinished one if it reads from
         the same offset in the same session, else a new one."""
         kept, self._inflight = self._inflight, {}
-        pending = {}
-        for key, offset in positions.items():
-            old = kept.pop(key, None)
-            if old is not None and old[:2] == (offset, session):
-                pending[key] = old[2]
-                continue
-            if old is not None:
-                old[2].cancel()  # sought or re-assigned meanwhile
-            pending[key] = self._pull_async(key, offset, wait_ms, session)
+        pending: dict[QueueKey, grpc.Future[PullReply]] = {}
+        try:
+            for key, offset in positions.items():
+                old = kept.pop(key, None)
+                if old is not None and old[:2] == (offset, session):
+                    pending[key] = old[2]
+                    continue
+                if old is not None:
+                    old[2].cancel()  # sought or re-assigned meanwhile
+                pending[key] = self._pull_async(key, offset, wait_ms, session)
+        except BaseException:  # e.g. UnsupportedFilter: no pull left running
+            for call in [*pending.values(), *(c for _o, _s, c in kept.values())]:
+                call.cancel()
+            raise
         for _offset, _session, call in kept.values():
             call.cancel()  # no longer assigned
         return pending

@@ -258,3 +258,30 @@ def test_a_filtered_read_patches_transactions_records_a_bounded_run_at_a_time(
     passing = store.reads.read_records(T, 0, 0, selector=parse("n = 1"), max_messages=1000,
                                        max_bytes=64 << 20)  # fmt: skip
     assert [m.offset for m in decode_records(passing.records, "b")] == list(range(600))
+
+
+@pytest.mark.parametrize("tags", [["a"], ["a", "b"], [""], ["", "a"], ["none"]])
+@pytest.mark.parametrize("expression", [None, "amount < 100", "tag = 'a' OR region = 'eu'"])
+def test_tags_alone_or_with_an_expression_read_exactly_their_records(
+    open_store: OpenStore, tags: list[str], expression: str | None
+) -> None:
+    """``tags`` runs through C as ``tag IN (...)`` (with the expression, if any);
+    the empty tag, which an untagged record has, by the index's tag hashes."""
+    store = open_store()
+    _fill(store, 2000)
+    selector = None if expression is None else parse(expression)
+    want = [
+        m.queue_offset
+        for m in store.read(T, 0, 0, max_messages=10_000).messages
+        if m.tag in tags and (selector is None or selector.matches(_Stored(m)))
+    ]
+    got: list[int] = []
+    offset = 0
+    while offset < 2000:
+        result = store.reads.read_records(
+            T, 0, offset, max_messages=7, max_bytes=900, tags=tags, selector=selector
+        )
+        assert result.next_offset > offset
+        got += [m.offset for m in decode_records(result.records, "b")]
+        offset = result.next_offset
+    assert got == want

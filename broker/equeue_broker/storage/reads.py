@@ -58,8 +58,10 @@ from equeue_broker.storage.read_filters import (
     scan_limit,
     tag_filter,
     wanted_tags,
+    with_tags,
 )
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
+from equeue_proto.accel import CODEC
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, StoredMessage
 from equeue_proto.selection import select_frames
 from equeue_proto.selector import Selector
@@ -158,9 +160,12 @@ class Reads:
         from it on are neither inspected nor returned (a range read's end).
         """
         self._check_read_limits(offset, max_messages, max_bytes)
-        # An expression alone runs through C run by run, tag conjuncts included
-        # (a per-record tag skip in Python is ~100x slower); the index's tag-hash
-        # skip serves the ``tags`` argument.
+        # Expressions and tags run through C run by run, tag conditions included
+        # (a per-record step in Python is many times slower); the index's tag-hash
+        # skip serves ``tags`` alone without C, or naming the empty tag.
+        if tags is not None and (selector is not None or CODEC is not None):
+            combined = with_tags(selector, tags)
+            selector, tags = (selector, tags) if combined is None else (combined, None)
         wanted = None if tags is None else wanted_tags(tags, selector)
         with self._lock:
             queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
