@@ -88,9 +88,12 @@ class ConsumerPart:
         """Offsets of damaged records skipped (``on_data_loss="skip"``), per queue."""
         self._deferred: EqueueError | None = None
         """A poll's error held back to return the messages it had taken first."""
-        # Pulls a poll left unfinished, kept for the next one: {queue: (offset,
-        # session, call)}. Cancelling them would lose a filtered pull's progress
-        # (records it scanned past) whenever another queue answers first.
+        # A filtered consumer's pulls that a poll left unfinished, kept for the
+        # next one: {queue: (offset, session, call)}. Cancelling them would lose
+        # a filtered pull's progress (records it scanned past) whenever another
+        # queue answers first. Unfiltered pulls are cancelled as before: a reply
+        # comes for the next poll at once, and a parked one must not be answered
+        # (served, by a broker that may be gone by then) while no one polls.
         self._inflight: dict[QueueKey, tuple[int, int, grpc.Future[PullReply]]] = {}
         self.consumer_id = consumer_id
         self._conn = conn
@@ -323,9 +326,10 @@ class ConsumerPart:
                 call = pending.pop(key)
                 messages += self._take_noting(key, call, positions[key], session, errors) or []
         finally:
-            # Unfinished pulls carry on: the next poll takes their replies.
+            # A filtered consumer's unfinished pulls carry on: the next poll takes
+            # their replies.
             self._inflight = {key: (positions[key], session, call) for key, call in pending.items()}
-            if self._closed.is_set():  # closed meanwhile (another thread)
+            if self._closed.is_set() or not (self.filter or self.tags):
                 self.cancel_pulls()
         if errors:  # raised now, or by the next poll once the messages taken are returned
             if not messages:
