@@ -1538,6 +1538,54 @@ static const uint8_t *soperand_skip(const uint8_t *p, const uint8_t *end) {
     return NULL;
 }
 
+#define SIN_NEGATED 1
+#define SIN_SORTED 2 /* items sorted, distinct, one kind; a u32 offset table before them */
+
+/* The literal kind (slit code) a value converted to `type` has; 0 is NULL. A
+ * literal of another kind would make scompare read a value it does not hold. */
+static int slit_kind_ok(uint8_t kind, int type) {
+    if (kind == 0) return 1;
+    switch (type) {
+    case ST_STR: case ST_BYTES: return kind == 1;
+    case ST_NUM: return kind == 2 || kind == 3;
+    default: return kind == 4;
+    }
+}
+
+static int soperand_kind_ok(const uint8_t *p, const uint8_t *end, int type) {
+    if (p >= end || *p != 1) return 1; /* NULL, a field (soperand_skip checks it) */
+    return p + 1 < end && slit_kind_ok(p[1], type);
+}
+
+static int scompare(const sval_t *a, const sval_t *b);
+static const uint8_t *slit_read(const uint8_t *p, sval_t *v);
+
+/* Check an IN list's `count` items at p (after its offset table if sorted:
+ * each offset must name its item, the items ascending, none NULL, all of one
+ * kind); returns the list's end, NULL if bad. */
+static const uint8_t *sin_items_valid(const uint8_t *p, const uint8_t *end, int type,
+                                      uint16_t count, int sorted) {
+    const uint8_t *offs = p;
+    if (sorted) {
+        if ((size_t)(end - p) < 4u * count) return NULL;
+        p += 4u * count;
+    }
+    const uint8_t *items = p;
+    sval_t prev = {0};
+    for (uint16_t i = 0; i < count; i++) {
+        if (p >= end || !slit_kind_ok(*p, type)) return NULL;
+        const uint8_t *at = p;
+        if ((p = slit_skip(p, end)) == NULL) return NULL;
+        if (!sorted) continue;
+        sval_t v;
+        slit_read(at, &v);
+        if (get32(offs + 4u * i) != (uint32_t)(at - items) || v.kind == SV_NULL) return NULL;
+        if (i && (v.kind != prev.kind || scompare(&prev, &v) >= 0)) return NULL;
+        prev = v;
+    }
+    return p;
+}
+
 /* Check a program's structure once (every read in bounds, the stack never
  * under- or overflows, one value left at END); 0 if bad. */
 static int sprogram_valid(const uint8_t *p, size_t len) {
@@ -1548,21 +1596,28 @@ static int sprogram_valid(const uint8_t *p, size_t len) {
         switch (op) {
         case SOP_END: return depth == 1 && p == end;
         case SOP_CONST: if (p >= end) return 0; p++; depth++; break;
-        case SOP_CMP:
+        case SOP_CMP: {
             if (end - p < 2 || p[0] < SC_EQ || p[0] > SC_GE || p[1] < ST_STR || p[1] > ST_BOOL)
                 return 0;
+            int type = p[1];
             p += 2;
-            if ((p = soperand_skip(p, end)) == NULL || (p = soperand_skip(p, end)) == NULL) return 0;
+            for (int side = 0; side < 2; side++) {
+                if (!soperand_kind_ok(p, end, type)) return 0;
+                if ((p = soperand_skip(p, end)) == NULL) return 0;
+            }
             depth++;
             break;
+        }
         case SOP_IN: {
-            if (end - p < 2 || p[0] < ST_STR || p[0] > ST_BOOL) return 0;
+            if (end - p < 2 || p[0] < ST_STR || p[0] > ST_BOOL || p[1] > (SIN_NEGATED | SIN_SORTED))
+                return 0;
+            int type = p[0], sorted = p[1] & SIN_SORTED;
             p += 2;
+            if (!soperand_kind_ok(p, end, type)) return 0;
             if ((p = soperand_skip(p, end)) == NULL || end - p < 2) return 0;
             uint16_t count = get16(p);
             p += 2;
-            for (uint16_t i = 0; i < count; i++)
-                if ((p = slit_skip(p, end)) == NULL) return 0;
+            if ((p = sin_items_valid(p, end, type, count, sorted)) == NULL) return 0;
             depth++;
             break;
         }
@@ -1797,10 +1852,39 @@ static int skeys_next(skeys_t *k, const uint8_t **p, size_t *n) {
     return 0;
 }
 
-/* TRUE if any key of the frame equals one of the `count` literal codes at
- * `items` (converted to `type`); UNKNOWN if no key converts. */
-static int skeys_match(const sframe_t *f, int type, const uint8_t *items, int count,
-                       const sval_t *single) {
+/* An IN list: `count` literal codes at `items`; if `offs`, they are sorted
+ * and offs holds each one's u32 offset from `items` (SIN_SORTED). */
+typedef struct {
+    const uint8_t *items, *offs;
+    int count;
+} slist_t;
+
+/* 1 if x (not NULL) equals an item of the list: a binary search if sorted
+ * (so a long list costs log2(count) comparisons a record), else a scan. */
+static int slist_has(const slist_t *l, const sval_t *x) {
+    sval_t w;
+    if (l->offs != NULL) {
+        int lo = 0, hi = l->count;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            slit_read(l->items + get32(l->offs + 4u * (unsigned)mid), &w);
+            int c = scompare(x, &w);
+            if (c == 0) return 1;
+            if (c < 0) hi = mid; else lo = mid + 1;
+        }
+        return 0;
+    }
+    const uint8_t *r = l->items;
+    for (int i = 0; i < l->count; i++) {
+        r = slit_read(r, &w);
+        if (w.kind != SV_NULL && scompare(x, &w) == 0) return 1;
+    }
+    return 0;
+}
+
+/* TRUE if any key of the frame equals one of the list's items (converted to
+ * `type`); UNKNOWN if no key converts. */
+static int skeys_match(const sframe_t *f, int type, const slist_t *list, const sval_t *single) {
     skeys_t k;
     skeys_start(&k, f);
     const uint8_t *p;
@@ -1815,12 +1899,7 @@ static int skeys_match(const sframe_t *f, int type, const uint8_t *items, int co
             if (scompare(&v, single) == 0) return S_TRUE;
             continue;
         }
-        const uint8_t *q = items;
-        for (int i = 0; i < count; i++) {
-            sval_t w;
-            q = slit_read(q, &w);
-            if (w.kind != SV_NULL && scompare(&v, &w) == 0) return S_TRUE;
-        }
+        if (slist_has(list, &v)) return S_TRUE;
     }
     return any ? S_FALSE : S_UNKNOWN;
 }
@@ -1848,7 +1927,7 @@ static int seval(const uint8_t *p, const uint8_t *pend, const sframe_t *f) {
                 if (wanted.kind == SV_NULL) {
                     result = S_UNKNOWN;
                 } else {
-                    int found = skeys_match(f, type, NULL, 0, &wanted);
+                    int found = skeys_match(f, type, NULL, &wanted);
                     result = cmp == SC_EQ ? found : snegate(found);
                 }
             } else {
@@ -1865,30 +1944,26 @@ static int seval(const uint8_t *p, const uint8_t *pend, const sframe_t *f) {
             break;
         }
         case SOP_IN: {
-            int type = p[0], negated = p[1];
+            int type = p[0], negated = p[1] & SIN_NEGATED;
             const uint8_t *x_at = p + 2;
             const uint8_t *q = soperand_skip(x_at, pend);
-            int count = get16(q);
-            const uint8_t *items = q + 2;
-            const uint8_t *after = items;
-            for (int i = 0; i < count; i++) after = slit_skip(after, pend);
+            slist_t list = {q + 2, NULL, get16(q)};
+            if (p[1] & SIN_SORTED) {
+                list.offs = list.items;
+                list.items += 4u * (unsigned)list.count;
+            }
+            const uint8_t *after = list.items;
+            if (list.offs != NULL && list.count) /* O(1): past the last item */
+                after = slit_skip(list.items + get32(list.offs + 4u * (unsigned)(list.count - 1)), pend);
+            else
+                for (int i = 0; i < list.count; i++) after = slit_skip(after, pend);
             int found;
             if (sis_keys(x_at)) {
-                found = skeys_match(f, type, items, count, NULL);
+                found = skeys_match(f, type, &list, NULL);
             } else {
                 sval_t x;
                 soperand(x_at, f, type, &x);
-                if (x.kind == SV_NULL) {
-                    found = -1;
-                } else {
-                    found = S_FALSE;
-                    const uint8_t *r = items;
-                    for (int i = 0; i < count; i++) {
-                        sval_t w;
-                        r = slit_read(r, &w);
-                        if (w.kind != SV_NULL && scompare(&x, &w) == 0) { found = S_TRUE; break; }
-                    }
-                }
+                found = x.kind == SV_NULL ? -1 : slist_has(&list, &x) ? S_TRUE : S_FALSE;
             }
             int result = found < 0 ? S_UNKNOWN : negated ? snegate(found) : found;
             stack[sp++] = (uint8_t)result;

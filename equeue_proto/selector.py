@@ -87,6 +87,7 @@ from equeue_proto.selector_tree import (
     compile_program,
     evaluate,
 )
+from equeue_proto.selector_tree import cost as tree_cost
 
 __all__ = [
     "FALSE", "MAX_DEPTH", "MAX_IN_ITEMS", "MAX_NODES", "MAX_TEXT_BYTES", "TRUE", "UNKNOWN",
@@ -109,6 +110,9 @@ _TYPE_NAMES = {T_STR: "string", T_BYTES: "bytes", T_NUM: "number", T_BOOL: "bool
 _OPS = {"=": EQ, "<>": NE, "!=": NE, "<": LT, "<=": LE, ">": GT, ">=": GE}
 _OP_TEXT = {EQ: "=", NE: "<>", LT: "<", LE: "<=", GT: ">", GE: ">="}
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate (from ``surrogateescape``d argv bytes, say): no UTF-8 for it."""
+
 _KEYWORDS = frozenset({"AND", "OR", "NOT", "BETWEEN", "IN", "IS", "NULL", "TRUE", "FALSE"})
 
 
@@ -117,8 +121,11 @@ class SelectorError(ValueError):
     character index of the problem in the text."""
 
     def __init__(self, what: str, position: int, text: str) -> None:
-        before = text[max(0, position - 20) : position]
-        after = text[position : position + 20]
+        # backslashreplace: a lone surrogate shown as \udXXX (it has no UTF-8).
+        shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        position_shown = len(text[:position].encode("utf-8", "backslashreplace").decode("utf-8"))
+        before = shown[max(0, position_shown - 20) : position_shown]
+        after = shown[position_shown : position_shown + 20]
         lead = "..." if position > 20 else ""
         tail = "..." if position + 20 < len(text) else ""
         super().__init__(
@@ -142,6 +149,8 @@ class Selector:
     """Likewise for ``key =``/``key IN`` (the key's bytes)."""
     program: bytes = field(repr=False, default=b"")
     """The compiled postfix form the C evaluator runs (``compile_program``)."""
+    cost: int = 1
+    """About how many comparisons it makes over a record at most (``selector_tree.cost``)."""
 
     def matches(self, record: Record) -> bool:
         """True if the expression is TRUE for ``record`` (the reference evaluator)."""
@@ -506,6 +515,10 @@ def parse(text: str) -> Selector:
     """The selector of ``text``; ``SelectorError`` naming the position if it is bad."""
     if not isinstance(text, str):
         raise SelectorError(f"expected a string, got {type(text).__name__}", 0, "")
+    surrogate = _SURROGATE.search(text)
+    if surrogate is not None:  # not UTF-8: the wire and the C evaluator carry UTF-8 only
+        at = surrogate.start()
+        raise SelectorError(f"character U+{ord(text[at]):04X} is not valid text", at, text)
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_TEXT_BYTES:
         at = len(text.encode("utf-8", "surrogatepass")[:MAX_TEXT_BYTES].decode("utf-8", "ignore"))
@@ -517,6 +530,7 @@ def parse(text: str) -> Selector:
         _prefilter(root, TAG),
         _prefilter(root, KEY),
         compile_program(root),
+        tree_cost(root),
     )
 
 
@@ -580,7 +594,54 @@ def render(node: Node) -> str:
         return f"{_operand_text(node.operand)} IS {'NOT ' if node.negated else ''}NULL"
     if isinstance(node, Const):
         return "TRUE" if node.value else "FALSE"
+    between = _between_text(node, "")
+    if between is not None:
+        return between
     if isinstance(node, Not):
-        return f"NOT ({render(node.child)})"
-    joiner = " AND " if isinstance(node, And) else " OR "
-    return joiner.join(f"({render(c)})" for c in node.children)
+        between = _between_text(node.child, "NOT ")
+        if between is not None:
+            return between
+        inner = render(node.child)
+        # NOT binds tighter than AND and OR; no parentheses a text did not need
+        # (each one nests a level, and MAX_DEPTH applies to the text again).
+        return f"NOT ({inner})" if isinstance(node.child, And | Or) else f"NOT {inner}"
+    if isinstance(node, And):
+        return " AND ".join(_conjuncts_text(node.children))
+    return " OR ".join(f"({render(c)})" if isinstance(c, Or) else render(c) for c in node.children)
+
+
+def _conjuncts_text(children: tuple[Node, ...]) -> list[str]:
+    """An AND's operands as text (an OR in parentheses: AND binds tighter). A
+    BETWEEN flattened into the AND is written as one again: its type comes from
+    both bounds, which its two comparisons written apart may not have."""
+    out: list[str] = []
+    i = 0
+    while i < len(children):
+        pair = _between_text(And(children[i : i + 2]), "") if i + 1 < len(children) else None
+        if pair is not None:
+            out.append(pair)
+            i += 2
+            continue
+        child = children[i]
+        out.append(f"({render(child)})" if isinstance(child, Or | And) else render(child))
+        i += 1
+    return out
+
+
+def _between_text(node: Node, negation: str) -> str | None:
+    """``x [NOT ]BETWEEN lo AND hi`` if ``node`` is the tree BETWEEN parses to."""
+    if not isinstance(node, And) or len(node.children) != 2:
+        return None
+    low, high = node.children
+    if not (
+        isinstance(low, Compare)
+        and isinstance(high, Compare)
+        and (low.op, high.op) == (GE, LE)
+        and low.left == high.left
+        and low.type == high.type == _type_of(low.left, low.right, high.right)
+        and low.type != T_BOOL
+        and not (isinstance(low.left, Field) and low.left.kind == KEYS)
+    ):
+        return None
+    x, lo, hi = (_operand_text(o) for o in (low.left, low.right, high.right))
+    return f"{x} {negation}BETWEEN {lo} AND {hi}"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from equeue_proto.message_keys import KEYS_HEADER, split_keys
+from equeue_proto.message_keys import KEYS_HEADER, MAX_EXTRA_KEYS, split_keys
 
 # Truth values (SQL three-valued logic).
 FALSE, TRUE, UNKNOWN = 0, 1, 2
@@ -277,7 +277,10 @@ def evaluate(node: Node, record: Record) -> int:
 # Little-endian, postfix; each instruction pushes or combines tri-state values:
 #   OP_CONST  u8 value                      push TRUE/FALSE
 #   OP_CMP    u8 op | u8 type | operand a | operand b
-#   OP_IN     u8 type | u8 negated | operand x | u16 count | count x literal
+#   OP_IN     u8 type | u8 flags | operand x | u16 count | [count x u32 offset] | count x literal
+#             flags: IN_NEGATED | IN_SORTED (the items ascending, distinct, of one
+#             kind, none NULL, after a table of each one's offset from the first:
+#             C binary-searches them, so a long list costs a record log2(count))
 #   OP_ISNULL u8 negated | operand x
 #   OP_NOT
 #   OP_AND    u16 n   (pops n)              OP_OR u16 n
@@ -290,8 +293,34 @@ def evaluate(node: Node, record: Record) -> int:
 OP_END, OP_CONST, OP_CMP, OP_IN, OP_ISNULL, OP_NOT, OP_AND, OP_OR = range(8)
 
 
+IN_NEGATED, IN_SORTED = 1, 2
+SORT_IN_FROM = 8
+"""IN lists of this many items or more are compiled sorted (IN_SORTED)."""
+
+
+def _in_code(node: In) -> tuple[bytes, int, bytes]:
+    """An IN list's flags, count and items: sorted when long and of one kind."""
+    flags = IN_NEGATED if node.negated else 0
+    # Items NULL after conversion never match: left out.
+    values = [v for v in (convert(item.raw, node.type) for item in node.items) if v is not None]
+    if len(values) < SORT_IN_FROM or len({type(v) for v in values}) != 1:
+        # Short, or ints mixed with floats (C compares those as doubles: no
+        # order both sides agree on), so scanned.
+        items = b"".join(_value_code(v, node.type) for v in values)
+        return bytes([flags]), len(values), items
+    codes = [_value_code(v, node.type) for v in sorted(set(values))]
+    offsets, at = bytearray(), 0
+    for code in codes:
+        offsets += struct.pack("<I", at)
+        at += len(code)
+    return bytes([flags | IN_SORTED]), len(codes), bytes(offsets) + b"".join(codes)
+
+
 def _literal_code(raw: bytes | None, type_: int) -> bytes:
-    value = convert(raw, type_)
+    return _value_code(convert(raw, type_), type_)
+
+
+def _value_code(value: Value, type_: int) -> bytes:
     if value is None:
         return b"\x00"
     if isinstance(value, bytes):
@@ -315,10 +344,9 @@ def _emit(node: Node, out: bytearray) -> None:
         out += bytes([OP_CMP, node.op, node.type])
         out += _operand_code(node.left, node.type) + _operand_code(node.right, node.type)
     elif isinstance(node, In):
-        out += bytes([OP_IN, node.type, int(node.negated)])
-        out += _operand_code(node.operand, node.type) + struct.pack("<H", len(node.items))
-        for item in node.items:
-            out += _literal_code(item.raw, node.type)
+        flags, count, items = _in_code(node)
+        out += bytes([OP_IN, node.type]) + flags
+        out += _operand_code(node.operand, node.type) + struct.pack("<H", count) + items
     elif isinstance(node, IsNull):
         out += bytes([OP_ISNULL, int(node.negated)]) + _operand_code(node.operand, T_BYTES)
     elif isinstance(node, Const):
@@ -331,6 +359,28 @@ def _emit(node: Node, out: bytearray) -> None:
             _emit(child, out)
         out += bytes([OP_AND if isinstance(node, And) else OP_OR])
         out += struct.pack("<H", len(node.children))
+
+
+def cost(node: Node) -> int:
+    """About how many value comparisons ``node`` makes over one record at most
+    (``keys`` stands for a record's key and extra keys; an IN list is
+    binary-searched once long): what bounds a filtered read's scan."""
+    if isinstance(node, Compare | In | IsNull):
+        operands = (node.left, node.right) if isinstance(node, Compare) else (node.operand,)
+        values = 1 + MAX_EXTRA_KEYS if any(_is_keys(o) for o in operands) else 1
+        if isinstance(node, In):
+            n = len(node.items)
+            return values * (n if n < SORT_IN_FROM else n.bit_length() + 1)
+        return values
+    if isinstance(node, Const):
+        return 1
+    if isinstance(node, Not):
+        return 1 + cost(node.child)
+    return 1 + sum(cost(child) for child in node.children)
+
+
+def _is_keys(operand: Operand) -> bool:
+    return isinstance(operand, Field) and operand.kind == KEYS
 
 
 def compile_program(root: Node) -> bytes:

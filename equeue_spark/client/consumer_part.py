@@ -88,6 +88,13 @@ class ConsumerPart:
         """Offsets of damaged records skipped (``on_data_loss="skip"``), per queue."""
         self._deferred: EqueueError | None = None
         """A poll's error held back to return the messages it had taken first."""
+        # A filtered consumer's pulls that a poll left unfinished, kept for the
+        # next one: {queue: (offset, session, call)}. Cancelling them would lose
+        # a filtered pull's progress (records it scanned past) whenever another
+        # queue answers first. Unfiltered pulls are cancelled as before: a reply
+        # comes for the next poll at once, and a parked one must not be answered
+        # (served, by a broker that may be gone by then) while no one polls.
+        self._inflight: dict[QueueKey, tuple[int, int, grpc.Future[PullReply]]] = {}
         self.consumer_id = consumer_id
         self._conn = conn
         self.address = conn.config.target
@@ -289,10 +296,7 @@ class ConsumerPart:
             self._closed.wait(min(timeout_s, 0.1))  # nothing assigned (yet)
             return []
         wait_ms = max(0, min(self.max_wait_ms, int(timeout_s * 1000)))
-        pending = {
-            key: self._pull_async(key, offset, wait_ms, session)
-            for key, offset in positions.items()
-        }
+        pending = self._pulls(positions, wait_ms, session)
         finished = threading.Event()
         for call in pending.values():
             call.add_done_callback(lambda _call: finished.set())
@@ -322,8 +326,11 @@ class ConsumerPart:
                 call = pending.pop(key)
                 messages += self._take_noting(key, call, positions[key], session, errors) or []
         finally:
-            for call in pending.values():
-                call.cancel()
+            # A filtered consumer's unfinished pulls carry on: the next poll takes
+            # their replies.
+            self._inflight = {key: (positions[key], session, call) for key, call in pending.items()}
+            if self._closed.is_set() or not (self.filter or self.tags):
+                self.cancel_pulls()
         if errors:  # raised now, or by the next poll once the messages taken are returned
             if not messages:
                 raise errors[0]
@@ -351,6 +358,36 @@ class ConsumerPart:
                     self._positions[key] = position
                 elif key in self._positions:
                     self._positions[key] = max(self._positions[key], position)
+
+    def _pulls(
+        self, positions: dict[QueueKey, int], wait_ms: int, session: int
+    ) -> dict[QueueKey, grpc.Future[PullReply]]:
+        """A pull per queue: the previous poll's unfinished one if it reads from
+        the same offset in the same session, else a new one."""
+        kept, self._inflight = self._inflight, {}
+        pending: dict[QueueKey, grpc.Future[PullReply]] = {}
+        try:
+            for key, offset in positions.items():
+                old = kept.pop(key, None)
+                if old is not None and old[:2] == (offset, session):
+                    pending[key] = old[2]
+                    continue
+                if old is not None:
+                    old[2].cancel()  # sought or re-assigned meanwhile
+                pending[key] = self._pull_async(key, offset, wait_ms, session)
+        except BaseException:  # e.g. UnsupportedFilter: no pull left running
+            for call in [*pending.values(), *(c for _o, _s, c in kept.values())]:
+                call.cancel()
+            raise
+        for _offset, _session, call in kept.values():
+            call.cancel()  # no longer assigned
+        return pending
+
+    def cancel_pulls(self) -> None:
+        """Cancel the pulls a poll left unfinished (closing)."""
+        kept, self._inflight = self._inflight, {}
+        for _offset, _session, call in kept.values():
+            call.cancel()
 
     def _pull_async(
         self, key: QueueKey, offset: int, wait_ms: int, session: int
@@ -525,6 +562,7 @@ class ConsumerPart:
         if self._closed.is_set():
             return
         self._closed.set()
+        self.cancel_pulls()
         if self._heartbeats is not None:
             self._heartbeats.join(timeout=self._conn.config.timeout_s)
             self._leave()

@@ -21,7 +21,12 @@ from equeue_proto.protocol import ERROR_KIND_KEY
 from equeue_proto.selector import ERROR_KIND, SelectorError, parse
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.connection import Connection
-from equeue_spark.client.errors import EqueueError, InvalidRequest, PermissionDeniedError
+from equeue_spark.client.errors import (
+    EqueueError,
+    InvalidRequest,
+    PermissionDeniedError,
+    from_rpc_error,
+)
 
 FEATURE = "filter"
 """The ``BrokerStats.features`` word of brokers that apply ``filter``."""
@@ -76,7 +81,11 @@ def _probe(conn: Connection, topic: str) -> bool:
     except grpc.RpcError as exc:
         trailers_of = getattr(exc, "trailing_metadata", None)
         trailers = trailers_of() if callable(trailers_of) else None
-        return any(key == ERROR_KIND_KEY and value == ERROR_KIND for key, value in trailers or ())
+        if any(key == ERROR_KIND_KEY and value == ERROR_KIND for key, value in trailers or ()):
+            return True
+        # Refused for another reason (the token may not read the topic, the topic
+        # may not exist): that is the error to report, not an old broker.
+        raise from_rpc_error(exc) from exc
     return False
 
 

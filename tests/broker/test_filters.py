@@ -3,10 +3,12 @@ Consumer, the counters that prove what was sent, and the CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +23,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client import Admin, Consumer, InvalidRequest, Message, Producer
 from equeue_spark.client.connection import ClientConfig, Connection
+from equeue_spark.client.errors import PermissionDeniedError
 from equeue_spark.client.filters import UnsupportedFilter
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.records import decode_records
@@ -275,20 +278,47 @@ def test_a_parked_filtered_pull_wakes_for_a_match(
         admin.create_topic("parked", queues=1)
         producer.send_batch("parked", [b"old"], headers=[[("kind", b"noise")]], queue_ids=[0])
         request = pb.PullRequest(
-            topic="parked", queue_id=0, offset=0, filter="kind = 'signal'", max_wait_ms=20_000
+            topic="parked", queue_id=0, offset=0, filter="kind = 'signal'", max_wait_ms=50_000
         )
-        call = stub.Pull.future(request, timeout=30)
-        # Parked: the noise was inspected and skipped, nothing answered yet. The
-        # broker counts the skipped record before it parks (the readiness signal).
-        deadline = time.monotonic() + 20
-        while admin.stats().records_filtered < 1:
-            assert time.monotonic() < deadline, "the pull never inspected the noise"
-            time.sleep(0.01)
-        assert not call.done()
+        # It skipped the noise: answered at once with where it got to, not parked
+        # (a parked pull that a consumer cancels would lose that progress).
+        skipped = stub.Pull(request, timeout=40)
+        assert (skipped.records, skipped.next_offset) == (b"", 1)
+        request.offset = 1  # nothing to skip: parked until a record comes
+        call = stub.Pull.future(request, timeout=60)
         producer.send_batch("parked", [b"new"], headers=[[("kind", b"signal")]], queue_ids=[0])
-        reply = call.result(timeout=20)
+        reply = call.result(timeout=50)
+        stats = admin.stats()
     assert [m.value for m in decode_records(reply.records, reply.broker_id)] == [b"new"]
     assert reply.next_offset == 2
+    assert (stats.records_served, stats.records_filtered) == (1, 1)
+
+
+@pytest.mark.timeout(120)
+def test_a_filtered_consumer_passes_a_queue_of_non_matching_records(
+    broker: BrokerProcess,
+) -> None:
+    """Queue 0 holds only records the filter leaves out, queue 1 plenty that
+    pass: queue 0's position still reaches its end long before queue 1 is read
+    (its pull answered with the offset it scanned to, and a poll that returns
+    with queue 1's messages keeps that pull for the next poll, not cancel it)."""
+    noise, signal = 20_000, 30_000
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic("starve", queues=2)
+        for queue, count, n in ((0, noise, b"0"), (1, signal, b"1")):
+            for _ in range(count // 10_000):
+                producer.send_batch("starve", [b"v"] * 10_000, headers=[[("n", n)]] * 10_000,
+                                    queue_ids=[queue] * 10_000)  # fmt: skip
+    got = 0
+    with Consumer(broker.address, filter="n = 1", max_wait_ms=100, max_messages=10) as consumer:
+        consumer.assign("starve", [0, 1])
+        consumer.seek("starve", 0, 0)
+        consumer.seek("starve", 1, 0)
+        deadline = time.monotonic() + 90
+        while consumer.positions()[("starve", 0)] < noise:
+            assert time.monotonic() < deadline, f"queue 0 stuck at {consumer.positions()}"
+            got += len(consumer.poll(timeout_s=0.5))
+    assert got < signal  # queue 1 still had messages all along
 
 
 TOKENS = """
@@ -325,6 +355,13 @@ def test_a_consume_only_token_checks_filters_by_a_probe(
         consumer.assign("scoped-t", [0])
         got = _poll_to_end(consumer, {("scoped-t", 0): 2}, 30)
     assert [m.value for m in got] == [b"b"]
+    with Admin(config=admin_config) as admin:
+        admin.create_topic("other-t", queues=1)
+    # The probe pull of a topic the token may not read: that refusal is the error
+    # (not "the broker does not apply filters").
+    with Consumer(config=reader, filter="n = 2") as consumer, pytest.raises(PermissionDeniedError):
+        consumer.assign("other-t", [0])
+        consumer.poll(timeout_s=1)
 
 
 def _old_stats(request: pb.GetStatsRequest, context: object) -> pb.BrokerStats:
@@ -353,3 +390,59 @@ def test_a_broker_without_the_filter_feature_is_refused_before_reading() -> None
                 next(stream_replies(conn, "t", 0, 0, filter="a ="))
     finally:
         server.stop(None)
+
+
+@pytest.mark.timeout(90)
+def test_cli_arguments_that_are_not_utf8(broker: BrokerProcess) -> None:
+    """Bytes that are not UTF-8 on the command line: a key or a header value is
+    sent as the bytes given (surrogateescape); a header name, a tag or a filter
+    is text, so refused with exit 2 and a message, never a traceback."""
+    base: list[str | bytes] = [sys.executable, "-m", "equeue_spark.cli", "--broker", broker.address]
+    with Admin(broker.address) as admin:
+        admin.create_topic("cli-raw", queues=1)
+    done = subprocess.run(
+        [*base, "produce", "cli-raw", "--key", b"k\xfe", "--header", b"raw=\xff\x01",
+         "--extra-key", b"x\xfd"],
+        input=b"one\n", capture_output=True, timeout=50, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with Consumer(broker.address, filter="raw = X'ff01' AND keys = X'78fd'") as consumer:
+        consumer.assign("cli-raw", [0])
+        got = _poll_to_end(consumer, {("cli-raw", 0): 1}, 30)
+    assert [(m.value, m.key, m.header("raw")) for m in got] == [(b"one", b"k\xfe", b"\xff\x01")]
+    refused: list[tuple[list[str | bytes], bytes]] = [
+        (["produce", "cli-raw", "--header", b"\xff=1"], b"not valid UTF-8"),
+        (["produce", "cli-raw", "--tag", b"t\xff"], b"not valid UTF-8"),
+        (["consume", "cli-raw", "--filter", b"a = '\xff'"], b"position 5"),
+    ]
+    for args, what in refused:
+        bad = subprocess.run(
+            [*base, *args], input=b"z\n", capture_output=True, timeout=50, check=False
+        )
+        assert bad.returncode == 2, bad.stderr
+        assert what in bad.stderr and b"Traceback" not in bad.stderr
+
+
+def test_a_filter_not_compiled_yet_is_parsed_off_the_event_loop() -> None:
+    """A new expression is parsed on the thread pool (milliseconds for a long
+    one); a known one comes from the cache without leaving the event loop."""
+    from equeue_broker.server.filters import Selectors
+
+    selectors = Selectors()
+    threads: list[str] = []
+
+    async def offload(fn: Callable[..., object], *args: object) -> object:
+        def run() -> object:
+            threads.append(threading.current_thread().name)
+            return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    async def twice() -> tuple[object, object, object]:
+        first = await selectors.compiled(EXPRESSION, offload)  # type: ignore[arg-type]
+        again = await selectors.compiled(EXPRESSION, offload)  # type: ignore[arg-type]
+        return first, again, await selectors.compiled("", offload)  # type: ignore[arg-type]
+
+    first, again, none = asyncio.run(twice())
+    assert first is again and none is None
+    assert len(threads) == 1 and threads[0] != threading.main_thread().name

@@ -5,6 +5,7 @@ Python reference (equeue_proto/selection.py)."""
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,15 @@ from equeue_proto.selector import (
     SelectorError,
     evaluate,
     parse,
+)
+from equeue_proto.selector_tree import (
+    EQ,
+    IN_SORTED,
+    OP_CMP,
+    OP_IN,
+    SORT_IN_FROM,
+    T_NUM,
+    T_STR,
 )
 from tests.support.frames import Row, encode_frames
 
@@ -114,8 +124,10 @@ def test_grammar_table(text: str, expected: int) -> None:
 @pytest.mark.parametrize(
     ("text", "normal"),
     [
-        ("a=1 and b='x' or not c is null", "((a = 1) AND (b = 'x')) OR (NOT (c IS NULL))"),
-        ("x between 1 and 2", "(x >= 1) AND (x <= 2)"),
+        ("a=1 and b='x' or not c is null", "a = 1 AND b = 'x' OR NOT c IS NULL"),
+        ("(a=1 or b=2) and not (c=3 or d=4)", "(a = 1 OR b = 2) AND NOT (c = 3 OR d = 4)"),
+        ("x between 1 and 2", "x BETWEEN 1 AND 2"),
+        ("not x between 1 and 2 or not not y = 1", "x NOT BETWEEN 1 AND 2 OR NOT NOT y = 1"),
         ("\"tag\" in ('a')", "\"tag\" IN ('a')"),
         ("key = x'0a'", "key = X'0A'"),
     ],
@@ -252,6 +264,20 @@ literals = st.sampled_from(
 ops = st.sampled_from(["=", "<>", "<", "<=", ">", ">="])
 
 
+def _long_lists() -> st.SearchStrategy[list[str]]:
+    """IN lists long enough to be compiled sorted (SORT_IN_FROM), duplicates and
+    values that convert to NULL included; ints alone, floats alone, or mixed."""
+    strings = st.sampled_from(["'eu'", "'us'", "'a'", "'k'", "''", "'5'", "'150'", "'é'", "'a b'"])
+    ints = st.sampled_from(["5", "150", "-3", "0", "7", "99999999999999999999", "-9", "1000"])
+    floats = st.sampled_from(["2.5", "1e2", "0.0", "-0.5", "150.0", "3.25", "5.0"])
+    low, high = SORT_IN_FROM, SORT_IN_FROM + 6
+    return (
+        st.lists(strings, min_size=low, max_size=high)
+        | st.lists(ints, min_size=low, max_size=high)
+        | st.lists(ints | floats, min_size=low, max_size=high)
+    )
+
+
 def _condition() -> st.SearchStrategy[str]:
     compare = st.builds(lambda a, o, b: f"{a} {o} {b}", operands, ops, literals | operands)
     keys = st.builds(lambda o, b: f"keys {o} {b}", st.sampled_from(["=", "<>"]), literals)
@@ -259,7 +285,8 @@ def _condition() -> st.SearchStrategy[str]:
         lambda a, n, items: f"{a} {n}IN ({', '.join(items)})", operands | st.just("keys"),
         st.sampled_from(["", "NOT "]),
         st.lists(st.sampled_from(["'eu'", "'a'", "'k'", "''"]), min_size=1, max_size=3)
-        | st.lists(st.sampled_from(["5", "150", "2.5", "-3"]), min_size=1, max_size=3),
+        | st.lists(st.sampled_from(["5", "150", "2.5", "-3"]), min_size=1, max_size=3)
+        | _long_lists(),
     )  # fmt: skip
     between = st.builds(
         lambda a, lo, hi: f"{a} BETWEEN {lo} AND {hi}", operands, literals, literals
@@ -373,3 +400,93 @@ def test_damaged_frames_and_programs_are_refused_never_misread(
     for at, value in program_flips:
         program[at % len(program)] = value
     _outcome(lambda: CODEC.select_frames(bytes(program), FIXED_FRAMES, 10))  # no crash
+
+
+# -- regressions -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "position"), [("a = '\ud800'", 5), ("\udcff = 1", 0)])
+def test_a_lone_surrogate_is_refused_at_its_position(text: str, position: int) -> None:
+    """A surrogate (argv bytes that are not UTF-8 decode to one) has no UTF-8:
+    refused with its position, in a message that itself encodes."""
+    with pytest.raises(SelectorError) as caught:
+        parse(text)
+    assert caught.value.position == position
+    assert "is not valid text" in str(caught.value)
+    str(caught.value).encode("utf-8")
+
+
+def test_long_in_lists_are_compiled_sorted() -> None:
+    items = ", ".join(f"'k{i}'" for i in range(500, 0, -1))
+    selector = parse(f"a IN ({items}, 'k7')")
+    assert selector.program[2] & IN_SORTED  # OP_IN, type, flags
+    rows: list[Row] = [("", None, [("a", f"k{i}".encode())], 1) for i in (0, 1, 7, 250, 500, 501)]
+    view = encode_frames(rows)
+    assert select_frames(selector, view, 100) == select_frames_py(selector, view, 100)
+    assert [frames for _s, _e, _i, frames in select_frames(selector, view, 100)[0]] == [4]
+
+
+def _program(*parts: bytes) -> bytes:
+    return b"".join(parts)
+
+
+_HEADER_A = b"\x02\x06" + struct.pack("<H", 1) + b"a"
+_BYTES_ABC = b"\x01" + struct.pack("<I", 3) + b"abc"
+_INT = b"\x02" + struct.pack("<q", 5)
+
+
+@pytest.mark.skipif(CODEC is None, reason="the C accelerator is not built")
+@pytest.mark.parametrize(
+    "program",
+    [
+        # a bytes literal in a number comparison (scompare would read an int it lacks)
+        _program(bytes([OP_CMP, EQ, T_NUM]), _HEADER_A, b"\x01", _BYTES_ABC, b"\x00"),
+        _program(bytes([OP_CMP, EQ, T_NUM]), b"\x01", _BYTES_ABC, _HEADER_A, b"\x00"),
+        _program(bytes([OP_IN, T_NUM, 0]), _HEADER_A, struct.pack("<H", 1), _BYTES_ABC, b"\x00"),
+        _program(bytes([OP_CMP, EQ, T_STR]), _HEADER_A, b"\x01", _INT, b"\x00"),
+        # a sorted list out of order, or whose offsets do not name its items
+        _program(
+            bytes([OP_IN, T_NUM, IN_SORTED]),
+            _HEADER_A,
+            struct.pack("<HII", 2, 0, 9),
+            b"\x02" + struct.pack("<q", 9),
+            _INT,
+            b"\x00",
+        ),
+        _program(
+            bytes([OP_IN, T_NUM, IN_SORTED]),
+            _HEADER_A,
+            struct.pack("<HII", 2, 0, 8),
+            _INT,
+            b"\x02" + struct.pack("<q", 9),
+            b"\x00",
+        ),
+        _program(bytes([OP_IN, T_NUM, 4]), _HEADER_A, struct.pack("<H", 1), _INT, b"\x00"),
+    ],
+)
+def test_crafted_programs_with_wrong_literals_are_refused(program: bytes) -> None:
+    assert CODEC is not None
+    frames = encode_frames([("t", b"k", [("a", b"5")], 1)])
+    with pytest.raises(ValueError, match="malformed program"):
+        CODEC.select_frames(program, frames, 10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=expressions)
+def test_the_normalized_text_parses_back_to_the_same_tree(text: str) -> None:
+    selector = _parsed(text)
+    if selector is not None:
+        assert parse(selector.text).root == selector.root
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "NOT " * (MAX_DEPTH - 1) + "a = 1",  # each NOT nests a level; "NOT (" would nest two
+        "(" * (MAX_DEPTH - 1) + "a = 1 OR b = 2" + ")" * (MAX_DEPTH - 1),
+        " OR ".join(["a NOT BETWEEN 1 AND 2"] * 60),
+    ],
+)
+def test_the_normalized_text_of_a_text_at_the_limits_parses(text: str) -> None:
+    selector = parse(text)
+    assert parse(selector.text).root == selector.root

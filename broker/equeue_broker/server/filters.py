@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Awaitable, Callable
 
 from equeue_broker.server.errors import BadFilter
 from equeue_broker.storage import ReadStatus, RecordsResult
@@ -28,6 +29,23 @@ class Selectors:
         self._size = size
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, Selector] = collections.OrderedDict()
+
+    def cached(self, text: str) -> Selector | None:
+        """The selector of ``text`` if compiled already, else None."""
+        with self._lock:
+            found = self._cache.get(text)
+            if found is not None:
+                self._cache.move_to_end(text)
+            return found
+
+    async def compiled(
+        self, text: str, call: Callable[..., Awaitable[Selector | None]]
+    ) -> Selector | None:
+        """``get``, but a text not compiled yet is parsed by ``call`` (the thread
+        pool): a 4 KiB expression takes milliseconds the event loop must not."""
+        if not text:
+            return None
+        return self.cached(text) or await call(self.get, text)
 
     def get(self, text: str) -> Selector | None:
         """The selector of ``text`` (None for no filter: an empty text)."""

@@ -318,7 +318,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
                 f"max_wait_ms {request.max_wait_ms} exceeds the broker's limit {config.max_wait_ms}"
             )
         tags = list(request.tags) or None
-        selector = self.selectors.get(request.filter)
+        selector = await self.selectors.compiled(request.filter, self.s.call)
         topic, queue_id = request.topic, request.queue_id
         owner_check = self._owner_check(request)
         owner_check()
@@ -334,11 +334,12 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
             and result.count == 0
             and request.max_wait_ms > 0
             and result.next_offset >= result.end
+            # A read that skipped records answers at once with its new offset:
+            # a parked pull the client cancels (a consumer polling other queues)
+            # would lose it, and the next pull would scan the same records again.
+            and result.next_offset == request.offset
         ):
             held.release()  # a parked pull holds no budget
-            # What it skipped counts now (a parked pull may wait long).
-            self.s.counters.pulled(topic, queue_id, 0, filtered)
-            filtered = 0
             arrived = await self.s.waiters.wait(
                 (topic, queue_id),
                 result.end,
@@ -354,6 +355,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
                     filtered = left_out(result, parked_at)
         # The reply's bytes stay counted until gRPC is done with the call.
         context.add_done_callback(lambda _: held.release())
+        # Counted as answered (a pull cancelled while parked never gets here).
         self.s.counters.pulled(topic, queue_id, result.count, filtered)
         return result.records
 
@@ -407,7 +409,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         # and only until stream_send_timeout_ms ends them.
         share = max(DEFAULT_PULL_BYTES, budget.limit // 8)
         batch_bytes = min(request.batch_bytes or DEFAULT_PULL_BYTES, share)
-        selector = self.selectors.get(request.filter)
+        selector = await self.selectors.compiled(request.filter, self.s.call)
         read = functools.partial(
             store.reads.read_records, request.topic, request.queue_id,
             max_bytes=batch_bytes, tags=list(request.tags) or None, frame=self.pull_framer,
@@ -433,11 +435,12 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
                 else:  # may inspect many records: off the event loop
                     result = await self.s.call(read, offset, max_messages=count)
                 held.shrink_to(len(result.records))
+                stalled.watch(held)
+                yield result.records
+                # Resumed: gRPC took the reply, so it counts (a cancelled stream's does not).
                 self.s.counters.pulled(
                     request.topic, request.queue_id, result.count, left_out(result, offset)
                 )
-                stalled.watch(held)
-                yield result.records
             finally:
                 stalled.taken()
                 held.release()  # gRPC took the reply (or the stream is gone)

@@ -17,13 +17,38 @@ from equeue_broker.storage.index.queue_index import ENTRY, ENTRY_SIZE
 from equeue_broker.storage.results import Piece
 from equeue_proto.selection import Span
 from equeue_proto.selector import Selector
+from equeue_proto.selector_tree import (
+    T_STR,
+    TAG,
+    And,
+    Field,
+    In,
+    Literal,
+    Node,
+    compile_program,
+    cost,
+)
 
 TagFilter = dict[int, frozenset[bytes]]
 """{tag hash: tag strings with that hash} of a tag-filtered read."""
 
 SELECT_BATCH = 16_384
 """Index entries a filtered read plans at a time (it stops at a limit between)."""
-NO_BYTE_LIMIT = 1 << 62
+SELECT_RUN_BYTES = 4 << 20
+"""Bytes of records a filtered read plans at a time (one record more if larger):
+bounds the copy a run of transactions' records takes to be patched as served."""
+FREE_COST = 64
+"""An expression costing up to this many comparisons a record (``Selector.cost``)
+scans the whole ``max_filter_scan``; a costlier one proportionally fewer entries,
+so that one read's work under the engine lock stays bounded (``keys IN`` a long
+list compares each of a record's 33 keys)."""
+
+
+def scan_limit(max_scan: int, selector: Selector | None) -> int:
+    """The index entries a read filtered by ``selector`` may inspect."""
+    if selector is None or selector.cost <= FREE_COST:
+        return max_scan
+    return max(1, max_scan * FREE_COST // selector.cost)
 
 
 def before_damage(run: bytes, start: int, stop_at: int, bad: int | None) -> tuple[int, int]:
@@ -89,6 +114,22 @@ class Taken:
 
     def result(self, next_offset: int) -> tuple[list[Piece], int, int, int]:
         return self.pieces, self.count, self.total, next_offset
+
+
+def with_tags(selector: Selector | None, tags: Iterable[str]) -> Selector | None:
+    """``selector AND tag IN (tags)`` (or ``tag IN (tags)`` alone), so that C
+    checks it run by run over the records in place (faster than a skip by the
+    index's tag hashes entry by entry in Python, at any selectivity); None if
+    ``tags`` names the empty tag, which an untagged record matches but ``tag
+    IN`` (NULL for it) does not."""
+    items = tuple(Literal(t.encode(), T_STR, "") for t in dict.fromkeys(tags))
+    if not items:
+        raise InvalidArgument("tags must name at least one tag (None reads every message)")
+    if any(not item.raw for item in items):
+        return None
+    listed = In(Field(TAG), T_STR, items, False)
+    root: Node = listed if selector is None else And((selector.root, listed))
+    return Selector(root, "", None, None, compile_program(root), cost(root))
 
 
 def wanted_tags(tags: Iterable[str] | None, selector: Selector | None) -> TagFilter | None:

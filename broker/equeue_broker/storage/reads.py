@@ -50,15 +50,18 @@ from equeue_broker.storage.index.queue_index import (
 from equeue_broker.storage.index.queue_state import QueueState
 from equeue_broker.storage.log.record import patch_committed
 from equeue_broker.storage.read_filters import (
-    NO_BYTE_LIMIT,
     SELECT_BATCH,
+    SELECT_RUN_BYTES,
     TagFilter,
     Taken,
     before_damage,
+    scan_limit,
     tag_filter,
     wanted_tags,
+    with_tags,
 )
 from equeue_broker.storage.results import Framer, Piece, ReadResult, ReadStatus, RecordsResult
+from equeue_proto.accel import CODEC
 from equeue_proto.record import FLAG_CONTROL, FLAG_TXN, StoredMessage
 from equeue_proto.selection import select_frames
 from equeue_proto.selector import Selector
@@ -157,7 +160,13 @@ class Reads:
         from it on are neither inspected nor returned (a range read's end).
         """
         self._check_read_limits(offset, max_messages, max_bytes)
-        wanted = wanted_tags(tags, selector)
+        # Expressions and tags run through C run by run, tag conditions included
+        # (a per-record step in Python is many times slower); the index's tag-hash
+        # skip serves ``tags`` alone without C, or naming the empty tag.
+        if tags is not None and (selector is not None or CODEC is not None):
+            combined = with_tags(selector, tags)
+            selector, tags = (selector, tags) if combined is None else (combined, None)
+        wanted = None if tags is None else wanted_tags(tags, selector)
         with self._lock:
             queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
             if status is not ReadStatus.OK:
@@ -310,7 +319,7 @@ class Reads:
         run_start = run_end = -1
         run_offset = run_next = -1  # the run's first offset, the offset that would extend it
         run_entries = bytearray()
-        scan_end = min(end, offset + self._config.max_filter_scan)
+        scan_end = min(end, offset + scan_limit(self._config.max_filter_scan, selector))
         cursor = offset
         capacity = self._log.capacity
         while cursor < scan_end and count < max_messages:
@@ -393,7 +402,7 @@ class Reads:
         rebuilding a damaged entry: the caller starts again."""
         taken = Taken(max_messages, max_bytes)
         cursor = offset
-        scan_end = min(end, offset + self._config.max_filter_scan)
+        scan_end = min(end, offset + scan_limit(self._config.max_filter_scan, selector))
         capacity = self._log.capacity
         mapped_chunk = -1
         while cursor < scan_end and taken.count < max_messages:
@@ -401,7 +410,7 @@ class Reads:
             if not entries:
                 break
             n = len(entries) // ENTRY_SIZE
-            runs, planned, _, _, stop = index_runs(entries, capacity, n, NO_BYTE_LIMIT, 0, 0)
+            runs, planned, _, _, stop = index_runs(entries, capacity, n, SELECT_RUN_BYTES, 0, 0)
             bounds = [first for _, _, first in runs[1:]] + [planned]
             for (start, run_end, first), after in zip(runs, bounds, strict=True):
                 if start // capacity != mapped_chunk:
@@ -424,12 +433,9 @@ class Reads:
                         path = self._log.chunk_path(bad)
                         raise DamagedRecord(queue.topic, queue.queue_id, offset, path, bad)
                     return taken.result(cursor + first)
-                served = _served(
-                    self._log.copy(start, good_end), run[: good * ENTRY_SIZE], cursor + first
+                stopped = self._select_run(
+                    taken, selector, start, good_end, run, good, cursor + first
                 )
-                piece = memoryview(served)
-                spans, _ = select_frames(selector, piece, good)
-                stopped = taken.take(piece, spans, run)
                 if stopped is not None:  # a limit: resume at the first record not taken
                     return taken.result(cursor + first + stopped)
                 if bad is not None:  # resume at the damaged record: the next read says so
@@ -440,6 +446,20 @@ class Reads:
                 self._repair(queue, cursor)
                 return None
         return taken.result(cursor)
+
+    def _select_run(  # noqa: PLR0917 (one run of _collect_selected)
+        self, taken: Taken, selector: Selector, start: int, end: int, run: bytes, good: int,
+        first_offset: int,
+    ) -> int | None:  # fmt: skip
+        """Pass the ``good`` records of the run at ``start..end`` through
+        ``selector`` into ``taken``; ``Taken.take``'s answer. A function of its own
+        so that no view of the chunk outlives it but the pieces taken (which
+        ``Taken.detach`` copies before another chunk is touched)."""
+        piece = memoryview(
+            _served(self._log.copy(start, end), run[: good * ENTRY_SIZE], first_offset)
+        )
+        spans, _ = select_frames(selector, piece, good)
+        return taken.take(piece, spans, run)
 
     def _collect(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -124,8 +125,10 @@ def _produce_from(
 ) -> None:
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = Progress(sys.stderr, total) if show and total is not None else None
-    key = None if args.key is None else args.key.encode()
+    key = None if args.key is None else arg_bytes(args.key)
     headers = message_headers(args.header, args.extra_key)
+    if args.tag and _SURROGATE.search(args.tag):
+        raise UsageError(f"--tag {args.tag!r} is not valid UTF-8: a tag is text")
     config = client_config(args)
     with Producer(config=config, enable_idempotence=args.idempotence) as producer:
         routes = producer.cluster()
@@ -163,6 +166,20 @@ def _produce_from(
     _report(ui, args.topic, sent)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""What argv bytes that are not UTF-8 decode to (``surrogateescape``)."""
+
+
+def arg_bytes(value: str) -> bytes:
+    """A command-line value as the bytes given: Python decodes argv with
+    ``surrogateescape``, so bytes that are not UTF-8 (``$'\\xff'``) come back as
+    they were. Keys and header values are bytes, so they are sent as given."""
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no argv decoding makes (\ud800-\udc7f)
+        raise UsageError(f"{value!r} is not valid text") from None
+
+
 def message_headers(given: list[str], extra_keys: list[str]) -> list[tuple[str, bytes]]:
     """The headers of every message: ``--header NAME=VALUE``s, then the ``keys``
     header of the ``--extra-key``s (``message_keys.encode_keys``)."""
@@ -171,7 +188,9 @@ def message_headers(given: list[str], extra_keys: list[str]) -> list[tuple[str, 
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise UsageError(f"--header {item!r}: give NAME=VALUE")
-        headers.append((name, value.encode()))
+        if _SURROGATE.search(name):
+            raise UsageError(f"--header {item!r}: the name is not valid UTF-8 (a name is text)")
+        headers.append((name, arg_bytes(value)))
     if extra_keys:
         if any(name == KEYS_HEADER for name, _ in headers):
             raise UsageError(
@@ -179,7 +198,7 @@ def message_headers(given: list[str], extra_keys: list[str]) -> list[tuple[str, 
                 "header: use one"
             )
         try:
-            headers.append((KEYS_HEADER, encode_keys(extra_keys)))
+            headers.append((KEYS_HEADER, encode_keys(arg_bytes(k) for k in extra_keys)))
         except ValueError as exc:
             raise UsageError(f"--extra-key: {exc}") from None
     return headers
