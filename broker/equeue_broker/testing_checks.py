@@ -154,6 +154,7 @@ _TOP_LEVEL_FILES = {
 _LOG_FILE = re.compile(r"\d{9}\.chunk")
 _INDEX_FILE = re.compile(r"\d{9}\.idx")
 _TIMER_FILE = re.compile(r"wheel|\d{9}\.tlog")
+_KEYS_FILE = re.compile(r"\d{9}\.kidx")
 _NAME = re.compile(rf"(?:%(?:RETRY|DLQ|RESENT)%)?{NAME}")
 """A topic's name: a user's, or a group's retry or dead-letter topic's."""
 
@@ -180,13 +181,15 @@ def layout_violations(data_dir: Path, *, allow_temp: bool = False) -> list[str]:
 
 def _layout_ok(parts: tuple[str, ...], is_dir: bool) -> bool:
     if len(parts) == 1:
-        return (parts[0] in ("log", "index", "timer") and is_dir) or (
+        return (parts[0] in ("log", "index", "timer", "keys") and is_dir) or (
             parts[0] in _TOP_LEVEL_FILES and not is_dir
         )
     if parts[0] == "log":
         return len(parts) == 2 and not is_dir and bool(_LOG_FILE.fullmatch(parts[1]))
     if parts[0] == "timer":  # delayed records' index (storage/timer/wheel.py)
         return len(parts) == 2 and not is_dir and bool(_TIMER_FILE.fullmatch(parts[1]))
+    if parts[0] == "keys":  # the key index's windows (storage/keys/key_index.py)
+        return len(parts) == 2 and not is_dir and bool(_KEYS_FILE.fullmatch(parts[1]))
     if parts[0] == "index":
         if not _NAME.fullmatch(parts[1]):
             return False

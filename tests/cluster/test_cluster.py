@@ -201,6 +201,15 @@ def test_cli_timeout_bounds_the_failover_wait(cluster: LocalCluster) -> None:
     created = equeue(*ns, "topics", "create", "solo", "--queues", "1", "--brokers", "b")
     assert created.returncode == 0, created.stderr
     wait_for(lambda: equeue(*ns, "produce", "solo", "--key", "k", stdin="x\n").returncode == 0)
+
+    def replica_registered_solo() -> bool:
+        # the name servers must know the replica holds the topic, or group b
+        # leaves the route with its master (not the case this test is about)
+        with Admin(namesrv=cluster.namesrv) as admin:
+            entries = admin.routes.brokers(with_topic_names=True)
+        return any(e.address == replica.address and "solo" in e.topic_names for e in entries)
+
+    wait_for(replica_registered_solo)
     cluster.brokers["b"].kill()
     started = time.monotonic()
     produced = equeue(*ns, "--timeout-s", "3", "produce", "solo", "--key", "k", stdin="y\n")
