@@ -57,7 +57,6 @@ a few numbers per window. Disk: bounded by the log's retention.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import shutil
@@ -74,6 +73,7 @@ from crc32c import crc32c
 from equeue_broker.storage.config import KeyIndexConfig
 from equeue_broker.storage.errors import ChunkQuarantined
 from equeue_broker.storage.keys.keyhash import hash64_joined, key_entries, key_relink
+from equeue_broker.storage.log.chunk import data_extents
 from equeue_broker.storage.log.message_log import MessageLog
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class Window:
         memory = bytearray(self.slot_count * 4)
         with self.slot_lock:
             self.slot_generation += 1  # pages a checkpoint copied before are stale
-        for start, end in _data_extents(self.fd, HEADER_SIZE, HEADER_SIZE + len(memory)):
+        for start, end in data_extents(self.fd, HEADER_SIZE, HEADER_SIZE + len(memory)):
             done = start
             while done < end:
                 piece = os.pread(self.fd, min(end - done, 1 << 24), done)
@@ -663,28 +663,3 @@ class KeyIndex:
 
 class ScanLimit(Exception):
     """A query walked ``max_scan`` entries."""
-
-
-def _data_extents(fd: int, start: int, end: int) -> list[tuple[int, int]]:
-    """The written parts of ``[start, end)`` of a sparse file: the slot array of a
-    window with few keys is mostly holes, which read as zeros anyway, so a
-    restart reads what was written, not the whole array (16 MiB by default).
-    The whole range where the file system cannot tell (no SEEK_DATA)."""
-    extents: list[tuple[int, int]] = []
-    position = start
-    try:
-        while position < end:
-            try:
-                data = os.lseek(fd, position, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:  # no data after position
-                    break
-                raise
-            if data >= end:
-                break
-            hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
-            extents.append((data, hole))
-            position = hole
-    except OSError:
-        return [(start, end)]
-    return extents
