@@ -19,6 +19,7 @@ setup(
         Extension(
             "equeue_proto._codec",
             ["equeue_proto/_codec.c"],
+            depends=["equeue_proto/crc32c.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             # Without a compiler the pure-Python code paths are used (much slower).
             optional=True,
@@ -26,6 +27,7 @@ setup(
         Extension(  # the broker's key index (storage/keys/keyhash.py is its reference)
             "equeue_proto._keyhash",
             ["equeue_proto/_keyhash.c"],
+            depends=["equeue_proto/crc32c.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

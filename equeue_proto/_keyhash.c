@@ -14,53 +14,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#define KH_X86 1
-#include <nmmintrin.h>
-#endif
+#include "crc32c.h"
 
-/* ---- CRC32C (Castagnoli) ------------------------------------------------- */
-
-static uint32_t crc_table[256];
-static int have_hw_crc = 0;
-
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
-        crc_table[i] = c;
-    }
-#ifdef KH_X86
-    __builtin_cpu_init();
-    have_hw_crc = __builtin_cpu_supports("sse4.2");
-#endif
-}
-
-#ifdef KH_X86
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uint8_t *p, size_t n) {
-    uint64_t c = crc;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        c = _mm_crc32_u64(c, w);
-        p += 8;
-        n -= 8;
-    }
-    uint32_t c32 = (uint32_t)c;
-    while (n--) c32 = _mm_crc32_u8(c32, *p++);
-    return c32;
-}
-#endif
-
-static uint32_t crc_raw(uint32_t crc, const uint8_t *p, size_t n) {
-#ifdef KH_X86
-    if (have_hw_crc) return crc_hw(crc, p, n);
-#endif
-    while (n--) crc = (crc >> 8) ^ crc_table[(crc ^ *p++) & 0xFF];
-    return crc;
-}
-
-static uint32_t crc32c(const uint8_t *p, size_t n) { return ~crc_raw(0xFFFFFFFFu, p, n); }
+/* CRC32C: crc32c.h (crc_init, crc_raw, crc32c). */
 
 /* ---- murmur2 (32-bit, seed 0x9747b28c, as Kafka's partitioner) ------------ */
 
