@@ -20,6 +20,24 @@ class PullStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PULL_STATUS_OK: _ClassVar[PullStatus]
     PULL_STATUS_OFFSET_TOO_SMALL: _ClassVar[PullStatus]
     PULL_STATUS_OFFSET_TOO_BIG: _ClassVar[PullStatus]
+
+class SchemaType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEMA_TYPE_UNSPECIFIED: _ClassVar[SchemaType]
+    SCHEMA_TYPE_AVRO: _ClassVar[SchemaType]
+    SCHEMA_TYPE_JSON: _ClassVar[SchemaType]
+    SCHEMA_TYPE_PROTOBUF: _ClassVar[SchemaType]
+
+class Compatibility(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPATIBILITY_UNSPECIFIED: _ClassVar[Compatibility]
+    COMPATIBILITY_NONE: _ClassVar[Compatibility]
+    COMPATIBILITY_BACKWARD: _ClassVar[Compatibility]
+    COMPATIBILITY_BACKWARD_TRANSITIVE: _ClassVar[Compatibility]
+    COMPATIBILITY_FORWARD: _ClassVar[Compatibility]
+    COMPATIBILITY_FORWARD_TRANSITIVE: _ClassVar[Compatibility]
+    COMPATIBILITY_FULL: _ClassVar[Compatibility]
+    COMPATIBILITY_FULL_TRANSITIVE: _ClassVar[Compatibility]
 TRANSACTION_RESOLUTION_UNSPECIFIED: TransactionResolution
 TRANSACTION_RESOLUTION_COMMIT: TransactionResolution
 TRANSACTION_RESOLUTION_ROLLBACK: TransactionResolution
@@ -28,6 +46,18 @@ PULL_STATUS_UNSPECIFIED: PullStatus
 PULL_STATUS_OK: PullStatus
 PULL_STATUS_OFFSET_TOO_SMALL: PullStatus
 PULL_STATUS_OFFSET_TOO_BIG: PullStatus
+SCHEMA_TYPE_UNSPECIFIED: SchemaType
+SCHEMA_TYPE_AVRO: SchemaType
+SCHEMA_TYPE_JSON: SchemaType
+SCHEMA_TYPE_PROTOBUF: SchemaType
+COMPATIBILITY_UNSPECIFIED: Compatibility
+COMPATIBILITY_NONE: Compatibility
+COMPATIBILITY_BACKWARD: Compatibility
+COMPATIBILITY_BACKWARD_TRANSITIVE: Compatibility
+COMPATIBILITY_FORWARD: Compatibility
+COMPATIBILITY_FORWARD_TRANSITIVE: Compatibility
+COMPATIBILITY_FULL: Compatibility
+COMPATIBILITY_FULL_TRANSITIVE: Compatibility
 
 class CheckStreamRequest(_message.Message):
     __slots__ = ("hello", "answer")
@@ -459,6 +489,98 @@ class OffsetForBytesReply(_message.Message):
     bytes: int
     def __init__(self, end_offset: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
+class SchemaVersion(_message.Message):
+    __slots__ = ("version", "type", "schema", "fingerprint", "created_ms")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    type: SchemaType
+    schema: str
+    fingerprint: str
+    created_ms: int
+    def __init__(self, version: _Optional[int] = ..., type: _Optional[_Union[SchemaType, str]] = ..., schema: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_ms: _Optional[int] = ...) -> None: ...
+
+class SetSchemaRequest(_message.Message):
+    __slots__ = ("topic", "key", "type", "schema", "version", "compatibility", "dry_run")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBILITY_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: bool
+    type: SchemaType
+    schema: str
+    version: int
+    compatibility: Compatibility
+    dry_run: bool
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[bool] = ..., type: _Optional[_Union[SchemaType, str]] = ..., schema: _Optional[str] = ..., version: _Optional[int] = ..., compatibility: _Optional[_Union[Compatibility, str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class GetSchemaRequest(_message.Message):
+    __slots__ = ("topic", "key", "version", "history")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: bool
+    version: int
+    history: bool
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[bool] = ..., version: _Optional[int] = ..., history: _Optional[bool] = ...) -> None: ...
+
+class SetCompatibilityRequest(_message.Message):
+    __slots__ = ("topic", "key", "compatibility")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBILITY_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: bool
+    compatibility: Compatibility
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[bool] = ..., compatibility: _Optional[_Union[Compatibility, str]] = ...) -> None: ...
+
+class DeleteSchemasRequest(_message.Message):
+    __slots__ = ("topic", "key", "both")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BOTH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: bool
+    both: bool
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[bool] = ..., both: _Optional[bool] = ...) -> None: ...
+
+class DeleteSchemasReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SchemaInfo(_message.Message):
+    __slots__ = ("topic", "key", "incarnation", "compatibility", "versions", "latest_version", "created", "problems", "broker_id", "unreachable_brokers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBILITY_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: bool
+    incarnation: int
+    compatibility: Compatibility
+    versions: _containers.RepeatedCompositeFieldContainer[SchemaVersion]
+    latest_version: int
+    created: bool
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    broker_id: str
+    unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[bool] = ..., incarnation: _Optional[int] = ..., compatibility: _Optional[_Union[Compatibility, str]] = ..., versions: _Optional[_Iterable[_Union[SchemaVersion, _Mapping]]] = ..., latest_version: _Optional[int] = ..., created: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ..., broker_id: _Optional[str] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class QueryMessagesRequest(_message.Message):
     __slots__ = ("topic", "key", "by_key", "start_ms", "end_ms", "limit")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -739,7 +861,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers", "delayed_pending", "delayed_next_due_ms", "records_served", "records_filtered", "features", "transaction_checks_sent", "transaction_checks_answered", "check_streams")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers", "delayed_pending", "delayed_next_due_ms", "records_served", "records_filtered", "features", "transaction_checks_sent", "transaction_checks_answered", "check_streams", "schema_subjects", "fetch_address")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -779,6 +901,8 @@ class BrokerStats(_message.Message):
     TRANSACTION_CHECKS_SENT_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_CHECKS_ANSWERED_FIELD_NUMBER: _ClassVar[int]
     CHECK_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_SUBJECTS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -818,7 +942,9 @@ class BrokerStats(_message.Message):
     transaction_checks_sent: int
     transaction_checks_answered: int
     check_streams: int
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ..., delayed_pending: _Optional[int] = ..., delayed_next_due_ms: _Optional[int] = ..., records_served: _Optional[int] = ..., records_filtered: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ..., transaction_checks_sent: _Optional[int] = ..., transaction_checks_answered: _Optional[int] = ..., check_streams: _Optional[int] = ...) -> None: ...
+    schema_subjects: int
+    fetch_address: str
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ..., delayed_pending: _Optional[int] = ..., delayed_next_due_ms: _Optional[int] = ..., records_served: _Optional[int] = ..., records_filtered: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ..., transaction_checks_sent: _Optional[int] = ..., transaction_checks_answered: _Optional[int] = ..., check_streams: _Optional[int] = ..., schema_subjects: _Optional[int] = ..., fetch_address: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("address", "position", "lag_bytes", "last_seen_s", "connected", "replica_id", "in_sync")
@@ -915,14 +1041,20 @@ class ListTransactionsReply(_message.Message):
     def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ..., sinks: _Optional[_Iterable[_Union[SinkInfo, _Mapping]]] = ...) -> None: ...
 
 class RegisteredTopic(_message.Message):
-    __slots__ = ("name", "incarnation", "queues")
+    __slots__ = ("name", "incarnation", "queues", "value_schema_version", "value_schema_fingerprint", "key_schema_version")
     NAME_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SCHEMA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    KEY_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     incarnation: int
     queues: _containers.RepeatedCompositeFieldContainer[RouteQueue]
-    def __init__(self, name: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ...) -> None: ...
+    value_schema_version: int
+    value_schema_fingerprint: str
+    key_schema_version: int
+    def __init__(self, name: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ..., value_schema_version: _Optional[int] = ..., value_schema_fingerprint: _Optional[str] = ..., key_schema_version: _Optional[int] = ...) -> None: ...
 
 class RouteQueue(_message.Message):
     __slots__ = ("queue_id", "writable", "readable")
@@ -935,7 +1067,7 @@ class RouteQueue(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., writable: _Optional[bool] = ..., readable: _Optional[bool] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_name", "replica_id", "address", "topics", "instance_id", "role", "epoch", "master")
+    __slots__ = ("cluster", "broker_name", "replica_id", "address", "topics", "instance_id", "role", "epoch", "master", "fetch_address")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -945,6 +1077,7 @@ class RegisterBrokerRequest(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MASTER_FIELD_NUMBER: _ClassVar[int]
+    FETCH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     replica_id: int
@@ -954,7 +1087,8 @@ class RegisterBrokerRequest(_message.Message):
     role: str
     epoch: int
     master: str
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[RegisteredTopic, _Mapping]]] = ..., instance_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ...) -> None: ...
+    fetch_address: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., replica_id: _Optional[int] = ..., address: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[RegisteredTopic, _Mapping]]] = ..., instance_id: _Optional[str] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., master: _Optional[str] = ..., fetch_address: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerReply(_message.Message):
     __slots__ = ("expiry_ms", "master", "master_epoch")
@@ -987,7 +1121,7 @@ class GetRouteRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
 class BrokerRoute(_message.Message):
-    __slots__ = ("broker_name", "cluster", "address", "incarnation", "queues", "replicas", "epoch", "replica_addresses")
+    __slots__ = ("broker_name", "cluster", "address", "incarnation", "queues", "replicas", "epoch", "replica_addresses", "value_schema_version", "value_schema_fingerprint", "key_schema_version", "fetch_addresses")
     class ReplicasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1003,6 +1137,10 @@ class BrokerRoute(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SCHEMA_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    KEY_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FETCH_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     broker_name: str
     cluster: str
     address: str
@@ -1011,7 +1149,11 @@ class BrokerRoute(_message.Message):
     replicas: _containers.ScalarMap[int, str]
     epoch: int
     replica_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ..., replicas: _Optional[_Mapping[int, str]] = ..., epoch: _Optional[int] = ..., replica_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    value_schema_version: int
+    value_schema_fingerprint: str
+    key_schema_version: int
+    fetch_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, broker_name: _Optional[str] = ..., cluster: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[RouteQueue, _Mapping]]] = ..., replicas: _Optional[_Mapping[int, str]] = ..., epoch: _Optional[int] = ..., replica_addresses: _Optional[_Iterable[str]] = ..., value_schema_version: _Optional[int] = ..., value_schema_fingerprint: _Optional[str] = ..., key_schema_version: _Optional[int] = ..., fetch_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TopicRoute(_message.Message):
     __slots__ = ("topic", "brokers", "down_brokers")
@@ -1114,7 +1256,7 @@ class ReplicateRequest(_message.Message):
     def __init__(self, position: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., replica_address: _Optional[str] = ..., chunk_capacity: _Optional[int] = ..., replica_id: _Optional[str] = ..., epoch: _Optional[int] = ..., last_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., unapplied: _Optional[int] = ...) -> None: ...
 
 class ReplicateReply(_message.Message):
-    __slots__ = ("position", "data", "master_end", "master_start", "metadata", "chunk_capacity", "epoch", "high_watermark", "metadata_version")
+    __slots__ = ("position", "data", "master_end", "master_start", "metadata", "chunk_capacity", "epoch", "high_watermark", "metadata_version", "schemas", "schemas_generation")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     MASTER_END_FIELD_NUMBER: _ClassVar[int]
@@ -1124,6 +1266,8 @@ class ReplicateReply(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMAS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMAS_GENERATION_FIELD_NUMBER: _ClassVar[int]
     position: int
     data: bytes
     master_end: int
@@ -1133,4 +1277,6 @@ class ReplicateReply(_message.Message):
     epoch: int
     high_watermark: int
     metadata_version: int
-    def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ..., master_end: _Optional[int] = ..., master_start: _Optional[int] = ..., metadata: _Optional[bytes] = ..., chunk_capacity: _Optional[int] = ..., epoch: _Optional[int] = ..., high_watermark: _Optional[int] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+    schemas: bytes
+    schemas_generation: int
+    def __init__(self, position: _Optional[int] = ..., data: _Optional[bytes] = ..., master_end: _Optional[int] = ..., master_start: _Optional[int] = ..., metadata: _Optional[bytes] = ..., chunk_capacity: _Optional[int] = ..., epoch: _Optional[int] = ..., high_watermark: _Optional[int] = ..., metadata_version: _Optional[int] = ..., schemas: _Optional[bytes] = ..., schemas_generation: _Optional[int] = ...) -> None: ...

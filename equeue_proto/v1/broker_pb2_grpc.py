@@ -869,6 +869,26 @@ class AdminStub:
                 request_serializer=equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
                 response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesReply.FromString,
                 _registered_method=True)
+        self.SetSchema = channel.unary_unary(
+                '/equeue.v1.Admin/SetSchema',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.SetSchemaRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.FromString,
+                _registered_method=True)
+        self.GetSchema = channel.unary_unary(
+                '/equeue.v1.Admin/GetSchema',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.GetSchemaRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.FromString,
+                _registered_method=True)
+        self.SetCompatibility = channel.unary_unary(
+                '/equeue.v1.Admin/SetCompatibility',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.SetCompatibilityRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.FromString,
+                _registered_method=True)
+        self.DeleteSchemas = channel.unary_unary(
+                '/equeue.v1.Admin/DeleteSchemas',
+                request_serializer=equeue__proto_dot_v1_dot_broker__pb2.DeleteSchemasRequest.SerializeToString,
+                response_deserializer=equeue__proto_dot_v1_dot_broker__pb2.DeleteSchemasReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -1016,6 +1036,39 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSchema(self, request, context):
+        """Register a version of a topic's value (or key) schema (see "Schemas"),
+        checked against the subject's compatibility rule: FAILED_PRECONDITION
+        (kind schema-incompatible) listing every incompatibility. A schema equal
+        to an existing version returns that version and registers nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchema(self, request, context):
+        """A subject's version (the latest by default), or its whole history.
+        NOT_FOUND when the topic has no such schema.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCompatibility(self, request, context):
+        """Change a subject's compatibility rule (the next SetSchema is checked with it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchemas(self, request, context):
+        """Forget a topic's value or key schema (or both); records keep their
+        version headers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1108,6 +1161,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.QueryMessages,
                     request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesRequest.FromString,
                     response_serializer=equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesReply.SerializeToString,
+            ),
+            'SetSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSchema,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.SetSchemaRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.SerializeToString,
+            ),
+            'GetSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchema,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.GetSchemaRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.SerializeToString,
+            ),
+            'SetCompatibility': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCompatibility,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.SetCompatibilityRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.SerializeToString,
+            ),
+            'DeleteSchemas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchemas,
+                    request_deserializer=equeue__proto_dot_v1_dot_broker__pb2.DeleteSchemasRequest.FromString,
+                    response_serializer=equeue__proto_dot_v1_dot_broker__pb2.DeleteSchemasReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1601,6 +1674,114 @@ class Admin:
             '/equeue.v1.Admin/QueryMessages',
             equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
             equeue__proto_dot_v1_dot_broker__pb2.QueryMessagesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/SetSchema',
+            equeue__proto_dot_v1_dot_broker__pb2.SetSchemaRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/GetSchema',
+            equeue__proto_dot_v1_dot_broker__pb2.GetSchemaRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCompatibility(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/SetCompatibility',
+            equeue__proto_dot_v1_dot_broker__pb2.SetCompatibilityRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.SchemaInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchemas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/equeue.v1.Admin/DeleteSchemas',
+            equeue__proto_dot_v1_dot_broker__pb2.DeleteSchemasRequest.SerializeToString,
+            equeue__proto_dot_v1_dot_broker__pb2.DeleteSchemasReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -586,6 +586,22 @@ class AdminStub:
     """A topic's messages by key and/or store-time range (see "Keys and
     queries"), newest first. By key with --key-index off: FAILED_PRECONDITION.
     """
+    SetSchema: _grpc.UnaryUnaryMultiCallable[_broker_pb2.SetSchemaRequest, _broker_pb2.SchemaInfo]
+    """Register a version of a topic's value (or key) schema (see "Schemas"),
+    checked against the subject's compatibility rule: FAILED_PRECONDITION
+    (kind schema-incompatible) listing every incompatibility. A schema equal
+    to an existing version returns that version and registers nothing.
+    """
+    GetSchema: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetSchemaRequest, _broker_pb2.SchemaInfo]
+    """A subject's version (the latest by default), or its whole history.
+    NOT_FOUND when the topic has no such schema.
+    """
+    SetCompatibility: _grpc.UnaryUnaryMultiCallable[_broker_pb2.SetCompatibilityRequest, _broker_pb2.SchemaInfo]
+    """Change a subject's compatibility rule (the next SetSchema is checked with it)."""
+    DeleteSchemas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteSchemasRequest, _broker_pb2.DeleteSchemasReply]
+    """Forget a topic's value or key schema (or both); records keep their
+    version headers.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -649,6 +665,22 @@ class AdminAsyncStub(AdminStub):
     QueryMessages: _aio.UnaryUnaryMultiCallable[_broker_pb2.QueryMessagesRequest, _broker_pb2.QueryMessagesReply]  # type: ignore[assignment]
     """A topic's messages by key and/or store-time range (see "Keys and
     queries"), newest first. By key with --key-index off: FAILED_PRECONDITION.
+    """
+    SetSchema: _aio.UnaryUnaryMultiCallable[_broker_pb2.SetSchemaRequest, _broker_pb2.SchemaInfo]  # type: ignore[assignment]
+    """Register a version of a topic's value (or key) schema (see "Schemas"),
+    checked against the subject's compatibility rule: FAILED_PRECONDITION
+    (kind schema-incompatible) listing every incompatibility. A schema equal
+    to an existing version returns that version and registers nothing.
+    """
+    GetSchema: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetSchemaRequest, _broker_pb2.SchemaInfo]  # type: ignore[assignment]
+    """A subject's version (the latest by default), or its whole history.
+    NOT_FOUND when the topic has no such schema.
+    """
+    SetCompatibility: _aio.UnaryUnaryMultiCallable[_broker_pb2.SetCompatibilityRequest, _broker_pb2.SchemaInfo]  # type: ignore[assignment]
+    """Change a subject's compatibility rule (the next SetSchema is checked with it)."""
+    DeleteSchemas: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteSchemasRequest, _broker_pb2.DeleteSchemasReply]  # type: ignore[assignment]
+    """Forget a topic's value or key schema (or both); records keep their
+    version headers.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -818,6 +850,46 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.QueryMessagesReply, _abc.Awaitable[_broker_pb2.QueryMessagesReply]]:
         """A topic's messages by key and/or store-time range (see "Keys and
         queries"), newest first. By key with --key-index off: FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def SetSchema(
+        self,
+        request: _broker_pb2.SetSchemaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.SchemaInfo, _abc.Awaitable[_broker_pb2.SchemaInfo]]:
+        """Register a version of a topic's value (or key) schema (see "Schemas"),
+        checked against the subject's compatibility rule: FAILED_PRECONDITION
+        (kind schema-incompatible) listing every incompatibility. A schema equal
+        to an existing version returns that version and registers nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSchema(
+        self,
+        request: _broker_pb2.GetSchemaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.SchemaInfo, _abc.Awaitable[_broker_pb2.SchemaInfo]]:
+        """A subject's version (the latest by default), or its whole history.
+        NOT_FOUND when the topic has no such schema.
+        """
+
+    @_abc_1.abstractmethod
+    def SetCompatibility(
+        self,
+        request: _broker_pb2.SetCompatibilityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.SchemaInfo, _abc.Awaitable[_broker_pb2.SchemaInfo]]:
+        """Change a subject's compatibility rule (the next SetSchema is checked with it)."""
+
+    @_abc_1.abstractmethod
+    def DeleteSchemas(
+        self,
+        request: _broker_pb2.DeleteSchemasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteSchemasReply, _abc.Awaitable[_broker_pb2.DeleteSchemasReply]]:
+        """Forget a topic's value or key schema (or both); records keep their
+        version headers.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

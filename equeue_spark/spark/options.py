@@ -28,6 +28,7 @@ from equeue_spark.client.connection import (
 )
 from equeue_spark.client.errors import InvalidAddress
 from equeue_spark.spark.errors import InvalidOption
+from equeue_spark.spark.format_options import FormatOptions
 
 EARLIEST = -2
 """Offset sentinel in ``startingOffsets``/``endingOffsets`` JSON: the earliest retained."""
@@ -58,14 +59,16 @@ def _bad(name: str, value: str, why: str) -> InvalidOption:
 
 
 _KAFKA_NAMES = {
-    "subscribe": "topic",
-    "subscribePattern": "topicPattern",
     "kafka.bootstrap.servers": "broker",
-    "startingOffsetsByTimestamp": "startingTimestamp",
-    "endingOffsetsByTimestamp": "endingTimestamp",
+    "kafka.group.id": "group",
+    "groupIdPrefix": "group",
+    "kafkaConsumer.pollTimeoutMs": "timeoutMs",
+    "fetchOffset.numRetries": "timeoutMs",
+    "kafka.security.protocol": "tlsCa",
 }
-"""Kafka source options with an equeue counterpart: a user
-coming from Kafka is pointed at ours."""
+"""Kafka source options with an equeue counterpart under another name (Kafka's
+``subscribe``, ``assign`` ... are accepted as they are): a user coming from
+Kafka is pointed at ours."""
 
 
 def _unknown_message(key: str, value: str, names: dict[str, str]) -> str:
@@ -154,10 +157,17 @@ _READ_NAMES = [
     "minOffsetsPerTrigger", "maxTriggerDelay", "maxBytesPerTrigger",
     "maxRecordsPerPartition", "tags", "includeHeaders", "failOnDataLoss", "timeoutMs",
     "token", "tlsCa", "tlsCert", "tlsKey", "readFromReplicas", "filter", "pushFilters",
+    # Spark Kafka source names (issue 29): synonyms and Kafka's per-queue options.
+    "subscribe", "subscribePattern", "assign", "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "minPartitions",
+    # Topic schemas (format_options.py).
+    "valueFormat", "keyFormat", "valueSchemaVersion", "keySchemaVersion", "valueSchema",
+    "keySchema", "mode", "columnNameOfCorruptRecord", "schemaEvolutionMode",
 ]  # fmt: skip
 _WRITE_NAMES = [
     "broker", "namesrv", "topic", "timeoutMs", "batchSize", "delivery", "transactionalId",
     "enableIdempotence", "token", "tlsCa", "tlsCert", "tlsKey",
+    "valueFormat", "keyFormat", "valueSchemaVersion", "keySchemaVersion",
 ]  # fmt: skip
 DELIVERIES = ("exactly_once", "at_least_once")
 _SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
@@ -248,6 +258,8 @@ class ReadOptions:
     """Option ``readFromReplicas`` (cluster only): list offsets and read records
     on a replica of each broker group (the master if none is live); group
     progress is still committed on the master."""
+    formats: FormatOptions = field(default_factory=FormatOptions)
+    """How ``value`` and ``key`` are decoded (format_options.py)."""
 
     @property
     def client(self) -> ClientConfig:
@@ -319,6 +331,7 @@ class ReadOptions:
                 "readFromReplicas", o.text("readfromreplicas"),
                 "needs a cluster: give the namesrv option (one broker has no replicas)",
             )  # fmt: skip
+        kwargs["formats"] = FormatOptions.parse(o.text, o.has, write=False)
         return cls(**kwargs)
 
 
@@ -454,6 +467,8 @@ class WriteOptions:
     idempotent producer (a retry within a task appends nothing twice); false
     for brokers without ``InitProducer``."""
     security: Security = field(default_factory=Security)
+    formats: FormatOptions = field(default_factory=FormatOptions)
+    """How a struct ``value``/``key`` column is encoded (format_options.py)."""
 
     @property
     def client(self) -> ClientConfig:
@@ -481,6 +496,7 @@ class WriteOptions:
             transactional_id=_transactional_id(o),
             enable_idempotence=o.flag("enableidempotence", True),
             security=Security.parse(o),
+            formats=FormatOptions.parse(o.text, o.has, write=True),
         )
 
 

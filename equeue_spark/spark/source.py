@@ -183,6 +183,46 @@ class EqueueDataSource(DataSource):
     maxRecordsPerPartition : int, default none
         Reads only. Split a queue's range into tasks of at most this many offsets
         (default: one task per queue).
+    subscribe : str
+        Reads only. Kafka's name for ``topic``.
+    subscribePattern : str
+        Reads only. Kafka's name for ``topicPattern``.
+    assign : str
+        Reads only. JSON ``{"orders":[0,1]}`` (cluster ``{"orders":["a/0"]}``):
+        exactly these queues, instead of ``topic``/``topicPattern``.
+    startingOffsetsByTimestamp : str
+        Reads only. JSON ``{"orders":{"0":1767225600000}}``: each named queue
+        starts at its first record stored at or after its time.
+    endingOffsetsByTimestamp : str
+        Batch reads only. JSON as above: each named queue stops before its
+        first record stored at or after its time.
+    startingOffsetsByTimestampStrategy : str, default ``latest``
+        Reads only. A queue with no record at or after its starting time:
+        ``latest`` starts it at its end, ``error`` fails naming it.
+    minPartitions : int, default none
+        Reads only. At least about this many tasks: the largest ranges are split.
+    valueFormat : str, default ``binary``
+        ``binary``, ``string``, ``avro`` or ``json``: ``value`` becomes a struct
+        decoded with (writes: encoded with) the topic's schema. Reads and writes.
+    keyFormat : str, default ``binary``
+        The same for ``key`` with the topic's key schema. Reads and writes.
+    valueSchemaVersion : str, default ``latest``
+        The schema version to read with or write with. Reads and writes.
+    keySchemaVersion : str, default ``latest``
+        The same for keys. Reads and writes.
+    valueSchema : str
+        Reads only. An explicit reader schema (Avro or JSON Schema text).
+    keySchema : str
+        Reads only. The same for keys.
+    mode : str, default ``FAILFAST``
+        Reads only. A record that does not decode: ``FAILFAST`` fails naming
+        topic, queue and offset; ``PERMISSIVE`` keeps it in the corrupt-record
+        column; ``DROPMALFORMED`` drops it.
+    columnNameOfCorruptRecord : str, default ``_corrupt_record``
+        Reads only. The corrupt-record column of ``mode=PERMISSIVE``.
+    schemaEvolutionMode : str, default ``none``
+        Reads only. ``restart``: a record of a newer schema version stops the
+        query (restart it to read with that version).
     tags : str, default all
         Reads only. Tag filter applied on the broker, ``a|b``.
     filter : str

@@ -9,12 +9,15 @@ everything to 127.0.0.1 and keeps the session small enough for a laptop or a
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
 def local_session(
@@ -32,7 +35,7 @@ def local_session(
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return (
+    builder = (
         builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
@@ -41,5 +44,26 @@ def local_session(
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
     )
+    return _start(builder)
+
+
+GATEWAY_ATTEMPTS = 3
+
+
+def _start(builder: SparkSession.Builder) -> SparkSession:
+    """``getOrCreate``, tried again when the JVM exits before it reports its
+    gateway port (JAVA_GATEWAY_EXITED): seen on CI machines busy with another
+    suite, where a JVM launch can die at start-up; a later launch works."""
+    from pyspark.errors import PySparkRuntimeError
+
+    for attempt in range(1, GATEWAY_ATTEMPTS + 1):
+        try:
+            return builder.getOrCreate()
+        except PySparkRuntimeError as exc:
+            if exc.getCondition() != "JAVA_GATEWAY_EXITED" or attempt == GATEWAY_ATTEMPTS:
+                raise
+            log.warning(
+                "the Spark JVM exited while starting (attempt %d); starting it again", attempt
+            )
+    raise AssertionError("unreachable")

@@ -157,15 +157,16 @@ def test_a_checkpoint_of_the_other_kind_is_refused() -> None:
         ),
         ({"topic": "t", "startingoffset": "earliest"}, "did you mean 'startingOffsets'?"),
         ({"topic": "t", "tokn": "s3cret"}, "unknown option 'tokn' (value <redacted>;"),
+        ({"topic": "t", "subscribepatternx": "t.*"}, "did you mean 'subscribePattern'?"),
         (
-            {"topic": "t", "subscribepatternx": "t.*"},
-            "did you mean 'topicPattern' (equeue's name for Kafka's 'subscribePattern')?",
+            {"topic": "t", "kafka.bootstrap.servers": "h:9092"},
+            "did you mean 'broker' (equeue's name for Kafka's 'kafka.bootstrap.servers')?",
         ),
         (
-            {"topic": "t", "subscribe": "t"},
-            "did you mean 'topic' (equeue's name for Kafka's 'subscribe')?",
+            {"topic": "t", "kafka.group.id": "etl"},
+            "did you mean 'group' (equeue's name for Kafka's 'kafka.group.id')?",
         ),
-        ({"topic": "t", "bogus": "1"}, "the equeue source knows: broker, endingOffsets"),
+        ({"topic": "t", "bogus": "1"}, "the equeue source knows: assign, broker, column"),
     ],
 )
 def test_unknown_option_names_the_nearest_known_one(options: dict[str, str], fragment: str) -> None:

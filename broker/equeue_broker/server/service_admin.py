@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from equeue_broker.replication.failover import ZOOKEEPER
 from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
@@ -336,6 +338,28 @@ class AdminService(pb_grpc.AdminServicer):
         )  # fmt: skip
 
     @rpc
+    # Schemas (issue 29): the contract is in the .proto; the handlers land
+    # with the schema registry. Until then they answer UNIMPLEMENTED.
+    async def SetSchema(self, request: pb.SetSchemaRequest, context: Any) -> pb.SchemaInfo:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schemas are not served yet")
+        raise AssertionError("abort raises")
+
+    async def GetSchema(self, request: pb.GetSchemaRequest, context: Any) -> pb.SchemaInfo:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schemas are not served yet")
+        raise AssertionError("abort raises")
+
+    async def SetCompatibility(
+        self, request: pb.SetCompatibilityRequest, context: Any
+    ) -> pb.SchemaInfo:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schemas are not served yet")
+        raise AssertionError("abort raises")
+
+    async def DeleteSchemas(
+        self, request: pb.DeleteSchemasRequest, context: Any
+    ) -> pb.DeleteSchemasReply:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schemas are not served yet")
+        raise AssertionError("abort raises")
+
     async def QueryMessages(
         self, request: pb.QueryMessagesRequest, context: Any
     ) -> pb.QueryMessagesReply:

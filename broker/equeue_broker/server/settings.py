@@ -264,6 +264,18 @@ _ENTRIES: tuple[Setting, ...] = (
         flag=False,
     ),
     Setting(
+        "max_schema_bytes",
+        "longest schema text one version of a topic's schema may have",
+        target="max_schema_bytes",
+        flag=False,
+    ),
+    Setting(
+        "max_schema_versions",
+        "versions one topic's value (or key) schema keeps at most",
+        target="max_schema_versions",
+        flag=False,
+    ),
+    Setting(
         "max_connections",
         "TCP connections at once, more are closed; 0 = from the open-files limit",
         flag=False,

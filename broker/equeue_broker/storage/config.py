@@ -244,6 +244,11 @@ class StorageConfig:
     max_read_bytes: int = field(default=64 * MiB, metadata={UNIT: "bytes"})
     max_filter_scan: int = field(default=100_000, metadata={UNIT: "entries"})
     """A tag-filtered read inspects at most this many index entries per call."""
+    max_schema_bytes: int = field(default=256 * KiB, metadata={UNIT: "bytes"})
+    """Longest schema text (normalized) one topic's version may have."""
+    max_schema_versions: int = field(default=1_000, metadata={UNIT: "versions"})
+    """Versions one subject (a topic's value or key schema) keeps at most; then
+    SetSchema is refused (RESOURCE_EXHAUSTED): delete the subject and start again."""
     limits: MessageLimits = field(default_factory=MessageLimits)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     transactions: TransactionConfig = field(default_factory=TransactionConfig)
@@ -276,6 +281,8 @@ class StorageConfig:
         _positive(self, "max_open_index_files")
         _positive(self, "sync_timeout_ms")
         _positive(self, "max_read_messages", "max_read_bytes", "max_filter_scan")
+        _at_most(self, "max_schema_bytes", 16 * MiB)
+        _at_most(self, "max_schema_versions", 100_000)
         _at_most(self, "max_queues_per_topic", MAX_QUEUES_PER_TOPIC_LIMIT)
         _at_most(self, "default_queue_count", self.max_queues_per_topic)
 
