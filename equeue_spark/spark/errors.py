@@ -3,9 +3,15 @@
     EqueueError
     ├── InvalidOption        an unknown option, or an option with a bad value
     │                        (the message names both); raised when the query starts
+    │   └── NoOffsetForTimestamp  startingOffsetsByTimestampStrategy=error and
+    │                             a queue has no record at or after its time
     ├── OffsetsLostError     records the query still had to read were removed
     │                        (retention, or a topic recreated) and
     │                        failOnDataLoss is true
+    ├── CorruptRecordError   mode=FAILFAST: a record does not decode with its
+    │                        schema (names topic, queue, offset, version)
+    ├── SchemaChanged        schemaEvolutionMode=restart: a record of a newer
+    │                        schema version arrived
     └── BrokerUnavailable (the client's)
         └── BrokerUnreachable  no answer within timeoutMs (a dead or wrong
                                address): names the address and timeoutMs
@@ -32,3 +38,18 @@ class OffsetsLostError(EqueueError):
 
 class BrokerUnreachable(BrokerUnavailable):
     """The broker (or a cluster's name servers) did not answer within ``timeoutMs``."""
+
+
+class NoOffsetForTimestamp(InvalidOption):
+    """``startingOffsetsByTimestampStrategy=error`` and a queue has no record
+    stored at or after its starting time (the message names the queue)."""
+
+
+class CorruptRecordError(EqueueError):
+    """With ``mode=FAILFAST``: a record's value (or key) does not decode with
+    its schema; the message names topic, queue, offset and schema version."""
+
+
+class SchemaChanged(EqueueError):
+    """With ``schemaEvolutionMode=restart``: a record was written with a newer
+    schema version than the query reads with; restart the query to read with it."""

@@ -113,6 +113,9 @@ class BrokerState:
     """PullStreams open now (at most ``max_pull_streams``)."""
     produce_streams: int = 0
     """ProduceStreams open now (at most ``max_produce_streams``)."""
+    fetch_address: str = ""
+    """HOST:PORT of the fetch port once it listens (fetch_port.py); empty: not
+    served. Reported in BrokerStats and in the name-server registration."""
     _round_robin: dict[str, itertools.count[int]] = field(default_factory=dict)
 
     def topology_changed(self) -> None:
