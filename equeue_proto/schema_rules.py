@@ -37,6 +37,16 @@ RULES = (
 )
 _MAX_VERSION_DIGITS = 10
 
+# Error kinds (protocol.ERROR_KIND_KEY trailer) of the schema RPCs' refusals.
+SCHEMA_INVALID = "schema-invalid"
+"""INVALID_ARGUMENT: the schema text does not parse (or its type is not supported)."""
+SCHEMA_INCOMPATIBLE = "schema-incompatible"
+"""FAILED_PRECONDITION: the schema breaks the subject's compatibility rule (every
+incompatibility is listed in the message, one per line)."""
+SCHEMA_VERSION_CONFLICT = "schema-version-conflict"
+"""FAILED_PRECONDITION: an explicit version is neither the next one nor an existing
+version with the same fingerprint (a cluster's broker groups disagree)."""
+
 
 @dataclass(frozen=True)
 class ParsedSchema:
