@@ -225,7 +225,7 @@ class Decoder:
 
         try:
             return decode_avro(values, writer.text, part.reader, target)
-        except Exception as exc:  # the writer cannot be resolved to the reader
+        except ValueError as exc:  # the writer cannot be resolved to the reader
             reason = f"version {version} cannot be read with the query's schema: {exc}"
             return pa.nulls(len(values), target), [(i, reason) for i in everyone]
 

@@ -255,7 +255,10 @@ def avro_spark_type(reader: str) -> StructType:
 
     from equeue_spark.spark.avro_arrow import avro_arrow_type
 
-    kind = from_arrow_type(avro_arrow_type(reader))
+    try:
+        kind = from_arrow_type(avro_arrow_type(reader))
+    except ValueError as exc:  # avro_columns.Unsupported: no Spark type for it
+        raise InvalidOption(f"the Avro reader schema has no Spark type: {exc}") from None
     if not isinstance(kind, StructType):
         raise InvalidOption("an Avro reader schema must be a record")
     return kind

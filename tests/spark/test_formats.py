@@ -364,3 +364,44 @@ def test_sink_encodes_and_stamps_headers() -> None:
     as_json = FormatOptions(value_format="json", value_schema=JSON_V1, value_schema_version=1)
     out = encode_batch(batch.select(["value"]), as_json)
     assert out.column("value").to_pylist() == [b'{"id":1,"note":"x"}', b'{"id":2}']
+
+
+AVRO_V0 = json.dumps(
+    {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}
+)
+
+
+def _avro(schema: str, datum: dict[str, Any]) -> bytes:
+    import io
+
+    import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(json.loads(schema)), datum)
+    return out.getvalue()
+
+
+def test_avro_versions_resolve_into_the_reader() -> None:
+    """v1 reader: v2 records drop the new field; a truncated v1 record is bad."""
+
+    def writers(topic: str, version: int, key: bool) -> WriterSchema | None:
+        return {
+            1: WriterSchema(1, "AVRO", AVRO_V0, ""),
+            2: WriterSchema(2, "AVRO", AVRO_V1, ""),
+        }.get(version)
+
+    plan = DecodePlan((PartPlan("value", "avro", "AVRO", AVRO_V0, 1),), mode="PERMISSIVE")
+    values = [_avro(AVRO_V0, {"id": 1}), _avro(AVRO_V1, {"id": 2, "note": "x"}), b"", b"\x02"]
+    raw = _raw(values + [_avro(AVRO_V0, {"id": 5})], [b"1", b"2", b"1", b"2", None])
+    decoder = Decoder(plan, arrow_schema(read_struct(plan)), "orders/0", writers)
+    rows = [r for b in decode_batches(iter([raw]), decoder) for r in b.to_pylist()]
+    assert [r["value"] for r in rows] == [{"id": 1}, {"id": 2}, None, None, {"id": 5}]
+    assert [r["valueSchemaVersion"] for r in rows] == [1, 2, 1, 2, None]
+    assert [r["_corrupt_record"]["bytes"] for r in rows[2:4]] == [b"", b"\x02"]
+    with pytest.raises(CorruptRecordError, match="offset 102 .* schema version 1 does not decode"):
+        _decode_with(DecodePlan(plan.parts), raw, writers)
+
+
+def _decode_with(plan: DecodePlan, raw: pa.RecordBatch, writers: Any) -> list[Any]:
+    decoder = Decoder(plan, arrow_schema(read_struct(plan)), "orders/0", writers)
+    return [r for b in decode_batches(iter([raw]), decoder) for r in b.to_pylist()]
