@@ -392,13 +392,13 @@ def test_avro_versions_resolve_into_the_reader() -> None:
 
     plan = DecodePlan((PartPlan("value", "avro", "AVRO", AVRO_V0, 1),), mode="PERMISSIVE")
     values = [_avro(AVRO_V0, {"id": 1}), _avro(AVRO_V1, {"id": 2, "note": "x"}), b"", b"\x02"]
-    raw = _raw(values + [_avro(AVRO_V0, {"id": 5})], [b"1", b"2", b"1", b"2", None])
+    raw = _raw([*values, _avro(AVRO_V0, {"id": 5})], [b"1", b"2", b"1", b"2", None])
     decoder = Decoder(plan, arrow_schema(read_struct(plan)), "orders/0", writers)
     rows = [r for b in decode_batches(iter([raw]), decoder) for r in b.to_pylist()]
     assert [r["value"] for r in rows] == [{"id": 1}, {"id": 2}, None, None, {"id": 5}]
     assert [r["valueSchemaVersion"] for r in rows] == [1, 2, 1, 2, None]
     assert [r["_corrupt_record"]["bytes"] for r in rows[2:4]] == [b"", b"\x02"]
-    with pytest.raises(CorruptRecordError, match="offset 102 .* schema version 1 does not decode"):
+    with pytest.raises(CorruptRecordError, match=r"offset 102 .* schema version 1 does not decode"):
         _decode_with(DecodePlan(plan.parts), raw, writers)
 
 
