@@ -134,7 +134,9 @@ class EqueueDataSource(DataSource):
     storeTimestamp timestamp``, plus ``headers array<struct<key:string,value:binary>>``
     with ``includeHeaders``. ``timestamp`` is the producer's time (``timestampType`` 0,
     Kafka's CreateTime); ``storeTimestamp`` the broker's store time (LogAppendTime),
-    which ``startingTimestamp``/``endingTimestamp`` compare. Write columns:
+    which ``startingTimestamp``/``endingTimestamp`` compare. With ``valueFormat``
+    ``avro``/``json``, ``value`` is a struct and ``valueSchemaVersion int`` follows
+    ``storeTimestamp`` (docs/spark-formats.md). Write columns:
     ``value`` (binary or string, required), ``key``, ``topic``, ``queue``, ``tag``,
     ``headers``, ``timestamp``; other columns are ignored.
 
