@@ -217,3 +217,57 @@ def test_json_sink_round_trip(spark: SparkSession, broker: BrokerProcess) -> Non
     assert [r.valueSchemaVersion for r in got] == [1, 1]
     raw = read(spark, broker, "sink_json").orderBy("offset").collect()
     assert [r.value for r in raw] == [b'{"id":1,"item":"a"}', b'{"id":2}']
+
+
+@pytest.mark.timeout(300)
+def test_restart_mode_stops_at_a_new_version_and_restarts_with_it(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Any
+) -> None:
+    schema_topic(broker.address, "restart", V1)
+    send(broker.address, "restart", [avro(V1, {"id": i, "item": "a"}) for i in range(10)], 1)
+    rows: list[Any] = []
+    lock = threading.Lock()
+
+    def collect(batch: DataFrame, batch_id: int) -> None:
+        got = batch.collect()
+        with lock:
+            rows.extend(got)
+
+    def start() -> Any:
+        stream = (
+            spark.readStream.format("equeue")
+            .option("broker", broker.address)
+            .option("topic", "restart")
+            .option("startingOffsets", "earliest")
+            .option("valueFormat", "avro")
+            .option("schemaEvolutionMode", "restart")
+            .load()
+        )
+        return (
+            stream.writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
+    query = start()
+    try:
+        wait_for("10 v1 rows", lambda: len(rows) >= 10, 90)
+        with Admin(broker.address) as admin:
+            admin.set_schema("restart", json.dumps(V2), type="avro")
+        v2 = [avro(V2, {"id": 10 + i, "item": "b", "note": "n"}) for i in range(10)]
+        send(broker.address, "restart", v2, 2)
+        with pytest.raises(SparkError, match="restart the query to read with version 2"):
+            query.awaitTermination(90)
+    finally:
+        query.stop()
+    assert len(rows) == 10
+    query = start()
+    try:
+        wait_for("the v2 rows", lambda: len(rows) >= 20, 90)
+    finally:
+        query.stop()
+    later = sorted(rows[10:], key=lambda r: r.offset)
+    assert [(r.value.id, r.value.note, r.valueSchemaVersion) for r in later] == [
+        (10 + i, "n", 2) for i in range(10)
+    ]
