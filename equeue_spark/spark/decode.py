@@ -274,15 +274,19 @@ def header_versions(headers: pa.Array, name: str) -> np.ndarray:
         return versions
     rows = parents.filter(mask).to_numpy(zero_copy_only=False)
     texts = entries.field("value").filter(mask)
-    digits = pc.fill_null(pc.match_substring_regex(texts, r"^[0-9]{1,10}$"), False)
-    parsed = np.full(len(texts), MALFORMED, dtype=np.int64)
-    ok = digits.to_numpy(zero_copy_only=False)
-    if ok.any():
-        numbers = texts.filter(digits).cast(pa.string()).cast(pa.int64()).to_numpy()
-        numbers = np.where((numbers >= 1) & (numbers <= MAX_VERSION), numbers, MALFORMED)
-        parsed[ok] = numbers
+    # A batch holds a few distinct header values: each parsed once.
+    distinct = pc.unique(texts)
+    numbers = np.array([_version(v) for v in distinct.to_pylist()], dtype=np.int64)
+    parsed = numbers[pc.index_in(texts, value_set=distinct).to_numpy(zero_copy_only=False)]
     versions[rows] = parsed
     return versions
+
+
+def _version(text: bytes | None) -> int:
+    if text is None or not 1 <= len(text) <= 10 or not text.isdigit():
+        return MALFORMED
+    number = int(text)
+    return number if 1 <= number <= MAX_VERSION else MALFORMED
 
 
 def _utf8(values: pa.Array) -> tuple[pa.Array, list[tuple[int, str]]]:

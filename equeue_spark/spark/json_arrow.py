@@ -34,6 +34,8 @@ Bad = list[tuple[int, str]]
 """Rows that do not decode: (row index, reason), in row order."""
 
 INT64 = (-(2**63), 2**63 - 1)
+BLOCK = 64 * 1024
+"""Block size of the fast path's reader (it grows to hold the longest value)."""
 
 
 def decode_json(values: pa.Array, kind: pa.StructType) -> tuple[pa.StructArray, Bad]:
@@ -53,17 +55,21 @@ def decode_json(values: pa.Array, kind: pa.StructType) -> tuple[pa.StructArray, 
     return decode_rows(values, kind)
 
 
-def _fast_path_allowed(values: pa.Array, kind: pa.DataType) -> bool:
-    if values.null_count or _has_map(kind):
-        return False
+def _value_bytes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The values' bytes (one uint8 view, no copy) and their offsets into it."""
     offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)
     offsets = offsets[values.offset : values.offset + len(values) + 1]
     data_buf = values.buffers()[2]
     if data_buf is None:
+        return np.zeros(0, dtype=np.uint8), offsets - offsets[0]
+    return np.frombuffer(data_buf, dtype=np.uint8)[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def _fast_path_allowed(values: pa.Array, kind: pa.DataType) -> bool:
+    if values.null_count or _has_map(kind):
         return False
-    data = np.frombuffer(data_buf, dtype=np.uint8)[offsets[0] : offsets[-1]]
-    starts = offsets[:-1] - offsets[0]
-    ends = offsets[1:] - offsets[0]
+    data, offsets = _value_bytes(values)
+    starts, ends = offsets[:-1], offsets[1:]
     if np.any(ends <= starts):  # an empty value
         return False
     if np.any(data == 0x0A) or np.any(data == 0x0D):
@@ -93,17 +99,16 @@ def _parse_type(kind: pa.DataType) -> pa.DataType:
 
 
 def _fast(values: pa.Array, kind: pa.StructType) -> pa.StructArray | None:
-    # The values' own buffer, no copy: objects need no separator, and the
-    # checks above make every value start and end one.
-    offsets = values.buffers()[1]
-    first, last = np.frombuffer(offsets, dtype=np.int32)[
-        [values.offset, values.offset + len(values)]
-    ]
-    data = values.buffers()[2].slice(int(first), int(last - first))
+    # One row per line (a vectorized insert of the newlines, one copy) lets
+    # the reader parse in blocks of BLOCK bytes: cache-sized blocks parse
+    # about 3x faster than the whole batch as one block.
+    data, offsets = _value_bytes(values)
+    lined = np.insert(data, offsets[1:-1], 0x0A)
+    longest = int(np.max(np.diff(offsets)))
     parse = _parse_type(kind)
     table = pj.read_json(
-        pa.BufferReader(data),
-        read_options=pj.ReadOptions(use_threads=False, block_size=max(len(data) + 1, 1 << 20)),
+        pa.BufferReader(pa.py_buffer(lined)),
+        read_options=pj.ReadOptions(use_threads=False, block_size=max(BLOCK, 2 * longest + 2)),
         parse_options=pj.ParseOptions(
             explicit_schema=pa.schema(list(parse)), unexpected_field_behavior="ignore"
         ),

@@ -405,3 +405,30 @@ def test_avro_versions_resolve_into_the_reader() -> None:
 def _decode_with(plan: DecodePlan, raw: pa.RecordBatch, writers: Any) -> list[Any]:
     decoder = Decoder(plan, arrow_schema(read_struct(plan)), "orders/0", writers)
     return [r for b in decode_batches(iter([raw]), decoder) for r in b.to_pylist()]
+
+
+def test_key_format_uses_the_key_header_and_keeps_keyless_rows() -> None:
+    plan = DecodePlan(
+        (PartPlan("key", "json", "JSON", JSON_V1, 1), PartPlan("value", "string")),
+        mode="PERMISSIVE",
+    )
+    raw = _raw([b"a", b"b", b"c"], [None, None, None])
+    keys = pa.array([b'{"id":1}', None, b'{"id":"x"}'], pa.binary())
+    headers = pa.array(
+        [
+            [{"key": "equeue.key-schema", "value": b"1"}],
+            [],
+            [{"key": "equeue.schema", "value": b"1"}],
+        ],
+        raw.schema.field("headers").type,
+    )
+    raw = raw.set_column(0, raw.schema.field("key"), keys)
+    raw = raw.set_column(
+        raw.schema.get_field_index("headers"), raw.schema.field("headers"), headers
+    )
+    rows = _decode(plan, raw)
+    assert [r["key"] for r in rows] == [{"id": 1}, None, None]
+    assert [r["keySchemaVersion"] for r in rows] == [1, None, None]
+    assert [r["value"] for r in rows] == ["a", "b", "c"]
+    assert rows[1]["_corrupt_record"] is None  # no key: null, not corrupt
+    assert rows[2]["_corrupt_record"]["part"] == "key"
