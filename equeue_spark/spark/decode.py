@@ -48,6 +48,7 @@ KEY_SCHEMA_HEADER = "equeue.key-schema"
 ABSENT = -1
 MALFORMED = -2
 MAX_VERSION = 2**31 - 1
+MAX_WRITERS = 4096
 _TYPE_NAMES: dict[int, str] = {pb.SCHEMA_TYPE_AVRO: "AVRO", pb.SCHEMA_TYPE_JSON: "JSON"}
 HINT = "mode=PERMISSIVE keeps such records in {column}"
 
@@ -68,11 +69,12 @@ class Bad:
 
 class WriterCache:
     """Writer schemas of this worker process, by (target, topic, subject,
-    version): versions are immutable, so they are fetched once."""
+    version): versions are immutable, so they are fetched once. At most
+    MAX_WRITERS entries (then it starts over)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._found: dict[tuple[str, str, bool, int], WriterSchema | None] = {}
+        self._found: dict[tuple[str, str, bool, int], WriterSchema] = {}
 
     def get(
         self, target: str, topic: str, version: int, key: bool, fetch: WriterLookup
@@ -82,7 +84,11 @@ class WriterCache:
             if ident in self._found:
                 return self._found[ident]
         found = fetch(topic, version, key)
+        if found is None:  # not cached: a replica may get the version later
+            return None
         with self._lock:
+            if len(self._found) >= MAX_WRITERS:
+                self._found.clear()
             self._found[ident] = found
         return found
 
@@ -98,7 +104,7 @@ class Decoder:
         plan: DecodePlan,
         schema: pa.Schema,
         where: str,
-        lookup: Callable[[str, int, bool], WriterSchema | None],
+        lookup: WriterLookup,
     ) -> None:
         self.plan = plan
         self.schema = schema
@@ -352,6 +358,8 @@ class SchemaSource:
         if self._admin is None:
             self._admin = Admin(config=self.config)
         info = self._admin.get_schema(topic, version, key=key)
+        if not info.versions:
+            raise NotFoundError(f"topic {topic} has no {'key' if key else 'value'} schema")
         found = info.versions[-1]
         return WriterSchema(
             int(found.version), _TYPE_NAMES.get(int(found.type), "?"), found.schema,
