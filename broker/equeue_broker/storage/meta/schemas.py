@@ -43,6 +43,7 @@ from typing import Any, overload
 from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.errors import (
     CorruptionError,
+    InvalidArgument,
     LimitExceeded,
     PreconditionFailed,
     io_error,
@@ -60,8 +61,13 @@ log = logging.getLogger(__name__)
 
 SUBJECTS = ("value", "key")
 DEFAULT_RULE = "BACKWARD"
-MAX_FILE_BYTES = 64 << 20
-"""The file at most: a broker's schemas are read whole at open and sent whole to replicas."""
+MAX_FILE_BYTES = 16 << 20
+"""The file at most: it is read whole at open and sent whole to replicas in one
+replication reply, which must stay within gRPC's message limits."""
+
+
+class SchemaInvalid(InvalidArgument):
+    """The schema text does not parse, or its type is not supported."""
 
 
 class SchemaIncompatible(PreconditionFailed):
