@@ -217,7 +217,8 @@ class SchemaStore:
             if problems and not dry_run:
                 raise SchemaIncompatible(
                     f"the schema for {_label(topic, subject)} is not {rule} compatible "
-                    f"({len(problems)} problems):\n" + "\n".join(problems),
+                    f"({len(problems)} problem{'' if len(problems) == 1 else 's'}):\n"
+                    + "\n".join(problems),
                     problems,
                 )
             if len(current.versions) >= self.max_schema_versions:
