@@ -99,8 +99,11 @@ class SchemaServiceMixin:
         store = self.s.store
         compatibility = rule_name(request.compatibility)
 
+        # Parsed first: a bad text is refused as such, before sync replication's
+        # checks of the in-sync set (and parsing a large schema takes a thread).
+        parsed = await self.s.call(self._parse, request, subject)
+
         def register() -> pb.SchemaInfo:
-            parsed = self._parse(request, subject)
             incarnation = store.topic_admin.describe(topic).incarnation
             done = store.schemas.register(
                 topic, incarnation, subject, parsed, version=request.version,
