@@ -86,6 +86,17 @@ def test_incompatible_refused_with_every_problem(open_store: OpenStore) -> None:
     assert (done.version.version, done.subject.compatibility) == (3, "NONE")
 
 
+def test_many_problems_fit_a_status_message(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    fields = [{"name": f"field_number_{i:02d}", "type": "int"} for i in range(30)]
+    with pytest.raises(SchemaIncompatible) as caught:
+        store.schemas.register(TOPIC, incarnation(store), "value", avro(ID, NOTE, *fields))
+    message = str(caught.value)
+    assert len(message) <= 900 and len(caught.value.problems) == 30
+    assert "(30 problems)" in message and "(a dry run lists every one)" in message.splitlines()[-1]
+    assert all(line.startswith("not BACKWARD") for line in message.splitlines()[1:-1])
+
+
 def test_explicit_versions(open_store: OpenStore) -> None:
     store = with_two_versions(open_store)
     inc = incarnation(store)

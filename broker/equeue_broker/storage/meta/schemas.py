@@ -215,12 +215,7 @@ class SchemaStore:
             history = _History(current.versions)
             problems = schema_rules.check(rule, parsed, history)
             if problems and not dry_run:
-                raise SchemaIncompatible(
-                    f"the schema for {_label(topic, subject)} is not {rule} compatible "
-                    f"({len(problems)} problem{'' if len(problems) == 1 else 's'}):\n"
-                    + "\n".join(problems),
-                    problems,
-                )
+                raise SchemaIncompatible(_refusal(topic, subject, rule, problems), problems)
             if len(current.versions) >= self.max_schema_versions:
                 raise LimitExceeded(
                     f"{_label(topic, subject)} has {len(current.versions)} versions, "
@@ -374,6 +369,25 @@ class SchemaStore:
             self._generation += 1
             self._save(self._generation, {})
             self._save(self._generation, {})
+
+
+MAX_MESSAGE = 900
+"""A refusal's message at most: it travels as a gRPC status message (the server
+cuts those at 1 KiB). Whole problem lines only; a dry run returns every one."""
+
+
+def _refusal(topic: str, subject: str, rule: str, problems: list[str]) -> str:
+    """The incompatibilities, one per line after a first line naming the subject."""
+    count = f"{len(problems)} problem{'' if len(problems) == 1 else 's'}"
+    lines = [f"the schema for {_label(topic, subject)} is not {rule} compatible ({count}):"]
+    size = len(lines[0])
+    for shown, problem in enumerate(problems):
+        if size + 1 + len(problem) > MAX_MESSAGE - 80 and shown:
+            lines.append(f"... and {len(problems) - shown} more (a dry run lists every one)")
+            break
+        lines.append(problem[: MAX_MESSAGE - 80 - size - 1])
+        size += 1 + len(lines[-1])
+    return "\n".join(lines)
 
 
 class _History(Sequence[ParsedSchema]):
