@@ -592,9 +592,10 @@ class Admin:
         answer (empty for one broker)."""
         return schema_admin.delete_schemas(self.routes, topic, key=key)
 
-    def sync_schemas(self, topic: str) -> dict[str, list[int]]:
-        """Give the broker groups that lag the schema versions they lack
-        ({group: versions copied}); nothing to do for one broker."""
+    def sync_schemas(self, topic: str) -> dict[str, dict[str, list[int]]]:
+        """Give the broker groups that lag the schema versions they lack:
+        ``{"value": {group: versions copied}, "key": {...}}``; nothing to do
+        for one broker."""
         return schema_admin.sync_schemas(self.routes, topic)
 
     # -- dead letters (dead_letters.py) ------------------------------------------------

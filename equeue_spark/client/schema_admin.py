@@ -225,8 +225,7 @@ class Histories:
         raise SchemaConflictError(
             f"{self.topic}: the broker groups' {subject(self.key)} schema histories differ "
             f"({where}); the same version must be the same schema on every group: delete "
-            f"the schemas of the groups that differ (equeue schema delete with --broker) and "
-            f"run equeue schema sync {self.topic}",
+            f"the schemas (equeue schema delete) and set the versions again in order",
             prints,
         )
 
@@ -338,12 +337,12 @@ def set_schema(
     return info
 
 
-def sync_schemas(routes: Routes, topic: str) -> dict[str, list[int]]:
+def sync_schemas(routes: Routes, topic: str) -> dict[str, dict[str, list[int]]]:
     """Give every group the value and key versions it lacks of the longest
-    history; {broker group: versions copied} (groups given nothing left out).
-    SchemaConflictError when histories differ (not merely lag); groups that
-    do not answer are left out: BrokerUnavailable when none does."""
-    copied: dict[str, list[int]] = {}
+    history: {"value": {broker group: versions copied}, "key": {...}} (groups
+    given nothing left out). SchemaConflictError when histories differ (not
+    merely lag); groups that do not answer are left out (``read_histories``)."""
+    copied: dict[str, dict[str, list[int]]] = {"value": {}, "key": {}}
     for key in (False, True):
         found = read_histories(routes, topic, key)
         found.check()
@@ -356,7 +355,7 @@ def sync_schemas(routes: Routes, topic: str) -> dict[str, list[int]]:
 
         for broker, _ in on_groups(routes, topic, lagging, fill, []):
             have = len(found.versions[broker])
-            copied.setdefault(broker, []).extend(v.version for v in longest[have:])
+            copied[subject(key)][broker] = [v.version for v in longest[have:]]
     routes.invalidate(topic)
     return copied
 
