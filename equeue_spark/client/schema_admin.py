@@ -378,14 +378,23 @@ def set_compatibility(routes: Routes, topic: str, rule: str, *, key: bool = Fals
 
 def delete_schemas(routes: Routes, topic: str, *, key: bool | None = False) -> list[str]:
     """Forget the value (``key=False``), key (True) or both (None) schemas on
-    every group; the groups that did not answer."""
+    every group; the groups that did not answer. NotFoundError when no group
+    had them (a group without them is passed over)."""
     request = pb.DeleteSchemasRequest(topic=topic, key=bool(key), both=key is None)
     unreachable: list[str] = list(routes.route(topic, refresh=True).down)
     brokers = sorted(routes.route(topic).broker_names())
+    missing: list[NotFoundError] = []
 
-    def delete(conn: Connection, _broker: str) -> None:
-        conn.call(conn.admin.DeleteSchemas, request, retry=False)
+    def delete(conn: Connection, broker: str) -> bool:
+        try:
+            conn.call(conn.admin.DeleteSchemas, request, retry=False)
+        except NotFoundError as exc:
+            missing.append(exc)
+            return False
+        return True
 
-    on_groups(routes, topic, brokers, delete, unreachable)
+    deleted = on_groups(routes, topic, brokers, delete, unreachable)
     routes.invalidate(topic)
+    if missing and not any(done for _, done in deleted):
+        raise missing[0]
     return sorted(unreachable)
