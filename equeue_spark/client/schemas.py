@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import fastavro
 import fastjsonschema
 
+from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER, version_header
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import schema_admin
 from equeue_spark.client.errors import NotFoundError, SchemaValidationError
@@ -37,9 +38,6 @@ from equeue_spark.client.errors import NotFoundError, SchemaValidationError
 if TYPE_CHECKING:
     from equeue_spark.client.batches import Headers
     from equeue_spark.client.routing import Routes
-
-SCHEMA_HEADER = "equeue.schema"
-KEY_SCHEMA_HEADER = "equeue.key-schema"
 
 REFRESH_S = 30.0
 """How long a subject's latest version (or its having none) is trusted when
@@ -277,11 +275,11 @@ class ProduceChecks:
             own = [(n, v) for n, v in (headers[i] if headers else ()) if n not in _STAMPS]
             if value_schema is not None:
                 _check(topic, value_schema, value, i, False)
-                own.append((SCHEMA_HEADER, str(value_schema.version).encode()))
+                own.append((SCHEMA_HEADER, version_header(value_schema.version)))
             key = keys[i] if keys is not None else None
             if key_schema is not None and key is not None:
                 _check(topic, key_schema, key, i, True)
-                own.append((KEY_SCHEMA_HEADER, str(key_schema.version).encode()))
+                own.append((KEY_SCHEMA_HEADER, version_header(key_schema.version)))
             out.append(own)
         return out
 

@@ -13,6 +13,7 @@ from typing import Any
 import fastavro
 import pytest
 
+from equeue_proto.schema_rules import guess_type
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import (
     InvalidRequest,
@@ -21,7 +22,6 @@ from equeue_spark.client.errors import (
     problem_lines,
 )
 from equeue_spark.client.schema_admin import (
-    guess_type,
     rule_name,
     rule_value,
     schema_text,
@@ -121,10 +121,11 @@ def test_type_guess_and_names() -> None:
     assert guess_type(json.dumps(ORDER_V1)) == "AVRO"
     assert guess_type('"string"') == "AVRO"
     assert guess_type(json.dumps(ORDER_JSON)) == "JSON"
+    ambiguous = '{"type": "string"}'  # both an Avro and a JSON Schema
     with pytest.raises(ValueError):
-        guess_type("{}")
+        guess_type(ambiguous)
     with pytest.raises(InvalidRequest, match="give the type"):
-        schema_type("{}", "")
+        schema_type(ambiguous, "")
     with pytest.raises(InvalidRequest, match="avro or json"):
         schema_type("{}", "protobuf")
     assert schema_type("{}", "json") == pb.SCHEMA_TYPE_JSON
