@@ -13,10 +13,13 @@ from typing import Any
 import fastavro
 import pytest
 
-from equeue_proto.schema_rules import guess_type
+from equeue_broker.testing import BrokerProcess
+from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER, guess_type
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client import Admin, Producer
 from equeue_spark.client.errors import (
     InvalidRequest,
+    NotFoundError,
     SchemaIncompatibleError,
     SchemaValidationError,
     problem_lines,
@@ -27,7 +30,7 @@ from equeue_spark.client.schema_admin import (
     schema_text,
     schema_type,
 )
-from equeue_spark.client.schemas import Compiled, send_one
+from equeue_spark.client.schemas import Compiled, Serializer, send_one
 
 ORDER_V1: dict[str, Any] = {
     "type": "record",
@@ -140,3 +143,105 @@ def test_incompatible_refusal_lists_problems() -> None:
     assert problem_lines(text) == ["a", "b"]
     assert SchemaIncompatibleError(text).problems == ["a", "b"]
     assert problem_lines("one line") == ["one line"]
+
+
+# -- a real broker ------------------------------------------------------------------------
+
+
+def end_offset(admin: Admin, topic: str) -> int:
+    return sum(q.end_offset for q in admin.describe_topic(topic).queues)
+
+
+def test_set_and_get_on_one_broker(broker: BrokerProcess) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("orders", queues=1)
+        first = admin.set_schema("orders", ORDER_V1)
+        assert first.created and first.versions[0].version == 1
+        assert rule_name(first.compatibility) == "BACKWARD"
+        second = admin.set_schema("orders", json.dumps(ORDER_V2, indent=4), type="avro")
+        assert second.created and second.versions[0].version == 2
+        again = admin.set_schema("orders", ORDER_V2)  # same schema: that version, nothing new
+        assert not again.created and again.versions[0].version == 2
+        check = admin.set_schema("orders", ORDER_V3_BAD, dry_run=True)
+        assert check.problems and any("qty" in p for p in check.problems)
+        with pytest.raises(SchemaIncompatibleError) as refused:
+            admin.set_schema("orders", ORDER_V3_BAD)
+        assert any("qty" in p and "version 2" in p for p in refused.value.problems)
+        history = admin.get_schema("orders", history=True)
+        assert [v.version for v in history.versions] == [1, 2]
+        assert history.versions[1].schema == normalized(ORDER_V2)
+        assert admin.get_schema("orders", 1).versions[0].schema == normalized(ORDER_V1)
+        assert admin.get_schema("orders").versions[0].version == 2
+        with pytest.raises(NotFoundError):
+            admin.get_schema("orders", key=True)
+        loose = admin.set_schema("orders", ORDER_V3_BAD, compatibility="NONE")
+        assert loose.versions[0].version == 3 and rule_name(loose.compatibility) == "NONE"
+        assert admin.set_compatibility("orders", "full").compatibility == pb.COMPATIBILITY_FULL
+        assert admin.delete_schemas("orders") == []
+        with pytest.raises(NotFoundError):
+            admin.get_schema("orders")
+
+
+def test_validating_producer_stamps_versions_and_refuses_bad_values(
+    broker: BrokerProcess,
+) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("orders", queues=1)
+        admin.create_topic("plain", queues=1)
+        admin.set_schema("orders", ORDER_V1)
+        admin.set_schema("orders", ORDER_V2)
+        admin.set_schema("orders", {"type": "string"}, type="avro", key=True)
+        with Producer(broker.address, validate=True) as producer:
+            good = [
+                avro_bytes(ORDER_V2, {"id": i, "name": f"n{i}", "note": None}) for i in range(3)
+            ]
+            keys = [avro_bytes({"type": "string"}, f"k{i}") for i in range(3)]
+            results = producer.send_batch("orders", good, keys=keys)
+            message = admin.get_message_at("orders", 0, results[1].offset)
+            assert message.header(SCHEMA_HEADER) == b"2"
+            assert message.header(KEY_SCHEMA_HEADER) == b"1"
+            before = end_offset(admin, "orders")
+            bad = [good[0], good[1] + b"\x00", good[2]]
+            with pytest.raises(SchemaValidationError) as refused:
+                producer.send_batch("orders", bad, keys=keys)
+            assert (refused.value.index, refused.value.version) == (1, 2)
+            assert "message 1" in str(refused.value) and "version 2" in str(refused.value)
+            with pytest.raises(SchemaValidationError) as bad_key:
+                producer.send_batch("orders", good, keys=[keys[0], b"\xff", keys[2]])
+            assert bad_key.value.key and bad_key.value.index == 1
+            assert end_offset(admin, "orders") == before  # nothing of either batch stored
+            sent = producer.send("orders", {"id": 9, "name": "nine", "note": "x"}).result()
+            stored = admin.get_message_at("orders", 0, sent.offset)
+            assert stored.header(SCHEMA_HEADER) == b"2"
+            reader = Serializer(admin.routes, "orders", version=1)
+            assert reader.decode(stored.value, 2) == {"id": 9, "name": "nine"}
+            with pytest.raises(SchemaValidationError):
+                producer.send("orders", {"id": "nine"})
+            plain = producer.send_batch("plain", [b"anything"])  # no schema: no check, no header
+            assert admin.get_message_at("plain", 0, plain[0].offset).header(SCHEMA_HEADER) is None
+        with Producer(broker.address) as unchecked, pytest.raises(TypeError):
+            unchecked.send("orders", {"id": 1, "name": "x"})
+
+
+def test_json_schema_topic(broker: BrokerProcess) -> None:
+    with Admin(broker.address) as admin:
+        admin.create_topic("events", queues=1)
+        info = admin.set_schema("events", ORDER_JSON)
+        assert info.versions[0].type == pb.SCHEMA_TYPE_JSON
+        with Producer(broker.address, validate=True) as producer:
+            results = producer.send_batch("events", [b'{"id": 1}', b'{"id": 2, "name": "b"}'])
+            assert (
+                admin.get_message_at("events", 0, results[0].offset).header(SCHEMA_HEADER) == b"1"
+            )
+            before = end_offset(admin, "events")
+            with pytest.raises(SchemaValidationError) as refused:
+                producer.send_batch("events", [b'{"id": 3}', b'{"id": "x"}'])
+            assert refused.value.index == 1 and refused.value.version == 1
+            assert end_offset(admin, "events") == before
+            sent = producer.send("events", {"id": 4, "name": "d"}).result()
+            stored = admin.get_message_at("events", 0, sent.offset)
+            assert json.loads(stored.value) == {"id": 4, "name": "d"}
+        serializer = Serializer(admin.routes, "events")
+        assert serializer.validate(b'{"id": 5}') == 1
+        with pytest.raises(SchemaValidationError):
+            serializer.validate(b"[]")
