@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
 
-from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER, guess_type
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, Producer
 from equeue_spark.client.errors import (
     InvalidRequest,
     NotFoundError,
+    SchemaConflictError,
     SchemaIncompatibleError,
     SchemaValidationError,
     problem_lines,
@@ -31,6 +34,7 @@ from equeue_spark.client.schema_admin import (
     schema_type,
 )
 from equeue_spark.client.schemas import Compiled, Serializer, send_one
+from tests.support.waits import wait_for
 
 ORDER_V1: dict[str, Any] = {
     "type": "record",
@@ -245,3 +249,63 @@ def test_json_schema_topic(broker: BrokerProcess) -> None:
         assert serializer.validate(b'{"id": 5}') == 1
         with pytest.raises(SchemaValidationError):
             serializer.validate(b"[]")
+
+
+# -- a cluster of two broker groups -------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    started = LocalCluster(tmp_path, broker_flags=("--register-interval-ms", "300"))
+    try:
+        yield started.start(1, ("a", "b"))
+    finally:
+        started.kill()
+
+
+def group_versions(cluster: LocalCluster, group: str) -> list[str]:
+    """The fingerprints of the value schema history of one group, asked directly."""
+    with Admin(cluster.brokers[group].address) as admin:
+        try:
+            return [v.fingerprint for v in admin.get_schema("orders", history=True).versions]
+        except NotFoundError:
+            return []
+
+
+def route_versions(admin: Admin) -> dict[str, int]:
+    route = admin.route("orders")
+    return {b.broker_name: b.value_schema_version for b in route.brokers}
+
+
+@pytest.mark.timeout(180)
+def test_set_schema_over_two_groups_one_stopped_then_sync(cluster: LocalCluster) -> None:
+    with Admin(namesrv=cluster.namesrv) as admin:
+        admin.create_topic("orders", queues=1)
+        wait_for("both groups in the route", lambda: len(admin.route("orders").brokers) == 2)
+        first = admin.set_schema("orders", ORDER_V1)
+        assert first.created and first.versions[0].version == 1
+        assert not first.unreachable_brokers
+        assert group_versions(cluster, "a") == group_versions(cluster, "b") != []
+        wait_for("routes to show v1", lambda: route_versions(admin) == {"a": 1, "b": 1})
+        cluster.brokers["b"].kill()  # still registered (a clean stop unregisters)
+        second = admin.set_schema("orders", ORDER_V2)
+        assert second.created and second.versions[0].version == 2
+        assert list(second.unreachable_brokers) == ["b"]
+        assert admin.get_schema("orders").versions[0].version == 2  # from a, the newest
+        cluster.brokers["b"].start()  # ready: it answers (same address, same data)
+        assert len(group_versions(cluster, "b")) == 1
+        copied = admin.sync_schemas("orders")
+        assert copied == {"value": {"b": [2]}, "key": {}}
+        assert group_versions(cluster, "a") == group_versions(cluster, "b")
+        assert len(group_versions(cluster, "a")) == 2
+        assert admin.sync_schemas("orders") == {"value": {}, "key": {}}
+        again = admin.set_schema("orders", ORDER_V2)
+        assert not again.created and again.versions[0].version == 2
+        # Histories that differ (not just lag) are refused, naming the groups.
+        with Admin(cluster.brokers["b"].address) as only_b:
+            only_b.delete_schemas("orders")
+            only_b.set_schema("orders", ORDER_JSON)
+        with pytest.raises(SchemaConflictError) as conflict:
+            admin.set_schema("orders", ORDER_V2)
+        assert set(conflict.value.histories) == {"a", "b"}
+        assert "a: v1" in str(conflict.value) and "b: v1" in str(conflict.value)
