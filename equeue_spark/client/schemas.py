@@ -175,9 +175,17 @@ class SchemaCache:
         return self._keep(topic, key, info.versions[0])
 
     def _keep(self, topic: str, key: bool, version: pb.SchemaVersion) -> Compiled:
+        """The compiled version, compiled once per fingerprint: a subject deleted
+        and set again may give a number another schema (the new one replaces it)."""
+        where = (topic, key, version.version)
+        with self._lock:
+            held = self._versions.get(where)
+        if held is not None and held.fingerprint == version.fingerprint:
+            return held
         compiled = Compiled.of(version)
         with self._lock:
-            return self._versions.setdefault((topic, key, compiled.version), compiled)
+            self._versions[where] = compiled
+        return compiled
 
     def forget(self, topic: str) -> None:
         """Read the topic's schemas again at their next use."""

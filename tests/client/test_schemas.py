@@ -33,7 +33,7 @@ from equeue_spark.client.schema_admin import (
     schema_text,
     schema_type,
 )
-from equeue_spark.client.schemas import Compiled, Serializer, send_one
+from equeue_spark.client.schemas import Compiled, SchemaCache, Serializer, send_one
 from tests.support.waits import wait_for
 
 ORDER_V1: dict[str, Any] = {
@@ -287,11 +287,16 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(cluster: LocalCluster)
         assert not first.unreachable_brokers
         assert group_versions(cluster, "a") == group_versions(cluster, "b") != []
         wait_for("routes to show v1", lambda: route_versions(admin) == {"a": 1, "b": 1})
+        cache = SchemaCache(admin.routes)  # its own: trusts a latest version for 30 s ...
+        assert (latest := cache.latest("orders")) is not None and latest.version == 1
         cluster.brokers["b"].kill()  # still registered (a clean stop unregisters)
         second = admin.set_schema("orders", ORDER_V2)
         assert second.created and second.versions[0].version == 2
         assert list(second.unreachable_brokers) == ["b"]
         assert admin.get_schema("orders").versions[0].version == 2  # from a, the newest
+        wait_for("a's route to show v2", lambda: route_versions(admin)["a"] == 2)
+        # ... unless the route shows a newer one: read again at once.
+        assert (latest := cache.latest("orders")) is not None and latest.version == 2
         cluster.brokers["b"].start()  # ready: it answers (same address, same data)
         assert len(group_versions(cluster, "b")) == 1
         copied = admin.sync_schemas("orders")
