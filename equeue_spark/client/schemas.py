@@ -278,16 +278,18 @@ class ProduceChecks:
         key_schema = self._cache.latest(topic, key=True) if keys is not None else None
         if value_schema is None and key_schema is None:
             return headers
+        value_version = version_header(value_schema.version) if value_schema else b""
+        key_version = version_header(key_schema.version) if key_schema else b""
         out: list[Headers] = []
         for i, value in enumerate(values):
             own = [(n, v) for n, v in (headers[i] if headers else ()) if n not in _STAMPS]
             if value_schema is not None:
                 _check(topic, value_schema, value, i, False)
-                own.append((SCHEMA_HEADER, version_header(value_schema.version)))
+                own.append((SCHEMA_HEADER, value_version))
             key = keys[i] if keys is not None else None
-            if key_schema is not None and key is not None:
+            if key_schema is not None and key is not None:  # no key: no key version
                 _check(topic, key_schema, key, i, True)
-                own.append((KEY_SCHEMA_HEADER, version_header(key_schema.version)))
+                own.append((KEY_SCHEMA_HEADER, key_version))
             out.append(own)
         return out
 
