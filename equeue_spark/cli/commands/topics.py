@@ -16,7 +16,7 @@ from equeue_spark.cli.formatting import (
     proto_dict,
 )
 from equeue_spark.client.admin import Admin
-from equeue_spark.client.errors import BrokerError, NotFoundError
+from equeue_spark.client.errors import BrokerError, NotFoundError, PermissionDeniedError
 from equeue_spark.client.schema_admin import rule_name, subject, type_name
 
 
@@ -77,13 +77,16 @@ def _show_topic(
 
 def _schemas(admin: Admin, topic: str) -> dict[str, pb.SchemaInfo]:
     """The topic's latest value and key schemas ({"value": ..., "key": ...},
-    those it has); none from a broker without schemas (UNIMPLEMENTED)."""
+    those it has); none from a broker without schemas (UNIMPLEMENTED) or for
+    a token that may not read them."""
     out = {}
     for key in (False, True):
         try:
             out[subject(key)] = admin.get_schema(topic, key=key)
         except NotFoundError:
             continue
+        except PermissionDeniedError:  # a token without the topic's produce/consume role
+            break
         except BrokerError as exc:
             if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise
