@@ -11,8 +11,16 @@ idempotent: the defaults) for ``--seconds`` with ``validate=True`` (each
 value checked against the latest schema, a version header stamped) and the
 same batches with a plain producer, on a fresh topic each run, alternating
 which runs first; medians of ``--repeat`` rounds and the ratio
-validating / plain of the same run. A table goes to stdout (markdown),
-progress to stderr.
+validating / plain of the same run.
+
+Then the slow case of registration: a topic given ``--versions`` Avro
+versions (each the base record plus one optional field of its own, so every
+version can read every other: registered under rule NONE, quickly), then the
+rule BACKWARD_TRANSITIVE (every new version checked against every earlier
+one) and ``--timed`` more versions, each ``Admin.set_schema`` timed (the
+client reads the history, the broker checks and saves): median and max.
+
+Tables go to stdout (markdown), progress to stderr.
 
 Nothing here is imported by the broker or the client.
 """
@@ -139,6 +147,38 @@ def run(args: argparse.Namespace) -> str:
     return "\n".join([*lines, "", "ratio per round: " + "; ".join(per_round)])
 
 
+def version_schema(n: int) -> dict[str, object]:
+    """The base record plus field ``f<n>`` with a default: any two read each other."""
+    extra = {"name": f"f{n}", "type": ["null", "string"], "default": None}
+    return {**AVRO, "fields": [*AVRO["fields"], extra]}
+
+
+def run_registration(args: argparse.Namespace) -> str:
+    timings: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="schema-bench-") as tmp:
+        broker, address = start_equeue(Path(tmp) / "data", "async")
+        try:
+            with Admin(address) as admin:
+                admin.create_topic("history", queues=1)
+                for n in range(1, args.versions + 1):
+                    admin.set_schema("history", version_schema(n), compatibility="NONE")
+                    if n % 200 == 0:
+                        progress(f"registered {n} versions")
+                admin.set_compatibility("history", "BACKWARD_TRANSITIVE")
+                for n in range(args.versions + 1, args.versions + 1 + args.timed):
+                    started = time.perf_counter()
+                    info = admin.set_schema("history", version_schema(n))
+                    timings.append(time.perf_counter() - started)
+                    assert info.created and info.versions[0].version == n
+        finally:
+            broker.stop()
+    return (
+        f"`set_schema` of version {args.versions + 1} onwards under BACKWARD_TRANSITIVE "
+        f"(checked against every earlier version), {args.timed} timed: median "
+        f"{statistics.median(timings) * 1000:.0f} ms, max {max(timings) * 1000:.0f} ms"
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per run (default 3)")
@@ -148,12 +188,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--formats", type=lambda s: s.split(","), default=["avro", "json"],
         help="comma list of avro, json (default both)",
     )  # fmt: skip
+    parser.add_argument(
+        "--versions", type=int, default=995,
+        help="history before the timed ones (default 995: 1,000 in all, the broker's limit)",
+    )  # fmt: skip
+    parser.add_argument("--timed", type=int, default=5, help="timed registrations (default 5)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    print(f"# schema_bench {' '.join(sys.argv[1:])}\n\n{run(args)}")
+    print(f"# schema_bench {' '.join(sys.argv[1:])}\n\n{run(args)}\n")
+    print(run_registration(args))
 
 
 if __name__ == "__main__":
