@@ -52,6 +52,8 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 log = logging.getLogger("equeue.spark")
 
 MAX_MIN_PARTITIONS = 100_000
+BATCH_ONLY = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
+"""Read options (lower-cased) only a batch read takes: given, the read is a batch read."""
 STRATEGIES = ("error", "latest")
 """Values of ``startingOffsetsByTimestampStrategy``."""
 
@@ -326,7 +328,7 @@ class ReadOptions:
         if strategy not in STRATEGIES:
             raise _bad("startingOffsetsByTimestampStrategy", strategy, "must be error or latest")
         kwargs["timestamp_strategy"] = strategy
-        for key in ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp"):
+        for key in BATCH_ONLY:
             if streaming and o.has(key):
                 raise _bad(o.names[key], o.text(key), "only batch reads take it")
         kwargs.update(_starting(o, streaming, scope, strategy))
