@@ -35,6 +35,7 @@ from equeue_spark.client.queries import DEFAULT_QUERY_LIMIT, QueryResult, query_
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.route import Route, name_broker
 from equeue_spark.client.routing import Routes
+from equeue_spark.client.schemas import SchemaCache
 from equeue_spark.client.transactions import abort_transactions
 
 
@@ -577,10 +578,13 @@ class Admin:
         In a cluster every broker group gets the same version number
         (SchemaConflictError when their histories differ; groups that do not
         answer are named in ``unreachable_brokers``: ``sync_schemas`` later)."""
-        return schema_admin.set_schema(
-            self.routes, topic, schema, type=type, key=key, compatibility=compatibility,
-            dry_run=dry_run,
-        )  # fmt: skip
+        try:
+            return schema_admin.set_schema(
+                self.routes, topic, schema, type=type, key=key, compatibility=compatibility,
+                dry_run=dry_run,
+            )  # fmt: skip
+        finally:  # a Serializer on these routes sees the new version at once
+            SchemaCache.of(self.routes).forget(topic)
 
     def set_compatibility(self, topic: str, rule: str, *, key: bool = False) -> pb.SchemaInfo:
         """Change the subject's compatibility rule (``NONE``, ``BACKWARD``, ...)."""
@@ -590,11 +594,15 @@ class Admin:
         """Forget the topic's value schema (``key=True``: key; None: both).
         Records keep their version headers. The broker groups that did not
         answer (empty for one broker)."""
-        return schema_admin.delete_schemas(self.routes, topic, key=key)
+        try:
+            return schema_admin.delete_schemas(self.routes, topic, key=key)
+        finally:
+            SchemaCache.of(self.routes).forget(topic)
 
-    def sync_schemas(self, topic: str) -> dict[str, list[int]]:
-        """Give the broker groups that lag the schema versions they lack
-        ({group: versions copied}); nothing to do for one broker."""
+    def sync_schemas(self, topic: str) -> dict[str, dict[str, list[int]]]:
+        """Give the broker groups that lag the schema versions they lack:
+        ``{"value": {group: versions copied}, "key": {...}}``; nothing to do
+        for one broker."""
         return schema_admin.sync_schemas(self.routes, topic)
 
     # -- dead letters (dead_letters.py) ------------------------------------------------

@@ -43,6 +43,7 @@ from equeue_proto.protocol import (
     PRODUCER_FENCED,
     UNKNOWN_PRODUCER,
 )
+from equeue_proto.schema_rules import SCHEMA_INCOMPATIBLE
 
 
 class EqueueError(Exception):
@@ -89,10 +90,6 @@ class ProducerFencedError(PreconditionError):
 
 class UnknownProducerError(PreconditionError):
     """The broker group forgot this producer id (expired, or its state was lost)."""
-
-
-SCHEMA_INCOMPATIBLE = "schema-incompatible"
-"""The error kind (``protocol.ERROR_KIND_KEY``) of a SetSchema refused by the rule."""
 
 
 class SchemaIncompatibleError(PreconditionError):

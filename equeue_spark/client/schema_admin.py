@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from equeue_proto import schema_rules
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.errors import (
     BrokerUnavailable,
@@ -49,11 +50,8 @@ TYPES: dict[str, pb.SchemaType] = {
 }
 """The schema types a client registers, by the names the CLI and ``type=`` use."""
 
-RULES = (
-    "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL",
-    "FULL_TRANSITIVE",
-)  # fmt: skip
-"""The compatibility rules (``RULES``)."""
+RULES = schema_rules.RULES
+"""The compatibility rules, by name."""
 
 UNREACHABLE = (BrokerUnavailable, DeadlineExceeded)
 """A group failing with these did not answer (it is reported, not fatal)."""
@@ -99,7 +97,7 @@ def schema_type(text: str, given: str) -> pb.SchemaType:
     name = given.strip().upper()
     if not name:
         try:
-            name = guess_type(text)
+            name = schema_rules.guess_type(text)
         except ValueError as exc:
             raise InvalidRequest(f"{exc}; give the type (avro or json)") from None
     if name not in TYPES:
@@ -107,31 +105,13 @@ def schema_type(text: str, given: str) -> pb.SchemaType:
     return TYPES[name]
 
 
-def guess_type(text: str) -> str:
-    """ "AVRO" or "JSON" by the document's shape; ValueError when it cannot tell."""
+def fingerprint(type_: int, text: str) -> str:
+    """The broker's identity of a schema (``schema_rules.parse``); InvalidRequest
+    naming the problem for text that is not a schema of its type."""
     try:
-        doc = json.loads(text)
+        return schema_rules.parse(type_name(type_), text).fingerprint
     except ValueError as exc:
-        raise ValueError(f"the schema is not JSON ({exc})") from None
-    avro_names = {"record", "enum", "fixed", "array", "map", "null", "boolean", "int", "long",
-                  "float", "double", "bytes", "string"}  # fmt: skip
-    if isinstance(doc, (list, str)):
-        return "AVRO"
-    if isinstance(doc, dict):
-        if "$schema" in doc or "properties" in doc or doc.get("type") == "object":
-            return "JSON"
-        if doc.get("type") in avro_names:
-            return "AVRO"
-    raise ValueError("cannot tell whether the schema is Avro or JSON Schema")
-
-
-def normalized(text: str) -> str:
-    """The broker's stored form of a schema (sorted keys, no spaces);
-    InvalidRequest for text that is not JSON."""
-    try:
-        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
-    except ValueError as exc:
-        raise InvalidRequest(f"the schema is not JSON: {exc}") from None
+        raise InvalidRequest(f"invalid {type_name(type_)} schema: {exc}") from None
 
 
 def subject(key: bool) -> str:
@@ -225,8 +205,7 @@ class Histories:
         raise SchemaConflictError(
             f"{self.topic}: the broker groups' {subject(self.key)} schema histories differ "
             f"({where}); the same version must be the same schema on every group: delete "
-            f"the schemas of the groups that differ (equeue schema delete with --broker) and "
-            f"run equeue schema sync {self.topic}",
+            f"the schemas (equeue schema delete) and set the versions again in order",
             prints,
         )
 
@@ -306,11 +285,11 @@ def set_schema(
     """Register ``schema`` on every group of the topic (module docstring)."""
     text = schema_text(schema)
     kind = schema_type(text, type)
-    mine = normalized(text)
+    mine = fingerprint(kind, text)
     found = read_histories(routes, topic, key)
     found.check()
     longest = found.longest()
-    existing = next((v.version for v in longest if v.schema == mine and v.type == kind), 0)
+    existing = next((v.version for v in longest if v.fingerprint == mine), 0)
     version = existing or len(longest) + 1
     request = pb.SetSchemaRequest(
         topic=topic, key=key, type=kind, schema=text, version=version, dry_run=dry_run
@@ -338,12 +317,12 @@ def set_schema(
     return info
 
 
-def sync_schemas(routes: Routes, topic: str) -> dict[str, list[int]]:
+def sync_schemas(routes: Routes, topic: str) -> dict[str, dict[str, list[int]]]:
     """Give every group the value and key versions it lacks of the longest
-    history; {broker group: versions copied} (groups given nothing left out).
-    SchemaConflictError when histories differ (not merely lag); groups that
-    do not answer are left out: BrokerUnavailable when none does."""
-    copied: dict[str, list[int]] = {}
+    history: {"value": {broker group: versions copied}, "key": {...}} (groups
+    given nothing left out). SchemaConflictError when histories differ (not
+    merely lag); groups that do not answer are left out (``read_histories``)."""
+    copied: dict[str, dict[str, list[int]]] = {"value": {}, "key": {}}
     for key in (False, True):
         found = read_histories(routes, topic, key)
         found.check()
@@ -356,7 +335,7 @@ def sync_schemas(routes: Routes, topic: str) -> dict[str, list[int]]:
 
         for broker, _ in on_groups(routes, topic, lagging, fill, []):
             have = len(found.versions[broker])
-            copied.setdefault(broker, []).extend(v.version for v in longest[have:])
+            copied[subject(key)][broker] = [v.version for v in longest[have:]]
     routes.invalidate(topic)
     return copied
 
@@ -379,14 +358,23 @@ def set_compatibility(routes: Routes, topic: str, rule: str, *, key: bool = Fals
 
 def delete_schemas(routes: Routes, topic: str, *, key: bool | None = False) -> list[str]:
     """Forget the value (``key=False``), key (True) or both (None) schemas on
-    every group; the groups that did not answer."""
+    every group; the groups that did not answer. NotFoundError when no group
+    had them (a group without them is passed over)."""
     request = pb.DeleteSchemasRequest(topic=topic, key=bool(key), both=key is None)
     unreachable: list[str] = list(routes.route(topic, refresh=True).down)
     brokers = sorted(routes.route(topic).broker_names())
+    missing: list[NotFoundError] = []
 
-    def delete(conn: Connection, _broker: str) -> None:
-        conn.call(conn.admin.DeleteSchemas, request, retry=False)
+    def delete(conn: Connection, broker: str) -> bool:
+        try:
+            conn.call(conn.admin.DeleteSchemas, request, retry=False)
+        except NotFoundError as exc:
+            missing.append(exc)
+            return False
+        return True
 
-    on_groups(routes, topic, brokers, delete, unreachable)
+    deleted = on_groups(routes, topic, brokers, delete, unreachable)
     routes.invalidate(topic)
+    if missing and not any(done for _, done in deleted):
+        raise missing[0]
     return sorted(unreachable)
