@@ -432,3 +432,16 @@ def test_key_format_uses_the_key_header_and_keeps_keyless_rows() -> None:
     assert [r["value"] for r in rows] == ["a", "b", "c"]
     assert rows[1]["_corrupt_record"] is None  # no key: null, not corrupt
     assert rows[2]["_corrupt_record"]["part"] == "key"
+
+
+def test_sink_encodes_keys_with_the_key_header() -> None:
+    keys = pa.array([{"id": 1}, None], pa.struct([("id", pa.int64())]))
+    batch = pa.RecordBatch.from_arrays([pa.array([b"a", b"b"]), keys], names=["value", "key"])
+    formats = FormatOptions(key_format="json", key_schema=JSON_V1, key_schema_version=4)
+    out = encode_batch(batch, formats)
+    assert out.column("key").to_pylist() == [b'{"id":1}', None]  # no key stays no key
+    assert out.column("value").to_pylist() == [b"a", b"b"]
+    assert out.column("headers").to_pylist() == [
+        [{"key": "equeue.key-schema", "value": b"4"}],
+        [],
+    ]
