@@ -19,7 +19,7 @@ from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
-from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, Producer
 from equeue_spark.client.errors import EqueueError
 from tests.support.waits import wait_for
@@ -282,3 +282,45 @@ def test_restart_mode_stops_at_a_new_version_and_restarts_with_it(
     assert [(r.value.id, r.value.note, r.valueSchemaVersion) for r in later] == [
         (10 + i, "n", 2) for i in range(10)
     ]
+
+
+@pytest.mark.timeout(300)
+def test_assigned_queues_of_a_cluster_decode(spark: SparkSession, tmp_path: Any) -> None:
+    """Over two broker groups: the schema registered on both, records of
+    ``a/0`` and ``b/1`` read with ``assign`` and decoded."""
+    equeue = LocalCluster(tmp_path / "equeue", broker_flags=("--register-interval-ms", "300"))
+    try:
+        equeue.start(1, ("a", "b"))
+        with Admin(namesrv=equeue.namesrv) as admin:
+            admin.create_topic("corders", 2)
+            admin.set_schema("corders", json.dumps(V1), type="avro")
+        # Keyed: the key hash spreads them over every (broker, queue), the same each run.
+        with Producer(namesrv=equeue.namesrv, validate=True) as producer:
+            futures = [
+                producer.send("corders", value={"id": i, "item": "x"}, key=b"k%d" % i)
+                for i in range(40)
+            ]
+        for future in futures:
+            future.result(timeout=30)
+        assign = json.dumps({"corders": ["a/0", "b/1"]})
+
+        def load(**options: str) -> list[Any]:
+            source = spark.read.format("equeue").option("namesrv", equeue.namesrv)
+            for key, value in {"assign": assign, **options}.items():
+                source = source.option(key, value)
+            return source.load().collect()
+
+        raw = load()
+        decoded = load(valueFormat="avro")
+        parsed = fastavro.parse_schema(V1)
+        expected = {
+            (r.broker, r.queue, r.offset): fastavro.schemaless_reader(
+                io.BytesIO(r.value), parsed, parsed
+            )
+            for r in raw
+        }
+        assert {(r.broker, r.queue) for r in raw} == {("a", 0), ("b", 1)}
+        assert {(r.broker, r.queue, r.offset): r.value.asDict() for r in decoded} == expected
+        assert {r.valueSchemaVersion for r in decoded} == {1}
+    finally:
+        equeue.stop()
