@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import Admin
 from equeue_spark.client.connection import ClientConfig
@@ -43,8 +44,6 @@ from equeue_spark.spark.read_task import QueueRange, read_range
 
 log = logging.getLogger("equeue.spark")
 
-SCHEMA_HEADER = "equeue.schema"
-KEY_SCHEMA_HEADER = "equeue.key-schema"
 ABSENT = -1
 MALFORMED = -2
 MAX_VERSION = 2**31 - 1
@@ -115,6 +114,8 @@ class Decoder:
         self.first_dropped: int | None = None
 
     def batch(self, raw: pa.RecordBatch) -> pa.RecordBatch:
+        if raw.num_rows == 0:
+            return pa.RecordBatch.from_pylist([], schema=self.schema)
         columns = {name: raw.column(name) for name in raw.schema.names}
         bad: list[Bad] = []
         for part in self.plan.parts:

@@ -25,13 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER
 from equeue_spark.client.errors import InvalidRequest, NotFoundError
 from equeue_spark.spark.format_options import SCHEMA_FORMATS, FormatOptions
 from equeue_spark.spark.formats import Fetch, WriterSchema
 from equeue_spark.spark.options import WriteOptions
 
-SCHEMA_HEADER = "equeue.schema"
-KEY_SCHEMA_HEADER = "equeue.key-schema"
 HEADERS_TYPE = pa.list_(
     pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 )
