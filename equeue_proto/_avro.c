@@ -58,7 +58,7 @@ static unsigned __int128 POW10[39];
 
 /* ---- builders ------------------------------------------------------------ */
 
-static int grow(void **buf, size_t *cap, size_t need) {
+static inline int grow(void **buf, size_t *cap, size_t need) {
     if (need <= *cap) return 0;
     size_t n = *cap ? *cap : 64;
     while (n < need) n *= 2;
@@ -69,18 +69,24 @@ static int grow(void **buf, size_t *cap, size_t need) {
     return 0;
 }
 
-/* Room for one more item; sets its validity bit. */
-static int item(Dec *d, Slot *s, int valid) {
-    size_t nbytes = (size_t)(s->len / 8 + 1);
-    if (grow((void **)&s->valid, &s->vcap, nbytes)) return d->err = E_NOMEM, -1;
-    uint8_t bit = (uint8_t)(1u << (s->len & 7));
-    if (valid) s->valid[s->len >> 3] |= bit;
-    else { s->valid[s->len >> 3] &= (uint8_t)~bit; s->nulls++; }
+/* Room for one more item, and its validity. The bitmap is made at a slot's first null
+ * (every earlier item valid); until then a valid item costs nothing. */
+static inline int item(Dec *d, Slot *s, int valid) {
+    if (s->valid || !valid) {
+        size_t nbytes = (size_t)(s->len / 8 + 1);
+        if (!s->valid) {
+            if (grow((void **)&s->valid, &s->vcap, nbytes)) return d->err = E_NOMEM, -1;
+            memset(s->valid, 0xff, nbytes);
+        } else if (grow((void **)&s->valid, &s->vcap, nbytes)) return d->err = E_NOMEM, -1;
+        uint8_t bit = (uint8_t)(1u << (s->len & 7));
+        if (valid) s->valid[s->len >> 3] |= bit;
+        else { s->valid[s->len >> 3] &= (uint8_t)~bit; s->nulls++; }
+    }
     if (s->kind == SLOT_FIXED) {
         if (grow((void **)&s->data, &s->dcap, (size_t)(s->len + 1) * (size_t)s->width))
             return d->err = E_NOMEM, -1;
     } else if (s->kind == SLOT_BOOL) {
-        if (grow((void **)&s->data, &s->dcap, nbytes)) return d->err = E_NOMEM, -1;
+        if (grow((void **)&s->data, &s->dcap, (size_t)(s->len / 8 + 1))) return d->err = E_NOMEM, -1;
     } else if (s->kind == SLOT_VAR || s->kind == SLOT_LIST || s->kind == SLOT_MAP) {
         if (grow((void **)&s->offs, &s->ocap, (size_t)(s->len + 2) * 4)) return d->err = E_NOMEM, -1;
     }
@@ -268,6 +274,9 @@ static int64_t run_blocks(Dec *d, int64_t pc, int is_map) {
             int64_t size;
             if (rd_long(d, &size)) return -1;
         }
+        /* Every item takes a byte at least (an empty record does not: not supported), so
+         * a corrupt count ends here rather than looping or allocating without bound. */
+        if (count > d->end - d->p) return fail(d, E_BLOCK, at);
         for (int64_t i = 0; i < count; i++) {
             if (is_map) {
                 const uint8_t *kat = d->p, *k;
