@@ -162,7 +162,7 @@ def _branch(members: list[Node], v: Any) -> tuple[int, Any]:
         if not m.name and _py_kind(m, v):
             return i, v
     # fastavro names the type only where the union has several named ones
-    named = {"record": dict, "enum": str, "fixed": bytes}
+    named: dict[str, type] = {"record": dict, "enum": str, "fixed": bytes}
     for i, m in enumerate(members):
         if m.kind in named and isinstance(v, named[m.kind]):
             return i, v

@@ -51,6 +51,9 @@ ORDER: dict[str, Any] = {
 }
 
 
+Batch = tuple[dict[str, Any], list[bytes]]
+
+
 # ---- helpers ------------------------------------------------------------------
 
 
@@ -212,7 +215,7 @@ def a_value(draw: st.DrawFn, t: Any) -> Any:
 
 
 @st.composite
-def batches(draw: st.DrawFn) -> tuple[dict[str, Any], list[bytes]]:
+def batches(draw: st.DrawFn) -> Batch:
     schema = a_record(draw, 0, Names())
     datums = [a_value(draw, schema) for _ in range(draw(st.integers(1, 6)))]
     return schema, encode(schema, datums)
@@ -224,7 +227,7 @@ def batches(draw: st.DrawFn) -> tuple[dict[str, Any], list[bytes]]:
 @SETTINGS
 @given(batches())
 def test_generated_schemas_decode_as_fastavro_does(
-    batch: tuple[dict[str, Any], list[bytes]],
+    batch: Batch,
 ) -> None:
     schema, values = batch
     out, bad = decode_both(pa.array(values, pa.binary()), schema, schema)
@@ -234,9 +237,7 @@ def test_generated_schemas_decode_as_fastavro_does(
 
 @SETTINGS
 @given(batches(), st.data())
-def test_damaged_datums_are_bad_rows_in_both(
-    batch: tuple[dict[str, Any], list[bytes]], data: st.DataObject
-) -> None:
+def test_damaged_datums_are_bad_rows_in_both(batch: Batch, data: st.DataObject) -> None:
     """Truncated, extended and bit-flipped datums: the same bad rows, never a crash."""
     schema, values = batch
     damaged: list[bytes | None] = []
@@ -257,16 +258,14 @@ def test_damaged_datums_are_bad_rows_in_both(
     for row, reason in bad:
         assert " at byte " in reason
         assert not out[row].is_valid
-    for row, v in enumerate(damaged):
-        if v is None:
+    for row, maybe in enumerate(damaged):
+        if maybe is None:
             assert not out[row].is_valid
 
 
 @SETTINGS
 @given(batches(), st.data())
-def test_slices_and_large_binary(
-    batch: tuple[dict[str, Any], list[bytes]], data: st.DataObject
-) -> None:
+def test_slices_and_large_binary(batch: Batch, data: st.DataObject) -> None:
     schema, values = batch
     whole = pa.array(
         [None, *values, None], pa.large_binary() if data.draw(st.booleans()) else pa.binary()
@@ -306,8 +305,8 @@ def evolutions(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], list[by
         if how == "promote" and isinstance(t, str) and t in PROMOTE:
             t = draw(st.sampled_from(PROMOTE[t]))
         fields.append({"name": f["name"], "type": t})
-    for i, (t, default) in enumerate(draw(st.lists(st.sampled_from(DEFAULTS), max_size=3))):
-        t = json.loads(json.dumps(t))
+    for i, (added, default) in enumerate(draw(st.lists(st.sampled_from(DEFAULTS), max_size=3))):
+        t = json.loads(json.dumps(added))
         if isinstance(t, dict) and "name" in t:
             t["name"] += str(i)
         fields.insert(
@@ -403,7 +402,7 @@ def test_spark_types_of_every_avro_type() -> None:
             {
                 "name": "dec",
                 "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 3},
-            },  # fmt: skip
+            },
             {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
             {"name": "a", "type": {"type": "array", "items": ["null", "bytes"]}},
             {"name": "m", "type": {"type": "map", "values": ["int", "long"]}},
