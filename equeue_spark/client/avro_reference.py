@@ -234,18 +234,18 @@ def decode_reference(
         if buf is None:
             out.append(None)
             continue
+        stream = io.BytesIO(buf)
         try:
             validate_datum(w, buf)
             value = fastavro.schemaless_reader(
-                io.BytesIO(buf),
-                fw,
-                fr,
-                return_named_type=True,
-                return_named_type_override=True,
+                stream, fw, fr, return_named_type=True, return_named_type_override=True
             )
             out.append(to_arrow_value(r, value))
         except Exception as e:  # any failure of a datum makes it a bad row
             out.append(None)
-            reason = str(e) if isinstance(e, BadDatum) else f"{type(e).__name__}: {e}"
-            bad.append((row, reason))
+            if isinstance(e, BadDatum):
+                bad.append((row, str(e)))
+            else:  # resolution or conversion: where fastavro was when it failed
+                at = f"at byte {stream.tell()} of {len(buf)}"
+                bad.append((row, f"{type(e).__name__}: {e} {at}"))
     return pa.array(out, type=arrow_type(r)), bad
