@@ -5,7 +5,7 @@ In one process: N datums of design fact 5's shape (~30 B: long, string, double,
 timestamp-millis, enum, ["null","string"]) written with fastavro, as one Arrow binary
 array, decoded by ``spark.avro_arrow.decode_avro`` into Spark's struct type: the C path
 (``equeue_proto._avro``) and the pure-Python reference (fastavro per value, on the
-first ``--reference-records`` only: it is ~50x slower). Also the v1 -> v2 resolution
+first ``--reference-records`` only: it is ~100x slower). Also the v1 -> v2 resolution
 (a reader with one more field with a default). Best of ``--repeat`` runs, one thread;
 wall and CPU time (the decoder is single-threaded, so CPU time is its cost).
 """
