@@ -482,19 +482,19 @@ def test_arrow_type_must_be_the_readers() -> None:
 
 
 def test_pure_python_switch_uses_the_reference() -> None:
+    """``EQUEUE_PURE_PYTHON=1`` (read at import) decodes with the reference."""
     code = (
-        "import json, pyarrow as pa\n"
+        "import sys, json, pyarrow as pa\n"
         "from equeue_spark.spark import avro_arrow\n"
-        "from tests.client.test_avro_columns import ORDER, order_values\n"
-        "t = json.dumps(ORDER)\n"
-        "out, bad = avro_arrow.decode_avro(pa.array(order_values()), t, t,\n"
-        "                                  avro_arrow.avro_arrow_type(t))\n"
+        "t, values = sys.argv[1], [bytes.fromhex(v) for v in sys.argv[2:]]\n"
+        "out, bad = avro_arrow.decode_avro(pa.array(values), t, t, avro_arrow.avro_arrow_type(t))\n"
         "print(avro_arrow.IMPLEMENTATION, len(out), out.null_count, bad)\n"
     )
+    args = [json.dumps(ORDER), *(v.hex() for v in order_values())]
     env = {**os.environ, "EQUEUE_PURE_PYTHON": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-        check=True,
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+        timeout=120, check=True,
     )  # fmt: skip
     assert done.stdout.split() == ["python", "4", "0", "[]"]
 
