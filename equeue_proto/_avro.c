@@ -47,7 +47,6 @@ typedef struct {
     const int32_t *code;
     const uint8_t *pool;
     Slot *slots;
-    int nslots;
     const uint8_t *p, *base, *end;
     int err;
     int64_t errpos;
@@ -465,6 +464,12 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         goto done;
     }
     const int32_t *table = w + 4, *kids = table + 4 * nslots, *code = kids + nkids;
+    /* The slot table is checked; the code is trusted: only avro_columns.py makes programs. */
+    for (int i = 0; i < nkids; i++)
+        if (kids[i] <= 0 || kids[i] >= nslots) {
+            PyErr_SetString(PyExc_ValueError, "bad slot table");
+            goto done;
+        }
     slots = calloc((size_t)nslots, sizeof(Slot));
     marks = calloc((size_t)nslots, sizeof(Mark));
     if (!slots || !marks) { PyErr_NoMemory(); goto done; }
@@ -473,7 +478,10 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         slots[i].width = table[4 * i + 1];
         slots[i].nchild = table[4 * i + 2];
         slots[i].child = kids + table[4 * i + 3];
-        if (table[4 * i + 3] < 0 || table[4 * i + 3] + slots[i].nchild > nkids) {
+        int fixed_ok = slots[i].width == 4 || slots[i].width == 8 || slots[i].width == 16;
+        if (table[4 * i + 3] < 0 || slots[i].nchild < 0 || table[4 * i + 3] + slots[i].nchild > nkids ||
+            slots[i].kind < SLOT_BOOL || slots[i].kind > SLOT_MAP || (slots[i].kind == SLOT_FIXED && !fixed_ok) ||
+            (slots[i].kind == SLOT_LIST && slots[i].nchild != 1) || (slots[i].kind == SLOT_MAP && slots[i].nchild != 2)) {
             PyErr_SetString(PyExc_ValueError, "bad slot table");
             goto done;
         }
@@ -484,7 +492,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         }
         if (slots[i].offs) slots[i].offs[0] = 0;
     }
-    Dec d = {.code = code, .pool = (const uint8_t *)(code + ncode), .slots = slots, .nslots = nslots};
+    Dec d = {.code = code, .pool = (const uint8_t *)(code + ncode), .slots = slots};
     const uint8_t *vbits = have_validity ? validity.buf : NULL;
     const uint8_t *base = data.buf;
     int fatal = 0;
