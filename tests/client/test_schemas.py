@@ -298,6 +298,10 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(cluster: LocalCluster)
         # ... unless the route shows a newer one: read again at once.
         assert (latest := cache.latest("orders")) is not None and latest.version == 2
         cluster.brokers["b"].start()  # ready: it answers (same address, same data)
+        cluster.brokers["a"].kill()  # a holds v2 (its route says so), b only v1:
+        with pytest.raises(SchemaConflictError, match="a holds version 2"):
+            admin.set_schema("orders", ORDER_V2)  # would be b's version 2: not while a is away
+        cluster.brokers["a"].start()
         assert len(group_versions(cluster, "b")) == 1
         copied = admin.sync_schemas("orders")
         assert copied == {"value": {"b": [2]}, "key": {}}
