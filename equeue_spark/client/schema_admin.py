@@ -14,7 +14,8 @@ one group):
   first, so a refusal (incompatible) comes before anything is written; then
   each other group in broker-name order, given first the versions it lacks.
   Groups that do not answer are named in ``SchemaInfo.unreachable_brokers``:
-  the next ``set_schema`` or ``sync_schemas`` completes them.
+  the next ``set_schema`` or ``sync_schemas`` completes them; one whose
+  registration shows a version beyond the answering groups' refuses the call.
 - reads (``get_schema``) go to one group, the one whose route shows the
   highest version, its replicas allowed.
 """
