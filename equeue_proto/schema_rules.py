@@ -136,10 +136,12 @@ def check(rule: str, new: ParsedSchema, history: Sequence[ParsedSchema]) -> list
         return []
     transitive = rule.endswith("_TRANSITIVE")
     base = rule.removesuffix("_TRANSITIVE")
-    versions = list(enumerate(history, start=1))
-    against = list(reversed(versions)) if transitive else versions[-1:]
+    # Newest first; only the versions the rule needs are touched (a lazy history
+    # parses no other).
+    against = range(len(history), 0, -1) if transitive else (len(history),)
     problems: list[str] = []
-    for version, old in against:
+    for version in against:
+        old = history[version - 1]
         head = f"not {rule} compatible with version {version}"
         if old.type != new.type:
             problems.append(
