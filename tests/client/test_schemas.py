@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER, guess_type
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.cli import main
 from equeue_spark.client import Admin, Producer
 from equeue_spark.client.errors import (
     InvalidRequest,
@@ -278,7 +280,9 @@ def route_versions(admin: Admin) -> dict[str, int]:
 
 
 @pytest.mark.timeout(180)
-def test_set_schema_over_two_groups_one_stopped_then_sync(cluster: LocalCluster) -> None:
+def test_set_schema_over_two_groups_one_stopped_then_sync(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
     with Admin(namesrv=cluster.namesrv) as admin:
         admin.create_topic("orders", queues=1)
         wait_for("both groups in the route", lambda: len(admin.route("orders").brokers) == 2)
@@ -310,6 +314,10 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(cluster: LocalCluster)
         assert group_versions(cluster, "a") == group_versions(cluster, "b")
         assert len(group_versions(cluster, "a")) == 2
         assert admin.sync_schemas("orders") == {"value": {}, "key": {}}
+        wait_for("routes to show v2", lambda: route_versions(admin) == {"a": 2, "b": 2})
+        assert main(["--namesrv", cluster.namesrv, "cluster", "routes", "orders"]) == 0
+        shown = capsys.readouterr().out
+        assert re.search(r"^a .* v2$", shown, re.M) and re.search(r"^b .* v2$", shown, re.M), shown
         again = admin.set_schema("orders", ORDER_V2)
         assert not again.created and again.versions[0].version == 2
         # Histories that differ (not just lag) are refused, naming the groups.
