@@ -149,6 +149,7 @@ def test_incompatible_refusal_lists_problems() -> None:
     assert problem_lines(text) == ["a", "b"]
     assert SchemaIncompatibleError(text).problems == ["a", "b"]
     assert problem_lines("one line") == ["one line"]
+    assert problem_lines(text + " (FAILED_PRECONDITION)") == ["a", "b"]
 
 
 # -- a real broker ------------------------------------------------------------------------
@@ -320,6 +321,11 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(
         assert re.search(r"^a .* v2$", shown, re.M) and re.search(r"^b .* v2$", shown, re.M), shown
         again = admin.set_schema("orders", ORDER_V2)
         assert not again.created and again.versions[0].version == 2
+        with pytest.raises(SchemaIncompatibleError) as refused:  # before anything is written
+            admin.set_schema("orders", ORDER_V3_BAD)
+        assert all(p.startswith("not BACKWARD compatible") for p in refused.value.problems)
+        assert "FAILED_PRECONDITION" not in refused.value.problems[-1]
+        assert len(group_versions(cluster, "a")) == len(group_versions(cluster, "b")) == 2
         # Histories that differ (not just lag) are refused, naming the groups.
         with Admin(cluster.brokers["b"].address) as only_b:
             only_b.delete_schemas("orders")
