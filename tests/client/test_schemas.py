@@ -99,6 +99,10 @@ def test_avro_encode_and_refusal() -> None:
     assert problem == "" and data == avro_bytes(ORDER_V1, {"id": 1, "name": "one"})
     data, problem = schema.encode({"id": "x", "name": "one"})
     assert data == b"" and "cannot be written" in problem
+    assert "more fields" in schema.encode({"id": 1, "name": "one", "extra": 2})[1]  # not dropped
+    assert "missing" in schema.encode({"id": 1})[1]
+    defaulted = compiled(ORDER_V2).encode({"id": 1, "name": "one"})  # note has a default
+    assert defaulted == (avro_bytes(ORDER_V2, {"id": 1, "name": "one", "note": None}), "")
 
 
 def test_json_value_checked_and_encoded() -> None:
