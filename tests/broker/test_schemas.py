@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from equeue_broker.server.stats import Counters, fill_stats
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.protocol import ERROR_KIND_KEY
 from equeue_proto.schema_rules import SCHEMA_INCOMPATIBLE, SCHEMA_INVALID, SCHEMA_VERSION_CONFLICT
@@ -195,6 +196,12 @@ def test_stats_count_subjects(admin: Admin) -> None:
     assert stats.schema_subjects == 2
     assert "schemas" in stats.features and "fetch" not in stats.features
     assert stats.fetch_address == ""
+
+
+def test_fetch_feature_follows_the_fetch_address() -> None:
+    assert "fetch" not in fill_stats(pb.BrokerStats(), Counters()).features
+    served = fill_stats(pb.BrokerStats(fetch_address="127.0.0.1:7001"), Counters())
+    assert {"schemas", "fetch"} <= set(served.features)
 
 
 def test_limits(broker_factory: StartBroker, tmp_path: Path) -> None:

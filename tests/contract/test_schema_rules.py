@@ -273,6 +273,30 @@ JSON_CHANGES: dict[str, tuple[ParsedSchema, ParsedSchema, bool, bool]] = {
         False,
     ),
     "pattern added": (_obj({"s": STR}), _obj({"s": STR | {"pattern": "^a"}}), False, False),
+    "closed writer, open reader gains property": (
+        _obj({"id": INT}, additionalProperties=False),
+        _obj({"id": INT, "n": STR}),
+        True,
+        False,
+    ),
+    "open writer, reader closes": (
+        _obj({"id": INT}),
+        _obj({"id": INT}, additionalProperties=False),
+        False,
+        True,
+    ),
+    "additionalProperties schema widened": (
+        _obj({}, additionalProperties=INT),
+        _obj({}, additionalProperties=NUM),
+        True,
+        False,
+    ),
+    "property dropped from required": (
+        _obj({"id": INT}, ("id",)),
+        _obj({"id": INT}),
+        True,
+        False,
+    ),
     "description changed": (
         _obj({"s": STR | {"description": "a"}}),
         _obj({"s": STR | {"description": "b"}}),
