@@ -17,7 +17,7 @@ from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import DataFrame, SparkSession
 
-from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, Producer
 from equeue_spark.client.errors import NotFoundError
 from equeue_spark.spark.options import ReadOptions
@@ -250,3 +250,50 @@ def test_an_assigned_queue_created_later_is_read_by_a_stream(
     finally:
         stream.close()
         batch.close()
+
+
+@pytest.mark.timeout(120)
+def test_assign_and_times_per_queue_over_a_cluster(tmp_path: Path) -> None:
+    """Planning alone over two broker groups: ``assign`` names queues
+    ``BROKER/QUEUE``, and so do the ``*ByTimestamp`` JSONs."""
+    cluster = LocalCluster(tmp_path / "cluster", broker_flags=("--flush", "sync"))
+    try:
+        cluster.start(1, ("a", "b"))
+        with Admin(namesrv=cluster.namesrv) as admin:
+            admin.create_topic("orders", queues=2)
+            deadline = time.monotonic() + 20
+            while len(admin.route("orders").queues()) < 4:
+                assert time.monotonic() < deadline, "the route never listed 4 queues"
+                time.sleep(0.05)
+        with Producer(namesrv=cluster.namesrv) as producer:
+            for broker in ("a", "b"):
+                for queue in (0, 1):
+                    producer.send_batch("orders", [b"x"] * 6, queue_ids=[queue] * 6,
+                                        brokers=[broker] * 6)  # fmt: skip
+        future = int(time.time() * 1000) + 3_600_000
+        options = {
+            "namesrv": cluster.namesrv,
+            "assign": '{"orders": ["a/0", "b/1"]}',
+            "startingOffsetsByTimestamp": json.dumps({"orders": {"a/0": 0, "b/1": future}}),
+            "startingOffsets": '{"orders": {"a/0": 2}}',  # overridden for a/0
+        }
+        planner = Planner(ReadOptions.parse(options, streaming=False))
+        try:
+            o = planner.options
+            starts = planner.resolve(o.starting, o.starting_timestamp_ms, end=False)
+            ends = planner.resolve(o.ending, o.ending_timestamp_ms, end=True)
+            assert starts == {("a/orders", 0): 0, ("b/orders", 1): 6}  # b/1: none after: its end
+            assert ends == {("a/orders", 0): 6, ("b/orders", 1): 6}
+            ranges = planner.ranges(starts, ends)
+            assert [(r.broker_name, r.queue_id, r.start, r.end) for r in ranges] == [("a", 0, 0, 6)]
+        finally:
+            planner.close()
+        bare_options = {"namesrv": cluster.namesrv, "assign": '{"orders": [0]}'}
+        bare = Planner(ReadOptions.parse(bare_options, streaming=False))
+        try:
+            with pytest.raises(NotFoundError, match='over a cluster, name queues "BROKER/QUEUE"'):
+                bare.listing()
+        finally:
+            bare.close()
+    finally:
+        cluster.kill()
