@@ -47,7 +47,6 @@ typedef struct {
     const int32_t *code;
     const uint8_t *pool;
     Slot *slots;
-    int nslots;
     const uint8_t *p, *base, *end;
     int err;
     int64_t errpos;
@@ -58,7 +57,7 @@ static unsigned __int128 POW10[39];
 
 /* ---- builders ------------------------------------------------------------ */
 
-static int grow(void **buf, size_t *cap, size_t need) {
+static inline int grow(void **buf, size_t *cap, size_t need) {
     if (need <= *cap) return 0;
     size_t n = *cap ? *cap : 64;
     while (n < need) n *= 2;
@@ -69,18 +68,24 @@ static int grow(void **buf, size_t *cap, size_t need) {
     return 0;
 }
 
-/* Room for one more item; sets its validity bit. */
-static int item(Dec *d, Slot *s, int valid) {
-    size_t nbytes = (size_t)(s->len / 8 + 1);
-    if (grow((void **)&s->valid, &s->vcap, nbytes)) return d->err = E_NOMEM, -1;
-    uint8_t bit = (uint8_t)(1u << (s->len & 7));
-    if (valid) s->valid[s->len >> 3] |= bit;
-    else { s->valid[s->len >> 3] &= (uint8_t)~bit; s->nulls++; }
+/* Room for one more item, and its validity. The bitmap is made at a slot's first null
+ * (every earlier item valid); until then a valid item costs nothing. */
+static inline int item(Dec *d, Slot *s, int valid) {
+    if (s->valid || !valid) {
+        size_t nbytes = (size_t)(s->len / 8 + 1);
+        if (!s->valid) {
+            if (grow((void **)&s->valid, &s->vcap, nbytes)) return d->err = E_NOMEM, -1;
+            memset(s->valid, 0xff, nbytes);
+        } else if (grow((void **)&s->valid, &s->vcap, nbytes)) return d->err = E_NOMEM, -1;
+        uint8_t bit = (uint8_t)(1u << (s->len & 7));
+        if (valid) s->valid[s->len >> 3] |= bit;
+        else { s->valid[s->len >> 3] &= (uint8_t)~bit; s->nulls++; }
+    }
     if (s->kind == SLOT_FIXED) {
         if (grow((void **)&s->data, &s->dcap, (size_t)(s->len + 1) * (size_t)s->width))
             return d->err = E_NOMEM, -1;
     } else if (s->kind == SLOT_BOOL) {
-        if (grow((void **)&s->data, &s->dcap, nbytes)) return d->err = E_NOMEM, -1;
+        if (grow((void **)&s->data, &s->dcap, (size_t)(s->len / 8 + 1))) return d->err = E_NOMEM, -1;
     } else if (s->kind == SLOT_VAR || s->kind == SLOT_LIST || s->kind == SLOT_MAP) {
         if (grow((void **)&s->offs, &s->ocap, (size_t)(s->len + 2) * 4)) return d->err = E_NOMEM, -1;
     }
@@ -268,6 +273,9 @@ static int64_t run_blocks(Dec *d, int64_t pc, int is_map) {
             int64_t size;
             if (rd_long(d, &size)) return -1;
         }
+        /* Every item takes a byte at least (an empty record does not: not supported), so
+         * a corrupt count ends here rather than looping or allocating without bound. */
+        if (count > d->end - d->p) return fail(d, E_BLOCK, at);
         for (int64_t i = 0; i < count; i++) {
             if (is_map) {
                 const uint8_t *kat = d->p, *k;
@@ -456,6 +464,12 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         goto done;
     }
     const int32_t *table = w + 4, *kids = table + 4 * nslots, *code = kids + nkids;
+    /* The slot table is checked; the code is trusted: only avro_columns.py makes programs. */
+    for (int i = 0; i < nkids; i++)
+        if (kids[i] <= 0 || kids[i] >= nslots) {
+            PyErr_SetString(PyExc_ValueError, "bad slot table");
+            goto done;
+        }
     slots = calloc((size_t)nslots, sizeof(Slot));
     marks = calloc((size_t)nslots, sizeof(Mark));
     if (!slots || !marks) { PyErr_NoMemory(); goto done; }
@@ -464,7 +478,10 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         slots[i].width = table[4 * i + 1];
         slots[i].nchild = table[4 * i + 2];
         slots[i].child = kids + table[4 * i + 3];
-        if (table[4 * i + 3] < 0 || table[4 * i + 3] + slots[i].nchild > nkids) {
+        int fixed_ok = slots[i].width == 4 || slots[i].width == 8 || slots[i].width == 16;
+        if (table[4 * i + 3] < 0 || slots[i].nchild < 0 || table[4 * i + 3] + slots[i].nchild > nkids ||
+            slots[i].kind < SLOT_BOOL || slots[i].kind > SLOT_MAP || (slots[i].kind == SLOT_FIXED && !fixed_ok) ||
+            (slots[i].kind == SLOT_LIST && slots[i].nchild != 1) || (slots[i].kind == SLOT_MAP && slots[i].nchild != 2)) {
             PyErr_SetString(PyExc_ValueError, "bad slot table");
             goto done;
         }
@@ -475,7 +492,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         }
         if (slots[i].offs) slots[i].offs[0] = 0;
     }
-    Dec d = {.code = code, .pool = (const uint8_t *)(code + ncode), .slots = slots, .nslots = nslots};
+    Dec d = {.code = code, .pool = (const uint8_t *)(code + ncode), .slots = slots};
     const uint8_t *vbits = have_validity ? validity.buf : NULL;
     const uint8_t *base = data.buf;
     int fatal = 0;

@@ -436,9 +436,9 @@ class _Compiler:
 
     def _primitive(self, w: Node, r: Node, slot: int) -> None:
         wk, rk = w.kind, r.kind
-        if (wk, rk) == ("null", "null"):
-            raise Unsupported("a bare null field: Spark cannot read it")
-        if wk == "boolean" and rk == "boolean":
+        if (wk, rk) == ("null", "null"):  # skipped (a reader's bare null has no Spark type)
+            self.code += [OP_NULL, slot]
+        elif wk == "boolean" and rk == "boolean":
             self.code += [OP_BOOL, slot]
         elif wk in ("int", "long") and rk in ("int", "long", "float", "double"):
             to = _number_target(r)
@@ -503,7 +503,8 @@ _PROMOTIONS = {
 
 
 def _pick_branch(w: Node, members: list[Node]) -> int:
-    """The reader branch a writer value goes to: the same type first, then a promotion."""
+    """The reader branch a writer value goes to: the same type first, then a promotion
+    (as Java's resolver; fastavro takes the first it can promote to)."""
     for i, m in enumerate(members):
         if m.kind == w.kind and (not w.name or _same_name(w, m)):
             return i

@@ -5,8 +5,11 @@ structural checks (same reasons, same byte positions); ``fastavro.schemaless_rea
 then decodes and resolves the value and ``to_arrow_value`` shapes it for ``pa.array``
 in Spark's type (``avro_columns.arrow_type``). Used when the C extension is not built,
 with ``EQUEUE_PURE_PYTHON=1``, and for constructs the program compiler does not take.
-A union of two branches of the same Python type (e.g. [int, long, string]) can only be
-told apart by the C decoder: here the first such branch is taken.
+Where the two differ: a union of two branches of the same Python type (e.g. [int, long,
+string]) can only be told apart by the C decoder (here the first such branch is taken);
+a writer's branch read into a reader's union goes to the same type first in C (as Java's
+resolver does), to the first branch it can be promoted to in fastavro (bytes into
+[string, bytes] is a string here).
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ class _Reader:
                     raise self.fail("bad block count", at)
                 count = -count
                 self.long()  # the block's size in bytes
+            if count > len(self.buf) - self.pos:  # an item takes a byte at least (as in C)
+                raise self.fail("bad block count", at)
             for _ in range(count):
                 if is_map:
                     kat = self.pos
@@ -155,6 +160,11 @@ def _branch(members: list[Node], v: Any) -> tuple[int, Any]:
                 return i, v[1]
     for i, m in enumerate(members):
         if not m.name and _py_kind(m, v):
+            return i, v
+    # fastavro names the type only where the union has several named ones
+    named: dict[str, type] = {"record": dict, "enum": str, "fixed": bytes}
+    for i, m in enumerate(members):
+        if m.kind in named and isinstance(v, named[m.kind]):
             return i, v
     raise ValueError(f"no union branch for {v!r}")
 
@@ -224,18 +234,18 @@ def decode_reference(
         if buf is None:
             out.append(None)
             continue
+        stream = io.BytesIO(buf)
         try:
             validate_datum(w, buf)
             value = fastavro.schemaless_reader(
-                io.BytesIO(buf),
-                fw,
-                fr,
-                return_named_type=True,
-                return_named_type_override=True,
+                stream, fw, fr, return_named_type=True, return_named_type_override=True
             )
             out.append(to_arrow_value(r, value))
         except Exception as e:  # any failure of a datum makes it a bad row
             out.append(None)
-            reason = str(e) if isinstance(e, BadDatum) else f"{type(e).__name__}: {e}"
-            bad.append((row, reason))
+            if isinstance(e, BadDatum):
+                bad.append((row, str(e)))
+            else:  # resolution or conversion: where fastavro was when it failed
+                at = f"at byte {stream.tell()} of {len(buf)}"
+                bad.append((row, f"{type(e).__name__}: {e} {at}"))
     return pa.array(out, type=arrow_type(r)), bad

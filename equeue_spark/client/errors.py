@@ -106,9 +106,11 @@ class SchemaIncompatibleError(PreconditionError):
 
 def problem_lines(details: str) -> list[str]:
     """The incompatibilities of a refusal's text: its lines after the first
-    (the broker lists one per line), or the whole text when it is one line."""
-    lines = [line.strip().lstrip("-").strip() for line in details.splitlines()]
-    return [line for line in lines[1:] if line] or [details.strip()]
+    (the broker lists one per line), or the whole text when it is one line;
+    without the status the client's message ends with."""
+    text = details.strip().removesuffix(f"({grpc.StatusCode.FAILED_PRECONDITION.name})")
+    lines = [line.strip().lstrip("-").strip() for line in text.splitlines()]
+    return [line for line in lines[1:] if line] or [text.strip()]
 
 
 class SchemaConflictError(PreconditionError):

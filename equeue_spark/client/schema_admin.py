@@ -14,7 +14,8 @@ one group):
   first, so a refusal (incompatible) comes before anything is written; then
   each other group in broker-name order, given first the versions it lacks.
   Groups that do not answer are named in ``SchemaInfo.unreachable_brokers``:
-  the next ``set_schema`` or ``sync_schemas`` completes them.
+  the next ``set_schema`` or ``sync_schemas`` completes them; one whose
+  registration shows a version beyond the answering groups' refuses the call.
 - reads (``get_schema``) go to one group, the one whose route shows the
   highest version, its replicas allowed.
 """
@@ -178,6 +179,8 @@ class Histories:
     key: bool
     versions: dict[str, list[pb.SchemaVersion]]
     unreachable: list[str]
+    registered: dict[str, int]
+    """Each group's latest version as its registration shows (the route)."""
 
     def longest(self) -> list[pb.SchemaVersion]:
         return max(self.versions.values(), key=len, default=[])
@@ -209,6 +212,23 @@ class Histories:
             prints,
         )
 
+    def check_ahead(self) -> None:
+        """SchemaConflictError when a group that does not answer registered a
+        version beyond the answering groups' longest history: a new version
+        now would give its number two meanings."""
+        have = len(self.longest())
+        ahead = {b: v for b, v in self.registered.items() if b in self.unreachable and v > have}
+        if not ahead:
+            return
+        where = ", ".join(f"{b} holds version {v}" for b, v in sorted(ahead.items()))
+        raise SchemaConflictError(
+            f"{self.topic}: broker groups that do not answer hold newer {subject(self.key)} "
+            f"schema versions than the {have} the others hold ({where}, by their "
+            "registrations): registering now would give a number two meanings; retry once "
+            "they answer",
+            {},
+        )
+
 
 def read_histories(routes: Routes, topic: str, key: bool) -> Histories:
     """Every group's history (a group without the subject: empty). Groups the
@@ -216,7 +236,8 @@ def read_histories(routes: Routes, topic: str, key: bool) -> Histories:
     BrokerUnavailable when none answers."""
     route = routes.route(topic, refresh=True)
     request = pb.GetSchemaRequest(topic=topic, key=key, history=True)
-    found = Histories(topic, key, {}, list(route.down))
+    registered = {b.broker_name: _latest(b, key) for b in route.brokers}
+    found = Histories(topic, key, {}, list(route.down), registered)
     for broker in sorted(route.broker_names()):
         try:
             found.versions[broker] = list(_read(routes, topic, broker, request).versions)
@@ -288,6 +309,7 @@ def set_schema(
     mine = fingerprint(kind, text)
     found = read_histories(routes, topic, key)
     found.check()
+    found.check_ahead()
     longest = found.longest()
     existing = next((v.version for v in longest if v.fingerprint == mine), 0)
     version = existing or len(longest) + 1

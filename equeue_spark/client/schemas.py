@@ -100,8 +100,8 @@ class Compiled:
         """``obj`` encoded (Avro binary, or compact JSON), or (b"", why not)."""
         if self.type == "AVRO":
             out = io.BytesIO()
-            try:
-                fastavro.schemaless_writer(out, self.avro, obj)
+            try:  # a field the schema lacks is refused, not dropped; a missing one needs a default
+                fastavro.schemaless_writer(out, self.avro, obj, strict_allow_default=True)
             except Exception as exc:  # ValueError, TypeError, KeyError ... by the datum
                 return b"", f"cannot be written with this schema ({type(exc).__name__}: {exc})"
             return out.getvalue(), ""

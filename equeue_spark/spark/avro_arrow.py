@@ -5,7 +5,8 @@ pair in C (``equeue_proto._avro``, no Python object per record, the GIL released
 wraps the buffers it returns with ``Array.from_buffers`` into the reader's Arrow type,
 the one Spark expects (``avro_arrow_type``). ``EQUEUE_PURE_PYTHON=1``, a build without
 the extension, or a schema construct the compiler does not take (logged once) use the
-pure-Python reference (fastavro per value): the same result, ~50x slower.
+pure-Python reference (fastavro per value): the same result, ~100x slower
+(bench/avro_decode_bench.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER, guess_type
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.cli import main
 from equeue_spark.client import Admin, Producer
 from equeue_spark.client.errors import (
     InvalidRequest,
@@ -97,6 +99,10 @@ def test_avro_encode_and_refusal() -> None:
     assert problem == "" and data == avro_bytes(ORDER_V1, {"id": 1, "name": "one"})
     data, problem = schema.encode({"id": "x", "name": "one"})
     assert data == b"" and "cannot be written" in problem
+    assert "more fields" in schema.encode({"id": 1, "name": "one", "extra": 2})[1]  # not dropped
+    assert "missing" in schema.encode({"id": 1})[1]
+    defaulted = compiled(ORDER_V2).encode({"id": 1, "name": "one"})  # note has a default
+    assert defaulted == (avro_bytes(ORDER_V2, {"id": 1, "name": "one", "note": None}), "")
 
 
 def test_json_value_checked_and_encoded() -> None:
@@ -147,6 +153,7 @@ def test_incompatible_refusal_lists_problems() -> None:
     assert problem_lines(text) == ["a", "b"]
     assert SchemaIncompatibleError(text).problems == ["a", "b"]
     assert problem_lines("one line") == ["one line"]
+    assert problem_lines(text + " (FAILED_PRECONDITION)") == ["a", "b"]
 
 
 # -- a real broker ------------------------------------------------------------------------
@@ -278,7 +285,9 @@ def route_versions(admin: Admin) -> dict[str, int]:
 
 
 @pytest.mark.timeout(180)
-def test_set_schema_over_two_groups_one_stopped_then_sync(cluster: LocalCluster) -> None:
+def test_set_schema_over_two_groups_one_stopped_then_sync(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
     with Admin(namesrv=cluster.namesrv) as admin:
         admin.create_topic("orders", queues=1)
         wait_for("both groups in the route", lambda: len(admin.route("orders").brokers) == 2)
@@ -298,14 +307,29 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(cluster: LocalCluster)
         # ... unless the route shows a newer one: read again at once.
         assert (latest := cache.latest("orders")) is not None and latest.version == 2
         cluster.brokers["b"].start()  # ready: it answers (same address, same data)
+        cluster.brokers["a"].kill()  # a holds v2 (its route says so), b only v1:
+        with pytest.raises(SchemaConflictError, match="a holds version 2"):
+            memo = {"name": "memo", "type": ["null", "string"], "default": None}
+            other_v2 = {**ORDER_V1, "fields": [*ORDER_V1["fields"], memo]}
+            admin.set_schema("orders", other_v2)  # would be b's version 2, unlike a's
+        cluster.brokers["a"].start()
         assert len(group_versions(cluster, "b")) == 1
         copied = admin.sync_schemas("orders")
         assert copied == {"value": {"b": [2]}, "key": {}}
         assert group_versions(cluster, "a") == group_versions(cluster, "b")
         assert len(group_versions(cluster, "a")) == 2
         assert admin.sync_schemas("orders") == {"value": {}, "key": {}}
+        wait_for("routes to show v2", lambda: route_versions(admin) == {"a": 2, "b": 2})
+        assert main(["--namesrv", cluster.namesrv, "cluster", "routes", "orders"]) == 0
+        shown = capsys.readouterr().out
+        assert re.search(r"^a .* v2$", shown, re.M) and re.search(r"^b .* v2$", shown, re.M), shown
         again = admin.set_schema("orders", ORDER_V2)
         assert not again.created and again.versions[0].version == 2
+        with pytest.raises(SchemaIncompatibleError) as refused:  # before anything is written
+            admin.set_schema("orders", ORDER_V3_BAD)
+        assert all(p.startswith("not BACKWARD compatible") for p in refused.value.problems)
+        assert "FAILED_PRECONDITION" not in refused.value.problems[-1]
+        assert len(group_versions(cluster, "a")) == len(group_versions(cluster, "b")) == 2
         # Histories that differ (not just lag) are refused, naming the groups.
         with Admin(cluster.brokers["b"].address) as only_b:
             only_b.delete_schemas("orders")

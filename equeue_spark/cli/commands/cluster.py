@@ -63,6 +63,14 @@ def _role(entry: pb.BrokerEntry) -> str:
     return entry.role or "master"
 
 
+def _schema_versions(entry: pb.BrokerRoute) -> str | None:
+    """``v3`` (value), ``v3 key v1``: the latest schema versions the group registered."""
+    parts = [f"v{entry.value_schema_version}"] if entry.value_schema_version else []
+    if entry.key_schema_version:
+        parts.append(f"key v{entry.key_schema_version}")
+    return " ".join(parts) or None
+
+
 def cmd_cluster_routes(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args, cluster_view="equeue cluster routes") as admin:
         route = admin.route(args.topic)
@@ -80,10 +88,11 @@ def cmd_cluster_routes(args: argparse.Namespace, ui: Output) -> None:
     if route.down:
         ui.line(f"down: {', '.join(route.down)} (hosted the topic; registrations expired)")
     groups = [
-        (b.broker_name, b.address or None, b.epoch, ", ".join(b.replica_addresses) or None)
+        (b.broker_name, b.address or None, b.epoch, ", ".join(b.replica_addresses) or None,
+         _schema_versions(b))
         for b in route.brokers
-    ]
-    ui.line(format_table(("BROKER", "MASTER", "EPOCH", "REPLICAS"), groups))
+    ]  # fmt: skip
+    ui.line(format_table(("BROKER", "MASTER", "EPOCH", "REPLICAS", "SCHEMA"), groups))
     rows = [
         (b.broker_name, b.address or None, q.queue_id, q.writable, q.readable)
         for b in route.brokers
