@@ -56,7 +56,7 @@ from equeue_spark.spark.offsets import (
     split_budget,
     to_json,
 )
-from equeue_spark.spark.options import ReadOptions, WriteOptions, headers_requested
+from equeue_spark.spark.options import BATCH_ONLY, ReadOptions, WriteOptions, headers_requested
 from equeue_spark.spark.planning import Listing, Planner, Queues
 from equeue_spark.spark.pushdown import Pushdown, push, pushdown_planner
 from equeue_spark.spark.read_task import QueueRange, read_range
@@ -363,7 +363,7 @@ def _check_read_options(raw: Any) -> ReadOptions:
     """``InvalidOption`` for any option a read of either kind rejects; the
     batch/stream-specific checks (an ending offset in a stream) wait for the
     reader, which knows which it is."""
-    batch_only = any(k.lower() in ("endingoffsets", "endingtimestamp") for k in raw)
+    batch_only = any(k.lower() in BATCH_ONLY for k in raw)
     return ReadOptions.parse(raw, streaming=not batch_only)
 
 
