@@ -25,7 +25,7 @@ Pyspark-free: the planning logic is tested without a Spark session.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 QueueKey = tuple[str, int]
 """(topic, queue id)"""
@@ -33,6 +33,8 @@ Offsets = dict[QueueKey, int]
 """Next offset to read per queue (exclusive end of what was read)."""
 Incarnations = dict[str, int]
 """A topic's incarnation per topic name (0 or missing: unknown)."""
+Span = tuple[int, int]
+"""``[lo, hi)`` of offsets (or of queue ids)."""
 INCARNATION = "incarnation"
 """The key of a topic's incarnation among its queue ids (which are numbers)."""
 
@@ -139,13 +141,34 @@ def backlog(starts: Mapping[QueueKey, int], ends: Mapping[QueueKey, int]) -> int
     return sum(max(end - starts.get(key, end), 0) for key, end in ends.items())
 
 
-def split_range(start: int, end: int, max_records: int | None) -> list[tuple[int, int]]:
-    """``[start, end)`` cut into pieces of at most ``max_records`` (one Spark task each)."""
-    if end <= start:
-        return []
+def divide(start: int, end: int, parts: int) -> list[Span]:
+    """``[start, end)`` in ``parts`` pieces, as Kafka's source divides a range
+    (``getDividedPartition``): each ``remaining // parts left``, so the last
+    pieces take the remainder."""
+    out: list[Span] = []
+    remaining, lo = end - start, start
+    for part in range(parts):
+        this = remaining // (parts - part)
+        remaining -= this
+        out.append((lo, min(lo + this, end)))
+        lo = min(lo + this, end)
+    return out
+
+
+def max_record_ranges(
+    ranges: list[tuple[QueueKey, int, int]], max_records: int | None
+) -> list[tuple[QueueKey, int, int]]:
+    """Option ``maxRecordsPerPartition``, as Spark 4's Kafka source applies it
+    (before ``minPartitions``): empty ranges dropped, a longer range divided
+    into ``ceil(size / max_records)`` near-equal pieces (``divide``)."""
+    ranges = [r for r in ranges if r[2] > r[1]]
     if not max_records:
-        return [(start, end)]
-    return [(lo, min(lo + max_records, end)) for lo in range(start, end, max_records)]
+        return ranges
+    return [
+        (key, lo, hi)
+        for key, start, end in ranges
+        for lo, hi in divide(start, end, -(-(end - start) // max_records))
+    ]
 
 
 def min_partition_ranges(
@@ -158,25 +181,64 @@ def min_partition_ranges(
     pieces (at least 1), the ranges of one piece are left whole and the others
     share what is left of ``min_partitions`` by size; a range's pieces are
     equal but for the last, which takes the remainder. So the count is about
-    ``min_partitions`` (Kafka's rounding: 4 equal queues and 10 give 12)."""
+    ``min_partitions`` (Kafka's rounding: 4 equal queues and 10 give 12).
+    Several ranges of one queue (``max_record_ranges``' pieces): as in Kafka,
+    all are left whole when one of them is (the set is keyed by queue)."""
     ranges = [r for r in ranges if r[2] > r[1]]
     if min_partitions is None or len(ranges) >= min_partitions:
         return ranges
     total = sum(end - start for _, start, end in ranges)
-    unsplit = {r[0] for r in ranges if _part_count(r[2] - r[1], total, min_partitions) == 1}
-    unsplit_total = sum(end - start for key, start, end in ranges if key in unsplit)
-    split_total = total - unsplit_total
-    split_min = max(min_partitions - len(unsplit), 1)
-    out = []
+    whole = [r for r in ranges if _part_count(r[2] - r[1], total, min_partitions) == 1]
+    unsplit = {r[0] for r in whole}
+    split_total = total - sum(end - start for _, start, end in whole)
+    split_min = max(min_partitions - len(whole), 1)
+    out: list[tuple[QueueKey, int, int]] = []
     for key, start, end in ranges:
         parts = 1 if key in unsplit else _part_count(end - start, split_total, split_min)
-        remaining, lo = end - start, start
-        for part in range(parts):
-            this = remaining // (parts - part)  # the last piece takes the remainder
-            remaining -= this
-            out.append((key, lo, min(lo + this, end)))
-            lo = min(lo + this, end)
+        out.extend((key, lo, hi) for lo, hi in divide(start, end, parts))
     return [r for r in out if r[2] > r[1]]
+
+
+def task_spans(
+    queues: Sequence[tuple[QueueKey, tuple[Span, ...]]],
+    min_partitions: int | None,
+    max_records: int | None,
+) -> list[tuple[QueueKey, tuple[Span, ...]]]:
+    """The Spark tasks of a read: each queue's offsets (normalized spans: one
+    range, or what pushed-down filters leave of it) cut as Spark 4's Kafka
+    source cuts ranges, ``maxRecordsPerPartition`` first
+    (``max_record_ranges``), then ``minPartitions`` on the pieces
+    (``min_partition_ranges``). Sizes count only the offsets read, so both
+    options hold after pushdown too; a queue of one span gets Kafka's offsets."""
+    sizes = [(key, 0, sum(hi - lo for lo, hi in spans)) for key, spans in queues]
+    pieces = min_partition_ranges(max_record_ranges(sizes, max_records), min_partitions)
+    by_key: dict[QueueKey, list[Span]] = {}
+    for key, lo, hi in pieces:  # a queue's pieces: consecutive positions, in order
+        by_key.setdefault(key, []).append((lo, hi))
+    out: list[tuple[QueueKey, tuple[Span, ...]]] = []
+    for key, spans in queues:
+        out.extend((key, cut) for cut in _cut(spans, by_key.get(key, [])))
+    return out
+
+
+def _cut(spans: tuple[Span, ...], pieces: list[Span]) -> list[tuple[Span, ...]]:
+    """The offsets of ``spans`` at each piece's positions (``[a, b)`` counts
+    offsets of ``spans`` in order; pieces ascending and adjacent): one pass."""
+    out: list[tuple[Span, ...]] = []
+    i = pos = 0  # spans[i] starts at position pos
+    for a, b in pieces:
+        got: list[Span] = []
+        while i < len(spans):
+            lo, hi = spans[i]
+            s, e = max(a, pos), min(b, pos + hi - lo)
+            if s < e:
+                got.append((lo + s - pos, lo + e - pos))
+            if pos + hi - lo > b:
+                break  # the rest of this span belongs to the next piece
+            pos += hi - lo
+            i += 1
+        out.append(tuple(got))
+    return out
 
 
 def _part_count(size: int, total: int, min_partitions: int) -> int:
@@ -184,8 +246,6 @@ def _part_count(size: int, total: int, min_partitions: int) -> int:
     return max(math.floor(size / total * min_partitions + 0.5), 1)
 
 
-Span = tuple[int, int]
-"""``[lo, hi)`` of offsets (or of queue ids)."""
 EVERYTHING: tuple[Span, ...] = ((0, 2**63),)
 """Every offset (and queue id) there is: offsets and ids are never negative."""
 
@@ -238,19 +298,3 @@ def complement(spans: tuple[Span, ...]) -> tuple[Span, ...]:
 
 def contains(spans: tuple[Span, ...], value: int) -> bool:
     return any(lo <= value < hi for lo, hi in spans)
-
-
-def pack_spans(spans: list[Span], max_records: int | None) -> list[tuple[Span, ...]]:
-    """Consecutive ``spans`` of one queue grouped into tasks of at most
-    ``max_records`` offsets each (all in one without a limit): a span longer
-    than the limit (``split_range`` cuts none) is a task alone."""
-    groups: list[list[Span]] = []
-    size = 0
-    for lo, hi in spans:
-        if groups and (max_records is None or size + hi - lo <= max_records):
-            groups[-1].append((lo, hi))
-            size += hi - lo
-        else:
-            groups.append([(lo, hi)])
-            size = hi - lo
-    return [tuple(g) for g in groups]

@@ -30,11 +30,9 @@ from equeue_spark.spark.offsets import (
     contains,
     from_json,
     intersect,
-    min_partition_ranges,
-    pack_spans,
     recreated_topics,
     split_key,
-    split_range,
+    task_spans,
 )
 from equeue_spark.spark.options import (
     EARLIEST,
@@ -339,9 +337,10 @@ class Planner:
         incarnations: tuple[Incarnations, Incarnations] | None = None,
         pushdown: Pushdown | None = None,
     ) -> list[QueueRange]:
-        """Spark partitions for ``[starts, ends)``: one per queue range, split
-        for ``minPartitions`` (Kafka's algorithm), then cut by
-        ``maxRecordsPerPartition``. Queues new since ``starts`` start at their
+        """Spark partitions for ``[starts, ends)``: one per queue range, cut as
+        Spark 4's Kafka source cuts them (``maxRecordsPerPartition``, then
+        ``minPartitions``: ``offsets.task_spans``), on the offsets read (after
+        pushdown's narrowing). Queues new since ``starts`` start at their
         earliest offset; starts below the earliest are data loss, and so are
         the starts of a topic recreated since (``incarnations``: the topics'
         at ``starts`` and at ``ends``, when the offsets carry them).
@@ -379,36 +378,35 @@ class Planner:
             elif start > end:  # the queue went backwards: recreated, or data lost
                 start = self._lost(key, start, q.earliest_offset if q else 0, end, behind=True)
             bounds.append((key, start, end))
-        addresses: dict[str, list[str]] = {}
-        # minPartitions first (Kafka's split of the whole ranges), then each
-        # piece cut to maxRecordsPerPartition, as Spark 4's Kafka source does.
-        for key, start, end in min_partition_ranges(bounds, opts.min_partitions):
-            spans: tuple[Span, ...] = ((start, end),)
-            if narrowed is not None:
+        queues = []
+        for key, start, end in bounds:
+            spans: tuple[Span, ...] = ((start, end),) if end > start else ()
+            if narrowed is not None:  # only the offsets the filters leave
                 spans = intersect(spans, narrowed[key])
-            limit = opts.max_records_per_partition
-            pieces = [p for s in spans for p in split_range(*s, limit)]
-            if pieces and key[0] not in addresses:
+            queues.append((key, spans))
+        addresses: dict[str, list[str]] = {}
+        limits = (opts.min_partitions, opts.max_records_per_partition)
+        for key, group in task_spans(queues, *limits):
+            if key[0] not in addresses:
                 addresses[key[0]] = self.addresses(key[0])
-            at = addresses.get(key[0], [""])
-            for group in pack_spans(pieces, limit):  # spans of one queue share a task
-                ranges.append(
-                    QueueRange(
-                        topic=split_key(key[0])[1],
-                        queue_id=key[1],
-                        start=group[0][0],
-                        end=group[-1][1],
-                        spans=group if len(group) > 1 else (),
-                        broker=at[0],
-                        fallbacks=tuple(at[1:]),
-                        timeout_ms=opts.timeout_ms,
-                        tags=tags,
-                        filter=read_filter,
-                        fail_on_data_loss=opts.fail_on_data_loss,
-                        security=opts.security,
-                        broker_name=split_key(key[0])[0],
-                    )
+            at = addresses[key[0]]
+            ranges.append(
+                QueueRange(
+                    topic=split_key(key[0])[1],
+                    queue_id=key[1],
+                    start=group[0][0],
+                    end=group[-1][1],
+                    spans=group if len(group) > 1 else (),  # spans of one queue share a task
+                    broker=at[0],
+                    fallbacks=tuple(at[1:]),
+                    timeout_ms=opts.timeout_ms,
+                    tags=tags,
+                    filter=read_filter,
+                    fail_on_data_loss=opts.fail_on_data_loss,
+                    security=opts.security,
+                    broker_name=split_key(key[0])[0],
                 )
+            )
         return ranges
 
     def narrow(self, ends: Offsets, pushdown: Pushdown) -> dict[QueueKey, tuple[Span, ...]]:

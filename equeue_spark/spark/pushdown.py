@@ -10,12 +10,15 @@ returns everything else (the same objects) for Spark to evaluate:
 - ``offset`` and ``storeTimestamp``: the offset ranges read (store times never
   decrease within a queue, so a store-time bound is an offset bound);
 - ``tag`` equality: the broker's tag filter (index skip, records never read);
-- ``timestamp`` (the producer's time, in no order), ``key``, and the other
+- ``timestamp`` (the producer's time, in no order), ``key`` (raw bytes only:
+  not with a ``keyFormat``), and the other
   ``tag`` comparisons: a broker filter expression (equeue_proto's selector
   grammar) evaluated on the broker, so failing records are never sent; the
   keys of a ``key`` equality also go to the planner, which asks the broker's
   key index for their offsets (``key_plan.py``).
 
+Nothing on ``value`` is pushed but ``IS NOT NULL`` of raw bytes (never null),
+nor on the decoding columns (``valueSchemaVersion``, the corrupt-record column).
 Value types are checked: a filter whose value is not what the column holds
 (after a cast, a naive datetime, a null) is returned. Spark's times are
 microseconds, the broker's milliseconds: bounds are rounded so that the rows
@@ -175,12 +178,22 @@ class _Builder:
         c = _cond(f)
         if c is None:
             return False
+        if c.column in ("value", "key") and self.decoded(c.column):
+            return False  # Spark's value is the decoded one; the broker's are bytes
         if c.op == "not null" and c.column in _NON_NULL:
             return True
         if c.op == "null" and c.column in _NON_NULL:
             return self._nothing()
         handler = _HANDLERS.get(c.column)
         return handler is not None and handler(self, c, f)
+
+    def decoded(self, column: str) -> bool:
+        """Whether Spark sees ``column`` decoded (``valueFormat``/``keyFormat``
+        other than binary): a decoded value may be null (a corrupt record in
+        PERMISSIVE mode) and a key's text or struct is not the bytes the broker
+        compares, so no condition on it is pushed."""
+        formats = self.options.formats
+        return (formats.value_format if column == "value" else formats.key_format) != "binary"
 
     def _nothing(self) -> bool:
         self.pd = replace(self.pd, empty=True)

@@ -19,7 +19,7 @@ from equeue_spark.spark.offsets import (
     min_partition_ranges,
     rate_limit,
     split_budget,
-    split_range,
+    task_spans,
     to_json,
 )
 from equeue_spark.spark.options import (
@@ -67,8 +67,12 @@ def test_budget_and_range_splits() -> None:
         ("t", 0): 750,
         ("t", 1): 250,
     }
-    assert split_range(5, 20, 7) == [(5, 12), (12, 19), (19, 20)]
-    assert split_range(5, 5, 7) == [] and split_range(0, 9, None) == [(0, 9)]
+    # maxRecordsPerPartition: ceil(15 / 7) = 3 near-equal pieces, as Spark 4's Kafka source.
+    assert task_spans([(("t", 0), ((5, 20),))], None, 7) == [
+        (("t", 0), ((5, 10),)), (("t", 0), ((10, 15),)), (("t", 0), ((15, 20),))
+    ]  # fmt: skip
+    assert task_spans([(("t", 0), ())], None, 7) == []
+    assert task_spans([(("t", 0), ((0, 9),))], None, None) == [(("t", 0), ((0, 9),))]
 
 
 def test_read_options_defaults_and_parsing() -> None:
@@ -437,27 +441,83 @@ def test_min_partition_ranges_is_kafkas_algorithm(
         assert len(got) >= min(nonempty, min_partitions, total)
 
 
+def _kafka_divided(ranges: list[tuple[Any, int, int]], max_records: int | None) -> list[Any]:
+    """Spark 4's first stage (SPARK-49259): a range longer than
+    maxRecordsPerPartition in ceil(size / max) pieces of Kafka's division."""
+    if not max_records:
+        return [r for r in ranges if r[2] > r[1]]
+    out = []
+    for tp, lo, hi in ranges:
+        if hi - lo > max_records:
+            parts = -(-(hi - lo) // max_records)
+            out.extend(_kafka_get_ranges([(tp, lo, hi)], parts))  # one range in parts pieces
+        elif hi > lo:
+            out.append((tp, lo, hi))
+    return out
+
+
+def test_max_records_and_min_partitions_match_sparks_suite() -> None:
+    """The cases of Spark's KafkaOffsetRangeCalculatorSuite (SPARK-49259)."""
+
+    def tasks(ranges: list[tuple[int, int, int]], low: int | None, high: int | None) -> list[Any]:
+        given = [(("t", q), ((lo, hi),)) for q, lo, hi in ranges]
+        return [(k[1], spans[0][0], spans[-1][1]) for k, spans in task_spans(given, low, high)]
+
+    assert tasks([(1, 1, 5)], None, 4) == [(1, 1, 5)]
+    assert tasks([(1, 1, 6)], None, 4) == [(1, 1, 3), (1, 3, 6)]
+    assert tasks([(1, 1, 40), (2, 1, 50), (3, 1, 60)], None, 20) == [
+        (1, 1, 20), (1, 20, 40), (2, 1, 17), (2, 17, 33), (2, 33, 50),
+        (3, 1, 20), (3, 20, 40), (3, 40, 60),
+    ]  # fmt: skip
+    assert tasks([(1, 1, 40)], 1, 20) == [(1, 1, 20), (1, 20, 40)]
+    assert tasks([(1, 1, 40)], 4, 20) == [(1, 1, 10), (1, 10, 20), (1, 20, 30), (1, 30, 40)]
+    # The review's cases: 10 records, max 4 -> 3/3/4; 9000/900/10, max 3000, min 6 -> 5 tasks.
+    assert tasks([(0, 0, 10)], None, 4) == [(0, 0, 3), (0, 3, 6), (0, 6, 10)]
+    assert len(tasks([(0, 0, 9000), (1, 0, 900), (2, 0, 10)], 6, 3000)) == 5
+
+
 @given(
     ranges=_RANGES,
-    min_partitions=st.integers(1, 50),
-    max_records=st.integers(1, 5000),
+    min_partitions=st.one_of(st.none(), st.integers(1, 50)),
+    max_records=st.one_of(st.none(), st.integers(1, 5000)),
 )
-def test_max_records_per_partition_cuts_after_min_partitions(
-    ranges: list[tuple[Any, int, int]], min_partitions: int, max_records: int
+def test_task_spans_is_spark_4s_kafka_split(
+    ranges: list[tuple[Any, int, int]], min_partitions: int | None, max_records: int | None
 ) -> None:
-    """What Planner.ranges does: Kafka's split, then every piece cut to
-    maxRecordsPerPartition (split_range), with the same records."""
-    pieces = [
-        (key, a, b)
-        for key, lo, hi in min_partition_ranges(ranges, min_partitions)
-        for a, b in split_range(lo, hi, max_records)
-    ]
-    assert all(0 < b - a <= max_records for _, a, b in pieces)
-    assert len(pieces) >= len(min_partition_ranges(ranges, min_partitions))
-    for key, lo, hi in ranges:  # the same records: contiguous pieces over [lo, hi)
-        bounds = [(a, b) for k, a, b in pieces if k == key]
-        if hi > lo:
-            assert bounds[0][0] == lo and bounds[-1][1] == hi
-            assert all(bounds[i][1] == bounds[i + 1][0] for i in range(len(bounds) - 1))
-        else:
-            assert bounds == []
+    """One span per queue: exactly Spark 4's two stages (maxRecordsPerPartition,
+    then minPartitions on the pieces); every piece within the limit."""
+    got = task_spans([(k, ((lo, hi),) if hi > lo else ()) for k, lo, hi in ranges],
+                     min_partitions, max_records)  # fmt: skip
+    flat = [(k, spans[0][0], spans[-1][1]) for k, spans in got]
+    assert all(len(spans) == 1 for _, spans in got)
+    assert flat == _kafka_get_ranges(_kafka_divided(ranges, max_records), min_partitions)
+    assert all(0 < hi - lo <= (max_records or hi - lo) for _, lo, hi in flat)
+
+
+_SPANS = st.lists(st.tuples(st.integers(0, 50), st.integers(1, 50)), max_size=8).map(
+    lambda gaps: tuple(
+        (sum(g + s for g, s in gaps[:i]) + gaps[i][0], sum(g + s for g, s in gaps[: i + 1]))
+        for i in range(len(gaps))
+    )
+)
+
+
+@given(
+    queues=st.lists(_SPANS, max_size=5),
+    min_partitions=st.one_of(st.none(), st.integers(1, 40)),
+    max_records=st.one_of(st.none(), st.integers(1, 60)),
+)
+def test_task_spans_after_pushdown_keep_every_offset_once(
+    queues: list[tuple[tuple[int, int], ...]], min_partitions: int | None, max_records: int | None
+) -> None:
+    """Spans left by pushed-down filters: the pieces hold every offset read
+    exactly once, at most maxRecordsPerPartition each, and as many tasks as the
+    same number of records in one span would get (minPartitions counts what is read)."""
+    given = [(("t", q), spans) for q, spans in enumerate(queues)]
+    got = task_spans(given, min_partitions, max_records)
+    for key, spans in given:
+        read = [o for k, cut in got if k == key for lo, hi in cut for o in range(lo, hi)]
+        assert read == [o for lo, hi in spans for o in range(lo, hi)]
+    assert all(0 < sum(hi - lo for lo, hi in cut) <= (max_records or 10**9) for _, cut in got)
+    sizes = [(k, ((0, sum(hi - lo for lo, hi in spans)),)) for k, spans in given]
+    assert len(got) == len(task_spans(sizes, min_partitions, max_records))

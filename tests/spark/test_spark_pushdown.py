@@ -622,14 +622,74 @@ def test_coarsen_groups_found_offsets_into_few_ranges() -> None:
     assert len(spans) == 256 and all(any(lo <= o < hi for lo, hi in spans) for o in found)
 
 
-def test_pack_spans_shares_tasks_up_to_the_partition_limit() -> None:
-    from equeue_spark.spark.offsets import pack_spans
+def test_pushed_spans_share_tasks_up_to_the_partition_limit() -> None:
+    from equeue_spark.spark.offsets import task_spans
 
-    spans = [(0, 5), (10, 20), (30, 31)]
-    assert pack_spans(spans, None) == [((0, 5), (10, 20), (30, 31))]
-    assert pack_spans(spans, 15) == [((0, 5), (10, 20)), ((30, 31),)]
-    assert pack_spans([(0, 10), (10, 20)], 10) == [((0, 10),), ((10, 20),)]
-    assert pack_spans([], 10) == []
+    spans = ((0, 5), (10, 20), (30, 31))
+    assert task_spans([(("t", 0), spans)], None, None) == [(("t", 0), spans)]
+    # 16 offsets read, at most 15 a task: 2 tasks of 8 (Kafka's even division).
+    assert task_spans([(("t", 0), spans)], None, 15) == [
+        (("t", 0), ((0, 5), (10, 13))), (("t", 0), ((13, 20), (30, 31))),
+    ]  # fmt: skip
+    assert task_spans([(("t", 0), ((0, 10), (10, 20)))], None, 10) == [
+        (("t", 0), ((0, 10),)), (("t", 0), ((10, 20),)),
+    ]  # fmt: skip
+    assert task_spans([(("t", 0), ())], None, 10) == []
+
+
+DECODED_KEY: list[Filter] = [
+    IsNull(col("key")), IsNotNull(col("key")), Not(IsNull(col("key"))),
+    EqualTo(col("key"), b"k"), In(col("key"), (b"a", b"b")), Not(EqualTo(col("key"), b"k")),
+    EqualTo(col("key"), "k"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("f", DECODED_KEY, ids=_id)
+def test_key_conditions_stay_in_spark_when_the_key_is_decoded(f: Filter) -> None:
+    """With keyFormat the key column is text or a struct, not the bytes the
+    broker compares (and its index holds): nothing on it is pushed."""
+    pushdown, remaining = push([f], options(keyFormat="string"))
+    assert remaining == [f]
+    assert pushdown.pushed == () and pushdown.selector == "" and pushdown.keys == ()
+    assert not pushdown.empty
+    raw, left = push([IsNull(col("key"))], options())  # raw bytes: pushed as before
+    assert left == [] and raw.selector == "key IS NULL"
+
+
+@pytest.mark.parametrize("f", [IsNull(col("value")), IsNotNull(col("value")),
+                               EqualTo(col("value"), b"x"), EqualTo(col("valueSchemaVersion"), 1),
+                               IsNull(col("valueSchemaVersion"))], ids=_id)  # fmt: skip
+def test_value_conditions_stay_in_spark_when_the_value_is_decoded(f: Filter) -> None:
+    """A decoded value may be null (a corrupt record in PERMISSIVE mode): not
+    even IS NULL is decided by the source; valueSchemaVersion is Spark's."""
+    pushdown, remaining = push([f], options(valueFormat="string"))
+    assert remaining == [f] and pushdown.pushed == () and not pushdown.empty
+
+
+def test_min_partitions_apply_to_what_pushdown_leaves(broker: BrokerProcess) -> None:
+    """minPartitions and maxRecordsPerPartition count the offsets read after the
+    pushed filters narrow the range, not the whole queue (review 29, finding 7)."""
+    from equeue_spark.spark.planning import Planner
+
+    with Admin(broker.address) as admin:
+        admin.create_topic("pm", queues=1)
+    with Producer(broker.address) as producer:
+        producer.send_batch("pm", [b"v%d" % i for i in range(1000)], queue_ids=[0] * 1000)
+    filters = [GreaterThanOrEqual(col("offset"), 900), LessThan(col("offset"), 1000)]
+    for extra, tasks in (({"minPartitions": "8"}, 8), ({"maxRecordsPerPartition": "30"}, 4)):
+        o = ReadOptions.parse({"broker": broker.address, "topic": "pm", **extra}, streaming=False)
+        planner = Planner(o)
+        try:
+            starts = planner.resolve(o.starting, None, end=False)
+            ends = planner.resolve(o.ending, None, end=True)
+            pushdown, _ = push(filters, o)
+            ranges = planner.ranges(starts, ends, pushdown=pushdown)
+        finally:
+            planner.close()
+        assert len(ranges) == tasks
+        read = [o for r in ranges for lo, hi in (r.spans or ((r.start, r.end),))
+                for o in range(lo, hi)]  # fmt: skip
+        assert read == list(range(900, 1000))
 
 
 @pytest.mark.timeout(300)
