@@ -52,6 +52,8 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 log = logging.getLogger("equeue.spark")
 
 MAX_MIN_PARTITIONS = 100_000
+MAX_TIME_MS = 2**62
+"""Largest time a timestamp option takes (ms since the epoch; the wire's int64 with room)."""
 BATCH_ONLY = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
 """Read options (lower-cased) only a batch read takes: given, the read is a batch read."""
 STRATEGIES = ("error", "latest")
@@ -131,7 +133,7 @@ STORE_TIME = (
 def _store_time(o: _Options, key: str) -> int:
     """A timestamp option: its errors say which time it compares."""
     try:
-        return o.integer(key, 0, 0, 2**62)
+        return o.integer(key, 0, 0, MAX_TIME_MS)
     except InvalidOption as exc:
         raise InvalidOption(f"{exc} ({STORE_TIME})") from None
 
@@ -316,8 +318,9 @@ class ReadOptions:
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
         _fold_synonyms(o)
-        topics, pattern, assigned = _parse_topics(o)
-        scope = _Scope(topics, pattern, assigned)
+        cluster = o.has("namesrv")
+        topics, pattern, assigned = _parse_topics(o, cluster)
+        scope = _Scope(topics, pattern, assigned, cluster)
         namesrv = _namesrv(o)
         broker = "" if namesrv else _broker(o)
         kwargs: dict[str, Any] = {"broker": broker, "namesrv": namesrv, "topics": topics}
@@ -438,7 +441,9 @@ def _fold_synonyms(o: _Options) -> None:
 Assigned = dict[str, frozenset[int]]
 
 
-def _parse_topics(o: _Options) -> tuple[tuple[str, ...], re.Pattern[str] | None, Assigned | None]:
+def _parse_topics(
+    o: _Options, cluster: bool
+) -> tuple[tuple[str, ...], re.Pattern[str] | None, Assigned | None]:
     """Exactly one of ``topic``, ``topicPattern`` and ``assign`` (or Kafka's spellings)."""
     given = [k for k in ("topic", "topicpattern", "assign") if o.has(k)]
     if len(given) != 1:
@@ -449,7 +454,7 @@ def _parse_topics(o: _Options) -> tuple[tuple[str, ...], re.Pattern[str] | None,
             f'{{"orders": [0, 1]}}); got {shown}'
         )
     if given == ["assign"]:
-        assigned = _parse_assign(o.text("assign"))
+        assigned = _parse_assign(o.text("assign"), cluster)
         return tuple(dict.fromkeys(split_key(n)[1] for n in assigned)), None, assigned
     if given == ["topicpattern"]:
         text = o.text("topicpattern")
@@ -481,8 +486,30 @@ def _queue_ref(named: object) -> tuple[str, int] | None:
     return (broker, int(queue)) if queue.isdigit() and queue.isascii() else None
 
 
-def _parse_assign(text: str) -> Assigned:
-    """Option ``assign``: ``{"orders": [0, 1]}``, over a cluster ``{"orders": ["a/0", "b/1"]}``."""
+def _queue_kind(
+    name: str, text: str, topic: str, named: object, *, ref: tuple[str, int], cluster: bool
+) -> None:
+    """Refuse a queue named for the other kind of query: one broker names
+    queues by id, a cluster ``BROKER/QUEUE``. Such a name could never match a
+    queue, and a stream would wait for it forever."""
+    if bool(ref[0]) == cluster:
+        return
+    shown = json.dumps(named)
+    if cluster:
+        why = (
+            f"queue {shown} of {topic!r} names no broker group, but the query reads a "
+            f'cluster (option namesrv): write "BROKER/QUEUE", e.g. "a/{ref[1]}"'
+        )
+    else:
+        why = (f"queue {shown} of {topic!r} names broker group {ref[0]!r}, but the query "
+               f"reads one broker (option broker): write the queue id alone, e.g. {ref[1]} "
+               "(BROKER/QUEUE is for a cluster, option namesrv)")  # fmt: skip
+    raise _bad(name, text, why)
+
+
+def _parse_assign(text: str, cluster: bool = False) -> Assigned:
+    """Option ``assign``: ``{"orders": [0, 1]}``, over a cluster ``{"orders": ["a/0", "b/1"]}``
+    (``cluster``: only the second form; one broker: only the first)."""
     example = 'must be a JSON object like {"orders": [0, 1]} (a cluster\'s {"orders": ["a/0"]})'
     try:
         parsed = json.loads(text)
@@ -503,6 +530,7 @@ def _parse_assign(text: str) -> Assigned:
             if ref is None:
                 why = "is not a queue id (a number, or BROKER/NUMBER over a cluster)"
                 raise _bad("assign", text, f"queue {named!r} of {topic!r} {why}")
+            _queue_kind("assign", text, topic, named, ref=ref, cluster=cluster)
             assigned.setdefault(cluster_key(ref[0], topic), set()).add(ref[1])
     return {name: frozenset(ids) for name, ids in assigned.items()}
 
@@ -537,6 +565,8 @@ class _Scope:
     topics: tuple[str, ...]
     pattern: re.Pattern[str] | None
     assigned: Assigned | None
+    cluster: bool = False
+    """Queues are named ``BROKER/QUEUE`` (option ``namesrv``), else by id alone."""
 
     def reads(self, topic: str) -> bool:
         return topic in self.topics or bool(self.pattern and self.pattern.fullmatch(topic))
@@ -617,6 +647,7 @@ def _queue_json(
             ref = _queue_ref(named)
             if ref is None:
                 raise _bad(name, text, f"queue id {named!r} of {topic!r} is not a number")
+            _queue_kind(name, text, topic, named, ref=ref, cluster=scope.cluster)
             spec_key = cluster_key(ref[0], topic)
             if scope.assigned is not None and ref[1] not in scope.assigned.get(spec_key, ()):
                 raise _bad(name, text, f"queue {named} of {topic!r} is not among the assigned "
@@ -625,6 +656,9 @@ def _queue_json(
                 what = "time" if timed else "offset"
                 raise _bad(name, text, f"{what} {value!r} of {topic}/{named} must be an "
                                        f"integer >= {lowest}")  # fmt: skip
+            if timed and value > MAX_TIME_MS:  # as startingTimestamp's bound
+                raise _bad(name, text, f"time {value} of {topic}/{named} must be between 0 "
+                                       f"and {MAX_TIME_MS} ({STORE_TIME})")  # fmt: skip
             spec.setdefault(spec_key, {})[ref[1]] = value
     return spec
 

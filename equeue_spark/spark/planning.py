@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -70,7 +70,8 @@ class Planner:
         self.options = options
         self._admin: Admin | None = None
         self._committed: Offsets = {}
-        self._absent_warned: set[QueueKey] = set()
+        self._absent_warned: set[object] = set()
+        """Absent queues warned about: keys (``assign``), (option, key) (offset JSONs)."""
 
     @property
     def admin(self) -> Admin:
@@ -134,20 +135,18 @@ class Planner:
         if not absent:
             return
         where, _ = target(self.options.client)
-        names = ", ".join(f"{n}/{q}" for n, q in absent[:5])
-        hint = ""
-        if self.options.cluster and any("/" not in n for n, _ in absent):
-            hint = ' (over a cluster, name queues "BROKER/QUEUE": {"orders": ["a/0"]})'
+        # The kind of name (BROKER/QUEUE or an id) was checked by ReadOptions.parse.
+        names = ", ".join(shown(k) for k in absent[:5])
         if not self.options.streaming:
             raise NotFoundError(
-                f"assign names {names}, which does not exist on {where}{hint}: check the "
+                f"assign names {names}, which does not exist on {where}: check the "
                 "assign option (a batch read needs existing queues)"
             )
         new = [k for k in absent if k not in self._absent_warned]
         if new:
             self._absent_warned.update(new)
-            log.warning("assign names %s, which does not exist on %s%s; the query reads it "
-                        "from its earliest offset when it appears", names, where, hint)  # fmt: skip
+            log.warning("assign names %s, which does not exist on %s; the query reads it "
+                        "from its earliest offset when it appears", names, where)  # fmt: skip
 
     def _list_topic(self, found: Listing, topic: str, timestamp_ms: int | None) -> bool:
         """``listing`` of one topic: every broker group of its route (one
@@ -241,13 +240,8 @@ class Planner:
             return self._group_offsets(queues)
         fallback = self._default_offset(spec, end)
         given = spec if isinstance(spec, dict) else {}
-        for topic, by_queue in given.items():
-            for queue_id in by_queue:
-                if (topic, queue_id) not in queues:
-                    raise InvalidOption(
-                        f"option {'endingOffsets' if end else 'startingOffsets'} names "
-                        f"{topic}/{queue_id}, which does not exist"
-                    )
+        option = "endingOffsets" if end else "startingOffsets"
+        self._absent(option, [(t, q) for t, by_queue in given.items() for q in by_queue], queues)
         offsets = {}
         for key, q in queues.items():
             wanted = given.get(key[0], {}).get(key[1], fallback)
@@ -259,14 +253,10 @@ class Planner:
         ListOffsets per distinct broker, topic and time), the others by the
         next preference (``spec.rest``)."""
         offsets = self.resolve(spec.rest, None, end=end, listing=Listing(queues=queues))
-        times: dict[QueueKey, int] = {}
-        for name, by_queue in spec.per_queue.items():
-            for queue_id, ms in by_queue.items():
-                if (name, queue_id) not in queues:
-                    raise InvalidOption(
-                        f"option {spec.option} names {name}/{queue_id}, which does not exist"
-                    )
-                times[(name, queue_id)] = ms
+        named = {(name, q): ms for name, by_queue in spec.per_queue.items()
+                 for q, ms in by_queue.items()}  # fmt: skip
+        absent = self._absent(spec.option, named, queues)
+        times = {k: ms for k, ms in named.items() if k not in absent}
         listed: Queues = {}
         for name, ms in sorted({(k[0], ms) for k, ms in times.items()}):
             broker, topic = split_key(name)
@@ -279,6 +269,30 @@ class Planner:
         offsets.update(self._at_times(listed, times, end, spec.option))
         return offsets
 
+    def _absent(self, option: str, named: Iterable[QueueKey], queues: Queues) -> set[QueueKey]:
+        """The queues an offset JSON names that do not exist. A batch read
+        fails naming them (``InvalidOption``); a stream warns once and leaves
+        them out, so each starts at its earliest offset when it appears, as an
+        assigned queue or a subscribed topic created later does (Kafka's
+        source fails instead, but its ``assign`` does not wait for partitions
+        either; here a stream waits, so its start options must not refuse what
+        it waits for)."""
+        absent = sorted(k for k in named if k not in queues)
+        if not absent:
+            return set()
+        names = ", ".join(shown(k) for k in absent[:5])
+        if not self.options.streaming:
+            raise InvalidOption(
+                f"option {option} names {names}, which does not exist (a batch read needs "
+                "existing queues)"
+            )
+        new = [k for k in absent if (option, k) not in self._absent_warned]
+        if new:
+            self._absent_warned.update((option, k) for k in new)
+            log.warning("option %s names %s, which does not exist yet; the query reads it "
+                        "from its earliest offset when it appears", option, names)  # fmt: skip
+        return set(absent)
+
     def _at_times(
         self, queues: Queues, times: Mapping[QueueKey, int], end: bool, option: str
     ) -> Offsets:
@@ -290,7 +304,7 @@ class Planner:
         for key, q in sorted(queues.items()):
             if strict and q.timestamp_offset >= q.end_offset:
                 raise NoOffsetForTimestamp(
-                    f"{option}: {key[0]}/{key[1]} has no record stored at or after "
+                    f"{option}: {shown(key)} has no record stored at or after "
                     f"{times[key]} ({_iso(times[key])}); set "
                     "startingOffsetsByTimestampStrategy=latest to start such queues at their end"
                 )
@@ -521,6 +535,13 @@ class Planner:
                 log.warning("could not commit group %r progress on %s: %s", group, name, exc)
                 continue
             self._committed.update(part)
+
+
+def shown(key: QueueKey) -> str:
+    """A queue for messages, as the options name it: ``orders/0``, over a
+    cluster ``orders/a/0`` (topic, then the JSON's ``BROKER/QUEUE``)."""
+    broker, topic = split_key(key[0])
+    return f"{topic}/{broker}/{key[1]}" if broker else f"{topic}/{key[1]}"
 
 
 def _admits(key: QueueKey, pushdown: Pushdown) -> bool:

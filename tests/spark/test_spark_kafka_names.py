@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, Producer
 from equeue_spark.client.errors import NotFoundError
+from equeue_spark.spark.errors import InvalidOption
 from equeue_spark.spark.options import ReadOptions
 from equeue_spark.spark.planning import Planner
 from equeue_spark.spark.progress import NAMES, offsets_behind
@@ -190,7 +191,8 @@ def test_min_partitions_splits_as_kafka_does(spark: SparkSession, broker: Broker
             split,
             plain[1],
         )
-    # maxRecordsPerPartition then cuts Kafka's pieces: 7 x 100 and 3 x 100 -> 20 of 50.
+    # maxRecordsPerPartition first, as Spark 4: 700 -> 14 x 50, 100 -> 2 x 50 each: 20
+    # pieces, already more than minPartitions.
     cut = {**base, "subscribe": "skewed", "minPartitions": "10", "maxRecordsPerPartition": "50"}
     assert partitions_and_rows(spark, cut)[0] == 20
 
@@ -252,6 +254,56 @@ def test_an_assigned_queue_created_later_is_read_by_a_stream(
         batch.close()
 
 
+@pytest.mark.timeout(60)
+def test_start_options_naming_a_queue_not_created_yet_wait_in_a_stream(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Planning alone: a stream whose startingOffsetsByTimestamp (or
+    startingOffsets JSON) names an assigned queue or a subscribed topic that
+    does not exist yet starts, warns once, and reads it from its earliest
+    offset when it appears, as assign does; a batch read fails naming it."""
+    with Admin(broker.address) as admin:
+        admin.create_topic("later", queues=1)
+    produce(broker.address, "later", {0: 3})
+    cases = (
+        {"assign": '{"later": [0, 9]}', "startingOffsetsByTimestamp": '{"later": {"9": 0}}'},
+        {"assign": '{"later": [0, 9]}', "startingOffsets": '{"later": {"0": 1, "9": 0}}'},
+        {"subscribe": "later,notyet", "startingOffsetsByTimestamp": '{"notyet": {"0": 0}}'},
+    )
+    for case in cases:
+        options = {"broker": broker.address, **case}
+        option = next(k for k in case if k.startswith("starting"))
+        stream = Planner(ReadOptions.parse(options, streaming=True))
+        batch = Planner(ReadOptions.parse(options, streaming=False))
+        try:
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="equeue.spark"):
+                o = stream.options
+                starts = stream.resolve(o.starting, o.starting_timestamp_ms, end=False)
+                stream.resolve(o.starting, o.starting_timestamp_ms, end=False)
+            warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("option")]
+            assert len(warned) == 1 and f"option {option} names " in warned[0]
+            assert "which does not exist yet; the query reads it from its earliest" in warned[0]
+            assert set(starts) == {("later", 0)}
+            if "startingOffsets" in case:
+                assert starts == {("later", 0): 1}
+            # A batch read needs them: the listing (assign, topic) or the option says so.
+            with pytest.raises((InvalidOption, NotFoundError), match="does not exist"):
+                b = batch.options
+                batch.resolve(b.starting, b.starting_timestamp_ms, end=False)
+        finally:
+            stream.close()
+            batch.close()
+    queue_missing = {"broker": broker.address, "subscribe": "later"}
+    queue_missing["startingOffsets"] = '{"later": {"5": 0}}'
+    batch = Planner(ReadOptions.parse(queue_missing, streaming=False))
+    try:
+        with pytest.raises(InvalidOption, match="option startingOffsets names later/5, which"):
+            batch.resolve(batch.options.starting, None, end=False)
+    finally:
+        batch.close()
+
+
 @pytest.mark.timeout(120)
 def test_assign_and_times_per_queue_over_a_cluster(tmp_path: Path) -> None:
     """Planning alone over two broker groups: ``assign`` names queues
@@ -288,12 +340,10 @@ def test_assign_and_times_per_queue_over_a_cluster(tmp_path: Path) -> None:
             assert [(r.broker_name, r.queue_id, r.start, r.end) for r in ranges] == [("a", 0, 0, 6)]
         finally:
             planner.close()
-        bare_options = {"namesrv": cluster.namesrv, "assign": '{"orders": [0]}'}
-        bare = Planner(ReadOptions.parse(bare_options, streaming=False))
-        try:
-            with pytest.raises(NotFoundError, match='over a cluster, name queues "BROKER/QUEUE"'):
-                bare.listing()
-        finally:
-            bare.close()
+        # A bare queue id can never match over a cluster: refused when the query starts.
+        for streaming in (False, True):
+            bare_options = {"namesrv": cluster.namesrv, "assign": '{"orders": [0]}'}
+            with pytest.raises(InvalidOption, match=r'reads a cluster .* write "BROKER/QUEUE"'):
+                ReadOptions.parse(bare_options, streaming=streaming)
     finally:
         cluster.kill()

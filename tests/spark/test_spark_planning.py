@@ -251,9 +251,38 @@ def test_assign_reads_exactly_the_named_queues() -> None:
             "queue 1 of 'o' is not among the assigned queues",
         ),
         (
-            {"assign": '{"o": [0]}', "startingoffsetsbytimestamp": '{"o": {"a/0": 5}}'},
-            "queue a/0 of 'o' is not among the assigned queues",
+            {"assign": '{"o": [0]}', "startingoffsetsbytimestamp": '{"o": {"1": 5}}'},
+            "queue 1 of 'o' is not among the assigned queues",
         ),
+        # Queues named for the other kind of query (review 29, finding 3).
+        (
+            {"assign": '{"o": ["a/0"]}'},
+            "assign='{\"o\": [\"a/0\"]}': queue \"a/0\" of 'o' names broker group 'a', but "
+            "the query reads one broker (option broker): write the queue id alone, e.g. 0",
+        ),
+        (
+            {"namesrv": "n:1", "assign": '{"o": [0]}'},
+            "queue 0 of 'o' names no broker group, but the query reads a cluster (option "
+            'namesrv): write "BROKER/QUEUE", e.g. "a/0"',
+        ),
+        ({"namesrv": "n:1", "assign": '{"o": ["a/0", 1]}'}, "queue 1 of 'o' names no broker"),
+        ({"topic": "o", "startingoffsets": '{"o": {"b/1": 5}}'}, "names broker group 'b'"),
+        (
+            {"namesrv": "n:1", "topic": "o", "startingoffsetsbytimestamp": '{"o": {"2": 5}}'},
+            'startingOffsetsByTimestamp=\'{"o": {"2": 5}}\': queue "2" of \'o\' names no '
+            "broker group",
+        ),
+        # Times beyond startingTimestamp's bound (finding 4).
+        (
+            {"topic": "o", "startingoffsetsbytimestamp": '{"o": {"0": 9223372036854775808}}'},
+            'startingOffsetsByTimestamp=\'{"o": {"0": 9223372036854775808}}\': time '
+            "9223372036854775808 of o/0 must be between 0 and 4611686018427387904 (ms since",
+        ),
+        (
+            {"topic": "o", "endingoffsetsbytimestamp": '{"o": {"0": 4611686018427387905}}'},
+            "endingOffsetsByTimestamp=",
+        ),
+        ({"topic": "o", "endingoffsetsbytimestamp": '{"o": {"0": 1e23}}'}, "must be an integer"),
         (
             {"topic": "o", "startingoffsetsbytimestamp": '{"p": {"0": 5}}'},
             "topic 'p' is not one the query reads",
