@@ -111,8 +111,10 @@ def recreated_topics(before: Mapping[str, int], now: Mapping[str, int]) -> set[s
 def rate_limit(limit: int, starts: Mapping[QueueKey, int], ends: Offsets) -> Offsets:
     """Cap the total records of ``[starts, ends)`` at about ``limit``, split over
     queues in proportion to their backlog, as Kafka's ``maxOffsetsPerTrigger``
-    does: a queue's share is rounded down, but never to zero, so a small queue
-    is not starved by a big one (the total may exceed ``limit`` by that rounding).
+    does (``KafkaMicroBatchStream.rateLimit``): a queue's share is Kafka's
+    double ``limit * (size / total)`` rounded down, but a share below one is
+    one, so a small queue is not starved by a big one (the total may exceed
+    ``limit`` by that rounding).
     """
     sizes = {key: end - starts.get(key, end) for key, end in ends.items()}
     total = sum(size for size in sizes.values() if size > 0)
@@ -121,7 +123,8 @@ def rate_limit(limit: int, starts: Mapping[QueueKey, int], ends: Offsets) -> Off
     capped = dict(ends)
     for key, size in sizes.items():
         if size > 0:
-            share = max(limit * size // total, 1)
+            prorate = limit * (size / total)  # Kafka's floating point, not exact division
+            share = math.ceil(prorate) if prorate < 1 else math.floor(prorate)
             capped[key] = min(ends[key], starts[key] + share)
     return capped
 

@@ -12,7 +12,6 @@ Pyspark-free, so it can be tested without a Spark session.
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import re
@@ -31,6 +30,7 @@ from equeue_spark.client.errors import InvalidAddress
 from equeue_spark.spark.errors import InvalidOption
 from equeue_spark.spark.format_options import FormatOptions
 from equeue_spark.spark.offsets import cluster_key, split_key
+from equeue_spark.spark.option_hints import unknown_message
 
 EARLIEST = -2
 """Offset sentinel in ``startingOffsets``/``endingOffsets`` JSON: the earliest retained."""
@@ -46,12 +46,17 @@ MAX_TRIGGER_DELAY_MS = 7 * 24 * 3_600_000
 _SPARK_KEYS = frozenset({"path", "checkpointlocation", "queryname"})
 """Keys Spark itself may add to a source's or sink's options; ignored."""
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 log = logging.getLogger("equeue.spark")
 
 MAX_MIN_PARTITIONS = 100_000
+MAX_QUEUE_ID = 2**32 - 1
+"""Largest queue id (the wire's uint32)."""
+MAX_ASSIGNED = 100_000
+"""Most queue ids ``assign`` lists per topic."""
 MAX_TIME_MS = 2**62
 """Largest time a timestamp option takes (ms since the epoch; the wire's int64 with room)."""
 BATCH_ONLY = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
@@ -84,44 +89,8 @@ StartSpec = str | QueueSpec | TimestampSpec
 or a ``TimestampSpec``."""
 
 
-_SECRET_KEY = re.compile(r"(?i)token|secret|password|key")
-
-
 def _bad(name: str, value: str, why: str) -> InvalidOption:
     return InvalidOption(f"option {name}={value!r}: {why}")
-
-
-_KAFKA_NAMES = {
-    "kafka.bootstrap.servers": "broker",
-    "kafka.group.id": "group",
-    "groupIdPrefix": "group",
-    "kafkaConsumer.pollTimeoutMs": "timeoutMs",
-    "fetchOffset.numRetries": "timeoutMs",
-    "kafka.security.protocol": "tlsCa",
-}
-"""Kafka source options with an equeue counterpart under another name (Kafka's
-``subscribe``, ``assign`` ... are accepted as they are): a user coming from
-Kafka is pointed at ours."""
-
-
-def _unknown_message(key: str, value: str, names: dict[str, str]) -> str:
-    """The error for an unknown option: the key as Spark handed it over (lower-cased;
-    the spelling the user wrote is gone by then), and the nearest known option in
-    its documented spelling (or the equeue counterpart of a near Kafka option)
-    when one is close, else the list of known options."""
-    kafka = {k.lower(): (k, v) for k, v in _KAFKA_NAMES.items() if v.lower() in names}
-    nearest = difflib.get_close_matches(key, [*names, *kafka], n=1, cutoff=0.6)
-    # A misspelled token must not be echoed: redacted when the name, or the
-    # option it is nearest to ('tokn' -> token), looks like a secret.
-    secret = _SECRET_KEY.search(key) or (nearest and _SECRET_KEY.search(nearest[0]))
-    shown = "<redacted>" if secret else repr(value)
-    message = f"unknown option {key!r} (value {shown}; Spark passes option names lower-cased)"
-    if nearest and nearest[0] in names:
-        return f"{message}; did you mean {names[nearest[0]]!r}?"
-    if nearest:
-        theirs, ours = kafka[nearest[0]]
-        return f"{message}; did you mean {ours!r} (equeue's name for Kafka's {theirs!r})?"
-    return f"{message}; the equeue source knows: {', '.join(sorted(names.values()))}"
 
 
 STORE_TIME = (
@@ -146,7 +115,7 @@ class _Options:
         self.names = names  # lower-case key -> documented spelling
         unknown = sorted(set(self.raw) - set(names) - _SPARK_KEYS)
         if unknown:
-            raise InvalidOption(_unknown_message(unknown[0], self.raw[unknown[0]], names))
+            raise InvalidOption(unknown_message(unknown[0], self.raw[unknown[0]], names))
 
     def text(self, key: str, default: str = "") -> str:
         return self.raw.get(key, default).strip()
@@ -158,10 +127,9 @@ class _Options:
         if not self.has(key):
             return default
         value = self.raw[key]
-        try:
-            number = int(value.strip())
-        except ValueError:
-            raise _bad(self.names[key], value, "not an integer") from None
+        if not _INTEGER.fullmatch(value.strip()):  # int() takes 1_0 and non-ASCII digits
+            raise _bad(self.names[key], value, "not an integer")
+        number = int(value.strip())
         if not low <= number <= high:
             raise _bad(self.names[key], value, f"must be between {low} and {high}")
         return number
@@ -475,7 +443,7 @@ def _queue_ref(named: object) -> tuple[str, int] | None:
     """(broker, queue id) of a queue as a JSON names it: ``"3"`` or ``3``, or a
     cluster's ``"BROKER/3"``; None if it is neither."""
     if isinstance(named, int) and not isinstance(named, bool):
-        return ("", named) if named >= 0 else None
+        return ("", named) if 0 <= named <= MAX_QUEUE_ID else None
     if not isinstance(named, str):
         return None
     broker, sep, queue = named.partition("/")
@@ -483,7 +451,9 @@ def _queue_ref(named: object) -> tuple[str, int] | None:
         broker, queue = "", named
     elif not broker:
         return None
-    return (broker, int(queue)) if queue.isdigit() and queue.isascii() else None
+    if not (queue.isdigit() and queue.isascii()) or int(queue) > MAX_QUEUE_ID:
+        return None
+    return broker, int(queue)
 
 
 def _queue_kind(
@@ -507,24 +477,48 @@ def _queue_kind(
     raise _bad(name, text, why)
 
 
+class _Duplicate(ValueError):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct (json.loads keeps the last of a
+    repeated key silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def _json(name: str, text: str, why: str) -> Any:
+    """An option's JSON (``why``: the error when it is not JSON)."""
+    try:
+        return json.loads(text, object_pairs_hook=_object)
+    except _Duplicate as exc:
+        raise _bad(name, text, f"{str(exc)!r} is given twice") from None
+    except ValueError:
+        raise _bad(name, text, why) from None
+
+
 def _parse_assign(text: str, cluster: bool = False) -> Assigned:
     """Option ``assign``: ``{"orders": [0, 1]}``, over a cluster ``{"orders": ["a/0", "b/1"]}``
     (``cluster``: only the second form; one broker: only the first)."""
     example = 'must be a JSON object like {"orders": [0, 1]} (a cluster\'s {"orders": ["a/0"]})'
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        raise _bad("assign", text, example) from None
+    parsed = _json("assign", text, example)
     if not isinstance(parsed, dict) or not parsed:
         raise _bad("assign", text, example)
     if len(parsed) > MAX_TOPICS:
         raise _bad("assign", text, f"at most {MAX_TOPICS} topics")
     assigned: dict[str, set[int]] = {}
     for topic, queues in parsed.items():
-        if not topic or "/" in topic:
+        if not topic or "/" in topic or topic != topic.strip():
             raise _bad("assign", text, f"{topic!r} is not a topic name")
         if not isinstance(queues, list) or not queues:
             raise _bad("assign", text, f"topic {topic!r} must map to a list of queue ids")
+        if len(queues) > MAX_ASSIGNED:
+            raise _bad("assign", text, f"topic {topic!r}: at most {MAX_ASSIGNED} queues")
         for named in queues:
             ref = _queue_ref(named)
             if ref is None:
@@ -583,10 +577,16 @@ def _starting(o: _Options, streaming: bool, scope: _Scope, strategy: str) -> dic
         starting = "group"
     if starting == "group" and not o.text("group"):
         raise _bad("startingOffsets", "group", "needs the group option")
+    # Every given option is checked, the ones Kafka's precedence ignores too.
+    times = None
+    if o.has("startingoffsetsbytimestamp"):
+        times = _queue_json(o, "startingoffsetsbytimestamp", scope, 0)
+    elif o.has("startingoffsetsbytimestampstrategy") and not o.has("startingtimestamp"):
+        log.warning("option startingOffsetsByTimestampStrategy=%s has no effect without "
+                    "startingTimestamp or startingOffsetsByTimestamp", strategy)  # fmt: skip
     if o.has("startingtimestamp"):
         out["starting_timestamp_ms"] = _store_time(o, "startingtimestamp")
-    elif o.has("startingoffsetsbytimestamp"):
-        times = _queue_json(o, "startingoffsetsbytimestamp", scope, 0)
+    elif times is not None:
         assert not isinstance(starting, TimestampSpec)
         starting = TimestampSpec(times, strategy, starting)
     out["starting"] = starting
@@ -598,10 +598,12 @@ def _ending(o: _Options, scope: _Scope) -> dict[str, Any]:
     _warn_precedence(o, "ending")
     out: dict[str, Any] = {}
     ending: StartSpec = _parse_offsets(o, "endingoffsets", False, scope, end=True)
+    times = None
+    if o.has("endingoffsetsbytimestamp"):
+        times = _queue_json(o, "endingoffsetsbytimestamp", scope, 0)
     if o.has("endingtimestamp"):
         out["ending_timestamp_ms"] = _store_time(o, "endingtimestamp")
-    elif o.has("endingoffsetsbytimestamp"):
-        times = _queue_json(o, "endingoffsetsbytimestamp", scope, 0)
+    elif times is not None:
         assert not isinstance(ending, TimestampSpec)
         ending = TimestampSpec(times, "latest", ending, "endingOffsetsByTimestamp")
     out["ending"] = ending
@@ -628,11 +630,8 @@ def _queue_json(
     every number at least ``lowest``."""
     name, text = o.names[key], o.text(key)
     timed = key.endswith("bytimestamp")
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        raise _bad(name, text, f"must be {', '.join(words)} or a JSON object" if words
-                   else "must be a JSON object") from None  # fmt: skip
+    why = f"must be {', '.join(words)} or a JSON object" if words else "must be a JSON object"
+    parsed = _json(name, text, why)
     if not isinstance(parsed, dict) or not parsed:
         example = '{"topic": {"0": 1767225600000}}' if timed else '{"topic": {"0": 12, "1": -2}}'
         raise _bad(name, text, f"must be a JSON object like {example}")
@@ -640,7 +639,7 @@ def _queue_json(
     for topic, queues in parsed.items():
         if not scope.reads(topic):
             raise _bad(name, text, f"topic {topic!r} is not one the query reads")
-        if not isinstance(queues, dict):
+        if not isinstance(queues, dict) or not queues:
             what = "times (ms)" if timed else "offsets"
             raise _bad(name, text, f"topic {topic!r} must map queue ids to {what}")
         for named, value in queues.items():

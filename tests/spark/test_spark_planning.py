@@ -59,6 +59,11 @@ def test_rate_limit_is_proportional_and_never_starves() -> None:
     assert capped[("t", 1)] == 101  # a share below one record still gets one
     assert capped[("t", 2)] == 7
     assert rate_limit(5000, starts, ends) == ends
+    # Kafka's double arithmetic (review 29, finding 12): 784 * (2805 / 4620) floors to 475,
+    # though 784 * 2805 // 4620 is 476.
+    both = {("t", 0): 0, ("t", 1): 0}
+    capped = rate_limit(784, both, {("t", 0): 2805, ("t", 1): 4620 - 2805})
+    assert capped[("t", 0)] == 475
 
 
 def test_budget_and_range_splits() -> None:
@@ -181,6 +186,21 @@ def test_a_checkpoint_of_the_other_kind_is_refused() -> None:
             "did you mean 'group' (equeue's name for Kafka's 'kafka.group.id')?",
         ),
         ({"topic": "t", "bogus": "1"}, "the equeue source knows: assign, broker, column"),
+        # Review 29, finding 9: every renamed Kafka option is pointed at ours.
+        (
+            {"topic": "t", "fetchoffset.retryintervalms": "10"},
+            "did you mean 'timeoutMs' (equeue's name for Kafka's 'fetchOffset.retryIntervalMs')?",
+        ),
+        (
+            {"topic": "t", "kafka.ssl.truststore.location": "/x"},
+            "equeue's counterpart of Kafka's kafka.ssl options: tlsCa, tlsCert and tlsKey",
+        ),
+        (
+            {"topic": "t", "kafka.ssl.key.password": "s3cret"},
+            "(value <redacted>; Spark passes option names lower-cased); equeue's counterpart",
+        ),
+        ({"topic": "t", "kafka.sasl.mechanism": "PLAIN"}, "kafka.sasl options: token"),
+        ({"topic": "t", "kafka.isolation.level": "x"}, "always read committed records"),
     ],
 )
 def test_unknown_option_names_the_nearest_known_one(options: dict[str, str], fragment: str) -> None:
@@ -196,6 +216,41 @@ def test_unknown_write_option_hints_only_write_options() -> None:
     assert "topicPattern" not in str(caught.value)
     with pytest.raises(InvalidOption, match="did you mean 'batchSize'"):
         WriteOptions.parse({"topic": "t", "batchsise": "1"})
+    for kafka, ours in (("kafka.batch.size", "batchSize"), ("kafka.acks", "delivery"),
+                        ("kafka.enable.idempotence", "enableIdempotence")):  # fmt: skip
+        with pytest.raises(InvalidOption, match=f"did you mean '{ours}' .*'{kafka}'"):
+            WriteOptions.parse({"topic": "t", kafka.lower(): "1"})
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"assign": '{" o ": [0]}'}, "' o ' is not a topic name"),
+        ({"assign": '{"o": [0], "o": [1]}'}, "'o' is given twice"),
+        ({"assign": '{"o": [4294967296]}'}, "queue 4294967296 of 'o' is not a queue id"),
+        ({"topic": "o", "startingoffsets": '{"o": {"0": 1, "0": 2}}'}, "'0' is given twice"),
+        ({"topic": "o", "startingoffsetsbytimestamp": '{"o": {}}'}, "must map queue ids to"),
+        ({"topic": "o", "minpartitions": "1_0"}, "minPartitions='1_0': not an integer"),
+        ({"topic": "o", "minpartitions": "\uff11\uff10"}, "not an integer"),
+        # The option Kafka's precedence ignores is checked too.
+        (
+            {"topic": "o", "startingtimestamp": "7", "startingoffsetsbytimestamp": "junk"},
+            "startingOffsetsByTimestamp='junk': must be a JSON object",
+        ),
+    ],
+)
+def test_option_json_and_integers_are_strict(options: dict[str, str], fragment: str) -> None:
+    """Review 29, finding 10."""
+    with pytest.raises(InvalidOption) as caught:
+        ReadOptions.parse(options, streaming=False)
+    assert fragment in str(caught.value)
+
+
+def test_a_strategy_without_a_timestamp_option_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="equeue.spark"):
+        ReadOptions.parse({"topic": "o", "startingOffsetsByTimestampStrategy": "error"},
+                          streaming=False)  # fmt: skip
+    assert "startingOffsetsByTimestampStrategy=error has no effect without" in caplog.text
 
 
 def test_timestamp_option_errors_say_which_time_they_compare() -> None:
