@@ -246,6 +246,8 @@ class ReadOptions:
     min_partitions: int | None = None
     """Option ``minPartitions``: split queue ranges (Kafka's algorithm,
     ``offsets.min_partition_ranges``) until there are about this many tasks."""
+    topic_option: str = "topic"
+    """How the user named the option of ``topics`` (``topic`` or Kafka's ``subscribe``)."""
     assigned: dict[str, frozenset[int]] | None = None
     """Option ``assign``: the only queues read, per topic (cluster:
     ``BROKER/TOPIC``, as offsets.py keys them); ``topics`` holds their topics."""
@@ -295,6 +297,7 @@ class ReadOptions:
         kwargs["streaming"] = streaming
         kwargs["topic_pattern"] = pattern
         kwargs["assigned"] = assigned
+        kwargs["topic_option"] = o.names.get("topic", "topic")  # subscribe, if so written
         kwargs["group"] = o.text("group")
         strategy = o.text("startingoffsetsbytimestampstrategy", "latest").lower()
         if strategy not in STRATEGIES:

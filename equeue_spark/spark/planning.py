@@ -111,7 +111,7 @@ class Planner:
         missing = [t for t in self.topics() if not self._list_topic(found, t, timestamp_ms)]
         if missing and not self.options.streaming and self.options.topic_pattern is None:
             where, _ = target(self.options.client)
-            option = "topic" if self.options.assigned is None else "assign"
+            option = self.options.topic_option if self.options.assigned is None else "assign"
             raise NotFoundError(
                 f"topic {missing[0]!r} does not exist on {where}: check the {option} option "
                 "(a batch read needs existing topics; a streaming read waits for them)"

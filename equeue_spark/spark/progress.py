@@ -21,6 +21,7 @@ dict) or its JSON (``json.loads(query.lastProgress.json)["sources"][0]``).
 
 from __future__ import annotations
 
+import decimal
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -46,7 +47,7 @@ def offsets_behind(source: Mapping[str, Any]) -> dict[str, str]:
     return {
         "minOffsetsBehindLatest": str(min(behind)),
         "maxOffsetsBehindLatest": str(max(behind)),
-        "avgOffsetsBehindLatest": str(sum(behind) / len(behind)),
+        "avgOffsetsBehindLatest": java_double(sum(behind) / len(behind)),
     }
 
 
@@ -66,3 +67,16 @@ def _offsets(value: object) -> dict[QueueKey, int] | None:
         return from_json(value)
     except (AttributeError, TypeError, ValueError):  # not an equeue source's offset
         return None
+
+
+def java_double(x: float) -> str:
+    """``x`` as Java's ``Double.toString`` writes it (Kafka's figures are
+    Scala doubles made strings): shortest digits, ``1250.5`` from 10^-3 up
+    to 10^7, else ``1.25E7`` / ``3.3333333333333335E-4``."""
+    if x == 0 or 1e-3 <= abs(x) < 1e7:  # (an average of offsets is finite)
+        return repr(float(x))
+    exact = decimal.Decimal(repr(abs(x))).normalize()  # repr: the shortest digits
+    digits = "".join(map(str, exact.as_tuple().digits))
+    exponent = len(digits) - 1 + int(exact.as_tuple().exponent)
+    sign = "-" if x < 0 else ""
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{exponent}"

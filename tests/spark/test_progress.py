@@ -7,7 +7,7 @@ import json
 
 from pyspark.sql.streaming.listener import SourceProgress
 
-from equeue_spark.spark.progress import NAMES, offsets_behind
+from equeue_spark.spark.progress import NAMES, java_double, offsets_behind
 
 
 def _source(end: object, latest: object) -> dict[str, object]:
@@ -64,3 +64,16 @@ def test_nothing_before_the_first_batch_or_for_another_source() -> None:
 def test_a_recreated_topic_counts_zero_not_negative() -> None:
     figures = offsets_behind(_source('{"t":{"0":500}}', '{"t":{"0":20}}'))
     assert figures["minOffsetsBehindLatest"] == "0" == figures["maxOffsetsBehindLatest"]
+
+
+def test_the_average_is_written_as_scala_writes_a_double() -> None:
+    """Kafka's figures are Scala doubles made strings (Java's Double.toString):
+    a string compare with Kafka's would see 12500000.0 against 1.25E7."""
+    assert java_double(1250.5) == "1250.5" and java_double(0.0) == "0.0"
+    assert java_double(3.0) == "3.0" and java_double(9999999.0) == "9999999.0"
+    assert java_double(1.25e7) == "1.25E7" and java_double(1e7) == "1.0E7"
+    assert java_double(12345678.9) == "1.23456789E7"
+    assert java_double(1 / 3000) == "3.333333333333333E-4" and java_double(0.001) == "0.001"
+    end = {"t": {"0": 0, "1": 0}}
+    latest = {"t": {"0": 25_000_000, "1": 0}}
+    assert offsets_behind(_source(end, latest))["avgOffsetsBehindLatest"] == "1.25E7"

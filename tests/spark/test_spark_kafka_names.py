@@ -148,6 +148,13 @@ def test_a_kafka_streaming_query_runs_with_its_option_names(
     assert all(set(f) == set(NAMES) for f in figures)
     assert int(figures[0]["maxOffsetsBehindLatest"]) > 0
     assert figures[-1]["maxOffsetsBehindLatest"] == "0"
+    # The values, not only the names: after each batch the queues are behind by
+    # what the query has not read yet (nothing is produced meanwhile), 4 queues.
+    read = 0
+    for progress, f in zip(query.recentProgress, figures, strict=True):
+        read += progress.numInputRows
+        assert round(float(f["avgOffsetsBehindLatest"]) * 4) == len(expected) - read
+        assert int(f["minOffsetsBehindLatest"]) <= int(f["maxOffsetsBehindLatest"])
 
 
 @pytest.mark.timeout(240)
@@ -300,6 +307,15 @@ def test_start_options_naming_a_queue_not_created_yet_wait_in_a_stream(
     try:
         with pytest.raises(InvalidOption, match="option startingOffsets names later/5, which"):
             batch.resolve(batch.options.starting, None, end=False)
+    finally:
+        batch.close()
+    # A missing topic's message names the option as written (subscribe, not topic).
+    batch = Planner(
+        ReadOptions.parse({"broker": broker.address, "subscribe": "nope"}, streaming=False)
+    )
+    try:
+        with pytest.raises(NotFoundError, match=r"'nope' does not exist .*check the subscribe"):
+            batch.listing()
     finally:
         batch.close()
 
