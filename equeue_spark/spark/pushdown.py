@@ -17,8 +17,8 @@ returns everything else (the same objects) for Spark to evaluate:
   keys of a ``key`` equality also go to the planner, which asks the broker's
   key index for their offsets (``key_plan.py``).
 
-Nothing on ``value`` is pushed but ``IS NOT NULL`` of raw bytes (never null),
-nor on the decoding columns (``valueSchemaVersion``, the corrupt-record column).
+Nothing on ``value`` is pushed (decoded, it may be null), nor on the decoding
+columns (``valueSchemaVersion``, the corrupt-record column).
 Value types are checked: a filter whose value is not what the column holds
 (after a cast, a naive datetime, a null) is returned. Spark's times are
 microseconds, the broker's milliseconds: bounds are rounded so that the rows
@@ -77,10 +77,12 @@ MAX_SELECTOR = MAX_TEXT_BYTES
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
 _NON_NULL = frozenset(
-    {"value", "topic", "queue", "offset", "timestamp", "tag", "message_id", "broker",
+    {"topic", "queue", "offset", "timestamp", "tag", "message_id", "broker",
      "timestampType", "storeTimestamp", "headers"}
 )  # fmt: skip
-"""Columns the source never leaves null (``key`` is null without a key)."""
+"""Columns the source never leaves null (``key`` is null without a key).
+``value`` is left out: decoded (``valueFormat``) it may be null, and nothing
+on it is pushed in any format (Spark's check of raw bytes costs nothing)."""
 
 
 def pushdown_planner() -> bool:
@@ -178,8 +180,8 @@ class _Builder:
         c = _cond(f)
         if c is None:
             return False
-        if c.column in ("value", "key") and self.decoded(c.column):
-            return False  # Spark's value is the decoded one; the broker's are bytes
+        if c.column == "key" and self.decoded():
+            return False  # Spark's key is the decoded one; the broker's are bytes
         if c.op == "not null" and c.column in _NON_NULL:
             return True
         if c.op == "null" and c.column in _NON_NULL:
@@ -187,13 +189,11 @@ class _Builder:
         handler = _HANDLERS.get(c.column)
         return handler is not None and handler(self, c, f)
 
-    def decoded(self, column: str) -> bool:
-        """Whether Spark sees ``column`` decoded (``valueFormat``/``keyFormat``
-        other than binary): a decoded value may be null (a corrupt record in
-        PERMISSIVE mode) and a key's text or struct is not the bytes the broker
-        compares, so no condition on it is pushed."""
-        formats = self.options.formats
-        return (formats.value_format if column == "value" else formats.key_format) != "binary"
+    def decoded(self) -> bool:
+        """Whether Spark sees ``key`` decoded (a ``keyFormat`` other than
+        binary): its text or struct (or a null for a corrupt key) is not the
+        bytes the broker compares and indexes, so no condition on it is pushed."""
+        return self.options.formats.key_format != "binary"
 
     def _nothing(self) -> bool:
         self.pd = replace(self.pd, empty=True)

@@ -163,12 +163,15 @@ EMPTY: list[Filter] = [
 ]
 
 NOTHING_TO_DO: list[Filter] = [IsNotNull(col(c)) for c in (
-    "value", "topic", "queue", "offset", "timestamp", "tag", "message_id", "broker",
+    "topic", "queue", "offset", "timestamp", "tag", "message_id", "broker",
     "timestampType", "storeTimestamp", "headers",
 )]  # fmt: skip
 
 RETURNED: list[Filter] = [
     EqualTo(col("value"), b"x"),
+    IsNotNull(col("value")),  # never pushed: decoded, a value may be null
+    IsNull(col("value")),
+    EqualTo(col("valueSchemaVersion"), 1),
     EqualTo(col("message_id"), "m"),
     IsNotNull(col("nosuch")),
     EqualNullSafe(col("queue"), 1),
@@ -661,7 +664,8 @@ def test_key_conditions_stay_in_spark_when_the_key_is_decoded(f: Filter) -> None
                                IsNull(col("valueSchemaVersion"))], ids=_id)  # fmt: skip
 def test_value_conditions_stay_in_spark_when_the_value_is_decoded(f: Filter) -> None:
     """A decoded value may be null (a corrupt record in PERMISSIVE mode): not
-    even IS NULL is decided by the source; valueSchemaVersion is Spark's."""
+    even IS NULL is decided by the source; valueSchemaVersion is Spark's.
+    (RETURNED checks the same filters without a valueFormat.)"""
     pushdown, remaining = push([f], options(valueFormat="string"))
     assert remaining == [f] and pushdown.pushed == () and not pushdown.empty
 
