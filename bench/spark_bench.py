@@ -3,7 +3,9 @@
 Run ``python bench/spark_bench.py`` (about 3 minutes here, 5 with
 ``--repeat 3``; ``--quick`` for a smoke run of under 2 minutes, mostly Spark's
 start and warm-up; ``--repeat N`` reports medians of N runs;
-``--sizes 100,1024`` picks the value sizes). It starts one broker (async flush)
+``--sizes 100,1024`` picks the value sizes; ``--check`` only builds the
+ceiling's batches against the read schema, in seconds, without a broker or
+Spark). It starts one broker (async flush)
 on 127.0.0.1 in a temporary directory under /tmp and one local Spark session
 (``local[2]``, as tests/spark_support.py builds it, plus 4 GB of driver memory
 for the cached write input); both are stopped and the directory removed at the
@@ -76,7 +78,16 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench`, `tests` as packages
 
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from bench._measure import CpuMeter, progress, size_label
 from bench._spark_ceiling import (
@@ -84,6 +95,7 @@ from bench._spark_ceiling import (
     CeilingSource,
     CeilingSpec,
     ceiling_batches,
+    check_template,
     template_batch,
 )
 from bench._spark_results import Results, Row, diagnostics_table, main_table
@@ -194,8 +206,10 @@ def measure_read_task(
 
     spec = CeilingSpec(rows, QUEUES, size, sizes[0], TRIGGER_ROWS, topic, broker_id)
     start = time.perf_counter()
-    template_batch(spec, 0, schema)
+    template = template_batch(spec, 0, schema)
     results.diag("ceiling: one template batch built", size, sizes[0], time.perf_counter() - start)
+    check_template(template, schema)
+    check_template(batches[0], schema)
     start = time.perf_counter()
     generated = list(ceiling_batches(CeilingRange(spec, 0, 0, rows), schema))
     elapsed = time.perf_counter() - start
@@ -218,6 +232,40 @@ def _struct(ddl: str) -> StructType:
     parsed = StructType.fromDDL(ddl)  # needs the running Spark session's JVM
     assert isinstance(parsed, StructType)
     return parsed
+
+
+SIMPLE_TYPES: dict[str, type[DataType]] = {
+    "binary": BinaryType,
+    "string": StringType,
+    "int": IntegerType,
+    "long": LongType,
+    "timestamp": TimestampType,
+}
+
+
+def simple_struct(ddl: str) -> StructType:
+    """``StructType.fromDDL`` without a session, for DDL of flat ``name type`` columns
+    of the types in ``SIMPLE_TYPES`` (the read schema without headers); anything else
+    is refused, naming it, so ``--check`` cannot pass over a column it did not parse."""
+    fields = []
+    for column in ddl.split(","):
+        name, _, kind = column.strip().partition(" ")
+        if kind.strip() not in SIMPLE_TYPES:
+            raise ValueError(f"--check cannot parse column {column.strip()!r} of {ddl!r}")
+        fields.append(StructField(name, SIMPLE_TYPES[kind.strip()]()))
+    return StructType(fields)
+
+
+def check(sizes: list[int]) -> None:
+    """``--check``: one ceiling template per size against the read schema (no broker,
+    no Spark session): catches a read schema the ceiling no longer matches."""
+    schema = arrow_schema(simple_struct(read_schema(False)))
+    for size in sizes:
+        spec = CeilingSpec(1_000, QUEUES, size, read_task.ROWS_PER_BATCH, TRIGGER_ROWS, "t", "b")
+        template = template_batch(spec, 0, schema)
+        check_template(template, schema)
+        progress(f"{size_label(size)}: ceiling template of {template.num_rows:,} rows, "
+                 f"{template.num_columns} columns = the read schema")  # fmt: skip
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -369,6 +417,12 @@ def main(argv: list[str] | None = None) -> None:
         help="messages at 100 B (default 2,000,000; --quick 200,000); sizes above 512 B "
         "get messages * 512 / size",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only check that the ceiling's batches match the read schema (seconds, "
+        "no broker, no Spark)",
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -378,6 +432,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--sizes: not a list of integers: {args.sizes!r}")
     if not sizes or min(sizes) < 1:
         parser.error("--sizes: give positive sizes")
+    if args.check:
+        check(sizes)
+        return
     plan = QUICK if args.quick else FULL
     messages = args.messages or plan.messages
 
