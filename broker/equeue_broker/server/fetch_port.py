@@ -1,0 +1,227 @@
+"""The fetch port: ``PullStream``'s range reads over a plain TCP connection.
+
+A Spark read task moves gigabytes of records; over gRPC each megabyte is
+copied into HTTP/2 frames and slices on both sides, which costs the broker
+and the task about as much CPU as decoding the records (docs/benchmarks.md,
+issue 29's read). Here a reply is the same pre-encoded ``PullReply`` bytes
+``PullStream`` yields (one copy out of the log), written to the socket with a
+5-byte frame head: nothing else. The format is ``equeue_proto/fetch.py``'s.
+
+Same rules as ``PullStream``: the streams' half of ``max_reply_bytes`` bounds
+the replies being sent, ``stream_send_timeout_ms`` ends a connection whose
+client stops reading, and with tokens the request's token needs the
+``consume`` role for the topic (checked before anything is read). Limits of
+its own: ``max_connections`` connections at once (more get one ERROR frame
+and are closed), ``max_connection_idle_ms`` between requests,
+``request_read_timeout_ms`` for a request's bytes. No TLS: a broker serving
+TLS starts it only with ``fetch_insecure`` (``config.fetch_port_wanted``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+
+import grpc
+
+from equeue_broker.server.budgets import Held
+from equeue_broker.server.config import BrokerConfig
+from equeue_broker.server.errors import (
+    BadRequest,
+    PermissionDenied,
+    Unauthenticated,
+    status_for,
+    trailers_for,
+)
+from equeue_broker.server.service_base import BrokerState
+from equeue_broker.server.wire import pull_reply_framer
+from equeue_broker.storage import ReadStatus
+from equeue_broker.storage.errors import LimitExceeded
+from equeue_proto import fetch
+from equeue_proto.v1 import broker_pb2 as pb
+
+log = logging.getLogger("equeue.broker.fetch")
+
+DEFAULT_MESSAGES = 1000
+DEFAULT_BYTES = 1 << 20
+MAX_BATCH_MESSAGES = 100_000
+_STATUS = {
+    ReadStatus.OK: pb.PULL_STATUS_OK,
+    ReadStatus.OFFSET_TOO_SMALL: pb.PULL_STATUS_OFFSET_TOO_SMALL,
+    ReadStatus.OFFSET_TOO_BIG: pb.PULL_STATUS_OFFSET_TOO_BIG,
+}
+
+
+class FetchServer:
+    """The listener and its connections (``start_fetch_server`` builds one)."""
+
+    def __init__(self, state: BrokerState, limit: int) -> None:
+        self.state = state
+        self.limit = limit
+        self.framer = pull_reply_framer(state.broker_id, _STATUS)
+        self.open = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        self.server = await asyncio.start_server(self._connection, host, port, limit=1 << 16)
+        self.port = int(self.server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        if self.server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.server.wait_closed(), 5)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.open += 1
+        try:
+            if self.open > self.limit:
+                raise LimitExceeded(f"{self.open - 1} fetch connections are open (max_connections)")
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass  # the client went away, or stayed silent too long: nothing to tell it
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # every error becomes an ERROR frame, as a status in gRPC
+            code, message = status_for(exc)
+            with contextlib.suppress(Exception):
+                writer.write(fetch.encode_error(grpc_code(code), message, trailers_for(exc)))
+                await asyncio.wait_for(writer.drain(), 1)
+        finally:
+            self.open -= 1
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        config = self.state.config
+        idle_s = config.max_connection_idle_ms / 1000
+        read_s = config.request_read_timeout_ms / 1000
+        while True:
+            head = await asyncio.wait_for(reader.readexactly(fetch.REQUEST_HEAD.size), idle_s)
+            try:
+                length = fetch.request_length(head)
+                body = await asyncio.wait_for(reader.readexactly(length), read_s)
+                request = fetch.decode_request(body)
+            except fetch.FetchFormatError as exc:
+                raise BadRequest(f"fetch port: {exc}") from None
+            self._authorize(request)
+            await self._send_range(request, writer)
+            writer.write(fetch.frame_head(fetch.END, 0))
+            await self._drain(writer, request)
+
+    def _authorize(self, request: fetch.FetchRequest) -> None:
+        tokens = self.state.tokens
+        if tokens is None:
+            return
+        principal = tokens.lookup(request.token) if request.token else None
+        if principal is None:
+            raise Unauthenticated("fetch port: missing or unknown token")
+        if not principal.may("consume"):
+            raise PermissionDenied(f"token {principal.name!r} lacks role 'consume' for fetch")
+        principal.check_topic(request.topic)
+
+    async def _drain(self, writer: asyncio.StreamWriter, request: fetch.FetchRequest) -> None:
+        timeout_s = self.state.config.stream_send_timeout_ms / 1000
+        try:
+            await asyncio.wait_for(writer.drain(), timeout_s)
+        except TimeoutError:
+            log.warning("fetch port: %s/%d: the client took no data for %.0f s; closing",
+                        request.topic, request.queue_id, timeout_s)  # fmt: skip
+            raise
+
+    async def _send_range(self, request: fetch.FetchRequest, writer: asyncio.StreamWriter) -> None:
+        """PullStream's loop (service_data._stream_replies) without filters."""
+        state = self.state
+        store = state.store
+        budget = state.stream_reply_bytes
+        if not 0 <= request.batch_messages <= MAX_BATCH_MESSAGES:
+            raise BadRequest(
+                f"fetch port: batch_messages {request.batch_messages} is not in "
+                f"[0, {MAX_BATCH_MESSAGES}]"
+            )
+        batch = request.batch_messages or DEFAULT_MESSAGES
+        share = max(DEFAULT_BYTES, budget.limit // 8)
+        batch_bytes = min(request.batch_bytes or DEFAULT_BYTES, share)
+        topic, queue_id = request.topic, request.queue_id
+        read = functools.partial(
+            store.reads.read_records, topic, queue_id, max_bytes=batch_bytes, frame=self.framer
+        )
+        offset = request.offset
+        stop = request.end_offset or store.reads.visible_end(topic, queue_id)
+        if stop < 0:  # no such queue: let the read raise the precise error
+            state.inline(read, offset, max_messages=1)
+        read = functools.partial(read, until=stop)
+        while offset < stop:
+            held = await Held.take(budget, batch_bytes)
+            try:
+                result = state.inline(read, offset, max_messages=min(batch, stop - offset))
+                held.shrink_to(len(result.records))
+                writer.write(fetch.frame_head(fetch.REPLY, len(result.records)))
+                writer.write(result.records)
+                await self._drain(writer, request)
+            finally:
+                held.release()
+            state.counters.pulled(topic, queue_id, result.count, 0)
+            if result.status is not ReadStatus.OK or result.next_offset >= result.end:
+                return
+            offset = result.next_offset
+
+
+_SERVERS: dict[int, FetchServer] = {}
+"""The fetch server of each running broker state (by ``id``: the state is not hashable)."""
+
+
+def fetch_port_number(config: BrokerConfig) -> int | None:
+    """The port to listen on (0: any free one), or None: no fetch port."""
+    if config.fetch_port == "off":
+        return None
+    if config.tls_cert is not None and not config.fetch_insecure:
+        return None  # never plain text beside TLS unless the operator says so
+    return 0 if config.fetch_port == "auto" else int(config.fetch_port)
+
+
+async def start_fetch_server(state: BrokerState, limit: int) -> FetchServer | None:
+    """Listen on the fetch port if the config asks, and set ``state.fetch_address``."""
+    config = state.config
+    port = fetch_port_number(config)
+    if port is None:
+        if config.tls_cert is not None and config.fetch_port != "off":
+            log.info("fetch port off: the broker serves TLS (set fetch_insecure to serve it)")
+        return None
+    server = FetchServer(state, limit)
+    bound = await server.start(config.host, port)
+    host = config.host
+    if config.advertise_address:
+        host = config.advertise_address.rsplit(":", 1)[0]
+    elif host in ("", "0.0.0.0", "::", "[::]"):
+        import socket
+
+        host = socket.gethostname()
+    state.fetch_address = f"{host}:{bound}"
+    _SERVERS[id(state)] = server
+    log.info("fetch port listening on %s:%d", config.host, bound)
+    return server
+
+
+async def stop_fetch_server(state: BrokerState) -> None:
+    server = _SERVERS.pop(id(state), None)
+    if server is not None:
+        await server.stop()
+
+
+def grpc_code(code: grpc.StatusCode) -> int:
+    """The number of a status code (what an ERROR frame carries)."""
+    return int(code.value[0])
