@@ -66,12 +66,14 @@ only): on a machine this small, where the time goes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -116,10 +118,13 @@ from bench._spark_setup import (
     write_frame,
 )
 from equeue_broker.testing import BrokerProcess
+from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
+from equeue_spark.client.fetch import fetch_replies
 from equeue_spark.client.reader import stream_replies
+from equeue_spark.client.wire import PullReply
 from equeue_spark.spark import read_task
 from equeue_spark.spark.arrow import arrow_schema, read_schema, to_record_batch
 
@@ -157,7 +162,7 @@ def messages_for(size: int, messages: int) -> int:
 
 
 def measure_read_task(
-    address: str, topic: str, size: int, rows: int, results: Results
+    address: str, topic: str, size: int, rows: int, results: Results, *, cpu: CpuMeter | None = None
 ) -> tuple[list[int], str]:
     """Time the read path of one partition (queue 0, ``[0, rows)``) in this
     process, piece by piece; the batch sizes the read task yields and the broker id."""
@@ -165,30 +170,15 @@ def measure_read_task(
     part = read_task.QueueRange(topic, 0, 0, rows, address, int(RPC_TIMEOUT_S * 1000))
     start = time.perf_counter()
     batches = list(read_task.read_range(part, schema))
-    results.diag("read task (PullStream + decode + Arrow)", size, rows, time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    transport = "fetch port" if read_task._FETCH_ADDRESSES.get(address) else "PullStream"
+    results.diag(f"read task ({transport} + decode + Arrow)", size, rows, elapsed)
     if sum(b.num_rows for b in batches) != rows:
         raise RuntimeError(f"read task returned {sum(b.num_rows for b in batches)} of {rows}")
     broker_id = str(batches[0].column("message_id")[0].as_py()).rsplit("-", 1)[0]
     sizes = [b.num_rows for b in batches]
 
-    config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
-    with Connection(config) as conn:
-        start = time.perf_counter()
-        replies = [
-            (r.count, r.records)
-            for r in stream_replies(
-                conn,
-                topic,
-                0,
-                0,
-                rows,
-                batch_messages=read_task.REPLY_MESSAGES,
-                batch_bytes=read_task.REPLY_BYTES,
-            )
-            if r.count
-        ]
-        elapsed = time.perf_counter() - start
-        results.diag("PullStream transfer only (not decoded)", size, rows, elapsed)
+    replies = measure_transfers(address, topic, size, rows, results, cpu=cpu)
     start = time.perf_counter()
     pending: list[memoryview] = []
     count = nbytes = 0
@@ -226,6 +216,58 @@ def measure_read_task(
         f"{real_bytes:,}, ceiling {fake_bytes:,}"
     )
     return sizes, broker_id
+
+
+def measure_transfers(
+    address: str, topic: str, size: int, rows: int, results: Results, *, cpu: CpuMeter | None
+) -> list[tuple[int, memoryview]]:
+    """Time moving one partition's replies (not decoded) over PullStream and, if
+    the broker has one, over its fetch port; with ``cpu``, the broker's and this
+    process's CPU seconds per GB of records for each. Then the PullStream
+    replies, read once more (untimed) for the decoding measurement."""
+    config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
+    with Connection(config) as conn:
+        # Asked directly: EQUEUE_READ_TRANSPORT=grpc (a "before" run) turns off the
+        # read task's use of the fetch port, not this comparison.
+        fetch_at = conn.call(conn.admin.GetStats, pb.GetStatsRequest()).fetch_address
+        transports: dict[str, Callable[[], Iterator[PullReply]]] = {
+            "PullStream": lambda: stream_replies(
+                conn,
+                topic,
+                0,
+                0,
+                rows,
+                batch_messages=read_task.REPLY_MESSAGES,
+                batch_bytes=read_task.REPLY_BYTES,
+            ),
+        }
+        if fetch_at:
+            transports["fetch port"] = lambda: fetch_replies(
+                fetch_at, topic, 0, 0, rows, batch_messages=read_task.REPLY_MESSAGES,
+                batch_bytes=read_task.REPLY_BYTES, timeout_s=RPC_TIMEOUT_S,
+            )  # fmt: skip
+        else:
+            results.notes.append(f"{size_label(size)}: the broker reports no fetch port")
+        for name, replies in transports.items():
+            what = f"{name} transfer of one partition (not decoded)"
+            meter = cpu.measure(what, size, poll=False) if cpu else contextlib.nullcontext()
+            nbytes = 0
+            with meter:
+                start = time.perf_counter()
+                for reply in replies():  # dropped at once, as a read task's decoded ones
+                    nbytes += len(reply.records)
+                elapsed = time.perf_counter() - start
+            results.diag(f"{name} transfer only (not decoded)", size, rows, elapsed)
+            if cpu is not None and nbytes:
+                use = cpu.rows[(what, size)].uses[-1]
+                gb = nbytes / 1e9
+                broker, client = use["broker"] / gb, use["bench process"] / gb
+                results.notes.append(
+                    f"{size_label(size)}: {name} CPU per GB of records: broker {broker:.2f} s "
+                    f"+ client {client:.2f} s = {broker + client:.2f} s ({nbytes:,} bytes)"
+                )
+        kept = [(r.count, r.records) for r in transports["PullStream"]() if r.count]
+    return kept
 
 
 def _struct(ddl: str) -> StructType:
@@ -313,7 +355,9 @@ def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
     per_queue = count // QUEUES
     partition_rows = min(per_queue, TRIGGER_ROWS // QUEUES)
     settle(b.spark)
-    sizes, broker_id = measure_read_task(b.address, topic, size, partition_rows, b.results)
+    sizes, broker_id = measure_read_task(
+        b.address, topic, size, partition_rows, b.results, cpu=b.cpu
+    )
     spec = CeilingSpec(per_queue, QUEUES, size, sizes[0], TRIGGER_ROWS, topic, broker_id)
     read = b.results.add("streaming read", size, count, READ_TARGET)
     write = b.results.add("batch write (at-least-once)", size, count, WRITE_TARGET)

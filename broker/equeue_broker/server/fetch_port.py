@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import socket
 
 import grpc
 
@@ -37,7 +38,7 @@ from equeue_broker.server.errors import (
 )
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.wire import pull_reply_framer
-from equeue_broker.storage import ReadStatus
+from equeue_broker.storage import ReadStatus, RecordsResult
 from equeue_broker.storage.errors import LimitExceeded
 from equeue_proto import fetch
 from equeue_proto.v1 import broker_pb2 as pb
@@ -60,67 +61,101 @@ class FetchServer:
     def __init__(self, state: BrokerState, limit: int) -> None:
         self.state = state
         self.limit = limit
-        self.framer = pull_reply_framer(state.broker_id, _STATUS)
+        pull_framer = pull_reply_framer(state.broker_id, _STATUS)
+
+        def framer(result: RecordsResult) -> tuple[bytes, bytes]:
+            # The frame head goes in front of the PullReply's own prefix, so the
+            # one copy out of the log builds the whole frame: one write, no join.
+            prefix, suffix = pull_framer(result)
+            size = len(prefix) + result.nbytes + len(suffix)
+            return fetch.frame_head(fetch.REPLY, size) + prefix, suffix
+
+        self.framer = framer
         self.open = 0
-        self.server: asyncio.Server | None = None
+        self.listener: socket.socket | None = None
         self.port = 0
+        self._accepting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
+    # Raw non-blocking sockets and the loop's sock_* calls, not asyncio streams: a
+    # stream transport copies what the kernel does not take at once into its own
+    # buffer; sock_sendall sends the rest from the reply itself.
+
     async def start(self, host: str, port: int) -> int:
-        self.server = await asyncio.start_server(self._connection, host, port, limit=1 << 16)
-        self.port = int(self.server.sockets[0].getsockname()[1])
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self.listener = listener
+        self.port = int(listener.getsockname()[1])
+        self._accepting = asyncio.create_task(self._accept(listener), name="equeue-fetch-accept")
         return self.port
 
     async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for task in list(self._tasks):
+        tasks = [t for t in (self._accepting, *self._tasks) if t is not None]
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5)
-        if self.server is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.server.wait_closed(), 5)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        if self.listener is not None:
+            self.listener.close()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # out of descriptors, say: the next accept may work
+                log.warning("fetch port: accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            conn.setblocking(False)
+            # END frames are small: no waiting for the client's delayed ACK.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            task = asyncio.create_task(self._connection(conn), name="equeue-fetch")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _connection(self, conn: socket.socket) -> None:
         self.open += 1
         try:
             if self.open > self.limit:
                 raise LimitExceeded(f"{self.open - 1} fetch connections are open (max_connections)")
-            await self._serve(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            await self._serve(conn)
+        except (ConnectionError, EOFError, TimeoutError):
             pass  # the client went away, or stayed silent too long: nothing to tell it
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # every error becomes an ERROR frame, as a status in gRPC
             code, message = status_for(exc)
+            frame = fetch.encode_error(grpc_code(code), message, trailers_for(exc))
             with contextlib.suppress(Exception):
-                writer.write(fetch.encode_error(grpc_code(code), message, trailers_for(exc)))
-                await asyncio.wait_for(writer.drain(), 1)
+                await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(conn, frame), 1)
         finally:
             self.open -= 1
-            self._tasks.discard(task)
-            writer.close()
+            conn.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, conn: socket.socket) -> None:
         config = self.state.config
         idle_s = config.max_connection_idle_ms / 1000
         read_s = config.request_read_timeout_ms / 1000
         while True:
-            head = await asyncio.wait_for(reader.readexactly(fetch.REQUEST_HEAD.size), idle_s)
+            head = await _receive(conn, fetch.REQUEST_HEAD.size, idle_s)
             try:
                 length = fetch.request_length(head)
-                body = await asyncio.wait_for(reader.readexactly(length), read_s)
+                body = await _receive(conn, length, read_s)
                 request = fetch.decode_request(body)
             except fetch.FetchFormatError as exc:
                 raise BadRequest(f"fetch port: {exc}") from None
             self._authorize(request)
-            await self._send_range(request, writer)
-            writer.write(fetch.frame_head(fetch.END, 0))
-            await self._drain(writer, request)
+            await self._send_range(request, conn)
+            await self._send(conn, fetch.frame_head(fetch.END, 0), request)
 
     def _authorize(self, request: fetch.FetchRequest) -> None:
         tokens = self.state.tokens
@@ -133,16 +168,17 @@ class FetchServer:
             raise PermissionDenied(f"token {principal.name!r} lacks role 'consume' for fetch")
         principal.check_topic(request.topic)
 
-    async def _drain(self, writer: asyncio.StreamWriter, request: fetch.FetchRequest) -> None:
+    async def _send(self, conn: socket.socket, data: bytes, request: fetch.FetchRequest) -> None:
         timeout_s = self.state.config.stream_send_timeout_ms / 1000
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(writer.drain(), timeout_s)
+            await asyncio.wait_for(loop.sock_sendall(conn, data), timeout_s)
         except TimeoutError:
             log.warning("fetch port: %s/%d: the client took no data for %.0f s; closing",
                         request.topic, request.queue_id, timeout_s)  # fmt: skip
             raise
 
-    async def _send_range(self, request: fetch.FetchRequest, writer: asyncio.StreamWriter) -> None:
+    async def _send_range(self, request: fetch.FetchRequest, conn: socket.socket) -> None:
         """PullStream's loop (service_data._stream_replies) without filters."""
         state = self.state
         store = state.store
@@ -169,15 +205,28 @@ class FetchServer:
             try:
                 result = state.inline(read, offset, max_messages=min(batch, stop - offset))
                 held.shrink_to(len(result.records))
-                writer.write(fetch.frame_head(fetch.REPLY, len(result.records)))
-                writer.write(result.records)
-                await self._drain(writer, request)
+                await self._send(conn, result.records, request)  # a whole REPLY frame
             finally:
                 held.release()
             state.counters.pulled(topic, queue_id, result.count, 0)
             if result.status is not ReadStatus.OK or result.next_offset >= result.end:
                 return
             offset = result.next_offset
+
+
+async def _receive(conn: socket.socket, size: int, timeout_s: float) -> bytes:
+    """Exactly ``size`` bytes from ``conn`` within ``timeout_s``; EOFError if it closes."""
+    loop = asyncio.get_running_loop()
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    async with asyncio.timeout(timeout_s):
+        while got < size:
+            n = await loop.sock_recv_into(conn, view[got:])
+            if n == 0:
+                raise EOFError
+            got += n
+    return bytes(buf)
 
 
 _SERVERS: dict[int, FetchServer] = {}
@@ -207,8 +256,6 @@ async def start_fetch_server(state: BrokerState, limit: int) -> FetchServer | No
     if config.advertise_address:
         host = config.advertise_address.rsplit(":", 1)[0]
     elif host in ("", "0.0.0.0", "::", "[::]"):
-        import socket
-
         host = socket.gethostname()
     state.fetch_address = f"{host}:{bound}"
     _SERVERS[id(state)] = server
