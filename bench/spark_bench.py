@@ -1,12 +1,14 @@
 """Spark connector benchmark: reads beside a from-memory ceiling, writes beside the client.
 
-Run ``python bench/spark_bench.py`` (about 3 minutes here, 5 with
-``--repeat 3``; ``--quick`` for a smoke run of under 2 minutes, mostly Spark's
-start and warm-up; ``--repeat N`` reports medians of N runs;
-``--sizes 100,1024`` picks the value sizes; ``--check`` only builds the
-ceiling's batches against the read schema, in seconds, without a broker or
-Spark). It starts one broker (async flush)
-on 127.0.0.1 in a temporary directory under /tmp and one local Spark session
+Run ``python bench/spark_bench.py`` (about 3 minutes here, 5 with ``--repeat
+3``; ``--quick`` for a smoke run of under 2 minutes, mostly Spark's start and
+warm-up; ``--repeat N`` reports medians of N runs; ``--sizes 100,1024`` picks
+the value sizes; ``--check`` only builds the ceiling's batches against the read
+schema, in seconds, without a broker or Spark; ``--reads-only`` skips the
+writes; ``--with-pullstream`` also reads the same topics from a second broker
+started with ``--fetch-port off``, i.e. over ``PullStream`` as before the fetch
+port, against the same ceiling runs). It starts one broker (async flush) on
+127.0.0.1 in a temporary directory under /tmp and one local Spark session
 (``local[2]``, as tests/spark_support.py builds it, plus 4 GB of driver memory
 for the cached write input); both are stopped and the directory removed at the
 end. Each equeue figure stands beside a baseline measured in the same run, in
@@ -324,6 +326,24 @@ class Bench:
     root: Path
     results: Results
     cpu: CpuMeter
+    reads_only: bool = False
+    pull: PullBroker | None = None
+    """``--with-pullstream``: the second broker (fetch port off) and its clients."""
+
+
+@dataclass
+class PullBroker:
+    """A second broker with ``--fetch-port off``, holding the same read topics:
+    the read over PullStream (the path before the fetch port), in the same run."""
+
+    admin: Admin
+    producer: Producer
+    address: str
+    pid: int
+
+
+PULLSTREAM = "equeue-pullstream"
+"""The query name of the read from the PullStream broker (format ``equeue``)."""
 
 
 def warm_up(b: Bench, rows: int, size: int) -> None:
@@ -339,10 +359,11 @@ def warm_up(b: Bench, rows: int, size: int) -> None:
         rows // QUEUES, QUEUES, size, read_task.ROWS_PER_BATCH, TRIGGER_ROWS, topic, topic
     )
     run_query(b.spark, CEILING, spec.options(), b.root / f"ck-warmup-ceiling-{size}")
-    df = write_frame(b.spark, size, rows)
-    for delivery in DELIVERIES:
-        spark_write(b.admin, df, b.address, f"{topic}-{delivery}", rows, delivery=delivery)
-    df.unpersist()
+    if not b.reads_only:
+        df = write_frame(b.spark, size, rows)
+        for delivery in DELIVERIES:
+            spark_write(b.admin, df, b.address, f"{topic}-{delivery}", rows, delivery=delivery)
+        df.unpersist()
     progress(f"{size_label(size)}: warm-up done in {time.perf_counter() - began:.1f} s")
 
 
@@ -352,6 +373,8 @@ def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
     topic = f"read-{size}"
     seconds = fill_topic(b.admin, b.producer, topic, size, count)
     progress(f"{label}: {count:,} messages produced in {seconds:.1f} s ({count / seconds:,.0f}/s)")
+    if b.pull is not None:
+        fill_topic(b.pull.admin, b.pull.producer, topic, size, count)
     per_queue = count // QUEUES
     partition_rows = min(per_queue, TRIGGER_ROWS // QUEUES)
     settle(b.spark)
@@ -359,23 +382,40 @@ def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
         b.address, topic, size, partition_rows, b.results, cpu=b.cpu
     )
     spec = CeilingSpec(per_queue, QUEUES, size, sizes[0], TRIGGER_ROWS, topic, broker_id)
-    read = b.results.add("streaming read", size, count, READ_TARGET)
-    write = b.results.add("batch write (at-least-once)", size, count, WRITE_TARGET)
-    exactly = b.results.add("exactly-once write vs at-least-once", size, count, EXACTLY_TARGET)
-    df = write_frame(b.spark, size, count)
+    rows = {"equeue": b.results.add("streaming read", size, count, READ_TARGET)}
+    queries = ["equeue", CEILING]
+    if b.pull is not None:
+        rows[PULLSTREAM] = b.results.add(
+            "streaming read over PullStream (fetch port off)", size, count, READ_TARGET
+        )
+        queries.append(PULLSTREAM)
     # Untimed, at full size: the first full-size query of a run was the slow one
     # of every benchmark (0.51-0.57x at 1 KiB; its JVM used 5.2-5.5 CPU seconds,
     # 1.4-1.9 in the same query later), even after the small warm-up.
-    for fmt in ("equeue", CEILING):
+    for fmt in queries:
         settle(b.spark)
         began = time.perf_counter()
-        run_query(b.spark, fmt, source_options(b, fmt, spec), b.root / f"ck-{size}-warm-{fmt}")
+        run_query(
+            b.spark, _format(fmt), source_options(b, fmt, spec), b.root / f"ck-{size}-warm-{fmt}"
+        )
         progress(f"{label}: untimed full-size read {fmt} in {time.perf_counter() - began:.1f} s")
     for run in range(repeat):
-        order = ["equeue", CEILING] if run % 2 == 0 else [CEILING, "equeue"]
+        # Each run in another order: the ceiling's rows are every query's baseline.
+        order = queries[run % len(queries) :] + queries[: run % len(queries)]
         for fmt in order:
             settle(b.spark)
-            read_query(b, fmt, size=size, count=count, run=run, spec=spec, row=read)
+            read_query(b, fmt, size=size, count=count, run=run, spec=spec, rows=rows)
+    if not b.reads_only:
+        run_writes(b, size, count, repeat)
+
+
+def run_writes(b: Bench, size: int, count: int, repeat: int) -> None:
+    """The write scenarios at ``size``: Spark at-least-once and exactly-once, the client."""
+    label = size_label(size)
+    write = b.results.add("batch write (at-least-once)", size, count, WRITE_TARGET)
+    exactly = b.results.add("exactly-once write vs at-least-once", size, count, EXACTLY_TARGET)
+    df = write_frame(b.spark, size, count)
+    for run in range(repeat):
         rates = {}
         for delivery in DELIVERIES if run % 2 == 0 else DELIVERIES[::-1]:
             settle(b.spark)
@@ -399,22 +439,43 @@ def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
 
 
 def source_options(b: Bench, fmt: str, spec: CeilingSpec) -> dict[str, str]:
-    """The read options of ``fmt`` (equeue or the ceiling) over the topic ``spec`` describes."""
+    """The read options of ``fmt`` (equeue, PULLSTREAM or the ceiling) over the
+    topic ``spec`` describes."""
+    if fmt == PULLSTREAM:
+        assert b.pull is not None
+        return equeue_read_options(b.pull.address, spec.topic)
     return equeue_read_options(b.address, spec.topic) if fmt == "equeue" else spec.options()
 
 
+def _format(fmt: str) -> str:
+    """The Spark format name of a query (PULLSTREAM reads with ``equeue``)."""
+    return "equeue" if fmt == PULLSTREAM else fmt
+
+
 def read_query(
-    b: Bench, fmt: str, *, size: int, count: int, run: int, spec: CeilingSpec, row: Row
+    b: Bench, fmt: str, *, size: int, count: int, run: int, spec: CeilingSpec, rows: dict[str, Row]
 ) -> None:
-    """One timed streaming read, equeue or the ceiling, recorded in ``row``."""
+    """One timed streaming read, recorded in ``rows[fmt]`` (the ceiling: in every row)."""
     checkpoint = b.root / f"ck-{size}-{run}-{fmt}"
     options = source_options(b, fmt, spec)
-    what = "Spark query, equeue" if fmt == "equeue" else "Spark query, ceiling"
-    with b.cpu.measure(f"streaming read, {fmt}", size):
-        q = run_query(b.spark, fmt, options, checkpoint)
+    what = {"equeue": "Spark query, equeue", PULLSTREAM: "Spark query, equeue over PullStream"}.get(
+        fmt, "Spark query, ceiling"
+    )
+    main_pid = b.cpu.broker_pid
+    if fmt == PULLSTREAM and b.pull is not None:
+        b.cpu.broker_pid = b.pull.pid  # the CPU table's broker column: the one read
+    try:
+        with b.cpu.measure(f"streaming read, {fmt}", size):
+            q = run_query(b.spark, _format(fmt), options, checkpoint)
+    finally:
+        b.cpu.broker_pid = main_pid
     if q.rows != count:
         raise RuntimeError(f"{fmt} query read {q.rows} of {count} rows")
-    (row.ours if fmt == "equeue" else row.base).append(count / q.seconds)
+    if fmt == CEILING:
+        for row in rows.values():
+            row.base.append(count / q.seconds)
+    else:
+        rows[fmt].ours.append(count / q.seconds)
     b.results.diag(f"{what}: wall clock", size, count, q.seconds, f"({q.batches} micro-batches)")
     b.results.diag(
         f"{what}: inside micro-batches",
@@ -467,6 +528,13 @@ def main(argv: list[str] | None = None) -> None:
         help="only check that the ceiling's batches match the read schema (seconds, "
         "no broker, no Spark)",
     )
+    parser.add_argument(
+        "--with-pullstream",
+        action="store_true",
+        help="also read the same topics from a second broker with --fetch-port off "
+        "(the read over PullStream), beside the same ceiling runs",
+    )
+    parser.add_argument("--reads-only", action="store_true", help="skip the write scenarios")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -486,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="equeue-spark-bench-", dir="/tmp"))
     broker = BrokerProcess(root / "broker", "--flush", "async")
+    pull_broker = BrokerProcess(root / "pull-broker", "--flush", "async", "--fetch-port", "off")
     spark: SparkSession | None = None
     meter: CpuMeter | None = None
     try:
@@ -496,17 +565,31 @@ def main(argv: list[str] | None = None) -> None:
         # Python workers import it instead of unpickling a copy of __main__'s classes.
         spark.dataSource.register(CeilingSource)
         config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
-        with Admin(config=config) as admin, Producer(config=config) as producer:
+        with contextlib.ExitStack() as stack:
+            admin = stack.enter_context(Admin(config=config))
+            producer = stack.enter_context(Producer(config=config))
             assert broker.process is not None
             meter = CpuMeter(broker.process.pid)
-            bench = Bench(spark, admin, producer, address, root, results, meter)
+            bench = Bench(spark, admin, producer, address, root, results, meter, args.reads_only)
+            if args.with_pullstream:
+                pull_address = pull_broker.start()
+                assert pull_broker.process is not None
+                pull_config = ClientConfig(broker=pull_address, timeout_s=RPC_TIMEOUT_S)
+                bench.pull = PullBroker(
+                    stack.enter_context(Admin(config=pull_config)),
+                    stack.enter_context(Producer(config=pull_config)),
+                    pull_address,
+                    pull_broker.process.pid,
+                )
+                progress(f"PullStream broker (fetch port off) on {pull_address}")
             for size in sizes:
                 run_size(bench, size, messages_for(size, messages), args.repeat, plan.warmup)
     finally:
         if spark is not None:
             spark.stop()
-        if broker.process is not None:
-            broker.stop()
+        for process in (broker, pull_broker):
+            if process.process is not None:
+                process.stop()
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - began
     mode = "quick" if args.quick else "full"
