@@ -20,7 +20,7 @@ $(MODULE_LIST): FORCE
 	@echo '$(MODULES)' | cmp -s - $@ 2>/dev/null || echo '$(MODULES)' > $@
 
 # Re-install whenever the package metadata, the C codec or the module list changes.
-$(STAMP): setup.cfg setup.py pyproject.toml equeue_proto/_codec.c equeue_proto/_keyhash.c equeue_proto/crc32c.h $(MODULE_LIST)
+$(STAMP): setup.cfg setup.py pyproject.toml equeue_proto/_codec.c equeue_proto/_keyhash.c equeue_proto/_avro.c equeue_proto/crc32c.h $(MODULE_LIST)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The distribution was called "equeue" before 0.2 (PyPI's equeue is another project).
@@ -35,7 +35,7 @@ FORCE:
 # type-check and test tools; a venv that has the dev install already is reused.
 DEMO_STAMP = $(VENV)/.demo-stamp
 
-$(DEMO_STAMP): setup.cfg setup.py pyproject.toml equeue_proto/_codec.c equeue_proto/_keyhash.c equeue_proto/crc32c.h $(MODULE_LIST)
+$(DEMO_STAMP): setup.cfg setup.py pyproject.toml equeue_proto/_codec.c equeue_proto/_keyhash.c equeue_proto/_avro.c equeue_proto/crc32c.h $(MODULE_LIST)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if [ $(STAMP) -nt $(MODULE_LIST) ] && [ $(STAMP) -nt setup.cfg ]; then \
 		echo "reusing the dev install in $(VENV)"; \
@@ -54,6 +54,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(CC) $(CFLAGS_CHECK) -I$(PY_INCLUDE) equeue_proto/_codec.c
 	$(CC) $(CFLAGS_CHECK) -I$(PY_INCLUDE) equeue_proto/_keyhash.c
+	$(CC) $(CFLAGS_CHECK) -I$(PY_INCLUDE) equeue_proto/_avro.c
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -31,5 +31,11 @@ setup(
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),
+        Extension(  # Avro values to Arrow columns (equeue_spark/client/avro_columns.py)
+            "equeue_proto._avro",
+            ["equeue_proto/_avro.c"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
     ],
 )

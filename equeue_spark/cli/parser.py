@@ -13,6 +13,7 @@ from equeue_spark.cli.parsers.cluster import add_cluster
 from equeue_spark.cli.parsers.dlq import add_dlq
 from equeue_spark.cli.parsers.groups import add_groups
 from equeue_spark.cli.parsers.messaging import add_consume, add_produce
+from equeue_spark.cli.parsers.schemas import add_schemas
 from equeue_spark.cli.parsers.topics import add_topics
 from equeue_spark.cli.parsers.transactions import add_transactions
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands = Commands(subparsers, common)
     add_topics(commands)
+    add_schemas(commands)
     add_produce(commands)
     add_consume(commands)
     add_groups(commands)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from equeue_proto.protocol import parse_message_id
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client import schema_admin
 from equeue_spark.client.cancel import cancel_delayed
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig, Connection
@@ -34,6 +35,7 @@ from equeue_spark.client.queries import DEFAULT_QUERY_LIMIT, QueryResult, query_
 from equeue_spark.client.records import Message, decode_records
 from equeue_spark.client.route import Route, name_broker
 from equeue_spark.client.routing import Routes
+from equeue_spark.client.schemas import SchemaCache
 from equeue_spark.client.transactions import abort_transactions
 
 
@@ -544,6 +546,64 @@ class Admin:
         """Withdraw a pending delayed message by the id its send returned
         (``Producer.cancel_delayed``); NotFoundError if none is pending there."""
         return cancel_delayed(self.routes, message_id)
+
+    # -- schemas (schema_admin.py) -----------------------------------------------------
+
+    def get_schema(
+        self, topic: str, version: int = 0, *, key: bool = False, history: bool = False
+    ) -> pb.SchemaInfo:
+        """The topic's value (``key=True``: key) schema: ``version`` (0: the
+        latest), or every version (``history``), ascending in ``versions``.
+        In a cluster from the group whose route shows the highest version
+        (replicas may answer). NotFoundError when the topic has no such schema."""
+        return schema_admin.get_schema(self.routes, topic, version, key=key, history=history)
+
+    def set_schema(
+        self,
+        topic: str,
+        schema: str | bytes | Mapping[str, Any],
+        *,
+        type: str = "",
+        key: bool = False,
+        compatibility: str | None = None,
+        dry_run: bool = False,
+    ) -> pb.SchemaInfo:
+        """Register a version of the topic's value (``key=True``: key) schema:
+        Avro or JSON Schema text (or the parsed document), ``type`` "avro" or
+        "json" ("": guessed from the document). The broker checks it against
+        the subject's rule (``compatibility`` sets the rule along with it):
+        SchemaIncompatibleError listing the problems. A schema equal to an
+        existing version returns that version (``created`` False). With
+        ``dry_run`` only the check: ``problems`` lists what is incompatible.
+        In a cluster every broker group gets the same version number
+        (SchemaConflictError when their histories differ; groups that do not
+        answer are named in ``unreachable_brokers``: ``sync_schemas`` later)."""
+        try:
+            return schema_admin.set_schema(
+                self.routes, topic, schema, type=type, key=key, compatibility=compatibility,
+                dry_run=dry_run,
+            )  # fmt: skip
+        finally:  # a Serializer on these routes sees the new version at once
+            SchemaCache.of(self.routes).forget(topic)
+
+    def set_compatibility(self, topic: str, rule: str, *, key: bool = False) -> pb.SchemaInfo:
+        """Change the subject's compatibility rule (``NONE``, ``BACKWARD``, ...)."""
+        return schema_admin.set_compatibility(self.routes, topic, rule, key=key)
+
+    def delete_schemas(self, topic: str, *, key: bool | None = False) -> list[str]:
+        """Forget the topic's value schema (``key=True``: key; None: both).
+        Records keep their version headers. The broker groups that did not
+        answer (empty for one broker)."""
+        try:
+            return schema_admin.delete_schemas(self.routes, topic, key=key)
+        finally:
+            SchemaCache.of(self.routes).forget(topic)
+
+    def sync_schemas(self, topic: str) -> dict[str, dict[str, list[int]]]:
+        """Give the broker groups that lag the schema versions they lack:
+        ``{"value": {group: versions copied}, "key": {...}}``; nothing to do
+        for one broker."""
+        return schema_admin.sync_schemas(self.routes, topic)
 
     # -- dead letters (dead_letters.py) ------------------------------------------------
 

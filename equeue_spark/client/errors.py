@@ -10,7 +10,9 @@
     │   ├── NotMasterError       a write sent to a replica (the group's master moved)
     │   ├── OutOfOrderSequenceError  an idempotent batch's sequence is not its queue's next
     │   ├── ProducerFencedError  an idempotent batch from an older epoch of its producer id
-    │   └── UnknownProducerError the broker group does not know the producer id (expired)
+    │   ├── UnknownProducerError the broker group does not know the producer id (expired)
+    │   ├── SchemaIncompatibleError  a schema the subject's compatibility rule refuses
+    │   └── SchemaConflictError  a cluster's broker groups hold different schema histories
     ├── LimitError               RESOURCE_EXHAUSTED: a limit or back-pressure
     ├── BrokerUnavailable        UNAVAILABLE: broker down or shutting down (retriable)
     │   └── NotSent              the attempt never reached the broker (no connection)
@@ -20,8 +22,10 @@
     ├── AuthenticationError      UNAUTHENTICATED: no token, or one the broker does not know
     ├── PermissionDeniedError    PERMISSION_DENIED: the token lacks the role or topic
     ├── BrokerError              anything else (INTERNAL, UNKNOWN, ...)
-    └── InvalidAddress           a malformed broker address, refused before dialling
-                                 (also a ValueError)
+    ├── InvalidAddress           a malformed broker address, refused before dialling
+    │                            (also a ValueError)
+    └── SchemaValidationError    a value that does not match its topic's schema, refused
+                                 by the client before anything of its batch is sent
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from equeue_proto.protocol import (
     PRODUCER_FENCED,
     UNKNOWN_PRODUCER,
 )
+from equeue_proto.schema_rules import SCHEMA_INCOMPATIBLE
 
 
 class EqueueError(Exception):
@@ -85,6 +90,36 @@ class ProducerFencedError(PreconditionError):
 
 class UnknownProducerError(PreconditionError):
     """The broker group forgot this producer id (expired, or its state was lost)."""
+
+
+class SchemaIncompatibleError(PreconditionError):
+    """A schema the subject's compatibility rule refuses (SetSchema,
+    FAILED_PRECONDITION kind ``schema-incompatible``). ``problems`` are the
+    incompatibilities, one line each (the message's lines after the first)."""
+
+    def __init__(
+        self, message: str, code: grpc.StatusCode | None = None, problems: list[str] | None = None
+    ) -> None:
+        super().__init__(message, code)
+        self.problems: list[str] = problems if problems is not None else problem_lines(message)
+
+
+def problem_lines(details: str) -> list[str]:
+    """The incompatibilities of a refusal's text: its lines after the first
+    (the broker lists one per line), or the whole text when it is one line."""
+    lines = [line.strip().lstrip("-").strip() for line in details.splitlines()]
+    return [line for line in lines[1:] if line] or [details.strip()]
+
+
+class SchemaConflictError(PreconditionError):
+    """A cluster's broker groups hold schema histories that are not prefixes of
+    one another (same version number, different schemas): registering on top
+    would make the numbers mean different schemas. ``histories`` is
+    {broker group: [fingerprint of version 1, 2, ...]}."""
+
+    def __init__(self, message: str, histories: dict[str, list[str]]) -> None:
+        super().__init__(message)
+        self.histories = histories
 
 
 NOT_MASTER_MARK = "serves reads only"
@@ -162,6 +197,27 @@ class InvalidAddress(EqueueError, ValueError):
         """What is wrong, and what to give instead (the message without the source)."""
 
 
+class SchemaValidationError(EqueueError):
+    """A value (or key) of a batch does not match its topic's schema: raised by
+    a validating producer (``Producer(validate=True)``) or a ``Serializer``
+    before anything of the batch is sent."""
+
+    def __init__(
+        self, topic: str, index: int, version: int, reason: str, key: bool = False
+    ) -> None:
+        what = "key" if key else "value"
+        super().__init__(
+            f"{topic}: message {index}'s {what} does not match {what} schema version "
+            f"{version}: {reason}"
+        )
+        self.topic = topic
+        self.index = index
+        """The message's index in its batch (0 for one ``send``)."""
+        self.version = version
+        self.reason = reason
+        self.key = key
+
+
 _BY_CODE: dict[grpc.StatusCode, type[EqueueError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.OUT_OF_RANGE: InvalidRequest,
@@ -199,8 +255,12 @@ def from_rpc_error(exc: grpc.RpcError) -> EqueueError:
         cls = NotMasterError
     elif cls is PreconditionError and kind in _PRODUCER_KINDS:
         cls = _PRODUCER_KINDS[kind]
+    elif cls is PreconditionError and kind == SCHEMA_INCOMPATIBLE:
+        cls = SchemaIncompatibleError
     if cls is BrokerUnavailable and NOT_SENT_MARK in details:
         cls = NotSent
+    if cls is SchemaIncompatibleError:
+        return SchemaIncompatibleError(f"{details} ({code.name})", code, problem_lines(details))
     if cls is DataLossError:
         return DataLossError(f"{details} ({code.name})", code, **_damaged_record(exc))
     return cls(f"{details} ({code.name})", code)

@@ -84,6 +84,7 @@ from equeue_spark.client.extra_keys import keyed_headers
 from equeue_spark.client.idempotence import Init, Sequencer, init_producer
 from equeue_spark.client.route import name_broker, split_request
 from equeue_spark.client.routing import Brokers, Routed, Routes
+from equeue_spark.client.schemas import ProduceChecks, send_one
 from equeue_spark.client.transactions import Stage, Transaction
 
 __all__ = ["Producer"]
@@ -168,6 +169,7 @@ class Producer:
         enable_idempotence: bool = True,
         group: str = "",
         checker: Checker | None = None,
+        validate: bool = False,
     ) -> None:
         """``failover_timeout_s`` (cluster only; default: the config's, 30 s):
         how long a batch waits for its broker group's new master.
@@ -176,7 +178,9 @@ class Producer:
         InitProducer. ``group``: the producer group its transactions belong
         to (the broker checks late ones with the group); ``checker``:
         ``fn(transaction_id)`` -> "commit" | "rollback" | "unknown", answering
-        the broker's checks (checks.py; needs ``group``)."""
+        the broker's checks (checks.py; needs ``group``). ``validate``: check
+        values (and keys) against the topic's latest schema and record its
+        version in a header (schemas.py, docs/client.md "Schemas")."""
         if batch_size < 1 or max_batch_bytes < 1 or linger_ms < 0:
             raise ValueError("batch_size and max_batch_bytes must be >= 1, linger_ms >= 0")
         if checker is not None and not group:
@@ -208,6 +212,7 @@ class Producer:
         self._closed = threading.Event()
         self.group = group
         self._checks = None if checker is None else CheckResponder(self._routes, group, checker)
+        self._schemas = ProduceChecks(self._routes) if validate else None
         self._lingerer: threading.Thread | None = None
         if linger_ms > 0:
             self._lingerer = threading.Thread(
@@ -249,6 +254,8 @@ class Producer:
         due = deliver_at_ms(len(values), delay_s, deliver_at)
         if extra_keys is not None:
             headers = keyed_headers(len(values), headers, extra_keys)
+        if self._schemas is not None:  # before the request: a bad value sends nothing
+            headers = self._schemas.stamp(topic, values, keys, headers)
         columns = BatchColumns(values, keys, tags, headers, queue_ids, timestamps_ms, due)
         return self._send(columns.request(topic, transaction_id), brokers)
 
@@ -691,18 +698,20 @@ class Producer:
     def send(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | object,
         *,
-        key: bytes | None = None,
+        key: bytes | object | None = None,
         tag: str = "",
         headers: Headers = (),
         queue_id: int | None = None,
         extra_keys: Sequence[str | bytes] | None = None,
     ) -> Future[SendResult]:
         """Buffer one message; its future completes when its batch is acknowledged.
-        ``extra_keys``: keys beside ``key`` that the broker indexes (the ``keys`` header)."""
+        ``extra_keys``: keys beside ``key`` that the broker indexes (the ``keys`` header).
+        With ``validate``, a value (key) that is not bytes is encoded with the latest schema."""
         if self._closed.is_set():
             raise RuntimeError("producer is closed")
+        value, key, headers = send_one(self._schemas, topic, value, key, headers)
         if extra_keys is not None:
             headers = keyed_headers(1, [headers], [extra_keys])[0]
         future: Future[SendResult] = Future()

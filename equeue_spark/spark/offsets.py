@@ -24,6 +24,7 @@ Pyspark-free: the planning logic is tested without a Spark session.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 QueueKey = tuple[str, int]
@@ -145,6 +146,42 @@ def split_range(start: int, end: int, max_records: int | None) -> list[tuple[int
     if not max_records:
         return [(start, end)]
     return [(lo, min(lo + max_records, end)) for lo in range(start, end, max_records)]
+
+
+def min_partition_ranges(
+    ranges: list[tuple[QueueKey, int, int]], min_partitions: int | None
+) -> list[tuple[QueueKey, int, int]]:
+    """Queue ranges ``(key, start, end)`` split for option ``minPartitions``,
+    exactly as Kafka's source does (``KafkaOffsetRangeCalculator.getRanges``):
+    empty ranges dropped; unchanged when there are already ``min_partitions``
+    ranges; else each range gets ``round(size / total * min_partitions)``
+    pieces (at least 1), the ranges of one piece are left whole and the others
+    share what is left of ``min_partitions`` by size; a range's pieces are
+    equal but for the last, which takes the remainder. So the count is about
+    ``min_partitions`` (Kafka's rounding: 4 equal queues and 10 give 12)."""
+    ranges = [r for r in ranges if r[2] > r[1]]
+    if min_partitions is None or len(ranges) >= min_partitions:
+        return ranges
+    total = sum(end - start for _, start, end in ranges)
+    unsplit = {r[0] for r in ranges if _part_count(r[2] - r[1], total, min_partitions) == 1}
+    unsplit_total = sum(end - start for key, start, end in ranges if key in unsplit)
+    split_total = total - unsplit_total
+    split_min = max(min_partitions - len(unsplit), 1)
+    out = []
+    for key, start, end in ranges:
+        parts = 1 if key in unsplit else _part_count(end - start, split_total, split_min)
+        remaining, lo = end - start, start
+        for part in range(parts):
+            this = remaining // (parts - part)  # the last piece takes the remainder
+            remaining -= this
+            out.append((key, lo, min(lo + this, end)))
+            lo = min(lo + this, end)
+    return [r for r in out if r[2] > r[1]]
+
+
+def _part_count(size: int, total: int, min_partitions: int) -> int:
+    # Scala's math.round (half up) on a double, not Python's round (half to even).
+    return max(math.floor(size / total * min_partitions + 0.5), 1)
 
 
 Span = tuple[int, int]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from equeue_spark.client.connection import (
 from equeue_spark.client.errors import InvalidAddress
 from equeue_spark.spark.errors import InvalidOption
 from equeue_spark.spark.format_options import FormatOptions
+from equeue_spark.spark.offsets import cluster_key, split_key
 
 EARLIEST = -2
 """Offset sentinel in ``startingOffsets``/``endingOffsets`` JSON: the earliest retained."""
@@ -47,8 +49,37 @@ _SPARK_KEYS = frozenset({"path", "checkpointlocation", "queryname"})
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
-StartSpec = str | dict[str, dict[int, int]]
-"""``"earliest"``, ``"latest"``, ``"group"``, or ``{topic: {queue: offset or sentinel}}``."""
+log = logging.getLogger("equeue.spark")
+
+MAX_MIN_PARTITIONS = 100_000
+BATCH_ONLY = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
+"""Read options (lower-cased) only a batch read takes: given, the read is a batch read."""
+STRATEGIES = ("error", "latest")
+"""Values of ``startingOffsetsByTimestampStrategy``."""
+
+QueueSpec = dict[str, dict[int, int]]
+"""``{topic: {queue: value}}`` (cluster: ``{"BROKER/TOPIC": {queue: value}}``)."""
+
+
+@dataclass(frozen=True)
+class TimestampSpec:
+    """``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp``: a store
+    time per named queue; the queues it leaves out take ``rest`` (the next
+    preference: ``startingOffsets``/``endingOffsets``, or the mode's default)."""
+
+    per_queue: QueueSpec
+    """ms since the epoch per queue, keyed as a ``startingOffsets`` JSON."""
+    strategy: str = "latest"
+    """A starting queue without a record at or after its time: ``latest``
+    starts it at its end, ``error`` raises ``NoOffsetForTimestamp``."""
+    rest: str | QueueSpec = "latest"
+    option: str = "startingOffsetsByTimestamp"
+    """The option's name, for messages."""
+
+
+StartSpec = str | QueueSpec | TimestampSpec
+"""``"earliest"``, ``"latest"``, ``"group"``, ``{topic: {queue: offset or sentinel}}``,
+or a ``TimestampSpec``."""
 
 
 _SECRET_KEY = re.compile(r"(?i)token|secret|password|key")
@@ -241,6 +272,15 @@ class ReadOptions:
     max_trigger_delay_ms: int = 15 * 60_000
     max_bytes_per_trigger: int | None = None
     max_records_per_partition: int | None = None
+    min_partitions: int | None = None
+    """Option ``minPartitions``: split queue ranges (Kafka's algorithm,
+    ``offsets.min_partition_ranges``) until there are about this many tasks."""
+    assigned: dict[str, frozenset[int]] | None = None
+    """Option ``assign``: the only queues read, per topic (cluster:
+    ``BROKER/TOPIC``, as offsets.py keys them); ``topics`` holds their topics."""
+    timestamp_strategy: str = "latest"
+    """Option ``startingOffsetsByTimestampStrategy`` (``error`` | ``latest``):
+    for ``startingTimestamp`` and ``startingOffsetsByTimestamp`` alike."""
     tags: tuple[str, ...] = ()
     filter: str = ""
     """Option ``filter``: a broker filter expression (equeue_proto.selector's
@@ -274,35 +314,31 @@ class ReadOptions:
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
-        topics, pattern = _parse_topics(o)
+        _fold_synonyms(o)
+        topics, pattern, assigned = _parse_topics(o)
+        scope = _Scope(topics, pattern, assigned)
         namesrv = _namesrv(o)
         broker = "" if namesrv else _broker(o)
         kwargs: dict[str, Any] = {"broker": broker, "namesrv": namesrv, "topics": topics}
         kwargs["streaming"] = streaming
         kwargs["topic_pattern"] = pattern
+        kwargs["assigned"] = assigned
         kwargs["group"] = o.text("group")
-        kwargs["starting"] = _parse_offsets(o, "startingoffsets", streaming, topics, pattern)
-        if kwargs["group"] and not o.has("startingoffsets") and not o.has("startingtimestamp"):
-            # As a Kafka consumer with a group.id: resume where the group left off,
-            # and read from groupFallback (earliest) where it never committed.
-            kwargs["starting"] = "group"
-        if kwargs["starting"] == "group" and not kwargs["group"]:
-            raise _bad("startingOffsets", "group", "needs the group option")
+        strategy = o.text("startingoffsetsbytimestampstrategy", "latest").lower()
+        if strategy not in STRATEGIES:
+            raise _bad("startingOffsetsByTimestampStrategy", strategy, "must be error or latest")
+        kwargs["timestamp_strategy"] = strategy
+        for key in BATCH_ONLY:
+            if streaming and o.has(key):
+                raise _bad(o.names[key], o.text(key), "only batch reads take it")
+        kwargs.update(_starting(o, streaming, scope, strategy))
         fallback = o.text("groupfallback", "earliest").lower()
         if fallback not in ("earliest", "latest"):
             raise _bad("groupFallback", fallback, "must be earliest or latest")
         kwargs["group_fallback"] = fallback
-        if o.has("startingtimestamp"):
-            if o.has("startingoffsets"):
-                raise _bad("startingTimestamp", o.text("startingtimestamp"),
-                           "give startingOffsets or startingTimestamp, not both")  # fmt: skip
-            kwargs["starting_timestamp_ms"] = _store_time(o, "startingtimestamp")
-        for key in ("endingoffsets", "endingtimestamp"):
-            if streaming and o.has(key):
-                raise _bad(o.names[key], o.text(key), "only batch reads take it")
-        kwargs["ending"] = _parse_offsets(o, "endingoffsets", False, topics, pattern, end=True)
-        if o.has("endingtimestamp"):
-            kwargs["ending_timestamp_ms"] = _store_time(o, "endingtimestamp")
+        kwargs.update(_ending(o, scope))
+        if o.has("minpartitions"):
+            kwargs["min_partitions"] = o.integer("minpartitions", 0, 1, MAX_MIN_PARTITIONS)
         for key, attr in (
             ("maxoffsetspertrigger", "max_offsets_per_trigger"),
             ("minoffsetspertrigger", "min_offsets_per_trigger"),
@@ -377,70 +413,218 @@ def headers_requested(raw: Mapping[str, str]) -> bool:
     return False
 
 
-def _parse_topics(o: _Options) -> tuple[tuple[str, ...], re.Pattern[str] | None]:
-    if o.has("topic") == o.has("topicpattern"):
+_SYNONYMS = (("subscribe", "topic"), ("subscribepattern", "topicpattern"))
+"""Kafka's spellings (lower-cased) of our options, folded into ours."""
+
+
+def _fold_synonyms(o: _Options) -> None:
+    """Kafka's ``subscribe``/``subscribePattern`` become ``topic``/``topicPattern``;
+    messages then name the spelling the user wrote."""
+    for kafka, ours in _SYNONYMS:
+        if not o.has(kafka):
+            o.raw.pop(kafka, None)
+            continue
+        if o.has(ours):
+            raise InvalidOption(
+                f"options {o.names[ours]}={o.raw[ours]!r} and {o.names[kafka]}="
+                f"{o.raw[kafka]!r}: give {o.names[ours]} or {o.names[kafka]}, not both "
+                "(the second is Kafka's name for the first)"
+            )
+        o.raw[ours] = o.raw.pop(kafka)
+        o.names[ours] = o.names[kafka]
+
+
+Assigned = dict[str, frozenset[int]]
+
+
+def _parse_topics(o: _Options) -> tuple[tuple[str, ...], re.Pattern[str] | None, Assigned | None]:
+    """Exactly one of ``topic``, ``topicPattern`` and ``assign`` (or Kafka's spellings)."""
+    given = [k for k in ("topic", "topicpattern", "assign") if o.has(k)]
+    if len(given) != 1:
+        shown = ", ".join(f"{o.names[k]}={o.raw[k]!r}" for k in given) or "none"
         raise InvalidOption(
-            "give exactly one of the options topic (a name or a comma list) and "
-            f"topicPattern (a regex); got topic={o.raw.get('topic')!r}, "
-            f"topicPattern={o.raw.get('topicpattern')!r}"
+            "give exactly one of the options topic or subscribe (a name or a comma list), "
+            "topicPattern or subscribePattern (a regex) and assign (a JSON of queues, "
+            f'{{"orders": [0, 1]}}); got {shown}'
         )
-    if o.has("topicpattern"):
+    if given == ["assign"]:
+        assigned = _parse_assign(o.text("assign"))
+        return tuple(dict.fromkeys(split_key(n)[1] for n in assigned)), None, assigned
+    if given == ["topicpattern"]:
         text = o.text("topicpattern")
         try:
-            return (), re.compile(text)
+            return (), re.compile(text), None
         except re.error as exc:
-            raise _bad("topicPattern", text, f"not a regular expression ({exc})") from None
-    topics = tuple(t.strip() for t in o.text("topic").split(","))
+            raise _bad(o.names["topicpattern"], text, f"not a regular expression ({exc})") from None
+    name, text = o.names["topic"], o.text("topic")
+    topics = tuple(t.strip() for t in text.split(","))
     if any(not t for t in topics):
-        raise _bad("topic", o.text("topic"), "an empty topic name in the list")
+        raise _bad(name, text, "an empty topic name in the list")
     if len(set(topics)) != len(topics) or len(topics) > MAX_TOPICS:
-        raise _bad("topic", o.text("topic"), f"names must be distinct, at most {MAX_TOPICS}")
-    return topics, None
+        raise _bad(name, text, f"names must be distinct, at most {MAX_TOPICS}")
+    return topics, None, None
+
+
+def _queue_ref(named: object) -> tuple[str, int] | None:
+    """(broker, queue id) of a queue as a JSON names it: ``"3"`` or ``3``, or a
+    cluster's ``"BROKER/3"``; None if it is neither."""
+    if isinstance(named, int) and not isinstance(named, bool):
+        return ("", named) if named >= 0 else None
+    if not isinstance(named, str):
+        return None
+    broker, sep, queue = named.partition("/")
+    if not sep:
+        broker, queue = "", named
+    elif not broker:
+        return None
+    return (broker, int(queue)) if queue.isdigit() and queue.isascii() else None
+
+
+def _parse_assign(text: str) -> Assigned:
+    """Option ``assign``: ``{"orders": [0, 1]}``, over a cluster ``{"orders": ["a/0", "b/1"]}``."""
+    example = 'must be a JSON object like {"orders": [0, 1]} (a cluster\'s {"orders": ["a/0"]})'
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise _bad("assign", text, example) from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise _bad("assign", text, example)
+    if len(parsed) > MAX_TOPICS:
+        raise _bad("assign", text, f"at most {MAX_TOPICS} topics")
+    assigned: dict[str, set[int]] = {}
+    for topic, queues in parsed.items():
+        if not topic or "/" in topic:
+            raise _bad("assign", text, f"{topic!r} is not a topic name")
+        if not isinstance(queues, list) or not queues:
+            raise _bad("assign", text, f"topic {topic!r} must map to a list of queue ids")
+        for named in queues:
+            ref = _queue_ref(named)
+            if ref is None:
+                why = "is not a queue id (a number, or BROKER/NUMBER over a cluster)"
+                raise _bad("assign", text, f"queue {named!r} of {topic!r} {why}")
+            assigned.setdefault(cluster_key(ref[0], topic), set()).add(ref[1])
+    return {name: frozenset(ids) for name, ids in assigned.items()}
+
+
+_PRECEDENCE = {
+    "starting": ("startingtimestamp", "startingoffsetsbytimestamp", "startingoffsets"),
+    "ending": ("endingtimestamp", "endingoffsetsbytimestamp", "endingoffsets"),
+}
+"""Kafka's precedence among the options saying where a read starts (ends): the first given wins."""
+
+
+def _warn_precedence(o: _Options, which: str) -> None:
+    """One warning when a lower-precedence option is also given (Kafka's rule,
+    where a lower one is silently ignored)."""
+    given = [k for k in _PRECEDENCE[which] if o.has(k)]
+    if len(given) < 2:
+        return
+    winner, lower = o.names[given[0]], [o.names[k] for k in given[1:]]
+    if given[0].endswith("bytimestamp"):
+        what = f"{lower[0]} applies only to the queues {winner} leaves out"
+    else:
+        what = f"{' and '.join(lower)} {'is' if len(lower) == 1 else 'are'} ignored"
+    log.warning("options %s and %s both given: %s wins (Kafka's precedence: %s); %s",
+                winner, " and ".join(lower), winner,
+                " > ".join(o.names[k] for k in _PRECEDENCE[which]), what)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What a query reads, as its options say: offset JSONs may name only that."""
+
+    topics: tuple[str, ...]
+    pattern: re.Pattern[str] | None
+    assigned: Assigned | None
+
+    def reads(self, topic: str) -> bool:
+        return topic in self.topics or bool(self.pattern and self.pattern.fullmatch(topic))
+
+
+def _starting(o: _Options, streaming: bool, scope: _Scope, strategy: str) -> dict[str, Any]:
+    """``starting`` and ``starting_timestamp_ms`` of ``ReadOptions``."""
+    _warn_precedence(o, "starting")
+    out: dict[str, Any] = {}
+    starting: StartSpec = _parse_offsets(o, "startingoffsets", streaming, scope)
+    if o.text("group") and not o.has("startingoffsets") and not o.has("startingtimestamp"):
+        # As a Kafka consumer with a group.id: resume where the group left off,
+        # and read from groupFallback (earliest) where it never committed.
+        starting = "group"
+    if starting == "group" and not o.text("group"):
+        raise _bad("startingOffsets", "group", "needs the group option")
+    if o.has("startingtimestamp"):
+        out["starting_timestamp_ms"] = _store_time(o, "startingtimestamp")
+    elif o.has("startingoffsetsbytimestamp"):
+        times = _queue_json(o, "startingoffsetsbytimestamp", scope, 0)
+        assert not isinstance(starting, TimestampSpec)
+        starting = TimestampSpec(times, strategy, starting)
+    out["starting"] = starting
+    return out
+
+
+def _ending(o: _Options, scope: _Scope) -> dict[str, Any]:
+    """``ending`` and ``ending_timestamp_ms`` of ``ReadOptions`` (batch reads)."""
+    _warn_precedence(o, "ending")
+    out: dict[str, Any] = {}
+    ending: StartSpec = _parse_offsets(o, "endingoffsets", False, scope, end=True)
+    if o.has("endingtimestamp"):
+        out["ending_timestamp_ms"] = _store_time(o, "endingtimestamp")
+    elif o.has("endingoffsetsbytimestamp"):
+        times = _queue_json(o, "endingoffsetsbytimestamp", scope, 0)
+        assert not isinstance(ending, TimestampSpec)
+        ending = TimestampSpec(times, "latest", ending, "endingOffsetsByTimestamp")
+    out["ending"] = ending
+    return out
 
 
 def _parse_offsets(
-    o: _Options,
-    key: str,
-    streaming: bool,
-    topics: tuple[str, ...],
-    pattern: re.Pattern[str] | None,
-    *,
-    end: bool = False,
-) -> StartSpec:
+    o: _Options, key: str, streaming: bool, scope: _Scope, *, end: bool = False
+) -> str | QueueSpec:
     """``earliest`` | ``latest`` | ``group`` | JSON ``{"topic": {"0": 12, "1": -2}}``."""
-    name = o.names[key]
     default = "latest" if (streaming or end) else "earliest"
     text = o.text(key, default)
     words = ("latest",) if end else ("earliest", "latest", "group")
     if text.lower() in words:
         return text.lower()
+    return _queue_json(o, key, scope, LATEST if end else EARLIEST, words)
+
+
+def _queue_json(
+    o: _Options, key: str, scope: _Scope, lowest: int, words: tuple[str, ...] = ()
+) -> QueueSpec:
+    """A JSON ``{"topic": {"QUEUE": number}}`` option (cluster queues ``"BROKER/QUEUE"``):
+    every topic one the query reads, every queue an assigned one (with ``assign``),
+    every number at least ``lowest``."""
+    name, text = o.names[key], o.text(key)
+    timed = key.endswith("bytimestamp")
     try:
         parsed = json.loads(text)
     except ValueError:
-        raise _bad(name, text, f"must be {', '.join(words)} or a JSON object") from None
+        raise _bad(name, text, f"must be {', '.join(words)} or a JSON object" if words
+                   else "must be a JSON object") from None  # fmt: skip
     if not isinstance(parsed, dict) or not parsed:
-        raise _bad(name, text, 'must be a JSON object like {"topic": {"0": 12, "1": -2}}')
-    spec: dict[str, dict[int, int]] = {}
+        example = '{"topic": {"0": 1767225600000}}' if timed else '{"topic": {"0": 12, "1": -2}}'
+        raise _bad(name, text, f"must be a JSON object like {example}")
+    spec: QueueSpec = {}
     for topic, queues in parsed.items():
-        subscribed = topic in topics or (pattern is not None and pattern.fullmatch(topic))
-        if not subscribed:
+        if not scope.reads(topic):
             raise _bad(name, text, f"topic {topic!r} is not one the query reads")
         if not isinstance(queues, dict):
-            raise _bad(name, text, f"topic {topic!r} must map queue ids to offsets")
-        for named, offset in queues.items():
-            lowest = LATEST if end else EARLIEST
-            queue: object = named
-            if isinstance(named, str) and "/" in named:  # a cluster's "BROKER/QUEUE"
-                broker, _, queue = named.partition("/")
-                target = spec.setdefault(f"{broker}/{topic}", {})
-            else:
-                target = spec.setdefault(topic, {})
-            if not (isinstance(queue, str) and queue.isdigit()):
-                raise _bad(name, text, f"queue id {queue!r} of {topic!r} is not a number")
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < lowest:
-                raise _bad(name, text, f"offset {offset!r} of {topic}/{queue} must be an "
+            what = "times (ms)" if timed else "offsets"
+            raise _bad(name, text, f"topic {topic!r} must map queue ids to {what}")
+        for named, value in queues.items():
+            ref = _queue_ref(named)
+            if ref is None:
+                raise _bad(name, text, f"queue id {named!r} of {topic!r} is not a number")
+            spec_key = cluster_key(ref[0], topic)
+            if scope.assigned is not None and ref[1] not in scope.assigned.get(spec_key, ()):
+                raise _bad(name, text, f"queue {named} of {topic!r} is not among the assigned "
+                                       "queues (option assign)")  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                what = "time" if timed else "offset"
+                raise _bad(name, text, f"{what} {value!r} of {topic}/{named} must be an "
                                        f"integer >= {lowest}")  # fmt: skip
-            target[int(queue)] = offset
+            spec.setdefault(spec_key, {})[ref[1]] = value
     return spec
 
 

@@ -8,6 +8,7 @@ error instead of hanging the driver. Pyspark-free.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import logging
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import Admin
 from equeue_spark.client.cluster import target
 from equeue_spark.client.errors import BrokerUnavailable, EqueueError, NotFoundError
-from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
+from equeue_spark.spark.errors import InvalidOption, NoOffsetForTimestamp, OffsetsLostError
 from equeue_spark.spark.key_plan import key_offsets
 from equeue_spark.spark.offsets import (
     Incarnations,
@@ -29,12 +30,19 @@ from equeue_spark.spark.offsets import (
     contains,
     from_json,
     intersect,
+    min_partition_ranges,
     pack_spans,
     recreated_topics,
     split_key,
     split_range,
 )
-from equeue_spark.spark.options import EARLIEST, LATEST, ReadOptions, StartSpec
+from equeue_spark.spark.options import (
+    EARLIEST,
+    LATEST,
+    ReadOptions,
+    StartSpec,
+    TimestampSpec,
+)
 from equeue_spark.spark.read_task import QueueRange
 
 if TYPE_CHECKING:  # pushdown.py imports pyspark; planning stays free of it
@@ -64,6 +72,7 @@ class Planner:
         self.options = options
         self._admin: Admin | None = None
         self._committed: Offsets = {}
+        self._absent_warned: set[QueueKey] = set()
 
     @property
     def admin(self) -> Admin:
@@ -102,11 +111,44 @@ class Planner:
         missing = [t for t in self.topics() if not self._list_topic(found, t, timestamp_ms)]
         if missing and not self.options.streaming and self.options.topic_pattern is None:
             where, _ = target(self.options.client)
+            option = "topic" if self.options.assigned is None else "assign"
             raise NotFoundError(
-                f"topic {missing[0]!r} does not exist on {where}: check the topic option "
+                f"topic {missing[0]!r} does not exist on {where}: check the {option} option "
                 "(a batch read needs existing topics; a streaming read waits for them)"
             )
+        if self.options.assigned is not None:
+            self._check_assigned(found)
         return found
+
+    def _check_assigned(self, found: Listing) -> None:
+        """Option ``assign``: a queue that does not exist fails a batch read
+        (``NotFoundError`` naming it); a stream warns once and reads it from its
+        earliest offset when it appears (a new queue in a later listing)."""
+        assigned = self.options.assigned or {}
+        absent = sorted(
+            (name, queue)
+            for name, queues in assigned.items()
+            if name not in found.unreachable
+            for queue in queues
+            if (name, queue) not in found.queues
+        )
+        if not absent:
+            return
+        where, _ = target(self.options.client)
+        names = ", ".join(f"{n}/{q}" for n, q in absent[:5])
+        hint = ""
+        if self.options.cluster and any("/" not in n for n, _ in absent):
+            hint = ' (over a cluster, name queues "BROKER/QUEUE": {"orders": ["a/0"]})'
+        if not self.options.streaming:
+            raise NotFoundError(
+                f"assign names {names}, which does not exist on {where}{hint}: check the "
+                "assign option (a batch read needs existing queues)"
+            )
+        new = [k for k in absent if k not in self._absent_warned]
+        if new:
+            self._absent_warned.update(new)
+            log.warning("assign names %s, which does not exist on %s%s; the query reads it "
+                        "from its earliest offset when it appears", names, where, hint)  # fmt: skip
 
     def _list_topic(self, found: Listing, topic: str, timestamp_ms: int | None) -> bool:
         """``listing`` of one topic: every broker group of its route (one
@@ -133,8 +175,9 @@ class Planner:
             exists = True
             if listed.incarnation:
                 found.incarnations[name] = listed.incarnation
+            kept = None if self.options.assigned is None else self.options.assigned.get(name, ())
             for q in listed.queues:
-                if q.consumer_visible:
+                if q.consumer_visible and (kept is None or q.queue_id in kept):
                     found.queues[(name, q.queue_id)] = q
         return exists
 
@@ -186,11 +229,15 @@ class Planner:
         end: bool,
         listing: Listing | None = None,
     ) -> Offsets:
-        """Offsets for a ``startingOffsets``/``endingOffsets`` spec or a timestamp
-        (in ``listing``, made with ``timestamp_ms``, when given)."""
+        """Offsets for a ``startingOffsets``/``endingOffsets`` spec (or the
+        ``*OffsetsByTimestamp`` one, a ``TimestampSpec``) or a timestamp (in
+        ``listing``, made with ``timestamp_ms``, when given)."""
         queues = (listing or self.listing(timestamp_ms)).queues
         if timestamp_ms is not None:
-            return {key: q.timestamp_offset for key, q in queues.items()}
+            times = {k: timestamp_ms for k in queues}
+            return self._at_times(queues, times, end, "startingTimestamp")
+        if isinstance(spec, TimestampSpec):
+            return self._by_timestamp(spec, queues, end)
         if spec == "group":
             return self._group_offsets(queues)
         fallback = self._default_offset(spec, end)
@@ -207,6 +254,48 @@ class Planner:
             wanted = given.get(key[0], {}).get(key[1], fallback)
             offsets[key] = _pick(q, wanted)
         return offsets
+
+    def _by_timestamp(self, spec: TimestampSpec, queues: Queues, end: bool) -> Offsets:
+        """``*OffsetsByTimestamp``: the named queues by their times (one
+        ListOffsets per distinct broker, topic and time), the others by the
+        next preference (``spec.rest``)."""
+        offsets = self.resolve(spec.rest, None, end=end, listing=Listing(queues=queues))
+        times: dict[QueueKey, int] = {}
+        for name, by_queue in spec.per_queue.items():
+            for queue_id, ms in by_queue.items():
+                if (name, queue_id) not in queues:
+                    raise InvalidOption(
+                        f"option {spec.option} names {name}/{queue_id}, which does not exist"
+                    )
+                times[(name, queue_id)] = ms
+        listed: Queues = {}
+        for name, ms in sorted({(k[0], ms) for k, ms in times.items()}):
+            broker, topic = split_key(name)
+            reply = self.admin.read_on(
+                broker, topic, functools.partial(_list_at, topic=topic, ms=ms), self.seed
+            )
+            for q in reply.queues:
+                if times.get((name, q.queue_id)) == ms:
+                    listed[(name, q.queue_id)] = q
+        offsets.update(self._at_times(listed, times, end, spec.option))
+        return offsets
+
+    def _at_times(
+        self, queues: Queues, times: Mapping[QueueKey, int], end: bool, option: str
+    ) -> Offsets:
+        """Each queue's first offset stored at or after its time (listed with
+        it); one with no such record (the broker answers its end offset):
+        ending, and ``startingOffsetsByTimestampStrategy=latest``, its end (as
+        Kafka); ``error``: ``NoOffsetForTimestamp`` naming it."""
+        strict = not end and self.options.timestamp_strategy == "error"
+        for key, q in sorted(queues.items()):
+            if strict and q.timestamp_offset >= q.end_offset:
+                raise NoOffsetForTimestamp(
+                    f"{option}: {key[0]}/{key[1]} has no record stored at or after "
+                    f"{times[key]} ({_iso(times[key])}); set "
+                    "startingOffsetsByTimestampStrategy=latest to start such queues at their end"
+                )
+        return {key: min(q.timestamp_offset, q.end_offset) for key, q in queues.items()}
 
     def _default_offset(self, spec: StartSpec, end: bool) -> int:
         """Where a queue starts (or ends) that the spec does not name: a JSON
@@ -249,7 +338,8 @@ class Planner:
         incarnations: tuple[Incarnations, Incarnations] | None = None,
         pushdown: Pushdown | None = None,
     ) -> list[QueueRange]:
-        """Spark partitions for ``[starts, ends)``: one per queue range, cut by
+        """Spark partitions for ``[starts, ends)``: one per queue range, split
+        for ``minPartitions`` (Kafka's algorithm), then cut by
         ``maxRecordsPerPartition``. Queues new since ``starts`` start at their
         earliest offset; starts below the earliest are data loss, and so are
         the starts of a topic recreated since (``incarnations``: the topics'
@@ -276,6 +366,7 @@ class Planner:
             current = self.listing() if listed is None else listed
             if incarnations is not None:
                 starts, ends = self._recreated_ranges(starts, ends, incarnations, current)
+        bounds = []
         for key in sorted(ends):
             end = ends[key]
             start = starts.get(key)
@@ -286,12 +377,19 @@ class Planner:
                 start = self._lost(key, start, q.earliest_offset, end)
             elif start > end:  # the queue went backwards: recreated, or data lost
                 start = self._lost(key, start, q.earliest_offset if q else 0, end, behind=True)
+            bounds.append((key, start, end))
+        addresses: dict[str, list[str]] = {}
+        # minPartitions first (Kafka's split of the whole ranges), then each
+        # piece cut to maxRecordsPerPartition, as Spark 4's Kafka source does.
+        for key, start, end in min_partition_ranges(bounds, opts.min_partitions):
             spans: tuple[Span, ...] = ((start, end),)
             if narrowed is not None:
                 spans = intersect(spans, narrowed[key])
             limit = opts.max_records_per_partition
             pieces = [p for s in spans for p in split_range(*s, limit)]
-            addresses = self.addresses(key[0]) if pieces else [""]
+            if pieces and key[0] not in addresses:
+                addresses[key[0]] = self.addresses(key[0])
+            at = addresses.get(key[0], [""])
             for group in pack_spans(pieces, limit):  # spans of one queue share a task
                 ranges.append(
                     QueueRange(
@@ -300,8 +398,8 @@ class Planner:
                         start=group[0][0],
                         end=group[-1][1],
                         spans=group if len(group) > 1 else (),
-                        broker=addresses[0],
-                        fallbacks=tuple(addresses[1:]),
+                        broker=at[0],
+                        fallbacks=tuple(at[1:]),
                         timeout_ms=opts.timeout_ms,
                         tags=tags,
                         filter=read_filter,
@@ -433,6 +531,20 @@ def _admits(key: QueueKey, pushdown: Pushdown) -> bool:
         and pushdown.brokers.admits(broker)
         and contains(pushdown.queues, key[1])
     )
+
+
+def _list_at(admin: Admin, topic: str, ms: int) -> pb.ListOffsetsReply:
+    return admin.list_topic_offsets(topic, ms)
+
+
+def _iso(ms: int) -> str:
+    """A store time for messages: ``2026-01-01T00:00:00Z`` (ms when not whole seconds)."""
+    try:
+        when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    except (OverflowError, ValueError, OSError):
+        return "beyond the calendar"
+    text = when.isoformat(timespec="milliseconds" if ms % 1000 else "seconds")
+    return text.replace("+00:00", "Z")
 
 
 def _fetch_group(admin: Admin, group: str, topic: str) -> dict[tuple[str, int], int]:

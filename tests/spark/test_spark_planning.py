@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from equeue_spark.spark.errors import InvalidOption, OffsetsLostError
 from equeue_spark.spark.offsets import (
     from_json,
     incarnations,
+    min_partition_ranges,
     rate_limit,
     split_budget,
     split_range,
     to_json,
 )
-from equeue_spark.spark.options import EARLIEST, ReadOptions, WriteOptions, headers_requested
+from equeue_spark.spark.options import (
+    EARLIEST,
+    ReadOptions,
+    TimestampSpec,
+    WriteOptions,
+    headers_requested,
+)
 
 
 def test_offsets_json_is_canonical() -> None:
@@ -82,7 +93,6 @@ def test_read_options_defaults_and_parsing() -> None:
         ({"topic": "a", "startingoffsets": "[1]"}, "must be a JSON object"),
         ({"topic": "a,,b"}, "an empty topic name"),
         ({"topic": "a", "tags": "a||b"}, "an empty tag"),
-        ({"topic": "a", "startingtimestamp": "1", "startingoffsets": "earliest"}, "not both"),
         ({"topic": "a", "groupfallback": "middle"}, "groupFallback='middle'"),
     ],
 )
@@ -188,3 +198,266 @@ def test_timestamp_option_errors_say_which_time_they_compare() -> None:
     for key in ("startingtimestamp", "endingtimestamp"):
         with pytest.raises(InvalidOption, match="compared with the broker's store time"):
             ReadOptions.parse({"topic": "t", key: "yesterday"}, streaming=False)
+
+
+# -- Spark Kafka source names (issue 29) ----------------------------------------------
+
+
+def test_subscribe_and_subscribe_pattern_are_topic_and_topic_pattern() -> None:
+    assert ReadOptions.parse({"subscribe": "a, b"}, streaming=True).topics == ("a", "b")
+    pattern = ReadOptions.parse({"subscribePattern": "a.*"}, streaming=True).topic_pattern
+    assert pattern is not None and pattern.pattern == "a.*"
+    with pytest.raises(InvalidOption, match="give topic or subscribe, not both"):
+        ReadOptions.parse({"subscribe": "a", "topic": "b"}, streaming=True)
+    with pytest.raises(InvalidOption, match="give topicPattern or subscribePattern, not both"):
+        ReadOptions.parse({"subscribepattern": "a", "topicpattern": "b"}, streaming=True)
+    # Errors name the spelling the user wrote.
+    with pytest.raises(InvalidOption, match="option subscribe='a,,b': an empty topic name"):
+        ReadOptions.parse({"subscribe": "a,,b"}, streaming=True)
+
+
+def test_assign_reads_exactly_the_named_queues() -> None:
+    one = ReadOptions.parse({"assign": '{"orders": [0, "1"], "audit": [3]}'}, streaming=False)
+    assert one.assigned == {"orders": frozenset({0, 1}), "audit": frozenset({3})}
+    assert one.topics == ("orders", "audit") and one.topic_pattern is None
+    cluster = ReadOptions.parse(
+        {"namesrv": "n:1", "assign": '{"orders": ["a/0", "b/1", "b/2"]}'}, streaming=True
+    )
+    assert cluster.assigned == {"a/orders": frozenset({0}), "b/orders": frozenset({1, 2})}
+    spec = ReadOptions.parse(
+        {"assign": '{"orders": [0, 1]}', "startingoffsets": '{"orders": {"1": 7}}'},
+        streaming=False,
+    ).starting
+    assert spec == {"orders": {1: 7}}
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"assign": '{"o": [0]}', "topic": "o"}, "give exactly one of the options topic or"),
+        ({"assign": '{"o": [0]}', "subscribepattern": "o"}, "subscribePattern='o', assign="),
+        ({}, "got none"),
+        ({"assign": "[0]"}, 'must be a JSON object like {"orders": [0, 1]}'),
+        ({"assign": '{"o": []}'}, "topic 'o' must map to a list of queue ids"),
+        ({"assign": '{"o": ["x"]}'}, "queue 'x' of 'o' is not a queue id"),
+        ({"assign": '{"o": [-1]}'}, "queue -1 of 'o' is not a queue id"),
+        ({"assign": '{"o": ["/1"]}'}, "queue '/1' of 'o' is not a queue id"),
+        (
+            {"assign": '{"o": [0]}', "startingoffsets": '{"o": {"1": 5}}'},
+            "queue 1 of 'o' is not among the assigned queues",
+        ),
+        (
+            {"assign": '{"o": [0]}', "startingoffsetsbytimestamp": '{"o": {"a/0": 5}}'},
+            "queue a/0 of 'o' is not among the assigned queues",
+        ),
+        (
+            {"topic": "o", "startingoffsetsbytimestamp": '{"p": {"0": 5}}'},
+            "topic 'p' is not one the query reads",
+        ),
+        ({"topic": "o", "startingoffsetsbytimestamp": "latest"}, "must be a JSON object"),
+        (
+            {"topic": "o", "startingoffsetsbytimestamp": '{"o": {"0": -1}}'},
+            "time -1 of o/0 must be an integer >= 0",
+        ),
+        (
+            {"topic": "o", "startingoffsetsbytimestampstrategy": "fail"},
+            "startingOffsetsByTimestampStrategy='fail': must be error or latest",
+        ),
+        ({"topic": "o", "minpartitions": "0"}, "minPartitions='0': must be between 1 and 100000"),
+        ({"topic": "o", "minpartitions": "100001"}, "between 1 and 100000"),
+        ({"topic": "o", "minpartitions": "many"}, "minPartitions='many': not an integer"),
+    ],
+)
+def test_kafka_option_errors(options: dict[str, str], fragment: str) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        ReadOptions.parse(options, streaming=False)
+    assert fragment in str(caught.value)
+
+
+def test_ending_offsets_by_timestamp_is_batch_only() -> None:
+    with pytest.raises(InvalidOption, match=r"endingOffsetsByTimestamp=.*only batch reads"):
+        ReadOptions.parse(
+            {"topic": "o", "endingoffsetsbytimestamp": '{"o": {"0": 5}}'}, streaming=True
+        )
+
+
+def test_by_timestamp_options_parse_to_timestamp_specs() -> None:
+    batch = ReadOptions.parse(
+        {
+            "topic": "o",
+            "startingOffsetsByTimestamp": '{"o": {"0": 1767225600000}}',
+            "startingOffsetsByTimestampStrategy": "ERROR",
+            "endingOffsetsByTimestamp": '{"o": {"1": 1767225600001}}',
+            "minPartitions": "10",
+        },
+        streaming=False,
+    )
+    assert batch.starting == TimestampSpec({"o": {0: 1767225600000}}, "error", "earliest")
+    assert batch.ending == TimestampSpec(
+        {"o": {1: 1767225600001}}, "latest", "latest", "endingOffsetsByTimestamp"
+    )
+    assert batch.timestamp_strategy == "error" and batch.min_partitions == 10
+    # Default strategy latest (Kafka's is error: docs/spark.md says why); with a
+    # group, the queues the JSON leaves out start at the group's offsets.
+    grouped = ReadOptions.parse(
+        {"topic": "o", "group": "g", "startingOffsetsByTimestamp": '{"o": {"0": 5}}'},
+        streaming=True,
+    )
+    assert grouped.starting == TimestampSpec({"o": {0: 5}}, "latest", "group")
+
+
+@pytest.mark.parametrize(
+    ("options", "starting", "warning"),
+    [
+        (
+            {"startingtimestamp": "5", "startingoffsets": "earliest"},
+            "earliest",
+            "startingTimestamp wins (Kafka's precedence: startingTimestamp > "
+            "startingOffsetsByTimestamp > startingOffsets); startingOffsets is ignored",
+        ),
+        (
+            {"startingtimestamp": "5", "startingoffsetsbytimestamp": '{"o": {"0": 1}}'},
+            "latest",
+            "options startingTimestamp and startingOffsetsByTimestamp both given: "
+            "startingTimestamp wins",
+        ),
+        (
+            {"startingoffsetsbytimestamp": '{"o": {"0": 1}}', "startingoffsets": "earliest"},
+            TimestampSpec({"o": {0: 1}}, "latest", "earliest"),
+            "startingOffsets applies only to the queues startingOffsetsByTimestamp leaves out",
+        ),
+    ],
+)
+def test_starting_precedence_is_kafkas_with_one_warning(
+    options: dict[str, str], starting: Any, warning: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="equeue.spark"):
+        parsed = ReadOptions.parse({"topic": "o", **options}, streaming=True)
+    assert parsed.starting == starting
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warning in warnings[0]
+
+
+def test_ending_precedence_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="equeue.spark"):
+        parsed = ReadOptions.parse(
+            {
+                "topic": "o",
+                "endingtimestamp": "9",
+                "endingoffsetsbytimestamp": '{"o": {"0": 1}}',
+                "endingoffsets": '{"o": {"0": 3}}',
+            },
+            streaming=False,
+        )
+    assert parsed.ending_timestamp_ms == 9
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "options endingTimestamp and endingOffsetsByTimestamp and endingOffsets both given: "
+        "endingTimestamp wins (Kafka's precedence: endingTimestamp > endingOffsetsByTimestamp "
+        "> endingOffsets); endingOffsetsByTimestamp and endingOffsets are ignored"
+    ]
+
+
+# -- minPartitions: Kafka's KafkaOffsetRangeCalculator.getRanges ----------------------
+
+
+def _kafka_get_ranges(
+    ranges: list[tuple[Any, int, int]], min_partitions: int | None
+) -> list[tuple[Any, int, int]]:
+    """A line-by-line transcription of Spark's Scala (KafkaOffsetRangeCalculator,
+    apache/spark connector/kafka-0-10-sql), kept apart from the implementation."""
+    offset_ranges = [r for r in ranges if r[2] - r[1] > 0]
+    if min_partitions is None or len(offset_ranges) >= min_partitions:
+        return offset_ranges
+
+    def get_part_count(size: int, total_size: int, min_parts: int) -> int:
+        return max(math.floor(float(size) / total_size * min_parts + 0.5), 1)
+
+    total_size = sum(r[2] - r[1] for r in offset_ranges)
+    unsplit_ranges = [
+        r for r in offset_ranges if get_part_count(r[2] - r[1], total_size, min_partitions) == 1
+    ]
+    unsplit_range_total_size = sum(r[2] - r[1] for r in unsplit_ranges)
+    split_range_total_size = total_size - unsplit_range_total_size
+    unsplit_range_topic_partitions = {r[0] for r in unsplit_ranges}
+    split_range_min_partitions = max(min_partitions - len(unsplit_ranges), 1)
+    out = []
+    for tp, from_offset, until_offset in offset_ranges:
+        size = until_offset - from_offset
+        if tp in unsplit_range_topic_partitions:
+            parts = 1
+        else:
+            parts = get_part_count(size, split_range_total_size, split_range_min_partitions)
+        remaining = size
+        start_offset = from_offset
+        for part in range(parts):
+            this_partition = remaining // (parts - part)
+            remaining -= this_partition
+            end_offset = min(start_offset + this_partition, until_offset)
+            out.append((tp, start_offset, end_offset))
+            start_offset = end_offset
+    return [r for r in out if r[2] - r[1] > 0]
+
+
+def test_min_partitions_matches_kafkas_examples() -> None:
+    equal = [(("t", q), 0, 100) for q in range(4)]
+    assert len(min_partition_ranges(equal, 10)) == 12  # round(2.5) = 3 each
+    skewed = [(("t", 0), 0, 700)] + [(("t", q), 0, 100) for q in range(1, 4)]
+    split = min_partition_ranges(skewed, 10)
+    assert [r for r in split if r[0] == ("t", 0)] == [
+        (("t", 0), lo, lo + 100) for lo in range(0, 700, 100)
+    ]
+    assert len(split) == 10
+    assert min_partition_ranges(equal, 4) == equal and min_partition_ranges(equal, None) == equal
+    # Python's round(2.5) is 2: Scala's math.round is half up.
+    assert len(min_partition_ranges([(("t", 0), 0, 5), (("t", 1), 0, 5)], 5)) == 6
+
+
+_RANGES = st.lists(
+    st.tuples(st.integers(0, 10**6), st.integers(0, 10**5)), min_size=0, max_size=12
+).map(lambda rs: [(("t", i), lo, lo + size) for i, (lo, size) in enumerate(rs)])
+
+
+@given(ranges=_RANGES, min_partitions=st.one_of(st.none(), st.integers(1, 200)))
+def test_min_partition_ranges_is_kafkas_algorithm(
+    ranges: list[tuple[Any, int, int]], min_partitions: int | None
+) -> None:
+    got = min_partition_ranges(ranges, min_partitions)
+    assert got == _kafka_get_ranges(ranges, min_partitions)  # offsets, counts and order
+    for key, lo, hi in ranges:  # every range covered exactly: no gaps, no overlaps
+        pieces = [(a, b) for k, a, b in got if k == key]
+        assert all(a < b for a, b in pieces)
+        assert pieces == sorted(pieces)
+        covered = [o for a, b in pieces for o in (a, b)]
+        assert covered[:1] + covered[-1:] == ([lo, hi] if hi > lo else [])
+        assert all(covered[i] == covered[i + 1] for i in range(1, len(covered) - 1, 2))
+    nonempty = sum(1 for _, lo, hi in ranges if hi > lo)
+    if min_partitions is not None:  # about min_partitions (Kafka's rounding), never fewer ranges
+        total = sum(hi - lo for _, lo, hi in ranges)
+        assert len(got) >= min(nonempty, min_partitions, total)
+
+
+@given(
+    ranges=_RANGES,
+    min_partitions=st.integers(1, 50),
+    max_records=st.integers(1, 5000),
+)
+def test_max_records_per_partition_cuts_after_min_partitions(
+    ranges: list[tuple[Any, int, int]], min_partitions: int, max_records: int
+) -> None:
+    """What Planner.ranges does: Kafka's split, then every piece cut to
+    maxRecordsPerPartition (split_range), with the same records."""
+    pieces = [
+        (key, a, b)
+        for key, lo, hi in min_partition_ranges(ranges, min_partitions)
+        for a, b in split_range(lo, hi, max_records)
+    ]
+    assert all(0 < b - a <= max_records for _, a, b in pieces)
+    assert len(pieces) >= len(min_partition_ranges(ranges, min_partitions))
+    for key, lo, hi in ranges:  # the same records: contiguous pieces over [lo, hi)
+        bounds = [(a, b) for k, a, b in pieces if k == key]
+        if hi > lo:
+            assert bounds[0][0] == lo and bounds[-1][1] == hi
+            assert all(bounds[i][1] == bounds[i + 1][0] for i in range(len(bounds) - 1))
+        else:
+            assert bounds == []

@@ -49,6 +49,7 @@ log = logging.getLogger("equeue.namesrv")
 
 MAX_TOPIC_NAME = 255
 MAX_ADDRESS = 300
+MAX_FINGERPRINT = 64
 
 
 class NameServerError(Exception):
@@ -85,6 +86,8 @@ class Registration:
     """Monotonic time of the last registration (what expiry uses)."""
     gaps: tuple[float, ...] = ()
     """The last gaps between its registrations, seconds (its usual interval)."""
+    fetch_address: str = ""
+    """Its fetch port (HOST:PORT; empty: none)."""
 
 
 GAPS = 4
@@ -126,6 +129,8 @@ class RouteTable:
         if problem is not None:
             raise invalid(problem)
         _check_address(request.address)
+        if request.fetch_address:
+            _check_address(request.fetch_address, "fetch address")
         role = _role(request)
         key = (request.broker_name, request.instance_id[:64] or request.address)
         if key not in self._brokers and len(self._brokers) >= self.limits.max_brokers:
@@ -146,6 +151,8 @@ class RouteTable:
         for topic in request.topics:
             if not topic.name or len(topic.name) > MAX_TOPIC_NAME:
                 raise invalid(f"topic name {topic.name[:80]!r} is empty or too long")
+            if len(topic.value_schema_fingerprint) > MAX_FINGERPRINT:
+                raise invalid(f"topic {topic.name!r}: schema fingerprint too long")
             if len(topic.queues) > self.limits.max_queues_per_topic:
                 raise NameServerError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -183,6 +190,7 @@ class RouteTable:
             last_ms=int(time.time() * 1000),
             seen=now,
             gaps=gaps,
+            fetch_address=request.fetch_address,
         )
         if before is not None and (before.role, before.epoch) != (role, request.epoch):
             log.info(
@@ -301,8 +309,18 @@ class RouteTable:
                 incarnation=lead.topics[topic].incarnation,
                 epoch=routed.epoch if routed else 0,
             )
-            entry.queues.extend(lead.topics[topic].queues)
+            registered = lead.topics[topic]
+            entry.queues.extend(registered.queues)
             entry.replica_addresses.extend(r.address for r in replicas)
+            # Every member carries the master's schemas: the lead's versions stand
+            # for the group (a replica's lag behind them is momentary).
+            entry.value_schema_version = registered.value_schema_version
+            entry.value_schema_fingerprint = registered.value_schema_fingerprint
+            entry.key_schema_version = registered.key_schema_version
+            # The master's fetch port first ("" when none is routed), then the
+            # replicas' in replica_addresses order.
+            fetchers = [routed.fetch_address if routed else ""]
+            entry.fetch_addresses.extend([*fetchers, *(r.fetch_address for r in replicas)])
             if routed is not None:
                 entry.replicas[0] = routed.address
             for number, replica in enumerate(replicas, start=1):
@@ -368,7 +386,7 @@ def _role(request: pb.RegisterBrokerRequest) -> str:
     return request.role
 
 
-def _check_address(address: str) -> None:
+def _check_address(address: str, what: str = "broker address") -> None:
     host, sep, port = address.rpartition(":")
     if (
         not sep
@@ -378,4 +396,4 @@ def _check_address(address: str) -> None:
         or not 1 <= int(port) <= 65535
         or any(c.isspace() for c in address)
     ):
-        raise invalid(f"broker address {address[:80]!r} is not one HOST:PORT")
+        raise invalid(f"{what} {address[:80]!r} is not one HOST:PORT")

@@ -1,7 +1,7 @@
 """A replica's replication loop: follows its master's log (the Replication service).
 
 ``Follower`` keeps one stream open to the master named by the broker's role
-(role.py; reconnecting with a bounded back-off), applies metadata, then bytes
+(role.py; reconnecting with a bounded back-off), applies metadata and schemas, then bytes
 (``ReplicaLog.append``), and cuts its log where the master says it ends or
 diverges (``truncate``). The master side is master.py (its servicer: server/service_replication.py).
 """
@@ -220,6 +220,8 @@ class Follower:
                         "a replica must have its master's --broker-name (message ids name it)"
                     )
                 await self.runner.call(self.replica.apply_metadata, meta)
+            if reply.schemas:  # after the topics (a recreated topic's schemas are new)
+                await self.runner.call(self.replica.apply_schemas, reply.schemas)
             # Reads here stop at the master's high watermark (set before the bytes
             # it may not cover): below it, every record is on every in-sync
             # member, so a failover cannot lose it.

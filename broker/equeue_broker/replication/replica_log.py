@@ -5,8 +5,10 @@ at the same global position, chunks rolled where the master's were).
 ``ReplicaLog`` is the one entry point that writes such bytes: ``append``
 (checked, placed and indexed by the store: ``Store.append_at``,
 storage/log/positioned.py, with one ``TxnScan`` kept across pieces), ``truncate``
-(a divergent tail, ``Store.truncate``), and ``apply_metadata``, which makes
-topics (with their incarnations) and consumer-group offsets the master's.
+(a divergent tail, ``Store.truncate``), ``apply_metadata``, which makes
+topics (with their incarnations) and consumer-group offsets the master's, and
+``apply_schemas``, which makes the topic schemas the master's (the document
+of schemas.json, storage/meta/schemas.py, sent when its generation moved).
 
 Metadata document (JSON, UTF-8; ``encode_metadata``/``decode_metadata``)::
 
@@ -26,7 +28,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from equeue_broker.storage.errors import InvalidArgument
+from equeue_broker.storage.errors import CorruptionError, InvalidArgument
 from equeue_broker.storage.meta.offsets import GroupOffsets
 from equeue_broker.storage.meta.topics import QueueMeta, TopicMeta
 from equeue_broker.storage.store import Store
@@ -88,6 +90,13 @@ def decode_metadata(data: bytes) -> Metadata:
         raise InvalidArgument(f"bad replication metadata: {exc!r}") from None
 
 
+def encode_schemas(store: Store) -> tuple[int, bytes]:
+    """(generation, the schemas document as JSON): what a master sends its replicas."""
+    document = store.schemas.document()
+    encoded = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    return int(document["generation"]), encoded
+
+
 def master_metadata(store: Store, broker_name: str) -> Metadata:
     """What a master sends its replicas."""
     return Metadata(broker_name, tuple(store.topic_admin.listing()), store.offsets_snapshot())
@@ -125,6 +134,18 @@ class ReplicaLog:
         open transaction and epoch marker at or after it, into sealed chunks if
         need be. Loud: it drops records."""
         self._store.truncate(position, self._scan)
+
+    def apply_schemas(self, data: bytes) -> bool:
+        """Make the topic schemas the master's (saved before memory); True if
+        anything changed. ``InvalidArgument`` if ``data`` is not a document."""
+        try:
+            document = json.loads(data)
+        except ValueError as exc:
+            raise InvalidArgument(f"bad replicated schemas: {exc}") from None
+        try:
+            return self._store.schemas.adopt(document)
+        except CorruptionError as exc:
+            raise InvalidArgument(f"bad replicated schemas: {exc}") from None
 
     def apply_metadata(self, meta: Metadata) -> bool:
         """Make topics and group offsets the master's; True if anything changed."""

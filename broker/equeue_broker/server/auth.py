@@ -17,7 +17,10 @@ PERMISSION_DENIED. Roles: ``consume`` covers the Broker service's read side
 which gives a consumed message back to its group's retry topic); ``produce``
 its write side (Produce, ProduceStream, CommitTransactions, AbortTransactions,
 CancelDelayed, and TransactionChecks, a producer group's check-back stream);
-``admin`` the Admin service and, being the operator's role, everything else.
+``admin`` the Admin service and, being the operator's role, everything else
+(DescribeTopic and GetSchema are open to the produce and consume roles too:
+clients read a topic's queues and schemas; SetSchema, SetCompatibility and
+DeleteSchemas need admin).
 ``broker`` is a broker's token to its name servers (namesrv/auth.py: only it
 may register, unregister and report a role there); on a broker it grants
 nothing, so a broker token that should also produce, consume or administer
@@ -201,11 +204,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 DESCRIBE_TOPIC = _ADMIN + "DescribeTopic"
 """Also open to the produce and consume roles (for their topics): a client
 learns a topic's queues from it, as a Kafka client reads topic metadata."""
+GET_SCHEMA = _ADMIN + "GetSchema"
+"""Also open to the produce and consume roles (for their topics): producers
+encode with a topic's schema and consumers decode with it."""
+_CLIENT_READS = frozenset({DESCRIBE_TOPIC, GET_SCHEMA})
 
 
 def _role_for(method: str, principal: Principal) -> str | None:
     """The role ``method`` needs from ``principal`` (None: none)."""
-    if method == DESCRIBE_TOPIC and not principal.may("admin"):
+    if method in _CLIENT_READS and not principal.may("admin"):
         return next((r for r in ("produce", "consume") if principal.may(r)), "admin")
     return "admin" if method.startswith(_ADMIN) else METHOD_ROLES.get(method)
 

@@ -14,6 +14,9 @@ extend the storage hierarchy::
     StorageError
     ├── InvalidArgument ── BadRequest      a malformed request field
     │                      └── BadFilter    a filter expression that does not parse (kind below)
+    ├── InvalidArgument ── SchemaInvalid   a schema text that does not parse (meta/schemas.py)
+    ├── PreconditionFailed ── SchemaIncompatible, SchemaVersionConflict
+    │                                      a schema refused by its rule, a wrong explicit version
     ├── PreconditionFailed ── ReplicaReadOnly  a write sent to a replica (replication/)
     │                      ├── StaleEpoch       a request from an older group epoch (replication/)
     │                      └── OutOfOrderSequence, ProducerFenced, UnknownProducer (storage)
@@ -56,6 +59,11 @@ from equeue_broker.storage.errors import (
     StoreClosed,
     UnknownProducer,
 )
+from equeue_broker.storage.meta.schemas import (
+    SchemaIncompatible,
+    SchemaInvalid,
+    SchemaVersionConflict,
+)
 from equeue_proto.protocol import (
     DAMAGED_RECORD_KEY,
     ERROR_KIND_KEY,
@@ -66,6 +74,7 @@ from equeue_proto.protocol import (
     STALE_EPOCH,
     UNKNOWN_PRODUCER,
 )
+from equeue_proto.schema_rules import SCHEMA_INCOMPATIBLE, SCHEMA_INVALID, SCHEMA_VERSION_CONFLICT
 from equeue_proto.selector import ERROR_KIND as BAD_FILTER
 
 log = logging.getLogger(__name__)
@@ -151,6 +160,9 @@ _KINDS: list[tuple[type[StorageError], str]] = [
     (StaleEpoch, STALE_EPOCH),
     (NotEnoughReplicas, NOT_ENOUGH_REPLICAS),
     (BadFilter, BAD_FILTER),
+    (SchemaInvalid, SCHEMA_INVALID),
+    (SchemaIncompatible, SCHEMA_INCOMPATIBLE),
+    (SchemaVersionConflict, SCHEMA_VERSION_CONFLICT),
 ]
 """The errors a client tells apart by kind (``protocol.ERROR_KIND_KEY``)."""
 

@@ -34,6 +34,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -79,9 +80,24 @@ def topic_snapshot(store: Store) -> list[pb.RegisteredTopic]:
                 )
                 for q in meta.queues
             ],
+            **schema_versions(store, meta.name, meta.incarnation),
         )
         for meta in store.topic_admin.listing()
     ]
+
+
+def schema_versions(store: Store, topic: str, incarnation: int) -> dict[str, Any]:
+    """The topic's latest value and key schema versions (0: none) and the value's
+    fingerprint: routes show them, so clients learn of a new version from the
+    routes they refresh anyway, and a broker group that lags shows."""
+    value = store.schemas.get(topic, "value", incarnation)
+    key = store.schemas.get(topic, "key", incarnation)
+    latest = value.latest if value is not None else None
+    return {
+        "value_schema_version": latest.version if latest else 0,
+        "value_schema_fingerprint": latest.fingerprint if latest else "",
+        "key_schema_version": len(key.versions) if key is not None else 0,
+    }
 
 
 class Registrar:
@@ -113,6 +129,9 @@ class Registrar:
         self._failing: set[str] = set()
         self.registrations = 0
         """Successful registrations so far (all name servers together)."""
+        self.fetch_address: Callable[[], str] = lambda: ""
+        """The broker's fetch port address now (``BrokerState.fetch_address``; empty:
+        none), sent with every registration."""
         self.on_master: Callable[[str, int], Awaitable[None]] | None = None
         """Called with the group's master and its epoch when a name server's
         reply names another member (``RoleSwitch.learned``)."""
@@ -139,6 +158,7 @@ class Registrar:
             replica_id=0 if view.is_master else 1, address=self.address,
             topics=topic_snapshot(self.store), instance_id=self.instance_id,
             role=view.role, epoch=view.epoch, master=view.master,
+            fetch_address=self.fetch_address(),
         )  # fmt: skip
 
     async def register_once(self, request: pb.RegisterBrokerRequest) -> None:
@@ -166,12 +186,12 @@ class Registrar:
 
     async def run(self) -> None:
         last_topics: list[pb.RegisteredTopic] | None = None
-        last_role: tuple[str, int, str] | None = None
+        last_role: tuple[str, int, str, str] | None = None
         last_sent = 0.0
         while True:
             request = self.request()
             topics = list(request.topics)
-            role = (request.role, request.epoch, request.master)
+            role = (request.role, request.epoch, request.master, request.fetch_address)
             due = time.monotonic() - last_sent >= self.interval_s
             if due or topics != last_topics or role != last_role:
                 last_sent = time.monotonic()

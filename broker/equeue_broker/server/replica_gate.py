@@ -25,9 +25,11 @@ WRITE_METHODS = frozenset(
         "Admin/SetQueueVisibility", "Admin/DeleteQueue", "Admin/ResetOffsets",
         "Admin/DeleteGroup", "Broker/CancelDelayed", "Broker/Nack",
         "Admin/ResendDeadLetters", "Admin/PurgeDeadLetters",
+        "Admin/SetSchema", "Admin/SetCompatibility", "Admin/DeleteSchemas",
     )
 )  # fmt: skip
-"""The calls a replica refuses: everything that changes the log or metadata."""
+"""The calls a replica refuses: everything that changes the log or metadata
+(GetSchema is a read: replicas serve it from the schemas their master sent)."""
 
 
 class ReplicaGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]

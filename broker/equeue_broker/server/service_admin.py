@@ -1,5 +1,6 @@
 """The administration servicer (``Admin``): topics, queues, groups, offsets
-resets, single messages, statistics and open transactions.
+resets, single messages, statistics and open transactions; the schema calls
+are service_schemas.py's (mixed in).
 
 Every handler runs its storage work on the thread pool (``BrokerState.call``):
 these calls walk topics and queues and are not latency-critical.
@@ -15,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from equeue_broker.replication.failover import ZOOKEEPER
 from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
@@ -24,6 +23,7 @@ from equeue_broker.server.dead_letters import DeadLetters, Resent
 from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
 from equeue_broker.server.retry import check_reshape, check_user_name, group_topics, user_group
 from equeue_broker.server.service_base import BrokerState, rpc
+from equeue_broker.server.service_schemas import SchemaServiceMixin
 from equeue_broker.server.stats import fill_stats
 from equeue_broker.storage import NotFound, Store
 from equeue_broker.storage.errors import PreconditionFailed
@@ -37,7 +37,7 @@ from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 log = logging.getLogger("equeue.broker")
 
 
-class AdminService(pb_grpc.AdminServicer):
+class AdminService(SchemaServiceMixin, pb_grpc.AdminServicer):
     def __init__(self, state: BrokerState) -> None:
         self.s = state
         ids = (state.broker_id, state.instance_id)
@@ -48,6 +48,8 @@ class AdminService(pb_grpc.AdminServicer):
             loop.call_soon_threadsafe(state.topology_changed)
 
         self.dead_letters = DeadLetters(state.store, ids, created)
+        if state.registrar is not None:  # registrations carry the fetch port once it listens
+            state.registrar.fetch_address = lambda: state.fetch_address
 
     def _topic_info(self, name: str) -> pb.TopicInfo:
         store = self.s.store
@@ -338,28 +340,6 @@ class AdminService(pb_grpc.AdminServicer):
         )  # fmt: skip
 
     @rpc
-    # Schemas (issue 29): the contract is in the .proto; the handlers land
-    # with the schema registry. Until then they answer UNIMPLEMENTED.
-    async def SetSchema(self, request: pb.SetSchemaRequest, context: Any) -> pb.SchemaInfo:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schemas are not served yet")
-        raise AssertionError("abort raises")
-
-    async def GetSchema(self, request: pb.GetSchemaRequest, context: Any) -> pb.SchemaInfo:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schemas are not served yet")
-        raise AssertionError("abort raises")
-
-    async def SetCompatibility(
-        self, request: pb.SetCompatibilityRequest, context: Any
-    ) -> pb.SchemaInfo:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schemas are not served yet")
-        raise AssertionError("abort raises")
-
-    async def DeleteSchemas(
-        self, request: pb.DeleteSchemasRequest, context: Any
-    ) -> pb.DeleteSchemasReply:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schemas are not served yet")
-        raise AssertionError("abort raises")
-
     async def QueryMessages(
         self, request: pb.QueryMessagesRequest, context: Any
     ) -> pb.QueryMessagesReply:
@@ -516,6 +496,8 @@ class AdminService(pb_grpc.AdminServicer):
                 role_since_ms=self.s.role.since_ms,
                 delayed_pending=pending,
                 delayed_next_due_ms=next_due or 0,
+                schema_subjects=store.schemas.subject_count(),
+                fetch_address=self.s.fetch_address,
             ), self.s.counters)  # fmt: skip
 
         view = self.s.role.view

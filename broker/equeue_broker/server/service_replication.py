@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 
@@ -22,7 +23,7 @@ from equeue_broker.replication.master import (
     check_request_epoch,
     divergence,
 )
-from equeue_broker.replication.replica_log import encode_metadata, master_metadata
+from equeue_broker.replication.replica_log import encode_metadata, encode_schemas, master_metadata
 from equeue_broker.replication.wire import encode_reply
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.service_base import BrokerState, rpc_stream
@@ -72,6 +73,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         sent_meta, sent_at = b"", 0.0
         sent_topics: object = None  # metadata_generation of the last metadata encoded
         sent_offsets = -1
+        sent_schemas = -1  # the schemas' generation last sent: the first reply always carries them
         insync, member = self.s.insync, ""
         sent_hw = sent_version = -1
         try:
@@ -131,6 +133,13 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     send_meta = due or meta != sent_meta
                 if send_meta:
                     sent_meta, sent_at = meta, now
+                # Read after the version, like the topics: a reply's version never
+                # claims a schema change it does not carry (SetSchema waits for it).
+                schemas = b""
+                if store.schemas.generation != sent_schemas:
+                    sent_schemas, schemas = encode_schemas(store)
+                    if len(schemas) + len(piece.data) > self.max_reply_bytes:
+                        piece = replace(piece, data=b"")  # the bytes come in the next reply
                 sent_hw, sent_version = insync.high_watermark(piece.end), version
                 insync.offered(member, slot, piece.end, version)
                 yield encode_reply(pb.ReplicateReply(
@@ -138,6 +147,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     master_start=piece.start, metadata=meta if send_meta else b"",
                     chunk_capacity=capacity, high_watermark=sent_hw,
                     metadata_version=version, epoch=epoch,
+                    schemas=schemas, schemas_generation=sent_schemas,
                 ), piece.data)  # fmt: skip
         finally:
             self.s.replicas.close(slot)

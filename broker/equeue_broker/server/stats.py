@@ -10,9 +10,11 @@ from equeue_proto.v1 import broker_pb2 as pb
 
 WINDOW_S = 60
 
-FEATURES: tuple[str, ...] = ("filter", "query")
+FEATURES: tuple[str, ...] = ("filter", "query", "schemas")
 """``BrokerStats.features``: what this broker serves that older ones do not
-(clients check before relying on it): "filter" = Pull/PullStream ``filter``."""
+(clients check before relying on it): "filter" = Pull/PullStream ``filter``,
+"schemas" = the schema calls (SetSchema, GetSchema...); "fetch" is added while
+a fetch port listens (``BrokerStats.fetch_address``)."""
 
 
 class Counters:
@@ -96,6 +98,8 @@ def fill_stats(reply: pb.BrokerStats, counters: Counters) -> pb.BrokerStats:
     reply.records_served = served
     reply.records_filtered = filtered
     reply.features.extend(FEATURES)
+    if reply.fetch_address:
+        reply.features.append("fetch")
     with counters._lock:
         for queue in reply.queue_counters:
             queue.filtered = counters.filtered[(queue.topic, queue.queue_id)]

@@ -8,7 +8,8 @@ both damaged are *lost* (offsets.py). Both are found again at every open until
 an operator repairs them: ``equeue-broker verify`` lists every damaged chunk,
 record and metadata file of a stopped broker's data directory (verify.py).
 With topics.json the topics are rebuilt from the index directories (topics.py);
-with txn/sinks.json each sink's last committed batch is forgotten.
+with txn/sinks.json each sink's last committed batch is forgotten; with
+schemas.json every topic's schemas (meta/schemas.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class Damage:
     offsets_lost: LostOffsets | None
     lost_metadata: list[str]
     """What was lost with other metadata files found with no intact copy at open
-    (topics.json: rebuilt from the indexes; txn/sinks.json: sink progress)."""
+    (topics.json: rebuilt from the indexes; schemas.json: every schema;
+    txn/sinks.json: sink progress)."""
 
     def metadata(self) -> list[str]:
         """One line per metadata file that has no intact copy."""

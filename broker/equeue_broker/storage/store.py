@@ -30,6 +30,7 @@ Data directory layout::
     <data_dir>/keys/<n:09d>.kidx          the key index (keys/key_index.py)
     <data_dir>/topics.json[.bak]          topic/queue metadata (topics.py, topic_admin.py)
     <data_dir>/offsets.json[.bak]         consumer-group offsets (offsets.py)
+    <data_dir>/schemas.json[.bak]         topic schemas (schemas.py; ``store.schemas``)
     <data_dir>/checkpoint.json[.bak]      log position below which every index entry is
                                           fsynced, and what is derived from the log as of
                                           it (recovery.py)
@@ -84,6 +85,7 @@ from equeue_broker.storage.meta.atomic_file import remove_temp_files
 from equeue_broker.storage.meta.data_dir import lock_data_dir
 from equeue_broker.storage.meta.names import validate_group
 from equeue_broker.storage.meta.offsets import GroupOffsets, OffsetStore
+from equeue_broker.storage.meta.schemas import SchemaStore
 from equeue_broker.storage.meta.topics import TopicMeta, load_topics
 from equeue_broker.storage.producers.records import ProducerBatch, prepare_record
 from equeue_broker.storage.producers.table import Idempotence, ProducerTable, repeated_append
@@ -129,6 +131,8 @@ class Store:
             )
             topics, self._topics_lost = load_topics(root / "topics.json")
             offsets = OffsetStore(root / "offsets.json")
+            self.schemas = SchemaStore(root / "schemas.json", config)  # topic schemas
+            self.schemas.retain({name: meta.incarnation for name, meta in topics.items()})
             sweep(root, topics, offsets)
             self.producers = ProducerTable(config.producers)
             """Idempotent producers' state (producers/table.py): derived from
@@ -156,8 +160,9 @@ class Store:
         state.keys = key_index
         self._writer = LogWriter(state)
         self._topic_admin = TopicAdmin(
-            state, flush=self.flush, persist_offsets=self._persist_offsets
-        )
+            state, flush=self.flush, persist_offsets=self._persist_offsets,
+            forget_schemas=self.schemas.forget_topic,
+        )  # fmt: skip
         self._reads = Reads(state)
         self.keys = KeyQuery(state, self._reads, key_index)
         """Queries by key and by time (keys/query.py)."""
@@ -721,7 +726,7 @@ class Store:
 
     def damage(self) -> Damage:
         """What was found damaged at open and is not served (see damage.py)."""
-        lost = [self._topics_lost, self.transactions.sinks_lost]
+        lost = [self._topics_lost, self.schemas.lost, self.transactions.sinks_lost]
         return Damage(
             list(self._state.log.quarantined), self._state.offsets.lost, [w for w in lost if w]
         )

@@ -52,14 +52,16 @@ class TopicAdmin:
         *,
         flush: Callable[[], None],
         persist_offsets: Callable[[], None],
+        forget_schemas: Callable[[str], None] = lambda topic: None,
     ) -> None:
         """``state`` is the engine's (its queues, offsets and topics are changed
         here, under its lock); ``flush()`` and ``persist_offsets()`` are the
-        store's."""
+        store's, ``forget_schemas(topic)`` its schemas' (meta/schemas.py)."""
         self._state = state
         self._config = state.config
         self._flush = flush
         self._persist_offsets = persist_offsets
+        self._forget_schemas = forget_schemas
         self._deleted_below = 0  # every record of a deleted topic or queue is below it
 
     @property
@@ -106,6 +108,9 @@ class TopicAdmin:
                 for key in [k for k in self._state.queues if k[0] == name]:
                     self._state.queues.pop(key).index.release()
                 self.forget(name, None)
+            # After the topics' save: a crash in between leaves schemas of an
+            # incarnation that is gone, which the next open drops (schemas.retain).
+            self._forget_schemas(name)
             self._settle_deletes()
 
     def add_queues(self, name: str, count: int = 1) -> TopicMeta:

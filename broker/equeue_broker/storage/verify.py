@@ -40,7 +40,7 @@ from equeue_broker.storage.log.chunk import (
 from equeue_broker.storage.meta.atomic_file import backup_of, check_copy
 from equeue_proto.record import BODY_TO_FRAME, HEADER, body_length, check_frame
 
-METADATA_FILES = ("topics.json", "offsets.json", "checkpoint.json", "broker.json")
+METADATA_FILES = ("topics.json", "offsets.json", "schemas.json", "checkpoint.json", "broker.json")
 END_OF_DATA = "zero length (end of written data)"
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import grpc
+
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli.common import UsageError, admin_client, split_names
 from equeue_spark.cli.formatting import (
@@ -13,13 +15,21 @@ from equeue_spark.cli.formatting import (
     format_time,
     proto_dict,
 )
+from equeue_spark.client.admin import Admin
+from equeue_spark.client.errors import BrokerError, NotFoundError, PermissionDeniedError
+from equeue_spark.client.schema_admin import rule_name, subject, type_name
 
 
 def _show_topic(
-    ui: Output, info: pb.TopicInfo, headline: str | None = None, why: dict[str, str] | None = None
+    ui: Output,
+    info: pb.TopicInfo,
+    headline: str | None = None,
+    why: dict[str, str] | None = None,
+    schemas: dict[str, pb.SchemaInfo] | None = None,
 ) -> None:
     if ui.json:
-        ui.document(proto_dict(info))
+        extra = {f"{s}_schema": proto_dict(i) for s, i in (schemas or {}).items()}
+        ui.document({**proto_dict(info), **extra})
         return
     if headline:
         ui.line(headline)
@@ -57,8 +67,31 @@ def _show_topic(
             f"delayed: {info.delayed_pending} pending, next due "
             f"{format_time(info.delayed_next_due_ms)}"
         )
+    for which, schema in (schemas or {}).items():
+        version = schema.versions[-1]
+        kind, rule = type_name(version.type), rule_name(schema.compatibility)
+        ui.line(f"{which} schema: v{version.version} {kind} {rule}")
     if info.unreachable_brokers:
         ui.line(format_partial(info.unreachable_brokers, why or {}, "its queues are not shown"))
+
+
+def _schemas(admin: Admin, topic: str) -> dict[str, pb.SchemaInfo]:
+    """The topic's latest value and key schemas ({"value": ..., "key": ...},
+    those it has); none from a broker without schemas (UNIMPLEMENTED) or for
+    a token that may not read them."""
+    out = {}
+    for key in (False, True):
+        try:
+            out[subject(key)] = admin.get_schema(topic, key=key)
+        except NotFoundError:
+            continue
+        except PermissionDeniedError:  # a token without the topic's produce/consume role
+            break
+        except BrokerError as exc:
+            if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            break
+    return out
 
 
 def cmd_topics_create(args: argparse.Namespace, ui: Output) -> None:
@@ -105,7 +138,8 @@ def cmd_topics_describe(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
         info = admin.describe_topic(args.name)
         why = admin.down_brokers() if info.unreachable_brokers else {}
-    _show_topic(ui, info, why=why)
+        schemas = _schemas(admin, args.name)
+    _show_topic(ui, info, why=why, schemas=schemas)
 
 
 def cmd_topics_delete(args: argparse.Namespace, ui: Output) -> None:

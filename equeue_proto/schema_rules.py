@@ -1,0 +1,432 @@
+"""Topic schemas: parsing, identity and the compatibility rules (Confluent's, per topic).
+
+Shared by the broker (the authoritative check at SetSchema), the client and the Spark
+connector. A schema is Avro or JSON Schema (drafts 4, 6, 7). Its stored text is the
+normalized JSON (keys sorted, no spaces) so equal schemas compare equal; its identity is a
+fingerprint: CRC-64-AVRO of Avro's Parsing Canonical Form, or the first 8 bytes of SHA-256
+of the normalized JSON Schema.
+
+"Can read" for Avro is Apache Avro's own ReaderWriterCompatibilityChecker. For JSON Schema it
+is a deliberately conservative checker of its own: whatever it cannot decide counts as
+incompatible (the rule NONE registers such a schema anyway).
+
+`avro` and `fastjsonschema` are imported inside the functions: importing this module (for the
+header names, say) costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA_HEADER = "equeue.schema"
+KEY_SCHEMA_HEADER = "equeue.key-schema"
+TYPES = ("AVRO", "JSON")
+RULES = (
+    "NONE",
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
+)
+_MAX_VERSION_DIGITS = 10
+
+# Error kinds (protocol.ERROR_KIND_KEY trailer) of the schema RPCs' refusals.
+SCHEMA_INVALID = "schema-invalid"
+"""INVALID_ARGUMENT: the schema text does not parse (or its type is not supported)."""
+SCHEMA_INCOMPATIBLE = "schema-incompatible"
+"""FAILED_PRECONDITION: the schema breaks the subject's compatibility rule (every
+incompatibility is listed in the message, one per line)."""
+SCHEMA_VERSION_CONFLICT = "schema-version-conflict"
+"""FAILED_PRECONDITION: an explicit version is neither the next one nor an existing
+version with the same fingerprint (a cluster's broker groups disagree)."""
+
+
+@dataclass(frozen=True)
+class ParsedSchema:
+    """A parsed schema: `text` is the normalized JSON, `parsed` an avro Schema or the dict."""
+
+    type: str
+    text: str
+    fingerprint: str
+    parsed: object
+
+
+class SchemaError(ValueError):
+    """The schema text is not a usable schema; the message names the place."""
+
+
+def normalize(text: str) -> str:
+    """The JSON text with sorted keys and no spaces (raises SchemaError when not JSON)."""
+    return json.dumps(_load_json(text), sort_keys=True, separators=(",", ":"))
+
+
+def parse(type: str, text: str) -> ParsedSchema:
+    """Parse `text` as a schema of `type` ("AVRO" or "JSON")."""
+    kind = type.upper()
+    if kind == "PROTOBUF":
+        raise SchemaError("schema type PROTOBUF is not supported yet: use AVRO or JSON")
+    if kind == "AVRO":
+        return _parse_avro(text)
+    if kind == "JSON":
+        return _parse_json_schema(text)
+    raise SchemaError(f"unknown schema type {type!r}: use one of {', '.join(TYPES)}")
+
+
+def guess_type(text: str) -> str:
+    """ "AVRO" or "JSON" for a schema text; ValueError when it cannot tell (give the type)."""
+    document = _load_json(text)
+    if isinstance(document, str | list):
+        return "AVRO"  # a named primitive ("string") or a union
+    if isinstance(document, bool):
+        return "JSON"
+    if isinstance(document, dict):
+        if _JSON_ONLY_KEYS & document.keys():
+            return "JSON"
+        if _AVRO_ONLY_KEYS & document.keys() or document.get("type") in _AVRO_ONLY_TYPES:
+            return "AVRO"
+    fits = [kind for kind in TYPES if _parses(kind, text)]
+    if len(fits) == 1:
+        return fits[0]
+    if not fits:
+        raise ValueError("the text is neither an Avro schema nor a JSON Schema")
+    raise ValueError("cannot tell whether the schema is Avro or JSON Schema: give its type")
+
+
+_JSON_ONLY_KEYS = frozenset(
+    {"$schema", "$ref", "$id", "properties", "required", "additionalProperties", "definitions"}
+)
+_AVRO_ONLY_KEYS = frozenset({"fields", "symbols", "values", "size", "logicalType"})
+_AVRO_ONLY_TYPES = frozenset(
+    {"record", "enum", "fixed", "map", "int", "long", "float", "double", "bytes"}
+)
+
+
+def _parses(kind: str, text: str) -> bool:
+    try:
+        parse(kind, text)
+    except SchemaError:
+        return False
+    return True
+
+
+def can_read(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
+    """What keeps `reader` from reading data written with `writer`: [] when nothing does."""
+    if reader.type != writer.type:
+        return [f"a {reader.type} schema cannot read data written with a {writer.type} schema"]
+    if reader.fingerprint == writer.fingerprint:
+        return []
+    if reader.type == "AVRO":
+        return _avro_can_read(reader.parsed, writer.parsed)
+    return list(_json_can_read(reader.parsed, writer.parsed, ""))
+
+
+def check(rule: str, new: ParsedSchema, history: Sequence[ParsedSchema]) -> list[str]:
+    """The problems of registering `new` after `history` (oldest first, version 1 first)
+    under `rule`; [] when it may be registered. Each problem names the version."""
+    if rule not in RULES:
+        raise ValueError(f"unknown compatibility rule {rule!r}: use one of {', '.join(RULES)}")
+    if rule == "NONE" or not history:
+        return []
+    transitive = rule.endswith("_TRANSITIVE")
+    base = rule.removesuffix("_TRANSITIVE")
+    # Newest first; only the versions the rule needs are touched (a lazy history
+    # parses no other).
+    against = range(len(history), 0, -1) if transitive else (len(history),)
+    problems: list[str] = []
+    for version in against:
+        old = history[version - 1]
+        head = f"not {rule} compatible with version {version}"
+        if old.type != new.type:
+            problems.append(
+                f"{head}: version {version} is {old.type} and the new schema {new.type};"
+                " changing the type needs compatibility NONE"
+            )
+            continue
+        if base in ("BACKWARD", "FULL"):
+            problems.extend(f"{head}: {p}" for p in can_read(new, old))
+        if base in ("FORWARD", "FULL"):
+            problems.extend(
+                f"{head}: version {version} cannot read the new schema's data: {p}"
+                for p in can_read(old, new)
+            )
+    return problems
+
+
+def version_header(version: int) -> bytes:
+    """The header value naming a schema version: ASCII decimal, e.g. b"2"."""
+    if version < 1:
+        raise ValueError(f"schema version {version} is not a version: versions start at 1")
+    return str(version).encode("ascii")
+
+
+def parse_version(value: bytes | None) -> int | None:
+    """The version a header value names: None when absent, -1 when malformed."""
+    if value is None:
+        return None
+    if not value or len(value) > _MAX_VERSION_DIGITS or not value.isdigit():
+        return -1
+    version = int(value)
+    return version if version >= 1 else -1
+
+
+# --- Avro -------------------------------------------------------------------------------
+
+
+def _load_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise SchemaError(f"the schema is not JSON: {exc}") from None
+
+
+def _parse_avro(text: str) -> ParsedSchema:
+    import avro.errors
+    import avro.schema
+
+    normalized = normalize(text)
+    try:
+        schema = avro.schema.parse(normalized)
+    except (avro.errors.AvroException, TypeError, ValueError, AttributeError) as exc:
+        raise SchemaError(f"invalid Avro schema: {exc}") from None
+    fingerprint = schema.fingerprint("CRC-64-AVRO").hex()
+    return ParsedSchema("AVRO", normalized, fingerprint, schema)
+
+
+# Apache Avro's checker merges what it finds into sets of messages and of locations that
+# no longer say which message belongs where. To report every incompatibility with its
+# place, the one function that creates each finding is wrapped (once, behaviour unchanged)
+# to also append it to a per-thread list while one of our checks runs.
+_findings = threading.local()
+_wrap_lock = threading.Lock()
+
+
+def _install_recorder() -> None:
+    import avro.compatibility as compat
+
+    with _wrap_lock:
+        if getattr(compat.incompatible, "equeue_recorder", False):
+            return
+        original: Callable[..., Any] = compat.incompatible
+
+        def recording(kind: Any, message: str, location: list[str]) -> Any:
+            result = original(kind, message, location)
+            sink: list[tuple[str, str, str]] | None = getattr(_findings, "sink", None)
+            if sink is not None:
+                sink.append((str(kind.value), message, next(iter(result.locations))))
+            return result
+
+        recording.equeue_recorder = True  # type: ignore[attr-defined]
+        compat.incompatible = recording  # type: ignore[assignment]
+
+
+def _avro_can_read(reader: Any, writer: Any) -> list[str]:
+    from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+
+    _install_recorder()
+    sink: list[tuple[str, str, str]] = []
+    _findings.sink = sink
+    try:
+        checker = ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
+        result = checker.get_compatibility(reader, writer)
+    finally:
+        _findings.sink = None
+    if result.compatibility is not SchemaCompatibilityType.incompatible:
+        return []
+    if not sink:  # never expected: say what the checker said
+        return [f"{', '.join(sorted(result.locations))}: {'; '.join(sorted(result.messages))}"]
+    # The checker also tries union branches that do not match before one that does; their
+    # findings were dropped from the result, so only findings the result kept count.
+    seen: dict[str, None] = {}
+    for kind, message, location in sink:
+        if message in result.messages and location in result.locations:
+            seen.setdefault(_avro_problem(reader, kind, message, location), None)
+    return list(seen)
+
+
+def _avro_problem(reader: Any, kind: str, message: str, location: str) -> str:
+    names = _avro_field_names(reader, location)
+    place = f"{location} ({names})" if names else location
+    if kind == "reader_field_missing_default_value":
+        reason = "reader field has no default, so it cannot read data written without it"
+    elif kind == "missing_enum_symbols":
+        symbols = message.strip("{}").replace("'", "")
+        reason = f"reader enum lacks the writer's symbols {symbols}"
+    else:
+        reason = message
+    return f"{place}: {reason}"
+
+
+def _avro_field_names(schema: Any, location: str) -> str:
+    """The dotted field names along a checker location such as /fields/2/type/items."""
+    names: list[str] = []
+    node = schema
+    steps = iter(part for part in location.split("/") if part)
+    try:
+        for step in steps:
+            if step == "fields":
+                field = node.fields[int(next(steps))]
+                names.append(field.name)
+                node = field.type
+            elif step in ("type", "name", "symbols", "size"):
+                continue
+            elif step == "items":
+                node = node.items
+            elif step == "values":
+                node = node.values
+            elif step.isdigit():
+                node = node.schemas[int(step)]
+    except (AttributeError, IndexError, ValueError, StopIteration):
+        pass
+    return ".".join(names)
+
+
+# --- JSON Schema ------------------------------------------------------------------------
+
+_NEWER_DRAFTS = ("2019-09", "2020-12")
+_ANNOTATIONS = frozenset(
+    {"title", "description", "$schema", "$id", "id", "default", "examples", "$comment"}
+)
+_CHECKED = frozenset({"type", "properties", "required", "additionalProperties", "enum", "items"})
+
+
+def _parse_json_schema(text: str) -> ParsedSchema:
+    import fastjsonschema
+
+    document = _load_json(text)
+    if not isinstance(document, dict | bool):
+        raise SchemaError("a JSON Schema is an object (or true/false)")
+    if isinstance(document, dict):
+        draft = document.get("$schema")
+        if isinstance(draft, str) and any(name in draft for name in _NEWER_DRAFTS):
+            raise SchemaError(
+                f"$schema {draft} is not supported: use draft 4, 6 or 7"
+                " (draft-07: http://json-schema.org/draft-07/schema#)"
+            )
+        for where, ref in _refs(document, ""):
+            if not ref.startswith("#"):
+                raise SchemaError(
+                    f"{where or '/'}: $ref {ref!r} points at another document:"
+                    " only references inside the schema (#/...) are supported"
+                )
+    try:
+        fastjsonschema.compile(document, handlers={})
+    except fastjsonschema.JsonSchemaDefinitionException as exc:
+        raise SchemaError(f"invalid JSON Schema: {exc}") from None
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise SchemaError(f"invalid JSON Schema: {type(exc).__name__}: {exc}") from None
+    normalized = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    fingerprint = hashlib.sha256(normalized.encode()).digest()[:8].hex()
+    return ParsedSchema("JSON", normalized, fingerprint, document)
+
+
+def _refs(node: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield where, value
+            else:
+                yield from _refs(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _refs(value, f"{where}/{index}")
+
+
+def _json_can_read(reader: Any, writer: Any, where: str) -> Iterator[str]:
+    """Conservative: a reader R reads what a writer W allows only when it can show it."""
+    place = where or "/"
+    if reader == writer or reader is True or reader == {} or writer is False:
+        return
+    if isinstance(reader, bool) or isinstance(writer, bool):
+        yield f"{place}: cannot decide (a boolean schema beside an object schema)"
+        return
+    for key in sorted((reader.keys() | writer.keys()) - _ANNOTATIONS - _CHECKED):
+        if reader.get(key) != writer.get(key):
+            yield f"{place}: cannot decide ({key} differs)"
+    yield from _json_types(reader, writer, place)
+    yield from _json_enum(reader, writer, place)
+    yield from _json_object(reader, writer, where)
+    yield from _json_items(reader, writer, where)
+
+
+def _types(schema: dict[str, Any]) -> set[str] | None:
+    declared = schema.get("type")
+    if declared is None:
+        return None
+    return {declared} if isinstance(declared, str) else set(declared)
+
+
+def _json_types(reader: dict[str, Any], writer: dict[str, Any], place: str) -> Iterator[str]:
+    read, written = _types(reader), _types(writer)
+    if read is None:
+        return
+    if written is None:
+        yield f"{place}: reader allows only {_names(read)}, writer any type"
+        return
+    accepted = set(read) | ({"integer"} if "number" in read else set())
+    missing = written - accepted
+    if missing:
+        yield f"{place}: reader allows {_names(read)}, writer also {_names(missing)}"
+
+
+def _names(types: set[str]) -> str:
+    return "/".join(sorted(types))
+
+
+def _json_enum(reader: dict[str, Any], writer: dict[str, Any], place: str) -> Iterator[str]:
+    if "enum" not in reader:
+        return
+    if "enum" not in writer:
+        yield f"{place}: reader allows only its enum values, writer any"
+        return
+    extra = [value for value in writer["enum"] if value not in reader["enum"]]
+    if extra:
+        yield f"{place}: reader enum lacks the writer's values {json.dumps(extra)}"
+
+
+def _json_object(reader: dict[str, Any], writer: dict[str, Any], where: str) -> Iterator[str]:
+    place = where or "/"
+    required = set(writer.get("required", ()))
+    for name in reader.get("required", ()):
+        if name not in required:
+            yield f"{place}: property {name!r} is required by the reader, not by the writer"
+    read_props: dict[str, Any] = reader.get("properties", {})
+    written_props: dict[str, Any] = writer.get("properties", {})
+    read_extra = reader.get("additionalProperties", True)
+    written_extra = writer.get("additionalProperties", True)
+    for name in sorted(written_props):
+        if name in read_props:
+            yield from _json_can_read(
+                read_props[name], written_props[name], f"{where}/properties/{name}"
+            )
+        elif read_extra is False:
+            yield f"{place}: reader is closed (additionalProperties: false) without {name!r}"
+        elif read_extra is not True:
+            yield from _json_can_read(read_extra, written_props[name], f"{where}/properties/{name}")
+    if written_extra is False or read_extra == written_extra or read_extra in (True, {}):
+        return
+    if read_extra is False:
+        yield f"{place}: reader is closed (additionalProperties: false), writer open"
+    elif written_extra is True:
+        yield f"{place}: cannot decide (reader limits additionalProperties, writer does not)"
+    else:
+        yield from _json_can_read(read_extra, written_extra, f"{where}/additionalProperties")
+
+
+def _json_items(reader: dict[str, Any], writer: dict[str, Any], where: str) -> Iterator[str]:
+    read, written = reader.get("items"), writer.get("items")
+    if read is None or read == written:
+        return
+    place = f"{where}/items"
+    if written is None:
+        yield f"{place}: reader limits the array items, writer does not"
+    elif isinstance(read, list) or isinstance(written, list):
+        yield f"{place}: cannot decide (tuple items differ)"
+    else:
+        yield from _json_can_read(read, written, place)

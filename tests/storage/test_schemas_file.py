@@ -1,0 +1,213 @@
+"""schemas.json (storage/meta/schemas.py) on a real store: history, limits, damage,
+topic deletion and recreation, replication's document."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from equeue_broker.storage.errors import LimitExceeded
+from equeue_broker.storage.meta.schemas import SchemaIncompatible, SchemaVersionConflict
+from equeue_broker.storage.store import Store
+from equeue_broker.storage.verify import verify
+from equeue_proto.schema_rules import ParsedSchema, parse
+from tests.conftest import MakeConfig
+from tests.support.faults import read_document, write_at
+from tests.support.sent import OpenStore, reopen
+
+TOPIC = "orders"
+ID = {"name": "id", "type": "long"}
+NOTE = {"name": "note", "type": ["null", "string"], "default": None}
+QTY = {"name": "qty", "type": "int"}
+
+
+def avro(*fields: dict[str, Any]) -> ParsedSchema:
+    return parse("AVRO", json.dumps({"type": "record", "name": "Order", "fields": list(fields)}))
+
+
+def incarnation(store: Store, topic: str = TOPIC) -> int:
+    return store.topic_admin.describe(topic).incarnation
+
+
+def with_two_versions(open_store: OpenStore) -> Store:
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    inc = incarnation(store)
+    assert store.schemas.register(TOPIC, inc, "value", avro(ID)).created
+    assert store.schemas.register(TOPIC, inc, "value", avro(ID, NOTE)).version.version == 2
+    return store
+
+
+def test_register_history_and_reload(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    generation = store.schemas.generation
+    store = reopen(open_store, store)
+    subject = store.schemas.get(TOPIC, "value")
+    assert subject is not None and subject.compatibility == "BACKWARD"
+    assert [v.version for v in subject.versions] == [1, 2]
+    assert subject.versions[1].schema == avro(ID, NOTE).text
+    assert subject.versions[1].fingerprint == avro(ID, NOTE).fingerprint
+    assert store.schemas.get(TOPIC, "key") is None
+    assert store.schemas.generation == generation
+    assert store.schemas.subject_count() == 1
+    document = read_document(store.config.data_dir / "schemas.json")
+    assert document["generation"] == generation
+    assert document["topics"][TOPIC]["incarnation"] == incarnation(store)
+
+
+def test_equal_schema_returns_existing_version(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    generation = store.schemas.generation
+    again = store.schemas.register(TOPIC, incarnation(store), "value", avro(ID))
+    assert (again.version.version, again.created) == (1, False)
+    assert store.schemas.generation == generation  # nothing saved
+
+
+def test_incompatible_refused_with_every_problem(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    size = {"name": "size", "type": "int"}
+    with pytest.raises(SchemaIncompatible) as caught:
+        store.schemas.register(TOPIC, incarnation(store), "value", avro(ID, NOTE, QTY, size))
+    message = str(caught.value)
+    assert "is not BACKWARD compatible (2 problems)" in message
+    assert "version 2: /fields/2 (qty)" in message and "/fields/3 (size)" in message
+    assert len(caught.value.problems) == 2
+    # dry run: the problems, nothing saved
+    dry = store.schemas.register(
+        TOPIC, incarnation(store), "value", avro(ID, NOTE, QTY), dry_run=True
+    )
+    assert not dry.created and len(dry.problems) == 1
+    # the rule NONE, given with the schema, lets it in
+    done = store.schemas.register(
+        TOPIC, incarnation(store), "value", avro(ID, NOTE, QTY), compatibility="NONE"
+    )
+    assert (done.version.version, done.subject.compatibility) == (3, "NONE")
+
+
+def test_many_problems_fit_a_status_message(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    fields = [{"name": f"field_number_{i:02d}", "type": "int"} for i in range(30)]
+    with pytest.raises(SchemaIncompatible) as caught:
+        store.schemas.register(TOPIC, incarnation(store), "value", avro(ID, NOTE, *fields))
+    message = str(caught.value)
+    assert len(message) <= 900 and len(caught.value.problems) == 30
+    assert "(30 problems)" in message and "(a dry run lists every one)" in message.splitlines()[-1]
+    assert all(line.startswith("not BACKWARD") for line in message.splitlines()[1:-1])
+
+
+def test_explicit_versions(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    inc = incarnation(store)
+    same = store.schemas.register(TOPIC, inc, "value", avro(ID, NOTE), version=2)
+    assert (same.version.version, same.created) == (2, False)
+    with pytest.raises(SchemaVersionConflict, match="version 1 exists with another schema"):
+        store.schemas.register(
+            TOPIC, inc, "value", avro(ID, NOTE, {**QTY, "default": 0}), version=1
+        )
+    with pytest.raises(SchemaVersionConflict, match="the next version is 3"):
+        store.schemas.register(
+            TOPIC, inc, "value", avro(ID, NOTE, {**QTY, "default": 0}), version=5
+        )
+    with pytest.raises(SchemaVersionConflict, match="is version 1 already"):
+        store.schemas.register(TOPIC, inc, "value", avro(ID), version=3)
+    made = store.schemas.register(
+        TOPIC, inc, "value", avro(ID, NOTE, {**QTY, "default": 0}), version=3
+    )
+    assert made.created and made.version.version == 3
+
+
+def test_limits(open_store: OpenStore, make_config: MakeConfig) -> None:
+    store = open_store(make_config(max_schema_bytes=200, max_schema_versions=2))
+    store.create_topic(TOPIC, 1)
+    inc = incarnation(store)
+    store.schemas.register(TOPIC, inc, "value", avro(ID))
+    store.schemas.register(TOPIC, inc, "value", avro(ID, NOTE))
+    extra = {"name": "x", "type": "int", "default": 0}
+    with pytest.raises(LimitExceeded, match="max_schema_versions=2"):
+        store.schemas.register(TOPIC, inc, "value", avro(ID, NOTE, extra))
+    long_doc = {"name": "y", "type": "int", "default": 0, "doc": "d" * 200}
+    with pytest.raises(LimitExceeded, match="max_schema_bytes=200"):
+        store.schemas.register(TOPIC, inc, "key", avro(ID, long_doc))
+
+
+def test_topic_delete_forgets_and_recreated_topic_starts_empty(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    store.topic_admin.delete_topic(TOPIC)
+    assert store.schemas.get(TOPIC, "value") is None
+    store.create_topic(TOPIC, 1)
+    assert store.schemas.get(TOPIC, "value", incarnation(store)) is None
+    store = reopen(open_store, store)
+    assert store.schemas.topics() == {}
+
+
+def test_open_drops_schemas_of_a_recreated_topic(open_store: OpenStore) -> None:
+    """A crash between the topics' save and forget_topic: the entry of the old
+    incarnation is dropped at the next open."""
+    store = with_two_versions(open_store)
+    stale = store.schemas.document()
+    store.topic_admin.delete_topic(TOPIC)
+    store.create_topic(TOPIC, 1)
+    assert store.schemas.adopt(stale)  # as if forget_topic never ran
+    store = reopen(open_store, store)
+    assert store.schemas.topics() == {}
+    assert store.schemas.get(TOPIC, "value") is None
+
+
+def test_main_copy_damaged_uses_backup(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    store.close()
+    path = store.config.data_dir / "schemas.json"
+    write_at(path, 30, b"X")
+    store = open_store(store.config)
+    subject = store.schemas.get(TOPIC, "value")
+    # The backup is the copy before the last save: version 1 only.
+    assert subject is not None and [v.version for v in subject.versions] == [1]
+    assert store.damage().metadata() == []
+
+
+def test_both_copies_damaged_start_empty_and_say_so(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    store.close()
+    data = store.config.data_dir
+    write_at(data / "schemas.json", 30, b"X")
+    write_at(data / "schemas.json.bak", 30, b"X")
+    assert any("schemas.json" in str(f.path) for f in verify(data))
+    store = open_store(store.config)
+    assert store.schemas.topics() == {}
+    (line,) = store.damage().metadata()
+    assert line.startswith("schemas.json: no intact copy")
+    assert "set them again with equeue schema set" in line
+    assert (data / "schemas.json.damaged").exists()
+    # Saved at once: a new registration works and the next open is clean.
+    store.schemas.register(TOPIC, incarnation(store), "value", avro(ID))
+    store = reopen(open_store, store)
+    assert store.damage().metadata() == []
+    assert store.schemas.get(TOPIC, "value") is not None
+
+
+def test_compatibility_and_delete(open_store: OpenStore) -> None:
+    store = with_two_versions(open_store)
+    inc = incarnation(store)
+    assert store.schemas.set_compatibility(TOPIC, inc, "key", "FULL").versions == ()
+    assert store.schemas.subject_count() == 1  # a rule without versions is no subject
+    assert store.schemas.delete(TOPIC, ("value",))
+    assert store.schemas.get(TOPIC, "value") is None
+    assert store.schemas.get(TOPIC, "key") is not None
+    assert store.schemas.delete(TOPIC, ("value", "key"))
+    assert not store.schemas.delete(TOPIC, ("value", "key"))
+    assert store.schemas.topics() == {}
+
+
+def test_adopt_takes_the_masters_document(open_store: OpenStore, make_config: MakeConfig) -> None:
+    master = with_two_versions(open_store)
+    document = master.schemas.document()
+    master.close()
+    replica = open_store(make_config(data_dir=master.config.data_dir.parent / "replica"))
+    assert replica.schemas.adopt(document)
+    assert not replica.schemas.adopt(document)
+    assert replica.schemas.generation == document["generation"]
+    assert replica.schemas.document() == document
+    with pytest.raises(Exception, match="unexpected shape"):
+        replica.schemas.adopt({"generation": 1, "topics": {"t": {}}})
