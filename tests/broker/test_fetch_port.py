@@ -253,3 +253,19 @@ def test_a_tls_broker_serves_no_fetch_port_unless_insecure_is_given() -> None:
     assert fetch_port_number(parse_args([*tls, "--fetch-port", "7000", "--fetch-insecure"])) == 7000
     assert fetch_port_number(parse_args(["--fetch-port", "off"])) is None
     assert fetch_port_number(parse_args([])) == 0
+
+
+def test_file_runs_are_closed_after_every_reply(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker, address = with_fetch(broker_factory)
+    with Producer(broker.address) as producer:
+        for _ in range(5):
+            producer.send_batch("orders", [os.urandom(1000)] * 200, queue_ids=[0] * 200)
+    assert broker.process is not None
+    fds = Path(f"/proc/{broker.process.pid}/fd")
+    replies(address, 0, 0, 0, batch_messages=10)  # the first: lazily opened files settle
+    before = len(list(fds.iterdir()))
+    for start in range(0, 1000, 100):
+        assert sum(r[2] for r in replies(address, 0, start, start + 100, batch_messages=7)) == 100
+    assert len(list(fds.iterdir())) <= before  # no duplicated descriptor left open

@@ -9,6 +9,7 @@ tests do not depend on GetStats reporting the address.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -30,7 +31,8 @@ from pyspark.sql.types import (
 
 from equeue_broker.testing import BrokerProcess
 from equeue_proto import fetch
-from equeue_spark.client import Producer
+from equeue_spark.client import ClientConfig, Producer
+from equeue_spark.client.connection import Connection
 from equeue_spark.client.fetch import FetchUnavailable, Pool, fetch_replies
 from equeue_spark.spark import read_task
 from equeue_spark.spark.arrow import arrow_schema, read_schema
@@ -129,9 +131,12 @@ def read_arrow_schema() -> pa.Schema:
 
 
 def read_all(broker: BrokerProcess) -> pa.Table:
-    schema = read_arrow_schema()
-    part = read_task.QueueRange("orders", 0, 0, 3000, broker.address, 30_000)
-    return pa.Table.from_batches(list(read_task.read_range(part, schema)))
+    return read_all_of(broker, 3000)
+
+
+def read_all_of(broker: BrokerProcess, end: int) -> pa.Table:
+    part = read_task.QueueRange("orders", 0, 0, end, broker.address, 30_000)
+    return pa.Table.from_batches(list(read_task.read_range(part, read_arrow_schema())))
 
 
 def test_a_read_task_over_the_fetch_port_reads_what_pullstream_reads(
@@ -165,3 +170,38 @@ def test_a_fetch_port_that_fails_hands_the_range_to_pullstream_once(
 def test_a_connection_refused_is_fetch_unavailable() -> None:
     with pytest.raises(FetchUnavailable, match="cannot connect"):
         list(fetch_replies(f"127.0.0.1:{free_port()}", "orders", 0, 0, 10, pool=Pool()))
+
+
+def test_the_fetch_address_is_learned_from_getstats_once_per_process(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory()  # --fetch-port auto: any free port, reported in GetStats
+    with Producer(broker.address) as producer:
+        producer.send_batch("orders", [b"x"] * 10, queue_ids=[0] * 10)
+    part = read_task.QueueRange("orders", 0, 0, 10, broker.address, 30_000)
+    read_task._FETCH_ADDRESSES.clear()
+    try:
+        with Connection(ClientConfig(broker=broker.address)) as conn:
+            found = read_task.fetch_address(conn, part)
+            assert found.startswith("127.0.0.1:") and found != broker.address
+            assert {broker.address: found} == read_task._FETCH_ADDRESSES
+            tagged = dataclasses.replace(part, tags=("a",))
+            assert read_task.fetch_address(conn, tagged) == ""  # tags: PullStream's
+        table = read_all_of(broker, 10)
+        assert table.column("offset").to_pylist() == list(range(10))
+    finally:
+        read_task._FETCH_ADDRESSES.clear()
+
+
+def test_a_broker_with_the_fetch_port_off_is_read_over_pullstream(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory("--fetch-port", "off")
+    with Producer(broker.address) as producer:
+        producer.send_batch("orders", [b"x"] * 10, queue_ids=[0] * 10)
+    read_task._FETCH_ADDRESSES.clear()
+    try:
+        assert read_all_of(broker, 10).num_rows == 10
+        assert {broker.address: ""} == read_task._FETCH_ADDRESSES
+    finally:
+        read_task._FETCH_ADDRESSES.clear()
