@@ -102,6 +102,7 @@ from bench._spark_ceiling import (
     check_template,
     template_batch,
 )
+from bench._spark_formats import AVRO_TARGET, FORMATS, fill_avro_topic, format_options
 from bench._spark_results import Results, Row, diagnostics_table, main_table
 from bench._spark_setup import (
     CEILING,
@@ -438,6 +439,46 @@ def run_writes(b: Bench, size: int, count: int, repeat: int) -> None:
     df.unpersist()
 
 
+AVRO_SIZE = 30
+"""About the size of one Avro value of the format scenario (the row label)."""
+
+
+def run_formats(b: Bench, formats: list[str], count: int, repeat: int) -> None:
+    """``--formats``: the same topic of Avro records read with each value format;
+    each non-binary read against the binary read of the same run."""
+    topic = "formats-avro"
+    seconds = fill_avro_topic(b.admin, b.producer, topic, count)
+    progress(f"formats: {count:,} Avro records produced in {seconds:.1f} s")
+    rows = {
+        fmt: b.results.add(
+            f"streaming read, valueFormat={fmt} vs binary (same topic)",
+            AVRO_SIZE, count, AVRO_TARGET,
+        )
+        for fmt in formats
+        if fmt != "binary"
+    }  # fmt: skip
+    queries = ["binary", *rows]
+    for fmt in queries:  # untimed: workers, JIT and the decoder's first use
+        options = {**equeue_read_options(b.address, topic), **format_options(fmt)}
+        run_query(b.spark, "equeue", options, b.root / f"ck-formats-warm-{fmt}")
+    for run in range(repeat):
+        order = queries[run % len(queries) :] + queries[: run % len(queries)]
+        for fmt in order:
+            settle(b.spark)
+            options = {**equeue_read_options(b.address, topic), **format_options(fmt)}
+            with b.cpu.measure(f"streaming read, valueFormat={fmt}", AVRO_SIZE):
+                q = run_query(b.spark, "equeue", options, b.root / f"ck-formats-{run}-{fmt}")
+            if q.rows != count // PRODUCE_BATCH * PRODUCE_BATCH:
+                raise RuntimeError(f"valueFormat={fmt} read {q.rows} of {count} rows")
+            rate = q.rows / q.seconds
+            if fmt == "binary":
+                for row in rows.values():
+                    row.base.append(rate)
+            else:
+                rows[fmt].ours.append(rate)
+            progress(f"formats run {run + 1}: valueFormat={fmt:8} {rate:12,.0f} rows/s")
+
+
 def source_options(b: Bench, fmt: str, spec: CeilingSpec) -> dict[str, str]:
     """The read options of ``fmt`` (equeue, PULLSTREAM or the ceiling) over the
     topic ``spec`` describes."""
@@ -544,6 +585,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--sizes: not a list of integers: {args.sizes!r}")
     if not sizes or min(sizes) < 1:
         parser.error("--sizes: give positive sizes")
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    if not set(formats) <= set(FORMATS):
+        parser.error(f"--formats: give some of {', '.join(FORMATS)}, not {args.formats!r}")
     if args.check:
         check(sizes)
         return
@@ -584,6 +628,8 @@ def main(argv: list[str] | None = None) -> None:
                 progress(f"PullStream broker (fetch port off) on {pull_address}")
             for size in sizes:
                 run_size(bench, size, messages_for(size, messages), args.repeat, plan.warmup)
+            if set(formats) - {"binary"}:
+                run_formats(bench, formats, messages, args.repeat)
     finally:
         if spark is not None:
             spark.stop()
