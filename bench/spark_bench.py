@@ -34,8 +34,8 @@ so 1,000,000 at 1 KiB):
   and ``Array.from_buffers`` on first use in each (reused) Python worker and
   kept there: no broker fetch, no record decoding, no per-task generation;
   what is left is Spark's own cost of running a Python source (planning,
-  Arrow from the worker to the JVM, rows into the sink). Target: read >= 0.7x
-  the ceiling.
+  Arrow from the worker to the JVM, rows into the sink). Target: read >= 0.9x
+  the ceiling at both sizes (issue 29; 0.7x before).
 * exactly-once write: the batch write below with ``delivery=exactly_once`` (each
   task stages into a broker transaction, the job commit makes all visible)
   against the same write with ``delivery=at_least_once``, alternating which
@@ -135,7 +135,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SIZES = (100, 1024)
-READ_TARGET = 0.7
+READ_TARGET = 0.9
+"""Issue 29's target for the streaming read, both sizes (0.7 before)."""
 WRITE_TARGET = 0.5
 EXACTLY_TARGET = 0.7
 DELIVERIES = ("exactly_once", "at_least_once")
@@ -629,7 +630,11 @@ def main(argv: list[str] | None = None) -> None:
             for size in sizes:
                 run_size(bench, size, messages_for(size, messages), args.repeat, plan.warmup)
             if set(formats) - {"binary"}:
-                run_formats(bench, formats, messages, args.repeat)
+                try:
+                    run_formats(bench, formats, messages, args.repeat)
+                except Exception as exc:  # the figures measured so far still get reported
+                    results.notes.append(f"the format scenario failed: {exc}")
+                    progress(f"formats: failed: {exc}")
     finally:
         if spark is not None:
             spark.stop()
