@@ -577,6 +577,11 @@ def main(argv: list[str] | None = None) -> None:
         "(the read over PullStream), beside the same ceiling runs",
     )
     parser.add_argument("--reads-only", action="store_true", help="skip the write scenarios")
+    parser.add_argument(
+        "--formats",
+        default="binary",
+        help="value formats of the format scenario, e.g. binary,avro (binary alone: none)",
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
