@@ -24,6 +24,8 @@ import contextlib
 import functools
 import logging
 import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -77,6 +79,9 @@ class FetchServer:
         self.port = 0
         self._accepting: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.senders = ThreadPoolExecutor(
+            max(1, min(limit, state.config.store_threads)), thread_name_prefix="equeue-fetch"
+        )
 
     # Raw non-blocking sockets and the loop's sock_* calls, not asyncio streams: a
     # stream transport copies what the kernel does not take at once into its own
@@ -106,6 +111,7 @@ class FetchServer:
             await asyncio.wait(tasks, timeout=5)
         if self.listener is not None:
             self.listener.close()
+        self.senders.shutdown(wait=False, cancel_futures=True)
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -203,43 +209,50 @@ class FetchServer:
         if stop < 0:  # no such queue: let the read raise the precise error
             close_runs(state.inline(read, offset, max_messages=1)[1])
         read = functools.partial(read, until=stop)
-        while offset < stop:
-            held = await Held.take(budget, batch_bytes)
-            try:
-                result, pieces = state.inline(read, offset, max_messages=min(batch, stop - offset))
+        # One reply in flight per connection; the replies go out from a thread of
+        # its own with blocking sends: a busy event loop (gRPC shares it) would
+        # otherwise be woken for every few hundred KiB a loaded client takes.
+        held = await Held.take(budget, batch_bytes)
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                self.senders, self._send_blocking, conn, read, offset, stop, batch, request
+            )
+        finally:
+            held.release()
+
+    def _send_blocking(  # noqa: PLR0917 (the range's state, handed to a thread)
+        self, conn: socket.socket, read: Callable[..., tuple[RecordsResult, list[bytes | FileRun]]],
+        offset: int, stop: int, batch: int, request: fetch.FetchRequest,
+    ) -> None:  # fmt: skip
+        """The replies of ``[offset, stop)``: frames as bytes with ``sendall``, file
+        runs with ``sendfile`` (the kernel sends the page cache's pages: no copy here)."""
+        state = self.state
+        conn.settimeout(state.config.stream_send_timeout_ms / 1000)  # blocking, bounded
+        try:
+            while offset < stop:
+                result, pieces = state.calls.inline(
+                    read, offset, max_messages=min(batch, stop - offset)
+                )
                 try:
-                    held.shrink_to(result.nbytes)
-                    await self._send_pieces(conn, pieces, request)
+                    for piece in pieces:
+                        if isinstance(piece, FileRun):
+                            with open(piece.fd, "rb", buffering=0, closefd=False) as file:
+                                conn.sendfile(file, piece.offset, piece.length)
+                        else:
+                            conn.sendall(piece)
                 finally:
                     close_runs(pieces)
-            finally:
-                held.release()
-            state.counters.pulled(topic, queue_id, result.count, 0)
-            if result.status is not ReadStatus.OK or result.next_offset >= result.end:
-                return
-            offset = result.next_offset
-
-    async def _send_pieces(
-        self, conn: socket.socket, pieces: list[bytes | FileRun], request: fetch.FetchRequest
-    ) -> None:
-        """One REPLY frame: bytes sent as they are, file runs with ``sendfile``
-        (the kernel sends the page cache's pages: no copy in this process)."""
-        loop = asyncio.get_running_loop()
-        timeout_s = self.state.config.stream_send_timeout_ms / 1000
-        for piece in pieces:
-            if not isinstance(piece, FileRun):
-                await self._send(conn, piece, request)
-                continue
-            with open(piece.fd, "rb", buffering=0, closefd=False) as file:
-                try:
-                    await asyncio.wait_for(
-                        loop.sock_sendfile(conn, file, piece.offset, piece.length, fallback=True),
-                        timeout_s,
-                    )
-                except TimeoutError:
-                    log.warning("fetch port: %s/%d: the client took no data for %.0f s; closing",
-                                request.topic, request.queue_id, timeout_s)  # fmt: skip
-                    raise
+                state.counters.pulled(request.topic, request.queue_id, result.count, 0)
+                if result.status is not ReadStatus.OK or result.next_offset >= result.end:
+                    return
+                offset = result.next_offset
+        except TimeoutError:
+            log.warning("fetch port: %s/%d: the client took no data for %.0f s; closing",
+                        request.topic, request.queue_id, conn.gettimeout())  # fmt: skip
+            raise
+        finally:
+            conn.setblocking(False)
 
 
 async def _receive(conn: socket.socket, size: int, timeout_s: float) -> bytes:
