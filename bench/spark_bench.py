@@ -5,9 +5,9 @@ Run ``python bench/spark_bench.py`` (about 3 minutes here, 5 with ``--repeat
 warm-up; ``--repeat N`` reports medians of N runs; ``--sizes 100,1024`` picks
 the value sizes; ``--check`` only builds the ceiling's batches against the read
 schema, in seconds, without a broker or Spark; ``--reads-only`` skips the
-writes; ``--with-pullstream`` also reads the same topics from a second broker
-started with ``--fetch-port off``, i.e. over ``PullStream`` as before the fetch
-port, against the same ceiling runs). It starts one broker (async flush) on
+writes; ``--with-pullstream`` starts the broker with ``--fetch-port auto`` and
+also reads the same topics from a second broker with the fetch port off, i.e.
+over ``PullStream``, against the same ceiling runs). It starts one broker (async flush) on
 127.0.0.1 in a temporary directory under /tmp and one local Spark session
 (``local[2]``, as tests/spark_support.py builds it, plus 4 GB of driver memory
 for the cached write input); both are stopped and the directory removed at the
@@ -603,7 +603,9 @@ def main(argv: list[str] | None = None) -> None:
     results = Results()
     began = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="equeue-spark-bench-", dir="/tmp"))
-    broker = BrokerProcess(root / "broker", "--flush", "async")
+    # With --with-pullstream the main broker serves the fetch port (off by default).
+    fetch = ["--fetch-port", "auto"] if args.with_pullstream else []
+    broker = BrokerProcess(root / "broker", "--flush", "async", *fetch)
     pull_broker = BrokerProcess(root / "pull-broker", "--flush", "async", "--fetch-port", "off")
     spark: SparkSession | None = None
     meter: CpuMeter | None = None

@@ -252,7 +252,8 @@ def test_a_tls_broker_serves_no_fetch_port_unless_insecure_is_given() -> None:
     assert fetch_port_number(parse_args([*tls, "--fetch-port", "7000"])) is None
     assert fetch_port_number(parse_args([*tls, "--fetch-port", "7000", "--fetch-insecure"])) == 7000
     assert fetch_port_number(parse_args(["--fetch-port", "off"])) is None
-    assert fetch_port_number(parse_args([])) == 0
+    assert fetch_port_number(parse_args([])) is None  # off by default
+    assert fetch_port_number(parse_args(["--fetch-port", "auto"])) == 0
 
 
 def test_file_runs_are_closed_after_every_reply(

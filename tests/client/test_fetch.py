@@ -175,7 +175,7 @@ def test_a_connection_refused_is_fetch_unavailable() -> None:
 def test_the_fetch_address_is_learned_from_getstats_once_per_process(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
-    broker = broker_factory()  # --fetch-port auto: any free port, reported in GetStats
+    broker = broker_factory("--fetch-port", "auto")  # any free port, reported in GetStats
     with Producer(broker.address) as producer:
         producer.send_batch("orders", [b"x"] * 10, queue_ids=[0] * 10)
     part = read_task.QueueRange("orders", 0, 0, 10, broker.address, 30_000)
@@ -196,7 +196,7 @@ def test_the_fetch_address_is_learned_from_getstats_once_per_process(
 def test_a_broker_with_the_fetch_port_off_is_read_over_pullstream(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
-    broker = broker_factory("--fetch-port", "off")
+    broker = broker_factory()  # the fetch port is off by default
     with Producer(broker.address) as producer:
         producer.send_batch("orders", [b"x"] * 10, queue_ids=[0] * 10)
     read_task._FETCH_ADDRESSES.clear()

@@ -118,9 +118,10 @@ class BrokerConfig:
     max_streams_per_connection: int = field(default=256, metadata={UNIT: "streams"})
     """Calls one connection may have in flight; more get RESOURCE_EXHAUSTED
     (connections.py). HTTP/2 admits four times this, then resets streams."""
-    fetch_port: str = "auto"
-    """The fetch port (fetch_port.py): ``auto`` any free port, ``off``, or a
-    port number. Plain TCP: with ``tls_cert`` it is served only if ``fetch_insecure``."""
+    fetch_port: str = "off"
+    """The fetch port (fetch_port.py): ``auto`` any free port, ``off`` (the
+    default: docs/benchmarks.md, issue 29), or a port number. Plain TCP: with
+    ``tls_cert`` it is served only if ``fetch_insecure``."""
     fetch_insecure: bool = False
     """Serve the fetch port (plain text, token-checked) beside TLS."""
     max_connection_idle_ms: int = field(default=300_000, metadata={UNIT: "ms"})

@@ -386,7 +386,8 @@ _ENTRIES: tuple[Setting, ...] = (
     ),
     Setting(
         "fetch_port",
-        "plain-TCP port for bulk range reads (Spark): auto = any free port, off, or a number",
+        "plain-TCP port for bulk range reads (Spark): off (default), auto = any free port, "
+        "or a number",
     ),
     Setting("fetch_insecure", "serve the fetch port (plain text) even though --tls-cert is set"),
     Setting("shutdown_grace_s", "time in-flight requests get on SIGTERM", flag=False),
