@@ -3,7 +3,7 @@
 A broker started with ``--fetch-port`` serves what ``PullStream`` serves
 (replies of one queue range) on a second, plain-TCP listener, without gRPC's
 HTTP/2 framing and message copies on either side (docs/benchmarks.md: about
-half the CPU per GB of broker and client together). The replies are the very
+a third less CPU per GB, broker and client together). The replies are the very
 ``PullReply`` messages ``PullStream`` sends, so a client parses them with the
 same code. All integers are little-endian::
 

@@ -3,7 +3,7 @@
 A broker with a fetch port (``--fetch-port``, docs/operations.md) serves the
 same ``PullReply`` messages ``PullStream`` streams over a plain TCP
 connection (format: ``equeue_proto/fetch.py``), which costs the broker and
-this process about half the CPU per GB (docs/benchmarks.md). ``fetch_replies``
+this process about a third less CPU per GB (docs/benchmarks.md). ``fetch_replies``
 yields the same ``PullReply`` tuples as ``reader.stream_replies``, so a
 caller can use either. Connections are kept per address in this process
 (``POOL``) and reused for the next range; there is no TLS, so a client that

@@ -6,8 +6,8 @@ channel and closes it when the range is read. Replies of the server-streaming
 ``PullStream`` RPC are gathered into batches of about ``ROWS_PER_BATCH`` records
 and decoded in one C call each. When the broker has a fetch port (plain TCP,
 ``client/fetch.py``) and the range has no tags, filter or TLS, the same replies
-come over it instead, for about half the CPU per GB; PullStream takes over if
-it fails.
+come over it instead, for about a third less CPU per GB (the broker has it off
+by default: docs/benchmarks.md); PullStream takes over if it fails.
 
 Over a cluster a range names its broker group's members in the order to read
 them (``broker``, then ``fallbacks``: the master and its replicas, replicas
