@@ -30,7 +30,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from bench._spark_setup import CEILING, KEY_WIDTH, QUEUES
-from equeue_spark.spark.arrow import arrow_schema, read_schema
+from equeue_spark.client.columns import RecordColumns
+from equeue_spark.spark.arrow import arrow_schema, read_schema, to_record_batch
 
 HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
@@ -146,11 +147,11 @@ def _digits(numbers: np.ndarray[Any, Any], width: int, base: int) -> np.ndarray[
     return out
 
 
-def _fixed_width(rows: np.ndarray[Any, Any]) -> tuple[pa.Buffer, pa.Buffer]:
+def _fixed_width(rows: np.ndarray[Any, Any]) -> tuple[bytes, bytes]:
     """(offsets, data) of a string/binary column whose items are the rows of ``rows``."""
     n, width = rows.shape
     offsets = np.arange(n + 1, dtype=np.int32) * np.int32(width)
-    return pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(rows))
+    return offsets.tobytes(), np.ascontiguousarray(rows).tobytes()
 
 
 TEMPLATES: dict[tuple[int, int, str, str, int, str], pa.RecordBatch] = {}
@@ -165,7 +166,9 @@ def ceiling_batches(part: CeilingRange, schema: pa.Schema) -> Iterator[pa.Record
     key = (s.value_size, s.batch_rows, s.topic, s.broker_id, part.queue_id, str(schema))
     template = TEMPLATES.get(key)
     if template is None:
-        template = TEMPLATES[key] = template_batch(s, part.queue_id, schema)
+        template = template_batch(s, part.queue_id, schema)
+        check_template(template, schema)
+        TEMPLATES[key] = template
     for lo in range(part.start, part.end, s.batch_rows):
         n = min(s.batch_rows, part.end - lo)
         yield template if n == template.num_rows else template.slice(0, n)
@@ -173,12 +176,16 @@ def ceiling_batches(part: CeilingRange, schema: pa.Schema) -> Iterator[pa.Record
 
 def template_batch(s: CeilingSpec, queue_id: int, schema: pa.Schema) -> pa.RecordBatch:
     """``batch_rows`` rows shaped as the read task's: 10-digit keys, random
-    values, the topic, queue, offsets 0.., a timestamp, empty tags, message ids."""
+    values, the topic, queue, offsets 0.., a timestamp, empty tags, message ids.
+
+    Built as the read task builds its batches: a ``RecordColumns`` handed to
+    ``to_record_batch``, so a column added to the read schema is in the
+    ceiling too (``check_template`` guards that the schemas stay equal)."""
     n = s.batch_rows
     offsets = np.arange(n, dtype=np.int64)
     key_offsets, keys = _fixed_width(_digits(offsets * QUEUES + queue_id, KEY_WIDTH, 10))
-    values = pa.py_buffer(np.random.default_rng(queue_id).bytes(n * s.value_size))
-    value_offsets = pa.py_buffer(np.arange(n + 1, dtype=np.int32) * np.int32(s.value_size))
+    values = np.random.default_rng(queue_id).bytes(n * s.value_size)
+    value_offsets = np.arange(n + 1, dtype=np.int32) * np.int32(s.value_size)
     topic = np.frombuffer(s.topic.encode(), dtype=np.uint8)
     topic_offsets, topics = _fixed_width(np.broadcast_to(topic, (n, topic.size)))
     prefix = np.frombuffer(f"{s.broker_id}-".encode(), dtype=np.uint8)
@@ -187,17 +194,40 @@ def template_batch(s: CeilingSpec, queue_id: int, schema: pa.Schema) -> pa.Recor
         [np.broadcast_to(prefix, (n, prefix.size)), _digits(positions, 16, 16)], axis=1
     )
     id_offsets, id_data = _fixed_width(ids)
-    queues = pa.py_buffer(np.full(n, queue_id, dtype=np.int32))
-    stamps = pa.py_buffer(np.full(n, time.time_ns() // 1000, dtype=np.int64))
-    no_tags = pa.py_buffer(np.zeros(n + 1, dtype=np.int32))
-    arrays = [
-        pa.Array.from_buffers(pa.binary(), n, [None, key_offsets, keys]),
-        pa.Array.from_buffers(pa.binary(), n, [None, value_offsets, values]),
-        pa.Array.from_buffers(pa.string(), n, [None, topic_offsets, topics]),
-        pa.Array.from_buffers(pa.int32(), n, [None, queues]),
-        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
-        pa.Array.from_buffers(schema.field("timestamp").type, n, [None, stamps]),
-        pa.Array.from_buffers(pa.string(), n, [None, no_tags, pa.py_buffer(b"")]),
-        pa.Array.from_buffers(pa.string(), n, [None, id_offsets, id_data]),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    stamps = np.full(n, time.time_ns() // 1000, dtype=np.int64).tobytes()
+    no_items = np.zeros(n + 1, dtype=np.int32).tobytes()
+    cols = RecordColumns(
+        count=n,
+        topic_offsets=topic_offsets,
+        topics=topics,
+        queue_ids=np.full(n, queue_id, dtype=np.int32).tobytes(),
+        offsets=offsets.tobytes(),
+        timestamps_us=stamps,
+        key_offsets=key_offsets,
+        keys=keys,
+        key_validity=None,
+        key_nulls=0,
+        value_offsets=value_offsets.tobytes(),
+        values=values,
+        tag_offsets=no_items,
+        tags=b"",
+        id_offsets=id_offsets,
+        ids=id_data,
+        header_list_offsets=no_items,
+        header_key_offsets=b"\0\0\0\0",
+        header_keys=b"",
+        header_value_offsets=b"\0\0\0\0",
+        header_values=b"",
+        store_timestamps_us=stamps,
+    )
+    return to_record_batch(cols, schema, s.broker_id)
+
+
+def check_template(template: pa.RecordBatch, schema: pa.Schema) -> None:
+    """Raise unless ``template`` has exactly ``schema`` (names, types, nullability):
+    a ceiling with fewer or other columns than the read would measure less work."""
+    if template.schema != schema:
+        raise RuntimeError(
+            f"ceiling template columns {template.schema.names} differ from the read "
+            f"schema's {schema.names}:\n{template.schema}\nvs\n{schema}"
+        )

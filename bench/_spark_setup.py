@@ -10,6 +10,7 @@ Nothing here is imported by the broker or the client.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,8 +58,31 @@ def spark_session() -> SparkSession:
     return session
 
 
+WORKER_START_FAILURE = "Python worker failed to connect back"
+"""Spark's error when a Python worker did not start within its 10 s: on a machine
+shared with other work, a query is run again (fresh checkpoint) after it."""
+QUERY_ATTEMPTS = 3
+
+
 def run_query(spark: SparkSession, fmt: str, options: dict[str, str], checkpoint: Path) -> QueryRun:
-    """An AvailableNow query from ``fmt`` into the noop sink, timed from start() to its end."""
+    """An AvailableNow query from ``fmt`` into the noop sink, timed from start() to
+    its end; run again (at most ``QUERY_ATTEMPTS`` times) if a Python worker did
+    not start in time, which says nothing about the source."""
+    for attempt in range(1, QUERY_ATTEMPTS + 1):
+        try:
+            return _run_query(
+                spark, fmt, options, checkpoint.with_name(f"{checkpoint.name}-{attempt}")
+            )
+        except Exception as exc:  # pyspark's StreamingQueryException, or ours
+            if WORKER_START_FAILURE not in str(exc) or attempt == QUERY_ATTEMPTS:
+                raise
+            print(f"{fmt} query: {WORKER_START_FAILURE}; running it again", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def _run_query(
+    spark: SparkSession, fmt: str, options: dict[str, str], checkpoint: Path
+) -> QueryRun:
     reader = spark.readStream.format(fmt)
     for key, value in options.items():
         reader = reader.option(key, value)

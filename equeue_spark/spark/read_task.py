@@ -4,7 +4,10 @@ Runs on an executor, in a Python worker that shares nothing with the driver:
 everything it needs travels in the picklable ``QueueRange``; it opens its own
 channel and closes it when the range is read. Replies of the server-streaming
 ``PullStream`` RPC are gathered into batches of about ``ROWS_PER_BATCH`` records
-and decoded in one C call each.
+and decoded in one C call each. When the broker has a fetch port (plain TCP,
+``client/fetch.py``) and the range has no tags, filter or TLS, the same replies
+come over it instead, for about a third less CPU per GB (the broker has it off
+by default: docs/benchmarks.md); PullStream takes over if it fails.
 
 Over a cluster a range names its broker group's members in the order to read
 them (``broker``, then ``fallbacks``: the master and its replicas, replicas
@@ -17,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
@@ -30,6 +34,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.errors import EqueueError
+from equeue_spark.client.fetch import FetchUnavailable, fetch_replies
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.routing import members_in_turn
 from equeue_spark.client.wire import PullReply
@@ -49,6 +54,9 @@ MAX_STREAMS = 10_000
 PREFETCH_REPLIES = 16
 """Replies read ahead of the decoder (at most about 16 MiB: replies are <= REPLY_BYTES
 unless one record is larger)."""
+READ_TRANSPORT_ENV = "EQUEUE_READ_TRANSPORT"
+"""``grpc``: always PullStream; ``auto`` (default): the broker's fetch port when it
+has one (fetch.py), PullStream otherwise."""
 POLL_S = 0.1
 STOP_TIMEOUT_S = 10.0
 
@@ -162,7 +170,7 @@ def _member_replies(members: Members, part: QueueRange) -> Iterator[PullReply]:
     def attempt(address: str, _last: bool) -> Iterator[PullReply]:
         nonlocal reached
         conn = members.open(address)
-        for reply in _replies(conn, dataclasses.replace(part, start=reached)):
+        for reply in _transport_replies(conn, dataclasses.replace(part, start=reached)):
             reached = max(reached, reply.next_offset)
             yield reply
 
@@ -241,19 +249,94 @@ def _batch(
     return to_record_batch(decode_columns(pending, broker_id, headers), schema, broker_id)
 
 
-def _replies(conn: Connection, part: QueueRange) -> Iterator[PullReply]:
-    """PullStream replies covering ``[start, end)``, re-streaming if a stream
-    ends early, and applying the data-loss policy when the start is gone."""
+def _transport_replies(conn: Connection, part: QueueRange) -> Iterator[PullReply]:
+    """``_replies`` over the broker's fetch port when it has one (fetch_address),
+    else, or from the offset reached when the fetch port fails, over PullStream."""
+    address = fetch_address(conn, part)
+    reached = part.start
+    if address:
+        token = conn.config.resolved_token()
+        timeout_s = conn.config.timeout_s
+
+        def fetched(offset: int, end: int) -> Iterator[PullReply]:
+            return fetch_replies(
+                address, part.topic, part.queue_id, offset, end, token=token,
+                batch_messages=REPLY_MESSAGES, batch_bytes=REPLY_BYTES, timeout_s=timeout_s,
+            )  # fmt: skip
+
+        try:
+            for reply in _replies(fetched, part):
+                reached = max(reached, reply.next_offset)
+                yield reply
+            return
+        except FetchUnavailable as exc:
+            _fetch_failed(conn.config.broker, address, exc)
+        part = dataclasses.replace(part, start=reached)
+
+    def streamed(offset: int, end: int) -> Iterator[PullReply]:
+        return stream_replies(
+            conn, part.topic, part.queue_id, offset, end,
+            batch_messages=REPLY_MESSAGES, batch_bytes=REPLY_BYTES, tags=part.tags,
+            filter=part.filter,
+        )  # fmt: skip
+
+    yield from _replies(streamed, part)
+
+
+_FETCH_ADDRESSES: dict[str, str] = {}
+"""Broker address -> its fetch port's address ("": none or unusable), learned
+once per Python worker process (Spark reuses workers across tasks)."""
+_FETCH_LOCK = threading.Lock()
+
+
+def fetch_address(conn: Connection, part: QueueRange) -> str:
+    """The fetch port to read ``part`` from, or "" for PullStream: ranges with
+    tags or a filter, TLS connections, ``EQUEUE_READ_TRANSPORT=grpc``, and
+    brokers that do not report one (older brokers, tokens without ``admin``:
+    GetStats is an Admin call) use PullStream."""
+    if os.environ.get(READ_TRANSPORT_ENV, "auto").strip().lower() == "grpc":
+        return ""
+    if part.tags or part.filter:
+        return ""
+    broker = conn.config.broker
+    with _FETCH_LOCK:
+        known = _FETCH_ADDRESSES.get(broker)
+    if known is not None:
+        return known
+    found = ""
+    if conn.config.credentials() is None:  # plain text to the broker: so may the fetch port be
+        try:
+            stats = conn.call(conn.admin.GetStats, pb.GetStatsRequest(), retry=False)
+            found = stats.fetch_address
+        except EqueueError as exc:
+            log.info("%s: no fetch port address (%s); reading over PullStream", broker, exc)
+    with _FETCH_LOCK:
+        _FETCH_ADDRESSES[broker] = found
+    return found
+
+
+def _fetch_failed(broker: str, address: str, exc: EqueueError) -> None:
+    """Forget a fetch port that failed (this worker reads ``broker`` over PullStream
+    from now on), saying so once."""
+    with _FETCH_LOCK:
+        if _FETCH_ADDRESSES.get(broker) == "":
+            return
+        _FETCH_ADDRESSES[broker] = ""
+    log.warning("%s: fetch port %s failed (%s); reading over PullStream", broker, address, exc)
+
+
+def _replies(
+    stream: Callable[[int, int], Iterator[PullReply]], part: QueueRange
+) -> Iterator[PullReply]:
+    """The replies of ``stream(offset, end)`` covering ``[start, end)``,
+    streaming again if a stream ends early, and applying the data-loss policy
+    when the start is gone."""
     offset = part.start
     for _ in range(MAX_STREAMS):
         if offset >= part.end:
             return
         last = None
-        for reply in stream_replies(
-            conn, part.topic, part.queue_id, offset, part.end,
-            batch_messages=REPLY_MESSAGES, batch_bytes=REPLY_BYTES, tags=part.tags,
-            filter=part.filter,
-        ):  # fmt: skip
+        for reply in stream(offset, part.end):
             last = reply
             if reply.status in (pb.PULL_STATUS_OFFSET_TOO_SMALL, pb.PULL_STATUS_OFFSET_TOO_BIG):
                 break

@@ -40,6 +40,7 @@ from equeue_broker.server.connections import (
     defer_silent_connections,
 )
 from equeue_broker.server.errors import BadRequest
+from equeue_broker.server.fetch_port import start_fetch_server, stop_fetch_server
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
 from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.health import BrokerHealth
@@ -228,6 +229,8 @@ async def create_server(
     ]
     reflection.enable_server_reflection(names, server)
     await server.start()
+    # Before the first registration (serve), which advertises state.fetch_address.
+    await start_fetch_server(state, max_connections(config))
     # Connections that say nothing wait in the kernel, not in a connection slot.
     defer_silent_connections(port, -(-config.handshake_timeout_ms // 1000))
     await state.health.start()  # SERVING; writes only on a master (health.py)
@@ -427,7 +430,8 @@ async def serve(config: BrokerConfig) -> None:
                "broker_name": config.broker_name, "namesrv": config.namesrv,
                "tls": config.tls_cert is not None, "auth_tokens": state.auth_tokens,
                "rebuilt_index_entries": store.recovery.index_entries_rebuilt,
-               "max_connections": max_connections(config)},
+               "max_connections": max_connections(config),
+               "fetch_address": state.fetch_address},
     )  # fmt: skip
     sys.stdout.write(f"equeue broker listening on {config.host}:{port}\n")
     sys.stdout.flush()
@@ -446,6 +450,7 @@ async def serve(config: BrokerConfig) -> None:
     await state.checker.stop()
     state.calls.shutting_down = True
     state.insync.stop()
+    await stop_fetch_server(state)
     await server.stop(config.shutdown_grace_s)
     state.calls.executor.shutdown(wait=True)
     store.close()

@@ -118,6 +118,12 @@ class BrokerConfig:
     max_streams_per_connection: int = field(default=256, metadata={UNIT: "streams"})
     """Calls one connection may have in flight; more get RESOURCE_EXHAUSTED
     (connections.py). HTTP/2 admits four times this, then resets streams."""
+    fetch_port: str = "off"
+    """The fetch port (fetch_port.py): ``auto`` any free port, ``off`` (the
+    default: docs/benchmarks.md, issue 29), or a port number. Plain TCP: with
+    ``tls_cert`` it is served only if ``fetch_insecure``."""
+    fetch_insecure: bool = False
+    """Serve the fetch port (plain text, token-checked) beside TLS."""
     max_connection_idle_ms: int = field(default=300_000, metadata={UNIT: "ms"})
     """A connection without a call for this long is closed (clients reconnect)."""
     handshake_timeout_ms: int = field(default=3_000, metadata={UNIT: "ms"})
@@ -232,6 +238,7 @@ class BrokerConfig:
                      "namesrv_tls_cert", "namesrv_tls_key", "namesrv_token_file"):  # fmt: skip
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
+        self._check_fetch_port()
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("give both tls_cert and tls_key, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -244,6 +251,19 @@ class BrokerConfig:
         self._check_failover()
         self._check_replication()
         self._check_retries()
+
+    def _check_fetch_port(self) -> None:
+        value = self.fetch_port.strip().lower()
+        if value not in ("auto", "off") and not (value.isdigit() and 1 <= int(value) <= 65535):
+            raise InvalidArgument(
+                f"{self.named('fetch_port')} must be auto, off or a port in [1, 65535], "
+                f"got {self.fetch_port!r}"
+            )
+        if value.isdigit() and int(value) == self.port:
+            raise InvalidArgument(
+                f"{self.named('fetch_port')} {value} is the gRPC port; give another, or auto"
+            )
+        object.__setattr__(self, "fetch_port", value)
 
     def _check_retries(self) -> None:
         if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:

@@ -384,6 +384,12 @@ _ENTRIES: tuple[Setting, ...] = (
     Setting(
         "tokens_file", "TOML list of access tokens; unset: $EQUEUE_BROKER_TOKENS, else no auth"
     ),
+    Setting(
+        "fetch_port",
+        "plain-TCP port for bulk range reads (Spark): off (default), auto = any free port, "
+        "or a number",
+    ),
+    Setting("fetch_insecure", "serve the fetch port (plain text) even though --tls-cert is set"),
     Setting("shutdown_grace_s", "time in-flight requests get on SIGTERM", flag=False),
     Setting("log_level", "log threshold", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     Setting("log_format", "json: one JSON object per line", choices=("text", "json")),

@@ -21,6 +21,7 @@ import bisect
 import dataclasses
 import itertools
 import logging
+import os
 import struct
 from collections.abc import Iterable
 from typing import cast
@@ -35,6 +36,7 @@ from equeue_broker.storage.errors import (
     InvalidArgument,
     NotFound,
 )
+from equeue_broker.storage.file_runs import FileRun, close_runs, piece_size
 from equeue_broker.storage.index.index_repair import repair_entry
 from equeue_broker.storage.index.queue_index import (
     ENTRY,
@@ -184,6 +186,58 @@ class Reads:
             # One copy out of the maps, made while the lock keeps them mapped.
             return dataclasses.replace(result, records=b"".join(pieces))
 
+    def file_runs(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 1 << 20,
+        frame: Framer | None = None,
+        until: int | None = None,
+    ) -> tuple[RecordsResult, list[bytes | FileRun]]:
+        """``read_records`` without tags or selector, for ``sendfile`` (file_runs.py):
+        the same planning, checks and ``RecordsResult`` (``records`` empty), and
+        the reply in order as pieces: records as stored as ``FileRun``s (the caller
+        closes them), the frame and records a reply changes (a transaction's) as bytes."""
+        self._check_read_limits(offset, max_messages, max_bytes)
+        with self._lock:
+            queue, earliest, end, status, corrected = self._locate(topic, queue_id, offset)
+            collected: list[Piece | FileRun] = []
+            count, nbytes, next_offset = 0, 0, corrected
+            if status is ReadStatus.OK:
+                stop = end if until is None else max(offset, min(end, until))
+                collected, count, nbytes, next_offset = self._runs_repairing(
+                    queue, offset, stop, max_messages, max_bytes
+                )
+            result = RecordsResult(status, b"", count, next_offset, earliest, end, nbytes)
+            pieces: list[bytes | FileRun] = [
+                p if isinstance(p, (bytes, FileRun)) else bytes(p) for p in collected
+            ]  # views of the maps copied while the lock keeps them mapped
+            if frame is not None:
+                prefix, suffix = frame(result)
+                pieces = [prefix, *pieces, suffix]
+            return result, pieces
+
+    def _runs_repairing(
+        self, queue: QueueState, offset: int, end: int, max_messages: int, max_bytes: int
+    ) -> tuple[list[Piece | FileRun], int, int, int]:
+        """``_collect_runs`` with file runs, again after each repaired entry (lock held)."""
+        for _ in range(_MAX_REPAIRS):
+            collected = self._collect_runs(
+                queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes,
+                files=True,
+            )  # fmt: skip
+            if collected is not None:
+                return collected
+        raise _too_damaged(queue)
+
+    def _file_run(self, start: int, stop: int) -> FileRun:
+        """The log bytes ``[start, stop)`` (one chunk) as a file run (lock held)."""
+        chunk, local = self._log._data_view(start, stop - start)  # its checks, as copy()
+        return FileRun(os.dup(chunk.fd), local, stop - start)
+
     def _locate(
         self, topic: str, queue_id: int, offset: int
     ) -> tuple[QueueState, int, int, ReadStatus, int]:
@@ -212,10 +266,14 @@ class Reads:
                     queue, offset=offset, end=end, max_messages=max_messages,
                     max_bytes=max_bytes, selector=selector,
                 )  # fmt: skip
-            elif wanted is None:
-                collected = self._collect_runs(
-                    queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes
-                )
+            elif wanted is None:  # without files=True: pieces only
+                collected = cast(
+                    "tuple[list[Piece], int, int, int] | None",
+                    self._collect_runs(
+                        queue, offset=offset, end=end, max_messages=max_messages,
+                        max_bytes=max_bytes,
+                    ),
+                )  # fmt: skip
             else:
                 collected = self._collect_filtered(
                     queue, offset=offset, end=end, max_messages=max_messages,
@@ -233,13 +291,20 @@ class Reads:
         repair_entry(self._log, queue.index, key, offset, queue.index.end)
 
     def _collect_runs(
-        self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int
-    ) -> tuple[list[Piece], int, int, int] | None:
+        self,
+        queue: QueueState,
+        *,
+        offset: int,
+        end: int,
+        max_messages: int,
+        max_bytes: int,
+        files: bool = False,
+    ) -> tuple[list[Piece | FileRun], int, int, int] | None:
         """(pieces, count, bytes, next offset) of an unfiltered read (lock held):
         the index is planned into runs of adjacent records (``index_runs``, in C),
         and each run becomes one view of the log; no per-record Python work.
         None after rebuilding a damaged entry: the caller starts again."""
-        pieces: list[Piece] = []
+        pieces: list[Piece | FileRun] = []
         count = total = 0
         cursor = offset
         scan_end = min(end, offset + max_messages)
@@ -254,11 +319,12 @@ class Reads:
                 if start // capacity != mapped_chunk and pieces:
                     # Touching another chunk may unmap an older one, which
                     # must not have views alive: copy what we hold first.
-                    pieces = [bytes(p) for p in pieces]
+                    pieces = [p if isinstance(p, FileRun) else bytes(p) for p in pieces]
                 mapped_chunk = start // capacity
                 if not self._log.record_is(
                     start, queue.topic_bytes, queue.queue_id, cursor + first
                 ):
+                    close_runs(pieces)
                     pieces.clear()
                     self._repair(queue, cursor + first)
                     return None
@@ -266,9 +332,15 @@ class Reads:
                 run = entries[first * ENTRY_SIZE :]
                 if bad is not None:
                     return self._served_before(queue, pieces, offset, cursor + first, run, bad)
-                pieces.append(_served(self._log.copy(start, stop_at), run, cursor + first))
+                view = self._log.copy(start, stop_at)
+                served = _served(view, run, cursor + first)
+                if files and served is view:  # as stored: sent from the file itself
+                    pieces.append(self._file_run(start, stop_at))
+                else:
+                    pieces.append(served)
             cursor += taken
             if stop in {RUNS_EMPTY, RUNS_DAMAGED}:  # an empty entry below the end is damage too
+                close_runs(pieces)
                 pieces.clear()
                 self._repair(queue, cursor)
                 return None
@@ -277,9 +349,9 @@ class Reads:
         return pieces, count, total, cursor
 
     def _served_before(  # noqa: PLR0917 (the state of _collect_runs at the damage)
-        self, queue: QueueState, pieces: list[Piece], offset: int, run_offset: int,
+        self, queue: QueueState, pieces: list[Piece | FileRun], offset: int, run_offset: int,
         run: bytes, bad: int,
-    ) -> tuple[list[Piece], int, int, int]:  # fmt: skip
+    ) -> tuple[list[Piece | FileRun], int, int, int]:  # fmt: skip
         """An unfiltered read cut short before the damaged record at log position
         ``bad``, in the run of records whose entries are ``run`` (of offsets from
         ``run_offset``); ``DamagedRecord`` if the read would start with it."""
@@ -296,13 +368,14 @@ class Reads:
             damaged,
         )
         if damaged == offset:
+            close_runs(pieces)
             pieces.clear()
             raise DamagedRecord(
                 queue.topic, queue.queue_id, damaged, self._log.chunk_path(bad), bad
             )
         if at > start:
             pieces.append(_served(self._log.copy(start, at), run, run_offset))
-        return pieces, damaged - offset, sum(len(p) for p in pieces), damaged
+        return pieces, damaged - offset, sum(piece_size(p) for p in pieces), damaged
 
     def _collect_filtered(
         self, queue: QueueState, *, offset: int, end: int, max_messages: int, max_bytes: int,

@@ -1,0 +1,170 @@
+"""Range reads over a broker's fetch port: ``PullStream``'s replies without gRPC.
+
+A broker with a fetch port (``--fetch-port``, docs/operations.md) serves the
+same ``PullReply`` messages ``PullStream`` streams over a plain TCP
+connection (format: ``equeue_proto/fetch.py``), which costs the broker and
+this process about a third less CPU per GB (docs/benchmarks.md). ``fetch_replies``
+yields the same ``PullReply`` tuples as ``reader.stream_replies``, so a
+caller can use either. Connections are kept per address in this process
+(``POOL``) and reused for the next range; there is no TLS, so a client that
+talks TLS to the broker uses ``PullStream``.
+
+Failures: an ERROR frame raises the exception the same gRPC status would
+(``errors.from_rpc_error``); a connection that cannot be made, breaks or
+times out raises ``FetchUnavailable`` (then ``PullStream`` may take over from
+the offset reached).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from equeue_proto import fetch
+from equeue_spark.client.errors import BrokerUnavailable, from_rpc_error
+from equeue_spark.client.wire import PullReply, parse_pull_reply
+
+MAX_IDLE_PER_ADDRESS = 8
+"""Idle connections kept per broker address (a Python worker runs one task at a time)."""
+MAX_REPLY_BYTES = 1 << 30
+"""Largest reply frame accepted (a broker's replies are about ``batch_bytes``)."""
+
+
+class FetchUnavailable(BrokerUnavailable):
+    """The fetch port could not be reached, or the connection broke or timed out."""
+
+
+class _Status(grpc.RpcError):
+    """An ERROR frame dressed as the failed call ``from_rpc_error`` maps."""
+
+    def __init__(self, code: int, message: str, trailers: tuple[tuple[str, str], ...]) -> None:
+        super().__init__(message)
+        self._code = next((c for c in grpc.StatusCode if c.value[0] == code), None)
+        self._message = message
+        self._trailers = trailers
+
+    def code(self) -> grpc.StatusCode:
+        return self._code or grpc.StatusCode.UNKNOWN
+
+    def details(self) -> str:
+        return self._message
+
+    def trailing_metadata(self) -> Any:
+        return self._trailers
+
+
+class Pool:
+    """Open fetch connections by address, reused across ranges (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[socket.socket]] = {}
+
+    def take(self, address: str, timeout_s: float) -> socket.socket:
+        with self._lock:
+            idle = self._idle.get(address)
+            if idle:
+                sock = idle.pop()
+                sock.settimeout(timeout_s)
+                return sock
+        host, _, port = address.rpartition(":")
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+        except (OSError, ValueError) as exc:
+            raise FetchUnavailable(f"fetch port {address}: cannot connect: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def give_back(self, address: str, sock: socket.socket) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(address, [])
+            if len(idle) < MAX_IDLE_PER_ADDRESS:
+                idle.append(sock)
+                return
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            socks = [s for idle in self._idle.values() for s in idle]
+            self._idle.clear()
+        for sock in socks:
+            sock.close()
+
+
+POOL = Pool()
+
+
+def fetch_replies(
+    address: str,
+    topic: str,
+    queue_id: int,
+    start: int,
+    end: int = 0,
+    *,
+    token: str = "",
+    batch_messages: int = 1000,
+    batch_bytes: int = 1 << 20,
+    timeout_s: float = 30.0,
+    pool: Pool = POOL,
+) -> Iterator[PullReply]:
+    """The replies of ``[start, end)`` (``end`` 0: the queue's end now) from the
+    fetch port at ``address``; ``timeout_s`` bounds each wait for the broker.
+    The connection goes back to ``pool`` once the range is read."""
+    request = fetch.FetchRequest(topic, queue_id, start, end, batch_messages, batch_bytes, token)
+    sock = pool.take(address, timeout_s)
+    reusable = False
+    try:
+        _send(sock, address, fetch.encode_request(request))
+        while True:
+            kind, payload = _frame(sock, address)
+            if kind == fetch.END:
+                reusable = True
+                return
+            if kind == fetch.ERROR:  # the broker closes the connection after it
+                raise from_rpc_error(_Status(*fetch.decode_error(payload))) from None
+            yield parse_pull_reply(payload)
+    finally:
+        if reusable:
+            pool.give_back(address, sock)
+        else:  # mid-range (the caller stopped, or a failure): not at a frame boundary
+            sock.close()
+
+
+def _send(sock: socket.socket, address: str, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError as exc:
+        raise FetchUnavailable(f"fetch port {address}: {exc}") from None
+
+
+def _frame(sock: socket.socket, address: str) -> tuple[int, Any]:
+    """(kind, payload) of the next frame; the payload in a buffer of its own
+    (replies' records stay views of it)."""
+    head = _receive(sock, address, fetch.FRAME_HEAD.size)
+    try:
+        kind, length = fetch.read_frame_head(bytes(head))
+    except fetch.FetchFormatError as exc:
+        raise FetchUnavailable(f"fetch port {address}: {exc}") from None
+    if length > MAX_REPLY_BYTES:
+        raise FetchUnavailable(f"fetch port {address}: a frame of {length} bytes")
+    return kind, _receive(sock, address, length)
+
+
+def _receive(sock: socket.socket, address: str, size: int) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        try:
+            # MSG_WAITALL: one system call for the whole frame in the usual case.
+            n = sock.recv_into(view[got:], size - got, socket.MSG_WAITALL)
+        except OSError as exc:  # timeouts included
+            raise FetchUnavailable(f"fetch port {address}: {exc}") from None
+        if n == 0:
+            raise FetchUnavailable(f"fetch port {address}: the broker closed the connection")
+        got += n
+    return buf

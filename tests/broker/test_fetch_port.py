@@ -1,0 +1,272 @@
+"""The fetch port on real broker processes: the same replies as PullStream
+(transactional and delayed records included), tokens, bad requests, the
+connection limit, retention during a read, and the TLS rule.
+
+The fetch port's address is chosen here (a free port given to --fetch-port)
+so these tests do not depend on GetStats reporting it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from equeue_broker.server.config import parse_args
+from equeue_broker.server.fetch_port import fetch_port_number
+from equeue_broker.testing import BrokerProcess
+from equeue_proto import fetch
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client import Admin, ClientConfig, Producer
+from equeue_spark.client.connection import Connection
+from equeue_spark.client.errors import (
+    AuthenticationError,
+    InvalidRequest,
+    LimitError,
+    NotFoundError,
+    PermissionDeniedError,
+)
+from equeue_spark.client.fetch import Pool, fetch_replies
+from equeue_spark.client.reader import stream_replies
+from equeue_spark.client.records import decode_records
+from equeue_spark.client.transactions import commit_transactions
+from tests.broker.delayed_support import now_ms, produce, pull_until
+from tests.support.raw_client import RawClient
+
+pytestmark = pytest.mark.timeout(120)
+SECRET = "reader-secret-0123456789"
+WRITER = "writer-secret-0123456789"
+TOKENS = f"""
+[[tokens]]
+name = "reader"
+secret = "{SECRET}"
+roles = ["consume"]
+topics = ["orders*"]
+
+[[tokens]]
+name = "writer"
+secret = "{WRITER}"
+roles = ["produce"]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def with_fetch(factory: Callable[..., BrokerProcess], *flags: str) -> tuple[BrokerProcess, str]:
+    port = free_port()
+    broker = factory("--fetch-port", str(port), *flags)
+    return broker, f"127.0.0.1:{port}"
+
+
+def replies(address: str, *args: int, **kw: object) -> list[tuple[int, bytes, int, int, int]]:
+    pool = Pool()
+    try:
+        return [
+            (r.status, bytes(r.records), r.count, r.next_offset, r.end_offset)
+            for r in fetch_replies(address, "orders", *args, pool=pool, **kw)  # type: ignore[arg-type]
+        ]
+    finally:
+        pool.close()
+
+
+def streamed(
+    broker: str, start: int, end: int, batch_messages: int = 1000
+) -> list[tuple[int, bytes, int, int, int]]:
+    with Connection(ClientConfig(broker=broker)) as conn:
+        return [
+            (r.status, bytes(r.records), r.count, r.next_offset, r.end_offset)
+            for r in stream_replies(conn, "orders", 0, start, end, batch_messages=batch_messages)
+        ]
+
+
+def test_ranges_equal_pullstreams_with_transactional_and_delayed_records(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker, address = with_fetch(broker_factory)
+    raw = RawClient(broker.address)
+    raw.admin.CreateTopic(pb.CreateTopicRequest(name="orders", queue_count=1), timeout=10)
+    produce(raw, "orders", [os.urandom(300) for _ in range(50)])
+    produce(raw, "orders", [b"staged-1", b"staged-2"], txn="t1")
+    produce(raw, "orders", [b"plain"] * 10)
+    produce(raw, "orders", [b"due"], deliver_at_ms=[now_ms() + 1_000])
+    with Connection(ClientConfig(broker=broker.address)) as conn:
+        commit_transactions(conn, [("t1", 2)])
+    pull_until(raw, "orders", 0, 63)  # the delayed record has arrived
+    for start, end, batch in ((0, 0, 7), (0, 63, 1000), (5, 61, 3), (60, 63, 1)):
+        expected = streamed(broker.address, start, end, batch_messages=batch)
+        got = replies(address, 0, start, end, batch_messages=batch)
+        assert got == expected, (start, end, batch)
+        assert sum(r[2] for r in got) == (end or 63) - start
+    # Past the end and before the start: what PullStream answers (nothing).
+    assert replies(address, 0, 100, 0) == streamed(broker.address, 100, 0) == []
+
+
+def test_a_connection_serves_one_range_after_another(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker, address = with_fetch(broker_factory)
+    with Producer(broker.address) as producer:
+        producer.send_batch("orders", [b"x" * 100] * 100)
+    pool = Pool()
+    first = list(fetch_replies(address, "orders", 0, 0, 50, pool=pool))
+    second = list(fetch_replies(address, "orders", 0, 50, 100, pool=pool))
+    assert sum(r.count for r in first) == sum(r.count for r in second) == 50
+    assert len(pool._idle[address]) == 1  # the one connection went back
+    pool.close()
+
+
+def test_tokens_are_checked_before_anything_is_read(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(TOKENS)
+    broker, address = with_fetch(broker_factory, "--tokens-file", str(path))
+    with Producer(config=ClientConfig(broker=broker.address, token=WRITER)) as producer:
+        producer.send_batch("orders", [b"secret"] * 10)
+        producer.send_batch("audit", [b"secret"] * 10)
+    with pytest.raises(AuthenticationError, match="missing or unknown token"):
+        replies(address, 0, 0, 0)
+    with pytest.raises(AuthenticationError, match="unknown token"):
+        replies(address, 0, 0, 0, token="not-a-token-at-all")
+    with pytest.raises(PermissionDeniedError, match="lacks role 'consume'"):
+        replies(address, 0, 0, 0, token=WRITER)
+    with pytest.raises(PermissionDeniedError, match="may not use topic 'audit'"):
+        list(fetch_replies(address, "audit", 0, 0, 0, token=SECRET))
+    assert sum(r[2] for r in replies(address, 0, 0, 0, token=SECRET)) == 10
+
+
+def test_bad_requests_get_a_clear_error_frame(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker, address = with_fetch(broker_factory)
+    with Admin(broker.address) as admin:
+        admin.create_topic("orders", queues=1)
+    with pytest.raises(NotFoundError, match="'nope' does not exist"):
+        list(fetch_replies(address, "nope", 0, 0, 0))
+    with pytest.raises(NotFoundError, match="queue"):
+        replies(address, 7, 0, 0)
+    with pytest.raises(InvalidRequest, match="batch_messages 200000"):
+        replies(address, 0, 0, 0, batch_messages=200_000)
+    host, port = address.split(":")
+    for junk in (b"GET / HTTP/1.1\r\n\r\n", fetch.MAGIC + struct.pack("<I", 1 << 20)):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(junk)
+            kind, payload = read_frame(sock)
+        assert kind == fetch.ERROR
+        code, message, _ = fetch.decode_error(payload)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert message.startswith("fetch port: ")
+
+
+def read_frame(sock: socket.socket) -> tuple[int, bytes]:
+    head = recv_exactly(sock, fetch.FRAME_HEAD.size)
+    kind, length = fetch.read_frame_head(head)
+    return kind, recv_exactly(sock, length)
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "connection closed early"
+        data += chunk
+    return data
+
+
+def test_connections_over_the_limit_are_refused(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("max_connections = 64\n")
+    broker, address = with_fetch(broker_factory, "--config", str(config))
+    with Producer(broker.address) as producer:
+        producer.send_batch("orders", [b"x"] * 10)
+    host, port = address.split(":")
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(64)]
+    try:
+        # The 65th gets RESOURCE_EXHAUSTED; then one goes and a new one is served.
+        with pytest.raises(LimitError, match="fetch connections are open"):
+            replies(address, 0, 0, 0)
+        held.pop().close()
+        deadline = time.monotonic() + 30
+        while True:  # the broker notices the close when its loop reads the EOF
+            try:
+                assert sum(r[2] for r in replies(address, 0, 0, 0)) == 10
+                break
+            except LimitError:
+                assert time.monotonic() < deadline, "the freed slot never came back"
+                time.sleep(0.05)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_retention_during_a_read_answers_as_pullstream(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker, address = with_fetch(
+        broker_factory, "--chunk-size", "65536", "--max-message-bytes", "16384",
+        "--retention-max-chunks", "2", "--retention-check-interval-ms", "100",
+    )  # fmt: skip
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic("orders", queues=1)
+        producer.send_batch("orders", [b"early"] * 10)
+        pool = Pool()
+        stream = fetch_replies(address, "orders", 0, 0, 0, batch_messages=5, pool=pool)
+        first = next(stream)  # the range [0, 10) is planned; 5 records read
+        assert (first.count, first.next_offset) == (5, 5)
+        for _ in range(10):  # ~16 chunks: retention removes the first ones
+            producer.send_batch("orders", [b"z" * 1000] * 100)
+        deadline = time.monotonic() + 60
+        while admin.list_offsets("orders")[0].earliest_offset <= 10:
+            assert time.monotonic() < deadline, "retention never removed the first chunk"
+            time.sleep(0.05)
+        rest = list(stream)
+    # The rest was either sent before retention ran (the socket buffers it) or
+    # answered OFFSET_TOO_SMALL naming the earliest offset: never other bytes.
+    offset = 5
+    for reply in rest:
+        if reply.status == pb.PULL_STATUS_OFFSET_TOO_SMALL:
+            assert reply.earliest_offset > 10 and reply.count == 0
+            break
+        assert decode_records(reply.records, reply.broker_id)[0].offset == offset
+        offset = reply.next_offset
+    else:
+        assert offset == 10
+    pool.close()
+
+
+def test_a_tls_broker_serves_no_fetch_port_unless_insecure_is_given() -> None:
+    tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem"]
+    assert fetch_port_number(parse_args(tls)) is None
+    assert fetch_port_number(parse_args([*tls, "--fetch-port", "7000"])) is None
+    assert fetch_port_number(parse_args([*tls, "--fetch-port", "7000", "--fetch-insecure"])) == 7000
+    assert fetch_port_number(parse_args(["--fetch-port", "off"])) is None
+    assert fetch_port_number(parse_args([])) is None  # off by default
+    assert fetch_port_number(parse_args(["--fetch-port", "auto"])) == 0
+
+
+def test_file_runs_are_closed_after_every_reply(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker, address = with_fetch(broker_factory)
+    with Producer(broker.address) as producer:
+        for _ in range(5):
+            producer.send_batch("orders", [os.urandom(1000)] * 200, queue_ids=[0] * 200)
+    assert broker.process is not None
+    fds = Path(f"/proc/{broker.process.pid}/fd")
+    replies(address, 0, 0, 0, batch_messages=10)  # the first: lazily opened files settle
+    before = len(list(fds.iterdir()))
+    for start in range(0, 1000, 100):
+        assert sum(r[2] for r in replies(address, 0, start, start + 100, batch_messages=7)) == 100
+    assert len(list(fds.iterdir())) <= before  # no duplicated descriptor left open
