@@ -142,6 +142,22 @@ bench-broker: $(STAMP)
 bench-txn-check: $(STAMP)
 	$(BIN)/python bench/txn_check_bench.py
 
+# Issue 29: the Spark bench's ceiling templates against the read schema (seconds,
+# no broker, no Spark); the Avro decoder alone; the Avro-decoding Spark read
+# against the plain read of the same topic; schema validation in the producer.
+.PHONY: bench-check bench-avro bench-spark-formats bench-schemas
+bench-check: $(STAMP)
+	$(BIN)/python bench/spark_bench.py --check
+
+bench-avro: $(STAMP)
+	$(BIN)/python bench/avro_decode_bench.py
+
+bench-spark-formats: $(STAMP)
+	$(BIN)/python bench/spark_bench.py --repeat 3 --formats binary,avro
+
+bench-schemas: $(STAMP)
+	$(BIN)/python bench/schema_bench.py
+
 # Spark's Python workers must run this interpreter (the examples set PYSPARK_PYTHON).
 demo: $(DEMO_STAMP)
 	$(BIN)/python examples/streaming_demo.py
