@@ -2,9 +2,14 @@
 
 Shared by the broker (the authoritative check at SetSchema), the client and the Spark
 connector. A schema is Avro or JSON Schema (drafts 4, 6, 7). Its stored text is the
-normalized JSON (keys sorted, no spaces) so equal schemas compare equal; its identity is a
-fingerprint: CRC-64-AVRO of Avro's Parsing Canonical Form, or the first 8 bytes of SHA-256
-of the normalized JSON Schema.
+normalized JSON (keys sorted, no spaces) and that text is its identity: two schemas are the
+same version only when their normalized texts are equal (an Avro default, alias or doc
+matters to a reader). The fingerprint (CRC-64-AVRO of Avro's Parsing Canonical Form, or the
+first 8 bytes of SHA-256 of the normalized JSON Schema) is reported, never compared.
+
+Before anything parses or compiles a schema its text is held to a nesting depth
+(`MAX_DEPTH`) and, when the caller gives one, a size: the broker parses what any client
+sends, and fastjsonschema/avro work is unbounded otherwise.
 
 "Can read" for Avro is Apache Avro's own ReaderWriterCompatibilityChecker. For JSON Schema it
 is a deliberately conservative checker of its own: whatever it cannot decide counts as
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +42,10 @@ RULES = (
     "FULL_TRANSITIVE",
 )
 _MAX_VERSION_DIGITS = 10
+MAX_DEPTH = 64
+"""A schema's JSON nests at most this deep (objects and arrays): deeper texts are refused
+before any parser or compiler sees them (Python's recursion and the generated validator's
+indentation have limits far below what a megabyte of brackets can ask for)."""
 
 # Error kinds (protocol.ERROR_KIND_KEY trailer) of the schema RPCs' refusals.
 SCHEMA_INVALID = "schema-invalid"
@@ -62,21 +72,40 @@ class SchemaError(ValueError):
     """The schema text is not a usable schema; the message names the place."""
 
 
+class SchemaTooLarge(SchemaError):
+    """The normalized schema is larger than the caller's limit (``max_bytes``)."""
+
+
 def normalize(text: str) -> str:
     """The JSON text with sorted keys and no spaces (raises SchemaError when not JSON)."""
-    return json.dumps(_load_json(text), sort_keys=True, separators=(",", ":"))
+    return _dump(_load_json(text))
 
 
-def parse(type: str, text: str) -> ParsedSchema:
-    """Parse `text` as a schema of `type` ("AVRO" or "JSON")."""
+def _dump(document: Any) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def parse(type: str, text: str, *, max_bytes: int = 0) -> ParsedSchema:
+    """Parse `text` as a schema of `type` ("AVRO" or "JSON"). With `max_bytes`, a
+    normalized text larger than that raises SchemaTooLarge before any parsing."""
     kind = type.upper()
     if kind == "PROTOBUF":
         raise SchemaError("schema type PROTOBUF is not supported yet: use AVRO or JSON")
-    if kind == "AVRO":
-        return _parse_avro(text)
-    if kind == "JSON":
-        return _parse_json_schema(text)
-    raise SchemaError(f"unknown schema type {type!r}: use one of {', '.join(TYPES)}")
+    if kind not in TYPES:
+        raise SchemaError(f"unknown schema type {type!r}: use one of {', '.join(TYPES)}")
+    document = _load_json(text)
+    normalized = _dump(document)
+    size = len(normalized.encode())
+    if max_bytes and size > max_bytes:
+        raise SchemaTooLarge(
+            f"the schema is {size} bytes (normalized), more than max_schema_bytes={max_bytes}"
+        )
+    try:
+        if kind == "AVRO":
+            return _parse_avro(normalized)
+        return _parse_json_schema(document, normalized)
+    except RecursionError:
+        raise SchemaError(f"the schema is nested too deeply to parse (max {MAX_DEPTH})") from None
 
 
 def guess_type(text: str) -> str:
@@ -127,9 +156,12 @@ def can_read(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
     return list(_json_can_read(reader.parsed, writer.parsed, ""))
 
 
-def check(rule: str, new: ParsedSchema, history: Sequence[ParsedSchema]) -> list[str]:
+def check(
+    rule: str, new: ParsedSchema, history: Sequence[ParsedSchema], *, limit: int = 0
+) -> list[str]:
     """The problems of registering `new` after `history` (oldest first, version 1 first)
-    under `rule`; [] when it may be registered. Each problem names the version."""
+    under `rule`; [] when it may be registered. Each problem names the version. With
+    `limit`, checking stops once that many problems are found (a refusal needs one)."""
     if rule not in RULES:
         raise ValueError(f"unknown compatibility rule {rule!r}: use one of {', '.join(RULES)}")
     if rule == "NONE" or not history:
@@ -156,6 +188,8 @@ def check(rule: str, new: ParsedSchema, history: Sequence[ParsedSchema]) -> list
                 f"{head}: version {version} cannot read the new schema's data: {p}"
                 for p in can_read(old, new)
             )
+        if limit and len(problems) >= limit:
+            return problems[:limit]
     return problems
 
 
@@ -180,23 +214,106 @@ def parse_version(value: bytes | None) -> int | None:
 
 
 def _load_json(text: str) -> Any:
+    """The JSON document of `text`, refused when deeper than MAX_DEPTH. The depth is
+    counted on the text (brackets outside strings) before json.loads builds anything."""
+    _check_depth(text)
     try:
         return json.loads(text)
+    except RecursionError:
+        raise SchemaError(f"the schema is nested too deeply (max {MAX_DEPTH} levels)") from None
     except ValueError as exc:
         raise SchemaError(f"the schema is not JSON: {exc}") from None
 
 
-def _parse_avro(text: str) -> ParsedSchema:
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _check_depth(text: str) -> None:
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise SchemaError(
+                    f"the schema is nested too deeply: more than {MAX_DEPTH} levels of"
+                    " objects and arrays"
+                )
+        elif token in "]}":
+            depth -= 1
+
+
+def _parse_avro(normalized: str) -> ParsedSchema:
     import avro.errors
     import avro.schema
+    import fastavro
 
-    normalized = normalize(text)
     try:
         schema = avro.schema.parse(normalized)
     except (avro.errors.AvroException, TypeError, ValueError, AttributeError) as exc:
         raise SchemaError(f"invalid Avro schema: {exc}") from None
+    _check_finite(schema)
+    # Apache avro does not check defaults; fastavro (what clients and the Spark
+    # connector encode and decode with) does: a schema either refuses is refused.
+    try:
+        fastavro.parse_schema(json.loads(normalized))
+    except Exception as exc:  # fastavro raises several kinds (SchemaParseException, ...)
+        raise SchemaError(f"invalid Avro schema: {exc}") from None
     fingerprint = schema.fingerprint("CRC-64-AVRO").hex()
     return ParsedSchema("AVRO", normalized, fingerprint, schema)
+
+
+def _check_finite(schema: Any) -> None:
+    """Refuse a record no finite datum has (it always contains itself): decoders
+    recurse without end on it (fastavro's C reader overflows the stack). A record is
+    finite when every field's type is: a union when any branch is, arrays and maps
+    always (they may be empty), a record when it is (a fixed point over the records)."""
+    records = {r.fullname: r for r in _avro_records(schema)}
+    finite: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, record in records.items():
+            if name not in finite and all(_ends(f.type, finite) for f in record.fields):
+                finite.add(name)
+                changed = True
+    for name, record in records.items():
+        if name not in finite:
+            field = next(f for f in record.fields if not _ends(f.type, finite))
+            raise SchemaError(
+                f"record {name} can never end: field {field.name} always leads back to"
+                f' record {name} (make it nullable: ["null", ...] with default null)'
+            )
+
+
+def _ends(schema: Any, finite: set[str]) -> bool:
+    kind = schema.type
+    if kind in ("record", "error", "request"):
+        return bool(schema.fullname in finite)
+    if kind == "union":
+        return any(_ends(branch, finite) for branch in schema.schemas)
+    return True
+
+
+def _avro_records(schema: Any) -> list[Any]:
+    """Every record type a schema names (each once), walked without recursion."""
+    found: dict[str, Any] = {}
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        kind = node.type
+        if kind in ("record", "error", "request"):
+            if node.fullname in found:
+                continue
+            found[node.fullname] = node
+            stack.extend(f.type for f in node.fields)
+        elif kind == "union":
+            stack.extend(node.schemas)
+        elif kind == "array":
+            stack.append(node.items)
+        elif kind == "map":
+            stack.append(node.values)
+    return list(found.values())
 
 
 # Apache Avro's checker merges what it finds into sets of messages and of locations that
@@ -296,10 +413,9 @@ _ANNOTATIONS = frozenset(
 _CHECKED = frozenset({"type", "properties", "required", "additionalProperties", "enum", "items"})
 
 
-def _parse_json_schema(text: str) -> ParsedSchema:
+def _parse_json_schema(document: Any, normalized: str) -> ParsedSchema:
     import fastjsonschema
 
-    document = _load_json(text)
     if not isinstance(document, dict | bool):
         raise SchemaError("a JSON Schema is an object (or true/false)")
     if isinstance(document, dict):
@@ -315,15 +431,84 @@ def _parse_json_schema(text: str) -> ParsedSchema:
                     f"{where or '/'}: $ref {ref!r} points at another document:"
                     " only references inside the schema (#/...) are supported"
                 )
+        _check_ref_cycles(document)
     try:
-        fastjsonschema.compile(document, handlers={})
+        validate = fastjsonschema.compile(document, handlers=_NO_REMOTE)
     except fastjsonschema.JsonSchemaDefinitionException as exc:
         raise SchemaError(f"invalid JSON Schema: {exc}") from None
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+    except (SyntaxError, MemoryError, RecursionError):
+        # The generated validator nests one block per schema level: too deep for Python.
+        raise SchemaError(
+            "the JSON Schema is nested too deeply to compile a validator for it:"
+            " nest fewer schemas (use definitions and $ref)"
+        ) from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise SchemaError(f"invalid JSON Schema: {type(exc).__name__}: {exc}") from None
-    normalized = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    _smoke_test(validate)
     fingerprint = hashlib.sha256(normalized.encode()).digest()[:8].hex()
     return ParsedSchema("JSON", normalized, fingerprint, document)
+
+
+def _refuse_remote(uri: str) -> Any:
+    raise SchemaError(f"$ref {uri!r} points at another document: not fetched")
+
+
+# fastjsonschema fetches any scheme it has no handler for with urlopen: every usual
+# scheme gets one that refuses (defence behind the `_refs` check above).
+_NO_REMOTE = {scheme: _refuse_remote for scheme in ("http", "https", "file", "ftp", "data", "")}
+
+
+def _check_ref_cycles(document: dict[str, Any]) -> None:
+    """Refuse a `$ref` chain that comes back to itself with no schema in between
+    (`{"$ref": "#"}`, a -> b -> a): validation would recurse without end on any value.
+    In drafts 4-7 a `$ref` replaces its siblings, so a node with one is only a hop."""
+    for where, ref in _refs(document, ""):
+        seen = [where or "#"]
+        target: str | None = ref
+        while target is not None:
+            pointer = target.removeprefix("#") or "#"
+            if pointer in seen:
+                raise SchemaError(
+                    f"a $ref cycle with no schema in between: {' -> '.join([*seen, pointer])}"
+                )
+            seen.append(pointer)
+            node = _resolve(document, target)
+            target = node.get("$ref") if isinstance(node, dict) else None
+            if not isinstance(target, str):
+                target = None
+
+
+def _resolve(document: Any, ref: str) -> Any:
+    node = document
+    for raw in ref.removeprefix("#").split("/")[1:]:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _smoke_test(validate: Callable[[Any], Any]) -> None:
+    """Run the validator once per JSON type: cycles through allOf/anyOf/not that no
+    value ends show as RecursionError here, not in every producer later."""
+    import fastjsonschema
+
+    samples: tuple[Any, ...] = (None, True, 0, 0.5, "", [], {})
+    for value in samples:
+        try:
+            validate(value)
+        except fastjsonschema.JsonSchemaException:
+            pass
+        except RecursionError:
+            raise SchemaError(
+                "the JSON Schema refers to itself with no value in between"
+                " (a $ref cycle through allOf/anyOf/oneOf/not): validation never ends"
+            ) from None
+        except Exception as exc:  # a bad pattern, say: the validator cannot run
+            raise SchemaError(f"invalid JSON Schema: {type(exc).__name__}: {exc}") from None
 
 
 def _refs(node: Any, where: str) -> Iterator[tuple[str, str]]:
