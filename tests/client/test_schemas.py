@@ -315,10 +315,10 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(
         cluster.brokers["a"].start()
         assert len(group_versions(cluster, "b")) == 1
         copied = admin.sync_schemas("orders")
-        assert copied == {"value": {"b": [2]}, "key": {}}
+        assert copied == {"value": {"b": [2]}, "key": {}, "value_rule": {}, "key_rule": {}}
         assert group_versions(cluster, "a") == group_versions(cluster, "b")
         assert len(group_versions(cluster, "a")) == 2
-        assert admin.sync_schemas("orders") == {"value": {}, "key": {}}
+        assert not any(admin.sync_schemas("orders").values())
         wait_for("routes to show v2", lambda: route_versions(admin) == {"a": 2, "b": 2})
         assert main(["--namesrv", cluster.namesrv, "cluster", "routes", "orders"]) == 0
         shown = capsys.readouterr().out
@@ -337,4 +337,43 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(
         with pytest.raises(SchemaConflictError) as conflict:
             admin.set_schema("orders", ORDER_V2)
         assert set(conflict.value.histories) == {"a", "b"}
-        assert "a: v1" in str(conflict.value) and "b: v1" in str(conflict.value)
+        # b's new schema is version 3: numbers are never given twice, even per group.
+        assert "a: v1" in str(conflict.value) and "b: v3" in str(conflict.value)
+
+
+@pytest.mark.timeout(180)
+def test_groups_rules_and_numbering_after_delete(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review finding 6: groups whose rules differ are refused before anything is
+    written, naming the rules; sync copies the longest history's rule and versions;
+    and after a delete every group continues the numbering (finding 2)."""
+    with Admin(namesrv=cluster.namesrv) as admin:
+        admin.create_topic("orders", queues=2)
+        wait_for("both groups in the route", lambda: len(admin.route("orders").brokers) == 2)
+        assert admin.set_schema("orders", ORDER_V1).versions[0].version == 1
+        with Admin(cluster.brokers["a"].address) as only_a:
+            only_a.set_compatibility("orders", "none")  # as if b was down for this call
+        with pytest.raises(SchemaConflictError, match=r"rules differ \(a: NONE, b: BACKWARD\)"):
+            admin.set_schema("orders", ORDER_V3_BAD)
+        assert len(group_versions(cluster, "a")) == len(group_versions(cluster, "b")) == 1
+        # The cluster-wide call goes to every group; then the rules agree again.
+        info = admin.set_compatibility("orders", "none")
+        assert not info.unreachable_brokers
+        with Admin(cluster.brokers["b"].address) as only_b:
+            assert only_b.get_schema("orders").compatibility == pb.COMPATIBILITY_NONE
+            only_b.set_compatibility("orders", "full")
+        # sync: a holds a longer history (rule NONE), b lags with rule FULL.
+        with Admin(cluster.brokers["a"].address) as only_a:
+            only_a.set_schema("orders", ORDER_V3_BAD)  # v2 on a only: NONE accepts it
+        copied = admin.sync_schemas("orders")
+        assert copied["value"] == {"b": [2]}
+        assert copied["value_rule"] == {"b": [pb.COMPATIBILITY_NONE]}
+        assert group_versions(cluster, "a") == group_versions(cluster, "b")
+        # Delete on every group, then set: version 3 on both (never 1 again).
+        admin.delete_schemas("orders")
+        again = admin.set_schema("orders", ORDER_V2)
+        assert again.versions[0].version == 3 and not again.unreachable_brokers
+        for group in ("a", "b"):
+            with Admin(cluster.brokers[group].address) as one:
+                assert one.get_schema("orders").versions[0].version == 3

@@ -161,5 +161,10 @@ def cmd_schema_sync(args: argparse.Namespace, ui: Output) -> None:
         ui.line(f"{args.topic}: every broker group has every schema version")
     for which, groups in copied.items():
         for broker, versions in sorted(groups.items()):
+            if which.endswith("_rule"):  # the rule of the group with the longest history
+                rule = rule_name(versions[0])
+                name = which.removesuffix("_rule")
+                ui.line(f"{args.topic}: broker group {broker} given {name} compatibility {rule}")
+                continue
             listed = ", ".join(str(v) for v in versions)
             ui.line(f"{args.topic}: broker group {broker} given {which} versions {listed}")

@@ -302,7 +302,7 @@ class SchemaStore:
                 "given twice, so raise max_schema_versions (or delete and recreate the topic)"
             )
         new = SchemaVersion(
-            current.next_version, parsed.type, parsed.text, parsed.fingerprint,
+            version or current.next_version, parsed.type, parsed.text, parsed.fingerprint,
             int(time.time() * 1000),
         )  # fmt: skip
         after = replace(current, versions=(*current.versions, new))
@@ -336,9 +336,11 @@ class SchemaStore:
             why = f"version {asked} exists with another schema (fingerprint {held.fingerprint})"
         elif asked < following:
             why = f"version {asked} was given before (to a schema since deleted)"
-        elif asked > following:
+        elif asked > following and current.versions:
             why = f"the next version is {following}"
         else:
+            # The next, or a higher number for a subject without versions (another
+            # group's numbering after a delete, a restore): no number is given twice.
             return
         raise SchemaVersionConflict(
             f"cannot register the schema for {_label(topic, subject)} as version {asked}: "
