@@ -105,6 +105,8 @@ def schema_type(text: str, given: str) -> pb.SchemaType:
     if not name:
         try:
             name = schema_rules.guess_type(text)
+        except schema_rules.SchemaError as exc:  # not JSON, too deep: a type would not help
+            raise InvalidRequest(str(exc)) from None
         except ValueError as exc:
             raise InvalidRequest(f"{exc}; give the type (avro or json)") from None
     if name not in TYPES:
@@ -127,7 +129,9 @@ def _parsed(type_: int, text: str) -> schema_rules.ParsedSchema:
     try:
         return schema_rules.parse(type_name(type_), text)
     except ValueError as exc:  # SchemaError: its message says what is wrong already
-        raise InvalidRequest(f"the {type_name(type_)} schema is not usable: {exc}") from None
+        said = str(exc)  # "invalid Avro schema: ..." says the type already
+        prefix = "" if said.startswith("invalid ") else f"not a usable {type_name(type_)} schema: "
+        raise InvalidRequest(prefix + said) from None
 
 
 def subject(key: bool) -> str:

@@ -136,3 +136,33 @@ def test_json_stdin_compatibility_and_delete(
     assert cli("schema", "sync", "events").out.strip() == (
         "events: every broker group has every schema version"
     )
+
+
+def test_bad_schema_files_give_one_line(cli: Cli, tmp_path: Path) -> None:
+    """Review findings 7 and 20: a deeply nested, empty, non-JSON or endless schema
+    is one line on stderr, exit 1, never a traceback; a type hint only where a type
+    would help; after a delete the numbering goes on (finding 2)."""
+    assert cli("topics", "create", "files", "--queues", "1").code == 0
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for extra in ((), ("--type", "avro"), ("--type", "json")):
+        result = cli("schema", "set", "files", str(deep), *extra)
+        assert result.code == 1 and "nested too deeply" in result.err, result.err
+        assert "Traceback" not in result.err and len(result.err.strip().splitlines()) == 1
+    empty = tmp_path / "empty.avsc"
+    empty.write_text("")
+    result = cli("schema", "set", "files", str(empty))
+    assert (
+        result.code == 1 and result.err.strip() == f"equeue: {empty} is empty: give the schema text"
+    )
+    broken = tmp_path / "broken.json"
+    broken.write_text("{bad")
+    result = cli("schema", "set", "files", str(broken))
+    assert result.code == 1 and "not JSON" in result.err and "give the type" not in result.err
+    endless = {"type": "record", "name": "N", "fields": [{"name": "n", "type": "N"}]}
+    result = cli("schema", "set", "files", write(tmp_path, "n.avsc", endless))
+    assert result.code == 1 and "record N can never end" in result.err
+    assert cli("schema", "set", "files", write(tmp_path, "v1.avsc", V1)).code == 0
+    assert cli("schema", "delete", "files").code == 0
+    again = cli("schema", "set", "files", write(tmp_path, "v2.avsc", V2))
+    assert again.out.strip() == "files: value schema version 2 registered (AVRO, BACKWARD)"

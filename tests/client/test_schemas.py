@@ -117,6 +117,44 @@ def test_json_value_checked_and_encoded() -> None:
     assert schema.encode({"name": "no id"})[1]
 
 
+def test_json_values_are_strict_rfc8259() -> None:
+    """Review finding 10: NaN/Infinity, UTF-16, a BOM, duplicate keys and deep
+    nesting are not "valid" JSON values; encoding never writes NaN."""
+    schema = compiled(
+        {"type": "object", "properties": {"n": {"type": "number"}}}, pb.SCHEMA_TYPE_JSON
+    )
+    assert schema.problem(b'{"n": 1}') == ""
+    assert "NaN is not JSON" in schema.problem(b'{"n":NaN}')
+    assert "Infinity is not JSON" in schema.problem(b'{"n":Infinity}')
+    assert "-Infinity is not JSON" in schema.problem(b'{"n":-Infinity}')
+    assert "not UTF-8" in schema.problem('{"n":1}'.encode("utf-16"))
+    assert "byte order mark" in schema.problem(b'\xef\xbb\xbf{"n":1}')
+    assert "appears twice" in schema.problem(b'{"n":"x","n":1}')
+    assert "nested too deeply" in schema.problem(b'{"d":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert schema.problem(bytearray(b'{"n": 1}')) == ""
+    assert "send_batch takes encoded values" in schema.problem({"n": 1})
+    data, problem = schema.encode({"n": float("nan")})
+    assert data == b"" and "not JSON-serializable" in problem
+
+
+def test_unusable_versions_from_a_broker_are_refused_not_crashed() -> None:
+    """Review findings 1, 8, 9: a version an older broker accepted (no finite value,
+    a default of the wrong type, a $ref cycle) is an error naming it, not a SIGSEGV
+    or a RecursionError on the first value."""
+    endless = {"type": "record", "name": "N", "fields": [{"name": "n", "type": "N"}]}
+    with pytest.raises(InvalidRequest, match=r"version 4 .* record N can never end"):
+        compiled(endless, version=4)
+    bad_default = {
+        "type": "record",
+        "name": "A",
+        "fields": [{"name": "a", "type": "int", "default": "x"}],
+    }
+    with pytest.raises(InvalidRequest, match="cannot be used"):
+        compiled(bad_default)
+    with pytest.raises(InvalidRequest, match=r"\$ref cycle"):
+        compiled({"$ref": "#"}, pb.SCHEMA_TYPE_JSON)
+
+
 def test_validation_error_names_topic_index_and_version() -> None:
     exc = SchemaValidationError("orders", 4, 2, "bad field")
     assert (exc.topic, exc.index, exc.version, exc.reason) == ("orders", 4, 2, "bad field")
@@ -252,6 +290,13 @@ def test_json_schema_topic(broker: BrokerProcess) -> None:
             sent = producer.send("events", {"id": 4, "name": "d"}).result()
             stored = admin.get_message_at("events", 0, sent.offset)
             assert json.loads(stored.value) == {"id": 4, "name": "d"}
+            # Not RFC 8259 JSON: refused, nothing sent (review finding 10).
+            for bad in (b'{"id": NaN}', b'\xef\xbb\xbf{"id": 1}', '{"id": 1}'.encode("utf-16")):
+                with pytest.raises(SchemaValidationError):
+                    producer.send_batch("events", [bad])
+            with pytest.raises(SchemaValidationError, match="not JSON-serializable"):
+                producer.send("events", {"id": 5, "score": float("inf")})
+            assert end_offset(admin, "events") == before + 1
         serializer = Serializer(admin.routes, "events")
         assert serializer.validate(b'{"id": 5}') == 1
         with pytest.raises(SchemaValidationError):

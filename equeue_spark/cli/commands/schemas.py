@@ -33,11 +33,15 @@ def _read(path: str) -> str:
     """FILE's text ('-': stdin); a file that cannot be read is a usage error."""
     try:
         if path == "-":
-            return sys.stdin.read()
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read schema file {path!r}: {exc}") from None
+    if not text.strip():
+        raise CliError(f"{'the input' if path == '-' else path} is empty: give the schema text")
+    return text
 
 
 def _pretty(text: str) -> str:
