@@ -594,6 +594,19 @@ def _json_object(reader: dict[str, Any], writer: dict[str, Any], where: str) -> 
             yield f"{place}: reader is closed (additionalProperties: false) without {name!r}"
         elif read_extra is not True:
             yield from _json_can_read(read_extra, written_props[name], f"{where}/properties/{name}")
+    # A property only the reader has: an open writer may have written anything under
+    # that name (Confluent: PROPERTY_ADDED_TO_OPEN_CONTENT_MODEL).
+    for name in sorted(read_props.keys() - written_props.keys()):
+        wanted = read_props[name]
+        if written_extra is False or wanted is True or wanted == {}:
+            continue
+        if written_extra is True:
+            yield (
+                f"{place}: property {name!r} is only in the reader and the writer is open"
+                " (its data may hold any value under that name)"
+            )
+        else:
+            yield from _json_can_read(wanted, written_extra, f"{where}/properties/{name}")
     if written_extra is False or read_extra == written_extra or read_extra in (True, {}):
         return
     if read_extra is False:

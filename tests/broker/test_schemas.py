@@ -117,10 +117,10 @@ def test_explicit_versions(admin: Admin) -> None:
 
 
 def test_json_schema_topic_and_key_subject(admin: Admin) -> None:
-    v1 = json.dumps({"type": "object", "properties": {"id": {"type": "integer"}}})
-    v2 = json.dumps(
-        {"type": "object", "properties": {"id": {"type": "integer"}, "n": {"type": "string"}}}
-    )
+    # Closed: adding a property to an open writer is not BACKWARD (it may hold anything).
+    closed = {"type": "object", "additionalProperties": False}
+    v1 = json.dumps(closed | {"properties": {"id": {"type": "integer"}}})
+    v2 = json.dumps(closed | {"properties": {"id": {"type": "integer"}, "n": {"type": "string"}}})
     assert admin.set(v1, key=True).versions[0].type == pb.SCHEMA_TYPE_JSON
     assert admin.set(v2, key=True, type=pb.SCHEMA_TYPE_JSON).latest_version == 2
     narrowed = json.dumps({"type": "object", "properties": {"id": {"type": "string"}}})

@@ -239,7 +239,21 @@ STR = {"type": "string"}
 
 # (old, new, backward ok, forward ok)
 JSON_CHANGES: dict[str, tuple[ParsedSchema, ParsedSchema, bool, bool]] = {
-    "add optional property": (_obj({"id": INT}), _obj({"id": INT, "note": STR}), True, True),
+    # An open writer may have written any value under "note" (review finding 12).
+    "add optional property": (_obj({"id": INT}), _obj({"id": INT, "note": STR}), False, True),
+    "add optional property to a closed writer": (
+        _obj({"id": INT}, additionalProperties=False),
+        _obj({"id": INT, "note": STR}, additionalProperties=False),
+        True,
+        False,
+    ),
+    "add an unconstrained property": (_obj({"id": INT}), _obj({"id": INT, "any": {}}), True, True),
+    "add property covered by additionalProperties": (
+        _obj({"id": INT}, additionalProperties=INT),
+        _obj({"id": INT, "n": NUM}, additionalProperties=INT),
+        True,
+        False,
+    ),
     "add required property": (
         _obj({"id": INT}, ("id",)),
         _obj({"id": INT, "q": INT}, ("id", "q")),
@@ -314,6 +328,14 @@ def test_json_rule_table(rule: str, change: str) -> None:
     assert (not problems) == _expected(rule, backward, forward), problems
 
 
+def test_json_open_writer_property_added_message() -> None:
+    old, new, _, _ = JSON_CHANGES["add optional property"]
+    assert check("BACKWARD", new, [old]) == [
+        "not BACKWARD compatible with version 1: /: property 'note' is only in the reader"
+        " and the writer is open (its data may hold any value under that name)"
+    ]
+
+
 def test_json_problems_name_place() -> None:
     old, new, _, _ = JSON_CHANGES["pattern added"]
     assert check("BACKWARD", new, [old]) == [
@@ -322,7 +344,9 @@ def test_json_problems_name_place() -> None:
     old, new, _, _ = JSON_CHANGES["add required property"]
     assert check("BACKWARD", new, [old]) == [
         "not BACKWARD compatible with version 1: /: property 'q' is required by the reader,"
-        " not by the writer"
+        " not by the writer",
+        "not BACKWARD compatible with version 1: /: property 'q' is only in the reader and"
+        " the writer is open (its data may hold any value under that name)",
     ]
 
 
