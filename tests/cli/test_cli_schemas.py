@@ -95,6 +95,14 @@ def test_set_get_check_and_refusal(cli: Cli, tmp_path: Path) -> None:
     assert any("qty" in line and "version 2" in line for line in lines[1:]), refused.err
     checked = cli("schema", "check", "orders", bad)
     assert checked.code == 1 and "qty" in checked.err
+    # --json: the problems as a document for set too (exit 1); a dry run's
+    # latest_version is the one that exists (review findings 15, 20).
+    as_json = cli("--json", "schema", "set", "orders", bad)
+    assert as_json.code == 1 and any("qty" in p for p in json.loads(as_json.out)["problems"])
+    dry = cli("--json", "schema", "check", "orders", bad)
+    report = json.loads(dry.out)
+    assert dry.code == 1 and report["latest_version"] == 2
+    assert report["versions"][0]["version"] == 3 and report["compatibility"] == "BACKWARD"
     assert cli("schema", "check", "orders", v2).out.strip() == (
         "orders: value schema is compatible (BACKWARD)"
     )
@@ -122,7 +130,7 @@ def test_json_stdin_compatibility_and_delete(
     done = cli("--json", "schema", "set", "events", "-", "--key", "--compatibility", "full")
     info = done.json()
     assert info["key"] is True and info["created"] is True
-    assert info["compatibility"] == 6  # COMPATIBILITY_FULL
+    assert info["compatibility"] == "FULL" and info["versions"][0]["type"] == "JSON"
     assert cli("schema", "compatibility", "events", "none", "--key").out.strip() == (
         "events: key compatibility NONE"
     )
