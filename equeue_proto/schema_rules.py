@@ -253,6 +253,7 @@ def _parse_avro(normalized: str) -> ParsedSchema:
     except (avro.errors.AvroException, TypeError, ValueError, AttributeError) as exc:
         raise SchemaError(f"invalid Avro schema: {exc}") from None
     _check_finite(schema)
+    _check_array_items(schema)
     # Apache avro does not check defaults; fastavro (what clients and the Spark
     # connector encode and decode with) does: a schema either refuses is refused.
     try:
@@ -284,6 +285,52 @@ def _check_finite(schema: Any) -> None:
                 f"record {name} can never end: field {field.name} always leads back to"
                 f' record {name} (make it nullable: ["null", ...] with default null)'
             )
+
+
+def _check_array_items(schema: Any) -> None:
+    """Refuse arrays whose items encode in 0 bytes (null, an empty record, fixed
+    size 0): a 5-byte value could then claim billions of items, and a decoder
+    spends time and memory on each (the Spark decoder refuses them as well)."""
+    stack, seen = [schema], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        kind = node.type
+        if kind == "array":
+            if _zero_size(node.items, set()):
+                raise SchemaError(
+                    f"an array of {_type_label(node.items)} items: each item takes 0 bytes,"
+                    " so a few bytes could claim any number of them; use a count field"
+                )
+            stack.append(node.items)
+        elif kind in ("record", "error", "request"):
+            stack.extend(f.type for f in node.fields)
+        elif kind == "union":
+            stack.extend(node.schemas)
+        elif kind == "map":
+            stack.append(node.values)
+
+
+def _zero_size(schema: Any, path: set[str]) -> bool:
+    kind = schema.type
+    if kind == "null":
+        return True
+    if kind == "fixed":
+        return bool(schema.size == 0)
+    if kind in ("record", "error", "request"):
+        if schema.fullname in path:
+            return False
+        inner = path | {schema.fullname}
+        return all(_zero_size(f.type, inner) for f in schema.fields)
+    return False
+
+
+def _type_label(schema: Any) -> str:
+    if schema.type in ("record", "error", "fixed", "enum"):
+        return f"{schema.type} {schema.fullname}"
+    return str(schema.type)
 
 
 def _ends(schema: Any, finite: set[str]) -> bool:

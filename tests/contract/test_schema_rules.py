@@ -377,3 +377,84 @@ def test_version_header_round_trip() -> None:
 )
 def test_parse_version(value: bytes | None, version: int | None) -> None:
     assert schema_rules.parse_version(value) == version
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"type":"record","name":"N","fields":[{"name":"n","type":"N"}]}',
+            "record N can never end",
+        ),
+        (
+            '{"type":"record","name":"A","fields":[{"name":"b","type":{"type":"record",'
+            '"name":"B","fields":[{"name":"a","type":"A"}]}}]}',
+            "record A can never end",
+        ),
+        (
+            '{"type":"record","name":"A","fields":[{"name":"a","type":"int","default":"x"}]}',
+            "must match",
+        ),
+        ('{"type":"array","items":"null"}', "array of null items"),
+        ('{"type":"array","items":{"type":"record","name":"E","fields":[]}}', "record E items"),
+        ("[" * 65 + "]" * 65, "nested too deeply"),
+    ],
+)
+def test_avro_schemas_no_client_could_use_are_refused(text: str, message: str) -> None:
+    """Review findings 1, 7, 8, 19: refused at parse, before a decoder meets them."""
+    with pytest.raises(SchemaError, match=message):
+        parse("AVRO", text)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {
+            "type": "record",
+            "name": "N",
+            "fields": [{"name": "n", "type": ["null", "N"], "default": None}],
+        },
+        {
+            "type": "record",
+            "name": "T",
+            "fields": [{"name": "kids", "type": {"type": "array", "items": "T"}}],
+        },
+        {"type": "map", "values": "null"},
+    ],
+)
+def test_avro_schemas_that_end_are_accepted(doc: dict[str, Any]) -> None:
+    assert parse("AVRO", json.dumps(doc)).type == "AVRO"
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"$ref": "#"}, "cycle"),
+        (
+            {
+                "definitions": {"a": {"$ref": "#/definitions/b"}, "b": {"$ref": "#/definitions/a"}},
+                "$ref": "#/definitions/a",
+            },
+            "/definitions/a -> /definitions/b -> /definitions/a",
+        ),
+        ({"anyOf": [{"$ref": "#"}]}, "refers to itself"),
+        ({"$ref": "http://example.com/s.json"}, "points at another document"),
+    ],
+)
+def test_json_schemas_whose_validation_never_ends_are_refused(doc: Any, message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        parse("JSON", json.dumps(doc))
+
+
+def test_identity_is_the_text_and_limits_come_before_parsing() -> None:
+    """Review findings 3 and 4: a default changes the text (the version), not the
+    fingerprint; the size limit refuses before any compile."""
+    plain = _record(ID)
+    with_default = _record({**ID, "default": 0})
+    assert plain.fingerprint == with_default.fingerprint and plain.text != with_default.text
+    props = {f"p{i}": {"type": "string", "pattern": "^a+$"} for i in range(20_000)}
+    big = json.dumps({"type": "object", "properties": props})
+    with pytest.raises(schema_rules.SchemaTooLarge, match="max_schema_bytes=262144"):
+        parse("JSON", big, max_bytes=256 << 10)
+    assert schema_rules.MAX_DEPTH == 64
+    assert parse("JSON", json.dumps({"type": "object"})).type == "JSON"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from equeue_broker.storage.errors import LimitExceeded
+from equeue_broker.storage.errors import LimitExceeded, PreconditionFailed
 from equeue_broker.storage.meta.atomic_file import save_json
 from equeue_broker.storage.meta.schemas import (
     REFUSAL_PROBLEMS,
@@ -327,3 +327,19 @@ def test_a_registration_that_raced_another_is_checked_again(open_store: OpenStor
     assert raced == [0, 3] and done.version.version == 4
     subject = schemas.get(TOPIC, "value")
     assert subject is not None and [v.version for v in subject.versions] == [1, 2, 3, 4]
+
+
+def test_another_incarnations_schemas_are_never_replaced(open_store: OpenStore) -> None:
+    """Review finding 14: a caller holding an old incarnation (the topic deleted and
+    created again, with schemas, since it looked) is refused, not allowed to wipe them."""
+    store = with_two_versions(open_store)
+    old = incarnation(store)
+    store.topic_admin.delete_topic(TOPIC)
+    store.create_topic(TOPIC, 1)
+    assert store.schemas.register(TOPIC, incarnation(store), "value", avro(ID)).created
+    with pytest.raises(PreconditionFailed, match="created again"):
+        store.schemas.register(TOPIC, old, "value", avro(ID, NOTE))
+    with pytest.raises(PreconditionFailed, match="created again"):
+        store.schemas.set_compatibility(TOPIC, old, "value", "NONE")
+    subject = store.schemas.get(TOPIC, "value", incarnation(store))
+    assert subject is not None and [v.version for v in subject.versions] == [1]

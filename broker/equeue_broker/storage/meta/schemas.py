@@ -315,6 +315,7 @@ class SchemaStore:
     ) -> bool:
         """Save ``after`` as the subject if it is still ``before``; False if it changed."""
         with self._lock:
+            self._check_incarnation(topic, incarnation)
             entry = _entry(self._topics, topic, incarnation)
             if entry.subject(subject) is not before:
                 return False
@@ -353,6 +354,7 @@ class SchemaStore:
         if rule not in schema_rules.RULES:
             raise ValueError(f"unknown compatibility rule {rule!r}")
         with self._lock:
+            self._check_incarnation(topic, incarnation)
             entry = _entry(self._topics, topic, incarnation)
             current = replace(entry.subject(subject) or Subject(DEFAULT_RULE), compatibility=rule)
             if current != entry.subject(subject):
@@ -419,6 +421,18 @@ class SchemaStore:
             return True
 
     # -- internals (lock held) -------------------------------------------------------
+
+    def _check_incarnation(self, topic: str, incarnation: int) -> None:
+        """Refuse to replace another incarnation's schemas: the caller read the
+        topic's incarnation before this lock, and the topic may have been deleted
+        and created again (with schemas) since. A stale entry only lives between a
+        topic's deletion and ``forget_topic`` (or until the next open's ``retain``)."""
+        held = self._topics.get(topic)
+        if held is not None and held.incarnation != incarnation and (held.value or held.key):
+            raise PreconditionFailed(
+                f"topic {topic} was deleted or created again while its schema was being "
+                "changed: try again"
+            )
 
     def _save_subject(self, topic: str, entry: TopicSchemas, subject: str, value: Subject) -> None:
         changed = entry.with_subject(subject, value)
