@@ -250,7 +250,8 @@ class ReadOptions:
     namesrv: tuple[str, ...] = ()
     """A cluster's name servers (option ``namesrv``), the alternative to ``broker``."""
     topics: tuple[str, ...] = ()
-    """Topics to read (option ``topic``, comma-separated)."""
+    """Topics to read (option ``topic``/``subscribe``, comma-separated; with
+    ``assign``, the assigned queues' topics)."""
     topic_pattern: re.Pattern[str] | None = None
     """Regex over topic names (option ``topicPattern``), re-evaluated every micro-batch."""
     group: str = ""

@@ -105,7 +105,8 @@ class Planner:
         In a streaming query a named topic that does not exist yet simply has
         no queues (the query waits for it), as Kafka's ``subscribe`` does; a
         batch read of one fails (``NotFoundError`` naming it), as Kafka's
-        ``assign`` does. A ``topicPattern`` may match none.
+        ``assign`` does. A ``topicPattern`` may match none. With ``assign``
+        only the assigned queues are listed (``_check_assigned``).
         """
         found = Listing()
         missing = [t for t in self.topics() if not self._list_topic(found, t, timestamp_ms)]

@@ -42,7 +42,10 @@ from pyspark.sql.types import StructType
 from equeue_spark.client.cluster import connect, target
 from equeue_spark.client.errors import BrokerUnavailable, DeadlineExceeded, EqueueError
 from equeue_spark.spark.arrow import arrow_schema, read_schema
+from equeue_spark.spark.decode import SchemaSource, driver_plan, read_decoded
+from equeue_spark.spark.encode import encoded_parts, prepare_write
 from equeue_spark.spark.errors import BrokerUnreachable, InvalidOption
+from equeue_spark.spark.formats import DecodePlan, read_struct
 from equeue_spark.spark.offsets import (
     Offsets,
     backlog,
@@ -53,7 +56,7 @@ from equeue_spark.spark.offsets import (
     split_budget,
     to_json,
 )
-from equeue_spark.spark.options import ReadOptions, WriteOptions, headers_requested
+from equeue_spark.spark.options import BATCH_ONLY, ReadOptions, WriteOptions, headers_requested
 from equeue_spark.spark.planning import Listing, Planner, Queues
 from equeue_spark.spark.pushdown import Pushdown, push, pushdown_planner
 from equeue_spark.spark.read_task import QueueRange, read_range
@@ -131,7 +134,9 @@ class EqueueDataSource(DataSource):
     storeTimestamp timestamp``, plus ``headers array<struct<key:string,value:binary>>``
     with ``includeHeaders``. ``timestamp`` is the producer's time (``timestampType`` 0,
     Kafka's CreateTime); ``storeTimestamp`` the broker's store time (LogAppendTime),
-    which ``startingTimestamp``/``endingTimestamp`` compare. Write columns:
+    which ``startingTimestamp``/``endingTimestamp`` compare. With ``valueFormat``
+    ``avro``/``json``, ``value`` is a struct and ``valueSchemaVersion int`` follows
+    ``storeTimestamp`` (docs/spark-formats.md). Write columns:
     ``value`` (binary or string, required), ``key``, ``topic``, ``queue``, ``tag``,
     ``headers``, ``timestamp``; other columns are ignored.
 
@@ -315,24 +320,35 @@ class EqueueDataSource(DataSource):
     def name(cls) -> str:
         return "equeue"
 
-    def schema(self) -> str:
+    def schema(self) -> str | StructType:
         # Spark asks for the schema at load() (reads only; writes never call it):
         # validating the read options here reports a bad option at load(), for
         # streams too, instead of at start().
-        _check_read_options(self.options)
-        return read_schema(headers_requested(self.options))
+        options = _check_read_options(self.options)
+        # Spark pickles this instance after schema() and builds the reader
+        # from that copy: the reader schema resolved now is the query's.
+        self._plan = _decode_plan(options)
+        if self._plan is None:
+            return read_schema(headers_requested(self.options))
+        return read_struct(self._plan)
+
+    def _decode(self, options: ReadOptions) -> DecodePlan | None:
+        """The plan of schema() (None without one: a schema given by the user)."""
+        return self._plan if hasattr(self, "_plan") else _decode_plan(options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         # Spark fails every read of a reader that defines pushFilters while
         # pushdown is off (DATA_SOURCE_PUSHDOWN_DISABLED), and says which it
         # is only by the planner it runs: the pushdown reader only there.
         options = ReadOptions.parse(self.options, streaming=False)
+        plan = self._decode(options)
         if options.push_filters and pushdown_planner():
-            return EqueuePushdownReader(options, schema)
-        return EqueueBatchReader(options, schema)
+            return EqueuePushdownReader(options, schema, plan)
+        return EqueueBatchReader(options, schema, plan)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return EqueueStreamReader(ReadOptions.parse(self.options, streaming=True), schema)
+        options = ReadOptions.parse(self.options, streaming=True)
+        return EqueueStreamReader(options, schema, self._decode(options))
 
     def writer(self, schema: StructType, overwrite: bool) -> EqueueWriter:
         if overwrite:
@@ -343,12 +359,20 @@ class EqueueDataSource(DataSource):
         return EqueueStreamWriter(_write_options(self.options, schema))
 
 
-def _check_read_options(raw: Any) -> None:
+def _check_read_options(raw: Any) -> ReadOptions:
     """``InvalidOption`` for any option a read of either kind rejects; the
     batch/stream-specific checks (an ending offset in a stream) wait for the
     reader, which knows which it is."""
-    batch_only = any(k.lower() in ("endingoffsets", "endingtimestamp") for k in raw)
-    ReadOptions.parse(raw, streaming=not batch_only)
+    batch_only = any(k.lower() in BATCH_ONLY for k in raw)
+    return ReadOptions.parse(raw, streaming=not batch_only)
+
+
+def _decode_plan(options: ReadOptions) -> DecodePlan | None:
+    """How ``value``/``key`` are decoded (formats.py); reader schemas fetched now."""
+    try:
+        return driver_plan(options.formats, options.topics, options.client, options.include_headers)
+    except EqueueError as exc:
+        raise _standalone(exc, options) from None
 
 
 def _write_options(raw: Any, schema: StructType) -> WriteOptions:
@@ -359,7 +383,14 @@ def _write_options(raw: Any, schema: StructType) -> WriteOptions:
     finally:
         routes.close()
     fields = {f.name: f.dataType.simpleString() for f in schema.fields}
-    check_schema(fields, options.topic, queue_needs_broker, exactly_once=options.exactly_once)
+    check_schema(fields, options.topic, queue_needs_broker, exactly_once=options.exactly_once,
+                 encoded=encoded_parts(options.formats))  # fmt: skip
+    if options.formats.decodes:  # the struct checked against the topic's schema, now
+        schemas = SchemaSource(options.client)
+        try:
+            options = prepare_write(options, arrow_schema(schema), schemas.fetch)
+        finally:
+            schemas.close()
     return options
 
 
@@ -371,13 +402,16 @@ class EqueuePartition(InputPartition):
 
 
 def _read(
-    partition: InputPartition, schema: StructType, options: ReadOptions
+    partition: InputPartition, schema: StructType, options: ReadOptions, plan: DecodePlan | None
 ) -> Iterator[pa.RecordBatch]:
     if partition.value is None:
         # Spark runs one task with InputPartition(None) when partitions() is
         # empty (nothing to read): it reads nothing.
         return iter(())
-    return _plain_errors(read_range(partition.value, arrow_schema(schema)), options)
+    if plan is None:
+        return _plain_errors(read_range(partition.value, arrow_schema(schema)), options)
+    decoded = read_decoded(partition.value, arrow_schema(schema), options.client, plan)
+    return _plain_errors(decoded, options)
 
 
 # -- batch reads -------------------------------------------------------------------
@@ -386,9 +420,12 @@ def _read(
 class EqueueBatchReader(DataSourceReader):
     """``spark.read``: the records between startingOffsets and endingOffsets."""
 
-    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+    def __init__(
+        self, options: ReadOptions, schema: StructType, plan: DecodePlan | None = None
+    ) -> None:
         self.options = options
         self.schema = schema
+        self.plan = plan
         self.pushdown: Pushdown | None = None
         """Set by ``EqueuePushdownReader.pushFilters``, before ``partitions``."""
 
@@ -409,7 +446,7 @@ class EqueueBatchReader(DataSourceReader):
         return [EqueuePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(partition, self.schema, self.options)
+        return _read(partition, self.schema, self.options, self.plan)
 
 
 class EqueuePushdownReader(EqueueBatchReader):
@@ -433,9 +470,13 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     control, Trigger.AvailableNow, and the query's progress committed to its
     consumer group on the broker."""
 
-    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+    def __init__(
+        self, options: ReadOptions, schema: StructType, plan: DecodePlan | None = None
+    ) -> None:
         self.options = options
         self.schema = schema
+        self.plan = plan
+        """The decode plan fixed at load() (formats.py): it travels to tasks."""
         self._planner: Planner | None = None
         self._target: Offsets | None = None
         self._last_batch = time.monotonic()
@@ -445,10 +486,10 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options and schema, never the driver's connection.
-        return {"options": self.options, "schema": self.schema}
+        return {"options": self.options, "schema": self.schema, "plan": self.plan}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"], state["schema"])  # type: ignore[misc]
+        self.__init__(state["options"], state["schema"], state["plan"])  # type: ignore[misc]
 
     @property
     def planner(self) -> Planner:
@@ -553,7 +594,7 @@ class EqueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [EqueuePartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(partition, self.schema, self.options)
+        return _read(partition, self.schema, self.options, self.plan)
 
     @_one_line
     def commit(self, end: dict[str, Any]) -> None:

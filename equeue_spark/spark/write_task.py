@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -58,6 +58,7 @@ from equeue_spark.client.transactions import (
     abort_transactions,
     commit_transactions,
 )
+from equeue_spark.spark.encode import encode_batch
 from equeue_spark.spark.options import WriteOptions
 
 log = logging.getLogger("equeue.spark")
@@ -115,8 +116,9 @@ def _requests(
 ) -> Iterator[tuple[pb.ProduceRequest, list[str | None] | None]]:
     """Each request with the broker column beside its queue column, if both."""
     size = options.batch_size
-    for batch in batches:
-        _check_values(batch)
+    for given in batches:
+        _check_values(given)
+        batch = encode_batch(given, options.formats) if options.formats.decodes else given
         for start in range(0, batch.num_rows, size):
             piece = batch.slice(start, size)
             for topic, rows in _by_topic(options, piece):
@@ -295,13 +297,15 @@ def check_schema(
     queue_needs_broker: bool = False,
     *,
     exactly_once: bool = False,
+    encoded: Sequence[str] = (),
 ) -> None:
     """Reject a DataFrame the sink cannot write, before any task runs.
 
     ``fields`` maps column name to Spark's simple type string;
     ``queue_needs_broker``: a queue id alone names no queue (a cluster's
     routes, ``Routes.names_groups``); ``exactly_once``: rows are staged in
-    transactions, which cannot hold delayed messages (``deliver_at``).
+    transactions, which cannot hold delayed messages (``deliver_at``);
+    ``encoded``: columns the sink encodes with a schema (encode.py checks them).
     """
     if exactly_once and "deliver_at" in fields:
         raise InvalidRequest(
@@ -327,7 +331,7 @@ def check_schema(
     if not topic_option and "topic" not in fields:
         raise InvalidRequest("no topic: give the topic option or a topic column")
     for name, types in allowed.items():
-        if name in fields and fields[name] not in types:
+        if name in fields and name not in encoded and fields[name] not in types:
             raise InvalidRequest(
                 f"column {name} has type {fields[name]}; the equeue sink takes {' or '.join(types)}"
             )

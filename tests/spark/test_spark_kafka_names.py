@@ -17,8 +17,11 @@ from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import DataFrame, SparkSession
 
-from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, Producer
+from equeue_spark.client.errors import NotFoundError
+from equeue_spark.spark.options import ReadOptions
+from equeue_spark.spark.planning import Planner
 from equeue_spark.spark.progress import NAMES, offsets_behind
 
 pytestmark = pytest.mark.slow  # make test-fast skips it
@@ -138,8 +141,12 @@ def test_a_kafka_streaming_query_runs_with_its_option_names(
     assert got == expected
     batches = [p for p in query.recentProgress if p.numInputRows > 0]
     assert len(batches) >= len(expected) // 7  # maxOffsetsPerTrigger=7 admitted in steps
-    progress = query.lastProgress
-    assert progress is not None and set(offsets_behind(progress.sources[0])) == set(NAMES)
+    # Kafka's offsets-behind figures from the progress (fact 1: not in metrics):
+    # behind while maxOffsetsPerTrigger holds the query back, caught up at the end.
+    figures = [offsets_behind(p.sources[0]) for p in query.recentProgress]
+    assert all(set(f) == set(NAMES) for f in figures)
+    assert int(figures[0]["maxOffsetsBehindLatest"]) > 0
+    assert figures[-1]["maxOffsetsBehindLatest"] == "0"
 
 
 @pytest.mark.timeout(240)
@@ -209,3 +216,84 @@ def test_starting_offsets_by_timestamp_strategy(spark: SparkSession, broker: Bro
     timed |= {"startingTimestamp": "0", "startingOffsetsByTimestampStrategy": "error"}
     with pytest.raises(SparkError, match="startingTimestamp: sparse/1 has no record"):
         load(spark, timed).collect()
+
+
+@pytest.mark.timeout(60)
+def test_an_assigned_queue_created_later_is_read_by_a_stream(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Planning alone (no session): a stream warns once about an assigned queue
+    that does not exist, then reads it from its earliest offset once it does."""
+    with Admin(broker.address) as admin:
+        admin.create_topic("grows", queues=2)
+    produce(broker.address, "grows", {0: 3, 1: 4})
+    options = {"broker": broker.address, "assign": '{"grows": [0, 2]}'}
+    stream = Planner(ReadOptions.parse(options, streaming=True))
+    batch = Planner(ReadOptions.parse(options, streaming=False))
+    try:
+        with caplog.at_level("WARNING", logger="equeue.spark"):
+            first = stream.listing()
+            stream.listing()
+        warned = [r.getMessage() for r in caplog.records if "assign names" in r.getMessage()]
+        assert len(warned) == 1 and "grows/2, which does not exist" in warned[0]
+        assert set(first.queues) == {("grows", 0)}  # queue 1 exists but is not assigned
+        with pytest.raises(NotFoundError, match="assign names grows/2, which does not exist"):
+            batch.listing()
+        with Admin(broker.address) as admin:
+            admin.add_queues("grows", 1)
+        produce(broker.address, "grows", {2: 5})
+        later = stream.listing()
+        assert set(later.queues) == {("grows", 0), ("grows", 2)}
+        ends = {k: q.end_offset for k, q in later.queues.items()}
+        ranges = stream.ranges({("grows", 0): 3}, ends, later)
+        assert [(r.queue_id, r.start, r.end) for r in ranges] == [(2, 0, 5)]
+    finally:
+        stream.close()
+        batch.close()
+
+
+@pytest.mark.timeout(120)
+def test_assign_and_times_per_queue_over_a_cluster(tmp_path: Path) -> None:
+    """Planning alone over two broker groups: ``assign`` names queues
+    ``BROKER/QUEUE``, and so do the ``*ByTimestamp`` JSONs."""
+    cluster = LocalCluster(tmp_path / "cluster", broker_flags=("--flush", "sync"))
+    try:
+        cluster.start(1, ("a", "b"))
+        with Admin(namesrv=cluster.namesrv) as admin:
+            admin.create_topic("orders", queues=2)
+            deadline = time.monotonic() + 20
+            while len(admin.route("orders").queues()) < 4:
+                assert time.monotonic() < deadline, "the route never listed 4 queues"
+                time.sleep(0.05)
+        with Producer(namesrv=cluster.namesrv) as producer:
+            for broker in ("a", "b"):
+                for queue in (0, 1):
+                    producer.send_batch("orders", [b"x"] * 6, queue_ids=[queue] * 6,
+                                        brokers=[broker] * 6)  # fmt: skip
+        future = int(time.time() * 1000) + 3_600_000
+        options = {
+            "namesrv": cluster.namesrv,
+            "assign": '{"orders": ["a/0", "b/1"]}',
+            "startingOffsetsByTimestamp": json.dumps({"orders": {"a/0": 0, "b/1": future}}),
+            "startingOffsets": '{"orders": {"a/0": 2}}',  # overridden for a/0
+        }
+        planner = Planner(ReadOptions.parse(options, streaming=False))
+        try:
+            o = planner.options
+            starts = planner.resolve(o.starting, o.starting_timestamp_ms, end=False)
+            ends = planner.resolve(o.ending, o.ending_timestamp_ms, end=True)
+            assert starts == {("a/orders", 0): 0, ("b/orders", 1): 6}  # b/1: none after: its end
+            assert ends == {("a/orders", 0): 6, ("b/orders", 1): 6}
+            ranges = planner.ranges(starts, ends)
+            assert [(r.broker_name, r.queue_id, r.start, r.end) for r in ranges] == [("a", 0, 0, 6)]
+        finally:
+            planner.close()
+        bare_options = {"namesrv": cluster.namesrv, "assign": '{"orders": [0]}'}
+        bare = Planner(ReadOptions.parse(bare_options, streaming=False))
+        try:
+            with pytest.raises(NotFoundError, match='over a cluster, name queues "BROKER/QUEUE"'):
+                bare.listing()
+        finally:
+            bare.close()
+    finally:
+        cluster.kill()
