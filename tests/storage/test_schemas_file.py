@@ -343,3 +343,23 @@ def test_another_incarnations_schemas_are_never_replaced(open_store: OpenStore) 
         store.schemas.set_compatibility(TOPIC, old, "value", "NONE")
     subject = store.schemas.get(TOPIC, "value", incarnation(store))
     assert subject is not None and [v.version for v in subject.versions] == [1]
+
+
+def test_one_topic_cannot_fill_the_shared_file(open_store: OpenStore) -> None:
+    """Review finding 13: a topic's schemas have a share of schemas.json, so other
+    topics can still change theirs."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    store.create_topic("other", 1)
+    inc = incarnation(store)
+    filler = [{"name": f"f{i:05d}_" + "x" * 40, "type": "string"} for i in range(3000)]
+    version = 0
+    with pytest.raises(LimitExceeded, match="a topic's share of schemas.json"):
+        while True:
+            version += 1
+            doc = {"type": "record", "name": f"R{version}", "fields": filler}
+            store.schemas.register(
+                TOPIC, inc, "value", parse("AVRO", json.dumps(doc)), compatibility="NONE"
+            )
+    assert version > 2
+    assert store.schemas.register("other", incarnation(store, "other"), "value", avro(ID)).created

@@ -171,6 +171,10 @@ def _label(topic: str, subject: str) -> str:
     return f"topic {topic} ({subject} schema)"
 
 
+MAX_TOPIC_BYTES = MAX_FILE_BYTES // 4
+"""One topic's schema texts (value and key, every version) at most: a topic with
+many large versions must not fill the shared file and block every other topic's
+changes (and this bounds a GetSchema history reply)."""
 MAX_ATTEMPTS = 5
 """Registrations of one subject that raced another writer are checked again at
 most this many times before the caller is asked to retry."""
@@ -301,6 +305,7 @@ class SchemaStore:
                 f"max_schema_versions={self.max_schema_versions}: version numbers are never "
                 "given twice, so raise max_schema_versions (or delete and recreate the topic)"
             )
+        self._check_topic_bytes(topic, subject, current, parsed)
         new = SchemaVersion(
             version or current.next_version, parsed.type, parsed.text, parsed.fingerprint,
             int(time.time() * 1000),
@@ -309,6 +314,19 @@ class SchemaStore:
         if dry_run:
             return _Outcome(Registration(new, False, after, tuple(problems)), None)
         return _Outcome(Registration(new, True, after), True)
+
+    def _check_topic_bytes(
+        self, topic: str, subject: str, current: Subject, parsed: ParsedSchema
+    ) -> None:
+        entry = self._topics.get(topic)
+        other = entry.subject("key" if subject == "value" else "value") if entry else None
+        held = sum(len(v.schema) for s in (current, other) if s for v in s.versions)
+        if held + len(parsed.text) > MAX_TOPIC_BYTES:
+            raise LimitExceeded(
+                f"topic {topic}'s schemas would be {held + len(parsed.text)} bytes, more than "
+                f"{MAX_TOPIC_BYTES} (a topic's share of schemas.json): use the rule NONE less "
+                "often, or delete and recreate the topic to start a new history"
+            )
 
     def _swap(
         self, topic: str, incarnation: int, subject: str, before: Subject | None, after: Subject
