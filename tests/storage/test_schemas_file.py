@@ -354,7 +354,7 @@ def test_one_topic_cannot_fill_the_shared_file(open_store: OpenStore) -> None:
     inc = incarnation(store)
     filler = [{"name": f"f{i:05d}_" + "x" * 40, "type": "string"} for i in range(3000)]
     version = 0
-    with pytest.raises(LimitExceeded, match="a topic's share of schemas.json"):
+    with pytest.raises(LimitExceeded, match=r"a topic's share of schemas\.json"):
         while True:
             version += 1
             doc = {"type": "record", "name": f"R{version}", "fields": filler}
