@@ -184,6 +184,9 @@ class SchemaCache:
         self._versions: dict[tuple[str, bool, int], Compiled] = {}
         self._latest: dict[tuple[str, bool], tuple[int, float]] = {}
         """(topic, key) -> (latest version, 0: none; when it was read)."""
+        self._incarnations: dict[str, int] = {}
+        """The topic incarnation the cached versions belong to: a topic deleted and
+        created again numbers from 1 again, so its versions are read anew."""
 
     @classmethod
     def of(cls, routes: Routes) -> SchemaCache:
@@ -219,6 +222,7 @@ class SchemaCache:
             with self._lock:
                 self._latest[(topic, key)] = (0, time.monotonic())
             return None
+        self._seen(topic, info.incarnation)
         compiled = self._keep(topic, key, info.versions[0])
         with self._lock:
             self._latest[(topic, key)] = (compiled.version, time.monotonic())
@@ -231,7 +235,16 @@ class SchemaCache:
         if compiled is not None:
             return compiled
         info = schema_admin.get_schema(self._routes, topic, version, key=key)
+        self._seen(topic, info.incarnation)
         return self._keep(topic, key, info.versions[0])
+
+    def _seen(self, topic: str, incarnation: int) -> None:
+        """Forget the topic's versions when a reply shows another incarnation."""
+        with self._lock:
+            held = self._incarnations.get(topic)
+            self._incarnations[topic] = incarnation
+        if held is not None and held != incarnation:
+            self.forget(topic)
 
     def _keep(self, topic: str, key: bool, version: pb.SchemaVersion) -> Compiled:
         """The compiled version, compiled once per schema text (a topic deleted and
@@ -253,6 +266,7 @@ class SchemaCache:
                 del self._versions[k]
             for k2 in [k for k in self._latest if k[0] == topic]:
                 del self._latest[k2]
+            self._incarnations.pop(topic, None)
 
 
 _CACHES: weakref.WeakKeyDictionary[Routes, SchemaCache] = weakref.WeakKeyDictionary()

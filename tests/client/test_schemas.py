@@ -272,6 +272,27 @@ def test_validating_producer_stamps_versions_and_refuses_bad_values(
             unchecked.send("orders", {"id": 1, "name": "x"})
 
 
+def test_cache_reads_again_after_the_topic_is_recreated(broker: BrokerProcess) -> None:
+    """Review finding 2 (client): a recreated topic numbers from 1 again, so a
+    long-lived cache must not decode its version 1 with the old topic's."""
+    with Admin(broker.address) as admin:
+        admin.create_topic("again", queues=1)
+        admin.set_schema("again", ORDER_V1)
+        admin.set_schema("again", {"type": "string"}, type="avro", key=True)
+        cache = SchemaCache(admin.routes, refresh_s=0)
+        assert cache.latest("again") is not None
+        assert "string" in cache.get("again", 1, key=True).text
+        admin.delete_topic("again")
+        admin.create_topic("again", queues=1)
+        other = {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "string"}]}
+        admin.set_schema("again", other)
+        admin.set_schema("again", {"type": "long"}, type="avro", key=True)
+        # The value's refresh shows the new incarnation: the key's version 1 goes too.
+        latest = cache.latest("again")
+        assert latest is not None and latest.version == 1 and "Other" in latest.text
+        assert "long" in cache.get("again", 1, key=True).text
+
+
 def test_json_schema_topic(broker: BrokerProcess) -> None:
     with Admin(broker.address) as admin:
         admin.create_topic("events", queues=1)
