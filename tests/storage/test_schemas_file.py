@@ -363,3 +363,23 @@ def test_one_topic_cannot_fill_the_shared_file(open_store: OpenStore) -> None:
             )
     assert version > 2
     assert store.schemas.register("other", incarnation(store, "other"), "value", avro(ID)).created
+
+
+def test_a_stored_version_this_release_refuses_is_a_clear_refusal(open_store: OpenStore) -> None:
+    """A version an older release accepted (a record that never ends) cannot be
+    compared with: FAILED_PRECONDITION saying what to do, never INTERNAL."""
+    store = with_two_versions(open_store)
+    store.close()
+    path = store.config.data_dir / "schemas.json"
+    document = read_document(path)
+    endless = {"type": "record", "name": "Order", "fields": [{"name": "n", "type": "Order"}]}
+    text = json.dumps(endless, sort_keys=True, separators=(",", ":"))
+    document["topics"][TOPIC]["value"]["versions"][1]["schema"] = text
+    save_json(path, document)
+    save_json(path, document)
+    store = open_store(store.config)
+    inc = incarnation(store)
+    with pytest.raises(PreconditionFailed, match=r"not a usable schema .* rule NONE"):
+        store.schemas.register(TOPIC, inc, "value", avro(ID, NOTE, QTY_DEFAULT))
+    done = store.schemas.register(TOPIC, inc, "value", avro(ID, QTY_DEFAULT), compatibility="NONE")
+    assert done.version.version == 3

@@ -292,10 +292,11 @@ class SchemaStore:
         try:
             problems = schema_rules.check(rule, parsed, _History(current.versions), limit=limit)
         except schema_rules.SchemaError as exc:
-            raise CorruptionError(
-                f"{_label(topic, subject)}: a stored version does not parse ({exc}); "
-                "restore schemas.json from a replica or a backup",
-                str(self.path),
+            # A version an older release accepted that this one refuses (a record
+            # that never ends, say), or a repaired file: it cannot be compared with.
+            raise PreconditionFailed(
+                f"{_label(topic, subject)}: a stored version is not a usable schema ({exc}); "
+                "register with the rule NONE (nothing is compared), or delete the subject"
             ) from None
         if problems and not dry_run:
             raise SchemaIncompatible(_refusal(topic, subject, rule, problems, limit), problems)
