@@ -328,10 +328,19 @@ def on_groups(
         except UNREACHABLE:
             unreachable.append(broker)
         except EqueueError as exc:
-            raise name_broker(exc, broker, "") from exc
+            raise name_broker(exc, broker, _address(routes, topic, broker)) from exc
     if brokers and not out:
         raise BrokerUnavailable(f"{topic}: no broker group answers ({', '.join(unreachable)})")
     return out
+
+
+def _address(routes: Routes, topic: str, broker: str) -> str:
+    """The group's master address as the (cached) route shows it ("" unknown)."""
+    try:
+        found = routes.route(topic).brokers
+    except EqueueError:
+        return ""
+    return next((b.address for b in found if b.broker_name == broker), "")
 
 
 def _fill(

@@ -423,6 +423,9 @@ def test_groups_rules_and_numbering_after_delete(
         with pytest.raises(SchemaConflictError, match=r"rules differ \(a: NONE, b: BACKWARD\)"):
             admin.set_schema("orders", ORDER_V3_BAD)
         assert len(group_versions(cluster, "a")) == len(group_versions(cluster, "b")) == 1
+        with pytest.raises(SchemaIncompatibleError) as refused:  # a rule given: checked
+            admin.set_schema("orders", ORDER_V3_BAD, compatibility="backward")
+        assert "broker 'a' (127.0.0.1:" in str(refused.value)  # the group and its address
         # The cluster-wide call goes to every group; then the rules agree again.
         info = admin.set_compatibility("orders", "none")
         assert not info.unreachable_brokers
