@@ -229,6 +229,27 @@ def test_dangerous_schemas_refused_before_anything_parses(admin: Admin) -> None:
     assert "max_schema_bytes" in str(error.details())
 
 
+def test_explicit_version_above_the_next_only_without_versions(admin: Admin) -> None:
+    """A subject without versions takes an explicit higher number (another broker
+    group's numbering after a delete, a restore); one with versions does not."""
+    done = admin.set(avro(ID), version=5)
+    assert (done.created, done.latest_version, done.versions[0].version) == (True, 5, 5)
+    error = admin.refused(
+        "SetSchema", pb.SetSchemaRequest(topic=TOPIC, schema=avro(ID, NOTE), version=9)
+    )
+    assert kind(error) == SCHEMA_VERSION_CONFLICT and "the next version is 6" in str(
+        error.details()
+    )
+    admin.DeleteSchemas(pb.DeleteSchemasRequest(topic=TOPIC))
+    error = admin.refused(
+        "SetSchema", pb.SetSchemaRequest(topic=TOPIC, schema=avro(ID, NOTE), version=3)
+    )
+    assert kind(error) == SCHEMA_VERSION_CONFLICT and "version 3 was given before" in str(
+        error.details()
+    )
+    assert admin.set(avro(ID, NOTE)).latest_version == 6
+
+
 def test_a_default_or_alias_is_a_new_version(admin: Admin) -> None:
     """Review finding 3: identity is the normalized text, not the canonical form."""
     assert admin.set(avro(ID)).latest_version == 1
