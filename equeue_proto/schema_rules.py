@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -214,33 +213,31 @@ def parse_version(value: bytes | None) -> int | None:
 
 
 def _load_json(text: str) -> Any:
-    """The JSON document of `text`, refused when deeper than MAX_DEPTH. The depth is
-    counted on the text (brackets outside strings) before json.loads builds anything."""
-    _check_depth(text)
+    """The JSON document of `text`, refused when deeper than MAX_DEPTH. json.loads
+    itself stops at Python's recursion limit (RecursionError, caught); the depth is
+    then counted on the document without recursion."""
     try:
-        return json.loads(text)
+        document = json.loads(text)
     except RecursionError:
         raise SchemaError(f"the schema is nested too deeply (max {MAX_DEPTH} levels)") from None
     except ValueError as exc:
         raise SchemaError(f"the schema is not JSON: {exc}") from None
+    _check_depth(document)
+    return document
 
 
-_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-
-
-def _check_depth(text: str) -> None:
-    depth = 0
-    for match in _BRACKETS.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
+def _check_depth(document: Any) -> None:
+    stack: list[tuple[Any, int]] = [(document, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth >= MAX_DEPTH:
                 raise SchemaError(
                     f"the schema is nested too deeply: more than {MAX_DEPTH} levels of"
                     " objects and arrays"
                 )
-        elif token in "]}":
-            depth -= 1
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
 
 
 def _parse_avro(normalized: str) -> ParsedSchema:

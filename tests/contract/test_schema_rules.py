@@ -458,3 +458,14 @@ def test_identity_is_the_text_and_limits_come_before_parsing() -> None:
         parse("JSON", big, max_bytes=256 << 10)
     assert schema_rules.MAX_DEPTH == 64
     assert parse("JSON", json.dumps({"type": "object"})).type == "JSON"
+
+
+@pytest.mark.timeout(30)
+def test_depth_check_is_linear_on_hostile_text() -> None:
+    """A text of escaped quotes with no closing one must not make the depth check
+    quadratic (a scan per quote): json.loads refuses it at once."""
+    with pytest.raises(SchemaError, match="not JSON"):
+        parse("JSON", '"' + 'a\\"' * 300_000)
+    with pytest.raises(SchemaError, match="nested too deeply"):
+        parse("AVRO", "[" * 100_000 + "]" * 100_000)
+    assert schema_rules.normalize("[" * 64 + "]" * 64) == "[" * 64 + "]" * 64
