@@ -506,11 +506,14 @@ def _check_ref_cycles(document: dict[str, Any]) -> None:
     """Refuse a `$ref` chain that comes back to itself with no schema in between
     (`{"$ref": "#"}`, a -> b -> a): validation would recurse without end on any value.
     In drafts 4-7 a `$ref` replaces its siblings, so a node with one is only a hop."""
+    ends: set[str] = set()  # pointers whose chain is known to end: each walked once
     for where, ref in _refs(document, ""):
         seen = [where or "#"]
         target: str | None = ref
         while target is not None:
             pointer = target.removeprefix("#") or "#"
+            if pointer in ends:
+                break
             if pointer in seen:
                 raise SchemaError(
                     f"a $ref cycle with no schema in between: {' -> '.join([*seen, pointer])}"
@@ -520,6 +523,7 @@ def _check_ref_cycles(document: dict[str, Any]) -> None:
             target = node.get("$ref") if isinstance(node, dict) else None
             if not isinstance(target, str):
                 target = None
+        ends.update(seen)
 
 
 def _resolve(document: Any, ref: str) -> Any:
@@ -548,8 +552,9 @@ def _smoke_test(validate: Callable[[Any], Any]) -> None:
             pass
         except RecursionError:
             raise SchemaError(
-                "the JSON Schema refers to itself with no value in between"
-                " (a $ref cycle through allOf/anyOf/oneOf/not): validation never ends"
+                "the JSON Schema's validation recurses without end: it refers to itself with"
+                " no value in between (a $ref cycle through allOf/anyOf/oneOf/not), or its"
+                " $ref chains are deeper than Python allows"
             ) from None
         except Exception as exc:  # a bad pattern, say: the validator cannot run
             raise SchemaError(f"invalid JSON Schema: {type(exc).__name__}: {exc}") from None

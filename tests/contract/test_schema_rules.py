@@ -469,3 +469,17 @@ def test_depth_check_is_linear_on_hostile_text() -> None:
     with pytest.raises(SchemaError, match="nested too deeply"):
         parse("AVRO", "[" * 100_000 + "]" * 100_000)
     assert schema_rules.normalize("[" * 64 + "]" * 64) == "[" * 64 + "]" * 64
+
+
+@pytest.mark.timeout(30)
+def test_long_ref_chains_are_walked_once() -> None:
+    """The $ref cycle check remembers chains that end (no walk per reference);
+    a chain deeper than Python can validate is refused, not a RecursionError later."""
+    n = 5000
+    defs: dict[str, Any] = {f"a{i}": {"$ref": f"#/definitions/a{i + 1}"} for i in range(n)}
+    defs[f"a{n}"] = {"type": "string"}
+    with pytest.raises(SchemaError, match="deeper than Python allows"):
+        parse("JSON", json.dumps({"definitions": defs, "$ref": "#/definitions/a0"}))
+    short = {f"a{i}": {"$ref": f"#/definitions/a{i + 1}"} for i in range(50)}
+    short["a50"] = {"type": "string"}
+    assert parse("JSON", json.dumps({"definitions": short, "$ref": "#/definitions/a0"}))
