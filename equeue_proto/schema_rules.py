@@ -265,23 +265,60 @@ def _check_finite(schema: Any) -> None:
     """Refuse a record no finite datum has (it always contains itself): decoders
     recurse without end on it (fastavro's C reader overflows the stack). A record is
     finite when every field's type is: a union when any branch is, arrays and maps
-    always (they may be empty), a record when it is (a fixed point over the records)."""
+    always (they may be empty), a record when it is. Solved as Horn clauses (each
+    field waits for any one of the records it needs), linear in the schema's size."""
     records = {r.fullname: r for r in _avro_records(schema)}
-    finite: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, record in records.items():
-            if name not in finite and all(_ends(f.type, finite) for f in record.fields):
-                finite.add(name)
-                changed = True
+    waiting: dict[str, list[int]] = {}  # record -> fields that one satisfies
+    owner: list[tuple[str, str]] = []  # field id -> (record, field name)
+    missing: dict[str, int] = {}  # record -> fields not yet satisfied
+    ready: list[str] = []
     for name, record in records.items():
-        if name not in finite:
-            field = next(f for f in record.fields if not _ends(f.type, finite))
+        missing[name] = 0
+        for f in record.fields:
+            needs = _needs(f.type)
+            if needs is None:
+                continue
+            for wanted in needs:
+                waiting.setdefault(wanted, []).append(len(owner))
+            owner.append((name, f.name))
+            missing[name] += 1
+        if not missing[name]:
+            ready.append(name)
+    satisfied: set[int] = set()
+    finite: set[str] = set()
+    while ready:
+        name = ready.pop()
+        if name in finite:
+            continue
+        finite.add(name)
+        for field_id in waiting.get(name, ()):
+            if field_id not in satisfied:
+                satisfied.add(field_id)
+                holder = owner[field_id][0]
+                missing[holder] -= 1
+                if not missing[holder]:
+                    ready.append(holder)
+    for field_id, (name, field) in enumerate(owner):
+        if field_id not in satisfied:
             raise SchemaError(
-                f"record {name} can never end: field {field.name} always leads back to"
-                f' record {name} (make it nullable: ["null", ...] with default null)'
+                f"record {name} can never end: field {field} always holds a record"
+                ' again, with no way out (make it nullable: ["null", ...] with default null)'
             )
+
+
+def _needs(schema: Any) -> set[str] | None:
+    """The records any one of which lets a field of this type end; None: it ends."""
+    kind = schema.type
+    if kind in ("record", "error", "request"):
+        return {schema.fullname}
+    if kind == "union":
+        names: set[str] = set()
+        for branch in schema.schemas:
+            if branch.type not in ("record", "error", "request"):
+                return None
+            names.add(branch.fullname)
+        return names
+    return None
 
 
 def _check_array_items(schema: Any) -> None:
@@ -328,15 +365,6 @@ def _type_label(schema: Any) -> str:
     if schema.type in ("record", "error", "fixed", "enum"):
         return f"{schema.type} {schema.fullname}"
     return str(schema.type)
-
-
-def _ends(schema: Any, finite: set[str]) -> bool:
-    kind = schema.type
-    if kind in ("record", "error", "request"):
-        return bool(schema.fullname in finite)
-    if kind == "union":
-        return any(_ends(branch, finite) for branch in schema.schemas)
-    return True
 
 
 def _avro_records(schema: Any) -> list[Any]:

@@ -483,3 +483,20 @@ def test_long_ref_chains_are_walked_once() -> None:
     short = {f"a{i}": {"$ref": f"#/definitions/a{i + 1}"} for i in range(50)}
     short["a50"] = {"type": "string"}
     assert parse("JSON", json.dumps({"definitions": short, "$ref": "#/definitions/a0"}))
+
+
+@pytest.mark.timeout(30)
+def test_the_endless_record_check_is_linear() -> None:
+    """3,000 records each holding the one before (defined in a union): the check
+    resolves them in one pass, not one pass per record."""
+    branches: list[dict[str, Any]] = [
+        {"type": "record", "name": "R0", "fields": [{"name": "v", "type": "int"}]}
+    ]
+    branches += [
+        {"type": "record", "name": f"R{i}", "fields": [{"name": "p", "type": f"R{i - 1}"}]}
+        for i in range(1, 3000)
+    ]
+    assert parse("AVRO", json.dumps(branches)).type == "AVRO"
+    branches[0] = {"type": "record", "name": "R0", "fields": [{"name": "v", "type": "R0"}]}
+    with pytest.raises(SchemaError, match="can never end"):
+        parse("AVRO", json.dumps(branches))
