@@ -251,6 +251,7 @@ def _parse_avro(normalized: str) -> ParsedSchema:
         raise SchemaError(f"invalid Avro schema: {exc}") from None
     _check_finite(schema)
     _check_array_items(schema)
+    _check_expanded_size(schema)
     # Apache avro does not check defaults; fastavro (what clients and the Spark
     # connector encode and decode with) does: a schema either refuses is refused.
     try:
@@ -321,11 +322,60 @@ def _needs(schema: Any) -> set[str] | None:
     return None
 
 
+MAX_EXPANDED_NODES = 100_000
+"""An Avro schema's types counted as if every use of a named type were written out
+in full, at most: Apache Avro's compatibility checker walks them so (a record used
+twice in a record used twice ... 40 deep would take it days)."""
+
+
+def _children(node: Any) -> list[Any]:
+    kind = node.type
+    if kind in ("record", "error", "request"):
+        return [f.type for f in node.fields]
+    if kind == "union":
+        return list(node.schemas)
+    if kind == "array":
+        return [node.items]
+    if kind == "map":
+        return [node.values]
+    return []
+
+
+def _check_expanded_size(schema: Any) -> None:
+    """Refuse a schema whose expansion passes MAX_EXPANDED_NODES (computed once per
+    type, without recursion; a use of a type inside itself counts 1)."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(schema, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        if not children_done:
+            if key in open_:
+                continue  # used inside itself: counted as 1 where it is used
+            open_.add(key)
+            stack.append((node, True))
+            stack.extend((kid, False) for kid in _children(node))
+            continue
+        total = 1 + sum(sizes.get(id(kid), 1) for kid in _children(node))
+        sizes[key] = min(total, MAX_EXPANDED_NODES + 1)
+        open_.discard(key)
+    if sizes.get(id(schema), 1) > MAX_EXPANDED_NODES:
+        raise SchemaError(
+            f"the schema has more than {MAX_EXPANDED_NODES} types when every use of a"
+            " named type is counted (records used many times inside records used many"
+            " times): compatibility checks would not end; use fewer nested shared records"
+        )
+
+
 def _check_array_items(schema: Any) -> None:
     """Refuse arrays whose items encode in 0 bytes (null, an empty record, fixed
     size 0): a 5-byte value could then claim billions of items, and a decoder
     spends time and memory on each (the Spark decoder refuses them as well)."""
     stack, seen = [schema], set()
+    sizes: dict[str, bool] = {}
     while stack:
         node = stack.pop()
         if id(node) in seen:
@@ -333,7 +383,7 @@ def _check_array_items(schema: Any) -> None:
         seen.add(id(node))
         kind = node.type
         if kind == "array":
-            if _zero_size(node.items, set()):
+            if _zero_size(node.items, sizes):
                 raise SchemaError(
                     f"an array of {_type_label(node.items)} items: each item takes 0 bytes,"
                     " so a few bytes could claim any number of them; use a count field"
@@ -347,17 +397,20 @@ def _check_array_items(schema: Any) -> None:
             stack.append(node.values)
 
 
-def _zero_size(schema: Any, path: set[str]) -> bool:
+def _zero_size(schema: Any, known: dict[str, bool]) -> bool:
+    """Whether the type encodes in 0 bytes; ``known`` memoizes records by name (a
+    record used many times is looked at once: no blow-up over shared records)."""
     kind = schema.type
     if kind == "null":
         return True
     if kind == "fixed":
         return bool(schema.size == 0)
     if kind in ("record", "error", "request"):
-        if schema.fullname in path:
-            return False
-        inner = path | {schema.fullname}
-        return all(_zero_size(f.type, inner) for f in schema.fields)
+        name = schema.fullname
+        if name not in known:
+            known[name] = False  # a cycle back to it holds a non-record step: not 0 bytes
+            known[name] = all(_zero_size(f.type, known) for f in schema.fields)
+        return known[name]
     return False
 
 

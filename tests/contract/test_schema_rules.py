@@ -485,18 +485,31 @@ def test_long_ref_chains_are_walked_once() -> None:
     assert parse("JSON", json.dumps({"definitions": short, "$ref": "#/definitions/a0"}))
 
 
-@pytest.mark.timeout(30)
-def test_the_endless_record_check_is_linear() -> None:
-    """3,000 records each holding the one before (defined in a union): the check
-    resolves them in one pass, not one pass per record."""
-    branches: list[dict[str, Any]] = [
-        {"type": "record", "name": "R0", "fields": [{"name": "v", "type": "int"}]}
-    ]
+def _chain(n: int, first: dict[str, Any]) -> str:
+    """A union of records R0 ... Rn-1, each holding the one before."""
+    branches = [{"type": "record", "name": "R0", "fields": [first]}]
     branches += [
         {"type": "record", "name": f"R{i}", "fields": [{"name": "p", "type": f"R{i - 1}"}]}
-        for i in range(1, 3000)
+        for i in range(1, n)
     ]
-    assert parse("AVRO", json.dumps(branches)).type == "AVRO"
-    branches[0] = {"type": "record", "name": "R0", "fields": [{"name": "v", "type": "R0"}]}
+    return json.dumps(branches)
+
+
+@pytest.mark.timeout(30)
+def test_record_chains_end_and_their_expansion_is_bounded() -> None:
+    """The endless-record check resolves a chain in one pass; a schema whose named
+    types expand past MAX_EXPANDED_NODES is refused (Apache Avro's checker walks
+    the expansion: a record used twice in one used twice ... 40 deep never ends)."""
+    assert parse("AVRO", _chain(400, {"name": "v", "type": "int"})).type == "AVRO"
     with pytest.raises(SchemaError, match="can never end"):
-        parse("AVRO", json.dumps(branches))
+        parse("AVRO", _chain(400, {"name": "v", "type": "R0"}))
+    with pytest.raises(SchemaError, match="more than 100000 types"):
+        parse("AVRO", _chain(3000, {"name": "v", "type": "int"}))
+    doubling: list[dict[str, Any]] = [{"type": "record", "name": "D0", "fields": []}]
+    doubling += [
+        {"type": "record", "name": f"D{i}",
+         "fields": [{"name": "a", "type": f"D{i - 1}"}, {"name": "b", "type": f"D{i - 1}"}]}
+        for i in range(1, 41)
+    ]  # fmt: skip
+    with pytest.raises(SchemaError, match="more than 100000 types"):
+        parse("AVRO", json.dumps(doubling))
