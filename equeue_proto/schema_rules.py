@@ -700,7 +700,12 @@ def _json_enum(reader: dict[str, Any], writer: dict[str, Any], place: str) -> It
     if "enum" not in writer:
         yield f"{place}: reader allows only its enum values, writer any"
         return
-    extra = [value for value in writer["enum"] if value not in reader["enum"]]
+    # Compared as normalized JSON in a set: linear (a list scan per value is quadratic
+    # on large enums), and conservative (1 and 1.0 count as different).
+    allowed = (
+        {_dump(value) for value in reader["enum"]} if isinstance(reader["enum"], list) else set()
+    )
+    extra = [value for value in writer["enum"] if _dump(value) not in allowed]
     if extra:
         yield f"{place}: reader enum lacks the writer's values {json.dumps(extra)}"
 
