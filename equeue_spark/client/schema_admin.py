@@ -7,10 +7,16 @@ against its own history; this module keeps the groups' histories equal
 (design: the client registers on each group, one broker being a cluster of
 one group):
 
-- ``set_schema`` reads every group's history; they must be prefixes of the
-  longest one (else ``SchemaConflictError``: ``sync_schemas`` repairs a group
-  that lags, not one that differs). The new version is the longest's next
-  (or the version that already holds this schema). A complete group is asked
+- ``set_schema`` reads every group's history; a version number must hold the
+  same schema text (its identity) wherever it exists (else
+  ``SchemaConflictError``: ``sync_schemas`` repairs a group that lags, not one
+  that differs). The new version is the next after the highest one (or the
+  version that already holds this schema text); after a delete, when no group
+  holds a version, the first group answering numbers it (brokers never give a
+  number twice) and the others are given that number. The groups must agree
+  on the compatibility rule, unless the call sets one (``SchemaConflictError``
+  naming each group's rule; ``set_compatibility`` goes to every group, and
+  ``sync_schemas`` copies the rule of the group with the longest history). A complete group is asked
   first, so a refusal (incompatible) comes before anything is written; then
   each other group in broker-name order, given first the versions it lacks.
   Groups that do not answer are named in ``SchemaInfo.unreachable_brokers``:
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from equeue_proto import schema_rules
@@ -99,6 +105,8 @@ def schema_type(text: str, given: str) -> pb.SchemaType:
     if not name:
         try:
             name = schema_rules.guess_type(text)
+        except schema_rules.SchemaError as exc:  # not JSON, too deep: a type would not help
+            raise InvalidRequest(str(exc)) from None
         except ValueError as exc:
             raise InvalidRequest(f"{exc}; give the type (avro or json)") from None
     if name not in TYPES:
@@ -107,12 +115,23 @@ def schema_type(text: str, given: str) -> pb.SchemaType:
 
 
 def fingerprint(type_: int, text: str) -> str:
-    """The broker's identity of a schema (``schema_rules.parse``); InvalidRequest
-    naming the problem for text that is not a schema of its type."""
+    """The schema's fingerprint (reported only: identity is ``identity``)."""
+    return _parsed(type_, text).fingerprint
+
+
+def identity(type_: int, text: str) -> str:
+    """The broker's identity of a schema: its normalized text (``schema_rules.parse``);
+    InvalidRequest naming the problem for text that is not a schema of its type."""
+    return _parsed(type_, text).text
+
+
+def _parsed(type_: int, text: str) -> schema_rules.ParsedSchema:
     try:
-        return schema_rules.parse(type_name(type_), text).fingerprint
-    except ValueError as exc:
-        raise InvalidRequest(f"invalid {type_name(type_)} schema: {exc}") from None
+        return schema_rules.parse(type_name(type_), text)
+    except ValueError as exc:  # SchemaError: its message says what is wrong already
+        said = str(exc)  # "invalid Avro schema: ..." says the type already
+        prefix = "" if said.startswith("invalid ") else f"not a usable {type_name(type_)} schema: "
+        raise InvalidRequest(prefix + said) from None
 
 
 def subject(key: bool) -> str:
@@ -172,8 +191,8 @@ def get_schema(
 
 @dataclass
 class Histories:
-    """Each reachable group's history of a subject (ascending) and the groups
-    that did not answer."""
+    """Each reachable group's history of a subject (ascending), rule and the
+    groups that did not answer."""
 
     topic: str
     key: bool
@@ -181,22 +200,38 @@ class Histories:
     unreachable: list[str]
     registered: dict[str, int]
     """Each group's latest version as its registration shows (the route)."""
+    rules: dict[str, int] = field(default_factory=dict)
+    """Each group's rule (``Compatibility``), for the groups holding versions."""
+
+    @staticmethod
+    def latest(history: Sequence[pb.SchemaVersion]) -> int:
+        return history[-1].version if history else 0
 
     def longest(self) -> list[pb.SchemaVersion]:
-        return max(self.versions.values(), key=len, default=[])
+        """The history reaching the highest version (then the longest)."""
+        return max(self.versions.values(), key=lambda h: (self.latest(h), len(h)), default=[])
+
+    def longest_group(self) -> str:
+        top = self.longest()
+        return min((b for b, h in self.versions.items() if h == top), default="")
 
     def complete(self) -> list[str]:
-        """Groups holding the whole longest history, in broker-name order."""
-        n = len(self.longest())
-        return sorted(b for b, h in self.versions.items() if len(h) == n)
+        """Groups holding the highest version, in broker-name order."""
+        top = self.latest(self.longest())
+        return sorted(b for b, h in self.versions.items() if h and self.latest(h) == top)
+
+    def lacking(self, broker: str, below: int) -> list[pb.SchemaVersion]:
+        """The longest history's versions above the group's latest and below ``below``."""
+        have = self.latest(self.versions[broker])
+        return [v for v in self.longest() if have < v.version < below]
 
     def check(self) -> None:
-        """SchemaConflictError unless every history is a prefix of the longest."""
-        longest = self.longest()
+        """SchemaConflictError unless every version number holds one schema text."""
+        texts = {v.version: v.schema for v in self.longest()}
         differ = {
             b: h
             for b, h in self.versions.items()
-            if [v.fingerprint for v in h] != [v.fingerprint for v in longest[: len(h)]]
+            if any(texts.get(v.version) != v.schema for v in h)
         }
         if not differ:
             return
@@ -207,16 +242,30 @@ class Histories:
         )
         raise SchemaConflictError(
             f"{self.topic}: the broker groups' {subject(self.key)} schema histories differ "
-            f"({where}); the same version must be the same schema on every group: delete "
-            f"the schemas (equeue schema delete) and set the versions again in order",
+            f"({where}); the same version must be the same schema on every group: compare "
+            "them (equeue schema get --history on each group) and repair the one that differs",
             prints,
+        )
+
+    def check_rules(self) -> None:
+        """SchemaConflictError when the groups holding versions have other rules:
+        each checks with its own, so a version could pass on one and not another."""
+        if len(set(self.rules.values())) <= 1:
+            return
+        where = ", ".join(f"{b}: {rule_name(r)}" for b, r in sorted(self.rules.items()))
+        raise SchemaConflictError(
+            f"{self.topic}: the broker groups' {subject(self.key)} compatibility rules differ "
+            f"({where}): set one on every group with equeue schema compatibility "
+            f"{self.topic} RULE{' --key' if self.key else ''} (or equeue schema sync, which "
+            "copies the rule of the group with the longest history), or give --compatibility",
+            {},
         )
 
     def check_ahead(self) -> None:
         """SchemaConflictError when a group that does not answer registered a
         version beyond the answering groups' longest history: a new version
         now would give its number two meanings."""
-        have = len(self.longest())
+        have = self.latest(self.longest())
         ahead = {b: v for b, v in self.registered.items() if b in self.unreachable and v > have}
         if not ahead:
             return
@@ -240,11 +289,14 @@ def read_histories(routes: Routes, topic: str, key: bool) -> Histories:
     found = Histories(topic, key, {}, list(route.down), registered)
     for broker in sorted(route.broker_names()):
         try:
-            found.versions[broker] = list(_read(routes, topic, broker, request).versions)
+            info = _read(routes, topic, broker, request)
         except NotFoundError:
             found.versions[broker] = []
         except UNREACHABLE:
             found.unreachable.append(broker)
+        else:
+            found.versions[broker] = list(info.versions)
+            found.rules[broker] = info.compatibility
     if not found.versions:
         raise BrokerUnavailable(
             f"{topic}: no broker group answers ({', '.join(sorted(found.unreachable))})"
@@ -276,17 +328,26 @@ def on_groups(
         except UNREACHABLE:
             unreachable.append(broker)
         except EqueueError as exc:
-            raise name_broker(exc, broker, "") from exc
+            raise name_broker(exc, broker, _address(routes, topic, broker)) from exc
     if brokers and not out:
         raise BrokerUnavailable(f"{topic}: no broker group answers ({', '.join(unreachable)})")
     return out
 
 
+def _address(routes: Routes, topic: str, broker: str) -> str:
+    """The group's master address as the (cached) route shows it ("" unknown)."""
+    try:
+        found = routes.route(topic).brokers
+    except EqueueError:
+        return ""
+    return next((b.address for b in found if b.broker_name == broker), "")
+
+
 def _fill(
-    conn: Connection, have: int, versions: Sequence[pb.SchemaVersion], request: pb.SetSchemaRequest
+    conn: Connection, versions: Sequence[pb.SchemaVersion], request: pb.SetSchemaRequest
 ) -> None:
-    """Give a group the versions ``versions[have:]`` it lacks, with their numbers."""
-    for v in versions[have:]:
+    """Give a group the ``versions`` it lacks, with their numbers."""
+    for v in versions:
         fill = pb.SetSchemaRequest(
             topic=request.topic, key=request.key, type=v.type, schema=v.schema, version=v.version
         )
@@ -306,13 +367,17 @@ def set_schema(
     """Register ``schema`` on every group of the topic (module docstring)."""
     text = schema_text(schema)
     kind = schema_type(text, type)
-    mine = fingerprint(kind, text)
+    mine = identity(kind, text)
     found = read_histories(routes, topic, key)
     found.check()
     found.check_ahead()
+    if compatibility is None:
+        found.check_rules()
     longest = found.longest()
-    existing = next((v.version for v in longest if v.fingerprint == mine), 0)
-    version = existing or len(longest) + 1
+    existing = next((v.version for v in longest if v.schema == mine), 0)
+    # 0: no group holds a version (a new or deleted subject): the first group
+    # numbers it (never a number it gave before) and the others get that number.
+    version = existing or (Histories.latest(longest) + 1 if longest else 0)
     request = pb.SetSchemaRequest(
         topic=topic, key=key, type=kind, schema=text, version=version, dry_run=dry_run
     )
@@ -323,13 +388,14 @@ def set_schema(
     if dry_run:  # a complete group's check is the check of every group
         order = order[:1]
     unreachable = list(found.unreachable)
-    lower = [v for v in longest if v.version < version]
 
     def register(conn: Connection, broker: str) -> pb.SchemaInfo:
-        if not dry_run:
-            have = len(found.versions[broker])
-            _fill(conn, min(have, len(lower)), lower, request)
-        return conn.call(conn.admin.SetSchema, request, retry=False)
+        if not dry_run and request.version:
+            _fill(conn, found.lacking(broker, request.version), request)
+        info = conn.call(conn.admin.SetSchema, request, retry=False)
+        if not request.version and not dry_run and info.versions:
+            request.version = info.versions[0].version
+        return info
 
     replies = on_groups(routes, topic, order, register, unreachable)
     info = replies[0][1]
@@ -341,25 +407,44 @@ def set_schema(
 
 def sync_schemas(routes: Routes, topic: str) -> dict[str, dict[str, list[int]]]:
     """Give every group the value and key versions it lacks of the longest
-    history: {"value": {broker group: versions copied}, "key": {...}} (groups
-    given nothing left out). SchemaConflictError when histories differ (not
-    merely lag); groups that do not answer are left out (``read_histories``)."""
-    copied: dict[str, dict[str, list[int]]] = {"value": {}, "key": {}}
+    history, and that history's group's rule: {"value": {broker group: versions
+    copied}, "key": {...}, "value_rule": {broker group: [Compatibility set]},
+    "key_rule": {...}} (groups given nothing left out). SchemaConflictError when
+    histories differ (not merely lag); groups that do not answer are left out
+    (``read_histories``)."""
+    copied: dict[str, dict[str, list[int]]] = {
+        "value": {}, "key": {}, "value_rule": {}, "key_rule": {},
+    }  # fmt: skip
     for key in (False, True):
-        found = read_histories(routes, topic, key)
-        found.check()
-        longest = found.longest()
-        lagging = sorted(b for b, h in found.versions.items() if len(h) < len(longest))
-        request = pb.SetSchemaRequest(topic=topic, key=key)
-
-        def fill(conn: Connection, broker: str) -> None:
-            _fill(conn, len(found.versions[broker]), longest, request)  # noqa: B023
-
-        for broker, _ in on_groups(routes, topic, lagging, fill, []):
-            have = len(found.versions[broker])
-            copied[subject(key)][broker] = [v.version for v in longest[have:]]
+        _sync_subject(routes, topic, key, copied)
     routes.invalidate(topic)
     return copied
+
+
+def _sync_subject(
+    routes: Routes, topic: str, key: bool, copied: dict[str, dict[str, list[int]]]
+) -> None:
+    found = read_histories(routes, topic, key)
+    found.check()
+    top = Histories.latest(found.longest())
+    rule = found.rules.get(found.longest_group(), 0)
+    request = pb.SetSchemaRequest(topic=topic, key=key)
+    name = subject(key)
+
+    def fill(conn: Connection, broker: str) -> None:
+        if rule and found.rules.get(broker) != rule:
+            # The rule first: the versions given next are checked with the group's rule.
+            change = pb.SetCompatibilityRequest(
+                topic=topic, key=key, compatibility=cast("pb.Compatibility", rule)
+            )
+            conn.call(conn.admin.SetCompatibility, change, retry=False)
+            copied[f"{name}_rule"][broker] = [rule]
+        lacking = found.lacking(broker, top + 1)
+        _fill(conn, lacking, request)
+        if lacking:
+            copied[name][broker] = [v.version for v in lacking]
+
+    on_groups(routes, topic, sorted(found.versions), fill, [])
 
 
 def set_compatibility(routes: Routes, topic: str, rule: str, *, key: bool = False) -> pb.SchemaInfo:

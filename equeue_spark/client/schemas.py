@@ -12,8 +12,14 @@ read again when the topic's route shows a newer one
 value (and key) checked against the latest version before the request is
 built, and the version recorded in the ``equeue.schema`` (``equeue.key-schema``)
 header. Avro values are checked by decoding them (fastavro's
-``schemaless_reader`` must consume exactly the value's bytes); JSON values by
-``json.loads`` and the compiled validator.
+``schemaless_reader`` must consume exactly the value's bytes); JSON values as
+RFC 8259 JSON (strict UTF-8 without a BOM, no NaN/Infinity, no duplicate keys)
+and the compiled validator.
+
+A version read from a broker is parsed with the broker's own checks
+(``schema_rules.parse``) before it is used: a schema no finite value has, or
+whose validator never ends, would otherwise crash or hang this process (an
+older broker, a repaired file may hold one).
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 import fastavro
 import fastjsonschema
 
+from equeue_proto import schema_rules
 from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER, version_header
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import schema_admin
-from equeue_spark.client.errors import NotFoundError, SchemaValidationError
+from equeue_spark.client.errors import InvalidRequest, NotFoundError, SchemaValidationError
 
 if TYPE_CHECKING:
     from equeue_spark.client.batches import Headers
@@ -61,27 +68,42 @@ class Compiled:
 
     @classmethod
     def of(cls, version: pb.SchemaVersion) -> Compiled:
+        """The version compiled; InvalidRequest naming it when it is not usable."""
         kind = schema_admin.type_name(version.type)
-        doc = json.loads(version.schema)
-        if kind == "AVRO":
-            return cls(version.version, kind, version.schema, version.fingerprint,
-                       avro=fastavro.parse_schema(doc))  # fmt: skip
+        try:
+            schema_rules.parse(kind, version.schema)  # the broker's checks, again
+            doc = json.loads(version.schema)
+            if kind == "AVRO":
+                return cls(version.version, kind, version.schema, version.fingerprint,
+                           avro=fastavro.parse_schema(doc))  # fmt: skip
+            validator = fastjsonschema.compile(doc, handlers=_NO_REMOTE)
+        except Exception as exc:  # SchemaError, fastavro's and fastjsonschema's kinds
+            raise InvalidRequest(
+                f"schema version {version.version} ({kind}, fingerprint {version.fingerprint})"
+                f" cannot be used: {exc}"
+            ) from None
         return cls(version.version, kind, version.schema, version.fingerprint,
-                   validator=fastjsonschema.compile(doc))  # fmt: skip
+                   validator=validator)  # fmt: skip
 
-    def problem(self, data: bytes) -> str:
+    def problem(self, data: object) -> str:
         """Why ``data`` is not a value of this schema ("" when it is one)."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            return (
+                f"a {type(data).__name__} is not bytes: send_batch takes encoded values"
+                " (encode with Serializer.encode, or use send())"
+            )
+        raw = bytes(data)
         if self.type == "AVRO":
-            stream = io.BytesIO(data)
+            stream = io.BytesIO(raw)
             try:
                 fastavro.schemaless_reader(stream, self.avro, None)
             except Exception as exc:  # fastavro raises many kinds on bad bytes
                 return f"not Avro of this schema ({type(exc).__name__}: {exc})"
-            if stream.tell() != len(data):
-                return f"{len(data) - stream.tell()} bytes left over after the Avro value"
+            if stream.tell() != len(raw):
+                return f"{len(raw) - stream.tell()} bytes left over after the Avro value"
             return ""
         try:
-            doc = json.loads(data)
+            doc = strict_json(raw)
         except ValueError as exc:
             return f"not JSON ({exc})"
         return self._json_problem(doc)
@@ -94,6 +116,8 @@ class Compiled:
             return str(exc.message)
         except fastjsonschema.JsonSchemaException as exc:
             return str(exc)
+        except RecursionError:
+            return "nested too deeply to validate"
         return ""
 
     def encode(self, obj: object) -> tuple[bytes, str]:
@@ -108,10 +132,45 @@ class Compiled:
         problem = self._json_problem(obj)
         if problem:
             return b"", problem
-        try:
-            return json.dumps(obj, separators=(",", ":")).encode(), ""
-        except (TypeError, ValueError) as exc:
+        try:  # NaN and Infinity are not JSON: no other reader would take them
+            return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode(), ""
+        except (TypeError, ValueError, RecursionError) as exc:
             return b"", f"not JSON-serializable ({exc})"
+
+
+def _refuse_remote(uri: str) -> Any:
+    raise ValueError(f"$ref {uri!r} points at another document: not fetched")
+
+
+_NO_REMOTE = {scheme: _refuse_remote for scheme in ("http", "https", "file", "ftp", "data", "")}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out:
+            raise ValueError(f"the key {name!r} appears twice in an object")
+        out[name] = value
+    return out
+
+
+def strict_json(data: bytes) -> Any:
+    """``data`` as RFC 8259 JSON: UTF-8 without a BOM, no NaN/Infinity, no key
+    twice in an object; ValueError saying what is wrong."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise ValueError("a UTF-8 byte order mark starts it")
+    try:
+        text = data.decode("utf-8")  # strict: json.loads would guess UTF-16/32
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8: {exc}") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 class SchemaCache:
@@ -125,6 +184,9 @@ class SchemaCache:
         self._versions: dict[tuple[str, bool, int], Compiled] = {}
         self._latest: dict[tuple[str, bool], tuple[int, float]] = {}
         """(topic, key) -> (latest version, 0: none; when it was read)."""
+        self._incarnations: dict[str, int] = {}
+        """The topic incarnation the cached versions belong to: a topic deleted and
+        created again numbers from 1 again, so its versions are read anew."""
 
     @classmethod
     def of(cls, routes: Routes) -> SchemaCache:
@@ -160,6 +222,7 @@ class SchemaCache:
             with self._lock:
                 self._latest[(topic, key)] = (0, time.monotonic())
             return None
+        self._seen(topic, info.incarnation)
         compiled = self._keep(topic, key, info.versions[0])
         with self._lock:
             self._latest[(topic, key)] = (compiled.version, time.monotonic())
@@ -172,15 +235,24 @@ class SchemaCache:
         if compiled is not None:
             return compiled
         info = schema_admin.get_schema(self._routes, topic, version, key=key)
+        self._seen(topic, info.incarnation)
         return self._keep(topic, key, info.versions[0])
 
+    def _seen(self, topic: str, incarnation: int) -> None:
+        """Forget the topic's versions when a reply shows another incarnation."""
+        with self._lock:
+            held = self._incarnations.get(topic)
+            self._incarnations[topic] = incarnation
+        if held is not None and held != incarnation:
+            self.forget(topic)
+
     def _keep(self, topic: str, key: bool, version: pb.SchemaVersion) -> Compiled:
-        """The compiled version, compiled once per fingerprint: a subject deleted
-        and set again may give a number another schema (the new one replaces it)."""
+        """The compiled version, compiled once per schema text (a topic deleted and
+        recreated numbers from 1 again: the new text replaces the old)."""
         where = (topic, key, version.version)
         with self._lock:
             held = self._versions.get(where)
-        if held is not None and held.fingerprint == version.fingerprint:
+        if held is not None and held.text == version.schema:
             return held
         compiled = Compiled.of(version)
         with self._lock:
@@ -194,6 +266,7 @@ class SchemaCache:
                 del self._versions[k]
             for k2 in [k for k in self._latest if k[0] == topic]:
                 del self._latest[k2]
+            self._incarnations.pop(topic, None)
 
 
 _CACHES: weakref.WeakKeyDictionary[Routes, SchemaCache] = weakref.WeakKeyDictionary()
@@ -248,12 +321,23 @@ class Serializer:
         this serializer's), as this serializer's version reads it (Avro schema
         resolution; JSON: as written)."""
         reader = self.schema()
-        if reader.type == "JSON":
-            return json.loads(data)
+        if written_with is not None and written_with < 1:
+            raise InvalidRequest(f"{self.topic}: the record's schema version header is malformed")
         writer = reader
         if written_with is not None and written_with != reader.version:
             writer = self._cache.get(self.topic, written_with, self.key)
-        return fastavro.schemaless_reader(io.BytesIO(data), writer.avro, reader.avro)
+        if writer.type != reader.type:
+            raise InvalidRequest(
+                f"{self.topic}: version {writer.version} is {writer.type}, this serializer "
+                f"reads {reader.type} (version {reader.version})"
+            )
+        if reader.type == "JSON":
+            return strict_json(bytes(data))
+        stream = io.BytesIO(data)
+        value = fastavro.schemaless_reader(stream, writer.avro, reader.avro)
+        if stream.tell() != len(data):
+            raise ValueError(f"{len(data) - stream.tell()} bytes left over after the Avro value")
+        return value
 
 
 class ProduceChecks:
@@ -304,8 +388,8 @@ class ProduceChecks:
         return data, key_data, (stamped or [headers])[0]
 
     def _encoded(self, topic: str, obj: object, key: bool) -> bytes:
-        if isinstance(obj, bytes):
-            return obj
+        if isinstance(obj, bytes | bytearray | memoryview):
+            return bytes(obj)
         schema = self._cache.latest(topic, key)
         if schema is None:
             what = schema_admin.subject(key)

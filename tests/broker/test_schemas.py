@@ -117,10 +117,10 @@ def test_explicit_versions(admin: Admin) -> None:
 
 
 def test_json_schema_topic_and_key_subject(admin: Admin) -> None:
-    v1 = json.dumps({"type": "object", "properties": {"id": {"type": "integer"}}})
-    v2 = json.dumps(
-        {"type": "object", "properties": {"id": {"type": "integer"}, "n": {"type": "string"}}}
-    )
+    # Closed: adding a property to an open writer is not BACKWARD (it may hold anything).
+    closed = {"type": "object", "additionalProperties": False}
+    v1 = json.dumps(closed | {"properties": {"id": {"type": "integer"}}})
+    v2 = json.dumps(closed | {"properties": {"id": {"type": "integer"}, "n": {"type": "string"}}})
     assert admin.set(v1, key=True).versions[0].type == pb.SCHEMA_TYPE_JSON
     assert admin.set(v2, key=True, type=pb.SCHEMA_TYPE_JSON).latest_version == 2
     narrowed = json.dumps({"type": "object", "properties": {"id": {"type": "string"}}})
@@ -185,8 +185,82 @@ def test_compatibility_and_delete(admin: Admin) -> None:
     )
     error = admin.refused("DeleteSchemas", pb.DeleteSchemasRequest(topic=TOPIC, both=True))
     assert error.code() == grpc.StatusCode.NOT_FOUND
-    # A new history starts at 1.
-    assert admin.set(avro(ID, NOTE)).latest_version == 1
+    # Numbers are never given twice (records keep their headers): the history goes on.
+    again = admin.set(avro(ID, NOTE))
+    assert (again.latest_version, again.versions[0].version) == (3, 3)
+    error = admin.refused("GetSchema", pb.GetSchemaRequest(topic=TOPIC, version=1))
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "versions are 3 to 3" in str(
+        error.details()
+    )
+
+
+def test_dangerous_schemas_refused_before_anything_parses(admin: Admin) -> None:
+    """Review findings 1, 4, 7, 8, 9: schemas clients could not use (or that cost the
+    broker unbounded work) are refused INVALID_ARGUMENT / RESOURCE_EXHAUSTED, never
+    INTERNAL."""
+    endless = json.dumps({"type": "record", "name": "N", "fields": [{"name": "n", "type": "N"}]})
+    bad_default = avro({"name": "a", "type": "int", "default": "x"})
+    cycle = json.dumps({"definitions": {"a": {"$ref": "#/definitions/b"},
+                        "b": {"$ref": "#/definitions/a"}}, "$ref": "#/definitions/a"})  # fmt: skip
+    deep = "[" * 100_000 + "]" * 100_000
+    cases = [
+        (endless, pb.SCHEMA_TYPE_AVRO, "record N can never end"),
+        (bad_default, pb.SCHEMA_TYPE_AVRO, "must match schema type"),
+        (cycle, pb.SCHEMA_TYPE_JSON, "$ref cycle"),
+        (json.dumps({"allOf": [{"$ref": "#"}]}), pb.SCHEMA_TYPE_JSON, "refers to itself"),
+        (deep, pb.SCHEMA_TYPE_UNSPECIFIED, "nested too deeply"),
+        (deep, pb.SCHEMA_TYPE_AVRO, "nested too deeply"),
+        (deep, pb.SCHEMA_TYPE_JSON, "nested too deeply"),
+    ]
+    for text, type_, message in cases:
+        error = admin.refused(
+            "SetSchema", pb.SetSchemaRequest(topic=TOPIC, schema=text, type=type_)
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (message, error.details())
+        assert kind(error) == SCHEMA_INVALID and message in str(error.details())
+    # Nullable recursion ends: a linked list is fine.
+    linked = {"name": "next", "type": ["null", "N"], "default": None}
+    assert admin.set(json.dumps({"type": "record", "name": "N", "fields": [linked]})).created
+    # The size is held before compiling: 20,000 properties are refused at once.
+    props = {f"p{i}": {"type": "string", "pattern": "^a+$"} for i in range(20_000)}
+    big = json.dumps({"type": "object", "properties": props}, separators=(",", ":"))
+    error = admin.refused("SetSchema", pb.SetSchemaRequest(topic=TOPIC, schema=big, key=True))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_schema_bytes" in str(error.details())
+
+
+def test_explicit_version_above_the_next_only_without_versions(admin: Admin) -> None:
+    """A subject without versions takes an explicit higher number (another broker
+    group's numbering after a delete, a restore); one with versions does not."""
+    done = admin.set(avro(ID), version=5)
+    assert (done.created, done.latest_version, done.versions[0].version) == (True, 5, 5)
+    error = admin.refused(
+        "SetSchema", pb.SetSchemaRequest(topic=TOPIC, schema=avro(ID, NOTE), version=9)
+    )
+    assert kind(error) == SCHEMA_VERSION_CONFLICT and "the next version is 6" in str(
+        error.details()
+    )
+    admin.DeleteSchemas(pb.DeleteSchemasRequest(topic=TOPIC))
+    error = admin.refused(
+        "SetSchema", pb.SetSchemaRequest(topic=TOPIC, schema=avro(ID, NOTE), version=3)
+    )
+    assert kind(error) == SCHEMA_VERSION_CONFLICT and "version 3 was given before" in str(
+        error.details()
+    )
+    assert admin.set(avro(ID, NOTE)).latest_version == 6
+
+
+def test_a_default_or_alias_is_a_new_version(admin: Admin) -> None:
+    """Review finding 3: identity is the normalized text, not the canonical form."""
+    assert admin.set(avro(ID)).latest_version == 1
+    with_default = admin.set(avro({**ID, "default": 0}))
+    assert (with_default.created, with_default.latest_version) == (True, 2)
+    aliased = admin.set(avro({**ID, "default": 0, "aliases": ["ident"]}))
+    assert (aliased.created, aliased.latest_version) == (True, 3)
+    assert '"default":0' in admin.GetSchema(pb.GetSchemaRequest(topic=TOPIC)).versions[0].schema
+    # A dry run reports the latest version that exists (review finding 15).
+    bad = admin.set(avro(ID, QTY), dry_run=True)
+    assert bad.problems and bad.latest_version == 3 and bad.versions[0].version == 4
 
 
 def test_stats_count_subjects(admin: Admin) -> None:

@@ -95,6 +95,14 @@ def test_set_get_check_and_refusal(cli: Cli, tmp_path: Path) -> None:
     assert any("qty" in line and "version 2" in line for line in lines[1:]), refused.err
     checked = cli("schema", "check", "orders", bad)
     assert checked.code == 1 and "qty" in checked.err
+    # --json: the problems as a document for set too (exit 1); a dry run's
+    # latest_version is the one that exists (review findings 15, 20).
+    as_json = cli("--json", "schema", "set", "orders", bad)
+    assert as_json.code == 1 and any("qty" in p for p in json.loads(as_json.out)["problems"])
+    dry = cli("--json", "schema", "check", "orders", bad)
+    report = json.loads(dry.out)
+    assert dry.code == 1 and report["latest_version"] == 2
+    assert report["versions"][0]["version"] == 3 and report["compatibility"] == "BACKWARD"
     assert cli("schema", "check", "orders", v2).out.strip() == (
         "orders: value schema is compatible (BACKWARD)"
     )
@@ -122,7 +130,7 @@ def test_json_stdin_compatibility_and_delete(
     done = cli("--json", "schema", "set", "events", "-", "--key", "--compatibility", "full")
     info = done.json()
     assert info["key"] is True and info["created"] is True
-    assert info["compatibility"] == 6  # COMPATIBILITY_FULL
+    assert info["compatibility"] == "FULL" and info["versions"][0]["type"] == "JSON"
     assert cli("schema", "compatibility", "events", "none", "--key").out.strip() == (
         "events: key compatibility NONE"
     )
@@ -136,3 +144,33 @@ def test_json_stdin_compatibility_and_delete(
     assert cli("schema", "sync", "events").out.strip() == (
         "events: every broker group has every schema version"
     )
+
+
+def test_bad_schema_files_give_one_line(cli: Cli, tmp_path: Path) -> None:
+    """Review findings 7 and 20: a deeply nested, empty, non-JSON or endless schema
+    is one line on stderr, exit 1, never a traceback; a type hint only where a type
+    would help; after a delete the numbering goes on (finding 2)."""
+    assert cli("topics", "create", "files", "--queues", "1").code == 0
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for extra in ((), ("--type", "avro"), ("--type", "json")):
+        result = cli("schema", "set", "files", str(deep), *extra)
+        assert result.code == 1 and "nested too deeply" in result.err, result.err
+        assert "Traceback" not in result.err and len(result.err.strip().splitlines()) == 1
+    empty = tmp_path / "empty.avsc"
+    empty.write_text("")
+    result = cli("schema", "set", "files", str(empty))
+    assert (
+        result.code == 1 and result.err.strip() == f"equeue: {empty} is empty: give the schema text"
+    )
+    broken = tmp_path / "broken.json"
+    broken.write_text("{bad")
+    result = cli("schema", "set", "files", str(broken))
+    assert result.code == 1 and "not JSON" in result.err and "give the type" not in result.err
+    endless = {"type": "record", "name": "N", "fields": [{"name": "n", "type": "N"}]}
+    result = cli("schema", "set", "files", write(tmp_path, "n.avsc", endless))
+    assert result.code == 1 and "record N can never end" in result.err
+    assert cli("schema", "set", "files", write(tmp_path, "v1.avsc", V1)).code == 0
+    assert cli("schema", "delete", "files").code == 0
+    again = cli("schema", "set", "files", write(tmp_path, "v2.avsc", V2))
+    assert again.out.strip() == "files: value schema version 2 registered (AVRO, BACKWARD)"

@@ -117,6 +117,44 @@ def test_json_value_checked_and_encoded() -> None:
     assert schema.encode({"name": "no id"})[1]
 
 
+def test_json_values_are_strict_rfc8259() -> None:
+    """Review finding 10: NaN/Infinity, UTF-16, a BOM, duplicate keys and deep
+    nesting are not "valid" JSON values; encoding never writes NaN."""
+    schema = compiled(
+        {"type": "object", "properties": {"n": {"type": "number"}}}, pb.SCHEMA_TYPE_JSON
+    )
+    assert schema.problem(b'{"n": 1}') == ""
+    assert "NaN is not JSON" in schema.problem(b'{"n":NaN}')
+    assert "Infinity is not JSON" in schema.problem(b'{"n":Infinity}')
+    assert "-Infinity is not JSON" in schema.problem(b'{"n":-Infinity}')
+    assert "not UTF-8" in schema.problem('{"n":1}'.encode("utf-16"))
+    assert "byte order mark" in schema.problem(b'\xef\xbb\xbf{"n":1}')
+    assert "appears twice" in schema.problem(b'{"n":"x","n":1}')
+    assert "nested too deeply" in schema.problem(b'{"d":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert schema.problem(bytearray(b'{"n": 1}')) == ""
+    assert "send_batch takes encoded values" in schema.problem({"n": 1})
+    data, problem = schema.encode({"n": float("nan")})
+    assert data == b"" and "not JSON-serializable" in problem
+
+
+def test_unusable_versions_from_a_broker_are_refused_not_crashed() -> None:
+    """Review findings 1, 8, 9: a version an older broker accepted (no finite value,
+    a default of the wrong type, a $ref cycle) is an error naming it, not a SIGSEGV
+    or a RecursionError on the first value."""
+    endless = {"type": "record", "name": "N", "fields": [{"name": "n", "type": "N"}]}
+    with pytest.raises(InvalidRequest, match=r"version 4 .* record N can never end"):
+        compiled(endless, version=4)
+    bad_default = {
+        "type": "record",
+        "name": "A",
+        "fields": [{"name": "a", "type": "int", "default": "x"}],
+    }
+    with pytest.raises(InvalidRequest, match="cannot be used"):
+        compiled(bad_default)
+    with pytest.raises(InvalidRequest, match=r"\$ref cycle"):
+        compiled({"$ref": "#"}, pb.SCHEMA_TYPE_JSON)
+
+
 def test_validation_error_names_topic_index_and_version() -> None:
     exc = SchemaValidationError("orders", 4, 2, "bad field")
     assert (exc.topic, exc.index, exc.version, exc.reason) == ("orders", 4, 2, "bad field")
@@ -234,6 +272,27 @@ def test_validating_producer_stamps_versions_and_refuses_bad_values(
             unchecked.send("orders", {"id": 1, "name": "x"})
 
 
+def test_cache_reads_again_after_the_topic_is_recreated(broker: BrokerProcess) -> None:
+    """Review finding 2 (client): a recreated topic numbers from 1 again, so a
+    long-lived cache must not decode its version 1 with the old topic's."""
+    with Admin(broker.address) as admin:
+        admin.create_topic("again", queues=1)
+        admin.set_schema("again", ORDER_V1)
+        admin.set_schema("again", {"type": "string"}, type="avro", key=True)
+        cache = SchemaCache(admin.routes, refresh_s=0)
+        assert cache.latest("again") is not None
+        assert "string" in cache.get("again", 1, key=True).text
+        admin.delete_topic("again")
+        admin.create_topic("again", queues=1)
+        other = {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "string"}]}
+        admin.set_schema("again", other)
+        admin.set_schema("again", {"type": "long"}, type="avro", key=True)
+        # The value's refresh shows the new incarnation: the key's version 1 goes too.
+        latest = cache.latest("again")
+        assert latest is not None and latest.version == 1 and "Other" in latest.text
+        assert "long" in cache.get("again", 1, key=True).text
+
+
 def test_json_schema_topic(broker: BrokerProcess) -> None:
     with Admin(broker.address) as admin:
         admin.create_topic("events", queues=1)
@@ -252,6 +311,13 @@ def test_json_schema_topic(broker: BrokerProcess) -> None:
             sent = producer.send("events", {"id": 4, "name": "d"}).result()
             stored = admin.get_message_at("events", 0, sent.offset)
             assert json.loads(stored.value) == {"id": 4, "name": "d"}
+            # Not RFC 8259 JSON: refused, nothing sent (review finding 10).
+            for bad in (b'{"id": NaN}', b'\xef\xbb\xbf{"id": 1}', '{"id": 1}'.encode("utf-16")):
+                with pytest.raises(SchemaValidationError):
+                    producer.send_batch("events", [bad])
+            with pytest.raises(SchemaValidationError, match="not JSON-serializable"):
+                producer.send("events", {"id": 5, "score": float("inf")})
+            assert end_offset(admin, "events") == before + 1
         serializer = Serializer(admin.routes, "events")
         assert serializer.validate(b'{"id": 5}') == 1
         with pytest.raises(SchemaValidationError):
@@ -315,10 +381,10 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(
         cluster.brokers["a"].start()
         assert len(group_versions(cluster, "b")) == 1
         copied = admin.sync_schemas("orders")
-        assert copied == {"value": {"b": [2]}, "key": {}}
+        assert copied == {"value": {"b": [2]}, "key": {}, "value_rule": {}, "key_rule": {}}
         assert group_versions(cluster, "a") == group_versions(cluster, "b")
         assert len(group_versions(cluster, "a")) == 2
-        assert admin.sync_schemas("orders") == {"value": {}, "key": {}}
+        assert not any(admin.sync_schemas("orders").values())
         wait_for("routes to show v2", lambda: route_versions(admin) == {"a": 2, "b": 2})
         assert main(["--namesrv", cluster.namesrv, "cluster", "routes", "orders"]) == 0
         shown = capsys.readouterr().out
@@ -337,4 +403,46 @@ def test_set_schema_over_two_groups_one_stopped_then_sync(
         with pytest.raises(SchemaConflictError) as conflict:
             admin.set_schema("orders", ORDER_V2)
         assert set(conflict.value.histories) == {"a", "b"}
-        assert "a: v1" in str(conflict.value) and "b: v1" in str(conflict.value)
+        # b's new schema is version 3: numbers are never given twice, even per group.
+        assert "a: v1" in str(conflict.value) and "b: v3" in str(conflict.value)
+
+
+@pytest.mark.timeout(180)
+def test_groups_rules_and_numbering_after_delete(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review finding 6: groups whose rules differ are refused before anything is
+    written, naming the rules; sync copies the longest history's rule and versions;
+    and after a delete every group continues the numbering (finding 2)."""
+    with Admin(namesrv=cluster.namesrv) as admin:
+        admin.create_topic("orders", queues=2)
+        wait_for("both groups in the route", lambda: len(admin.route("orders").brokers) == 2)
+        assert admin.set_schema("orders", ORDER_V1).versions[0].version == 1
+        with Admin(cluster.brokers["a"].address) as only_a:
+            only_a.set_compatibility("orders", "none")  # as if b was down for this call
+        with pytest.raises(SchemaConflictError, match=r"rules differ \(a: NONE, b: BACKWARD\)"):
+            admin.set_schema("orders", ORDER_V3_BAD)
+        assert len(group_versions(cluster, "a")) == len(group_versions(cluster, "b")) == 1
+        with pytest.raises(SchemaIncompatibleError) as refused:  # a rule given: checked
+            admin.set_schema("orders", ORDER_V3_BAD, compatibility="backward")
+        assert "broker 'a' (127.0.0.1:" in str(refused.value)  # the group and its address
+        # The cluster-wide call goes to every group; then the rules agree again.
+        info = admin.set_compatibility("orders", "none")
+        assert not info.unreachable_brokers
+        with Admin(cluster.brokers["b"].address) as only_b:
+            assert only_b.get_schema("orders").compatibility == pb.COMPATIBILITY_NONE
+            only_b.set_compatibility("orders", "full")
+        # sync: a holds a longer history (rule NONE), b lags with rule FULL.
+        with Admin(cluster.brokers["a"].address) as only_a:
+            only_a.set_schema("orders", ORDER_V3_BAD)  # v2 on a only: NONE accepts it
+        copied = admin.sync_schemas("orders")
+        assert copied["value"] == {"b": [2]}
+        assert copied["value_rule"] == {"b": [pb.COMPATIBILITY_NONE]}
+        assert group_versions(cluster, "a") == group_versions(cluster, "b")
+        # Delete on every group, then set: version 3 on both (never 1 again).
+        admin.delete_schemas("orders")
+        again = admin.set_schema("orders", ORDER_V2)
+        assert again.versions[0].version == 3 and not again.unreachable_brokers
+        for group in ("a", "b"):
+            with Admin(cluster.brokers[group].address) as one:
+                assert one.get_schema("orders").versions[0].version == 3

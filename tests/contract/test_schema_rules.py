@@ -239,7 +239,21 @@ STR = {"type": "string"}
 
 # (old, new, backward ok, forward ok)
 JSON_CHANGES: dict[str, tuple[ParsedSchema, ParsedSchema, bool, bool]] = {
-    "add optional property": (_obj({"id": INT}), _obj({"id": INT, "note": STR}), True, True),
+    # An open writer may have written any value under "note" (review finding 12).
+    "add optional property": (_obj({"id": INT}), _obj({"id": INT, "note": STR}), False, True),
+    "add optional property to a closed writer": (
+        _obj({"id": INT}, additionalProperties=False),
+        _obj({"id": INT, "note": STR}, additionalProperties=False),
+        True,
+        False,
+    ),
+    "add an unconstrained property": (_obj({"id": INT}), _obj({"id": INT, "any": {}}), True, True),
+    "add property covered by additionalProperties": (
+        _obj({"id": INT}, additionalProperties=INT),
+        _obj({"id": INT, "n": NUM}, additionalProperties=INT),
+        True,
+        False,
+    ),
     "add required property": (
         _obj({"id": INT}, ("id",)),
         _obj({"id": INT, "q": INT}, ("id", "q")),
@@ -314,6 +328,14 @@ def test_json_rule_table(rule: str, change: str) -> None:
     assert (not problems) == _expected(rule, backward, forward), problems
 
 
+def test_json_open_writer_property_added_message() -> None:
+    old, new, _, _ = JSON_CHANGES["add optional property"]
+    assert check("BACKWARD", new, [old]) == [
+        "not BACKWARD compatible with version 1: /: property 'note' is only in the reader"
+        " and the writer is open (its data may hold any value under that name)"
+    ]
+
+
 def test_json_problems_name_place() -> None:
     old, new, _, _ = JSON_CHANGES["pattern added"]
     assert check("BACKWARD", new, [old]) == [
@@ -322,7 +344,9 @@ def test_json_problems_name_place() -> None:
     old, new, _, _ = JSON_CHANGES["add required property"]
     assert check("BACKWARD", new, [old]) == [
         "not BACKWARD compatible with version 1: /: property 'q' is required by the reader,"
-        " not by the writer"
+        " not by the writer",
+        "not BACKWARD compatible with version 1: /: property 'q' is only in the reader and"
+        " the writer is open (its data may hold any value under that name)",
     ]
 
 
@@ -353,3 +377,139 @@ def test_version_header_round_trip() -> None:
 )
 def test_parse_version(value: bytes | None, version: int | None) -> None:
     assert schema_rules.parse_version(value) == version
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"type":"record","name":"N","fields":[{"name":"n","type":"N"}]}',
+            "record N can never end",
+        ),
+        (
+            '{"type":"record","name":"A","fields":[{"name":"b","type":{"type":"record",'
+            '"name":"B","fields":[{"name":"a","type":"A"}]}}]}',
+            "record A can never end",
+        ),
+        (
+            '{"type":"record","name":"A","fields":[{"name":"a","type":"int","default":"x"}]}',
+            "must match",
+        ),
+        ('{"type":"array","items":"null"}', "array of null items"),
+        ('{"type":"array","items":{"type":"record","name":"E","fields":[]}}', "record E items"),
+        ("[" * 65 + "]" * 65, "nested too deeply"),
+    ],
+)
+def test_avro_schemas_no_client_could_use_are_refused(text: str, message: str) -> None:
+    """Review findings 1, 7, 8, 19: refused at parse, before a decoder meets them."""
+    with pytest.raises(SchemaError, match=message):
+        parse("AVRO", text)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {
+            "type": "record",
+            "name": "N",
+            "fields": [{"name": "n", "type": ["null", "N"], "default": None}],
+        },
+        {
+            "type": "record",
+            "name": "T",
+            "fields": [{"name": "kids", "type": {"type": "array", "items": "T"}}],
+        },
+        {"type": "map", "values": "null"},
+    ],
+)
+def test_avro_schemas_that_end_are_accepted(doc: dict[str, Any]) -> None:
+    assert parse("AVRO", json.dumps(doc)).type == "AVRO"
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"$ref": "#"}, "cycle"),
+        (
+            {
+                "definitions": {"a": {"$ref": "#/definitions/b"}, "b": {"$ref": "#/definitions/a"}},
+                "$ref": "#/definitions/a",
+            },
+            "/definitions/a -> /definitions/b -> /definitions/a",
+        ),
+        ({"anyOf": [{"$ref": "#"}]}, "refers to itself"),
+        ({"$ref": "http://example.com/s.json"}, "points at another document"),
+    ],
+)
+def test_json_schemas_whose_validation_never_ends_are_refused(doc: Any, message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        parse("JSON", json.dumps(doc))
+
+
+def test_identity_is_the_text_and_limits_come_before_parsing() -> None:
+    """Review findings 3 and 4: a default changes the text (the version), not the
+    fingerprint; the size limit refuses before any compile."""
+    plain = _record(ID)
+    with_default = _record({**ID, "default": 0})
+    assert plain.fingerprint == with_default.fingerprint and plain.text != with_default.text
+    props = {f"p{i}": {"type": "string", "pattern": "^a+$"} for i in range(20_000)}
+    big = json.dumps({"type": "object", "properties": props})
+    with pytest.raises(schema_rules.SchemaTooLarge, match="max_schema_bytes=262144"):
+        parse("JSON", big, max_bytes=256 << 10)
+    assert schema_rules.MAX_DEPTH == 64
+    assert parse("JSON", json.dumps({"type": "object"})).type == "JSON"
+
+
+@pytest.mark.timeout(30)
+def test_depth_check_is_linear_on_hostile_text() -> None:
+    """A text of escaped quotes with no closing one must not make the depth check
+    quadratic (a scan per quote): json.loads refuses it at once."""
+    with pytest.raises(SchemaError, match="not JSON"):
+        parse("JSON", '"' + 'a\\"' * 300_000)
+    with pytest.raises(SchemaError, match="nested too deeply"):
+        parse("AVRO", "[" * 100_000 + "]" * 100_000)
+    assert schema_rules.normalize("[" * 64 + "]" * 64) == "[" * 64 + "]" * 64
+
+
+@pytest.mark.timeout(30)
+def test_long_ref_chains_are_walked_once() -> None:
+    """The $ref cycle check remembers chains that end (no walk per reference);
+    a chain deeper than Python can validate is refused, not a RecursionError later."""
+    n = 5000
+    defs: dict[str, Any] = {f"a{i}": {"$ref": f"#/definitions/a{i + 1}"} for i in range(n)}
+    defs[f"a{n}"] = {"type": "string"}
+    with pytest.raises(SchemaError, match="deeper than Python allows"):
+        parse("JSON", json.dumps({"definitions": defs, "$ref": "#/definitions/a0"}))
+    short = {f"a{i}": {"$ref": f"#/definitions/a{i + 1}"} for i in range(50)}
+    short["a50"] = {"type": "string"}
+    assert parse("JSON", json.dumps({"definitions": short, "$ref": "#/definitions/a0"}))
+
+
+def _chain(n: int, first: dict[str, Any]) -> str:
+    """A union of records R0 ... Rn-1, each holding the one before."""
+    branches = [{"type": "record", "name": "R0", "fields": [first]}]
+    branches += [
+        {"type": "record", "name": f"R{i}", "fields": [{"name": "p", "type": f"R{i - 1}"}]}
+        for i in range(1, n)
+    ]
+    return json.dumps(branches)
+
+
+@pytest.mark.timeout(30)
+def test_record_chains_end_and_their_expansion_is_bounded() -> None:
+    """The endless-record check resolves a chain in one pass; a schema whose named
+    types expand past MAX_EXPANDED_NODES is refused (Apache Avro's checker walks
+    the expansion: a record used twice in one used twice ... 40 deep never ends)."""
+    assert parse("AVRO", _chain(400, {"name": "v", "type": "int"})).type == "AVRO"
+    with pytest.raises(SchemaError, match="can never end"):
+        parse("AVRO", _chain(400, {"name": "v", "type": "R0"}))
+    with pytest.raises(SchemaError, match="more than 100000 types"):
+        parse("AVRO", _chain(3000, {"name": "v", "type": "int"}))
+    doubling: list[dict[str, Any]] = [{"type": "record", "name": "D0", "fields": []}]
+    doubling += [
+        {"type": "record", "name": f"D{i}",
+         "fields": [{"name": "a", "type": f"D{i - 1}"}, {"name": "b", "type": f"D{i - 1}"}]}
+        for i in range(1, 41)
+    ]  # fmt: skip
+    with pytest.raises(SchemaError, match="more than 100000 types"):
+        parse("AVRO", json.dumps(doubling))

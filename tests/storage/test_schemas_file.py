@@ -4,12 +4,18 @@ topic deletion and recreation, replication's document."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
 
-from equeue_broker.storage.errors import LimitExceeded
-from equeue_broker.storage.meta.schemas import SchemaIncompatible, SchemaVersionConflict
+from equeue_broker.storage.errors import LimitExceeded, PreconditionFailed
+from equeue_broker.storage.meta.atomic_file import save_json
+from equeue_broker.storage.meta.schemas import (
+    REFUSAL_PROBLEMS,
+    SchemaIncompatible,
+    SchemaVersionConflict,
+)
 from equeue_broker.storage.store import Store
 from equeue_broker.storage.verify import verify
 from equeue_proto.schema_rules import ParsedSchema, parse
@@ -21,6 +27,7 @@ TOPIC = "orders"
 ID = {"name": "id", "type": "long"}
 NOTE = {"name": "note", "type": ["null", "string"], "default": None}
 QTY = {"name": "qty", "type": "int"}
+QTY_DEFAULT = {"name": "qty", "type": "int", "default": 0}
 
 
 def avro(*fields: dict[str, Any]) -> ParsedSchema:
@@ -92,8 +99,8 @@ def test_many_problems_fit_a_status_message(open_store: OpenStore) -> None:
     with pytest.raises(SchemaIncompatible) as caught:
         store.schemas.register(TOPIC, incarnation(store), "value", avro(ID, NOTE, *fields))
     message = str(caught.value)
-    assert len(message) <= 900 and len(caught.value.problems) == 30
-    assert "(30 problems)" in message and "(a dry run lists every one)" in message.splitlines()[-1]
+    assert len(message) <= 900 and len(caught.value.problems) == REFUSAL_PROBLEMS
+    assert "(20+ problems)" in message and "(a dry run lists them)" in message.splitlines()[-1]
     assert all(line.startswith("not BACKWARD") for line in message.splitlines()[1:-1])
 
 
@@ -193,11 +200,49 @@ def test_compatibility_and_delete(open_store: OpenStore) -> None:
     assert store.schemas.set_compatibility(TOPIC, inc, "key", "FULL").versions == ()
     assert store.schemas.subject_count() == 1  # a rule without versions is no subject
     assert store.schemas.delete(TOPIC, ("value",))
-    assert store.schemas.get(TOPIC, "value") is None
+    deleted = store.schemas.get(TOPIC, "value")  # a tombstone: the numbering only
+    assert deleted is not None and deleted.versions == () and deleted.next_version == 3
     assert store.schemas.get(TOPIC, "key") is not None
     assert store.schemas.delete(TOPIC, ("value", "key"))
     assert not store.schemas.delete(TOPIC, ("value", "key"))
-    assert store.schemas.topics() == {}
+    assert store.schemas.get(TOPIC, "key") is None  # a rule without versions: nothing kept
+    assert store.schemas.subject_count() == 0
+
+
+def test_versions_are_never_given_twice(open_store: OpenStore) -> None:
+    """Review finding 2: records keep their version headers, so a number once given
+    stays that schema's: delete + set continues the numbering, across a restart."""
+    store = with_two_versions(open_store)
+    assert store.schemas.delete(TOPIC, ("value",))
+    store = reopen(open_store, store)
+    other = parse("AVRO", json.dumps({"type": "record", "name": "Other", "fields": [QTY]}))
+    done = store.schemas.register(TOPIC, incarnation(store), "value", other)
+    assert (done.created, done.version.version, done.subject.latest_version) == (True, 3, 3)
+    subject = store.schemas.get(TOPIC, "value")
+    assert subject is not None and subject.version(1) is None and subject.version(3) is not None
+    with pytest.raises(SchemaVersionConflict, match="version 1 was given before"):
+        store.schemas.register(TOPIC, incarnation(store), "value", avro(ID), version=1)
+    document = read_document(store.config.data_dir / "schemas.json")
+    assert document["topics"][TOPIC]["value"]["next_version"] == 4
+    # A new incarnation of the topic (an empty log) starts again at 1.
+    store.topic_admin.delete_topic(TOPIC)
+    store.create_topic(TOPIC, 1)
+    assert store.schemas.register(TOPIC, incarnation(store), "value", other).version.version == 1
+
+
+def test_identity_is_the_full_text_not_the_canonical_form(open_store: OpenStore) -> None:
+    """Review finding 3: a default or an alias is a new version (the Parsing
+    Canonical Form, and so the fingerprint, drops them)."""
+    store = with_two_versions(open_store)
+    inc = incarnation(store)
+    with_default = avro({**ID, "default": 0}, NOTE)
+    assert with_default.fingerprint == avro(ID, NOTE).fingerprint  # reported only
+    done = store.schemas.register(TOPIC, inc, "value", with_default)
+    assert (done.created, done.version.version) == (True, 3)
+    aliased = avro({**ID, "default": 0, "aliases": ["ident"]}, NOTE)
+    assert store.schemas.register(TOPIC, inc, "value", aliased).version.version == 4
+    again = store.schemas.register(TOPIC, inc, "value", aliased)
+    assert (again.created, again.version.version) == (False, 4)
 
 
 def test_adopt_takes_the_masters_document(open_store: OpenStore, make_config: MakeConfig) -> None:
@@ -211,3 +256,130 @@ def test_adopt_takes_the_masters_document(open_store: OpenStore, make_config: Ma
     assert replica.schemas.document() == document
     with pytest.raises(Exception, match="unexpected shape"):
         replica.schemas.adopt({"generation": 1, "topics": {"t": {}}})
+
+
+def test_verify_checks_the_schemas_content(open_store: OpenStore) -> None:
+    """Review finding 11: a checksummed file whose versions do not parse (or claim
+    another fingerprint) is listed by verify, and not served at open."""
+    store = with_two_versions(open_store)
+    store.close()
+    data = store.config.data_dir
+    assert verify(data) == []
+    path = data / "schemas.json"
+    document = read_document(path)
+    document["topics"][TOPIC]["value"]["versions"][0]["fingerprint"] = "0000000000000000"
+    document["topics"][TOPIC]["value"]["versions"][1]["schema"] = '"nosuchtype"'
+    save_json(path, document)
+    save_json(path, document)
+    lines = [f.what for f in verify(data)]
+    assert any("version 1: fingerprint 0000000000000000 stored" in line for line in lines)
+    assert any("version 2 does not parse" in line for line in lines)
+    document["topics"][TOPIC]["value"]["versions"][1]["type"] = "PROTO"
+    save_json(path, document)
+    save_json(path, document)
+    store = open_store(store.config)
+    assert store.schemas.get(TOPIC, "value") is None  # not served
+    (line,) = store.damage().metadata()
+    assert "unknown type 'PROTO'" in line and "restore schemas.json" in line
+
+
+def test_reads_and_dry_runs_never_wait_for_the_writers_lock(open_store: OpenStore) -> None:
+    """Review finding 5: the store's lock is held only across a writer's re-check,
+    save and swap; reads and the compatibility check (a dry run) do not take it."""
+    store = with_two_versions(open_store)
+    inc = incarnation(store)
+    results: list[object] = []
+
+    def work() -> None:
+        results.append(store.schemas.get(TOPIC, "value"))
+        results.append(store.schemas.subject_count())
+        results.append(store.schemas.document()["generation"])
+        dry = store.schemas.register(TOPIC, inc, "value", avro(ID, NOTE, QTY), dry_run=True)
+        results.append(dry.problems)
+
+    with store.schemas._lock:  # a writer saving a large file, say
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join(timeout=30)
+        assert not worker.is_alive() and len(results) == 4
+    assert results[1] == 1 and results[3]
+
+
+def test_a_registration_that_raced_another_is_checked_again(open_store: OpenStore) -> None:
+    """The check runs against a snapshot: a version registered meanwhile is seen by
+    the second attempt (the subject changed, so the first result is not saved)."""
+    store = with_two_versions(open_store)
+    inc = incarnation(store)
+    schemas = store.schemas
+    swap = schemas._swap
+    raced: list[int] = []
+
+    def racing_swap(*args: Any) -> bool:
+        if not raced:  # another writer gets in first, once
+            raced.append(0)
+            done = schemas.register(TOPIC, inc, "value", avro(ID, NOTE, QTY_DEFAULT))
+            raced.append(done.version.version)
+        return swap(*args)
+
+    schemas._swap = racing_swap  # type: ignore[method-assign,assignment]
+    other = avro(ID, NOTE, {"name": "size", "type": "int", "default": 1})
+    done = schemas.register(TOPIC, inc, "value", other)
+    assert raced == [0, 3] and done.version.version == 4
+    subject = schemas.get(TOPIC, "value")
+    assert subject is not None and [v.version for v in subject.versions] == [1, 2, 3, 4]
+
+
+def test_another_incarnations_schemas_are_never_replaced(open_store: OpenStore) -> None:
+    """Review finding 14: a caller holding an old incarnation (the topic deleted and
+    created again, with schemas, since it looked) is refused, not allowed to wipe them."""
+    store = with_two_versions(open_store)
+    old = incarnation(store)
+    store.topic_admin.delete_topic(TOPIC)
+    store.create_topic(TOPIC, 1)
+    assert store.schemas.register(TOPIC, incarnation(store), "value", avro(ID)).created
+    with pytest.raises(PreconditionFailed, match="created again"):
+        store.schemas.register(TOPIC, old, "value", avro(ID, NOTE))
+    with pytest.raises(PreconditionFailed, match="created again"):
+        store.schemas.set_compatibility(TOPIC, old, "value", "NONE")
+    subject = store.schemas.get(TOPIC, "value", incarnation(store))
+    assert subject is not None and [v.version for v in subject.versions] == [1]
+
+
+def test_one_topic_cannot_fill_the_shared_file(open_store: OpenStore) -> None:
+    """Review finding 13: a topic's schemas have a share of schemas.json, so other
+    topics can still change theirs."""
+    store = open_store()
+    store.create_topic(TOPIC, 1)
+    store.create_topic("other", 1)
+    inc = incarnation(store)
+    filler = [{"name": f"f{i:05d}_" + "x" * 40, "type": "string"} for i in range(3000)]
+    version = 0
+    with pytest.raises(LimitExceeded, match=r"a topic's share of schemas\.json"):
+        while True:
+            version += 1
+            doc = {"type": "record", "name": f"R{version}", "fields": filler}
+            store.schemas.register(
+                TOPIC, inc, "value", parse("AVRO", json.dumps(doc)), compatibility="NONE"
+            )
+    assert version > 2
+    assert store.schemas.register("other", incarnation(store, "other"), "value", avro(ID)).created
+
+
+def test_a_stored_version_this_release_refuses_is_a_clear_refusal(open_store: OpenStore) -> None:
+    """A version an older release accepted (a record that never ends) cannot be
+    compared with: FAILED_PRECONDITION saying what to do, never INTERNAL."""
+    store = with_two_versions(open_store)
+    store.close()
+    path = store.config.data_dir / "schemas.json"
+    document = read_document(path)
+    endless = {"type": "record", "name": "Order", "fields": [{"name": "n", "type": "Order"}]}
+    text = json.dumps(endless, sort_keys=True, separators=(",", ":"))
+    document["topics"][TOPIC]["value"]["versions"][1]["schema"] = text
+    save_json(path, document)
+    save_json(path, document)
+    store = open_store(store.config)
+    inc = incarnation(store)
+    with pytest.raises(PreconditionFailed, match=r"not a usable schema .* rule NONE"):
+        store.schemas.register(TOPIC, inc, "value", avro(ID, NOTE, QTY_DEFAULT))
+    done = store.schemas.register(TOPIC, inc, "value", avro(ID, QTY_DEFAULT), compatibility="NONE")
+    assert done.version.version == 3

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from equeue_broker.server.errors import BadRequest
@@ -29,8 +30,9 @@ log = logging.getLogger("equeue.broker")
 
 T = TypeVar("T")
 RAW_TEXT_FACTOR = 4
-"""A schema's text may be this many times ``max_schema_bytes`` before it is
-normalized (spaces and indentation go); the normalized text is held to the limit."""
+"""A schema's text (UTF-8 bytes) may be this many times ``max_schema_bytes``
+before it is normalized (spaces and indentation go); the normalized text is held
+to the limit before anything parses or compiles it (schema_rules.parse)."""
 
 
 def subject_of(key: bool) -> str:
@@ -77,7 +79,7 @@ class SchemaServiceMixin:
             topic=topic, key=key, incarnation=incarnation,
             compatibility="COMPATIBILITY_" + subject.compatibility,
             versions=[version_pb(v) for v in versions],
-            latest_version=len(subject.versions), broker_id=self.s.broker_id,
+            latest_version=subject.latest_version, broker_id=self.s.broker_id,
         )  # fmt: skip
 
     async def _change(self, change: Callable[[], T]) -> T:
@@ -109,7 +111,15 @@ class SchemaServiceMixin:
                 topic, incarnation, subject, parsed, version=request.version,
                 compatibility=compatibility, dry_run=request.dry_run,
             )  # fmt: skip
-            info = self._info(topic, request.key, incarnation, done.subject, [done.version])
+            # A dry run's subject is the hypothetical one: the latest version it
+            # reports is the one that exists (versions[0] is the would-be number).
+            shown = done.subject
+            if request.dry_run:
+                held = store.schemas.get(topic, subject, incarnation) or Subject(
+                    shown.compatibility
+                )
+                shown = replace(held, compatibility=shown.compatibility)
+            info = self._info(topic, request.key, incarnation, shown, [done.version])
             info.created, info.problems[:] = done.created, list(done.problems)
             if done.created:
                 fields = {"topic": topic, "subject": subject, "version": done.version.version}
@@ -125,21 +135,26 @@ class SchemaServiceMixin:
         limit = self.s.store.schemas.max_schema_bytes
         if not request.schema.strip():
             raise SchemaInvalid(f"the schema for {where} is empty: give the schema text")
-        if len(request.schema) > RAW_TEXT_FACTOR * limit:
+        size = len(request.schema.encode())
+        if size > RAW_TEXT_FACTOR * limit:
             raise LimitExceeded(
-                f"the schema for {where} is {len(request.schema)} characters, more than "
+                f"the schema for {where} is {size} bytes, more than "
                 f"{RAW_TEXT_FACTOR} x max_schema_bytes={limit}"
             )
         try:
             kind = self._type(request)
-            return schema_rules.parse(kind, request.schema)
-        except ValueError as exc:  # SchemaError too
+            return schema_rules.parse(kind, request.schema, max_bytes=limit)
+        except schema_rules.SchemaTooLarge as exc:
+            raise LimitExceeded(f"the schema for {where} is too large: {exc}") from None
+        except (ValueError, RecursionError, MemoryError) as exc:  # SchemaError too
+            if not isinstance(exc, ValueError):  # never expected: the depth is checked first
+                exc = ValueError(f"the schema is too complex to parse ({type(exc).__name__})")
             raise SchemaInvalid(f"invalid schema for {where}: {exc}") from None
 
     @staticmethod
     def _type(request: pb.SetSchemaRequest) -> str:
         if request.type == pb.SCHEMA_TYPE_UNSPECIFIED:
-            return schema_rules.guess_type(request.schema)
+            return schema_rules.guess_type(request.schema)  # depth-checked first too
         if request.type == pb.SCHEMA_TYPE_PROTOBUF:
             raise ValueError("schema type PROTOBUF is not supported yet: use AVRO or JSON")
         try:
@@ -164,7 +179,7 @@ class SchemaServiceMixin:
                 if found is None:
                     raise NotFound(
                         f"topic {topic} has no {subject_name} schema version {request.version}"
-                        f" (its versions are 1 to {len(subject.versions)})"
+                        f" (its versions are {subject.first_version} to {subject.latest_version})"
                     )
                 versions = [found]
             else:

@@ -10,7 +10,9 @@ Offline and read-only: nothing is repaired, moved or created. It checks
   the chunk cannot be framed, and the line says how many bytes went unchecked;
 - every queue index chunk's header;
 - both copies of every metadata file (topics, offsets, checkpoint, broker id,
-  sinks, pending commit decisions) against their checksum (atomic_file.py).
+  sinks, pending commit decisions) against their checksum (atomic_file.py);
+- the content of schemas.json: every stored version parses as its type and
+  has the fingerprint it claims (meta/schemas.py ``check_versions``).
 
 It prints one line per problem, ``FILE: byte POSITION: WHAT`` (POSITION -1:
 the file as a whole), and exits 0 if it found none, 1 if it found some, 2 if it
@@ -37,7 +39,8 @@ from equeue_broker.storage.log.chunk import (
     read_header,
     read_sealed_footer,
 )
-from equeue_broker.storage.meta.atomic_file import backup_of, check_copy
+from equeue_broker.storage.meta.atomic_file import backup_of, check_copy, decode_document
+from equeue_broker.storage.meta.schemas import check_versions
 from equeue_proto.record import BODY_TO_FRAME, HEADER, body_length, check_frame
 
 METADATA_FILES = ("topics.json", "offsets.json", "schemas.json", "checkpoint.json", "broker.json")
@@ -68,7 +71,19 @@ def verify(data_dir: Path) -> list[Finding]:
             problem = check_copy(copy)
             if problem is not None:
                 findings.append(Finding(copy, -1, f"damaged metadata file: {problem}"))
+            elif copy.exists() and path.name == "schemas.json":
+                findings += [Finding(copy, -1, what) for what in _schema_problems(copy)]
     return findings
+
+
+def _schema_problems(path: Path) -> list[str]:
+    """A schemas.json copy whose checksum holds can still name versions that do not
+    parse (an operator's edit, another release's master): the broker would serve them."""
+    try:
+        document, _checked = decode_document(path.read_bytes())  # read-only: no repair
+    except (OSError, ValueError) as exc:
+        return [str(exc)]
+    return check_versions(document)
 
 
 def verify_chunk(path: Path, last: bool) -> list[Finding]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import cast
 
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.cli.common import CliError, UsageError, admin_client
@@ -33,11 +34,15 @@ def _read(path: str) -> str:
     """FILE's text ('-': stdin); a file that cannot be read is a usage error."""
     try:
         if path == "-":
-            return sys.stdin.read()
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read schema file {path!r}: {exc}") from None
+    if not text.strip():
+        raise CliError(f"{'the input' if path == '-' else path} is empty: give the schema text")
+    return text
 
 
 def _pretty(text: str) -> str:
@@ -57,6 +62,18 @@ def _version_of(info: pb.SchemaInfo) -> pb.SchemaVersion:
     return info.versions[-1] if info.versions else pb.SchemaVersion()
 
 
+def info_dict(info: pb.SchemaInfo) -> dict[str, object]:
+    """``SchemaInfo`` for ``--json``: the rule and types by name ("BACKWARD",
+    "AVRO"), not the proto's enum numbers a script would have to know."""
+    out = proto_dict(info)
+    out["compatibility"] = rule_name(info.compatibility) or None
+    for shown, version in zip(
+        cast("list[dict[str, object]]", out["versions"]), info.versions, strict=True
+    ):
+        shown["type"] = type_name(version.type)
+    return out
+
+
 def _refused(topic: str, key: bool, exc: SchemaIncompatibleError) -> CliError:
     """Exit 1 with every incompatibility on a line of its own."""
     lines = "\n".join(f"  {p}" for p in exc.problems)
@@ -72,12 +89,15 @@ def cmd_schema_set(args: argparse.Namespace, ui: Output) -> None:
                 compatibility=args.compatibility, dry_run=args.dry_run,
             )  # fmt: skip
         except SchemaIncompatibleError as exc:
+            if ui.json:  # the problems as a document too, as schema check prints them
+                ui.document({"topic": args.topic, "key": args.key, "created": False,
+                             "problems": list(exc.problems)})  # fmt: skip
             raise _refused(args.topic, args.key, exc) from None
     if args.dry_run:
         _checked(args, ui, info)
         return
     if ui.json:
-        ui.document(proto_dict(info))
+        ui.document(info_dict(info))
         return
     version = _version_of(info)
     what = f"{args.topic}: {subject(args.key)} schema"
@@ -99,7 +119,7 @@ def cmd_schema_check(args: argparse.Namespace, ui: Output) -> None:
 def _checked(args: argparse.Namespace, ui: Output, info: pb.SchemaInfo) -> None:
     """A dry run's outcome: compatible (exit 0) or the problems (exit 1)."""
     if ui.json:
-        ui.document(proto_dict(info))
+        ui.document(info_dict(info))
     if info.problems:
         lines = "\n".join(f"  {p}" for p in info.problems)
         raise CliError(f"{args.topic}: {subject(args.key)} schema is incompatible:\n{lines}")
@@ -112,7 +132,7 @@ def cmd_schema_get(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
         info = admin.get_schema(args.topic, args.version, key=args.key, history=args.history)
     if ui.json:
-        ui.document(proto_dict(info))
+        ui.document(info_dict(info))
         return
     if not args.history:
         ui.line(_pretty(_version_of(info).schema))
@@ -132,7 +152,7 @@ def cmd_schema_compatibility(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
         info = admin.set_compatibility(args.topic, args.rule, key=args.key)
     if ui.json:
-        ui.document(proto_dict(info))
+        ui.document(info_dict(info))
         return
     ui.line(f"{args.topic}: {subject(args.key)} compatibility {rule_name(info.compatibility)}")
     _partial(ui, info)
@@ -161,5 +181,10 @@ def cmd_schema_sync(args: argparse.Namespace, ui: Output) -> None:
         ui.line(f"{args.topic}: every broker group has every schema version")
     for which, groups in copied.items():
         for broker, versions in sorted(groups.items()):
+            if which.endswith("_rule"):  # the rule of the group with the longest history
+                rule = rule_name(versions[0])
+                name = which.removesuffix("_rule")
+                ui.line(f"{args.topic}: broker group {broker} given {name} compatibility {rule}")
+                continue
             listed = ", ".join(str(v) for v in versions)
             ui.line(f"{args.topic}: broker group {broker} given {which} versions {listed}")
