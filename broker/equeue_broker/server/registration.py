@@ -96,7 +96,7 @@ def schema_versions(store: Store, topic: str, incarnation: int) -> dict[str, Any
     return {
         "value_schema_version": latest.version if latest else 0,
         "value_schema_fingerprint": latest.fingerprint if latest else "",
-        "key_schema_version": len(key.versions) if key is not None else 0,
+        "key_schema_version": key.latest_version if key is not None else 0,
     }
 
 
