@@ -139,6 +139,9 @@ def test_json_fast_path_equals_row_path() -> None:
         (b'{"id":1.5}', "/id: expected an integer"),
         (b'{"name":5}', None),  # a number into a string field: its JSON text
         (b"\xff", "not UTF-8"),
+        # a lone surrogate escape: a bad row, not a failed batch (UnicodeEncodeError)
+        (b'{"name":"\\ud800"}', "/name: a string with a lone surrogate \\ud800"),
+        (b'{"name":"\\ud83d\\ude00"}', None),  # a pair: one character
     ],
 )
 def test_json_bad_rows_are_found(bad: bytes, why: str | None) -> None:
