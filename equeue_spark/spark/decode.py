@@ -171,14 +171,17 @@ class Decoder:
         return decoded, version_col, bad
 
     def _check_evolution(self, part: PartPlan, versions: np.ndarray, raw: pa.RecordBatch) -> None:
-        if self.plan.evolution_mode != "restart" or not part.version:
+        if self.plan.evolution_mode != "restart" or not raw.num_rows:
             return
-        newer = np.nonzero(versions > part.version)[0]
+        mine = part.reader_version(_topic(raw))
+        if not mine:  # an explicit reader schema: no newer version
+            return
+        newer = np.nonzero(versions > mine)[0]
         if len(newer):
             row = int(newer[0])
             raise SchemaChanged(
                 f"{self.where} offset {_offset(raw, row)}: {part.part} written with schema "
-                f"version {int(versions[row])}, newer than the query's version {part.version} "
+                f"version {int(versions[row])}, newer than the query's version {mine} "
                 f"(schemaEvolutionMode=restart): restart the query to read with version "
                 f"{int(versions[row])}"
             )
@@ -196,7 +199,7 @@ class Decoder:
         pieces: list[pa.Array] = []
         rows: list[np.ndarray] = []
         bad: list[Bad] = []
-        topic = str(raw.column("topic")[0].as_py()) if n else ""
+        topic = _topic(raw)
         for version in distinct.tolist():
             idx = np.nonzero(versions == version)[0] if len(distinct) > 1 else np.arange(n)
             subset = values if len(distinct) == 1 else values.take(pa.array(idx))
@@ -239,8 +242,8 @@ class Decoder:
     def _writer(self, part: PartPlan, topic: str, version: int) -> WriterSchema | None:
         if version == ABSENT:  # no header: as written with the reader's version
             return WriterSchema(part.version, part.type, part.reader, "")
-        if version == part.version:
-            return WriterSchema(part.version, part.type, part.reader, "")
+        if version == part.reader_version(topic):  # this topic's number for the reader
+            return WriterSchema(version, part.type, part.reader, "")
         return self.lookup(topic, version, part.part == "key")
 
     def _error(self, raw: pa.RecordBatch, bad: Bad) -> CorruptRecordError:
@@ -257,6 +260,11 @@ class Decoder:
             f"{self.where} offset {_offset(raw, bad.row)} (message id {mid}): {bad.part} "
             f"written{written} does not decode as {kind}: {bad.reason}; {hint}"
         )
+
+
+def _topic(raw: pa.RecordBatch) -> str:
+    """The topic of a raw batch (a read task reads one queue of one topic)."""
+    return str(raw.column("topic")[0].as_py()) if raw.num_rows else ""
 
 
 def _offset(raw: pa.RecordBatch, row: int) -> int:

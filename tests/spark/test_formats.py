@@ -4,6 +4,7 @@ sink's checks and encoding."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from typing import Any
@@ -448,3 +449,47 @@ def test_sink_encodes_keys_with_the_key_header() -> None:
         [{"key": "equeue.key-schema", "value": b"4"}],
         [],
     ]
+
+
+def test_several_topics_number_the_reader_schema_each_their_own_way() -> None:
+    """a's latest is its v1 and b's latest its v2, the same schema: b's v1 (another
+    schema) is fetched and resolved, never taken for the reader; restart compares
+    each topic's record versions with that topic's number for the reader."""
+    import io
+
+    import fastavro
+
+    reader = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
+    older = {**reader, "fields": [{"name": "tag", "type": "string"}, *reader["fields"]]}
+    registry = {("a", 1): json.dumps(reader), ("b", 1): json.dumps(older),
+                ("b", 2): json.dumps(reader)}  # fmt: skip
+
+    def fetch(topic: str, version: int, key: bool) -> WriterSchema:
+        version = version or max(v for t, v in registry if t == topic)
+        text = registry[topic, version]
+        return WriterSchema(version, "AVRO", text, text)
+
+    def lookup(topic: str, version: int, key: bool) -> WriterSchema | None:
+        return fetch(topic, version, key) if (topic, version) in registry else None
+
+    def encoded(schema: dict[str, Any], datum: dict[str, Any]) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(schema), datum)
+        return out.getvalue()
+
+    plan = resolve_plan(FormatOptions(value_format="avro", mode="PERMISSIVE"), ("a", "b"), fetch)
+    assert plan is not None and plan.parts[0].topic_versions == (("a", 1), ("b", 2))
+    schema = arrow_schema(read_struct(plan))
+    values = [encoded(older, {"tag": "x", "id": 5}), encoded(reader, {"id": 6}), b"\x02"]
+    rows = (
+        Decoder(plan, schema, "b/0", lookup)
+        .batch(_raw(values, [b"1", b"2", b"3"], topic="b"))
+        .to_pylist()
+    )
+    assert [r["value"] for r in rows] == [{"id": 5}, {"id": 6}, None]
+    assert "no value schema version 3 for topic b" in rows[2]["_corrupt_record"]["error"]
+    restart = dataclasses.replace(plan, evolution_mode="restart")
+    two = _raw(values[:2], [b"1", b"2"], topic="b")
+    assert Decoder(restart, schema, "b/0", lookup).batch(two).num_rows == 2
+    with pytest.raises(SchemaChanged, match="version 2, newer than the query's version 1"):
+        Decoder(restart, schema, "a/0", lookup).batch(_raw(values[1:2] * 2, [b"1", b"2"], "a"))
