@@ -253,6 +253,7 @@ class Decoder:
         written = (
             "" if part is None or part.format == "string"
             else " without a schema version header" if bad.version is None
+            else " with a malformed schema version header" if bad.version == MALFORMED
             else f" with schema version {bad.version}"
         )  # fmt: skip
         hint = HINT.format(column=self.plan.corrupt_column)

@@ -235,6 +235,11 @@ def test_failfast_names_the_record() -> None:
     assert "orders/0 offset 101 (message id m1)" in text
     assert "schema version 1" in text and "does not decode as JSON" in text
     assert "mode=PERMISSIVE keeps such records in _corrupt_record" in text
+    with pytest.raises(CorruptRecordError) as caught:
+        _decode(_plan(), _raw([b'{"id":1}'], [b"-1"]))
+    assert "value written with a malformed schema version header does not decode" in str(
+        caught.value
+    )  # not "schema version -2" (the internal marker)
 
 
 def test_permissive_fills_the_corrupt_column() -> None:
