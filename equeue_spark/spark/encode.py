@@ -131,7 +131,7 @@ def encode_batch(batch: pa.RecordBatch, formats: FormatOptions) -> pa.RecordBatc
 def encode_rows(rows: list[Any], fmt: str, text: str, part: str) -> list[bytes | None]:
     """Each row (a dict, or None: no value/key) encoded; InvalidRequest names
     the first row that the schema does not take."""
-    encode = _avro_encoder(text) if fmt == "avro" else _json_encode
+    encode = _avro_encoder(text) if fmt == "avro" else _json_encoder(text)
     out: list[bytes | None] = []
     for i, row in enumerate(rows):
         if row is None:
@@ -150,12 +150,20 @@ def encode_rows(rows: list[Any], fmt: str, text: str, part: str) -> list[bytes |
 @lru_cache(maxsize=64)
 def _avro_encoder(text: str) -> Callable[[Mapping[str, Any]], bytes]:
     import fastavro
+    from fastavro.validation import ValidationError, validate
 
     parsed = fastavro.parse_schema(json.loads(text))
 
     def encode(row: Mapping[str, Any]) -> bytes:
+        datum = _no_nulls(row)
+        # fastavro's writer does not range-check: a long 2**40 in an "int" field
+        # would be written as bytes no reader takes. Validation refuses it.
+        try:
+            validate(datum, parsed, raise_errors=True)
+        except ValidationError as exc:
+            raise ValueError("; ".join(str(e) for e in exc.errors)) from None
         out = io.BytesIO()
-        fastavro.schemaless_writer(out, parsed, _no_nulls(row))
+        fastavro.schemaless_writer(out, parsed, datum)
         return out.getvalue()
 
     return encode
@@ -166,8 +174,25 @@ def _no_nulls(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if v is not None}
 
 
-def _json_encode(row: Mapping[str, Any]) -> bytes:
-    return json.dumps(_json_value(row), separators=(",", ":"), ensure_ascii=False).encode()
+@lru_cache(maxsize=64)
+def _json_encoder(text: str) -> Callable[[Mapping[str, Any]], bytes]:
+    import fastjsonschema
+
+    check = fastjsonschema.compile(json.loads(text))
+
+    def encode(row: Mapping[str, Any]) -> bytes:
+        doc = _json_value(row)
+        # As Producer(validate=True): the topic's schema holds for every record
+        # (a null required field, a string for an integer, are refused).
+        try:
+            check(doc)
+        except fastjsonschema.JsonSchemaValueException as exc:
+            raise ValueError(str(exc.message)) from None
+        # allow_nan=False: NaN and Infinity are not JSON; no reader takes them.
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode()  # fmt: skip
+
+    return encode
 
 
 def _json_value(value: Any) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -373,6 +374,35 @@ def test_sink_encodes_and_stamps_headers() -> None:
     as_json = FormatOptions(value_format="json", value_schema=JSON_V1, value_schema_version=1)
     out = encode_batch(batch.select(["value"]), as_json)
     assert out.column("value").to_pylist() == [b'{"id":1,"note":"x"}', b'{"id":2}']
+
+
+def test_sink_refuses_rows_the_schema_does_not_take() -> None:
+    """The sink writes nothing a reader would find corrupt: fastavro's writer does
+    not range-check ints, and JSON was not validated at all."""
+    avro_int = json.dumps({"type": "record", "name": "R", "fields": [{"name": "n", "type": "int"}]})
+    formats = FormatOptions(value_format="avro", value_schema=avro_int, value_schema_version=1)
+    big = pa.RecordBatch.from_arrays([pa.array([{"n": 1}, {"n": 2**40}])], names=["value"])
+    with pytest.raises(InvalidRequest, match=r"row 1 of a batch: .*R\.n is <1099511627776>"):
+        encode_batch(big, formats)
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}, "x": {"type": "number"}},
+            "required": ["id"],
+        }
+    )
+    as_json = FormatOptions(value_format="json", value_schema=schema, value_schema_version=1)
+    rows: dict[str, dict[str, Any]] = {
+        "must contain ['id']": {"id": None, "x": 1.0},
+        "must be integer": {"id": "abc", "x": 1.0},
+        "Out of range float values are not JSON compliant": {"id": 1, "x": float("nan")},
+    }
+    for why, row in rows.items():
+        kind = pa.struct([("id", pa.string() if row["id"] == "abc" else pa.int64()),
+                          ("x", pa.float64())])  # fmt: skip
+        batch = pa.RecordBatch.from_arrays([pa.array([row], kind)], names=["value"])
+        with pytest.raises(InvalidRequest, match=f"row 0 of a batch: .*{re.escape(why)}"):
+            encode_batch(batch, as_json)
 
 
 AVRO_V0 = json.dumps(
