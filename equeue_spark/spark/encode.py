@@ -227,10 +227,14 @@ def _with_headers(batch: pa.RecordBatch, extra: list[list[tuple[str, bytes]]]) -
     own = batch.column("headers").to_pylist() if "headers" in names else [None] * batch.num_rows
     merged = []
     for mine, added in zip(own, extra, strict=True):
+        # A copied row's own stamp (read with includeHeaders from another topic or
+        # version) is dropped, as Producer(validate=True) drops it: a reader that
+        # takes the first header would decode with the stale version.
+        stamps = {k for k, _ in added}
         row = [
             {"key": h["key"], "value": h["value"].encode() if isinstance(h["value"], str)
              else h["value"]}
-            for h in mine or []
+            for h in mine or [] if h["key"] not in stamps
         ]  # fmt: skip
         row.extend({"key": k, "value": v} for k, v in added)
         merged.append(row)
