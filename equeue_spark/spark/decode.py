@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ ABSENT = -1
 MALFORMED = -2
 MAX_VERSION = 2**31 - 1
 MAX_WRITERS = 4096
+MISSING_S = 10.0
 _TYPE_NAMES: dict[int, str] = {pb.SCHEMA_TYPE_AVRO: "AVRO", pb.SCHEMA_TYPE_JSON: "JSON"}
 HINT = "mode=PERMISSIVE keeps such records in {column}"
 
@@ -112,6 +114,10 @@ class Decoder:
         self.lookup = lookup
         self.dropped = 0
         self.first_dropped: int | None = None
+        self.missing: dict[tuple[str, bool, int], float] = {}
+        """Versions the broker did not have, and when it said so: asked again
+        after MISSING_S (a replica may get a version late), not per batch:
+        records with many distinct unknown versions would cost an RPC each."""
 
     def batch(self, raw: pa.RecordBatch) -> pa.RecordBatch:
         if raw.num_rows == 0:
@@ -244,7 +250,14 @@ class Decoder:
             return WriterSchema(part.version, part.type, part.reader, "")
         if version == part.reader_version(topic):  # this topic's number for the reader
             return WriterSchema(version, part.type, part.reader, "")
-        return self.lookup(topic, version, part.part == "key")
+        ident = (topic, part.part == "key", version)
+        now = time.monotonic()
+        if now - self.missing.get(ident, -MISSING_S) < MISSING_S:
+            return None
+        found = self.lookup(topic, version, part.part == "key")
+        if found is None and len(self.missing) < MAX_WRITERS:
+            self.missing[ident] = now
+        return found
 
     def _error(self, raw: pa.RecordBatch, bad: Bad) -> CorruptRecordError:
         mid = raw.column("message_id")[bad.row].as_py()

@@ -265,6 +265,21 @@ def test_dropmalformed_drops(caplog: pytest.LogCaptureFixture) -> None:
     assert "dropped 1 records" in caplog.text and "at offset 101" in caplog.text
 
 
+def test_unknown_versions_are_asked_once_per_task() -> None:
+    asked: list[int] = []
+
+    def known(topic: str, version: int, key: bool) -> WriterSchema | None:
+        asked.append(version)
+        return _known(topic, version, key)
+
+    plan = _plan("PERMISSIVE")
+    decoder = Decoder(plan, arrow_schema(read_struct(plan)), "orders/0", known)
+    raw = _raw([b"{}"] * 4, [b"7", b"8", b"7", b"2"])
+    for _ in range(3):
+        assert decoder.batch(raw).column("value").null_count == 3
+    assert sorted(asked) == [2, 2, 2, 7, 8]  # found versions: the process cache's job
+
+
 def test_restart_mode_stops_at_a_newer_version() -> None:
     raw = _raw([b'{"id":1}', b'{"id":2}'], [b"1", b"2"])
     with pytest.raises(SchemaChanged, match="version 2, newer than the query's version 1"):
