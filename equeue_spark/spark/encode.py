@@ -119,13 +119,40 @@ def encode_batch(batch: pa.RecordBatch, formats: FormatOptions) -> pa.RecordBatc
         version = formats.value_schema_version if part == "value" else formats.key_schema_version
         fmt = formats.value_format if part == "value" else formats.key_format
         column = batch.column(part)
-        encoded = encode_rows(column.to_pylist(), fmt, text, part)
+        rows = column.to_pylist()
+        if _has_map(column.type):  # Arrow gives a map as (key, value) pairs
+            rows = [_with_dicts(row, column.type) for row in rows]
+        encoded = encode_rows(rows, fmt, text, part)
         batch = _replace(batch, part, pa.array(encoded, type=pa.binary()))
         header = (KEY_SCHEMA_HEADER if part == "key" else SCHEMA_HEADER, str(version).encode())
         for i, value in enumerate(encoded):
             if value is not None:
                 extra[i].append(header)
     return _with_headers(batch, extra)
+
+
+def _has_map(kind: pa.DataType) -> bool:
+    if pa.types.is_map(kind):
+        return True
+    if pa.types.is_struct(kind):
+        return any(_has_map(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _has_map(kind.value_type)
+    return False
+
+
+def _with_dicts(value: Any, kind: pa.DataType) -> Any:
+    """A row of ``kind`` with its maps as dicts, as fastavro and JSON take them
+    (an empty map too, which no guess from the value could tell from a list)."""
+    if value is None:
+        return None
+    if pa.types.is_map(kind):
+        return {k: _with_dicts(v, kind.item_type) for k, v in value}
+    if pa.types.is_struct(kind):
+        return {f.name: _with_dicts(value.get(f.name), f.type) for f in kind}
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return [_with_dicts(x, kind.value_type) for x in value]
+    return value
 
 
 def encode_rows(rows: list[Any], fmt: str, text: str, part: str) -> list[bytes | None]:
