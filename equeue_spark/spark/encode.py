@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER
+from equeue_spark.client.avro_columns import Node, union_shape
 from equeue_spark.client.errors import InvalidRequest, NotFoundError
 from equeue_spark.spark.format_options import SCHEMA_FORMATS, FormatOptions
 from equeue_spark.spark.formats import Fetch, WriterSchema
@@ -179,10 +180,13 @@ def _avro_encoder(text: str) -> Callable[[Mapping[str, Any]], bytes]:
     import fastavro
     from fastavro.validation import ValidationError, validate
 
+    from equeue_spark.client.avro_columns import parse_schema
+
     parsed = fastavro.parse_schema(json.loads(text))
+    tree = parse_schema(text)
 
     def encode(row: Mapping[str, Any]) -> bytes:
-        datum = _no_nulls(row)
+        datum = _no_nulls(_unions(row, tree))
         # fastavro's writer does not range-check: a long 2**40 in an "int" field
         # would be written as bytes no reader takes. Validation refuses it.
         try:
@@ -194,6 +198,31 @@ def _avro_encoder(text: str) -> Callable[[Mapping[str, Any]], bytes]:
         return out.getvalue()
 
     return encode
+
+
+def _unions(value: Any, node: Node) -> Any:
+    """``value`` with each union that Spark reads as struct<member0, member1, ...>
+    (``avro_columns.union_shape``) given back as its one non-null member, so a
+    column read with valueFormat=avro can be written back."""
+    if value is None:
+        return None
+    if node.kind == "record" and isinstance(value, Mapping):
+        kinds = {f.name: f.type for f in node.fields}
+        return {k: _unions(v, kinds[k]) if k in kinds else v for k, v in value.items()}
+    if node.kind == "array" and isinstance(value, list) and node.items is not None:
+        return [_unions(x, node.items) for x in value]
+    if node.kind == "map" and isinstance(value, Mapping) and node.items is not None:
+        return {k: _unions(v, node.items) for k, v in value.items()}
+    if node.kind != "union":
+        return value
+    shape, members = union_shape(node)
+    if shape == "nullable":
+        return _unions(value, members[0])
+    names = [f"member{i}" for i in range(len(members))]
+    if shape != "struct" or not isinstance(value, Mapping) or list(value) != names:
+        return value
+    given = [(m, value[n]) for m, n in zip(members, names, strict=True) if value[n] is not None]
+    return _unions(given[0][1], given[0][0]) if given else None
 
 
 def _no_nulls(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -466,6 +466,39 @@ def test_sink_encodes_maps() -> None:
     ]
 
 
+def test_sink_writes_back_unions_read_as_structs() -> None:
+    """A union Spark reads as struct<member0, member1> (avro_arrow_type) is
+    written back as its non-null member: read -> write round trips."""
+    import io
+
+    import fastavro
+
+    from equeue_spark.spark.avro_arrow import avro_arrow_type
+
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "u", "type": ["null", "string", "long"]},
+            {"name": "l", "type": {"type": "array", "items": ["int", "string"]}},
+            {"name": "n", "type": ["null", "long"], "default": None},
+        ],
+    }
+    text = json.dumps(schema)
+    rows = [
+        {"u": {"member0": None, "member1": 7}, "l": [{"member0": 1, "member1": None},
+                                                    {"member0": None, "member1": "x"}], "n": 3},
+        {"u": None, "l": [], "n": None},
+    ]  # fmt: skip
+    batch = pa.RecordBatch.from_arrays([pa.array(rows, avro_arrow_type(text))], names=["value"])
+    out = encode_batch(batch, FormatOptions(value_format="avro", value_schema=text))
+    parsed = fastavro.parse_schema(schema)
+    assert [
+        fastavro.schemaless_reader(io.BytesIO(v), parsed, None)
+        for v in out.column("value").to_pylist()
+    ] == [{"u": 7, "l": [1, "x"], "n": 3}, {"u": None, "l": [], "n": None}]
+
+
 AVRO_V0 = json.dumps(
     {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}
 )
