@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ ABSENT = -1
 MALFORMED = -2
 MAX_VERSION = 2**31 - 1
 MAX_WRITERS = 4096
+MISSING_S = 10.0
 _TYPE_NAMES: dict[int, str] = {pb.SCHEMA_TYPE_AVRO: "AVRO", pb.SCHEMA_TYPE_JSON: "JSON"}
 HINT = "mode=PERMISSIVE keeps such records in {column}"
 
@@ -112,6 +114,10 @@ class Decoder:
         self.lookup = lookup
         self.dropped = 0
         self.first_dropped: int | None = None
+        self.missing: dict[tuple[str, bool, int], float] = {}
+        """Versions the broker did not have, and when it said so: asked again
+        after MISSING_S (a replica may get a version late), not per batch:
+        records with many distinct unknown versions would cost an RPC each."""
 
     def batch(self, raw: pa.RecordBatch) -> pa.RecordBatch:
         if raw.num_rows == 0:
@@ -171,14 +177,17 @@ class Decoder:
         return decoded, version_col, bad
 
     def _check_evolution(self, part: PartPlan, versions: np.ndarray, raw: pa.RecordBatch) -> None:
-        if self.plan.evolution_mode != "restart" or not part.version:
+        if self.plan.evolution_mode != "restart" or not raw.num_rows:
             return
-        newer = np.nonzero(versions > part.version)[0]
+        mine = part.reader_version(_topic(raw))
+        if not mine:  # an explicit reader schema: no newer version
+            return
+        newer = np.nonzero(versions > mine)[0]
         if len(newer):
             row = int(newer[0])
             raise SchemaChanged(
                 f"{self.where} offset {_offset(raw, row)}: {part.part} written with schema "
-                f"version {int(versions[row])}, newer than the query's version {part.version} "
+                f"version {int(versions[row])}, newer than the query's version {mine} "
                 f"(schemaEvolutionMode=restart): restart the query to read with version "
                 f"{int(versions[row])}"
             )
@@ -196,7 +205,7 @@ class Decoder:
         pieces: list[pa.Array] = []
         rows: list[np.ndarray] = []
         bad: list[Bad] = []
-        topic = str(raw.column("topic")[0].as_py()) if n else ""
+        topic = _topic(raw)
         for version in distinct.tolist():
             idx = np.nonzero(versions == version)[0] if len(distinct) > 1 else np.arange(n)
             subset = values if len(distinct) == 1 else values.take(pa.array(idx))
@@ -239,9 +248,16 @@ class Decoder:
     def _writer(self, part: PartPlan, topic: str, version: int) -> WriterSchema | None:
         if version == ABSENT:  # no header: as written with the reader's version
             return WriterSchema(part.version, part.type, part.reader, "")
-        if version == part.version:
-            return WriterSchema(part.version, part.type, part.reader, "")
-        return self.lookup(topic, version, part.part == "key")
+        if version == part.reader_version(topic):  # this topic's number for the reader
+            return WriterSchema(version, part.type, part.reader, "")
+        ident = (topic, part.part == "key", version)
+        now = time.monotonic()
+        if now - self.missing.get(ident, -MISSING_S) < MISSING_S:
+            return None
+        found = self.lookup(topic, version, part.part == "key")
+        if found is None and len(self.missing) < MAX_WRITERS:
+            self.missing[ident] = now
+        return found
 
     def _error(self, raw: pa.RecordBatch, bad: Bad) -> CorruptRecordError:
         mid = raw.column("message_id")[bad.row].as_py()
@@ -250,6 +266,7 @@ class Decoder:
         written = (
             "" if part is None or part.format == "string"
             else " without a schema version header" if bad.version is None
+            else " with a malformed schema version header" if bad.version == MALFORMED
             else f" with schema version {bad.version}"
         )  # fmt: skip
         hint = HINT.format(column=self.plan.corrupt_column)
@@ -257,6 +274,11 @@ class Decoder:
             f"{self.where} offset {_offset(raw, bad.row)} (message id {mid}): {bad.part} "
             f"written{written} does not decode as {kind}: {bad.reason}; {hint}"
         )
+
+
+def _topic(raw: pa.RecordBatch) -> str:
+    """The topic of a raw batch (a read task reads one queue of one topic)."""
+    return str(raw.column("topic")[0].as_py()) if raw.num_rows else ""
 
 
 def _offset(raw: pa.RecordBatch, row: int) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from equeue_proto.schema_rules import KEY_SCHEMA_HEADER, SCHEMA_HEADER
+from equeue_spark.client.avro_columns import Node, union_shape
 from equeue_spark.client.errors import InvalidRequest, NotFoundError
 from equeue_spark.spark.format_options import SCHEMA_FORMATS, FormatOptions
 from equeue_spark.spark.formats import Fetch, WriterSchema
@@ -119,7 +120,10 @@ def encode_batch(batch: pa.RecordBatch, formats: FormatOptions) -> pa.RecordBatc
         version = formats.value_schema_version if part == "value" else formats.key_schema_version
         fmt = formats.value_format if part == "value" else formats.key_format
         column = batch.column(part)
-        encoded = encode_rows(column.to_pylist(), fmt, text, part)
+        rows = column.to_pylist()
+        if _has_map(column.type):  # Arrow gives a map as (key, value) pairs
+            rows = [_with_dicts(row, column.type) for row in rows]
+        encoded = encode_rows(rows, fmt, text, part)
         batch = _replace(batch, part, pa.array(encoded, type=pa.binary()))
         header = (KEY_SCHEMA_HEADER if part == "key" else SCHEMA_HEADER, str(version).encode())
         for i, value in enumerate(encoded):
@@ -128,10 +132,34 @@ def encode_batch(batch: pa.RecordBatch, formats: FormatOptions) -> pa.RecordBatc
     return _with_headers(batch, extra)
 
 
+def _has_map(kind: pa.DataType) -> bool:
+    if pa.types.is_map(kind):
+        return True
+    if pa.types.is_struct(kind):
+        return any(_has_map(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _has_map(kind.value_type)
+    return False
+
+
+def _with_dicts(value: Any, kind: pa.DataType) -> Any:
+    """A row of ``kind`` with its maps as dicts, as fastavro and JSON take them
+    (an empty map too, which no guess from the value could tell from a list)."""
+    if value is None:
+        return None
+    if pa.types.is_map(kind):
+        return {k: _with_dicts(v, kind.item_type) for k, v in value}
+    if pa.types.is_struct(kind):
+        return {f.name: _with_dicts(value.get(f.name), f.type) for f in kind}
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return [_with_dicts(x, kind.value_type) for x in value]
+    return value
+
+
 def encode_rows(rows: list[Any], fmt: str, text: str, part: str) -> list[bytes | None]:
     """Each row (a dict, or None: no value/key) encoded; InvalidRequest names
     the first row that the schema does not take."""
-    encode = _avro_encoder(text) if fmt == "avro" else _json_encode
+    encode = _avro_encoder(text) if fmt == "avro" else _json_encoder(text)
     out: list[bytes | None] = []
     for i, row in enumerate(rows):
         if row is None:
@@ -150,15 +178,51 @@ def encode_rows(rows: list[Any], fmt: str, text: str, part: str) -> list[bytes |
 @lru_cache(maxsize=64)
 def _avro_encoder(text: str) -> Callable[[Mapping[str, Any]], bytes]:
     import fastavro
+    from fastavro.validation import ValidationError, validate
+
+    from equeue_spark.client.avro_columns import parse_schema
 
     parsed = fastavro.parse_schema(json.loads(text))
+    tree = parse_schema(text)
 
     def encode(row: Mapping[str, Any]) -> bytes:
+        datum = _no_nulls(_unions(row, tree))
+        # fastavro's writer does not range-check: a long 2**40 in an "int" field
+        # would be written as bytes no reader takes. Validation refuses it.
+        try:
+            validate(datum, parsed, raise_errors=True)
+        except ValidationError as exc:
+            raise ValueError("; ".join(str(e) for e in exc.errors)) from None
         out = io.BytesIO()
-        fastavro.schemaless_writer(out, parsed, _no_nulls(row))
+        fastavro.schemaless_writer(out, parsed, datum)
         return out.getvalue()
 
     return encode
+
+
+def _unions(value: Any, node: Node) -> Any:
+    """``value`` with each union that Spark reads as struct<member0, member1, ...>
+    (``avro_columns.union_shape``) given back as its one non-null member, so a
+    column read with valueFormat=avro can be written back."""
+    if value is None:
+        return None
+    if node.kind == "record" and isinstance(value, Mapping):
+        kinds = {f.name: f.type for f in node.fields}
+        return {k: _unions(v, kinds[k]) if k in kinds else v for k, v in value.items()}
+    if node.kind == "array" and isinstance(value, list) and node.items is not None:
+        return [_unions(x, node.items) for x in value]
+    if node.kind == "map" and isinstance(value, Mapping) and node.items is not None:
+        return {k: _unions(v, node.items) for k, v in value.items()}
+    if node.kind != "union":
+        return value
+    shape, members = union_shape(node)
+    if shape == "nullable":
+        return _unions(value, members[0])
+    names = [f"member{i}" for i in range(len(members))]
+    if shape != "struct" or not isinstance(value, Mapping) or list(value) != names:
+        return value
+    given = [(m, value[n]) for m, n in zip(members, names, strict=True) if value[n] is not None]
+    return _unions(given[0][1], given[0][0]) if given else None
 
 
 def _no_nulls(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,8 +230,25 @@ def _no_nulls(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if v is not None}
 
 
-def _json_encode(row: Mapping[str, Any]) -> bytes:
-    return json.dumps(_json_value(row), separators=(",", ":"), ensure_ascii=False).encode()
+@lru_cache(maxsize=64)
+def _json_encoder(text: str) -> Callable[[Mapping[str, Any]], bytes]:
+    import fastjsonschema
+
+    check = fastjsonschema.compile(json.loads(text))
+
+    def encode(row: Mapping[str, Any]) -> bytes:
+        doc = _json_value(row)
+        # As Producer(validate=True): the topic's schema holds for every record
+        # (a null required field, a string for an integer, are refused).
+        try:
+            check(doc)
+        except fastjsonschema.JsonSchemaValueException as exc:
+            raise ValueError(str(exc.message)) from None
+        # allow_nan=False: NaN and Infinity are not JSON; no reader takes them.
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode()  # fmt: skip
+
+    return encode
 
 
 def _json_value(value: Any) -> Any:
@@ -202,10 +283,14 @@ def _with_headers(batch: pa.RecordBatch, extra: list[list[tuple[str, bytes]]]) -
     own = batch.column("headers").to_pylist() if "headers" in names else [None] * batch.num_rows
     merged = []
     for mine, added in zip(own, extra, strict=True):
+        # A copied row's own stamp (read with includeHeaders from another topic or
+        # version) is dropped, as Producer(validate=True) drops it: a reader that
+        # takes the first header would decode with the stale version.
+        stamps = {k for k, _ in added}
         row = [
             {"key": h["key"], "value": h["value"].encode() if isinstance(h["value"], str)
              else h["value"]}
-            for h in mine or []
+            for h in mine or [] if h["key"] not in stamps
         ]  # fmt: skip
         row.extend({"key": k, "value": v} for k, v in added)
         merged.append(row)

@@ -69,6 +69,16 @@ class PartPlan:
     """The reader schema's normalized text."""
     version: int = 0
     """The reader schema's version; 0 for an explicit ``valueSchema``."""
+    topic_versions: tuple[tuple[str, int], ...] = ()
+    """The reader schema's version in each topic read: topics with the same
+    latest schema may number it differently (``a`` v3, ``b`` v1), and a
+    topic's version N is its own schema, not another topic's."""
+
+    def reader_version(self, topic: str) -> int:
+        """The reader schema's version in ``topic`` (0: none, an explicit schema)."""
+        if not self.topic_versions:
+            return self.version
+        return dict(self.topic_versions).get(topic, 0)
 
     @property
     def version_column(self) -> str:
@@ -170,7 +180,8 @@ def _schema_part(
             f"(version {first.version}) is {first.type}; use {part}Format="
             f"{first.type.lower()}"
         )
-    return PartPlan(part, fmt, kind, first.text, first.version)
+    versions = tuple((t, w.version) for t, w in zip(topics, found, strict=True))
+    return PartPlan(part, fmt, kind, first.text, first.version, versions)
 
 
 def _fetch(fetch: Fetch, topic: str, version: int, part: str) -> WriterSchema:

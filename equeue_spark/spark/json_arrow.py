@@ -182,7 +182,7 @@ def _convert(doc: Any, kind: pa.DataType, path: str) -> Any:
     if doc is None:
         return None
     if pa.types.is_string(kind):
-        return doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
+        return _text(doc, path) if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
     if pa.types.is_struct(kind):
         _expect(isinstance(doc, dict), doc, "an object", path)
         return _struct(doc, kind, path)
@@ -191,7 +191,9 @@ def _convert(doc: Any, kind: pa.DataType, path: str) -> Any:
         return [_convert(x, kind.value_type, f"{path}/{i}") for i, x in enumerate(doc)]
     if pa.types.is_map(kind):
         _expect(isinstance(doc, dict), doc, "an object", path)
-        return [(k, _convert(v, kind.item_type, f"{path}/{k}")) for k, v in doc.items()]
+        return [
+            (_text(k, path), _convert(v, kind.item_type, f"{path}/{k}")) for k, v in doc.items()
+        ]
     if pa.types.is_boolean(kind):
         _expect(isinstance(doc, bool), doc, "a boolean", path)
         return doc
@@ -214,6 +216,19 @@ def _convert(doc: Any, kind: pa.DataType, path: str) -> Any:
         except ValueError:
             raise _Mismatch(f"{path}: {doc!r} is not a date (YYYY-MM-DD)") from None
     raise _Mismatch(f"{path}: no JSON decoding into {kind}")
+
+
+def _text(doc: str, path: str) -> str:
+    """``doc`` if it is Unicode text: JSON's ``\\ud800`` escapes decode to lone
+    surrogates, which no UTF-8 column holds (pyarrow would fail the whole batch)."""
+    if not doc.isascii():
+        try:
+            doc.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _Mismatch(
+                f"{path or '/'}: a string with a lone surrogate \\u{ord(doc[exc.start]):04x}"
+            ) from None
+    return doc
 
 
 def _timestamp(doc: str, path: str) -> dt.datetime:

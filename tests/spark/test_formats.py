@@ -4,8 +4,10 @@ sink's checks and encoding."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -139,6 +141,9 @@ def test_json_fast_path_equals_row_path() -> None:
         (b'{"id":1.5}', "/id: expected an integer"),
         (b'{"name":5}', None),  # a number into a string field: its JSON text
         (b"\xff", "not UTF-8"),
+        # a lone surrogate escape: a bad row, not a failed batch (UnicodeEncodeError)
+        (b'{"name":"\\ud800"}', "/name: a string with a lone surrogate \\ud800"),
+        (b'{"name":"\\ud83d\\ude00"}', None),  # a pair: one character
     ],
 )
 def test_json_bad_rows_are_found(bad: bytes, why: str | None) -> None:
@@ -231,6 +236,11 @@ def test_failfast_names_the_record() -> None:
     assert "orders/0 offset 101 (message id m1)" in text
     assert "schema version 1" in text and "does not decode as JSON" in text
     assert "mode=PERMISSIVE keeps such records in _corrupt_record" in text
+    with pytest.raises(CorruptRecordError) as caught:
+        _decode(_plan(), _raw([b'{"id":1}'], [b"-1"]))
+    assert "value written with a malformed schema version header does not decode" in str(
+        caught.value
+    )  # not "schema version -2" (the internal marker)
 
 
 def test_permissive_fills_the_corrupt_column() -> None:
@@ -253,6 +263,21 @@ def test_dropmalformed_drops(caplog: pytest.LogCaptureFixture) -> None:
         (102, {"id": 3}, None),
     ]
     assert "dropped 1 records" in caplog.text and "at offset 101" in caplog.text
+
+
+def test_unknown_versions_are_asked_once_per_task() -> None:
+    asked: list[int] = []
+
+    def known(topic: str, version: int, key: bool) -> WriterSchema | None:
+        asked.append(version)
+        return _known(topic, version, key)
+
+    plan = _plan("PERMISSIVE")
+    decoder = Decoder(plan, arrow_schema(read_struct(plan)), "orders/0", known)
+    raw = _raw([b"{}"] * 4, [b"7", b"8", b"7", b"2"])
+    for _ in range(3):
+        assert decoder.batch(raw).column("value").null_count == 3
+    assert sorted(asked) == [2, 2, 2, 7, 8]  # found versions: the process cache's job
 
 
 def test_restart_mode_stops_at_a_newer_version() -> None:
@@ -341,7 +366,7 @@ def test_sink_encodes_and_stamps_headers() -> None:
 
     value = pa.array([{"id": 1, "note": "x"}, {"id": 2, "note": None}])
     headers = pa.array(
-        [[{"key": "h", "value": b"1"}], None],
+        [[{"key": "h", "value": b"1"}, {"key": "equeue.schema", "value": b"7"}], None],
         pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
     )
     batch = pa.RecordBatch.from_arrays([value, headers], names=["value", "headers"])
@@ -353,7 +378,7 @@ def test_sink_encodes_and_stamps_headers() -> None:
         for v in out.column("value").to_pylist()
     ]
     assert decoded == [{"id": 1, "note": "x"}, {"id": 2, "note": None}]
-    assert out.column("headers").to_pylist() == [
+    assert out.column("headers").to_pylist() == [  # the row's stale stamp (7) dropped
         [{"key": "h", "value": b"1"}, {"key": "equeue.schema", "value": b"3"}],
         [{"key": "equeue.schema", "value": b"3"}],
     ]
@@ -364,6 +389,114 @@ def test_sink_encodes_and_stamps_headers() -> None:
     as_json = FormatOptions(value_format="json", value_schema=JSON_V1, value_schema_version=1)
     out = encode_batch(batch.select(["value"]), as_json)
     assert out.column("value").to_pylist() == [b'{"id":1,"note":"x"}', b'{"id":2}']
+
+
+def test_sink_refuses_rows_the_schema_does_not_take() -> None:
+    """The sink writes nothing a reader would find corrupt: fastavro's writer does
+    not range-check ints, and JSON was not validated at all."""
+    avro_int = json.dumps({"type": "record", "name": "R", "fields": [{"name": "n", "type": "int"}]})
+    formats = FormatOptions(value_format="avro", value_schema=avro_int, value_schema_version=1)
+    big = pa.RecordBatch.from_arrays([pa.array([{"n": 1}, {"n": 2**40}])], names=["value"])
+    with pytest.raises(InvalidRequest, match=r"row 1 of a batch: .*R\.n is <1099511627776>"):
+        encode_batch(big, formats)
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}, "x": {"type": "number"}},
+            "required": ["id"],
+        }
+    )
+    as_json = FormatOptions(value_format="json", value_schema=schema, value_schema_version=1)
+    rows: dict[str, dict[str, Any]] = {
+        "must contain ['id']": {"id": None, "x": 1.0},
+        "must be integer": {"id": "abc", "x": 1.0},
+        "Out of range float values are not JSON compliant": {"id": 1, "x": float("nan")},
+    }
+    for why, row in rows.items():
+        kind = pa.struct([("id", pa.string() if row["id"] == "abc" else pa.int64()),
+                          ("x", pa.float64())])  # fmt: skip
+        batch = pa.RecordBatch.from_arrays([pa.array([row], kind)], names=["value"])
+        with pytest.raises(InvalidRequest, match=f"row 0 of a batch: .*{re.escape(why)}"):
+            encode_batch(batch, as_json)
+
+
+def test_sink_encodes_maps() -> None:
+    """A Spark map arrives as (key, value) pairs: written as an Avro map and a
+    JSON object, empty ones too (they were refused: "expected a map")."""
+    import io
+
+    import fastavro
+
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "m", "type": {"type": "map", "values": "long"}},
+            {"name": "a", "type": {"type": "array", "items": {"type": "map", "values": "string"}}},
+        ],
+    }
+    kind = pa.struct(
+        [
+            ("m", pa.map_(pa.string(), pa.int64())),
+            ("a", pa.list_(pa.map_(pa.string(), pa.string()))),
+        ]
+    )
+    rows = [{"m": [("k", 1)], "a": [[("x", "y")], []]}, {"m": [], "a": []}]
+    batch = pa.RecordBatch.from_arrays([pa.array(rows, kind)], names=["value"])
+    text = json.dumps(schema)
+    out = encode_batch(batch, FormatOptions(value_format="avro", value_schema=text))
+    parsed = fastavro.parse_schema(schema)
+    assert [
+        fastavro.schemaless_reader(io.BytesIO(v), parsed, None)
+        for v in out.column("value").to_pylist()
+    ] == [{"m": {"k": 1}, "a": [{"x": "y"}, {}]}, {"m": {}, "a": []}]
+    as_json = json.dumps(
+        {
+            "type": "object",
+            "properties": {
+                "m": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "a": {"type": "array", "items": {"type": "object"}},
+            },
+        }
+    )
+    out = encode_batch(batch, FormatOptions(value_format="json", value_schema=as_json))
+    assert out.column("value").to_pylist() == [
+        b'{"m":{"k":1},"a":[{"x":"y"},{}]}',
+        b'{"m":{},"a":[]}',
+    ]
+
+
+def test_sink_writes_back_unions_read_as_structs() -> None:
+    """A union Spark reads as struct<member0, member1> (avro_arrow_type) is
+    written back as its non-null member: read -> write round trips."""
+    import io
+
+    import fastavro
+
+    from equeue_spark.spark.avro_arrow import avro_arrow_type
+
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "u", "type": ["null", "string", "long"]},
+            {"name": "l", "type": {"type": "array", "items": ["int", "string"]}},
+            {"name": "n", "type": ["null", "long"], "default": None},
+        ],
+    }
+    text = json.dumps(schema)
+    rows = [
+        {"u": {"member0": None, "member1": 7}, "l": [{"member0": 1, "member1": None},
+                                                    {"member0": None, "member1": "x"}], "n": 3},
+        {"u": None, "l": [], "n": None},
+    ]  # fmt: skip
+    batch = pa.RecordBatch.from_arrays([pa.array(rows, avro_arrow_type(text))], names=["value"])
+    out = encode_batch(batch, FormatOptions(value_format="avro", value_schema=text))
+    parsed = fastavro.parse_schema(schema)
+    assert [
+        fastavro.schemaless_reader(io.BytesIO(v), parsed, None)
+        for v in out.column("value").to_pylist()
+    ] == [{"u": 7, "l": [1, "x"], "n": 3}, {"u": None, "l": [], "n": None}]
 
 
 AVRO_V0 = json.dumps(
@@ -445,3 +578,47 @@ def test_sink_encodes_keys_with_the_key_header() -> None:
         [{"key": "equeue.key-schema", "value": b"4"}],
         [],
     ]
+
+
+def test_several_topics_number_the_reader_schema_each_their_own_way() -> None:
+    """a's latest is its v1 and b's latest its v2, the same schema: b's v1 (another
+    schema) is fetched and resolved, never taken for the reader; restart compares
+    each topic's record versions with that topic's number for the reader."""
+    import io
+
+    import fastavro
+
+    reader = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
+    older = {**reader, "fields": [{"name": "tag", "type": "string"}, *reader["fields"]]}
+    registry = {("a", 1): json.dumps(reader), ("b", 1): json.dumps(older),
+                ("b", 2): json.dumps(reader)}  # fmt: skip
+
+    def fetch(topic: str, version: int, key: bool) -> WriterSchema:
+        version = version or max(v for t, v in registry if t == topic)
+        text = registry[topic, version]
+        return WriterSchema(version, "AVRO", text, text)
+
+    def lookup(topic: str, version: int, key: bool) -> WriterSchema | None:
+        return fetch(topic, version, key) if (topic, version) in registry else None
+
+    def encoded(schema: dict[str, Any], datum: dict[str, Any]) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(schema), datum)
+        return out.getvalue()
+
+    plan = resolve_plan(FormatOptions(value_format="avro", mode="PERMISSIVE"), ("a", "b"), fetch)
+    assert plan is not None and plan.parts[0].topic_versions == (("a", 1), ("b", 2))
+    schema = arrow_schema(read_struct(plan))
+    values = [encoded(older, {"tag": "x", "id": 5}), encoded(reader, {"id": 6}), b"\x02"]
+    rows = (
+        Decoder(plan, schema, "b/0", lookup)
+        .batch(_raw(values, [b"1", b"2", b"3"], topic="b"))
+        .to_pylist()
+    )
+    assert [r["value"] for r in rows] == [{"id": 5}, {"id": 6}, None]
+    assert "no value schema version 3 for topic b" in rows[2]["_corrupt_record"]["error"]
+    restart = dataclasses.replace(plan, evolution_mode="restart")
+    two = _raw(values[:2], [b"1", b"2"], topic="b")
+    assert Decoder(restart, schema, "b/0", lookup).batch(two).num_rows == 2
+    with pytest.raises(SchemaChanged, match="version 2, newer than the query's version 1"):
+        Decoder(restart, schema, "a/0", lookup).batch(_raw(values[1:2] * 2, [b"1", b"2"], "a"))
