@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import fastavro
+import fastavro.validation
 import fastjsonschema
 
 from equeue_proto import schema_rules
@@ -126,6 +127,9 @@ class Compiled:
             out = io.BytesIO()
             try:  # a field the schema lacks is refused, not dropped; a missing one needs a default
                 fastavro.schemaless_writer(out, self.avro, obj, strict_allow_default=True)
+                # fastavro writes an int out of range unchecked (readers then refuse
+                # the record): validated too.
+                fastavro.validation.validate(obj, self.avro, raise_errors=True)
             except Exception as exc:  # ValueError, TypeError, KeyError ... by the datum
                 return b"", f"cannot be written with this schema ({type(exc).__name__}: {exc})"
             return out.getvalue(), ""

@@ -168,7 +168,9 @@ def _schema_part(
         )
     found = [_fetch(fetch, topic, version, part) for topic in topics]
     first = found[0]
-    if any(w.fingerprint != first.fingerprint for w in found[1:]):
+    # The normalized text, not the fingerprint: Avro's canonical form ignores
+    # defaults and aliases, which resolution uses.
+    if any((w.type, w.text) != (first.type, first.text) for w in found[1:]):
         listed = ", ".join(f"{t} v{w.version}" for t, w in zip(topics, found, strict=True))
         raise InvalidOption(
             f"option {_option(part, 'Format')}={fmt} over several topics whose schemas differ "

@@ -105,6 +105,14 @@ def test_avro_encode_and_refusal() -> None:
     assert defaulted == (avro_bytes(ORDER_V2, {"id": 1, "name": "one", "note": None}), "")
 
 
+def test_avro_encode_refuses_numbers_out_of_range() -> None:
+    """fastavro writes an int field's 2**40 unchecked; readers would refuse the record."""
+    schema = compiled({"type": "record", "name": "r", "fields": [{"name": "n", "type": "int"}]})
+    data, problem = schema.encode({"n": 2**40})
+    assert data == b"" and "cannot be written" in problem
+    assert schema.encode({"n": 2**31 - 1})[1] == ""
+
+
 def test_json_value_checked_and_encoded() -> None:
     schema = compiled(ORDER_JSON, pb.SCHEMA_TYPE_JSON, version=3)
     assert schema.type == "JSON"
