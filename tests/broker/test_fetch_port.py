@@ -8,6 +8,7 @@ so these tests do not depend on GetStats reporting it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -270,3 +271,59 @@ def test_file_runs_are_closed_after_every_reply(
     for start in range(0, 1000, 100):
         assert sum(r[2] for r in replies(address, 0, start, start + 100, batch_messages=7)) == 100
     assert len(list(fds.iterdir())) <= before  # no duplicated descriptor left open
+
+
+def chunk_fds(pid: int) -> int:
+    """The broker's open descriptors of log chunk files."""
+    fds = Path(f"/proc/{pid}/fd")
+    count = 0
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            count += os.readlink(fd).endswith(".chunk")
+    return count
+
+
+def test_interleaved_runs_hold_few_descriptors_and_aborted_requests_none(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """Plain records between a transaction's are runs of their own: a reply
+    dups each chunk once (not once per run), and aborted requests leave nothing."""
+    broker, address = with_fetch(broker_factory)
+    raw = RawClient(broker.address)
+    raw.admin.CreateTopic(pb.CreateTopicRequest(name="orders", queue_count=1), timeout=10)
+    for _ in range(300):
+        produce(raw, "orders", [b"p" * 64])
+        produce(raw, "orders", [b"t" * 64], txn="big")
+    with Connection(ClientConfig(broker=broker.address)) as conn:
+        commit_transactions(conn, [("big", 300)])
+    assert sum(r[2] for r in replies(address, 0, 0, 0)) == 600  # all visible, files settled
+    assert broker.process is not None
+    pid = broker.process.pid
+    baseline = chunk_fds(pid)
+    host, port = address.split(":")
+    request = fetch.encode_request(fetch.FetchRequest("orders", 0, 0, 0, 10000, 8 << 20, ""))
+    stalled = []
+    for _ in range(2):  # clients that never read: their replies stay in flight
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.connect((host, int(port)))
+        sock.sendall(request)
+        stalled.append(sock)
+    deadline = time.monotonic() + 30
+    while (held := chunk_fds(pid)) < baseline + 2:  # both replies hold their chunk
+        assert time.monotonic() < deadline, "the stalled replies never started"
+    assert held <= baseline + 2 * 16  # one per chunk, at most MAX_FILE_RUNS per reply
+    for sock in stalled:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # RST
+    for cut in range(40):  # requests aborted after a part of the reply
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(request[: len(request) - (cut % 2)])
+            if cut % 2 == 0:
+                sock.recv(cut * 100 + 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    assert sum(r[2] for r in replies(address, 0, 0, 0)) == 600  # still served
+    deadline = time.monotonic() + 30
+    while chunk_fds(pid) > baseline:  # the senders notice the resets
+        assert time.monotonic() < deadline, f"{chunk_fds(pid) - baseline} descriptors leaked"
+        time.sleep(0.05)
