@@ -327,3 +327,52 @@ def test_interleaved_runs_hold_few_descriptors_and_aborted_requests_none(
     while chunk_fds(pid) > baseline:  # the senders notice the resets
         assert time.monotonic() < deadline, f"{chunk_fds(pid) - baseline} descriptors leaked"
         time.sleep(0.05)
+
+
+def test_silent_connections_are_closed_after_the_handshake_timeout(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("max_connections = 4\nhandshake_timeout_ms = 500\n")
+    broker, address = with_fetch(broker_factory, "--config", str(config))
+    with Producer(broker.address) as producer:
+        producer.send_batch("orders", [b"x"] * 10)
+    host, port = address.split(":")
+    silent = [socket.create_connection((host, int(port)), timeout=20) for _ in range(4)]
+    try:
+        for sock in silent:  # each is closed by the broker, not held for the idle timeout
+            assert sock.recv(1) == b""
+        assert sum(r[2] for r in replies(address, 0, 0, 0)) == 10
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_a_client_trickling_a_reply_is_cut_at_the_send_timeout_of_the_whole_reply(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("stream_send_timeout_ms = 1000\n")
+    broker, address = with_fetch(broker_factory, "--config", str(config))
+    with Producer(broker.address) as producer:
+        for _ in range(12):  # more than the kernel's socket buffers take at once
+            producer.send_batch("orders", [os.urandom(1000)] * 1000, queue_ids=[0] * 1000)
+    assert broker.process is not None
+    fds = Path(f"/proc/{broker.process.pid}/fd")
+    replies(address, 0, 0, 10)
+    before = len(list(fds.iterdir()))
+    host, port = address.split(":")
+    request = fetch.encode_request(fetch.FetchRequest("orders", 0, 0, 0, 10000, 4 << 20, ""))
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(request)
+        sock.settimeout(10)
+        deadline = time.monotonic() + 60
+        sock.recv(1)
+        # A client taking a little every 50 ms (never idle for the timeout):
+        # the broker closes its side once a whole reply took longer than 1 s.
+        while len(list(fds.iterdir())) > before:
+            assert sock.recv(2048), "the broker closed before the reader had everything"
+            assert time.monotonic() < deadline, "the trickling reader was never cut"
+            time.sleep(0.05)

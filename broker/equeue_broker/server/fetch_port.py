@@ -9,11 +9,14 @@ issue 29's read). Here a reply is the same pre-encoded ``PullReply`` bytes
 
 Same rules as ``PullStream``: the streams' half of ``max_reply_bytes`` bounds
 the replies being sent, ``stream_send_timeout_ms`` ends a connection whose
-client stops reading, and with tokens the request's token needs the
+client does not take a whole reply in that time, and with tokens the request's token needs the
 ``consume`` role for the topic (checked before anything is read). Limits of
 its own: ``max_connections`` connections at once (more get one ERROR frame
-and are closed), ``max_connection_idle_ms`` between requests,
-``request_read_timeout_ms`` for a request's bytes. No TLS: a broker serving
+and are closed), ``handshake_timeout_ms`` for the first request's head,
+``max_connection_idle_ms`` between requests, ``request_read_timeout_ms`` for a
+request's bytes, and at most ``file_runs.MAX_FILE_RUNS`` descriptors per reply.
+A failure part way through a reply closes the connection (no ERROR frame
+inside a frame). No TLS: a broker serving
 TLS starts it only with ``fetch_insecure`` (``config.fetch_port_wanted``).
 """
 
@@ -23,7 +26,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
+import select
 import socket
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -152,8 +158,12 @@ class FetchServer:
         config = self.state.config
         idle_s = config.max_connection_idle_ms / 1000
         read_s = config.request_read_timeout_ms / 1000
+        # A connection that says nothing is closed after the handshake timeout
+        # (as gRPC's): silent ones must not keep the slots of max_connections.
+        wait_s = config.handshake_timeout_ms / 1000
         while True:
-            head = await _receive(conn, fetch.REQUEST_HEAD.size, idle_s)
+            head = await _receive(conn, fetch.REQUEST_HEAD.size, wait_s)
+            wait_s = idle_s
             try:
                 length = fetch.request_length(head)
                 body = await _receive(conn, length, read_s)
@@ -210,8 +220,9 @@ class FetchServer:
             close_runs(state.inline(read, offset, max_messages=1)[1])
         read = functools.partial(read, until=stop)
         # One reply in flight per connection; the replies go out from a thread of
-        # its own with blocking sends: a busy event loop (gRPC shares it) would
-        # otherwise be woken for every few hundred KiB a loaded client takes.
+        # its own (waiting in select until the reply's deadline): a busy event loop
+        # (gRPC shares it) would otherwise be woken for every few hundred KiB a
+        # loaded client takes.
         held = await Held.take(budget, batch_bytes)
         try:
             loop = asyncio.get_running_loop()
@@ -225,22 +236,17 @@ class FetchServer:
         self, conn: socket.socket, read: Callable[..., tuple[RecordsResult, list[bytes | FileRun]]],
         offset: int, stop: int, batch: int, request: fetch.FetchRequest,
     ) -> None:  # fmt: skip
-        """The replies of ``[offset, stop)``: frames as bytes with ``sendall``, file
+        """The replies of ``[offset, stop)``: frames as bytes with ``send``, file
         runs with ``sendfile`` (the kernel sends the page cache's pages: no copy here)."""
         state = self.state
-        conn.settimeout(state.config.stream_send_timeout_ms / 1000)  # blocking, bounded
+        timeout_s = state.config.stream_send_timeout_ms / 1000
         try:
             while offset < stop:
                 result, pieces = state.calls.inline(
                     read, offset, max_messages=min(batch, stop - offset)
                 )
-                try:
-                    for piece in pieces:
-                        if isinstance(piece, FileRun):
-                            with open(piece.fd, "rb", buffering=0, closefd=False) as file:
-                                conn.sendfile(file, piece.offset, piece.length)
-                        else:
-                            conn.sendall(piece)
+                try:  # the whole reply within the send timeout (StalledStream's rule)
+                    _send_reply(conn, pieces, time.monotonic() + timeout_s)
                 finally:
                     close_runs(pieces)
                 state.counters.pulled(request.topic, request.queue_id, result.count, 0)
@@ -248,11 +254,57 @@ class FetchServer:
                     return
                 offset = result.next_offset
         except TimeoutError:
-            log.warning("fetch port: %s/%d: the client took no data for %.0f s; closing",
-                        request.topic, request.queue_id, conn.gettimeout())  # fmt: skip
+            log.warning("fetch port: %s/%d: the client took a reply in no less than %.0f s; "
+                        "closing", request.topic, request.queue_id, timeout_s)  # fmt: skip
             raise
-        finally:
-            conn.setblocking(False)
+
+
+class MidFrame(ConnectionAbortedError):
+    """A failure part way through a frame: the connection is closed, no ERROR frame
+    (the client would read it as the reply's bytes; a close makes it fall back)."""
+
+
+def _send_reply(conn: socket.socket, pieces: list[bytes | FileRun], deadline: float) -> None:
+    """The pieces of one reply frame on the non-blocking ``conn`` by ``deadline``."""
+    try:
+        for piece in pieces:
+            if isinstance(piece, FileRun):
+                _send_file(conn, piece, deadline)
+            else:
+                _send_bytes(conn, piece, deadline)
+    except (ConnectionError, TimeoutError):
+        raise
+    except Exception as exc:  # a bad disk block, say: the frame can't be finished
+        log.error("fetch port: a reply failed part way (%s); closing the connection", exc)
+        raise MidFrame(str(exc)) from exc
+
+
+def _writable(conn: socket.socket, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0 or not select.select([], [conn], [], left)[1]:
+        raise TimeoutError("the client took no data in time")
+
+
+def _send_bytes(conn: socket.socket, data: bytes, deadline: float) -> None:
+    view, sent = memoryview(data), 0
+    while sent < len(view):
+        try:
+            sent += conn.send(view[sent:])
+        except BlockingIOError:
+            _writable(conn, deadline)
+
+
+def _send_file(conn: socket.socket, run: FileRun, deadline: float) -> None:
+    offset, end = run.offset, run.offset + run.length
+    while offset < end:
+        try:
+            sent = os.sendfile(conn.fileno(), run.fd, offset, end - offset)
+        except BlockingIOError:
+            _writable(conn, deadline)
+            continue
+        if sent == 0:  # the file ends before the run: never send a short frame
+            raise MidFrame(f"the chunk file ends {end - offset} bytes before its run")
+        offset += sent
 
 
 async def _receive(conn: socket.socket, size: int, timeout_s: float) -> bytes:
