@@ -10,9 +10,13 @@ caller can use either. Connections are kept per address in this process
 talks TLS to the broker uses ``PullStream``.
 
 Failures: an ERROR frame raises the exception the same gRPC status would
-(``errors.from_rpc_error``); a connection that cannot be made, breaks or
-times out raises ``FetchUnavailable`` (then ``PullStream`` may take over from
-the offset reached).
+(``errors.from_rpc_error``); a connection that cannot be made, breaks, times
+out or sends a frame that does not parse raises ``FetchUnavailable`` (then
+``PullStream`` may take over from the offset reached). A pooled connection
+that fails before its first frame (the broker closed it when idle, or
+restarted) is retried once on a new connection. With ``broker_id`` given, a
+reply from another broker (the port now held by another process) raises
+``FetchWrongBroker`` before any of its records is returned.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ MAX_REPLY_BYTES = 1 << 30
 
 class FetchUnavailable(BrokerUnavailable):
     """The fetch port could not be reached, or the connection broke or timed out."""
+
+
+class FetchWrongBroker(FetchUnavailable):
+    """The fetch port answered for another broker than the one expected."""
 
 
 class _Status(grpc.RpcError):
@@ -64,10 +72,11 @@ class Pool:
         self._lock = threading.Lock()
         self._idle: dict[str, list[socket.socket]] = {}
 
-    def take(self, address: str, timeout_s: float) -> socket.socket:
+    def take(self, address: str, timeout_s: float, *, fresh: bool = False) -> socket.socket:
+        """An idle connection to ``address`` (unless ``fresh``), else a new one."""
         with self._lock:
             idle = self._idle.get(address)
-            if idle:
+            if idle and not fresh:
                 sock = idle.pop()
                 sock.settimeout(timeout_s)
                 return sock
@@ -110,28 +119,50 @@ def fetch_replies(
     batch_bytes: int = 1 << 20,
     timeout_s: float = 30.0,
     pool: Pool = POOL,
+    broker_id: str = "",
 ) -> Iterator[PullReply]:
     """The replies of ``[start, end)`` (``end`` 0: the queue's end now) from the
     fetch port at ``address``; ``timeout_s`` bounds each wait for the broker.
     The connection goes back to ``pool`` once the range is read."""
     request = fetch.FetchRequest(topic, queue_id, start, end, batch_messages, batch_bytes, token)
+    data = fetch.encode_request(request)
     sock = pool.take(address, timeout_s)
     reusable = False
     try:
-        _send(sock, address, fetch.encode_request(request))
+        try:
+            _send(sock, address, data)
+            first = _frame(sock, address)
+        except FetchUnavailable:  # maybe an idle connection the broker closed: once more
+            sock.close()
+            sock = pool.take(address, timeout_s, fresh=True)
+            _send(sock, address, data)
+            first = _frame(sock, address)
+        kind, payload = first
         while True:
-            kind, payload = _frame(sock, address)
             if kind == fetch.END:
                 reusable = True
                 return
             if kind == fetch.ERROR:  # the broker closes the connection after it
                 raise from_rpc_error(_Status(*fetch.decode_error(payload))) from None
-            yield parse_pull_reply(payload)
+            yield _reply(address, payload, broker_id)
+            kind, payload = _frame(sock, address)
     finally:
         if reusable:
             pool.give_back(address, sock)
         else:  # mid-range (the caller stopped, or a failure): not at a frame boundary
             sock.close()
+
+
+def _reply(address: str, payload: Any, broker_id: str) -> PullReply:
+    try:
+        reply = parse_pull_reply(payload)
+    except Exception as exc:  # a frame that is no PullReply: not a broker's fetch port
+        raise FetchUnavailable(f"fetch port {address}: a bad reply: {exc}") from None
+    if broker_id and reply.broker_id != broker_id:
+        raise FetchWrongBroker(
+            f"fetch port {address}: answered by broker {reply.broker_id!r}, not {broker_id!r}"
+        )
+    return reply
 
 
 def _send(sock: socket.socket, address: str, data: bytes) -> None:
