@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from equeue_broker.server.config import parse_args
-from equeue_broker.server.fetch_port import fetch_port_number
+from equeue_broker.server.fetch_port import fetch_port_number, fetch_port_warning
 from equeue_broker.testing import BrokerProcess
 from equeue_proto import fetch
 from equeue_proto.v1 import broker_pb2 as pb
@@ -376,3 +376,18 @@ def test_a_client_trickling_a_reply_is_cut_at_the_send_timeout_of_the_whole_repl
             assert sock.recv(2048), "the broker closed before the reader had everything"
             assert time.monotonic() < deadline, "the trickling reader was never cut"
             time.sleep(0.05)
+
+
+def test_the_fetch_port_beside_tls_is_served_only_when_insecure_is_given_and_warned() -> None:
+    tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem"]
+    mutual = [*tls, "--tls-client-ca", "ca.pem"]
+    plain = parse_args(["--fetch-port", "7000"])
+    assert fetch_port_number(plain) == 7000  # no TLS, no tokens: as exposed as gRPC
+    assert fetch_port_warning(plain, tokens=False) is None
+    assert fetch_port_number(parse_args([*mutual, "--fetch-port", "7000"])) is None
+    insecure_mutual = parse_args([*mutual, "--fetch-port", "7000", "--fetch-insecure"])
+    assert fetch_port_number(insecure_mutual) == 7000
+    warning = fetch_port_warning(insecure_mutual, tokens=False)
+    assert warning is not None and "WITHOUT authentication" in warning
+    assert "plain text" in str(fetch_port_warning(insecure_mutual, tokens=True))
+    assert "WITHOUT" not in str(fetch_port_warning(insecure_mutual, tokens=True))

@@ -327,12 +327,28 @@ _SERVERS: dict[int, FetchServer] = {}
 
 
 def fetch_port_number(config: BrokerConfig) -> int | None:
-    """The port to listen on (0: any free one), or None: no fetch port."""
+    """The port to listen on (0: any free one), or None: no fetch port.
+
+    The port has neither TLS nor client certificates; its only check is the
+    tokens'. So: a broker without TLS serves it when asked (tokens or not: the
+    same exposure as its gRPC port); a TLS broker (mutual or not) only with
+    ``fetch_insecure`` too (docs/operations.md "Fetch port")."""
     if config.fetch_port == "off":
         return None
     if config.tls_cert is not None and not config.fetch_insecure:
         return None  # never plain text beside TLS unless the operator says so
     return 0 if config.fetch_port == "auto" else int(config.fetch_port)
+
+
+def fetch_port_warning(config: BrokerConfig, tokens: bool) -> str | None:
+    """What to warn at start about a fetch port served beside TLS, or None."""
+    if fetch_port_number(config) is None or config.tls_cert is None:
+        return None
+    if config.tls_client_ca is not None and not tokens:
+        return ("fetch port: serving every topic's records in plain text WITHOUT "
+                "authentication (it checks no client certificate and no tokens are "
+                "configured): give --tokens-file, or --fetch-port off")  # fmt: skip
+    return "fetch port: serving records in plain text beside TLS (fetch_insecure)"
 
 
 async def start_fetch_server(state: BrokerState, limit: int) -> FetchServer | None:
@@ -343,6 +359,9 @@ async def start_fetch_server(state: BrokerState, limit: int) -> FetchServer | No
         if config.tls_cert is not None and config.fetch_port != "off":
             log.info("fetch port off: the broker serves TLS (set fetch_insecure to serve it)")
         return None
+    warning = fetch_port_warning(config, state.tokens is not None)
+    if warning is not None:
+        log.warning("%s", warning)
     server = FetchServer(state, limit)
     bound = await server.start(config.host, port)
     host = config.host
