@@ -283,6 +283,9 @@ def chunk_fds(pid: int) -> int:
     return count
 
 
+PAIRS = 1000
+
+
 def test_interleaved_runs_hold_few_descriptors_and_aborted_requests_none(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
@@ -291,12 +294,12 @@ def test_interleaved_runs_hold_few_descriptors_and_aborted_requests_none(
     broker, address = with_fetch(broker_factory)
     raw = RawClient(broker.address)
     raw.admin.CreateTopic(pb.CreateTopicRequest(name="orders", queue_count=1), timeout=10)
-    for _ in range(300):
-        produce(raw, "orders", [b"p" * 64])
-        produce(raw, "orders", [b"t" * 64], txn="big")
+    for _ in range(PAIRS):  # ~2 MB: more than the socket buffers take at once
+        produce(raw, "orders", [b"p" * 1024])
+        produce(raw, "orders", [b"t" * 1024], txn="big")
     with Connection(ClientConfig(broker=broker.address)) as conn:
-        commit_transactions(conn, [("big", 300)])
-    assert sum(r[2] for r in replies(address, 0, 0, 0)) == 600  # all visible, files settled
+        commit_transactions(conn, [("big", PAIRS)])
+    assert sum(r[2] for r in replies(address, 0, 0, 0)) == 2 * PAIRS  # visible; files settled
     assert broker.process is not None
     pid = broker.process.pid
     baseline = chunk_fds(pid)
@@ -322,7 +325,7 @@ def test_interleaved_runs_hold_few_descriptors_and_aborted_requests_none(
             if cut % 2 == 0:
                 sock.recv(cut * 100 + 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    assert sum(r[2] for r in replies(address, 0, 0, 0)) == 600  # still served
+    assert sum(r[2] for r in replies(address, 0, 0, 0)) == 2 * PAIRS  # still served
     deadline = time.monotonic() + 30
     while chunk_fds(pid) > baseline:  # the senders notice the resets
         assert time.monotonic() < deadline, f"{chunk_fds(pid) - baseline} descriptors leaked"
