@@ -34,6 +34,8 @@ from equeue_spark.client.wire import PullReply, parse_pull_reply
 
 MAX_IDLE_PER_ADDRESS = 8
 """Idle connections kept per broker address (a Python worker runs one task at a time)."""
+CONNECT_TIMEOUT_S = 2.0
+"""A fetch port that does not accept within this is given up (PullStream serves)."""
 MAX_REPLY_BYTES = 1 << 30
 """Largest reply frame accepted (a broker's replies are about ``batch_bytes``)."""
 
@@ -72,17 +74,28 @@ class Pool:
         self._lock = threading.Lock()
         self._idle: dict[str, list[socket.socket]] = {}
 
-    def take(self, address: str, timeout_s: float, *, fresh: bool = False) -> socket.socket:
-        """An idle connection to ``address`` (unless ``fresh``), else a new one."""
+    def take_idle(self, address: str, timeout_s: float) -> socket.socket | None:
+        """An idle connection to ``address``, or None."""
         with self._lock:
             idle = self._idle.get(address)
-            if idle and not fresh:
-                sock = idle.pop()
-                sock.settimeout(timeout_s)
-                return sock
+            if not idle:
+                return None
+            sock = idle.pop()
+        sock.settimeout(timeout_s)
+        return sock
+
+    def take(self, address: str, timeout_s: float) -> socket.socket:
+        """An idle connection to ``address``, else a new one."""
+        return self.take_idle(address, timeout_s) or self.connect(address, timeout_s)
+
+    def connect(self, address: str, timeout_s: float) -> socket.socket:
+        """A new connection (a connect taking over ``CONNECT_TIMEOUT_S`` falls back)."""
         host, _, port = address.rpartition(":")
         try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+            sock = socket.create_connection(
+                (host.strip("[]"), int(port)), timeout=min(timeout_s, CONNECT_TIMEOUT_S)
+            )
+            sock.settimeout(timeout_s)
         except (OSError, ValueError) as exc:
             raise FetchUnavailable(f"fetch port {address}: cannot connect: {exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -126,15 +139,19 @@ def fetch_replies(
     The connection goes back to ``pool`` once the range is read."""
     request = fetch.FetchRequest(topic, queue_id, start, end, batch_messages, batch_bytes, token)
     data = fetch.encode_request(request)
-    sock = pool.take(address, timeout_s)
+    sock = pool.take_idle(address, timeout_s)
+    reused = sock is not None
+    sock = sock or pool.connect(address, timeout_s)
     reusable = False
     try:
         try:
             _send(sock, address, data)
             first = _frame(sock, address)
-        except FetchUnavailable:  # maybe an idle connection the broker closed: once more
-            sock.close()
-            sock = pool.take(address, timeout_s, fresh=True)
+        except FetchUnavailable:
+            if not reused:
+                raise
+            sock.close()  # an idle connection the broker closed (idle, restart): once more
+            sock = pool.connect(address, timeout_s)
             _send(sock, address, data)
             first = _frame(sock, address)
         kind, payload = first

@@ -158,6 +158,10 @@ def test_bad_requests_get_a_clear_error_frame(
         replies(address, 7, 0, 0)
     with pytest.raises(InvalidRequest, match="batch_messages 200000"):
         replies(address, 0, 0, 0, batch_messages=200_000)
+    with pytest.raises(InvalidRequest, match=r"batch_messages 10001 is not in \[0, 10000\]"):
+        replies(address, 0, 0, 0, batch_messages=10_001)  # the number sent, not another
+    with pytest.raises(InvalidRequest, match="end_offset -5 is negative"):
+        replies(address, 0, 0, -5)
     host, port = address.split(":")
     for junk in (b"GET / HTTP/1.1\r\n\r\n", fetch.MAGIC + struct.pack("<I", 1 << 20)):
         with socket.create_connection((host, int(port)), timeout=10) as sock:

@@ -56,7 +56,6 @@ log = logging.getLogger("equeue.broker.fetch")
 
 DEFAULT_MESSAGES = 1000
 DEFAULT_BYTES = 1 << 20
-MAX_BATCH_MESSAGES = 100_000
 _STATUS = {
     ReadStatus.OK: pb.PULL_STATUS_OK,
     ReadStatus.OFFSET_TOO_SMALL: pb.PULL_STATUS_OFFSET_TOO_SMALL,
@@ -121,13 +120,18 @@ class FetchServer:
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        pause, logged = 0.1, 0.0
         while True:
             try:
                 conn, _ = await loop.sock_accept(listener)
-            except OSError as exc:  # out of descriptors, say: the next accept may work
-                log.warning("fetch port: accept failed: %s", exc)
-                await asyncio.sleep(0.1)
+            except OSError as exc:  # out of descriptors, say: a later accept may work
+                if time.monotonic() - logged >= 60:  # no log flood while it lasts
+                    log.warning("fetch port: accept failed: %s (retrying)", exc)
+                    logged = time.monotonic()
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
                 continue
+            pause = 0.1
             conn.setblocking(False)
             # END frames are small: no waiting for the client's delayed ACK.
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -202,11 +206,14 @@ class FetchServer:
         state = self.state
         store = state.store
         budget = state.stream_reply_bytes
-        if not 0 <= request.batch_messages <= MAX_BATCH_MESSAGES:
+        most = store.config.max_read_messages  # the storage's own limit, named as such
+        if not 0 <= request.batch_messages <= most:
             raise BadRequest(
-                f"fetch port: batch_messages {request.batch_messages} is not in "
-                f"[0, {MAX_BATCH_MESSAGES}]"
+                f"fetch port: batch_messages {request.batch_messages} is not in [0, {most}] "
+                "(max_read_messages)"
             )
+        if request.end_offset < 0:
+            raise BadRequest(f"fetch port: end_offset {request.end_offset} is negative")
         batch = request.batch_messages or DEFAULT_MESSAGES
         share = max(DEFAULT_BYTES, budget.limit // 8)
         batch_bytes = min(request.batch_bytes or DEFAULT_BYTES, share)
