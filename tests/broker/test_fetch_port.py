@@ -9,6 +9,7 @@ so these tests do not depend on GetStats reporting it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import struct
@@ -21,6 +22,8 @@ import pytest
 
 from equeue_broker.server.config import parse_args
 from equeue_broker.server.fetch_port import fetch_port_number, fetch_port_warning
+from equeue_broker.storage import MessageBatch, RecordsResult, Store
+from equeue_broker.storage.file_runs import FileRun, close_runs
 from equeue_broker.testing import BrokerProcess
 from equeue_proto import fetch
 from equeue_proto.v1 import broker_pb2 as pb
@@ -398,3 +401,45 @@ def test_the_fetch_port_beside_tls_is_served_only_when_insecure_is_given_and_war
     assert warning is not None and "WITHOUT authentication" in warning
     assert "plain text" in str(fetch_port_warning(insecure_mutual, tokens=True))
     assert "WITHOUT" not in str(fetch_port_warning(insecure_mutual, tokens=True))
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_file_runs_close_their_descriptors_when_the_read_fails_part_way(
+    open_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Storage in process (64 KiB chunks): a read over several chunks dups one
+    descriptor per chunk; an error after the first dup (EMFILE on the next,
+    a framer that raises) closes those made so far."""
+    store = open_store()
+    store.create_topic("orders", 1)
+    for _ in range(20):
+        store.append("orders", 0, MessageBatch([os.urandom(1000)] * 10))
+    result, pieces = store.reads.file_runs("orders", 0, 0, max_messages=200, max_bytes=1 << 20)
+    runs = [p for p in pieces if isinstance(p, FileRun)]
+    assert result.count == 200 and 1 < len({r.fd for r in runs}) <= len(runs)  # one per chunk
+    close_runs(pieces)
+    before = open_fds()
+    real_dup, calls = os.dup, []
+
+    def failing_dup(fd: int) -> int:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_dup(fd)
+
+    monkeypatch.setattr(os, "dup", failing_dup)
+    with pytest.raises(OSError, match="Too many open files"):
+        store.reads.file_runs("orders", 0, 0, max_messages=200, max_bytes=1 << 20)
+    monkeypatch.setattr(os, "dup", real_dup)
+    assert len(calls) == 2 and open_fds() == before
+
+    def failing_frame(result: RecordsResult) -> tuple[bytes, bytes]:
+        raise ValueError("no frame")
+
+    with pytest.raises(ValueError, match="no frame"):
+        store.reads.file_runs("orders", 0, 0, max_messages=200, max_bytes=1 << 20,
+                              frame=failing_frame)  # fmt: skip
+    assert open_fds() == before
