@@ -36,8 +36,9 @@ MAX_IDLE_PER_ADDRESS = 8
 """Idle connections kept per broker address (a Python worker runs one task at a time)."""
 CONNECT_TIMEOUT_S = 2.0
 """A fetch port that does not accept within this is given up (PullStream serves)."""
-MAX_REPLY_BYTES = 1 << 30
-"""Largest reply frame accepted (a broker's replies are about ``batch_bytes``)."""
+MAX_RECORD_SLACK = 64 << 20
+"""A reply frame may exceed ``batch_bytes`` by this much (its first record may be
+bigger than the batch); anything larger is no reply of ours (FetchUnavailable)."""
 
 
 class FetchUnavailable(BrokerUnavailable):
@@ -139,6 +140,7 @@ def fetch_replies(
     The connection goes back to ``pool`` once the range is read."""
     request = fetch.FetchRequest(topic, queue_id, start, end, batch_messages, batch_bytes, token)
     data = fetch.encode_request(request)
+    most = max(batch_bytes, 1 << 20) + MAX_RECORD_SLACK  # before allocating a peer's length
     sock = pool.take_idle(address, timeout_s)
     reused = sock is not None
     sock = sock or pool.connect(address, timeout_s)
@@ -146,14 +148,14 @@ def fetch_replies(
     try:
         try:
             _send(sock, address, data)
-            first = _frame(sock, address)
+            first = _frame(sock, address, most)
         except FetchUnavailable:
             if not reused:
                 raise
             sock.close()  # an idle connection the broker closed (idle, restart): once more
             sock = pool.connect(address, timeout_s)
             _send(sock, address, data)
-            first = _frame(sock, address)
+            first = _frame(sock, address, most)
         kind, payload = first
         while True:
             if kind == fetch.END:
@@ -162,7 +164,7 @@ def fetch_replies(
             if kind == fetch.ERROR:  # the broker closes the connection after it
                 raise from_rpc_error(_Status(*fetch.decode_error(payload))) from None
             yield _reply(address, payload, broker_id)
-            kind, payload = _frame(sock, address)
+            kind, payload = _frame(sock, address, most)
     finally:
         if reusable:
             pool.give_back(address, sock)
@@ -189,7 +191,7 @@ def _send(sock: socket.socket, address: str, data: bytes) -> None:
         raise FetchUnavailable(f"fetch port {address}: {exc}") from None
 
 
-def _frame(sock: socket.socket, address: str) -> tuple[int, Any]:
+def _frame(sock: socket.socket, address: str, most: int) -> tuple[int, Any]:
     """(kind, payload) of the next frame; the payload in a buffer of its own
     (replies' records stay views of it)."""
     head = _receive(sock, address, fetch.FRAME_HEAD.size)
@@ -197,7 +199,7 @@ def _frame(sock: socket.socket, address: str) -> tuple[int, Any]:
         kind, length = fetch.read_frame_head(bytes(head))
     except fetch.FetchFormatError as exc:
         raise FetchUnavailable(f"fetch port {address}: {exc}") from None
-    if length > MAX_REPLY_BYTES:
+    if length > most:
         raise FetchUnavailable(f"fetch port {address}: a frame of {length} bytes")
     return kind, _receive(sock, address, length)
 

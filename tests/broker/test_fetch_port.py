@@ -443,3 +443,15 @@ def test_file_runs_close_their_descriptors_when_the_read_fails_part_way(
         store.reads.file_runs("orders", 0, 0, max_messages=200, max_bytes=1 << 20,
                               frame=failing_frame)  # fmt: skip
     assert open_fds() == before
+
+
+def test_a_request_head_dribbled_is_cut_at_the_request_read_timeout(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("handshake_timeout_ms = 60000\nrequest_read_timeout_ms = 500\n")
+    _, address = with_fetch(broker_factory, "--config", str(config))
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(fetch.MAGIC[:1])  # a request started, never finished
+        assert sock.recv(1) == b""  # closed long before the handshake timeout

@@ -14,6 +14,7 @@ import logging
 import os
 import select
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -279,3 +280,28 @@ def test_replies_from_another_broker_drop_the_cached_address(
     table = read_all(broker)
     assert table.column("offset").to_pylist() == list(range(3000))
     assert broker.address not in read_task._FETCH_ADDRESSES
+
+
+def test_a_peer_announcing_a_huge_frame_is_fetch_unavailable_before_any_allocation() -> None:
+    """Whatever holds the port now (not our broker) cannot make us allocate 1 GiB."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        pool = Pool()
+        replies = fetch_replies(address, "orders", 0, 0, 10, batch_bytes=1 << 20, pool=pool)
+        peer: list[socket.socket] = []
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            peer.append(conn)
+            conn.sendall(fetch.frame_head(fetch.REPLY, 1 << 30))
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        try:
+            with pytest.raises(FetchUnavailable, match="a frame of 1073741824 bytes"):
+                next(replies)
+        finally:
+            thread.join(10)
+            for conn in peer:
+                conn.close()
+            pool.close()

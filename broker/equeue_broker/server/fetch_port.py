@@ -166,7 +166,10 @@ class FetchServer:
         # (as gRPC's): silent ones must not keep the slots of max_connections.
         wait_s = config.handshake_timeout_ms / 1000
         while True:
-            head = await _receive(conn, fetch.REQUEST_HEAD.size, wait_s)
+            # Once a request starts, all of it within the request read timeout
+            # (a client dribbling its head must not hold a slot for the idle one).
+            head = await _receive(conn, 1, wait_s)
+            head += await _receive(conn, fetch.REQUEST_HEAD.size - 1, read_s)
             wait_s = idle_s
             try:
                 length = fetch.request_length(head)
