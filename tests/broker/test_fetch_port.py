@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import socket
 import struct
 import time
@@ -21,7 +22,7 @@ import grpc
 import pytest
 
 from equeue_broker.server.config import parse_args
-from equeue_broker.server.fetch_port import fetch_port_number, fetch_port_warning
+from equeue_broker.server.fetch_port import _send_reply, fetch_port_number, fetch_port_warning
 from equeue_broker.storage import MessageBatch, RecordsResult, Store
 from equeue_broker.storage.file_runs import FileRun, close_runs
 from equeue_broker.testing import BrokerProcess
@@ -455,3 +456,24 @@ def test_a_request_head_dribbled_is_cut_at_the_request_read_timeout(
     with socket.create_connection((host, int(port)), timeout=20) as sock:
         sock.sendall(fetch.MAGIC[:1])  # a request started, never finished
         assert sock.recv(1) == b""  # closed long before the handshake timeout
+
+
+def test_a_reply_to_a_socket_past_descriptor_1023_waits_with_its_deadline() -> None:
+    """A busy broker's sockets have descriptors past select()'s 1024: the sender
+    waits for them with poll (a stalled client times out, nothing else fails)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 2048")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    ours, theirs = socket.socketpair()
+    try:
+        high = socket.socket(fileno=os.dup2(ours.fileno(), 2000))
+        high.setblocking(False)
+        started = time.monotonic()
+        with high, pytest.raises(TimeoutError):  # the peer never reads
+            _send_reply(high, [b"x" * (32 << 20)], time.monotonic() + 0.3)
+        assert time.monotonic() - started < 10
+    finally:
+        ours.close()
+        theirs.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

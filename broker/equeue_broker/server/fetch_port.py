@@ -290,8 +290,11 @@ def _send_reply(conn: socket.socket, pieces: list[bytes | FileRun], deadline: fl
 
 
 def _writable(conn: socket.socket, deadline: float) -> None:
+    """Wait until ``conn`` takes data again (poll: select fails past fd 1023)."""
     left = deadline - time.monotonic()
-    if left <= 0 or not select.select([], [conn], [], left)[1]:
+    poller = select.poll()
+    poller.register(conn, select.POLLOUT)
+    if left <= 0 or not poller.poll(left * 1000):
         raise TimeoutError("the client took no data in time")
 
 
