@@ -14,6 +14,7 @@ import os
 import resource
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -493,3 +494,34 @@ def test_a_reply_to_a_socket_past_descriptor_1023_waits_with_its_deadline() -> N
         ours.close()
         theirs.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_reply_taken_slowly_but_steadily_times_out_as_a_whole() -> None:
+    """A client that takes a little all the time (no single wait is long) still
+    has to take the whole reply by its deadline (StalledStream's rule)."""
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # small: wakes often
+    ours.setblocking(False)
+    taken, done = [0], threading.Event()
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError):
+            while not done.is_set():
+                data = theirs.recv(1024)
+                if not data:
+                    return
+                taken[0] += len(data)
+                time.sleep(0.01)
+
+    reader = threading.Thread(target=trickle)
+    reader.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            _send_reply(ours, [b"x" * (8 << 20)], time.monotonic() + 0.5)
+        assert time.monotonic() - started < 10 and 0 < taken[0] < 8 << 20
+    finally:
+        done.set()
+        ours.close()
+        reader.join(10)
+        theirs.close()
