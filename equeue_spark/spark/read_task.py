@@ -23,6 +23,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
@@ -34,7 +35,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.columns import decode_columns
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.errors import EqueueError
-from equeue_spark.client.fetch import FetchUnavailable, fetch_replies
+from equeue_spark.client.fetch import FetchUnavailable, FetchWrongBroker, fetch_replies
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.routing import members_in_turn
 from equeue_spark.client.wire import PullReply
@@ -257,12 +258,21 @@ def _transport_replies(conn: Connection, part: QueueRange) -> Iterator[PullReply
     if address:
         token = conn.config.resolved_token()
         timeout_s = conn.config.timeout_s
+        with _FETCH_LOCK:
+            broker_id = _FETCH_BROKER_IDS.get(conn.config.broker, "")
 
         def fetched(offset: int, end: int) -> Iterator[PullReply]:
-            return fetch_replies(
-                address, part.topic, part.queue_id, offset, end, token=token,
-                batch_messages=REPLY_MESSAGES, batch_bytes=REPLY_BYTES, timeout_s=timeout_s,
-            )  # fmt: skip
+            try:
+                yield from fetch_replies(
+                    address, part.topic, part.queue_id, offset, end, token=token,
+                    batch_messages=REPLY_MESSAGES, batch_bytes=REPLY_BYTES, timeout_s=timeout_s,
+                    broker_id=broker_id,
+                )  # fmt: skip
+            except FetchUnavailable:
+                raise
+            except EqueueError as exc:  # an ERROR frame (a limit, a refusal): PullStream
+                # serves the rest, and raises its own error if it has one to raise.
+                raise FetchUnavailable(f"fetch port {address}: {exc}") from exc
 
         try:
             for reply in _replies(fetched, part):
@@ -284,8 +294,14 @@ def _transport_replies(conn: Connection, part: QueueRange) -> Iterator[PullReply
 
 
 _FETCH_ADDRESSES: dict[str, str] = {}
-"""Broker address -> its fetch port's address ("": none or unusable), learned
-once per Python worker process (Spark reuses workers across tasks)."""
+"""Broker address -> its fetch port's address ("": none), learned once per
+Python worker process (Spark reuses workers across tasks)."""
+_FETCH_BROKER_IDS: dict[str, str] = {}
+"""Broker address -> the broker id GetStats reported: replies must carry it."""
+_FETCH_FAILED: dict[str, float] = {}
+"""Broker address -> when (monotonic) its fetch port may be tried again."""
+FETCH_RETRY_S = 30.0
+"""How long a worker reads a broker over PullStream after its fetch port failed."""
 _FETCH_LOCK = threading.Lock()
 
 
@@ -300,29 +316,37 @@ def fetch_address(conn: Connection, part: QueueRange) -> str:
         return ""
     broker = conn.config.broker
     with _FETCH_LOCK:
+        if time.monotonic() < _FETCH_FAILED.get(broker, 0.0):
+            return ""
         known = _FETCH_ADDRESSES.get(broker)
     if known is not None:
         return known
-    found = ""
+    found, broker_id = "", ""
     if conn.config.credentials() is None:  # plain text to the broker: so may the fetch port be
         try:
             stats = conn.call(conn.admin.GetStats, pb.GetStatsRequest(), retry=False)
-            found = stats.fetch_address
+            found, broker_id = stats.fetch_address, stats.broker_id
         except EqueueError as exc:
             log.info("%s: no fetch port address (%s); reading over PullStream", broker, exc)
     with _FETCH_LOCK:
         _FETCH_ADDRESSES[broker] = found
+        _FETCH_BROKER_IDS[broker] = broker_id
     return found
 
 
 def _fetch_failed(broker: str, address: str, exc: EqueueError) -> None:
-    """Forget a fetch port that failed (this worker reads ``broker`` over PullStream
-    from now on), saying so once."""
+    """Read ``broker`` over PullStream for ``FETCH_RETRY_S`` after its fetch port
+    failed (saying so once per failure spell); an answer from another broker also
+    drops the cached address (learned again from GetStats)."""
     with _FETCH_LOCK:
-        if _FETCH_ADDRESSES.get(broker) == "":
-            return
-        _FETCH_ADDRESSES[broker] = ""
-    log.warning("%s: fetch port %s failed (%s); reading over PullStream", broker, address, exc)
+        failing = time.monotonic() < _FETCH_FAILED.get(broker, 0.0)
+        _FETCH_FAILED[broker] = time.monotonic() + FETCH_RETRY_S
+        if isinstance(exc, FetchWrongBroker):
+            _FETCH_ADDRESSES.pop(broker, None)
+            _FETCH_BROKER_IDS.pop(broker, None)
+    if not failing:
+        log.warning("%s: fetch port %s failed (%s); reading over PullStream for %.0f s",
+                    broker, address, exc, FETCH_RETRY_S)  # fmt: skip
 
 
 def _replies(

@@ -12,8 +12,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import select
 import socket
+import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -33,7 +36,7 @@ from equeue_broker.testing import BrokerProcess
 from equeue_proto import fetch
 from equeue_spark.client import ClientConfig, Producer
 from equeue_spark.client.connection import Connection
-from equeue_spark.client.fetch import FetchUnavailable, Pool, fetch_replies
+from equeue_spark.client.fetch import POOL, FetchUnavailable, Pool, fetch_replies
 from equeue_spark.spark import read_task
 from equeue_spark.spark.arrow import arrow_schema, read_schema
 
@@ -113,9 +116,16 @@ def fetching(broker_factory: Callable[..., BrokerProcess]) -> Iterator[tuple[Bro
         for _ in range(3):
             producer.send_batch("orders", [os.urandom(1024)] * 1000, queue_ids=[0] * 1000)
     address = f"127.0.0.1:{port}"
+    forget_fetch_ports()
     read_task._FETCH_ADDRESSES[broker.address] = address
     yield broker, address
+    forget_fetch_ports()
+
+
+def forget_fetch_ports() -> None:
     read_task._FETCH_ADDRESSES.clear()
+    read_task._FETCH_BROKER_IDS.clear()
+    read_task._FETCH_FAILED.clear()
 
 
 SPARK_TYPES = {
@@ -164,7 +174,14 @@ def test_a_fetch_port_that_fails_hands_the_range_to_pullstream_once(
     assert table.column("offset").to_pylist() == list(range(3000)) == again["offset"].to_pylist()
     failed = [r for r in caplog.records if "fetch port" in r.getMessage()]
     assert len(failed) == 1 and dead in failed[0].getMessage()
-    assert read_task._FETCH_ADDRESSES[broker.address] == ""  # PullStream from now on
+    with Connection(ClientConfig(broker=broker.address)) as conn:
+        assert read_task.fetch_address(conn, part()) == ""  # PullStream for a while
+    read_task._FETCH_FAILED[broker.address] = 0.0  # the back-off is over: tried again
+    assert read_task._FETCH_ADDRESSES[broker.address] == dead
+
+
+def part(end: int = 3000) -> read_task.QueueRange:
+    return read_task.QueueRange("orders", 0, 0, end, "", 30_000)
 
 
 def test_a_connection_refused_is_fetch_unavailable() -> None:
@@ -205,3 +222,86 @@ def test_a_broker_with_the_fetch_port_off_is_read_over_pullstream(
         assert {broker.address: ""} == read_task._FETCH_ADDRESSES
     finally:
         read_task._FETCH_ADDRESSES.clear()
+
+
+def test_an_error_frame_hands_the_range_to_pullstream(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """A full fetch port (a limit's ERROR frame) is no reason to fail the task."""
+    config = tmp_path / "broker.toml"
+    config.write_text("max_connections = 1\nhandshake_timeout_ms = 60000\n")
+    port = free_port()
+    broker = broker_factory("--fetch-port", str(port), "--config", str(config))
+    with Producer(broker.address) as producer:
+        producer.send_batch("orders", [b"x"] * 100, queue_ids=[0] * 100)
+    forget_fetch_ports()
+    read_task._FETCH_ADDRESSES[broker.address] = f"127.0.0.1:{port}"
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10):  # takes the one slot
+            assert read_all_of(broker, 100).column("offset").to_pylist() == list(range(100))
+        assert broker.address in read_task._FETCH_FAILED
+    finally:
+        forget_fetch_ports()
+
+
+def test_a_pooled_connection_the_broker_closed_is_retried_on_a_new_one(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("max_connection_idle_ms = 300\n")
+    port = free_port()
+    broker = broker_factory("--fetch-port", str(port), "--config", str(config))
+    with Producer(broker.address) as producer:
+        producer.send_batch("orders", [b"x"] * 100, queue_ids=[0] * 100)
+    address = f"127.0.0.1:{port}"
+    forget_fetch_ports()
+    read_task._FETCH_ADDRESSES[broker.address] = address
+    try:
+        with caplog.at_level(logging.WARNING, logger="equeue.spark"):
+            assert read_all_of(broker, 100).num_rows == 100
+            pooled = POOL._idle[address][-1]
+            readable, _, _ = select.select([pooled], [], [], 20)  # the broker's idle close
+            assert readable and pooled.recv(1, socket.MSG_PEEK) == b""
+            assert read_all_of(broker, 100).num_rows == 100
+        assert not [r for r in caplog.records if "fetch port" in r.getMessage()]
+        assert not read_task._FETCH_FAILED
+    finally:
+        forget_fetch_ports()
+
+
+def test_replies_from_another_broker_drop_the_cached_address(
+    fetching: tuple[BrokerProcess, str],
+) -> None:
+    """The port answers as another broker (the expected one restarted elsewhere):
+    nothing of its replies is used, the range is read over PullStream, and the
+    address is learned again."""
+    broker, _ = fetching
+    read_task._FETCH_BROKER_IDS[broker.address] = "another-broker"
+    table = read_all(broker)
+    assert table.column("offset").to_pylist() == list(range(3000))
+    assert broker.address not in read_task._FETCH_ADDRESSES
+
+
+def test_a_peer_announcing_a_huge_frame_is_fetch_unavailable_before_any_allocation() -> None:
+    """Whatever holds the port now (not our broker) cannot make us allocate 1 GiB."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        pool = Pool()
+        replies = fetch_replies(address, "orders", 0, 0, 10, batch_bytes=1 << 20, pool=pool)
+        peer: list[socket.socket] = []
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            peer.append(conn)
+            conn.sendall(fetch.frame_head(fetch.REPLY, 1 << 30))
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        try:
+            with pytest.raises(FetchUnavailable, match="a frame of 1073741824 bytes"):
+                next(replies)
+        finally:
+            thread.join(10)
+            for conn in peer:
+                conn.close()
+            pool.close()

@@ -9,11 +9,14 @@ issue 29's read). Here a reply is the same pre-encoded ``PullReply`` bytes
 
 Same rules as ``PullStream``: the streams' half of ``max_reply_bytes`` bounds
 the replies being sent, ``stream_send_timeout_ms`` ends a connection whose
-client stops reading, and with tokens the request's token needs the
+client does not take a whole reply in that time, and with tokens the request's token needs the
 ``consume`` role for the topic (checked before anything is read). Limits of
 its own: ``max_connections`` connections at once (more get one ERROR frame
-and are closed), ``max_connection_idle_ms`` between requests,
-``request_read_timeout_ms`` for a request's bytes. No TLS: a broker serving
+and are closed), ``handshake_timeout_ms`` for the first request's head,
+``max_connection_idle_ms`` between requests, ``request_read_timeout_ms`` for a
+request's bytes, and at most ``file_runs.MAX_FILE_RUNS`` descriptors per reply.
+A failure part way through a reply closes the connection (no ERROR frame
+inside a frame). No TLS: a broker serving
 TLS starts it only with ``fetch_insecure`` (``config.fetch_port_wanted``).
 """
 
@@ -23,7 +26,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
+import select
 import socket
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -50,7 +56,6 @@ log = logging.getLogger("equeue.broker.fetch")
 
 DEFAULT_MESSAGES = 1000
 DEFAULT_BYTES = 1 << 20
-MAX_BATCH_MESSAGES = 100_000
 _STATUS = {
     ReadStatus.OK: pb.PULL_STATUS_OK,
     ReadStatus.OFFSET_TOO_SMALL: pb.PULL_STATUS_OFFSET_TOO_SMALL,
@@ -115,13 +120,18 @@ class FetchServer:
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        pause, logged = 0.1, 0.0
         while True:
             try:
                 conn, _ = await loop.sock_accept(listener)
-            except OSError as exc:  # out of descriptors, say: the next accept may work
-                log.warning("fetch port: accept failed: %s", exc)
-                await asyncio.sleep(0.1)
+            except OSError as exc:  # out of descriptors, say: a later accept may work
+                if time.monotonic() - logged >= 60:  # no log flood while it lasts
+                    log.warning("fetch port: accept failed: %s (retrying)", exc)
+                    logged = time.monotonic()
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
                 continue
+            pause = 0.1
             conn.setblocking(False)
             # END frames are small: no waiting for the client's delayed ACK.
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -152,8 +162,15 @@ class FetchServer:
         config = self.state.config
         idle_s = config.max_connection_idle_ms / 1000
         read_s = config.request_read_timeout_ms / 1000
+        # A connection that says nothing is closed after the handshake timeout
+        # (as gRPC's): silent ones must not keep the slots of max_connections.
+        wait_s = config.handshake_timeout_ms / 1000
         while True:
-            head = await _receive(conn, fetch.REQUEST_HEAD.size, idle_s)
+            # Once a request starts, all of it within the request read timeout
+            # (a client dribbling its head must not hold a slot for the idle one).
+            head = await _receive(conn, 1, wait_s)
+            head += await _receive(conn, fetch.REQUEST_HEAD.size - 1, read_s)
+            wait_s = idle_s
             try:
                 length = fetch.request_length(head)
                 body = await _receive(conn, length, read_s)
@@ -192,11 +209,14 @@ class FetchServer:
         state = self.state
         store = state.store
         budget = state.stream_reply_bytes
-        if not 0 <= request.batch_messages <= MAX_BATCH_MESSAGES:
+        most = store.config.max_read_messages  # the storage's own limit, named as such
+        if not 0 <= request.batch_messages <= most:
             raise BadRequest(
-                f"fetch port: batch_messages {request.batch_messages} is not in "
-                f"[0, {MAX_BATCH_MESSAGES}]"
+                f"fetch port: batch_messages {request.batch_messages} is not in [0, {most}] "
+                "(max_read_messages)"
             )
+        if request.end_offset < 0:
+            raise BadRequest(f"fetch port: end_offset {request.end_offset} is negative")
         batch = request.batch_messages or DEFAULT_MESSAGES
         share = max(DEFAULT_BYTES, budget.limit // 8)
         batch_bytes = min(request.batch_bytes or DEFAULT_BYTES, share)
@@ -210,8 +230,9 @@ class FetchServer:
             close_runs(state.inline(read, offset, max_messages=1)[1])
         read = functools.partial(read, until=stop)
         # One reply in flight per connection; the replies go out from a thread of
-        # its own with blocking sends: a busy event loop (gRPC shares it) would
-        # otherwise be woken for every few hundred KiB a loaded client takes.
+        # its own (waiting in select until the reply's deadline): a busy event loop
+        # (gRPC shares it) would otherwise be woken for every few hundred KiB a
+        # loaded client takes.
         held = await Held.take(budget, batch_bytes)
         try:
             loop = asyncio.get_running_loop()
@@ -225,22 +246,17 @@ class FetchServer:
         self, conn: socket.socket, read: Callable[..., tuple[RecordsResult, list[bytes | FileRun]]],
         offset: int, stop: int, batch: int, request: fetch.FetchRequest,
     ) -> None:  # fmt: skip
-        """The replies of ``[offset, stop)``: frames as bytes with ``sendall``, file
+        """The replies of ``[offset, stop)``: frames as bytes with ``send``, file
         runs with ``sendfile`` (the kernel sends the page cache's pages: no copy here)."""
         state = self.state
-        conn.settimeout(state.config.stream_send_timeout_ms / 1000)  # blocking, bounded
+        timeout_s = state.config.stream_send_timeout_ms / 1000
         try:
             while offset < stop:
                 result, pieces = state.calls.inline(
                     read, offset, max_messages=min(batch, stop - offset)
                 )
-                try:
-                    for piece in pieces:
-                        if isinstance(piece, FileRun):
-                            with open(piece.fd, "rb", buffering=0, closefd=False) as file:
-                                conn.sendfile(file, piece.offset, piece.length)
-                        else:
-                            conn.sendall(piece)
+                try:  # the whole reply within the send timeout (StalledStream's rule)
+                    _send_reply(conn, pieces, time.monotonic() + timeout_s)
                 finally:
                     close_runs(pieces)
                 state.counters.pulled(request.topic, request.queue_id, result.count, 0)
@@ -248,11 +264,60 @@ class FetchServer:
                     return
                 offset = result.next_offset
         except TimeoutError:
-            log.warning("fetch port: %s/%d: the client took no data for %.0f s; closing",
-                        request.topic, request.queue_id, conn.gettimeout())  # fmt: skip
+            log.warning("fetch port: %s/%d: the client took a reply in no less than %.0f s; "
+                        "closing", request.topic, request.queue_id, timeout_s)  # fmt: skip
             raise
-        finally:
-            conn.setblocking(False)
+
+
+class MidFrame(ConnectionAbortedError):
+    """A failure part way through a frame: the connection is closed, no ERROR frame
+    (the client would read it as the reply's bytes; a close makes it fall back)."""
+
+
+def _send_reply(conn: socket.socket, pieces: list[bytes | FileRun], deadline: float) -> None:
+    """The pieces of one reply frame on the non-blocking ``conn`` by ``deadline``."""
+    try:
+        for piece in pieces:
+            if isinstance(piece, FileRun):
+                _send_file(conn, piece, deadline)
+            else:
+                _send_bytes(conn, piece, deadline)
+    except (ConnectionError, TimeoutError):
+        raise
+    except Exception as exc:  # a bad disk block, say: the frame can't be finished
+        log.error("fetch port: a reply failed part way (%s); closing the connection", exc)
+        raise MidFrame(str(exc)) from exc
+
+
+def _writable(conn: socket.socket, deadline: float) -> None:
+    """Wait until ``conn`` takes data again (poll: select fails past fd 1023)."""
+    left = deadline - time.monotonic()
+    poller = select.poll()
+    poller.register(conn, select.POLLOUT)
+    if left <= 0 or not poller.poll(left * 1000):
+        raise TimeoutError("the client took no data in time")
+
+
+def _send_bytes(conn: socket.socket, data: bytes, deadline: float) -> None:
+    view, sent = memoryview(data), 0
+    while sent < len(view):
+        try:
+            sent += conn.send(view[sent:])
+        except BlockingIOError:
+            _writable(conn, deadline)
+
+
+def _send_file(conn: socket.socket, run: FileRun, deadline: float) -> None:
+    offset, end = run.offset, run.offset + run.length
+    while offset < end:
+        try:
+            sent = os.sendfile(conn.fileno(), run.fd, offset, end - offset)
+        except BlockingIOError:
+            _writable(conn, deadline)
+            continue
+        if sent == 0:  # the file ends before the run: never send a short frame
+            raise MidFrame(f"the chunk file ends {end - offset} bytes before its run")
+        offset += sent
 
 
 async def _receive(conn: socket.socket, size: int, timeout_s: float) -> bytes:
@@ -275,12 +340,28 @@ _SERVERS: dict[int, FetchServer] = {}
 
 
 def fetch_port_number(config: BrokerConfig) -> int | None:
-    """The port to listen on (0: any free one), or None: no fetch port."""
+    """The port to listen on (0: any free one), or None: no fetch port.
+
+    The port has neither TLS nor client certificates; its only check is the
+    tokens'. So: a broker without TLS serves it when asked (tokens or not: the
+    same exposure as its gRPC port); a TLS broker (mutual or not) only with
+    ``fetch_insecure`` too (docs/operations.md "Fetch port")."""
     if config.fetch_port == "off":
         return None
     if config.tls_cert is not None and not config.fetch_insecure:
         return None  # never plain text beside TLS unless the operator says so
     return 0 if config.fetch_port == "auto" else int(config.fetch_port)
+
+
+def fetch_port_warning(config: BrokerConfig, tokens: bool) -> str | None:
+    """What to warn at start about a fetch port served beside TLS, or None."""
+    if fetch_port_number(config) is None or config.tls_cert is None:
+        return None
+    if config.tls_client_ca is not None and not tokens:
+        return ("fetch port: serving every topic's records in plain text WITHOUT "
+                "authentication (it checks no client certificate and no tokens are "
+                "configured): give --tokens-file, or --fetch-port off")  # fmt: skip
+    return "fetch port: serving records in plain text beside TLS (fetch_insecure)"
 
 
 async def start_fetch_server(state: BrokerState, limit: int) -> FetchServer | None:
@@ -291,6 +372,9 @@ async def start_fetch_server(state: BrokerState, limit: int) -> FetchServer | No
         if config.tls_cert is not None and config.fetch_port != "off":
             log.info("fetch port off: the broker serves TLS (set fetch_insecure to serve it)")
         return None
+    warning = fetch_port_warning(config, state.tokens is not None)
+    if warning is not None:
+        log.warning("%s", warning)
     server = FetchServer(state, limit)
     bound = await server.start(config.host, port)
     host = config.host

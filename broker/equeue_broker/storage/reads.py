@@ -21,7 +21,6 @@ import bisect
 import dataclasses
 import itertools
 import logging
-import os
 import struct
 from collections.abc import Iterable
 from typing import cast
@@ -36,7 +35,7 @@ from equeue_broker.storage.errors import (
     InvalidArgument,
     NotFound,
 )
-from equeue_broker.storage.file_runs import FileRun, close_runs, piece_size
+from equeue_broker.storage.file_runs import FileRun, RunFiles, close_runs, piece_size
 from equeue_broker.storage.index.index_repair import repair_entry
 from equeue_broker.storage.index.queue_index import (
     ENTRY,
@@ -212,31 +211,37 @@ class Reads:
                     queue, offset, stop, max_messages, max_bytes
                 )
             result = RecordsResult(status, b"", count, next_offset, earliest, end, nbytes)
-            pieces: list[bytes | FileRun] = [
-                p if isinstance(p, (bytes, FileRun)) else bytes(p) for p in collected
-            ]  # views of the maps copied while the lock keeps them mapped
-            if frame is not None:
-                prefix, suffix = frame(result)
-                pieces = [prefix, *pieces, suffix]
-            return result, pieces
+            try:  # views of the maps copied while the lock keeps them mapped
+                pieces = [p if isinstance(p, (bytes, FileRun)) else bytes(p) for p in collected]
+                prefix, suffix = (b"", b"") if frame is None else frame(result)
+            except BaseException:
+                close_runs(collected)  # no descriptor outlives a failed read
+                raise
+            return result, [prefix, *pieces, suffix] if frame is not None else pieces
 
     def _runs_repairing(
         self, queue: QueueState, offset: int, end: int, max_messages: int, max_bytes: int
     ) -> tuple[list[Piece | FileRun], int, int, int]:
         """``_collect_runs`` with file runs, again after each repaired entry (lock held)."""
         for _ in range(_MAX_REPAIRS):
-            collected = self._collect_runs(
-                queue, offset=offset, end=end, max_messages=max_messages, max_bytes=max_bytes,
-                files=True,
-            )  # fmt: skip
+            files = RunFiles()
+            try:
+                collected = self._collect_runs(
+                    queue, offset=offset, end=end, max_messages=max_messages,
+                    max_bytes=max_bytes, files=files,
+                )  # fmt: skip
+            except BaseException:  # every path that drops the runs closes them
+                files.close()
+                raise
             if collected is not None:
                 return collected
+            files.close()
         raise _too_damaged(queue)
 
-    def _file_run(self, start: int, stop: int) -> FileRun:
-        """The log bytes ``[start, stop)`` (one chunk) as a file run (lock held)."""
+    def _file_run(self, start: int, stop: int, files: RunFiles) -> FileRun | None:
+        """``[start, stop)`` of the log (one chunk) as a file run, or None (lock held)."""
         chunk, local = self._log._data_view(start, stop - start)  # its checks, as copy()
-        return FileRun(os.dup(chunk.fd), local, stop - start)
+        return files.run(chunk.fd, local, stop - start)
 
     def _locate(
         self, topic: str, queue_id: int, offset: int
@@ -298,7 +303,7 @@ class Reads:
         end: int,
         max_messages: int,
         max_bytes: int,
-        files: bool = False,
+        files: RunFiles | None = None,
     ) -> tuple[list[Piece | FileRun], int, int, int] | None:
         """(pieces, count, bytes, next offset) of an unfiltered read (lock held):
         the index is planned into runs of adjacent records (``index_runs``, in C),
@@ -323,8 +328,7 @@ class Reads:
                 mapped_chunk = start // capacity
                 if not self._log.record_is(
                     start, queue.topic_bytes, queue.queue_id, cursor + first
-                ):
-                    close_runs(pieces)
+                ):  # (the caller closes the file runs made so far)
                     pieces.clear()
                     self._repair(queue, cursor + first)
                     return None
@@ -334,13 +338,10 @@ class Reads:
                     return self._served_before(queue, pieces, offset, cursor + first, run, bad)
                 view = self._log.copy(start, stop_at)
                 served = _served(view, run, cursor + first)
-                if files and served is view:  # as stored: sent from the file itself
-                    pieces.append(self._file_run(start, stop_at))
-                else:
-                    pieces.append(served)
+                run_file = files and served is view and self._file_run(start, stop_at, files)
+                pieces.append(run_file or served)  # as stored: sent from the file itself
             cursor += taken
             if stop in {RUNS_EMPTY, RUNS_DAMAGED}:  # an empty entry below the end is damage too
-                close_runs(pieces)
                 pieces.clear()
                 self._repair(queue, cursor)
                 return None
@@ -367,8 +368,7 @@ class Reads:
             queue.queue_id,
             damaged,
         )
-        if damaged == offset:
-            close_runs(pieces)
+        if damaged == offset:  # (the caller closes the file runs)
             pieces.clear()
             raise DamagedRecord(
                 queue.topic, queue.queue_id, damaged, self._log.chunk_path(bad), bad
