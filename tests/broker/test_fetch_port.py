@@ -23,7 +23,12 @@ import grpc
 import pytest
 
 from equeue_broker.server.config import parse_args
-from equeue_broker.server.fetch_port import _send_reply, fetch_port_number, fetch_port_warning
+from equeue_broker.server.fetch_port import (
+    _send_reply,
+    fetch_port_number,
+    fetch_port_refusal,
+    fetch_port_warning,
+)
 from equeue_broker.storage import MessageBatch, RecordsResult, Store
 from equeue_broker.storage.file_runs import FileRun, close_runs
 from equeue_broker.testing import BrokerProcess
@@ -415,10 +420,15 @@ def test_the_fetch_port_beside_tls_is_served_only_when_insecure_is_given_and_war
     assert fetch_port_number(parse_args([*mutual, "--fetch-port", "7000"])) is None
     insecure_mutual = parse_args([*mutual, "--fetch-port", "7000", "--fetch-insecure"])
     assert fetch_port_number(insecure_mutual) == 7000
-    warning = fetch_port_warning(insecure_mutual, tokens=False)
-    assert warning is not None and "WITHOUT authentication" in warning
+    # Certificates as the only authentication: the fetch port, which checks
+    # none, is not served even with fetch_insecure.
+    refusal = fetch_port_refusal(insecure_mutual, tokens=False)
+    assert refusal is not None and "--tokens-file" in refusal
+    assert fetch_port_warning(insecure_mutual, tokens=False) is None
+    assert fetch_port_refusal(insecure_mutual, tokens=True) is None
     assert "plain text" in str(fetch_port_warning(insecure_mutual, tokens=True))
-    assert "WITHOUT" not in str(fetch_port_warning(insecure_mutual, tokens=True))
+    insecure_tls = parse_args([*tls, "--fetch-port", "7000", "--fetch-insecure"])
+    assert fetch_port_refusal(insecure_tls, tokens=False) is None
 
 
 def open_fds() -> int:

@@ -353,14 +353,25 @@ def fetch_port_number(config: BrokerConfig) -> int | None:
     return 0 if config.fetch_port == "auto" else int(config.fetch_port)
 
 
+def fetch_port_refusal(config: BrokerConfig, tokens: bool) -> str | None:
+    """Why a fetch port the config asks for is not served, or None.
+
+    A broker whose clients authenticate only by certificate (mutual TLS, no
+    tokens) would serve every topic to anyone over the fetch port, which checks
+    no certificate: it is not served, whatever ``fetch_insecure`` says."""
+    if fetch_port_number(config) is None or config.tls_client_ca is None or tokens:
+        return None
+    return ("fetch port off: the broker authenticates clients by certificate only "
+            "(--tls-client-ca, no tokens) and the fetch port checks no certificate; "
+            "give --tokens-file to serve it")  # fmt: skip
+
+
 def fetch_port_warning(config: BrokerConfig, tokens: bool) -> str | None:
     """What to warn at start about a fetch port served beside TLS, or None."""
     if fetch_port_number(config) is None or config.tls_cert is None:
         return None
-    if config.tls_client_ca is not None and not tokens:
-        return ("fetch port: serving every topic's records in plain text WITHOUT "
-                "authentication (it checks no client certificate and no tokens are "
-                "configured): give --tokens-file, or --fetch-port off")  # fmt: skip
+    if fetch_port_refusal(config, tokens) is not None:
+        return None
     return "fetch port: serving records in plain text beside TLS (fetch_insecure)"
 
 
@@ -371,6 +382,10 @@ async def start_fetch_server(state: BrokerState, limit: int) -> FetchServer | No
     if port is None:
         if config.tls_cert is not None and config.fetch_port != "off":
             log.info("fetch port off: the broker serves TLS (set fetch_insecure to serve it)")
+        return None
+    refusal = fetch_port_refusal(config, state.tokens is not None)
+    if refusal is not None:
+        log.warning("%s", refusal)
         return None
     warning = fetch_port_warning(config, state.tokens is not None)
     if warning is not None:
