@@ -13,36 +13,17 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.cli import format_table, main
 from equeue_spark.client import Admin, Consumer, Producer
+from tests.support.cli import Cli, Result, in_process_cli
 
 EQUEUE_SCRIPT = Path(sys.executable).parent / "equeue"
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        assert self.code == 0, self.err
-        return json.loads(self.out)
-
-    def json_lines(self) -> list[dict[str, Any]]:
-        assert self.code == 0, self.err
-        return [json.loads(line) for line in self.out.splitlines()]
-
-
-Cli = Callable[..., Result]
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +42,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def cli(broker: str, capsys: pytest.CaptureFixture[str]) -> Cli:
     """Run ``equeue --broker <broker> ARGS`` in-process; its exit code and output."""
-
-    def run(*args: str) -> Result:
-        code = main(["--broker", broker, "--timeout-s", "10", *args])
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-
-    return run
+    return in_process_cli(broker, capsys)
 
 
 def _script(broker: str, *args: str, stdin: bytes | None = None) -> Result:

@@ -6,42 +6,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from equeue_broker.testing import BrokerProcess
-from equeue_spark.cli import main
 from equeue_spark.client import Admin, Consumer, Message, Producer
+from tests.support.cli import Cli, Result, in_process_cli
 
 BUDGET_S = 60.0
 
 
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        assert self.code == 0, self.err
-        return json.loads(self.out)
-
-
-Cli = Callable[..., Result]
-
-
 @pytest.fixture
 def cli(broker: BrokerProcess, capsys: pytest.CaptureFixture[str]) -> Cli:
-    def run(*args: str) -> Result:
-        code = main(["--broker", broker.address, "--timeout-s", "10", *args])
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-
-    return run
+    return in_process_cli(broker.address, capsys)
 
 
 def _produce(cli: Cli, tmp_path: Path, topic: str, lines: list[str], *flags: str) -> Result:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from equeue_broker.testing import BrokerProcess
-from equeue_spark.cli import main
+from tests.support.cli import Cli, in_process_cli
 
 V1: dict[str, Any] = {
     "type": "record",
@@ -33,20 +32,6 @@ JSON_SCHEMA: dict[str, Any] = {
 }
 
 
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        assert self.code == 0, self.err
-        return json.loads(self.out)
-
-
-Cli = Callable[..., Result]
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     process = BrokerProcess(tmp_path_factory.mktemp("cli-schema-broker") / "data")
@@ -59,12 +44,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def cli(broker: str, capsys: pytest.CaptureFixture[str]) -> Cli:
-    def run(*args: str) -> Result:
-        code = main(["--broker", broker, "--timeout-s", "10", *args])
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-
-    return run
+    return in_process_cli(broker, capsys)
 
 
 def write(tmp_path: Path, name: str, doc: object) -> str:
