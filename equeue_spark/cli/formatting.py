@@ -151,12 +151,12 @@ def _json_value(value: object) -> object:
     return value
 
 
-def message_dict(m: Message, broker: bool = False) -> dict[str, Any]:
+def message_dict(m: Message, broker: str | None = None) -> dict[str, Any]:
     """A message as JSON: key, value and header values as text, or as
-    ``{"base64": ...}`` where they are not UTF-8 (``json_bytes``); in a
-    cluster (``broker``) also the broker name."""
+    ``{"base64": ...}`` where they are not UTF-8 (``json_bytes``); with
+    ``broker`` (``Routes.shown_group``) also the broker name."""
     return {
-        **({"broker": m.broker_id} if broker else {}),
+        **({"broker": broker} if broker is not None else {}),
         "message_id": m.message_id,
         "topic": m.topic,
         "queue_id": m.queue_id,
@@ -170,10 +170,10 @@ def message_dict(m: Message, broker: bool = False) -> dict[str, Any]:
     }
 
 
-def message_line(m: Message, broker: bool = False) -> str:
+def message_line(m: Message, broker: str | None = None) -> str:
     """One message on one line: ``[broker=B] queue=Q offset=O [key=K] [tag=T] value=V``."""
     parts = [
-        *([f"broker={m.broker_id}"] if broker else []),
+        *([f"broker={broker}"] if broker is not None else []),
         f"queue={m.queue_id}",
         f"offset={m.offset}",
     ]

@@ -207,6 +207,9 @@ class NameServerRoutes(Routes):
     def names_groups(self) -> bool:
         return True
 
+    def shown_group(self, broker_id: str) -> str | None:
+        return broker_id
+
     kind = "a cluster"
     other_kind = "a single broker"
 

@@ -141,6 +141,12 @@ class Routes:
         """Whether queues are named (broker group, queue id) rather than by id alone."""
         raise NotImplementedError
 
+    def shown_group(self, broker_id: str) -> str | None:
+        """The broker group to show beside a message read from ``broker_id``
+        (a cluster's broker ids are its group names), or None where the queue
+        id alone names the queue (one broker)."""
+        raise NotImplementedError
+
     kind = ""
     """What these routes read, for messages: "one broker" or "a cluster"."""
     other_kind = ""
@@ -614,6 +620,9 @@ class StaticRoutes(Routes):
 
     def names_groups(self) -> bool:
         return False
+
+    def shown_group(self, broker_id: str) -> str | None:
+        return None
 
     kind = "one broker"
     other_kind = "a cluster (option namesrv)"

@@ -85,18 +85,17 @@ def cmd_message_query(args: argparse.Namespace, ui: Output) -> None:
     if start is not None and end is not None and start >= end:
         raise UsageError(f"--from {start} is not before --to {end}: an empty range")
     with admin_client(args) as admin:
-        cluster = admin.routes.names_groups()
+        shown_group = admin.routes.shown_group
         try:
             found = admin.query_messages(args.topic, args.key, start, end, args.limit)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     for m in found:
+        broker = shown_group(m.broker_id)
         if ui.json:
-            ui.json_line(message_dict(m, broker=cluster))
+            ui.json_line(message_dict(m, broker))
         else:
-            ui.line(
-                f"{m.message_id} {format_time(m.store_timestamp_ms)} {message_line(m, cluster)}"
-            )
+            ui.line(f"{m.message_id} {format_time(m.store_timestamp_ms)} {message_line(m, broker)}")
     if found.truncated:
         sys.stderr.write(
             f"equeue: {len(found)} shown; more may match: narrow the time range or raise --limit\n"

@@ -93,12 +93,12 @@ def _print_messages(args: argparse.Namespace, ui: Output, consumer: Consumer, id
             time.sleep(max(0.0, wait_s - (time.monotonic() - began)))
             continue
         wanted = messages if args.max is None else messages[: args.max - count]
-        named = consumer.routes.names_groups()  # a cluster's messages name their broker
         for m in wanted:
+            broker = consumer.routes.shown_group(m.broker_id)
             if ui.json:
-                ui.json_line(message_dict(m, broker=named))
+                ui.json_line(message_dict(m, broker))
             else:
-                ui.line(message_line(m, broker=named))
+                ui.line(message_line(m, broker))
         ui.out.flush()
         count += len(wanted)
         last_message = time.monotonic()

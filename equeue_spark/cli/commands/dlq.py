@@ -24,7 +24,7 @@ def _text(value: bytes | None) -> str | None:
 def cmd_dlq_list(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
         letters = admin.dead_letters(args.group, args.max)
-        broker = admin.routes.names_groups()
+        shown_group = admin.routes.shown_group
     if ui.json:
         ui.document(
             {
@@ -32,7 +32,7 @@ def cmd_dlq_list(args: argparse.Namespace, ui: Output) -> None:
                 "topic": dlq_topic(args.group),
                 "messages": [
                     {
-                        **message_dict(m, broker),
+                        **message_dict(m, shown_group(m.broker_id)),
                         "origin": None if m.origin is None else m.origin._asdict(),
                         "deliveries": m.deliveries,
                         "error": m.error,
