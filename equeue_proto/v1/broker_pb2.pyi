@@ -786,7 +786,7 @@ class GroupInfo(_message.Message):
     def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., consumer_ids: _Optional[_Iterable[str]] = ..., total_lag: _Optional[int] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ..., max_lag_ms: _Optional[int] = ...) -> None: ...
 
 class GroupQueue(_message.Message):
-    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id", "broker")
+    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id", "broker", "lag_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -794,6 +794,7 @@ class GroupQueue(_message.Message):
     LAG_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_FIELD_NUMBER: _ClassVar[int]
+    LAG_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     committed_offset: int
@@ -801,7 +802,8 @@ class GroupQueue(_message.Message):
     lag: int
     consumer_id: str
     broker: str
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ..., broker: _Optional[str] = ...) -> None: ...
+    lag_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ..., broker: _Optional[str] = ..., lag_ms: _Optional[int] = ...) -> None: ...
 
 class ResetOffsetsRequest(_message.Message):
     __slots__ = ("group", "topic", "earliest", "latest", "timestamp_ms", "explicit")
