@@ -46,12 +46,9 @@ def _show_group(
     ui.line(format_table((*(("BROKER",) if brokers else ()), *headers), rows))
     ui.line()
     consumers = ", ".join(info.consumer_ids) or "none"
-    # From the queues: a cluster client's merge of several brokers' answers
-    # sums total_lag but may leave max_lag_ms unset.
-    oldest = max((q.lag_ms for q in info.queues), default=0)
     ui.line(format_pairs([
         ("total lag", info.total_lag),
-        ("max lag (s)", lag_seconds(info.total_lag, oldest)),
+        ("max lag (s)", lag_seconds(info.total_lag, info.max_lag_ms)),
         ("live consumers", consumers),
     ]))  # fmt: skip
     if info.unreachable_brokers:
