@@ -1,13 +1,14 @@
 """RPC durations, counted on the hot path without locks or a metrics library.
 
-``rpc`` / ``rpc_stream`` (service_base.py) time every handler with ``timed``
-and count the duration into ``RPC_TIMES`` (unary calls) or ``STREAM_TIMES``
+``rpc`` / ``rpc_stream`` (service_base.py) time every handler (``rpc``
+inline, ``rpc_stream`` and the name server with ``timed``) and count the
+duration into ``RPC_TIMES`` (unary calls) or ``STREAM_TIMES``
 (a stream's whole life, so long-lived streams do not swamp the unary
 latencies) under ``(method, code)``: ``code`` is the gRPC status name the
 call ended with (``OK``, ``CANCELLED`` for a cancelled call, else the one
 ``errors.status_for`` picked). The handlers' wrappers run on the event loop
-thread only, so an observation is a ``bisect`` and two increments with no
-lock (~1 us per RPC, never per message). A scrape (the HTTP listener's
+thread only, so an observation is one dict lookup, a ``bisect`` and two
+increments with no lock (~0.5 us per RPC here, never per message). A scrape (the HTTP listener's
 collector, in its own thread) takes ``snapshot()``: copies of the lists,
 atomic under the GIL, so a snapshot may lag an observation in progress by
 one count, never tear a list. The figures are per process: a process that
@@ -39,23 +40,25 @@ class RpcTimes:
 
     def __init__(self, buckets: Sequence[float] = BUCKETS) -> None:
         self.buckets = tuple(buckets)
-        self._counts: dict[Key, list[int]] = {}
-        self._sums: dict[Key, float] = {}
+        self._slots = len(self.buckets) + 1
+        self._keys: dict[Key, list[float]] = {}
+        """Per key one list: the bucket counts, then the sum (one lookup per call)."""
 
     def observe(self, method: str, code: str, seconds: float) -> None:
         """Count one call (event loop thread only: no lock)."""
-        key = (method, code)
-        counts = self._counts.get(key)
-        if counts is None:  # at most methods x status codes keys, made once each
-            counts = self._counts[key] = [0] * (len(self.buckets) + 1)
-            self._sums[key] = 0.0
-        counts[bisect.bisect_left(self.buckets, seconds)] += 1
-        self._sums[key] += seconds
+        row = self._keys.get((method, code))
+        if row is None:  # at most methods x status codes keys, made once each
+            row = self._keys[(method, code)] = [0] * self._slots + [0.0]
+        row[bisect.bisect_left(self.buckets, seconds)] += 1
+        row[-1] += seconds
 
     def snapshot(self) -> dict[Key, tuple[list[int], float]]:
         """{(method, code): (counts per bucket, sum of seconds)}, copied."""
-        keys = list(self._counts)  # a key added meanwhile is taken next time
-        return {key: (list(self._counts[key]), self._sums[key]) for key in keys}
+        out: dict[Key, tuple[list[int], float]] = {}
+        for key in list(self._keys):  # a key added meanwhile is taken next time
+            row = list(self._keys[key])  # one copy: its counts and sum agree
+            out[key] = ([int(n) for n in row[:-1]], row[-1])
+        return out
 
 
 RPC_TIMES = RpcTimes(BUCKETS)

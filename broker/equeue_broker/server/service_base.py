@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
@@ -181,13 +182,20 @@ def rpc(method: Handler) -> Handler:
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        with timed(RPC_TIMES, name) as call:
-            try:
-                return await method(self, request, context)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # every error becomes a status; see errors.py
-                await _abort(context, exc, call)
+        started = time.perf_counter()  # inline, not ``timed``: a few tenths of a us per call
+        code = "OK"
+        try:
+            return await method(self, request, context)
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception as exc:  # every error becomes a status; see errors.py
+            status, message = status_for(exc)  # once: it logs unexpected errors
+            code = status.name
+            await context.abort(status, message, trailing_metadata=trailers_for(exc))
+            raise AssertionError("unreachable: abort raises") from exc  # for type checkers
+        finally:
+            RPC_TIMES.observe(name, code, time.perf_counter() - started)
 
     return wrapper
 
@@ -205,7 +213,7 @@ def rpc_stream(method: StreamHandler) -> StreamHandler:
     async def wrapper(
         self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        with timed(STREAM_TIMES, name) as call:
+        with timed(STREAM_TIMES, name) as call:  # once per stream: the object costs nothing
             try:
                 async for reply in method(self, request, context):
                     yield reply
@@ -213,17 +221,8 @@ def rpc_stream(method: StreamHandler) -> StreamHandler:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # every error becomes a status; see errors.py
-                await _abort(context, exc, call)
+                status, message = status_for(exc)  # once: it logs unexpected errors
+                call.code = status.name
+                await context.abort(status, message, trailing_metadata=trailers_for(exc))
 
     return wrapper
-
-
-async def _abort(
-    context: grpc.aio.ServicerContext[Any, Any], exc: Exception, call: timed
-) -> NoReturn:
-    """``errors.abort``, the status also named to the call's timer (one
-    ``status_for``: it logs unexpected errors)."""
-    code, message = status_for(exc)
-    call.code = code.name
-    await context.abort(code, message, trailing_metadata=trailers_for(exc))
-    raise AssertionError("unreachable: abort raises")  # for type checkers
