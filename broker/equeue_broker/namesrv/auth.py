@@ -10,8 +10,8 @@ file format (server/tokens.py). With tokens on:
   token; ``GetRoute`` of a topic outside a token's topic patterns is
   PERMISSION_DENIED (servicer: ``NameServerService.GetRoute``);
 - health checks need none (probes);
-- the name server's metrics (its HTTP listener, ``--http-port``) need a
-  token with the ``monitor`` role (``admin`` implies it): ``may_read_metrics``.
+- ``may_read_metrics`` is the check for reading the name server's metrics
+  (issue 30's HTTP endpoint): the ``monitor`` role, which ``admin`` implies.
 
 Without tokens every call is open, as before; a registration's claim is
 checked with the address it names either way (claims.py).
