@@ -770,21 +770,23 @@ class DescribeGroupRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
-    __slots__ = ("group", "queues", "consumer_ids", "total_lag", "unreachable_brokers")
+    __slots__ = ("group", "queues", "consumer_ids", "total_lag", "unreachable_brokers", "max_lag_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_IDS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_LAG_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_BROKERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LAG_MS_FIELD_NUMBER: _ClassVar[int]
     group: str
     queues: _containers.RepeatedCompositeFieldContainer[GroupQueue]
     consumer_ids: _containers.RepeatedScalarFieldContainer[str]
     total_lag: int
     unreachable_brokers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., consumer_ids: _Optional[_Iterable[str]] = ..., total_lag: _Optional[int] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_lag_ms: int
+    def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., consumer_ids: _Optional[_Iterable[str]] = ..., total_lag: _Optional[int] = ..., unreachable_brokers: _Optional[_Iterable[str]] = ..., max_lag_ms: _Optional[int] = ...) -> None: ...
 
 class GroupQueue(_message.Message):
-    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id", "broker")
+    __slots__ = ("topic", "queue_id", "committed_offset", "end_offset", "lag", "consumer_id", "broker", "lag_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -792,6 +794,7 @@ class GroupQueue(_message.Message):
     LAG_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_FIELD_NUMBER: _ClassVar[int]
+    LAG_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     committed_offset: int
@@ -799,7 +802,8 @@ class GroupQueue(_message.Message):
     lag: int
     consumer_id: str
     broker: str
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ..., broker: _Optional[str] = ...) -> None: ...
+    lag_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., consumer_id: _Optional[str] = ..., broker: _Optional[str] = ..., lag_ms: _Optional[int] = ...) -> None: ...
 
 class ResetOffsetsRequest(_message.Message):
     __slots__ = ("group", "topic", "earliest", "latest", "timestamp_ms", "explicit")
@@ -861,7 +865,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStats(_message.Message):
-    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers", "delayed_pending", "delayed_next_due_ms", "records_served", "records_filtered", "features", "transaction_checks_sent", "transaction_checks_answered", "check_streams", "schema_subjects", "fetch_address")
+    __slots__ = ("broker_id", "topics", "queues", "groups", "total_backlog", "chunk_count", "bytes_on_disk", "produce_rate", "consume_rate", "produced_total", "consumed_total", "flush_mode", "uptime_s", "queue_counters", "open_transactions", "staged_bytes", "quarantined_chunks", "damaged_metadata", "role", "master", "replicas", "log_end_position", "epoch", "replication", "min_insync_replicas", "in_sync", "high_watermark", "failover", "role_reason", "role_since_ms", "idempotent_producers", "delayed_pending", "delayed_next_due_ms", "records_served", "records_filtered", "features", "transaction_checks_sent", "transaction_checks_answered", "check_streams", "schema_subjects", "fetch_address", "retention_max_age_ms", "retention_max_bytes", "data_dir_free_bytes", "data_dir_size_bytes")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
@@ -903,6 +907,10 @@ class BrokerStats(_message.Message):
     CHECK_STREAMS_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_SUBJECTS_FIELD_NUMBER: _ClassVar[int]
     FETCH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_MAX_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     topics: int
     queues: int
@@ -944,7 +952,11 @@ class BrokerStats(_message.Message):
     check_streams: int
     schema_subjects: int
     fetch_address: str
-    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ..., delayed_pending: _Optional[int] = ..., delayed_next_due_ms: _Optional[int] = ..., records_served: _Optional[int] = ..., records_filtered: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ..., transaction_checks_sent: _Optional[int] = ..., transaction_checks_answered: _Optional[int] = ..., check_streams: _Optional[int] = ..., schema_subjects: _Optional[int] = ..., fetch_address: _Optional[str] = ...) -> None: ...
+    retention_max_age_ms: int
+    retention_max_bytes: int
+    data_dir_free_bytes: int
+    data_dir_size_bytes: int
+    def __init__(self, broker_id: _Optional[str] = ..., topics: _Optional[int] = ..., queues: _Optional[int] = ..., groups: _Optional[int] = ..., total_backlog: _Optional[int] = ..., chunk_count: _Optional[int] = ..., bytes_on_disk: _Optional[int] = ..., produce_rate: _Optional[float] = ..., consume_rate: _Optional[float] = ..., produced_total: _Optional[int] = ..., consumed_total: _Optional[int] = ..., flush_mode: _Optional[str] = ..., uptime_s: _Optional[float] = ..., queue_counters: _Optional[_Iterable[_Union[QueueCounters, _Mapping]]] = ..., open_transactions: _Optional[int] = ..., staged_bytes: _Optional[int] = ..., quarantined_chunks: _Optional[_Iterable[_Union[QuarantinedChunk, _Mapping]]] = ..., damaged_metadata: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., master: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., log_end_position: _Optional[int] = ..., epoch: _Optional[int] = ..., replication: _Optional[str] = ..., min_insync_replicas: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., high_watermark: _Optional[int] = ..., failover: _Optional[str] = ..., role_reason: _Optional[str] = ..., role_since_ms: _Optional[int] = ..., idempotent_producers: _Optional[int] = ..., delayed_pending: _Optional[int] = ..., delayed_next_due_ms: _Optional[int] = ..., records_served: _Optional[int] = ..., records_filtered: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ..., transaction_checks_sent: _Optional[int] = ..., transaction_checks_answered: _Optional[int] = ..., check_streams: _Optional[int] = ..., schema_subjects: _Optional[int] = ..., fetch_address: _Optional[str] = ..., retention_max_age_ms: _Optional[int] = ..., retention_max_bytes: _Optional[int] = ..., data_dir_free_bytes: _Optional[int] = ..., data_dir_size_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("address", "position", "lag_bytes", "last_seen_s", "connected", "replica_id", "in_sync")

@@ -417,8 +417,8 @@ class Admin:
         """A group's progress; in a cluster, every broker's queues (lag per
         (broker, queue)) and the union of the members each broker sees. Broker
         groups that are down or do not answer are named in
-        ``unreachable_brokers``: their queues are missing from ``queues`` and
-        ``total_lag`` (a partial view)."""
+        ``unreachable_brokers``: their queues are missing from ``queues``,
+        ``total_lag`` and ``max_lag_ms`` (a partial view)."""
         request = pb.DescribeGroupRequest(group=group)
         unreachable: list[str] = []
         parts = self._on_each_having(
@@ -429,6 +429,7 @@ class Admin:
         for broker, part in parts:
             members.update(part.consumer_ids)
             info.total_lag += part.total_lag
+            info.max_lag_ms = max(info.max_lag_ms, part.max_lag_ms)
             for queue in part.queues:
                 info.queues.add().CopyFrom(queue)
                 info.queues[-1].broker = broker

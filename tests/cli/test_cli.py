@@ -250,9 +250,11 @@ def test_consume_with_group_commits_and_reset(cli: Cli, tmp_path: Path) -> None:
         "COMMITTED",
         "END",
         "LAG",
+        "LAG_S",
         "CONSUMER",
     ]
     assert "total lag       0" in human.out
+    assert "max lag (s)     0.0" in human.out
     listed = cli("groups", "list", "--json").json()["groups"]
     assert {"group": "cli-g", "topics": ["cli-group"], "total_lag": 0, "consumers": 0} in listed
 

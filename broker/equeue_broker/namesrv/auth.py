@@ -9,7 +9,9 @@ file format (server/tokens.py). With tokens on:
 - ``GetRoute`` and ``ListBrokers`` (and server reflection) need any valid
   token; ``GetRoute`` of a topic outside a token's topic patterns is
   PERMISSION_DENIED (servicer: ``NameServerService.GetRoute``);
-- health checks need none (probes).
+- health checks need none (probes);
+- ``may_read_metrics`` is the check for reading the name server's metrics
+  (issue 30's HTTP endpoint): the ``monitor`` role, which ``admin`` implies.
 
 Without tokens every call is open, as before; a registration's claim is
 checked with the address it names either way (claims.py).
@@ -28,6 +30,8 @@ from equeue_broker.namesrv.config import NameServerConfig
 from equeue_broker.server.tokens import BROKER_ROLE, Principal, TokenTable, bearer
 
 TOKENS_ENV = "EQUEUE_NAMESRV_TOKENS"
+METRICS_ROLE = "monitor"
+"""The role a token needs to read the name server's metrics (as the broker's)."""
 _SERVICE = "/equeue.v1.NameServer/"
 BROKER_METHODS = frozenset(_SERVICE + m for m in ("RegisterBroker", "UnregisterBroker"))
 """What only a broker token may call."""
@@ -141,3 +145,8 @@ def _refuse(handler: MethodHandler, code: grpc.StatusCode, message: str) -> Meth
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
+
+
+def may_read_metrics(principal: Principal) -> bool:
+    """Whether ``principal``'s token may read the metrics: ``monitor`` or ``admin``."""
+    return principal.may(METRICS_ROLE)

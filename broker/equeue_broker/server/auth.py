@@ -6,7 +6,7 @@ text of ``$EQUEUE_BROKER_TOKENS``::
     [[tokens]]
     name = "etl"                      # unique; what logs and errors show, never the secret
     sha256 = "9f86d081884c7d65..."    # hex SHA-256 of the secret (or: secret = "...")
-    roles = ["produce", "consume"]    # any of admin, produce, consume, broker
+    roles = ["produce", "consume"]    # any of admin, produce, consume, monitor, broker
     topics = ["orders*", "audit"]     # optional fnmatch patterns; default: every topic
 
 Clients send the secret as ``authorization: Bearer <secret>`` metadata. A call
@@ -20,7 +20,11 @@ CancelDelayed, and TransactionChecks, a producer group's check-back stream);
 ``admin`` the Admin service and, being the operator's role, everything else
 (DescribeTopic and GetSchema are open to the produce and consume roles too:
 clients read a topic's queues and schemas; SetSchema, SetCompatibility and
-DeleteSchemas need admin).
+DeleteSchemas need admin); ``monitor`` the read-only figures (``MONITOR_METHODS``:
+GetStats, ListTopics, DescribeTopic, ListGroups, DescribeGroup,
+ListTransactions, ListOffsets, GetSchema; never message contents such as
+GetMessage, QueryMessages or dead letters, nor anything that writes), within
+its topic patterns like every role.
 ``broker`` is a broker's token to its name servers (namesrv/auth.py: only it
 may register, unregister and report a role there); on a broker it grants
 nothing, so a broker token that should also produce, consume or administer
@@ -74,10 +78,20 @@ METHOD_ROLES = {
     )},
 }  # fmt: skip
 """The role each Broker method needs; every Admin method needs ``admin``."""
+MONITOR_METHODS = frozenset({
+    *(_ADMIN + m for m in (
+        "GetStats", "ListTopics", "DescribeTopic", "ListGroups", "DescribeGroup",
+        "ListTransactions", "GetSchema",
+    )),
+    _BROKER + "ListOffsets",
+})  # fmt: skip
+"""Read-only calls a ``monitor`` token may make besides their own role's
+callers: figures, no message contents, no writes."""
 
 
 __all__ = [
-    "BROKER_ROLE", "METHOD_ROLES", "ROLES", "AuthInterceptor", "Principal", "TokenFileError",
+    "BROKER_ROLE", "METHOD_ROLES", "MONITOR_METHODS", "ROLES", "AuthInterceptor", "Principal",
+    "TokenFileError",
     "TokenTable", "bearer", "scoped",
 ]  # fmt: skip
 
@@ -211,10 +225,20 @@ _CLIENT_READS = frozenset({DESCRIBE_TOPIC, GET_SCHEMA})
 
 
 def _role_for(method: str, principal: Principal) -> str | None:
-    """The role ``method`` needs from ``principal`` (None: none)."""
-    if method in _CLIENT_READS and not principal.may("admin"):
-        return next((r for r in ("produce", "consume") if principal.may(r)), "admin")
-    return "admin" if method.startswith(_ADMIN) else METHOD_ROLES.get(method)
+    """The role ``method`` needs from ``principal`` (None: none): the method's
+    own, else one of the roles that may also call it (a produce or consume
+    token reading a topic's queues or schema, a monitor token's reads) that
+    the token has."""
+    role = "admin" if method.startswith(_ADMIN) else METHOD_ROLES.get(method)
+    if role is None or principal.may(role):
+        return role
+    if method in _CLIENT_READS:
+        for other in ("produce", "consume"):
+            if principal.may(other):
+                return other
+    if method in MONITOR_METHODS and principal.may("monitor"):
+        return "monitor"
+    return role
 
 
 def _refuse(handler: MethodHandler, error: Exception) -> MethodHandler:

@@ -38,6 +38,10 @@ class ByteBudget:
         self.limit = limit
         self.wait_s = wait_s
         self.used = 0
+        self.waited = 0
+        """Requests that had to wait for room (contention only: not the fast path)."""
+        self.refused = 0
+        """Requests refused after waiting ``wait_s`` (``LimitExceeded``)."""
         self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
     async def acquire(self, nbytes: int, wait_s: float | None = None) -> int:
@@ -50,9 +54,11 @@ class ByteBudget:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (taken, future)
         self._waiting.append(entry)
+        self.waited += 1
         try:
             await asyncio.wait_for(future, self.wait_s if wait_s is None else wait_s)
         except TimeoutError:
+            self.refused += 1
             raise LimitExceeded(
                 f"{self.name}: {self.used} of {self.limit} {self.unit} in use by other requests;"
                 " retry later"

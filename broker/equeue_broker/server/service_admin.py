@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import struct
 import time
-from pathlib import Path
 from typing import Any
 
 from equeue_broker.replication.failover import ZOOKEEPER
 from equeue_broker.replication.role import MASTER, REPLICA
 from equeue_broker.server.auth import Principal
 from equeue_broker.server.dead_letters import DeadLetters, Resent
+from equeue_broker.server.disk_usage import filesystem
 from equeue_broker.server.errors import BadRequest, DamagedMessage, PermissionDenied
+from equeue_broker.server.group_view import group_queues
 from equeue_broker.server.retry import check_reshape, check_user_name, group_topics, user_group
 from equeue_broker.server.service_base import BrokerState, rpc
 from equeue_broker.server.service_schemas import SchemaServiceMixin
@@ -29,7 +29,7 @@ from equeue_broker.storage import NotFound, Store
 from equeue_broker.storage.errors import PreconditionFailed
 from equeue_broker.storage.keys.query import DEFAULT_LIMIT, MAX_LIMIT, NO_END
 from equeue_broker.storage.meta.names import validate_group
-from equeue_proto.protocol import allocate_average, format_message_id, parse_message_id
+from equeue_proto.protocol import format_message_id, parse_message_id
 from equeue_proto.record import check_frame, read_meta
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
@@ -207,42 +207,25 @@ class AdminService(SchemaServiceMixin, pb_grpc.AdminServicer):
         return await self.s.call(self._group_info, request.group)
 
     def _group_info(self, group: str) -> pb.GroupInfo:
-        store = self.s.store
+        """The group's progress (group_view.py: the one lag definition)."""
         validate_group(group)
-        committed = store.committed_offsets(group)
         live = self.s.consumers.live(group)
-        if not committed and not live:
+        if not live and not self.s.store.committed_offsets(group):
             raise NotFound(f"group {group!r} has no committed offsets and no live consumers")
         info = pb.GroupInfo(group=group, consumer_ids=live)
-        topics = sorted(set(committed) | self.s.consumers.topics(group))
-        for topic in topics:
-            try:
-                meta = store.topic_admin.describe(topic)
-            except NotFound:
-                continue
-            visible = [q.queue_id for q in meta.queues if q.consumer_visible]
-            owners = {
-                queue_id: consumer
-                for consumer, queues in allocate_average(
-                    visible, self.s.consumers.live(group, topic)
-                ).items()
-                for queue_id in queues
-            }
-            for q in meta.queues:
-                queue = store.topic_admin.queue_info(topic, q.queue_id)
-                offset = committed.get(topic, {}).get(q.queue_id)
-                lag = queue.end - (
-                    queue.earliest if offset is None else max(offset, queue.earliest)
-                )
-                info.queues.add(
-                    topic=topic,
-                    queue_id=q.queue_id,
-                    committed_offset=-1 if offset is None else offset,
-                    end_offset=queue.end,
-                    lag=lag,
-                    consumer_id=owners.get(q.queue_id, ""),
-                )
-                info.total_lag += lag
+        now_ms = int(time.time() * 1000)
+        for view in group_queues(self.s.store, self.s.consumers, group, now_ms):
+            info.queues.add(
+                topic=view.topic,
+                queue_id=view.queue_id,
+                committed_offset=view.committed,
+                end_offset=view.end,
+                lag=view.lag,
+                consumer_id=view.consumer_id,
+                lag_ms=view.lag_ms,
+            )
+            info.total_lag += view.lag
+            info.max_lag_ms = max(info.max_lag_ms, view.lag_ms)
         return info
 
     @rpc
@@ -438,6 +421,9 @@ class AdminService(SchemaServiceMixin, pb_grpc.AdminServicer):
             backlog = 0
             queues: set[tuple[str, int]] = set()
             topics = self._visible_topics(scope)
+            storage = self.s.config.storage
+            data_dir, retention = storage.data_dir, storage.retention
+            free, size = filesystem(data_dir)
             for name in topics:
                 info = self._topic_info(name)
                 backlog += sum(q.backlog for q in info.queues)
@@ -461,7 +447,12 @@ class AdminService(SchemaServiceMixin, pb_grpc.AdminServicer):
                 groups=len(self._visible_groups(scope)),
                 total_backlog=backlog,
                 chunk_count=raw["log_chunks"],
-                bytes_on_disk=_disk_usage(self.s.config.storage.data_dir),
+                bytes_on_disk=self.s.disk.used(data_dir),
+                data_dir_free_bytes=free,
+                data_dir_size_bytes=size,
+                retention_max_age_ms=retention.max_age_ms or 0,
+                # A chunk-count rule bounds the log's bytes: that many full chunks.
+                retention_max_bytes=(retention.max_chunks or 0) * storage.chunk_capacity_bytes,
                 produce_rate=produce_rate,
                 consume_rate=consume_rate,
                 produced_total=produced,
@@ -567,18 +558,6 @@ async def set_role(state: BrokerState, request: pb.SetRoleRequest, scope: Princi
         await switch.follow(request.master, request.epoch, why=f"SetRole: follow {request.master}")
     else:
         raise BadRequest(f"role {request.role!r}: give master or replica")
-
-
-def _disk_usage(root: Path) -> int:
-    """Bytes allocated to files under ``root`` (sparse chunks count what they use)."""
-    total = 0
-    for directory, _dirs, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(directory, name)).st_blocks * 512
-            except FileNotFoundError:  # deleted by retention meanwhile
-                continue
-    return total
 
 
 def _damaged(

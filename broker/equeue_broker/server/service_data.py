@@ -163,7 +163,9 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
             idem = None if sequences is None else sequences[targets]
             result = store.append(request.topic, targets, batch, idem)
             if not result.duplicate:
-                self.s.counters.add(request.topic, targets, produced=result.count)
+                self.s.counters.add(
+                    request.topic, targets, produced=result.count, produced_bytes=result.nbytes
+                )
             return produce_reply(self.s.broker_id, targets, result.first_offset, result.entries)
         reply = pb.ProduceReply(broker_id=self.s.broker_id)
         queue_ids = [0] * count
@@ -174,7 +176,9 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
             idem = None if sequences is None else sequences[queue_id]
             result = store.append(request.topic, queue_id, sub, idem)
             if not result.duplicate:
-                self.s.counters.add(request.topic, queue_id, produced=result.count)
+                self.s.counters.add(
+                    request.topic, queue_id, produced=result.count, produced_bytes=result.nbytes
+                )
             where = range(count) if indexes is None else indexes
             for n, (i, position) in enumerate(zip(where, result.positions(), strict=True)):
                 queue_ids[i] = queue_id
@@ -185,8 +189,9 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         reply.positions.extend(positions)
         return reply
 
-    def _counted(self, topic: str, queue_id: int, count: int) -> None:
-        self.s.counters.add(topic, queue_id, produced=count)
+    def _counted(self, topic: str, queue_id: int, count: int, nbytes: int = 0) -> None:
+        """Delayed messages appended (delayed.py): ``nbytes`` when it gives them."""
+        self.s.counters.add(topic, queue_id, produced=count, produced_bytes=nbytes)
 
     def _stage(
         self,
@@ -356,7 +361,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         # The reply's bytes stay counted until gRPC is done with the call.
         context.add_done_callback(lambda _: held.release())
         # Counted as answered (a pull cancelled while parked never gets here).
-        self.s.counters.pulled(topic, queue_id, result.count, filtered)
+        self.s.counters.pulled(topic, queue_id, result.count, filtered, result.nbytes)
         return result.records
 
     async def _budgeted_read(
@@ -439,7 +444,11 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
                 yield result.records
                 # Resumed: gRPC took the reply, so it counts (a cancelled stream's does not).
                 self.s.counters.pulled(
-                    request.topic, request.queue_id, result.count, left_out(result, offset)
+                    request.topic,
+                    request.queue_id,
+                    result.count,
+                    left_out(result, offset),
+                    result.nbytes,
                 )
             finally:
                 stalled.taken()

@@ -1,4 +1,9 @@
-"""Produce/consume counters per queue and broker-wide rates over the last minute."""
+"""Produce/consume counters per queue and broker-wide rates over the last minute.
+
+Counted once per RPC (a batch), never per message: messages and stored bytes
+(an append's ``AppendResult.nbytes``, a pull reply's ``RecordsResult.nbytes``,
+both O(1)) under the one lock ``add`` takes anyway.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,12 @@ from equeue_proto.v1 import broker_pb2 as pb
 
 WINDOW_S = 60
 
-FEATURES: tuple[str, ...] = ("filter", "query", "schemas")
+FEATURES: tuple[str, ...] = ("filter", "query", "schemas", "lag_ms")
 """``BrokerStats.features``: what this broker serves that older ones do not
 (clients check before relying on it): "filter" = Pull/PullStream ``filter``,
-"schemas" = the schema calls (SetSchema, GetSchema...); "fetch" is added while
-a fetch port listens (``BrokerStats.fetch_address``)."""
+"schemas" = the schema calls (SetSchema, GetSchema...), "lag_ms" =
+``GroupQueue.lag_ms`` and ``GroupInfo.max_lag_ms`` (an older broker sends 0);
+"fetch" is added while a fetch port listens (``BrokerStats.fetch_address``)."""
 
 
 class Counters:
@@ -23,6 +29,10 @@ class Counters:
         self.started = time.monotonic()
         self.produced: collections.Counter[tuple[str, int]] = collections.Counter()
         self.consumed: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.produced_bytes: collections.Counter[tuple[str, int]] = collections.Counter()
+        """Stored bytes appended per queue (records as the log holds them)."""
+        self.consumed_bytes: collections.Counter[tuple[str, int]] = collections.Counter()
+        """Stored bytes sent in pull replies per queue."""
         self._seconds: collections.deque[tuple[int, int, int]] = collections.deque()
         # Kept apart from the per-queue counters, which forget deleted topics.
         self._produced_total = 0
@@ -31,15 +41,26 @@ class Counters:
         self._served_total = 0
         self._filtered_total = 0
 
-    def add(self, topic: str, queue_id: int, produced: int = 0, consumed: int = 0) -> None:
+    def add(  # noqa: PLR0917 (two figures each way, all optional)
+        self,
+        topic: str,
+        queue_id: int,
+        produced: int = 0,
+        consumed: int = 0,
+        produced_bytes: int = 0,
+        consumed_bytes: int = 0,
+    ) -> None:
         second = int(time.monotonic())
+        key = (topic, queue_id)
         with self._lock:
             self._produced_total += produced
             self._consumed_total += consumed
             if produced:
-                self.produced[(topic, queue_id)] += produced
+                self.produced[key] += produced
+                self.produced_bytes[key] += produced_bytes
             if consumed:
-                self.consumed[(topic, queue_id)] += consumed
+                self.consumed[key] += consumed
+                self.consumed_bytes[key] += consumed_bytes
             if self._seconds and self._seconds[-1][0] == second:
                 _, p, c = self._seconds[-1]
                 self._seconds[-1] = (second, p + produced, c + consumed)
@@ -48,11 +69,14 @@ class Counters:
             while self._seconds and self._seconds[0][0] <= second - WINDOW_S:
                 self._seconds.popleft()
 
-    def pulled(self, topic: str, queue_id: int, served: int, filtered: int) -> None:
-        """A pull reply: ``served`` records sent, ``filtered`` inspected and left
-        out by its tags or filter expression (``add`` counts them consumed)."""
+    def pulled(
+        self, topic: str, queue_id: int, served: int, filtered: int, nbytes: int = 0
+    ) -> None:
+        """A pull reply: ``served`` records sent (``nbytes`` stored bytes of
+        them), ``filtered`` inspected and left out by its tags or filter
+        expression (``add`` counts them consumed)."""
         if served:
-            self.add(topic, queue_id, consumed=served)
+            self.add(topic, queue_id, consumed=served, consumed_bytes=nbytes)
         with self._lock:
             self._served_total += served
             self._filtered_total += filtered
@@ -69,7 +93,11 @@ class Counters:
         later under the same name or id starts at zero. The broker-wide totals
         and rates keep counting what it did (they are since the broker started)."""
         with self._lock:
-            for counter in (self.produced, self.consumed, self.filtered):
+            counters = (
+                self.produced, self.consumed, self.filtered, self.produced_bytes,
+                self.consumed_bytes,
+            )  # fmt: skip
+            for counter in counters:
                 for key in [k for k in counter if k[0] == topic and queue_id in (None, k[1])]:
                     del counter[key]
 
@@ -86,6 +114,14 @@ class Counters:
         with self._lock:
             keys = sorted(set(self.produced) | set(self.consumed))
             return [(t, q, self.produced[(t, q)], self.consumed[(t, q)]) for t, q in keys]
+
+    def per_queue_bytes(self) -> list[tuple[str, int, int, int]]:
+        """(topic, queue_id, bytes in, bytes out) since start, sorted."""
+        with self._lock:
+            keys = sorted(set(self.produced_bytes) | set(self.consumed_bytes))
+            return [
+                (t, q, self.produced_bytes[(t, q)], self.consumed_bytes[(t, q)]) for t, q in keys
+            ]
 
     def totals(self) -> tuple[int, int]:
         with self._lock:

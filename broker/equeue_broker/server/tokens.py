@@ -6,12 +6,14 @@ server (namesrv/auth.py): one format, one parser. A tokens document is TOML::
     [[tokens]]
     name = "etl"                      # unique; what logs and errors show, never the secret
     sha256 = "9f86d081884c7d65..."    # hex SHA-256 of the secret (or: secret = "...")
-    roles = ["produce", "consume"]    # any of admin, produce, consume, broker
+    roles = ["produce", "consume"]    # any of admin, produce, consume, monitor, broker
     topics = ["orders*", "audit"]     # optional fnmatch patterns; default: every topic
 
 Callers send the secret as ``authorization: Bearer <secret>`` metadata
 (``bearer``). What each role allows is each server's (auth.py,
-namesrv/auth.py); ``admin`` has every role but ``broker``.
+namesrv/auth.py); ``admin`` has every role but ``broker``. ``monitor`` reads
+figures and never message contents nor anything that writes (dashboards,
+metrics scrapers, the console's poller).
 
 This module loads neither the storage engine nor the broker's errors (the
 name server imports it).
@@ -26,7 +28,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any, Self
 
-ROLES = ("admin", "produce", "consume", "broker")
+ROLES = ("admin", "produce", "consume", "monitor", "broker")
 BROKER_ROLE = "broker"
 """A broker's token to its name servers; ``admin`` does not imply it."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

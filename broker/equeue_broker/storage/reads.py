@@ -2,7 +2,7 @@
 
 ``store.reads`` (a ``Reads``) serves ``read``, ``read_records``,
 ``read_at_position``, ``record_at``, ``position_of``, ``visible_end``,
-``offset_for_timestamp`` and ``offset_for_bytes`` (``Store.read`` is the
+``offset_for_timestamp``, ``offset_for_bytes`` and ``store_time`` (``Store.read`` is the
 documented embedding entry point for the first). Reads only look at the
 engine state (engine.py) the write path and admin keep up to date (the log,
 the queues' indexes and readable ends, the topics), which they are given,
@@ -17,9 +17,7 @@ views of them a read returns, alive.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import itertools
 import logging
 import struct
 from collections.abc import Iterable
@@ -49,6 +47,7 @@ from equeue_broker.storage.index.queue_index import (
     index_runs,
 )
 from equeue_broker.storage.index.queue_state import QueueState
+from equeue_broker.storage.index_sizes import bytes_stop
 from equeue_broker.storage.log.record import patch_committed
 from equeue_broker.storage.read_filters import (
     SELECT_BATCH,
@@ -751,38 +750,26 @@ class Reads:
     def offset_for_bytes(
         self, topic: str, queue_id: int, start: int, end: int, max_bytes: int
     ) -> tuple[int, int]:
-        """Where a byte budget read from ``start`` stops: ``(stop, bytes)`` with
-        ``stop`` the largest offset <= ``end`` (clipped to the readable end) such
-        that the records of ``[start, stop)`` total at most ``max_bytes`` stored
-        bytes, but at least one record past ``start`` when there is one, so a
-        budget smaller than a record still makes progress.
-
-        Sizes come from the index alone (no log reads).
-        """
+        """Where a byte budget read from ``start`` stops (``index_sizes.bytes_stop``):
+        ``(stop, bytes)``, the index alone read (no log reads)."""
         if max_bytes < 1:
             raise InvalidArgument(f"max_bytes must be at least 1, got {max_bytes}")
         with self._lock:
             queue = self._state.live_queue(topic, queue_id)
-            earliest, visible = queue.index.earliest, queue.visible_end
-            if not earliest <= start <= visible:
-                raise InvalidArgument(
-                    f"start offset {start} for {topic}/{queue_id} outside [{earliest}, {visible}]"
-                )
-            end = min(max(end, start), visible)
-            offset, total = start, 0
-            while offset < end:  # bounded: every round consumes >= 1 entry
-                sizes = queue.index.record_sizes(offset, min(end - offset, 65_536))
-                if not sizes:
-                    break
-                # sums[k] = bytes of [start, offset + k): a C-speed prefix sum + bisect.
-                sums = list(itertools.accumulate(sizes, initial=total))
-                taken = bisect.bisect_right(sums, max_bytes) - 1
-                if offset == start:
-                    taken = max(taken, 1)
-                if taken < len(sizes):
-                    return offset + taken, sums[taken]
-                offset, total = offset + len(sizes), sums[-1]
-            return offset, total
+            return bytes_stop(queue, start, end, max_bytes)
+
+    def store_time(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """The store time (ms) of the message at ``offset``, from its index
+        entry (rebuilt from the log if damaged); None when ``offset`` is at or
+        past the readable end (no such message yet). An offset below the
+        earliest retained one reads the earliest's: a group whose committed
+        offset retention overtook next consumes that one (the lag's age)."""
+        with self._lock:
+            queue = self._state.live_queue(topic, queue_id)
+            offset = max(offset, queue.index.earliest)
+            if offset >= queue.visible_end:
+                return None
+            return self._checked_entry(queue, offset)[3]
 
 
 def _served(piece: Piece, entries: bytes | bytearray, first_offset: int) -> Piece:

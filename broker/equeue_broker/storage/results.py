@@ -9,11 +9,16 @@ modules can return them without importing the store, which imports them.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_proto.record import StoredMessage
+
+_FIRST = struct.Struct("<Q")
+_LAST = struct.Struct("<QI")
+"""An index entry's leading fields: log position + 1, then the record's size (queue_index.py)."""
 
 
 class ReadStatus(enum.Enum):
@@ -78,6 +83,18 @@ class AppendResult:
     def first_position(self) -> int:
         """Global log position of the first message (-1 if not known)."""
         return int.from_bytes(self.entries[:8], "little") - 1 if self.entries else -1
+
+    @property
+    def nbytes(self) -> int:
+        """Log bytes the append wrote for its records (0 for a duplicate), in
+        O(1) from the first and the last index entry, never a sum per message
+        (the hot path: byte counters). A batch written in pieces across a chunk
+        boundary also counts the sealed chunk's footer and unused tail."""
+        if self.duplicate or len(self.entries) < ENTRY_SIZE:
+            return 0
+        (first,) = _FIRST.unpack_from(self.entries)
+        last, size = _LAST.unpack_from(self.entries, len(self.entries) - ENTRY_SIZE)
+        return int(last + size - first)
 
     def positions(self) -> list[int]:
         """Global log position of each message (the basis of message ids)."""

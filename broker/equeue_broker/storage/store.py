@@ -66,16 +66,12 @@ from equeue_broker.storage.damage import Damage
 from equeue_broker.storage.deletion import sweep
 from equeue_broker.storage.engine import EngineState, Listener, release_files
 from equeue_broker.storage.epochs import EpochHistory, prepare_marker
-from equeue_broker.storage.errors import (
-    InvalidArgument,
-    NotFound,
-    io_error,
-)
+from equeue_broker.storage.errors import InvalidArgument, NotFound, io_error
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState, first_offset_at
 from equeue_broker.storage.keys.key_index import KeyIndex
 from equeue_broker.storage.keys.query import KeyQuery
-from equeue_broker.storage.log.flush import SyncCommitter
+from equeue_broker.storage.log.flush import FsyncTimes, SyncCommitter
 from equeue_broker.storage.log.log_writer import LogWriter
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.log.positioned import LogPiece, append_at, read_piece, truncate_at
@@ -186,7 +182,7 @@ class Store:
     def reads(self) -> Reads:
         """Reads and lookups (reads.py): ``read``, ``read_records``,
         ``read_at_position``, ``record_at``, ``position_of``, ``visible_end``,
-        ``offset_for_timestamp``, ``offset_for_bytes``."""
+        ``offset_for_timestamp``, ``offset_for_bytes``, ``store_time``."""
         return self._reads
 
     @property
@@ -730,6 +726,11 @@ class Store:
         return Damage(
             list(self._state.log.quarantined), self._state.offsets.lost, [w for w in lost if w]
         )
+
+    @property
+    def fsync_times(self) -> FsyncTimes:
+        """How long the log's fsyncs took (log/flush.py): ``snapshot()``."""
+        return self._state.commit.times
 
     def stats(self) -> dict[str, int]:
         with self._state.lock:

@@ -37,18 +37,32 @@ def _show_group(
             None if q.committed_offset < 0 else q.committed_offset,
             q.end_offset,
             q.lag,
+            lag_seconds(q.lag, q.lag_ms),
             q.consumer_id or None,
         )
         for q in info.queues
     ]
-    headers = ("TOPIC", "QUEUE", "COMMITTED", "END", "LAG", "CONSUMER")
+    headers = ("TOPIC", "QUEUE", "COMMITTED", "END", "LAG", "LAG_S", "CONSUMER")
     ui.line(format_table((*(("BROKER",) if brokers else ()), *headers), rows))
     ui.line()
     consumers = ", ".join(info.consumer_ids) or "none"
-    ui.line(format_pairs([("total lag", info.total_lag), ("live consumers", consumers)]))
+    ui.line(format_pairs([
+        ("total lag", info.total_lag),
+        ("max lag (s)", lag_seconds(info.total_lag, info.max_lag_ms)),
+        ("live consumers", consumers),
+    ]))  # fmt: skip
     if info.unreachable_brokers:
         what = "the group's queues there and their lag are not counted"
         ui.line(format_partial(info.unreachable_brokers, why or {}, what))
+
+
+def lag_seconds(lag: int, lag_ms: int) -> float | None:
+    """LAG_S: how old the first unconsumed message is, in seconds; 0 without
+    lag; None (shown "-") for a lag without an age, which a broker without the
+    "lag_ms" feature (BrokerStats.features) sends."""
+    if lag <= 0:
+        return 0.0
+    return lag_ms / 1000 if lag_ms > 0 else None
 
 
 def cmd_groups_list(args: argparse.Namespace, ui: Output) -> None:

@@ -13,13 +13,44 @@ wakes the waiters.
 
 from __future__ import annotations
 
+import bisect
 import os
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 SyncTarget = Callable[[], tuple[int, int]]
 """Returns (write position, fd to fsync) consistently, under the store's lock."""
+
+
+FSYNC_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+"""Upper bounds (seconds) of the fsync-duration buckets; a last bucket counts the rest."""
+
+
+class FsyncTimes:
+    """How long the log's fsyncs took: counts per bucket and their sum.
+
+    Updated by the fsync leader only (one at a time, ``GroupCommit``), so it
+    needs no lock; readers take ``snapshot()`` (list copies are atomic under
+    the GIL). Plain numbers: storage imports no metrics library, the server's
+    collector converts them (a Prometheus histogram's cumulative buckets)."""
+
+    def __init__(self, buckets: Sequence[float] = FSYNC_BUCKETS) -> None:
+        self.buckets = tuple(buckets)
+        self._counts = [0] * (len(self.buckets) + 1)
+        self._sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self._counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self._sum += seconds
+
+    def snapshot(self) -> tuple[list[int], float]:
+        """(counts per bucket, not cumulative, the last one above every bound;
+        the sum of the durations in seconds)."""
+        return list(self._counts), self._sum
 
 
 class GroupCommit:
@@ -37,6 +68,8 @@ class GroupCommit:
         self.durable = durable
         """Every log byte below this position has been fsynced."""
         self.fsyncs = 0
+        self.times = FsyncTimes()
+        """The duration of each fsync ``_sync_once`` ran."""
         self.sticky_errors = sticky_errors
         """After a failed fsync, fail every later call too: Linux may drop the
         dirty pages of a failed fsync and report success next time, so a later
@@ -72,7 +105,9 @@ class GroupCommit:
 
     def _sync_once(self) -> int:
         position, fd = self._target()
+        started = time.perf_counter()
         os.fsync(fd)
+        self.times.observe(time.perf_counter() - started)
         self.fsyncs += 1
         return position
 
