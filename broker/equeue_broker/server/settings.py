@@ -396,12 +396,8 @@ _ENTRIES: tuple[Setting, ...] = (
         "port; unset: no HTTP listener",
     ),
     Setting("http_host", "address of the HTTP port; unset: --host"),
-    Setting(
-        "metrics_max_topics", "topic label values in /metrics; the rest: %other", flag=False
-    ),
-    Setting(
-        "metrics_max_groups", "group label values in /metrics; the rest: %other", flag=False
-    ),
+    Setting("metrics_max_topics", "topic label values in /metrics; the rest: %other", flag=False),
+    Setting("metrics_max_groups", "group label values in /metrics; the rest: %other", flag=False),
     Setting(
         "metrics_max_series",
         "per-queue and per-(group, topic) series in /metrics together",
