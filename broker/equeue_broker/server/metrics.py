@@ -512,7 +512,8 @@ class BrokerCollector(Collector):
                 rows.append((name, q.queue_id, info.end, info.earliest))
             pending, _ = store.delayed_summary(name)
             sums["delayed"] = sums.get("delayed", 0) + pending
-            queue_rows.append((name, rows))
+            if label(name) != OTHER:  # folded topics have no per-queue series
+                queue_rows.append((name, rows))
         for shown, sums in sorted(per_topic.items()):
             out.add("equeue_topic_queues", sums.get("queues", 0), shown)
             out.add("equeue_topic_messages", sums.get("messages", 0), shown)

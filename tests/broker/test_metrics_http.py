@@ -1,0 +1,222 @@
+"""The broker's HTTP listener (``--http-port``): /metrics, /healthz, /readyz on
+real broker processes; the exposition parsed by prometheus_client's own parser
+and compared with what the Admin RPCs say."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trustme
+from prometheus_client.parser import text_string_to_metric_families
+
+from equeue_broker.server.metrics import METRICS
+from equeue_broker.testing import BrokerProcess
+from equeue_spark.client import Admin, ClientConfig, Producer, read_range
+
+StartBroker = Callable[..., BrokerProcess]
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+MONITOR, PRODUCER, SCOPED = "monitor-secret-0123", "producer-secret-012", "scoped-secret-01234"
+TOKENS = f"""
+[[tokens]]
+name = "dashboards"
+secret = "{MONITOR}"
+roles = ["monitor"]
+
+[[tokens]]
+name = "app"
+secret = "{PRODUCER}"
+roles = ["produce"]
+
+[[tokens]]
+name = "team-a"
+secret = "{SCOPED}"
+roles = ["monitor", "produce"]
+topics = ["a*"]
+"""
+
+
+def get(
+    url: str, token: str = "", context: ssl.SSLContext | None = None, method: str = "GET"
+) -> tuple[int, str]:
+    request = urllib.request.Request(url, method=method)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(url: str, token: str = "", context: ssl.SSLContext | None = None) -> Samples:
+    status, body = get(url + "/metrics", token, context)
+    assert status == 200, body
+    samples: Samples = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The one sample of ``name`` whose labels include ``labels``."""
+    found = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+def fast(address: str, token: str = "") -> ClientConfig:
+    return ClientConfig(broker=address, timeout_s=5, retries=0, token=token)
+
+
+def http_url(broker: BrokerProcess, scheme: str = "http") -> str:
+    return f"{scheme}://127.0.0.1:{broker.http_port()}"
+
+
+def test_scrape_matches_the_admin_figures(broker_factory: StartBroker) -> None:
+    broker = broker_factory("--http-port", "0")
+    url = http_url(broker)
+    values = [b"v%03d" % i for i in range(30)]
+    with Producer(config=fast(broker.address)) as producer:
+        producer.send_batch("t", values[:20], queue_ids=[0] * 20)
+        producer.send_batch("t", values[20:], queue_ids=[1] * 10)
+    pulled = sum(len(batch) for batch in read_range("t", 0, 0, config=fast(broker.address)))
+    assert pulled == 20
+    with Admin(config=fast(broker.address)) as admin:
+        admin.commit_offsets("g", {("t", 0): 15, ("t", 1): 2})
+        group = admin.describe_group("g")
+    samples = scrape(url)
+    assert value(samples, "equeue_messages_in_total", topic="t") == 30
+    assert value(samples, "equeue_messages_out_total", topic="t") == 20
+    assert value(samples, "equeue_bytes_in_total", topic="t") >= sum(map(len, values))
+    assert value(samples, "equeue_bytes_out_total", topic="t") > 0
+    assert value(samples, "equeue_broker_messages_in_total") == 30
+    assert value(samples, "equeue_topic_messages", topic="t") == 30
+    lag = value(samples, "equeue_group_topic_lag_messages", group="g", topic="t")
+    assert lag == group.total_lag == 5 + 8
+    for queue in group.queues:
+        per_queue = value(
+            samples, "equeue_group_lag_messages", group="g", topic="t", queue=str(queue.queue_id)
+        )
+        assert per_queue == queue.lag
+    assert value(samples, "equeue_group_topic_lag_seconds", group="g", topic="t") >= 0
+    assert value(samples, "equeue_broker_role", role="master") == 1
+    produced = value(samples, "equeue_rpc_duration_seconds_count", method="Produce", code="OK")
+    assert produced >= 2
+    assert value(samples, "equeue_fsyncs_total") >= 0
+    assert value(samples, "equeue_metrics_folded_label_values", label="topic") == 0
+    assert any(name == "process_cpu_seconds_total" for name, _ in samples)
+    assert get(url + "/healthz") == (200, "ok\n")
+    assert get(url + "/readyz") == (200, "ready\n")
+    assert get(url + "/readyz?writes=1") == (200, "ready\n")
+    assert get(url + "/nothing")[0] == 404
+    assert get(url + "/metrics", method="POST")[0] == 405
+
+
+def test_every_exported_family_is_in_the_metrics_list(broker_factory: StartBroker) -> None:
+    broker = broker_factory("--http-port", "0")
+    with Producer(config=fast(broker.address)) as producer:
+        producer.send_batch("t", [b"x"])
+    _, body = get(http_url(broker) + "/metrics")
+    known = {spec.name.removesuffix("_total") for spec in METRICS}
+    for family in text_string_to_metric_families(body):
+        if family.name.startswith(("process_", "python_")):
+            continue
+        assert family.name in known, family.name
+
+
+def test_without_http_port_nothing_listens_nor_loads(broker_factory: StartBroker) -> None:
+    broker = broker_factory("--log-format", "json")
+    started = [
+        json.loads(line)
+        for line in broker.log_since_start().splitlines()
+        if '"broker_id"' in line and line.startswith("{")
+    ]
+    assert started and started[-1]["http_port"] is None
+    assert started[-1]["http_loaded"] is False
+    with pytest.raises(RuntimeError):
+        broker.http_port()
+
+
+def test_tokens_401_403_and_topic_scopes(broker_factory: StartBroker, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS)
+    tokens.chmod(0o600)
+    broker = broker_factory("--http-port", "0", "--tokens-file", str(tokens))
+    with Producer(config=fast(broker.address, SCOPED)) as producer:
+        producer.send_batch("a1", [b"x"])
+    with Producer(config=fast(broker.address, PRODUCER)) as producer:
+        producer.send_batch("b1", [b"y"])
+    url = http_url(broker)
+    status, body = get(url + "/metrics")
+    assert status == 401 and "bearer token" in body
+    assert get(url + "/metrics", "not-a-token")[0] == 401
+    status, body = get(url + "/metrics", PRODUCER)
+    assert status == 403 and "monitor" in body
+    everything = scrape(url, MONITOR)
+    assert value(everything, "equeue_messages_in_total", topic="b1") == 1
+    scoped = scrape(url, SCOPED)
+    assert value(scoped, "equeue_messages_in_total", topic="a1") == 1
+    assert not [k for k in scoped if ("topic", "b1") in k[1]]
+    assert get(url + "/healthz") == (200, "ok\n")  # probes need no token
+    assert get(url + "/readyz")[0] == 200
+
+
+def test_https_with_the_brokers_certificate(broker_factory: StartBroker, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    cert, key, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    server.cert_chain_pems[0].write_to_path(str(cert))
+    server.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    broker = broker_factory("--http-port", "0", "--tls-cert", str(cert), "--tls-key", str(key))
+    context = ssl.create_default_context(cafile=str(ca_file))
+    url = http_url(broker, "https")
+    samples = scrape(url, context=context)
+    assert value(samples, "equeue_broker_role", role="master") == 1
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        get(http_url(broker) + "/healthz")  # plaintext on the TLS port
+
+
+def test_readyz_writes_on_a_replica(broker_factory: StartBroker) -> None:
+    master = broker_factory("--broker-name", "m")
+    replica = broker_factory(
+        "--http-port", "0", "--role", "replica", "--master", master.address,
+        "--broker-name", "m",
+    )  # fmt: skip
+    url = http_url(replica)
+    assert get(url + "/readyz") == (200, "ready\n")
+    status, body = get(url + "/readyz?writes=1")
+    assert status == 503 and f"replica: writes go to {master.address}" in body
+    samples = scrape(url)
+    assert value(samples, "equeue_broker_role", role="replica") == 1
+    assert not [k for k in samples if k[0] == "equeue_topic_messages"]  # masters only
+
+
+def test_cardinality_limits_fold_topics(broker_factory: StartBroker, tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("metrics_max_topics = 3\nmetrics_max_series = 4\n")
+    broker = broker_factory(
+        "--http-port", "0", "--config", str(config), "--default-queues", "1"
+    )  # fmt: skip
+    with Producer(config=fast(broker.address)) as producer:
+        for i in range(5):
+            producer.send_batch(f"t{i}", [b"x"] * (i + 1), queue_ids=[0] * (i + 1))
+    samples = scrape(http_url(broker))
+    topics = {dict(k[1])["topic"] for k in samples if k[0] == "equeue_messages_in_total"}
+    assert topics == {"t0", "t1", "t2", "%other"}
+    assert value(samples, "equeue_messages_in_total", topic="%other") == 4 + 5
+    assert value(samples, "equeue_metrics_folded_label_values", label="topic") == 2
+    assert value(samples, "equeue_broker_messages_in_total") == 15
+    # 2 series per queue: t0 and t1 fit in 4, t2 is left out whole, t3 and t4 are folded.
+    offsets = {dict(k[1])["topic"] for k in samples if k[0] == "equeue_queue_end_offset"}
+    assert offsets == {"t0", "t1"}
+    assert value(samples, "equeue_metrics_dropped_series", family="queue_offsets") == 2
+    assert value(samples, "equeue_topic_messages", topic="t2") == 3  # aggregates complete
