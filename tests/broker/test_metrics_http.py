@@ -16,7 +16,7 @@ import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 from equeue_broker.server.metrics import METRICS
-from equeue_broker.testing import BrokerProcess
+from equeue_broker.testing import BrokerProcess, NameServerProcess
 from equeue_spark.client import Admin, ClientConfig, Producer, read_range
 
 StartBroker = Callable[..., BrokerProcess]
@@ -220,3 +220,24 @@ def test_cardinality_limits_fold_topics(broker_factory: StartBroker, tmp_path: P
     assert offsets == {"t0", "t1"}
     assert value(samples, "equeue_metrics_dropped_series", family="queue_offsets") == 2
     assert value(samples, "equeue_topic_messages", topic="t2") == 3  # aggregates complete
+
+
+def test_name_server_metrics_and_probes(tmp_path: Path) -> None:
+    namesrv = NameServerProcess(tmp_path / "ns", "--http-port", "0")
+    namesrv.start()
+    broker = BrokerProcess(
+        tmp_path / "a", "--broker-name", "a", "--namesrv", namesrv.address,
+    )  # fmt: skip
+    try:
+        broker.start()
+        url = http_url(namesrv)
+        samples = scrape(url)
+        assert value(samples, "equeue_namesrv_members", state="live") == 1
+        assert value(samples, "equeue_namesrv_member_up", broker="a", role="master") == 1
+        assert value(samples, "equeue_namesrv_groups_without_master") == 0
+        assert value(samples, "equeue_namesrv_registrations_total", result="accepted") >= 1
+        assert get(url + "/healthz") == (200, "ok\n")
+        assert get(url + "/readyz") == (200, "ready\n")
+    finally:
+        broker.stop()
+        namesrv.stop()
