@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from equeue_broker.testing import BrokerProcess, LocalCluster
-from equeue_spark.client import Admin, ClientConfig, Producer
+from equeue_spark.client import Admin, ClientConfig, NotFoundError, Producer
 from tests.support.observability import PrometheusProcess, require_prometheus, values
+from tests.support.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -63,6 +64,14 @@ def test_prometheus_scrapes_the_cluster(
     targets = [f"127.0.0.1:{p.http_port()}" for p in processes]
     with Admin(namesrv=local.namesrv) as admin:
         admin.create_topic("orders", 2)
+
+        def routed() -> bool:  # the brokers register the new topic on their own time
+            try:
+                return len(admin.route("orders").queues()) == 4
+            except NotFoundError:
+                return False
+
+        wait_for("orders routed to both groups", routed, 30)
     with Producer(config=ClientConfig(namesrv=local.namesrv, timeout_s=10)) as producer:
         for i in range(40):
             producer.send("orders", b"order-%d" % i)
