@@ -5,7 +5,10 @@ and compared with what the Admin RPCs say."""
 from __future__ import annotations
 
 import json
+import socket
 import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -241,3 +244,43 @@ def test_name_server_metrics_and_probes(tmp_path: Path) -> None:
     finally:
         broker.stop()
         namesrv.stop()
+
+
+def test_client_certificates_required_with_tls_client_ca(
+    broker_factory: StartBroker, tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    server, client = ca.issue_cert("127.0.0.1"), ca.issue_cert("scraper@example.org")
+    files = {n: tmp_path / f"{n}.pem" for n in ("cert", "key", "ca", "ccert", "ckey")}
+    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    server.private_key_pem.write_to_path(str(files["key"]))
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    client.cert_chain_pems[0].write_to_path(str(files["ccert"]))
+    client.private_key_pem.write_to_path(str(files["ckey"]))
+    broker = broker_factory(
+        "--http-port", "0", "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"]),
+        "--tls-client-ca", str(files["ca"]),
+    )  # fmt: skip
+    url = http_url(broker, "https")
+    anonymous = ssl.create_default_context(cafile=str(files["ca"]))
+    with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError)):
+        get(url + "/metrics", context=anonymous)
+    with_cert = ssl.create_default_context(cafile=str(files["ca"]))
+    with_cert.load_cert_chain(str(files["ccert"]), str(files["ckey"]))
+    assert value(scrape(url, context=with_cert), "equeue_broker_role", role="master") == 1
+
+
+def test_an_http_port_in_use_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "equeue_broker", "--data-dir", str(tmp_path / "data"),
+             "--port", "0", "--http-port", str(port)],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "data").exists()  # refused before touching the data directory
