@@ -200,6 +200,7 @@ def test_readyz_writes_on_a_replica(broker_factory: StartBroker) -> None:
     assert status == 503 and f"replica: writes go to {master.address}" in body
     samples = scrape(url)
     assert value(samples, "equeue_broker_role", role="replica") == 1
+    assert value(samples, "equeue_broker_role_changes_total") == 0
     assert not [k for k in samples if k[0] == "equeue_topic_messages"]  # masters only
 
 

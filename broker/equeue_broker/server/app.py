@@ -517,7 +517,9 @@ async def start_http(
         view = state.role.view
         return "" if view.is_master else f"replica: writes go to {view.master or 'no master now'}"
 
-    extra = metrics.Budgets(budgets.intake, budgets.replication_slots)
+    changes = metrics.RoleChanges()
+    state.role.add_listener(changes)
+    extra = metrics.Budgets(budgets.intake, budgets.replication_slots, changes)
     host = config.http_host or config.host
     listener = HttpListener(
         host, config.http_port, lambda scope: metrics.render(state, extra, scope),

@@ -225,5 +225,11 @@ class HttpListener:
                     text=f"token {principal.name!r} may not read metrics: it needs the "
                     "monitor or admin role\n",
                 )
-        body = await self._cache.get(principal)
+        try:
+            body = await self._cache.get(principal)
+        except (
+            Exception
+        ) as exc:  # a bug or a race in a collector: said, and the next scrape retries
+            log.exception("rendering /metrics failed")
+            return web.Response(status=500, text=f"rendering the metrics failed: {exc}\n")
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

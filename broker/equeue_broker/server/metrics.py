@@ -38,6 +38,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from equeue_broker.replication.role import RoleView
 from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.disk_usage import filesystem
 from equeue_broker.server.group_view import group_queues
@@ -89,6 +90,12 @@ METRICS: tuple[Spec, ...] = (
         "1 for the broker's role now (master or replica), 0 for the other",
     ),
     Spec("equeue_broker_epoch", "gauge", B, "The newest group epoch the broker has seen"),
+    Spec(
+        "equeue_broker_role_changes_total",
+        "counter",
+        B,
+        "Times the broker changed between master and replica since it started",
+    ),
     Spec(
         "equeue_broker_role_since_timestamp_seconds",
         "gauge",
@@ -403,6 +410,19 @@ class Budgets(NamedTuple):
     """The ``IntakeGate``'s (``max_intake_bytes``)."""
     replication_slots: ByteBudget | None
     """The in-sync set's writes waiting at once (``max_replication_waits``)."""
+    role_changes: RoleChanges | None = None
+
+
+class RoleChanges:
+    """A role listener counting changes between master and replica (not
+    epoch or master address changes); called on the thread that changed it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, old: RoleView, new: RoleView) -> None:
+        if old.role != new.role:
+            self.count += 1
 
 
 class BrokerCollector(Collector):
@@ -446,6 +466,8 @@ class BrokerCollector(Collector):
         for role in ("master", "replica"):
             out.add("equeue_broker_role", 1 if view.role == role else 0, role)
         out.add("equeue_broker_epoch", view.epoch)
+        if self.extra.role_changes is not None:
+            out.add("equeue_broker_role_changes_total", self.extra.role_changes.count)
         out.add("equeue_broker_role_since_timestamp_seconds", s.role.since_ms / 1000)
 
     def _topic_label(self) -> Limiter:
