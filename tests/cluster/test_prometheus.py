@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, ClientConfig, NotFoundError, Producer
@@ -108,3 +109,38 @@ def test_prometheus_scrapes_the_cluster(
         b_target = f"127.0.0.1:{b.http_port()}"
         b.kill()
         prometheus.wait_for(f'up{{instance="{b_target}"}} == 0', lambda r: len(r) == 1, 15)
+
+
+def test_prometheus_scrapes_https_with_a_monitor_token(tmp_path: Path) -> None:
+    require_prometheus()
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    cert, key, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    server.cert_chain_pems[0].write_to_path(str(cert))
+    server.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        '[[tokens]]\nname = "prometheus"\nsecret = "prometheus-secret-0123"\nroles = ["monitor"]\n'
+    )
+    tokens.chmod(0o600)
+    token_file = tmp_path / "token"
+    token_file.write_text("prometheus-secret-0123\n")
+    broker = BrokerProcess(
+        tmp_path / "broker", "--http-port", "0", "--tls-cert", str(cert), "--tls-key", str(key),
+        "--tokens-file", str(tokens),
+    )  # fmt: skip
+    broker.start()
+    try:
+        target = f"127.0.0.1:{broker.http_port()}"
+        with PrometheusProcess(
+            tmp_path / "prometheus", [target], scheme="https", ca_file=ca_file,
+            token_file=token_file,
+        ) as prometheus:  # fmt: skip
+            prometheus.wait_for("up == 1", lambda r: len(r) == 1)
+            role = prometheus.wait_for(
+                'equeue_broker_role{role="master"}', lambda r: values(r) == [1.0]
+            )
+            assert role[0]["metric"]["instance"] == target
+    finally:
+        broker.stop()
