@@ -1,4 +1,6 @@
-"""Real observability tools for tests: a Prometheus server (``PrometheusProcess``).
+"""Real observability tools for tests: a Prometheus server (``PrometheusProcess``),
+an SMTP server with STARTTLS and AUTH (``SmtpSink``) and a webhook receiver
+(``WebhookSink``) for the console's alarms.
 
 Prometheus is Debian's ``prometheus`` package (``apt-get install -y
 prometheus``; ``/usr/bin/prometheus``); tests that need it skip with the
@@ -9,10 +11,13 @@ started on a free port with its own config and data directory, ready when
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import socket
+import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -186,3 +191,126 @@ class PrometheusProcess:
 
 def values(samples: list[Sample]) -> list[float]:
     return [float(s["value"][1]) for s in samples]
+
+
+class SmtpSink:
+    """aiosmtpd on a free port of 127.0.0.1, requiring STARTTLS and AUTH
+    (``user``/``password``); delivered messages land in ``messages``.
+
+    Two traps of aiosmtpd 1.4 handled here: ``Controller(port=0)`` does not
+    work (its readiness check connects to port 0), so a free port is picked
+    first; and every successful AUTH warns ``Session.login_data is
+    deprecated`` from inside the library, which the suite's
+    ``filterwarnings = error`` would turn into an error in the server: tests
+    using it carry ``@pytest.mark.filterwarnings("ignore:Session.login_data
+    is deprecated:DeprecationWarning")``.
+    """
+
+    def __init__(
+        self, workdir: Path, user: str = "alarm", password: str = "alarm-password"
+    ) -> None:
+        import trustme
+
+        self.user, self.password = user, password
+        workdir.mkdir(parents=True, exist_ok=True)
+        ca = trustme.CA()
+        self.ca_file = workdir / "smtp-ca.pem"
+        ca.cert_pem.write_to_path(str(self.ca_file))
+        self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(self._context)
+        self.messages: list[Any] = []
+        """``email.message.EmailMessage`` objects, in arrival order."""
+        self.authenticated: list[bool] = []
+        self.port = 0
+        self._controller: Any = None
+
+    def start(self) -> SmtpSink:
+        from aiosmtpd.controller import Controller
+        from aiosmtpd.smtp import AuthResult, LoginPassword
+
+        sink = self
+
+        class Handler:
+            async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+                from email import message_from_bytes, policy
+
+                sink.messages.append(message_from_bytes(envelope.content, policy=policy.default))
+                sink.authenticated.append(bool(session.authenticated))
+                return "250 OK"
+
+        def check(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> Any:
+            ok = isinstance(data, LoginPassword) and (
+                data.login.decode(),
+                data.password.decode(),
+            ) == (sink.user, sink.password)
+            return AuthResult(success=ok, handled=False)
+
+        self.port = free_port()
+        self._controller = Controller(
+            Handler(), hostname="127.0.0.1", port=self.port, tls_context=self._context,
+            require_starttls=True, authenticator=check, auth_required=True,
+        )  # fmt: skip
+        self._controller.start()
+        return self
+
+    def stop(self) -> None:
+        if self._controller is not None:
+            self._controller.stop()
+            self._controller = None
+
+    def __enter__(self) -> SmtpSink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class WebhookSink:
+    """An aiohttp server on a free port of 127.0.0.1 (its own thread and
+    loop) collecting the JSON documents POSTed to ``url`` in ``received``."""
+
+    def __init__(self, path: str = "/hook") -> None:
+        self.path = path
+        self.port = 0
+        self.received: list[Any] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.path}"
+
+    def start(self) -> WebhookSink:
+        from aiohttp import web
+
+        async def hook(request: web.Request) -> web.Response:
+            self.received.append(await request.json())
+            return web.Response(text="ok")
+
+        async def serve() -> Any:
+            app = web.Application()
+            app.router.add_post(self.path, hook)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            return runner
+
+        self._thread.start()
+        self._runner = asyncio.run_coroutine_threadsafe(serve(), self._loop).result(10)
+        self.port = int(self._runner.addresses[0][1])
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            self._runner = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def __enter__(self) -> WebhookSink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
