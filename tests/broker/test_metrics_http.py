@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -90,6 +91,8 @@ def test_scrape_matches_the_admin_figures(broker_factory: StartBroker) -> None:
     with Producer(config=fast(broker.address)) as producer:
         producer.send_batch("t", values[:20], queue_ids=[0] * 20)
         producer.send_batch("t", values[20:], queue_ids=[1] * 10)
+        producer.send_batch("later", [b"in an hour"], delay_s=3600)
+        producer.transaction("tx-1").send_batch("staged", [b"staged"])
     pulled = sum(len(batch) for batch in read_range("t", 0, 0, config=fast(broker.address)))
     assert pulled == 20
     with Admin(config=fast(broker.address)) as admin:
@@ -100,7 +103,8 @@ def test_scrape_matches_the_admin_figures(broker_factory: StartBroker) -> None:
     assert value(samples, "equeue_messages_out_total", topic="t") == 20
     assert value(samples, "equeue_bytes_in_total", topic="t") >= sum(map(len, values))
     assert value(samples, "equeue_bytes_out_total", topic="t") > 0
-    assert value(samples, "equeue_broker_messages_in_total") == 30
+    # The delayed message counts once accepted; the staged one only at commit.
+    assert value(samples, "equeue_broker_messages_in_total") == 31
     assert value(samples, "equeue_topic_messages", topic="t") == 30
     lag = value(samples, "equeue_group_topic_lag_messages", group="g", topic="t")
     assert lag == group.total_lag == 5 + 8
@@ -109,7 +113,12 @@ def test_scrape_matches_the_admin_figures(broker_factory: StartBroker) -> None:
             samples, "equeue_group_lag_messages", group="g", topic="t", queue=str(queue.queue_id)
         )
         assert per_queue == queue.lag
-    assert value(samples, "equeue_group_topic_lag_seconds", group="g", topic="t") >= 0
+    lag_s = value(samples, "equeue_group_topic_lag_seconds", group="g", topic="t")
+    assert abs(lag_s - group.max_lag_ms / 1000) < 10  # the same age, read a moment later
+    assert value(samples, "equeue_delayed_pending_messages", topic="later") == 1
+    assert value(samples, "equeue_delayed_next_due_timestamp_seconds") > time.time() + 3000
+    assert value(samples, "equeue_transactions_open") == 1
+    assert value(samples, "equeue_transaction_oldest_age_seconds") >= 0
     assert value(samples, "equeue_broker_role", role="master") == 1
     produced = value(samples, "equeue_rpc_duration_seconds_count", method="Produce", code="OK")
     assert produced >= 2
