@@ -21,7 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from equeue_broker.server.metrics import METRICS
 from equeue_broker.testing import BrokerProcess, NameServerProcess
+from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer, read_range
+from tests.broker.delayed_support import produce, pull_until
+from tests.support.raw_client import RawClient
 
 StartBroker = Callable[..., BrokerProcess]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -294,3 +297,29 @@ def test_an_http_port_in_use_is_one_line_and_exit_3(tmp_path: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "data").exists()  # refused before touching the data directory
+
+
+def test_dead_letters_per_group_and_reserved_topics(broker_factory: StartBroker) -> None:
+    broker = broker_factory("--http-port", "0")
+    client = RawClient(broker.address)
+    try:
+        produce(client, "orders", [b"a"])
+
+        def nack(topic: str, offset: int) -> str:
+            entry = pb.NackEntry(topic=topic, queue_id=0, offset=offset, delay_ms=0)
+            request = pb.NackRequest(group="billing", entries=[entry], max_reconsume_times=1)
+            reply: pb.NackReply = client.broker.Nack(request, timeout=30)
+            return reply.outcomes[0].action
+
+        assert nack("orders", 0) == "retry"
+        (copy,) = pull_until(client, "%RETRY%billing", 0, 1)
+        assert nack("%RETRY%billing", copy.offset) == "dlq"
+    finally:
+        client.close()
+    samples = scrape(http_url(broker))
+    assert value(samples, "equeue_group_dlq_messages", group="billing") == 1
+    assert value(samples, "equeue_group_dlq_resent_messages", group="billing") == 0
+    # Group topics are not topic label values: they are summed as %reserved
+    # (the retry copy pulled; Nack's own appends are not counted as produced).
+    assert value(samples, "equeue_messages_out_total", topic="%reserved") == 1
+    assert not [k for k in samples if ("topic", "%DLQ%billing") in k[1]]

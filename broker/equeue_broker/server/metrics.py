@@ -563,7 +563,15 @@ class BrokerCollector(Collector):
     ) -> int:
         """The group families; returns the series budget left for per-queue topic series."""
         s = self.state
-        groups = sorted(set(s.store.groups()) | set(s.consumers.groups()))
+        # A group that only has dead letters or retries (never committed, no
+        # live member) is known by its group topics' names.
+        by_topics = {
+            t.name.removeprefix(prefix)
+            for t in s.store.topic_admin.listing()
+            for prefix in (RETRY_PREFIX, DLQ_PREFIX, RESENT_PREFIX)
+            if t.name.startswith(prefix)
+        }
+        groups = sorted(set(s.store.groups()) | set(s.consumers.groups()) | by_topics)
         if self.scope is not None:
             groups = [g for g in groups if all(self._visible(t) for t in s.group_topics(g))]
         label = Limiter(groups, s.config.metrics_max_groups)
