@@ -323,3 +323,20 @@ def test_dead_letters_per_group_and_reserved_topics(broker_factory: StartBroker)
     # (the retry copy pulled; Nack's own appends are not counted as produced).
     assert value(samples, "equeue_messages_out_total", topic="%reserved") == 1
     assert not [k for k in samples if ("topic", "%DLQ%billing") in k[1]]
+
+
+def test_name_server_metrics_need_a_monitor_token(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS)
+    tokens.chmod(0o600)
+    namesrv = NameServerProcess(tmp_path / "ns", "--http-port", "0", "--tokens-file", str(tokens))
+    namesrv.start()
+    try:
+        url = http_url(namesrv)
+        assert get(url + "/metrics")[0] == 401
+        assert get(url + "/metrics", PRODUCER)[0] == 403
+        families = scrape(url, MONITOR)
+        assert any(name == "equeue_namesrv_registrations_total" for name, _ in families)
+        assert get(url + "/readyz") == (200, "ready\n")
+    finally:
+        namesrv.stop()
