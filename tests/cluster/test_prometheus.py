@@ -19,7 +19,8 @@ from equeue_spark.client import Admin, ClientConfig, NotFoundError, Producer
 from tests.support.observability import PrometheusProcess, require_prometheus, values
 from tests.support.waits import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# Above the sum of the internal bounded waits (starts, routes, each Prometheus wait_for).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 EQUEUE = Path(sys.executable).parent / "equeue"
 
