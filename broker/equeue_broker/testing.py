@@ -24,6 +24,7 @@ The broker's stdout carries only the ready line; its stderr (the log) goes to
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -190,6 +191,15 @@ class BrokerProcess:
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_since_start().splitlines()[-lines:])
+
+    def http_port(self) -> int:
+        """The port of ``--http-port`` (0 = any free port), from the log record
+        ``http listening on HOST:PORT`` of the last start (logged before the
+        ready line); ``RuntimeError`` if there is none."""
+        found = re.search(r"http listening on \S+:(\d+)", self.log_since_start())
+        if found is None:
+            raise RuntimeError(f"no HTTP listener was logged\n{self.log_tail()}")
+        return int(found[1])
 
 
 NAMESRV_READY_PREFIX = "equeue namesrv listening on "

@@ -39,7 +39,7 @@ FLAGS = [
     "--key-index-window",
     "--max-transaction-bytes",
     "--tls-cert", "--tls-key", "--tls-client-ca", "--tokens-file", "--fetch-port",
-    "--fetch-insecure", "--log-level", "--log-format",
+    "--fetch-insecure", "--http-port", "--http-host", "--log-level", "--log-format",
     "--library-log-level", "--namesrv", "--namesrv-tls-ca", "--namesrv-tls-cert",
     "--namesrv-tls-key", "--namesrv-token-file", "--broker-name", "--cluster",
     "--advertise-address", "--register-interval-ms", "--role", "--master", "--max-replicas",
@@ -57,7 +57,7 @@ FILE_ONLY = [
     "max_connection_idle_ms", "handshake_timeout_ms", "stream_send_timeout_ms", "budget_wait_ms",
     "max_key_scan", "max_producers", "producer_window", "max_queues_per_producer",
     "producer_idle_expiry_ms",
-    "store_threads",
+    "store_threads", "metrics_max_topics", "metrics_max_groups", "metrics_max_series",
     "shutdown_grace_s", "max_replication_waits", "retry_backoff",
     "retry_backoff_groups",
 ]  # fmt: skip
@@ -118,7 +118,7 @@ def test_commented_out_settings_parse_when_uncommented(tmp_path: Path) -> None:
     text = SAMPLE.read_text()
     commented = {k for k, (active, _) in documented().items() if not active}
     assert commented == {
-        "tls_cert", "tls_key", "tls_client_ca", "tokens_file",
+        "tls_cert", "tls_key", "tls_client_ca", "tokens_file", "http_port",
         "namesrv_tls_ca", "namesrv_tls_cert", "namesrv_tls_key", "namesrv_token_file",
     }  # fmt: skip
     uncommented = tmp_path / "broker.toml"
@@ -126,6 +126,7 @@ def test_commented_out_settings_parse_when_uncommented(tmp_path: Path) -> None:
     config = parse_args(["--config", str(uncommented)])
     assert config.tls_cert == Path("/etc/equeue/tls/broker.crt")
     assert config.tokens_file == Path("/etc/equeue/tokens.toml")
+    assert config.http_port == 9100
     assert config.namesrv_tls_ca == Path("/etc/equeue/tls/ca.crt")
     assert config.namesrv_token_file == Path("/etc/equeue/namesrv-token")
 

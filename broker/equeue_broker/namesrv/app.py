@@ -14,11 +14,13 @@ the address it names before it is taken (claims.py).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import signal
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -28,6 +30,7 @@ from equeue_broker.namesrv.auth import (
     NameServerAuth,
     broker_credentials,
     load_tokens,
+    may_read_metrics,
     principal_of,
     server_credentials,
 )
@@ -35,14 +38,29 @@ from equeue_broker.namesrv.claims import ClaimChecker, ClaimRefused
 from equeue_broker.namesrv.config import NameServerConfig, parse_args
 from equeue_broker.namesrv.routes import Limits, NameServerError, RouteTable
 from equeue_broker.server.logs import configure as configure_logging
+from equeue_broker.server.metrics_hot import RpcTimes, timed
 from equeue_broker.server.startup import CannotBind, ExitCode, check_bindable
 from equeue_broker.server.tokens import TokenFileError, TokenTable
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
+if TYPE_CHECKING:
+    from equeue_broker.server.http import HttpListener
+
 log = logging.getLogger("equeue.namesrv")
 
 READY_PREFIX = "equeue namesrv listening on "
+
+
+class Counts:
+    """What the servicer counts (event loop thread only)."""
+
+    def __init__(self) -> None:
+        self.registrations: collections.Counter[str] = collections.Counter()
+        """By result: accepted, refused."""
+        self.routes: collections.Counter[str] = collections.Counter()
+        """By result: ok, not_found, denied."""
+        self.times = RpcTimes()
 
 
 class NameServerService(pb_grpc.NameServerServicer):
@@ -52,6 +70,8 @@ class NameServerService(pb_grpc.NameServerServicer):
         self.table = table
         self.claims = claims
         self.tokens = tokens
+        self.counts = Counts()
+        """Registrations, route requests and RPC durations (the metrics read them)."""
 
     async def _fail(self, context: Any, exc: NameServerError) -> None:
         await context.abort(exc.code, str(exc))
@@ -59,19 +79,25 @@ class NameServerService(pb_grpc.NameServerServicer):
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: Any
     ) -> pb.RegisterBrokerReply:
-        try:
-            role = self.table.validate(request)
-            # Only an address that answers as the member claimed registers:
-            # a name server's routes, and through its replies the members'
-            # roles, follow no unchecked word (claims.py).
-            await self.claims.check(request, role)
-            new = self.table.register(request)
-        except NameServerError as exc:
-            await self._fail(context, exc)
-            raise  # unreachable: abort raises
-        except ClaimRefused as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)[:1024])
-            raise  # unreachable
+        with timed(self.counts.times, "RegisterBroker") as call:
+            try:
+                role = self.table.validate(request)
+                # Only an address that answers as the member claimed registers:
+                # a name server's routes, and through its replies the members'
+                # roles, follow no unchecked word (claims.py).
+                await self.claims.check(request, role)
+                new = self.table.register(request)
+            except NameServerError as exc:
+                self.counts.registrations["refused"] += 1
+                call.code = exc.code.name
+                await self._fail(context, exc)
+                raise  # unreachable: abort raises
+            except ClaimRefused as exc:
+                self.counts.registrations["refused"] += 1
+                call.code = grpc.StatusCode.FAILED_PRECONDITION.name
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)[:1024])
+                raise  # unreachable
+            self.counts.registrations["accepted"] += 1
         if new:
             log.info(
                 "broker registered",
@@ -94,17 +120,24 @@ class NameServerService(pb_grpc.NameServerServicer):
         return pb.UnregisterBrokerReply()
 
     async def GetRoute(self, request: pb.GetRouteRequest, context: Any) -> pb.TopicRoute:
-        principal = principal_of(self.tokens, context.invocation_metadata())
-        if principal is not None and not principal.may_use_topic(request.topic):
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"token {principal.name!r} may not use topic {request.topic[:80]!r}",
-            )
-        try:
-            return self.table.route(request.topic)
-        except NameServerError as exc:
-            await self._fail(context, exc)
-            raise
+        with timed(self.counts.times, "GetRoute") as call:
+            principal = principal_of(self.tokens, context.invocation_metadata())
+            if principal is not None and not principal.may_use_topic(request.topic):
+                self.counts.routes["denied"] += 1
+                call.code = grpc.StatusCode.PERMISSION_DENIED.name
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"token {principal.name!r} may not use topic {request.topic[:80]!r}",
+                )
+            try:
+                route = self.table.route(request.topic)
+            except NameServerError as exc:
+                self.counts.routes["not_found"] += 1
+                call.code = exc.code.name
+                await self._fail(context, exc)
+                raise
+            self.counts.routes["ok"] += 1
+            return route
 
     async def ListBrokers(
         self, request: pb.ListBrokersRequest, context: Any
@@ -120,6 +153,13 @@ async def create_server(
 ) -> tuple[grpc.aio.Server, int, RouteTable]:
     """A started name server (``tokens``: None, no authentication); ``OSError``
     if a TLS file cannot be read."""
+    server, port, service = await _create_server(config, tokens)
+    return server, port, service.table
+
+
+async def _create_server(
+    config: NameServerConfig, tokens: TokenTable | None
+) -> tuple[grpc.aio.Server, int, NameServerService]:
     credentials = server_credentials(config)
     claims = ClaimChecker(
         timeout_s=config.member_check_timeout_ms / 1000,
@@ -140,7 +180,8 @@ async def create_server(
     ]
     interceptors = [NameServerAuth(tokens)] if tokens is not None else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    pb_grpc.add_NameServerServicer_to_server(NameServerService(table, claims, tokens), server)
+    service = NameServerService(table, claims, tokens)
+    pb_grpc.add_NameServerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [
@@ -163,7 +204,7 @@ async def create_server(
     await server.start()
     for name in ("", names[0]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port, table
+    return server, port, service
 
 
 async def _expire_loop(table: RouteTable) -> None:
@@ -180,7 +221,11 @@ async def _expire_loop(table: RouteTable) -> None:
 
 async def serve(config: NameServerConfig, tokens: TokenTable | None) -> None:
     check_bindable(config.host, config.port)
-    server, port, table = await create_server(config, tokens)
+    if config.http_port >= 0:
+        check_bindable(config.http_host or config.host, config.http_port)
+    server, port, service = await _create_server(config, tokens)
+    table = service.table
+    http = await start_http(config, port, service, tokens)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -192,13 +237,49 @@ async def serve(config: NameServerConfig, tokens: TokenTable | None) -> None:
                "tls": bool(config.tls_cert), "auth_tokens": len(tokens or ()),
                "broker_tls": bool(config.broker_tls_ca)},
     )  # fmt: skip
+    if http is not None:
+        http.readiness.ready()
     sys.stdout.write(f"{READY_PREFIX}{config.host}:{port}\n")
     sys.stdout.flush()
     await stop.wait()
     log.info("shutting down")
+    if http is not None:
+        http.readiness.stopping()
     expiry.cancel()
     await server.stop(config.shutdown_grace_s)
+    if http is not None:
+        await http.stop()
     log.info("stopped cleanly")
+
+
+async def start_http(
+    config: NameServerConfig, port: int, service: NameServerService, tokens: TokenTable | None
+) -> HttpListener | None:
+    """The HTTP listener of ``http_port`` (the broker's server/http.py), started;
+    None for -1 (then neither aiohttp nor prometheus_client is imported)."""
+    if config.http_port < 0:
+        return None
+    from equeue_broker.namesrv import metrics
+    from equeue_broker.server.http import HttpListener, Readiness, ssl_context
+
+    tls = None
+    if config.tls_cert:
+        client_ca = Path(config.tls_client_ca) if config.tls_client_ca else None
+        tls = ssl_context(Path(config.tls_cert), Path(config.tls_key), client_ca)
+    loop = asyncio.get_running_loop()
+    name = f"{config.host}:{port}"
+    host = config.http_host or config.host
+    listener = HttpListener(
+        host, config.http_port,
+        lambda _scope: metrics.render(loop, name, service.table, service.counts),
+        Readiness(), tokens, may_read_metrics, tls,
+    )  # fmt: skip
+    try:
+        bound = await listener.start()
+    except OSError as exc:
+        raise CannotBind(host, config.http_port, f"the HTTP port: {exc.strerror}") from None
+    log.info("http listening on %s:%d", host, bound, extra={"http_port": bound})
+    return listener
 
 
 def main(argv: list[str] | None = None) -> None:

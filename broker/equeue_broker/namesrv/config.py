@@ -69,10 +69,20 @@ class NameServerConfig:
     it claims to be (keep it under the brokers' 3 s registration timeout)."""
     max_member_checks: int = 32
     """Claim checks (calls to brokers) in flight at once; more wait."""
+    http_port: int = -1
+    """The HTTP listener (``/metrics``, ``/healthz``, ``/readyz``; the broker's
+    server/http.py) with this server's TLS and tokens; 0 any free port; -1
+    (the default): none."""
+    http_host: str = ""
+    """Address of the HTTP listener; empty: ``host``."""
     log_level: str = "INFO"
     log_format: str = "text"
 
     def __post_init__(self) -> None:
+        if not -1 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be -1 (none) or in [0, 65535], got {self.http_port}")
+        if self.http_port > 0 and self.http_port == self.port:
+            raise ValueError(f"http_port {self.http_port} is the gRPC port; give another")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in ("broker_expiry_ms", "down_retention_ms", "max_brokers",
@@ -121,6 +131,9 @@ HELP = {
     "broker_tls_key": "PEM private key of --broker-tls-cert",
     "member_check_timeout_ms": "how long a registration's address has to confirm its claim",
     "max_member_checks": "claim checks in flight at once",
+    "http_port": "HTTP port for /metrics, /healthz and /readyz (TLS and tokens as gRPC; "
+    "/metrics needs a monitor or admin token); 0 = any free port, -1 = none",
+    "http_host": "address of the HTTP port; unset: --host",
     "log_level": "log threshold",
     "log_format": "json: one JSON object per line",
 }

@@ -15,10 +15,12 @@ import os
 import resource
 import secrets
 import signal
+import ssl
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import EllipsisType
+from typing import TYPE_CHECKING, NamedTuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -72,6 +74,9 @@ from equeue_proto.allocator import tune_malloc
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 
+if TYPE_CHECKING:
+    from equeue_broker.server.http import HttpListener
+
 log = logging.getLogger("equeue.broker")
 
 
@@ -99,6 +104,20 @@ async def create_server(
 ) -> tuple[grpc.aio.Server, int, BrokerState]:
     """A started server on ``config.host:config.port`` (0 = any free port),
     accepting ``tokens`` (None: no authentication; by default those the config names)."""
+    server, port, state, _ = await _create_server(config, store, tokens)
+    return server, port, state
+
+
+class Budgets(NamedTuple):
+    """Budgets the server makes that ``BrokerState`` does not hold (metrics read them)."""
+
+    intake: ByteBudget
+    replication_slots: ByteBudget
+
+
+async def _create_server(
+    config: BrokerConfig, store: Store, tokens: TokenTable | EllipsisType | None
+) -> tuple[grpc.aio.Server, int, BrokerState, Budgets]:
     options = [
         ("grpc.max_receive_message_length", config.max_request_bytes),
         # A reply carries up to max_pull_bytes of records plus a few fields.
@@ -155,7 +174,11 @@ async def create_server(
     address = advertised(config.host, port, config.advertise_address)
     instance_id = broker_id_for(config.storage.data_dir)
     calls = StoreCalls(ThreadPoolExecutor(config.store_threads, thread_name_prefix="equeue-store"))
-    insync = in_sync_set(config, store, instance_id, role)
+    slots = ByteBudget(
+        "max_replication_waits", config.max_replication_waits, config.budget_wait_ms / 1000,
+        "slots",
+    )  # fmt: skip
+    insync = in_sync_set(config, store, instance_id, role, slots)
     registrar = None
     if config.namesrv_addresses():
         registrar = Registrar(
@@ -234,7 +257,7 @@ async def create_server(
     # Connections that say nothing wait in the kernel, not in a connection slot.
     defer_silent_connections(port, -(-config.handshake_timeout_ms // 1000))
     await state.health.start()  # SERVING; writes only on a master (health.py)
-    return server, port, state
+    return server, port, state, Budgets(intake, slots)
 
 
 def deliver_on_master(store: Store, role: BrokerRole) -> None:
@@ -270,16 +293,12 @@ def bind(server: grpc.aio.Server, config: BrokerConfig) -> int:
 
 
 def in_sync_set(
-    config: BrokerConfig, store: Store, instance_id: str, role: BrokerRole
+    config: BrokerConfig, store: Store, instance_id: str, role: BrokerRole, slots: ByteBudget
 ) -> InSyncSet:
     return InSyncSet(
         store, instance_id, config.broker_name or instance_id,
         sync=config.replication == "sync", min_insync=config.min_insync_replicas,
-        lag_max_s=config.replica_lag_max_ms / 1000, role=role,
-        slots=ByteBudget(
-            "max_replication_waits", config.max_replication_waits, config.budget_wait_ms / 1000,
-            "slots",
-        ),
+        lag_max_s=config.replica_lag_max_ms / 1000, role=role, slots=slots,
     )  # fmt: skip
 
 
@@ -384,6 +403,9 @@ async def serve(config: BrokerConfig) -> None:
     check_bindable(config.host, config.port)
     tokens = load_tokens(config)  # a bad tokens file is a config error: the data stays untouched
     server_credentials(config)  # unreadable TLS files too
+    if config.http_port is not None:  # the HTTP port too, before the store opens
+        check_bindable(config.http_host or config.host, config.http_port)
+        http_ssl_context(config)
     try:
         # A replica (and, with ZooKeeper, every member until elected) never
         # delivers, not even in the moment before create_server says so.
@@ -392,7 +414,8 @@ async def serve(config: BrokerConfig) -> None:
         data_dir = config.storage.data_dir
         raise CannotStart(data_dir_problem(data_dir, config.named("data_dir"), exc)) from None
     try:
-        server, port, state = await create_server(config, store, tokens)
+        server, port, state, budgets = await _create_server(config, store, tokens)
+        http = await start_http(config, state, budgets)
     except BaseException:
         store.close()
         raise
@@ -431,13 +454,19 @@ async def serve(config: BrokerConfig) -> None:
                "tls": config.tls_cert is not None, "auth_tokens": state.auth_tokens,
                "rebuilt_index_entries": store.recovery.index_entries_rebuilt,
                "max_connections": max_connections(config),
-               "fetch_address": state.fetch_address},
+               "fetch_address": state.fetch_address,
+               "http_port": None if http is None else http.port,
+               "http_loaded": "aiohttp" in sys.modules},
     )  # fmt: skip
+    if http is not None:
+        http.readiness.ready()
     sys.stdout.write(f"equeue broker listening on {config.host}:{port}\n")
     sys.stdout.flush()
     await stop.wait()
     log.info("shutting down")
     await state.health.stop()  # NOT_SERVING: load balancers stop sending calls here
+    if http is not None:
+        http.readiness.stopping()  # /readyz says 503 during the drain
     if state.registrar is not None and registering is not None:
         registering.cancel()
         await state.registrar.unregister()  # clients stop routing here at once
@@ -452,9 +481,59 @@ async def serve(config: BrokerConfig) -> None:
     state.insync.stop()
     await stop_fetch_server(state)
     await server.stop(config.shutdown_grace_s)
+    if http is not None:
+        await http.stop()
     state.calls.executor.shutdown(wait=True)
     store.close()
     log.info("stopped cleanly")
+
+
+def http_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """HTTPS for the HTTP port with the gRPC port's files (None: plaintext,
+    as gRPC); ``CannotStart`` naming the setting if a file cannot be used."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    for key in ("tls_cert", "tls_key", "tls_client_ca"):
+        _read(config, key)  # unreadable: the same CannotStart as for gRPC
+    from equeue_broker.server.http import ssl_context
+
+    try:
+        return ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+    except ssl.SSLError as exc:
+        raise CannotStart(f"tls_cert/tls_key cannot serve HTTPS: {exc}") from None
+
+
+async def start_http(
+    config: BrokerConfig, state: BrokerState, budgets: Budgets
+) -> HttpListener | None:
+    """The HTTP listener of ``http_port`` (http.py), started; None without
+    ``http_port`` (then neither aiohttp nor prometheus_client is imported)."""
+    if config.http_port is None:
+        return None
+    from equeue_broker.server import metrics
+    from equeue_broker.server.http import HttpListener, Readiness
+
+    def writes() -> str:
+        view = state.role.view
+        return "" if view.is_master else f"replica: writes go to {view.master or 'no master now'}"
+
+    changes = metrics.RoleChanges()
+    state.role.add_listener(changes)
+    extra = metrics.Budgets(budgets.intake, budgets.replication_slots, changes)
+    host = config.http_host or config.host
+    listener = HttpListener(
+        host, config.http_port, lambda scope: metrics.render(state, extra, scope),
+        Readiness(writes), state.tokens, lambda p: p.may("monitor"), http_ssl_context(config),
+    )  # fmt: skip
+    try:
+        port = await listener.start()
+    except OSError as exc:
+        raise CannotBind(host, config.http_port, f"the HTTP port: {os_reason(exc)}") from None
+    log.info(
+        "http listening on %s:%d", host, port,
+        extra={"http_port": port, "scheme": listener.scheme},
+    )  # fmt: skip
+    return listener
 
 
 def _raise_file_limit() -> None:

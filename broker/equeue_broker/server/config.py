@@ -124,6 +124,21 @@ class BrokerConfig:
     ``tls_cert`` it is served only if ``fetch_insecure``."""
     fetch_insecure: bool = False
     """Serve the fetch port (plain text, token-checked) beside TLS."""
+    http_port: int | None = None
+    """The HTTP listener (server/http.py: /metrics, /healthz, /readyz), TLS
+    and tokens as gRPC; 0 any free port; None (the default): none, and
+    neither aiohttp nor prometheus_client is imported."""
+    http_host: str = ""
+    """Address of the HTTP listener; empty: ``host`` (a separate key so that
+    metrics can stay on an internal interface while gRPC is on 0.0.0.0)."""
+    metrics_max_topics: int = field(default=1_000, metadata={UNIT: "topics"})
+    """Topic label values in /metrics (by name order); the rest are summed
+    into ``topic="%other"`` (docs/metrics.md "Cardinality")."""
+    metrics_max_groups: int = field(default=1_000, metadata={UNIT: "groups"})
+    """Group label values in /metrics; the rest: ``group="%other"``."""
+    metrics_max_series: int = field(default=10_000, metadata={UNIT: "series"})
+    """Per-queue and per-(group, topic) series together; whole topics past it
+    are left out (aggregates stay complete)."""
     max_connection_idle_ms: int = field(default=300_000, metadata={UNIT: "ms"})
     """A connection without a call for this long is closed (clients reconnect)."""
     handshake_timeout_ms: int = field(default=3_000, metadata={UNIT: "ms"})
@@ -239,6 +254,7 @@ class BrokerConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
         self._check_fetch_port()
+        self._check_http()
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("give both tls_cert and tls_key, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -264,6 +280,20 @@ class BrokerConfig:
                 f"{self.named('fetch_port')} {value} is the gRPC port; give another, or auto"
             )
         object.__setattr__(self, "fetch_port", value)
+
+    def _check_http(self) -> None:
+        if self.http_port is not None:
+            if not 0 <= self.http_port <= 65535:
+                raise InvalidArgument(
+                    f"{self.named('http_port')} must be in [0, 65535], got {self.http_port}"
+                )
+            if self.http_port and self.http_port == self.port:
+                raise InvalidArgument(
+                    f"{self.named('http_port')} {self.http_port} is the gRPC port; give another"
+                )
+        for name in ("metrics_max_topics", "metrics_max_groups", "metrics_max_series"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
 
     def _check_retries(self) -> None:
         if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:

@@ -390,6 +390,19 @@ _ENTRIES: tuple[Setting, ...] = (
         "or a number",
     ),
     Setting("fetch_insecure", "serve the fetch port (plain text) even though --tls-cert is set"),
+    Setting(
+        "http_port",
+        "HTTP port for /metrics, /healthz and /readyz (TLS and tokens as gRPC); 0 = any free "
+        "port; unset: no HTTP listener",
+    ),
+    Setting("http_host", "address of the HTTP port; unset: --host"),
+    Setting("metrics_max_topics", "topic label values in /metrics; the rest: %other", flag=False),
+    Setting("metrics_max_groups", "group label values in /metrics; the rest: %other", flag=False),
+    Setting(
+        "metrics_max_series",
+        "per-queue and per-(group, topic) series in /metrics together",
+        flag=False,
+    ),
     Setting("shutdown_grace_s", "time in-flight requests get on SIGTERM", flag=False),
     Setting("log_level", "log threshold", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     Setting("log_format", "json: one JSON object per line", choices=("text", "json")),
