@@ -1,0 +1,286 @@
+"""The console as a real process (``python -m equeue_spark.console``) against
+real brokers: its JSON API's numbers equal the client's and the CLI's, admin
+actions need an admin token, and a SIGKILLed broker shows as not answering."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from equeue_broker.testing import HOST, BrokerProcess, LocalCluster
+from equeue_spark.client import Admin, ClientConfig, Producer
+from tests.support.waits import wait_for
+
+ADMIN, MONITOR = "console-admin-secret-0123", "console-monitor-secret-01"
+TOKENS = f"""
+[[tokens]]
+name = "ops"
+secret = "{ADMIN}"
+roles = ["admin"]
+
+[[tokens]]
+name = "dashboards"
+secret = "{MONITOR}"
+roles = ["monitor"]
+"""
+
+
+class ConsoleProcess(BrokerProcess):
+    """The console: the broker's ready-line protocol, another command."""
+
+    ready_prefix = "equeue console listening on "
+
+    def __init__(self, workdir: Path, *flags: str) -> None:
+        super().__init__(workdir, *flags, module="equeue_spark.console")
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", self.module, "--host", HOST, "--port", "0", *self.flags]
+
+    def get(self, path: str, token: str | None = None) -> tuple[int, Any, dict[str, str]]:
+        return self.request("GET", path, token=token)
+
+    def request(
+        self, method: str, path: str, body: object = None, token: str | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any, dict[str, str]]:  # fmt: skip
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.address + path, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Type", content_type)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                status, raw, headers = response.status, response.read(), dict(response.headers)
+        except urllib.error.HTTPError as exc:
+            status, raw, headers = exc.code, exc.read(), dict(exc.headers)
+        if headers.get("Content-Type", "").startswith("application/json"):
+            return status, json.loads(raw), headers
+        return status, raw.decode(errors="replace"), headers
+
+    def round_after(self, round_: int, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The cluster reply of the first poll round after ``round_``."""
+
+        def fresh() -> dict[str, Any] | None:
+            status, body, _ = self.get("/api/v1/cluster")
+            return body if status == 200 and body["round"] > round_ else None
+
+        return wait_for(f"a console round after {round_}", fresh, timeout_s)
+
+
+def fast(address: str, token: str | None = None) -> ClientConfig:
+    return ClientConfig(broker=address, timeout_s=5, retries=0, token=token)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, Path]]:
+    root = tmp_path_factory.mktemp("console-secured")
+    tokens = root / "tokens.toml"
+    tokens.write_text(TOKENS)
+    tokens.chmod(0o600)
+    broker = BrokerProcess(root / "data", "--tokens-file", str(tokens))
+    broker.start()
+    try:
+        with Producer(config=fast(broker.address, ADMIN)) as producer:
+            producer.send_batch(
+                "t", [b"m%d" % i for i in range(30)], queue_ids=[i % 2 for i in range(30)]
+            )
+        with Admin(config=fast(broker.address, ADMIN)) as admin:
+            admin.commit_offsets("g", {("t", 0): 5, ("t", 1): 2})
+        yield broker, tokens
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def console(secured: tuple[BrokerProcess, Path]) -> Iterator[ConsoleProcess]:
+    broker, tokens = secured
+    poller_token = tokens.parent / "monitor.token"
+    poller_token.write_text(MONITOR)
+    process = ConsoleProcess(
+        tokens.parent / "console", "--broker", broker.address, "--token-file", str(poller_token),
+        "--tokens-file", str(tokens), "--interval", "1s",
+    )  # fmt: skip
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def cli_describe(address: str, group: str, token_file: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "equeue_spark.cli", "--broker", address, "--token-file",
+         str(token_file), "--json", "groups", "describe", group],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    document: dict[str, Any] = json.loads(out.stdout)
+    return document
+
+
+@pytest.mark.timeout(120)
+def test_the_api_shows_what_the_cli_and_the_client_see(
+    console: ConsoleProcess, secured: tuple[BrokerProcess, Path]
+) -> None:
+    broker, tokens = secured
+    console.round_after(0)
+    status, group, _ = console.get("/api/v1/groups/g")
+    assert status == 200
+    admin_token = tokens.parent / "admin.token"
+    admin_token.write_text(ADMIN)
+    cli = cli_describe(broker.address, "g", admin_token)
+    assert group["group"]["total_lag"] == cli["total_lag"] == 23
+    lags = {(q["topic"], q["queue_id"]): q["lag"] for q in group["group"]["queues"]}
+    assert lags == {(q["topic"], q["queue_id"]): q["lag"] for q in cli["queues"]}
+    # lag_ms is an age: the console's, taken earlier, is not older than the CLI's.
+    ((topic_lag),) = group["group"]["topics"]
+    assert (topic_lag["topic"], topic_lag["lag"]) == ("t", 23)
+    assert 0 < topic_lag["lag_ms"] <= max(q["lag_ms"] for q in cli["queues"])
+
+    status, topics, _ = console.get("/api/v1/topics")
+    (topic,) = [t for t in topics["topics"] if t["name"] == "t"]
+    assert (topic["stored"], topic["queue_count"], topic["backlog"]) == (30, 4, 23)
+    status, one, _ = console.get("/api/v1/topics/t")
+    assert [q["end_offset"] for q in one["topic"]["queues"]] == [15, 15, 0, 0]
+    assert one["groups"] == [
+        {"group": "g", "topic": "t", "lag": 23, "lag_ms": one["groups"][0]["lag_ms"]}
+    ]
+
+    status, cluster, headers = console.get("/api/v1/cluster")
+    (member,) = cluster["members"]
+    assert member["state"] == "live" and member["role"] == "master"
+    with Admin(config=fast(broker.address, ADMIN)) as admin:
+        stats = admin.stats()
+    assert member["stats"]["broker_id"] == stats.broker_id
+    assert member["stats"]["disk_size_bytes"] > member["stats"]["disk_free_bytes"] > 0
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert "default-src 'self'" in headers["Content-Security-Policy"]
+
+    status, txns, _ = console.get("/api/v1/transactions")
+    assert status == 200 and txns["transactions"] == [] and txns["delayed"] == []
+    status, series, _ = console.get("/api/v1/series?kind=group_lag&key=g&key=t")
+    assert series["series"][0]["values"][-1] == 23.0
+    before = len(series["series"][0]["values"])
+    console.round_after(cluster["round"])
+    status, series, _ = console.get("/api/v1/series?kind=group_lag&key=g&key=t")
+    assert len(series["series"][0]["values"]) > before
+    assert console.get("/api/v1/series?kind=nope")[0] == 400
+    assert console.get("/api/v1/groups/nobody")[0] == 404
+    assert console.get("/healthz")[0] == 200
+    assert console.get("/readyz")[0] == 200
+    status, page, headers = console.get("/groups/g")
+    assert status == 200 and 'data-page="groups" data-arg="g"' in page
+    # The poller's monitor token reads no message contents: the broker says so.
+    status, body, _ = console.get("/api/v1/messages?topic=t&queue=0&offset=0&count=2")
+    assert status == 403 and "error" in body
+
+
+@pytest.mark.timeout(60)
+def test_events_announce_each_round(console: ConsoleProcess) -> None:
+    with urllib.request.urlopen(console.address + "/api/v1/events", timeout=20) as stream:
+        assert stream.headers["Content-Type"] == "text/event-stream"
+        lines: list[str] = []
+        while len([x for x in lines if x.startswith("data: ")]) < 2:
+            lines.append(stream.readline().decode().strip())
+    rounds = [json.loads(x[len("data: ") :])["round"] for x in lines if x.startswith("data: ")]
+    assert rounds[1] > rounds[0]
+
+
+@pytest.mark.timeout(120)
+def test_admin_actions_need_an_admin_token(
+    console: ConsoleProcess, secured: tuple[BrokerProcess, Path]
+) -> None:
+    broker, _ = secured
+    body = {"topic": "t", "to": "earliest"}
+    assert console.request("POST", "/api/v1/groups/g/reset", body)[0] == 401
+    status, refused, _ = console.request("POST", "/api/v1/groups/g/reset", body, MONITOR)
+    assert status == 403 and "admin" in refused["error"]
+    assert console.request("POST", "/api/v1/groups/g/reset", body, ADMIN, "text/plain")[0] == 415
+    status, bad, _ = console.request("POST", "/api/v1/groups/g/reset", {"topic": "t"}, ADMIN)
+    assert status == 400 and "earliest" in bad["error"]
+
+    status, done, _ = console.request("POST", "/api/v1/groups/g/reset", body, ADMIN)
+    assert status == 200 and done == {"ok": True, "group": "g", "topic": "t", "total_lag": 30}
+    with Admin(config=fast(broker.address, ADMIN)) as admin:
+        assert admin.describe_group("g").total_lag == 30
+        status, grown, _ = console.request("POST", "/api/v1/topics/t/queues", {"count": 1}, ADMIN)
+        assert status == 200 and grown["queue_count"] == 5
+        assert len(admin.describe_topic("t").queues) == 5
+    status, purge, _ = console.request("POST", "/api/v1/groups/g/dlq/purge", {}, ADMIN)
+    assert status == 400 and "confirm" in purge["error"]
+    # The console's new figures arrive with the next round.
+    after = console.round_after(console.get("/api/v1/cluster")[1]["round"])
+    _, group, _ = console.get("/api/v1/groups/g")
+    assert group["group"]["total_lag"] == 30 and group["round"] >= after["round"]
+
+
+@pytest.mark.timeout(120)
+def test_read_only_without_a_tokens_file_and_the_browser(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    console = ConsoleProcess(tmp_path / "console", "--broker", broker.address, "--interval", "1s")
+    try:
+        with Producer(config=fast(broker.address)) as producer:
+            ids = producer.send_batch(
+                "b", [b'{"n": 1}', b"\xff\xfe", b"plain"], keys=[b"k1", b"k2", b"k1"],
+                headers=[[("h", b"v")], [], []], queue_ids=[0, 0, 0],
+            )  # fmt: skip
+        console.start()
+        console.round_after(0)
+        status, refused, _ = console.request(
+            "POST", "/api/v1/groups/g/reset", {"topic": "b", "to": "latest"}, ADMIN
+        )
+        assert status == 403 and "read-only" in refused["error"]
+
+        _, page, _ = console.get("/api/v1/messages?topic=b&queue=0&offset=0&count=10")
+        assert [m["offset"] for m in page["messages"]] == [0, 1, 2] and page["next_offset"] == 3
+        first, binary, _ = page["messages"]
+        assert first["value"]["json"] == {"n": 1} and first["key"]["text"] == "k1"
+        assert first["headers"] == [{"name": "h", "size": 1, "truncated": False, "text": "v"}]
+        assert binary["value"]["hex"] == "fffe"
+        _, by_id, _ = console.get(f"/api/v1/messages?id={ids[1].message_id}")
+        assert by_id["messages"][0]["offset"] == 1
+        _, by_key, _ = console.get("/api/v1/messages?topic=b&key=k1")
+        assert sorted(m["offset"] for m in by_key["messages"]) == [0, 2]
+        status, bad, _ = console.get("/api/v1/messages?topic=b&queue=x&offset=0")
+        assert status == 400 and "queue" in bad["error"]
+    finally:
+        console.stop()
+        broker.stop()
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_broker_shows_as_not_answering(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path).start(namesrvs=1, brokers=("a", "b")) as cluster:
+        with Admin(config=ClientConfig(namesrv=cluster.namesrv, timeout_s=5)) as admin:
+            admin.create_topic("k", queues=2)
+        console = ConsoleProcess(
+            tmp_path / "console", "--namesrv", cluster.namesrv, "--interval", "1s"
+        )
+        console.start()
+        try:
+
+            def states() -> dict[str, str]:
+                _, body, _ = console.get("/api/v1/cluster")
+                return {m["broker"]: m["state"] for m in body["members"]}
+
+            wait_for("both brokers live", lambda: states() == {"a": "live", "b": "live"}, 30)
+            cluster.brokers["b"].kill()
+            # Within one round (1 s) plus the GetStats deadline (2 s), with margin for a loaded box.
+            wait_for("b not answering", lambda: states().get("b") in ("unreachable", "down"), 15)
+            assert states()["a"] == "live"
+            status, topics, _ = console.get("/api/v1/topics")
+            (topic,) = [t for t in topics["topics"] if t["name"] == "k"]
+            assert status == 200 and topic["brokers"] == ["a"]
+            assert "b" in topic["unreachable_brokers"]
+            assert console.get("/api/v1/groups")[0] == 200
+        finally:
+            console.stop()
