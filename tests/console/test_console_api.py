@@ -4,6 +4,7 @@ actions need an admin token, and a SIGKILLed broker shows as not answering."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 
 from equeue_broker.testing import HOST, BrokerProcess, LocalCluster
@@ -252,9 +254,31 @@ def test_read_only_without_a_tokens_file_and_the_browser(tmp_path: Path) -> None
         assert sorted(m["offset"] for m in by_key["messages"]) == [0, 2]
         status, bad, _ = console.get("/api/v1/messages?topic=b&queue=x&offset=0")
         assert status == 400 and "queue" in bad["error"]
+        assert_schema_decoded(console, broker.address)
     finally:
         console.stop()
         broker.stop()
+
+
+ORDER = {
+    "type": "record",
+    "name": "Order",
+    "fields": [{"name": "id", "type": "long"}, {"name": "raw", "type": "bytes"}],
+}
+
+
+def assert_schema_decoded(console: ConsoleProcess, address: str) -> None:
+    """A value written with a topic's Avro schema shows decoded (bytes as base64)."""
+    with Admin(config=fast(address)) as admin:
+        admin.create_topic("orders", queues=1)
+        admin.set_schema("orders", ORDER)
+    data = io.BytesIO()
+    fastavro.schemaless_writer(data, fastavro.parse_schema(ORDER), {"id": 7, "raw": b"\x00\x01"})
+    with Producer(address, validate=True) as producer:
+        producer.send_batch("orders", [data.getvalue()], queue_ids=[0])
+    _, page, _ = console.get("/api/v1/messages?topic=orders&queue=0&offset=0")
+    (message,) = page["messages"]
+    assert message["decoded"] == {"version": 1, "type": "AVRO", "value": {"id": 7, "raw": "AAE="}}
 
 
 @pytest.mark.timeout(180)
