@@ -67,6 +67,9 @@ class Poller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="equeue-console-poller", daemon=True)
         self._brokers: dict[str, Admin] = {}
+        self._uptimes: dict[str, float] = {}
+        self._generations: dict[str, int] = {}
+        """Restarts seen per member address (its counters started again)."""
         self._topic_rates: dict[str, list[float | None]] = {}
         """{topic: [in msg/s, out msg/s]} of the round's members (None: no rate yet)."""
 
@@ -169,12 +172,13 @@ class Poller:
         address = member.entry.address or self.config.target
         if stats is None:
             return member_row(member, None, None)
-        # A restart resets the counters: the instance id and uptime tell it.
-        epoch = f"{member.entry.instance_id}/{stats.broker_id}"
-        uptime_key = ("uptime", address)
-        if self.rates.rate(uptime_key, epoch, int(stats.uptime_s * 1000), now_s) is None:
-            epoch += f"/{int(now_s)}"  # first sight or restarted: no rate this round
-        counters.append(uptime_key)
+        # A restart resets the counters: a smaller uptime starts a new
+        # generation, and a counter's rate never spans two generations.
+        last_uptime = self._uptimes.get(address)
+        if last_uptime is not None and stats.uptime_s < last_uptime:
+            self._generations[address] = self._generations.get(address, 0) + 1
+        self._uptimes[address] = stats.uptime_s
+        epoch = f"{member.entry.instance_id}/{stats.broker_id}/{self._generations.get(address, 0)}"
         is_master = (stats.role or "master") == "master"
         for qc in stats.queue_counters:
             for kind, value in (("in", qc.produced), ("out", qc.consumed)):
@@ -199,7 +203,11 @@ class Poller:
 
     def _topics(self, members: list[Row], points: dict[SeriesKey, float]) -> list[Row]:
         rates = {t: (pair[0], pair[1]) for t, pair in self._topic_rates.items()}
-        rows = [topic_row(info, rates) for info in self.admin.list_topics()]
+        listed = self.admin.list_topics()
+        if self.rounds:  # no counter at all since the brokers started: nothing moved
+            for info in listed:
+                rates.setdefault(info.name, (0.0, 0.0))
+        rows = [topic_row(info, rates) for info in listed]
         for row in rows:
             for kind, value in (("topic_in", row["in_rate"]), ("topic_out", row["out_rate"])):
                 if value is not None:

@@ -196,6 +196,25 @@ def test_events_announce_each_round(console: ConsoleProcess) -> None:
     assert rounds[1] > rounds[0]
 
 
+@pytest.mark.timeout(60)
+def test_rates_come_from_the_counters(
+    console: ConsoleProcess, secured: tuple[BrokerProcess, Path]
+) -> None:
+    broker, _ = secured
+
+    def in_rate() -> float | None:
+        with Producer(config=fast(broker.address, ADMIN)) as producer:
+            producer.send_batch("r", [b"x"] * 50, queue_ids=[0] * 50)
+        _, body, _ = console.get("/api/v1/series?kind=topic_in&key=r")
+        values: list[float] = body["series"][0]["values"]
+        return max(values) if values and max(values) > 0 else None
+
+    assert wait_for("a produce rate on r", in_rate, 30) > 0
+    _, topics, _ = console.get("/api/v1/topics")
+    (topic,) = [t for t in topics["topics"] if t["name"] == "r"]
+    assert topic["in_rate"] is not None and topic["in_rate"] >= 0
+
+
 @pytest.mark.timeout(120)
 def test_admin_actions_need_an_admin_token(
     console: ConsoleProcess, secured: tuple[BrokerProcess, Path]
@@ -300,7 +319,11 @@ def test_a_killed_broker_shows_as_not_answering(tmp_path: Path) -> None:
             cluster.brokers["b"].kill()
             # Within one round (1 s) plus the GetStats deadline (2 s), with margin for a loaded box.
             wait_for("b not answering", lambda: states().get("b") in ("unreachable", "down"), 15)
-            assert states()["a"] == "live"
+            # a still answers (the name servers may call it suspect a moment
+            # if its registration was late on a loaded machine).
+            _, body, _ = console.get("/api/v1/cluster")
+            (a,) = [m for m in body["members"] if m["broker"] == "a"]
+            assert a["state"] in ("live", "suspect") and a["stats"] is not None
             status, topics, _ = console.get("/api/v1/topics")
             (topic,) = [t for t in topics["topics"] if t["name"] == "k"]
             assert status == 200 and topic["brokers"] == ["a"]
