@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,3 +80,44 @@ def bearer(header: str | None) -> str | None:
     if scheme.lower() != "bearer" or not secret.strip():
         return None
     return secret.strip()
+
+
+SESSION_COOKIE = "equeue_session"
+SESSION_IDLE_S = 8 * 3600.0
+MAX_SESSIONS = 10_000
+"""Sessions kept at most (the oldest is dropped past it): every resource a
+client can make the console hold has a limit."""
+
+
+class Sessions:
+    """Browser sessions made by ``POST /api/v1/login``: a random id (in an
+    HttpOnly, SameSite=Strict cookie) for a ``User``, forgotten after
+    ``SESSION_IDLE_S`` without use; in memory only."""
+
+    def __init__(self, idle_s: float = SESSION_IDLE_S, limit: int = MAX_SESSIONS) -> None:
+        self.idle_s = idle_s
+        self.limit = limit
+        self._sessions: dict[str, tuple[User, float]] = {}
+
+    def create(self, user: User, now: float) -> str:
+        self._expire(now)
+        while len(self._sessions) >= self.limit:
+            del self._sessions[next(iter(self._sessions))]
+        session = secrets.token_urlsafe(32)
+        self._sessions[session] = (user, now)
+        return session
+
+    def lookup(self, session: str | None, now: float) -> User | None:
+        found = self._sessions.get(session or "")
+        if found is None or now - found[1] > self.idle_s:
+            return None
+        assert session is not None
+        self._sessions[session] = (found[0], now)
+        return found[0]
+
+    def drop(self, session: str | None) -> None:
+        self._sessions.pop(session or "", None)
+
+    def _expire(self, now: float) -> None:
+        for session in [s for s, (_, used) in self._sessions.items() if now - used > self.idle_s]:
+            del self._sessions[session]

@@ -35,7 +35,7 @@ from equeue_spark.client.errors import (
     PreconditionError,
 )
 from equeue_spark.console import actions, browser
-from equeue_spark.console.access import Tokens, User, bearer
+from equeue_spark.console.access import SESSION_COOKIE, Sessions, Tokens, User, bearer
 from equeue_spark.console.history import KINDS, History, SeriesKey
 from equeue_spark.console.poller import describe
 from equeue_spark.console.snapshot import EMPTY, Snapshot
@@ -53,6 +53,10 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 SSE_KEEPALIVE_S = 15.0
+MAX_READERS = 64
+"""Per-user message-reading clients kept (the oldest is closed past it)."""
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/v1/login", "/api/v1/whoami"})
+"""What answers without a token on a console with users (``--tokens-file``)."""
 STALE_ROUNDS = 3
 """/readyz fails when the last round is older than this many intervals."""
 SHELL = """<!doctype html>
@@ -87,6 +91,8 @@ class Console:
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="equeue-console-call")
         self.reader = Admin(config=config)
         """The poller's token's Admin, for the message browser and dead letters."""
+        self.sessions = Sessions()
+        self._readers: dict[str, Admin] = {}
         self.poll_rounds = 0
         self.poll_seconds_sum = 0.0
         self.poll_errors = 0
@@ -122,10 +128,27 @@ class Console:
         return True, "ok"
 
     def user(self, request: web.Request) -> User | None:
-        secret = bearer(request.headers.get("Authorization"))
-        if secret is None or self.tokens is None:
+        """Who the request speaks for: its bearer token, else its session."""
+        if self.tokens is None:
             return None
-        return self.tokens.lookup(secret)
+        secret = bearer(request.headers.get("Authorization"))
+        if secret is not None:
+            return self.tokens.lookup(secret)
+        return self.sessions.lookup(request.cookies.get(SESSION_COOKIE), time.monotonic())
+
+    def reader_for(self, user: User | None) -> Admin:
+        """The Admin that reads messages: the user's own token when the
+        console has users (the brokers decide what it may read), else the poller's."""
+        if user is None:
+            return self.reader
+        admin = self._readers.get(user.secret)
+        if admin is None:
+            if len(self._readers) >= MAX_READERS:
+                oldest = next(iter(self._readers))
+                self._readers.pop(oldest).close()
+            admin = Admin(config=dataclasses.replace(self.config, token=user.secret))
+            self._readers[user.secret] = admin
+        return admin
 
     async def call(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn)
@@ -133,6 +156,8 @@ class Console:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.reader.close()
+        for admin in self._readers.values():
+            admin.close()
 
 
 CONSOLE = web.AppKey("console", Console)
@@ -161,8 +186,12 @@ def status_of(exc: EqueueError) -> int:
 async def headers_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
+    response: web.StreamResponse
     try:
-        response = await handler(request)
+        if _needs_user(request):
+            response = error(401, "log in (POST /api/v1/login) or send Authorization: Bearer")
+        else:
+            response = await handler(request)
     except EqueueError as exc:
         response = error(status_of(exc), str(exc))
     except (browser.BadQuery, actions.BadAction) as exc:
@@ -176,6 +205,17 @@ async def headers_middleware(
     if request.path.startswith("/api/"):
         response.headers.setdefault("Cache-Control", "no-store")
     return response
+
+
+def _needs_user(request: web.Request) -> bool:
+    """A console with users shows nothing to a request without one (the
+    pages' HTML shell and its static files excepted: they hold no figures)."""
+    c = request.app[CONSOLE]
+    if c.tokens is None or request.path in OPEN_PATHS:
+        return False
+    if not (request.path.startswith("/api/") or request.path == "/metrics"):
+        return False
+    return c.user(request) is None
 
 
 def _console(request: web.Request) -> Console:
@@ -268,8 +308,9 @@ async def api_group_dlq(request: web.Request) -> web.Response:
     c = _console(request)
     group = request.match_info["group"]
     limit = min(int(request.query.get("limit", "100") or 100), browser.MAX_COUNT)
-    found = await c.call(lambda: c.reader.dead_letters(group, limit))
-    rows = await c.call(lambda: [browser.message_json(c.reader, m) for m in found])
+    reader = c.reader_for(c.user(request))
+    found = await c.call(lambda: reader.dead_letters(group, limit))
+    rows = await c.call(lambda: [browser.message_json(reader, m) for m in found])
     return reply({"group": group, "messages": rows})
 
 
@@ -319,13 +360,47 @@ async def api_whoami(request: web.Request) -> web.Response:
     })  # fmt: skip
 
 
+async def api_login(request: web.Request) -> web.Response:
+    """``{"token": secret}`` -> a session cookie (HttpOnly, SameSite=Strict;
+    Secure when the request came over TLS)."""
+    c = _console(request)
+    if c.tokens is None:
+        return error(404, "this console has no --tokens-file: there is nothing to log in to")
+    if request.content_type != "application/json":
+        return error(415, "send the token as Content-Type: application/json")
+    try:
+        body = await request.json()
+    except ValueError:
+        return error(400, "the body is not JSON")
+    secret = body.get("token") if isinstance(body, dict) else None
+    user = c.tokens.lookup(secret) if isinstance(secret, str) and secret else None
+    if user is None:
+        return error(401, "unknown token")
+    response = reply({"user": user.name, "roles": sorted(user.roles), "admin": user.may("admin")})
+    response.set_cookie(
+        SESSION_COOKIE, c.sessions.create(user, time.monotonic()), httponly=True,
+        samesite="Strict", secure=request.secure, path="/",
+    )  # fmt: skip
+    log.info("console login: %s", user.name)
+    return response
+
+
+async def api_logout(request: web.Request) -> web.Response:
+    c = _console(request)
+    c.sessions.drop(request.cookies.get(SESSION_COOKIE))
+    response = reply({"ok": True})
+    response.del_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
 # -- messages ---------------------------------------------------------------------------
 
 
 async def api_messages(request: web.Request) -> web.Response:
     c = _console(request)
     query = dict(request.query)
-    return reply(await c.call(lambda: browser.browse(c.reader, query)))
+    reader = c.reader_for(c.user(request))
+    return reply(await c.call(lambda: browser.browse(reader, query)))
 
 
 async def api_message_raw(request: web.Request) -> web.Response:
@@ -333,7 +408,8 @@ async def api_message_raw(request: web.Request) -> web.Response:
     message_id = request.query.get("id", "")
     if not message_id:
         return error(400, "give id=")
-    message = await c.call(lambda: c.reader.get_message(message_id))
+    reader = c.reader_for(c.user(request))
+    message = await c.call(lambda: reader.get_message(message_id))
     return web.Response(
         body=message.value,
         content_type="application/octet-stream",
@@ -455,6 +531,8 @@ def make_app(console: Console) -> web.Application:
     get("/api/v1/messages/raw", api_message_raw)
     get("/api/v1/events", events)
     post = app.router.add_post
+    post("/api/v1/login", api_login)
+    post("/api/v1/logout", api_logout)
     post("/api/v1/groups/{group}/reset", action_handler("reset", "group"))
     post("/api/v1/groups/{group}/dlq/resend", action_handler("dlq_resend", "group"))
     post("/api/v1/groups/{group}/dlq/purge", action_handler("dlq_purge", "group"))

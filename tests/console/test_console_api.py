@@ -40,14 +40,16 @@ class ConsoleProcess(BrokerProcess):
 
     ready_prefix = "equeue console listening on "
 
-    def __init__(self, workdir: Path, *flags: str) -> None:
+    def __init__(self, workdir: Path, *flags: str, reader: str | None = None) -> None:
         super().__init__(workdir, *flags, module="equeue_spark.console")
+        self.reader = reader
+        """The token GETs send when they name none (a console with users)."""
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", self.module, "--host", HOST, "--port", "0", *self.flags]
 
     def get(self, path: str, token: str | None = None) -> tuple[int, Any, dict[str, str]]:
-        return self.request("GET", path, token=token)
+        return self.request("GET", path, token=token or self.reader)
 
     def request(
         self, method: str, path: str, body: object = None, token: str | None = None,
@@ -109,7 +111,7 @@ def console(secured: tuple[BrokerProcess, Path]) -> Iterator[ConsoleProcess]:
     poller_token.write_text(MONITOR)
     process = ConsoleProcess(
         tokens.parent / "console", "--broker", broker.address, "--token-file", str(poller_token),
-        "--tokens-file", str(tokens), "--interval", "1s",
+        "--tokens-file", str(tokens), "--interval", "1s", reader=MONITOR,
     )  # fmt: skip
     process.start()
     try:
@@ -180,14 +182,41 @@ def test_the_api_shows_what_the_cli_and_the_client_see(
     assert console.get("/readyz")[0] == 200
     status, page, headers = console.get("/groups/g")
     assert status == 200 and 'data-page="groups" data-arg="g"' in page
-    # The poller's monitor token reads no message contents: the broker says so.
+    # A monitor token reads no message contents: the broker says so.
     status, body, _ = console.get("/api/v1/messages?topic=t&queue=0&offset=0&count=2")
     assert status == 403 and "error" in body
 
 
 @pytest.mark.timeout(60)
+def test_a_console_with_users_shows_nothing_without_a_token(console: ConsoleProcess) -> None:
+    for path in ("/api/v1/cluster", "/api/v1/groups/g", "/api/v1/messages?id=x", "/metrics"):
+        status, body, _ = console.request("GET", path)
+        assert status == 401 and "log in" in body["error"], path
+    assert console.request("GET", "/api/v1/cluster", token="not-a-token")[0] == 401
+    assert console.request("GET", "/healthz")[0] == 200
+    assert console.request("POST", "/api/v1/login", {"token": "nope"})[0] == 401
+    # A browser logs in once; its cookie then stands for the admin token.
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    login = urllib.request.Request(
+        console.address + "/api/v1/login", data=json.dumps({"token": ADMIN}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    with opener.open(login, timeout=20) as response:
+        assert json.loads(response.read())["admin"] is True
+        cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    with opener.open(console.address + "/api/v1/whoami", timeout=20) as response:
+        assert json.loads(response.read())["user"] == "ops"
+    # The admin's own token reads message contents.
+    with opener.open(console.address + "/api/v1/messages?topic=t&queue=0&offset=0&count=2") as r:
+        assert [m["value"]["text"] for m in json.loads(r.read())["messages"]] == ["m0", "m2"]
+
+
+@pytest.mark.timeout(60)
 def test_events_announce_each_round(console: ConsoleProcess) -> None:
-    with urllib.request.urlopen(console.address + "/api/v1/events", timeout=20) as stream:
+    request = urllib.request.Request(console.address + "/api/v1/events")
+    request.add_header("Authorization", f"Bearer {MONITOR}")
+    with urllib.request.urlopen(request, timeout=20) as stream:
         assert stream.headers["Content-Type"] == "text/event-stream"
         lines: list[str] = []
         while len([x for x in lines if x.startswith("data: ")]) < 2:
