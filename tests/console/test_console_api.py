@@ -18,7 +18,7 @@ import fastavro
 import pytest
 
 from equeue_broker.testing import HOST, BrokerProcess, LocalCluster
-from equeue_spark.client import Admin, ClientConfig, Producer
+from equeue_spark.client import Admin, ClientConfig, Consumer, Producer
 from tests.support.waits import wait_for
 
 ADMIN, MONITOR = "console-admin-secret-0123", "console-monitor-secret-01"
@@ -303,6 +303,64 @@ def test_read_only_without_a_tokens_file_and_the_browser(tmp_path: Path) -> None
         status, bad, _ = console.get("/api/v1/messages?topic=b&queue=x&offset=0")
         assert status == 400 and "queue" in bad["error"]
         assert_schema_decoded(console, broker.address)
+    finally:
+        console.stop()
+        broker.stop()
+
+
+@pytest.mark.timeout(120)
+def test_dead_letters_shown_resent_and_purged(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS)
+    console = ConsoleProcess(
+        tmp_path / "console", "--broker", broker.address, "--interval", "1s",
+        "--tokens-file", str(tokens), reader=ADMIN,
+    )  # fmt: skip
+    try:
+        with Admin(config=fast(broker.address)) as admin, Producer(broker.address) as producer:
+            admin.create_topic("work", queues=1)
+            producer.send_batch("work", [b"a", b"b"], queue_ids=[0, 0])
+            with Consumer(
+                broker.address, group="D", topics=["work"], max_reconsume_times=1
+            ) as consumer:
+                dead: list[str] = []
+
+                def nacked() -> bool | None:
+                    for message in consumer.poll(timeout_s=0.5):
+                        # The second delivery's nack sends it to %DLQ%D.
+                        (outcome,) = consumer.nack(message, delay_s=0.1, error="bad")
+                        if outcome.action == "dlq":
+                            dead.append(message.message_id)
+                    consumer.commit()
+                    return len(dead) >= 2 or None
+
+                wait_for("two dead letters", nacked, 30)
+        console.start()
+
+        def dlq_counted() -> dict[str, Any] | None:
+            status, body, _ = console.get("/api/v1/groups/D")
+            return body["group"] if status == 200 and body["group"]["dlq_messages"] == 2 else None
+
+        assert wait_for("the DLQ counted", dlq_counted, 30)["dlq_resent"] == 0
+        _, letters, _ = console.get("/api/v1/groups/D/dlq")
+        assert sorted(m["value"]["text"] for m in letters["messages"]) == ["a", "b"]
+        first = letters["messages"][0]["id"]
+        status, resent, _ = console.request(
+            "POST", "/api/v1/groups/D/dlq/resend", {"ids": [first]}, ADMIN
+        )
+        assert status == 200 and resent["resent"] == 1
+        status, resent, _ = console.request(
+            "POST", "/api/v1/groups/D/dlq/resend", {"all": True}, ADMIN
+        )
+        assert status == 200 and (resent["resent"], resent["already_resent"]) == (1, 0)
+        status, purged, _ = console.request(
+            "POST", "/api/v1/groups/D/dlq/purge", {"confirm": "D"}, ADMIN
+        )
+        assert status == 200 and purged["purged"] == 2
+        with Admin(config=fast(broker.address)) as admin:
+            assert admin.dead_letters("D") == []
     finally:
         console.stop()
         broker.stop()
