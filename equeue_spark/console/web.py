@@ -125,6 +125,8 @@ class Console:
             return False, f"the last poll round is {age_s:.0f} s old"
         if "members" in snap.stale:
             return False, "the cluster could not be asked in the last round"
+        if not any(m["stats"] is not None for m in snap.members):
+            return False, "no broker answered in the last round"
         return True, "ok"
 
     def user(self, request: web.Request) -> User | None:

@@ -303,6 +303,20 @@ def test_read_only_without_a_tokens_file_and_the_browser(tmp_path: Path) -> None
         status, bad, _ = console.get("/api/v1/messages?topic=b&queue=x&offset=0")
         assert status == 400 and "queue" in bad["error"]
         assert_schema_decoded(console, broker.address)
+
+        broker.kill()  # the one broker gone: shown, and the console not ready
+
+        def member_state() -> str | None:
+            _, body, _ = console.get("/api/v1/cluster")
+            (member,) = body["members"]
+            return member["state"] if member["state"] != "live" else None
+
+        assert wait_for("the broker not answering", member_state, 15) == "unreachable"
+        status, why, _ = console.get("/readyz")
+        assert status == 503 and "no broker answered" in why
+        _, topics, _ = console.get("/api/v1/topics")
+        assert "topics" in topics["stale"] and topics["errors"]
+        assert "b" in [t["name"] for t in topics["topics"]]  # the last known rows
     finally:
         console.stop()
         broker.stop()
