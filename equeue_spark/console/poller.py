@@ -12,6 +12,7 @@ brokers or name servers are away. A member that does not answer its
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -20,8 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from equeue_spark.client.admin import Admin, MemberStats
+from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig
 from equeue_spark.client.errors import EqueueError, NotFoundError
+from equeue_spark.client.routing import Routes
 from equeue_spark.console.history import Rates, SeriesKey
 from equeue_spark.console.snapshot import (
     EMPTY,
@@ -67,6 +70,7 @@ class Poller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="equeue-console-poller", daemon=True)
         self._brokers: dict[str, Admin] = {}
+        self._names: dict[str, Routes] = {}
         self._uptimes: dict[str, float] = {}
         self._generations: dict[str, int] = {}
         """Restarts seen per member address (its counters started again)."""
@@ -82,6 +86,8 @@ class Poller:
             self._thread.join(timeout_s)
         for admin in self._brokers.values():
             admin.close()
+        for routes in self._names.values():
+            routes.close()
         self.admin.close()
 
     def _run(self) -> None:
@@ -125,6 +131,7 @@ class Poller:
         if transactions is None:
             transactions = list(previous.transactions)
             stale.add("transactions")
+        namesrvs = self._namesrvs()
         snapshot = Snapshot(
             round=self.rounds,
             at_ms=at_ms,
@@ -132,6 +139,7 @@ class Poller:
             topics=tuple(topics),
             groups=tuple(groups),
             transactions=tuple(transactions),
+            namesrvs=tuple(namesrvs),
             errors=tuple(errors),
             poll_seconds=time.monotonic() - started,
             stale=frozenset(stale),
@@ -248,6 +256,22 @@ class Poller:
                 log.info("transactions of %s: %s", member["broker"] or member["address"], exc)
                 continue
             rows.extend(transaction_rows(member["broker"], reply, now_ms))
+        return rows
+
+    def _namesrvs(self) -> list[Row]:
+        """Ask each name server alone for its members: up, or down and why."""
+        rows: list[Row] = []
+        for address in self.config.namesrvs():
+            routes = self._names.get(address)
+            if routes is None:
+                routes = connect(dataclasses.replace(self.config, namesrv=(address,)))
+                self._names[address] = routes
+            try:
+                listed = routes.brokers(include_down=True)
+            except EqueueError as exc:
+                rows.append({"address": address, "state": "down", "brokers": 0, "error": str(exc)})
+                continue
+            rows.append({"address": address, "state": "up", "brokers": len(listed), "error": ""})
         return rows
 
     def _broker(self, address: str) -> Admin:

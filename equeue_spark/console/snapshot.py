@@ -29,6 +29,9 @@ class Snapshot:
     topics: tuple[Row, ...] = ()
     groups: tuple[Row, ...] = ()
     transactions: tuple[Row, ...] = ()
+    namesrvs: tuple[Row, ...] = ()
+    """Each name server: ``address``, ``state`` ("up" or "down"), ``brokers``
+    (members it lists), ``error``; empty for one broker."""
     errors: tuple[str, ...] = ()
     """What failed in this round (a figure from the round before is kept then)."""
     poll_seconds: float = 0.0

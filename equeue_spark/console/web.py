@@ -264,7 +264,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def api_cluster(request: web.Request) -> web.Response:
     snap = _console(request).snapshot
-    return reply({**describe(snap), "members": list(snap.members)})
+    return reply({**describe(snap), "members": list(snap.members), "namesrvs": list(snap.namesrvs)})
 
 
 async def api_topics(request: web.Request) -> web.Response:

@@ -417,6 +417,10 @@ def test_a_killed_broker_shows_as_not_answering(tmp_path: Path) -> None:
                 return {m["broker"]: m["state"] for m in body["members"]}
 
             wait_for("both brokers live", lambda: states() == {"a": "live", "b": "live"}, 30)
+            _, body, _ = console.get("/api/v1/cluster")
+            assert body["namesrvs"] == [
+                {"address": cluster.namesrv, "state": "up", "brokers": 2, "error": ""}
+            ]
             cluster.brokers["b"].kill()
             # Within one round (1 s) plus the GetStats deadline (2 s), with margin for a loaded box.
             wait_for("b not answering", lambda: states().get("b") in ("unreachable", "down"), 15)
