@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client.admin import Admin, MemberStats
 from equeue_spark.client.cluster import connect
 from equeue_spark.client.connection import ClientConfig
@@ -40,6 +41,8 @@ from equeue_spark.console.snapshot import (
 log = logging.getLogger("equeue.console.poller")
 
 Publish = Callable[[Snapshot, dict[SeriesKey, float]], None]
+SCHEMA_EVERY = 6
+"""Rounds between asking each topic's schema (schemas change seldom)."""
 DESCRIBE_THREADS = 8
 """Groups described at once in a round."""
 
@@ -71,6 +74,8 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name="equeue-console-poller", daemon=True)
         self._brokers: dict[str, Admin] = {}
         self._names: dict[str, Routes] = {}
+        self._schemas: dict[str, Row | None] = {}
+        """Each topic's value schema, asked every ``SCHEMA_EVERY`` rounds."""
         self._uptimes: dict[str, float] = {}
         self._generations: dict[str, int] = {}
         """Restarts seen per member address (its counters started again)."""
@@ -216,11 +221,38 @@ class Poller:
             for info in listed:
                 rates.setdefault(info.name, (0.0, 0.0))
         rows = [topic_row(info, rates) for info in listed]
+        retention = {
+            m["broker"]: {
+                "max_age_ms": m["stats"]["retention_max_age_ms"],
+                "max_bytes": m["stats"]["retention_max_bytes"],
+            }
+            for m in members
+            if m["stats"] is not None and m["role"] == "master"
+        }
+        if self.rounds % SCHEMA_EVERY == 0:
+            self._schemas = {r["name"]: self._schema(r["name"]) for r in rows if not r["internal"]}
+        for row in rows:
+            row["retention"] = [
+                {"broker": b, **retention[b]} for b in row["brokers"] if b in retention
+            ]
+            row["schema"] = self._schemas.get(row["name"])
         for row in rows:
             for kind, value in (("topic_in", row["in_rate"]), ("topic_out", row["out_rate"])):
                 if value is not None:
                     points[(kind, (row["name"],))] = value
         return rows
+
+    def _schema(self, topic: str) -> Row | None:
+        """The topic's value schema: type and latest version; None without one."""
+        try:
+            info = self.admin.get_schema(topic)
+        except NotFoundError:
+            return None
+        except EqueueError as exc:
+            return {"error": str(exc)}
+        latest = info.versions[-1] if info.versions else None
+        kind = pb.SchemaType.Name(latest.type).removeprefix("SCHEMA_TYPE_") if latest else ""
+        return {"version": info.latest_version, "type": kind}
 
     def _groups(self, topics: list[Row], points: dict[SeriesKey, float]) -> list[Row]:
         names = self.admin.list_groups()[: self.max_groups]

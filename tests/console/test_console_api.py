@@ -396,6 +396,15 @@ def assert_schema_decoded(console: ConsoleProcess, address: str) -> None:
     fastavro.schemaless_writer(data, fastavro.parse_schema(ORDER), {"id": 7, "raw": b"\x00\x01"})
     with Producer(address, validate=True) as producer:
         producer.send_batch("orders", [data.getvalue()], queue_ids=[0])
+
+    def schema_shown() -> dict[str, Any] | None:
+        _, body, _ = console.get("/api/v1/topics")
+        found = [t for t in body["topics"] if t["name"] == "orders" and t["schema"]]
+        return found[0] if found else None
+
+    orders = wait_for("the topic's schema on the topics page", schema_shown, 30)
+    assert orders["schema"] == {"version": 1, "type": "AVRO"}
+    assert orders["retention"][0]["broker"] == ""
     _, page, _ = console.get("/api/v1/messages?topic=orders&queue=0&offset=0")
     (message,) = page["messages"]
     assert message["decoded"] == {"version": 1, "type": "AVRO", "value": {"id": 7, "raw": "AAE="}}
