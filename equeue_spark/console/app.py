@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 
@@ -82,6 +83,10 @@ def parser() -> argparse.ArgumentParser:
         help="who may use the console (the brokers' token format); without it "
         "the console is read-only",
     )
+    http.add_argument(
+        "--http-tls-cert", metavar="PATH", help="PEM certificate (chain): serve HTTPS"
+    )
+    http.add_argument("--http-tls-key", metavar="PATH", help="PEM key of --http-tls-cert")
     poll = p.add_argument_group("polling and history")
     poll.add_argument(
         "--interval",
@@ -153,10 +158,11 @@ async def serve(args: argparse.Namespace) -> int:
         max_groups=args.max_groups,
         probe_timeout_s=min(2.0, args.timeout_s),
     )
+    ssl_context = server_tls(args)
     runner = web.AppRunner(make_app(console), access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, args.host, args.port)
+        site = web.TCPSite(runner, args.host, args.port, ssl_context=ssl_context)
         await site.start()
     except OSError as exc:
         await runner.cleanup()
@@ -166,7 +172,8 @@ async def serve(args: argparse.Namespace) -> int:
     stopped = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         console.loop.add_signal_handler(signum, stopped.set)
-    print(f"{READY_PREFIX}http://{host}:{port}", flush=True)
+    scheme = "https" if ssl_context else "http"
+    print(f"{READY_PREFIX}{scheme}://{host}:{port}", flush=True)
     logging.getLogger("equeue.console").info(
         "console listening on %s:%s, polling %s every %gs",
         host,
@@ -181,6 +188,21 @@ async def serve(args: argparse.Namespace) -> int:
         await asyncio.get_running_loop().run_in_executor(None, poller.stop)
         console.close()
     return 0
+
+
+def server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The listener's TLS context (``--http-tls-cert`` and ``--http-tls-key``), or None."""
+    if not args.http_tls_cert and not args.http_tls_key:
+        return None
+    if not (args.http_tls_cert and args.http_tls_key):
+        raise UsageError("give --http-tls-cert and --http-tls-key together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(args.http_tls_cert, args.http_tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load --http-tls-cert/--http-tls-key: {exc}") from None
+    return context
 
 
 def _bound(site: web.TCPSite) -> tuple[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -16,6 +17,7 @@ from typing import Any
 
 import fastavro
 import pytest
+import trustme
 
 from equeue_broker.testing import HOST, BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, ClientConfig, Consumer, Producer
@@ -378,6 +380,33 @@ def test_dead_letters_shown_resent_and_purged(tmp_path: Path) -> None:
     finally:
         console.stop()
         broker.stop()
+
+
+@pytest.mark.timeout(60)
+def test_https_listener(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    cert, key, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    server.cert_chain_pems[0].write_to_path(str(cert))
+    server.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    console = ConsoleProcess(
+        tmp_path / "console", "--broker", "127.0.0.1:1", "--interval", "1s",
+        "--http-tls-cert", str(cert), "--http-tls-key", str(key),
+    )  # fmt: skip
+    console.start()
+    try:
+        assert console.address.startswith("https://127.0.0.1:")
+        context = ssl.create_default_context(cafile=str(ca_file))
+        with urllib.request.urlopen(console.address + "/healthz", context=context) as response:
+            assert response.status == 200
+        # Nothing answers at 127.0.0.1:1: the console serves and says it is not ready.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(console.address + "/readyz", context=context)
+        refused.value.close()
+        assert refused.value.code == 503
+    finally:
+        console.stop()
 
 
 ORDER = {
