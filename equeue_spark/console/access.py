@@ -8,6 +8,7 @@ brokers authorize it again and the console never grants more than the token has.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
 import secrets
@@ -23,9 +24,15 @@ class User:
     name: str
     roles: frozenset[str]
     secret: str
+    topics: tuple[str, ...] | None = None
+    """fnmatch patterns of the topics the token may use; None = every topic."""
 
     def may(self, role: str) -> bool:
         return role in self.roles or ("admin" in self.roles and role != "broker")
+
+    def sees(self, topic: str) -> bool:
+        """Whether the token's topics include ``topic`` (as the brokers decide)."""
+        return self.topics is None or any(fnmatch.fnmatchcase(topic, p) for p in self.topics)
 
 
 class TokensError(ValueError):
@@ -35,7 +42,9 @@ class TokensError(ValueError):
 class Tokens:
     """``{sha256 of secret: (name, roles)}`` from a tokens file."""
 
-    def __init__(self, entries: dict[str, tuple[str, frozenset[str]]]) -> None:
+    def __init__(
+        self, entries: dict[str, tuple[str, frozenset[str], tuple[str, ...] | None]]
+    ) -> None:
         self._by_hash = entries
 
     @classmethod
@@ -46,7 +55,7 @@ class Tokens:
             raise TokensError(f"cannot read --tokens-file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise TokensError(f"--tokens-file {path} is not TOML: {exc}") from None
-        entries: dict[str, tuple[str, frozenset[str]]] = {}
+        entries: dict[str, tuple[str, frozenset[str], tuple[str, ...] | None]] = {}
         for i, entry in enumerate(document.get("tokens", [])):
             where = f"--tokens-file {path}, tokens[{i}]"
             name = entry.get("name")
@@ -61,14 +70,23 @@ class Tokens:
                 digest = hashlib.sha256(entry["secret"].encode()).hexdigest()
             else:
                 raise TokensError(f'{where} ({name}): give sha256 = "..." or secret = "..."')
-            entries[digest] = (name, frozenset(roles))
+            topics = entry.get("topics")
+            if topics is not None and (
+                not isinstance(topics, list) or not all(isinstance(t, str) for t in topics)
+            ):
+                raise TokensError(f"{where} ({name}): topics must be a list of patterns")
+            entries[digest] = (
+                name,
+                frozenset(roles),
+                tuple(topics) if topics is not None else None,
+            )
         return cls(entries)
 
     def lookup(self, secret: str) -> User | None:
         digest = hashlib.sha256(secret.encode()).hexdigest()
-        for known, (name, roles) in self._by_hash.items():
+        for known, (name, roles, topics) in self._by_hash.items():
             if hmac.compare_digest(known, digest):
-                return User(name, roles, secret)
+                return User(name, roles, secret, topics)
         return None
 
 

@@ -57,6 +57,8 @@ MAX_READERS = 64
 """Per-user message-reading clients kept (the oldest is closed past it)."""
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/api/v1/login", "/api/v1/whoami"})
 """What answers without a token on a console with users (``--tokens-file``)."""
+TOPIC_KEYED = {"topic_in": 0, "topic_out": 0, "group_lag": 1, "group_lag_seconds": 1}
+"""Series kinds whose key names a topic, and where."""
 STALE_ROUNDS = 3
 """/readyz fails when the last round is older than this many intervals."""
 SHELL = """<!doctype html>
@@ -224,6 +226,27 @@ def _console(request: web.Request) -> Console:
     return request.app[CONSOLE]
 
 
+def _sees(request: web.Request) -> Callable[[str], bool]:
+    """Which topics the request may see: a topic-scoped token sees its own
+    (as on the brokers), everyone else every topic."""
+    user = request.app[CONSOLE].user(request)
+    return user.sees if user is not None else lambda _topic: True
+
+
+def _scoped_group(group: dict[str, Any], sees: Callable[[str], bool]) -> dict[str, Any] | None:
+    """The group as a scoped token sees it: only its topics' rows and lag;
+    None when it reads none of them."""
+    topics = [t for t in group["topics"] if sees(t["topic"])]
+    if len(topics) == len(group["topics"]):
+        return group
+    if not topics:
+        return None
+    queues = [q for q in group.get("queues", []) if sees(q["topic"])]
+    lag = sum(t["lag"] for t in topics)
+    return {**group, "topics": topics, "queues": queues, "total_lag": lag,
+            "max_lag_ms": max(t["lag_ms"] for t in topics)}  # fmt: skip
+
+
 # -- probes and the console's own metrics ----------------------------------------------
 
 
@@ -270,10 +293,11 @@ async def api_cluster(request: web.Request) -> web.Response:
 async def api_topics(request: web.Request) -> web.Response:
     snap = _console(request).snapshot
     internal = request.query.get("internal", "1") != "0"
+    sees = _sees(request)
     topics = [
         {k: v for k, v in t.items() if k != "queues"}
         for t in snap.topics
-        if internal or not t["internal"]
+        if (internal or not t["internal"]) and sees(t["name"])
     ]
     return reply({**describe(snap), "topics": topics})
 
@@ -282,7 +306,7 @@ async def api_topic(request: web.Request) -> web.Response:
     snap = _console(request).snapshot
     name = request.match_info["topic"]
     topic = snap.topic(name)
-    if topic is None:
+    if topic is None or not _sees(request)(name):
         return error(404, f"topic {name!r} is not in the last poll round")
     readers = [
         {"group": g["group"], **t} for g in snap.groups for t in g["topics"] if t["topic"] == name
@@ -292,14 +316,17 @@ async def api_topic(request: web.Request) -> web.Response:
 
 async def api_groups(request: web.Request) -> web.Response:
     snap = _console(request).snapshot
-    groups = [{k: v for k, v in g.items() if k != "queues"} for g in snap.groups]
+    sees = _sees(request)
+    scoped = [_scoped_group(g, sees) for g in snap.groups]
+    groups = [{k: v for k, v in g.items() if k != "queues"} for g in scoped if g is not None]
     return reply({**describe(snap), "groups": groups})
 
 
 async def api_group(request: web.Request) -> web.Response:
     snap = _console(request).snapshot
     name = request.match_info["group"]
-    group = snap.group(name)
+    found = snap.group(name)
+    group = _scoped_group(found, _sees(request)) if found is not None else None
     if group is None:
         return error(404, f"group {name!r} is not in the last poll round")
     return reply({**describe(snap), "group": group})
@@ -347,6 +374,9 @@ async def api_series(request: web.Request) -> web.Response:
         return error(400, "since= must be ms since the epoch")
     parts = request.query.getall("key", [])
     keys = [tuple(parts)] if parts else [key for _, key in c.history.series(kind)]
+    if kind in TOPIC_KEYED:  # a scoped token sees its topics' series only
+        sees, at = _sees(request), TOPIC_KEYED[kind]
+        keys = [k for k in keys if len(k) > at and sees(k[at])]
     series = [dataclasses.asdict(c.history.points(kind, key, since)) for key in keys]
     return reply({"round": c.snapshot.round, "interval_s": c.interval_s, "series": series})
 

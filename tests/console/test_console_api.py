@@ -23,7 +23,11 @@ from equeue_broker.testing import HOST, BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, ClientConfig, Consumer, Producer
 from tests.support.waits import wait_for
 
-ADMIN, MONITOR = "console-admin-secret-0123", "console-monitor-secret-01"
+ADMIN, MONITOR, SCOPED = (
+    "console-admin-secret-0123",
+    "console-monitor-secret-01",
+    "console-scoped-secret-012",
+)
 TOKENS = f"""
 [[tokens]]
 name = "ops"
@@ -34,6 +38,12 @@ roles = ["admin"]
 name = "dashboards"
 secret = "{MONITOR}"
 roles = ["monitor"]
+
+[[tokens]]
+name = "team-r"
+secret = "{SCOPED}"
+roles = ["monitor"]
+topics = ["r*"]
 """
 
 
@@ -244,6 +254,26 @@ def test_rates_come_from_the_counters(
     _, topics, _ = console.get("/api/v1/topics")
     (topic,) = [t for t in topics["topics"] if t["name"] == "r"]
     assert topic["in_rate"] is not None and topic["in_rate"] >= 0
+
+
+@pytest.mark.timeout(60)
+def test_a_topic_scoped_token_sees_its_topics_only(
+    console: ConsoleProcess, secured: tuple[BrokerProcess, Path]
+) -> None:
+    with Producer(config=fast(secured[0].address, ADMIN)) as producer:
+        producer.send_batch("r", [b"x"], queue_ids=[0])
+
+    def scoped_topics() -> list[str] | None:
+        _, topics, _ = console.get("/api/v1/topics", SCOPED)
+        return [t["name"] for t in topics["topics"]] or None
+
+    assert wait_for("topic r polled", scoped_topics, 30) == ["r"]
+    assert console.get("/api/v1/topics/t", SCOPED)[0] == 404
+    assert console.get("/api/v1/topics/t")[0] == 200
+    assert console.get("/api/v1/groups", SCOPED)[1]["groups"] == []
+    assert console.get("/api/v1/groups/g", SCOPED)[0] == 404
+    assert console.get("/api/v1/series?kind=group_lag", SCOPED)[1]["series"] == []
+    assert console.get("/api/v1/series?kind=group_lag")[1]["series"] != []
 
 
 @pytest.mark.timeout(120)
