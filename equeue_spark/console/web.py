@@ -475,6 +475,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             except TimeoutError:
                 await response.write(b": keepalive\n\n")
                 continue
+            if snap is EMPTY:  # the console is stopping (on_shutdown)
+                break
             data = json.dumps(
                 {"round": snap.round, "at_ms": snap.at_ms, "errors": len(snap.errors)}
             )
@@ -542,9 +544,18 @@ async def page(request: web.Request) -> web.Response:
     return web.Response(text=html, content_type="text/html", charset="utf-8")
 
 
+async def end_streams(app: web.Application) -> None:
+    """Stopping: end every event stream now, rather than after the shutdown timeout."""
+    for queue in app[CONSOLE].subscribers:
+        if queue.full():
+            queue.get_nowait()
+        queue.put_nowait(EMPTY)
+
+
 def make_app(console: Console) -> web.Application:
     app = web.Application(middlewares=[headers_middleware])
     app[CONSOLE] = console
+    app.on_shutdown.append(end_streams)
     get = app.router.add_get
     get("/healthz", healthz)
     get("/readyz", readyz)
