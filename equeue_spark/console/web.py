@@ -336,7 +336,10 @@ async def api_group_dlq(request: web.Request) -> web.Response:
     """The group's first dead letters (asked now, with the poller's token)."""
     c = _console(request)
     group = request.match_info["group"]
-    limit = min(int(request.query.get("limit", "100") or 100), browser.MAX_COUNT)
+    text = request.query.get("limit", "") or str(browser.MAX_COUNT)
+    if not text.isdigit() or int(text) < 1:
+        return error(400, f"limit={text!r}: give a count from 1 to {browser.MAX_COUNT}")
+    limit = min(int(text), browser.MAX_COUNT)
     reader = c.reader_for(c.user(request))
     found = await c.call(lambda: reader.dead_letters(group, limit))
     rows = await c.call(lambda: [browser.message_json(reader, m) for m in found])

@@ -390,6 +390,7 @@ def test_dead_letters_shown_resent_and_purged(tmp_path: Path) -> None:
             return body["group"] if status == 200 and body["group"]["dlq_messages"] == 2 else None
 
         assert wait_for("the DLQ counted", dlq_counted, 30)["dlq_resent"] == 0
+        assert console.get("/api/v1/groups/D/dlq?limit=x")[0] == 400
         _, letters, _ = console.get("/api/v1/groups/D/dlq")
         assert sorted(m["value"]["text"] for m in letters["messages"]) == ["a", "b"]
         first = letters["messages"][0]["id"]
