@@ -257,6 +257,26 @@ def test_rates_come_from_the_counters(
 
 
 @pytest.mark.timeout(60)
+def test_open_transactions_and_pending_delayed_messages(
+    console: ConsoleProcess, secured: tuple[BrokerProcess, Path]
+) -> None:
+    with Producer(config=fast(secured[0].address, ADMIN)) as producer:
+        producer.send_batch("later", [b"d"], queue_ids=[0], delay_s=600)
+        producer.send_batch("staged", [b"s1", b"s2"], queue_ids=[0, 0], transaction_id="tx-1")
+
+    def shown() -> dict[str, Any] | None:
+        _, body, _ = console.get("/api/v1/transactions")
+        return body if body["transactions"] and body["delayed"] else None
+
+    body = wait_for("the transaction and the delayed message", shown, 30)
+    (txn,) = body["transactions"]
+    assert txn["transaction_id"].endswith("tx-1") and txn["messages"] == 2
+    assert [(d["topic"], d["pending"]) for d in body["delayed"]] == [("later", 1)]
+    with Admin(config=fast(secured[0].address, ADMIN)) as admin:
+        assert admin.abort_transactions([txn["transaction_id"]]) == 1
+
+
+@pytest.mark.timeout(60)
 def test_a_topic_scoped_token_sees_its_topics_only(
     console: ConsoleProcess, secured: tuple[BrokerProcess, Path]
 ) -> None:
