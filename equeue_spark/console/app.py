@@ -159,6 +159,7 @@ async def serve(args: argparse.Namespace) -> int:
         probe_timeout_s=min(2.0, args.timeout_s),
     )
     ssl_context = server_tls(args)
+    console.poll_overruns = lambda: poller.overruns
     runner = web.AppRunner(make_app(console), access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:

@@ -98,6 +98,8 @@ class Console:
         self.poll_rounds = 0
         self.poll_seconds_sum = 0.0
         self.poll_errors = 0
+        self.poll_overruns: Callable[[], int] = lambda: 0
+        """The poller's overrun count (app.py points it at the poller)."""
 
     # -- rounds from the poller thread -------------------------------------------------
 
@@ -272,6 +274,9 @@ async def metrics(request: web.Request) -> web.Response:
         "# HELP equeue_console_poll_errors_total Steps of poll rounds that failed.",
         "# TYPE equeue_console_poll_errors_total counter",
         f"equeue_console_poll_errors_total {c.poll_errors}",
+        "# HELP equeue_console_poll_overruns_total Rounds that took longer than --interval.",
+        "# TYPE equeue_console_poll_overruns_total counter",
+        f"equeue_console_poll_overruns_total {c.poll_overruns()}",
         "# HELP equeue_console_series Plotted series kept in memory.",
         "# TYPE equeue_console_series gauge",
         f"equeue_console_series {len(c.history.series())}",

@@ -192,6 +192,12 @@ def test_the_api_shows_what_the_cli_and_the_client_see(
     assert console.get("/api/v1/groups/nobody")[0] == 404
     assert console.get("/healthz")[0] == 200
     assert console.get("/readyz")[0] == 200
+    status, exposition, _ = console.get("/metrics")
+    assert status == 200 and "equeue_console_poll_overruns_total " in exposition
+    rounds = [
+        x for x in exposition.splitlines() if x.startswith("equeue_console_poll_rounds_total")
+    ]
+    assert int(rounds[0].split()[1]) >= 2
     status, page, headers = console.get("/groups/g")
     assert status == 200 and 'data-page="groups" data-arg="g"' in page
     # A monitor token reads no message contents: the broker says so.
