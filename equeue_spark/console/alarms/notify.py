@@ -35,7 +35,7 @@ PER_MINUTE = 10
 MAX_ALERTS = 50
 """Alerts listed in one notification; the rest are counted ("12 more")."""
 RETRY_ROUNDS = 3
-WEBHOOK_BACKOFF_S = (1.0, 2.0, 4.0)
+WEBHOOK_BACKOFF_S: tuple[float, ...] = (1.0, 2.0, 4.0)
 SMTP_TIMEOUT_S = 10.0
 ZERO_TIME = "0001-01-01T00:00:00Z"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
