@@ -161,13 +161,18 @@ def test_durations() -> None:
     assert parse_duration("2m", "d") == 120.0
     assert parse_duration("1h", "d") == 3600.0
     assert parse_duration("0s", "d") == 0.0
+    assert parse_duration("0", "d") == 0.0
     assert parse_duration(15, "d") == 15.0
     with pytest.raises(RuleError, match="--alarm-for must be a duration"):
         parse_duration("30", "--alarm-for")
 
 
 def test_flags_make_rules_named_flag_lag_and_flag_total() -> None:
-    config = from_args(parse("--alarm-lag", "5000", "--alarm-for", "10s", "--alarm-total", "7"))
+    config = from_args(
+        parse(
+            "--alarm-lag", "5000", "--alarm-for", "10s", "--alarm-total", "7", "--alarm-repeat", "0"
+        )
+    )
     lag, total = config.rules
     assert (lag.name, lag.type, lag.messages, lag.group, lag.for_s) == (
         "flag-lag",
@@ -177,6 +182,7 @@ def test_flags_make_rules_named_flag_lag_and_flag_total() -> None:
         10.0,
     )
     assert (total.name, total.type, total.messages) == ("flag-total", "total_unconsumed", 7)
+    assert lag.repeat_s == total.repeat_s == 0.0
     assert config.notifiers == ()
 
 

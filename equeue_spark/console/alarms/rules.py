@@ -119,6 +119,8 @@ def parse_duration(value: object, where: str) -> float:
         raise RuleError(f"{where} must be a duration like 30s, 2m or 1h, not {value!r}")
     if isinstance(value, int | float) and math.isfinite(value) and value >= 0:
         return float(value)
+    if value == "0":  # "0 = never" for --alarm-repeat reads naturally without a unit
+        return 0.0
     match = _DURATION.match(value) if isinstance(value, str) else None
     if match is None:
         raise RuleError(f"{where} must be a duration like 30s, 2m or 1h, not {value!r}")
@@ -366,9 +368,7 @@ def from_args(args: argparse.Namespace) -> AlarmConfig:
     """The rule file (if any) plus the flag rules and notifiers."""
     base = load_file(args.alarm_rules) if args.alarm_rules else AlarmConfig()
     for_s = parse_duration(args.alarm_for, "--alarm-for")
-    repeat_s = parse_duration(
-        "0s" if args.alarm_repeat == "0" else args.alarm_repeat, "--alarm-repeat"
-    )
+    repeat_s = parse_duration(args.alarm_repeat, "--alarm-repeat")
     timing: dict[str, Any] = {"for_s": for_s, "repeat_s": repeat_s}
     rules = list(base.rules)
     if args.alarm_lag is not None or args.alarm_lag_seconds is not None:
