@@ -117,11 +117,11 @@ def test_the_design_example_file_parses_with_defaults_and_overrides(
     [
         (
             'name = "billing-lag"\ntype = "group_lag"\nmessages = -5',
-            "alarms.toml: rule 1 ('billing-lag'): messages must be a positive integer, not -5",
+            'alarms.toml: rule 1 ("billing-lag"): messages must be a positive integer, not -5',
         ),
         (
             'name = "x"\ntype = "group_lag"\nmesages = 5',
-            "alarms.toml: rule 1 ('x'): unknown key 'mesages'",
+            "alarms.toml: rule 1 (\"x\"): unknown key 'mesages'",
         ),
         ('name = "x"\ntype = "group_lag"', "needs a threshold (messages or seconds)"),
         ('name = "x"\ntype = "disk_free"\npercent = 150', "percent must be a number from"),

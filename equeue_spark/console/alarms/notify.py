@@ -26,7 +26,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from equeue_spark.console.alarms.engine import Transition
-from equeue_spark.console.alarms.rules import AlarmConfig, Notifier, smtp_host_port
+from equeue_spark.console.alarms.rules import AlarmConfig, Notifier, is_loopback, smtp_host_port
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ RETRY_ROUNDS = 3
 WEBHOOK_BACKOFF_S: tuple[float, ...] = (1.0, 2.0, 4.0)
 SMTP_TIMEOUT_S = 10.0
 ZERO_TIME = "0001-01-01T00:00:00Z"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class SendError(Exception):
@@ -164,7 +163,7 @@ def send_email(notifier: Notifier, msg: EmailMessage) -> None:
                 smtp.ehlo()
             encrypted = isinstance(smtp.sock, ssl.SSLSocket)
             if user:
-                if not encrypted and host not in LOOPBACK:
+                if not encrypted and not is_loopback(host):
                     raise SendError(
                         f"email {notifier.name}: {host} offers no STARTTLS; "
                         "refusing to send the password in clear"

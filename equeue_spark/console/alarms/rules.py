@@ -7,6 +7,7 @@ not silently disable an alarm. The caller exits with code 2 on it.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
 import re
@@ -210,7 +211,7 @@ def parse_rule(table: object, defaults: Mapping[str, Any], where: str) -> Rule:
         raise RuleError(f"{where} must be a table")
     name = table.get("name")
     if name is not None:
-        where = f"{where} ({name!r})"
+        where = f'{where} ("{name}")'
     rule_type = table.get("type")
     if rule_type not in RULE_TYPES:
         raise RuleError(f"{where}: type must be one of {', '.join(RULE_TYPES)}, not {rule_type!r}")
@@ -231,7 +232,7 @@ def parse_notifier(table: object, where: str) -> Notifier:
     if not isinstance(table, dict):
         raise RuleError(f"{where} must be a table")
     if "name" in table:
-        where = f"{where} ({table['name']!r})"
+        where = f'{where} ("{table["name"]}")'
     kind = table.get("type")
     if kind not in NOTIFIER_KEYS:
         raise RuleError(f"{where}: type must be webhook or email, not {kind!r}")
@@ -269,6 +270,14 @@ def _expand(value: str, where: str) -> str:
         return os.environ[match.group(1)]
 
     return _ENV.sub(one, value)
+
+
+def is_loopback(host: str) -> bool:
+    """A local relay may take a password without TLS; nothing else may."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def smtp_host_port(value: str, where: str = "--smtp") -> tuple[str, int]:
@@ -316,7 +325,7 @@ def _check_unique(config: AlarmConfig, source: str) -> None:
         for name in rule.notify or ():
             if name not in known:
                 raise RuleError(
-                    f"{source}: rule {i} ({rule.name!r}): notify names unknown notifier {name!r}"
+                    f'{source}: rule {i} ("{rule.name}"): notify names unknown notifier {name!r}'
                 )
 
 
@@ -403,11 +412,7 @@ def _flag_notifiers(args: argparse.Namespace) -> list[Notifier]:
         raise RuleError("--alarm-email needs --smtp HOST:PORT (the mail server to send through)")
     if args.alarm_email:
         host, _ = smtp_host_port(args.smtp)
-        if (
-            args.smtp_user
-            and args.smtp_tls == "none"
-            and host not in ("127.0.0.1", "localhost", "::1")
-        ):
+        if args.smtp_user and args.smtp_tls == "none" and not is_loopback(host):
             raise RuleError(
                 "--smtp-user with --smtp-tls none would send the password in clear; "
                 "use starttls or tls (only a loopback relay may skip it)"
