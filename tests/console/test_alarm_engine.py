@@ -176,3 +176,24 @@ def test_total_unconsumed_broker_down_and_dlq() -> None:
     # b2 back: resolved at once (resolve_for 0); its unknown backlog fired nothing
     back = engine.step(snap([dead], [member("b1", total_backlog=500), member("b2")]), 20.0)
     assert [(t.rule.name, t.status) for t in back] == [("down", "resolved")]
+
+
+def test_replica_transaction_and_delayed_rules_read_the_member_rows() -> None:
+    rules = [
+        Rule(name="repl", type="replica_out_of_sync", for_s=0),
+        Rule(name="txn", type="transaction_open", seconds=600, for_s=0),
+        Rule(name="timer", type="delayed_overdue", seconds=60, for_s=0),
+    ]
+    engine = AlarmEngine(rules)
+    b1 = member("b1", delayed_next_due_ms=1_000_000)  # due at 1,000 s
+    b1["replicas"] = [
+        {"address": "r1:1", "connected": True, "in_sync": True},
+        {"address": "r2:1", "connected": True, "in_sync": False},
+    ]
+    txn = {"broker": "b1", "created_ms": 0}
+    now = 1_100.0  # the transaction is 1,100 s old, the timer 100 s late
+    shot = Snapshot(round=0, at_ms=0, members=(b1,), transactions=(txn,))
+    sent = {
+        (t.rule.name, dict(t.labels).get("replica", "")): t.value for t in engine.step(shot, now)
+    }
+    assert sent == {("repl", "r2:1"): 1.0, ("txn", ""): 1_100.0, ("timer", ""): 100.0}
