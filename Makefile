@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: venv zookeeper test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-filter bench-keys bench-broker demo proto clean
+.PHONY: venv zookeeper observability-tools console-shots bench-metrics test test-fast lint typecheck pytest pytest-fast bench bench-spark bench-delay bench-filter bench-keys bench-broker demo proto clean
 
 venv: $(STAMP)
 
@@ -79,6 +79,21 @@ zookeeper:
 	}
 	@test -e $(ZOOKEEPER_JAR) || { echo "ZooKeeper is missing: $(ZOOKEEPER_JAR)"; exit 1; }
 
+# Prometheus and Chromium (with its WebDriver) for issue 30's tests: a real
+# Prometheus scrapes the brokers, a real headless Chromium drives the console.
+# Debian's packages; installed once when missing (as root, or through sudo).
+OBSERVABILITY_BINS = /usr/bin/prometheus /usr/bin/promtool /usr/bin/chromium /usr/bin/chromedriver
+
+observability-tools:
+	@for f in $(OBSERVABILITY_BINS); do test -e $$f || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing prometheus, chromium, chromium-driver (apt-get)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$(SUDO) apt-get install -y -qq --no-install-recommends prometheus chromium chromium-driver >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update -qq >/dev/null && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus chromium chromium-driver >/dev/null; }; \
+	fi
+	@for f in $(OBSERVABILITY_BINS); do test -e $$f || { echo "missing: $$f (apt-get install prometheus chromium chromium-driver)"; exit 1; }; done
+
 # Bytecode caches on: with PYTHONDONTWRITEBYTECODE=1 in the caller's environment
 # every process a test run starts (brokers, name servers, CLI runs, Spark's Python
 # workers, and each pytest-xdist worker's collection) compiles the project's
@@ -91,7 +106,7 @@ PYTEST = env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 # e.g. the shared standalone Spark cluster, stay in one process). The suite
 # spends most of its time waiting, so two workers nearly halve it on 2 cores.
 PYTEST_WORKERS ?= 2
-pytest: $(STAMP) zookeeper
+pytest: $(STAMP) zookeeper observability-tools
 	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile
 	EQUEUE_PURE_PYTHON=1 $(PYTEST) -q -n $(PYTEST_WORKERS) --dist loadfile $(PURE_PYTHON_TESTS)
 
@@ -102,7 +117,7 @@ pytest: $(STAMP) zookeeper
 # Four workers: the fast tests mostly wait (broker and JVM start-ups, long polls),
 # so on 2 idle cores 4 workers took 130 s where 2 took 199 s (6: 128 s, CPU-bound).
 PYTEST_FAST_WORKERS ?= 4
-pytest-fast: $(STAMP) zookeeper
+pytest-fast: $(STAMP) zookeeper observability-tools
 	$(PYTEST) -n $(PYTEST_FAST_WORKERS) --dist loadfile -m "not slow" --durations=15
 
 test: zookeeper lint typecheck pytest
@@ -159,6 +174,14 @@ bench-schemas: $(STAMP)
 	$(BIN)/python bench/schema_bench.py
 
 # Spark's Python workers must run this interpreter (the examples set PYSPARK_PYTHON).
+# Metrics on against off (issue 30): produce and pull throughput, same run.
+bench-metrics: $(STAMP)
+	$(BIN)/python bench/metrics_bench.py
+
+# The console's screenshots for docs/operations.md (a demo cluster, ~2.5 min).
+console-shots: $(STAMP) zookeeper observability-tools
+	$(BIN)/python -m tests.support.console_shots --out docs/images
+
 demo: $(DEMO_STAMP)
 	$(BIN)/python examples/streaming_demo.py
 
