@@ -16,6 +16,15 @@
   const HEIGHT = 220;
   window.equeueCharts = window.equeueCharts || {};
 
+  // Axis ticks: compact, and whole numbers for counts (no "1, 1, 1, 0" ticks).
+  const AXIS = {
+    seconds: (v) => (v < 120 ? Math.round(v) + " s" : v < 7200 ? (v / 60).toFixed(v < 600 ? 1 : 0) + " min"
+      : (v / 3600).toFixed(1) + " h"),
+  };
+  const WHOLE = new Set(["messages", "bytes"]);
+  const INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2.5e3, 5e3, 1e4, 2e4, 5e4,
+    1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12];
+
   const FORMATS = {
     "msg/s": (v) => EQ.fmtRate(v),
     messages: (v) => EQ.fmtInt(v),
@@ -121,8 +130,9 @@
         scales: {x: {time: true}, y: {range: (u, min, max) => [Math.min(0, min), max > 0 ? max * 1.1 : 1]}},
         axes: [
           {stroke: "#475569", grid: {stroke: "#e2e8f0", width: 1}, ticks: {stroke: "#cbd5e1"}},
-          {stroke: "#475569", size: 64, grid: {stroke: "#e2e8f0", width: 1},
-            ticks: {stroke: "#cbd5e1"}, values: (u, splits) => splits.map((v) => format(v))},
+          {stroke: "#475569", size: 72, grid: {stroke: "#e2e8f0", width: 1},
+            ticks: {stroke: "#cbd5e1"}, incrs: WHOLE.has(this.spec.unit) ? INCRS : undefined,
+            values: (u, splits) => splits.map((v) => (AXIS[this.spec.unit] || format)(v))},
         ],
         legend: {show: true, live: true},
         cursor: {drag: {x: false, y: false}},

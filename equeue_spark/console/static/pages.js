@@ -67,9 +67,10 @@
       EQ.clear(this.members.body).append(EQ.table("members", [
         {label: "Broker group"}, {label: "Address"}, {label: "Role"}, {label: "Epoch", num: true},
         {label: "State"}, {label: "Uptime", num: true}, {label: "Disk used", num: true},
-        {label: "Disk free", num: true}, {label: "In msg/s", num: true},
-        {label: "Out msg/s", num: true}, {label: "Backlog", num: true},
-        {label: "Open txns", num: true}, {label: "Delayed", num: true},
+        {label: "Free", num: true, title: "free space of the data directory's disk"}, {label: "In/s", num: true, title: "messages in per second"},
+        {label: "Out/s", num: true, title: "messages out per second"}, {label: "Backlog", num: true},
+        {label: "Txns", num: true, title: "open transactions"},
+        {label: "Delayed", num: true, title: "delayed messages pending"},
       ], members.map(memberRow), "no broker registered"));
       const replicas = [];
       for (const m of members) {
