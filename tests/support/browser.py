@@ -23,6 +23,7 @@ from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -69,11 +70,11 @@ PROBLEM_MARKERS = ("Content Security Policy", "Content-Security-Policy", "Uncaug
 """Messages that are problems whatever their level."""
 
 
-def browser_problems(driver: webdriver.Chrome) -> list[str]:
+def browser_problems(driver: WebDriver) -> list[str]:
     """JavaScript errors and CSP violations logged since the last call (the
     log is drained by reading it). Failed loads of /favicon.ico are not problems."""
     problems = []
-    entries: list[dict[str, Any]] = driver.get_log("browser")  # type: ignore[no-untyped-call]
+    entries: list[dict[str, Any]] = driver.get_log("browser")  # type: ignore[attr-defined]  # Chrome only
     for entry in entries:
         message = str(entry.get("message", ""))
         if "favicon.ico" in message:
@@ -83,7 +84,7 @@ def browser_problems(driver: webdriver.Chrome) -> list[str]:
     return problems
 
 
-def current_round(driver: webdriver.Chrome) -> int:
+def current_round(driver: WebDriver) -> int:
     value = driver.execute_script("return document.body ? document.body.dataset.round : null")
     try:
         return int(value)
@@ -91,7 +92,7 @@ def current_round(driver: webdriver.Chrome) -> int:
         return -1
 
 
-def wait_round(driver: webdriver.Chrome, n: int, timeout_s: float = 20.0) -> int:
+def wait_round(driver: WebDriver, n: int, timeout_s: float = 20.0) -> int:
     """Wait until the page has applied poll round ``n`` or later; the round."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -106,7 +107,7 @@ def wait_round(driver: webdriver.Chrome, n: int, timeout_s: float = 20.0) -> int
         time.sleep(0.1)
 
 
-def login(driver: webdriver.Chrome, base_url: str, token: str, timeout_s: float = 15.0) -> str:
+def login(driver: WebDriver, base_url: str, token: str, timeout_s: float = 15.0) -> str:
     """Sign in through ``/login`` with ``token``; the user name the page shows.
 
     The page posts the token to /api/v1/login (a session cookie) and then
