@@ -113,6 +113,11 @@ def login(driver: WebDriver, base_url: str, token: str, timeout_s: float = 15.0)
     The page posts the token to /api/v1/login (a session cookie) and then
     shows the user in the nav bar (``#whoami[data-user]``)."""
     driver.get(base_url.rstrip("/") + "/login")
+    deadline = time.monotonic() + timeout_s
+    while not driver.find_elements(By.ID, "login-token"):  # built once whoami answered
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no login form at {base_url}/login within {timeout_s:.0f}s")
+        time.sleep(0.05)
     field = driver.find_element(By.ID, "login-token")
     field.clear()
     field.send_keys(token)
