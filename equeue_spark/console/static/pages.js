@@ -48,8 +48,8 @@
       this.charts = EQ.chartRow(plots.body, [
         {name: "cluster_rate", title: "Cluster produce / consume rate", unit: "msg/s",
           sources: [
-            {kind: "member_in", sum: "produced"},
-            {kind: "member_out", sum: "consumed"},
+            {kind: "topic_in", sum: "produced"},
+            {kind: "topic_out", sum: "consumed"},
           ]},
         {name: "replica_lag", title: "Replica lag", unit: "bytes",
           sources: [{kind: "replica_lag", label: (k) => k.join(" \u2192 ")}]},
@@ -67,8 +67,8 @@
       EQ.clear(this.members.body).append(EQ.table("members", [
         {label: "Broker group"}, {label: "Address"}, {label: "Role"}, {label: "Epoch", num: true},
         {label: "State"}, {label: "Uptime", num: true}, {label: "Disk used", num: true},
-        {label: "Free", num: true, title: "free space of the data directory's disk"}, {label: "In/s", num: true, title: "messages in per second"},
-        {label: "Out/s", num: true, title: "messages out per second"}, {label: "Backlog", num: true},
+        {label: "Free", num: true, title: "free space of the data directory's disk"}, {label: "In/s", num: true, title: "messages in per second (the broker's 1-minute average)"},
+        {label: "Out/s", num: true, title: "messages out per second (the broker's 1-minute average)"}, {label: "Backlog", num: true},
         {label: "Txns", num: true, title: "open transactions"},
         {label: "Delayed", num: true, title: "delayed messages pending"},
       ], members.map(memberRow), "no broker registered"));
@@ -94,12 +94,12 @@
       return data.round;
     },
     drawStats(members) {
-      const live = members.filter((m) => m.state === "live").length;
+      const answering = members.filter((m) => m.stats).length;
       const masters = members.filter((m) => m.role === "master" && m.stats);
       const sum = (list, f) => list.reduce((acc, x) => acc + (f(x) || 0), 0);
       const groups = new Set(members.map((m) => m.broker));
       EQ.clear(this.stats).append(
-        EQ.stat("members-live", "Brokers live", live, null, "of " + members.length),
+        EQ.stat("members-answering", "Brokers answering", answering, null, "of " + members.length),
         EQ.stat("broker-groups", "Broker groups", groups.size),
         EQ.stat("backlog", "Backlog (masters)", sum(masters, (m) => m.stats.total_backlog)),
         EQ.stat("in-rate", "Produce msg/s", sum(masters, (m) => m.in_rate), EQ.fmtRate),
