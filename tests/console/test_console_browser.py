@@ -399,7 +399,11 @@ def test_an_admin_resets_a_group_and_adds_a_queue_through_the_forms(
 
 @pytest.mark.timeout(240)
 def test_a_monitor_session_sees_no_admin_buttons(driver: WebDriver, scene: Scene) -> None:
-    driver.delete_all_cookies()
+    visit(driver, scene, "/")
+    driver.find_element(By.ID, "logout").click()
+    wait_dom(driver, "the login form", "return document.getElementById('login-token')")
+    driver.get(scene.console.address + "/groups")  # logged out: sent to log in
+    wait_dom(driver, "sent to /login", "return location.pathname === '/login'")
     try:
         assert login(driver, scene.console.address, MONITOR) == "dashboards"
         for path in ("/groups/g", "/groups/D", "/topics/orders"):
