@@ -417,6 +417,35 @@ def test_a_monitor_session_sees_no_admin_buttons(driver: WebDriver, scene: Scene
 
 
 @pytest.mark.timeout(240)
+def test_a_page_for_a_missing_topic_says_so(driver: WebDriver, scene: Scene) -> None:
+    visit(driver, scene, "/topics/no-such-topic")
+    banner = driver.find_element(By.ID, "banner")
+    assert "no-such-topic" in banner.text and "not in the last poll round" in banner.text
+
+
+@pytest.mark.timeout(240)
+def test_a_console_without_users_is_read_only(
+    driver: WebDriver, scene: Scene, tmp_path: Path
+) -> None:
+    console = ConsoleProcess(
+        tmp_path / "console", "--namesrv", scene.cluster.namesrv, "--interval", "1s"
+    )
+    console.start()
+    try:
+        driver.get(console.address + "/groups/D")
+        wait_round(driver, 2, 30)
+        wait_dom(
+            driver, "the dead letters", "return document.querySelector('#dlq tbody tr[data-key]')"
+        )
+        for selector in ("#reset-submit", "#dlq-resend", "#dlq-purge"):
+            assert not visible(driver, selector), f"{selector} on a read-only console"
+        assert "read-only" in driver.find_element(By.ID, "whoami").text
+        assert cells(driver, "group-queues", "lag") != {}
+    finally:
+        console.stop()
+
+
+@pytest.mark.timeout(240)
 def test_a_killed_broker_shows_unreachable_and_pages_keep_working(
     driver: WebDriver, scene: Scene
 ) -> None:

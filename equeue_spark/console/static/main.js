@@ -183,6 +183,9 @@
       return;
     }
     document.title = (arg || impl.title) + " \u00b7 equeue console";
+    if (arg) {
+      main.append(el("div", {class: "crumbs"}, EQ.link("/" + name, impl.title), " / ", arg));
+    }
     main.append(el("h1", {class: "page-title"}, arg || impl.title));
     impl.build(main, arg);
     page = impl;

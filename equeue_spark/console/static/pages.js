@@ -192,8 +192,6 @@
   pages.topic = {
     build(main, name) {
       this.topicName = name;
-      document.title = name + " \u00b7 equeue console";
-      main.append(el("div", {class: "crumbs"}, link("/topics", "Topics"), " / ", el("strong", {}, name)));
       this.stats = el("div", {class: "stats", id: "topic-stats"});
       main.append(this.stats);
       const plots = EQ.section("Rates", "topic-plots");
@@ -289,8 +287,6 @@
   pages.group = {
     build(main, name) {
       this.groupName = name;
-      document.title = name + " \u00b7 equeue console";
-      main.append(el("div", {class: "crumbs"}, link("/groups", "Consumer groups"), " / ", el("strong", {}, name)));
       this.stats = el("div", {class: "stats", id: "group-stats"});
       main.append(this.stats);
       const plots = EQ.section("Lag over time", "group-plots");
