@@ -150,7 +150,7 @@
       this.internal = el("input", {type: "checkbox", id: "show-internal",
         on: {change: () => EQ.refresh()}});
       const toggle = el("label", {class: "toggle"}, this.internal, " internal topics (%RETRY%, %DLQ%, \u2026)");
-      this.list = EQ.section("Topics", "topics-card", toggle);
+      this.list = EQ.section("All topics", "topics-card", toggle);
       const plots = EQ.section("Produce rate per topic", "topics-plots");
       this.charts = EQ.chartRow(plots.body, [
         {name: "topics_in", title: "Messages in per topic", unit: "msg/s",
@@ -250,7 +250,7 @@
     title: "Consumer groups",
     build(main, arg) {
       if (arg) return pages.group.build.call(this, main, arg);
-      this.list = EQ.section("Consumer groups", "groups-card");
+      this.list = EQ.section("All groups", "groups-card");
       const plots = EQ.section("Lag", "groups-plots");
       this.charts = EQ.chartRow(plots.body, [
         {name: "groups_lag", title: "Lag per group and topic", unit: "messages",
