@@ -50,10 +50,10 @@ def queries() -> list[tuple[str, str]]:
 
 def test_export_format() -> None:
     d = dashboard()
-    assert d["__inputs"] == [
-        {"name": "DS_PROMETHEUS", "label": "Prometheus", "description": d["__inputs"][0]["description"],
-         "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"},
-    ]  # fmt: skip
+    [source] = d["__inputs"]
+    assert (source["name"], source["type"], source["pluginId"]) == (
+        "DS_PROMETHEUS", "datasource", "prometheus"
+    )  # fmt: skip
     required = {(r["type"], r["id"]) for r in d["__requires"]}
     used = {("panel", p["type"]) for p in dashboard_panels(d) if p["type"] != "row"}
     assert used <= required, "every panel plugin is listed in __requires"
@@ -87,7 +87,7 @@ def test_layout_fits_the_grid_without_overlaps() -> None:
     taken: dict[tuple[int, int], str] = {}
     for panel in dashboard_panels(dashboard()):
         g = panel["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= GRID_COLUMNS, panel["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= GRID_COLUMNS, panel["title"]
         for x in range(g["x"], g["x"] + g["w"]):
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in taken, f"{panel['title']} overlaps {taken[(x, y)]}"
@@ -99,9 +99,8 @@ def test_variables() -> None:
     assert [v["name"] for v in variables] == VARIABLES
     known = exposed_names((*METRICS, *NAMESRV_METRICS))
     for v in variables:
-        assert (v["type"], v["datasource"], v["includeAll"], v["multi"], v["allValue"]) == (
-            "query", DATASOURCE, True, True, ".*"
-        ), v["name"]
+        shape = (v["type"], v["datasource"], v["includeAll"], v["multi"], v["allValue"])
+        assert shape == ("query", DATASOURCE, True, True, ".*"), v["name"]
         metric = re.fullmatch(r"label_values\((\w+)(\{[^}]*\})?, (\w+)\)", v["query"]["query"])
         assert metric and metric[1] in known and metric[3] == v["name"], v["query"]
 
