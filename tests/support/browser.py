@@ -12,6 +12,7 @@ console.js); ``login`` signs in through the console's login page.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,14 +71,19 @@ PROBLEM_MARKERS = ("Content Security Policy", "Content-Security-Policy", "Uncaug
 """Messages that are problems whatever their level."""
 
 
+API_REFUSAL = re.compile(r"/api/v1/\S* - Failed to load resource: .* status of 4\d\d")
+"""An API answer 4xx (a topic not found, a token refused): the page shows it."""
+
+
 def browser_problems(driver: WebDriver) -> list[str]:
     """JavaScript errors and CSP violations logged since the last call (the
-    log is drained by reading it). Failed loads of /favicon.ico are not problems."""
+    log is drained by reading it). Not problems: /favicon.ico, and the JSON
+    API answering 4xx (Chrome logs each as an error; the page shows them)."""
     problems = []
     entries: list[dict[str, Any]] = driver.get_log("browser")  # type: ignore[attr-defined]  # Chrome only
     for entry in entries:
         message = str(entry.get("message", ""))
-        if "favicon.ico" in message:
+        if "favicon.ico" in message or API_REFUSAL.search(message):
             continue
         if entry.get("level") == "SEVERE" or any(m in message for m in PROBLEM_MARKERS):
             problems.append(f"{entry.get('level')}: {message}")
@@ -113,6 +119,11 @@ def login(driver: WebDriver, base_url: str, token: str, timeout_s: float = 15.0)
     The page posts the token to /api/v1/login (a session cookie) and then
     shows the user in the nav bar (``#whoami[data-user]``)."""
     driver.get(base_url.rstrip("/") + "/login")
+    deadline = time.monotonic() + timeout_s
+    while not driver.find_elements(By.ID, "login-token"):  # built once whoami answered
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no login form at {base_url}/login within {timeout_s:.0f}s")
+        time.sleep(0.05)
     field = driver.find_element(By.ID, "login-token")
     field.clear()
     field.send_keys(token)

@@ -49,7 +49,22 @@
     }
   };
 
+  // The event stream holds one of the browser's 6 connections to the console:
+  // closed when the page is left (else pages kept in the back/forward cache
+  // hold theirs and, past 6, new pages wait for a free connection), reopened
+  // when it is shown again.
   function live() {
+    let events = follow();
+    window.addEventListener("pagehide", () => events.close());
+    window.addEventListener("pageshow", (event) => {
+      if (event.persisted) {
+        events = follow();
+        EQ.refresh();
+      }
+    });
+  }
+
+  function follow() {
     const badge = document.getElementById("live");
     const events = new EventSource("/api/v1/events");
     events.addEventListener("open", () => {
@@ -68,7 +83,12 @@
       badge.title = "last poll round at " + EQ.localTime(lastEvent.at_ms);
       EQ.refresh();
     });
-    // A console that stops answering: say how old the figures are.
+    return events;
+  }
+
+  // A console that stops answering: say how old the figures are.
+  function watchAge() {
+    const badge = document.getElementById("live");
     setInterval(() => {
       if (!lastEvent) return;
       const age = Date.now() - lastEvent.at_ms;
@@ -163,11 +183,15 @@
       return;
     }
     document.title = (arg || impl.title) + " \u00b7 equeue console";
+    if (arg) {
+      main.append(el("div", {class: "crumbs"}, EQ.link("/" + name, impl.title), " / ", arg));
+    }
     main.append(el("h1", {class: "page-title"}, arg || impl.title));
     impl.build(main, arg);
     page = impl;
     await EQ.refresh();
     live();
+    watchAge();
   }
 
   start();

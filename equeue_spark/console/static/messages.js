@@ -52,13 +52,14 @@
       el("pre", {class: "value", dataset: {testid, encoding: "text"}}, text));
   }
 
-  function decoded(d, testid) {
+  function decoded(d, testid, topic) {
     if (!d) return null;
     if (d.error) {
       return el("div", {class: "decoded error", dataset: {testid}}, "schema v" + d.version + ": " + d.error);
     }
     return el("div", {class: "decoded"},
-      el("div", {class: "hint"}, "decoded with schema v" + d.version + " (" + d.type + ")"),
+      el("div", {class: "hint"}, "decoded with schema v" + d.version + " (" + d.type + ") of ",
+        EQ.link("/topics/" + enc(topic), topic)),
       el("pre", {class: "value", dataset: {testid}}, JSON.stringify(d.value, null, 2)));
   }
 
@@ -82,8 +83,9 @@
       headers.length ? el("table", {class: "grid headers"},
         el("thead", {}, el("tr", {}, el("th", {}, "Header"), el("th", {}, "Value"))),
         el("tbody", {}, headers)) : null,
-      decoded(m.decoded_key, "decoded-key"),
-      decoded(m.decoded, "decoded"),
+      decoded(m.decoded_key, "decoded-key", m.topic),
+      decoded(m.decoded, "decoded", m.topic),
+      m.decoded || m.decoded_key ? el("div", {class: "hint raw-label"}, "the value as stored:") : null,
       shownValue(m.value, "value"));
   }
 

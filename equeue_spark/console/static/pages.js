@@ -48,8 +48,8 @@
       this.charts = EQ.chartRow(plots.body, [
         {name: "cluster_rate", title: "Cluster produce / consume rate", unit: "msg/s",
           sources: [
-            {kind: "member_in", sum: "produced"},
-            {kind: "member_out", sum: "consumed"},
+            {kind: "topic_in", sum: "produced"},
+            {kind: "topic_out", sum: "consumed"},
           ]},
         {name: "replica_lag", title: "Replica lag", unit: "bytes",
           sources: [{kind: "replica_lag", label: (k) => k.join(" \u2192 ")}]},
@@ -67,8 +67,8 @@
       EQ.clear(this.members.body).append(EQ.table("members", [
         {label: "Broker group"}, {label: "Address"}, {label: "Role"}, {label: "Epoch", num: true},
         {label: "State"}, {label: "Uptime", num: true}, {label: "Disk used", num: true},
-        {label: "Free", num: true, title: "free space of the data directory's disk"}, {label: "In/s", num: true, title: "messages in per second"},
-        {label: "Out/s", num: true, title: "messages out per second"}, {label: "Backlog", num: true},
+        {label: "Free", num: true, title: "free space of the data directory's disk"}, {label: "In/s", num: true, title: "messages in per second (the broker's 1-minute average)"},
+        {label: "Out/s", num: true, title: "messages out per second (the broker's 1-minute average)"}, {label: "Backlog", num: true},
         {label: "Txns", num: true, title: "open transactions"},
         {label: "Delayed", num: true, title: "delayed messages pending"},
       ], members.map(memberRow), "no broker registered"));
@@ -94,12 +94,12 @@
       return data.round;
     },
     drawStats(members) {
-      const live = members.filter((m) => m.state === "live").length;
+      const answering = members.filter((m) => m.stats).length;
       const masters = members.filter((m) => m.role === "master" && m.stats);
       const sum = (list, f) => list.reduce((acc, x) => acc + (f(x) || 0), 0);
       const groups = new Set(members.map((m) => m.broker));
       EQ.clear(this.stats).append(
-        EQ.stat("members-live", "Brokers live", live, null, "of " + members.length),
+        EQ.stat("members-answering", "Brokers answering", answering, null, "of " + members.length),
         EQ.stat("broker-groups", "Broker groups", groups.size),
         EQ.stat("backlog", "Backlog (masters)", sum(masters, (m) => m.stats.total_backlog)),
         EQ.stat("in-rate", "Produce msg/s", sum(masters, (m) => m.in_rate), EQ.fmtRate),
@@ -150,7 +150,7 @@
       this.internal = el("input", {type: "checkbox", id: "show-internal",
         on: {change: () => EQ.refresh()}});
       const toggle = el("label", {class: "toggle"}, this.internal, " internal topics (%RETRY%, %DLQ%, \u2026)");
-      this.list = EQ.section("Topics", "topics-card", toggle);
+      this.list = EQ.section("All topics", "topics-card", toggle);
       const plots = EQ.section("Produce rate per topic", "topics-plots");
       this.charts = EQ.chartRow(plots.body, [
         {name: "topics_in", title: "Messages in per topic", unit: "msg/s",
@@ -192,8 +192,6 @@
   pages.topic = {
     build(main, name) {
       this.topicName = name;
-      document.title = name + " \u00b7 equeue console";
-      main.append(el("div", {class: "crumbs"}, link("/topics", "Topics"), " / ", el("strong", {}, name)));
       this.stats = el("div", {class: "stats", id: "topic-stats"});
       main.append(this.stats);
       const plots = EQ.section("Rates", "topic-plots");
@@ -252,7 +250,7 @@
     title: "Consumer groups",
     build(main, arg) {
       if (arg) return pages.group.build.call(this, main, arg);
-      this.list = EQ.section("Consumer groups", "groups-card");
+      this.list = EQ.section("All groups", "groups-card");
       const plots = EQ.section("Lag", "groups-plots");
       this.charts = EQ.chartRow(plots.body, [
         {name: "groups_lag", title: "Lag per group and topic", unit: "messages",
@@ -289,8 +287,6 @@
   pages.group = {
     build(main, name) {
       this.groupName = name;
-      document.title = name + " \u00b7 equeue console";
-      main.append(el("div", {class: "crumbs"}, link("/groups", "Consumer groups"), " / ", el("strong", {}, name)));
       this.stats = el("div", {class: "stats", id: "group-stats"});
       main.append(this.stats);
       const plots = EQ.section("Lag over time", "group-plots");
@@ -393,8 +389,23 @@
   /* -- alarms -------------------------------------------------------------------------- */
 
   function sinceMs(v) {
-    if (typeof v !== "number") return null;
-    return v > 1e12 ? v : v > 1e9 ? v * 1000 : null; // ms or s since the epoch
+    if (typeof v !== "number" || v <= 0) return null;
+    return v > 1e12 ? v : v * 1000; // the alarm engine counts seconds since the epoch
+  }
+
+  function alarmValue(testid, value, unit) {
+    const format = unit === "seconds" ? (v) => EQ.fmtDuration(v * 1000)
+      : unit === "bytes" ? EQ.fmtBytes : unit === "messages" ? EQ.fmtInt : EQ.fmtRate;
+    return num(testid, value, (v) => (v === null || v === undefined ? EQ.dash : format(v)));
+  }
+
+  function labelChips(labels) {
+    return el("td", {dataset: {testid: "labels", value: JSON.stringify(labels || {})}},
+      Object.entries(labels || {}).map(([k, v]) => el("span", {class: "label"}, k + "=" + v)));
+  }
+
+  function alarmKey(a) {
+    return a.alarm + " " + JSON.stringify(a.labels || {});
   }
 
   pages.alarms = {
@@ -402,9 +413,11 @@
     build(main) {
       this.state = el("div", {class: "stats", id: "alarm-stats"});
       this.active = EQ.section("Active alarms", "alarms-card");
+      this.resolved = EQ.section("Recently resolved", "resolved-card");
       this.rules = EQ.section("Rules", "rules-card");
-      this.notes = EQ.section("Notifications", "notifications-card");
-      main.append(this.state, this.active.node, this.rules.node, this.notes.node);
+      this.notes = EQ.section("Notifiers", "notifiers-card");
+      this.cards = [this.active, this.resolved, this.rules, this.notes];
+      main.append(this.state, ...this.cards.map((c) => c.node));
     },
     async update() {
       const data = await EQ.api("/api/v1/alarms");
@@ -412,45 +425,47 @@
         EQ.clear(this.state).append(el("p", {class: "muted", id: "alarms-unavailable"},
           "Alarms are not evaluated by this console: start it with alarm rules " +
           "(--alarm-rules or --alarm-lag; docs/alarms.md) to see them here."));
-        for (const card of [this.active, this.rules, this.notes]) card.node.hidden = true;
+        for (const card of this.cards) card.node.hidden = true;
         EQ.showHealth(data, []);
         return data.round;
       }
       const active = data.active || [];
+      const firing = active.filter((a) => a.state === "firing" || a.state === "resolving");
       EQ.clear(this.state).append(
-        EQ.stat("firing", "Firing", active.filter((a) => a.state === "firing" || a.state === "resolving").length),
+        EQ.stat("firing", "Firing", firing.length),
         EQ.stat("pending", "Pending", active.filter((a) => a.state === "pending").length),
-        EQ.stat("rules", "Rules", (data.rules || []).length));
-      for (const card of [this.active, this.rules, this.notes]) card.node.hidden = false;
+        EQ.stat("rules", "Rules", (data.rules || []).length),
+        EQ.stat("evaluated", "Rounds evaluated", data.evaluated_rounds));
+      for (const card of this.cards) card.node.hidden = false;
       EQ.clear(this.active.body).append(EQ.table("alarms", [
         {label: "Alarm"}, {label: "State"}, {label: "Labels"}, {label: "Value", num: true},
         {label: "Threshold", num: true}, {label: "Since"}, {label: "Summary"},
-      ], active.map((a) => el("tr", {dataset: {key: a.alarm + " " + JSON.stringify(a.labels || {})}},
-        txt("alarm", a.alarm || a.rule || EQ.dash),
-        el("td", {dataset: {testid: "state", value: a.state}}, badge(a.state)),
-        el("td", {dataset: {testid: "labels"}}, Object.entries(a.labels || {}).map(([k, v]) =>
-          el("span", {class: "label"}, k + "=" + v))),
-        num("value", a.value, EQ.fmtRate), num("threshold", a.threshold, EQ.fmtRate),
-        EQ.timeCell("since", sinceMs(a.since)), txt("summary", a.summary || ""))),
-      "no alarm is pending or firing"));
-      EQ.clear(this.rules.body).append(genericTable("rules", data.rules || [], "no rules"));
-      EQ.clear(this.notes.body).append(genericTable("notifications", data.notifications || [],
-        "nothing sent yet"));
+      ], active.map((a) => el("tr", {dataset: {key: alarmKey(a)}, class: "alarm-" + a.state},
+        txt("alarm", a.alarm), el("td", {dataset: {testid: "state", value: a.state}}, badge(a.state)),
+        labelChips(a.labels), alarmValue("value", a.value, a.unit),
+        alarmValue("threshold", a.threshold, a.unit), EQ.timeCell("since", sinceMs(a.since)),
+        txt("summary", a.summary || ""))), "no alarm is pending or firing"));
+      EQ.clear(this.resolved.body).append(EQ.table("resolved", [
+        {label: "Alarm"}, {label: "Labels"}, {label: "Fired"}, {label: "Resolved"},
+        {label: "Reason"}, {label: "Summary"},
+      ], (data.resolved || []).map((a) => el("tr", {dataset: {key: alarmKey(a)}},
+        txt("alarm", a.alarm), labelChips(a.labels), EQ.timeCell("since", sinceMs(a.since)),
+        EQ.timeCell("ended", sinceMs(a.ended)), txt("reason", a.reason || ""),
+        txt("summary", a.summary || ""))), "nothing resolved lately"));
+      EQ.clear(this.rules.body).append(EQ.table("rules", [
+        {label: "Rule"}, {label: "Type"}, {label: "Condition"}, {label: "For", num: true},
+        {label: "Notifies"},
+      ], (data.rules || []).map((r) => el("tr", {dataset: {key: r.name}},
+        txt("name", r.name), txt("type", r.type), txt("description", r.description || ""),
+        num("for", r.for_s, (v) => EQ.fmtDuration(v * 1000)),
+        txt("notify", (r.notify || []).join(", ") || EQ.dash))), "no rules"));
+      EQ.clear(this.notes.body).append(EQ.table("notifiers", [
+        {label: "Notifier"}, {label: "Type"}, {label: "Waiting", num: true}, {label: "Last error"},
+      ], (data.notifications || []).map((n) => el("tr", {dataset: {key: n.notifier}},
+        txt("notifier", n.notifier), txt("type", n.type), num("waiting", n.waiting),
+        txt("last-error", n.last_error || ""))), "no notifier configured"));
       EQ.showHealth(data, []);
       return data.round;
     },
   };
-
-  // Rows whose shape this page does not know field by field: one column per key.
-  function genericTable(id, rows, empty) {
-    const keys = [];
-    for (const r of rows) for (const k of Object.keys(r)) if (!keys.includes(k)) keys.push(k);
-    return EQ.table(id, keys.map((k) => ({label: k})), rows.map((r) => el("tr", {},
-      keys.map((k) => {
-        const v = r[k];
-        const shown = v === null || v === undefined ? EQ.dash
-          : typeof v === "object" ? JSON.stringify(v) : String(v);
-        return el("td", {dataset: {testid: k, value: typeof v === "object" ? null : v}}, shown);
-      }))), empty);
-  }
 })(window.EQ);
