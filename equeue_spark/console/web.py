@@ -36,6 +36,7 @@ from equeue_spark.client.errors import (
 )
 from equeue_spark.console import actions, browser
 from equeue_spark.console.access import SESSION_COOKIE, Sessions, Tokens, User, bearer
+from equeue_spark.console.alarms.service import Alarms
 from equeue_spark.console.history import KINDS, History, SeriesKey
 from equeue_spark.console.poller import describe
 from equeue_spark.console.snapshot import EMPTY, Snapshot
@@ -167,6 +168,8 @@ class Console:
 
 
 CONSOLE = web.AppKey("console", Console)
+ALARMS = web.AppKey("alarms", Alarms)
+"""Set by app.py when alarms are configured (absent: ``available: false``)."""
 
 
 def reply(data: Any, status: int = 200) -> web.Response:
@@ -283,6 +286,7 @@ async def metrics(request: web.Request) -> web.Response:
         "# HELP equeue_console_series_dropped_total New series refused past --max-series.",
         "# TYPE equeue_console_series_dropped_total counter",
         f"equeue_console_series_dropped_total {c.history.dropped}",
+        *_alarm_metrics(request),
     ]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
 
@@ -365,9 +369,30 @@ async def api_transactions(request: web.Request) -> web.Response:
     return reply({**describe(snap), "transactions": list(snap.transactions), "delayed": delayed})
 
 
+def _alarm_metrics(request: web.Request) -> list[str]:
+    alarms = request.app.get(ALARMS)
+    return alarms.metrics() if alarms is not None else []
+
+
+def _sees_alarm(alarm: dict[str, Any], sees: Callable[[str], bool]) -> bool:
+    topic = alarm["labels"].get("topic")
+    return topic is None or sees(topic)
+
+
 async def api_alarms(request: web.Request) -> web.Response:
-    """Alarms are not evaluated by this build (the alarms package comes later)."""
-    return reply({"available": False, "rules": [], "active": [], "notifications": []})
+    """The alarms (docs/alarms.md); a scoped token sees those of its topics
+    and the alarms that name no topic."""
+    alarms = request.app.get(ALARMS)
+    if alarms is None:
+        return reply({
+            "available": False, "evaluated_rounds": 0, "rules": [], "active": [],
+            "resolved": [], "notifications": [],
+        })  # fmt: skip
+    view = alarms.view()
+    sees = _sees(request)
+    for part in ("active", "resolved"):
+        view[part] = [a for a in view[part] if _sees_alarm(a, sees)]
+    return reply(view)
 
 
 async def api_series(request: web.Request) -> web.Response:
