@@ -35,6 +35,8 @@ class Alarms:
         self.send_errors = 0
         """Unexpected failures of a send round (a failed delivery is the
         dispatcher's own ``failed`` count, not this)."""
+        self.send_rounds = 0
+        """Sends completed (rounds that arrive during a send are merged)."""
         self._waiting: list[Transition] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -75,6 +77,7 @@ class Alarms:
             except Exception:
                 self.send_errors += 1
                 log.exception("sending %d alarm notifications failed", len(batch))
+            self.send_rounds += 1
 
     def view(self) -> dict[str, Any]:
         """``/api/v1/alarms``: the rules, the alarms that are on, the latest
