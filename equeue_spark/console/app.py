@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import os
 import signal
 import ssl
 import sys
@@ -28,8 +29,9 @@ from equeue_spark.console.alarms.rules import RuleError
 from equeue_spark.console.alarms.service import Alarms
 from equeue_spark.console.history import History, SeriesKey
 from equeue_spark.console.poller import Poller
+from equeue_spark.console.prom import Prometheus
 from equeue_spark.console.snapshot import Snapshot
-from equeue_spark.console.web import ALARMS, Console, make_app
+from equeue_spark.console.web import ALARMS, PROMETHEUS, Console, make_app
 
 PROG = "equeue-console"
 READY_PREFIX = "equeue console listening on "
@@ -114,6 +116,22 @@ def parser() -> argparse.ArgumentParser:
     )
     poll.add_argument(
         "--max-series", type=positive_int, default=2000, help="plotted series kept (default 2000)"
+    )
+    prom = p.add_argument_group("plots from Prometheus")
+    prom.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read topic rates and group lag plots from this Prometheus "
+        "(else, and when it fails, from the console's memory)",
+    )
+    prom.add_argument("--prometheus-token-file", metavar="PATH", help="bearer token for it")
+    prom.add_argument("--prometheus-ca", metavar="PATH", help="PEM CA of its certificate")
+    prom.add_argument(
+        "--prometheus-step",
+        type=duration_s,
+        default=15.0,
+        metavar="DURATION",
+        help="smallest step between plotted points (default 15s: a usual scrape interval)",
     )
     alarm_rules.add_arguments(p)
     p.add_argument(
@@ -201,6 +219,9 @@ async def serve(args: argparse.Namespace) -> int:
     app = make_app(console)
     if alarms is not None:
         app[ALARMS] = alarms
+    prometheus = prometheus_client(args)
+    if prometheus is not None:
+        app[PROMETHEUS] = prometheus
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:
@@ -232,8 +253,36 @@ async def serve(args: argparse.Namespace) -> int:
         await asyncio.get_running_loop().run_in_executor(None, poller.stop)
         if alarms is not None:
             await alarms.stop()
+        if prometheus is not None:
+            await prometheus.close()
         console.close()
     return 0
+
+
+def prometheus_client(args: argparse.Namespace) -> Prometheus | None:
+    if not args.prometheus:
+        return None
+    if not args.prometheus.startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus {args.prometheus!r}: give an http:// or https:// URL")
+    if args.prometheus_step <= 0:
+        raise UsageError("--prometheus-step must be more than 0")
+    token = None
+    if args.prometheus_token_file:
+        try:
+            with open(args.prometheus_token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read --prometheus-token-file {args.prometheus_token_file}: {exc.strerror}"
+            ) from None
+    if args.prometheus_ca and not os.path.isfile(args.prometheus_ca):
+        raise UsageError(f"--prometheus-ca {args.prometheus_ca}: no such file")
+    return Prometheus(
+        args.prometheus,
+        token=token,
+        ca_file=args.prometheus_ca,
+        min_step_s=args.prometheus_step,
+    )
 
 
 def start_alarms(alarms: Alarms, external_url: str) -> None:
