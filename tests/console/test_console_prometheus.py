@@ -54,7 +54,7 @@ def test_plots_come_from_prometheus_and_from_memory_when_it_fails(
     lag = 'sum(equeue_group_topic_lag_messages{group="g",topic="t"})'
     prometheus.wait_for(lag, lambda r: values(r) == [30.0], 30)
     prometheus.wait_for(  # two scrapes of the counter: a rate
-        "sum(rate(equeue_messages_in_total[1m]))", lambda r: bool(r), 30
+        "sum(rate(equeue_messages_in_total[1m]))", bool, 30
     )
 
     console = ConsoleProcess(
