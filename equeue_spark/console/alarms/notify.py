@@ -17,6 +17,7 @@ import os
 import smtplib
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -220,6 +221,13 @@ class Dispatcher:
         self._out = {n.name: _Outbox() for n in config.notifiers}
         self.counts: dict[tuple[str, str, str], int] = {}
         """(notifier, status, result) -> notifications."""
+        self.stopping = threading.Event()
+        """Set when the console stops: a webhook waiting to retry gives up
+        at once rather than holding the process's exit for its back-off."""
+
+    def _backoff(self, seconds: float) -> None:
+        if self.stopping.wait(seconds):
+            raise SendError("the console is stopping")
 
     async def dispatch(self, transitions: Sequence[Transition], now: float) -> None:
         sends = []
@@ -240,7 +248,7 @@ class Dispatcher:
         try:
             if n.type == "webhook":
                 body = webhook_body(n.name, shown, self.external_url, held)
-                await asyncio.to_thread(post_webhook, n, body)
+                await asyncio.to_thread(post_webhook, n, body, self._backoff)
             else:
                 msg = email_message(n, shown, self.external_url, held)
                 await asyncio.to_thread(send_email, n, msg)

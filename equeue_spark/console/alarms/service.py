@@ -45,6 +45,7 @@ class Alarms:
         self._task = asyncio.get_running_loop().create_task(self._sender(), name="alarm-sender")
 
     async def stop(self) -> None:
+        self.dispatcher.stopping.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
