@@ -223,4 +223,4 @@ def test_the_alarm_gauges_are_bounded(monkeypatch: Any) -> None:
     assert len(firing) == 3
     assert "equeue_alarm_series_dropped 2" in engine.metrics()
     views = engine.views()
-    assert len(views) == 5 and all(v["notified_at"] == 0.0 for v in views)
+    assert len(views) == 5 and all(v["notified_ms"] == 0 for v in views)

@@ -123,12 +123,12 @@ class AlarmEngine:
                 "type": rs.rule.type,
                 "labels": dict(inst.labels),
                 "state": inst.state,
-                "since": inst.since,
+                "since_ms": _ms(inst.since),
                 "value": inst.value,
                 "threshold": inst.threshold,
                 "unit": UNITS[rs.rule.type],
                 "repeat": inst.repeat,
-                "notified_at": inst.notified_at if inst.state in ("firing", "resolving") else None,
+                "notified_ms": _ms(inst.notified_at) if inst.state != "pending" else None,
                 "summary": summary(rs.rule, dict(inst.labels), inst.value, inst.threshold),
             }
             for rs in self._rules
@@ -144,8 +144,8 @@ class AlarmEngine:
                 "type": t.rule.type,
                 "labels": dict(t.labels),
                 "state": "resolved",
-                "since": t.starts_at,
-                "ended": t.ends_at,
+                "since_ms": _ms(t.starts_at),
+                "ended_ms": _ms(t.ends_at or 0.0),
                 "value": t.value,
                 "threshold": t.threshold,
                 "unit": t.unit,
@@ -256,6 +256,11 @@ def _judge_lag(rule: Rule, lag: float, age: float) -> tuple[bool, bool, float, f
     if rule.messages is None or (by_age and not by_count):
         return by_count or by_age, clear, age, rule.seconds
     return by_count or by_age, clear, lag, float(rule.messages)
+
+
+def _ms(seconds: float) -> int:
+    """Times in the console's JSON are ms since the epoch, as everywhere there."""
+    return round(seconds * 1000)
 
 
 def _transition(
