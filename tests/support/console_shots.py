@@ -29,22 +29,27 @@ import argparse
 import json
 import math
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from equeue_broker.testing import HOST, BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, ClientConfig, Consumer, NotFoundError, Producer
 from tests.support.waits import wait_for
+
+if TYPE_CHECKING:  # selenium is imported when the shots are taken
+    from selenium.webdriver import Chrome
 
 WIDTH, HEIGHT = 1280, 800
 """The size of every screenshot (docs/operations.md shows them as they are)."""
@@ -72,6 +77,7 @@ ORDER_SCHEMA = {
 BILLING_RATE = 150.0
 """Messages a second ``billing`` processes: below the orders' mean rate."""
 ALARM_LAG = 100
+PAGE_LOAD_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,12 @@ class Shot:
     """The file is ``console-<name>.png``."""
     path: str
     """The page, relative to the console's address."""
+    ready: str = ""
+    """A JavaScript expression true once the page shows what the shot is for
+    (beyond a poll round applied), e.g. the message browser's results."""
+    scroll_to: str = ""
+    """The id of a card to scroll to the top of the shot (below the nav bar,
+    which stays at the top)."""
 
 
 SHOTS = (
@@ -87,10 +99,21 @@ SHOTS = (
     Shot("topics", "/topics"),
     Shot("topic", "/topics/orders"),
     Shot("groups", "/groups"),
-    Shot("group", "/groups/billing"),
-    Shot("messages", "/messages?topic=orders&queue=0&offset=0"),
+    # Scrolled to the dead letters: the admin buttons (resend, purge, reset);
+    # the lag plots are on the groups page's shot.
+    Shot(
+        "group",
+        "/groups/billing",
+        "document.querySelectorAll('#dlq-card tbody tr').length >= 3",
+        scroll_to="dlq-card",
+    ),
+    Shot(
+        "messages",
+        "/messages?mode=offset&topic=orders&broker=a&queue=0&offset=0&count=3",
+        "(document.getElementById('msg-status') || {dataset: {}}).dataset.state === 'ok'",
+    ),
     Shot("transactions", "/transactions"),
-    Shot("alarms", "/alarms"),
+    Shot("alarms", "/alarms", "document.querySelectorAll('#alarms-card tbody tr').length > 0"),
 )
 
 
@@ -119,8 +142,29 @@ class ConsoleProcess(BrokerProcess):
         return int(self.get("/api/v1/cluster")["round"])
 
 
-def console_flags() -> list[str]:
-    """The alarm flags, when this console has them (they come with the alarms)."""
+ALARM_RULES = """
+[defaults]
+for = "5s"
+resolve_for = "10s"
+
+[[rule]]
+name = "dead-letters"
+type = "dlq_not_empty"
+group = "*"
+for = "0s"
+
+[[rule]]
+name = "replicas"
+type = "replica_out_of_sync"
+broker = "*"
+for = "30s"
+"""
+
+
+def alarm_flags(root: Path, stack: ExitStack) -> list[str]:
+    """Alarm rules that fire in the demo (billing's lag, its dead letters)
+    and one that does not, notifying a local webhook receiver; none when this
+    console has no alarms (``--alarm-lag`` unknown to it)."""
     shown = subprocess.run(
         [sys.executable, "-m", "equeue_spark.console", "--help"],
         capture_output=True, text=True, timeout=60, check=False,
@@ -128,7 +172,16 @@ def console_flags() -> list[str]:
     if "--alarm-lag" not in shown.stdout:
         print("console-shots: this console has no --alarm-lag: no alarm will fire", file=sys.stderr)
         return []
-    return ["--alarm-lag", str(ALARM_LAG), "--alarm-for", "5s"]
+    from tests.support.observability import WebhookSink
+
+    hook = WebhookSink().start()
+    stack.callback(hook.stop)
+    rules = root / "alarms.toml"
+    rules.write_text(ALARM_RULES)
+    return [
+        "--alarm-rules", str(rules), "--alarm-lag", str(ALARM_LAG), "--alarm-for", "5s",
+        "--alarm-webhook", hook.url,
+    ]  # fmt: skip
 
 
 # -- the demo cluster ---------------------------------------------------------------
@@ -266,7 +319,7 @@ def leave_pending_work(namesrv: str, stack: ExitStack) -> None:
     config = ClientConfig(namesrv=namesrv, timeout_s=10)
     with Producer(config=config) as producer:
         producer.send_batch(
-            "payments", [b'{"order": -%d, "status": "declined"}' % i for i in range(3)],
+            "payments", [b'{"order": %d, "status": "declined"}' % (90001 + i) for i in range(3)],
             keys=[b"poison-%d" % i for i in range(3)], tags=["poison"] * 3,
         )  # fmt: skip
         producer.send_batch("payments", [b'{"reminder": "retry card"}'], delay_s=3600)
@@ -286,7 +339,7 @@ def start_console(root: Path, namesrv: str, stack: ExitStack) -> ConsoleProcess:
     tokens.chmod(0o600)
     console = ConsoleProcess(
         root / "console", "--namesrv", namesrv, "--tokens-file", str(tokens),
-        "--interval", "1s", "--history", "15m", *console_flags(),
+        "--interval", "1s", "--history", "15m", *alarm_flags(root, stack),
     )  # fmt: skip
     stack.callback(lambda: console.process is not None and console.stop())
     console.start()
@@ -299,24 +352,79 @@ def take_shots(console: ConsoleProcess, out: Path) -> list[str]:
 
     problems: list[str] = []
     with open_chromium(window=(WIDTH, HEIGHT)) as driver:
-        # The viewport itself, not the window, is 1280x800: the PNGs' size.
-        driver.execute_cdp_cmd(
-            "Emulation.setDeviceMetricsOverride",
-            {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
-        )
+        # A loaded 2-core machine (the cluster, its traffic and Chromium at
+        # once) can take longer than browser.py's 30 s to render a page.
+        driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
         login(driver, console.address, ADMIN_TOKEN)
         problems += [f"login: {p}" for p in browser_problems(driver)]
         for shot in SHOTS:
+            fresh_tab(driver)
+            started = time.monotonic()
             driver.get(console.address + shot.path)
+            loaded_s = time.monotonic() - started
             # Two rounds after the one the console had: the page applied fresh
             # data, and its plots had a round to fetch their points.
             wait_round(driver, console.round() + 2, timeout_s=30)
+            if shot.ready:
+                wait_for(
+                    f"{shot.path} to show its results",
+                    lambda: driver.execute_script(f"return {shot.ready}"), 30,  # noqa: B023
+                )  # fmt: skip
+            if shot.scroll_to:
+                driver.execute_script(SCROLL, shot.scroll_to)
             target = out / shot_file(shot)
-            if not driver.save_screenshot(str(target)):
-                raise RuntimeError(f"Chromium wrote no screenshot of {shot.path}")
+            target.write_bytes(smaller_png(driver.get_screenshot_as_png()))
             problems += [f"{shot.path}: {p}" for p in browser_problems(driver)]
-            print(f"console-shots: wrote {target} ({target.stat().st_size // 1024} KiB)")
+            size = target.stat().st_size // 1024
+            print(f"console-shots: wrote {target} ({size} KiB; page loaded in {loaded_s:.1f}s)")
     return problems
+
+
+SCROLL = """
+const card = document.getElementById(arguments[0]);
+window.scrollTo(0, card.getBoundingClientRect().top + window.scrollY - 76);
+"""
+
+
+def fresh_tab(driver: Chrome) -> None:
+    """Go on in a new tab (same session cookie) and close the old one.
+
+    Navigating within one tab puts each page in Chromium's back/forward
+    cache with its event stream (/api/v1/events) still open; after six pages
+    the six connections Chromium allows per host are all held, and the next
+    page waits ~45 s for one. A closed tab holds none. The viewport is set
+    per tab: 1280x800 itself (not the window), the PNGs' size."""
+    old = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    new = driver.current_window_handle
+    driver.switch_to.window(old)
+    driver.close()
+    driver.switch_to.window(new)
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
+    )
+
+
+def smaller_png(data: bytes) -> bytes:
+    """The same image with its pixel data deflated at level 9 (Chromium
+    favours speed): typically a quarter smaller, no pixel changed."""
+    at, pixels = 8, b""
+    kept: list[bytes | None] = []
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        if kind == b"IDAT":
+            pixels += body
+            if kept and kept[-1] is not None:
+                kept.append(None)  # where the image data goes
+        else:
+            kept.append(data[at : at + 12 + length])
+        at += 12 + length
+    idat = b"IDAT" + zlib.compress(zlib.decompress(pixels), 9)
+    chunk = struct.pack(">I", len(idat) - 4) + idat + struct.pack(">I", zlib.crc32(idat))
+    smaller = data[:8] + b"".join(chunk if part is None else part for part in kept)
+    return smaller if len(smaller) < len(data) else data
 
 
 # -- the run ------------------------------------------------------------------------
