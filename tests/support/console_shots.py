@@ -261,13 +261,14 @@ class Load:
             thread.join(30)
 
     def produce(self) -> None:
-        started = time.monotonic()
-        sent = 0
+        started = last = time.monotonic()
+        sent, owed = 0, 0.0
         config = ClientConfig(namesrv=self.namesrv, timeout_s=10)
         with Producer(config=config, validate=True, linger_ms=20) as producer:
             while not self.stop.is_set():
-                t = time.monotonic() - started
-                due = int(sum(orders_rate(s / 4) / 4 for s in range(int(t * 4))))
+                now = time.monotonic()
+                owed += orders_rate(now - started) * (now - last)
+                last, due = now, int(owed)
                 for n in range(sent, due):
                     order = {
                         "id": n, "customer": f"c{n % 37:03d}", "amount_cents": 100 + n * 7 % 9900,
