@@ -524,6 +524,38 @@ def test_a_console_without_users_is_read_only(
 
 
 @pytest.mark.timeout(240)
+def test_an_age_lag_alarm_is_shown_and_plotted_in_seconds(
+    driver: WebDriver, scene: Scene, tmp_path: Path
+) -> None:
+    """``--alarm-lag-seconds``: the value and threshold are ages (the API's
+    unit says messages for every group_lag rule), and the plot is of the
+    group_lag_seconds series."""
+    console = ConsoleProcess(
+        tmp_path / "console", "--namesrv", scene.cluster.namesrv, "--interval", "1s",
+        "--alarm-lag-seconds", "1", "--alarm-for", "1s",
+    )  # fmt: skip
+    console.start()
+    try:
+        driver.get(console.address + "/alarms")
+        wait_round(driver, 2, 30)
+        plot = "alarm:flag-lag:g/orders:seconds:1"
+        wait_for("the age alarm's plot", lambda: chart_points(driver, plot) >= 2, 30)
+        key = "flag-lag " + json.dumps({"group": "g", "topic": "orders"}, separators=(",", ":"))
+        shown = alarm_cells(driver, key)
+        assert shown["threshold"] == "1" and float(shown["value"]) > 1
+        texts = driver.execute_script(
+            "const tr = Array.from(document.querySelectorAll('#alarms tbody tr[data-key]'))"
+            "  .find(r => r.dataset.key === arguments[0]);"
+            "return ['value', 'threshold'].map("
+            "  t => tr.querySelector('[data-testid=' + t + ']').textContent);",
+            key,
+        )  # fmt: skip
+        assert texts[1] == "1.0 s" and (texts[0].endswith(" s")), texts
+    finally:
+        console.stop()
+
+
+@pytest.mark.timeout(240)
 def test_a_killed_broker_shows_unreachable_and_pages_keep_working(
     driver: WebDriver, scene: Scene
 ) -> None:
