@@ -4,7 +4,8 @@ One cluster for the module: a name server, broker group ``a`` (master and a
 replica) and ``b``; topics ``orders`` (2 queues on each group), ``work`` (on
 ``a``, with dead letters of group ``D``), ``staged`` (an open transaction) and
 ``later`` (a pending delayed message); group ``g`` has read part of
-``orders``. The console polls it every second with users (``--tokens-file``).
+``orders``. The console polls it every second with users (``--tokens-file``)
+and a lag alarm (``--alarm-lag 5 --alarm-for 1s``) that ``g`` sets off.
 Each page's ``data-value`` cells are compared with what the client's ``Admin``
 says; the plots gain points without a reload; the browser log has no script
 error and no CSP violation; an admin resets ``g`` through the form; a
@@ -55,6 +56,8 @@ ORDER = {
     "name": "Order",
     "fields": [{"name": "id", "type": "long"}, {"name": "raw", "type": "bytes"}],
 }
+ALARM_LAG = 5
+"""--alarm-lag: group g's lag on orders (30 or more) is over it, so flag-lag fires."""
 BINARY = b"\xff\xfe\x00binary\x80"
 """A value that is not UTF-8: the message browser shows it as a hex dump."""
 
@@ -136,7 +139,8 @@ def running_scene(root: Path, interval: str = "1s") -> Iterator[Scene]:
         fill(cluster.namesrv)
         console = ConsoleProcess(
             root / "console", "--namesrv", cluster.namesrv, "--tokens-file", str(tokens),
-            "--interval", interval, reader=ADMIN,
+            "--interval", interval, "--alarm-lag", str(ALARM_LAG), "--alarm-for", "1s",
+            reader=ADMIN,
         )  # fmt: skip
         console.start()
         yield Scene(cluster, replica, console)
@@ -295,6 +299,14 @@ def test_group_pages_show_lag_per_queue_and_dead_letters(driver: WebDriver, scen
         "return document.querySelectorAll('#dlq tbody tr[data-key]').length === 2",
     )
     assert set(cells(driver, "dlq", "id")) == {m.message_id for m in dead}
+    assert (
+        driver.execute_script(
+            "return getComputedStyle(document.querySelector('#dlq [data-testid=id]')).whiteSpace"
+        )
+        == "nowrap"
+    )
+    # The reset form opens on the group's own topic, not on %RETRY%D.
+    assert Select(driver.find_element(By.ID, "reset-topic")).first_selected_option.text == "work"
     assert visible(driver, "#dlq-resend") and visible(driver, "#dlq-purge")
 
     visit(driver, scene, "/groups/g", "group")
@@ -323,7 +335,7 @@ def test_figures_and_plots_follow_the_rounds_without_a_reload(
 
 
 @pytest.mark.timeout(240)
-def test_transactions_messages_and_alarms_pages(driver: WebDriver, scene: Scene) -> None:
+def test_transactions_and_messages_pages(driver: WebDriver, scene: Scene) -> None:
     visit(driver, scene, "/transactions", "transactions")
     with scene.admin() as admin:
         open_txns = admin.broker_admin("a").list_transactions().transactions
@@ -356,11 +368,77 @@ def test_transactions_messages_and_alarms_pages(driver: WebDriver, scene: Scene)
     wait_dom(driver, "the Avro message", "return document.querySelector('#msg-results .message')")
     decoded = driver.find_element(By.CSS_SELECTOR, "#msg-results [data-testid=decoded]")
     assert json.loads(decoded.text) == {"id": 7, "raw": "AAE="}
+    # The broker group is a menu of the cluster's groups, "any" first.
+    wait_dom(
+        driver, "the broker groups in the menu",
+        "return document.querySelectorAll('#msg-broker option').length === 3",
+    )  # fmt: skip
+    menu = Select(driver.find_element(By.ID, "msg-broker"))
+    assert [o.get_attribute("value") for o in menu.options] == ["", "a", "b"]
+    assert menu.first_selected_option.get_attribute("value") == "a"
 
+
+def alarm_cells(driver: WebDriver, key: str) -> dict[str, str]:
+    """{testid: data-value} of the alarms table's row ``key``."""
+    found: dict[str, str] = driver.execute_script(
+        "const tr = Array.from(document.querySelectorAll('#alarms tbody tr[data-key]'))"
+        "  .find(r => r.dataset.key === arguments[0]);"
+        "if (!tr) return {};"
+        "const out = {};"
+        "for (const td of tr.querySelectorAll('[data-testid]'))"
+        "  out[td.dataset.testid] = td.dataset.value;"
+        "return out;",
+        key,
+    )  # fmt: skip
+    return found
+
+
+@pytest.mark.timeout(240)
+def test_the_alarms_page_shows_a_firing_lag_alarm_as_the_api_has_it(
+    driver: WebDriver, scene: Scene
+) -> None:
+    labels = {"group": "g", "topic": "orders"}
+    key = "flag-lag " + json.dumps(labels, separators=(",", ":"))
     visit(driver, scene, "/alarms", "alarms")
-    assert driver.find_elements(By.ID, "alarms-unavailable") or driver.find_elements(
-        By.ID, "alarms"
+    wait_dom(
+        driver, "g's lag alarm firing",
+        "return Array.from(document.querySelectorAll('#alarms tbody tr[data-key]'))"
+        "  .some(r => r.dataset.key === arguments[0]"
+        "    && r.querySelector('[data-testid=state]').dataset.value === 'firing');",
+        key, timeout_s=30,
+    )  # fmt: skip
+
+    def same_as_the_api() -> dict[str, Any] | None:
+        status, body, _ = scene.console.get("/api/v1/alarms")
+        assert status == 200 and body["available"] is True
+        (alarm,) = [a for a in body["active"] if a["alarm"] == "flag-lag" and a["labels"] == labels]
+        shown = alarm_cells(driver, key)
+        return alarm if shown.get("value") == f"{alarm['value']:g}" else None
+
+    alarm = wait_for("the page to show the API's value", same_as_the_api, 20)
+    shown = alarm_cells(driver, key)
+    assert alarm["state"] == "firing" and alarm["since_ms"] > 0
+    assert shown["since"] == str(alarm["since_ms"])
+    assert shown["notified"] == str(alarm["notified_ms"])
+    assert json.loads(shown["labels"]) == labels
+    assert float(shown["threshold"]) == alarm["threshold"] == ALARM_LAG
+    with scene.admin() as admin:
+        lag = sum(q.lag for q in admin.describe_group("g").queues if q.topic == "orders")
+    assert float(shown["value"]) == alarm["value"] == lag
+    since = driver.find_element(
+        By.CSS_SELECTOR, "#alarms tbody tr.alarm-firing [data-testid=since]"
+    ).text
+    assert since.endswith(" UTC") and since[:4].isdigit()
+    assert cells(driver, "rules", "for")["flag-lag"] == "1"
+    for_text = driver.find_element(By.CSS_SELECTOR, "#rules [data-testid=for]").text
+    assert for_text == "1s"
+    # The alarm's plot: g's lag on orders and the threshold, a constant line.
+    plot = "alarm:flag-lag:g/orders:messages:5"
+    wait_for("the lag alarm's plot", lambda: chart_points(driver, plot) >= 2, 20)
+    threshold = driver.execute_script(
+        "const d = window.equeueCharts[arguments[0]].data; return d[d.length - 1];", plot
     )
+    assert set(threshold) == {ALARM_LAG}
 
 
 @pytest.mark.timeout(240)
@@ -441,6 +519,38 @@ def test_a_console_without_users_is_read_only(
             assert not visible(driver, selector), f"{selector} on a read-only console"
         assert "read-only" in driver.find_element(By.ID, "whoami").text
         assert cells(driver, "group-queues", "lag") != {}
+    finally:
+        console.stop()
+
+
+@pytest.mark.timeout(240)
+def test_an_age_lag_alarm_is_shown_and_plotted_in_seconds(
+    driver: WebDriver, scene: Scene, tmp_path: Path
+) -> None:
+    """``--alarm-lag-seconds``: the value and threshold are ages (the API's
+    unit says messages for every group_lag rule), and the plot is of the
+    group_lag_seconds series."""
+    console = ConsoleProcess(
+        tmp_path / "console", "--namesrv", scene.cluster.namesrv, "--interval", "1s",
+        "--alarm-lag-seconds", "1", "--alarm-for", "1s",
+    )  # fmt: skip
+    console.start()
+    try:
+        driver.get(console.address + "/alarms")
+        wait_round(driver, 2, 30)
+        plot = "alarm:flag-lag:g/orders:seconds:1"
+        wait_for("the age alarm's plot", lambda: chart_points(driver, plot) >= 2, 30)
+        key = "flag-lag " + json.dumps({"group": "g", "topic": "orders"}, separators=(",", ":"))
+        shown = alarm_cells(driver, key)
+        assert shown["threshold"] == "1" and float(shown["value"]) > 1
+        texts = driver.execute_script(
+            "const tr = Array.from(document.querySelectorAll('#alarms tbody tr[data-key]'))"
+            "  .find(r => r.dataset.key === arguments[0]);"
+            "return ['value', 'threshold'].map("
+            "  t => tr.querySelector('[data-testid=' + t + ']').textContent);",
+            key,
+        )  # fmt: skip
+        assert texts[1] == "1.0 s" and (texts[0].endswith(" s")), texts
     finally:
         console.stop()
 

@@ -94,6 +94,12 @@ class Shot:
     which stays at the top)."""
 
 
+ALARMS_READY = (
+    "document.querySelectorAll('#alarms-card tbody tr.alarm-firing').length > 0"
+    " && Object.entries(window.equeueCharts || {}).some(([name, chart]) =>"
+    " name.startsWith('alarm:') && chart.data[0].length >= 2)"
+    " && document.querySelectorAll('#notifiers tbody tr[data-key]').length > 0"
+)
 SHOTS = (
     Shot("cluster", "/"),
     Shot("topics", "/topics"),
@@ -113,7 +119,10 @@ SHOTS = (
         "(document.getElementById('msg-status') || {dataset: {}}).dataset.state === 'ok'",
     ),
     Shot("transactions", "/transactions"),
-    Shot("alarms", "/alarms", "document.querySelectorAll('#alarms-card tbody tr').length > 0"),
+    # Once billing's lag alarm fired and its plot (lag against threshold) has
+    # points; then scrolled to the rest: resolved alarms, rules, notifiers.
+    Shot("alarms", "/alarms", ALARMS_READY, scroll_to="alarms-card"),
+    Shot("alarms-rules", "/alarms", ALARMS_READY, scroll_to="resolved-card"),
 )
 
 

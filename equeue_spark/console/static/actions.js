@@ -142,7 +142,9 @@
       }
     });
     section.node.eqFill = (g) => {
-      const topics = g.topics.map((t) => t.topic);
+      // Ordinary topics first: the menu opens on one, not on %RETRY%/%DLQ%.
+      const names = g.topics.map((t) => t.topic);
+      const topics = [...names.filter((t) => !t.startsWith("%")), ...names.filter((t) => t.startsWith("%"))];
       options(topic, topics);
       const brokers = Array.from(new Set(g.queues.map((q) => q.broker).filter((b) => b))).sort();
       options(broker, ["", ...brokers], ["every broker group", ...brokers]);

@@ -33,8 +33,10 @@
   };
 
   /* spec: {name, title, unit, sources: [{kind, key?: [..], filter?: key => bool,
-   *        label: (key, kind) => string, sum?: "label"}]}
-   * A source with sum adds all its series into one line (a cluster total). */
+   *        label: (key, kind) => string, sum?: "label"}],
+   *        constants?: [{label, value}]}
+   * A source with sum adds all its series into one line (a cluster total).
+   * A constant is a dashed level across the plot (an alarm's threshold). */
   class LiveChart {
     constructor(spec) {
       this.spec = spec;
@@ -96,7 +98,8 @@
       const xs = Array.from(times).sort((a, b) => a - b);
       const ys = Array.from(this.lines.values()).map((line) =>
         xs.map((t) => (line.points.has(t) ? line.points.get(t) : null)));
-      return [xs.map((t) => t / 1000), ...ys];
+      const levels = (this.spec.constants || []).map((c) => xs.map(() => c.value));
+      return [xs.map((t) => t / 1000), ...ys, ...levels];
     }
 
     draw() {
@@ -123,6 +126,10 @@
         series.push({label: line.label, stroke: color, width: 2, points: {show: false},
           value: (u, v) => (v === null || v === undefined ? EQ.dash : format(v))});
       }
+      for (const c of this.spec.constants || []) {
+        series.push({label: c.label, stroke: "#b91c1c", width: 1.5, dash: [6, 4], points: {show: false},
+          value: () => format(c.value)});
+      }
       return {
         width: this.width(),
         height: HEIGHT,
@@ -145,6 +152,16 @@
 
     resize() {
       if (this.plot) this.plot.setSize({width: this.width(), height: HEIGHT});
+    }
+
+    // Gone from the page (an alarm that resolved): its plot, its place in
+    // the resize list, its node.
+    dispose() {
+      if (this.plot) this.plot.destroy();
+      this.plot = null;
+      if (window.equeueCharts[this.spec.name]) delete window.equeueCharts[this.spec.name];
+      EQ.activeCharts = EQ.activeCharts.filter((c) => c !== this);
+      this.node.remove();
     }
   }
 

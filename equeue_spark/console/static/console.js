@@ -86,7 +86,7 @@ window.EQ = (function () {
 
   EQ.fmtDuration = function (ms) {
     if (ms === null || ms === undefined) return EQ.dash;
-    if (ms === 0) return "0";
+    if (ms === 0) return "0 s";
     const s = ms / 1000;
     if (s < 1) return Math.round(ms) + " ms";
     if (s < 60) return s.toFixed(s < 10 ? 1 : 0) + " s";

@@ -97,7 +97,7 @@
           el("option", {value: "offset"}, "by offset"), el("option", {value: "id"}, "by id"),
           el("option", {value: "key"}, "by key and time"), el("option", {value: "time"}, "by time range")),
         topic: input("topic", {list: "msg-topics", placeholder: "topic", autocomplete: "off"}),
-        broker: input("broker", {placeholder: "a (cluster only)", size: 8}),
+        broker: el("select", {id: "msg-broker", name: "broker"}, el("option", {value: ""}, "any")),
         queue: input("queue", {type: "number", min: 0, value: 0}),
         offset: input("offset", {type: "number", min: 0, value: 0}),
         count: input("count", {type: "number", min: 1, max: 100, value: 20}),
@@ -139,12 +139,31 @@
       EQ.api("/api/v1/topics").then((data) => {
         for (const t of data.topics) this.topics.append(el("option", {value: t.name}));
       }).catch(() => {});
+      EQ.api("/api/v1/cluster").then((data) => {
+        this.brokers(data.members.map((m) => m.broker));
+      }).catch(() => {});
+    },
+    // The broker group menu: "any" (the client finds the queue's group) and
+    // each group of the cluster; a group named in the URL is kept even
+    // before (or without) the cluster's answer.
+    brokers(names) {
+      const select = this.fields.broker;
+      const current = select.value;
+      const all = new Set([...Array.from(select.options).map((o) => o.value), ...names]);
+      all.delete("");
+      EQ.clear(select).append(el("option", {value: ""}, "any"),
+        ...Array.from(all).sort().map((name) => el("option", {value: name}, name)));
+      select.value = current;
     },
     prefill() {
       const q = new URLSearchParams(location.search);
       const f = this.fields;
       f.mode.value = q.get("id") ? "id" : q.get("mode") || (q.get("key") ? "key" : "offset");
-      for (const name of ["topic", "broker", "queue", "offset", "count", "id", "key", "limit"]) {
+      if (q.get("broker")) {
+        this.brokers([q.get("broker")]);
+        f.broker.value = q.get("broker");
+      }
+      for (const name of ["topic", "queue", "offset", "count", "id", "key", "limit"]) {
         if (q.get(name) !== null) f[name].value = q.get(name);
       }
       for (const name of ["start", "end"]) {

@@ -1,5 +1,5 @@
 /* equeue console: the figure pages (cluster, topics, topic, groups, group,
- * transactions, alarms). Each page is {title, build(main, arg), update()}:
+ * transactions; the alarms page is alarms.js). Each page is {title, build(main, arg), update()}:
  * build lays out the page once (cards, charts, admin forms), update fetches
  * the page's JSON and redraws its tables and charts, and returns the poll
  * round it showed. Forms are built once so a round never wipes what an
@@ -381,89 +381,6 @@
         el("td", {dataset: {testid: "topic", value: d.topic}}, link("/topics/" + enc(d.topic), d.topic)),
         num("pending", d.pending), EQ.timeCell("next-due", d.next_due_ms))),
       "no delayed message is pending"));
-      EQ.showHealth(data, []);
-      return data.round;
-    },
-  };
-
-  /* -- alarms -------------------------------------------------------------------------- */
-
-  function sinceMs(v) {
-    if (typeof v !== "number" || v <= 0) return null;
-    return v > 1e12 ? v : v * 1000; // the alarm engine counts seconds since the epoch
-  }
-
-  function alarmValue(testid, value, unit) {
-    const format = unit === "seconds" ? (v) => EQ.fmtDuration(v * 1000)
-      : unit === "bytes" ? EQ.fmtBytes : unit === "messages" ? EQ.fmtInt : EQ.fmtRate;
-    return num(testid, value, (v) => (v === null || v === undefined ? EQ.dash : format(v)));
-  }
-
-  function labelChips(labels) {
-    return el("td", {dataset: {testid: "labels", value: JSON.stringify(labels || {})}},
-      Object.entries(labels || {}).map(([k, v]) => el("span", {class: "label"}, k + "=" + v)));
-  }
-
-  function alarmKey(a) {
-    return a.alarm + " " + JSON.stringify(a.labels || {});
-  }
-
-  pages.alarms = {
-    title: "Alarms",
-    build(main) {
-      this.state = el("div", {class: "stats", id: "alarm-stats"});
-      this.active = EQ.section("Active alarms", "alarms-card");
-      this.resolved = EQ.section("Recently resolved", "resolved-card");
-      this.rules = EQ.section("Rules", "rules-card");
-      this.notes = EQ.section("Notifiers", "notifiers-card");
-      this.cards = [this.active, this.resolved, this.rules, this.notes];
-      main.append(this.state, ...this.cards.map((c) => c.node));
-    },
-    async update() {
-      const data = await EQ.api("/api/v1/alarms");
-      if (!data.available) {
-        EQ.clear(this.state).append(el("p", {class: "muted", id: "alarms-unavailable"},
-          "Alarms are not evaluated by this console: start it with alarm rules " +
-          "(--alarm-rules or --alarm-lag; docs/alarms.md) to see them here."));
-        for (const card of this.cards) card.node.hidden = true;
-        EQ.showHealth(data, []);
-        return data.round;
-      }
-      const active = data.active || [];
-      const firing = active.filter((a) => a.state === "firing" || a.state === "resolving");
-      EQ.clear(this.state).append(
-        EQ.stat("firing", "Firing", firing.length),
-        EQ.stat("pending", "Pending", active.filter((a) => a.state === "pending").length),
-        EQ.stat("rules", "Rules", (data.rules || []).length),
-        EQ.stat("evaluated", "Rounds evaluated", data.evaluated_rounds));
-      for (const card of this.cards) card.node.hidden = false;
-      EQ.clear(this.active.body).append(EQ.table("alarms", [
-        {label: "Alarm"}, {label: "State"}, {label: "Labels"}, {label: "Value", num: true},
-        {label: "Threshold", num: true}, {label: "Since"}, {label: "Summary"},
-      ], active.map((a) => el("tr", {dataset: {key: alarmKey(a)}, class: "alarm-" + a.state},
-        txt("alarm", a.alarm), el("td", {dataset: {testid: "state", value: a.state}}, badge(a.state)),
-        labelChips(a.labels), alarmValue("value", a.value, a.unit),
-        alarmValue("threshold", a.threshold, a.unit), EQ.timeCell("since", sinceMs(a.since)),
-        txt("summary", a.summary || ""))), "no alarm is pending or firing"));
-      EQ.clear(this.resolved.body).append(EQ.table("resolved", [
-        {label: "Alarm"}, {label: "Labels"}, {label: "Fired"}, {label: "Resolved"},
-        {label: "Reason"}, {label: "Summary"},
-      ], (data.resolved || []).map((a) => el("tr", {dataset: {key: alarmKey(a)}},
-        txt("alarm", a.alarm), labelChips(a.labels), EQ.timeCell("since", sinceMs(a.since)),
-        EQ.timeCell("ended", sinceMs(a.ended)), txt("reason", a.reason || ""),
-        txt("summary", a.summary || ""))), "nothing resolved lately"));
-      EQ.clear(this.rules.body).append(EQ.table("rules", [
-        {label: "Rule"}, {label: "Type"}, {label: "Condition"}, {label: "For", num: true},
-        {label: "Notifies"},
-      ], (data.rules || []).map((r) => el("tr", {dataset: {key: r.name}},
-        txt("name", r.name), txt("type", r.type), txt("description", r.description || ""),
-        num("for", r.for_s, (v) => EQ.fmtDuration(v * 1000)),
-        txt("notify", (r.notify || []).join(", ") || EQ.dash))), "no rules"));
-      EQ.clear(this.notes.body).append(EQ.table("notifiers", [
-        {label: "Notifier"}, {label: "Type"}, {label: "Waiting", num: true}, {label: "Last error"},
-      ], (data.notifications || []).map((n) => el("tr", {dataset: {key: n.notifier}},
-        txt("notifier", n.notifier), txt("type", n.type), num("waiting", n.waiting),
-        txt("last-error", n.last_error || ""))), "no notifier configured"));
       EQ.showHealth(data, []);
       return data.round;
     },
