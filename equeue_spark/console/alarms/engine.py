@@ -126,7 +126,7 @@ class AlarmEngine:
                 "since_ms": _ms(inst.since),
                 "value": inst.value,
                 "threshold": inst.threshold,
-                "unit": UNITS[rs.rule.type],
+                "unit": unit_of(rs.rule, inst.threshold),
                 "repeat": inst.repeat,
                 "notified_ms": _ms(inst.notified_at) if inst.state != "pending" else None,
                 "summary": summary(rs.rule, dict(inst.labels), inst.value, inst.threshold),
@@ -258,6 +258,15 @@ def _judge_lag(rule: Rule, lag: float, age: float) -> tuple[bool, bool, float, f
     return by_count or by_age, clear, lag, float(rule.messages)
 
 
+def unit_of(rule: Rule, threshold: float | None) -> str:
+    """The unit of an instance's value and threshold: a group lag rule with
+    both limits judges by age when only the age is over (``_judge_lag``)."""
+    if rule.type == "group_lag":
+        by_count = rule.messages is not None and threshold == float(rule.messages)
+        return "messages" if by_count else "seconds"
+    return UNITS[rule.type]
+
+
 def _ms(seconds: float) -> int:
     """Times in the console's JSON are ms since the epoch, as everywhere there."""
     return round(seconds * 1000)
@@ -272,7 +281,7 @@ def _transition(
         status=status,
         value=inst.value,
         threshold=inst.threshold,
-        unit=UNITS[rule.type],
+        unit=unit_of(rule, inst.threshold),
         starts_at=inst.since,
         ends_at=ends_at,
         repeat=inst.repeat,
@@ -295,7 +304,7 @@ def summary(rule: Rule, lab: dict[str, str], value: float | None, threshold: flo
     held = f"for {rule.for_s:g}s"
     match rule.type:
         case "group_lag":
-            unit = "messages" if threshold == rule.messages else "seconds"
+            unit = unit_of(rule, threshold)
             return (
                 f"group {lab.get('group')} lags {v} {unit} on {lab.get('topic')} (over {t} {held})"
             )

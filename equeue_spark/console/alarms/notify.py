@@ -268,9 +268,17 @@ class Dispatcher:
                 "type": n.type,
                 "waiting": len(self._out[n.name].pending),
                 "last_error": self._out[n.name].last_error,
+                # Alerts (not POSTs or mails) per result, as the metric counts them.
+                "sent": self._count(n.name, "sent"),
+                "failed": self._count(n.name, "failed"),
             }
             for n in self._config.notifiers
         ]
+
+    def _count(self, notifier: str, result: str) -> int:
+        return sum(
+            n for (who, _status, r), n in self.counts.items() if (who, r) == (notifier, result)
+        )
 
     def metrics(self) -> list[str]:
         name = "equeue_alarm_notifications_total"
