@@ -153,15 +153,29 @@ def preload(config: ClientConfig, shape: Preload) -> None:
             admin.commit_offsets(f"group-{g:02d}", {(t, q): 1 for t in topics for q in per_queue})
 
 
+def start_broker(name: str, root: Path) -> tuple[BrokerProcess, str, int | None]:
+    """A fresh broker for arm ``name``: (process, address, HTTP port or None).
+    The HTTP port is picked here (the log level hides the line naming a port
+    0 chose); another process may take it first on a shared machine: retried."""
+    for attempt in range(3):
+        http_port = free_port() if name != "off" else None
+        flags = ["--flush", "async", "--log-level", "WARNING"]
+        if http_port is not None:
+            flags += ["--http-port", str(http_port)]
+        data_dir = root / name / f"data{attempt}"
+        data_dir.mkdir(parents=True)
+        broker = BrokerProcess(data_dir, *flags, log_path=root / name / f"broker{attempt}.log")
+        try:
+            return broker, broker.start(START_TIMEOUT_S), http_port
+        except RuntimeError as exc:
+            if "Address already in use" not in str(exc) or attempt == 2:
+                raise
+            progress(f"  {name}: port taken meanwhile, starting again")
+    raise AssertionError("unreachable")
+
+
 def run_arm(name: str, root: Path, plan: Plan, shape: Preload, arm: Arm) -> None:
-    http_port = free_port() if name != "off" else None
-    flags = ["--flush", "async", "--log-level", "WARNING"]
-    if http_port is not None:
-        flags += ["--http-port", str(http_port)]
-    data_dir = root / name / "data"
-    data_dir.mkdir(parents=True)
-    broker = BrokerProcess(data_dir, *flags, log_path=root / name / "broker.log")
-    address = broker.start(START_TIMEOUT_S)
+    broker, address, http_port = start_broker(name, root)
     url = f"http://127.0.0.1:{http_port}/metrics"
     try:
         config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
@@ -263,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
             progress(f"round {r + 1}/{rounds}")
             for name in ARMS:
                 run_arm(name, root / f"round{r}", plan, shape, arms[name])
+            progress(table(arms))  # so far: a failure later loses no round
     finally:
         shutil.rmtree(root, ignore_errors=True)
     end_load = os.getloadavg()

@@ -515,6 +515,7 @@ async def start_http(
     if config.http_port is None:
         return None
     from equeue_broker.server import metrics
+    from equeue_broker.server.group_view import StoreTimes
     from equeue_broker.server.http import HttpListener, Readiness
 
     def writes() -> str:
@@ -525,7 +526,7 @@ async def start_http(
     state.role.add_listener(changes)
     extra = metrics.Budgets(
         budgets.intake, budgets.replication_slots, changes, budgets.calls, budgets.port,
-        max_connections(config),
+        max_connections(config), StoreTimes(),
     )  # fmt: skip
     host = config.http_host or config.host
     listener = HttpListener(

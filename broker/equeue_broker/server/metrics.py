@@ -44,7 +44,7 @@ from equeue_broker.server.budgets import ByteBudget
 from equeue_broker.server.connections import CallsPerConnection, connections_by_address
 from equeue_broker.server.disk_usage import filesystem
 from equeue_broker.server.fetch_port import fetch_server
-from equeue_broker.server.group_view import group_queues
+from equeue_broker.server.group_view import StoreTimes, group_queues
 from equeue_broker.server.metrics_hot import RPC_TIMES, STREAM_TIMES
 from equeue_broker.server.metrics_specs import METRICS, SPECS, Spec
 from equeue_broker.server.tokens import Principal
@@ -142,6 +142,8 @@ class Budgets(NamedTuple):
     """The gRPC port bound (its established connections are counted; 0: not)."""
     max_connections: int = 0
     """gRPC's ``grpc.max_allowed_incoming_connections`` (app.max_connections)."""
+    store_times: StoreTimes | None = None
+    """Store times of first unconsumed offsets, kept between scrapes (group lag seconds)."""
 
 
 class RoleChanges:
@@ -309,6 +311,9 @@ class BrokerCollector(Collector):
         label = Limiter(groups, s.config.metrics_max_groups)
         out.add("equeue_metrics_folded_label_values", label.folded, "group")
         now_ms = int(time.time() * 1000)
+        times = self.extra.store_times
+        if times is not None:
+            times = times.in_epoch(s.role.view.epoch)
         topic_sums: dict[tuple[str, str], list[float]] = {}
         group_sums: dict[tuple[str, str], float] = {}
         per_queue: list[tuple[str, str, str, int, int]] = []
@@ -317,7 +322,7 @@ class BrokerCollector(Collector):
             group_sums[("equeue_group_members", shown)] = group_sums.get(
                 ("equeue_group_members", shown), 0
             ) + len(s.consumers.live(group))
-            for view in group_queues(s.store, s.consumers, group, now_ms):
+            for view in group_queues(s.store, s.consumers, group, now_ms, times):
                 if _reserved(view.topic):
                     if view.topic == RETRY_PREFIX + group:
                         key = ("equeue_group_retry_messages", shown)
@@ -500,11 +505,17 @@ def render(state: BrokerState, extra: Budgets, scope: Principal | None) -> bytes
     from prometheus_client import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(state, extra, scope))
-    if scope is None or scope.topics is None:
-        from prometheus_client import PlatformCollector, ProcessCollector
+    from equeue_broker.server.metrics_text import exposition
 
-        ProcessCollector(registry=registry, pid=os.getpid)
-        PlatformCollector(registry=registry)
-    return generate_latest(registry)
+    # Our families by the fast writer (metrics_text.py: the same bytes), the
+    # process and platform ones by prometheus_client, in the order
+    # generate_latest would give a registry holding all three.
+    ours = exposition(BrokerCollector(state, extra, scope).collect()).encode()
+    if scope is not None and scope.topics is not None:
+        return ours
+    from prometheus_client import PlatformCollector, ProcessCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry, pid=os.getpid)
+    PlatformCollector(registry=registry)
+    return ours + generate_latest(registry)
