@@ -2,8 +2,8 @@
 
 Run ``python bench/metrics_bench.py`` (``make bench-metrics``; about 9 minutes
 with the defaults: 5 rounds of 4 arms of ~25 s), ``--quick`` for a smoke run of
-a few seconds. Each round starts a fresh broker per arm, in this order, so
-that drift on a shared machine hits every arm alike:
+a few seconds. Each round starts a fresh broker per arm, the order rotated
+from round to round, so that drift on a shared machine hits every arm alike:
 
 * **off**: no ``--http-port`` (neither aiohttp nor prometheus_client loaded);
 * **on**: ``--http-port``, a scraper thread in this process fetching
@@ -13,8 +13,8 @@ that drift on a shared machine hits every arm alike:
 * **on-idle**: ``--http-port`` and nobody scraping: the hot path's own cost
   (byte counters, the RPC timer), which no scrape cost can hide.
 
-Every arm with the port is scraped once after the preload, untimed (the first
-render), and once more after the workloads, for the series count (that
+Every arm with the port is scraped once before the preload, untimed (the
+first render), and once more after the workloads, for the series count (that
 scrape's time is on-idle's only scrape figure).
 
 Every broker is first loaded with ``topics`` x ``queues`` (100 x 8) holding a
@@ -179,9 +179,9 @@ def run_arm(name: str, root: Path, plan: Plan, shape: Preload, arm: Arm) -> None
     url = f"http://127.0.0.1:{http_port}/metrics"
     try:
         config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
-        preload(config, shape)
         if http_port is not None:  # warm-up, not kept: the first render sets up its thread
-            fetch_metrics(url)
+            fetch_metrics(url)  # (before the preload: its rendering is no longer cached after)
+        preload(config, shape)
         interval = INTERVALS.get(name)
         scraper = Scraper(url, interval) if interval is not None else None
         with Admin(config=config) as admin, Producer(config=config) as producer:
@@ -275,8 +275,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for r in range(rounds):
             progress(f"round {r + 1}/{rounds}")
-            for name in ARMS:
+            # Rotated each round: no arm always follows the same one (the one
+            # before leaves its writes to the kernel's writeback).
+            for name in ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]:
                 run_arm(name, root / f"round{r}", plan, shape, arms[name])
+                shutil.rmtree(root / f"round{r}", ignore_errors=True)  # ~1 GB an arm
             progress(table(arms))  # so far: a failure later loses no round
     finally:
         shutil.rmtree(root, ignore_errors=True)

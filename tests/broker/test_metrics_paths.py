@@ -31,7 +31,7 @@ def free_port() -> int:
 
 
 def scrape_until(url: str, ready: Callable[[Samples], bool], timeout_s: float = 20) -> Samples:
-    """Scrapes until ``ready`` holds (renders are cached for 1 s: a figure
+    """Scrapes until ``ready`` holds (renders are cached for 0.5 s: a figure
     changes on the broker before it shows)."""
     deadline = time.monotonic() + timeout_s
     while True:
