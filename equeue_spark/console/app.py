@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import os
 import signal
 import ssl
 import sys
@@ -23,9 +24,14 @@ from aiohttp import web
 from equeue_spark.cli.arguments import duration_s, positive_int
 from equeue_spark.cli.common import UsageError, client_config
 from equeue_spark.console.access import Tokens, TokensError
-from equeue_spark.console.history import History
+from equeue_spark.console.alarms import rules as alarm_rules
+from equeue_spark.console.alarms.rules import RuleError
+from equeue_spark.console.alarms.service import Alarms
+from equeue_spark.console.history import History, SeriesKey
 from equeue_spark.console.poller import Poller
-from equeue_spark.console.web import Console, make_app
+from equeue_spark.console.prom import Prometheus
+from equeue_spark.console.snapshot import Snapshot
+from equeue_spark.console.web import ALARMS, PROMETHEUS, Console, make_app
 
 PROG = "equeue-console"
 READY_PREFIX = "equeue console listening on "
@@ -111,12 +117,36 @@ def parser() -> argparse.ArgumentParser:
     poll.add_argument(
         "--max-series", type=positive_int, default=2000, help="plotted series kept (default 2000)"
     )
+    prom = p.add_argument_group("plots from Prometheus")
+    prom.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read topic rates and group lag plots from this Prometheus "
+        "(else, and when it fails, from the console's memory)",
+    )
+    prom.add_argument("--prometheus-token-file", metavar="PATH", help="bearer token for it")
+    prom.add_argument("--prometheus-ca", metavar="PATH", help="PEM CA of its certificate")
+    prom.add_argument(
+        "--prometheus-step",
+        type=duration_s,
+        default=15.0,
+        metavar="DURATION",
+        help="smallest step between plotted points (default 15s: a usual scrape interval)",
+    )
+    alarm_rules.add_arguments(p)
+    p.add_argument(
+        "--check-alarms",
+        metavar="FILE",
+        help="read an alarm rule file, print its rules and exit (2 if it is bad)",
+    )
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.check_alarms:
+        return check_alarms(args.check_alarms)
     logging.basicConfig(
         level=args.log_level,
         stream=sys.stderr,
@@ -124,11 +154,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return asyncio.run(serve(args))
-    except (UsageError, TokensError) as exc:
+    except (UsageError, TokensError, RuleError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0
+
+
+def check_alarms(path: str) -> int:
+    """``--check-alarms FILE``: the rules as the console would run them."""
+    try:
+        config = alarm_rules.load_file(path)
+    except RuleError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    for rule in config.rules:
+        notify = ", ".join(n.name for n in config.notifiers_for(rule)) or "no notifier"
+        print(f"rule {rule.describe()}; notify {notify}")
+    for notifier in config.notifiers:
+        print(f"notifier {notifier.name} ({notifier.type})")
+    return 0
 
 
 def check(args: argparse.Namespace) -> None:
@@ -144,6 +189,7 @@ def check(args: argparse.Namespace) -> None:
 
 async def serve(args: argparse.Namespace) -> int:
     check(args)
+    alarm_config = alarm_rules.from_args(args)  # a bad rule stops the start (exit 2)
     args.retries = 0
     args.json = False
     config = dataclasses.replace(client_config(args), retries=0)
@@ -151,16 +197,32 @@ async def serve(args: argparse.Namespace) -> int:
     capacity = max(2, math.ceil(args.history / args.interval))
     console = Console(config, History(capacity, args.max_series), args.interval, tokens)
     console.loop = asyncio.get_running_loop()
+    alarms = Alarms(alarm_config, "") if alarm_config.rules else None
+    loop = console.loop
+
+    def publish(snapshot: Snapshot, points: dict[SeriesKey, float]) -> None:
+        """From the poller thread: the round to the pages, then to the alarms
+        (both queued on the loop in this order)."""
+        console.publish(snapshot, points)
+        if alarms is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(alarms.feed, snapshot)
+
     poller = Poller(
         config,
-        console.publish,
+        publish,
         interval_s=args.interval,
         max_groups=args.max_groups,
         probe_timeout_s=min(2.0, args.timeout_s),
     )
     ssl_context = server_tls(args)
     console.poll_overruns = lambda: poller.overruns
-    runner = web.AppRunner(make_app(console), access_log=None, shutdown_timeout=2.0)
+    app = make_app(console)
+    if alarms is not None:
+        app[ALARMS] = alarms
+    prometheus = prometheus_client(args)
+    if prometheus is not None:
+        app[PROMETHEUS] = prometheus
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, args.host, args.port, ssl_context=ssl_context)
@@ -169,11 +231,13 @@ async def serve(args: argparse.Namespace) -> int:
         await runner.cleanup()
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     host, port = _bound(site)
+    scheme = "https" if ssl_context else "http"
+    if alarms is not None:
+        start_alarms(alarms, f"{scheme}://{host}:{port}")
     poller.start()
     stopped = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         console.loop.add_signal_handler(signum, stopped.set)
-    scheme = "https" if ssl_context else "http"
     print(f"{READY_PREFIX}{scheme}://{host}:{port}", flush=True)
     logging.getLogger("equeue.console").info(
         "console listening on %s:%s, polling %s every %gs",
@@ -187,8 +251,53 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         await runner.cleanup()
         await asyncio.get_running_loop().run_in_executor(None, poller.stop)
+        if alarms is not None:
+            await alarms.stop()
+        if prometheus is not None:
+            await prometheus.close()
         console.close()
     return 0
+
+
+def prometheus_client(args: argparse.Namespace) -> Prometheus | None:
+    if not args.prometheus:
+        return None
+    if not args.prometheus.startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus {args.prometheus!r}: give an http:// or https:// URL")
+    if args.prometheus_step <= 0:
+        raise UsageError("--prometheus-step must be more than 0")
+    token = None
+    if args.prometheus_token_file:
+        try:
+            with open(args.prometheus_token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read --prometheus-token-file {args.prometheus_token_file}: {exc.strerror}"
+            ) from None
+    if args.prometheus_ca and not os.path.isfile(args.prometheus_ca):
+        raise UsageError(f"--prometheus-ca {args.prometheus_ca}: no such file")
+    return Prometheus(
+        args.prometheus,
+        token=token,
+        ca_file=args.prometheus_ca,
+        min_step_s=args.prometheus_step,
+    )
+
+
+def start_alarms(alarms: Alarms, external_url: str) -> None:
+    """The alarms' sender task; links in notifications point at ``external_url``."""
+    alarms.dispatcher.external_url = external_url
+    alarms.start()
+    config = alarms.config
+    log = logging.getLogger("equeue.console")
+    if not config.notifiers:
+        log.warning("alarm rules without a notifier: alarms show on /alarms and /metrics only")
+    log.info(
+        "alarms: %d rules, notifiers %s",
+        len(config.rules),
+        ", ".join(n.name for n in config.notifiers) or "none",
+    )
 
 
 def server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:

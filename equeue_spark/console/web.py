@@ -36,8 +36,10 @@ from equeue_spark.client.errors import (
 )
 from equeue_spark.console import actions, browser
 from equeue_spark.console.access import SESSION_COOKIE, Sessions, Tokens, User, bearer
-from equeue_spark.console.history import KINDS, History, SeriesKey
+from equeue_spark.console.alarms.service import Alarms
+from equeue_spark.console.history import KINDS, History, Points, SeriesKey
 from equeue_spark.console.poller import describe
+from equeue_spark.console.prom import QUERIES, PromError, Prometheus
 from equeue_spark.console.snapshot import EMPTY, Snapshot
 
 log = logging.getLogger("equeue.console.web")
@@ -167,6 +169,10 @@ class Console:
 
 
 CONSOLE = web.AppKey("console", Console)
+ALARMS = web.AppKey("alarms", Alarms)
+"""Set by app.py when alarms are configured (absent: ``available: false``)."""
+PROMETHEUS = web.AppKey("prometheus", Prometheus)
+"""Set by app.py with ``--prometheus``: plots read from there."""
 
 
 def reply(data: Any, status: int = 200) -> web.Response:
@@ -283,6 +289,7 @@ async def metrics(request: web.Request) -> web.Response:
         "# HELP equeue_console_series_dropped_total New series refused past --max-series.",
         "# TYPE equeue_console_series_dropped_total counter",
         f"equeue_console_series_dropped_total {c.history.dropped}",
+        *_alarm_metrics(request),
     ]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
 
@@ -365,9 +372,30 @@ async def api_transactions(request: web.Request) -> web.Response:
     return reply({**describe(snap), "transactions": list(snap.transactions), "delayed": delayed})
 
 
+def _alarm_metrics(request: web.Request) -> list[str]:
+    alarms = request.app.get(ALARMS)
+    return alarms.metrics() if alarms is not None else []
+
+
+def _sees_alarm(alarm: dict[str, Any], sees: Callable[[str], bool]) -> bool:
+    topic = alarm["labels"].get("topic")
+    return topic is None or sees(topic)
+
+
 async def api_alarms(request: web.Request) -> web.Response:
-    """Alarms are not evaluated by this build (the alarms package comes later)."""
-    return reply({"available": False, "rules": [], "active": [], "notifications": []})
+    """The alarms (docs/alarms.md); a scoped token sees those of its topics
+    and the alarms that name no topic."""
+    alarms = request.app.get(ALARMS)
+    if alarms is None:
+        return reply({
+            "available": False, "evaluated_rounds": 0, "rules": [], "active": [],
+            "resolved": [], "notifications": [],
+        })  # fmt: skip
+    view = alarms.view()
+    sees = _sees(request)
+    for part in ("active", "resolved"):
+        view[part] = [a for a in view[part] if _sees_alarm(a, sees)]
+    return reply(view)
 
 
 async def api_series(request: web.Request) -> web.Response:
@@ -381,12 +409,41 @@ async def api_series(request: web.Request) -> web.Response:
     except ValueError:
         return error(400, "since= must be ms since the epoch")
     parts = request.query.getall("key", [])
+    head = {"round": c.snapshot.round, "interval_s": c.interval_s}
+    from_prometheus = await _prometheus_series(request, kind, tuple(parts), since)
+    if isinstance(from_prometheus, list):
+        series = [dataclasses.asdict(p) for p in from_prometheus if _sees_series(request, p)]
+        return reply({**head, "series": series, "source": "prometheus"})
     keys = [tuple(parts)] if parts else [key for _, key in c.history.series(kind)]
     if kind in TOPIC_KEYED:  # a scoped token sees its topics' series only
         sees, at = _sees(request), TOPIC_KEYED[kind]
         keys = [k for k in keys if len(k) > at and sees(k[at])]
     series = [dataclasses.asdict(c.history.points(kind, key, since)) for key in keys]
-    return reply({"round": c.snapshot.round, "interval_s": c.interval_s, "series": series})
+    fallback = {"prometheus_error": from_prometheus} if from_prometheus else {}
+    return reply({**head, "series": series, "source": "console", **fallback})
+
+
+async def _prometheus_series(
+    request: web.Request, kind: str, key: tuple[str, ...], since_ms: int
+) -> list[Points] | str | None:
+    """The series from Prometheus (``--prometheus``), else None (not
+    configured, or a kind it does not serve) or why it failed (the caller
+    falls back to the ring buffers)."""
+    prometheus = request.app.get(PROMETHEUS)
+    if prometheus is None or kind not in QUERIES:
+        return None
+    c, now = _console(request), time.time()
+    start = since_ms / 1000 if since_ms else now - c.history.capacity * c.interval_s
+    try:
+        return await prometheus.series(kind, key or None, start, now)
+    except PromError as exc:
+        log.warning("plots from the console's memory: %s", exc)
+        return str(exc)
+
+
+def _sees_series(request: web.Request, points: Points) -> bool:
+    at = TOPIC_KEYED.get(points.kind)
+    return at is None or (len(points.key) > at and _sees(request)(points.key[at]))
 
 
 async def api_whoami(request: web.Request) -> web.Response:

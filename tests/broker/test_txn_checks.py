@@ -221,9 +221,10 @@ def test_with_keep_an_exhausted_transaction_stays_open(
 def test_a_broker_killed_between_checks_continues_the_count(
     broker_factory: Callable[..., BrokerProcess], producers: Callable[..., ProducerProcess]
 ) -> None:
-    # A longer interval: the checker started after the restart connects before
-    # the third check, however slow the restart (5 s after the second).
-    broker = _broker(broker_factory, "--txn-check-interval", "5s")
+    # A longer interval and more checks allowed: under load the checker started
+    # after the restart may connect after the third check or later; with the
+    # default 3 checks it would then be rolled back rather than committed.
+    broker = _broker(broker_factory, "--txn-check-interval", "5s", "--txn-check-max", "10")
     _stage_and_kill(broker.address, producers, "T5")
     wait_for("two checks", lambda: [t.checks for t in _open(broker.address)] == [2], WAIT_S)
     broker.kill()

@@ -197,3 +197,30 @@ def test_replica_transaction_and_delayed_rules_read_the_member_rows() -> None:
         (t.rule.name, dict(t.labels).get("replica", "")): t.value for t in engine.step(shot, now)
     }
     assert sent == {("repl", "r2:1"): 1.0, ("txn", ""): 1_100.0, ("timer", ""): 100.0}
+
+
+def test_only_alarms_that_are_on_take_memory_and_resolved_ones_are_listed() -> None:
+    engine = AlarmEngine([LAG])
+    for i in range(100):  # many groups under the threshold keep no state
+        engine.step(snap([group(f"g{i}", 10)]), float(i))
+    assert engine.views() == [] and engine._rules[0].instances == {}
+    run(engine, [20_000] * 8 + [0] * 8, start=1000.0)
+    (resolved,) = engine.recently_resolved()
+    assert (resolved["alarm"], resolved["labels"], resolved["state"]) == (
+        "lag", {"group": "billing", "topic": "orders"}, "resolved",
+    )  # fmt: skip
+    assert engine._rules[0].instances == {}
+
+
+def test_the_alarm_gauges_are_bounded(monkeypatch: Any) -> None:
+    from equeue_spark.console.alarms import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "MAX_METRIC_SERIES", 3)
+    quick = Rule(name="lag", type="group_lag", messages=1, for_s=0)
+    engine = AlarmEngine([quick])
+    engine.step(snap([group(f"g{i}", 5) for i in range(5)]), 0.0)
+    firing = [line for line in engine.metrics() if line.startswith("equeue_alarm_firing{")]
+    assert len(firing) == 3
+    assert "equeue_alarm_series_dropped 2" in engine.metrics()
+    views = engine.views()
+    assert len(views) == 5 and all(v["notified_ms"] == 0 for v in views)

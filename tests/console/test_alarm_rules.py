@@ -226,3 +226,27 @@ def test_flags_add_to_the_rule_file(tmp_path: Path) -> None:
     path = write(tmp_path, '[[rule]]\nname = "down"\ntype = "broker_down"\n')
     config = from_args(parse("--alarm-rules", path, "--alarm-lag", "10"))
     assert [r.name for r in config.rules] == ["down", "flag-lag"]
+
+
+def test_the_shipped_example_file_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/alarms.example.toml, read by the console's own parser."""
+    monkeypatch.setenv("HOOK_TOKEN", "s3cret")
+    example = Path(__file__).parents[2] / "docs" / "alarms.example.toml"
+    config = load_file(str(example))
+    types = {r.type for r in config.rules}
+    assert types == {
+        "group_lag", "total_unconsumed", "dlq_not_empty", "replica_out_of_sync",
+        "disk_free", "broker_down", "transaction_open", "delayed_overdue",
+    }  # fmt: skip
+    assert {n.type for n in config.notifiers} == {"webhook", "email"}
+    assert all(r.notify == ("ops", "ops-mail") for r in config.rules)
+
+
+def test_flag_rules_take_the_file_defaults_unless_a_flag_says_otherwise(tmp_path: Path) -> None:
+    path = write(tmp_path, '[defaults]\nresolve_for = "5s"\nrepeat = "10m"\nfor = "1m"\n')
+    (lag,) = from_args(parse("--alarm-rules", path, "--alarm-lag", "10", "--alarm-for", "2s")).rules
+    assert (lag.for_s, lag.resolve_for_s, lag.repeat_s) == (2.0, 5.0, 600.0)
+    (lag,) = from_args(parse("--alarm-lag", "10", "--alarm-resolve-for", "1s")).rules
+    assert (lag.for_s, lag.resolve_for_s, lag.repeat_s) == (30.0, 1.0, 3600.0)
+    with pytest.raises(RuleError, match="--alarm-resolve-for must be a duration"):
+        from_args(parse("--alarm-lag", "10", "--alarm-resolve-for", "later"))

@@ -531,3 +531,46 @@ def test_a_killed_broker_shows_as_not_answering(tmp_path: Path) -> None:
             assert console.get("/api/v1/groups")[0] == 200
         finally:
             console.stop()
+
+
+@pytest.mark.timeout(90)
+def test_alarms_on_the_api_and_metrics_for_those_who_may_see_them(
+    console: ConsoleProcess, secured: tuple[BrokerProcess, Path]
+) -> None:
+    """Without rules ``available: false``; with ``--alarm-lag`` (no notifier)
+    the lagging group's alarm is listed and counted, and a topic-scoped token
+    does not see alarms of other topics (docs/alarms.md has the end-to-end
+    tests with notifications)."""
+    status, body, _ = console.get("/api/v1/alarms")
+    assert status == 200 and body["available"] is False and body["active"] == []
+    broker, tokens = secured
+    poller_token = tokens.parent / "monitor.token"
+    alarmed = ConsoleProcess(
+        tokens.parent / "console-alarms", "--broker", broker.address, "--token-file",
+        str(poller_token), "--tokens-file", str(tokens), "--interval", "1s",
+        "--alarm-lag", "1", "--alarm-for", "0s", reader=MONITOR,
+    )  # fmt: skip
+    alarmed.start()
+    try:
+
+        def firing() -> list[dict[str, Any]] | None:
+            _, body, _ = alarmed.get("/api/v1/alarms")
+            found = [a for a in body["active"] if a["labels"] == {"group": "g", "topic": "t"}]
+            return found if found and found[0]["state"] == "firing" else None
+
+        (alarm,) = wait_for("g's lag alarm firing", firing, 30)
+        lag = cli_describe(broker.address, "g", poller_token)["total_lag"]
+        assert alarm["value"] == lag and alarm["threshold"] == 1 and alarm["alarm"] == "flag-lag"
+        _, body, _ = alarmed.get("/api/v1/alarms")
+        assert body["available"] is True and body["notifications"] == []
+        assert [r["name"] for r in body["rules"]] == ["flag-lag"]
+        _, scoped, _ = alarmed.get("/api/v1/alarms", SCOPED)
+        assert scoped["active"] == [] and scoped["rules"] == body["rules"]
+        status, exposition, _ = alarmed.get("/metrics")
+        assert status == 200
+        assert (
+            'equeue_alarm_firing{alarm="flag-lag",type="group_lag",group="g",topic="t",'
+            'broker="",member="",replica=""} 1'
+        ) in exposition.splitlines()
+    finally:
+        alarmed.stop()

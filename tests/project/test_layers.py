@@ -8,6 +8,9 @@ Layers, lowest first (``A <- B``: B may import A, never the reverse)::
                                                            it uses the server's start-up and log
                                                            helpers, never storage)
     contract (equeue_proto) <- client <- cli, spark       (equeue_spark)
+    contract, client, cli <- console                      (equeue_spark.console, the web console:
+                                                           a client of the cluster; it shares the
+                                                           CLI's connection flags)
     contract, storage, replication, broker <- harness     (equeue_broker.testing_checks,
                                                            testing_group, testing_report: the
                                                            shipped test harness; never the client)
@@ -56,6 +59,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "client": ("equeue_spark", "equeue_spark.client"),
     "cli": ("equeue_spark.cli",),
     "spark": ("equeue_spark.spark", "pyspark_equeue"),
+    "console": ("equeue_spark.console",),
 }
 ALLOWED: dict[str, set[str]] = {
     "contract": {"contract"},
@@ -68,6 +72,7 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"contract", "client"},
     "cli": {"contract", "client", "cli"},
     "spark": {"contract", "client", "spark"},
+    "console": {"contract", "client", "cli", "console"},
 }
 FOLDERS_ALLOWED = {
     # folder: top-level names of ours it may import
@@ -301,6 +306,8 @@ RUNTIME_CASES = {
     "client": (["equeue_spark.client", "equeue_spark.client.columns", "equeue_spark.cli"],
                ["equeue_broker", "pyspark", "pyarrow", "pandas"]),
     "spark": (["pyspark_equeue"], ["equeue_broker"]),
+    "console": (["equeue_spark.console.app", "equeue_spark.console.web"],
+                ["equeue_broker", "pyspark", "pyarrow", "pandas"]),
 }  # fmt: skip
 
 

@@ -1,6 +1,8 @@
 """Real observability tools for tests: a Prometheus server (``PrometheusProcess``),
 an SMTP server with STARTTLS and AUTH (``SmtpSink``) and a webhook receiver
-(``WebhookSink``) for the console's alarms.
+(``WebhookSink``) for the console's alarms; and readers of the shipped
+Prometheus rules and Grafana dashboard (``rule_exprs``, ``dashboard_panels``,
+``promql_metric_names``, ``exposed_names``, ``live_expr``).
 
 Prometheus is Debian's ``prometheus`` package (``apt-get install -y
 prometheus``; ``/usr/bin/prometheus``); tests that need it skip with the
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -22,7 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +55,11 @@ def free_port() -> int:
 
 class PrometheusProcess:
     """A Prometheus server scraping ``targets`` (``HOST:PORT``) every
-    ``scrape_s`` under job ``job``; ``scheme``, ``ca_file`` and
-    ``token_file`` for HTTPS targets with bearer tokens."""
+    ``scrape_s`` under job ``job`` (or, with ``jobs``, each job's targets
+    under its own name, as docs/prometheus/prometheus.yml does, and
+    ``targets`` empty); ``scheme``,
+    ``ca_file`` and ``token_file`` for HTTPS targets with bearer tokens;
+    ``rules``: rule files to load."""
 
     def __init__(
         self,
@@ -66,9 +72,11 @@ class PrometheusProcess:
         ca_file: Path | None = None,
         token_file: Path | None = None,
         rules: Sequence[Path] = (),
+        jobs: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
-        self.targets = list(targets)
+        self.jobs = {name: list(t) for name, t in (jobs or {job: targets}).items()}
+        self.targets = [t for listed in self.jobs.values() for t in listed]
         self.scrape_s = scrape_s
         self.job = job
         self.scheme = scheme
@@ -86,22 +94,25 @@ class PrometheusProcess:
     def _interval(self) -> str:
         return f"{round(self.scrape_s * 1000)}ms"  # Prometheus durations take no fractions
 
-    def config(self) -> dict[str, Any]:
+    def _scrape(self, job: str, targets: list[str]) -> dict[str, Any]:
         scrape: dict[str, Any] = {
-            "job_name": self.job,
+            "job_name": job,
             "scheme": self.scheme,
             "scrape_interval": self._interval(),
             "scrape_timeout": self._interval(),
-            "static_configs": [{"targets": self.targets, "labels": {"env": "test"}}],
+            "static_configs": [{"targets": targets, "labels": {"env": "test"}}],
         }
         if self.ca_file is not None:
             scrape["tls_config"] = {"ca_file": str(self.ca_file)}
         if self.token_file is not None:
             scrape["authorization"] = {"credentials_file": str(self.token_file)}
+        return scrape
+
+    def config(self) -> dict[str, Any]:
         document: dict[str, Any] = {
             "global": {"scrape_interval": self._interval(),
                        "evaluation_interval": self._interval()},
-            "scrape_configs": [scrape],
+            "scrape_configs": [self._scrape(job, t) for job, t in self.jobs.items()],
         }  # fmt: skip
         if self.rules:
             document["rule_files"] = [str(r) for r in self.rules]
@@ -314,3 +325,91 @@ class WebhookSink:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# The shipped Prometheus rules and Grafana dashboard, read as the tests need
+# them (PyYAML is not a dependency: the rules file keeps each ``expr`` on one
+# line, which ``rule_exprs`` enforces).
+ROOT = Path(__file__).resolve().parents[2]
+RULES_FILE = ROOT / "docs" / "prometheus" / "equeue-alerts.yml"
+RULES_TEST_FILE = ROOT / "docs" / "prometheus" / "equeue-alerts.test.yml"
+SCRAPE_CONFIG = ROOT / "docs" / "prometheus" / "prometheus.yml"
+DASHBOARD_FILE = ROOT / "docs" / "grafana" / "equeue-dashboard.json"
+
+_ALERT_LINE = re.compile(r"^\s*- alert:\s*(\S+)\s*$")
+_EXPR_LINE = re.compile(r"^\s*expr:\s*(.*?)\s*$")
+
+
+def rule_exprs(path: Path = RULES_FILE) -> dict[str, str]:
+    """``{alert name: expr}`` of a rules file, in file order."""
+    found: dict[str, str] = {}
+    alert = None
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if m := _ALERT_LINE.match(line):
+            alert = m[1]
+            assert alert not in found, f"{path.name}:{number}: alert {alert} twice"
+        elif (m := _EXPR_LINE.match(line)) and alert is not None:
+            expr = m[1]
+            assert expr[:1] not in ("|", ">", ""), f"{path.name}:{number}: keep expr on one line"
+            if expr[0] == expr[-1] and expr[0] in "'\"":
+                expr = expr[1:-1]
+            found[alert] = expr
+            alert = None
+    return found
+
+
+def dashboard_panels(dashboard: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows and the panels of collapsed rows included."""
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_MATCHERS = re.compile(r"\{[^}]*\}")
+_RANGE = re.compile(r"\[[^\]]*\]")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_TOKEN = re.compile(
+    r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?:ms|[smhdwy])?"  # numbers and durations
+    r"|[A-Za-z_:][A-Za-z0-9_:]*"
+)
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+             "or", "unless", "offset", "atan2", "inf", "nan"}  # fmt: skip
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (not functions, labels,
+    keywords or numbers). A lexer, not a parser: enough for the expressions
+    we ship, and ``promtool``/Prometheus check the syntax itself."""
+    bare = _STRING.sub('""', expr)
+    bare = _MATCHERS.sub("", bare)
+    bare = _RANGE.sub("", bare)
+    bare = _GROUPING.sub("", bare)
+    names = set()
+    for m in _TOKEN.finditer(bare):
+        word = m[0]
+        if word[0].isdigit() or word.lower() in _KEYWORDS:
+            continue
+        if bare[m.end() :].lstrip().startswith("("):
+            continue  # a function or an aggregation
+        names.add(word)
+    return names
+
+
+def exposed_names(specs: Iterable[Any]) -> set[str]:
+    """The series names the exposition writes for ``Spec``s: counters as
+    listed (``_total``), histograms as ``_bucket``, ``_count`` and ``_sum``."""
+    out: set[str] = set()
+    for spec in specs:
+        if spec.type == "histogram":
+            out.update(spec.name + suffix for suffix in ("_bucket", "_count", "_sum"))
+        else:
+            out.add(spec.name)
+    return out
+
+
+def live_expr(expr: str) -> str:
+    """A dashboard expression as Grafana would send it with every variable
+    on "All": ``$__rate_interval`` -> ``1m``, ``$var`` -> ``.*``."""
+    expr = expr.replace("$__rate_interval", "1m")
+    return re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", ".*", expr)

@@ -14,7 +14,6 @@ the address it names before it is taken (claims.py).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import signal
@@ -36,9 +35,10 @@ from equeue_broker.namesrv.auth import (
 )
 from equeue_broker.namesrv.claims import ClaimChecker, ClaimRefused
 from equeue_broker.namesrv.config import NameServerConfig, parse_args
+from equeue_broker.namesrv.counts import Counts
 from equeue_broker.namesrv.routes import Limits, NameServerError, RouteTable
 from equeue_broker.server.logs import configure as configure_logging
-from equeue_broker.server.metrics_hot import RpcTimes, timed
+from equeue_broker.server.metrics_hot import timed
 from equeue_broker.server.startup import CannotBind, ExitCode, check_bindable
 from equeue_broker.server.tokens import TokenFileError, TokenTable
 from equeue_proto.v1 import broker_pb2 as pb
@@ -50,17 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("equeue.namesrv")
 
 READY_PREFIX = "equeue namesrv listening on "
-
-
-class Counts:
-    """What the servicer counts (event loop thread only)."""
-
-    def __init__(self) -> None:
-        self.registrations: collections.Counter[str] = collections.Counter()
-        """By result: accepted, refused."""
-        self.routes: collections.Counter[str] = collections.Counter()
-        """By result: ok, not_found, denied."""
-        self.times = RpcTimes()
 
 
 class NameServerService(pb_grpc.NameServerServicer):

@@ -29,7 +29,7 @@ from equeue_broker.server.metrics_specs import Spec
 from equeue_proto.v1 import broker_pb2 as pb
 
 if TYPE_CHECKING:
-    from equeue_broker.namesrv.app import Counts
+    from equeue_broker.namesrv.counts import Counts
 
 N = ("namesrv",)
 METRICS: tuple[Spec, ...] = (

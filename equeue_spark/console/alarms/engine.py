@@ -18,6 +18,7 @@ once and resolves once.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,12 @@ from equeue_spark.console.snapshot import Snapshot
 GONE_AFTER_S = 600.0
 """An instance absent this long (group deleted, topic gone) resolves as "gone"."""
 METRIC_LABELS = ("alarm", "type", "group", "topic", "broker", "member", "replica")
+MAX_METRIC_SERIES = 1000
+"""Series of each alarm gauge at most (the rest are counted in
+``equeue_alarm_series_dropped``): a cluster-wide backlog must not turn the
+console's /metrics into a cardinality problem of its own."""
+RECENT_RESOLVED = 50
+"""Resolved alarms kept for the console's /alarms page."""
 UNITS = {
     "group_lag": "messages",
     "total_unconsumed": "messages",
@@ -87,6 +94,8 @@ class _RuleState:
 class AlarmEngine:
     def __init__(self, rules: Iterable[Rule]) -> None:
         self._rules = [_RuleState(r) for r in rules]
+        self.resolved: deque[Transition] = deque(maxlen=RECENT_RESOLVED)
+        """The latest "resolved" transitions, newest last."""
 
     def step(self, snap: Snapshot, now: float) -> list[Transition]:
         """Evaluate every rule on ``snap`` at ``now`` (seconds since the epoch)."""
@@ -99,8 +108,11 @@ class AlarmEngine:
                 inst.seen_at = now
                 if sample.value is not None:
                     out.extend(_advance(rs.rule, inst, sample, now))
+                if inst.state == "inactive":  # only alarms that are on take memory
+                    del rs.instances[sample.labels]
             if not is_stale(rs.rule, snap):  # a stale section says nothing of absence
                 out.extend(_expire(rs, seen, now))
+        self.resolved.extend(t for t in out if t.status == "resolved")
         return out
 
     def views(self) -> list[dict[str, object]]:
@@ -111,11 +123,12 @@ class AlarmEngine:
                 "type": rs.rule.type,
                 "labels": dict(inst.labels),
                 "state": inst.state,
-                "since": inst.since,
+                "since_ms": _ms(inst.since),
                 "value": inst.value,
                 "threshold": inst.threshold,
                 "unit": UNITS[rs.rule.type],
                 "repeat": inst.repeat,
+                "notified_ms": _ms(inst.notified_at) if inst.state != "pending" else None,
                 "summary": summary(rs.rule, dict(inst.labels), inst.value, inst.threshold),
             }
             for rs in self._rules
@@ -123,20 +136,52 @@ class AlarmEngine:
             if inst.state != "inactive"
         ]
 
+    def recently_resolved(self) -> list[dict[str, object]]:
+        """The latest resolved alarms, newest first, for the console's /alarms."""
+        return [
+            {
+                "alarm": t.rule.name,
+                "type": t.rule.type,
+                "labels": dict(t.labels),
+                "state": "resolved",
+                "since_ms": _ms(t.starts_at),
+                "ended_ms": _ms(t.ends_at or 0.0),
+                "value": t.value,
+                "threshold": t.threshold,
+                "unit": t.unit,
+                "reason": t.reason,
+                "summary": t.summary,
+            }
+            for t in reversed(self.resolved)
+        ]
+
     def metrics(self) -> list[str]:
         """``equeue_alarm_firing`` / ``equeue_alarm_pending`` in the text
-        exposition format; one fixed label set, absent labels empty."""
+        exposition format; one fixed label set, absent labels empty; at most
+        ``MAX_METRIC_SERIES`` series each."""
         lines: list[str] = []
+        dropped = 0
         for name, states, what in (
             ("equeue_alarm_firing", ("firing", "resolving"), "firing"),
             ("equeue_alarm_pending", ("pending",), "pending"),
         ):
             lines.append(f"# HELP {name} 1 per {what} alarm instance")
             lines.append(f"# TYPE {name} gauge")
-            for rs in self._rules:
-                for inst in rs.instances.values():
-                    if inst.state in states:
-                        lines.append(f"{name}{{{_metric_labels(rs.rule, inst.labels)}}} 1")
+            active = [
+                (rs.rule, inst.labels)
+                for rs in self._rules
+                for inst in rs.instances.values()
+                if inst.state in states
+            ]
+            dropped += max(0, len(active) - MAX_METRIC_SERIES)
+            for rule, labels in active[:MAX_METRIC_SERIES]:
+                lines.append(f"{name}{{{_metric_labels(rule, labels)}}} 1")
+        lines.append(
+            "# HELP equeue_alarm_series_dropped alarm instances left out of the two gauges "
+            f"(over {MAX_METRIC_SERIES} each)"
+        )
+        lines.append("# TYPE equeue_alarm_series_dropped gauge")
+        lines.append(f"equeue_alarm_series_dropped {dropped}")
         return lines
 
 
@@ -211,6 +256,11 @@ def _judge_lag(rule: Rule, lag: float, age: float) -> tuple[bool, bool, float, f
     if rule.messages is None or (by_age and not by_count):
         return by_count or by_age, clear, age, rule.seconds
     return by_count or by_age, clear, lag, float(rule.messages)
+
+
+def _ms(seconds: float) -> int:
+    """Times in the console's JSON are ms since the epoch, as everywhere there."""
+    return round(seconds * 1000)
 
 
 def _transition(

@@ -9,6 +9,7 @@ in ``asyncio.to_thread`` so the console's loop never waits on it.
 from __future__ import annotations
 
 import asyncio
+import email.policy
 import hashlib
 import json
 import logging
@@ -16,6 +17,7 @@ import os
 import smtplib
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +40,9 @@ RETRY_ROUNDS = 3
 WEBHOOK_BACKOFF_S: tuple[float, ...] = (1.0, 2.0, 4.0)
 SMTP_TIMEOUT_S = 10.0
 ZERO_TIME = "0001-01-01T00:00:00Z"
+MAIL_POLICY = email.policy.default.clone(max_line_length=998)
+"""RFC 5322's hard limit: the default (78) folds a subject that starts with
+"[" right after "Subject:", which parsers then read with a leading space."""
 
 
 class SendError(Exception):
@@ -96,7 +101,7 @@ def email_message(
     first = transitions[0]
     more = len(transitions) - 1 + held
     subject = f"[equeue {first.status.upper()}] {first.rule.name}: {first.summary}"
-    msg = EmailMessage()
+    msg = EmailMessage(policy=MAIL_POLICY)
     msg["Subject"] = subject + (f" (+{more} more)" if more else "")
     msg["From"] = notifier.settings.get("from") or f"equeue@{socket.gethostname()}"
     msg["To"] = ", ".join(notifier.settings["to"])
@@ -211,10 +216,18 @@ class Dispatcher:
 
     def __init__(self, config: AlarmConfig, external_url: str) -> None:
         self._config = config
-        self._url = external_url
+        self.external_url = external_url
+        """The console's address, for links (set once the listener is bound)."""
         self._out = {n.name: _Outbox() for n in config.notifiers}
         self.counts: dict[tuple[str, str, str], int] = {}
         """(notifier, status, result) -> notifications."""
+        self.stopping = threading.Event()
+        """Set when the console stops: a webhook waiting to retry gives up
+        at once rather than holding the process's exit for its back-off."""
+
+    def _backoff(self, seconds: float) -> None:
+        if self.stopping.wait(seconds):
+            raise SendError("the console is stopping")
 
     async def dispatch(self, transitions: Sequence[Transition], now: float) -> None:
         sends = []
@@ -234,10 +247,10 @@ class Dispatcher:
         box.sent_at.append(now)
         try:
             if n.type == "webhook":
-                body = webhook_body(n.name, shown, self._url, held)
-                await asyncio.to_thread(post_webhook, n, body)
+                body = webhook_body(n.name, shown, self.external_url, held)
+                await asyncio.to_thread(post_webhook, n, body, self._backoff)
             else:
-                msg = email_message(n, shown, self._url, held)
+                msg = email_message(n, shown, self.external_url, held)
                 await asyncio.to_thread(send_email, n, msg)
             result, box.last_error = "sent", ""
         except SendError as e:

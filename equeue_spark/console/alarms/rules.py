@@ -107,6 +107,8 @@ class Notifier:
 class AlarmConfig:
     rules: tuple[Rule, ...] = ()
     notifiers: tuple[Notifier, ...] = ()
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """The file's [defaults], converted (``for_s``, ...): flag rules take them too."""
 
     def notifiers_for(self, rule: Rule) -> tuple[Notifier, ...]:
         if rule.notify is None:
@@ -303,7 +305,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> AlarmConfig:
         parse_rule(t, defaults, f"{source}: rule {i}")
         for i, t in enumerate(_array(data, "rule", source), 1)
     )
-    config = AlarmConfig(rules=rules, notifiers=notifiers)
+    config = AlarmConfig(rules=rules, notifiers=notifiers, defaults=defaults)
     _check_unique(config, source)
     return config
 
@@ -359,10 +361,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"unconsumed messages per broker group (default {DEFAULT_TOTAL:,} "
         "when a notifier is set and no rule is given)",
     )
-    g.add_argument("--alarm-for", default="30s", metavar="D", help="hold time before firing")
     g.add_argument(
-        "--alarm-repeat", default="1h", metavar="D", help="repeat while firing; 0 = never"
+        "--alarm-for", metavar="D", help="how long a breach must hold before it fires (30s)"
     )
+    g.add_argument(
+        "--alarm-resolve-for",
+        metavar="D",
+        help="how long it must be cleared before it resolves (30s)",
+    )
+    g.add_argument("--alarm-repeat", metavar="D", help="repeat while firing; 0 = never (1h)")
     g.add_argument("--alarm-webhook", action="append", default=[], metavar="URL")
     g.add_argument("--alarm-email", action="append", default=[], metavar="ADDRESS")
     g.add_argument("--smtp", metavar="HOST:PORT")
@@ -376,9 +383,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace) -> AlarmConfig:
     """The rule file (if any) plus the flag rules and notifiers."""
     base = load_file(args.alarm_rules) if args.alarm_rules else AlarmConfig()
-    for_s = parse_duration(args.alarm_for, "--alarm-for")
-    repeat_s = parse_duration(args.alarm_repeat, "--alarm-repeat")
-    timing: dict[str, Any] = {"for_s": for_s, "repeat_s": repeat_s}
+    timing = _flag_timing(args, base.defaults)
     rules = list(base.rules)
     if args.alarm_lag is not None or args.alarm_lag_seconds is not None:
         lag: dict[str, Any] = {}
@@ -394,9 +399,24 @@ def from_args(args: argparse.Namespace) -> AlarmConfig:
     if total is not None:
         messages = _positive_int(total, "--alarm-total")
         rules.append(Rule(name="flag-total", type="total_unconsumed", messages=messages, **timing))
-    config = AlarmConfig(rules=tuple(rules), notifiers=tuple(notifiers))
+    config = AlarmConfig(rules=tuple(rules), notifiers=tuple(notifiers), defaults=base.defaults)
     _check_unique(config, "alarm flags")
     return config
+
+
+def _flag_timing(args: argparse.Namespace, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The flag rules' common settings: a flag given wins, else the rule
+    file's [defaults], else the built-in defaults (those of ``Rule``)."""
+    timing = dict(defaults)
+    for flag, key in (
+        ("alarm_for", "for_s"),
+        ("alarm_resolve_for", "resolve_for_s"),
+        ("alarm_repeat", "repeat_s"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            timing[key] = parse_duration(value, "--" + flag.replace("_", "-"))
+    return timing
 
 
 def _flag_notifiers(args: argparse.Namespace) -> list[Notifier]:
