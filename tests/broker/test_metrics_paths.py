@@ -14,7 +14,7 @@ import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.client import Producer
+from equeue_spark.client import Admin, Producer
 from equeue_spark.client.fetch import Pool, fetch_replies
 from tests.broker.delayed_support import produce, pull_until
 from tests.broker.test_metrics_http import Samples, fast, http_url, scrape, value
@@ -102,6 +102,16 @@ def test_nack_copies_and_resends_count_as_appends(broker_factory: StartBroker) -
     )
     assert value(samples, "equeue_messages_in_total", topic="orders") == 1
     assert value(samples, "equeue_broker_messages_in_total") == 3
+    # A resent dead letter counts on its origin topic, its %RESENT% record on %reserved.
+    with Admin(config=fast(broker.address)) as admin:
+        assert admin.resend_dead_letters("billing", all=True).resent == 1
+    resent = scrape_until(
+        http_url(broker),
+        lambda s: value(s, "equeue_messages_in_total", topic="orders") == 2,
+    )
+    assert value(resent, "equeue_messages_in_total", topic="orders") == 2
+    assert value(resent, "equeue_messages_in_total", topic="%reserved") == 3
+    assert value(resent, "equeue_group_dlq_resent_messages", group="billing") == 1
 
 
 def test_fetch_port_reads_count_as_out(broker_factory: StartBroker) -> None:
