@@ -320,7 +320,7 @@ def test_dead_letters_per_group_and_reserved_topics(broker_factory: StartBroker)
     assert value(samples, "equeue_group_dlq_messages", group="billing") == 1
     assert value(samples, "equeue_group_dlq_resent_messages", group="billing") == 0
     # Group topics are not topic label values: they are summed as %reserved
-    # (the retry copy pulled; Nack's own appends are not counted as produced).
+    # (the retry copy pulled; Nack's own appends count as in: test_metrics_paths.py).
     assert value(samples, "equeue_messages_out_total", topic="%reserved") == 1
     assert not [k for k in samples if ("topic", "%DLQ%billing") in k[1]]
 

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from equeue_broker.namesrv.routes import DOWN, LIVE, SUSPECT, RouteTable
-from equeue_broker.server.metrics import Spec
+from equeue_broker.server.metrics_specs import Spec
 from equeue_proto.v1 import broker_pb2 as pb
 
 if TYPE_CHECKING:

@@ -113,6 +113,9 @@ class Budgets(NamedTuple):
 
     intake: ByteBudget
     replication_slots: ByteBudget
+    calls: CallsPerConnection
+    port: int
+    """The gRPC port bound."""
 
 
 async def _create_server(
@@ -168,7 +171,8 @@ async def _create_server(
     # interceptors after it only on a method's first call.
     interceptors.insert(len(interceptors) - 1, ReplicaGate(config.broker_name, role))
     # Outermost of all: a call over its connection's limit takes no other budget.
-    interceptors.insert(0, CallsPerConnection(config.max_streams_per_connection))
+    calls_per_connection = CallsPerConnection(config.max_streams_per_connection)
+    interceptors.insert(0, calls_per_connection)
     server = grpc.aio.server(options=options, interceptors=interceptors)
     port = bind(server, config)  # first: the role switch and the name servers need the address
     address = advertised(config.host, port, config.advertise_address)
@@ -257,7 +261,7 @@ async def _create_server(
     # Connections that say nothing wait in the kernel, not in a connection slot.
     defer_silent_connections(port, -(-config.handshake_timeout_ms // 1000))
     await state.health.start()  # SERVING; writes only on a master (health.py)
-    return server, port, state, Budgets(intake, slots)
+    return server, port, state, Budgets(intake, slots, calls_per_connection, port)
 
 
 def deliver_on_master(store: Store, role: BrokerRole) -> None:
@@ -511,6 +515,7 @@ async def start_http(
     if config.http_port is None:
         return None
     from equeue_broker.server import metrics
+    from equeue_broker.server.group_view import StoreTimes
     from equeue_broker.server.http import HttpListener, Readiness
 
     def writes() -> str:
@@ -519,7 +524,10 @@ async def start_http(
 
     changes = metrics.RoleChanges()
     state.role.add_listener(changes)
-    extra = metrics.Budgets(budgets.intake, budgets.replication_slots, changes)
+    extra = metrics.Budgets(
+        budgets.intake, budgets.replication_slots, changes, budgets.calls, budgets.port,
+        max_connections(config), StoreTimes(),
+    )  # fmt: skip
     host = config.http_host or config.host
     listener = HttpListener(
         host, config.http_port, lambda scope: metrics.render(state, extra, scope),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from equeue_broker.server.auth import Principal
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.retry import ensure_topic
-from equeue_broker.storage import MessageBatch, NotFound, Store
+from equeue_broker.storage import AppendResult, MessageBatch, NotFound, Store
 from equeue_proto.protocol import format_message_id, parse_message_id
 from equeue_proto.record import RecordError, StoredMessage, decode_record
 from equeue_proto.retry_topics import (
@@ -50,9 +50,12 @@ class Resent:
 
 class DeadLetters:
     def __init__(
-        self, store: Store, broker_ids: Sequence[str], created: Callable[[], None]
-    ) -> None:
+        self, store: Store, broker_ids: Sequence[str], created: Callable[[], None],
+        appended: Callable[[AppendResult], None] | None = None,
+    ) -> None:  # fmt: skip
         self.store = store
+        self.appended = appended
+        """Told of every append (the broker's byte and message counters)."""
         self.broker_id = broker_ids[0]
         self.broker_ids = tuple(broker_ids)
         """Every id of this broker a message id may carry (name, data directory id)."""
@@ -114,12 +117,16 @@ class DeadLetters:
         copy = MessageBatch(
             [letter.value], [letter.key], [letter.tag], [headers], [letter.producer_timestamp_ms]
         )
-        (position,) = self.store.append(topic, queue_id, copy).positions()
+        result = self.store.append(topic, queue_id, copy)
+        (position,) = result.positions()
         new_id = format_message_id(self.broker_id, position)
         ensure_topic(self.store, resent_topic(group), self.created)
         marks = [(DEAD_LETTER_ID, letter_id), (RESENT_ID, new_id.encode())]
         record = MessageBatch([b""], headers=[marks])
-        self.store.append(resent_topic(group), 0, record)
+        mark = self.store.append(resent_topic(group), 0, record)
+        if self.appended is not None:
+            self.appended(result)
+            self.appended(mark)
         return new_id
 
     def _origin(self, letter: StoredMessage, scope: Principal | None) -> tuple[str, int]:

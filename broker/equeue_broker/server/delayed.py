@@ -51,10 +51,13 @@ def append_delayed(
     broker_id: str,
     count: int,
     sequences: dict[int, Idempotence] | None,
-    counted: Callable[[int, int], None],
+    counted: Callable[[int, int, int], None],
 ) -> pb.ProduceReply:
     """Append each queue's share of the ``count`` messages delayed; the reply
-    (offsets -1)."""
+    (offsets -1). ``counted(queue, messages, stored bytes)`` for each append:
+    delayed messages count as produced when accepted (written to the log),
+    not again when the timer delivers them (a delivery writes a commit record,
+    not the messages)."""
     queue_ids = [0] * count
     positions = [0] * count
     for queue_id, indexes, sub in parts:
@@ -62,7 +65,7 @@ def append_delayed(
         idem = None if sequences is None else sequences[queue_id]
         result = store.append(topic, queue_id, sub, idem, deliver_at_ms=when)
         if not result.duplicate:
-            counted(queue_id, result.count)
+            counted(queue_id, result.count, result.nbytes)
         where = range(count) if indexes is None else indexes
         for i, position in zip(where, result.positions(), strict=True):
             queue_ids[i] = queue_id

@@ -259,7 +259,9 @@ class FetchServer:
                     _send_reply(conn, pieces, time.monotonic() + timeout_s)
                 finally:
                     close_runs(pieces)
-                state.counters.pulled(request.topic, request.queue_id, result.count, 0)
+                state.counters.pulled(
+                    request.topic, request.queue_id, result.count, 0, result.nbytes
+                )
                 if result.status is not ReadStatus.OK or result.next_offset >= result.end:
                     return
                 offset = result.next_offset
@@ -401,6 +403,11 @@ async def start_fetch_server(state: BrokerState, limit: int) -> FetchServer | No
     _SERVERS[id(state)] = server
     log.info("fetch port listening on %s:%d", config.host, bound)
     return server
+
+
+def fetch_server(state: BrokerState) -> FetchServer | None:
+    """The fetch port's server of ``state`` (None: it does not listen)."""
+    return _SERVERS.get(id(state))
 
 
 async def stop_fetch_server(state: BrokerState) -> None:

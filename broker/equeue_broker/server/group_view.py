@@ -37,12 +37,56 @@ class GroupQueueView(NamedTuple):
     """The live consumer the average allocation gives the queue; "" if none."""
 
 
+class StoreTimes:
+    """Store times of offsets, remembered across calls (the metrics thread's
+    scrapes; one thread only): the message at an offset keeps its store time
+    for as long as its topic's incarnation and the log's epoch last (a
+    recreated topic, or a log truncated by a failover, starts a new one), so
+    a scrape reads the index only for queues whose first unconsumed offset
+    moved. At most ``limit`` entries; past it the memory starts afresh."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self.epoch = -1
+        """The log epoch the entries belong to; a new one forgets them."""
+        self._known: dict[tuple[str, int, int, int], int] = {}
+
+    def in_epoch(self, epoch: int) -> StoreTimes:
+        """Itself, having forgotten everything if the log's epoch changed."""
+        if epoch != self.epoch:
+            self._known.clear()
+            self.epoch = epoch
+        return self
+
+    def get(self, store: Store, topic: str, incarnation: int, queue_id: int, offset: int) -> int:
+        """The store time (ms) of ``offset``; -1 if it is not readable (yet)."""
+        key = (topic, incarnation, queue_id, offset)
+        found = self._known.get(key)
+        if found is not None:
+            return found
+        try:
+            stored = store.reads.store_time(topic, queue_id, offset)
+        except NotFound:
+            return -1
+        if stored is None:
+            return -1
+        if len(self._known) >= self.limit:
+            self._known.clear()
+        self._known[key] = stored
+        return stored
+
+
 def group_queues(
-    store: Store, consumers: ConsumerRegistry, group: str, now_ms: int
+    store: Store,
+    consumers: ConsumerRegistry,
+    group: str,
+    now_ms: int,
+    times: StoreTimes | None = None,
 ) -> list[GroupQueueView]:
     """Every queue of ``group``'s topics (sorted by topic, then as the topic
     lists its queues); [] for a group with no offsets and no live member.
-    Topics deleted meanwhile are left out."""
+    Topics deleted meanwhile are left out. ``times``: store times remembered
+    between calls (the metrics' collector)."""
     committed = store.committed_offsets(group)
     views: list[GroupQueueView] = []
     for topic in sorted(set(committed) | consumers.topics(group)):
@@ -67,10 +111,23 @@ def group_queues(
             lag = info.end - first
             views.append(GroupQueueView(
                 topic, q.queue_id, -1 if offset is None else offset, info.earliest, info.end,
-                lag, _age_ms(store, topic, q.queue_id, first, now_ms) if lag > 0 else 0,
+                lag,
+                _age(store, times, meta.incarnation, q.queue_id, first, now_ms, topic)
+                if lag > 0 else 0,
                 owners.get(q.queue_id, ""),
             ))  # fmt: skip
     return views
+
+
+def _age(  # noqa: PLR0917 (one queue's coordinates)
+    store: Store, times: StoreTimes | None, incarnation: int, queue_id: int, offset: int,
+    now_ms: int, topic: str,
+) -> int:  # fmt: skip
+    """``_age_ms``, through ``times`` when given."""
+    if times is None:
+        return _age_ms(store, topic, queue_id, offset, now_ms)
+    stored = times.get(store, topic, incarnation, queue_id, offset)
+    return 0 if stored < 0 else max(0, now_ms - stored)
 
 
 def _age_ms(store: Store, topic: str, queue_id: int, offset: int, now_ms: int) -> int:

@@ -9,8 +9,8 @@ who may read metrics, the renderer and ``Readiness``.
   that may read metrics (401 with ``WWW-Authenticate: Bearer`` when missing or
   unknown, 403 when the token has no such role). The body is rendered by
   ``render(principal)`` in one dedicated thread (never on the loop, never in
-  the store pool), single flight per scope and served again for ``CACHE_S``:
-  two Prometheus servers scraping every second cost one render a second.
+  the store pool), single flight per scope and served again for ``CACHE_S``
+  after it started: scrapers that come together cost one render.
 - ``/healthz``: ``200 ok`` (the loop answered); no token (probes carry none).
 - ``/readyz``: ``200 ready``, else ``503 not ready: <why>`` (``Readiness``);
   ``?writes=1`` also needs writes accepted here (503 on a replica).
@@ -38,8 +38,11 @@ from equeue_broker.server.tokens import Principal
 
 log = logging.getLogger("equeue.http")
 
-CACHE_S = 1.0
-"""A rendering younger than this is served again (per scope)."""
+CACHE_S = 0.5
+"""A rendering started less than this ago is served again (per scope): two
+Prometheus servers scraping together share one rendering, while one scraping
+every second still gets a fresh one each time (a 1 s cache stamped at the
+end of the rendering served every other scrape of a 1 s interval again)."""
 MAX_IN_FLIGHT = 32
 """HTTP requests handled at once; more get 503 (the port never takes gRPC's budgets)."""
 MAX_REQUEST_BYTES = 4096
@@ -99,13 +102,14 @@ class MetricsCache:
         if running is not None:  # someone is rendering this scope: share it
             return await asyncio.shield(running)
         loop = asyncio.get_running_loop()
+        started = time.monotonic()  # the figures are as of now, not of the render's end
         future = loop.run_in_executor(self._pool, self._render, principal)
         self._running[scope] = future
         try:
             body = await asyncio.shield(future)
         finally:
             self._running.pop(scope, None)
-        self._done[scope] = (time.monotonic(), body)
+        self._done[scope] = (started, body)
         if len(self._done) > MAX_IN_FLIGHT * 4:  # scoped tokens each have an entry: bounded
             self._done.clear()
         return body

@@ -18,9 +18,9 @@ topics are ``%reserved`` in the topic families (the group families report
 them). Per-queue and per-(group, topic) series together stop at
 ``metrics_max_series``, whole topics at a time.
 
-``METRICS`` is the one list of names, types, labels and help texts:
-docs/metrics.md is checked against it, and the console's alarms and the
-Grafana dashboard use these names.
+``METRICS`` (metrics_specs.py, re-exported here) is the one list of names,
+types, labels and help texts: docs/metrics.md is checked against it, and the
+console's alarms and the Grafana dashboard use these names.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client.core import (
@@ -40,9 +41,12 @@ from prometheus_client.registry import Collector
 
 from equeue_broker.replication.role import RoleView
 from equeue_broker.server.budgets import ByteBudget
+from equeue_broker.server.connections import CallsPerConnection, connections_by_address
 from equeue_broker.server.disk_usage import filesystem
-from equeue_broker.server.group_view import group_queues
+from equeue_broker.server.fetch_port import fetch_server
+from equeue_broker.server.group_view import StoreTimes, group_queues
 from equeue_broker.server.metrics_hot import RPC_TIMES, STREAM_TIMES
+from equeue_broker.server.metrics_specs import METRICS, SPECS, Spec
 from equeue_broker.server.tokens import Principal
 from equeue_broker.storage import NotFound
 from equeue_proto import __version__
@@ -56,286 +60,7 @@ OTHER = "%other"
 RESERVED_LABEL = "%reserved"
 """The topic label of %RETRY%, %DLQ% and %RESENT% topics in the topic families."""
 
-
-class Spec(NamedTuple):
-    name: str
-    """As exposed (counters end in ``_total``)."""
-    type: str
-    """counter, gauge or histogram."""
-    labels: tuple[str, ...]
-    help: str
-
-
-B = ("broker",)
-BT = ("broker", "topic")
-BG = ("broker", "group")
-BGT = ("broker", "group", "topic")
-BQ = ("broker", "topic", "queue")
-BGQ = ("broker", "group", "topic", "queue")
-BR = ("broker", "replica")
-BB = ("broker", "budget")
-BMC = ("broker", "method", "code")
-
-METRICS: tuple[Spec, ...] = (
-    Spec(
-        "equeue_broker_info",
-        "gauge",
-        ("broker", "instance_id", "cluster", "version", "flush_mode", "replication", "failover"),
-        "Always 1: the broker's identity and settings",
-    ),
-    Spec(
-        "equeue_broker_role",
-        "gauge",
-        ("broker", "role"),
-        "1 for the broker's role now (master or replica), 0 for the other",
-    ),
-    Spec("equeue_broker_epoch", "gauge", B, "The newest group epoch the broker has seen"),
-    Spec(
-        "equeue_broker_role_changes_total",
-        "counter",
-        B,
-        "Times the broker changed between master and replica since it started",
-    ),
-    Spec(
-        "equeue_broker_role_since_timestamp_seconds",
-        "gauge",
-        B,
-        "When the broker took its current role (Unix time)",
-    ),
-    Spec(
-        "equeue_messages_in_total",
-        "counter",
-        BT,
-        "Messages appended per topic since the broker started",
-    ),
-    Spec(
-        "equeue_bytes_in_total",
-        "counter",
-        BT,
-        "Stored bytes appended per topic since the broker started",
-    ),
-    Spec(
-        "equeue_messages_out_total",
-        "counter",
-        BT,
-        "Messages sent in pull replies per topic since the broker started",
-    ),
-    Spec(
-        "equeue_bytes_out_total",
-        "counter",
-        BT,
-        "Stored bytes sent in pull replies per topic since the broker started",
-    ),
-    Spec(
-        "equeue_messages_filtered_total",
-        "counter",
-        BT,
-        "Messages a pull's tags or filter left out, per topic",
-    ),
-    Spec(
-        "equeue_broker_messages_in_total",
-        "counter",
-        B,
-        "Messages appended since the broker started (deleted topics included)",
-    ),
-    Spec(
-        "equeue_broker_messages_out_total",
-        "counter",
-        B,
-        "Messages sent in pull replies since the broker started",
-    ),
-    Spec("equeue_topic_queues", "gauge", BT, "Queues of the topic (masters)"),
-    Spec(
-        "equeue_topic_messages",
-        "gauge",
-        BT,
-        "Messages stored (end - earliest over the queues; masters)",
-    ),
-    Spec(
-        "equeue_topic_backlog_messages",
-        "gauge",
-        BT,
-        "Messages not consumed by every group yet (end - min committed; masters)",
-    ),
-    Spec(
-        "equeue_queue_end_offset", "gauge", BQ, "The queue's end offset (masters; per-queue tier)"
-    ),
-    Spec(
-        "equeue_queue_earliest_offset",
-        "gauge",
-        BQ,
-        "The queue's earliest retained offset (masters; per-queue tier)",
-    ),
-    Spec(
-        "equeue_delayed_pending_messages",
-        "gauge",
-        BT,
-        "Delayed messages not due yet, per topic (masters)",
-    ),
-    Spec(
-        "equeue_delayed_next_due_timestamp_seconds",
-        "gauge",
-        B,
-        "When the next delayed message is due (Unix time; absent when none)",
-    ),
-    Spec(
-        "equeue_unconsumed_messages",
-        "gauge",
-        B,
-        "Every topic's backlog on this broker together (masters)",
-    ),
-    Spec(
-        "equeue_group_lag_messages",
-        "gauge",
-        BGQ,
-        "Messages the group has not consumed, per queue (masters; per-queue tier)",
-    ),
-    Spec(
-        "equeue_group_topic_lag_messages",
-        "gauge",
-        BGT,
-        "Messages the group has not consumed on the topic (masters)",
-    ),
-    Spec(
-        "equeue_group_lag_seconds",
-        "gauge",
-        BGQ,
-        "Age of the group's oldest unconsumed message, per queue; 0 without lag "
-        "(masters; per-queue tier)",
-    ),
-    Spec(
-        "equeue_group_topic_lag_seconds",
-        "gauge",
-        BGT,
-        "Age of the group's oldest unconsumed message on the topic (masters)",
-    ),
-    Spec("equeue_group_members", "gauge", BG, "Live consumers of the group on this broker"),
-    Spec(
-        "equeue_group_retry_messages", "gauge", BG, "The group's lag on its %RETRY% topic (masters)"
-    ),
-    Spec(
-        "equeue_group_dlq_messages",
-        "gauge",
-        BG,
-        "Messages stored in the group's %DLQ% topic (masters)",
-    ),
-    Spec(
-        "equeue_group_dlq_resent_messages",
-        "gauge",
-        BG,
-        "Dead letters of the group resent (records of %RESENT%; masters)",
-    ),
-    Spec("equeue_consumer_groups_live", "gauge", B, "Consumer groups with live members"),
-    Spec("equeue_consumers_live", "gauge", B, "Live consumers of every group together"),
-    Spec("equeue_transactions_open", "gauge", B, "Open transactions (masters)"),
-    Spec(
-        "equeue_transactions_staged_bytes",
-        "gauge",
-        B,
-        "Bytes staged by open transactions (masters)",
-    ),
-    Spec(
-        "equeue_transaction_oldest_age_seconds",
-        "gauge",
-        B,
-        "Age of the oldest open transaction (masters; 0 when none)",
-    ),
-    Spec(
-        "equeue_transaction_checks_sent_total",
-        "counter",
-        B,
-        "Transaction checks sent to producer groups",
-    ),
-    Spec(
-        "equeue_transaction_checks_answered_total",
-        "counter",
-        B,
-        "Transaction checks answered by producers",
-    ),
-    Spec(
-        "equeue_transaction_check_streams", "gauge", B, "Producers' TransactionChecks streams open"
-    ),
-    Spec("equeue_idempotent_producers", "gauge", B, "Idempotent producers the broker tracks"),
-    Spec("equeue_log_end_position_bytes", "gauge", B, "The log's write position"),
-    Spec("equeue_log_durable_position_bytes", "gauge", B, "The log's durable (fsynced) position"),
-    Spec("equeue_high_watermark_bytes", "gauge", B, "The log position consumers may read up to"),
-    Spec("equeue_replica_lag_bytes", "gauge", BR, "Log bytes a replica is behind this master"),
-    Spec("equeue_replica_in_sync", "gauge", BR, "1 if the replica is in the in-sync set"),
-    Spec("equeue_replica_connected", "gauge", BR, "1 if the replica's replication stream is open"),
-    Spec(
-        "equeue_replica_last_seen_seconds",
-        "gauge",
-        BR,
-        "Seconds since the replica last reported its position",
-    ),
-    Spec("equeue_in_sync_replicas", "gauge", B, "Replicas in the in-sync set (masters)"),
-    Spec("equeue_min_insync_replicas", "gauge", B, "The min_insync_replicas setting"),
-    Spec(
-        "equeue_data_dir_used_bytes",
-        "gauge",
-        B,
-        "Bytes the data directory's files use (measured at most every 30 s)",
-    ),
-    Spec(
-        "equeue_filesystem_free_bytes",
-        "gauge",
-        B,
-        "Bytes a non-root writer may still use on the data directory's file system",
-    ),
-    Spec("equeue_filesystem_size_bytes", "gauge", B, "Size of the data directory's file system"),
-    Spec("equeue_log_chunks", "gauge", B, "Chunks of the message log"),
-    Spec("equeue_quarantined_chunks", "gauge", B, "Log chunks found damaged and not served"),
-    Spec("equeue_damaged_metadata_files", "gauge", B, "Metadata files found damaged at open"),
-    Spec("equeue_fsyncs_total", "counter", B, "fsyncs of the message log"),
-    Spec("equeue_fsync_duration_seconds", "histogram", B, "How long the message log's fsyncs took"),
-    Spec(
-        "equeue_rpc_duration_seconds",
-        "histogram",
-        BMC,
-        "Unary RPC durations by method and status (a parked long-poll Pull counts its "
-        "wait; per process)",
-    ),
-    Spec(
-        "equeue_rpc_stream_duration_seconds",
-        "histogram",
-        BMC,
-        "Streaming RPCs' whole durations by method and status (per process)",
-    ),
-    Spec("equeue_budget_used_bytes", "gauge", BB, "Bytes of the budget in use"),
-    Spec("equeue_budget_limit_bytes", "gauge", BB, "The budget's limit"),
-    Spec(
-        "equeue_budget_refused_total",
-        "counter",
-        BB,
-        "Requests refused (RESOURCE_EXHAUSTED) after waiting for the budget",
-    ),
-    Spec("equeue_budget_waits_total", "counter", BB, "Requests that had to wait for the budget"),
-    Spec("equeue_replication_waits", "gauge", B, "Writes waiting for in-sync replicas"),
-    Spec("equeue_replication_waits_limit", "gauge", B, "The max_replication_waits setting"),
-    Spec("equeue_parked_pulls", "gauge", B, "Long-poll pulls parked now"),
-    Spec("equeue_parked_pulls_limit", "gauge", B, "The max_parked_pulls setting"),
-    Spec(
-        "equeue_metrics_folded_label_values",
-        "gauge",
-        ("broker", "label"),
-        "Topic or group names folded into %other by the metrics_max_* limits",
-    ),
-    Spec(
-        "equeue_metrics_dropped_series",
-        "gauge",
-        ("broker", "family"),
-        "Per-queue or per-(group, topic) series left out by metrics_max_series",
-    ),
-    Spec(
-        "equeue_metrics_collect_seconds",
-        "gauge",
-        B,
-        "How long collecting this scrape's figures took",
-    ),
-)
-"""Every family the broker exports (besides prometheus_client's process_* and python_*)."""
-
-SPECS = {s.name: s for s in METRICS}
+__all__ = ["METRICS", "SPECS", "BrokerCollector", "Budgets", "Spec", "render"]
 
 
 def _family(spec: Spec) -> Metric:
@@ -411,6 +136,14 @@ class Budgets(NamedTuple):
     replication_slots: ByteBudget | None
     """The in-sync set's writes waiting at once (``max_replication_waits``)."""
     role_changes: RoleChanges | None = None
+    calls: CallsPerConnection | None = None
+    """The per-connection call limit (its counts are the calls in flight)."""
+    grpc_port: int = 0
+    """The gRPC port bound (its established connections are counted; 0: not)."""
+    max_connections: int = 0
+    """gRPC's ``grpc.max_allowed_incoming_connections`` (app.max_connections)."""
+    store_times: StoreTimes | None = None
+    """Store times of first unconsumed offsets, kept between scrapes (group lag seconds)."""
 
 
 class RoleChanges:
@@ -450,6 +183,7 @@ class BrokerCollector(Collector):
             self._replicas(out)
         self._storage(out)
         self._rpcs_and_budgets(out)
+        self._connections(out)
         out.add("equeue_metrics_collect_seconds", time.perf_counter() - started)
         return list(out.all())
 
@@ -577,6 +311,9 @@ class BrokerCollector(Collector):
         label = Limiter(groups, s.config.metrics_max_groups)
         out.add("equeue_metrics_folded_label_values", label.folded, "group")
         now_ms = int(time.time() * 1000)
+        times = self.extra.store_times
+        if times is not None:
+            times = times.in_epoch(s.role.view.epoch)
         topic_sums: dict[tuple[str, str], list[float]] = {}
         group_sums: dict[tuple[str, str], float] = {}
         per_queue: list[tuple[str, str, str, int, int]] = []
@@ -585,7 +322,7 @@ class BrokerCollector(Collector):
             group_sums[("equeue_group_members", shown)] = group_sums.get(
                 ("equeue_group_members", shown), 0
             ) + len(s.consumers.live(group))
-            for view in group_queues(s.store, s.consumers, group, now_ms):
+            for view in group_queues(s.store, s.consumers, group, now_ms, times):
                 if _reserved(view.topic):
                     if view.topic == RETRY_PREFIX + group:
                         key = ("equeue_group_retry_messages", shown)
@@ -733,17 +470,52 @@ class BrokerCollector(Collector):
         out.add("equeue_parked_pulls", s.waiters.parked)
         out.add("equeue_parked_pulls_limit", s.config.max_parked_pulls)
 
+    def _connections(self, out: Families) -> None:
+        """What bounds clients' connections and calls: gRPC's connection cap
+        (``max_connections``, enforced by gRPC, which does not say how many it
+        holds: counted from /proc/net/tcp, as ``AddressLimit`` does), the
+        broker's per-connection call limit, the stream limits, the fetch port's."""
+        if self.scope is not None:
+            return
+        s, extra = self.state, self.extra
+        if extra.grpc_port and Path("/proc/net/tcp").exists():
+            found = connections_by_address(extra.grpc_port)
+            out.add("equeue_connections", sum(len(inodes) for inodes in found.values()))
+        if extra.max_connections:
+            out.add("equeue_connections_limit", extra.max_connections)
+        if extra.calls is not None:
+            live = extra.calls.live.copy()  # one C call under the GIL: no torn read
+            out.add("equeue_calls_in_flight", sum(live.values()))
+            out.add("equeue_connection_calls_max", max(live.values(), default=0))
+            out.add("equeue_connection_calls_limit", extra.calls.limit)
+        for kind, open_, limit in (
+            ("pull", s.pull_streams, s.config.max_pull_streams),
+            ("produce", s.produce_streams, s.config.max_produce_streams),
+        ):
+            out.add("equeue_streams", open_, kind)
+            out.add("equeue_streams_limit", limit, kind)
+        fetch = fetch_server(s)
+        if fetch is not None:
+            out.add("equeue_fetch_connections", fetch.open)
+            out.add("equeue_fetch_connections_limit", fetch.limit)
+
 
 def render(state: BrokerState, extra: Budgets, scope: Principal | None) -> bytes:
     """The text exposition for ``scope`` (the HTTP listener's metrics thread)."""
     from prometheus_client import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(state, extra, scope))
-    if scope is None or scope.topics is None:
-        from prometheus_client import PlatformCollector, ProcessCollector
+    from equeue_broker.server.metrics_text import exposition
 
-        ProcessCollector(registry=registry, pid=os.getpid)
-        PlatformCollector(registry=registry)
-    return generate_latest(registry)
+    # Our families by the fast writer (metrics_text.py: the same bytes), the
+    # process and platform ones by prometheus_client, in the order
+    # generate_latest would give a registry holding all three.
+    ours = exposition(BrokerCollector(state, extra, scope).collect()).encode()
+    if scope is not None and scope.topics is not None:
+        return ours
+    from prometheus_client import PlatformCollector, ProcessCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry, pid=os.getpid)
+    PlatformCollector(registry=registry)
+    return ours + generate_latest(registry)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from equeue_broker.server.errors import BadRequest
-from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, Store
+from equeue_broker.storage import AppendResult, MessageBatch, NotFound, ReadStatus, Store
 from equeue_broker.storage.errors import AlreadyExists, LimitExceeded, StorageError
 from equeue_broker.storage.meta.names import validate_group
 from equeue_proto.protocol import format_message_id
@@ -158,8 +158,11 @@ class Retries:
         *,
         created: Callable[[], None],
         group_backoff_ms: Mapping[str, Sequence[int]] | None = None,
+        appended: Callable[[AppendResult], None] | None = None,
     ) -> None:
         self.store = store
+        self.appended = appended
+        """Told of every copy appended (the broker's byte and message counters)."""
         self.broker_id = broker_id
         self.backoff_ms = tuple(backoff_ms)
         self.group_backoff_ms = {g: tuple(s) for g, s in (group_backoff_ms or {}).items()}
@@ -284,10 +287,11 @@ class Retries:
             headers=[p.headers for p in plans],
             timestamps_ms=[p.message.producer_timestamp_ms for p in plans],
         )
-        if not delayed:
-            return self.store.append(topic, 0, batch).positions()
-        times = [p.deliver_at_ms for p in plans]
-        return self.store.append(topic, 0, batch, deliver_at_ms=times).positions()
+        times = [p.deliver_at_ms for p in plans] if delayed else None
+        result = self.store.append(topic, 0, batch, deliver_at_ms=times)
+        if self.appended is not None:  # a retry counts when written, as a delayed produce
+            self.appended(result)
+        return result.positions()
 
 
 def _count(raw: bytes | None) -> int:

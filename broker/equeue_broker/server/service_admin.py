@@ -47,7 +47,7 @@ class AdminService(SchemaServiceMixin, pb_grpc.AdminServicer):
         def created() -> None:
             loop.call_soon_threadsafe(state.topology_changed)
 
-        self.dead_letters = DeadLetters(state.store, ids, created)
+        self.dead_letters = DeadLetters(state.store, ids, created, state.counters.appended)
         if state.registrar is not None:  # registrations carry the fetch port once it listens
             state.registrar.fetch_address = lambda: state.fetch_address
 

@@ -34,6 +34,7 @@ from equeue_broker.server.retry import (
 )
 from equeue_broker.server.service_base import BrokerState, check_group_topic, rpc, rpc_stream
 from equeue_broker.server.service_checks import CheckServiceMixin
+from equeue_broker.server.stats import staged_bytes
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
 from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
 from equeue_broker.storage.config import FlushMode
@@ -75,6 +76,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         self.retries = Retries(
             state.store, state.broker_id, config.backoff_steps(), max_delay_ms(config.storage),
             created=created, group_backoff_ms=config.retry_backoff_groups,
+            appended=state.counters.appended,
         )  # fmt: skip
 
     @rpc
@@ -220,6 +222,8 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         self, request: pb.CommitTransactionsRequest, context: Any
     ) -> pb.CommitTransactionsReply:
         refs = [(t.transaction_id, t.expected_messages) for t in request.transactions]
+        # Read before: committed transactions are gone (bytes in: stats.py).
+        staged = await self.s.call(staged_bytes, self.s.store.transactions, {i for i, _ in refs})
 
         async def commit() -> CommitResult:
             return await self.s.call(
@@ -236,7 +240,8 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
             already_committed=result.already_committed, aborted=result.aborted
         )
         for q in result.queues:
-            self.s.counters.add(q.topic, q.queue_id, produced=q.count)
+            nbytes = staged.get((q.topic, q.queue_id), 0)
+            self.s.counters.add(q.topic, q.queue_id, produced=q.count, produced_bytes=nbytes)
             reply.queues.add(
                 topic=q.topic, queue_id=q.queue_id, first_offset=q.first_offset, count=q.count
             )

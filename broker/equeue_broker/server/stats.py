@@ -10,7 +10,10 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Collection
 
+from equeue_broker.storage import AppendResult
+from equeue_broker.storage.txn.transactions import Transactions
 from equeue_proto.v1 import broker_pb2 as pb
 
 WINDOW_S = 60
@@ -69,6 +72,15 @@ class Counters:
             while self._seconds and self._seconds[0][0] <= second - WINDOW_S:
                 self._seconds.popleft()
 
+    def appended(self, result: AppendResult) -> None:
+        """An append the broker made itself (Nack's retry and dead-letter
+        copies, resent dead letters): counted like a produce, a repeat not."""
+        if not result.duplicate:
+            self.add(
+                result.topic, result.queue_id, produced=result.count,
+                produced_bytes=result.nbytes,
+            )  # fmt: skip
+
     def pulled(
         self, topic: str, queue_id: int, served: int, filtered: int, nbytes: int = 0
     ) -> None:
@@ -126,6 +138,27 @@ class Counters:
     def totals(self) -> tuple[int, int]:
         with self._lock:
             return self._produced_total, self._consumed_total
+
+
+def staged_bytes(transactions: Transactions, ids: Collection[str]) -> dict[tuple[str, int], int]:
+    """Stored bytes the transactions ``ids`` staged, per (topic, queue), read
+    before they are committed (the commit's result counts messages only).
+    The store keeps staged bytes per transaction, so a transaction's bytes are
+    shared among its queues by their message counts: exact for a transaction
+    that writes one queue, and per topic for one that writes one topic."""
+    shares: dict[tuple[str, int], int] = {}
+    if not ids:
+        return shares
+    first, last = min(ids), max(ids)  # their common prefix: the ids in between share it
+    same = 0
+    while same < min(len(first), len(last)) and first[same] == last[same]:
+        same += 1
+    for info in transactions.list_open(first[:same]):
+        if info.txn_id not in ids or not info.messages:
+            continue
+        for key, count in info.queues.items():
+            shares[key] = shares.get(key, 0) + info.bytes * count // info.messages
+    return shares
 
 
 def fill_stats(reply: pb.BrokerStats, counters: Counters) -> pb.BrokerStats:
