@@ -84,8 +84,11 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--reference-records", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 20,000 records, 2,000 for the reference, one round")  # fmt: skip
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 20,000 records (reference 2,000), one round",
+    )
     args = parser.parse_args()
     if args.quick:
         args.records, args.reference_records, args.repeat = 20_000, 2_000, 1

@@ -332,7 +332,7 @@ RSS_WATCH_S = (5.0, 2.0)
 
 def pending_one(
     root: Path, name: str, count: int, delayed: bool, restarts: int,
-    watch_s: tuple[float, float] = RSS_WATCH_S,
+    *, watch_s: tuple[float, float] = RSS_WATCH_S,
 ) -> PendingResult:  # fmt: skip
     broker = start_broker(root, name, "INFO")
     try:
@@ -361,9 +361,9 @@ def run_pending(root: Path, args: argparse.Namespace) -> str:
     count = args.pending // BATCH * BATCH
     watch_s = (0.5, 0.5) if args.quick else RSS_WATCH_S
     results = {
-        "empty": pending_one(root, "empty", 0, False, args.restarts, watch_s),
-        "plain": pending_one(root, "plain", count, False, args.restarts, watch_s),
-        "delayed": pending_one(root, "delayed", count, True, args.restarts, watch_s),
+        "empty": pending_one(root, "empty", 0, False, args.restarts, watch_s=watch_s),
+        "plain": pending_one(root, "plain", count, False, args.restarts, watch_s=watch_s),
+        "delayed": pending_one(root, "delayed", count, True, args.restarts, watch_s=watch_s),
     }
     lines = [
         f"pending: {count:,} messages of 100 B on {QUEUES} queues per broker (delayed: due over "

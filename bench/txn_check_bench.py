@@ -2,7 +2,8 @@
 transactions of a producer group whose producers are all gone.
 
 Run ``python bench/txn_check_bench.py`` (``make bench-txn-check``; a few
-seconds; ``--transactions N`` for another count; ``--quick``: 2,000, two ticks). In one process, on a real
+seconds; ``--transactions N`` for another count; ``--quick``: 2,000, two
+ticks). In one process, on a real
 ``Store`` in a temporary directory: N transactions of one 100 B message each are
 staged with producer group "dead-svc", then the broker's own
 ``TransactionChecker`` (server/txn_checks.py) ticks with a clock past their

@@ -74,8 +74,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--values", default="100,1000,10000")
     parser.add_argument("--mib", type=int, default=64)
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 20 MiB per size (one sealed 16 MiB chunk), one round")  # fmt: skip
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 20 MiB per size (a sealed chunk), one round",
+    )
     args = parser.parse_args()
     rounds = 7
     if args.quick:
