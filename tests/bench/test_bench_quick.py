@@ -62,6 +62,12 @@ CASES = (
         240,
     ),
     Case(
+        "broker_bench.py",
+        ("| size | path | keys | control records per batch",),
+        180,
+        args=("--quick", "--scenario", "idempotence"),
+    ),
+    Case(
         "cluster_bench.py",
         (
             "| brokers | pinned | produce routed msg/s",
