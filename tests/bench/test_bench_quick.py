@@ -8,7 +8,8 @@ interpreter), and the test asserts only that it exited 0 and printed the header
 rows of its tables: the figures of a smoke run on a shared machine mean nothing,
 and performance claims belong to the benchmarks' full runs (docs/benchmarks.md).
 
-A script added to bench/ without a case here fails ``test_every_script_has_a_case``.
+A script added to bench/ without a case here fails ``test_every_script_has_a_case``
+(fast tier); the runs themselves are in the slow tier.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ import pytest
 
 from equeue_broker.testing_zk import java_available, zookeeper_installed
 from tests.support.spark_home import shadow_spark_home
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
@@ -172,6 +171,7 @@ def run_script(case: Case, env: dict[str, str]) -> subprocess.CompletedProcess[s
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
     [pytest.param(c, id=c.id, marks=pytest.mark.timeout(c.budget_s + 60)) for c in CASES],
