@@ -9,6 +9,7 @@ here is imported by the broker or the client.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ from bench._broker_measure import (
 )
 from bench._servers import HOST, Server, start_nats, start_redis
 
+BENCH_EXTRA = "pip install -e '.[bench]', or make bench-broker"
+
 if TYPE_CHECKING:  # imported where used, so that a missing client only skips its system
     import nats.js
     import redis
@@ -44,13 +47,16 @@ if TYPE_CHECKING:  # imported where used, so that a missing client only skips it
 # -- Redis Streams -----------------------------------------------------------------------------
 
 
-def run_redis(root: Path, plan: Plan, results: Results, servers: list[Server]) -> bool:
+def run_redis(root: Path, plan: Plan, results: Results, servers: list[Server]) -> str | None:
+    """Redis's workloads into ``results``; None, or why Redis was skipped."""
+    if importlib.util.find_spec("redis") is None:
+        return f"Redis skipped: its Python client is not installed ({BENCH_EXTRA})"
     import redis
 
     for flush, appendfsync in (("async", "everysec"), ("sync", "always")):
         started = start_redis(root / f"redis-{appendfsync}", appendfsync)
         if started is None:
-            return False
+            return "Redis skipped: redis-server is not installed"
         server, port = started
         servers.append(server)
         with redis.Redis(host=HOST, port=port, socket_timeout=RPC_TIMEOUT_S) as client:
@@ -71,7 +77,7 @@ def run_redis(root: Path, plan: Plan, results: Results, servers: list[Server]) -
             method = f"XREAD BLOCK {LONG_POLL_MS} in a thread; XADD of 1"
             results.add_latency(REDIS, flush, method, run)
         server.stop()
-    return True
+    return None
 
 
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -209,15 +215,18 @@ def redis_latency(port: int, plan: Plan) -> list[float]:
 # -- NATS JetStream ----------------------------------------------------------------------------
 
 
-def run_nats(root: Path, plan: Plan, results: Results, servers: list[Server]) -> bool:
+def run_nats(root: Path, plan: Plan, results: Results, servers: list[Server]) -> str | None:
+    """NATS's workloads into ``results``; None, or why NATS was skipped."""
+    if importlib.util.find_spec("nats") is None:
+        return f"NATS skipped: its Python client (nats-py) is not installed ({BENCH_EXTRA})"
     started = start_nats(root / "nats")
     if started is None:
-        return False
+        return "NATS skipped: nats-server is not installed"
     server, port = started
     servers.append(server)
     asyncio.run(nats_workloads(port, plan, results))
     server.stop()
-    return True
+    return None
 
 
 async def nats_workloads(port: int, plan: Plan, results: Results) -> None:

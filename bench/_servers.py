@@ -166,11 +166,14 @@ def _wait_or_stop(server: ServerProcess, ready: Callable[[], bool]) -> None:
         raise
 
 
+NOT_INSTALLED = "not installed"
+
+
 def server_version(binary: str) -> str:
-    """The first line of ``BINARY --version`` (bounded), or "?"."""
+    """The first line of ``BINARY --version`` (bounded), "?", or ``NOT_INSTALLED``."""
     path = shutil.which(binary)
     if path is None:
-        return "not installed"
+        return NOT_INSTALLED
     try:
         out = subprocess.run(
             [path, "--version"], capture_output=True, text=True, timeout=10, check=False

@@ -1,6 +1,7 @@
 """Avro decoding benchmark: records/s of the C decoder and of the fastavro reference.
 
-Run ``python bench/avro_decode_bench.py`` (a minute; ``--records N``, ``--repeat R``).
+Run ``python bench/avro_decode_bench.py`` (a minute; ``--records N``, ``--repeat R``;
+``--quick`` for a smoke run of a few seconds).
 In one process: N datums of design fact 5's shape (~30 B: long, string, double,
 timestamp-millis, enum, ["null","string"]) written with fastavro, as one Arrow binary
 array, decoded by ``spark.avro_arrow.decode_avro`` into Spark's struct type: the C path
@@ -83,7 +84,14 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--reference-records", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 20,000 records (reference 2,000), one round",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.records, args.reference_records, args.repeat = 20_000, 2_000, 1
     if avro_arrow.IMPLEMENTATION != "c":
         raise SystemExit("equeue_proto._avro is not built (or EQUEUE_PURE_PYTHON is set)")
     values = _values(args.records)

@@ -11,8 +11,10 @@ rate beside a consumer's PullStream of the same data), ``sync`` (produce with
 and 1 KiB) and ``failover`` (SIGKILL the master of a 3-broker ZooKeeper
 group: seconds to the first read served and the first acknowledged write,
 median of ``--kills``). A scenario whose broker flags this checkout lacks
-prints NOT MEASURED and the script exits 1. ``--quick`` shrinks every
-scenario to a smoke run.
+prints NOT MEASURED and the script exits 1. ``--quick`` runs every scenario
+(unless ``--scenarios`` says otherwise) as a smoke run: 1 and 2 brokers,
+20,000 messages, one Spark read each, 5 MB to catch up, 2 MB of sync produce
+at 100 B, one SIGKILL.
 
 For each broker count N the script starts one name server and N brokers
 (async flush) on 127.0.0.1, creates a topic with ``--queues`` queues on each
@@ -175,8 +177,10 @@ def measure(args: argparse.Namespace, brokers: int, pin: bool, spark: Any) -> Ro
             row.streaming = produce_streaming(addresses, args.messages, args.size, args.batch)
             if spark is not None:
                 stored = (args.messages // brokers) * brokers * 2
-                spark_read(spark, cluster.namesrv, stored)  # warm-up (JIT, workers)
-                row.spark = max(spark_read(spark, cluster.namesrv, stored) for _ in range(2))
+                if not args.quick:  # a smoke run reads once: its own warm-up
+                    spark_read(spark, cluster.namesrv, stored)  # warm-up (JIT, workers)
+                reads = 1 if args.quick else 2
+                row.spark = max(spark_read(spark, cluster.namesrv, stored) for _ in range(reads))
         finally:
             cluster.stop()
     return row
@@ -259,20 +263,27 @@ SCENARIOS = ("brokers", "catchup", "sync", "failover")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=["brokers"])
+    parser.add_argument(
+        "--scenarios", nargs="+", choices=SCENARIOS, default=None,
+        help="default: brokers (--quick: all of them)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a short smoke run of each scenario")
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--size", type=int, default=100, help="value bytes")
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--queues", type=int, default=4, help="queues per broker")
-    parser.add_argument("--brokers", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument(
+        "--brokers", type=int, nargs="+", default=None, help="default: 1 2 3 (--quick: 1 2)"
+    )
     parser.add_argument("--pin", action="store_true", help="also run with taskset pinning")
     parser.add_argument("--no-spark", action="store_true")
     parser.add_argument("--repeat", type=int, default=3, help="catchup, sync: rounds (median)")
     parser.add_argument("--catchup-mb", type=int, default=200, help="catchup: MB in the log")
     parser.add_argument("--catchup-size", type=int, default=1024, help="catchup: value bytes")
     parser.add_argument("--sync-mb", type=int, default=50, help="sync: MB produced per run")
-    parser.add_argument("--sync-sizes", type=int, nargs="+", default=[100, 1024])
+    parser.add_argument(
+        "--sync-sizes", type=int, nargs="+", default=None, help="default: 100 1024 (--quick: 100)"
+    )
     parser.add_argument("--kills", type=int, default=10, help="failover: master kills")
     parser.add_argument("--zk-session-timeout-ms", type=int, default=2000)
     parser.add_argument("--replication", default="sync", help="failover: sync, async or ''")
@@ -283,9 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         help="failover: namesrv also times a Consumer and a Producer via a name server",
     )
     args = parser.parse_args(argv)
-    if args.quick:
-        args.messages, args.repeat, args.kills = min(args.messages, 50_000), 1, min(args.kills, 2)
-        args.catchup_mb, args.sync_mb = min(args.catchup_mb, 20), min(args.sync_mb, 5)
+    if args.quick:  # every scenario in seconds: what the test suite runs
+        args.messages, args.repeat, args.kills = min(args.messages, 20_000), 1, min(args.kills, 1)
+        args.catchup_mb, args.sync_mb = min(args.catchup_mb, 5), min(args.sync_mb, 2)
+    if args.scenarios is None:
+        args.scenarios = list(SCENARIOS) if args.quick else ["brokers"]
+    if args.brokers is None:
+        args.brokers = [1, 2] if args.quick else [1, 2, 3]
+    if args.sync_sizes is None:
+        args.sync_sizes = [100] if args.quick else [100, 1024]
     print(f"cluster bench: {' '.join(args.scenarios)} ({os.cpu_count()} cores)", flush=True)
     ok = True
     with tempfile.TemporaryDirectory(prefix="equeue-cluster-bench-") as tmp:

@@ -326,18 +326,25 @@ def log_bytes(broker: BrokerProcess) -> int:
         return int(admin.stats().log_end_position)
 
 
-def pending_one(root: Path, name: str, count: int, delayed: bool, restarts: int) -> PendingResult:
+RSS_WATCH_S = (5.0, 2.0)
+"""Seconds RssAnon is sampled: after the fill, and after each restart (--quick: less)."""
+
+
+def pending_one(
+    root: Path, name: str, count: int, delayed: bool, restarts: int,
+    *, watch_s: tuple[float, float] = RSS_WATCH_S,
+) -> PendingResult:  # fmt: skip
     broker = start_broker(root, name, "INFO")
     try:
         fill_s = fill(broker, "pending", count, delayed) if count else 0.0
         expect = count if delayed else 0
-        rss_waiting = watch_rss(broker, 5.0)
+        rss_waiting = watch_rss(broker, watch_s[0])
         result = PendingResult(fill_s, log_bytes(broker), rss_waiting, {}, [])
         for kind in ("clean stop", "kill -9"):
             for _ in range(restarts):
                 took = answer_time(broker, kind == "kill -9", expect)
                 result.restarts.setdefault(kind, []).append(took)
-                result.rss_after.append(max(watch_rss(broker, 2.0)))
+                result.rss_after.append(max(watch_rss(broker, watch_s[1])))
                 progress(
                     f"pending: {name} restart after {kind}: answered {took[0]:.2f} s "
                     f"(ready line {took[1]:.2f} s, store opened in {took[2]:.2f} s), "
@@ -352,10 +359,11 @@ def pending_one(root: Path, name: str, count: int, delayed: bool, restarts: int)
 
 def run_pending(root: Path, args: argparse.Namespace) -> str:
     count = args.pending // BATCH * BATCH
+    watch_s = (0.5, 0.5) if args.quick else RSS_WATCH_S
     results = {
-        "empty": pending_one(root, "empty", 0, False, args.restarts),
-        "plain": pending_one(root, "plain", count, False, args.restarts),
-        "delayed": pending_one(root, "delayed", count, True, args.restarts),
+        "empty": pending_one(root, "empty", 0, False, args.restarts, watch_s=watch_s),
+        "plain": pending_one(root, "plain", count, False, args.restarts, watch_s=watch_s),
+        "delayed": pending_one(root, "delayed", count, True, args.restarts, watch_s=watch_s),
     }
     lines = [
         f"pending: {count:,} messages of 100 B on {QUEUES} queues per broker (delayed: due over "
@@ -571,9 +579,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nack-delay", type=float, default=1.0, help="nack delay_s")
     parser.add_argument("--quick", action="store_true", help="a smoke run of every size cut down")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.repeat, args.seconds, args.pending, args.restarts = 1, 1.0, 200_000, 1
-        args.messages, args.window, args.lead, args.nack_messages = 20_000, 10.0, 3.0, 20_000
+    if args.quick:  # seconds in all: what the test suite runs
+        args.repeat, args.seconds, args.pending, args.restarts = 1, 0.5, 20_000, 1
+        args.messages, args.window, args.lead, args.nack_messages = 2_000, 2.0, 1.0, 2_000
+        args.nack_delay = min(args.nack_delay, 0.2)
     return args
 
 

@@ -96,7 +96,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000, help="records per topic")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per case (median)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 10,000 records, one round")
     args = parser.parse_args()
+    if args.quick:
+        args.messages, args.repeat = 10_000, 1
     print(f"{args.messages:,} records of 100 B per topic, one queue; medians of {args.repeat}")
     for implementation, env in (("C", {}), ("python", {"EQUEUE_PURE_PYTHON": "1"})):
         with tempfile.TemporaryDirectory(prefix="filter-bench-", dir="/tmp") as tmp:

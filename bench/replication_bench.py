@@ -1,6 +1,6 @@
 """Produce throughput with no replica, an async replica and a sync replica (issue 18).
 
-    python bench/replication_bench.py [--seconds 5] [--batch 1000] [--sizes 100,1024]
+    python bench/replication_bench.py [--seconds 5] [--batch 1000] [--sizes 100,1024] [--quick]
 
 For each message size and each setup the script starts real broker processes on
 127.0.0.1 (``BrokerProcess``, as tests/replication/test_sync_replication.py does): a master
@@ -107,7 +107,11 @@ def main() -> None:
     parser.add_argument("--flush", default="async", choices=("async", "sync"))
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--profile", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: every setup, 100 B, 0.3 s each, one round")  # fmt: skip
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.sizes, args.repeat = 0.3, "100", 1
     sizes = [int(s) for s in args.sizes.split(",")]
     setups = args.setups.split(",")
     if args.profile is not None:

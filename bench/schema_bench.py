@@ -20,7 +20,8 @@ rule BACKWARD_TRANSITIVE (every new version checked against every earlier
 one) and ``--timed`` more versions, each ``Admin.set_schema`` timed (the
 client reads the history, the broker checks and saves): median and max.
 
-Tables go to stdout (markdown), progress to stderr.
+``--quick`` is a smoke run of a few seconds. Tables go to stdout (markdown),
+progress to stderr.
 
 Nothing here is imported by the broker or the client.
 """
@@ -193,7 +194,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="history before the timed ones (default 995: 1,000 in all, the broker's limit)",
     )  # fmt: skip
     parser.add_argument("--timed", type=int, default=5, help="timed registrations (default 5)")
-    return parser.parse_args(argv)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 0.2 s runs, one round, 20 versions, 2 timed")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.repeat, args.versions, args.timed = 0.2, 1, 20, 2
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

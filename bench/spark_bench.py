@@ -1,13 +1,15 @@
 """Spark connector benchmark: reads beside a from-memory ceiling, writes beside the client.
 
 Run ``python bench/spark_bench.py`` (about 3 minutes here, 5 with ``--repeat
-3``; ``--quick`` for a smoke run of under 2 minutes, mostly Spark's start and
-warm-up; ``--repeat N`` reports medians of N runs; ``--sizes 100,1024`` picks
-the value sizes; ``--check`` only builds the ceiling's batches against the read
-schema, in seconds, without a broker or Spark; ``--reads-only`` skips the
-writes; ``--with-pullstream`` starts the broker with ``--fetch-port auto`` and
-also reads the same topics from a second broker with the fetch port off, i.e.
-over ``PullStream``, against the same ceiling runs). It starts one broker (async flush) on
+3``; ``--quick`` for a smoke run of every scenario, about a minute, mostly
+Spark's start: 40,000 messages of 100 B, ``--formats binary,avro`` and
+``--with-pullstream``, no untimed warm-up; ``--repeat N`` reports medians of
+N runs; ``--sizes 100,1024`` picks the value sizes; ``--check`` only builds
+the ceiling's batches against the read schema, in seconds, without a broker
+or Spark; ``--reads-only`` skips the writes; ``--with-pullstream`` starts the
+broker with ``--fetch-port auto`` and also reads the same topics from a
+second broker with the fetch port off, i.e. over ``PullStream``, against the
+same ceiling runs). It starts one broker (async flush) on
 127.0.0.1 in a temporary directory under /tmp and one local Spark session
 (``local[2]``, as tests/spark_support.py builds it, plus 4 GB of driver memory
 for the cached write input); both are stopped and the directory removed at the
@@ -147,11 +149,20 @@ class Plan:
     messages: int
     """Messages per size at 100 B (sizes above 512 B: scaled down by size)."""
     warmup: int
-    """Rows of the untimed warm-up queries."""
+    """Rows of the untimed warm-up queries and writes (0: none)."""
+    full_size_warmup: bool = True
+    """Read each topic once, untimed, before the timed reads (the same queries again);
+    the format scenario's topic too."""
 
 
 FULL = Plan(2_000_000, 80_000)
-QUICK = Plan(200_000, 40_000)
+QUICK = Plan(40_000, 0, full_size_warmup=False)
+"""A smoke run of every scenario, about a minute (the test suite runs it): one size, the
+smallest topics (one produce batch per queue), the formats and PullStream scenarios
+on, no untimed runs (they repeat the timed ones' calls; each Spark query costs
+seconds here)."""
+QUICK_SIZES = "100"
+QUICK_FORMATS = "binary,avro"
 
 
 def messages_for(size: int, messages: int) -> int:
@@ -369,9 +380,10 @@ def warm_up(b: Bench, rows: int, size: int) -> None:
     progress(f"{size_label(size)}: warm-up done in {time.perf_counter() - began:.1f} s")
 
 
-def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
+def run_size(b: Bench, size: int, count: int, repeat: int, plan: Plan) -> None:
     label = size_label(size)
-    warm_up(b, warmup, size)
+    if plan.warmup:
+        warm_up(b, plan.warmup, size)
     topic = f"read-{size}"
     seconds = fill_topic(b.admin, b.producer, topic, size, count)
     progress(f"{label}: {count:,} messages produced in {seconds:.1f} s ({count / seconds:,.0f}/s)")
@@ -394,7 +406,7 @@ def run_size(b: Bench, size: int, count: int, repeat: int, warmup: int) -> None:
     # Untimed, at full size: the first full-size query of a run was the slow one
     # of every benchmark (0.51-0.57x at 1 KiB; its JVM used 5.2-5.5 CPU seconds,
     # 1.4-1.9 in the same query later), even after the small warm-up.
-    for fmt in queries:
+    for fmt in queries if plan.full_size_warmup else []:
         settle(b.spark)
         began = time.perf_counter()
         run_query(
@@ -444,7 +456,7 @@ AVRO_SIZE = 30
 """About the size of one Avro value of the format scenario (the row label)."""
 
 
-def run_formats(b: Bench, formats: list[str], count: int, repeat: int) -> None:
+def run_formats(b: Bench, formats: list[str], count: int, repeat: int, plan: Plan) -> None:
     """``--formats``: the same topic of Avro records read with each value format;
     each non-binary read against the binary read of the same run."""
     topic = "formats-avro"
@@ -459,7 +471,7 @@ def run_formats(b: Bench, formats: list[str], count: int, repeat: int) -> None:
         if fmt != "binary"
     }  # fmt: skip
     queries = ["binary", *rows]
-    for fmt in queries:  # untimed: workers, JIT and the decoder's first use
+    for fmt in queries if plan.full_size_warmup else []:  # untimed: workers, JIT, the decoder
         options = {**equeue_read_options(b.address, topic), **format_options(fmt)}
         run_query(b.spark, "equeue", options, b.root / f"ck-formats-warm-{fmt}")
     for run in range(repeat):
@@ -554,14 +566,21 @@ def versions() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smoke run (200,000 messages)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run of every scenario: 40,000 messages, 100 B only (unless --sizes), "
+        "--formats binary,avro (unless --formats), --with-pullstream, no warm-up",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="report the median of N runs")
-    parser.add_argument("--sizes", default="100,1024", help="value sizes in bytes (100,1024)")
+    parser.add_argument(
+        "--sizes", default=None, help="value sizes in bytes (100,1024; --quick 100)"
+    )
     parser.add_argument(
         "--messages",
         type=int,
         default=None,
-        help="messages at 100 B (default 2,000,000; --quick 200,000); sizes above 512 B "
+        help="messages at 100 B (default 2,000,000; --quick 40,000); sizes above 512 B "
         "get messages * 512 / size",
     )
     parser.add_argument(
@@ -579,10 +598,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reads-only", action="store_true", help="skip the write scenarios")
     parser.add_argument(
         "--formats",
-        default="binary",
-        help="value formats of the format scenario, e.g. binary,avro (binary alone: none)",
+        default=None,
+        help="value formats of the format scenario, e.g. binary,avro (binary alone, the "
+        "default: none; --quick: binary,avro)",
     )
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = QUICK_SIZES if args.quick else "100,1024"
+    if args.formats is None:
+        args.formats = QUICK_FORMATS if args.quick else "binary"
+    args.with_pullstream = args.with_pullstream or args.quick
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     try:
@@ -635,10 +660,10 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 progress(f"PullStream broker (fetch port off) on {pull_address}")
             for size in sizes:
-                run_size(bench, size, messages_for(size, messages), args.repeat, plan.warmup)
+                run_size(bench, size, messages_for(size, messages), args.repeat, plan)
             if set(formats) - {"binary"}:
                 try:
-                    run_formats(bench, formats, messages, args.repeat)
+                    run_formats(bench, formats, messages, args.repeat, plan)
                 except Exception as exc:  # the figures measured so far still get reported
                     results.notes.append(f"the format scenario failed: {exc}")
                     progress(f"formats: failed: {exc}")

@@ -2,7 +2,8 @@
 transactions of a producer group whose producers are all gone.
 
 Run ``python bench/txn_check_bench.py`` (``make bench-txn-check``; a few
-seconds; ``--transactions N`` for another count). In one process, on a real
+seconds; ``--transactions N`` for another count; ``--quick``: 2,000, two
+ticks). In one process, on a real
 ``Store`` in a temporary directory: N transactions of one 100 B message each are
 staged with producer group "dead-svc", then the broker's own
 ``TransactionChecker`` (server/txn_checks.py) ticks with a clock past their
@@ -84,8 +85,9 @@ async def _round(store: Store, connected: bool) -> tuple[float, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=10_000)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2,000 transactions")
     args = parser.parse_args()
-    count = args.transactions
+    count = 2_000 if args.quick else args.transactions
     rows = []
     for connected in (False, True):
         with tempfile.TemporaryDirectory(prefix="equeue-txn-check-") as tmp:

@@ -6,7 +6,7 @@ runs CRC32C over every byte served: what verifying every pull would cost), as
 a later reader (the chunk's watermark says it was verified), and with the
 check disabled. Usage::
 
-    .venv/bin/python -m bench.verify_bench [--values 100,1000,10000] [--mib 64]
+    .venv/bin/python -m bench.verify_bench [--values 100,1000,10000] [--mib 64] [--quick]
 """
 
 from __future__ import annotations
@@ -74,10 +74,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--values", default="100,1000,10000")
     parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 20 MiB per size (a sealed chunk), one round",
+    )
     args = parser.parse_args()
+    rounds = 7
+    if args.quick:
+        args.mib, rounds = 20, 1
     print(f"codec: {accel.IMPLEMENTATION}, {args.mib} MiB of values per size")
     for size in (int(v) for v in args.values.split(",")):
-        rates = measure(size, args.mib)
+        rates = measure(size, args.mib, rounds)
         print(f"value {size:>6} B: " + ", ".join(f"{m} {r:6.0f} MB/s" for m, r in rates.items()))
 
 
