@@ -2,15 +2,13 @@
  * docs/alarms.md "In the console"). Active alarms, a plot of each group lag
  * alarm's value against its threshold (the console's own group_lag series),
  * the recently resolved ones, the rules, and each notifier's queue, last
- * error and counts (the counts come from the console's /metrics, the only
- * place that has them).
+ * error and counts.
  */
 "use strict";
 
 (function (EQ) {
   const {el, num, txt, badge} = EQ;
   const MAX_PLOTS = 6;
-  const COUNTS = /^equeue_alarm_notifications_total\{notifier="((?:[^"\\]|\\.)*)",status="[^"]*",result="(sent|failed)"\} (\S+)$/gm;
 
   function valueFormat(unit) {
     if (unit === "seconds") return (v) => EQ.fmtDuration(v * 1000);
@@ -47,17 +45,6 @@
 
   function alarmKey(a) {
     return a.alarm + " " + JSON.stringify(a.labels || {});
-  }
-
-  // {notifier: {sent, failed}} from the console's Prometheus text.
-  function notificationCounts(text) {
-    const counts = {};
-    for (const m of String(text).matchAll(COUNTS)) {
-      const name = m[1].replace(/\\(.)/g, (_, c) => (c === "n" ? "\n" : c));
-      const row = (counts[name] = counts[name] || {sent: 0, failed: 0});
-      row[m[2]] += Number(m[3]);
-    }
-    return counts;
   }
 
   function notifierState(n) {
@@ -140,15 +127,7 @@
         num("for", r.for_s, ruleDuration), num("resolve-for", r.resolve_for_s, ruleDuration),
         txt("notify", (r.notify || []).join(", ") || EQ.dash))), "no rules"));
     },
-    async drawNotifiers(list) {
-      let counts = null;
-      if (list.length) {
-        try {
-          counts = notificationCounts(await EQ.api("/metrics"));
-        } catch (error) {
-          counts = null; // the table still shows the queues; the counts say "–"
-        }
-      }
+    drawNotifiers(list) {
       EQ.clear(this.notes.body).append(EQ.table("notifiers", [
         {label: "Notifier"}, {label: "Type"}, {label: "State"},
         {label: "Waiting", num: true, title: "alerts queued for the rate limit or a retry"},
@@ -156,12 +135,11 @@
         {label: "Failed", num: true, title: "alerts whose sending failed since the console started"},
         {label: "Last error"},
       ], list.map((n) => {
-        const c = counts ? counts[n.notifier] || {sent: 0, failed: 0} : {sent: null, failed: null};
         const state = notifierState(n);
         return el("tr", {dataset: {key: n.notifier}},
           txt("notifier", n.notifier), txt("type", n.type),
           el("td", {dataset: {testid: "state", value: state}}, badge(state)),
-          num("waiting", n.waiting), num("sent", c.sent), num("failed", c.failed),
+          num("waiting", n.waiting), num("sent", n.sent), num("failed", n.failed),
           txt("last-error", n.last_error || ""));
       }), "no notifier configured"));
     },
