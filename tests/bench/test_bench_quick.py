@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,8 +45,8 @@ class Case:
     spark: bool = False
     zookeeper: bool = False
     expect_stderr: tuple[str, ...] = ()
-    pending: str = ""
-    """Why the script may be absent from this checkout (skipped then, not failed)."""
+    elsewhere: str = ""
+    """The test file that runs this script's quick run with checks of its own."""
 
     @property
     def id(self) -> str:
@@ -94,7 +95,7 @@ CASES = (
         "metrics_bench.py",
         ("| arm | produce msg/s | x off |",),
         240,
-        pending="bench/metrics_bench.py lands from issue 30's branch",
+        elsewhere="tests/bench/test_metrics_bench.py",
     ),
     Case("replication_bench.py", ("msgs/s  ratio  per round",), 180),
     Case(
@@ -135,7 +136,7 @@ def test_every_script_has_a_case() -> None:
     scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")}
     covered = {case.script for case in CASES}
     assert scripts - covered == set(), "add a Case for these bench/ scripts"
-    missing = {c.script for c in CASES if not c.pending and not (BENCH / c.script).exists()}
+    missing = {c.script for c in CASES if not (BENCH / c.script).exists()}
     assert missing == set(), "cases for scripts that are not in bench/"
 
 
@@ -171,14 +172,25 @@ def run_script(case: Case, env: dict[str, str]) -> subprocess.CompletedProcess[s
     return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
+SECOND_FILE = frozenset({"spark_bench", "cluster_bench"})
+"""Case ids run by test_bench_quick_spark.py: the two longest (a JVM each, ~2.5 min
+together), in a file of their own so that the suite's two workers (``--dist
+loadfile``) share this tier instead of one worker running all of it."""
+
+
+def params(cases: tuple[Case, ...]) -> list[Any]:
+    return [pytest.param(c, id=c.id, marks=pytest.mark.timeout(c.budget_s + 60)) for c in cases]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "case",
-    [pytest.param(c, id=c.id, marks=pytest.mark.timeout(c.budget_s + 60)) for c in CASES],
+    "case", params(tuple(c for c in CASES if c.id not in SECOND_FILE and not c.elsewhere))
 )
 def test_quick_run_prints_its_tables(case: Case, spark_home: Path | None) -> None:
-    if case.pending and not (BENCH / case.script).exists():
-        pytest.skip(f"bench/{case.script} is not in this checkout yet: {case.pending}")
+    run_case(case, spark_home)
+
+
+def run_case(case: Case, spark_home: Path | None) -> None:
     if (case.spark or case.zookeeper) and not java_available():
         pytest.skip("java is not installed: Spark and ZooKeeper need a JRE (CI has Java 17)")
     if case.zookeeper and not zookeeper_installed():

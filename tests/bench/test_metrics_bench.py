@@ -13,6 +13,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "metrics_bench.py"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_quick_run_prints_every_arm() -> None:
     done = subprocess.run(
