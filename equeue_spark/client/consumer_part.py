@@ -372,10 +372,11 @@ class ConsumerPart:
         try:
             for key, offset in positions.items():
                 old = kept.pop(key, None)
-                if old is not None and old[:2] == (offset, session) and _worth_taking(old[2], offset):
-                    pending[key] = old[2]
-                    continue
                 if old is not None:
+                    same = old[:2] == (offset, session)
+                    if same and _worth_taking(old[2], offset):
+                        pending[key] = old[2]
+                        continue
                     old[2].cancel()  # sought, re-joined, or nothing to take
                 pending[key] = self._pull_async(key, offset, wait_ms, session)
         except BaseException:  # e.g. UnsupportedFilter: no pull left running

@@ -100,9 +100,7 @@ def test_an_assigned_consumer_is_served_each_record_about_once(
     broker = broker_factory("--http-port", "0")
     fill(broker, "t", QUEUES, PER_QUEUE)
     total = QUEUES * PER_QUEUE
-    with Consumer(
-        config=config(broker), max_messages=MAX_MESSAGES, max_wait_ms=2000
-    ) as consumer:
+    with Consumer(config=config(broker), max_messages=MAX_MESSAGES, max_wait_ms=2000) as consumer:
         consumer.assign("t", range(QUEUES))
         got: list[Message] = []
         while len(got) < total:
