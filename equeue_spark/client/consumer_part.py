@@ -88,12 +88,15 @@ class ConsumerPart:
         """Offsets of damaged records skipped (``on_data_loss="skip"``), per queue."""
         self._deferred: EqueueError | None = None
         """A poll's error held back to return the messages it had taken first."""
-        # A filtered consumer's pulls that a poll left unfinished, kept for the
-        # next one: {queue: (offset, session, call)}. Cancelling them would lose
-        # a filtered pull's progress (records it scanned past) whenever another
-        # queue answers first. Unfiltered pulls are cancelled as before: a reply
-        # comes for the next poll at once, and a parked one must not be answered
-        # (served, by a broker that may be gone by then) while no one polls.
+        # The pulls a poll left unfinished, kept for the next one: {queue:
+        # (offset, session, call)}. Cancelling them whenever another queue
+        # answers first would throw away replies the broker often sent already
+        # (records served, then pulled and served again by the next poll), and
+        # a filtered pull's progress (records it scanned past). At most one per
+        # queue, each bounded by max_messages/max_bytes; a parked one ends by
+        # its max_wait, so a consumer that stops polling holds nothing long.
+        # Cancelled when the queue is sought, given up or re-joined (its offset
+        # or session no longer match, see ``_pulls``) and on close.
         self._inflight: dict[QueueKey, tuple[int, int, grpc.Future[PullReply]]] = {}
         self.consumer_id = consumer_id
         self._conn = conn
@@ -326,10 +329,9 @@ class ConsumerPart:
                 call = pending.pop(key)
                 messages += self._take_noting(key, call, positions[key], session, errors) or []
         finally:
-            # A filtered consumer's unfinished pulls carry on: the next poll takes
-            # their replies.
+            # Unfinished pulls carry on: the next poll takes their replies.
             self._inflight = {key: (positions[key], session, call) for key, call in pending.items()}
-            if self._closed.is_set() or not (self.filter or self.tags):
+            if self._closed.is_set():
                 self.cancel_pulls()
         if errors:  # raised now, or by the next poll once the messages taken are returned
             if not messages:
@@ -363,17 +365,19 @@ class ConsumerPart:
         self, positions: dict[QueueKey, int], wait_ms: int, session: int
     ) -> dict[QueueKey, grpc.Future[PullReply]]:
         """A pull per queue: the previous poll's unfinished one if it reads from
-        the same offset in the same session, else a new one."""
+        the same offset in the same session (and has not ended with nothing to
+        take), else a new one."""
         kept, self._inflight = self._inflight, {}
         pending: dict[QueueKey, grpc.Future[PullReply]] = {}
         try:
             for key, offset in positions.items():
                 old = kept.pop(key, None)
-                if old is not None and old[:2] == (offset, session):
-                    pending[key] = old[2]
-                    continue
                 if old is not None:
-                    old[2].cancel()  # sought or re-assigned meanwhile
+                    same = old[:2] == (offset, session)
+                    if same and _worth_taking(old[2], offset):
+                        pending[key] = old[2]
+                        continue
+                    old[2].cancel()  # sought, re-joined, or nothing to take
                 pending[key] = self._pull_async(key, offset, wait_ms, session)
         except BaseException:  # e.g. UnsupportedFilter: no pull left running
             for call in [*pending.values(), *(c for _o, _s, c in kept.values())]:
@@ -384,7 +388,7 @@ class ConsumerPart:
         return pending
 
     def cancel_pulls(self) -> None:
-        """Cancel the pulls a poll left unfinished (closing)."""
+        """Cancel the pulls polls left unfinished (closing)."""
         kept, self._inflight = self._inflight, {}
         for _offset, _session, call in kept.values():
             call.cancel()
@@ -575,3 +579,17 @@ class ConsumerPart:
             self._conn.call(self._conn.broker.Heartbeat, request, timeout_s=2.0, retry=False)
         except EqueueError as exc:  # the broker drops us after its timeout anyway
             log.warning("could not leave group %s: %s", self.group, exc)
+
+
+def _worth_taking(call: grpc.Future[PullReply], offset: int) -> bool:
+    """Whether a kept pull from ``offset`` may still bring something: running,
+    or answered with records or a move (retention, records a filter left
+    out). One that failed (e.g. its member went away) or timed out empty is
+    pulled again at once rather than taken: this poll then waits on that
+    queue too, and a failure is met as a new pull's would be."""
+    if not call.done():
+        return True
+    if call.cancelled() or call.exception() is not None:
+        return False
+    reply = call.result()
+    return bool(reply.count) or reply.next_offset != offset
