@@ -34,7 +34,7 @@ from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, ClientConfig, Consumer, Producer
 from tests.console.test_console_api import ConsoleProcess
 from tests.support.browser import browser_problems, login, open_chromium, wait_round
-from tests.support.waits import wait_for
+from tests.support.waits import wait_for, wait_routed
 
 pytestmark = [pytest.mark.slow]
 
@@ -83,6 +83,8 @@ def fill(scene_namesrv: str) -> None:
         admin.create_topic("orders", queues=2)
         for name in ("work", "staged", "later", "bin", "avro"):
             admin.create_topic(name, queues=1, brokers=["a"])
+        for name, queues in (("orders", 4), ("avro", 1)):
+            wait_routed(admin, name, queues)
         admin.set_schema("avro", ORDER)
     encoded = io.BytesIO()
     fastavro.schemaless_writer(encoded, fastavro.parse_schema(ORDER), {"id": 7, "raw": b"\x00\x01"})

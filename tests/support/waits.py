@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -23,3 +23,18 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 60.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(0.1)
+
+
+def wait_routed(admin: Any, topic: str, queues: int, timeout_s: float = 30.0) -> None:
+    """Wait until the name servers route all ``queues`` of a new ``topic``: brokers
+    register new topics with their next heartbeat, so a call routed by topic
+    (``set_schema``, ``route``) right after ``create_topic`` may get NOT_FOUND."""
+    from equeue_spark.client.errors import NotFoundError
+
+    def routed() -> bool:
+        try:
+            return len(admin.route(topic).queues()) == queues
+        except NotFoundError:
+            return False
+
+    wait_for(f"{topic} routed ({queues} queues)", routed, timeout_s)
