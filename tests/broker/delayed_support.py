@@ -86,3 +86,21 @@ def error_of(call: object) -> grpc.RpcError:
 
 def header(message: Message, key: str) -> bytes | None:
     return dict(message.headers).get(key)
+
+
+def nack(
+    client: RawClient,
+    topic: str,
+    offset: int,
+    *,
+    group: str = "billing",
+    delay_ms: int = 100,
+    error: str = "",
+    max_: int = 0,
+) -> pb.NackOutcome:
+    """Nack the record at ``offset`` of ``topic``'s queue 0 for ``group``: its outcome."""
+    entry = pb.NackEntry(topic=topic, queue_id=0, offset=offset, delay_ms=delay_ms, error=error)
+    request = pb.NackRequest(group=group, entries=[entry], max_reconsume_times=max_)
+    reply: pb.NackReply = client.broker.Nack(request, timeout=30)
+    (outcome,) = reply.outcomes
+    return outcome

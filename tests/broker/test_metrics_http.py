@@ -21,9 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from equeue_broker.server.metrics import METRICS
 from equeue_broker.testing import BrokerProcess, NameServerProcess
-from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer, read_range
-from tests.broker.delayed_support import produce, pull_until
+from tests.broker.delayed_support import nack, produce, pull_until
 from tests.support.raw_client import RawClient
 
 StartBroker = Callable[..., BrokerProcess]
@@ -305,15 +304,9 @@ def test_dead_letters_per_group_and_reserved_topics(broker_factory: StartBroker)
     try:
         produce(client, "orders", [b"a"])
 
-        def nack(topic: str, offset: int) -> str:
-            entry = pb.NackEntry(topic=topic, queue_id=0, offset=offset, delay_ms=0)
-            request = pb.NackRequest(group="billing", entries=[entry], max_reconsume_times=1)
-            reply: pb.NackReply = client.broker.Nack(request, timeout=30)
-            return reply.outcomes[0].action
-
-        assert nack("orders", 0) == "retry"
+        assert nack(client, "orders", 0, delay_ms=0, max_=1).action == "retry"
         (copy,) = pull_until(client, "%RETRY%billing", 0, 1)
-        assert nack("%RETRY%billing", copy.offset) == "dlq"
+        assert nack(client, "%RETRY%billing", copy.offset, delay_ms=0, max_=1).action == "dlq"
     finally:
         client.close()
     samples = scrape(http_url(broker))

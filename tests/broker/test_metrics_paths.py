@@ -16,7 +16,7 @@ from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, Producer
 from equeue_spark.client.fetch import Pool, fetch_replies
-from tests.broker.delayed_support import produce, pull_until
+from tests.broker.delayed_support import nack, produce, pull_until
 from tests.broker.test_metrics_http import Samples, fast, http_url, scrape, value
 from tests.support.raw_client import RawClient
 
@@ -77,16 +77,10 @@ def test_nack_copies_and_resends_count_as_appends(broker_factory: StartBroker) -
     try:
         produce(client, "orders", [b"payment failed once"])
 
-        def nack(topic: str, offset: int) -> str:
-            entry = pb.NackEntry(topic=topic, queue_id=0, offset=offset, delay_ms=0)
-            request = pb.NackRequest(group="billing", entries=[entry], max_reconsume_times=1)
-            reply: pb.NackReply = client.broker.Nack(request, timeout=30)
-            return reply.outcomes[0].action
-
-        assert nack("orders", 0) == "retry"
+        assert nack(client, "orders", 0, delay_ms=0, max_=1).action == "retry"
         after_retry = scrape(http_url(broker))
         (copy,) = pull_until(client, "%RETRY%billing", 0, 1)
-        assert nack("%RETRY%billing", copy.offset) == "dlq"
+        assert nack(client, "%RETRY%billing", copy.offset, delay_ms=0, max_=1).action == "dlq"
         samples = scrape_until(
             http_url(broker),
             lambda s: value(s, "equeue_messages_in_total", topic="%reserved") == 2,

@@ -19,7 +19,15 @@ from equeue_broker.storage.errors import LimitExceeded
 from equeue_broker.testing import BrokerProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
-from tests.broker.delayed_support import error_of, header, now_ms, produce, pull, pull_until
+from tests.broker.delayed_support import (
+    error_of,
+    header,
+    nack,
+    now_ms,
+    produce,
+    pull,
+    pull_until,
+)
 from tests.conftest import MakeConfig
 from tests.support.raw_client import RawClient
 from tests.support.waits import wait_for
@@ -38,22 +46,6 @@ def client(broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> Iter
     raw = RawClient(broker.address)
     yield raw
     raw.close()
-
-
-def nack(
-    client: RawClient,
-    topic: str,
-    offset: int,
-    *,
-    delay_ms: int = 100,
-    error: str = "",
-    max_: int = 0,
-) -> pb.NackOutcome:
-    entry = pb.NackEntry(topic=topic, queue_id=0, offset=offset, delay_ms=delay_ms, error=error)
-    request = pb.NackRequest(group=GROUP, entries=[entry], max_reconsume_times=max_)
-    reply: pb.NackReply = client.broker.Nack(request, timeout=30)
-    (outcome,) = reply.outcomes
-    return outcome
 
 
 def test_three_retries_then_a_dead_letter_with_its_history(client: RawClient) -> None:

@@ -18,8 +18,7 @@ import pytest
 
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import Admin, ClientConfig, Producer
-from tests.console.test_console_api import ConsoleProcess
-from tests.support.observability import SmtpSink, WebhookSink
+from tests.support.observability import ConsoleProcess, SmtpSink, WebhookSink
 from tests.support.waits import wait_for
 
 pytestmark = [

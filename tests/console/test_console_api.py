@@ -19,8 +19,9 @@ import fastavro
 import pytest
 import trustme
 
-from equeue_broker.testing import HOST, BrokerProcess, LocalCluster
+from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, ClientConfig, Consumer, Producer
+from tests.support.observability import ConsoleProcess
 from tests.support.waits import wait_for
 
 ADMIN, MONITOR, SCOPED = (
@@ -45,51 +46,6 @@ secret = "{SCOPED}"
 roles = ["monitor"]
 topics = ["r*"]
 """
-
-
-class ConsoleProcess(BrokerProcess):
-    """The console: the broker's ready-line protocol, another command."""
-
-    ready_prefix = "equeue console listening on "
-
-    def __init__(self, workdir: Path, *flags: str, reader: str | None = None) -> None:
-        super().__init__(workdir, *flags, module="equeue_spark.console")
-        self.reader = reader
-        """The token GETs send when they name none (a console with users)."""
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", self.module, "--host", HOST, "--port", "0", *self.flags]
-
-    def get(self, path: str, token: str | None = None) -> tuple[int, Any, dict[str, str]]:
-        return self.request("GET", path, token=token or self.reader)
-
-    def request(
-        self, method: str, path: str, body: object = None, token: str | None = None,
-        content_type: str = "application/json",
-    ) -> tuple[int, Any, dict[str, str]]:  # fmt: skip
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.address + path, data=data, method=method)
-        if data is not None:
-            request.add_header("Content-Type", content_type)
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                status, raw, headers = response.status, response.read(), dict(response.headers)
-        except urllib.error.HTTPError as exc:
-            status, raw, headers = exc.code, exc.read(), dict(exc.headers)
-        if headers.get("Content-Type", "").startswith("application/json"):
-            return status, json.loads(raw), headers
-        return status, raw.decode(errors="replace"), headers
-
-    def round_after(self, round_: int, timeout_s: float = 30.0) -> dict[str, Any]:
-        """The cluster reply of the first poll round after ``round_``."""
-
-        def fresh() -> dict[str, Any] | None:
-            status, body, _ = self.get("/api/v1/cluster")
-            return body if status == 200 and body["round"] > round_ else None
-
-        return wait_for(f"a console round after {round_}", fresh, timeout_s)
 
 
 def fast(address: str, token: str | None = None) -> ClientConfig:

@@ -32,8 +32,8 @@ from selenium.webdriver.support.ui import Select
 
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_spark.client import Admin, ClientConfig, Consumer, Producer
-from tests.console.test_console_api import ConsoleProcess
 from tests.support.browser import browser_problems, login, open_chromium, wait_round
+from tests.support.observability import ConsoleProcess
 from tests.support.waits import wait_for, wait_routed
 
 pytestmark = [pytest.mark.slow]

@@ -13,8 +13,7 @@ import pytest
 from equeue_broker.testing import BrokerProcess
 from equeue_spark.client import Admin, ClientConfig, Producer
 from equeue_spark.console.prom import promql
-from tests.console.test_console_api import ConsoleProcess
-from tests.support.observability import PrometheusProcess, free_port, values
+from tests.support.observability import ConsoleProcess, PrometheusProcess, free_port, values
 from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.slow
