@@ -93,6 +93,7 @@ from bench._broker_measure import (
     values_for,
     wait_for,
 )
+from bench._grpc_bare import BARE, bare_table, bare_targets, run_bare
 from bench._measure import progress, size_label
 from bench._redis_nats import run_nats, run_redis
 from bench._servers import NOT_INSTALLED, Server, server_version, start_equeue
@@ -104,7 +105,11 @@ from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.records import decode_records
 
 PRODUCE_TARGET = 5.0
+SYNC_PRODUCE_TARGET = 6.0
 PULL_TARGET = 10.0
+LATENCY_P50_MS = 1.0
+LATENCY_P99_MS = 3.0
+SYSTEMS = ("equeue", "redis", "nats", "grpc")
 NA = "-"
 
 
@@ -309,7 +314,7 @@ def throughput_table(results: Results) -> str:
         "pull", "pull (stream)", "pull (raw)", "pull (XRANGE)",
     ]  # fmt: skip
     rows = sorted(
-        results.rows.values(),
+        (r for r in results.rows.values() if r.system in systems),
         key=lambda r: (
             workloads.index(r.workload.split(" (")[0]),
             r.size,
@@ -377,7 +382,7 @@ def targets(results: Results) -> list[str]:
         )
     checks = [
         ("produce", "async", "produce", PRODUCE_TARGET, "Redis XADD (appendfsync everysec)"),
-        ("produce", "sync", "produce", PRODUCE_TARGET, "Redis XADD (appendfsync always)"),
+        ("produce", "sync", "produce", SYNC_PRODUCE_TARGET, "Redis XADD (appendfsync always)"),
         (
             "produce (stream)",
             "async",
@@ -385,7 +390,13 @@ def targets(results: Results) -> list[str]:
             PRODUCE_TARGET,
             "Redis XADD (appendfsync everysec)",
         ),
-        ("produce (stream)", "sync", "produce", PRODUCE_TARGET, "Redis XADD (appendfsync always)"),
+        (
+            "produce (stream)",
+            "sync",
+            "produce",
+            SYNC_PRODUCE_TARGET,
+            "Redis XADD (appendfsync always)",
+        ),
         ("pull", "async", "pull", PULL_TARGET, "Redis XREADGROUP+XACK"),
         ("pull (stream)", "async", "pull", PULL_TARGET, "Redis XREADGROUP+XACK"),
     ]
@@ -408,6 +419,17 @@ def targets(results: Results) -> list[str]:
             f"{theirs.rate():,.0f} msgs/s = {ratio:.2f}x{extra}"
         )
     return lines
+
+
+def latency_targets(results: Results) -> list[str]:
+    """equeue's produce-to-consume latency (async) against the issue's bounds."""
+    row = results.latency.get((EQUEUE, "async"))
+    name = f"equeue latency p50 <= {LATENCY_P50_MS:g} ms and p99 <= {LATENCY_P99_MS:g} ms, async"
+    if row is None:
+        return [f"- {name}: not measured"]
+    p50, p99 = row.stat(0.5), row.stat(0.99)
+    verdict = "MET" if p50 <= LATENCY_P50_MS and p99 <= LATENCY_P99_MS else "NOT MET"
+    return [f"- {name}: {verdict}: p50 {p50:.2f} ms, p99 {p99:.2f} ms"]
 
 
 def versions() -> str:
@@ -455,8 +477,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1, help="report the median of N runs")
     parser.add_argument(
         "--systems",
-        default="equeue,redis,nats",
-        help="comma-separated subset of equeue,redis,nats (default: all)",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of {','.join(SYSTEMS)} (grpc: the bare gRPC "
+        "baselines; default: all)",
     )
     parser.add_argument(
         "--scenario",
@@ -474,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         idempotence(QUICK if args.quick else FULL, args.repeat, args.flush)
         return
     systems = {s.strip() for s in args.systems.split(",") if s.strip()}
-    if unknown := systems - {"equeue", "redis", "nats"}:
+    if unknown := systems - set(SYSTEMS):
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
     plan = QUICK if args.quick else FULL
     results = Results()
@@ -487,6 +510,8 @@ def main(argv: list[str] | None = None) -> None:
             run_dir = root / f"run-{run}"
             if "equeue" in systems:
                 run_equeue(run_dir, plan, results, servers)
+            if "grpc" in systems:
+                run_bare(run_dir, plan, results, servers)
             # A peer whose server or client is missing is skipped with a note: the
             # tables still come out with equeue's rows (the test suite's --quick run).
             if "redis" in systems and (skipped := run_redis(run_dir, plan, results, servers)):
@@ -505,8 +530,11 @@ def main(argv: list[str] | None = None) -> None:
     print(throughput_table(results))
     print(f"\n## Produce-to-consume latency ({plan.latency_rate} msgs/s, 100 B)\n")
     print(latency_table(results))
+    if any(key[0] == BARE for key in results.rows):
+        print("\n## equeue against bare gRPC (100 B)\n")
+        print(bare_table(results))
     print("\n## Targets\n")
-    print("\n".join(targets(results)))
+    print("\n".join([*targets(results), *latency_targets(results), *bare_targets(results)]))
     print("\n## Setup\n")
     print(f"- {versions()}")
     if NATS in {key[0] for key in results.rows}:

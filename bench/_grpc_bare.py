@@ -1,0 +1,265 @@
+"""Bare gRPC baselines of the broker benchmark: what Python and gRPC allow at all here.
+
+Two calls of the same shapes as equeue's, with no broker work behind them, on
+a bare ``grpc.aio`` server in its own process (as the broker is: the same
+grpcio, the same asyncio server, the same message limits), called from the
+benchmark's one client process over a plain synchronous channel (as equeue's
+client does):
+
+* (a) ``Send``, unary: a request carrying 1,000 values of 100 B (``repeated
+  bytes``), answered with a small reply (the count). Against equeue's unary
+  produce: built from the list of values on every call (as ``send_batch``
+  builds its request), and built once (against "produce (raw)").
+* (b) ``Stream``, server streaming: replies of 1,000 values of 100 B each (one
+  reply prebuilt by the server, sent again and again). Against equeue's
+  streaming pull: each reply's values counted, and taken as ``bytes`` objects
+  (as decoding gives a consumer an object per message).
+
+The message types are built at run time from a descriptor (nothing generated,
+nothing to compile). Run ``python bench/_grpc_bare.py PORT`` to serve on
+127.0.0.1:PORT (what ``start_bare`` does). Nothing here is imported by the
+broker or the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":  # run as a script: the server process
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from bench._broker_measure import (
+    BATCH,
+    EQUEUE,
+    RPC_TIMEOUT_S,
+    Plan,
+    Results,
+    Sample,
+    timed_batches,
+    values_for,
+)
+from bench._servers import HOST, ServerProcess, free_port, tcp_accepts, wait_until
+
+BARE = "bare gRPC"
+SIZE = 100
+SERVICE = "/equeue.bench.bare.Bare/"
+MAX_MESSAGE_BYTES = 80 * 1024 * 1024
+"""The client's and the broker's default message limit (connection.py)."""
+
+SEND_BUILT = "(a) unary, request built per call"
+SEND_PREBUILT = "(a) unary, request built once"
+STREAM_COUNTED = "(b) stream, values counted"
+STREAM_TAKEN = "(b) stream, values taken"
+
+
+def message_types() -> tuple[Any, Any]:
+    """(Values, Count): ``message Values { repeated bytes values = 1; }`` and
+    ``message Count { uint32 count = 1; }``, built from a descriptor."""
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="equeue_bench_bare.proto", package="equeue.bench.bare", syntax="proto3"
+    )
+    values = proto.message_type.add(name="Values")
+    values.field.add(
+        name="values", number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+    )  # fmt: skip
+    count = proto.message_type.add(name="Count")
+    count.field.add(
+        name="count", number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_UINT32,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+    )  # fmt: skip
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("equeue.bench.bare.Values")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("equeue.bench.bare.Count")),
+    )
+
+
+Values, Count = message_types()
+
+
+# -- the server (its own process) --------------------------------------------------------------
+
+
+async def serve(port: int) -> None:
+    reply = Values(values=values_for(SIZE))
+
+    async def send(request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return Count(count=len(request.values))
+
+    async def stream(
+        request: Any, _context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        for _ in range(request.count):
+            yield reply
+
+    handlers = {
+        "Send": grpc.unary_unary_rpc_method_handler(
+            send, request_deserializer=Values.FromString,
+            response_serializer=Count.SerializeToString,
+        ),
+        "Stream": grpc.unary_stream_rpc_method_handler(
+            stream, request_deserializer=Count.FromString,
+            response_serializer=Values.SerializeToString,
+        ),
+    }  # fmt: skip
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("equeue.bench.bare.Bare", handlers),)
+    )
+    server.add_insecure_port(f"{HOST}:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def start_bare(work_dir: Path) -> tuple[ServerProcess, int]:
+    """The bare server in a process of its own on a free port; (process, port)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [sys.executable, str(Path(__file__).resolve()), str(port)]
+    server = ServerProcess("bare-grpc", command, work_dir / "bare-grpc.log")
+
+    def ready() -> bool:
+        if not server.alive():
+            raise RuntimeError(f"the bare gRPC server exited:\n{server.log_tail()}")
+        return tcp_accepts(port)
+
+    try:
+        wait_until(ready, server.name)
+    except BaseException:
+        server.stop()
+        raise
+    return server, port
+
+
+# -- the client (the benchmark's process) ------------------------------------------------------
+
+
+def run_bare(root: Path, plan: Plan, results: Results, servers: list[Any]) -> None:
+    """The bare calls' rows (system ``BARE``, 100 B, labelled async) into ``results``."""
+    server, port = start_bare(root / "bare-grpc")
+    servers.append(server)
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+    with grpc.insecure_channel(f"{HOST}:{port}", options=options) as channel:
+        send = channel.unary_unary(
+            SERVICE + "Send", request_serializer=Values.SerializeToString,
+            response_deserializer=Count.FromString,
+        )  # fmt: skip
+        stream = channel.unary_stream(
+            SERVICE + "Stream", request_serializer=Count.SerializeToString,
+            response_deserializer=Values.FromString,
+        )  # fmt: skip
+        values = values_for(SIZE)
+        prebuilt = Values(values=values)
+        send(prebuilt, timeout=RPC_TIMEOUT_S, wait_for_ready=True)  # warm-up: connect
+        batch_bytes = SIZE * BATCH
+        sample = timed_batches(
+            plan, batch_bytes, lambda _n: send(Values(values=values), timeout=RPC_TIMEOUT_S)
+        )
+        results.add((BARE, SEND_BUILT, SIZE, "async"), "Values(values=list) per call", sample)
+        sample = timed_batches(plan, batch_bytes, lambda _n: send(prebuilt, timeout=RPC_TIMEOUT_S))
+        results.add((BARE, SEND_PREBUILT, SIZE, "async"), "one Values sent again", sample)
+        replies = max(1, plan.produce_max_bytes // batch_bytes)
+        for taken in (False, True):
+            sample = bare_stream(stream, replies, plan.pull_s, taken=taken)
+            what = "list(reply.values) per reply" if taken else "len(reply.values) per reply"
+            results.add((BARE, STREAM_TAKEN if taken else STREAM_COUNTED, SIZE, "async"),
+                        what, sample)  # fmt: skip
+    server.stop()
+
+
+def bare_stream(stream: Any, replies: int, cap_s: float, *, taken: bool) -> Sample:
+    """``replies`` replies of one ``Stream`` call (cancelled after ``cap_s``)."""
+    count = 0
+    capped = False
+    start = time.perf_counter()
+    deadline = start + cap_s
+    call = stream(Count(count=replies), timeout=RPC_TIMEOUT_S)
+    for reply in call:
+        count += len(list(reply.values)) if taken else len(reply.values)
+        if time.perf_counter() >= deadline:
+            capped = True
+            call.cancel()
+            break
+    elapsed = time.perf_counter() - start
+    return Sample(count, elapsed, count * SIZE, capped)
+
+
+# -- the report --------------------------------------------------------------------------------
+
+PAIRS = (
+    ("produce", "Producer.send_batch", SEND_BUILT, 0.6),
+    ("produce (raw)", "Produce RPC, request built once", SEND_PREBUILT, None),
+    ("pull (stream)", "PullStream + decode_records", STREAM_COUNTED, 0.5),
+    ("pull (stream)", "PullStream + decode_records", STREAM_TAKEN, None),
+)
+"""(equeue workload, what it does, bare row, target ratio or None)."""
+
+
+def bare_ratio(results: Results, workload: str, bare: str) -> tuple[float, float] | None:
+    """(equeue's rate, the bare row's rate), 100 B, async; None if either is missing."""
+    ours = results.row(EQUEUE, workload, SIZE, "async")
+    theirs = results.row(BARE, bare, SIZE, "async")
+    if ours is None or theirs is None or theirs.rate() == 0:
+        return None
+    return ours.rate(), theirs.rate()
+
+
+def bare_table(results: Results) -> str:
+    lines = [
+        "| equeue (100 B, async) | msgs/s | bare gRPC call (100 B) | msgs/s | equeue / bare "
+        "| target |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    for workload, what, bare, target in PAIRS:
+        rates = bare_ratio(results, workload, bare)
+        if rates is None:
+            continue
+        ours, theirs = rates
+        goal = "-" if target is None else f">= {target:g}x"
+        lines.append(
+            f"| {workload}: {what} | {ours:,.0f} | {bare} | {theirs:,.0f} "
+            f"| {ours / theirs:.2f}x | {goal} |"
+        )
+    return "\n".join(lines)
+
+
+def bare_targets(results: Results) -> list[str]:
+    lines = []
+    for workload, _what, bare, target in PAIRS:
+        if target is None:
+            continue
+        name = f"equeue {workload} >= {target:g}x bare gRPC {bare}, 100 B"
+        rates = bare_ratio(results, workload, bare)
+        if rates is None:
+            lines.append(f"- {name}: not measured (equeue or the bare calls skipped)")
+            continue
+        ours, theirs = rates
+        verdict = "MET" if ours / theirs >= target else "NOT MET"
+        lines.append(
+            f"- {name}: {verdict}: {ours:,.0f} vs {theirs:,.0f} msgs/s = {ours / theirs:.2f}x"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(int(sys.argv[1])))
