@@ -15,20 +15,26 @@ transactions.py, never the reverse):
 from __future__ import annotations
 
 import collections
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
 import grpc
 
+from equeue_proto.accel import CODEC
 from equeue_proto.protocol import BROKER_TIME, format_message_id
 from equeue_proto.record import encode_headers
 from equeue_proto.v1 import broker_pb2 as pb
+from equeue_proto.wire import varint
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.delays import refuse_staged
 from equeue_spark.client.errors import BrokerError, from_rpc_error
 
 Headers = Sequence[tuple[str, bytes]]
+
+_VARINTS = CODEC.varints if CODEC is not None else None
+"""Packs lengths as varints in C (``encoded_request``); None: protobuf's setters."""
 
 STREAM_TIMEOUT_FACTOR = 10
 """A ``ProduceStream`` carries many batches: it gets this many call deadlines."""
@@ -186,11 +192,10 @@ class BatchColumns:
     def request(self, topic: str, transaction_id: str = "") -> pb.ProduceRequest:
         """A ProduceRequest in column form (one blob per column, packed lengths)."""
         values, keys, headers, queue_ids = self.values, self.keys, self.headers, self.queue_ids
-        columns = pb.MessageColumns(count=len(values), values=b"".join(values))
-        columns.value_lengths.extend(map(len, values))
-        if keys is not None and any(k is not None for k in keys):
-            columns.keys = b"".join(k for k in keys if k is not None)
-            columns.key_lengths.extend(-1 if k is None else len(k) for k in keys)
+        if keys is not None and not any(k is not None for k in keys):
+            keys = None
+        request = encoded_request(topic, values, keys)
+        columns = request.messages
         if self.tags is not None and any(self.tags):
             columns.tags.extend(self.tags)
         if headers is not None and any(headers):
@@ -201,13 +206,75 @@ class BatchColumns:
             columns.timestamps_ms.extend(
                 BROKER_TIME if t is None else t for t in self.timestamps_ms
             )
-        request = pb.ProduceRequest(topic=topic, messages=columns)
         if queue_ids is not None and any(q is not None for q in queue_ids):
             request.queue_ids.extend(-1 if q is None else q for q in queue_ids)
         request.transaction_id = transaction_id
         request.deliver_at_ms.extend(self.deliver_at_ms)
         refuse_staged(request)
         return request
+
+
+def encoded_request(
+    topic: str, values: Sequence[bytes], keys: Sequence[bytes | None] | None
+) -> pb.ProduceRequest:
+    """A ProduceRequest of ``topic`` with ``values`` (and ``keys``, None: no
+    keys at all) as its columns: written as wire bytes and parsed once.
+
+    Why by hand: protobuf copies a blob into each message it is set on (the
+    columns, then the request) and extends a packed field one Python int at
+    a time; here the values are joined straight into the request's bytes
+    (one copy, plus protobuf's parse) and the lengths packed in C.
+    ``fill_columns`` is the reference (the pure-Python path, and the test).
+    """
+    if _VARINTS is None or not isinstance(topic, str):
+        return fill_columns(topic, values, keys)
+    try:
+        return _encode(topic, values, keys)
+    except (TypeError, ValueError):  # not bytes: protobuf's setters raise their own errors
+        return fill_columns(topic, values, keys)
+
+
+def _encode(
+    topic: str, values: Sequence[bytes], keys: Sequence[bytes | None] | None
+) -> pb.ProduceRequest:
+    lengths = list(map(len, values))
+    total = sum(lengths)
+    head = b"\x08" + varint(len(values)) + b"\x12" + varint(total)
+    tail = _packed(b"\x1a", lengths)
+    key_parts: list[bytes] = []
+    if keys is not None:
+        present = [k for k in keys if k is not None]
+        if len(present) == len(keys):
+            zigzag = [n << 1 for n in map(len, present)]  # sint32: n >= 0 is 2n
+        else:
+            zigzag = [1 if k is None else len(k) << 1 for k in keys]  # -1 (no key) is 1
+        key_parts = [b"\x22", varint(sum(map(len, present))), *present]
+        tail += b"".join(key_parts) + _packed(b"\x2a", zigzag)
+    name = topic.encode()
+    size = len(head) + total + len(tail)
+    start = b"\x0a" + varint(len(name)) + name + b"\x12" + varint(size) + head
+    return pb.ProduceRequest.FromString(b"".join([start, *values, tail]))
+
+
+def _packed(field_key: bytes, numbers: list[int]) -> bytes:
+    """A packed repeated field of non-negative ``numbers`` (empty: left out)."""
+    if not numbers:
+        return b""
+    assert _VARINTS is not None
+    payload = _VARINTS(struct.pack(f"<{len(numbers)}q", *numbers), len(numbers), 1, 0, 0)
+    return field_key + varint(len(payload)) + payload
+
+
+def fill_columns(
+    topic: str, values: Sequence[bytes], keys: Sequence[bytes | None] | None
+) -> pb.ProduceRequest:
+    """``encoded_request`` through protobuf's own setters."""
+    columns = pb.MessageColumns(count=len(values), values=b"".join(values))
+    columns.value_lengths.extend(map(len, values))
+    if keys is not None:
+        columns.keys = b"".join(k for k in keys if k is not None)
+        columns.key_lengths.extend(-1 if k is None else len(k) for k in keys)
+    return pb.ProduceRequest(topic=topic, messages=columns)
 
 
 def build_request(
