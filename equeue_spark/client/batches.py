@@ -261,7 +261,7 @@ def _packed(field_key: bytes, numbers: list[int]) -> bytes:
     if not numbers:
         return b""
     assert _VARINTS is not None
-    payload = _VARINTS(struct.pack(f"<{len(numbers)}q", *numbers), len(numbers), 1, 0, 0)
+    payload: bytes = _VARINTS(struct.pack(f"<{len(numbers)}q", *numbers), len(numbers), 1, 0, 0)
     return field_key + varint(len(payload)) + payload
 
 
