@@ -91,6 +91,17 @@ class Row:
         return statistics.median(s.mbps for s in self.samples)
 
 
+Parts = dict[str, list[float]]
+"""A latency run's breakdown: per part (``PARTS``), each message's ms."""
+
+PARTS = ("produce call", "ack to reply", "decode")
+"""Where a message's latency goes, as the client sees it: the produce call (the
+stamp to the send call's return: the client's work, the request's way, the
+broker's append, the acknowledgement's way back), from that return to the
+consumer's reply leaving its receive call (the broker's wake-up of the parked
+read, its reply; negative when the read returned first), and the decode."""
+
+
 @dataclass
 class LatencyRow:
     system: str
@@ -98,9 +109,15 @@ class LatencyRow:
     method: str
     runs: list[list[float]] = field(default_factory=list)
     """Per run: latencies in ms."""
+    parts: list[Parts] = field(default_factory=list)
+    """Per run with a breakdown: the parts' ms."""
 
     def stat(self, q: float) -> float:
         return statistics.median(percentile(run, q) for run in self.runs)
+
+    def part(self, name: str, q: float) -> float:
+        runs = [p[name] for p in self.parts if p.get(name)]
+        return statistics.median(percentile(r, q) for r in runs) if runs else math.nan
 
 
 RowKey = tuple[str, str, int, str]
@@ -123,9 +140,13 @@ class Results:
             f"({sample.messages:,} msgs in {sample.seconds:.2f} s){capped}"
         )
 
-    def add_latency(self, system: str, flush: str, method: str, run: list[float]) -> None:
+    def add_latency(
+        self, system: str, flush: str, method: str, run: list[float], parts: Parts | None = None
+    ) -> None:
         row = self.latency.setdefault((system, flush), LatencyRow(system, flush, method))
         row.runs.append(run)
+        if parts:
+            row.parts.append(parts)
         progress(
             f"{system:15} latency        {flush:5} n={len(run)} "
             f"p50={percentile(run, 0.5):.2f} ms p99={percentile(run, 0.99):.2f} ms"
@@ -167,14 +188,44 @@ def age_ms(value: bytes, now_ns: int) -> float:
     return (now_ns - sent_ns) / 1e6
 
 
-def pace(total: int, rate: int, send: Callable[[bytes], object]) -> None:
-    """Call ``send`` with a fresh stamped value ``total`` times at ``rate``/s."""
+def pace(total: int, rate: int, send: Callable[[bytes], object]) -> dict[int, int]:
+    """Call ``send`` with a fresh stamped value ``total`` times at ``rate``/s;
+    {each value's stamp: perf_counter_ns when its send returned}."""
+    acked: dict[int, int] = {}
     start = time.perf_counter()
     for i in range(total):
         delay = start + i / rate - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        send(stamped(LATENCY_SIZE))
+        value = stamped(LATENCY_SIZE)
+        send(value)
+        acked[STAMP.unpack_from(value)[0]] = time.perf_counter_ns()
+    return acked
+
+
+Seen = tuple[int, int, int]
+"""A message as its consumer saw it: (its stamp, when its reply was received,
+when it was decoded), perf_counter_ns."""
+
+
+def latencies(seen: list[Seen], acked: dict[int, int], warmup: int) -> tuple[list[float], Parts]:
+    """The latencies in ms of ``seen`` after the first ``warmup``, and their breakdown."""
+    kept = seen[warmup:]
+    total = [(decoded - sent) / 1e6 for sent, _received, decoded in kept]
+    parts: Parts = {name: [] for name in PARTS}
+    for sent, received, decoded in kept:
+        ack = acked.get(sent)
+        if ack is None:
+            continue
+        parts["produce call"].append((ack - sent) / 1e6)
+        parts["ack to reply"].append((received - ack) / 1e6)
+        parts["decode"].append((decoded - received) / 1e6)
+    return total, parts
+
+
+def stamp_of(value: bytes) -> int:
+    sent_ns: int = STAMP.unpack_from(value)[0]
+    return sent_ns
 
 
 def timed_batches(plan: Plan, batch_bytes: int, send_batch: Callable[[int], object]) -> Sample:

@@ -43,6 +43,7 @@ from bench._broker_measure import (
     Plan,
     Results,
     Sample,
+    pace,
     timed_batches,
     values_for,
 )
@@ -178,6 +179,9 @@ def run_bare(root: Path, plan: Plan, results: Results, servers: list[Any]) -> No
         results.add((BARE, SEND_BUILT, SIZE, "async"), "Values(values=list) per call", sample)
         sample = timed_batches(plan, batch_bytes, lambda _n: send(prebuilt, timeout=RPC_TIMEOUT_S))
         results.add((BARE, SEND_PREBUILT, SIZE, "async"), "one Values sent again", sample)
+        run = bare_round_trips(send, plan)
+        method = "unary call of one 100-B value, paced as the latency runs"
+        results.add_latency(BARE, "async", method, run, {"produce call": run})
         replies = max(1, plan.produce_max_bytes // batch_bytes)
         for taken in (False, True):
             sample = bare_stream(stream, replies, plan.pull_s, taken=taken)
@@ -185,6 +189,20 @@ def run_bare(root: Path, plan: Plan, results: Results, servers: list[Any]) -> No
             results.add((BARE, STREAM_TAKEN if taken else STREAM_COUNTED, SIZE, "async"),
                         what, sample)  # fmt: skip
     server.stop()
+
+
+def bare_round_trips(send: Any, plan: Plan) -> list[float]:
+    """Round trips (ms) of a one-value ``Send``, at the latency runs' pace:
+    what a produce call of one message costs in gRPC alone."""
+    trips: list[float] = []
+
+    def one(value: bytes) -> None:
+        start = time.perf_counter_ns()
+        send(Values(values=[value]), timeout=RPC_TIMEOUT_S)
+        trips.append((time.perf_counter_ns() - start) / 1e6)
+
+    pace(plan.latency_warmup + int(plan.latency_rate * plan.latency_s), plan.latency_rate, one)
+    return trips[plan.latency_warmup :]
 
 
 def bare_stream(stream: Any, replies: int, cap_s: float, *, taken: bool) -> Sample:

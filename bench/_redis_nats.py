@@ -25,11 +25,15 @@ from bench._broker_measure import (
     REDIS,
     RPC_TIMEOUT_S,
     SIZES,
+    Parts,
     Plan,
     Results,
     Sample,
+    Seen,
     age_ms,
+    latencies,
     pace,
+    stamp_of,
     stamped,
     timed_batches,
     values_for,
@@ -73,9 +77,9 @@ def run_redis(root: Path, plan: Plan, results: Results, servers: list[Server]) -
                 sample = redis_pull_range(client, streams, size, stored, plan)
                 method = "XRANGE COUNT 1000, exclusive start"
                 results.add((REDIS, "pull (XRANGE)", size, flush), method, sample, versus="pull")
-            run = redis_latency(port, plan)
+            run, parts = redis_latency(port, plan)
             method = f"XREAD BLOCK {LONG_POLL_MS} in a thread; XADD of 1"
-            results.add_latency(REDIS, flush, method, run)
+            results.add_latency(REDIS, flush, method, run, parts)
         server.stop()
     return None
 
@@ -166,12 +170,12 @@ def redis_pull_range(
     return Sample(count, elapsed, count * size, capped)
 
 
-def redis_latency(port: int, plan: Plan) -> list[float]:
+def redis_latency(port: int, plan: Plan) -> tuple[list[float], Parts]:
     import redis
 
     stream = "latency"
     total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
-    latencies: list[float] = []
+    seen: list[Seen] = []
     errors: list[BaseException] = []
     stop = threading.Event()
     timeout = RPC_TIMEOUT_S + LONG_POLL_MS / 1000
@@ -184,8 +188,8 @@ def redis_latency(port: int, plan: Plan) -> list[float]:
                 entries = stream_entries(reply)
                 if not entries:
                     continue
-                now = time.perf_counter_ns()
-                latencies.extend(age_ms(fields[b"v"], now) for _id, fields in entries)
+                now = time.perf_counter_ns()  # the client parsed the reply already
+                seen.extend((stamp_of(fields[b"v"]), now, now) for _id, fields in entries)
                 last = entries[-1][0]
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
@@ -202,14 +206,16 @@ def redis_latency(port: int, plan: Plan) -> list[float]:
         thread.start()
         time.sleep(0.1)  # let the first XREAD block
         try:
-            pace(total, plan.latency_rate, lambda value: producer.xadd(stream, {b"v": value}))
-            wait_for(lambda: len(latencies) >= total or bool(errors), DRAIN_TIMEOUT_S)
+            acked = pace(
+                total, plan.latency_rate, lambda value: producer.xadd(stream, {b"v": value})
+            )
+            wait_for(lambda: len(seen) >= total or bool(errors), DRAIN_TIMEOUT_S)
         finally:
             stop.set()
             thread.join(timeout)
     if errors:
         raise errors[0]
-    return latencies[plan.latency_warmup :]
+    return latencies(seen, acked, plan.latency_warmup)
 
 
 # -- NATS JetStream ----------------------------------------------------------------------------

@@ -78,17 +78,22 @@ from bench._broker_measure import (
     FULL,
     LONG_POLL_MS,
     NATS,
+    PARTS,
     PULL_MAX_BYTES,
     QUEUES,
     QUICK,
     REDIS,
     RPC_TIMEOUT_S,
     SIZES,
+    LatencyRow,
+    Parts,
     Plan,
     Results,
     Sample,
-    age_ms,
+    Seen,
+    latencies,
     pace,
+    stamp_of,
     timed_batches,
     values_for,
     wait_for,
@@ -154,9 +159,9 @@ def run_equeue(root: Path, plan: Plan, results: Results, servers: list[Server]) 
                     sample = equeue_pull_stream(conn, topic, size, stored, plan)
                     method = "PullStream (server streaming), 1,000/reply, + decode_records"
                     results.add((EQUEUE, "pull (stream)", size, flush), method, sample)
-            run = equeue_latency(admin, producer, address, plan)
+            run, parts = equeue_latency(admin, producer, address, plan)
             method = f"Pull(max_wait_ms={LONG_POLL_MS}) in a thread; send_batch of 1"
-            results.add_latency(EQUEUE, flush, method, run)
+            results.add_latency(EQUEUE, flush, method, run, parts)
         server.stop()
 
 
@@ -248,11 +253,13 @@ def equeue_pull_stream(conn: Connection, topic: str, size: int, stored: int, pla
     return Sample(count, elapsed, count * size, capped)
 
 
-def equeue_latency(admin: Admin, producer: Producer, address: str, plan: Plan) -> list[float]:
+def equeue_latency(
+    admin: Admin, producer: Producer, address: str, plan: Plan
+) -> tuple[list[float], Parts]:
     topic = "latency"
     admin.create_topic(topic, queues=1)
     total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
-    latencies: list[float] = []
+    seen: list[Seen] = []
     errors: list[BaseException] = []
     stop = threading.Event()
     config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
@@ -268,32 +275,35 @@ def equeue_latency(admin: Admin, producer: Producer, address: str, plan: Plan) -
                     max_messages=BATCH,
                     max_wait_ms=LONG_POLL_MS,
                 )
-                reply = conn.broker.Pull(request, timeout=RPC_TIMEOUT_S + LONG_POLL_MS / 1000)
+                reply = conn.pull(request, timeout=RPC_TIMEOUT_S + LONG_POLL_MS / 1000)
+                received = time.perf_counter_ns()
                 if reply.count:
                     messages = decode_records(reply.records, reply.broker_id)
-                    now = time.perf_counter_ns()
-                    latencies.extend(age_ms(m.value, now) for m in messages)
+                    decoded = time.perf_counter_ns()
+                    seen.extend((stamp_of(m.value), received, decoded) for m in messages)
                 offset = reply.next_offset
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
     with Connection(config) as conn:
         request = pb.PullRequest(topic=topic, queue_id=0, offset=0, max_messages=1)
-        conn.broker.Pull(request, timeout=RPC_TIMEOUT_S)  # connect before timing
+        conn.pull(request, timeout=RPC_TIMEOUT_S)  # connect before timing
         thread = threading.Thread(
             target=consume, args=(conn,), name="latency-consumer", daemon=True
         )
         thread.start()
         time.sleep(0.1)  # let the first pull park
         try:
-            pace(total, plan.latency_rate, lambda value: producer.send_batch(topic, [value]))
-            wait_for(lambda: len(latencies) >= total or bool(errors), DRAIN_TIMEOUT_S)
+            acked = pace(
+                total, plan.latency_rate, lambda value: producer.send_batch(topic, [value])
+            )
+            wait_for(lambda: len(seen) >= total or bool(errors), DRAIN_TIMEOUT_S)
         finally:
             stop.set()
             thread.join(RPC_TIMEOUT_S + LONG_POLL_MS / 1000)
     if errors:
         raise errors[0]
-    return latencies[plan.latency_warmup :]
+    return latencies(seen, acked, plan.latency_warmup)
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -350,7 +360,7 @@ def latency_table(results: Results) -> str:
         "|---|---|---|---:|---:|---:|---:|",
     ]
     systems = [EQUEUE, REDIS, NATS]
-    for row in sorted(results.latency.values(), key=lambda r: (r.flush, systems.index(r.system))):
+    for row in _latency_rows(results, systems):
         cells = [
             row.system,
             row.flush,
@@ -360,6 +370,27 @@ def latency_table(results: Results) -> str:
             _num(row.stat(0.99), 2),
             _num(statistics.median(max(run, default=math.nan) for run in row.runs), 2),
         ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _latency_rows(results: Results, systems: list[str]) -> list[LatencyRow]:
+    rows = [r for r in results.latency.values() if r.system in systems]
+    return sorted(rows, key=lambda r: (r.flush, systems.index(r.system)))
+
+
+def breakdown_table(results: Results) -> str:
+    """Where each system's latency goes (``PARTS``), p50 / p99 of each part."""
+    names = " | ".join(f"{p} p50 / p99" for p in PARTS)
+    lines = [f"| system | flush | {names} | total p50 / p99 |", "|---|---|" + "---:|" * 4]
+    for row in _latency_rows(results, [EQUEUE, REDIS, BARE]):
+        if not row.parts:
+            continue
+        cells = [row.system if row.system != BARE else f"{BARE}: {row.method}", row.flush]
+        for name in PARTS:
+            p50, p99 = row.part(name, 0.5), row.part(name, 0.99)
+            cells.append(NA if math.isnan(p50) else f"{p50:.2f} / {p99:.2f}")
+        cells.append(f"{row.stat(0.5):.2f} / {row.stat(0.99):.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -530,6 +561,8 @@ def main(argv: list[str] | None = None) -> None:
     print(throughput_table(results))
     print(f"\n## Produce-to-consume latency ({plan.latency_rate} msgs/s, 100 B)\n")
     print(latency_table(results))
+    print("\n### Where the milliseconds go (ms, as the client sees them)\n")
+    print(breakdown_table(results))
     if any(key[0] == BARE for key in results.rows):
         print("\n## equeue against bare gRPC (100 B)\n")
         print(bare_table(results))
