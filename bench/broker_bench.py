@@ -1,7 +1,7 @@
 """Broker benchmark: equeue beside Redis Streams and NATS JetStream, same run, one client.
 
 Run ``python bench/broker_bench.py`` (about 3 minutes here; ``--quick`` for a
-~20 s smoke run; ``--repeat N`` reports the median of N runs). Every server is
+~25 s smoke run; ``--repeat N`` reports the median of N runs). Every server is
 started by the script on 127.0.0.1 in a temporary directory under /tmp (removed
 at the end) and stopped at the end; Redis and NATS are skipped, with a note, when
 ``redis-server`` / ``nats-server`` or their Python clients (the ``bench``
@@ -34,7 +34,16 @@ Workloads (values of 100 B and 1 KiB, random bytes generated once per size):
   decoding minus the producer's clock just before the send call, both
   ``time.perf_counter_ns`` in this process (the stamp travels in the value).
   equeue: ``Pull(max_wait_ms=1000)``; Redis: ``XREAD BLOCK 1000``; NATS: a push
-  consumer (ack policy none) on the same event loop as the publisher.
+  consumer (ack policy none) on the same event loop as the publisher. Where
+  the milliseconds go (equeue, Redis): the produce call (stamp to the send
+  call's return), from that return to the consumer's reply, and the decode
+  (``_broker_measure.PARTS``), beside a bare gRPC unary call of one value at
+  the same pace.
+* bare gRPC (``--systems`` ``grpc``, ``bench/_grpc_bare.py``): what Python and
+  gRPC allow at all, on a bare ``grpc.aio`` server in its own process: a unary
+  call carrying 1,000 values of 100 B, and a server stream of such replies;
+  equeue's unary produce and streaming pull as a ratio to them ("equeue
+  against bare gRPC").
 
 Flush modes: equeue async = fsync every 100 ms, sync = append returns after
 fsync (shared by concurrent appends). Redis async = ``appendfsync everysec``,
@@ -504,7 +513,7 @@ def idempotence(plan: Plan, repeat: int, flush: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smoke run (~20 s)")
+    parser.add_argument("--quick", action="store_true", help="smoke run (~25 s)")
     parser.add_argument("--repeat", type=int, default=1, help="report the median of N runs")
     parser.add_argument(
         "--systems",
