@@ -47,8 +47,56 @@ class PullReply(NamedTuple):
     broker_id: str
 
 
+_VARINT_KEYS = {number << 3 | wire.VARINT: number for number in (_STATUS, _COUNT, *_SIGNED)}
+_RECORDS_KEY = _RECORDS << 3 | wire.LENGTH
+_BROKER_ID_KEY = _BROKER_ID << 3 | wire.LENGTH
+
+
 def parse_pull_reply(data: bytes) -> PullReply:
     """Decode a serialized ``PullReply`` (what gRPC hands a response deserializer)."""
+    known = _parse_known(data)
+    return known if known is not None else _parse_fields(data)
+
+
+def _parse_known(data: bytes) -> PullReply | None:
+    """The fast path: a reply of only the known fields, each with its own wire
+    type (what brokers send), read without a ``Field`` per field; None for
+    anything else (an unknown field, bytes that do not parse), which
+    ``_parse_fields`` then reads or refuses. Every field number here is
+    below 16, so each key is one byte."""
+    numbers = dict.fromkeys((_STATUS, _COUNT, _NEXT, _EARLIEST, _END), 0)
+    records = memoryview(b"")
+    broker_id = ""
+    pos, size = 0, len(data)
+    try:
+        while pos < size:
+            key = data[pos]
+            value = data[pos + 1]
+            pos += 2
+            if value >= 0x80:
+                value, pos = wire.read_varint(data, pos - 1, "PullReply")
+            number = _VARINT_KEYS.get(key)
+            if number is not None:
+                numbers[number] = wire.int64(value) if number in _SIGNED else value & 0xFFFFFFFF
+                continue
+            end = pos + value
+            if end > size or key not in (_RECORDS_KEY, _BROKER_ID_KEY):
+                return None
+            if key == _RECORDS_KEY:
+                records = memoryview(data)[pos:end]
+            else:
+                broker_id = str(data[pos:end], "utf-8")
+            pos = end
+    except (IndexError, ValueError):  # WireError, bad UTF-8: the full reader says why
+        return None
+    return PullReply(
+        numbers[_STATUS], records, numbers[_COUNT], numbers[_NEXT], numbers[_EARLIEST],
+        numbers[_END], broker_id,
+    )  # fmt: skip
+
+
+def _parse_fields(data: bytes) -> PullReply:
+    """Any ``PullReply``, field by field (unknown ones skipped)."""
     numbers = dict.fromkeys((_STATUS, _COUNT, _NEXT, _EARLIEST, _END), 0)
     records = memoryview(b"")
     broker_id = ""
