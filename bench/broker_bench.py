@@ -560,6 +560,7 @@ def main(argv: list[str] | None = None) -> None:
             if "nats" in systems and (skipped := run_nats(run_dir, plan, results, servers)):
                 results.notes.append(skipped)
                 systems.discard("nats")
+            shutil.rmtree(run_dir, ignore_errors=True)  # its servers stopped: gigabytes freed
     finally:
         for server in servers:
             server.stop()
