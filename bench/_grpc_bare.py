@@ -229,6 +229,7 @@ PAIRS = (
     ("produce (raw)", "Produce RPC, request built once", SEND_PREBUILT, None),
     ("pull (stream)", "PullStream + decode_records", STREAM_COUNTED, 0.5),
     ("pull (stream)", "PullStream + decode_records", STREAM_TAKEN, None),
+    ("pull (stream, raw)", "PullStream, records counted", STREAM_COUNTED, None),
 )
 """(equeue workload, what it does, bare row, target ratio or None)."""
 

@@ -23,7 +23,9 @@ Workloads (values of 100 B and 1 KiB, random bytes generated once per size):
   in requests of 1,000 (capped at ``pull_s`` seconds). equeue: raw ``Pull`` RPCs
   on the stub (max_messages=1000, max_bytes high enough not to bind), records
   decoded with ``decode_records`` (the fair figure: Redis and NATS clients hand
-  back parsed messages), and again only counting records (labelled raw).
+  back parsed messages), and again only counting records (labelled raw);
+  then the same with one ``PullStream`` per queue, 1,000 records a reply,
+  decoded and counted ("pull (stream)", "pull (stream, raw)").
   Redis: ``XREADGROUP COUNT 1000`` with the previous batch's ``XACK`` pipelined
   into the same round trip; and plain ``XRANGE`` with an exclusive start. NATS:
   a durable pull consumer, ``fetch(1000)``, ack policy "all", the last message
@@ -165,9 +167,13 @@ def run_equeue(root: Path, plan: Plan, results: Results, servers: list[Server]) 
                             else "Pull RPC, max_messages=1000, records counted, NOT decoded"
                         )
                         results.add((EQUEUE, workload, size, flush), method, sample)
-                    sample = equeue_pull_stream(conn, topic, size, stored, plan)
-                    method = "PullStream (server streaming), 1,000/reply, + decode_records"
-                    results.add((EQUEUE, "pull (stream)", size, flush), method, sample)
+                    for decode in (True, False):
+                        sample = equeue_pull_stream(conn, topic, size, stored, plan, decode=decode)
+                        workload = "pull (stream)" if decode else "pull (stream, raw)"
+                        method = "PullStream (server streaming), 1,000/reply, " + (
+                            "+ decode_records" if decode else "records counted, NOT decoded"
+                        )
+                        results.add((EQUEUE, workload, size, flush), method, sample)
             run, parts = equeue_latency(admin, producer, address, plan)
             method = f"Pull(max_wait_ms={LONG_POLL_MS}) in a thread; send_batch of 1"
             results.add_latency(EQUEUE, flush, method, run, parts)
@@ -241,8 +247,10 @@ def equeue_pull(
     return Sample(count, elapsed, count * size, capped)
 
 
-def equeue_pull_stream(conn: Connection, topic: str, size: int, stored: int, plan: Plan) -> Sample:
-    """Every queue read with one server-streaming call each, decoded."""
+def equeue_pull_stream(
+    conn: Connection, topic: str, size: int, stored: int, plan: Plan, *, decode: bool
+) -> Sample:
+    """Every queue read with one server-streaming call each (decoded, or counted)."""
     count = 0
     capped = False
     start = time.perf_counter()
@@ -250,7 +258,7 @@ def equeue_pull_stream(conn: Connection, topic: str, size: int, stored: int, pla
     for queue_id in range(QUEUES):
         for reply in stream_replies(conn, topic, queue_id, 0, batch_messages=BATCH,
                                     batch_bytes=PULL_MAX_BYTES):  # fmt: skip
-            count += len(decode_records(reply.records, reply.broker_id))
+            count += len(decode_records(reply.records, reply.broker_id)) if decode else reply.count
             if time.perf_counter() >= deadline:
                 capped = True
                 break
@@ -330,7 +338,7 @@ def throughput_table(results: Results) -> str:
     systems = [EQUEUE, REDIS, NATS]
     workloads = [
         "produce", "produce (stream)", "produce (raw)",
-        "pull", "pull (stream)", "pull (raw)", "pull (XRANGE)",
+        "pull", "pull (stream)", "pull (raw)", "pull (stream, raw)", "pull (XRANGE)",
     ]  # fmt: skip
     rows = sorted(
         (r for r in results.rows.values() if r.system in systems),
@@ -450,7 +458,12 @@ def targets(results: Results) -> list[str]:
         ratio = ours.rate() / theirs.rate()
         verdict = "MET" if ratio >= target else "NOT MET"
         extra = ""
-        raw = results.row(EQUEUE, f"{ours_workload.split(' (')[0]} (raw)", 100, flush)
+        raw_workload = (
+            "pull (stream, raw)"
+            if ours_workload == "pull (stream)"
+            else (f"{ours_workload.split(' (')[0]} (raw)")
+        )
+        raw = results.row(EQUEUE, raw_workload, 100, flush)
         if raw is not None:
             what = "records not decoded" if ours_workload.startswith("pull") else "raw Produce RPC"
             extra = f" ({what}: {raw.rate():,.0f} msgs/s = {raw.rate() / theirs.rate():.2f}x)"
