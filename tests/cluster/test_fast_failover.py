@@ -1,0 +1,112 @@
+"""A dead master is replaced without waiting for its ZooKeeper session; a paused
+one is not replaced (docs/replication.md, "How a dead master is detected").
+
+Three brokers of one group on the session's ZooKeeper, with a session timeout
+(40 s) far beyond any wait here: an election that happens within these tests
+can only come from the replicas' report that the master refuses connections
+(``liveness.py``), and the logs say it did (``MASTER GONE``, ``FAST FAILOVER``).
+A SIGSTOPped master is probed by its replicas (they log that it accepts
+connections) and keeps its mastership and epoch after SIGCONT. The pause test
+runs first: it needs the group as started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from equeue_broker.testing_group import Group, GroupConfig, Member
+from equeue_broker.testing_zk import ZooKeeperProcess
+from equeue_proto.v1 import broker_pb2 as pb
+from tests.support.waits import wait_for
+
+pytestmark = pytest.mark.slow
+
+SESSION_MS = 40_000
+"""Longer than every bounded wait below: no session expires during a test."""
+WAIT_S = 30.0
+TOPIC = "t"
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory, zookeeper: ZooKeeperProcess) -> Iterator[Group]:
+    hosts = f"{zookeeper.hosts}/fast-failover"
+    config = GroupConfig(session_timeout_ms=SESSION_MS, zk_hosts=hosts, replication="sync")
+    with Group(tmp_path_factory.mktemp("fast-failover"), config) as started:
+        started.start()
+        master = started.wait_master(WAIT_S)
+        master.admin().CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=1), timeout=10)
+        assert write(master, b"seed")
+        yield started
+
+
+def write(member: Member, value: bytes) -> bool:
+    """One message acknowledged by ``member``."""
+    request = pb.ProduceRequest(topic=TOPIC, messages=pb.MessageColumns(
+        count=1, values=value, value_lengths=[len(value)]))  # fmt: skip
+    try:
+        member.broker().Produce(request, timeout=10)
+    except grpc.RpcError:
+        return False
+    return True
+
+
+def logged(member: Member, *parts: str) -> bool:
+    """A line of ``member``'s log since its start holds every one of ``parts``."""
+    lines = member.process.log_since_start().splitlines()
+    return any(all(part in line for part in parts) for line in lines)
+
+
+@pytest.mark.timeout(120)
+def test_a_paused_master_is_not_replaced(group: Group) -> None:
+    master = group.in_sync(WAIT_S)
+    replicas = [m for m in group.members if m is not master]
+    epoch = master.stats().epoch
+    os.kill(master.process.pid, signal.SIGSTOP)
+    try:
+        # Readiness: each replica noticed the silence and found the master
+        # accepting connections (a pause), so it asked for no election.
+        for replica in replicas:
+            wait_for(
+                f"{replica.name} to probe the paused master",
+                lambda r=replica: logged(r, master.address, "accepts connections"),  # type: ignore[misc]
+                WAIT_S,
+            )
+    finally:
+        os.kill(master.process.pid, signal.SIGCONT)
+    stats = master.stats(timeout_s=10)
+    assert (stats.role, stats.epoch) == ("master", epoch)
+    assert write(master, b"after the pause")
+    for replica in replicas:
+        seen = replica.stats(timeout_s=10)
+        assert (seen.role, seen.master, seen.epoch) == ("replica", master.address, epoch)
+        assert not logged(replica, "MASTER GONE") and not logged(replica, "FAST FAILOVER")
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_master_is_replaced_before_its_session_expires(group: Group) -> None:
+    master = group.in_sync(WAIT_S)
+    replicas = [m for m in group.members if m is not master]
+    epoch = master.stats().epoch
+    group.kill(master)
+    # Its session lives for 40 s after the kill: only the fast path elects sooner.
+    new = group.wait_master(WAIT_S, exclude=[master])
+    wait_for(
+        "a write acknowledged by the new master", lambda: write(new, b"after the kill"), WAIT_S
+    )
+    assert new.stats().epoch == epoch + 1
+    assert any(logged(r, "MASTER GONE", master.address) for r in replicas)
+    assert any(logged(r, "FAST FAILOVER", master.address) for r in replicas)
+    other = next(r for r in replicas if r is not new)
+    wait_for("the other replica to follow the new master", lambda: following(other, new), WAIT_S)
+
+
+def following(replica: Member, master: Member) -> bool:
+    try:
+        return replica.stats().master == master.address
+    except grpc.RpcError:
+        return False
