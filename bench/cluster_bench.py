@@ -244,6 +244,7 @@ def run_sync(args: argparse.Namespace, scratch: Path) -> None:
 
 def run_failover(args: argparse.Namespace, scratch: Path) -> bool:
     loads = tuple(args.load)
+    before = _loadavg()
     kills = repl.failover(
         scratch / "failover",
         args.kills,
@@ -259,7 +260,8 @@ def run_failover(args: argparse.Namespace, scratch: Path) -> bool:
     print(
         f"\n### Failover: 3 brokers, --replication {args.replication or '(default)'}, "
         f"{session}, {args.kills} SIGKILL(s) per group and load, load {' '.join(map(str, loads))} "
-        f"(busy-loop processes; {os.cpu_count()} cores; uptime load before: {_loadavg()})\n"
+        f"(busy-loop processes; {os.cpu_count()} cores; load average before: {before}, "
+        f"after: {_loadavg()})\n"
     )
     print(markdown_table(repl.FAILOVER_HEADERS, repl.kill_rows(kills)))
     print()
