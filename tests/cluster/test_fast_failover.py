@@ -1,6 +1,10 @@
 """A dead master is replaced without waiting for its ZooKeeper session; a paused
 one is not replaced (docs/replication.md, "How a dead master is detected").
 
+The judgement itself (``MasterWatch``, fast tier) against real sockets: a
+closed port is refused, a listening one accepted, and a master is reported
+only after a reply from it, once per epoch.
+
 Three brokers of one group on the session's ZooKeeper, with a session timeout
 (40 s) far beyond any wait here: an election that happens within these tests
 can only come from the replicas' report that the master refuses connections
@@ -12,20 +16,21 @@ starts from the group in sync (the killed member stays down).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import socket
 import uuid
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
+from equeue_broker.replication.liveness import Listening, MasterWatch, probe, split_address
 from equeue_broker.testing_group import Group, GroupConfig, Member
 from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from tests.support.waits import wait_for
-
-pytestmark = pytest.mark.slow
 
 SESSION_MS = 40_000
 """Longer than every bounded wait below: no session expires during a test."""
@@ -62,6 +67,7 @@ def logged(member: Member, *parts: str) -> int:
     return sum(all(part in line for part in parts) for line in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_paused_master_is_not_replaced(group: Group) -> None:
     master = group.in_sync(WAIT_S)
@@ -92,6 +98,7 @@ def test_a_paused_master_is_not_replaced(group: Group) -> None:
         assert after == elections[replica.name], replica.process.log_tail()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_killed_master_is_replaced_before_its_session_expires(group: Group) -> None:
     master = group.in_sync(WAIT_S)
@@ -115,3 +122,56 @@ def following(replica: Member, master: Member) -> bool:
         return replica.stats().master == master.address
     except grpc.RpcError:
         return False
+
+
+# -- the replica's judgement, on real sockets (fast) --------------------------------------
+
+
+@pytest.fixture
+def ports() -> Iterator[tuple[str, str]]:
+    """(an address that listens, an address nothing listens on)."""
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        (host, port), (_, refusing) = listening.getsockname(), closed.getsockname()
+        yield f"{host}:{port}", f"{host}:{refusing}"
+
+
+def test_a_master_refusing_connections_is_reported_once_per_epoch(
+    ports: tuple[str, str],
+) -> None:
+    _, dead = ports
+    reports: list[tuple[str, int]] = []
+    watch = MasterWatch(lambda master, epoch: reports.append((master, epoch)))
+
+    async def scenario() -> None:
+        assert await probe(dead) is Listening.REFUSED
+        assert not await watch.broken(dead, 3)  # never answered: proves nothing
+        watch.contact(dead, 3)
+        assert await watch.broken(dead, 3)
+        assert not await watch.broken(dead, 3)  # once per epoch
+        watch.contact(dead, 4)
+        assert await watch.broken(dead, 4)
+
+    asyncio.run(scenario())
+    assert reports == [(dead, 3), (dead, 4)]
+
+
+def test_a_listening_master_is_not_reported(ports: tuple[str, str]) -> None:
+    alive, _ = ports
+    reports: list[tuple[str, int]] = []
+    watch = MasterWatch(lambda master, epoch: reports.append((master, epoch)))
+
+    async def scenario() -> None:
+        assert await probe(alive) is Listening.ACCEPTED
+        watch.contact(alive, 1)
+        assert not await watch.broken(alive, 1)
+        await watch.stalled(alive, 1, 3.5)  # a pause: said, not reported
+        assert watch.stall_said
+
+    asyncio.run(scenario())
+    assert reports == []
+    assert split_address("[::1]:5000") == ("::1", 5000)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        split_address("nohost")
