@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from equeue_broker.replication.election import GroupElection
 from equeue_broker.replication.liveness import Listening, MasterWatch, probe, split_address
 from equeue_broker.testing_group import Group, GroupConfig, Member
 from equeue_broker.testing_zk import ZooKeeperProcess
@@ -175,3 +176,46 @@ def test_a_listening_master_is_not_reported(ports: tuple[str, str]) -> None:
     assert split_address("[::1]:5000") == ("::1", 5000)
     with pytest.raises(ValueError, match="HOST:PORT"):
         split_address("nohost")
+
+
+# -- the election's side, on a real ZooKeeper (members in this process) -------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_report_removes_only_the_reported_master_of_the_current_epoch(
+    zookeeper: ZooKeeperProcess,
+) -> None:
+    """A wrong report removes nothing; a report about the live master of the
+    current epoch removes its znode, electing the in-sync replica at once -- and
+    the reported master, alive here, is demoted by its own watch (what a
+    REJECTing firewall would cause: no two masters)."""
+    hosts = f"{zookeeper.hosts}/fast-report-{uuid.uuid4().hex[:8]}"
+    made: list[GroupElection] = []
+
+    def member(broker_id: str) -> GroupElection:
+        election = GroupElection(hosts, "g", broker_id, f"{broker_id}:1", lambda: 0,
+                                 session_timeout_s=SESSION_MS / 1000)  # fmt: skip
+        made.append(election)
+        election.start(wait_s=WAIT_S)
+        return election
+
+    try:
+        a = member("a")
+        wait_for("a master", a.is_master, WAIT_S)
+        b = member("b")
+        wait_for("b to see a", lambda: b.current().master is not None, WAIT_S)
+        a.publish_isr(["b"])
+        b.master_gone("a:1", 2)  # an epoch that is not the current one
+        b.master_gone("x:1", 1)  # not the master
+        wait_for("both reports handled", lambda: b.gone_reports_handled == 2, WAIT_S)
+        assert b.masters_removed == 0 and a.is_master() and not b.is_master()
+        b.master_gone("a:1", 1)
+        wait_for("b elected", b.is_master, WAIT_S)
+        wait_for("a demoted by its own watch", lambda: not a.is_master(), WAIT_S)
+        assert b.masters_removed == 1
+        view = b.current()
+        assert view.epoch is not None and (view.epoch.epoch, view.epoch.master_id) == (2, "b")
+        assert view.isr == ("b",)  # a left the in-sync set with its epoch
+    finally:
+        for election in made:
+            election.close()

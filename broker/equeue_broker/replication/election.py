@@ -398,6 +398,8 @@ class GroupElection:
         """Masters reported gone (``master_gone``), not yet acted on."""
         self.masters_removed = 0
         """Dead masters' candidate znodes this member removed (``master_gone``)."""
+        self.gone_reports_handled = 0
+        """``master_gone`` reports acted on (a znode removed or not)."""
         self._view = GroupView(group, reason=f"group {group}: not connected to ZooKeeper yet")
         self._notified = _Notified()
         self._thread = threading.Thread(
@@ -587,34 +589,35 @@ class GroupElection:
         with self._lock:
             reports, self._gone = self._gone, []
         for address, number in dict.fromkeys(reports):
-            view = read_view(self.client, self.layout)
-            self._seen(view)
-            epoch, master = view.epoch, view.master
-            mine = self._me is not None and master is not None and master.node == self._me.node
-            if (
-                epoch is None
-                or master is None
-                or mine
-                or (epoch.epoch, master.address) != (number, address)
-            ):
-                log.info(
-                    "%s: master %s of epoch %d reported gone, but the group has moved on "
-                    "(epoch %s, master %s): nothing to remove", self.broker_id, address, number,
-                    epoch.epoch if epoch else "-", master.address if master else "none",
-                )  # fmt: skip
-                continue
-            transaction = self.client.transaction()
-            transaction.check(self.layout.epoch, view.epoch_version)
-            transaction.delete(f"{self.layout.candidates}/{master.node}")
-            if any(isinstance(result, Exception) for result in transaction.commit()):
-                log.info("%s: the candidate znode of %s is gone already", self.broker_id, address)
-                continue
-            self.masters_removed += 1
-            log.warning(
-                "FAST FAILOVER: %s removed candidate znode %s of master %s (%s, epoch %d), "
-                "whose process is gone: electing now, not after its session timeout",
-                self.broker_id, master.node, master.broker_id, address, number,
+            self._remove_gone_master(address, number)
+            self.gone_reports_handled += 1
+
+    def _remove_gone_master(self, address: str, number: int) -> None:
+        view = read_view(self.client, self.layout)
+        self._seen(view)
+        epoch, master = view.epoch, view.master
+        mine = self._me is not None and master is not None and master.node == self._me.node
+        if epoch is None or master is None or mine or (epoch.epoch, master.address) != (
+            number, address,
+        ):  # fmt: skip
+            log.info(
+                "%s: master %s of epoch %d reported gone, but the group has moved on "
+                "(epoch %s, master %s): nothing to remove", self.broker_id, address, number,
+                epoch.epoch if epoch else "-", master.address if master else "none",
             )  # fmt: skip
+            return
+        transaction = self.client.transaction()
+        transaction.check(self.layout.epoch, view.epoch_version)
+        transaction.delete(f"{self.layout.candidates}/{master.node}")
+        if any(isinstance(result, Exception) for result in transaction.commit()):
+            log.info("%s: the candidate znode of %s is gone already", self.broker_id, address)
+            return
+        self.masters_removed += 1
+        log.warning(
+            "FAST FAILOVER: %s removed candidate znode %s of master %s (%s, epoch %d), "
+            "whose process is gone: electing now, not after its session timeout",
+            self.broker_id, master.node, master.broker_id, address, number,
+        )  # fmt: skip
 
     def _drop_candidacy(self) -> None:
         me, self._me = self._me, None
