@@ -32,6 +32,10 @@ Rules (docs/replication.md says why):
   returning) -- one ZooKeeper transaction.
 - The very first election of a group (no ``epoch`` znode) is won by the first
   candidate; the ISR starts as the master alone.
+- A member told that the master refuses connections (``master_gone``: its
+  replication stream found the process gone, liveness.py) removes the master's
+  candidate znode, conditional on the epoch znode's version: what the expiry of
+  the master's session does, sooner. The rules above then apply unchanged.
 - A member whose session expires is no longer master (``on_replica(None)``) and
   re-registers as a new candidate when kazoo has a new session.
 - ZooKeeper unreachable (kazoo SUSPENDED): every member keeps its role; nothing is
