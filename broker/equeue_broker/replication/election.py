@@ -593,7 +593,12 @@ class GroupElection:
         with self._lock:
             reports, self._gone = self._gone, []
         for address, number in dict.fromkeys(reports):
-            self._remove_gone_master(address, number)
+            try:
+                self._remove_gone_master(address, number)
+            except KazooException:  # tried again at the next step (the report stands)
+                with self._lock:
+                    self._gone.append((address, number))
+                raise
             self.gone_reports_handled += 1
 
     def _remove_gone_master(self, address: str, number: int) -> None:
