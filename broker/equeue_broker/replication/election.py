@@ -592,13 +592,15 @@ class GroupElection:
         znode if it is still the live master of the reported epoch."""
         with self._lock:
             reports, self._gone = self._gone, []
-        for address, number in dict.fromkeys(reports):
+        pending = list(dict.fromkeys(reports))
+        while pending:
             try:
-                self._remove_gone_master(address, number)
-            except KazooException:  # tried again at the next step (the report stands)
+                self._remove_gone_master(*pending[0])
+            except KazooException:  # tried again at the next step (the reports stand)
                 with self._lock:
-                    self._gone.append((address, number))
+                    self._gone[:0] = pending
                 raise
+            pending.pop(0)
             self.gone_reports_handled += 1
 
     def _remove_gone_master(self, address: str, number: int) -> None:
