@@ -59,6 +59,7 @@ with any other thread, so none of it takes the store lock.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import time
@@ -70,6 +71,7 @@ from typing import Any
 from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.epochs import EpochHistory
 from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
+from equeue_broker.storage.index.index_files import IndexFiles
 from equeue_broker.storage.index.index_repair import (
     Wanted,
     entry_for,
@@ -80,6 +82,8 @@ from equeue_broker.storage.index.index_repair import (
 from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
+    Deferred,
+    QueueIndex,
     Segment,
     entry_damaged,
     index_segments,
@@ -131,6 +135,9 @@ class Checkpoint:
     """Delayed delivery as of ``index_position`` (``Timer.checkpoint_state``)."""
     keys: dict[str, Any] | None = None
     """The key index as of ``index_position`` (``KeyIndex.checkpoint_state``)."""
+    chunk_entries: dict[QueueKey, int] | None = None
+    """Each queue's entries per index chunk (its files' geometry), where the
+    checkpoint knows it: a queue it vouches for is opened lazily with it."""
 
     @property
     def scan_from(self) -> int:
@@ -148,6 +155,12 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         log.error("checkpoint lost (%s); rebuilding every index entry from the log", exc)
         return Checkpoint(0)
     ends = document.get("ends")
+    per_chunk = document.get("entries_per_chunk")
+    chunk_entries = None
+    if per_chunk is not None:  # older documents: geometry unknown, every index opened
+        chunk_entries = {
+            (str(q[0]), int(q[1])): int(q[4]) if len(q) > 4 else int(per_chunk) for q in ends or ()
+        }
     return Checkpoint(
         int(document.get("index_position", 0)),
         None if ends is None else {(str(q[0]), int(q[1])): int(q[2]) for q in ends},
@@ -161,6 +174,7 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         document.get("producers"),
         document.get("timer"),
         document.get("keys"),
+        chunk_entries,
     )
 
 
@@ -170,12 +184,17 @@ def _optional_int(value: object) -> int | None:
 
 def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
     """Persist ``checkpoint`` (fsynced)."""
+    geometry = checkpoint.chunk_entries or {}
+    counts = collections.Counter(geometry.values()).most_common(1)
+    common = counts[0][0] if counts else None
     document = {
         "index_position": checkpoint.index_position,
         "ends": [
             [t, q, e, checkpoint.earliest.get((t, q), 0)]
+            + ([geometry[t, q]] if geometry.get((t, q), common) != common else [])
             for (t, q), e in sorted((checkpoint.ends or {}).items())
         ],
+        "entries_per_chunk": common if len(geometry) == len(checkpoint.ends or {}) else None,
         "log_start": checkpoint.log_start,
         "txn_position": checkpoint.index_position
         if checkpoint.txn_position is None
@@ -210,33 +229,37 @@ def recover(
     whose open fails part-way can still release every file opened so far.
     """
     started = time.monotonic()
-    message_log.open()
     saved = load_checkpoint(config.data_dir)
+    # The records below the checkpoint were fsynced whole: the tail scan
+    # checks only what was written after it (when the log agrees it may).
+    message_log.open(saved.index_position)
     migrated = migrate_stage_dir(config.data_dir)
     checkpoint = min(
         max(saved.index_position, message_log.start_position), message_log.write_position
     )
     scan_from = min(max(saved.scan_from, message_log.start_position), checkpoint)
     scanned = message_log.tail.scanned_bytes if message_log.tail else 0
+    files = (
+        IndexFiles.for_dir(config.data_dir, config.max_open_index_files)
+        if config.max_open_index_files > 0
+        else None
+    )
+    vouching = _vouching(saved, checkpoint, message_log.start_position)
     for topic in topics:
         for q in topic.queues:
-            queue = open_queue(
-                config.data_dir, config.index_entries_per_chunk, topic.name, q.queue_id,
-                config.max_open_index_files,
-            )  # fmt: skip
             key = (topic.name, q.queue_id)
+            later = _later(vouching, key, message_log, checkpoint)
+            per_chunk = config.index_entries_per_chunk if later is None else later.per_chunk
+            deferred = None if later is None else Deferred(later.end, later.earliest, later.settle)
+            queue = open_queue(
+                config.data_dir, per_chunk, topic.name, q.queue_id, files=files, deferred=deferred
+            )
+            if later is not None:
+                later.queue = queue
             queues[key] = queue
             queue.producer_visible = q.producer_visible
-            scanned += queue.index.recover(checkpoint)
-            if saved.ends is not None:  # later entries: derived again from the log
-                saved_end = saved.ends.get(key, 0)
-                queue.index.truncate(max(saved_end, queue.index.earliest))
-                # Short of the saved end: trailing entries were zeroed on disk (they
-                # look never written); their records are below the checkpoint. An
-                # empty index is left alone: the saved end may be a deleted
-                # incarnation's (a delete cut short before the next checkpoint).
-                index = queue.index
-                index.suspect |= index.earliest < index.end < saved_end
+            if later is None:
+                scanned += _open_index(queue, checkpoint, saved.ends)
     sinks = saved.sinks if migrated is None else {**migrated, **saved.sinks}
     # A damaged timer index (or a checkpoint that is not the log's) is rebuilt
     # from the whole log: no pending delayed record may be missed.
@@ -249,7 +272,8 @@ def recover(
         saved.next_serial, sinks, scan_from <= message_log.start_position, epochs, producers
     )
     scan.timer = timer
-    rebuilt = _restore_ends(message_log, queues, checkpoint)
+    opened = {key: q for key, q in queues.items() if not q.index.deferred}
+    rebuilt = _restore_ends(message_log, opened, checkpoint)
     more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)
     rebuilt += more
     producers.truncate(message_log.write_position)  # a snapshot past a cut log
@@ -257,9 +281,10 @@ def recover(
         _recover_keys(keys, saved, message_log, checkpoint)
     same_start = saved.log_start == message_log.start_position
     for key, queue in queues.items():
-        known = saved.earliest.get(key) if same_start else None
-        settle_earliest(queue, message_log.start_position, known)
-        queue.index.sync()
+        if not queue.index.deferred:
+            known = saved.earliest.get(key) if same_start else None
+            settle_earliest(queue, message_log.start_position, known)
+            queue.index.sync()
         queue.visible_end = queue.notified_end = queue.index.end
     _clamp_offsets(offsets, queues)
     # The tail may hold data a killed process wrote but never fsynced: make it
@@ -287,6 +312,7 @@ def recover(
         producers.snapshot(),
         timer_doc,
         keys_doc,
+        {key: q.index.entries_per_chunk for key, q in queues.items()},
     )
     save_checkpoint(config.data_dir, new)
     timer.persisted(heads, timer_doc)
@@ -303,13 +329,15 @@ def recover(
     )
     # Fields, not the report's repr: a log shipper indexes them (JSON) and a
     # reader sees key=value (text).
+    lazy = sum(q.index.deferred for q in queues.values())
     log.info(
         "store opened in %.3f s", report.seconds,
         extra={"recovery_s": round(report.seconds, 3), "bytes_scanned": report.bytes_scanned,
                "tail_records_scanned": report.tail_records_scanned,
                "tail_bytes_discarded": report.tail_bytes_discarded,
                "index_entries_rebuilt": report.index_entries_rebuilt,
-               "records_of_deleted_topics": report.records_of_deleted_topics},
+               "records_of_deleted_topics": report.records_of_deleted_topics,
+               "queues": len(queues), "indexes_opened_at_first_use": lazy},
     )  # fmt: skip
     if found.open or found.commits or found.aborts:
         log.info(
@@ -317,6 +345,91 @@ def recover(
             len(found.open), found.commits, found.aborts,
         )  # fmt: skip
     return report, new, found
+
+
+def _open_index(queue: QueueState, checkpoint: int, ends: dict[QueueKey, int] | None) -> int:
+    """Open a queue's index now: set its end from its files, dropping the
+    entries at or after ``checkpoint`` (and past the saved end, with ``ends``);
+    return the bytes read."""
+    index = queue.index
+    scanned = index.recover(checkpoint)
+    if ends is not None:  # later entries: derived again from the log
+        saved_end = ends.get((queue.topic, queue.queue_id), 0)
+        index.truncate(max(saved_end, index.earliest))
+        # Short of the saved end: trailing entries were zeroed on disk (they
+        # look never written); their records are below the checkpoint. An
+        # empty index is left alone: the saved end may be a deleted
+        # incarnation's (a delete cut short before the next checkpoint).
+        index.suspect |= index.earliest < index.end < saved_end
+    return scanned
+
+
+@dataclass
+class _Vouching:
+    """What a usable checkpoint says of every queue it lists."""
+
+    checkpoint: Checkpoint
+    ends: dict[QueueKey, int]
+    chunk_entries: dict[QueueKey, int]
+
+
+def _vouching(saved: Checkpoint, checkpoint: int, log_start: int) -> _Vouching | None:
+    """The saved checkpoint's queue ends, if it vouches for them: its position
+    is the log's (the log was not cut below it), the log still starts where
+    it did (so the earliest offsets hold) and it knows the index files'
+    geometry. None: every index is opened and checked at open."""
+    if (
+        saved.ends is None
+        or saved.chunk_entries is None
+        or checkpoint != saved.index_position
+        or saved.log_start != log_start
+    ):
+        return None
+    return _Vouching(saved, saved.ends, saved.chunk_entries)
+
+
+@dataclass
+class _Later:
+    """The recovery of one vouched queue, put off until its index is first
+    used (``QueueIndex.open_now``): exactly what ``recover`` does for an index
+    opened at once, with the open's checkpoint, which no later write of the
+    store moves for this queue (it has not been used since)."""
+
+    message_log: MessageLog
+    checkpoint: int
+    end: int
+    earliest: int
+    per_chunk: int
+    queue: QueueState | None = None
+
+    def settle(self, index: QueueIndex) -> None:
+        queue = self.queue
+        assert queue is not None and queue.index is index
+        key = (queue.topic, queue.queue_id)
+        _open_index(queue, self.checkpoint, {key: self.end})
+        _restore_ends(self.message_log, {key: queue}, self.checkpoint)
+        settle_earliest(queue, self.message_log.start_position, self.earliest)
+        if index.end != self.end:  # only a damaged index and log can make it differ
+            log.warning(
+                "%s/%d: index opened at first use ends at %d, the checkpoint said %d",
+                *key, index.end, self.end,
+            )  # fmt: skip
+            queue.visible_end = queue.notified_end = index.end
+
+
+def _later(
+    vouching: _Vouching | None, key: QueueKey, message_log: MessageLog, checkpoint: int
+) -> _Later | None:
+    """A queue the checkpoint vouches for is opened at its first use; None
+    for the others (created since, or no usable checkpoint)."""
+    if vouching is None:
+        return None
+    end = vouching.ends.get(key)
+    earliest = vouching.checkpoint.earliest.get(key)
+    per_chunk = vouching.chunk_entries.get(key)
+    if end is None or earliest is None or per_chunk is None:
+        return None
+    return _Later(message_log, checkpoint, end, earliest, per_chunk)
 
 
 def _recover_keys(
@@ -352,7 +465,7 @@ def rebuild_indexes(
     page and checks every frame a second time."""
     rebuilt = orphans = 0
     pending: dict[QueueKey, bytearray] = {}
-    expected = {key: q.index.end for key, q in queues.items()}
+    expected: dict[QueueKey, int] = {}
     gaps: dict[QueueKey, Wanted] = {}
     start = checkpoint if scan_from is None else min(scan_from, checkpoint)
     if appended is not None and start == checkpoint:
@@ -369,7 +482,7 @@ def rebuild_indexes(
             derived = txns.control(message_log, position, meta, position >= checkpoint)
             for key, first_offset, staged in derived:
                 n = len(staged) // ENTRY_SIZE
-                if key not in expected:
+                if not _meet(queues, expected, key):
                     orphans += n
                     continue
                 if first_offset != expected[key] and key not in pending:
@@ -389,7 +502,7 @@ def rebuild_indexes(
         # ``count`` records of one queue at consecutive offsets from ``first``:
         # checked as the first one, the others follow it.
         key = (topic.decode(), queue_id)
-        if key not in expected:
+        if not _meet(queues, expected, key):
             orphans += count  # a deleted topic's records wait for retention
             continue
         if first != expected[key] and key not in pending:
@@ -418,6 +531,20 @@ def rebuild_indexes(
         queue = queues[key]
         queue.index.write(queue.index.end, written)
     return rebuilt, orphans
+
+
+def _meet(queues: dict[QueueKey, QueueState], expected: dict[QueueKey, int], key: QueueKey) -> bool:
+    """False if ``key`` is no live queue; else True, with its index end in
+    ``expected``: a lazily opened index is opened when the scan first meets
+    its queue (``QueueIndex.open_now``), so a queue never met costs nothing."""
+    if key in expected:
+        return True
+    queue = queues.get(key)
+    if queue is None:
+        return False
+    queue.index.open_now()
+    expected[key] = queue.index.end
+    return True
 
 
 def _buffer_segments(

@@ -35,6 +35,7 @@ import shutil
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -224,6 +225,18 @@ if CODEC is not None:  # the C encoder writes entries too: its layout must be th
     )  # fmt: skip
 
 
+@dataclass
+class Deferred:
+    """What a lazily opened index is as of its store's open (recovery.py):
+    ``end`` and ``earliest`` vouched for by the checkpoint, and ``settle``, the
+    per-queue recovery put off until the index's first use, called once with
+    the index, its files open."""
+
+    end: int
+    earliest: int
+    settle: Callable[[QueueIndex], None]
+
+
 class QueueIndex:
     """The index of one topic queue: maps queue offsets to log positions.
 
@@ -231,8 +244,18 @@ class QueueIndex:
     """
 
     def __init__(
-        self, directory: Path, entries_per_chunk: int, files: IndexFiles | None = None
+        self,
+        directory: Path,
+        entries_per_chunk: int,
+        files: IndexFiles | None = None,
+        *,
+        deferred: Deferred | None = None,
     ) -> None:
+        """Open the index in ``directory`` (creating it if need be); with
+        ``deferred``, touch no file now: ``end``, ``earliest`` and
+        ``entries_per_chunk`` are the caller's (a checkpoint vouches for them),
+        and ``deferred.settle`` runs before the first file of the index is
+        used (``_open_files``)."""
         self.directory = directory
         self.entries_per_chunk = entries_per_chunk
         self._files = files
@@ -245,12 +268,43 @@ class QueueIndex:
         """Lowest offset whose record is still in the log (maintained by retention)."""
         self.suspect = False
         """Set by ``recover``: an entry it dropped may have been a record's (``_find_end``)."""
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._deferred = deferred
+        """Set while the files are not opened yet (a lazily opened index)."""
+        if deferred is None:
+            self._open_files()
+        else:
+            self.end, self.earliest = deferred.end, deferred.earliest
+
+    @property
+    def deferred(self) -> bool:
+        """True while the index's files have not been looked at (opened lazily)."""
+        return self._deferred is not None
+
+    def _open_files(self) -> None:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         numbers = self.chunk_numbers()
         if numbers:
             header = read_header(self._fd(numbers[0]), str(self._path(numbers[0])))
             self.entries_per_chunk = header.capacity // ENTRY_SIZE
             self.earliest = numbers[0] * self.entries_per_chunk
+
+    def open_now(self) -> None:
+        """Open a lazily opened index's files and run its deferred recovery
+        (``Deferred.settle``); nothing if it is open. If that fails, it runs
+        again at the next use: a queue is never used half recovered."""
+        deferred = self._deferred
+        if deferred is None:
+            return
+        self._deferred = None
+        try:
+            self._open_files()
+            deferred.settle(self)
+        except BaseException:
+            self.release()
+            self._dirty.clear()
+            self._deferred = deferred
+            self.end, self.earliest = deferred.end, deferred.earliest
+            raise
 
     # -- files -----------------------------------------------------------------
 
@@ -258,6 +312,8 @@ class QueueIndex:
         return self.directory / chunk_file_name(number, INDEX_SUFFIX)
 
     def chunk_numbers(self) -> list[int]:
+        if self._deferred is not None:
+            self.open_now()
         for tmp in self.directory.glob("*.tmp"):
             tmp.unlink()  # an index chunk whose creation was interrupted
         return sorted(int(p.name[: -len(INDEX_SUFFIX)]) for p in self.directory.glob("*.idx"))
@@ -267,6 +323,8 @@ class QueueIndex:
         if fd is not None and self._files is not None:
             self._files.used(self, number)
         if fd is None:
+            if self._deferred is not None:  # the first use of a lazily opened index
+                self.open_now()
             path = self._path(number)
             if not path.exists():
                 if not create:
