@@ -82,6 +82,7 @@ from equeue_broker.storage.index.index_repair import (
 from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
+    INDEX_SUFFIX,
     Deferred,
     QueueIndex,
     Segment,
@@ -90,6 +91,7 @@ from equeue_broker.storage.index.queue_index import (
 )
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.keys.key_index import KeyIndex
+from equeue_broker.storage.log.chunk import chunk_file_name
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.meta.atomic_file import load_json, save_json
 from equeue_broker.storage.meta.offsets import OffsetStore
@@ -244,11 +246,11 @@ def recover(
         if config.max_open_index_files > 0
         else None
     )
-    vouching = _vouching(saved, checkpoint, message_log.start_position)
+    vouching = _vouching(saved, checkpoint, message_log, str(config.data_dir / "index"))
     for topic in topics:
         for q in topic.queues:
             key = (topic.name, q.queue_id)
-            later = _later(vouching, key, message_log, checkpoint)
+            later = None if vouching is None else vouching.later(topic, q.queue_id)
             per_chunk = config.index_entries_per_chunk if later is None else later.per_chunk
             deferred = None if later is None else Deferred(later.end, later.earliest, later.settle)
             queue = open_queue(
@@ -368,12 +370,37 @@ def _open_index(queue: QueueState, checkpoint: int, ends: dict[QueueKey, int] | 
 class _Vouching:
     """What a usable checkpoint says of every queue it lists."""
 
-    checkpoint: Checkpoint
+    saved: Checkpoint
     ends: dict[QueueKey, int]
     chunk_entries: dict[QueueKey, int]
+    message_log: MessageLog
+    checkpoint: int
+    index_root: str
+
+    def later(self, topic: TopicMeta, queue_id: int) -> _Later | None:
+        """A queue the checkpoint vouches for is opened at its first use; None
+        for the others: created since (a topic created at or after the
+        checkpoint, a queue it does not list), or no index file where the
+        checkpoint's last entry would be (a queue deleted and created again
+        since: its index was started anew)."""
+        if topic.created_position >= self.checkpoint:
+            return None
+        key = (topic.name, queue_id)
+        end = self.ends.get(key)
+        earliest = self.saved.earliest.get(key)
+        per_chunk = self.chunk_entries.get(key)
+        if end is None or earliest is None or per_chunk is None:
+            return None
+        if end > 0:
+            name = chunk_file_name((end - 1) // per_chunk, INDEX_SUFFIX)
+            if not os.path.exists(f"{self.index_root}/{topic.name}/{queue_id}/{name}"):
+                return None
+        return _Later(self.message_log, self.checkpoint, end, earliest, per_chunk)
 
 
-def _vouching(saved: Checkpoint, checkpoint: int, log_start: int) -> _Vouching | None:
+def _vouching(
+    saved: Checkpoint, checkpoint: int, message_log: MessageLog, index_root: str
+) -> _Vouching | None:
     """The saved checkpoint's queue ends, if it vouches for them: its position
     is the log's (the log was not cut below it), the log still starts where
     it did (so the earliest offsets hold) and it knows the index files'
@@ -382,10 +409,10 @@ def _vouching(saved: Checkpoint, checkpoint: int, log_start: int) -> _Vouching |
         saved.ends is None
         or saved.chunk_entries is None
         or checkpoint != saved.index_position
-        or saved.log_start != log_start
+        or saved.log_start != message_log.start_position
     ):
         return None
-    return _Vouching(saved, saved.ends, saved.chunk_entries)
+    return _Vouching(saved, saved.ends, saved.chunk_entries, message_log, checkpoint, index_root)
 
 
 @dataclass
@@ -409,27 +436,12 @@ class _Later:
         _open_index(queue, self.checkpoint, {key: self.end})
         _restore_ends(self.message_log, {key: queue}, self.checkpoint)
         settle_earliest(queue, self.message_log.start_position, self.earliest)
-        if index.end != self.end:  # only a damaged index and log can make it differ
+        if index.end != self.end:  # a damaged index and log, or a queue made anew
             log.warning(
                 "%s/%d: index opened at first use ends at %d, the checkpoint said %d",
                 *key, index.end, self.end,
             )  # fmt: skip
             queue.visible_end = queue.notified_end = index.end
-
-
-def _later(
-    vouching: _Vouching | None, key: QueueKey, message_log: MessageLog, checkpoint: int
-) -> _Later | None:
-    """A queue the checkpoint vouches for is opened at its first use; None
-    for the others (created since, or no usable checkpoint)."""
-    if vouching is None:
-        return None
-    end = vouching.ends.get(key)
-    earliest = vouching.checkpoint.earliest.get(key)
-    per_chunk = vouching.chunk_entries.get(key)
-    if end is None or earliest is None or per_chunk is None:
-        return None
-    return _Later(message_log, checkpoint, end, earliest, per_chunk)
 
 
 def _recover_keys(
