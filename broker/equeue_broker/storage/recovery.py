@@ -222,10 +222,12 @@ def recover(
     producers: ProducerTable,
     timer: Timer,
     keys: KeyIndex | None = None,
-) -> tuple[RecoveryReport, Checkpoint, RecoveredTxns]:
+) -> tuple[RecoveryReport, Checkpoint, RecoveredTxns, int]:
     """Open ``message_log`` and the index of every queue of ``topics``, repair
     them, recover transactions and ``producers``, and return the report, the
-    new checkpoint and the transactions.
+    new checkpoint, the transactions and the position of the checkpoint on
+    disk (the new one's, or the saved one's when that still holds: the first
+    flush then saves the next).
 
     Each queue is put into ``queues`` as soon as it is open, so that a caller
     whose open fails part-way can still release every file opened so far.
@@ -282,15 +284,21 @@ def recover(
     if keys is not None:
         _recover_keys(keys, saved, message_log, checkpoint)
     same_start = saved.log_start == message_log.start_position
+    # The saved checkpoint still holds for the log as it is (not cut below
+    # it): the entries rebuilt here are fsynced by the first flush, which
+    # saves the next one, rather than one fsync per queue before the broker
+    # answers. Otherwise they are fsynced now and a checkpoint saved.
+    save = migrated is not None or checkpoint != saved.index_position
     for key, queue in queues.items():
         if not queue.index.deferred:
             known = saved.earliest.get(key) if same_start else None
             settle_earliest(queue, message_log.start_position, known)
-            queue.index.sync()
+            if save:
+                queue.index.sync()
         queue.visible_end = queue.notified_end = queue.index.end
     _clamp_offsets(offsets, queues)
     # The tail may hold data a killed process wrote but never fsynced: make it
-    # durable before the checkpoint claims everything below it is indexed.
+    # durable before a checkpoint claims everything below it is indexed.
     os.fsync(message_log.sync_target()[1])
     found = scan.found
     end = message_log.write_position
@@ -316,8 +324,9 @@ def recover(
         keys_doc,
         {key: q.index.entries_per_chunk for key, q in queues.items()},
     )
-    save_checkpoint(config.data_dir, new)
-    timer.persisted(heads, timer_doc)
+    if save:
+        save_checkpoint(config.data_dir, new)
+        timer.persisted(heads, timer_doc)
     if migrated is not None:
         remove_stage_dir(config.data_dir)
     tail = message_log.tail
@@ -346,7 +355,7 @@ def recover(
             "transactions: %d open, %d commits and %d aborts read from the log",
             len(found.open), found.commits, found.aborts,
         )  # fmt: skip
-    return report, new, found
+    return report, new, found, end if save else checkpoint
 
 
 def _open_index(queue: QueueState, checkpoint: int, ends: dict[QueueKey, int] | None) -> int:
@@ -354,9 +363,10 @@ def _open_index(queue: QueueState, checkpoint: int, ends: dict[QueueKey, int] | 
     entries at or after ``checkpoint`` (and past the saved end, with ``ends``);
     return the bytes read."""
     index = queue.index
-    scanned = index.recover(checkpoint)
+    key = (queue.topic, queue.queue_id)
+    scanned = index.recover(checkpoint, None if ends is None else ends.get(key))
     if ends is not None:  # later entries: derived again from the log
-        saved_end = ends.get((queue.topic, queue.queue_id), 0)
+        saved_end = ends.get(key, 0)
         index.truncate(max(saved_end, index.earliest))
         # Short of the saved end: trailing entries were zeroed on disk (they
         # look never written); their records are below the checkpoint. An

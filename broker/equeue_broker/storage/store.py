@@ -134,7 +134,7 @@ class Store:
             """Idempotent producers' state (producers/table.py): derived from
             the log like the indexes; used with the engine lock held."""
             self.timer = timer = Timer(config.timer, root / "timer", message_log, delivering)
-            self.recovery, checkpoint, recovered = recover(
+            self.recovery, checkpoint, recovered, saved_at = recover(
                 config, message_log, topics.values(), offsets, queues,
                 producers=self.producers, timer=timer, keys=key_index,
             )  # fmt: skip
@@ -150,9 +150,7 @@ class Store:
             raise
         self._snapshot_version = -1
         self._snapshot: list[Any] = []
-        self._state = state = EngineState(
-            config, message_log, offsets, queues, topics, checkpoint.index_position
-        )
+        self._state = state = EngineState(config, message_log, offsets, queues, topics, saved_at)
         state.keys = key_index
         self._writer = LogWriter(state)
         self._topic_admin = TopicAdmin(

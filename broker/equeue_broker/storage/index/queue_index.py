@@ -270,6 +270,8 @@ class QueueIndex:
         """Set by ``recover``: an entry it dropped may have been a record's (``_find_end``)."""
         self._deferred = deferred
         """Set while the files are not opened yet (a lazily opened index)."""
+        self._numbers: list[int] | None = None
+        """``chunk_numbers``, once listed."""
         if deferred is None:
             self._open_files()
         else:
@@ -302,6 +304,7 @@ class QueueIndex:
         except BaseException:
             self.release()
             self._dirty.clear()
+            self._numbers = None
             self._deferred = deferred
             self.end, self.earliest = deferred.end, deferred.earliest
             raise
@@ -312,11 +315,21 @@ class QueueIndex:
         return self.directory / chunk_file_name(number, INDEX_SUFFIX)
 
     def chunk_numbers(self) -> list[int]:
+        """The numbers of the index's chunk files, in order: listed once (one
+        directory read, leftovers of an interrupted creation removed), then
+        kept up to date as chunks are created and deleted."""
         if self._deferred is not None:
             self.open_now()
-        for tmp in self.directory.glob("*.tmp"):
-            tmp.unlink()  # an index chunk whose creation was interrupted
-        return sorted(int(p.name[: -len(INDEX_SUFFIX)]) for p in self.directory.glob("*.idx"))
+        if self._numbers is None:
+            numbers = []
+            with os.scandir(self.directory) as entries:
+                for entry in entries:
+                    if entry.name.endswith(".tmp"):
+                        os.unlink(entry.path)  # an index chunk whose creation was interrupted
+                    elif entry.name.endswith(INDEX_SUFFIX):
+                        numbers.append(int(entry.name[: -len(INDEX_SUFFIX)]))
+            self._numbers = sorted(numbers)
+        return list(self._numbers)
 
     def _fd(self, number: int, create: bool = False) -> int:
         fd = self._fds.get(number)
@@ -334,6 +347,7 @@ class QueueIndex:
                     CHUNK_TYPE_INDEX, number, capacity, int(time.time() * 1000), ENTRY_SIZE
                 )
                 create_chunk_file(path, header)
+                self._numbers = None
             fd = os.open(path, os.O_RDWR)
             self._fds[number] = fd
             if self._files is not None:
@@ -450,7 +464,7 @@ class QueueIndex:
 
     # -- recovery and retention --------------------------------------------------
 
-    def recover(self, keep_below_position: int) -> int:
+    def recover(self, keep_below_position: int, known_end: int | None = None) -> int:
         """Set ``end`` from the files, dropping entries at or past ``keep_below_position``.
 
         Entries for records before the checkpoint position were fsynced and are
@@ -458,10 +472,19 @@ class QueueIndex:
         Only the tail of the last chunk is read: its written parts, from the last
         non-zero entry back to the last one kept (``_find_end``). Returns the
         number of bytes read.
+
+        ``known_end``: the end the checkpoint saved. When the entry before it is
+        intact and names a record before ``keep_below_position``, that is the
+        end: only the entries after it are looked at, to be zeroed
+        (``_recover_known``), not walked one by one.
         """
         numbers = self.chunk_numbers()
         self.end = self.earliest
         self.suspect = False
+        if known_end is not None and numbers:
+            read = self._recover_known(numbers, keep_below_position, known_end)
+            if read is not None:
+                return read
         scanned = 0
         for number in reversed(numbers):
             fd = self._fd(number)
@@ -476,6 +499,46 @@ class QueueIndex:
                 break
         self.earliest = min(self.earliest, self.end)
         return scanned
+
+    def _recover_known(self, numbers: list[int], keep_below: int, end: int) -> int | None:
+        """``recover`` to ``end`` if the entry before it is intact and names a
+        record below ``keep_below`` (else None: the caller walks the entries):
+        the written entries after it, in its chunk and any later one, are
+        zeroed. Returns the bytes read."""
+        if end <= self.earliest or end > (numbers[-1] + 1) * self.entries_per_chunk:
+            return None
+        number, slot = divmod(end - 1, self.entries_per_chunk)
+        if number not in numbers:
+            return None
+        fd = self._fd(number)
+        raw = os.pread(fd, ENTRY_SIZE, HEADER_SIZE + slot * ENTRY_SIZE)
+        read = len(raw)
+        if len(raw) != ENTRY_SIZE or entry_damaged(raw):
+            return None
+        position = _POSITION.unpack_from(raw)[0] - 1
+        if not 0 <= position < keep_below:
+            return None
+        for later in (n for n in numbers if n >= number):
+            first = slot + 1 if later == number else 0
+            read += self._zero_after(self._fd(later), later, first)
+        self.end = end
+        return read
+
+    def _zero_after(self, fd: int, number: int, first: int) -> int:
+        """Zero the written entries of chunk ``number`` from slot ``first`` on;
+        the bytes read to find them (only the last written block is read)."""
+        start = HEADER_SIZE + first * ENTRY_SIZE
+        data_end = HEADER_SIZE + self.entries_per_chunk * ENTRY_SIZE
+        for offset, data in read_backwards(fd, start, data_end, ENTRY_SIZE):
+            nonzero = len(data.rstrip(b"\x00"))
+            if nonzero:
+                used = offset + nonzero - start
+                zeros = bytes(min(used, 1 << 20))
+                for at in range(start, start + used, len(zeros)):
+                    pwrite_all(fd, zeros[: start + used - at], at)
+                self._dirty.add(number)
+                return len(data)
+        return 0
 
     def _find_end(self, fd: int, keep_below_position: int) -> tuple[int, int, int, bool]:
         """(kept, used, bytes read, suspect) for one chunk: ``used`` slots run up
@@ -520,9 +583,10 @@ class QueueIndex:
             self._write_all(offset, memoryview(bytes((self.end - offset) * ENTRY_SIZE)))
             self.end = offset
 
-    def delete_chunks_below(self, log_start: int) -> int:
+    def delete_chunks_below(self, log_start: int, *, find_earliest: bool = True) -> int:
         """Delete index chunks whose every entry points below ``log_start``; update
-        ``earliest``. Returns the number of chunks deleted."""
+        ``earliest`` (unless not ``find_earliest``: the caller knows it).
+        Returns the number of chunks deleted."""
         deleted = 0
         numbers = self.chunk_numbers()
         for number in numbers[:-1]:  # the chunk holding `end` is never deleted
@@ -533,8 +597,9 @@ class QueueIndex:
                 break
             self._close_chunk(number)
             self._path(number).unlink()
+            self._numbers = None
             deleted += 1
-        if self.end > self.earliest:
+        if self.end > self.earliest and find_earliest:
             lo = max(self.earliest, self.chunk_numbers()[0] * self.entries_per_chunk)
             self.earliest = self.first_offset_where(lo, 0, log_start + 1)
         return deleted
