@@ -257,6 +257,7 @@ class QueueIndex:
         and ``deferred.settle`` runs before the first file of the index is
         used (``_open_files``)."""
         self.directory = directory
+        self._dir = str(directory)
         self.entries_per_chunk = entries_per_chunk
         self._files = files
         """The store's descriptor budget (index_files.py); None: no limit."""
@@ -283,7 +284,12 @@ class QueueIndex:
         return self._deferred is not None
 
     def _open_files(self) -> None:
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.mkdir(self._dir, 0o700)
+        except FileExistsError:
+            pass  # the usual case: one syscall, where pathlib's mkdir costs a stat more
+        except FileNotFoundError:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         numbers = self.chunk_numbers()
         if numbers:
             header = read_header(self._fd(numbers[0]), str(self._path(numbers[0])))
@@ -322,7 +328,7 @@ class QueueIndex:
             self.open_now()
         if self._numbers is None:
             numbers = []
-            with os.scandir(self.directory) as entries:
+            with os.scandir(self._dir) as entries:
                 for entry in entries:
                     if entry.name.endswith(".tmp"):
                         os.unlink(entry.path)  # an index chunk whose creation was interrupted
@@ -338,17 +344,21 @@ class QueueIndex:
         if fd is None:
             if self._deferred is not None:  # the first use of a lazily opened index
                 self.open_now()
-            path = self._path(number)
-            if not path.exists():
+            # A string path and one open (no stat, no pathlib): a restart after
+            # writes to many queues opens thousands of these.
+            path = f"{self._dir}/{chunk_file_name(number, INDEX_SUFFIX)}"
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
                 if not create:
-                    raise CorruptionError(f"index chunk {path} is missing", str(path))
+                    raise CorruptionError(f"index chunk {path} is missing", path) from None
                 capacity = self.entries_per_chunk * ENTRY_SIZE
                 header = ChunkHeader(
                     CHUNK_TYPE_INDEX, number, capacity, int(time.time() * 1000), ENTRY_SIZE
                 )
-                create_chunk_file(path, header)
+                create_chunk_file(Path(path), header)
                 self._numbers = None
-            fd = os.open(path, os.O_RDWR)
+                fd = os.open(path, os.O_RDWR)
             self._fds[number] = fd
             if self._files is not None:
                 self._files.opened(self, number)

@@ -122,6 +122,36 @@ class TailRecovery:
     (non-hole) parts of the chunk after the last complete append."""
 
 
+def _valid_frames(buf: Buffer, start: int, end: int) -> tuple[int, int, int, str]:
+    """(records, end of the last of them, end of the last closing an append,
+    why the next is not one) for the intact frames of ``buf`` from ``start``.
+    The checks run in C where built (``check_frames``); the frames found are
+    then walked by their lengths alone, for their count and flags."""
+    if CODEC is None:
+        pos = good_end = start
+        count = 0
+        while True:
+            verdict = check_frame(buf, pos, end)
+            if isinstance(verdict, str):
+                return count, pos, good_end, verdict
+            count += 1
+            if buf[pos + 5] & FLAG_BATCH_END:
+                good_end = pos + verdict
+            pos += verdict
+    bad = check_frames(buf, start, end)
+    stop = end if bad < 0 else bad
+    why = check_frame(buf, stop, end)
+    pos = good_end = start
+    count = 0
+    while pos < stop:
+        size = int.from_bytes(buf[pos : pos + 4], "little") + BODY_TO_FRAME
+        count += 1
+        if buf[pos + 5] & FLAG_BATCH_END:
+            good_end = pos + size
+        pos += size
+    return count, pos, good_end, why if isinstance(why, str) else "end of the chunk"
+
+
 class MessageLog:
     def __init__(self, directory: Path, capacity: int, max_mapped: int) -> None:
         self.directory = directory
@@ -319,17 +349,8 @@ class MessageLog:
     def _recover_tail(self, chunk: LogChunk) -> TailRecovery:
         buf = chunk.buffer()
         end = HEADER_SIZE + chunk.capacity
-        pos = scan_start = self._trusted_start(chunk, buf, end)
-        good_end = pos  # end of the last record that closed an append
-        scanned = 0
-        while True:
-            verdict = check_frame(buf, pos, end)
-            if isinstance(verdict, str):
-                break
-            scanned += 1
-            if buf[pos + 5] & FLAG_BATCH_END:
-                good_end = pos + verdict
-            pos += verdict
+        scan_start = self._trusted_start(chunk, buf, end)
+        scanned, pos, good_end, verdict = _valid_frames(buf, scan_start, end)
         reason = verdict if pos == good_end else "incomplete append after the last batch end"
         # Anything non-zero after good_end (a torn append, garbage, pages of an
         # append that reached the disk while earlier ones did not) must be zeroed,
