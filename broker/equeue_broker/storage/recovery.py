@@ -6,8 +6,15 @@ after the checkpoint and rebuilds them by scanning the log from there, checks
 each queue's end against the log and rebuilds damaged entries from it
 (``index_repair.py``: a damaged index never cuts the log), lowers
 committed offsets a power loss left past their queue's end, and writes a new
-checkpoint. Opening therefore costs time in proportion to what was written
-since the last checkpoint (about one flush interval), not to the log's size.
+checkpoint (only when the saved one no longer holds: else the first flush
+fsyncs what was rebuilt and saves it). Opening therefore costs time in
+proportion to what was written since the last checkpoint (about one flush
+interval), not to the log's size nor to the number of queues: the log's
+tail scan starts at the checkpoint (``MessageLog.open``), and a queue the
+checkpoint vouches for (``_Vouching``) is not opened at all: its end and
+earliest offset are the checkpoint's, and the per-queue steps above run when
+its index is first used (``_Later``, ``QueueIndex.open_now``), exactly as
+they would have at open.
 
 Transactions are recovered in the same scan (txn_recovery.py), which starts
 early enough to see every record of the transactions open at the checkpoint.
@@ -17,12 +24,16 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
 
     {"index_position": P,   every index entry of a record (or commit record)
                             below P is fsynced
-     "ends": [[topic, queue_id, end, earliest], ...],
+     "ends": [[topic, queue_id, end, earliest(, per_chunk)], ...],
                             each queue's index end when P was taken: entries
                             past it are dropped at open and derived again from
                             the log (a commit's entries point before P); and
                             its earliest offset, valid while the log still
-                            starts at "log_start" (else found by a scan)
+                            starts at "log_start" (else found by a scan); and
+                            its index entries per chunk file when not
+                            "entries_per_chunk"
+     "entries_per_chunk": E,            the index files' usual geometry (null
+                            or absent: unknown, no queue is opened lazily)
      "log_start": S,
      "txn_position": T,     first record of the oldest transaction open at P
                             (P when none was): where the scan starts
