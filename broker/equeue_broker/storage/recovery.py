@@ -298,8 +298,9 @@ def recover(
     # The saved checkpoint still holds for the log as it is (not cut below
     # it): the entries rebuilt here are fsynced by the first flush, which
     # saves the next one, rather than one fsync per queue before the broker
-    # answers. Otherwise they are fsynced now and a checkpoint saved.
-    save = migrated is not None or checkpoint != saved.index_position
+    # answers. Otherwise (or none was saved, or it was lost) they are
+    # fsynced now and a checkpoint saved.
+    save = migrated is not None or checkpoint != saved.index_position or saved.ends is None
     for key, queue in queues.items():
         if not queue.index.deferred:
             known = saved.earliest.get(key) if same_start else None

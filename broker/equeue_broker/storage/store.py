@@ -642,8 +642,10 @@ class Store:
             self._state.check_open()
             target = self._state.log.write_position
             fds = [fd for q in self._state.queues.values() for fd in q.index.take_dirty()]
-            ends = {key: q.index.end for key, q in self._state.queues.items()}
-            earliest = {key: q.index.earliest for key, q in self._state.queues.items()}
+            queues = self._state.queues.items()
+            ends = {key: q.index.end for key, q in queues}
+            earliest = {key: q.index.earliest for key, q in queues}
+            per_chunk = {key: q.index.entries_per_chunk for key, q in queues}
             start = self._state.log.start_position
             txn_position, serial, sinks = self.transactions.checkpoint_state()
             epochs = tuple(self.epochs.entries())
@@ -654,7 +656,7 @@ class Store:
             keys_doc, key_fds = KeyIndex.checkpoint_of(self._state.keys)
         checkpoint = Checkpoint(
             target, ends, earliest, start, txn_position, serial, sinks, epochs, held, producers,
-            timer_doc, keys_doc,
+            timer_doc, keys_doc, per_chunk,
         )  # fmt: skip
         try:
             self._state.commit.make_durable(target)
