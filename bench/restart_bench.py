@@ -26,7 +26,12 @@ broker logs it ("store opened in X s").
 
 Baseline, in the same rounds: a broker over an empty data directory restarted
 the same way (the floor: interpreter, imports, gRPC start-up). Each shape's
-restart is reported as a ratio to it. Target (issue 31): < 2 s for 10 M
+restart is reported as a ratio to it. With ``--baseline-python PATH`` (the
+interpreter of another checkout's virtualenv, e.g. the code before a change),
+every broker is doubled: one more of each runs that interpreter's
+``equeue_broker`` over a copy of the same filled data directory (and its own
+empty floor), restarted in the same rounds, so that before and after are
+measured under the same load. Target (issue 31): < 2 s for 10 M
 messages in both shapes after ``kill -9`` while producing. The issue's figures
 before this work: 4.20 s in one topic, 9.8 s clean / 10.1 s after kill -9
 over 12,800 queues (idle machine).
@@ -113,14 +118,40 @@ class Subject:
     timings: dict[str, list[Timing]] = field(default_factory=dict)
 
 
-def start_broker(root: Path, name: str) -> BrokerProcess:
+class OtherBroker(BrokerProcess):
+    """A broker run by another interpreter (``--baseline-python``)."""
+
+    def __init__(self, python: str, data_dir: Path, *flags: str, log_path: Path) -> None:
+        super().__init__(data_dir, *flags, log_path=log_path)
+        self.python = python
+
+    def command(self) -> list[str]:
+        return [self.python, *super().command()[1:]]
+
+
+def start_broker(root: Path, name: str, python: str | None = None) -> BrokerProcess:
     data = root / name / "data"
     data.mkdir(parents=True, exist_ok=True)
-    broker = BrokerProcess(
-        data, "--flush", "async", "--log-level", "INFO", log_path=root / name / "broker.log"
+    flags = ("--flush", "async", "--log-level", "INFO")
+    log_path = root / name / "broker.log"
+    broker = (
+        BrokerProcess(data, *flags, log_path=log_path)
+        if python is None
+        else OtherBroker(python, data, *flags, log_path=log_path)
     )
     broker.start(START_TIMEOUT_S)
     return broker
+
+
+def copy_of(root: Path, subject: Subject, python: str) -> Subject:
+    """The same shape and data, served by ``python``'s broker (stopped to copy)."""
+    name = f"{subject.label} baseline".replace(",", "").replace(" ", "-")
+    subject.broker.stop()
+    shutil.copytree(subject.broker.data_dir, root / name / "data")
+    subject.broker.start(START_TIMEOUT_S)
+    copy = Subject(f"{subject.label} (baseline)", subject.shape, start_broker(root, name, python))
+    copy.messages = subject.messages
+    return copy
 
 
 def config_for(broker: BrokerProcess) -> ClientConfig:
@@ -283,8 +314,11 @@ def median(values: list[float]) -> float:
 
 
 def table(subjects: list[Subject], repeat: int) -> str:
-    floor = subjects[0]
-    base = median([t.answered for t in floor.timings["clean stop"]])
+    floors = {
+        "baseline" in s.label: median([t.answered for t in s.timings["clean stop"]])
+        for s in subjects
+        if s.shape is None
+    }
     lines = [
         "| broker | messages | queues | restart after clean stop s | restart after kill -9 "
         "while producing s | x empty broker (clean / kill -9) | ready line s (clean / kill -9) "
@@ -292,6 +326,7 @@ def table(subjects: list[Subject], repeat: int) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for s in subjects:
+        base = floors["baseline" in s.label]
         cells, ratios, ready, opened = [], [], [], []
         for kind in KINDS:
             runs = s.timings.get(kind, [])
@@ -314,7 +349,8 @@ def table(subjects: list[Subject], repeat: int) -> str:
     return "\n".join(lines) + (
         f"\n\nMedian (max) of {repeat} restarts each, seconds from spawning the broker to "
         "health SERVING and one message produced and pulled back; ratios to the empty "
-        "broker's restart after a clean stop, measured in the same rounds."
+        "broker's restart after a clean stop (a baseline broker's: to the baseline's empty "
+        "broker), measured in the same rounds."
     )
 
 
@@ -334,6 +370,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run of seconds")
     parser.add_argument("--repeat", type=int, default=1, help="restarts of each kind per broker")
     parser.add_argument("--messages", type=int, default=10_000_000, help="messages per shape")
+    parser.add_argument(
+        "--baseline-python",
+        help="also restart every broker run by this interpreter (another checkout's venv)",
+    )
     args = parser.parse_args()
     if args.repeat < 1 or args.messages < 1:
         parser.error("--repeat and --messages must be positive")
@@ -349,13 +389,24 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="equeue-restart-bench-"))
     subjects: list[Subject] = []
     try:
-        subjects.append(Subject("empty broker (floor)", None, start_broker(root, "empty")))
-        with Admin(config=config_for(subjects[0].broker)) as admin:
-            admin.create_topic("probe", queues=1)
+        floors = [Subject("empty broker (floor)", None, start_broker(root, "empty"))]
+        if args.baseline_python:
+            floors.append(
+                Subject(
+                    "empty broker (floor, baseline)", None,
+                    start_broker(root, "empty-baseline", args.baseline_python),
+                )
+            )  # fmt: skip
+        subjects += floors
+        for floor in floors:
+            with Admin(config=config_for(floor.broker)) as admin:
+                admin.create_topic("probe", queues=1)
         for shape in shapes:
             subject = Subject(shape.name, shape, start_broker(root, shape.name.replace(",", "")))
             subjects.append(subject)
             subject.messages = fill(subject, messages)
+            if args.baseline_python:
+                subjects.append(copy_of(root, subject, args.baseline_python))
         for round_ in range(args.repeat):
             progress(f"round {round_ + 1} of {args.repeat}, load {loadavg()}")
             for subject in subjects:
