@@ -328,22 +328,25 @@ class QueueIndex:
             self.open_now()
         if self._numbers is None:
             numbers = []
-            with os.scandir(self._dir) as entries:
-                for entry in entries:
-                    if entry.name.endswith(".tmp"):
-                        os.unlink(entry.path)  # an index chunk whose creation was interrupted
-                    elif entry.name.endswith(INDEX_SUFFIX):
-                        numbers.append(int(entry.name[: -len(INDEX_SUFFIX)]))
+            try:
+                with os.scandir(self._dir) as entries:
+                    for entry in entries:
+                        if entry.name.endswith(".tmp"):
+                            os.unlink(entry.path)  # a chunk whose creation was interrupted
+                        elif entry.name.endswith(INDEX_SUFFIX):
+                            numbers.append(int(entry.name[: -len(INDEX_SUFFIX)]))
+            except FileNotFoundError:
+                pass  # no directory (yet): no chunk
             self._numbers = sorted(numbers)
         return list(self._numbers)
 
     def _fd(self, number: int, create: bool = False) -> int:
+        if self._deferred is not None:  # the first use of a lazily opened index
+            self.open_now()
         fd = self._fds.get(number)
         if fd is not None and self._files is not None:
             self._files.used(self, number)
         if fd is None:
-            if self._deferred is not None:  # the first use of a lazily opened index
-                self.open_now()
             # A string path and one open (no stat, no pathlib): a restart after
             # writes to many queues opens thousands of these.
             path = f"{self._dir}/{chunk_file_name(number, INDEX_SUFFIX)}"
