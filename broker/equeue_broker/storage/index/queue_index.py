@@ -245,7 +245,7 @@ class QueueIndex:
 
     def __init__(
         self,
-        directory: Path,
+        directory: Path | str,
         entries_per_chunk: int,
         files: IndexFiles | None = None,
         *,
@@ -256,8 +256,9 @@ class QueueIndex:
         ``entries_per_chunk`` are the caller's (a checkpoint vouches for them),
         and ``deferred.settle`` runs before the first file of the index is
         used (``_open_files``)."""
-        self.directory = directory
         self._dir = str(directory)
+        """The directory as a string: a restart builds one per queue, and a
+        ``Path`` costs several times more (``directory`` makes one on demand)."""
         self.entries_per_chunk = entries_per_chunk
         self._files = files
         """The store's descriptor budget (index_files.py); None: no limit."""
@@ -277,6 +278,10 @@ class QueueIndex:
             self._open_files()
         else:
             self.end, self.earliest = deferred.end, deferred.earliest
+
+    @property
+    def directory(self) -> Path:
+        return Path(self._dir)
 
     @property
     def deferred(self) -> bool:

@@ -48,9 +48,8 @@ def open_queue(
     ``data_dir``; ``max_open_files`` > 0: the store's index files share that
     descriptor budget (index_files.py), or ``files``, that budget already
     looked up. ``deferred``: open its files at first use (queue_index.py)."""
-    # One Path from a string (a third of the cost of three joins): a restart
-    # builds one per queue.
-    directory = Path(f"{data_dir}/index/{topic}/{queue_id}")
+    # A string, not a Path (several times the cost): a restart makes one per queue.
+    directory = f"{data_dir}/index/{topic}/{queue_id}"
     if files is None and max_open_files > 0:
         files = IndexFiles.for_dir(data_dir, max_open_files)
     index = QueueIndex(directory, entries_per_chunk, files, deferred=deferred)
