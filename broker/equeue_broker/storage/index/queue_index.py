@@ -297,7 +297,8 @@ class QueueIndex:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         numbers = self.chunk_numbers()
         if numbers:
-            header = read_header(self._fd(numbers[0]), str(self._path(numbers[0])))
+            path = f"{self._dir}/{chunk_file_name(numbers[0], INDEX_SUFFIX)}"
+            header = read_header(self._fd(numbers[0]), path)
             self.entries_per_chunk = header.capacity // ENTRY_SIZE
             self.earliest = numbers[0] * self.entries_per_chunk
 
