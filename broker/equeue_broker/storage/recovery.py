@@ -457,6 +457,8 @@ class _Later:
         key = (queue.topic, queue.queue_id)
         _open_index(queue, self.checkpoint, {key: self.end})
         _restore_ends(self.message_log, {key: queue}, self.checkpoint)
+        # The log still starts where it did at open: retention reads every
+        # queue's entries (opening each) before it deletes a chunk.
         settle_earliest(queue, self.message_log.start_position, self.earliest)
         if index.end != self.end:  # a damaged index and log, or a queue made anew
             log.warning(
