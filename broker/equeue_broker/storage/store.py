@@ -134,7 +134,7 @@ class Store:
             """Idempotent producers' state (producers/table.py): derived from
             the log like the indexes; used with the engine lock held."""
             self.timer = timer = Timer(config.timer, root / "timer", message_log, delivering)
-            self.recovery, checkpoint, recovered = recover(
+            self.recovery, checkpoint, recovered, saved_at = recover(
                 config, message_log, topics.values(), offsets, queues,
                 producers=self.producers, timer=timer, keys=key_index,
             )  # fmt: skip
@@ -150,9 +150,7 @@ class Store:
             raise
         self._snapshot_version = -1
         self._snapshot: list[Any] = []
-        self._state = state = EngineState(
-            config, message_log, offsets, queues, topics, checkpoint.index_position
-        )
+        self._state = state = EngineState(config, message_log, offsets, queues, topics, saved_at)
         state.keys = key_index
         self._writer = LogWriter(state)
         self._topic_admin = TopicAdmin(
@@ -644,8 +642,10 @@ class Store:
             self._state.check_open()
             target = self._state.log.write_position
             fds = [fd for q in self._state.queues.values() for fd in q.index.take_dirty()]
-            ends = {key: q.index.end for key, q in self._state.queues.items()}
-            earliest = {key: q.index.earliest for key, q in self._state.queues.items()}
+            queues = self._state.queues.items()
+            ends = {key: q.index.end for key, q in queues}
+            earliest = {key: q.index.earliest for key, q in queues}
+            per_chunk = {key: q.index.entries_per_chunk for key, q in queues}
             start = self._state.log.start_position
             txn_position, serial, sinks = self.transactions.checkpoint_state()
             epochs = tuple(self.epochs.entries())
@@ -656,7 +656,7 @@ class Store:
             keys_doc, key_fds = KeyIndex.checkpoint_of(self._state.keys)
         checkpoint = Checkpoint(
             target, ends, earliest, start, txn_position, serial, sinks, epochs, held, producers,
-            timer_doc, keys_doc,
+            timer_doc, keys_doc, per_chunk,
         )  # fmt: skip
         try:
             self._state.commit.make_durable(target)
