@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from equeue_broker.storage import MessageBatch, Store
 from equeue_broker.storage.recovery import load_checkpoint
+from equeue_broker.storage.txn.txn_recovery import TxnScan
 from tests.conftest import MakeConfig
 from tests.support.faults import (
     chunk_path,
@@ -177,3 +178,27 @@ def test_many_queues_restart_without_opening_their_indexes(open_store: OpenStore
     for t in range(4):
         result = store.read(f"t{t}", 15, 0, max_messages=100)
         assert [m.value for m in result.messages] == [b"x15"] * 16 + [b"y"]
+
+
+def test_a_truncation_below_the_checkpoint_saves_one_at_once(open_store: OpenStore) -> None:
+    """A replica's truncation cuts bytes the checkpoint on disk vouches for; a
+    restart trusts that checkpoint without reading them, so the truncation
+    saves a new one before anything is appended there again."""
+    store = open_store()
+    store.create_topic(TOPIC, 2)
+    kept = append(store, 0, "a", 10)
+    cut = store.log_end
+    append(store, 0, "b", 5)
+    append(store, 1, "b", 3)
+    store.flush()
+    assert load_checkpoint(store.config.data_dir).index_position > cut
+    store.truncate(cut, TxnScan(1, {}, False, store.epochs, store.producers))
+    saved = load_checkpoint(store.config.data_dir)
+    assert saved.index_position == cut
+    assert saved.ends is not None
+    assert (saved.ends[(TOPIC, 0)], saved.ends[(TOPIC, 1)]) == (10, 0)
+    kept += append(store, 0, "c", 8)
+    store.abandon()  # killed before the next flush
+    store = open_store(store.config)
+    assert_queue_holds(store, 0, kept)
+    assert store.queue_info(TOPIC, 1).end == 0

@@ -1,24 +1,18 @@
 """The store: one data directory's write paths, offsets and lifecycle.
 
 ``Store`` opens a data directory and holds its shared state as one
-``EngineState`` (engine.py: the engine lock, the message log, the queues,
-the topics, group offsets, visibility, the checkpoint), which it passes
-explicitly to the modules that work on it. It keeps the write paths
-(``append``, the sync-mode group-commit rounds, and the transaction writes),
-group-offset admin, and opening, flushing, the maintenance thread and
-closing, and exposes its readers instead of forwarding to them:
-``store.reads`` (reads.py: ``read``, ``read_records`` and the lookups) and
-``store.topic_admin`` (topic_admin.py: creating, deleting and describing
-topics and queues). ``create_topic``, ``read`` and ``queue_info`` stay on the
-store as the embedding API docs/storage.md documents. The rest lives in
-modules that depend on that state but never on this module: recovery.py runs
-at open, log_writer.py places an append in the log, visibility.py decides
-when written records become readable, positioned.py appends, cuts and reads
-the log by position for replication (``append_at``, ``truncate``,
-``read_log``: with ``set_hw_limit``, ``hold_back`` and
-``write_epoch_marker``, the API replication/ uses), retention.py deletes
-expired chunks, and transactions.py reaches the store only through its
-``TransactionStore`` protocol. The values the calls return are in results.py.
+``EngineState`` (engine.py), passed explicitly to the modules that work on
+it. It keeps the write paths (``append``, the sync-mode group-commit rounds,
+the transaction writes), group-offset admin, and opening, flushing, the
+maintenance thread and closing, and exposes its readers: ``store.reads``
+(reads.py) and ``store.topic_admin`` (topic_admin.py); ``create_topic``,
+``read`` and ``queue_info`` stay here as the embedding API docs/storage.md
+documents. The rest depends on that state but never on this module:
+recovery.py runs at open, log_writer.py places an append, visibility.py
+decides when records become readable, positioned.py works on the log by
+position for replication (``append_at``, ``truncate``, ``read_log``),
+retention.py deletes expired chunks, and transactions.py reaches the store
+through its ``TransactionStore`` protocol. Results are in results.py.
 
 Data directory layout::
 
@@ -535,10 +529,16 @@ class Store:
         """Cut the log at ``position``, and every index entry, epoch marker and
         open transaction of ``scan`` at or after it (``positioned.truncate_at``)."""
         with self._state.lock:
+            vouched = self._state.checkpoint
             if position < self._state.log.write_position:
                 self.delivery.undo_tail(position)
             truncate_at(self._state, position, self.epochs, scan)
         self.transactions.adopt(scan.found)
+        if position < vouched:
+            # The checkpoint on disk vouches for bytes just cut (a restart trusts
+            # it without reading them): save one for what is left, now.
+            with self.delivery.timer.persist_lock:
+                self._flush(force=True)
 
     def read_log(self, position: int, max_bytes: int) -> LogPiece:
         """The log bytes a replica whose log ends at ``position`` needs next
@@ -637,7 +637,7 @@ class Store:
         with self.delivery.timer.persist_lock:  # one at a time: timer heads in order
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, force: bool = False) -> None:  # force: save even if not forward
         with self._state.lock:
             self._state.check_open()
             target = self._state.log.write_position
@@ -677,7 +677,7 @@ class Store:
         # position may be further on, but entries beyond `target` are not synced.)
         # The save runs outside the store lock: it costs several fsyncs.
         with self._checkpoint_lock:
-            if target > self._state.checkpoint and not self._state.closed:
+            if (force or target > self._state.checkpoint) and not self._state.closed:
                 try:
                     save_checkpoint(self.config.data_dir, checkpoint)
                 except OSError as exc:
