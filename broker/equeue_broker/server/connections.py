@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 
 from equeue_broker.server.errors import abort
-from equeue_broker.server.handlers import MethodHandler, rebuild, replies
+from equeue_broker.server.handlers import HandlerCache, MethodHandler, rebuild, replies
 from equeue_broker.storage.errors import LimitExceeded
 
 log = logging.getLogger("equeue.broker")
@@ -115,6 +115,7 @@ class CallsPerConnection(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         self.limit = limit
         self.live: dict[str, int] = {}
         """Calls in flight by ``context.peer()``; a peer with none is absent."""
+        self._counted_handlers = HandlerCache(self._counted)
 
     async def intercept_service(
         self,
@@ -124,7 +125,7 @@ class CallsPerConnection(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         handler = await continuation(details)
         if handler is None:
             return handler
-        return self._counted(handler)
+        return self._counted_handlers.wrap(details.method, handler)
 
     def _enter(self, context: Any) -> str:
         peer: str = context.peer()

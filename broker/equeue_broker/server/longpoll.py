@@ -2,12 +2,14 @@
 
 The store calls ``notify_threadsafe`` from whichever thread made records
 readable; the event loop then resolves the futures of pulls waiting on that
-queue. A wait is bounded by its timeout and by ``max_parked``.
+queue (at once when that thread is the loop's: an async-mode append). A wait
+is bounded by its timeout and by ``max_parked``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 
 from equeue_broker.server.errors import TooManyPulls
@@ -18,13 +20,21 @@ QueueKey = tuple[str, int]
 class PullWaiters:
     def __init__(self, loop: asyncio.AbstractEventLoop, max_parked: int) -> None:
         self._loop = loop
+        self._thread = threading.get_ident()
+        """The loop's thread (this is built on it)."""
         self._max_parked = max_parked
         self._waiting: dict[QueueKey, list[tuple[int, asyncio.Future[None]]]] = {}
         self.parked = 0
 
     def notify_threadsafe(self, topic: str, queue_id: int, end: int) -> None:
         """Store listener: ``end`` is the queue's new readable end (any thread)."""
-        if (topic, queue_id) in self._waiting:  # racy read, re-checked on the loop
+        if (topic, queue_id) not in self._waiting:  # racy read, re-checked on the loop
+            return
+        if threading.get_ident() == self._thread:
+            # An append on the loop (async flush): wake the pulls now, without a
+            # self-pipe write and a loop pass before they are even scheduled.
+            self._notify((topic, queue_id), end)
+        else:
             self._loop.call_soon_threadsafe(self._notify, (topic, queue_id), end)
 
     def _notify(self, key: QueueKey, end: int) -> None:
@@ -62,7 +72,10 @@ class PullWaiters:
         try:
             if current_end() > known_end:
                 return True
-            await asyncio.wait_for(future, timeout_s)
+            # asyncio.timeout, not wait_for: woken, the pull runs on the next loop
+            # pass, not after another one through wait_for's own waiter (issue 31).
+            async with asyncio.timeout(timeout_s):
+                await future
             return True
         except TimeoutError:
             return False
