@@ -44,7 +44,7 @@ from equeue_broker.server.connections import (
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.fetch_port import start_fetch_server, stop_fetch_server
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
-from equeue_broker.server.handlers import DecodeGuard, GenericOnly
+from equeue_broker.server.handlers import DecodeGuard, generic_only
 from equeue_broker.server.health import BrokerHealth
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
@@ -239,7 +239,7 @@ async def _create_server(
     store.add_listener(growth.notify_threadsafe)
     state.insync.wake_streams = growth.wake
     state.insync.start()
-    services = GenericOnly(server)  # one pending call future, not one per method (handlers.py)
+    services = generic_only(server)  # one pending call future, not one per method (handlers.py)
     pb_grpc.add_BrokerServicer_to_server(BrokerService(state), services)
     pb_grpc.add_AdminServicer_to_server(AdminService(state), services)
     pb_grpc.add_ReplicationServicer_to_server(ReplicationService(state, growth), services)
@@ -255,7 +255,7 @@ async def _create_server(
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME,
     ]
-    reflection.enable_server_reflection(names, services)  # type: ignore[arg-type]
+    reflection.enable_server_reflection(names, services)
     await server.start()
     # Before the first registration (serve), which advertises state.fetch_address.
     await start_fetch_server(state, max_connections(config))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -42,6 +42,11 @@ class GenericOnly:
 
     def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
         """Dropped: the same handlers came as a generic handler just before."""
+
+
+def generic_only(server: grpc.aio.Server) -> grpc.aio.Server:
+    """``server`` wrapped in ``GenericOnly``, typed as what the generated code takes."""
+    return cast("grpc.aio.Server", GenericOnly(server))
 
 
 class HandlerCache:
