@@ -25,6 +25,9 @@ class PullWaiters:
         self._max_parked = max_parked
         self._waiting: dict[QueueKey, list[tuple[int, asyncio.Future[None]]]] = {}
         self.parked = 0
+        self.woken = False
+        """Set when pulls were woken; a produce on the loop clears it and lets
+        them answer before its own reply goes out (``yield_to_woken``)."""
 
     def notify_threadsafe(self, topic: str, queue_id: int, end: int) -> None:
         """Store listener: ``end`` is the queue's new readable end (any thread)."""
@@ -46,12 +49,21 @@ class PullWaiters:
             if end > known_end:
                 if not future.done():
                     future.set_result(None)
+                    self.woken = True
             else:
                 remaining.append((known_end, future))
         if remaining:
             self._waiting[key] = remaining
         else:
             del self._waiting[key]
+
+    async def yield_to_woken(self) -> None:
+        """On the loop, after an append: if it woke parked pulls, one loop pass
+        so that they read and answer first; the appender's own reply (which
+        nobody waits for to see the records) follows. Free when none was woken."""
+        if self.woken:
+            self.woken = False
+            await asyncio.sleep(0)
 
     async def wait(
         self, key: QueueKey, known_end: int, timeout_s: float, current_end: Callable[[], int]

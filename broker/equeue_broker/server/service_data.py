@@ -95,7 +95,9 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         async with self.s.produce_bytes.hold(request.messages.ByteSize()):
             if self.sync_appends:
                 return await self._produce_durable(request)
-            return self.s.inline(self._produce, request)
+            reply = self.s.inline(self._produce, request)
+        await self.s.waiters.yield_to_woken()  # the woken pulls' replies first (longpoll.py)
+        return reply
 
     async def _produce_durable(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
         """Sync flush: a batch for one queue is decoded on the loop and handed to
