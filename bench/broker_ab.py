@@ -249,6 +249,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run (~30 s)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="per workload and round")
+    parser.add_argument("--flush", choices=["async", "sync"], help="only this flush mode")
     parser.add_argument("--baseline-python", help="another checkout's virtualenv interpreter")
     parser.add_argument("--baseline-path", help="a checkout run with this interpreter")
     args = parser.parse_args()
@@ -263,7 +264,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="equeue-ab-") as tmp:
         for n in range(rounds):
             for side in sides if n % 2 == 0 else sides[::-1]:
-                for flush in ("async", "sync"):
+                for flush in [args.flush] if args.flush else ["async", "sync"]:
                     tag = f"{side.name[0]}-{flush}-{n}"
                     measure(side, Path(tmp), flush, tag=tag, seconds=seconds, out=out)
     print(f"\n## Broker A/B ({started}, {rounds} round(s) of {seconds:g} s; load average "
