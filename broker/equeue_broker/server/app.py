@@ -152,9 +152,12 @@ async def _create_server(
         interceptors.insert(0, AuthInterceptor(tokens))
     wait_s = config.budget_wait_ms / 1000
     intake = ByteBudget("max_intake_bytes", config.max_intake_bytes, wait_s)
-    interceptors.insert(
-        0, IntakeGate(intake, config.max_request_bytes, config.request_read_timeout_ms / 1000)
-    )
+    # Outermost of all, and first in it: a call over its connection's limit
+    # takes no other budget (intake.py).
+    calls_per_connection = CallsPerConnection(config.max_streams_per_connection)
+    read_timeout_s = config.request_read_timeout_ms / 1000
+    gate = IntakeGate(intake, config.max_request_bytes, read_timeout_s, calls_per_connection)
+    interceptors.insert(0, gate)
     # The epoch starts at the newest marker in the log (epochs.py); with ZooKeeper
     # every member starts as a replica with no master, until the election says.
     start_role = REPLICA if config.zookeeper else config.role
@@ -170,9 +173,6 @@ async def _create_server(
     # DecodeGuard, which caches its handler per method and so would ask the
     # interceptors after it only on a method's first call.
     interceptors.insert(len(interceptors) - 1, ReplicaGate(config.broker_name, role))
-    # Outermost of all: a call over its connection's limit takes no other budget.
-    calls_per_connection = CallsPerConnection(config.max_streams_per_connection)
-    interceptors.insert(0, calls_per_connection)
     server = grpc.aio.server(options=options, interceptors=interceptors)
     port = bind(server, config)  # first: the role switch and the name servers need the address
     address = advertised(config.host, port, config.advertise_address)
