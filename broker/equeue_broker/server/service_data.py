@@ -479,33 +479,36 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
             context, self.s.config.stream_send_timeout_ms / 1000,
             f"{request.topic}/{request.queue_id}", close_connection,
         )  # fmt: skip
-        for _ in range(MAX_STREAM_BATCHES):
-            if offset >= stop:
-                return
-            held = await Held.take(budget, batch_bytes)
-            try:
-                count = min(batch, stop - offset)
-                if selector is None:
-                    result = self.s.inline(read, offset, max_messages=count)
-                else:  # may inspect many records: off the event loop
-                    result = await self.s.call(read, offset, max_messages=count)
-                held.shrink_to(len(result.records))
-                stalled.watch(held)
-                yield result.records
-                # Resumed: gRPC took the reply, so it counts (a cancelled stream's does not).
-                self.s.counters.pulled(
-                    request.topic,
-                    request.queue_id,
-                    result.count,
-                    left_out(result, offset),
-                    result.nbytes,
-                )
-            finally:
-                stalled.taken()
-                held.release()  # gRPC took the reply (or the stream is gone)
-            if result.status is not ReadStatus.OK or result.next_offset >= result.end:
-                return
-            offset = result.next_offset
+        try:
+            for _ in range(MAX_STREAM_BATCHES):
+                if offset >= stop:
+                    return
+                held = await Held.take(budget, batch_bytes)
+                try:
+                    count = min(batch, stop - offset)
+                    if selector is None:
+                        result = self.s.inline(read, offset, max_messages=count)
+                    else:  # may inspect many records: off the event loop
+                        result = await self.s.call(read, offset, max_messages=count)
+                    held.shrink_to(len(result.records))
+                    stalled.watch(held)
+                    yield result.records
+                    # Resumed: gRPC took the reply, so it counts (a cancelled stream's does not).
+                    self.s.counters.pulled(
+                        request.topic,
+                        request.queue_id,
+                        result.count,
+                        left_out(result, offset),
+                        result.nbytes,
+                    )
+                finally:
+                    stalled.taken()
+                    held.release()  # gRPC took the reply (or the stream is gone)
+                if result.status is not ReadStatus.OK or result.next_offset >= result.end:
+                    return
+                offset = result.next_offset
+        finally:
+            stalled.stop()  # its timer, if one is pending, has nothing to watch
 
     @rpc
     async def CommitOffsets(
