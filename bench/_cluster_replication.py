@@ -11,21 +11,25 @@ baseline measured in the same run.
   batch waited for the replica), beside a lone master (no replication), at
   each value size: pipelined ``ProduceStream`` (``Producer.send_batches``) and
   unary ``Produce`` one batch at a time (``send_batch``).
-- ``failover``: a ZooKeeper, a name server and a group of 3 brokers
-  (``--zookeeper``, ``--zk-session-timeout-ms``, ``--replication sync`` by
-  default); each round waits until every member is in the in-sync set (the
-  master's GetStats and ZooKeeper's ``isr`` znode, which is what an election
-  reads), SIGKILLs the master, then times from the signal (a) the first read
-  served by the group: a reader trying each member in turn with ``Pull`` of a
-  queue (a replica serves reads), and, with ``--read-via namesrv`` (the
-  default), a ``Consumer(namesrv=...)`` made before the kill whose poll
-  returns records; (b) the first acknowledged write: one message sent to the
-  member ``GetStats`` says is master (newest epoch), and, with the name server,
-  a ``Producer(namesrv=...)`` made before the kill (it retries on the group's
-  new master). The killed broker is restarted (it rejoins as a replica) before
-  the next round. The figures are the median and max of the rounds; their
-  baseline is the session timeout itself (the floor of a failover after a
-  crash).
+- ``failover``: one ZooKeeper and two groups of 3 brokers (``--zookeeper``,
+  ``--replication sync`` by default, the broker's default session timeout
+  unless ``--zk-session-timeout-ms`` says otherwise), each with a name server:
+  one with the default failover settings (a dead master is found by its
+  replicas, issue 31), one with ``--no-zk-fast-failover`` (the session timeout
+  alone: the old path, the baseline). Each round waits until every member of a
+  group is in the in-sync set (the master's GetStats and ZooKeeper's ``isr``
+  znode, which is what an election reads), SIGKILLs its master, then times
+  from the signal (a) the first read served by the group: a reader trying
+  each member in turn with ``Pull`` of a queue (a replica serves reads), and,
+  with ``--read-via namesrv`` (the default), a ``Consumer(namesrv=...)`` made
+  before the kill whose poll returns records; (b) the first acknowledged
+  write: one message sent to the member ``GetStats`` says is master (newest
+  epoch), and, with the name server, a ``Producer(namesrv=...)`` made before
+  the kill (it retries on the group's new master). The killed broker is
+  restarted (it rejoins as a replica) before the next round. Rounds alternate
+  between the two groups; ``--load N [N ...]`` repeats them with N busy-loop
+  processes running (started and stopped by PID by the script). The figures
+  are the median and max of the rounds per load and group.
 
 Nothing here is imported by the broker or the client.
 """
@@ -36,6 +40,8 @@ import contextlib
 import functools
 import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +59,7 @@ from equeue_broker.testing_group import (
     require_flags,
     wait_for,
 )
+from equeue_broker.testing_zk import ZooKeeperProcess
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_proto.v1 import broker_pb2_grpc as pb_grpc
 from equeue_spark.client import Admin, Producer
@@ -273,11 +280,20 @@ def sync_rows(rows: list[ProduceRow]) -> list[list[object]]:
 
 # -- (c) failover ------------------------------------------------------------------------
 
+FAST = "fast"
+"""The broker's default settings: a dead master is found by its replicas (issue 31)."""
+SLOW = "session"
+"""The baseline: ``--no-zk-fast-failover``, the session timeout alone (the old path)."""
+PATHS = {FAST: "fast (defaults)", SLOW: "session timeout only (--no-zk-fast-failover)"}
+
 
 @dataclass
 class Kill:
     round: int
     killed: str
+    path: str = FAST
+    load: int = 0
+    """Busy-loop processes running during the kill (``--load``)."""
     new_master: str = ""
     first_read_s: float | None = None
     first_namesrv_read_s: float | None = None
@@ -287,49 +303,89 @@ class Kill:
     problems: list[str] = field(default_factory=list)
 
 
-FAILOVER_HEADERS = ("round", "killed", "new master", "first read s", "first read via namesrv s",
-                    "first acked write s", "first acked write via namesrv s",
-                    "old master back in sync s", "problems")  # fmt: skip
+FAILOVER_HEADERS = ("load", "path", "round", "killed", "new master", "first read s",
+                    "first read via namesrv s", "first acked write s",
+                    "first acked write via namesrv s", "old master back in sync s",
+                    "problems")  # fmt: skip
 
 
 def kill_rows(kills: list[Kill]) -> list[list[object]]:
     def cell(v: float | None) -> object:
         return "-" if v is None else round(v, 3)
 
-    return [[k.round, k.killed, k.new_master or "-", cell(k.first_read_s),
+    return [[k.load, PATHS[k.path], k.round, k.killed, k.new_master or "-", cell(k.first_read_s),
              cell(k.first_namesrv_read_s), cell(k.first_write_s), cell(k.first_namesrv_write_s),
              round(k.rejoin_s, 2),
              "; ".join(k.problems) or "-"] for k in kills]  # fmt: skip
 
 
 def failover_summary(kills: list[Kill], session_timeout_ms: int) -> list[list[object]]:
-    def stat(values: list[float | None], target: float) -> list[object]:
-        got = [v for v in values if v is not None]
-        if not got:
-            return ["-", "-", f"< {target:.0f} s", "not measured"]
-        med = statistics.median(got)
-        missing = len(values) - len(got)
-        note = "met" if med < target and not missing else "NOT MET"
+    """Per load and path: medians and maxima; the fast path's first write against
+    the target (< 5 s) and against the baseline's of the same load."""
+
+    def got(values: list[float | None]) -> list[float]:
+        return [v for v in values if v is not None]
+
+    def stat(values: list[float | None], target: float | None) -> list[object]:
+        have = got(values)
+        if not have:
+            return ["-", "-", "-" if target is None else f"< {target:.0f} s", "not measured"]
+        med = statistics.median(have)
+        missing = len(values) - len(have)
+        if target is None:
+            note = "-"
+        else:
+            note = "met" if med < target and max(have) < target and not missing else "NOT MET"
         if missing:
             note += f" ({missing} round(s) without one)"
-        return [f"{med:.2f}", f"{max(got):.2f}", f"< {target:.0f} s", note]
+        return [f"{med:.2f}", f"{max(have):.2f}", "-" if target is None else f"< {target:.0f} s",
+                note]  # fmt: skip
 
-    floor = session_timeout_ms / 1000
-    rows: list[list[object]] = [
-        ["first read served (member by member)", *stat([k.first_read_s for k in kills], 5)],
-        ["first acknowledged write", *stat([k.first_write_s for k in kills], 10)],
-        ["ZooKeeper session timeout (the floor)", f"{floor:.2f}", f"{floor:.2f}", "-", "baseline"],
-    ]
-    if any(k.first_namesrv_read_s is not None for k in kills):
-        rows.insert(1, ["first read served (Consumer via name server)",
-                        *stat([k.first_namesrv_read_s for k in kills], 5)])  # fmt: skip
-    if any(k.first_namesrv_write_s is not None for k in kills):
-        rows.insert(-1, ["first acknowledged write (Producer via name server)",
-                         *stat([k.first_namesrv_write_s for k in kills], 10)])  # fmt: skip
+    rows: list[list[object]] = []
+    for load in sorted({k.load for k in kills}):
+        by_path = {p: [k for k in kills if k.load == load and k.path == p] for p in PATHS}
+        for path, runs in by_path.items():
+            if not runs:
+                continue
+            target = 5.0 if path == FAST else None
+            name = PATHS[path]
+            rows.append([load, name, "first acknowledged write",
+                         *stat([k.first_write_s for k in runs], target)])  # fmt: skip
+            if any(k.first_namesrv_write_s is not None for k in runs):
+                rows.append([load, name, "first acknowledged write (Producer via name server)",
+                             *stat([k.first_namesrv_write_s for k in runs], target)])  # fmt: skip
+            rows.append([load, name, "first read served (member by member)",
+                         *stat([k.first_read_s for k in runs], None)])  # fmt: skip
+        fast, slow = got([k.first_write_s for k in by_path[FAST]]), got(
+            [k.first_write_s for k in by_path[SLOW]])  # fmt: skip
+        if fast and slow:
+            ratio = statistics.median(slow) / statistics.median(fast)
+            verdict = "faster" if ratio > 1 else "NOT faster"
+            rows.append([load, "baseline / fast", "first acknowledged write, medians",
+                         f"{ratio:.1f}x", "-", "-", verdict])  # fmt: skip
+    rows.append(["-", "ZooKeeper session timeout", "(the old path's floor)",
+                 f"{session_timeout_ms / 1000:.2f}", "-", "-", "-"])  # fmt: skip
     return rows
 
 
-FAILOVER_SUMMARY_HEADERS = ("figure (SIGKILL to ...)", "median s", "max s", "target", "")
+FAILOVER_SUMMARY_HEADERS = ("load", "path", "figure (SIGKILL to ...)", "median s", "max s",
+                            "target", "")  # fmt: skip
+
+
+@contextlib.contextmanager
+def busy_loops(count: int) -> Iterator[list[int]]:
+    """``count`` processes spinning on a core each for the duration; their PIDs.
+    Stopped by PID (SIGKILL, reaped) however the block ends."""
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(count):
+            started.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        yield [p.pid for p in started]
+    finally:
+        for process in started:
+            process.kill()
+        for process in started:
+            process.wait(30)
 
 
 class _Probe:
@@ -422,72 +478,106 @@ def failover(
     root: Path,
     kills: int,
     *,
-    session_timeout_ms: int,
+    session_timeout_ms: int | None,
     replication: str,
     via_namesrv: bool,
+    loads: tuple[int, ...] = (0,),
+    baseline: bool = True,
     echo: bool = True,
 ) -> list[Kill]:
-    """Scenario (c)."""
-    config = GroupConfig(replication=replication, session_timeout_ms=session_timeout_ms,
-                         namesrv=via_namesrv)  # fmt: skip
+    """Scenario (c): one ZooKeeper; a group with the default failover settings and,
+    with ``baseline``, a second group with ``--no-zk-fast-failover`` (the
+    session timeout alone); for each load of ``loads`` (busy-loop processes
+    running), ``kills`` rounds, each killing the master of one group then of the
+    other (interleaved, so both see the same machine)."""
+    require_flags("fast failover", "--zookeeper", *(["--zk-fast-failover"] if baseline else []))
+    paths = [FAST, SLOW] if baseline else [FAST]
+    zk = ZooKeeperProcess(root / "zookeeper")
+    zk.start()
+    groups: dict[str, Group] = {}
     out: list[Kill] = []
-    with Group(root, config) as group:
-        group.start()
-        master = group.wait_master(60)
-        with Admin(master.address) as admin:
-            admin.create_topic(TOPIC, queues=QUEUES)
-        if not _write_any(group, b"seed"):
-            raise RuntimeError("the group took no write before the first kill")
-        if group.namesrv is not None:
-            namesrv = group.namesrv.address
-
-            def routed() -> bool:
-                with Admin(namesrv=namesrv) as admin:
-                    return len(admin.route(TOPIC).queues()) == QUEUES
-
-            wait_for("the topic's route on the name server", routed, 60)
-        for number in range(1, kills + 1):
-            master = group.in_sync(120)
-            kill = Kill(number, master.name)
-            out.append(kill)
-            survivors = [m for m in group.members if m is not master]
-            clients = None
-            if via_namesrv and group.namesrv is not None:
-                clients = _NamesrvClients(group.namesrv.address)
-            killed_at = group.kill(master)
-            probes = [
-                _Probe(functools.partial(_read_any, survivors), killed_at, 30),
-                _Probe(functools.partial(_write_any, group, b"after-%d" % number), killed_at, 60),
-            ]
-            if clients is not None:
-                probes.append(_Probe(clients.read, killed_at, 30))
-                probes.append(_Probe(functools.partial(clients.write, b"ns-%d" % number),
-                                     killed_at, 60))  # fmt: skip
-            kill.first_read_s = probes[0].join()
-            kill.first_write_s = probes[1].join()
-            if len(probes) > 2:
-                kill.first_namesrv_read_s = probes[2].join()
-                kill.first_namesrv_write_s = probes[3].join()
-            if clients is not None:
-                clients.close()
-            whats = ("read", "write", "namesrv read", "namesrv write")
-            for probe, what in zip(probes, whats, strict=False):
-                if probe.seconds is None:
-                    kill.problems.append(f"no {what}: {probe.error or 'timed out'}")
-            with contextlib.suppress(TimeoutError):
-                kill.new_master = group.wait_master(30, exclude=[master]).name
-            back = time.monotonic()
-            group.restart(master)
-            try:
-                group.in_sync(120)
-            except TimeoutError as exc:
-                kill.problems.append(str(exc))
-            kill.rejoin_s = time.monotonic() - back
-            if echo:
-                print(f"kill {number}: {kill_rows([kill])[0]}", flush=True)
-            if kill.problems and kill.new_master == "":
-                break  # no master: nothing more to measure
+    try:
+        for path in paths:
+            config = GroupConfig(
+                replication=replication, session_timeout_ms=session_timeout_ms,
+                namesrv=via_namesrv, zk_hosts=f"{zk.hosts}/{path}",
+                extra_flags=("--no-zk-fast-failover",) if path == SLOW else (),
+            )  # fmt: skip
+            groups[path] = Group(root / path, config)
+            _prepare(groups[path].start())
+        for load in loads:
+            with busy_loops(load):
+                for number in range(1, kills + 1):
+                    for path, group in groups.items():
+                        kill = _kill_once(group, Kill(number, "", path, load), via_namesrv)
+                        out.append(kill)
+                        if echo:
+                            print(f"kill: {kill_rows([kill])[0]}", flush=True)
+                        if kill.problems and kill.new_master == "":
+                            return out  # no master: nothing more to measure
+    finally:
+        for group in groups.values():
+            group.stop()
+        zk.stop()
     return out
+
+
+def _prepare(group: Group) -> None:
+    """A master, the topic, a first write, the topic's route on the name server."""
+    master = group.wait_master(60)
+    with Admin(master.address) as admin:
+        admin.create_topic(TOPIC, queues=QUEUES)
+    if not _write_any(group, b"seed"):
+        raise RuntimeError("the group took no write before the first kill")
+    if group.namesrv is not None:
+        namesrv = group.namesrv.address
+
+        def routed() -> bool:
+            with Admin(namesrv=namesrv) as admin:
+                return len(admin.route(TOPIC).queues()) == QUEUES
+
+        wait_for("the topic's route on the name server", routed, 60)
+
+
+def _kill_once(group: Group, kill: Kill, via_namesrv: bool) -> Kill:
+    """SIGKILL the master once every member is in sync; time the first read and
+    write; restart the killed member and wait until it is in sync again."""
+    master = group.in_sync(120)
+    kill.killed = master.name
+    survivors = [m for m in group.members if m is not master]
+    clients = None
+    if via_namesrv and group.namesrv is not None:
+        clients = _NamesrvClients(group.namesrv.address)
+    killed_at = group.kill(master)
+    number = kill.round
+    probes = [
+        _Probe(functools.partial(_read_any, survivors), killed_at, 60),
+        _Probe(functools.partial(_write_any, group, b"after-%d" % number), killed_at, 90),
+    ]
+    if clients is not None:
+        probes.append(_Probe(clients.read, killed_at, 60))
+        probes.append(_Probe(functools.partial(clients.write, b"ns-%d" % number), killed_at, 90))
+    kill.first_read_s = probes[0].join()
+    kill.first_write_s = probes[1].join()
+    if len(probes) > 2:
+        kill.first_namesrv_read_s = probes[2].join()
+        kill.first_namesrv_write_s = probes[3].join()
+    if clients is not None:
+        clients.close()
+    whats = ("read", "write", "namesrv read", "namesrv write")
+    for probe, what in zip(probes, whats, strict=False):
+        if probe.seconds is None:
+            kill.problems.append(f"no {what}: {probe.error or 'timed out'}")
+    with contextlib.suppress(TimeoutError):
+        kill.new_master = group.wait_master(30, exclude=[master]).name
+    back = time.monotonic()
+    group.restart(master)
+    try:
+        group.in_sync(120)
+    except TimeoutError as exc:
+        kill.problems.append(str(exc))
+    kill.rejoin_s = time.monotonic() - back
+    return kill
 
 
 __all__ = [
@@ -498,6 +588,7 @@ __all__ = [
     "CatchUpResult",
     "Kill",
     "ProduceRow",
+    "busy_loops",
     "catch_up",
     "failover",
     "failover_summary",

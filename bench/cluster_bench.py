@@ -9,12 +9,13 @@ replication scenarios of issue 18, described exactly in
 rate beside a consumer's PullStream of the same data), ``sync`` (produce with
 ``--replication sync`` and one in-sync replica beside a lone master, at 100 B
 and 1 KiB) and ``failover`` (SIGKILL the master of a 3-broker ZooKeeper
-group: seconds to the first read served and the first acknowledged write,
-median of ``--kills``). A scenario whose broker flags this checkout lacks
+group with the default settings, beside one with ``--no-zk-fast-failover``:
+seconds to the first read served and the first acknowledged write, median
+of ``--kills``, for each ``--load``). A scenario whose broker flags this checkout lacks
 prints NOT MEASURED and the script exits 1. ``--quick`` runs every scenario
 (unless ``--scenarios`` says otherwise) as a smoke run: 1 and 2 brokers,
 20,000 messages, one Spark read each, 5 MB to catch up, 2 MB of sync produce
-at 100 B, one SIGKILL.
+at 100 B, one SIGKILL per group, no load.
 
 For each broker count N the script starts one name server and N brokers
 (async flush) on 127.0.0.1, creates a topic with ``--queues`` queues on each
@@ -39,6 +40,7 @@ works that out on paper).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -52,6 +54,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench import _cluster_replication as repl
+from equeue_broker.server.config import BrokerConfig
 from equeue_broker.testing import BrokerProcess, LocalCluster
 from equeue_broker.testing_group import MissingFeature
 from equeue_broker.testing_report import table as markdown_table
@@ -240,22 +243,42 @@ def run_sync(args: argparse.Namespace, scratch: Path) -> None:
 
 
 def run_failover(args: argparse.Namespace, scratch: Path) -> bool:
+    loads = tuple(args.load)
+    before = _loadavg()
     kills = repl.failover(
         scratch / "failover",
         args.kills,
         session_timeout_ms=args.zk_session_timeout_ms,
         replication=args.replication,
         via_namesrv=args.read_via == "namesrv",
+        loads=loads,
     )
+    session_ms = args.zk_session_timeout_ms or DEFAULT_SESSION_MS
+    session = f"default session timeout ({session_ms} ms)"
+    if args.zk_session_timeout_ms:
+        session = f"--zk-session-timeout-ms {args.zk_session_timeout_ms}"
     print(
         f"\n### Failover: 3 brokers, --replication {args.replication or '(default)'}, "
-        f"--zk-session-timeout-ms {args.zk_session_timeout_ms}, {len(kills)} SIGKILLs\n"
+        f"{session}, {args.kills} SIGKILL(s) per group and load, load {' '.join(map(str, loads))} "
+        f"(busy-loop processes; {os.cpu_count()} cores; load average before: {before}, "
+        f"after: {_loadavg()})\n"
     )
     print(markdown_table(repl.FAILOVER_HEADERS, repl.kill_rows(kills)))
     print()
-    summary = repl.failover_summary(kills, args.zk_session_timeout_ms)
+    summary = repl.failover_summary(kills, session_ms)
     print(markdown_table(repl.FAILOVER_SUMMARY_HEADERS, summary), flush=True)
-    return len(kills) == args.kills and not any(k.problems for k in kills)
+    expected = args.kills * len(loads) * len(repl.PATHS)
+    return len(kills) == expected and not any(k.problems for k in kills)
+
+
+def _loadavg() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+DEFAULT_SESSION_MS: int = next(
+    f.default for f in dataclasses.fields(BrokerConfig) if f.name == "zk_session_timeout_ms"
+)  # type: ignore[assignment]
+"""The brokers' session timeout when ``--zk-session-timeout-ms`` is not given."""
 
 
 SCENARIOS = ("brokers", "catchup", "sync", "failover")
@@ -285,7 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         "--sync-sizes", type=int, nargs="+", default=None, help="default: 100 1024 (--quick: 100)"
     )
     parser.add_argument("--kills", type=int, default=10, help="failover: master kills")
-    parser.add_argument("--zk-session-timeout-ms", type=int, default=2000)
+    parser.add_argument(
+        "--zk-session-timeout-ms", type=int, default=None,
+        help="failover: the brokers' session timeout (default: the broker's default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--load", type=int, nargs="+", default=[0],
+        help="failover: busy-loop processes during the rounds; several: one run each",
+    )  # fmt: skip
     parser.add_argument("--replication", default="sync", help="failover: sync, async or ''")
     parser.add_argument(
         "--read-via",
@@ -297,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:  # every scenario in seconds: what the test suite runs
         args.messages, args.repeat, args.kills = min(args.messages, 20_000), 1, min(args.kills, 1)
         args.catchup_mb, args.sync_mb = min(args.catchup_mb, 5), min(args.sync_mb, 2)
+        args.load = args.load[:1]
     if args.scenarios is None:
         args.scenarios = list(SCENARIOS) if args.quick else ["brokers"]
     if args.brokers is None:

@@ -131,8 +131,9 @@ class GroupConfig:
     members: int = 3
     replication: str = "sync"
     """``--replication`` (sync or async); "" leaves the flag out."""
-    session_timeout_ms: int = 2000
-    """``--zk-session-timeout-ms``: the lower bound of a failover after a SIGKILL."""
+    session_timeout_ms: int | None = 2000
+    """``--zk-session-timeout-ms``: the lower bound of a failover after a crash the
+    replicas cannot see (a lost machine, a hang); None: the broker's default."""
     namesrv: bool = False
     flush: str = "async"
     extra_flags: tuple[str, ...] = ()
@@ -153,9 +154,12 @@ class Group:
     _kazoo: KazooClient | None = None
 
     def required_flags(self) -> list[str]:
-        flags = ["--zookeeper", "--zk-session-timeout-ms"]
+        flags = ["--zookeeper"]
+        if self.config.session_timeout_ms is not None:
+            flags.append("--zk-session-timeout-ms")
         if self.config.replication:
             flags.append("--replication")
+        flags += [f for f in self.config.extra_flags if f.startswith("--")]
         return flags
 
     def start(self) -> Group:
@@ -185,10 +189,11 @@ class Group:
     def flags(self) -> list[str]:
         c = self.config
         flags = [
-            "--broker-name", GROUP_NAME, "--zookeeper", self.zk_hosts,
-            "--zk-session-timeout-ms", str(c.session_timeout_ms), "--flush", c.flush,
+            "--broker-name", GROUP_NAME, "--zookeeper", self.zk_hosts, "--flush", c.flush,
             "--log-level", "INFO",
         ]  # fmt: skip
+        if c.session_timeout_ms is not None:
+            flags += ["--zk-session-timeout-ms", str(c.session_timeout_ms)]
         if c.replication:
             flags += ["--replication", c.replication]
         if self.namesrv is not None:

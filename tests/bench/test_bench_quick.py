@@ -98,6 +98,7 @@ CASES = (
         elsewhere="tests/bench/test_metrics_bench.py",
     ),
     Case("replication_bench.py", ("msgs/s  ratio  per round",), 180),
+    Case("restart_bench.py", ("| broker | messages | queues | restart after clean stop s",), 180),
     Case(
         "schema_bench.py", ("| format | value size | plain msgs/s", "`set_schema` of version"), 180
     ),

@@ -44,7 +44,8 @@ FLAGS = [
     "--namesrv-tls-key", "--namesrv-token-file", "--broker-name", "--cluster",
     "--advertise-address", "--register-interval-ms", "--role", "--master", "--max-replicas",
     "--zookeeper",
-    "--zk-session-timeout-ms", "--replication", "--min-insync-replicas", "--replica-lag-max-ms",
+    "--zk-session-timeout-ms", "--zk-fast-failover", "--replication", "--min-insync-replicas",
+    "--replica-lag-max-ms",
     "--max-delay", "--max-reconsume-times",
 ]  # fmt: skip
 FILE_ONLY = [

@@ -224,7 +224,9 @@ def test_garbage_after_tail(open_store: OpenStore) -> None:
     write_at(path, end_offset(config, last), garbage)
 
     store = open_store(config)
-    assert store.recovery.tail_records_scanned == len(kept0) + len(kept1)
+    # The checkpoint of the clean close vouches for the kept records: the tail
+    # scan starts after them and meets the garbage at once.
+    assert store.recovery.tail_records_scanned == 0
     assert store.recovery.tail_bytes_discarded == len(garbage)
     assert read_at(path, end_offset(config, last), len(garbage)) == bytes(len(garbage))
     assert_queue_holds(store, 0, kept0)

@@ -32,6 +32,10 @@ Rules (docs/replication.md says why):
   returning) -- one ZooKeeper transaction.
 - The very first election of a group (no ``epoch`` znode) is won by the first
   candidate; the ISR starts as the master alone.
+- A member told that the master refuses connections (``master_gone``: its
+  replication stream found the process gone, liveness.py) removes the master's
+  candidate znode, conditional on the epoch znode's version: what the expiry of
+  the master's session does, sooner. The rules above then apply unchanged.
 - A member whose session expires is no longer master (``on_replica(None)``) and
   re-registers as a new candidate when kazoo has a new session.
 - ZooKeeper unreachable (kazoo SUSPENDED): every member keeps its role; nothing is
@@ -394,6 +398,12 @@ class GroupElection:
         self._highest_epoch = 0
         self._resigned_until = 0.0
         """Monotonic time until which this member stands for no election (``resign``)."""
+        self._gone: list[tuple[str, int]] = []
+        """Masters reported gone (``master_gone``), not yet acted on."""
+        self.masters_removed = 0
+        """Dead masters' candidate znodes this member removed (``master_gone``)."""
+        self.gone_reports_handled = 0
+        """``master_gone`` reports acted on (a znode removed or not)."""
         self._view = GroupView(group, reason=f"group {group}: not connected to ZooKeeper yet")
         self._notified = _Notified()
         self._thread = threading.Thread(
@@ -447,6 +457,18 @@ class GroupElection:
         with self._lock:
             self._resigned_until = time.monotonic() + hold_s
         self._events.put("resign")
+
+    def master_gone(self, address: str, epoch: int) -> None:
+        """The master ``address`` of ``epoch`` refuses connections: its process is
+        gone (replication/liveness.py). If it is still the group's live master
+        of that epoch, its candidate znode is removed now -- conditional on the
+        epoch znode's version, so only the master of the epoch the report is
+        about -- which starts the election at once instead of one session
+        timeout later. The election's rules are unchanged: only an in-sync
+        candidate may win. Any thread; returns at once."""
+        with self._lock:
+            self._gone.append((address, epoch))
+        self._events.put("gone")
 
     # -- what the broker asks --------------------------------------------------
 
@@ -540,6 +562,7 @@ class GroupElection:
             if self.client.state != KazooState.CONNECTED:
                 continue  # suspended: keep the role, decide nothing
             try:
+                self._remove_gone_masters()
                 self._step()
             except KazooException:
                 log.info("election step of %s interrupted", self.broker_id, exc_info=True)
@@ -563,6 +586,49 @@ class GroupElection:
         if was_master:
             log.warning("%s: ZooKeeper session expired; no longer master", self.broker_id)
         self._notify(Role.REPLICA, None)
+
+    def _remove_gone_masters(self) -> None:
+        """Act on ``master_gone`` reports: remove the reported master's candidate
+        znode if it is still the live master of the reported epoch."""
+        with self._lock:
+            reports, self._gone = self._gone, []
+        pending = list(dict.fromkeys(reports))
+        while pending:
+            try:
+                self._remove_gone_master(*pending[0])
+            except KazooException:  # tried again at the next step (the reports stand)
+                with self._lock:
+                    self._gone[:0] = pending
+                raise
+            pending.pop(0)
+            self.gone_reports_handled += 1
+
+    def _remove_gone_master(self, address: str, number: int) -> None:
+        view = read_view(self.client, self.layout)
+        self._seen(view)
+        epoch, master = view.epoch, view.master
+        mine = self._me is not None and master is not None and master.node == self._me.node
+        if epoch is None or master is None or mine or (epoch.epoch, master.address) != (
+            number, address,
+        ):  # fmt: skip
+            log.info(
+                "%s: master %s of epoch %d reported gone, but the group has moved on "
+                "(epoch %s, master %s): nothing to remove", self.broker_id, address, number,
+                epoch.epoch if epoch else "-", master.address if master else "none",
+            )  # fmt: skip
+            return
+        transaction = self.client.transaction()
+        transaction.check(self.layout.epoch, view.epoch_version)
+        transaction.delete(f"{self.layout.candidates}/{master.node}")
+        if any(isinstance(result, Exception) for result in transaction.commit()):
+            log.info("%s: the candidate znode of %s is gone already", self.broker_id, address)
+            return
+        self.masters_removed += 1
+        log.warning(
+            "FAST FAILOVER: %s removed candidate znode %s of master %s (%s, epoch %d), "
+            "whose process is gone: electing now, not after its session timeout",
+            self.broker_id, master.node, master.broker_id, address, number,
+        )  # fmt: skip
 
     def _drop_candidacy(self) -> None:
         me, self._me = self._me, None

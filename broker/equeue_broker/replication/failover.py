@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from equeue_broker.replication.errors import StaleEpoch
 from equeue_broker.replication.follower import Follower, Runner
 from equeue_broker.replication.insync import InSyncSet
+from equeue_broker.replication.liveness import GoneReport
 from equeue_broker.replication.role import MASTER, REPLICA, BrokerRole
 from equeue_broker.storage import Store
 from equeue_broker.storage.errors import PreconditionFailed
@@ -70,6 +71,9 @@ class RoleSwitch:
         """Where this broker serves (what replicas and the election call it)."""
         self.mode = mode
         """ZOOKEEPER or MANUAL: GetStats ``failover``."""
+        self.on_master_gone: GoneReport | None = None
+        """Told when the master a follower replicated from refuses connections
+        (liveness.py): the election's (``ZkFailover``, unless disabled)."""
         self._lock = asyncio.Lock()
         self._following: asyncio.Task[None] | None = None
 
@@ -174,6 +178,7 @@ class RoleSwitch:
         self.follower = Follower(
             self.store, self.role, self.runner, address=self.address,
             instance_id=self.instance_id, broker_name=self.group,
+            on_master_gone=self.on_master_gone,
         )  # fmt: skip
         self._following = asyncio.create_task(self.follower.run())
         self._following.add_done_callback(_follower_ended)
@@ -209,10 +214,15 @@ def _follower_ended(task: asyncio.Task[None]) -> None:
 class ZkFailover:
     """This broker's membership in its group's election (``--zookeeper``)."""
 
-    def __init__(self, switch: RoleSwitch, hosts: str, session_timeout_s: float) -> None:
+    def __init__(
+        self, switch: RoleSwitch, hosts: str, session_timeout_s: float, *, fast: bool = True
+    ) -> None:
         """``hosts``: ZooKeeper's (--zookeeper); the group, this member and its
-        store are the switch's."""
+        store are the switch's. ``fast`` (--zk-fast-failover): a master whose
+        replicas find it refusing connections is replaced at once, not one
+        session timeout after its death (liveness.py)."""
         self.switch = switch
+        self.fast = fast
         self.loop = asyncio.get_running_loop()
         from equeue_broker.replication.election import GroupElection  # kazoo: only with --zookeeper
 
@@ -228,6 +238,8 @@ class ZkFailover:
     def start(self) -> None:
         """Join the election without waiting for ZooKeeper: until it answers (and
         an election is won) this broker is a replica with no master."""
+        if self.fast:  # before the first follower starts (election.start may elect)
+            self.switch.on_master_gone = self._master_gone
         self.election.start(wait_s=None)
         # While master, the in-sync set (insync.py) reports every change: the
         # election reads it to choose only an in-sync replica.
@@ -239,6 +251,9 @@ class ZkFailover:
         self._publisher.shutdown(wait=False, cancel_futures=True)
         # Another member may be elected from now on: take no more writes.
         self.switch.role.set(REPLICA, "", None, why="stopping: left the election")
+
+    def _master_gone(self, master: str, epoch: int) -> None:
+        self.election.master_gone(master, epoch)
 
     # -- the election's thread -------------------------------------------------------
 

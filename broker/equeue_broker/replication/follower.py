@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 import grpc
 
+from equeue_broker.replication.liveness import STALL_S, GoneReport, MasterWatch
 from equeue_broker.replication.master import MAX_REPLY_BYTES
 from equeue_broker.replication.replica_log import ReplicaLog, decode_metadata
 from equeue_broker.replication.role import BrokerRole
@@ -109,7 +110,10 @@ class Follower:
         address: str,
         instance_id: str,
         broker_name: str,
+        on_master_gone: GoneReport | None = None,
     ) -> None:
+        """``on_master_gone(master, epoch)``: the master this follower replicated
+        from refuses connections (liveness.py); None: never asked."""
         self.store = store
         self.role = role
         self.runner = runner
@@ -128,12 +132,28 @@ class Follower:
         self.sync_flush = store.config.flush_mode is FlushMode.SYNC
         self.failures = Failures()
         """The failures to replicate, logged rate-limited."""
+        self.watch = MasterWatch(on_master_gone)
+        """Whether the master is gone, paused or unreachable when it goes silent."""
 
     async def run(self) -> None:
+        watchdog = asyncio.create_task(self._watch_silence())
         try:
             await self._run()
         finally:  # no longer following: nothing holds reads below a master's HW
+            watchdog.cancel()
             self.store.set_hw_limit(None)
+
+    async def _watch_silence(self) -> None:
+        """A master that stops answering without breaking the stream (paused,
+        overloaded, its machine gone) is probed once per silence (liveness.py)."""
+        while True:
+            await asyncio.sleep(STALL_S / 3)
+            master, silent = self.role.view.master, time.monotonic() - self.last_contact
+            if master and self.last_contact and silent > STALL_S:
+                try:
+                    await self.watch.stalled(master, self.role.view.epoch, silent)
+                except Exception:  # a bug: said, and the watch goes on
+                    log.exception("probing master %s", master)
 
     async def _run(self) -> None:
         backoff = 0.1
@@ -147,7 +167,7 @@ class Follower:
                 async with grpc.aio.insecure_channel(
                     master, options=[("grpc.max_receive_message_length", 64 << 20)]
                 ) as channel:
-                    await self._follow(channel)
+                    await self._follow(channel, master)
             except asyncio.CancelledError:
                 raise
             except asyncio.InvalidStateError as exc:  # a write on a stream the master ended
@@ -168,12 +188,15 @@ class Follower:
             if self.stopped is not None:
                 log.error("REPLICATION STOPPED: %s", self.stopped)
                 return
+            # A dead master's connections are refused at once: say so to the
+            # election now rather than after its ZooKeeper session expires.
+            await self.watch.broken(master, self.role.view.epoch)
             if self.last_contact > contact and time.monotonic() - opened > STEADY_S:
                 backoff = 0.1  # it replicated for a while: a new failure starts over
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
-    async def _follow(self, channel: grpc.aio.Channel) -> None:
+    async def _follow(self, channel: grpc.aio.Channel, master: str) -> None:
         self.metadata_version = 0  # a master's versions mean something on its stream only
 
         def request(position: int | None = None) -> pb.ReplicateRequest:
@@ -211,6 +234,7 @@ class Follower:
             if self.failures.count:
                 self.failures.resumed()
             self.last_contact = time.monotonic()
+            self.watch.contact(master, self.role.view.epoch)
             self.master_end = reply.master_end
             if reply.metadata:
                 meta = decode_metadata(reply.metadata)

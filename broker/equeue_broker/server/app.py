@@ -432,7 +432,10 @@ async def serve(config: BrokerConfig) -> None:
     election = None
     if config.zookeeper:
         election = ZkFailover(
-            state.role_switch, config.zookeeper, config.zk_session_timeout_ms / 1000
+            state.role_switch,
+            config.zookeeper,
+            config.zk_session_timeout_ms / 1000,
+            fast=config.zk_fast_failover,
         )
         election.start()
     registering: asyncio.Task[None] | None = None

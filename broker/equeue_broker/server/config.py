@@ -207,6 +207,13 @@ class BrokerConfig:
     """ZooKeeper session timeout: how long after a member stops heartbeating
     (crash, hang, partition) an election may replace it. Within [1000, 120000];
     ZooKeeper's own min/max session timeouts (2..20 ticks) bound it too."""
+    zk_fast_failover: bool = True
+    """A replica whose stream to its master breaks, and whose new connection to
+    it is refused (no process listens there: the master died, its machine is
+    up), has the master's candidate znode removed and an election held at
+    once, instead of one session timeout later. A paused master (connections
+    accepted) or a lost machine (no answer) still waits for the session
+    timeout (docs/replication.md, "How a dead master is detected")."""
     # -- sync replication (replication/insync.py; docs/replication.md, "Sync replication")
     replication: str = "async"
     """"async": a master acknowledges writes alone; "sync": once they are

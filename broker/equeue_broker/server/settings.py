@@ -442,6 +442,11 @@ _ENTRIES: tuple[Setting, ...] = (
     ),
     Setting("zk_session_timeout_ms", "ZooKeeper session timeout (failover detection time)"),
     Setting(
+        "zk_fast_failover",
+        "elect at once when the master's replicas find its process gone (connections"
+        " refused), not one session timeout later",
+    ),
+    Setting(
         "replication",
         "sync: acknowledge a write once it is durable on every in-sync replica too;"
         " async: on the master alone (docs/replication.md)",

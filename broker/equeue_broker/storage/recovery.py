@@ -6,8 +6,15 @@ after the checkpoint and rebuilds them by scanning the log from there, checks
 each queue's end against the log and rebuilds damaged entries from it
 (``index_repair.py``: a damaged index never cuts the log), lowers
 committed offsets a power loss left past their queue's end, and writes a new
-checkpoint. Opening therefore costs time in proportion to what was written
-since the last checkpoint (about one flush interval), not to the log's size.
+checkpoint (only when the saved one no longer holds: else the first flush
+fsyncs what was rebuilt and saves it). Opening therefore costs time in
+proportion to what was written since the last checkpoint (about one flush
+interval), not to the log's size nor to the number of queues: the log's
+tail scan starts at the checkpoint (``MessageLog.open``), and a queue the
+checkpoint vouches for (``_Vouching``) is not opened at all: its end and
+earliest offset are the checkpoint's, and the per-queue steps above run when
+its index is first used (``_Later``, ``QueueIndex.open_now``), exactly as
+they would have at open.
 
 Transactions are recovered in the same scan (txn_recovery.py), which starts
 early enough to see every record of the transactions open at the checkpoint.
@@ -17,12 +24,16 @@ format is here, and the store's flush advances it with ``save_checkpoint``::
 
     {"index_position": P,   every index entry of a record (or commit record)
                             below P is fsynced
-     "ends": [[topic, queue_id, end, earliest], ...],
+     "ends": [[topic, queue_id, end, earliest(, per_chunk)], ...],
                             each queue's index end when P was taken: entries
                             past it are dropped at open and derived again from
                             the log (a commit's entries point before P); and
                             its earliest offset, valid while the log still
-                            starts at "log_start" (else found by a scan)
+                            starts at "log_start" (else found by a scan); and
+                            its index entries per chunk file when not
+                            "entries_per_chunk"
+     "entries_per_chunk": E,            the index files' usual geometry (null
+                            or absent: unknown, no queue is opened lazily)
      "log_start": S,
      "txn_position": T,     first record of the oldest transaction open at P
                             (P when none was): where the scan starts
@@ -59,6 +70,7 @@ with any other thread, so none of it takes the store lock.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import time
@@ -70,6 +82,7 @@ from typing import Any
 from equeue_broker.storage.config import StorageConfig
 from equeue_broker.storage.epochs import EpochHistory
 from equeue_broker.storage.errors import ChunkQuarantined, CorruptionError
+from equeue_broker.storage.index.index_files import IndexFiles
 from equeue_broker.storage.index.index_repair import (
     Wanted,
     entry_for,
@@ -80,12 +93,16 @@ from equeue_broker.storage.index.index_repair import (
 from equeue_broker.storage.index.queue_index import (
     ENTRY,
     ENTRY_SIZE,
+    INDEX_SUFFIX,
+    Deferred,
+    QueueIndex,
     Segment,
     entry_damaged,
     index_segments,
 )
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState, open_queue
 from equeue_broker.storage.keys.key_index import KeyIndex
+from equeue_broker.storage.log.chunk import chunk_file_name
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.meta.atomic_file import load_json, save_json
 from equeue_broker.storage.meta.offsets import OffsetStore
@@ -131,6 +148,9 @@ class Checkpoint:
     """Delayed delivery as of ``index_position`` (``Timer.checkpoint_state``)."""
     keys: dict[str, Any] | None = None
     """The key index as of ``index_position`` (``KeyIndex.checkpoint_state``)."""
+    chunk_entries: dict[QueueKey, int] | None = None
+    """Each queue's entries per index chunk (its files' geometry), where the
+    checkpoint knows it: a queue it vouches for is opened lazily with it."""
 
     @property
     def scan_from(self) -> int:
@@ -148,6 +168,12 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         log.error("checkpoint lost (%s); rebuilding every index entry from the log", exc)
         return Checkpoint(0)
     ends = document.get("ends")
+    per_chunk = document.get("entries_per_chunk")
+    chunk_entries = None
+    if per_chunk is not None:  # older documents: geometry unknown, every index opened
+        chunk_entries = {
+            (str(q[0]), int(q[1])): int(q[4]) if len(q) > 4 else int(per_chunk) for q in ends or ()
+        }
     return Checkpoint(
         int(document.get("index_position", 0)),
         None if ends is None else {(str(q[0]), int(q[1])): int(q[2]) for q in ends},
@@ -161,6 +187,7 @@ def load_checkpoint(data_dir: Path) -> Checkpoint:
         document.get("producers"),
         document.get("timer"),
         document.get("keys"),
+        chunk_entries,
     )
 
 
@@ -170,12 +197,17 @@ def _optional_int(value: object) -> int | None:
 
 def save_checkpoint(data_dir: Path, checkpoint: Checkpoint) -> None:
     """Persist ``checkpoint`` (fsynced)."""
+    geometry = checkpoint.chunk_entries or {}
+    counts = collections.Counter(geometry.values()).most_common(1)
+    common = counts[0][0] if counts else None
     document = {
         "index_position": checkpoint.index_position,
         "ends": [
             [t, q, e, checkpoint.earliest.get((t, q), 0)]
+            + ([geometry[t, q]] if geometry.get((t, q), common) != common else [])
             for (t, q), e in sorted((checkpoint.ends or {}).items())
         ],
+        "entries_per_chunk": common if len(geometry) == len(checkpoint.ends or {}) else None,
         "log_start": checkpoint.log_start,
         "txn_position": checkpoint.index_position
         if checkpoint.txn_position is None
@@ -201,42 +233,48 @@ def recover(
     producers: ProducerTable,
     timer: Timer,
     keys: KeyIndex | None = None,
-) -> tuple[RecoveryReport, Checkpoint, RecoveredTxns]:
+) -> tuple[RecoveryReport, Checkpoint, RecoveredTxns, int]:
     """Open ``message_log`` and the index of every queue of ``topics``, repair
     them, recover transactions and ``producers``, and return the report, the
-    new checkpoint and the transactions.
+    new checkpoint, the transactions and the position of the checkpoint on
+    disk (the new one's, or the saved one's when that still holds: the first
+    flush then saves the next).
 
     Each queue is put into ``queues`` as soon as it is open, so that a caller
     whose open fails part-way can still release every file opened so far.
     """
     started = time.monotonic()
-    message_log.open()
     saved = load_checkpoint(config.data_dir)
+    # The records below the checkpoint were fsynced whole: the tail scan
+    # checks only what was written after it (when the log agrees it may).
+    message_log.open(saved.index_position)
     migrated = migrate_stage_dir(config.data_dir)
     checkpoint = min(
         max(saved.index_position, message_log.start_position), message_log.write_position
     )
     scan_from = min(max(saved.scan_from, message_log.start_position), checkpoint)
     scanned = message_log.tail.scanned_bytes if message_log.tail else 0
+    files = (
+        IndexFiles.for_dir(config.data_dir, config.max_open_index_files)
+        if config.max_open_index_files > 0
+        else None
+    )
+    vouching = _vouching(saved, checkpoint, message_log, str(config.data_dir / "index"))
     for topic in topics:
         for q in topic.queues:
-            queue = open_queue(
-                config.data_dir, config.index_entries_per_chunk, topic.name, q.queue_id,
-                config.max_open_index_files,
-            )  # fmt: skip
             key = (topic.name, q.queue_id)
+            later = None if vouching is None else vouching.later(topic, q.queue_id)
+            per_chunk = config.index_entries_per_chunk if later is None else later.per_chunk
+            deferred = None if later is None else Deferred(later.end, later.earliest, later.settle)
+            queue = open_queue(
+                config.data_dir, per_chunk, topic.name, q.queue_id, files=files, deferred=deferred
+            )
+            if later is not None:
+                later.queue = queue
             queues[key] = queue
             queue.producer_visible = q.producer_visible
-            scanned += queue.index.recover(checkpoint)
-            if saved.ends is not None:  # later entries: derived again from the log
-                saved_end = saved.ends.get(key, 0)
-                queue.index.truncate(max(saved_end, queue.index.earliest))
-                # Short of the saved end: trailing entries were zeroed on disk (they
-                # look never written); their records are below the checkpoint. An
-                # empty index is left alone: the saved end may be a deleted
-                # incarnation's (a delete cut short before the next checkpoint).
-                index = queue.index
-                index.suspect |= index.earliest < index.end < saved_end
+            if later is None:
+                scanned += _open_index(queue, checkpoint, saved.ends)
     sinks = saved.sinks if migrated is None else {**migrated, **saved.sinks}
     # A damaged timer index (or a checkpoint that is not the log's) is rebuilt
     # from the whole log: no pending delayed record may be missed.
@@ -249,21 +287,30 @@ def recover(
         saved.next_serial, sinks, scan_from <= message_log.start_position, epochs, producers
     )
     scan.timer = timer
-    rebuilt = _restore_ends(message_log, queues, checkpoint)
+    opened = {key: q for key, q in queues.items() if not q.index.deferred}
+    rebuilt = _restore_ends(message_log, opened, checkpoint)
     more, orphans = rebuild_indexes(message_log, queues, checkpoint, scan_from, scan)
     rebuilt += more
     producers.truncate(message_log.write_position)  # a snapshot past a cut log
     if keys is not None:
         _recover_keys(keys, saved, message_log, checkpoint)
     same_start = saved.log_start == message_log.start_position
+    # The saved checkpoint still holds for the log as it is (not cut below
+    # it): the entries rebuilt here are fsynced by the first flush, which
+    # saves the next one, rather than one fsync per queue before the broker
+    # answers. Otherwise (or none was saved, or it was lost) they are
+    # fsynced now and a checkpoint saved.
+    save = migrated is not None or checkpoint != saved.index_position or saved.ends is None
     for key, queue in queues.items():
-        known = saved.earliest.get(key) if same_start else None
-        settle_earliest(queue, message_log.start_position, known)
-        queue.index.sync()
+        if not queue.index.deferred:
+            known = saved.earliest.get(key) if same_start else None
+            settle_earliest(queue, message_log.start_position, known)
+            if save:
+                queue.index.sync()
         queue.visible_end = queue.notified_end = queue.index.end
     _clamp_offsets(offsets, queues)
     # The tail may hold data a killed process wrote but never fsynced: make it
-    # durable before the checkpoint claims everything below it is indexed.
+    # durable before a checkpoint claims everything below it is indexed.
     os.fsync(message_log.sync_target()[1])
     found = scan.found
     end = message_log.write_position
@@ -287,9 +334,11 @@ def recover(
         producers.snapshot(),
         timer_doc,
         keys_doc,
+        {key: q.index.entries_per_chunk for key, q in queues.items()},
     )
-    save_checkpoint(config.data_dir, new)
-    timer.persisted(heads, timer_doc)
+    if save:
+        save_checkpoint(config.data_dir, new)
+        timer.persisted(heads, timer_doc)
     if migrated is not None:
         remove_stage_dir(config.data_dir)
     tail = message_log.tail
@@ -303,20 +352,120 @@ def recover(
     )
     # Fields, not the report's repr: a log shipper indexes them (JSON) and a
     # reader sees key=value (text).
+    lazy = sum(q.index.deferred for q in queues.values())
     log.info(
         "store opened in %.3f s", report.seconds,
         extra={"recovery_s": round(report.seconds, 3), "bytes_scanned": report.bytes_scanned,
                "tail_records_scanned": report.tail_records_scanned,
                "tail_bytes_discarded": report.tail_bytes_discarded,
                "index_entries_rebuilt": report.index_entries_rebuilt,
-               "records_of_deleted_topics": report.records_of_deleted_topics},
+               "records_of_deleted_topics": report.records_of_deleted_topics,
+               "queues": len(queues), "indexes_opened_at_first_use": lazy},
     )  # fmt: skip
     if found.open or found.commits or found.aborts:
         log.info(
             "transactions: %d open, %d commits and %d aborts read from the log",
             len(found.open), found.commits, found.aborts,
         )  # fmt: skip
-    return report, new, found
+    return report, new, found, end if save else checkpoint
+
+
+def _open_index(queue: QueueState, checkpoint: int, ends: dict[QueueKey, int] | None) -> int:
+    """Open a queue's index now: set its end from its files, dropping the
+    entries at or after ``checkpoint`` (and past the saved end, with ``ends``);
+    return the bytes read."""
+    index = queue.index
+    key = (queue.topic, queue.queue_id)
+    scanned = index.recover(checkpoint, None if ends is None else ends.get(key))
+    if ends is not None:  # later entries: derived again from the log
+        saved_end = ends.get(key, 0)
+        index.truncate(max(saved_end, index.earliest))
+        # Short of the saved end: trailing entries were zeroed on disk (they
+        # look never written); their records are below the checkpoint. An
+        # empty index is left alone: the saved end may be a deleted
+        # incarnation's (a delete cut short before the next checkpoint).
+        index.suspect |= index.earliest < index.end < saved_end
+    return scanned
+
+
+@dataclass
+class _Vouching:
+    """What a usable checkpoint says of every queue it lists."""
+
+    saved: Checkpoint
+    ends: dict[QueueKey, int]
+    chunk_entries: dict[QueueKey, int]
+    message_log: MessageLog
+    checkpoint: int
+    index_root: str
+
+    def later(self, topic: TopicMeta, queue_id: int) -> _Later | None:
+        """A queue the checkpoint vouches for is opened at its first use; None
+        for the others: created since (a topic created at or after the
+        checkpoint, a queue it does not list), or no index file where the
+        checkpoint's last entry would be (a queue deleted and created again
+        since: its index was started anew)."""
+        if topic.created_position >= self.checkpoint:
+            return None
+        key = (topic.name, queue_id)
+        end = self.ends.get(key)
+        earliest = self.saved.earliest.get(key)
+        per_chunk = self.chunk_entries.get(key)
+        if end is None or earliest is None or per_chunk is None:
+            return None
+        if end > 0:
+            name = chunk_file_name((end - 1) // per_chunk, INDEX_SUFFIX)
+            if not os.path.exists(f"{self.index_root}/{topic.name}/{queue_id}/{name}"):
+                return None
+        return _Later(self.message_log, self.checkpoint, end, earliest, per_chunk)
+
+
+def _vouching(
+    saved: Checkpoint, checkpoint: int, message_log: MessageLog, index_root: str
+) -> _Vouching | None:
+    """The saved checkpoint's queue ends, if it vouches for them: its position
+    is the log's (the log was not cut below it), the log still starts where
+    it did (so the earliest offsets hold) and it knows the index files'
+    geometry. None: every index is opened and checked at open."""
+    if (
+        saved.ends is None
+        or saved.chunk_entries is None
+        or checkpoint != saved.index_position
+        or saved.log_start != message_log.start_position
+    ):
+        return None
+    return _Vouching(saved, saved.ends, saved.chunk_entries, message_log, checkpoint, index_root)
+
+
+@dataclass
+class _Later:
+    """The recovery of one vouched queue, put off until its index is first
+    used (``QueueIndex.open_now``): exactly what ``recover`` does for an index
+    opened at once, with the open's checkpoint, which no later write of the
+    store moves for this queue (it has not been used since)."""
+
+    message_log: MessageLog
+    checkpoint: int
+    end: int
+    earliest: int
+    per_chunk: int
+    queue: QueueState | None = None
+
+    def settle(self, index: QueueIndex) -> None:
+        queue = self.queue
+        assert queue is not None and queue.index is index
+        key = (queue.topic, queue.queue_id)
+        _open_index(queue, self.checkpoint, {key: self.end})
+        _restore_ends(self.message_log, {key: queue}, self.checkpoint)
+        # The log still starts where it did at open: retention reads every
+        # queue's entries (opening each) before it deletes a chunk.
+        settle_earliest(queue, self.message_log.start_position, self.earliest)
+        if index.end != self.end:  # a damaged index and log, or a queue made anew
+            log.warning(
+                "%s/%d: index opened at first use ends at %d, the checkpoint said %d",
+                *key, index.end, self.end,
+            )  # fmt: skip
+            queue.visible_end = queue.notified_end = index.end
 
 
 def _recover_keys(
@@ -352,7 +501,7 @@ def rebuild_indexes(
     page and checks every frame a second time."""
     rebuilt = orphans = 0
     pending: dict[QueueKey, bytearray] = {}
-    expected = {key: q.index.end for key, q in queues.items()}
+    expected: dict[QueueKey, int] = {}
     gaps: dict[QueueKey, Wanted] = {}
     start = checkpoint if scan_from is None else min(scan_from, checkpoint)
     if appended is not None and start == checkpoint:
@@ -369,7 +518,7 @@ def rebuild_indexes(
             derived = txns.control(message_log, position, meta, position >= checkpoint)
             for key, first_offset, staged in derived:
                 n = len(staged) // ENTRY_SIZE
-                if key not in expected:
+                if not _meet(queues, expected, key):
                     orphans += n
                     continue
                 if first_offset != expected[key] and key not in pending:
@@ -389,7 +538,7 @@ def rebuild_indexes(
         # ``count`` records of one queue at consecutive offsets from ``first``:
         # checked as the first one, the others follow it.
         key = (topic.decode(), queue_id)
-        if key not in expected:
+        if not _meet(queues, expected, key):
             orphans += count  # a deleted topic's records wait for retention
             continue
         if first != expected[key] and key not in pending:
@@ -418,6 +567,20 @@ def rebuild_indexes(
         queue = queues[key]
         queue.index.write(queue.index.end, written)
     return rebuilt, orphans
+
+
+def _meet(queues: dict[QueueKey, QueueState], expected: dict[QueueKey, int], key: QueueKey) -> bool:
+    """False if ``key`` is no live queue; else True, with its index end in
+    ``expected``: a lazily opened index is opened when the scan first meets
+    its queue (``QueueIndex.open_now``), so a queue never met costs nothing."""
+    if key in expected:
+        return True
+    queue = queues.get(key)
+    if queue is None:
+        return False
+    queue.index.open_now()
+    expected[key] = queue.index.end
+    return True
 
 
 def _buffer_segments(

@@ -97,7 +97,7 @@ def settle_earliest(queue: QueueState, log_start: int, known: int | None = None)
     queue's earliest offset (the first whose record is kept): ``known`` (the
     checkpoint's, saved with the same log start) or found by a scan."""
     index = queue.index
-    index.delete_chunks_below(log_start)
+    index.delete_chunks_below(log_start, find_earliest=known is None)
     numbers = index.chunk_numbers()
     if not numbers or index.end <= index.earliest:
         return

@@ -1,24 +1,18 @@
 """The store: one data directory's write paths, offsets and lifecycle.
 
 ``Store`` opens a data directory and holds its shared state as one
-``EngineState`` (engine.py: the engine lock, the message log, the queues,
-the topics, group offsets, visibility, the checkpoint), which it passes
-explicitly to the modules that work on it. It keeps the write paths
-(``append``, the sync-mode group-commit rounds, and the transaction writes),
-group-offset admin, and opening, flushing, the maintenance thread and
-closing, and exposes its readers instead of forwarding to them:
-``store.reads`` (reads.py: ``read``, ``read_records`` and the lookups) and
-``store.topic_admin`` (topic_admin.py: creating, deleting and describing
-topics and queues). ``create_topic``, ``read`` and ``queue_info`` stay on the
-store as the embedding API docs/storage.md documents. The rest lives in
-modules that depend on that state but never on this module: recovery.py runs
-at open, log_writer.py places an append in the log, visibility.py decides
-when written records become readable, positioned.py appends, cuts and reads
-the log by position for replication (``append_at``, ``truncate``,
-``read_log``: with ``set_hw_limit``, ``hold_back`` and
-``write_epoch_marker``, the API replication/ uses), retention.py deletes
-expired chunks, and transactions.py reaches the store only through its
-``TransactionStore`` protocol. The values the calls return are in results.py.
+``EngineState`` (engine.py), passed explicitly to the modules that work on
+it. It keeps the write paths (``append``, the sync-mode group-commit rounds,
+the transaction writes), group-offset admin, and opening, flushing, the
+maintenance thread and closing, and exposes its readers: ``store.reads``
+(reads.py) and ``store.topic_admin`` (topic_admin.py); ``create_topic``,
+``read`` and ``queue_info`` stay here as the embedding API docs/storage.md
+documents. The rest depends on that state but never on this module:
+recovery.py runs at open, log_writer.py places an append, visibility.py
+decides when records become readable, positioned.py works on the log by
+position for replication (``append_at``, ``truncate``, ``read_log``),
+retention.py deletes expired chunks, and transactions.py reaches the store
+through its ``TransactionStore`` protocol. Results are in results.py.
 
 Data directory layout::
 
@@ -134,7 +128,7 @@ class Store:
             """Idempotent producers' state (producers/table.py): derived from
             the log like the indexes; used with the engine lock held."""
             self.timer = timer = Timer(config.timer, root / "timer", message_log, delivering)
-            self.recovery, checkpoint, recovered = recover(
+            self.recovery, checkpoint, recovered, saved_at = recover(
                 config, message_log, topics.values(), offsets, queues,
                 producers=self.producers, timer=timer, keys=key_index,
             )  # fmt: skip
@@ -150,9 +144,7 @@ class Store:
             raise
         self._snapshot_version = -1
         self._snapshot: list[Any] = []
-        self._state = state = EngineState(
-            config, message_log, offsets, queues, topics, checkpoint.index_position
-        )
+        self._state = state = EngineState(config, message_log, offsets, queues, topics, saved_at)
         state.keys = key_index
         self._writer = LogWriter(state)
         self._topic_admin = TopicAdmin(
@@ -551,10 +543,16 @@ class Store:
         """Cut the log at ``position``, and every index entry, epoch marker and
         open transaction of ``scan`` at or after it (``positioned.truncate_at``)."""
         with self._state.lock:
+            vouched = self._state.checkpoint
             if position < self._state.log.write_position:
                 self.delivery.undo_tail(position)
             truncate_at(self._state, position, self.epochs, scan)
         self.transactions.adopt(scan.found)
+        if position < vouched:
+            # The checkpoint on disk vouches for bytes just cut (a restart trusts
+            # it without reading them): save one for what is left, now.
+            with self.delivery.timer.persist_lock:
+                self._flush(force=True)
 
     def read_log(self, position: int, max_bytes: int) -> LogPiece:
         """The log bytes a replica whose log ends at ``position`` needs next
@@ -653,13 +651,15 @@ class Store:
         with self.delivery.timer.persist_lock:  # one at a time: timer heads in order
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, force: bool = False) -> None:  # force: save even if not forward
         with self._state.lock:
             self._state.check_open()
             target = self._state.log.write_position
             fds = [fd for q in self._state.queues.values() for fd in q.index.take_dirty()]
-            ends = {key: q.index.end for key, q in self._state.queues.items()}
-            earliest = {key: q.index.earliest for key, q in self._state.queues.items()}
+            queues = self._state.queues.items()
+            ends = {key: q.index.end for key, q in queues}
+            earliest = {key: q.index.earliest for key, q in queues}
+            per_chunk = {key: q.index.entries_per_chunk for key, q in queues}
             start = self._state.log.start_position
             txn_position, serial, sinks = self.transactions.checkpoint_state()
             epochs = tuple(self.epochs.entries())
@@ -670,7 +670,7 @@ class Store:
             keys_doc, key_fds = KeyIndex.checkpoint_of(self._state.keys)
         checkpoint = Checkpoint(
             target, ends, earliest, start, txn_position, serial, sinks, epochs, held, producers,
-            timer_doc, keys_doc,
+            timer_doc, keys_doc, per_chunk,
         )  # fmt: skip
         try:
             self._state.commit.make_durable(target)
@@ -691,7 +691,7 @@ class Store:
         # position may be further on, but entries beyond `target` are not synced.)
         # The save runs outside the store lock: it costs several fsyncs.
         with self._checkpoint_lock:
-            if target > self._state.checkpoint and not self._state.closed:
+            if (force or target > self._state.checkpoint) and not self._state.closed:
                 try:
                     save_checkpoint(self.config.data_dir, checkpoint)
                 except OSError as exc:

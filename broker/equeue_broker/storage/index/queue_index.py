@@ -35,6 +35,7 @@ import shutil
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -224,6 +225,18 @@ if CODEC is not None:  # the C encoder writes entries too: its layout must be th
     )  # fmt: skip
 
 
+@dataclass
+class Deferred:
+    """What a lazily opened index is as of its store's open (recovery.py):
+    ``end`` and ``earliest`` vouched for by the checkpoint, and ``settle``, the
+    per-queue recovery put off until the index's first use, called once with
+    the index, its files open."""
+
+    end: int
+    earliest: int
+    settle: Callable[[QueueIndex], None]
+
+
 class QueueIndex:
     """The index of one topic queue: maps queue offsets to log positions.
 
@@ -231,9 +244,21 @@ class QueueIndex:
     """
 
     def __init__(
-        self, directory: Path, entries_per_chunk: int, files: IndexFiles | None = None
+        self,
+        directory: Path | str,
+        entries_per_chunk: int,
+        files: IndexFiles | None = None,
+        *,
+        deferred: Deferred | None = None,
     ) -> None:
-        self.directory = directory
+        """Open the index in ``directory`` (creating it if need be); with
+        ``deferred``, touch no file now: ``end``, ``earliest`` and
+        ``entries_per_chunk`` are the caller's (a checkpoint vouches for them),
+        and ``deferred.settle`` runs before the first file of the index is
+        used (``_open_files``)."""
+        self._dir = str(directory)
+        """The directory as a string: a restart builds one per queue, and a
+        ``Path`` costs several times more (``directory`` makes one on demand)."""
         self.entries_per_chunk = entries_per_chunk
         self._files = files
         """The store's descriptor budget (index_files.py); None: no limit."""
@@ -245,12 +270,56 @@ class QueueIndex:
         """Lowest offset whose record is still in the log (maintained by retention)."""
         self.suspect = False
         """Set by ``recover``: an entry it dropped may have been a record's (``_find_end``)."""
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._deferred = deferred
+        """Set while the files are not opened yet (a lazily opened index)."""
+        self._numbers: list[int] | None = None
+        """``chunk_numbers``, once listed."""
+        if deferred is None:
+            self._open_files()
+        else:
+            self.end, self.earliest = deferred.end, deferred.earliest
+
+    @property
+    def directory(self) -> Path:
+        return Path(self._dir)
+
+    @property
+    def deferred(self) -> bool:
+        """True while the index's files have not been looked at (opened lazily)."""
+        return self._deferred is not None
+
+    def _open_files(self) -> None:
+        try:
+            os.mkdir(self._dir, 0o700)
+        except FileExistsError:
+            pass  # the usual case: one syscall, where pathlib's mkdir costs a stat more
+        except FileNotFoundError:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         numbers = self.chunk_numbers()
         if numbers:
-            header = read_header(self._fd(numbers[0]), str(self._path(numbers[0])))
+            path = f"{self._dir}/{chunk_file_name(numbers[0], INDEX_SUFFIX)}"
+            header = read_header(self._fd(numbers[0]), path)
             self.entries_per_chunk = header.capacity // ENTRY_SIZE
             self.earliest = numbers[0] * self.entries_per_chunk
+
+    def open_now(self) -> None:
+        """Open a lazily opened index's files and run its deferred recovery
+        (``Deferred.settle``); nothing if it is open. If that fails, it runs
+        again at the next use: a queue is never used half recovered."""
+        deferred = self._deferred
+        if deferred is None:
+            return
+        self._deferred = None
+        try:
+            self._open_files()
+            deferred.settle(self)
+        except BaseException:
+            self.release()
+            self._dirty.clear()
+            self._numbers = None
+            self._deferred = deferred
+            self.end, self.earliest = deferred.end, deferred.earliest
+            raise
 
     # -- files -----------------------------------------------------------------
 
@@ -258,25 +327,47 @@ class QueueIndex:
         return self.directory / chunk_file_name(number, INDEX_SUFFIX)
 
     def chunk_numbers(self) -> list[int]:
-        for tmp in self.directory.glob("*.tmp"):
-            tmp.unlink()  # an index chunk whose creation was interrupted
-        return sorted(int(p.name[: -len(INDEX_SUFFIX)]) for p in self.directory.glob("*.idx"))
+        """The numbers of the index's chunk files, in order: listed once (one
+        directory read, leftovers of an interrupted creation removed), then
+        kept up to date as chunks are created and deleted."""
+        if self._deferred is not None:
+            self.open_now()
+        if self._numbers is None:
+            numbers = []
+            try:
+                with os.scandir(self._dir) as entries:
+                    for entry in entries:
+                        if entry.name.endswith(".tmp"):
+                            os.unlink(entry.path)  # a chunk whose creation was interrupted
+                        elif entry.name.endswith(INDEX_SUFFIX):
+                            numbers.append(int(entry.name[: -len(INDEX_SUFFIX)]))
+            except FileNotFoundError:
+                pass  # no directory (yet): no chunk
+            self._numbers = sorted(numbers)
+        return list(self._numbers)
 
     def _fd(self, number: int, create: bool = False) -> int:
+        if self._deferred is not None:  # the first use of a lazily opened index
+            self.open_now()
         fd = self._fds.get(number)
         if fd is not None and self._files is not None:
             self._files.used(self, number)
         if fd is None:
-            path = self._path(number)
-            if not path.exists():
+            # A string path and one open (no stat, no pathlib): a restart after
+            # writes to many queues opens thousands of these.
+            path = f"{self._dir}/{chunk_file_name(number, INDEX_SUFFIX)}"
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
                 if not create:
-                    raise CorruptionError(f"index chunk {path} is missing", str(path))
+                    raise CorruptionError(f"index chunk {path} is missing", path) from None
                 capacity = self.entries_per_chunk * ENTRY_SIZE
                 header = ChunkHeader(
                     CHUNK_TYPE_INDEX, number, capacity, int(time.time() * 1000), ENTRY_SIZE
                 )
-                create_chunk_file(path, header)
-            fd = os.open(path, os.O_RDWR)
+                create_chunk_file(Path(path), header)
+                self._numbers = None
+                fd = os.open(path, os.O_RDWR)
             self._fds[number] = fd
             if self._files is not None:
                 self._files.opened(self, number)
@@ -392,7 +483,7 @@ class QueueIndex:
 
     # -- recovery and retention --------------------------------------------------
 
-    def recover(self, keep_below_position: int) -> int:
+    def recover(self, keep_below_position: int, known_end: int | None = None) -> int:
         """Set ``end`` from the files, dropping entries at or past ``keep_below_position``.
 
         Entries for records before the checkpoint position were fsynced and are
@@ -400,10 +491,19 @@ class QueueIndex:
         Only the tail of the last chunk is read: its written parts, from the last
         non-zero entry back to the last one kept (``_find_end``). Returns the
         number of bytes read.
+
+        ``known_end``: the end the checkpoint saved. When the entry before it is
+        intact and names a record before ``keep_below_position``, that is the
+        end: only the entries after it are looked at, to be zeroed
+        (``_recover_known``), not walked one by one.
         """
         numbers = self.chunk_numbers()
         self.end = self.earliest
         self.suspect = False
+        if known_end is not None and numbers:
+            read = self._recover_known(numbers, keep_below_position, known_end)
+            if read is not None:
+                return read
         scanned = 0
         for number in reversed(numbers):
             fd = self._fd(number)
@@ -418,6 +518,46 @@ class QueueIndex:
                 break
         self.earliest = min(self.earliest, self.end)
         return scanned
+
+    def _recover_known(self, numbers: list[int], keep_below: int, end: int) -> int | None:
+        """``recover`` to ``end`` if the entry before it is intact and names a
+        record below ``keep_below`` (else None: the caller walks the entries):
+        the written entries after it, in its chunk and any later one, are
+        zeroed. Returns the bytes read."""
+        if end <= self.earliest or end > (numbers[-1] + 1) * self.entries_per_chunk:
+            return None
+        number, slot = divmod(end - 1, self.entries_per_chunk)
+        if number not in numbers:
+            return None
+        fd = self._fd(number)
+        raw = os.pread(fd, ENTRY_SIZE, HEADER_SIZE + slot * ENTRY_SIZE)
+        read = len(raw)
+        if len(raw) != ENTRY_SIZE or entry_damaged(raw):
+            return None
+        position = _POSITION.unpack_from(raw)[0] - 1
+        if not 0 <= position < keep_below:
+            return None
+        for later in (n for n in numbers if n >= number):
+            first = slot + 1 if later == number else 0
+            read += self._zero_after(self._fd(later), later, first)
+        self.end = end
+        return read
+
+    def _zero_after(self, fd: int, number: int, first: int) -> int:
+        """Zero the written entries of chunk ``number`` from slot ``first`` on;
+        the bytes read to find them (only the last written block is read)."""
+        start = HEADER_SIZE + first * ENTRY_SIZE
+        data_end = HEADER_SIZE + self.entries_per_chunk * ENTRY_SIZE
+        for offset, data in read_backwards(fd, start, data_end, ENTRY_SIZE):
+            nonzero = len(data.rstrip(b"\x00"))
+            if nonzero:
+                used = offset + nonzero - start
+                zeros = bytes(min(used, 1 << 20))
+                for at in range(start, start + used, len(zeros)):
+                    pwrite_all(fd, zeros[: start + used - at], at)
+                self._dirty.add(number)
+                return len(data)
+        return 0
 
     def _find_end(self, fd: int, keep_below_position: int) -> tuple[int, int, int, bool]:
         """(kept, used, bytes read, suspect) for one chunk: ``used`` slots run up
@@ -462,9 +602,10 @@ class QueueIndex:
             self._write_all(offset, memoryview(bytes((self.end - offset) * ENTRY_SIZE)))
             self.end = offset
 
-    def delete_chunks_below(self, log_start: int) -> int:
+    def delete_chunks_below(self, log_start: int, *, find_earliest: bool = True) -> int:
         """Delete index chunks whose every entry points below ``log_start``; update
-        ``earliest``. Returns the number of chunks deleted."""
+        ``earliest`` (unless not ``find_earliest``: the caller knows it).
+        Returns the number of chunks deleted."""
         deleted = 0
         numbers = self.chunk_numbers()
         for number in numbers[:-1]:  # the chunk holding `end` is never deleted
@@ -475,8 +616,9 @@ class QueueIndex:
                 break
             self._close_chunk(number)
             self._path(number).unlink()
+            self._numbers = None
             deleted += 1
-        if self.end > self.earliest:
+        if self.end > self.earliest and find_earliest:
             lo = max(self.earliest, self.chunk_numbers()[0] * self.entries_per_chunk)
             self.earliest = self.first_offset_where(lo, 0, log_start + 1)
         return deleted

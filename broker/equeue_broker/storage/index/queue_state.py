@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from equeue_broker.storage.index.index_files import IndexFiles
-from equeue_broker.storage.index.queue_index import QueueIndex
+from equeue_broker.storage.index.queue_index import Deferred, QueueIndex
 
 QueueKey = tuple[str, int]
 """(topic, queue id)."""
@@ -35,14 +35,24 @@ class QueueState:
 
 
 def open_queue(
-    data_dir: Path, entries_per_chunk: int, topic: str, queue_id: int, max_open_files: int = 0
+    data_dir: Path,
+    entries_per_chunk: int,
+    topic: str,
+    queue_id: int,
+    max_open_files: int = 0,
+    *,
+    files: IndexFiles | None = None,
+    deferred: Deferred | None = None,
 ) -> QueueState:
     """Open (creating if need be) the index of ``topic``/``queue_id`` under
     ``data_dir``; ``max_open_files`` > 0: the store's index files share that
-    descriptor budget (index_files.py)."""
-    directory = data_dir / "index" / topic / str(queue_id)
-    files = IndexFiles.for_dir(data_dir, max_open_files) if max_open_files > 0 else None
-    index = QueueIndex(directory, entries_per_chunk, files)
+    descriptor budget (index_files.py), or ``files``, that budget already
+    looked up. ``deferred``: open its files at first use (queue_index.py)."""
+    # A string, not a Path (several times the cost): a restart makes one per queue.
+    directory = f"{data_dir}/index/{topic}/{queue_id}"
+    if files is None and max_open_files > 0:
+        files = IndexFiles.for_dir(data_dir, max_open_files)
+    index = QueueIndex(directory, entries_per_chunk, files, deferred=deferred)
     return QueueState(topic, topic.encode(), queue_id, index)
 
 

@@ -45,9 +45,12 @@ from equeue_broker.storage.log.chunk import (
 from equeue_broker.storage.meta.atomic_file import fsync_dir
 from equeue_proto.accel import CODEC
 from equeue_proto.record import (
+    BODY_TO_FRAME,
     FLAG_BATCH_END,
     FLAG_TXN,
+    FRAME_OVERHEAD,
     HEADER,
+    Buffer,
     RecordError,
     RecordMeta,
     StoredMessage,
@@ -119,6 +122,36 @@ class TailRecovery:
     (non-hole) parts of the chunk after the last complete append."""
 
 
+def _valid_frames(buf: Buffer, start: int, end: int) -> tuple[int, int, int, str]:
+    """(records, end of the last of them, end of the last closing an append,
+    why the next is not one) for the intact frames of ``buf`` from ``start``.
+    The checks run in C where built (``check_frames``); the frames found are
+    then walked by their lengths alone, for their count and flags."""
+    if CODEC is None:
+        pos = good_end = start
+        count = 0
+        while True:
+            verdict = check_frame(buf, pos, end)
+            if isinstance(verdict, str):
+                return count, pos, good_end, verdict
+            count += 1
+            if buf[pos + 5] & FLAG_BATCH_END:
+                good_end = pos + verdict
+            pos += verdict
+    bad = check_frames(buf, start, end)
+    stop = end if bad < 0 else bad
+    why = check_frame(buf, stop, end)
+    pos = good_end = start
+    count = 0
+    while pos < stop:
+        size = int.from_bytes(buf[pos : pos + 4], "little") + BODY_TO_FRAME
+        count += 1
+        if buf[pos + 5] & FLAG_BATCH_END:
+            good_end = pos + size
+        pos += size
+    return count, pos, good_end, why if isinstance(why, str) else "end of the chunk"
+
+
 class MessageLog:
     def __init__(self, directory: Path, capacity: int, max_mapped: int) -> None:
         self.directory = directory
@@ -130,17 +163,22 @@ class MessageLog:
         """The last chunk: the one appends go to (set by ``open``)."""
         self._recent: collections.OrderedDict[int, LogChunk] = collections.OrderedDict()
         self.tail: TailRecovery | None = None
+        self._trusted = 0
         self.quarantined: list[QuarantinedChunk] = []
 
     # -- opening and recovery ----------------------------------------------------
 
-    def open(self) -> None:
+    def open(self, trusted: int = 0) -> None:
         """Open existing chunks, validating sealed ones and repairing the tail.
 
         Sealed chunks are checked by header, footer and size only (cost per
         chunk, not per message); the last chunk is scanned record by record and
-        cut after the last complete append (see ``record.py``).
+        cut after the last complete append (see ``record.py``). ``trusted``:
+        a log position below which every record was fsynced whole (recovery's
+        checkpoint): when it lies in the last chunk right after a complete
+        append, the scan starts there rather than at the chunk's start.
         """
+        self._trusted = trusted
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         for tmp in self.directory.glob("*.tmp"):
             log.warning("removing leftover temp chunk %s", tmp)
@@ -291,27 +329,35 @@ class MessageLog:
                 chunk.path, chunk.damage, entry.start_position, entry.end_position,
             )  # fmt: skip
 
+    def _trusted_start(self, chunk: LogChunk, buf: Buffer, end: int) -> int:
+        """Where the tail scan of ``chunk`` may start: the byte of the trusted
+        position when the frame ending there is intact, names its own position
+        and closes an append (its length suffix finds its start); else the
+        chunk's first record."""
+        at = HEADER_SIZE + self._trusted - self.start_of(chunk)
+        if not HEADER_SIZE + FRAME_OVERHEAD <= at <= end:
+            return HEADER_SIZE
+        frame = int.from_bytes(buf[at - 4 : at], "little") + BODY_TO_FRAME
+        start = at - frame
+        if start < HEADER_SIZE or check_frame(buf, start, at) != frame:
+            return HEADER_SIZE
+        meta = read_meta(buf, start)
+        if meta.position != self.start_of(chunk) + start - HEADER_SIZE:
+            return HEADER_SIZE
+        return at if meta.flags & FLAG_BATCH_END else HEADER_SIZE
+
     def _recover_tail(self, chunk: LogChunk) -> TailRecovery:
         buf = chunk.buffer()
         end = HEADER_SIZE + chunk.capacity
-        pos = HEADER_SIZE
-        good_end = HEADER_SIZE  # end of the last record that closed an append
-        scanned = 0
-        while True:
-            verdict = check_frame(buf, pos, end)
-            if isinstance(verdict, str):
-                break
-            scanned += 1
-            if buf[pos + 5] & FLAG_BATCH_END:
-                good_end = pos + verdict
-            pos += verdict
+        scan_start = self._trusted_start(chunk, buf, end)
+        scanned, pos, good_end, verdict = _valid_frames(buf, scan_start, end)
         reason = verdict if pos == good_end else "incomplete append after the last batch end"
         # Anything non-zero after good_end (a torn append, garbage, pages of an
         # append that reached the disk while earlier ones did not) must be zeroed,
         # or a later append ending where stale records begin would resurrect them.
         # The chunk is sparse: only its written parts are read, from the end back.
         written = 0
-        scanned_bytes = pos - HEADER_SIZE
+        scanned_bytes = pos - scan_start
         for offset, data in read_backwards(chunk.fd, good_end, end):
             scanned_bytes += len(data)
             nonzero = len(data.rstrip(b"\x00"))
