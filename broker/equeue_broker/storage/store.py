@@ -270,8 +270,7 @@ class Store:
         returned, ``then(result or exception)`` called once durable (committer thread)."""
         if self._committer is None:
             return self.append(topic, queue_id, batch, idem)
-        prepared = self.prepare(topic, queue_id, batch)
-        self._state.check_open()
+        prepared = self.prepare(topic, queue_id, batch)  # checks that the queue takes appends
         work = functools.partial(self._write_pending, topic, queue_id, prepared, idem)
         self._committer.submit_then(work, then)
         return None
