@@ -65,7 +65,7 @@ from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState, first_offset_at
 from equeue_broker.storage.keys.key_index import KeyIndex
 from equeue_broker.storage.keys.query import KeyQuery
-from equeue_broker.storage.log.flush import FsyncTimes, SyncCommitter
+from equeue_broker.storage.log.flush import FsyncTimes, SyncCommitter, Then
 from equeue_broker.storage.log.log_writer import LogWriter
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.log.positioned import LogPiece, append_at, read_piece, truncate_at
@@ -261,6 +261,19 @@ class Store:
         outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
         assert isinstance(outcome, AppendResult)
         return outcome
+
+    def append_then(
+        self, topic: str, queue_id: int, batch: MessageBatch, idem: Idempotence | None,
+        then: Then,
+    ) -> AppendResult | None:  # fmt: skip
+        """``append`` without blocking (the broker's loop): in sync mode queued, None
+        returned, ``then(result or exception)`` called once durable (committer thread)."""
+        if self._committer is None:
+            return self.append(topic, queue_id, batch, idem)
+        prepared = self.prepare(topic, queue_id, batch)  # checks that the queue takes appends
+        work = functools.partial(self._write_pending, topic, queue_id, prepared, idem)
+        self._committer.submit_then(work, then)
+        return None
 
     # -- delayed delivery (timer/) -----------------------------------------------------
 
