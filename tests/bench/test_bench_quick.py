@@ -56,6 +56,7 @@ class Case:
 
 CASES = (
     Case("avro_decode_bench.py", ("rec/s wall", "reference v1 -> v2"), 120),
+    Case("broker_ab.py", ("| workload | flush | A (baseline) | B (this checkout) | B / A |",), 180),
     Case(
         "broker_bench.py",
         ("| system | workload | size | flush | msgs/s", "| system | flush | method |"),

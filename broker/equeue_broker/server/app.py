@@ -44,7 +44,7 @@ from equeue_broker.server.connections import (
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.fetch_port import start_fetch_server, stop_fetch_server
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
-from equeue_broker.server.handlers import DecodeGuard
+from equeue_broker.server.handlers import DecodeGuard, generic_only
 from equeue_broker.server.health import BrokerHealth
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
@@ -152,9 +152,12 @@ async def _create_server(
         interceptors.insert(0, AuthInterceptor(tokens))
     wait_s = config.budget_wait_ms / 1000
     intake = ByteBudget("max_intake_bytes", config.max_intake_bytes, wait_s)
-    interceptors.insert(
-        0, IntakeGate(intake, config.max_request_bytes, config.request_read_timeout_ms / 1000)
-    )
+    # Outermost of all, and first in it: a call over its connection's limit
+    # takes no other budget (intake.py).
+    calls_per_connection = CallsPerConnection(config.max_streams_per_connection)
+    read_timeout_s = config.request_read_timeout_ms / 1000
+    gate = IntakeGate(intake, config.max_request_bytes, read_timeout_s, calls_per_connection)
+    interceptors.insert(0, gate)
     # The epoch starts at the newest marker in the log (epochs.py); with ZooKeeper
     # every member starts as a replica with no master, until the election says.
     start_role = REPLICA if config.zookeeper else config.role
@@ -170,9 +173,6 @@ async def _create_server(
     # DecodeGuard, which caches its handler per method and so would ask the
     # interceptors after it only on a method's first call.
     interceptors.insert(len(interceptors) - 1, ReplicaGate(config.broker_name, role))
-    # Outermost of all: a call over its connection's limit takes no other budget.
-    calls_per_connection = CallsPerConnection(config.max_streams_per_connection)
-    interceptors.insert(0, calls_per_connection)
     server = grpc.aio.server(options=options, interceptors=interceptors)
     port = bind(server, config)  # first: the role switch and the name servers need the address
     address = advertised(config.host, port, config.advertise_address)
@@ -239,13 +239,14 @@ async def _create_server(
     store.add_listener(growth.notify_threadsafe)
     state.insync.wake_streams = growth.wake
     state.insync.start()
-    pb_grpc.add_BrokerServicer_to_server(BrokerService(state), server)
-    pb_grpc.add_AdminServicer_to_server(AdminService(state), server)
-    pb_grpc.add_ReplicationServicer_to_server(ReplicationService(state, growth), server)
+    services = generic_only(server)  # one pending call future, not one per method (handlers.py)
+    pb_grpc.add_BrokerServicer_to_server(BrokerService(state), services)
+    pb_grpc.add_AdminServicer_to_server(AdminService(state), services)
+    pb_grpc.add_ReplicationServicer_to_server(ReplicationService(state, growth), services)
     pb_grpc.add_MembershipServicer_to_server(
-        MembershipService(config.broker_name, instance_id, role), server
+        MembershipService(config.broker_name, instance_id, role), services
     )
-    health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, services)
     names = [
         pb.DESCRIPTOR.services_by_name["Broker"].full_name,
         pb.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -254,7 +255,7 @@ async def _create_server(
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME,
     ]
-    reflection.enable_server_reflection(names, server)
+    reflection.enable_server_reflection(names, services)
     await server.start()
     # Before the first registration (serve), which advertises state.fetch_address.
     await start_fetch_server(state, max_connections(config))

@@ -147,17 +147,42 @@ class StalledStream:
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._ending: asyncio.Task[None] | None = None
+        self._held: Held | None = None
+        """The reply handed to gRPC and not taken yet (None: none)."""
+        self._since = 0.0
 
     def watch(self, held: Held) -> None:
-        self._timer = self._loop.call_later(self.timeout_s, self._stall, held)
+        """A reply was handed to gRPC now. One timer serves many replies: it is
+        set only when none is pending and, when it fires for a reply that was
+        taken meanwhile, set again for the one watched now (a timer per reply,
+        set and cancelled, was a measurable part of a streamed reply's cost)."""
+        self._held = held
+        self._since = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._since + self.timeout_s, self._check)
 
     def taken(self) -> None:
+        self._held = None
+
+    def stop(self) -> None:
+        """The stream ended: no more checks."""
+        self._held = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _stall(self, held: Held) -> None:
+    def _check(self) -> None:
         self._timer = None
+        held = self._held
+        if held is None:  # nothing waits in gRPC now: the next watch sets the timer
+            return
+        due = self._since + self.timeout_s
+        if self._loop.time() < due:  # a later reply, watched since less long
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self._stall(held)
+
+    def _stall(self, held: Held) -> None:
         self.stalled = True
         log.warning(
             "ending the pull stream of %s and closing its connection %s: its client took no"

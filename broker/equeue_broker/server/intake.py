@@ -24,6 +24,10 @@ the broker holds at most ``max_intake_bytes`` of unary request bodies being
 received or handled, whatever the number of connections and streams. gRPC's
 BDP probing must be off (app.py) or the transport widens every stream's
 window and reads unrequested bodies anyway.
+
+The gate also applies the per-connection call limit (``CallsPerConnection``,
+connections.py) to every call, first: a call over its connection's limit is
+refused before it takes any budget.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from typing import Any
 import grpc
 
 from equeue_broker.server.budgets import ByteBudget, Held
+from equeue_broker.server.connections import CallsPerConnection
 from equeue_broker.server.errors import BadRequest, RequestTimeout, abort
-from equeue_broker.server.handlers import MethodHandler, replies
+from equeue_broker.server.handlers import HandlerCache, MethodHandler, replies
 
 _END = object()
 
@@ -44,28 +49,36 @@ _END = object()
 class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Receives request messages within ``budget`` (module doc)."""
 
-    def __init__(self, budget: ByteBudget, max_request_bytes: int, read_timeout_s: float) -> None:
+    def __init__(
+        self, budget: ByteBudget, max_request_bytes: int, read_timeout_s: float,
+        calls: CallsPerConnection,
+    ) -> None:  # fmt: skip
         self._budget = budget
         self._max_request = max_request_bytes
         self._timeout_s = read_timeout_s
+        self._calls = calls
+        """Checked first on every call: one over its connection's limit takes no budget."""
+        self._gated = HandlerCache(self._gate)
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[MethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> MethodHandler:
-        # Not cached per method: the handlers inside (auth) differ per call.
         handler = await continuation(details)
         if handler is None:
             return handler
-        return self._gate(handler)
+        return self._gated.wrap(details.method, handler)
 
     async def _receive(self, read: Callable[[], Awaitable[Any]]) -> tuple[Any, Held]:
         """The next message ``read`` returns (``_END`` after the last),
         received within the budget, and the bytes it holds until given back."""
         held = await Held.take(self._budget, self._max_request)
         try:
-            request = await asyncio.wait_for(read(), self._timeout_s)
+            # asyncio.timeout, not wait_for: wait_for runs the read as a task of
+            # its own, an object and a loop turn more per call (issue 31).
+            async with asyncio.timeout(self._timeout_s):
+                request = await read()
         except TimeoutError:
             held.release()
             raise RequestTimeout(
@@ -98,8 +111,25 @@ class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             # Spark task between batches), starving every other call. Streams
             # are bounded by count instead (max_produce_streams, one message
             # in receipt each).
-            return handler
+            return self._calls.counted(handler)
         return self._gate_unary(handler)
+
+    async def _enter(self, context: Any) -> tuple[str, Any, Held]:
+        """A unary call counted in on its connection, then its request received
+        (module doc); on failure it is counted out again and ended with its status."""
+        try:
+            peer = self._calls.enter(context)
+        except Exception as exc:  # every error becomes a status; see errors.py
+            await abort(context, exc)
+        try:
+            request, held = await self._only(context)
+        except Exception as exc:
+            self._calls.leave(peer)
+            await abort(context, exc)
+        except BaseException:
+            self._calls.leave(peer)
+            raise
+        return peer, request, held
 
     def _gate_unary(self, handler: MethodHandler) -> MethodHandler:
         """``handler`` served as request-streaming: same wire, gated receive."""
@@ -107,13 +137,13 @@ class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             inner_us = handler.unary_stream
 
             async def unary_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-                try:
-                    request, held = await self._only(context)
-                except Exception as exc:  # every error becomes a status; see errors.py
-                    await abort(context, exc)
+                peer, request, held = await self._enter(context)
                 held.release()  # a stream's request is small; its replies have their budget
-                async for reply in replies(inner_us, request, context):
-                    yield reply
+                try:
+                    async for reply in replies(inner_us, request, context):
+                        yield reply
+                finally:
+                    self._calls.leave(peer)
 
             return grpc.stream_stream_rpc_method_handler(
                 unary_stream,
@@ -123,14 +153,12 @@ class IntakeGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         inner_uu = handler.unary_unary
 
         async def unary_unary(requests: Any, context: Any) -> Any:
-            try:
-                request, held = await self._only(context)
-            except Exception as exc:  # every error becomes a status; see errors.py
-                await abort(context, exc)
+            peer, request, held = await self._enter(context)
             try:
                 return await inner_uu(request, context)
             finally:
                 held.release()
+                self._calls.leave(peer)
 
         return grpc.stream_unary_rpc_method_handler(
             unary_unary,

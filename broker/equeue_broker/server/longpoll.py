@@ -2,12 +2,14 @@
 
 The store calls ``notify_threadsafe`` from whichever thread made records
 readable; the event loop then resolves the futures of pulls waiting on that
-queue. A wait is bounded by its timeout and by ``max_parked``.
+queue (at once when that thread is the loop's: an async-mode append). A wait
+is bounded by its timeout and by ``max_parked``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 
 from equeue_broker.server.errors import TooManyPulls
@@ -18,13 +20,24 @@ QueueKey = tuple[str, int]
 class PullWaiters:
     def __init__(self, loop: asyncio.AbstractEventLoop, max_parked: int) -> None:
         self._loop = loop
+        self._thread = threading.get_ident()
+        """The loop's thread (this is built on it)."""
         self._max_parked = max_parked
         self._waiting: dict[QueueKey, list[tuple[int, asyncio.Future[None]]]] = {}
         self.parked = 0
+        self.woken = False
+        """Set when pulls were woken; a produce on the loop clears it and lets
+        them answer before its own reply goes out (``yield_to_woken``)."""
 
     def notify_threadsafe(self, topic: str, queue_id: int, end: int) -> None:
         """Store listener: ``end`` is the queue's new readable end (any thread)."""
-        if (topic, queue_id) in self._waiting:  # racy read, re-checked on the loop
+        if (topic, queue_id) not in self._waiting:  # racy read, re-checked on the loop
+            return
+        if threading.get_ident() == self._thread:
+            # An append on the loop (async flush): wake the pulls now, without a
+            # self-pipe write and a loop pass before they are even scheduled.
+            self._notify((topic, queue_id), end)
+        else:
             self._loop.call_soon_threadsafe(self._notify, (topic, queue_id), end)
 
     def _notify(self, key: QueueKey, end: int) -> None:
@@ -36,12 +49,21 @@ class PullWaiters:
             if end > known_end:
                 if not future.done():
                     future.set_result(None)
+                    self.woken = True
             else:
                 remaining.append((known_end, future))
         if remaining:
             self._waiting[key] = remaining
         else:
             del self._waiting[key]
+
+    async def yield_to_woken(self) -> None:
+        """On the loop, after an append: if it woke parked pulls, one loop pass
+        so that they read and answer first; the appender's own reply (which
+        nobody waits for to see the records) follows. Free when none was woken."""
+        if self.woken:
+            self.woken = False
+            await asyncio.sleep(0)
 
     async def wait(
         self, key: QueueKey, known_end: int, timeout_s: float, current_end: Callable[[], int]
@@ -62,7 +84,10 @@ class PullWaiters:
         try:
             if current_end() > known_end:
                 return True
-            await asyncio.wait_for(future, timeout_s)
+            # asyncio.timeout, not wait_for: woken, the pull runs on the next loop
+            # pass, not after another one through wait_for's own waiter (issue 31).
+            async with asyncio.timeout(timeout_s):
+                await future
             return True
         except TimeoutError:
             return False

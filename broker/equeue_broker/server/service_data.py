@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -36,7 +36,7 @@ from equeue_broker.server.service_base import BrokerState, check_group_topic, rp
 from equeue_broker.server.service_checks import CheckServiceMixin
 from equeue_broker.server.stats import staged_bytes
 from equeue_broker.server.wire import decode_columns, produce_reply, pull_reply_framer
-from equeue_broker.storage import MessageBatch, NotFound, ReadStatus, RecordsResult
+from equeue_broker.storage import AppendResult, MessageBatch, NotFound, ReadStatus, RecordsResult
 from equeue_broker.storage.config import FlushMode
 from equeue_broker.storage.errors import AlreadyExists, LimitExceeded
 from equeue_broker.storage.meta.names import validate_topic
@@ -94,8 +94,42 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         RESOURCE_EXHAUSTED (and their request is freed)."""
         async with self.s.produce_bytes.hold(request.messages.ByteSize()):
             if self.sync_appends:
-                return await self.s.call(self._produce, request)
-            return self.s.inline(self._produce, request)
+                return await self._produce_durable(request)
+            reply = self.s.inline(self._produce, request)
+        await self.s.waiters.yield_to_woken()  # the woken pulls' replies first (longpoll.py)
+        return reply
+
+    async def _produce_durable(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
+        """Sync flush: a batch for one queue is decoded on the loop and handed to
+        the store's committer thread, the loop free until it is durable; no thread
+        of the pool blocked per append, two thread hand-offs fewer (issue 31).
+        Delayed, staged and split batches: on the thread pool, as they were."""
+        prepared = self.s.inline(self._prepare, request)
+        queue_id = prepared.targets
+        if prepared.times is not None or request.transaction_id or not isinstance(queue_id, int):
+            return await self.s.call(self._write, request, prepared)
+        idem = None if prepared.sequences is None else prepared.sequences[queue_id]
+        loop = asyncio.get_running_loop()
+        durable: asyncio.Future[object] = loop.create_future()
+
+        def then(outcome: object) -> None:  # on the committer thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, durable, outcome)
+
+        store = self.s.store
+        result = self.s.inline(
+            store.append_then, request.topic, queue_id, prepared.batch, idem, then
+        )
+        if result is None:
+            timeout_s = self.s.config.storage.sync_timeout_ms / 1000
+            try:
+                async with asyncio.timeout(timeout_s):
+                    outcome = await durable
+            except TimeoutError:
+                raise TimeoutError(f"append not durable after {timeout_s} s") from None
+            assert isinstance(outcome, AppendResult)
+            result = outcome
+        return self._appended(request.topic, queue_id, result)
 
     @rpc_stream
     async def ProduceStream(
@@ -138,9 +172,11 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
 
     def _produce(self, request: pb.ProduceRequest) -> pb.ProduceReply | bytes:
         """The reply, pre-encoded (wire.py) when the batch went to one queue."""
-        store = self.s.store
+        return self._write(request, self._prepare(request))
+
+    def _prepare(self, request: pb.ProduceRequest) -> _Prepared:
+        """The batch decoded and routed (nothing written yet)."""
         batch = decode_columns(request.messages)
-        count = len(batch)
         meta = self._topic_for_produce(request.topic)
         visible = [q.queue_id for q in meta.queues if q.producer_visible]
         if not visible:
@@ -148,7 +184,12 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         one = _one_sequenced_queue(request)
         targets = self._route(request, batch, visible) if one is None else one
         sequences = _sequences(request, targets)
-        times = delivery_times(request, count)
+        return _Prepared(batch, targets, sequences, delivery_times(request, len(batch)))
+
+    def _write(self, request: pb.ProduceRequest, prepared: _Prepared) -> pb.ProduceReply | bytes:
+        store = self.s.store
+        batch, targets, sequences, times = prepared
+        count = len(batch)
         if times is not None:
             parts = [
                 (queue_id, indexes, batch if indexes is None else _take(batch, indexes))
@@ -164,11 +205,7 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         if isinstance(targets, int):  # the common case: the whole batch went to one queue
             idem = None if sequences is None else sequences[targets]
             result = store.append(request.topic, targets, batch, idem)
-            if not result.duplicate:
-                self.s.counters.add(
-                    request.topic, targets, produced=result.count, produced_bytes=result.nbytes
-                )
-            return produce_reply(self.s.broker_id, targets, result.first_offset, result.entries)
+            return self._appended(request.topic, targets, result)
         reply = pb.ProduceReply(broker_id=self.s.broker_id)
         queue_ids = [0] * count
         offsets = [0] * count
@@ -190,6 +227,14 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
         reply.offsets.extend(offsets)
         reply.positions.extend(positions)
         return reply
+
+    def _appended(self, topic: str, queue_id: int, result: AppendResult) -> bytes:
+        """Counted (unless a repeat), and the reply's bytes: a batch for one queue."""
+        if not result.duplicate:
+            self.s.counters.add(
+                topic, queue_id, produced=result.count, produced_bytes=result.nbytes
+            )
+        return produce_reply(self.s.broker_id, queue_id, result.first_offset, result.entries)
 
     def _counted(self, topic: str, queue_id: int, count: int, nbytes: int = 0) -> None:
         """Delayed messages appended (delayed.py): ``nbytes`` when it gives them."""
@@ -434,33 +479,36 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
             context, self.s.config.stream_send_timeout_ms / 1000,
             f"{request.topic}/{request.queue_id}", close_connection,
         )  # fmt: skip
-        for _ in range(MAX_STREAM_BATCHES):
-            if offset >= stop:
-                return
-            held = await Held.take(budget, batch_bytes)
-            try:
-                count = min(batch, stop - offset)
-                if selector is None:
-                    result = self.s.inline(read, offset, max_messages=count)
-                else:  # may inspect many records: off the event loop
-                    result = await self.s.call(read, offset, max_messages=count)
-                held.shrink_to(len(result.records))
-                stalled.watch(held)
-                yield result.records
-                # Resumed: gRPC took the reply, so it counts (a cancelled stream's does not).
-                self.s.counters.pulled(
-                    request.topic,
-                    request.queue_id,
-                    result.count,
-                    left_out(result, offset),
-                    result.nbytes,
-                )
-            finally:
-                stalled.taken()
-                held.release()  # gRPC took the reply (or the stream is gone)
-            if result.status is not ReadStatus.OK or result.next_offset >= result.end:
-                return
-            offset = result.next_offset
+        try:
+            for _ in range(MAX_STREAM_BATCHES):
+                if offset >= stop:
+                    return
+                held = await Held.take(budget, batch_bytes)
+                try:
+                    count = min(batch, stop - offset)
+                    if selector is None:
+                        result = self.s.inline(read, offset, max_messages=count)
+                    else:  # may inspect many records: off the event loop
+                        result = await self.s.call(read, offset, max_messages=count)
+                    held.shrink_to(len(result.records))
+                    stalled.watch(held)
+                    yield result.records
+                    # Resumed: gRPC took the reply, so it counts (a cancelled stream's does not).
+                    self.s.counters.pulled(
+                        request.topic,
+                        request.queue_id,
+                        result.count,
+                        left_out(result, offset),
+                        result.nbytes,
+                    )
+                finally:
+                    stalled.taken()
+                    held.release()  # gRPC took the reply (or the stream is gone)
+                if result.status is not ReadStatus.OK or result.next_offset >= result.end:
+                    return
+                offset = result.next_offset
+        finally:
+            stalled.stop()  # its timer, if one is pending, has nothing to watch
 
     @rpc
     async def CommitOffsets(
@@ -639,6 +687,27 @@ class BrokerService(CheckServiceMixin, pb_grpc.BrokerServicer):
             request.max_bytes,
         )
         return pb.OffsetForBytesReply(end_offset=end, bytes=size)
+
+
+class _Prepared(NamedTuple):
+    """A produce request decoded and routed (``BrokerService._prepare``)."""
+
+    batch: MessageBatch
+    targets: list[int] | int
+    """Each message's queue, or the one queue of all."""
+    sequences: dict[int, Idempotence] | None
+    times: list[int] | None
+    """Delivery times of a delayed batch (delayed.py), else None."""
+
+
+def _settle(future: asyncio.Future[object], outcome: object) -> None:
+    """On the loop: a committed append's outcome (a result or its exception)."""
+    if future.done():  # timed out meanwhile
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 def check_consumer_id(consumer_id: str) -> None:

@@ -60,12 +60,13 @@ from equeue_broker.storage.damage import Damage
 from equeue_broker.storage.deletion import sweep
 from equeue_broker.storage.engine import EngineState, Listener, release_files
 from equeue_broker.storage.epochs import EpochHistory, prepare_marker
-from equeue_broker.storage.errors import InvalidArgument, NotFound, io_error
+from equeue_broker.storage.errors import io_error
+from equeue_broker.storage.group_offsets import GroupOffsetsApi
 from equeue_broker.storage.index.queue_index import ENTRY_SIZE
 from equeue_broker.storage.index.queue_state import QueueKey, QueueState, first_offset_at
 from equeue_broker.storage.keys.key_index import KeyIndex
 from equeue_broker.storage.keys.query import KeyQuery
-from equeue_broker.storage.log.flush import FsyncTimes, SyncCommitter
+from equeue_broker.storage.log.flush import FsyncTimes, SyncCommitter, Then
 from equeue_broker.storage.log.log_writer import LogWriter
 from equeue_broker.storage.log.message_log import MessageLog
 from equeue_broker.storage.log.positioned import LogPiece, append_at, read_piece, truncate_at
@@ -73,7 +74,6 @@ from equeue_broker.storage.log.record import MessageBatch, PreparedBatch, prepar
 from equeue_broker.storage.maintenance import maintain
 from equeue_broker.storage.meta.atomic_file import remove_temp_files
 from equeue_broker.storage.meta.data_dir import lock_data_dir
-from equeue_broker.storage.meta.names import validate_group
 from equeue_broker.storage.meta.offsets import GroupOffsets, OffsetStore
 from equeue_broker.storage.meta.schemas import SchemaStore
 from equeue_broker.storage.meta.topics import TopicMeta, load_topics
@@ -99,7 +99,7 @@ from equeue_broker.storage.txn.txn_writes import write_commit
 log = logging.getLogger(__name__)
 
 
-class Store:
+class Store(GroupOffsetsApi):
     """A message store rooted at ``config.data_dir``; opens and recovers on creation."""
 
     def __init__(
@@ -261,6 +261,19 @@ class Store:
         outcome = self._committer.submit(work, self.config.sync_timeout_ms / 1000)
         assert isinstance(outcome, AppendResult)
         return outcome
+
+    def append_then(
+        self, topic: str, queue_id: int, batch: MessageBatch, idem: Idempotence | None,
+        then: Then,
+    ) -> AppendResult | None:  # fmt: skip
+        """``append`` without blocking (the broker's loop): in sync mode queued, None
+        returned, ``then(result or exception)`` called once durable (committer thread)."""
+        if self._committer is None:
+            return self.append(topic, queue_id, batch, idem)
+        prepared = self.prepare(topic, queue_id, batch)  # checks that the queue takes appends
+        work = functools.partial(self._write_pending, topic, queue_id, prepared, idem)
+        self._committer.submit_then(work, then)
+        return None
 
     # -- delayed delivery (timer/) -----------------------------------------------------
 
@@ -579,56 +592,6 @@ class Store:
         it must be quick and must not raise.
         """
         self._state.listeners.append(listener)
-
-    # -- consumer offsets --------------------------------------------------------------
-
-    def commit_offset(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
-        """Record that ``group`` will next consume ``next_offset`` of the queue."""
-        self.commit_offsets(group, [(topic, queue_id, next_offset)])
-
-    def commit_offsets(
-        self, group: str, offsets: Iterable[tuple[str, int, int]], reset: bool = False
-    ) -> None:
-        """Commit several (topic, queue_id, next_offset) at once: all are checked
-        before any is recorded, and sync mode persists them with one write.
-        ``reset``: an operator's reset, allowed for a group whose offsets were lost."""
-        validate_group(group)
-        with self._state.lock:
-            checked = []
-            for topic, queue_id, next_offset in offsets:
-                end = self._state.live_queue(topic, queue_id).visible_end
-                if not isinstance(next_offset, int) or not 0 <= next_offset <= end:
-                    raise InvalidArgument(
-                        f"offset {next_offset!r} for {topic}/{queue_id} outside [0, {end}]"
-                    )
-                checked.append((topic, queue_id, next_offset))
-            for topic, queue_id, next_offset in checked:
-                self._state.offsets.commit(group, topic, queue_id, next_offset, reset)
-        if reset or self.config.flush_mode is FlushMode.SYNC:  # a reset is an admin change
-            self._persist_offsets()
-
-    def _persist_offsets(self) -> None:
-        try:
-            self._state.offsets.persist()
-        except OSError as exc:
-            raise io_error("offsets.json", exc) from exc
-
-    def min_committed(self, topic: str, queue_id: int) -> int | None:
-        """Lowest offset any group committed on the queue (None if none did)."""
-        return self._state.offsets.min_committed(topic, queue_id)
-
-    def committed_offsets(self, group: str) -> GroupOffsets:
-        validate_group(group)
-        return self._state.offsets.get(group)
-
-    def groups(self) -> list[str]:
-        return self._state.offsets.groups()
-
-    def delete_group(self, group: str) -> None:
-        validate_group(group)
-        if not self._state.offsets.delete_group(group):
-            raise NotFound(f"group {group!r} has no committed offsets")
-        self._persist_offsets()
 
     # -- durability and maintenance ----------------------------------------------------
 

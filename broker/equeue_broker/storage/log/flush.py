@@ -14,11 +14,14 @@ wakes the waiters.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+
+log = logging.getLogger(__name__)
 
 SyncTarget = Callable[[], tuple[int, int]]
 """Returns (write position, fd to fsync) consistently, under the store's lock."""
@@ -112,17 +115,34 @@ class GroupCommit:
         return position
 
 
-class _Request:
-    __slots__ = ("done", "error", "result", "work")
+Then = Callable[[object], None]
+"""Called on the committer thread with a request's outcome: its result, or the
+exception it failed with."""
 
-    def __init__(self, work: Callable[[], object]) -> None:
+
+class _Request:
+    __slots__ = ("done", "error", "result", "then", "work")
+
+    def __init__(self, work: Callable[[], object], then: Then | None = None) -> None:
         self.work = work
+        self.then = then
         # A bare lock, acquired now and released when the request is done: the
         # cheapest one-shot wake-up CPython has (threading.Event is pure Python).
+        # A request with ``then`` has nobody blocked on it: no lock.
         self.done = threading.Lock()
-        self.done.acquire()
+        if then is None:
+            self.done.acquire()
         self.result: object = None
         self.error: BaseException | None = None
+
+    def finish(self) -> None:
+        if self.then is None:
+            self.done.release()
+            return
+        try:
+            self.then(self.result if self.error is None else self.error)
+        except Exception:  # a caller's hand-off must not stop the committer
+            log.exception("a sync append's completion callback failed")
 
 
 class SyncCommitter:
@@ -158,6 +178,14 @@ class SyncCommitter:
             raise request.error
         return request.result
 
+    def submit_then(self, work: Callable[[], object], then: Then) -> None:
+        """Queue ``work`` without waiting: ``then(outcome)`` is called on the
+        committer thread once it is durable (or failed). An event loop hands
+        its appends over so, without a thread of its own blocked per append."""
+        if self._closed:
+            raise RuntimeError("committer is closed")
+        self._queue.put(_Request(work, then))
+
     def _loop(self) -> None:
         while True:
             first = self._queue.get()
@@ -181,14 +209,14 @@ class SyncCommitter:
         except BaseException as exc:  # the fsync failed: nobody's append is durable
             for request in batch:
                 request.error = exc
-                request.done.release()
+                request.finish()
             return
         for request, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 request.error = outcome
             else:
                 request.result = outcome
-            request.done.release()
+            request.finish()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Finish queued requests and stop the thread."""
