@@ -20,7 +20,8 @@ import pytest
 
 from equeue_broker.server.app import create_server
 from equeue_broker.server.config import BrokerConfig
-from equeue_broker.server.handlers import GenericOnly, HandlerCache
+from equeue_broker.server.generic_handlers import GenericOnly
+from equeue_broker.server.handlers import HandlerCache
 from equeue_broker.server.service_base import BrokerState
 from equeue_broker.storage import Store
 from equeue_proto.v1 import broker_pb2 as pb
@@ -177,7 +178,7 @@ def test_handler_cache_rebuilds_only_for_another_handler() -> None:
 def test_services_are_added_as_generic_handlers_only() -> None:
     """The generated ``add_*_to_server`` functions add each service twice,
     as a generic handler and as registered methods: only the first reaches
-    the server (handlers.GenericOnly)."""
+    the server (generic_handlers.GenericOnly)."""
 
     class Server:
         def __init__(self) -> None:

@@ -37,7 +37,7 @@ from equeue_broker.namesrv.claims import ClaimChecker, ClaimRefused
 from equeue_broker.namesrv.config import NameServerConfig, parse_args
 from equeue_broker.namesrv.counts import Counts
 from equeue_broker.namesrv.routes import Limits, NameServerError, RouteTable
-from equeue_broker.server.handlers import generic_only
+from equeue_broker.server.generic_handlers import generic_only
 from equeue_broker.server.logs import configure as configure_logging
 from equeue_broker.server.metrics_hot import timed
 from equeue_broker.server.startup import CannotBind, ExitCode, check_bindable
@@ -171,7 +171,9 @@ async def _create_server(
     interceptors = [NameServerAuth(tokens)] if tokens is not None else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
     service = NameServerService(table, claims, tokens)
-    services = generic_only(server)  # one pending call future, not one per method (handlers.py)
+    services = generic_only(
+        server
+    )  # one pending call future, not one per method (generic_handlers.py)
     pb_grpc.add_NameServerServicer_to_server(service, services)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, services)

@@ -43,8 +43,9 @@ from equeue_broker.server.connections import (
 )
 from equeue_broker.server.errors import BadRequest
 from equeue_broker.server.fetch_port import start_fetch_server, stop_fetch_server
+from equeue_broker.server.generic_handlers import generic_only
 from equeue_broker.server.groups import ConsumerRegistry, GroupLimits
-from equeue_broker.server.handlers import DecodeGuard, generic_only
+from equeue_broker.server.handlers import DecodeGuard
 from equeue_broker.server.health import BrokerHealth
 from equeue_broker.server.intake import IntakeGate
 from equeue_broker.server.logs import configure as configure_logging
@@ -239,7 +240,9 @@ async def _create_server(
     store.add_listener(growth.notify_threadsafe)
     state.insync.wake_streams = growth.wake
     state.insync.start()
-    services = generic_only(server)  # one pending call future, not one per method (handlers.py)
+    services = generic_only(
+        server
+    )  # one pending call future, not one per method (generic_handlers.py)
     pb_grpc.add_BrokerServicer_to_server(BrokerService(state), services)
     pb_grpc.add_AdminServicer_to_server(AdminService(state), services)
     pb_grpc.add_ReplicationServicer_to_server(ReplicationService(state, growth), services)

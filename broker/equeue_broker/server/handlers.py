@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import grpc
 
@@ -22,31 +22,6 @@ from equeue_broker.server.errors import BadRequest, abort
 
 MethodHandler = Any
 """A ``grpc.RpcMethodHandler`` of an aio server (grpc-stubs types only sync ones)."""
-
-
-class GenericOnly:
-    """The server as the generated ``add_*Servicer_to_server`` functions see it:
-    their services are added as generic handlers only, never as registered methods.
-
-    gRPC's aio server keeps one pending "next call" future per registered method
-    and waits on all of them (``asyncio.wait``) after every call it accepts: with
-    the broker's 40-odd methods that was about a tenth of its CPU per produce or
-    pull (issue 31). Generic handlers share one future; the method is looked up
-    in a dict per service, the busiest service first."""
-
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
-        """Dropped: the same handlers came as a generic handler just before."""
-
-
-def generic_only(server: grpc.aio.Server) -> grpc.aio.Server:
-    """``server`` wrapped in ``GenericOnly``, typed as what the generated code takes."""
-    return cast("grpc.aio.Server", GenericOnly(server))
 
 
 class HandlerCache:
