@@ -7,7 +7,6 @@ state: parked pulls, the store's fsync count, the in-sync set.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,15 +17,12 @@ from typing import Any
 import grpc
 import pytest
 
-from equeue_broker.server.app import create_server
-from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.generic_handlers import GenericOnly
 from equeue_broker.server.handlers import HandlerCache
-from equeue_broker.server.service_base import BrokerState
-from equeue_broker.storage import Store
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import ClientConfig, Producer
 from equeue_spark.client.connection import Connection
+from tests.support.in_process import InProcessBroker
 
 HOST = "127.0.0.1"
 LONG_WAIT_MS = 20_000
@@ -34,44 +30,12 @@ LONG_WAIT_MS = 20_000
 with records can only come from the append waking it."""
 
 
-class LoopBroker:
-    """A broker's gRPC server on its own event loop thread."""
-
-    def __init__(self, data_dir: Path, **settings: Any) -> None:
-        values = {"data_dir": str(data_dir), "host": HOST, "port": 0, **settings}
-        self.config = BrokerConfig.from_settings(values)
-        self.store = Store(self.config.storage)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        started: Future[tuple[Any, int, BrokerState]] = asyncio.run_coroutine_threadsafe(
-            create_server(self.config, self.store, None), self.loop
-        )
-        self.server, port, self.state = started.result(timeout=30)
-        self.address = f"{HOST}:{port}"
-
-    def close(self) -> None:
-        async def stop() -> None:
-            await self.state.health.stop()
-            await self.state.checker.stop()
-            self.state.calls.shutting_down = True
-            self.state.insync.stop()
-            await self.server.stop(0)
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=30)
-        self.state.calls.executor.shutdown(wait=True)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
-        self.loop.close()
-        self.store.close()
-
-
 @pytest.fixture
-def make_broker(tmp_path: Path) -> Iterator[Callable[..., LoopBroker]]:
-    brokers: list[LoopBroker] = []
+def make_broker(tmp_path: Path) -> Iterator[Callable[..., InProcessBroker]]:
+    brokers: list[InProcessBroker] = []
 
-    def make(**settings: Any) -> LoopBroker:
-        broker = LoopBroker(tmp_path / f"data-{len(brokers)}", **settings)
+    def make(**settings: Any) -> InProcessBroker:
+        broker = InProcessBroker(tmp_path / f"data-{len(brokers)}", **settings)
         brokers.append(broker)
         return broker
 
@@ -90,7 +54,7 @@ def wait_until(ready: Callable[[], bool], what: str, timeout_s: float = 10.0) ->
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("flush", ["async", "sync"])
 def test_a_parked_pull_wakes_on_the_append_not_on_a_flush(
-    make_broker: Callable[..., LoopBroker], flush: str
+    make_broker: Callable[..., InProcessBroker], flush: str
 ) -> None:
     """The append itself wakes a parked pull: no flush (the interval is an
     hour) happens between them. Async: the append on the loop wakes it
@@ -116,7 +80,7 @@ def test_a_parked_pull_wakes_on_the_append_not_on_a_flush(
 
 @pytest.mark.timeout(60)
 def test_sync_produce_without_replicas_touches_no_replication_wait(
-    make_broker: Callable[..., LoopBroker], monkeypatch: pytest.MonkeyPatch
+    make_broker: Callable[..., InProcessBroker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A broker without replicas (async replication, the default) answers a
     sync-flush produce once durable on its own disk: the in-sync set's waits
@@ -142,7 +106,9 @@ def test_sync_produce_without_replicas_touches_no_replication_wait(
 
 
 @pytest.mark.timeout(60)
-def test_sync_produce_errors_still_answer_the_call(make_broker: Callable[..., LoopBroker]) -> None:
+def test_sync_produce_errors_still_answer_the_call(
+    make_broker: Callable[..., InProcessBroker],
+) -> None:
     """The loop-side sync path keeps the refusals: a queue that does not exist
     is NOT_FOUND (from the store, before anything is queued), and the broker
     goes on serving."""

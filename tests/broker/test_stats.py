@@ -6,26 +6,21 @@ count their stored bytes and every RPC is timed under its status."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from equeue_broker.server.app import create_server
 from equeue_broker.server.budgets import ByteBudget
-from equeue_broker.server.config import BrokerConfig
 from equeue_broker.server.disk_usage import DiskUsage, filesystem, walk_usage
 from equeue_broker.server.metrics_hot import BUCKETS, RPC_TIMES, STREAM_TIMES, RpcTimes, timed
-from equeue_broker.server.service_base import BrokerState
 from equeue_broker.server.stats import FEATURES, Counters, fill_stats
-from equeue_broker.storage import LimitExceeded, Store
+from equeue_broker.storage import LimitExceeded
 from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer, read_range
 from equeue_spark.client.errors import NotFoundError
+from tests.support.in_process import InProcessBroker
 
 HOST = "127.0.0.1"
 
@@ -107,39 +102,6 @@ def test_disk_usage_is_cached(tmp_path: Path) -> None:
     assert DiskUsage(ttl_s=0).used(tmp_path) > first
     free, size = filesystem(tmp_path)
     assert 0 < free <= size
-
-
-class InProcessBroker:
-    """A broker's gRPC server on its own event loop thread, so the test can
-    read its state (counters) directly while real clients call it."""
-
-    def __init__(self, data_dir: Path) -> None:
-        settings = {"data_dir": str(data_dir), "host": HOST, "port": 0}
-        self.config = BrokerConfig.from_settings(settings)
-        self.store = Store(self.config.storage)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        started: Future[tuple[Any, int, BrokerState]] = asyncio.run_coroutine_threadsafe(
-            create_server(self.config, self.store, None), self.loop
-        )
-        self.server, port, self.state = started.result(timeout=30)
-        self.address = f"{HOST}:{port}"
-
-    def close(self) -> None:
-        async def stop() -> None:
-            await self.state.health.stop()
-            await self.state.checker.stop()
-            self.state.calls.shutting_down = True
-            self.state.insync.stop()
-            await self.server.stop(0)
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=30)
-        self.state.calls.executor.shutdown(wait=True)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
-        self.loop.close()
-        self.store.close()
 
 
 @pytest.fixture
