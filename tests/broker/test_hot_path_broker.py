@@ -24,7 +24,6 @@ from equeue_spark.client import ClientConfig, Producer
 from equeue_spark.client.connection import Connection
 from tests.support.in_process import InProcessBroker
 
-HOST = "127.0.0.1"
 LONG_WAIT_MS = 20_000
 """A parked pull's wait: far beyond the test's own waits, so that an answer
 with records can only come from the append waking it."""

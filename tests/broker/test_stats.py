@@ -22,8 +22,6 @@ from equeue_spark.client import Admin, ClientConfig, Producer, read_range
 from equeue_spark.client.errors import NotFoundError
 from tests.support.in_process import InProcessBroker
 
-HOST = "127.0.0.1"
-
 
 def test_counters_count_bytes_per_queue() -> None:
     counters = Counters()
