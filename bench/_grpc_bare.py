@@ -14,6 +14,17 @@ client does):
   reply prebuilt by the server, sent again and again). Against equeue's
   streaming pull: each reply's values counted, and taken as ``bytes`` objects
   (as decoding gives a consumer an object per message).
+* (c) ``Pull``, unary, the exact shape of equeue's unary ``Pull``: a tiny
+  request answered by one ``bytes`` field holding 1,000 records of 100 B in
+  equeue's record format (a ``PullReply`` serialized once by the server and
+  sent as bytes, so the server does nothing per call but gRPC's own work),
+  read with the client's ``parse_pull_reply``; then the same plus the
+  client's ``decode_records`` of the records. Against unary ``Pull`` (raw and
+  decoded): the floor gRPC in Python sets for the 10x-Redis target.
+* (d) ``Echo``, bidirectional streaming: one 100 B value sent and its small
+  reply awaited, at the latency runs' pace, on one open stream; beside (e) the
+  same round trip as a unary ``Send`` call. Against equeue's produce-to-consume
+  latency: what one round trip costs in gRPC alone, per call and on a stream.
 
 The message types are built at run time from a descriptor (nothing generated,
 nothing to compile). Run ``python bench/_grpc_bare.py PORT`` to serve on
@@ -24,6 +35,7 @@ broker or the client.
 from __future__ import annotations
 
 import asyncio
+import queue
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -48,8 +60,13 @@ from bench._broker_measure import (
     values_for,
 )
 from bench._servers import HOST, ServerProcess, free_port, tcp_accepts, wait_until
+from equeue_proto.v1 import broker_pb2 as pb
+from equeue_spark.client.records import decode_records
+from equeue_spark.client.wire import parse_pull_reply
 
 BARE = "bare gRPC"
+BARE_STREAM = "bare gRPC, bidi stream"
+"""The latency rows' system of (d): a round trip on one open stream."""
 SIZE = 100
 SERVICE = "/equeue.bench.bare.Bare/"
 MAX_MESSAGE_BYTES = 80 * 1024 * 1024
@@ -59,6 +76,10 @@ SEND_BUILT = "(a) unary, request built per call"
 SEND_PREBUILT = "(a) unary, request built once"
 STREAM_COUNTED = "(b) stream, values counted"
 STREAM_TAKEN = "(b) stream, values taken"
+PULL_SHAPE = "(c) unary Pull shape, parsed"
+PULL_SHAPE_DECODED = "(c) unary Pull shape + decode"
+ROUND_TRIP_UNARY = "(e) unary round trip of one value"
+ROUND_TRIP_STREAM = "(d) round trip of one value on a bidi stream"
 
 
 def message_types() -> tuple[Any, Any]:
@@ -93,8 +114,31 @@ Values, Count = message_types()
 # -- the server (its own process) --------------------------------------------------------------
 
 
+def pull_reply_bytes() -> bytes:
+    """A serialized ``PullReply`` of 1,000 records of 100 B, in the log's format
+    (encoded by the broker's own encoder, as an append writes them)."""
+    from equeue_broker.storage.config import MessageLimits  # the server process only
+    from equeue_broker.storage.index.queue_index import ENTRY_SIZE
+    from equeue_broker.storage.log.record import MessageBatch, encode_records, prepare_batch
+
+    values = values_for(SIZE)
+    prepared = prepare_batch(MessageBatch(values), b"bare", MessageLimits())
+    out = bytearray(prepared.total_bytes)
+    index = bytearray(ENTRY_SIZE * len(values))
+    size = encode_records(
+        out, position=0, topic=b"bare", queue_id=0, first_offset=0, store_ms=0,
+        prepared=prepared, start=0, stop=len(values), index_out=index,
+    )  # fmt: skip
+    reply = pb.PullReply(
+        status=pb.PULL_STATUS_OK, records=bytes(out[:size]), count=len(values),
+        next_offset=len(values), end_offset=len(values), broker_id="bare",
+    )  # fmt: skip
+    return reply.SerializeToString()
+
+
 async def serve(port: int) -> None:
     reply = Values(values=values_for(SIZE))
+    pull_reply = pull_reply_bytes()
 
     async def send(request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return Count(count=len(request.values))
@@ -105,9 +149,25 @@ async def serve(port: int) -> None:
         for _ in range(request.count):
             yield reply
 
+    async def pull(_request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        return pull_reply
+
+    async def echo(
+        requests: AsyncIterator[Any], _context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        async for request in requests:
+            yield Count(count=len(request.values))
+
     handlers = {
         "Send": grpc.unary_unary_rpc_method_handler(
             send, request_deserializer=Values.FromString,
+            response_serializer=Count.SerializeToString,
+        ),
+        "Pull": grpc.unary_unary_rpc_method_handler(
+            pull, request_deserializer=Count.FromString, response_serializer=None,
+        ),
+        "Echo": grpc.stream_stream_rpc_method_handler(
+            echo, request_deserializer=Values.FromString,
             response_serializer=Count.SerializeToString,
         ),
         "Stream": grpc.unary_stream_rpc_method_handler(
@@ -182,11 +242,27 @@ def run_bare(root: Path, plan: Plan, results: Results, servers: list[Any]) -> No
         run = bare_round_trips(send, plan)
         method = "unary call of one 100-B value, paced as the latency runs"
         results.add_latency(BARE, "async", method, run, {"produce call": run})
+        echo = channel.stream_stream(
+            SERVICE + "Echo", request_serializer=Values.SerializeToString,
+            response_deserializer=Count.FromString,
+        )  # fmt: skip
+        run = bare_stream_round_trips(echo, plan)
+        method = "one 100-B value and its reply on one open bidi stream, same pace"
+        results.add_latency(BARE_STREAM, "async", method, run, {"produce call": run})
         replies = max(1, plan.produce_max_bytes // batch_bytes)
         for taken in (False, True):
             sample = bare_stream(stream, replies, plan.pull_s, taken=taken)
             what = "list(reply.values) per reply" if taken else "len(reply.values) per reply"
             results.add((BARE, STREAM_TAKEN if taken else STREAM_COUNTED, SIZE, "async"),
+                        what, sample)  # fmt: skip
+        pull = channel.unary_unary(
+            SERVICE + "Pull", request_serializer=Count.SerializeToString,
+            response_deserializer=parse_pull_reply,
+        )  # fmt: skip
+        for decode in (False, True):
+            sample = bare_pulls(pull, replies, plan.pull_s, decode=decode)
+            what = "PullReply bytes, parse_pull_reply" + (" + decode_records" if decode else "")
+            results.add((BARE, PULL_SHAPE_DECODED if decode else PULL_SHAPE, SIZE, "async"),
                         what, sample)  # fmt: skip
     server.stop()
 
@@ -203,6 +279,47 @@ def bare_round_trips(send: Any, plan: Plan) -> list[float]:
 
     pace(plan.latency_warmup + int(plan.latency_rate * plan.latency_s), plan.latency_rate, one)
     return trips[plan.latency_warmup :]
+
+
+def bare_stream_round_trips(echo: Any, plan: Plan) -> list[float]:
+    """Round trips (ms) of one value and its reply on one open ``Echo`` stream, at
+    the latency runs' pace: what a round trip costs without a call's set-up."""
+    requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    replies = echo(iter(requests.get, None), timeout=RPC_TIMEOUT_S)
+    trips: list[float] = []
+
+    def one(value: bytes) -> None:
+        start = time.perf_counter_ns()
+        requests.put(Values(values=[value]))
+        next(replies)
+        trips.append((time.perf_counter_ns() - start) / 1e6)
+
+    try:
+        one(bytes(SIZE))  # the stream's set-up, not timed
+        trips.clear()
+        pace(plan.latency_warmup + int(plan.latency_rate * plan.latency_s),
+             plan.latency_rate, one)  # fmt: skip
+    finally:
+        requests.put(None)  # half-close: the server's loop ends, then the call
+        for _ in replies:
+            pass
+    return trips[plan.latency_warmup :]
+
+
+def bare_pulls(pull: Any, calls: int, cap_s: float, *, decode: bool) -> Sample:
+    """Up to ``calls`` (c) ``Pull`` calls for ``cap_s`` seconds, records counted
+    from the parsed reply or decoded as a consumer gets them."""
+    count = 0
+    done = 0
+    start = time.perf_counter()
+    deadline = start + cap_s
+    request = Count(count=1)
+    while done < calls and time.perf_counter() < deadline:
+        reply = pull(request, timeout=RPC_TIMEOUT_S)
+        count += len(decode_records(reply.records, reply.broker_id)) if decode else reply.count
+        done += 1
+    elapsed = time.perf_counter() - start
+    return Sample(count, elapsed, count * SIZE, done < calls)
 
 
 def bare_stream(stream: Any, replies: int, cap_s: float, *, taken: bool) -> Sample:
@@ -230,6 +347,8 @@ PAIRS = (
     ("pull (stream)", "PullStream + decode_records", STREAM_COUNTED, 0.5),
     ("pull (stream)", "PullStream + decode_records", STREAM_TAKEN, None),
     ("pull (stream, raw)", "PullStream, records counted", STREAM_COUNTED, None),
+    ("pull", "Pull + decode_records", PULL_SHAPE_DECODED, None),
+    ("pull (raw)", "Pull, records counted", PULL_SHAPE, None),
 )
 """(equeue workload, what it does, bare row, target ratio or None)."""
 

@@ -99,10 +99,11 @@ class ServerProcess:
 
 
 def start_equeue(data_dir: Path, flush: str) -> tuple[BrokerProcess, str]:
-    """An equeue broker (``--flush FLUSH``) over ``data_dir``; (process, host:port)."""
+    """An equeue broker (``--flush FLUSH``, a fetch port on any free port) over
+    ``data_dir``; (process, host:port)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     broker = BrokerProcess(
-        data_dir, "--flush", flush, "--log-level", "WARNING",
+        data_dir, "--flush", flush, "--log-level", "WARNING", "--fetch-port", "auto",
         log_path=data_dir.parent / f"equeue-{flush}.log",
     )  # fmt: skip
     return broker, broker.start(START_TIMEOUT_S)

@@ -25,7 +25,11 @@ Workloads (values of 100 B and 1 KiB, random bytes generated once per size):
   decoded with ``decode_records`` (the fair figure: Redis and NATS clients hand
   back parsed messages), and again only counting records (labelled raw);
   then the same with one ``PullStream`` per queue, 1,000 records a reply,
-  decoded and counted ("pull (stream)", "pull (stream, raw)").
+  decoded and counted ("pull (stream)", "pull (stream, raw)"); then over the
+  broker's fetch port (``--fetch-port auto``: the plain framing of
+  ``equeue_spark/client/fetch.py``), one request for a range of 1,000 answered
+  by one reply, decoded and counted ("pull (fetch port, one request per
+  1,000)"): unary ``Pull``'s shape without gRPC.
   Redis: ``XREADGROUP COUNT 1000`` with the previous batch's ``XACK`` pipelined
   into the same round trip; and plain ``XRANGE`` with an exclusive start. NATS:
   a durable pull consumer, ``fetch(1000)``, ack policy "all", the last message
@@ -45,7 +49,11 @@ Workloads (values of 100 B and 1 KiB, random bytes generated once per size):
   gRPC allow at all, on a bare ``grpc.aio`` server in its own process: a unary
   call carrying 1,000 values of 100 B, and a server stream of such replies;
   equeue's unary produce and streaming pull as a ratio to them ("equeue
-  against bare gRPC").
+  against bare gRPC"); the exact shape of a unary ``Pull`` (a tiny request
+  answered by one ``bytes`` field of 1,000 records, parsed, and decoded), and a
+  round trip of one 100 B value at the latency pace on an open bidi stream
+  beside a unary call: the floors gRPC in Python sets for the pull and
+  latency targets.
 
 Flush modes: equeue async = fsync every 100 ms, sync = append returns after
 fsync (shared by concurrent appends). Redis async = ``appendfsync everysec``,
@@ -109,7 +117,7 @@ from bench._broker_measure import (
     values_for,
     wait_for,
 )
-from bench._grpc_bare import BARE, bare_table, bare_targets, run_bare
+from bench._grpc_bare import BARE, BARE_STREAM, bare_table, bare_targets, run_bare
 from bench._measure import progress, size_label
 from bench._redis_nats import run_nats, run_redis
 from bench._servers import NOT_INSTALLED, Server, server_version, start_equeue
@@ -117,6 +125,7 @@ from equeue_proto.v1 import broker_pb2 as pb
 from equeue_spark.client import Admin, ClientConfig, Producer
 from equeue_spark.client.batches import build_request
 from equeue_spark.client.connection import Connection
+from equeue_spark.client.fetch import Pool, fetch_replies
 from equeue_spark.client.reader import stream_replies
 from equeue_spark.client.records import decode_records
 
@@ -126,6 +135,8 @@ PULL_TARGET = 10.0
 LATENCY_P50_MS = 1.0
 LATENCY_P99_MS = 3.0
 SYSTEMS = ("equeue", "redis", "nats", "grpc")
+FETCH_PULL = "pull (fetch port, one request per 1,000)"
+FETCH_PULL_RAW = "pull (fetch port, one request per 1,000, raw)"
 NA = "-"
 
 
@@ -165,6 +176,15 @@ def run_equeue(root: Path, plan: Plan, results: Results, servers: list[Server]) 
                             "Pull RPC, max_messages=1000, + decode_records"
                             if decode
                             else "Pull RPC, max_messages=1000, records counted, NOT decoded"
+                        )
+                        results.add((EQUEUE, workload, size, flush), method, sample)
+                    fetch_at = conn.call(conn.admin.GetStats, pb.GetStatsRequest()).fetch_address
+                    for decode in (True, False):
+                        sample = equeue_pull_fetch(fetch_at, topic, size, stored, plan,
+                                                   decode=decode)  # fmt: skip
+                        workload = FETCH_PULL if decode else FETCH_PULL_RAW
+                        method = "fetch port, one range of 1,000 per request, " + (
+                            "+ decode_records" if decode else "records counted, NOT decoded"
                         )
                         results.add((EQUEUE, workload, size, flush), method, sample)
                     for decode in (True, False):
@@ -244,6 +264,42 @@ def equeue_pull(
     elapsed = time.perf_counter() - start
     if not capped and count != stored:
         raise RuntimeError(f"equeue pull read {count:,} messages of {stored:,} stored")
+    return Sample(count, elapsed, count * size, capped)
+
+
+def equeue_pull_fetch(
+    address: str, topic: str, size: int, stored: int, plan: Plan, *, decode: bool
+) -> Sample:
+    """Every queue read over the fetch port's plain framing, one request (a range
+    of 1,000) answered by one reply: unary ``Pull``'s shape without gRPC."""
+    count = 0
+    capped = False
+    pool = Pool()
+    start = time.perf_counter()
+    deadline = start + plan.pull_s
+    try:
+        for queue_id in range(QUEUES):
+            offset = 0
+            while not capped:
+                got = 0
+                for reply in fetch_replies(address, topic, queue_id, offset, offset + BATCH,
+                                           batch_messages=BATCH, batch_bytes=PULL_MAX_BYTES,
+                                           timeout_s=RPC_TIMEOUT_S, pool=pool):  # fmt: skip
+                    got += (
+                        len(decode_records(reply.records, reply.broker_id))
+                        if decode
+                        else (reply.count)
+                    )
+                    offset = reply.next_offset
+                if got == 0:
+                    break
+                count += got
+                capped = time.perf_counter() >= deadline
+    finally:
+        pool.close()
+    elapsed = time.perf_counter() - start
+    if not capped and count != stored:
+        raise RuntimeError(f"equeue fetch-port pull read {count:,} messages of {stored:,} stored")
     return Sample(count, elapsed, count * size, capped)
 
 
@@ -338,7 +394,8 @@ def throughput_table(results: Results) -> str:
     systems = [EQUEUE, REDIS, NATS]
     workloads = [
         "produce", "produce (stream)", "produce (raw)",
-        "pull", "pull (stream)", "pull (raw)", "pull (stream, raw)", "pull (XRANGE)",
+        "pull", "pull (stream)", "pull (raw)", "pull (stream, raw)", FETCH_PULL, FETCH_PULL_RAW,
+        "pull (XRANGE)",
     ]  # fmt: skip
     rows = sorted(
         (r for r in results.rows.values() if r.system in systems),
@@ -400,10 +457,11 @@ def breakdown_table(results: Results) -> str:
     """Where each system's latency goes (``PARTS``), p50 / p99 of each part."""
     names = " | ".join(f"{p} p50 / p99" for p in PARTS)
     lines = [f"| system | flush | {names} | total p50 / p99 |", "|---|---|" + "---:|" * 4]
-    for row in _latency_rows(results, [EQUEUE, REDIS, BARE]):
+    for row in _latency_rows(results, [EQUEUE, REDIS, BARE, BARE_STREAM]):
         if not row.parts:
             continue
-        cells = [row.system if row.system != BARE else f"{BARE}: {row.method}", row.flush]
+        bare = row.system in (BARE, BARE_STREAM)
+        cells = [f"{BARE}: {row.method}" if bare else row.system, row.flush]
         for name in PARTS:
             p50, p99 = row.part(name, 0.5), row.part(name, 0.99)
             cells.append(NA if math.isnan(p50) else f"{p50:.2f} / {p99:.2f}")
@@ -447,6 +505,7 @@ def targets(results: Results) -> list[str]:
         ),
         ("pull", "async", "pull", PULL_TARGET, "Redis XREADGROUP+XACK"),
         ("pull (stream)", "async", "pull", PULL_TARGET, "Redis XREADGROUP+XACK"),
+        (FETCH_PULL, "async", "pull", PULL_TARGET, "Redis XREADGROUP+XACK"),
     ]
     for ours_workload, flush, theirs_workload, target, label in checks:
         ours = results.row(EQUEUE, ours_workload, 100, flush)
@@ -458,10 +517,8 @@ def targets(results: Results) -> list[str]:
         ratio = ours.rate() / theirs.rate()
         verdict = "MET" if ratio >= target else "NOT MET"
         extra = ""
-        raw_workload = (
-            "pull (stream, raw)"
-            if ours_workload == "pull (stream)"
-            else (f"{ours_workload.split(' (')[0]} (raw)")
+        raw_workload = {"pull (stream)": "pull (stream, raw)", FETCH_PULL: FETCH_PULL_RAW}.get(
+            ours_workload, f"{ours_workload.split(' (')[0]} (raw)"
         )
         raw = results.row(EQUEUE, raw_workload, 100, flush)
         if raw is not None:
