@@ -23,8 +23,11 @@ client does):
   decoded): the floor gRPC in Python sets for the 10x-Redis target.
 * (d) ``Echo``, bidirectional streaming: one 100 B value sent and its small
   reply awaited, at the latency runs' pace, on one open stream; beside (e) the
-  same round trip as a unary ``Send`` call. Against equeue's produce-to-consume
-  latency: what one round trip costs in gRPC alone, per call and on a stream.
+  same round trip as a unary ``Send`` call; and (f) the exact shape of the
+  latency run: a paced unary ``Send`` of one value waking a unary ``Park`` call
+  a thread keeps parked (as a consumer in ``Pull(max_wait_ms)``), stamp to the
+  parked call's return. Against equeue's produce-to-consume latency: what it
+  costs in gRPC alone.
 
 The message types are built at run time from a descriptor (nothing generated,
 nothing to compile). Run ``python bench/_grpc_bare.py PORT`` to serve on
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -50,14 +54,18 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from bench._broker_measure import (
     BATCH,
+    DRAIN_TIMEOUT_S,
     EQUEUE,
+    LONG_POLL_MS,
     RPC_TIMEOUT_S,
     Plan,
     Results,
     Sample,
     pace,
+    stamp_of,
     timed_batches,
     values_for,
+    wait_for,
 )
 from bench._servers import HOST, ServerProcess, free_port, tcp_accepts, wait_until
 from equeue_proto.v1 import broker_pb2 as pb
@@ -66,6 +74,8 @@ from equeue_spark.client.wire import parse_pull_reply
 
 BARE = "bare gRPC"
 BARE_STREAM = "bare gRPC, bidi stream"
+BARE_PARKED = "bare gRPC, parked call"
+"""The latency rows' system of (f): a send waking a parked unary call."""
 """The latency rows' system of (d): a round trip on one open stream."""
 SIZE = 100
 SERVICE = "/equeue.bench.bare.Bare/"
@@ -140,8 +150,23 @@ async def serve(port: int) -> None:
     reply = Values(values=values_for(SIZE))
     pull_reply = pull_reply_bytes()
 
+    parked: list[asyncio.Future[Any]] = []
+
     async def send(request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        while parked:  # (f): the values go to the parked Park calls first, as a wake-up
+            waiter = parked.pop()
+            if not waiter.done():
+                waiter.set_result(request)
         return Count(count=len(request.values))
+
+    async def park(request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        waiter = asyncio.get_running_loop().create_future()
+        parked.append(waiter)
+        try:
+            async with asyncio.timeout(request.count / 1000):
+                return await waiter
+        except TimeoutError:
+            return Values()
 
     async def stream(
         request: Any, _context: grpc.aio.ServicerContext[Any, Any]
@@ -165,6 +190,10 @@ async def serve(port: int) -> None:
         ),
         "Pull": grpc.unary_unary_rpc_method_handler(
             pull, request_deserializer=Count.FromString, response_serializer=None,
+        ),
+        "Park": grpc.unary_unary_rpc_method_handler(
+            park, request_deserializer=Count.FromString,
+            response_serializer=Values.SerializeToString,
         ),
         "Echo": grpc.stream_stream_rpc_method_handler(
             echo, request_deserializer=Values.FromString,
@@ -242,6 +271,13 @@ def run_bare(root: Path, plan: Plan, results: Results, servers: list[Any]) -> No
         run = bare_round_trips(send, plan)
         method = "unary call of one 100-B value, paced as the latency runs"
         results.add_latency(BARE, "async", method, run, {"produce call": run})
+        park = channel.unary_unary(
+            SERVICE + "Park", request_serializer=Count.SerializeToString,
+            response_deserializer=Values.FromString,
+        )  # fmt: skip
+        run = bare_parked(send, park, plan)
+        method = "a Send of one 100-B value waking a parked unary Park call, same pace"
+        results.add_latency(BARE_PARKED, "async", method, run)
         echo = channel.stream_stream(
             SERVICE + "Echo", request_serializer=Values.SerializeToString,
             response_deserializer=Count.FromString,
@@ -279,6 +315,39 @@ def bare_round_trips(send: Any, plan: Plan) -> list[float]:
 
     pace(plan.latency_warmup + int(plan.latency_rate * plan.latency_s), plan.latency_rate, one)
     return trips[plan.latency_warmup :]
+
+
+def bare_parked(send: Any, park: Any, plan: Plan) -> list[float]:
+    """(f) produce-to-consume in gRPC alone (ms): a thread parked in a unary ``Park``
+    call (as a consumer in ``Pull(max_wait_ms)``) gets each value a paced unary
+    ``Send`` hands the server, stamp to the parked call's return."""
+    seen: list[float] = []
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            while not stop.is_set():
+                reply = park(Count(count=LONG_POLL_MS), timeout=RPC_TIMEOUT_S)
+                now = time.perf_counter_ns()
+                seen.extend((now - stamp_of(v)) / 1e6 for v in reply.values)
+        except BaseException as exc:  # reported below
+            failed.append(exc)
+
+    total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
+    park(Count(count=1), timeout=RPC_TIMEOUT_S)  # the call path warmed up
+    thread = threading.Thread(target=consume, name="bare-parked", daemon=True)
+    thread.start()
+    time.sleep(0.1)  # let the first Park reach the server
+    try:
+        pace(total, plan.latency_rate, lambda v: send(Values(values=[v]), timeout=RPC_TIMEOUT_S))
+        wait_for(lambda: len(seen) >= total or bool(failed), DRAIN_TIMEOUT_S)
+    finally:
+        stop.set()
+        thread.join(RPC_TIMEOUT_S)
+    if failed:
+        raise failed[0]
+    return seen[plan.latency_warmup :]
 
 
 def bare_stream_round_trips(echo: Any, plan: Plan) -> list[float]:
