@@ -44,7 +44,8 @@ Workloads (values of 100 B and 1 KiB, random bytes generated once per size):
   the milliseconds go (equeue, Redis): the produce call (stamp to the send
   call's return), from that return to the consumer's reply, and the decode
   (``_broker_measure.PARTS``), beside a bare gRPC unary call of one value at
-  the same pace.
+  the same pace. equeue once more (async) through the product's read path,
+  ``Consumer.poll`` ("equeue, Consumer.poll": futures of unary ``Pull``).
 * bare gRPC (``--systems`` ``grpc``, ``bench/_grpc_bare.py``): what Python and
   gRPC allow at all, on a bare ``grpc.aio`` server in its own process: a unary
   call carrying 1,000 values of 100 B, and a server stream of such replies;
@@ -122,7 +123,7 @@ from bench._measure import progress, size_label
 from bench._redis_nats import run_nats, run_redis
 from bench._servers import NOT_INSTALLED, Server, server_version, start_equeue
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.client import Admin, ClientConfig, Producer
+from equeue_spark.client import Admin, ClientConfig, Consumer, Producer
 from equeue_spark.client.batches import build_request
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.fetch import Pool, fetch_replies
@@ -135,6 +136,8 @@ PULL_TARGET = 10.0
 LATENCY_P50_MS = 1.0
 LATENCY_P99_MS = 3.0
 SYSTEMS = ("equeue", "redis", "nats", "grpc")
+EQUEUE_CONSUMER = "equeue, Consumer.poll"
+"""The latency rows' system of the run through ``Consumer.poll``."""
 FETCH_PULL = "pull (fetch port, one request per 1,000)"
 FETCH_PULL_RAW = "pull (fetch port, one request per 1,000, raw)"
 NA = "-"
@@ -197,6 +200,12 @@ def run_equeue(root: Path, plan: Plan, results: Results, servers: list[Server]) 
             run, parts = equeue_latency(admin, producer, address, plan)
             method = f"Pull(max_wait_ms={LONG_POLL_MS}) in a thread; send_batch of 1"
             results.add_latency(EQUEUE, flush, method, run, parts)
+            if flush == "async":
+                run, parts = consumer_latency(admin, producer, address, plan)
+                method = (
+                    "Consumer.poll(timeout_s=1) in a thread (assigned, no group); send_batch of 1"
+                )
+                results.add_latency(EQUEUE_CONSUMER, flush, method, run, parts)
         server.stop()
 
 
@@ -327,9 +336,8 @@ def equeue_pull_stream(
 
 
 def equeue_latency(
-    admin: Admin, producer: Producer, address: str, plan: Plan
+    admin: Admin, producer: Producer, address: str, plan: Plan, topic: str = "latency"
 ) -> tuple[list[float], Parts]:
-    topic = "latency"
     admin.create_topic(topic, queues=1)
     total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
     seen: list[Seen] = []
@@ -363,6 +371,49 @@ def equeue_latency(
         conn.pull(request, timeout=RPC_TIMEOUT_S)  # connect before timing
         thread = threading.Thread(
             target=consume, args=(conn,), name="latency-consumer", daemon=True
+        )
+        thread.start()
+        time.sleep(0.1)  # let the first pull park
+        try:
+            acked = pace(
+                total, plan.latency_rate, lambda value: producer.send_batch(topic, [value])
+            )
+            wait_for(lambda: len(seen) >= total or bool(errors), DRAIN_TIMEOUT_S)
+        finally:
+            stop.set()
+            thread.join(RPC_TIMEOUT_S + LONG_POLL_MS / 1000)
+    if errors:
+        raise errors[0]
+    return latencies(seen, acked, plan.latency_warmup)
+
+
+def consumer_latency(
+    admin: Admin, producer: Producer, address: str, plan: Plan, topic: str = "latency-consumer"
+) -> tuple[list[float], Parts]:
+    """The latency run through the product's read path: ``Consumer.poll``
+    (futures of unary ``Pull(max_wait_ms)``, consumer_part.py) instead of a
+    blocking ``Pull`` on the stub."""
+    admin.create_topic(topic, queues=1)
+    total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
+    seen: list[Seen] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
+
+    def consume(consumer: Consumer) -> None:
+        try:
+            while not stop.is_set():
+                messages = consumer.poll(timeout_s=LONG_POLL_MS / 1000)
+                received = time.perf_counter_ns()  # poll decodes: one stamp for both
+                seen.extend((stamp_of(m.value), received, received) for m in messages)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    with Consumer(config=config, start="earliest") as consumer:
+        consumer.assign(topic, [0])
+        consumer.poll(timeout_s=0.1)  # connected before timing
+        thread = threading.Thread(
+            target=consume, args=(consumer,), name="latency-consumer", daemon=True
         )
         thread.start()
         time.sleep(0.1)  # let the first pull park
@@ -433,7 +484,7 @@ def latency_table(results: Results) -> str:
         "| system | flush | method | messages | p50 ms | p99 ms | max ms |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
-    systems = [EQUEUE, REDIS, NATS, BARE_PARKED, BARE, BARE_STREAM]
+    systems = [EQUEUE, EQUEUE_CONSUMER, REDIS, NATS, BARE_PARKED, BARE, BARE_STREAM]
     for row in _latency_rows(results, systems):
         cells = [
             row.system,
@@ -457,7 +508,7 @@ def breakdown_table(results: Results) -> str:
     """Where each system's latency goes (``PARTS``), p50 / p99 of each part."""
     names = " | ".join(f"{p} p50 / p99" for p in PARTS)
     lines = [f"| system | flush | {names} | total p50 / p99 |", "|---|---|" + "---:|" * 4]
-    for row in _latency_rows(results, [EQUEUE, REDIS, BARE, BARE_STREAM]):
+    for row in _latency_rows(results, [EQUEUE, EQUEUE_CONSUMER, REDIS, BARE, BARE_STREAM]):
         if not row.parts:
             continue
         bare = row.system in (BARE, BARE_STREAM)
