@@ -294,11 +294,8 @@ def equeue_pull_fetch(
                 for reply in fetch_replies(address, topic, queue_id, offset, offset + BATCH,
                                            batch_messages=BATCH, batch_bytes=PULL_MAX_BYTES,
                                            timeout_s=RPC_TIMEOUT_S, pool=pool):  # fmt: skip
-                    got += (
-                        len(decode_records(reply.records, reply.broker_id))
-                        if decode
-                        else (reply.count)
-                    )
+                    records = reply.records
+                    got += len(decode_records(records, reply.broker_id)) if decode else reply.count
                     offset = reply.next_offset
                 if got == 0:
                     break
