@@ -182,7 +182,7 @@ def run_equeue(root: Path, plan: Plan, results: Results, servers: list[Server]) 
                         )
                         results.add((EQUEUE, workload, size, flush), method, sample)
                     fetch_at = conn.call(conn.admin.GetStats, pb.GetStatsRequest()).fetch_address
-                    for decode in (True, False):
+                    for decode in (True, False) if fetch_at else ():  # no fetch port: no rows
                         sample = equeue_pull_fetch(fetch_at, topic, size, stored, plan,
                                                    decode=decode)  # fmt: skip
                         workload = FETCH_PULL if decode else FETCH_PULL_RAW
