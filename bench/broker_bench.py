@@ -44,7 +44,9 @@ Workloads (values of 100 B and 1 KiB, random bytes generated once per size):
   the milliseconds go (equeue, Redis): the produce call (stamp to the send
   call's return), from that return to the consumer's reply, and the decode
   (``_broker_measure.PARTS``), beside a bare gRPC unary call of one value at
-  the same pace. equeue once more (async) through the product's read path,
+  the same pace. equeue twice more (async): each message a batch of one on
+  one open ``ProduceStream`` (``send_batches``, its ack awaited: "equeue,
+  produce on a stream"), and read through the product's read path,
   ``Consumer.poll`` ("equeue, Consumer.poll": futures of unary ``Pull``).
 * bare gRPC (``--systems`` ``grpc``, ``bench/_grpc_bare.py``): what Python and
   gRPC allow at all, on a bare ``grpc.aio`` server in its own process: a unary
@@ -79,13 +81,15 @@ import argparse
 import importlib.metadata
 import math
 import os
+import queue
 import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
@@ -96,6 +100,7 @@ from bench._broker_measure import (
     DRAIN_TIMEOUT_S,
     EQUEUE,
     FULL,
+    LATENCY_SIZE,
     LONG_POLL_MS,
     NATS,
     PARTS,
@@ -136,6 +141,8 @@ PULL_TARGET = 10.0
 LATENCY_P50_MS = 1.0
 LATENCY_P99_MS = 3.0
 SYSTEMS = ("equeue", "redis", "nats", "grpc")
+EQUEUE_STREAMED = "equeue, produce on a stream"
+"""The latency rows' system of the run whose produce goes on one open stream."""
 EQUEUE_CONSUMER = "equeue, Consumer.poll"
 """The latency rows' system of the run through ``Consumer.poll``."""
 FETCH_PULL = "pull (fetch port, one request per 1,000)"
@@ -201,6 +208,13 @@ def run_equeue(root: Path, plan: Plan, results: Results, servers: list[Server]) 
             method = f"Pull(max_wait_ms={LONG_POLL_MS}) in a thread; send_batch of 1"
             results.add_latency(EQUEUE, flush, method, run, parts)
             if flush == "async":
+                run, parts = equeue_latency(
+                    admin, producer, address, plan, "latency-streamed", streamed=True
+                )
+                method = (
+                    f"Pull(max_wait_ms={LONG_POLL_MS}) in a thread; 1 a batch, one ProduceStream"
+                )
+                results.add_latency(EQUEUE_STREAMED, flush, method, run, parts)
                 run, parts = consumer_latency(admin, producer, address, plan)
                 method = (
                     "Consumer.poll(timeout_s=1) in a thread (assigned, no group); send_batch of 1"
@@ -333,8 +347,17 @@ def equeue_pull_stream(
 
 
 def equeue_latency(
-    admin: Admin, producer: Producer, address: str, plan: Plan, topic: str = "latency"
+    admin: Admin,
+    producer: Producer,
+    address: str,
+    plan: Plan,
+    topic: str = "latency",
+    *,
+    streamed: bool = False,
 ) -> tuple[list[float], Parts]:
+    """Produce-to-consume latency, a blocking ``Pull(max_wait_ms)`` parked; each
+    message a ``send_batch`` of its own, or (``streamed``) a batch of one on
+    one open ``ProduceStream`` (``send_batches``), awaiting its ack each time."""
     admin.create_topic(topic, queues=1)
     total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
     seen: list[Seen] = []
@@ -358,7 +381,10 @@ def equeue_latency(
                 if reply.count:
                     messages = decode_records(reply.records, reply.broker_id)
                     decoded = time.perf_counter_ns()
-                    seen.extend((stamp_of(m.value), received, decoded) for m in messages)
+                    # Not the stream's unstamped set-up message (stamp 0).
+                    seen.extend(
+                        (stamp, received, decoded) for m in messages if (stamp := stamp_of(m.value))
+                    )
                 offset = reply.next_offset
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
@@ -372,9 +398,9 @@ def equeue_latency(
         thread.start()
         time.sleep(0.1)  # let the first pull park
         try:
-            acked = pace(
-                total, plan.latency_rate, lambda value: producer.send_batch(topic, [value])
-            )
+            with stream_sender(producer, topic) if streamed else nullcontext(None) as sender:
+                send = sender or (lambda value: producer.send_batch(topic, [value]))
+                acked = pace(total, plan.latency_rate, send)
             wait_for(lambda: len(seen) >= total or bool(errors), DRAIN_TIMEOUT_S)
         finally:
             stop.set()
@@ -382,6 +408,26 @@ def equeue_latency(
     if errors:
         raise errors[0]
     return latencies(seen, acked, plan.latency_warmup)
+
+
+@contextmanager
+def stream_sender(producer: Producer, topic: str) -> Iterator[Callable[[bytes], object]]:
+    """A send of one value as a batch of one on one open ``ProduceStream``,
+    returning at its acknowledgement (the stream's set-up done before)."""
+    batches: queue.SimpleQueue[list[bytes] | None] = queue.SimpleQueue()
+    results = producer.send_batches(topic, iter(batches.get, None))
+
+    def send(value: bytes) -> object:
+        batches.put([value])
+        return next(results)
+
+    try:
+        send(bytes(LATENCY_SIZE))  # the stream's set-up, not timed (and not stamped)
+        yield send
+    finally:
+        batches.put(None)  # the stream ends after the last
+        for _ in results:
+            pass
 
 
 def consumer_latency(
@@ -481,7 +527,9 @@ def latency_table(results: Results) -> str:
         "| system | flush | method | messages | p50 ms | p99 ms | max ms |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
-    systems = [EQUEUE, EQUEUE_CONSUMER, REDIS, NATS, BARE_PARKED, BARE, BARE_STREAM]
+    systems = [
+        EQUEUE, EQUEUE_STREAMED, EQUEUE_CONSUMER, REDIS, NATS, BARE_PARKED, BARE, BARE_STREAM,
+    ]  # fmt: skip
     for row in _latency_rows(results, systems):
         cells = [
             row.system,
@@ -505,7 +553,8 @@ def breakdown_table(results: Results) -> str:
     """Where each system's latency goes (``PARTS``), p50 / p99 of each part."""
     names = " | ".join(f"{p} p50 / p99" for p in PARTS)
     lines = [f"| system | flush | {names} | total p50 / p99 |", "|---|---|" + "---:|" * 4]
-    for row in _latency_rows(results, [EQUEUE, EQUEUE_CONSUMER, REDIS, BARE, BARE_STREAM]):
+    systems = [EQUEUE, EQUEUE_STREAMED, EQUEUE_CONSUMER, REDIS, BARE, BARE_STREAM]
+    for row in _latency_rows(results, systems):
         if not row.parts:
             continue
         bare = row.system in (BARE, BARE_STREAM)
