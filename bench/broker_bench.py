@@ -64,6 +64,12 @@ sync = ``appendfsync always`` (AOF on, RDB and AOF rewrites off). NATS 2.9 has
 no per-write fsync setting (``sync_interval`` arrived in 2.10): its file store is
 measured once, labelled async, and is the least durable of the three.
 
+``--scenario latency`` runs instead only the latency variants (async): equeue's
+(``send_batch`` of 1 and a batch of 1 on an open ``ProduceStream``, a blocking
+``Pull`` parked; ``Consumer.poll``) and the bare gRPC floors (f), (e), (d), in
+``--repeat`` interleaved rounds (``bench/_broker_latency.py``; about 35 s a
+round): the figures to compare on a loaded machine.
+
 ``--scenario idempotence`` measures instead produce with idempotence on
 (the default) beside off, on one equeue broker, same run
 (``bench/_broker_idempotence.py``: 100 B and 1 KiB, unary and streaming,
@@ -81,26 +87,22 @@ import argparse
 import importlib.metadata
 import math
 import os
-import queue
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench` as a package
 
 from bench._broker_idempotence import run_idempotence
+from bench._broker_latency import consumer_latency, equeue_latency, run_latency_rounds
 from bench._broker_measure import (
     BATCH,
-    DRAIN_TIMEOUT_S,
     EQUEUE,
     FULL,
-    LATENCY_SIZE,
     LONG_POLL_MS,
     NATS,
     PARTS,
@@ -111,24 +113,18 @@ from bench._broker_measure import (
     RPC_TIMEOUT_S,
     SIZES,
     LatencyRow,
-    Parts,
     Plan,
     Results,
     Sample,
-    Seen,
-    latencies,
-    pace,
-    stamp_of,
     timed_batches,
     values_for,
-    wait_for,
 )
 from bench._grpc_bare import BARE, BARE_PARKED, BARE_STREAM, bare_table, bare_targets, run_bare
 from bench._measure import progress, size_label
 from bench._redis_nats import run_nats, run_redis
 from bench._servers import NOT_INSTALLED, Server, server_version, start_equeue
 from equeue_proto.v1 import broker_pb2 as pb
-from equeue_spark.client import Admin, ClientConfig, Consumer, Producer
+from equeue_spark.client import Admin, ClientConfig, Producer
 from equeue_spark.client.batches import build_request
 from equeue_spark.client.connection import Connection
 from equeue_spark.client.fetch import Pool, fetch_replies
@@ -344,133 +340,6 @@ def equeue_pull_stream(
     if not capped and count != stored:
         raise RuntimeError(f"equeue stream read {count:,} messages of {stored:,} stored")
     return Sample(count, elapsed, count * size, capped)
-
-
-def equeue_latency(
-    admin: Admin,
-    producer: Producer,
-    address: str,
-    plan: Plan,
-    topic: str = "latency",
-    *,
-    streamed: bool = False,
-) -> tuple[list[float], Parts]:
-    """Produce-to-consume latency, a blocking ``Pull(max_wait_ms)`` parked; each
-    message a ``send_batch`` of its own, or (``streamed``) a batch of one on
-    one open ``ProduceStream`` (``send_batches``), awaiting its ack each time."""
-    admin.create_topic(topic, queues=1)
-    total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
-    seen: list[Seen] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-    config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
-
-    def consume(conn: Connection) -> None:
-        offset = 0
-        try:
-            while not stop.is_set():
-                request = pb.PullRequest(
-                    topic=topic,
-                    queue_id=0,
-                    offset=offset,
-                    max_messages=BATCH,
-                    max_wait_ms=LONG_POLL_MS,
-                )
-                reply = conn.pull(request, timeout=RPC_TIMEOUT_S + LONG_POLL_MS / 1000)
-                received = time.perf_counter_ns()
-                if reply.count:
-                    messages = decode_records(reply.records, reply.broker_id)
-                    decoded = time.perf_counter_ns()
-                    # Not the stream's unstamped set-up message (stamp 0).
-                    seen.extend(
-                        (stamp, received, decoded) for m in messages if (stamp := stamp_of(m.value))
-                    )
-                offset = reply.next_offset
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-
-    with Connection(config) as conn:
-        request = pb.PullRequest(topic=topic, queue_id=0, offset=0, max_messages=1)
-        conn.pull(request, timeout=RPC_TIMEOUT_S)  # connect before timing
-        thread = threading.Thread(
-            target=consume, args=(conn,), name="latency-consumer", daemon=True
-        )
-        thread.start()
-        time.sleep(0.1)  # let the first pull park
-        try:
-            with stream_sender(producer, topic) if streamed else nullcontext(None) as sender:
-                send = sender or (lambda value: producer.send_batch(topic, [value]))
-                acked = pace(total, plan.latency_rate, send)
-            wait_for(lambda: len(seen) >= total or bool(errors), DRAIN_TIMEOUT_S)
-        finally:
-            stop.set()
-            thread.join(RPC_TIMEOUT_S + LONG_POLL_MS / 1000)
-    if errors:
-        raise errors[0]
-    return latencies(seen, acked, plan.latency_warmup)
-
-
-@contextmanager
-def stream_sender(producer: Producer, topic: str) -> Iterator[Callable[[bytes], object]]:
-    """A send of one value as a batch of one on one open ``ProduceStream``,
-    returning at its acknowledgement (the stream's set-up done before)."""
-    batches: queue.SimpleQueue[list[bytes] | None] = queue.SimpleQueue()
-    results = producer.send_batches(topic, iter(batches.get, None))
-
-    def send(value: bytes) -> object:
-        batches.put([value])
-        return next(results)
-
-    try:
-        send(bytes(LATENCY_SIZE))  # the stream's set-up, not timed (and not stamped)
-        yield send
-    finally:
-        batches.put(None)  # the stream ends after the last
-        for _ in results:
-            pass
-
-
-def consumer_latency(
-    admin: Admin, producer: Producer, address: str, plan: Plan, topic: str = "latency-consumer"
-) -> tuple[list[float], Parts]:
-    """The latency run through the product's read path: ``Consumer.poll``
-    (futures of unary ``Pull(max_wait_ms)``, consumer_part.py) instead of a
-    blocking ``Pull`` on the stub."""
-    admin.create_topic(topic, queues=1)
-    total = plan.latency_warmup + int(plan.latency_rate * plan.latency_s)
-    seen: list[Seen] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-    config = ClientConfig(broker=address, timeout_s=RPC_TIMEOUT_S)
-
-    def consume(consumer: Consumer) -> None:
-        try:
-            while not stop.is_set():
-                messages = consumer.poll(timeout_s=LONG_POLL_MS / 1000)
-                received = time.perf_counter_ns()  # poll decodes: one stamp for both
-                seen.extend((stamp_of(m.value), received, received) for m in messages)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-
-    with Consumer(config=config, start="earliest") as consumer:
-        consumer.assign(topic, [0])
-        consumer.poll(timeout_s=0.1)  # connected before timing
-        thread = threading.Thread(
-            target=consume, args=(consumer,), name="latency-consumer", daemon=True
-        )
-        thread.start()
-        time.sleep(0.1)  # let the first pull park
-        try:
-            acked = pace(
-                total, plan.latency_rate, lambda value: producer.send_batch(topic, [value])
-            )
-            wait_for(lambda: len(seen) >= total or bool(errors), DRAIN_TIMEOUT_S)
-        finally:
-            stop.set()
-            thread.join(RPC_TIMEOUT_S + LONG_POLL_MS / 1000)
-    if errors:
-        raise errors[0]
-    return latencies(seen, acked, plan.latency_warmup)
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -697,10 +566,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--scenario",
-        choices=["compare", "idempotence"],
+        choices=["compare", "idempotence", "latency"],
         default="compare",
         help="compare: equeue beside Redis and NATS (default); idempotence: equeue's "
-        "produce with idempotence on beside off",
+        "produce with idempotence on beside off; latency: produce-to-consume latency "
+        "variants and their bare gRPC floors in interleaved rounds (--repeat rounds)",
     )
     parser.add_argument("--flush", choices=["async", "sync"], default="async",
                         help="the idempotence scenario's flush mode")  # fmt: skip
@@ -709,6 +579,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--repeat must be >= 1")
     if args.scenario == "idempotence":
         idempotence(QUICK if args.quick else FULL, args.repeat, args.flush)
+        return
+    if args.scenario == "latency":
+        began = time.perf_counter()
+        report = run_latency_rounds(QUICK if args.quick else FULL, args.repeat)
+        mode = "quick" if args.quick else "full"
+        print(f"\n## Produce-to-consume latency, interleaved rounds ({mode}, "
+              f"{time.perf_counter() - began:.0f} s; 100 B at "
+              f"{(QUICK if args.quick else FULL).latency_rate} msgs/s, async)\n")  # fmt: skip
+        print(report)
+        sys.stdout.flush()
         return
     systems = {s.strip() for s in args.systems.split(",") if s.strip()}
     if unknown := systems - set(SYSTEMS):
