@@ -13,7 +13,11 @@ each with its master, replicas and queues. Two implementations:
 - ``NameServerRoutes`` (cluster.py): routes from name servers, cached.
 
 ``cluster.connect(config)`` picks one by the settings; nothing else in the client
-asks which one it has. ``Routes`` also owns what to do when a member fails,
+asks which one it has (tests/project/test_one_shape.py): where the two differ
+it is a method here with one meaning and two implementations (``names_groups``
+and ``misnamed``, answered by the class, so also before connecting through
+``cluster.routes_type``; ``shown_group``; ``group``; ``leave_out``;
+``send_requests``' ``pipeline``). ``Routes`` also owns what to do when a member fails,
 the only failover code of the client: ``on_master`` (writes: the group's
 master, the route fetched again and the call retried there until
 ``failover_timeout_s``), ``on_master_now`` (offset commits: the master or an
