@@ -282,12 +282,18 @@ class ReadOptions:
 
     @property
     def cluster(self) -> bool:
+        """Option ``namesrv`` given (for messages and tests; the connector asks
+        its ``Routes``, tests/project/test_one_shape.py)."""
         return bool(self.namesrv)
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
         _fold_synonyms(o)
+        # Settings parsing (tests/project/test_one_shape.py allows it): queue
+        # names in the JSON options are checked now, before any client exists,
+        # against the naming the option namesrv gives the routes
+        # (Routes.names_groups), so a name that can never match fails at once.
         cluster = o.has("namesrv")
         topics, pattern, assigned = _parse_topics(o, cluster)
         scope = _Scope(topics, pattern, assigned, cluster)
@@ -697,6 +703,8 @@ class WriteOptions:
 
     @property
     def cluster(self) -> bool:
+        """Option ``namesrv`` given (for messages and tests; the connector asks
+        its ``Routes``, tests/project/test_one_shape.py)."""
         return bool(self.namesrv)
 
     @property
