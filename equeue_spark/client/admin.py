@@ -199,9 +199,8 @@ class Admin:
     def down_brokers(self) -> dict[str, str]:
         """{broker group: why} for the groups the name servers remember as
         down (every member's registration expired): a view spanning the
-        cluster misses their queues. Empty for one broker."""
-        if not self.routes.names_groups():
-            return {}
+        cluster misses their queues. Empty for one broker (its routes list
+        it live: a broker that does not answer says so itself)."""
         entries = self.routes.brokers(include_down=True)
         live = {e.broker_name for e in entries if member_state(e) != "down"}
         out: dict[str, str] = {}
@@ -215,19 +214,17 @@ class Admin:
     def _each_reachable(
         self, brokers: Sequence[str], call: Callable[[Connection], T]
     ) -> tuple[list[tuple[str, T]], dict[str, str]]:
-        """``call`` on each broker's master, as ``_each``; in a cluster a broker
-        that cannot be reached (unavailable, deadline) is left out and
-        returned with why, ``{broker: why}``; BrokerUnavailable when none
-        answers. One broker: its error is raised."""
-        if not self.routes.names_groups():
-            return self._each(brokers, call), {}
+        """``call`` on each broker's master, as ``_each``; a broker that cannot
+        be reached (unavailable, deadline) is left out and returned with why,
+        ``{broker: why}`` (``Routes.leave_out``: one broker's error is
+        raised); BrokerUnavailable when none answers."""
         out: list[tuple[str, T]] = []
         missing: dict[str, str] = {}
         for broker in brokers:
             try:
                 out.extend(self._each([broker], call))
             except (BrokerUnavailable, DeadlineExceeded) as exc:
-                missing[broker] = f"not answering: {exc}"
+                missing[broker] = self.routes.leave_out(broker, exc)
         if brokers and not out:
             raise BrokerUnavailable(
                 "no broker answers: " + "; ".join(f"{b}: {why}" for b, why in missing.items())
@@ -386,24 +383,23 @@ class Admin:
         """``call`` on every live broker; those that do not know ``group``
         (NotFoundError) are left out. NotFoundError if none knows it (the
         broker's own when there is one broker). With ``unreachable`` (a
-        cluster's read), brokers that do not answer, and groups remembered as
-        down, are appended to it instead of failing the call."""
+        read), brokers that do not answer (``Routes.leave_out``: one
+        broker's error is raised), and groups remembered as down, are
+        appended to it instead of failing the call."""
         out = []
         missing: list[NotFoundError] = []
         brokers = self._all_brokers()
-        tolerate = unreachable is not None and self.routes.names_groups()
         for broker in brokers:
             try:
                 out.extend(self._each([broker], call))
             except NotFoundError as exc:
                 missing.append(exc)
-            except (BrokerUnavailable, DeadlineExceeded):
-                if not tolerate:
+            except (BrokerUnavailable, DeadlineExceeded) as exc:
+                if unreachable is None:
                     raise
-                assert unreachable is not None
+                self.routes.leave_out(broker, exc)
                 unreachable.append(broker)
-        if tolerate:
-            assert unreachable is not None
+        if unreachable is not None:
             unreachable.extend(self.down_brokers())
             unreachable.sort()
         if not out:

@@ -66,6 +66,7 @@ __all__ = [
     "connect",
     "name_broker",
     "request_keys",
+    "routes_type",
     "split_request",
     "take_rows",
     "with_replica_reads",
@@ -204,7 +205,8 @@ class NameServerRoutes(Routes):
             raise InvalidRequest(str(exc)) from None
         return self.broker_address(broker)
 
-    def names_groups(self) -> bool:
+    @classmethod
+    def names_groups(cls) -> bool:
         return True
 
     def shown_group(self, broker_id: str) -> str | None:
@@ -259,7 +261,13 @@ def target(config: ClientConfig) -> tuple[str, str]:
     return f"broker {config.broker}", "broker"
 
 
+def routes_type(config: ClientConfig) -> type[Routes]:
+    """The kind of routes ``config`` names, without connecting: name servers
+    (``namesrv``, or ``$EQUEUE_NAMESRV``), else one broker (a cluster of one).
+    For what a class answers (``Routes.names_groups``) before any call."""
+    return NameServerRoutes if config.is_cluster else StaticRoutes
+
+
 def connect(config: ClientConfig) -> Routes:
-    """The routes ``config`` names: name servers (``namesrv``, or
-    ``$EQUEUE_NAMESRV``), else one broker (a cluster of one)."""
-    return NameServerRoutes(config) if config.is_cluster else StaticRoutes(config)
+    """The routes ``config`` names (``routes_type``)."""
+    return routes_type(config)(config)

@@ -570,25 +570,26 @@ class Producer:
 
     def send_routed(self, requests: Iterable[Routed]) -> Iterator[SendResults]:
         """``send_requests`` of (request, the broker group of each explicit queue
-        id, or None) pairs (the Spark writer's queue and broker columns)."""
-        if self._sequencer is not None and not self._routes.names_groups():
-            return self._stream_idempotent(requests)
-        return self._routes.send_requests(requests, self._send)
+        id, or None) pairs (the Spark writer's queue and broker columns).
+        Where the routes pipeline them on one stream (one broker), an
+        idempotent producer stamps each as it leaves (``_stream_idempotent``)."""
+        stamping = self._stream_idempotent if self._sequencer is not None else None
+        return self._routes.send_requests(requests, self._send, stamping)
 
-    def _stream_idempotent(self, requests: Iterable[Routed]) -> Iterator[SendResults]:
-        """One broker, idempotent: the requests pipelined on a ``ProduceStream``,
-        each given its queues and sequences as it leaves, at most the broker's
-        window of them unacknowledged. When the stream breaks, what it did not
-        acknowledge is sent again, with the next request if there is one (in
-        order, each with the connection's retries: the broker answers those it
-        has with their offsets), then a new stream carries on (given up after
+    def _stream_idempotent(
+        self, conn: Connection, requests: Iterable[Routed]
+    ) -> Iterator[SendResults]:
+        """The requests pipelined on a ``ProduceStream`` on ``conn``, the one
+        broker's (``Routes.send_requests``' ``pipeline``), each given its queues
+        and sequences as it leaves, at most the broker's window of them
+        unacknowledged. When the stream breaks, what it did not acknowledge is
+        sent again, with the next request if there is one (in order, each with
+        the connection's retries: the broker answers those it has with their
+        offsets), then a new stream carries on (given up after
         ``STREAM_RESTARTS`` streams in a row broke without an acknowledgement).
-        A stream that breaks after its last
-        acknowledgement has done its work."""
+        A stream that breaks after its last acknowledgement has done its work."""
         sequencer = self._sequencer
         assert sequencer is not None
-        routes = self._routes
-        address = routes.broker_address("")
         sent: collections.deque[pb.ProduceRequest] = collections.deque()
         pull = threading.Lock()
         """Taking from ``requests`` (your code runs under it, never the acks')."""
@@ -639,7 +640,7 @@ class Producer:
             for attempt in range(MAX_STREAMS):
                 acked_before = acked[0]
                 try:
-                    stream = stream_requests(routes.connection(address), stamped(attempt), sent)
+                    stream = stream_requests(conn, stamped(attempt), sent)
                     yield from map(acknowledged, stream)
                     return
                 except (BrokerUnavailable, DeadlineExceeded):
@@ -656,7 +657,7 @@ class Producer:
                     if not sent and not more:
                         return  # every request was acknowledged before the break
                     while sent:  # in order, each with the connection's retries
-                        yield send_request(routes.connection(address), sent[0])
+                        yield send_request(conn, sent[0])
                         sent.popleft()
                 except BaseException:
                     sequencer.reset("")

@@ -13,7 +13,11 @@ each with its master, replicas and queues. Two implementations:
 - ``NameServerRoutes`` (cluster.py): routes from name servers, cached.
 
 ``cluster.connect(config)`` picks one by the settings; nothing else in the client
-asks which one it has. ``Routes`` also owns what to do when a member fails,
+asks which one it has (tests/project/test_one_shape.py): where the two differ
+it is a method here with one meaning and two implementations (``names_groups``
+and ``misnamed``, answered by the class, so also before connecting through
+``cluster.routes_type``; ``shown_group``; ``group``; ``leave_out``;
+``send_requests``' ``pipeline``). ``Routes`` also owns what to do when a member fails,
 the only failover code of the client: ``on_master`` (writes: the group's
 master, the route fetched again and the call retried there until
 ``failover_timeout_s``), ``on_master_now`` (offset commits: the master or an
@@ -62,6 +66,10 @@ Brokers = Sequence[str | None] | None
 """The broker group of each message's explicit queue id (``brokers=``), or None."""
 Routed = tuple[pb.ProduceRequest, Brokers]
 """A produce request and the groups of its explicit queue ids."""
+
+Pipeline = Callable[[Connection, Iterable[Routed]], Iterator[Any]]
+"""How a producer pipelines requests on one ``ProduceStream`` to one broker
+(an idempotent producer stamps each as it leaves): ``Routes.send_requests``."""
 
 Call = Callable[[Connection, bool], T]
 """A call on one member: ``(connection, may_retry)``. ``may_retry`` is False
@@ -137,9 +145,29 @@ class Routes:
         """The broker that stored the message ``message_id`` names."""
         raise NotImplementedError
 
-    def names_groups(self) -> bool:
-        """Whether queues are named (broker group, queue id) rather than by id alone."""
+    @classmethod
+    def names_groups(cls) -> bool:
+        """Whether queues are named (broker group, queue id) rather than by id
+        alone; a message's ``broker`` is then its group's name, which routes
+        list. The class answers, so a question asked before connecting (Spark's
+        filter pushdown) gets it from ``cluster.routes_type``."""
         raise NotImplementedError
+
+    @classmethod
+    def misnamed(cls, group: str) -> bool:
+        """Whether a queue named with broker group ``group`` (``""``: by its id
+        alone) is named for the other kind of routes, so it can never be one of
+        these routes' queues (a checkpoint's offsets written by a query of the
+        other kind)."""
+        return bool(group) != cls.names_groups()
+
+    def leave_out(self, group: str, error: EqueueError) -> str:
+        """Why ``group``, which does not answer (``error``), is left out of a
+        view spanning the broker groups (``Admin.list_topics``,
+        ``list_groups``, ``describe_group``) whose other groups answered.
+        Raises ``error`` where the group is the whole view (one broker: its
+        error is the answer)."""
+        return f"not answering: {error}"
 
     def shown_group(self, broker_id: str) -> str | None:
         """The broker group to show beside a message read from ``broker_id``
@@ -508,10 +536,14 @@ class Routes:
         )
 
     def send_requests(
-        self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]
-    ) -> Iterator[T]:
+        self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T],
+        pipeline: Pipeline | None = None,
+    ) -> Iterator[T]:  # fmt: skip
         """Many requests of a producer, each with the broker groups of its
-        explicit queue ids: each routed and sent on its own (``send``)."""
+        explicit queue ids: each routed and sent on its own (``send``), which
+        is what lets a write fail over. ``pipeline`` is how the producer
+        pipelines requests on one stream where the routes have one member to
+        send them all to (``StaticRoutes``); None: as they are."""
         return (send(request, brokers) for request, brokers in requests)
 
     def stage_requests(
@@ -618,7 +650,8 @@ class StaticRoutes(Routes):
     def message_address(self, message_id: str) -> str:
         return self.address
 
-    def names_groups(self) -> bool:
+    @classmethod
+    def names_groups(cls) -> bool:
         return False
 
     def shown_group(self, broker_id: str) -> str | None:
@@ -646,6 +679,10 @@ class StaticRoutes(Routes):
 
     def reads_first(self, topic: str, broker: str, address: str, seed: str = "") -> bool:
         return True
+
+    def leave_out(self, group: str, error: EqueueError) -> str:
+        """Never: the one broker is the whole view, and its error the answer."""
+        raise error
 
     def reader_on(
         self, topic: str, broker: str, current: str, start: Callable[[Connection], T],
@@ -690,11 +727,15 @@ class StaticRoutes(Routes):
         raise AssertionError("unreachable")
 
     def send_requests(
-        self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T]
-    ) -> Iterator[Any]:
-        """Pipelined on one ``ProduceStream`` call to the broker, each keyed
-        request's queues chosen here first (``split_request``). One group: a
-        queue id alone names its queue (the groups given are not needed)."""
+        self, requests: Iterable[Routed], send: Callable[[pb.ProduceRequest, Brokers], T],
+        pipeline: Pipeline | None = None,
+    ) -> Iterator[Any]:  # fmt: skip
+        """Pipelined on one ``ProduceStream`` call to the broker: by
+        ``pipeline`` when given, else as they are, each keyed request's
+        queues chosen here first (``split_request``). One group: a queue id
+        alone names its queue (the groups given are not needed)."""
+        if pipeline is not None:
+            return pipeline(self.connection(self.address), requests)
         queued = (self._queued(request) for request, _ in requests)
         return stream_requests(self.connection(self.address), queued)
 

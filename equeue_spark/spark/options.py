@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 
 from equeue_proto.selector import parse
 from equeue_spark.client.connection import (
+    NAMESRV_ENV,
     ClientConfig,
     check_address,
     parse_namesrv,
@@ -282,13 +284,20 @@ class ReadOptions:
 
     @property
     def cluster(self) -> bool:
+        """Option ``namesrv`` given (for messages and tests; the connector asks
+        its ``Routes``, tests/project/test_one_shape.py)."""
         return bool(self.namesrv)
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
         _fold_synonyms(o)
-        cluster = o.has("namesrv")
+        # Settings parsing (tests/project/test_one_shape.py allows it): queue
+        # names in the JSON options are checked now, before any client exists,
+        # against the naming the option namesrv (or the driver's
+        # $EQUEUE_NAMESRV) gives the routes (Routes.names_groups), so a name
+        # that can never match fails at once.
+        cluster = o.has("namesrv") or bool(_driver_namesrv(o))
         topics, pattern, assigned = _parse_topics(o, cluster)
         scope = _Scope(topics, pattern, assigned, cluster)
         namesrv = _namesrv(o)
@@ -471,7 +480,8 @@ def _queue_kind(
     if cluster:
         why = (
             f"queue {shown} of {topic!r} names no broker group, but the query reads a "
-            f'cluster (option namesrv): write "BROKER/QUEUE", e.g. "a/{ref[1]}"'
+            "cluster (option namesrv or the driver $EQUEUE_NAMESRV): "
+            f'write "BROKER/QUEUE", e.g. "a/{ref[1]}"'
         )
     else:
         why = (f"queue {shown} of {topic!r} names broker group {ref[0]!r}, but the query "
@@ -697,6 +707,8 @@ class WriteOptions:
 
     @property
     def cluster(self) -> bool:
+        """Option ``namesrv`` given (for messages and tests; the connector asks
+        its ``Routes``, tests/project/test_one_shape.py)."""
         return bool(self.namesrv)
 
     @property
@@ -734,8 +746,26 @@ def _broker(o: _Options) -> str:
     return o.text("broker")
 
 
+def _driver_namesrv(o: _Options) -> str:
+    """The driver's ``$EQUEUE_NAMESRV`` where neither ``broker`` nor ``namesrv``
+    is given (what ``ClientConfig`` would fall back to), else ``""``."""
+    if o.has("namesrv") or o.has("broker"):
+        return ""
+    return os.environ.get(NAMESRV_ENV, "").strip()
+
+
 def _namesrv(o: _Options) -> tuple[str, ...]:
-    """Option ``namesrv``: ``HOST:PORT[,HOST:PORT...]``, checked now; not with ``broker``."""
+    """Option ``namesrv``: ``HOST:PORT[,HOST:PORT...]``, checked now; not with
+    ``broker``. Neither given: the driver's ``$EQUEUE_NAMESRV``, resolved here
+    and carried in the options, so that the tasks read the same cluster as
+    the driver planned (their own environment may say otherwise) and the
+    queues are named as the driver named them."""
+    env = _driver_namesrv(o)
+    if env:
+        try:
+            return parse_namesrv(env, f"${NAMESRV_ENV}")
+        except InvalidAddress as exc:
+            raise InvalidOption(f"no broker or namesrv option, and {exc}") from None
     if not o.has("namesrv"):
         return ()
     if o.has("broker"):

@@ -206,8 +206,7 @@ class Planner:
         query's queues name no broker, a cluster query's name one."""
         offsets = from_json(document)
         routes = self.admin.routes
-        named = routes.names_groups()
-        wrong = sorted({k[0] for k in offsets if bool(split_key(k[0])[0]) != named})
+        wrong = sorted({k[0] for k in offsets if routes.misnamed(split_key(k[0])[0])})
         if wrong:
             raise InvalidOption(
                 f"the checkpoint's offsets were written by a query over {routes.other_kind} "

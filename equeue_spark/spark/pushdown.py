@@ -47,6 +47,7 @@ from pyspark.sql.datasource import (
 )
 
 from equeue_proto.selector import MAX_TEXT_BYTES, SelectorError, parse
+from equeue_spark.client.cluster import routes_type
 from equeue_spark.spark.offsets import (
     EVERYTHING,
     Span,
@@ -222,9 +223,10 @@ class _Builder:
         return True
 
     def broker(self, c: _Cond, f: Filter) -> bool:
-        # Over one broker the column holds the broker's id, which planning does
-        # not know; over a cluster it is the group name the route lists.
-        names = self.names(c, self.pd.brokers) if self.options.cluster else None
+        # Pushed where the column holds the group names routes list (a
+        # cluster's); one broker's holds its id, which planning does not know.
+        named = routes_type(self.options.client).names_groups()
+        names = self.names(c, self.pd.brokers) if named else None
         if names is None:
             return False
         self.pd = replace(self.pd, brokers=names)

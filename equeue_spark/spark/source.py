@@ -377,14 +377,13 @@ def _decode_plan(options: ReadOptions) -> DecodePlan | None:
 
 def _write_options(raw: Any, schema: StructType) -> WriteOptions:
     options = WriteOptions.parse(raw)
+    fields = {f.name: f.dataType.simpleString() for f in schema.fields}
     routes = connect(options.client)
-    try:  # in a cluster a queue id alone names no queue: the broker column must name it
-        queue_needs_broker = routes.names_groups()
+    try:  # a queue column alone: which broker group (a cluster's needs the broker column)
+        check_schema(fields, options.topic, routes.group, exactly_once=options.exactly_once,
+                     encoded=encoded_parts(options.formats))  # fmt: skip
     finally:
         routes.close()
-    fields = {f.name: f.dataType.simpleString() for f in schema.fields}
-    check_schema(fields, options.topic, queue_needs_broker, exactly_once=options.exactly_once,
-                 encoded=encoded_parts(options.formats))  # fmt: skip
     if options.formats.decodes:  # the struct checked against the topic's schema, now
         schemas = SchemaSource(options.client)
         try:

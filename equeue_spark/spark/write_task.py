@@ -291,10 +291,20 @@ def _header_value(value: object) -> bytes:
     return b""  # a null header value
 
 
+QUEUE_COLUMN_NEEDS_BROKER = (
+    "over a cluster (option namesrv) a queue column needs a broker column beside it"
+)
+
+
+def _by_id_alone(broker: str, missing: str) -> str:
+    """A queue id alone names its queue (one broker's routes)."""
+    return broker
+
+
 def check_schema(
     fields: dict[str, str],
     topic_option: str,
-    queue_needs_broker: bool = False,
+    queue_group: Callable[[str, str], str] = _by_id_alone,
     *,
     exactly_once: bool = False,
     encoded: Sequence[str] = (),
@@ -302,8 +312,9 @@ def check_schema(
     """Reject a DataFrame the sink cannot write, before any task runs.
 
     ``fields`` maps column name to Spark's simple type string;
-    ``queue_needs_broker``: a queue id alone names no queue (a cluster's
-    routes, ``Routes.names_groups``); ``exactly_once``: rows are staged in
+    ``queue_group``: the sink's ``Routes.group`` (the broker group of a queue
+    column without a broker column, or InvalidRequest where a queue id alone
+    names no queue: a cluster's); ``exactly_once``: rows are staged in
     transactions, which cannot hold delayed messages (``deliver_at``);
     ``encoded``: columns the sink encodes with a schema (encode.py checks them).
     """
@@ -312,10 +323,8 @@ def check_schema(
             "a deliver_at column (delayed delivery) needs option delivery=at_least_once: "
             "exactly-once writes stage rows in transactions, which cannot hold delayed messages"
         )
-    if queue_needs_broker and "queue" in fields and "broker" not in fields:
-        raise InvalidRequest(
-            "over a cluster (option namesrv) a queue column needs a broker column beside it"
-        )
+    if "queue" in fields and "broker" not in fields:
+        queue_group("", QUEUE_COLUMN_NEEDS_BROKER)
     allowed = {
         "value": ("binary", "string"),
         "key": ("binary", "string"),

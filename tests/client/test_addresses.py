@@ -123,3 +123,29 @@ def test_spark_options_take_a_name_server_list() -> None:
         streaming=True,
     ).starting
     assert spec == {"a/t": {0: 5}, "b/t": {1: -2}}
+
+
+def test_spark_options_carry_the_drivers_name_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither broker nor namesrv given: the driver's $EQUEUE_NAMESRV is resolved
+    when the options are parsed, so the queues are named as a cluster's and the
+    tasks (which get the options, not the driver's environment) read the same
+    cluster."""
+    pytest.importorskip("pyarrow")
+    from equeue_spark.client.connection import NAMESRV_ENV
+    from equeue_spark.spark.errors import InvalidOption
+    from equeue_spark.spark.options import ReadOptions, WriteOptions
+
+    monkeypatch.setenv(NAMESRV_ENV, "n1:1,n2:2")
+    read = ReadOptions.parse({"topic": "t", "startingOffsets": '{"t": {"a/0": 5}}'}, streaming=True)
+    assert read.namesrv == ("n1:1", "n2:2") and read.broker == ""
+    assert read.starting == {"a/t": {0: 5}}
+    monkeypatch.delenv(NAMESRV_ENV)
+    assert read.client.namesrvs() == ("n1:1", "n2:2")  # not the task's environment
+    monkeypatch.setenv(NAMESRV_ENV, "n1:1")
+    assert WriteOptions.parse({"topic": "t"}).namesrv == ("n1:1",)
+    assert WriteOptions.parse({"topic": "t", "broker": "b:1"}).namesrv == ()  # broker wins
+    with pytest.raises(InvalidOption, match="names no broker group"):
+        ReadOptions.parse({"topic": "t", "startingOffsets": '{"t": {"0": 5}}'}, streaming=True)
+    monkeypatch.setenv(NAMESRV_ENV, "n1")
+    with pytest.raises(InvalidOption, match=r"no broker or namesrv option, and \$EQUEUE_NAMESRV"):
+        ReadOptions.parse({"topic": "t"}, streaming=False)

@@ -118,6 +118,22 @@ def test_a_killed_master_is_replaced_before_its_session_expires(group: Group) ->
     wait_for("the other replica to follow the new master", lambda: following(other, new), WAIT_S)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_master_stopped_cleanly_logs_no_error(group: Group) -> None:
+    """SIGTERM: the master leaves the election and its replication streams end;
+    the in-sync set it then reports is not published (its publisher is shut
+    down) and nothing is logged as an error (it once logged ``on_isr_change
+    failed`` with a traceback)."""
+    master = group.in_sync(WAIT_S)
+    assert master.process.process is not None
+    master.close()
+    master.process.stop()
+    errors = [line for line in master.process.log_since_start().splitlines() if " ERROR " in line]
+    assert errors == [], master.process.log_tail()
+    group.wait_master(WAIT_S, exclude=[master])
+
+
 def following(replica: Member, master: Member) -> bool:
     try:
         return replica.stats().master == master.address

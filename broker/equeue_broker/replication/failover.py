@@ -248,6 +248,9 @@ class ZkFailover:
     async def close(self) -> None:
         """Leave the election at once (the next election starts now)."""
         await asyncio.to_thread(self.election.close)
+        # No more in-sync sets to publish: the role change below empties the set,
+        # and its report would reach a publisher already shut down.
+        self.switch.insync.on_isr_change = None
         self._publisher.shutdown(wait=False, cancel_futures=True)
         # Another member may be elected from now on: take no more writes.
         self.switch.role.set(REPLICA, "", None, why="stopping: left the election")

@@ -110,6 +110,12 @@ def _replication(s: pb.BrokerStats) -> str:
 
 def cmd_stats(args: argparse.Namespace, ui: Output) -> None:
     with admin_client(args) as admin:
+        # Two outputs on purpose, not a routing question (docs/cli.md "stats"):
+        # one broker's are its own statistics, every field (--json: its
+        # BrokerStats; a broker that does not answer fails the command, with
+        # the connection's retries); a cluster's are a table of every member,
+        # probed at once, where one that does not answer is a row. Routes
+        # that name broker groups are a cluster's.
         if admin.routes.names_groups():
             members = admin.cluster_stats(timeout_s=probe_timeout(args))
             _cluster_stats(ui, members)
