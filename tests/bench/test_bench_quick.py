@@ -69,6 +69,12 @@ CASES = (
         args=("--quick", "--scenario", "idempotence"),
     ),
     Case(
+        "broker_bench.py",
+        ("| variant | rounds |",),
+        180,
+        args=("--quick", "--scenario", "latency", "--repeat", "1"),
+    ),
+    Case(
         "cluster_bench.py",
         (
             "| brokers | pinned | produce routed msg/s",
