@@ -434,6 +434,7 @@ class MessageLog:
             os.ftruncate(target.fd, HEADER_SIZE + target.capacity + FOOTER_SIZE)  # zeroed room
             target.sealed_ms = None
             target.written_end = HEADER_SIZE + target.data_size
+            target.filled_end = HEADER_SIZE + target.data_size  # sealing cut the zeros off
         self.active = target
         self._cut(target, position - self.start_of(target))
 
