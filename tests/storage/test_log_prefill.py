@@ -94,6 +94,9 @@ def sync_store_with_prefill(
         store._prefill_log()  # what the committer thread runs between rounds
         assert state.log.active.filled_end > HEADER_SIZE + state.log.active.data_size
     assert state.commit.durable == state.log.write_position  # the zeros' sync published
+    stats = store.stats()
+    assert stats["prefill_syncs"] >= 1  # counted apart from the appends' fsyncs
+    assert sum(store.fsync_times.snapshot()[0]) == stats["fsyncs"]
     return store, sent
 
 

@@ -725,6 +725,7 @@ class Store(GroupOffsetsApi):
                 "log_write_position": self._state.log.write_position,
                 "durable_position": self._state.commit.durable,
                 "fsyncs": self._state.commit.fsyncs,
+                "prefill_syncs": self._state.commit.prefill_syncs,
                 "quarantined_chunks": len(self._state.log.quarantined),
                 "idempotent_producers": len(self.producers),
                 "delayed_pending": self.delivery.timer.pending,

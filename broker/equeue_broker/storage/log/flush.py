@@ -71,6 +71,7 @@ class GroupCommit:
         self.durable = durable
         """Every log byte below this position has been fsynced."""
         self.fsyncs = 0
+        self.prefill_syncs = 0
         self.times = FsyncTimes()
         """The duration of each fsync ``_sync_once`` ran."""
         self.sticky_errors = sticky_errors
@@ -93,9 +94,10 @@ class GroupCommit:
                 self._leader = True
                 self._cond.release()
                 covered = -1
+                counted = not again
                 again = False
                 try:
-                    covered = self._sync_once()
+                    covered = self._sync_once(counted)
                     # Publish before waking the waiters, so that each of them can
                     # return at once instead of taking more locks on the way out.
                     self._on_durable(covered)
@@ -109,7 +111,10 @@ class GroupCommit:
                     self._cond.notify_all()
             return self.durable
 
-    def _sync_once(self) -> int:
+    def _sync_once(self, counted: bool = True) -> int:
+        """Sync the log; ``counted`` False: a sync of prefilled zeros, counted in
+        ``prefill_syncs`` rather than ``fsyncs`` and the fsync times (what an
+        append waits for)."""
         position, fd = self._target()
         started = time.perf_counter()
         # fdatasync: the chunk's size is fixed when it is created (sealing
@@ -117,6 +122,9 @@ class GroupCommit:
         # (block allocation, size); it skips the timestamps, whose journal
         # commit would cost as much as the data when the blocks are prefilled.
         os.fdatasync(fd)
+        if not counted:
+            self.prefill_syncs += 1
+            return position
         self.times.observe(time.perf_counter() - started)
         self.fsyncs += 1
         return position
