@@ -83,6 +83,8 @@ def install(fault_file: str, data_dir: str) -> None:
 
     for op in OPS:
         setattr(os, op, wrap(op, getattr(os, op)))
+    # The log's group commit syncs with fdatasync: an "fsync" fault covers both.
+    os.fdatasync = wrap("fsync", os.fdatasync)
 
 
 def main() -> None:

@@ -68,7 +68,7 @@ from equeue_broker.storage.keys.key_index import KeyIndex
 from equeue_broker.storage.keys.query import KeyQuery
 from equeue_broker.storage.log.flush import FsyncTimes, SyncCommitter, Then
 from equeue_broker.storage.log.log_writer import LogWriter
-from equeue_broker.storage.log.message_log import MessageLog
+from equeue_broker.storage.log.message_log import SYNC_PREFILL_BYTES, MessageLog
 from equeue_broker.storage.log.positioned import LogPiece, append_at, read_piece, truncate_at
 from equeue_broker.storage.log.record import MessageBatch, PreparedBatch, prepare_batch
 from equeue_broker.storage.maintenance import maintain
@@ -156,7 +156,8 @@ class Store(GroupOffsetsApi):
         """Queries by key and by time (keys/query.py)."""
         self._committer: SyncCommitter | None = None
         if state.sync_flush:
-            self._committer = SyncCommitter(self._commit_round)
+            message_log.prefill_bytes = SYNC_PREFILL_BYTES
+            self._committer = SyncCommitter(self._commit_round, self._prefill_log)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.transactions = Transactions(self, config.transactions, recovered)
@@ -467,6 +468,24 @@ class Store(GroupOffsetsApi):
             raise io_error("the message log (fsync)", exc) from exc
         return outcomes
 
+    def _prefill_log(self) -> None:
+        """Sync mode, on the committer thread between rounds: zeros written and
+        synced ahead of the log's data end (``MessageLog.prefill``), while the
+        callers of the last round read their replies and send the next batch."""
+        state = self._state
+        with state.lock:
+            if state.closed or state.failed is not None:
+                return
+            try:
+                filled = state.log.prefill()
+            except OSError as exc:  # a full disk: appends will say so; nothing is lost
+                log.debug("log prefill skipped: %s", exc)
+                return
+        if filled:
+            # Through the group commit: a failed sync here is sticky like an
+            # append's (the next round fails rather than trust a later fsync).
+            state.commit.make_durable(0, again=True)
+
     # -- the replicated high watermark (sync replication; docs/replication.md) ---------
 
     # When a record becomes readable: visibility.py.
@@ -706,6 +725,7 @@ class Store(GroupOffsetsApi):
                 "log_write_position": self._state.log.write_position,
                 "durable_position": self._state.commit.durable,
                 "fsyncs": self._state.commit.fsyncs,
+                "prefill_syncs": self._state.commit.prefill_syncs,
                 "quarantined_chunks": len(self._state.log.quarantined),
                 "idempotent_producers": len(self.producers),
                 "delayed_pending": self.delivery.timer.pending,

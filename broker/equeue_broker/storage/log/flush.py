@@ -71,6 +71,7 @@ class GroupCommit:
         self.durable = durable
         """Every log byte below this position has been fsynced."""
         self.fsyncs = 0
+        self.prefill_syncs = 0
         self.times = FsyncTimes()
         """The duration of each fsync ``_sync_once`` ran."""
         self.sticky_errors = sticky_errors
@@ -79,10 +80,12 @@ class GroupCommit:
         "success" proves nothing (sync mode; async mode logs and retries)."""
         self.error: OSError | None = None
 
-    def make_durable(self, position: int) -> int:
-        """Return once ``position`` is durable; return the durable position."""
+    def make_durable(self, position: int, *, again: bool = False) -> int:
+        """Return once ``position`` is durable; return the durable position.
+        ``again``: sync the file even if ``position`` already is (what was
+        written past the data end since, e.g. ``MessageLog.prefill``'s zeros)."""
         with self._cond:
-            while self.durable < position:
+            while self.durable < position or again:
                 if self.error is not None and self.sticky_errors:
                     raise self.error
                 if self._leader:
@@ -91,8 +94,10 @@ class GroupCommit:
                 self._leader = True
                 self._cond.release()
                 covered = -1
+                counted = not again
+                again = False
                 try:
-                    covered = self._sync_once()
+                    covered = self._sync_once(counted)
                     # Publish before waking the waiters, so that each of them can
                     # return at once instead of taking more locks on the way out.
                     self._on_durable(covered)
@@ -106,10 +111,20 @@ class GroupCommit:
                     self._cond.notify_all()
             return self.durable
 
-    def _sync_once(self) -> int:
+    def _sync_once(self, counted: bool = True) -> int:
+        """Sync the log; ``counted`` False: a sync of prefilled zeros, counted in
+        ``prefill_syncs`` rather than ``fsyncs`` and the fsync times (what an
+        append waits for)."""
         position, fd = self._target()
         started = time.perf_counter()
-        os.fsync(fd)
+        # fdatasync: the chunk's size is fixed when it is created (sealing
+        # fsyncs), and fdatasync still flushes what reading the data back needs
+        # (block allocation, size); it skips the timestamps, whose journal
+        # commit would cost as much as the data when the blocks are prefilled.
+        os.fdatasync(fd)
+        if not counted:
+            self.prefill_syncs += 1
+            return position
         self.times.observe(time.perf_counter() - started)
         self.fsyncs += 1
         return position
@@ -159,8 +174,15 @@ class SyncCommitter:
     MAX_ROUND = 4096
     """Requests per round: bounds the latency a round adds to its first request."""
 
-    def __init__(self, run_round: Callable[[list[Callable[[], object]]], list[object]]) -> None:
+    def __init__(
+        self,
+        run_round: Callable[[list[Callable[[], object]]], list[object]],
+        after_round: Callable[[], object] | None = None,
+    ) -> None:
         self._run_round = run_round
+        self._after_round = after_round
+        """Run once a round's callers are told, when no request is queued:
+        work the next round need not wait for (the log's prefill)."""
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="equeue-commit", daemon=True)
@@ -202,6 +224,11 @@ class SyncCommitter:
                     break
                 batch.append(item)
             self._commit(batch)
+            if self._after_round is not None and self._queue.empty():
+                try:
+                    self._after_round()
+                except Exception:  # its failure is the next round's (sticky fsync errors)
+                    log.exception("work after a sync round failed")
 
     def _commit(self, batch: list[_Request]) -> None:
         try:
