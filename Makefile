@@ -223,7 +223,7 @@ KILL_TRIES ?= 5
 
 kill-loop: $(STAMP)
 	EQUEUE_KILLS=$(KILLS) EQUEUE_BETWEEN_COMMIT_TRIES=$(KILL_TRIES) \
-		$(PYTEST) -s tests/spark/test_exactly_once_kill.py
+		$(PYTEST) -s tests/spark/test_exactly_once_kill.py tests/spark/test_exactly_once_kill_two_brokers.py
 
 # Master kills under load in a replicated group (ZooKeeper failover, sync
 # replication): every acknowledged message exactly once in the surviving log.
