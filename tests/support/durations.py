@@ -2,9 +2,9 @@
 for the schedule in tests/support/schedule.py: the files with the most seconds are
 queued first. Only tests of ``SLOW_S`` or more are listed; every other test counts
 ``DEFAULT_S``. Measured on 2026-11-27 (branch wt/h1-32 baseline, three workers on 2
-cores at a load average of 4 to 20), before the two exactly-once kill tests were
-split into two files. A new slow test belongs here (its figure from ``--durations``);
-a wrong figure costs only wall time, never a result."""
+cores at a load average of 4 to 20; the two-broker kill test is listed under its
+file of now). A new slow test belongs here (its figure from ``--durations``); a
+wrong figure costs only wall time, never a result."""
 
 from __future__ import annotations
 
