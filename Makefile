@@ -59,10 +59,24 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The contract (codec, wire), storage and broker tests again on the pure-Python
-# paths (the C accelerator's reference implementations, used where it is not
-# built): chosen by folder, so a new test in those layers joins the rerun.
-PURE_PYTHON_TESTS = tests/contract tests/storage tests/broker
+# The tests that run a C accelerator's code again on its pure-Python reference
+# (EQUEUE_PURE_PYTHON=1: what runs where the extensions are not built). Every
+# C/Python pair is exercised in process by tests/contract and tests/storage:
+# equeue_proto._codec's varints and blob split (test_wire), murmur2
+# (test_message_keys), select_frames (test_selector, test_filtered_reads),
+# decode_columns (test_columns), the record encoders, index_segments/index_runs,
+# check_frames and timer_entries (tests/storage), and equeue_proto._keyhash
+# (test_key_index). The broker files below add the same paths in a real broker
+# process with the client's decoders: produce and pull (test_broker), staged
+# records patched at commit (test_transactions), the timer wheel (test_delayed),
+# damaged frames (test_damaged_records), the produce and pull hot paths
+# (test_hot_path_broker). The other broker tests (access, budgets, metrics,
+# security, key queries, filters, ...) go through no pair these do not; they
+# ran here until 2026-11-27 and made the rerun 7 minutes under load. _avro's reference runs in
+# tests/client/test_avro_columns.py, in a subprocess of the main pass.
+PURE_PYTHON_TESTS = tests/contract tests/storage tests/broker/test_broker.py \
+	tests/broker/test_transactions.py tests/broker/test_delayed.py \
+	tests/broker/test_damaged_records.py tests/broker/test_hot_path_broker.py
 
 # ZooKeeper for the election and failover tests (equeue_broker.testing_zk starts
 # private instances): Debian's package, its jars in /usr/share/java (Java 17 runs it).
@@ -107,8 +121,10 @@ PYTEST = env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 # spends most of its time waiting (process start-ups, long polls, JVMs), so on
 # 2 cores three workers beat two once issue 30 and 31's tiers (real Prometheus,
 # Chromium, every benchmark's quick run) joined it; the pure-Python rerun is
-# fast tests only and takes four, as pytest-fast does. The 20 slowest tests
-# are printed: what to look at when the suite nears its budget (docs/testing.md).
+# fast tests only and takes four, as pytest-fast does. The files are queued
+# longest first (tests/support/schedule.py, with the seconds in
+# tests/support/durations.py). The 20 slowest tests are printed: what to look
+# at when the suite nears its budget (docs/testing.md).
 PYTEST_WORKERS ?= 3
 PURE_PYTHON_WORKERS ?= 4
 pytest: $(STAMP) zookeeper observability-tools
@@ -223,7 +239,7 @@ KILL_TRIES ?= 5
 
 kill-loop: $(STAMP)
 	EQUEUE_KILLS=$(KILLS) EQUEUE_BETWEEN_COMMIT_TRIES=$(KILL_TRIES) \
-		$(PYTEST) -s tests/spark/test_exactly_once_kill.py
+		$(PYTEST) -s tests/spark/test_exactly_once_kill.py tests/spark/test_exactly_once_kill_two_brokers.py
 
 # Master kills under load in a replicated group (ZooKeeper failover, sync
 # replication): every acknowledged message exactly once in the surviving log.

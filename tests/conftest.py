@@ -18,6 +18,9 @@ from tests.support.spark_home import shadow_spark_home
 
 KiB = 1024
 
+# The longest test files first under pytest-xdist (tests/support/schedule.py).
+pytest_plugins = ["tests.support.schedule"]
+
 # Hypothesis fails an example slower than 200 ms by default: on a 2-core machine
 # busy with another suite that is load, not a bug (test_columns' UTF-8 and Arrow
 # properties hit it). Every test is bounded by pytest-timeout instead.

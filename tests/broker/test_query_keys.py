@@ -33,8 +33,9 @@ from tests.support.waits import wait_for
 
 SLOTS = 65_536
 TOTAL = 200_000 if os.environ.get("EQUEUE_PURE_PYTHON") else 1_000_000
-"""The pure-Python rerun (make test) indexes in Python, about 30 times slower:
-it checks the same on a fifth (the C run covers the million)."""
+"""With ``EQUEUE_PURE_PYTHON=1`` (by hand: make test's pure-Python rerun leaves the
+key index to tests/storage/test_key_index.py) the broker indexes in Python, about
+30 times slower: it checks the same on a fifth (the C run covers the million)."""
 DISTINCT = TOTAL // 10
 BATCH = 50_000
 TOPIC = "orders"

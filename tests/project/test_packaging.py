@@ -14,6 +14,7 @@ from pkgutil import iter_modules
 import pytest
 
 from equeue_proto import __version__
+from tests.support.spark_home import shadow_spark_home
 
 ROOT = Path(__file__).parents[2]
 
@@ -147,10 +148,15 @@ def test_wheel_in_a_clean_venv_serves_format_equeue(wheel: Path, tmp_path: Path)
     # plain path: .pth files in it (the editable install's) are not processed.
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     python = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # The same Spark with its workers importing pyspark from site-packages (cached
+    # bytecode) instead of compiling it from pyspark.zip in each (spark_home.py).
+    shadow = shadow_spark_home(tmp_path / "spark")
+    if shadow is not None:
+        env["SPARK_HOME"] = str(shadow)
     out = subprocess.run(
         [str(python), "-c", WHEEL_JOB], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        check=False,
-        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+        check=False, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"from {site}/equeue_broker/__init__.py {site}/equeue_spark/__init__.py" in out.stdout
