@@ -318,7 +318,7 @@ def test_assign_reads_exactly_the_named_queues() -> None:
         (
             {"namesrv": "n:1", "assign": '{"o": [0]}'},
             "queue 0 of 'o' names no broker group, but the query reads a cluster (option "
-            'namesrv): write "BROKER/QUEUE", e.g. "a/0"',
+            'namesrv or the driver $EQUEUE_NAMESRV): write "BROKER/QUEUE", e.g. "a/0"',
         ),
         ({"namesrv": "n:1", "assign": '{"o": ["a/0", 1]}'}, "queue 1 of 'o' names no broker"),
         ({"topic": "o", "startingoffsets": '{"o": {"b/1": 5}}'}, "names broker group 'b'"),
