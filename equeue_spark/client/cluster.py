@@ -215,6 +215,14 @@ class NameServerRoutes(Routes):
     kind = "a cluster"
     other_kind = "a single broker"
 
+    @classmethod
+    def _naming_hint(cls, shown: str, topic: str, ref: tuple[str, int]) -> str:
+        return (
+            f"queue {shown} of {topic!r} names no broker group, but the query reads a "
+            "cluster (option namesrv or the driver $EQUEUE_NAMESRV): "
+            f'write "BROKER/QUEUE", e.g. "a/{ref[1]}"'
+        )
+
     def cluster_view(self, what: str) -> None:
         return None
 

@@ -161,6 +161,17 @@ class Routes:
         other kind)."""
         return bool(group) != cls.names_groups()
 
+    @classmethod
+    def misnamed_why(cls, shown: str, topic: str, ref: tuple[str, int]) -> str | None:
+        """Why the queue ``shown`` of ``topic`` (``ref``: its broker group, ``""``
+        for none, and id) can never be one of these routes' queues, with how
+        to write it; None when it can be (``misnamed``)."""
+        return cls._naming_hint(shown, topic, ref) if cls.misnamed(ref[0]) else None
+
+    @classmethod
+    def _naming_hint(cls, shown: str, topic: str, ref: tuple[str, int]) -> str:
+        raise NotImplementedError
+
     def leave_out(self, group: str, error: EqueueError) -> str:
         """Why ``group``, which does not answer (``error``), is left out of a
         view spanning the broker groups (``Admin.list_topics``,
@@ -659,6 +670,12 @@ class StaticRoutes(Routes):
 
     kind = "one broker"
     other_kind = "a cluster (option namesrv)"
+
+    @classmethod
+    def _naming_hint(cls, shown: str, topic: str, ref: tuple[str, int]) -> str:
+        return (f"queue {shown} of {topic!r} names broker group {ref[0]!r}, but the query "
+                f"reads one broker (option broker): write the queue id alone, e.g. {ref[1]} "
+                "(BROKER/QUEUE is for a cluster, option namesrv)")  # fmt: skip
 
     def cluster_view(self, what: str) -> None:
         raise InvalidRequest(f"{what} needs the cluster's name servers")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from equeue_proto.selector import parse
+from equeue_spark.client.cluster import routes_type
 from equeue_spark.client.connection import (
     NAMESRV_ENV,
     ClientConfig,
@@ -29,6 +30,7 @@ from equeue_spark.client.connection import (
     resolve_address,
 )
 from equeue_spark.client.errors import InvalidAddress
+from equeue_spark.client.routing import Routes
 from equeue_spark.spark.errors import InvalidOption
 from equeue_spark.spark.format_options import FormatOptions
 from equeue_spark.spark.offsets import cluster_key, split_key
@@ -292,16 +294,14 @@ class ReadOptions:
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         o = _Options(raw, {n.lower(): n for n in _READ_NAMES})
         _fold_synonyms(o)
-        # Settings parsing (tests/project/test_one_shape.py allows it): queue
-        # names in the JSON options are checked now, before any client exists,
-        # against the naming the option namesrv (or the driver's
-        # $EQUEUE_NAMESRV) gives the routes (Routes.names_groups), so a name
-        # that can never match fails at once.
-        cluster = o.has("namesrv") or bool(_driver_namesrv(o))
-        topics, pattern, assigned = _parse_topics(o, cluster)
-        scope = _Scope(topics, pattern, assigned, cluster)
         namesrv = _namesrv(o)
         broker = "" if namesrv else _broker(o)
+        # Queue names in the JSON options are checked now, against the naming
+        # of the routes these settings give (Routes.misnamed_why), so that a
+        # name that can never match fails at once.
+        kind = routes_type(ClientConfig(broker=broker, namesrv=namesrv))
+        topics, pattern, assigned = _parse_topics(o, kind)
+        scope = _Scope(topics, pattern, assigned, kind)
         kwargs: dict[str, Any] = {"broker": broker, "namesrv": namesrv, "topics": topics}
         kwargs["streaming"] = streaming
         kwargs["topic_pattern"] = pattern
@@ -422,7 +422,7 @@ Assigned = dict[str, frozenset[int]]
 
 
 def _parse_topics(
-    o: _Options, cluster: bool
+    o: _Options, kind: type[Routes]
 ) -> tuple[tuple[str, ...], re.Pattern[str] | None, Assigned | None]:
     """Exactly one of ``topic``, ``topicPattern`` and ``assign`` (or Kafka's spellings)."""
     given = [k for k in ("topic", "topicpattern", "assign") if o.has(k)]
@@ -434,7 +434,7 @@ def _parse_topics(
             f'{{"orders": [0, 1]}}); got {shown}'
         )
     if given == ["assign"]:
-        assigned = _parse_assign(o.text("assign"), cluster)
+        assigned = _parse_assign(o.text("assign"), kind)
         return tuple(dict.fromkeys(split_key(n)[1] for n in assigned)), None, assigned
     if given == ["topicpattern"]:
         text = o.text("topicpattern")
@@ -469,25 +469,14 @@ def _queue_ref(named: object) -> tuple[str, int] | None:
 
 
 def _queue_kind(
-    name: str, text: str, topic: str, named: object, *, ref: tuple[str, int], cluster: bool
+    name: str, text: str, topic: str, named: object, *, ref: tuple[str, int], kind: type[Routes]
 ) -> None:
-    """Refuse a queue named for the other kind of query: one broker names
-    queues by id, a cluster ``BROKER/QUEUE``. Such a name could never match a
-    queue, and a stream would wait for it forever."""
-    if bool(ref[0]) == cluster:
-        return
-    shown = json.dumps(named)
-    if cluster:
-        why = (
-            f"queue {shown} of {topic!r} names no broker group, but the query reads a "
-            "cluster (option namesrv or the driver $EQUEUE_NAMESRV): "
-            f'write "BROKER/QUEUE", e.g. "a/{ref[1]}"'
-        )
-    else:
-        why = (f"queue {shown} of {topic!r} names broker group {ref[0]!r}, but the query "
-               f"reads one broker (option broker): write the queue id alone, e.g. {ref[1]} "
-               "(BROKER/QUEUE is for a cluster, option namesrv)")  # fmt: skip
-    raise _bad(name, text, why)
+    """Refuse a queue named for the other kind of routes (``kind``'s rule):
+    such a name could never match a queue, and a stream would wait for it
+    forever."""
+    why = kind.misnamed_why(json.dumps(named), topic, ref)
+    if why is not None:
+        raise _bad(name, text, why)
 
 
 class _Duplicate(ValueError):
@@ -515,9 +504,9 @@ def _json(name: str, text: str, why: str) -> Any:
         raise _bad(name, text, why) from None
 
 
-def _parse_assign(text: str, cluster: bool = False) -> Assigned:
+def _parse_assign(text: str, kind: type[Routes]) -> Assigned:
     """Option ``assign``: ``{"orders": [0, 1]}``, over a cluster ``{"orders": ["a/0", "b/1"]}``
-    (``cluster``: only the second form; one broker: only the first)."""
+    (each queue named as ``kind``'s routes name queues)."""
     example = 'must be a JSON object like {"orders": [0, 1]} (a cluster\'s {"orders": ["a/0"]})'
     parsed = _json("assign", text, example)
     if not isinstance(parsed, dict) or not parsed:
@@ -537,7 +526,7 @@ def _parse_assign(text: str, cluster: bool = False) -> Assigned:
             if ref is None:
                 why = "is not a queue id (a number, or BROKER/NUMBER over a cluster)"
                 raise _bad("assign", text, f"queue {named!r} of {topic!r} {why}")
-            _queue_kind("assign", text, topic, named, ref=ref, cluster=cluster)
+            _queue_kind("assign", text, topic, named, ref=ref, kind=kind)
             assigned.setdefault(cluster_key(ref[0], topic), set()).add(ref[1])
     return {name: frozenset(ids) for name, ids in assigned.items()}
 
@@ -572,8 +561,8 @@ class _Scope:
     topics: tuple[str, ...]
     pattern: re.Pattern[str] | None
     assigned: Assigned | None
-    cluster: bool = False
-    """Queues are named ``BROKER/QUEUE`` (option ``namesrv``), else by id alone."""
+    kind: type[Routes]
+    """The routes the options give: how their queues are named."""
 
     def reads(self, topic: str) -> bool:
         return topic in self.topics or bool(self.pattern and self.pattern.fullmatch(topic))
@@ -659,7 +648,7 @@ def _queue_json(
             ref = _queue_ref(named)
             if ref is None:
                 raise _bad(name, text, f"queue id {named!r} of {topic!r} is not a number")
-            _queue_kind(name, text, topic, named, ref=ref, cluster=scope.cluster)
+            _queue_kind(name, text, topic, named, ref=ref, kind=scope.kind)
             spec_key = cluster_key(ref[0], topic)
             if scope.assigned is not None and ref[1] not in scope.assigned.get(spec_key, ()):
                 raise _bad(name, text, f"queue {named} of {topic!r} is not among the assigned "

@@ -18,7 +18,7 @@ fails on any read of:
   option ``namesrv`` was given) and the same flag in the option parser
   (``scope.cluster``, a ``cluster=`` argument).
 
-``ALLOWED`` lists the settings parsing that must read it, each with why; an
+``ALLOWED`` lists what must still read it, each with why (nothing now); an
 entry no module needs any more fails too, so the list does not rot.
 """
 
@@ -41,17 +41,7 @@ KINDS = {"is_cluster", "NameServerRoutes", "StaticRoutes"}
 FLAG_HOLDERS = ("options", "scope")
 """Objects whose ``.cluster`` is the "option namesrv given" flag."""
 
-ALLOWED: dict[tuple[str, str], str] = {
-    ("equeue_spark/spark/options.py", "scope.cluster"): (
-        "settings parsing: a startingOffsets/endingOffsets JSON's queue names are "
-        "checked when the options are parsed, before any client (or Routes) exists, "
-        "against the naming the option namesrv gives the routes (Routes.names_groups)"
-    ),
-    ("equeue_spark/spark/options.py", "cluster="): (
-        "settings parsing: the same check for the options assign and "
-        "startingOffsets/endingOffsets (_queue_kind), when the options are parsed"
-    ),
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _reads(tree: ast.AST) -> list[tuple[int, str]]:
